@@ -1,0 +1,392 @@
+/*
+** capture.c: graph objects. Begin/end capture into a pool, instantiate,
+** replay, reset; and the replay-order check for graphs sharing a pool.
+**
+** The check (DESIGN §3): at capture, each graph records the pool bytes it
+** reads before writing them itself (its read set), each with the graph that
+** last wrote them in capture order (its producer), and the bytes it writes.
+** At replay the pool's interval map says who wrote each range last; a read
+** whose range was last written by another graph than its producer (and not
+** by the reader itself, or by eager work) means a graph captured in between
+** has reused that memory: the replay is refused.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static gcap_status graph_register(gcap_engine *e, gcap_graph *g) {
+  if (e->next_graph_id >= e->graphs_cap) {
+    int cap = e->graphs_cap ? 2 * e->graphs_cap : 64;
+    gcap_graph **v = (gcap_graph **)realloc(e->graphs, (size_t)cap * sizeof *v);
+    if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
+    memset(v + e->graphs_cap, 0, (size_t)(cap - e->graphs_cap) * sizeof *v);
+    e->graphs = v;
+    e->graphs_cap = cap;
+  }
+  g->id = e->next_graph_id++;
+  e->graphs[g->id] = g;
+  return GCAP_OK;
+}
+
+gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out) {
+  gcap_graph *g;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if ((g = (gcap_graph *)calloc(1, sizeof *g)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
+  if ((st = graph_register(e, g)) != GCAP_OK) {
+    free(g);
+    return st;
+  }
+  g->e = e;
+  snprintf(g->name, sizeof g->name, "graph #%d", g->id);
+  gc_engine_ref(e);
+  *out = g;
+  return GCAP_OK;
+}
+
+gcap_status gcap_graph_set_name(gcap_graph *g, const char *name) {
+  if (g == NULL || name == NULL) return GCAP_EINVAL;
+  snprintf(g->name, sizeof g->name, "%s", name);
+  return GCAP_OK;
+}
+
+const char *gcap_graph_name(const gcap_graph *g) {
+  return g ? g->name : "";
+}
+
+int gcap_graph_is_captured(const gcap_graph *g) {
+  return g != NULL && g->state == GC_GRAPH_READY;
+}
+
+gcap_pool *gcap_graph_pool(gcap_graph *g) {
+  return g ? g->pool : NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Access sets                                                               */
+
+static int ranges_push(gc_ranges *r, uintptr_t lo, uintptr_t hi, int producer) {
+  if (r->n == r->cap) {
+    int cap = r->cap ? 2 * r->cap : 16;
+    gc_range *v = (gc_range *)realloc(r->v, (size_t)cap * sizeof *v);
+    if (v == NULL) return 0;
+    r->v = v;
+    r->cap = cap;
+  }
+  r->v[r->n].lo = lo;
+  r->v[r->n].hi = hi;
+  r->v[r->n].producer = producer;
+  r->n++;
+  return 1;
+}
+
+static void ranges_free(gc_ranges *r) {
+  free(r->v);
+  r->v = NULL;
+  r->n = r->cap = 0;
+}
+
+/* Is [lo, hi) inside one range the graph wrote itself? */
+static int ranges_cover(const gc_ranges *r, uintptr_t lo, uintptr_t hi) {
+  int i;
+  for (i = 0; i < r->n; i++)
+    if (r->v[i].lo <= lo && hi <= r->v[i].hi) return 1;
+  return 0;
+}
+
+static int ranges_has(const gc_ranges *r, uintptr_t lo, uintptr_t hi, int producer) {
+  int i;
+  for (i = r->n - 1; i >= 0; i--)
+    if (r->v[i].lo == lo && r->v[i].hi == hi && r->v[i].producer == producer) return 1;
+  return 0;
+}
+
+typedef struct read_ctx {
+  gcap_graph *g;
+  int ok;
+} read_ctx;
+
+static int note_read_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
+  read_ctx *rc = (read_ctx *)ud;
+  if (!ranges_has(&rc->g->reads, lo, hi, writer) && !ranges_push(&rc->g->reads, lo, hi, writer))
+    rc->ok = 0;
+  return 0;
+}
+
+static gcap_status graph_hold(gcap_graph *g, gc_blk *b) {
+  int i;
+  for (i = g->nheld - 1; i >= 0; i--)
+    if (g->held[i] == b) return GCAP_OK;
+  if (g->nheld == g->capheld) {
+    int cap = g->capheld ? 2 * g->capheld : 16;
+    gc_blk **v = (gc_blk **)realloc(g->held, (size_t)cap * sizeof *v);
+    if (v == NULL) return gc_fail(g->e, GCAP_ENOMEM, "capture: out of host memory");
+    g->held = v;
+    g->capheld = cap;
+  }
+  gc_blk_retain(b);
+  g->held[g->nheld++] = b;
+  return GCAP_OK;
+}
+
+gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
+  gcap_pool *p = t->blk->pool;
+  uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
+  uintptr_t hi = lo + (uintptr_t)t->numel * gc_dtype_size(t->dt);
+  gcap_graph *g;
+  if (lo == hi) return GCAP_OK;
+  if (e->cap == NULL) { /* eager: only pool memory is tracked */
+    if (write && !p->is_heap) gc_ivmap_set(&p->writers, lo, hi, GC_WRITER_OUTSIDE);
+    return GCAP_OK;
+  }
+  g = e->cap->g;
+  if (p != e->cap->pool) return graph_hold(g, t->blk); /* memory the graph uses, kept alive */
+  if (write) {
+    if (!ranges_cover(&g->writes, lo, hi) && !ranges_push(&g->writes, lo, hi, g->id))
+      return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
+    gc_ivmap_set(&p->writers, lo, hi, g->id);
+  } else if (!ranges_cover(&g->writes, lo, hi)) {
+    read_ctx rc = {g, 1};
+    gc_ivmap_each(&p->writers, lo, hi, note_read_piece, &rc);
+    if (!rc.ok) return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
+  }
+  return GCAP_OK;
+}
+
+/* Drop what a capture gathered; g becomes empty. */
+static void graph_clear(gcap_graph *g) {
+  gcap_engine *e = g->e;
+  gcap_pool *pool = g->pool;
+  int i;
+  if (g->bgraph || g->bexec) e->be->graph_free(e->bs, g->bgraph, g->bexec);
+  g->bgraph = g->bexec = NULL;
+  for (i = 0; i < g->nheld; i++) gc_blk_release(g->held[i]);
+  free(g->held);
+  g->held = NULL;
+  g->nheld = g->capheld = 0;
+  ranges_free(&g->reads);
+  ranges_free(&g->writes);
+  memset(&g->stats, 0, sizeof g->stats);
+  g->state = GC_GRAPH_EMPTY;
+  g->pool = NULL;
+  if (pool) {
+    pool->graphs--;
+    gc_pool_maybe_release(pool);
+  }
+}
+
+void gc_graph_destroy(gcap_graph *g) {
+  gcap_engine *e = g->e;
+  graph_clear(g);
+  e->graphs[g->id] = NULL;
+  free(g);
+  gc_engine_unref(e);
+}
+
+void gcap_graph_free(gcap_graph *g) {
+  gcap_engine *e;
+  if (g == NULL) return;
+  e = g->e;
+  if (e->cap != NULL) { /* e.g. the Lua collector, mid-capture: after the capture */
+    g->next_dead = e->dead_graphs;
+    e->dead_graphs = g;
+    return;
+  }
+  gc_graph_destroy(g);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Capture                                                                   */
+
+gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
+  gcap_engine *e;
+  gc_capture *cap;
+  gcap_status st;
+  int private_pool = 0;
+  if (g == NULL) return GCAP_EINVAL;
+  e = g->e;
+  gc_clear(e);
+  if (e->cap != NULL)
+    return gc_fail(e, GCAP_ESTATE, "capture: a capture is already open (%s); one at a time",
+                   e->cap->g->name);
+  if (g->state != GC_GRAPH_EMPTY)
+    return gc_fail(e, GCAP_ESTATE, "capture: %s already holds a capture; reset it first", g->name);
+  if ((pool && pool->e != e) || (s && s->e != e))
+    return gc_fail(e, GCAP_EINVAL, "capture: the %s belongs to another engine", pool && pool->e != e ? "pool" : "stream");
+  if (pool && pool->handles <= 0)
+    return gc_fail(e, GCAP_ESTATE, "capture: the pool is closed");
+  if ((st = e->be->device_sync(e, e->bs)) != GCAP_OK) return st; /* as torch.cuda.graph does */
+  if (pool == NULL) {
+    if ((pool = gc_pool_create(e, 0)) == NULL) return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
+    gc_engine_ref(e);
+    private_pool = 1;
+  }
+  if ((cap = (gc_capture *)calloc(1, sizeof *cap)) == NULL) {
+    st = gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
+    goto fail;
+  }
+  if (s == NULL) s = e->capture_stream;
+  if ((st = e->be->capture_begin(e, e->bs, s->bs)) != GCAP_OK) {
+    free(cap);
+    goto fail;
+  }
+  cap->g = g;
+  cap->pool = pool;
+  cap->origin = s;
+  cap->prev_current = e->current;
+  cap->t0 = gc_now_ms();
+  e->cap = cap;
+  e->cap_epoch++;
+  e->current = s;
+  s->in_capture = 1;
+  pool->graphs++;
+  g->pool = pool;
+  g->state = GC_GRAPH_CAPTURING;
+  return GCAP_OK;
+fail:
+  if (private_pool) gc_pool_maybe_release(pool);
+  return st;
+}
+
+gcap_status gcap_capture_end(gcap_graph *g) {
+  gcap_engine *e;
+  gc_capture *cap;
+  gcap_stream *s;
+  gcap_status st;
+  void *bgraph = NULL;
+  double t1;
+  if (g == NULL) return GCAP_EINVAL;
+  e = g->e;
+  gc_clear(e);
+  cap = e->cap;
+  if (cap == NULL || cap->g != g)
+    return gc_fail(e, GCAP_ESTATE, "capture_end: %s is not capturing", g->name);
+  if (e->current != cap->origin)
+    gc_capture_refuse(e, "capture_end: the capture must end on the stream it began on");
+  for (s = e->streams; s != NULL; s = s->next)
+    if (s->in_capture && s != cap->origin && s->joined_seq != s->seq)
+      gc_capture_refuse(e, "capture_end: a stream forked into the capture was not joined back "
+                           "(the capture stream must wait on an event recorded on it after its "
+                           "last work)");
+  st = e->be->capture_end(e, e->bs, cap->origin->bs, &bgraph);
+  t1 = gc_now_ms();
+  for (s = e->streams; s != NULL; s = s->next) s->in_capture = 0;
+  e->current = cap->prev_current;
+  e->cap = NULL;
+  if (cap->invalid || st != GCAP_OK) {
+    char why[GC_ERRLEN];
+    snprintf(why, sizeof why, "%s", cap->invalid ? cap->why : e->err);
+    if (bgraph) e->be->graph_free(e->bs, bgraph, NULL);
+    free(cap);
+    graph_clear(g);
+    gc_run_deferred(e);
+    return gc_fail(e, GCAP_ECAPTURE, "capture of %s failed: %s", g->name, why);
+  }
+  g->bgraph = bgraph;
+  g->stats.capture_ms = t1 - cap->t0;
+  free(cap);
+  st = e->be->instantiate(e, e->bs, g->bgraph, &g->bexec, &g->stats.nodes);
+  g->stats.instantiate_ms = gc_now_ms() - t1;
+  g->stats.pool_bytes = g->pool->reserved;
+  if (st != GCAP_OK) {
+    char why[GC_ERRLEN];
+    snprintf(why, sizeof why, "%s", e->err);
+    graph_clear(g);
+    gc_run_deferred(e);
+    return gc_fail(e, st, "capture of %s: instantiate failed: %s", g->name, why);
+  }
+  g->state = GC_GRAPH_READY;
+  gc_run_deferred(e);
+  return GCAP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Replay                                                                    */
+
+typedef struct check_ctx {
+  gcap_graph *g;
+  int producer;
+  uintptr_t lo, hi;
+  int culprit;
+} check_ctx;
+
+static int check_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
+  check_ctx *cc = (check_ctx *)ud;
+  if (writer == cc->producer || writer == GC_WRITER_OUTSIDE || writer == cc->g->id) return 0;
+  cc->lo = lo;
+  cc->hi = hi;
+  cc->culprit = writer;
+  return 1;
+}
+
+static const char *graph_label(gcap_engine *e, int id, char *buf, size_t n) {
+  if (id == GC_WRITER_OUTSIDE) snprintf(buf, n, "eager work");
+  else if (id < e->graphs_cap && e->graphs[id] != NULL) snprintf(buf, n, "%s", e->graphs[id]->name);
+  else snprintf(buf, n, "graph #%d (destroyed)", id);
+  return buf;
+}
+
+static gcap_status replay_check(gcap_graph *g) {
+  gc_ivmap *m = &g->pool->writers;
+  int i;
+  for (i = 0; i < g->reads.n; i++) {
+    check_ctx cc = {g, g->reads.v[i].producer, 0, 0, 0};
+    if (gc_ivmap_each(m, g->reads.v[i].lo, g->reads.v[i].hi, check_piece, &cc)) {
+      char a[GC_NAMELEN + 32], b[GC_NAMELEN + 32];
+      return gc_fail(g->e, GCAP_EREPLAY,
+                     "replay of %s refused: it reads %zu bytes at 0x%llx that %s wrote at "
+                     "capture, but %s (sharing the pool) has overwritten them since; replay "
+                     "graphs that share a pool in the order they were captured",
+                     g->name, (size_t)(cc.hi - cc.lo), (unsigned long long)cc.lo,
+                     graph_label(g->e, cc.producer, a, sizeof a),
+                     graph_label(g->e, cc.culprit, b, sizeof b));
+    }
+  }
+  return GCAP_OK;
+}
+
+gcap_status gcap_graph_replay(gcap_graph *g) {
+  gcap_engine *e;
+  gcap_stream *s;
+  gcap_status st;
+  int i;
+  if (g == NULL) return GCAP_EINVAL;
+  e = g->e;
+  gc_clear(e);
+  if (g->state != GC_GRAPH_READY)
+    return gc_fail(e, GCAP_ESTATE, "replay: %s is not captured (%s)", g->name,
+                   g->state == GC_GRAPH_CAPTURING ? "its capture is still open" : "never captured, or reset");
+  if ((st = gc_check_not_capturing(e, "graph replay")) != GCAP_OK) return st;
+  s = e->current;
+  if (e->replay_check && (st = replay_check(g)) != GCAP_OK) return st;
+  if ((st = e->be->graph_launch(e, e->bs, g->bexec, s->bs)) != GCAP_OK) return st;
+  s->seq++;
+  for (i = 0; i < g->writes.n; i++) gc_ivmap_set(&g->pool->writers, g->writes.v[i].lo, g->writes.v[i].hi, g->id);
+  g->stats.replays++;
+  return GCAP_OK;
+}
+
+gcap_status gcap_graph_reset(gcap_graph *g) {
+  gcap_engine *e;
+  if (g == NULL) return GCAP_EINVAL;
+  e = g->e;
+  gc_clear(e);
+  if (g->state == GC_GRAPH_CAPTURING)
+    return gc_fail(e, GCAP_ESTATE, "reset: %s is capturing; end the capture first", g->name);
+  if (e->cap != NULL)
+    return gc_fail(e, GCAP_ESTATE, "reset: not allowed while a capture is open (%s)", e->cap->g->name);
+  graph_clear(g);
+  return GCAP_OK;
+}
+
+gcap_status gcap_graph_get_stats(gcap_graph *g, gcap_graph_stats *out) {
+  if (g == NULL || out == NULL) return GCAP_EINVAL;
+  *out = g->stats;
+  return GCAP_OK;
+}

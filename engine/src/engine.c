@@ -1,0 +1,230 @@
+/*
+** engine.c: engine lifecycle, the last-error message, capture-rule checks
+** shared by every file, and destruction deferred past an open capture.
+*/
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+static _Thread_local char open_err[GC_ERRLEN];
+
+const char *gcap_version(void) {
+  return GCAP_VERSION;
+}
+
+const char *gcap_status_str(gcap_status st) {
+  switch (st) {
+  case GCAP_OK: return "ok";
+  case GCAP_EINVAL: return "invalid argument";
+  case GCAP_ENOMEM: return "out of memory";
+  case GCAP_EDEVICE: return "device error";
+  case GCAP_ECAPTURE: return "not allowed during capture";
+  case GCAP_ESTATE: return "wrong state";
+  case GCAP_EREPLAY: return "replay order refused";
+  case GCAP_EUNSUPPORTED: return "unsupported";
+  case GCAP_EABORTED: return "aborted";
+  }
+  return "unknown status";
+}
+
+gcap_status gc_fail(gcap_engine *e, gcap_status st, const char *fmt, ...) {
+  va_list ap;
+  char *buf = e ? e->err : open_err;
+  va_start(ap, fmt);
+  vsnprintf(buf, GC_ERRLEN, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+double gc_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+int gcap_cuda_available(void) {
+  return gc_cuda_backend() != NULL && gc_cuda_probe();
+}
+
+const char *gcap_last_open_error(void) {
+  return open_err;
+}
+
+static gcap_status eng_seed(gcap_engine *e, uint64_t seed) {
+  uint64_t st[2] = {seed, 0};
+  return e->be->upload(e, e->bs, e->default_stream->bs, e->rng->ptr, st, sizeof st);
+}
+
+gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
+  const gc_backend *be = NULL;
+  gcap_engine *e;
+  gcap_status st;
+  if (out == NULL) return gc_fail(NULL, GCAP_EINVAL, "gcap_engine_new: out is NULL");
+  *out = NULL;
+  open_err[0] = '\0';
+  switch (dev) {
+  case GCAP_DEVICE_DEFAULT: be = gcap_cuda_available() ? gc_cuda_backend() : gc_host_backend(); break;
+  case GCAP_DEVICE_HOST: be = gc_host_backend(); break;
+  case GCAP_DEVICE_CUDA:
+    if (gc_cuda_backend() == NULL)
+      return gc_fail(NULL, GCAP_EUNSUPPORTED, "device 'cuda': this build has no cuda backend (built with CUDA=0)");
+    if (!gc_cuda_probe())
+      return gc_fail(NULL, GCAP_EUNSUPPORTED, "device 'cuda': no CUDA GPU is visible");
+    be = gc_cuda_backend();
+    break;
+  default: return gc_fail(NULL, GCAP_EINVAL, "gcap_engine_new: unknown device %d", (int)dev);
+  }
+  e = (gcap_engine *)calloc(1, sizeof *e);
+  if (e == NULL) return gc_fail(NULL, GCAP_ENOMEM, "gcap_engine_new: out of host memory");
+  e->be = be;
+  e->refs = 1;
+  e->replay_check = 1;
+  e->next_graph_id = 1;
+  if ((st = be->init(e, &e->bs)) != GCAP_OK) goto fail;
+  if ((e->heap = gc_pool_create(e, 1)) == NULL) {
+    st = gc_fail(e, GCAP_ENOMEM, "gcap_engine_new: out of host memory");
+    goto fail;
+  }
+  if ((st = gc_stream_create(e, 1, &e->default_stream)) != GCAP_OK) goto fail;
+  if ((st = gc_stream_create(e, 1, &e->capture_stream)) != GCAP_OK) goto fail;
+  e->current = e->default_stream;
+  if ((st = gc_pool_alloc(e->heap, e->default_stream, 2 * sizeof(uint64_t), &e->rng)) != GCAP_OK)
+    goto fail;
+  if ((st = eng_seed(e, 0)) != GCAP_OK) goto fail;
+  *out = e;
+  return GCAP_OK;
+fail:
+  snprintf(open_err, sizeof open_err, "%s", e->err);
+  e->refs = 0;
+  gc_engine_unref(e); /* refs 0 -> destroy what was built */
+  return st;
+}
+
+static void eng_destroy(gcap_engine *e) {
+  if (e->rng) gc_blk_release(e->rng);
+  while (e->streams) gc_stream_destroy(e->streams);
+  if (e->heap) gc_pool_destroy(e->heap);
+  if (e->bs) e->be->shutdown(e->bs);
+  free(e->graphs);
+  free(e->dead_ptrs);
+  free(e);
+}
+
+void gc_engine_ref(gcap_engine *e) {
+  e->refs++;
+}
+
+void gc_engine_unref(gcap_engine *e) {
+  if (--e->refs <= 0) eng_destroy(e);
+}
+
+void gcap_engine_free(gcap_engine *e) {
+  if (e == NULL || e->closed) return;
+  e->closed = 1;
+  gc_engine_unref(e);
+}
+
+const char *gcap_errmsg(const gcap_engine *e) {
+  return e ? e->err : open_err;
+}
+
+const char *gcap_engine_device(const gcap_engine *e) {
+  return e ? e->be->name : "";
+}
+
+int gcap_is_capturing(const gcap_engine *e) {
+  return e != NULL && e->cap != NULL;
+}
+
+void gcap_set_replay_check(gcap_engine *e, int on) {
+  if (e) e->replay_check = on != 0;
+}
+
+gcap_status gc_capture_refuse(gcap_engine *e, const char *fmt, ...) {
+  va_list ap;
+  char msg[GC_ERRLEN];
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (e->cap && !e->cap->invalid) {
+    e->cap->invalid = 1;
+    snprintf(e->cap->why, sizeof e->cap->why, "%s", msg);
+  }
+  return gc_fail(e, GCAP_ECAPTURE, "%s (the capture is invalidated)", msg);
+}
+
+gcap_status gc_check_not_capturing(gcap_engine *e, const char *what) {
+  if (e->cap == NULL) return GCAP_OK;
+  return gc_capture_refuse(e, "%s is not allowed while a capture is open", what);
+}
+
+gcap_status gc_check_stream(gcap_engine *e, gcap_stream *s, const char *what) {
+  if (e->cap == NULL) return GCAP_OK;
+  if (e->cap->invalid)
+    return gc_fail(e, GCAP_ECAPTURE, "%s: the open capture was invalidated earlier: %s", what,
+                   e->cap->why);
+  if (!s->in_capture)
+    return gc_capture_refuse(e,
+                             "%s on a stream that is not part of the open capture (fork it in by "
+                             "waiting on an event recorded in the capture)",
+                             what);
+  return GCAP_OK;
+}
+
+gcap_status gcap_synchronize(gcap_engine *e) {
+  gcap_status st;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if ((st = gc_check_not_capturing(e, "synchronize")) != GCAP_OK) return st;
+  return e->be->device_sync(e, e->bs);
+}
+
+gcap_status gcap_manual_seed(gcap_engine *e, uint64_t seed) {
+  gcap_status st;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if ((st = gc_check_not_capturing(e, "manual_seed (a host-to-device copy)")) != GCAP_OK) return st;
+  return eng_seed(e, seed);
+}
+
+gcap_status gcap_engine_mem_stats(gcap_engine *e, gcap_mem_stats *out) {
+  if (e == NULL || out == NULL) return GCAP_EINVAL;
+  gc_pool_stats_of(e->heap, out);
+  return GCAP_OK;
+}
+
+void gc_raw_free(gcap_engine *e, void *p) {
+  if (e->cap == NULL) {
+    e->be->free(e->bs, p);
+    return;
+  }
+  if (e->ndead_ptrs == e->capdead_ptrs) {
+    int n = e->capdead_ptrs ? 2 * e->capdead_ptrs : 16;
+    void **v = (void **)realloc(e->dead_ptrs, (size_t)n * sizeof *v);
+    if (v == NULL) return; /* leak rather than free inside a capture */
+    e->dead_ptrs = v;
+    e->capdead_ptrs = n;
+  }
+  e->dead_ptrs[e->ndead_ptrs++] = p;
+}
+
+void gc_run_deferred(gcap_engine *e) {
+  gc_engine_ref(e); /* the last deferred object may hold the last reference */
+  while (e->dead_graphs) {
+    gcap_graph *g = e->dead_graphs;
+    e->dead_graphs = g->next_dead;
+    gc_graph_destroy(g);
+  }
+  while (e->dead_pools) {
+    gcap_pool *p = e->dead_pools;
+    e->dead_pools = p->next_dead;
+    p->next_dead = NULL;
+    gc_pool_maybe_release(p);
+  }
+  while (e->ndead_ptrs > 0) e->be->free(e->bs, e->dead_ptrs[--e->ndead_ptrs]);
+  gc_engine_unref(e);
+}

@@ -1,0 +1,14 @@
+/*
+** kernels.h: the host backend's reference kernels, one per gc_kernel id.
+*/
+#ifndef GC_HOST_KERNELS_H
+#define GC_HOST_KERNELS_H
+
+#include "backend.h"
+
+typedef void (*hk_fn)(const gc_kargs *a);
+
+/* The reference kernel for id k (NULL when k is out of range). */
+hk_fn hk_kernel(int k);
+
+#endif

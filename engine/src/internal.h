@@ -1,0 +1,234 @@
+/*
+** internal.h: the engine's own structures, shared by the core's files.
+** Backends do not include this (they see backend.h only).
+*/
+#ifndef GC_INTERNAL_H
+#define GC_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "graphcap.h"
+
+#define GC_ERRLEN 1024
+#define GC_NAMELEN 64
+#define GC_WRITER_OUTSIDE 0 /* "written by eager work or copy-in", not by a graph */
+
+/* ------------------------------------------------------------------------ */
+/* Allocator (alloc.c)                                                       */
+
+typedef struct gc_seg gc_seg;
+
+/* A block of a segment: a tensor storage while in use, a free-list entry
+** otherwise. Views share a block through its refcount. */
+typedef struct gc_blk {
+  char *ptr;
+  size_t size;
+  int refs;                    /* 0: free */
+  gcap_pool *pool;             /* the pool (or the engine heap) it belongs to */
+  gcap_stream *stream;         /* blocks are reused on the stream they were freed on */
+  gc_seg *seg;
+  struct gc_blk *prev, *next;  /* neighbours in the segment, by address */
+  struct gc_blk *fprev, *fnext; /* free list */
+} gc_blk;
+
+struct gc_seg {
+  char *base;
+  size_t size;
+  gc_seg *next;
+};
+
+/* Last writer of each byte range of a pool: sorted, disjoint intervals. */
+typedef struct gc_ivl {
+  uintptr_t lo, hi;
+  int writer; /* graph id, or GC_WRITER_OUTSIDE */
+} gc_ivl;
+
+typedef struct gc_ivmap {
+  gc_ivl *v;
+  int n, cap;
+} gc_ivmap;
+
+struct gcap_pool {
+  gcap_engine *e;
+  int handles;      /* user references (gcap_pool_new, retain) */
+  int graphs;       /* graphs holding the pool: captured or capturing */
+  int64_t blocks;   /* live blocks */
+  int is_heap;      /* the engine's ordinary allocator */
+  gc_seg *segs;
+  gc_blk *freelist;
+  size_t reserved, in_use, peak;
+  gc_ivmap writers; /* replay check: who wrote what last */
+  struct gcap_pool *next_dead; /* deferred release list */
+};
+
+gcap_pool *gc_pool_create(gcap_engine *e, int is_heap);
+/* Allocate n bytes for stream s from pool p: a block with refs = 1. */
+gcap_status gc_pool_alloc(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **out);
+void gc_blk_retain(gc_blk *b);
+void gc_blk_release(gc_blk *b);
+/* Free p once nothing holds it (no handle, graph or block). */
+void gc_pool_maybe_release(gcap_pool *p);
+/* Release every segment of p to the device and free p. */
+void gc_pool_destroy(gcap_pool *p);
+void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out);
+
+void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer);
+/* Calls fn for each piece of [lo, hi) with its writer (gaps: OUTSIDE);
+** stops and returns the first non-zero result. */
+int gc_ivmap_each(const gc_ivmap *m, uintptr_t lo, uintptr_t hi,
+                  int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, int writer), void *ud);
+void gc_ivmap_free(gc_ivmap *m);
+
+/* ------------------------------------------------------------------------ */
+/* Streams and events (stream.c)                                             */
+
+struct gcap_stream {
+  gcap_engine *e;
+  void *bs;                /* the backend's stream */
+  int owned_by_engine;     /* default and capture streams */
+  int in_capture;          /* origin of, or forked into, the open capture */
+  uint64_t seq;            /* work items queued so far */
+  uint64_t joined_seq;     /* seq when last joined back into the origin */
+  gcap_stream *prev, *next; /* the engine's list of streams */
+};
+
+struct gcap_event {
+  gcap_engine *e;
+  void *bs;
+  gcap_stream *stream; /* where it was last recorded, NULL if never */
+  uint64_t seq;        /* that stream's seq at the record */
+  uint64_t epoch;      /* capture epoch of the record, 0 outside capture */
+};
+
+gcap_status gc_stream_create(gcap_engine *e, int owned, gcap_stream **out);
+void gc_stream_destroy(gcap_stream *s);
+
+/* ------------------------------------------------------------------------ */
+/* Tensors (tensor.c)                                                        */
+
+struct gcap_tensor {
+  int refs;
+  gcap_engine *e;
+  gc_blk *blk;
+  size_t off; /* bytes from blk->ptr to element 0 */
+  gcap_dtype dt;
+  int ndim;
+  int64_t shape[GCAP_MAXDIM];
+  int64_t numel;
+};
+
+size_t gc_dtype_size(gcap_dtype dt);
+const char *gc_dtype_name(gcap_dtype dt);
+/* Validate a shape; on success *numel is its element count. */
+gcap_status gc_check_shape(gcap_engine *e, const char *op, int ndim, const int64_t *shape,
+                           int64_t *numel);
+/* A new tensor on the current stream, uninitialised. */
+gcap_status gc_tensor_alloc(gcap_engine *e, const char *op, gcap_dtype dt, int ndim,
+                            const int64_t *shape, gcap_tensor **out);
+static inline void *gc_tensor_ptr(const gcap_tensor *t) {
+  return t->blk->ptr + t->off;
+}
+/* "[2, 3]" into buf. */
+const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Capture and graphs (capture.c)                                            */
+
+typedef struct gc_range {
+  uintptr_t lo, hi;
+  int producer; /* reads: the writer expected at replay */
+} gc_range;
+
+typedef struct gc_ranges {
+  gc_range *v;
+  int n, cap;
+} gc_ranges;
+
+typedef enum { GC_GRAPH_EMPTY, GC_GRAPH_CAPTURING, GC_GRAPH_READY } gc_graph_state;
+
+struct gcap_graph {
+  gcap_engine *e;
+  int id;
+  char name[GC_NAMELEN];
+  gc_graph_state state;
+  gcap_pool *pool; /* holds pool->graphs while capturing or ready */
+  void *bgraph, *bexec;
+  gc_ranges reads, writes; /* pool bytes read before written; bytes written */
+  gc_blk **held;           /* blocks outside the pool the graph touches, kept alive */
+  int nheld, capheld;
+  gcap_graph_stats stats;
+  struct gcap_graph *next_dead;
+};
+
+typedef struct gc_capture {
+  gcap_graph *g;
+  gcap_pool *pool;
+  gcap_stream *origin;
+  gcap_stream *prev_current;
+  int invalid;
+  char why[GC_ERRLEN];
+  double t0;
+} gc_capture;
+
+/* Note that the launch about to happen reads (write = 0) or writes t:
+** feeds the capture's access sets or, outside capture, the pool's writers. */
+gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write);
+void gc_graph_destroy(gcap_graph *g);
+
+/* ------------------------------------------------------------------------ */
+/* The engine (engine.c)                                                     */
+
+struct gcap_engine {
+  const gc_backend *be;
+  void *bs;
+  int refs;  /* live objects + 1 while the user holds it */
+  int closed;
+  char err[GC_ERRLEN];
+  gcap_stream *streams; /* every live stream */
+  gcap_stream *default_stream, *capture_stream, *current;
+  gcap_pool *heap;
+  gc_capture *cap; /* the open capture, or NULL */
+  uint64_t cap_epoch;
+  int replay_check;
+  gc_blk *rng; /* device u64[2] {seed, offset} */
+  int next_graph_id;
+  gcap_graph **graphs; /* by id, NULL once destroyed: names for messages */
+  int graphs_cap;
+  /* destruction deferred while a capture is open */
+  gcap_graph *dead_graphs;
+  gcap_pool *dead_pools;
+  void **dead_ptrs;
+  int ndead_ptrs, capdead_ptrs;
+};
+
+void gc_engine_ref(gcap_engine *e);
+void gc_engine_unref(gcap_engine *e);
+/* Free raw device memory now, or after the open capture ends. */
+void gc_raw_free(gcap_engine *e, void *p);
+/* Run the destructions deferred during a capture. */
+void gc_run_deferred(gcap_engine *e);
+/* Refuse an action forbidden during capture: invalidates the capture. */
+gcap_status gc_capture_refuse(gcap_engine *e, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* OK outside capture; otherwise refuse `what` (a sync, a read-back). */
+gcap_status gc_check_not_capturing(gcap_engine *e, const char *what);
+/* Check that work may go to stream s now (capture membership rules). */
+gcap_status gc_check_stream(gcap_engine *e, gcap_stream *s, const char *what);
+/* Clear the error message (start of a public call). */
+static inline void gc_clear(gcap_engine *e) {
+  e->err[0] = '\0';
+}
+double gc_now_ms(void);
+
+/* ------------------------------------------------------------------------ */
+/* Kernel dispatch (ops.c)                                                   */
+
+/* Launch kernel k on the current stream: capture checks, then the backend. */
+gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a);
+
+#endif

@@ -1,0 +1,227 @@
+/*
+** ops.c: tensor ops. Each op checks its operands (engine, dtype, shape) and
+** says what it expected, allocates its result on the current stream, notes
+** what it reads and writes (capture.c), and launches one kernel through the
+** backend table.
+*/
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+const char *gc_kernel_name(int k) {
+  static const char *const names[GC_K_COUNT] = {"fill", "copy", "add", "sub", "mul", "scale",
+                                                "sum", "rand", "rng_advance"};
+  return k >= 0 && k < GC_K_COUNT ? names[k] : "?";
+}
+
+gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a) {
+  gcap_stream *s = e->current;
+  gcap_status st;
+  if ((st = gc_check_stream(e, s, gc_kernel_name(k))) != GCAP_OK) return st;
+  if ((st = e->be->launch(e, e->bs, s->bs, k, a)) != GCAP_OK) return st;
+  s->seq++;
+  return GCAP_OK;
+}
+
+/* Launch k after noting its reads and writes. */
+static gcap_status op_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, int nin,
+                          gcap_tensor *out) {
+  gcap_status st;
+  int i;
+  if ((st = gc_check_stream(e, e->current, gc_kernel_name(k))) != GCAP_OK) return st;
+  for (i = 0; i < nin; i++)
+    if ((st = gc_note_access(e, in[i], 0)) != GCAP_OK) return st;
+  if ((st = gc_note_access(e, out, 1)) != GCAP_OK) return st;
+  a->dt = (int)out->dt;
+  return gc_launch(e, k, a);
+}
+
+/* Start of a public op on t: NULL check, clear the last error. */
+static gcap_status op_begin(gcap_tensor *t) {
+  if (t == NULL) return GCAP_EINVAL;
+  gc_clear(t->e);
+  return GCAP_OK;
+}
+
+static gcap_status same_engine(gcap_tensor *a, gcap_tensor *b, const char *op) {
+  if (a->e != b->e) return gc_fail(a->e, GCAP_EINVAL, "%s: the operands belong to different engines", op);
+  if (a->dt != b->dt)
+    return gc_fail(a->e, GCAP_EINVAL, "%s: dtypes differ (%s and %s); convert one with copy_", op,
+                   gc_dtype_name(a->dt), gc_dtype_name(b->dt));
+  return GCAP_OK;
+}
+
+gcap_status gcap_fill_(gcap_tensor *t, double v) {
+  gc_kargs a;
+  gcap_status st;
+  if ((st = op_begin(t)) != GCAP_OK) return st;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(t);
+  a.n[0] = t->numel;
+  a.f[0] = (float)v;
+  return op_run(t->e, GC_K_FILL, &a, NULL, 0, t);
+}
+
+gcap_status gcap_zero_(gcap_tensor *t) {
+  return gcap_fill_(t, 0.0);
+}
+
+gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src) {
+  gc_kargs a;
+  gcap_status st;
+  if ((st = op_begin(dst)) != GCAP_OK) return st;
+  if (src == NULL) return gc_fail(dst->e, GCAP_EINVAL, "copy_: source is NULL");
+  if (src->e != dst->e) return gc_fail(dst->e, GCAP_EINVAL, "copy_: the operands belong to different engines");
+  if (src->numel != dst->numel) {
+    char b1[64], b2[64];
+    return gc_fail(dst->e, GCAP_EINVAL, "copy_: source %s has %lld elements, destination %s has %lld",
+                   gc_shape_str(src, b1, sizeof b1), (long long)src->numel,
+                   gc_shape_str(dst, b2, sizeof b2), (long long)dst->numel);
+  }
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(dst);
+  a.p[1] = gc_tensor_ptr(src);
+  a.n[0] = dst->numel;
+  a.n[1] = src->dt;
+  return op_run(dst->e, GC_K_COPY, &a, &src, 1, dst);
+}
+
+/* Broadcast rule of DESIGN §4: equal shapes, a one-element operand, or a
+** row matching the other's last dimension. *big is the operand whose shape
+** the result takes. */
+static gcap_status bcast(gcap_tensor *a, gcap_tensor *b, const char *op, gcap_tensor **big) {
+  char b1[64], b2[64];
+  int i, same = a->ndim == b->ndim;
+  for (i = 0; same && i < a->ndim; i++) same = a->shape[i] == b->shape[i];
+  if (same) {
+    *big = a;
+    return GCAP_OK;
+  }
+  if (b->numel == 1 && (a->numel != 1 || a->ndim >= b->ndim)) {
+    *big = a;
+    return GCAP_OK;
+  }
+  if (a->numel == 1) {
+    *big = b;
+    return GCAP_OK;
+  }
+  if (b->ndim >= 1 && a->ndim >= 1 && b->numel == b->shape[b->ndim - 1] &&
+      b->shape[b->ndim - 1] == a->shape[a->ndim - 1] && b->ndim <= a->ndim) {
+    *big = a;
+    return GCAP_OK;
+  }
+  if (a->ndim >= 1 && b->ndim >= 1 && a->numel == a->shape[a->ndim - 1] &&
+      a->shape[a->ndim - 1] == b->shape[b->ndim - 1] && a->ndim <= b->ndim) {
+    *big = b;
+    return GCAP_OK;
+  }
+  return gc_fail(a->e, GCAP_EINVAL,
+                 "%s: shapes %s and %s do not broadcast (expected equal shapes, a one-element "
+                 "operand, or a row the size of the other's last dimension)",
+                 op, gc_shape_str(a, b1, sizeof b1), gc_shape_str(b, b2, sizeof b2));
+}
+
+static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out) {
+  gcap_tensor *big = NULL, *in[2];
+  gc_kargs a;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if ((st = op_begin(x)) != GCAP_OK) return st;
+  if (y == NULL) return gc_fail(x->e, GCAP_EINVAL, "%s: second operand is NULL", op);
+  if ((st = same_engine(x, y, op)) != GCAP_OK || (st = bcast(x, y, op, &big)) != GCAP_OK) return st;
+  if ((st = gc_tensor_alloc(x->e, op, x->dt, big->ndim, big->shape, out)) != GCAP_OK) return st;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(*out);
+  a.p[1] = gc_tensor_ptr(x);
+  a.p[2] = gc_tensor_ptr(y);
+  a.n[0] = (*out)->numel;
+  a.n[1] = x->numel;
+  a.n[2] = y->numel;
+  in[0] = x;
+  in[1] = y;
+  if ((st = op_run(x->e, k, &a, in, 2, *out)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+gcap_status gcap_add(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+  return binary(a, b, GC_K_ADD, "add", out);
+}
+
+gcap_status gcap_sub(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+  return binary(a, b, GC_K_SUB, "sub", out);
+}
+
+gcap_status gcap_mul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+  return binary(a, b, GC_K_MUL, "mul", out);
+}
+
+static gcap_status unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
+                         gcap_tensor **out) {
+  gc_kargs a;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if ((st = op_begin(x)) != GCAP_OK) return st;
+  if ((st = gc_tensor_alloc(x->e, op, x->dt, scalar_out ? 0 : x->ndim, x->shape, out)) != GCAP_OK)
+    return st;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(*out);
+  a.p[1] = gc_tensor_ptr(x);
+  a.n[0] = x->numel;
+  a.f[0] = f;
+  if ((st = op_run(x->e, k, &a, &x, 1, *out)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+gcap_status gcap_scale(gcap_tensor *a, double s, gcap_tensor **out) {
+  return unary(a, GC_K_SCALE, (float)s, "scale", 0, out);
+}
+
+gcap_status gcap_neg(gcap_tensor *a, gcap_tensor **out) {
+  return unary(a, GC_K_SCALE, -1.0f, "neg", 0, out);
+}
+
+gcap_status gcap_sum(gcap_tensor *a, gcap_tensor **out) {
+  return unary(a, GC_K_SUM, 1.0f, "sum", 1, out);
+}
+
+gcap_status gcap_mean(gcap_tensor *a, gcap_tensor **out) {
+  float f = a && a->numel > 0 ? 1.0f / (float)a->numel : NAN;
+  return unary(a, GC_K_SUM, f, "mean", 1, out);
+}
+
+gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
+                             int normal, gcap_tensor **out) {
+  gc_kargs a;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if ((st = gc_tensor_alloc(e, normal ? "randn" : "rand", dt, ndim, shape, out)) != GCAP_OK) return st;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(*out);
+  a.p[1] = e->rng->ptr;
+  a.n[0] = (*out)->numel;
+  a.n[1] = normal != 0;
+  if ((st = op_run(e, GC_K_RAND, &a, NULL, 0, *out)) == GCAP_OK) {
+    memset(&a, 0, sizeof a);
+    a.p[0] = e->rng->ptr;
+    a.n[0] = (*out)->numel;
+    st = gc_launch(e, GC_K_RNG_ADVANCE, &a);
+  }
+  if (st != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}

@@ -1,0 +1,174 @@
+/*
+** stream.c: streams and events, and the fork/join bookkeeping of captures.
+** A stream joins the open capture by waiting on an event recorded in it
+** (CUDA's rule); it is joined back when the capture's origin stream waits on
+** an event recorded on it after its last work.
+*/
+#include <stdlib.h>
+
+#include "internal.h"
+
+gcap_status gc_stream_create(gcap_engine *e, int owned, gcap_stream **out) {
+  gcap_stream *s = (gcap_stream *)calloc(1, sizeof *s);
+  gcap_status st;
+  *out = NULL;
+  if (s == NULL) return gc_fail(e, GCAP_ENOMEM, "stream: out of host memory");
+  if ((st = e->be->stream_new(e, e->bs, &s->bs)) != GCAP_OK) {
+    free(s);
+    return st;
+  }
+  s->e = e;
+  s->owned_by_engine = owned;
+  s->next = e->streams;
+  if (e->streams) e->streams->prev = s;
+  e->streams = s;
+  *out = s;
+  return GCAP_OK;
+}
+
+void gc_stream_destroy(gcap_stream *s) {
+  gcap_engine *e = s->e;
+  if (s->prev) s->prev->next = s->next;
+  else e->streams = s->next;
+  if (s->next) s->next->prev = s->prev;
+  e->be->stream_free(e->bs, s->bs);
+  free(s);
+}
+
+gcap_status gcap_stream_new(gcap_engine *e, gcap_stream **out) {
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if ((st = gc_stream_create(e, 0, out)) == GCAP_OK) gc_engine_ref(e);
+  return st;
+}
+
+void gcap_stream_free(gcap_stream *s) {
+  gcap_engine *e;
+  if (s == NULL || s->owned_by_engine) return;
+  e = s->e;
+  if (e->current == s) e->current = e->default_stream;
+  if (s->in_capture) { /* still part of a capture: the backend keeps it till the end */
+    s->owned_by_engine = 1; /* destroyed with the engine */
+    gc_engine_unref(e);
+    return;
+  }
+  gc_stream_destroy(s);
+  gc_engine_unref(e);
+}
+
+gcap_stream *gcap_default_stream(gcap_engine *e) {
+  return e ? e->default_stream : NULL;
+}
+
+gcap_stream *gcap_capture_stream(gcap_engine *e) {
+  return e ? e->capture_stream : NULL;
+}
+
+gcap_stream *gcap_current_stream(gcap_engine *e) {
+  return e ? e->current : NULL;
+}
+
+gcap_status gcap_set_current_stream(gcap_engine *e, gcap_stream *s) {
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if (s != NULL && s->e != e)
+    return gc_fail(e, GCAP_EINVAL, "set_current_stream: the stream belongs to another engine");
+  e->current = s ? s : e->default_stream;
+  return GCAP_OK;
+}
+
+gcap_status gcap_stream_synchronize(gcap_stream *s) {
+  gcap_engine *e;
+  gcap_status st;
+  if (s == NULL) return GCAP_EINVAL;
+  e = s->e;
+  gc_clear(e);
+  if ((st = gc_check_not_capturing(e, "stream synchronize")) != GCAP_OK) return st;
+  return e->be->stream_sync(e, e->bs, s->bs);
+}
+
+gcap_status gcap_event_new(gcap_engine *e, gcap_event **out) {
+  gcap_event *ev;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if ((ev = (gcap_event *)calloc(1, sizeof *ev)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "event: out of host memory");
+  if ((st = e->be->event_new(e, e->bs, &ev->bs)) != GCAP_OK) {
+    free(ev);
+    return st;
+  }
+  ev->e = e;
+  gc_engine_ref(e);
+  *out = ev;
+  return GCAP_OK;
+}
+
+void gcap_event_free(gcap_event *ev) {
+  gcap_engine *e;
+  if (ev == NULL) return;
+  e = ev->e;
+  e->be->event_free(e->bs, ev->bs);
+  free(ev);
+  gc_engine_unref(e);
+}
+
+gcap_status gcap_event_record(gcap_event *ev, gcap_stream *s) {
+  gcap_engine *e;
+  gcap_status st;
+  if (ev == NULL) return GCAP_EINVAL;
+  e = ev->e;
+  gc_clear(e);
+  if (s == NULL) s = e->current;
+  if (s->e != e) return gc_fail(e, GCAP_EINVAL, "event record: the stream belongs to another engine");
+  if ((st = gc_check_stream(e, s, "event record")) != GCAP_OK) return st;
+  if ((st = e->be->event_record(e, e->bs, ev->bs, s->bs)) != GCAP_OK) return st;
+  ev->stream = s;
+  ev->seq = s->seq;
+  ev->epoch = s->in_capture ? e->cap_epoch : 0;
+  return GCAP_OK;
+}
+
+gcap_status gcap_stream_wait_event(gcap_stream *s, gcap_event *ev) {
+  gcap_engine *e;
+  gcap_status st;
+  int captured_ev;
+  if (s == NULL || ev == NULL) return GCAP_EINVAL;
+  e = s->e;
+  gc_clear(e);
+  if (ev->e != e) return gc_fail(e, GCAP_EINVAL, "wait_event: the event belongs to another engine");
+  if (ev->stream == NULL) return GCAP_OK; /* never recorded: nothing to wait for */
+  captured_ev = e->cap != NULL && ev->epoch == e->cap_epoch;
+  if (e->cap != NULL && e->cap->invalid)
+    return gc_fail(e, GCAP_ECAPTURE, "wait_event: the open capture was invalidated earlier: %s",
+                   e->cap->why);
+  if (s->in_capture && !captured_ev)
+    return gc_capture_refuse(e, "wait_event: a capturing stream cannot wait on an event recorded "
+                                "outside the capture (it would depend on uncaptured work)");
+  if ((st = e->be->stream_wait(e, e->bs, s->bs, ev->bs)) != GCAP_OK) return st;
+  if (captured_ev) {
+    if (!s->in_capture) { /* fork s into the capture */
+      s->in_capture = 1;
+      s->joined_seq = (uint64_t)-1;
+    }
+    if (s == e->cap->origin && ev->stream != s && ev->seq == ev->stream->seq)
+      ev->stream->joined_seq = ev->seq; /* join: origin waits for all of ev's stream */
+  }
+  return GCAP_OK;
+}
+
+gcap_status gcap_event_synchronize(gcap_event *ev) {
+  gcap_engine *e;
+  gcap_status st;
+  if (ev == NULL) return GCAP_EINVAL;
+  e = ev->e;
+  gc_clear(e);
+  if ((st = gc_check_not_capturing(e, "event synchronize")) != GCAP_OK) return st;
+  if (ev->stream == NULL) return GCAP_OK;
+  return e->be->event_sync(e, e->bs, ev->bs);
+}

@@ -1,0 +1,259 @@
+/*
+** tensor.c: tensor bookkeeping (shape, dtype, views over refcounted blocks)
+** and the host<->device transfers, which capture forbids.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+size_t gc_dtype_size(gcap_dtype dt) {
+  return dt == GCAP_BF16 ? 2 : 4;
+}
+
+const char *gc_dtype_name(gcap_dtype dt) {
+  return dt == GCAP_BF16 ? "bf16" : "f32";
+}
+
+const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n) {
+  size_t at = 0;
+  int i;
+  at += (size_t)snprintf(buf, n, "[");
+  for (i = 0; i < t->ndim && at < n; i++)
+    at += (size_t)snprintf(buf + at, n - at, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+  if (at < n) snprintf(buf + at, n - at, "]");
+  return buf;
+}
+
+gcap_status gc_check_shape(gcap_engine *e, const char *op, int ndim, const int64_t *shape,
+                           int64_t *numel) {
+  int64_t n = 1;
+  int i;
+  if (ndim < 0 || ndim > GCAP_MAXDIM)
+    return gc_fail(e, GCAP_EINVAL, "%s: a tensor has 0 to %d dimensions, got %d", op, GCAP_MAXDIM,
+                   ndim);
+  if (ndim > 0 && shape == NULL) return gc_fail(e, GCAP_EINVAL, "%s: shape is NULL", op);
+  for (i = 0; i < ndim; i++) {
+    if (shape[i] < 0)
+      return gc_fail(e, GCAP_EINVAL, "%s: shape entry #%d must be non-negative, got %lld", op,
+                     i + 1, (long long)shape[i]);
+    if (shape[i] > 0 && n > (INT64_C(1) << 40) / shape[i])
+      return gc_fail(e, GCAP_EINVAL, "%s: shape is too large (more than 2^40 elements)", op);
+    n *= shape[i];
+  }
+  *numel = n;
+  return GCAP_OK;
+}
+
+static gcap_tensor *tensor_wrap(gcap_engine *e, gc_blk *b, size_t off, gcap_dtype dt, int ndim,
+                                const int64_t *shape, int64_t numel) {
+  gcap_tensor *t = (gcap_tensor *)calloc(1, sizeof *t);
+  if (t == NULL) return NULL;
+  t->refs = 1;
+  t->e = e;
+  t->blk = b;
+  t->off = off;
+  t->dt = dt;
+  t->ndim = ndim;
+  if (ndim > 0) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+  t->numel = numel;
+  gc_engine_ref(e);
+  return t;
+}
+
+gcap_status gc_tensor_alloc(gcap_engine *e, const char *op, gcap_dtype dt, int ndim,
+                            const int64_t *shape, gcap_tensor **out) {
+  int64_t numel;
+  gcap_pool *pool = e->heap;
+  gcap_stream *s = e->current;
+  gc_blk *b;
+  gcap_status st;
+  *out = NULL;
+  if (dt != GCAP_F32 && dt != GCAP_BF16)
+    return gc_fail(e, GCAP_EINVAL, "%s: unknown dtype %d", op, (int)dt);
+  if ((st = gc_check_shape(e, op, ndim, shape, &numel)) != GCAP_OK) return st;
+  if (e->cap != NULL) {
+    if (e->cap->invalid)
+      return gc_fail(e, GCAP_ECAPTURE, "%s: the open capture was invalidated earlier: %s", op,
+                     e->cap->why);
+    if (!s->in_capture)
+      return gc_capture_refuse(e, "%s: allocation outside the capture's pool (on a stream that is "
+                                  "not part of the open capture)", op);
+    pool = e->cap->pool;
+  }
+  if ((st = gc_pool_alloc(pool, s, (size_t)numel * gc_dtype_size(dt), &b)) != GCAP_OK) {
+    size_t len = strlen(e->err);
+    char head[GC_ERRLEN];
+    snprintf(head, sizeof head, "%s: ", op);
+    if (len + strlen(head) < GC_ERRLEN) {
+      memmove(e->err + strlen(head), e->err, len + 1);
+      memcpy(e->err, head, strlen(head));
+    }
+    return st;
+  }
+  if ((*out = tensor_wrap(e, b, 0, dt, ndim, shape, numel)) == NULL) {
+    gc_blk_release(b);
+    return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", op);
+  }
+  return GCAP_OK;
+}
+
+gcap_status gcap_tensor_empty(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
+                              gcap_tensor **out) {
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  return gc_tensor_alloc(e, "empty", dt, ndim, shape, out);
+}
+
+gcap_status gcap_tensor_full(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
+                             double v, gcap_tensor **out) {
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if ((st = gc_tensor_alloc(e, "full", dt, ndim, shape, out)) != GCAP_OK) return st;
+  if ((st = gcap_fill_(*out, v)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+gcap_status gcap_tensor_from_f32(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
+                                 const float *data, gcap_tensor **out) {
+  gcap_tensor *t = NULL, *f = NULL;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if ((st = gc_check_not_capturing(e, "tensor from host data (a synchronous upload)")) != GCAP_OK)
+    return st;
+  if ((st = gc_tensor_alloc(e, "tensor", GCAP_F32, ndim, shape, &f)) != GCAP_OK) return st;
+  if (f->numel > 0 && data == NULL) {
+    gcap_tensor_free(f);
+    return gc_fail(e, GCAP_EINVAL, "tensor: data is NULL");
+  }
+  if ((st = gc_note_access(e, f, 1)) != GCAP_OK ||
+      (f->numel > 0 && (st = e->be->upload(e, e->bs, e->current->bs, gc_tensor_ptr(f), data,
+                                           (size_t)f->numel * sizeof(float))) != GCAP_OK)) {
+    gcap_tensor_free(f);
+    return st;
+  }
+  if (dt == GCAP_F32) {
+    *out = f;
+    return GCAP_OK;
+  }
+  if ((st = gc_tensor_alloc(e, "tensor", dt, ndim, shape, &t)) == GCAP_OK &&
+      (st = gcap_copy_(t, f)) != GCAP_OK) {
+    gcap_tensor_free(t);
+    t = NULL;
+  }
+  gcap_tensor_free(f);
+  *out = t;
+  return st;
+}
+
+gcap_tensor *gcap_tensor_retain(gcap_tensor *t) {
+  if (t) t->refs++;
+  return t;
+}
+
+void gcap_tensor_free(gcap_tensor *t) {
+  gcap_engine *e;
+  if (t == NULL || --t->refs > 0) return;
+  e = t->e;
+  gc_blk_release(t->blk);
+  free(t);
+  gc_engine_unref(e);
+}
+
+gcap_engine *gcap_tensor_engine(const gcap_tensor *t) {
+  return t ? t->e : NULL;
+}
+
+int gcap_tensor_ndim(const gcap_tensor *t) {
+  return t ? t->ndim : 0;
+}
+
+const int64_t *gcap_tensor_shape(const gcap_tensor *t) {
+  return t ? t->shape : NULL;
+}
+
+int64_t gcap_tensor_numel(const gcap_tensor *t) {
+  return t ? t->numel : 0;
+}
+
+gcap_dtype gcap_tensor_dtype(const gcap_tensor *t) {
+  return t ? t->dt : GCAP_F32;
+}
+
+uintptr_t gcap_tensor_data_ptr(const gcap_tensor *t) {
+  return t ? (uintptr_t)gc_tensor_ptr(t) : 0;
+}
+
+gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
+  gcap_engine *e;
+  gcap_tensor *f = NULL;
+  gcap_status st;
+  if (t == NULL) return GCAP_EINVAL;
+  e = t->e;
+  gc_clear(e);
+  if ((st = gc_check_not_capturing(e, "reading a tensor back to the host (tolist/item)")) != GCAP_OK)
+    return st;
+  if (n != (size_t)t->numel)
+    return gc_fail(e, GCAP_EINVAL, "read: the tensor has %lld elements, the buffer %zu",
+                   (long long)t->numel, n);
+  if (n == 0) return GCAP_OK;
+  if (dst == NULL) return gc_fail(e, GCAP_EINVAL, "read: dst is NULL");
+  if (t->dt != GCAP_F32) { /* widen on the device, then copy */
+    if ((st = gc_tensor_alloc(e, "read", GCAP_F32, t->ndim, t->shape, &f)) != GCAP_OK) return st;
+    if ((st = gcap_copy_(f, t)) != GCAP_OK) {
+      gcap_tensor_free(f);
+      return st;
+    }
+    t = f;
+  }
+  st = e->be->download(e, e->bs, e->current->bs, dst, gc_tensor_ptr(t), n * sizeof(float));
+  gcap_tensor_free(f);
+  return st;
+}
+
+gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gcap_tensor **out) {
+  gcap_engine *e;
+  int64_t numel;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (t == NULL) return GCAP_EINVAL;
+  e = t->e;
+  gc_clear(e);
+  if ((st = gc_check_shape(e, "view", ndim, shape, &numel)) != GCAP_OK) return st;
+  if (numel != t->numel) {
+    char buf[64];
+    return gc_fail(e, GCAP_EINVAL, "view: cannot view a tensor of shape %s (%lld elements) with %lld elements",
+                   gc_shape_str(t, buf, sizeof buf), (long long)t->numel, (long long)numel);
+  }
+  if ((*out = tensor_wrap(e, t->blk, t->off, t->dt, ndim, shape, numel)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "view: out of host memory");
+  gc_blk_retain(t->blk);
+  return GCAP_OK;
+}
+
+gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out) {
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (t == NULL) return GCAP_EINVAL;
+  gc_clear(t->e);
+  if ((st = gc_tensor_alloc(t->e, "clone", t->dt, t->ndim, t->shape, out)) != GCAP_OK) return st;
+  if ((st = gcap_copy_(*out, t)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
