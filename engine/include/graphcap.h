@@ -174,6 +174,163 @@ gcap_status gcap_neg(gcap_tensor *a, gcap_tensor **out);
 gcap_status gcap_sum(gcap_tensor *a, gcap_tensor **out);
 gcap_status gcap_mean(gcap_tensor *a, gcap_tensor **out);
 
+/* Matrix product of 2-D tensors: [m, k] x [k, n] -> [m, n]. */
+gcap_status gcap_matmul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
+/* y = x W^T + b: x [..., in], w [out, in], b [out] or NULL -> [..., out]. */
+gcap_status gcap_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
+gcap_status gcap_relu(gcap_tensor *x, gcap_tensor **out);
+/* GELU, tanh approximation. */
+gcap_status gcap_gelu(gcap_tensor *x, gcap_tensor **out);
+/* Normalize over the last dimension n; w and b ([n]) may be NULL. */
+gcap_status gcap_layer_norm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, double eps,
+                            gcap_tensor **out);
+/* Softmax over dimension dim, which must be the last (-1 or ndim - 1). */
+gcap_status gcap_softmax(gcap_tensor *x, int dim, gcap_tensor **out);
+/* Zero each element with probability p and scale the rest by 1/(1-p) when
+** training; the identity otherwise. Masks come from the engine's generator. */
+gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **out);
+/* mean((input - target)^2) into a 0-D tensor. */
+gcap_status gcap_mse_loss(gcap_tensor *input, gcap_tensor *target, gcap_tensor **out);
+/* Mean cross entropy of logits [N, C] against target [N] (class indices
+** held as floats) into a 0-D tensor. */
+gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_tensor **out);
+
+/* ------------------------------------------------------------------------ */
+/* Autograd. Ops on tensors that require grad record how to differentiate
+** them; gcap_backward runs those records in reverse topological order and
+** accumulates into the .grad of leaves.                                      */
+
+/* Mark a leaf as requiring grad (or not). Refused on non-leaves. */
+gcap_status gcap_tensor_set_requires_grad(gcap_tensor *t, int on);
+int gcap_tensor_requires_grad(const gcap_tensor *t);
+/* 1 for tensors not produced by a recorded op. */
+int gcap_tensor_is_leaf(const gcap_tensor *t);
+/* The accumulated gradient of a leaf (borrowed; NULL when none). */
+gcap_tensor *gcap_tensor_grad(const gcap_tensor *t);
+/* Replace (grad != NULL, same shape and dtype) or clear (NULL) the gradient. */
+gcap_status gcap_tensor_set_grad(gcap_tensor *t, gcap_tensor *grad);
+/* The name of the op that produced t ("mul", "linear", ...), or NULL. */
+const char *gcap_tensor_grad_fn_name(const gcap_tensor *t);
+/* A new tensor sharing t's storage, cut from the autograd graph. */
+gcap_status gcap_tensor_detach(gcap_tensor *t, gcap_tensor **out);
+
+/* Backpropagate from t. grad: the gradient of t (NULL: t must have one
+** element, grad 1). Without retain_graph, saved tensors are freed and a second
+** backward through the same ops is an error. */
+gcap_status gcap_backward(gcap_tensor *t, gcap_tensor *grad, int retain_graph);
+
+/* Turn recording on or off; returns the previous setting. */
+int gcap_set_grad_enabled(gcap_engine *e, int on);
+int gcap_is_grad_enabled(const gcap_engine *e);
+
+/* ------------------------------------------------------------------------ */
+/* Modules: a forward function with named parameters (in registration
+** order, then the children's, prefixed "child."), buffers, children, a
+** training flag, and four hook lists run around each call.                 */
+
+typedef struct gcap_module gcap_module;
+
+/* A module's forward: one tensor out (a new reference in *out). */
+typedef gcap_status (*gcap_forward_fn)(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                       gcap_tensor **out);
+
+typedef enum gcap_hook_kind {
+  GCAP_HOOK_FORWARD_PRE = 0, /* before forward: inputs */
+  GCAP_HOOK_FORWARD,         /* after forward: inputs and output */
+  GCAP_HOOK_BACKWARD_PRE,    /* when the grad of the output arrives */
+  GCAP_HOOK_BACKWARD         /* when the grad of the first input is computed */
+} gcap_hook_kind;
+
+typedef struct gcap_hook_args {
+  gcap_hook_kind kind;
+  int nin;
+  gcap_tensor *const *in; /* forward hooks: the inputs */
+  gcap_tensor *out;       /* forward hook: the output */
+  gcap_tensor *grad_out;  /* backward hooks: grad of the output */
+  gcap_tensor *grad_in;   /* backward hook: grad of the first input (NULL if it needs none) */
+} gcap_hook_args;
+
+/* A module hook; a non-OK status stops the call (or the backward). */
+typedef gcap_status (*gcap_module_hook)(void *ud, gcap_module *m, const gcap_hook_args *a);
+
+/* A module of type name `type` whose forward is fwd(ud, ...). ud_free (may be
+** NULL) is called on ud when the module is freed. */
+gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fwd, void *ud,
+                            void (*ud_free)(void *), gcap_module **out);
+gcap_module *gcap_module_retain(gcap_module *m);
+void gcap_module_free(gcap_module *m);
+const char *gcap_module_type(const gcap_module *m);
+void *gcap_module_userdata(const gcap_module *m);
+
+/* Register a parameter (t is retained and marked requires_grad), a buffer
+** (retained; not a parameter) or a child. Names are unique per module. */
+gcap_status gcap_module_add_parameter(gcap_module *m, const char *name, gcap_tensor *t);
+gcap_status gcap_module_add_buffer(gcap_module *m, const char *name, gcap_tensor *t);
+gcap_status gcap_module_add_child(gcap_module *m, const char *name, gcap_module *child);
+
+/* Parameters of m and its children, depth first: count, then the i-th with
+** its dotted name copied into name[n] (may be NULL). Borrowed tensor. */
+int gcap_module_num_parameters(const gcap_module *m);
+gcap_tensor *gcap_module_parameter(const gcap_module *m, int i, char *name, size_t n);
+/* Buffers of m and its children, the same way. */
+int gcap_module_num_buffers(const gcap_module *m);
+gcap_tensor *gcap_module_buffer(const gcap_module *m, int i, char *name, size_t n);
+/* Direct children. */
+int gcap_module_num_children(const gcap_module *m);
+gcap_module *gcap_module_child(const gcap_module *m, int i, const char **name);
+
+/* Set training (on = 1) or eval mode on m and its children. */
+void gcap_module_train(gcap_module *m, int on);
+int gcap_module_training(const gcap_module *m);
+
+/* Add a hook; *id (may be NULL) identifies it for gcap_module_remove_hook. */
+gcap_status gcap_module_register_hook(gcap_module *m, gcap_hook_kind kind, gcap_module_hook fn,
+                                      void *ud, void (*ud_free)(void *), int *id);
+gcap_status gcap_module_remove_hook(gcap_module *m, int id);
+/* Hooks of one kind registered on m itself. */
+int gcap_module_num_hooks(const gcap_module *m, gcap_hook_kind kind);
+
+/* Call m: forward-pre hooks, forward, forward hooks; backward hooks are
+** attached to the autograd graph. */
+gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out);
+/* Clear (set_to_none) or zero the .grad of every parameter. */
+gcap_status gcap_module_zero_grad(gcap_module *m, int set_to_none);
+/* Compute the weight grads that delayed-wgrad Linears (in m or below) left
+** pending, oldest first, accumulating into .grad. */
+gcap_status gcap_module_backward_dw(gcap_module *m);
+/* 1 when m or a child has a delayed-wgrad Linear. */
+int gcap_module_has_delayed_wgrad(const gcap_module *m);
+
+/* Built-in modules. Linear's weight and bias are drawn from U(-1/sqrt(in),
+** 1/sqrt(in)) by the engine's generator. */
+gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, int delay_wgrad,
+                           gcap_module **m);
+gcap_status gcap_nn_relu(gcap_engine *e, gcap_module **m);
+gcap_status gcap_nn_gelu(gcap_engine *e, gcap_module **m);
+gcap_status gcap_nn_layer_norm(gcap_engine *e, int64_t n, double eps, gcap_module **m);
+gcap_status gcap_nn_dropout(gcap_engine *e, double p, gcap_module **m);
+/* Children named "0", "1", ... (as in PyTorch); each takes the previous output. */
+gcap_status gcap_nn_sequential(gcap_engine *e, int n, gcap_module *const *mods, gcap_module **m);
+
+/* ------------------------------------------------------------------------ */
+/* Optimizers: update parameters in place with device-side state, so a step
+** can be captured and replayed.                                             */
+
+typedef struct gcap_optim gcap_optim;
+
+/* SGD: lr, momentum (0: none), weight_decay. */
+gcap_status gcap_optim_sgd(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
+                           double momentum, double weight_decay, gcap_optim **out);
+/* Adam: lr, betas, eps, weight_decay (L2). */
+gcap_status gcap_optim_adam(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
+                            double beta1, double beta2, double eps, double weight_decay,
+                            gcap_optim **out);
+void gcap_optim_free(gcap_optim *o);
+/* Update every parameter that has a .grad. */
+gcap_status gcap_optim_step(gcap_optim *o);
+/* Clear (set_to_none) or zero every parameter's .grad. */
+gcap_status gcap_optim_zero_grad(gcap_optim *o, int set_to_none);
+
 /* ------------------------------------------------------------------------ */
 /* Streams and events                                                        */
 

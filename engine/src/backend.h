@@ -17,6 +17,11 @@
 
 #include "graphcap.h"
 
+/* C linkage for the C++ of the cuda backend (cuda/common.cuh). */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Kernel catalogue. Element counts are int64; pointers are device addresses;
 ** dt is the gcap_dtype of the tensors (all operands of one launch share it). */
 typedef enum gc_kernel {
@@ -30,12 +35,44 @@ typedef enum gc_kernel {
   GC_K_RAND,        /* p[0][i] = draw(seed, offset + i), i < n[0]; p[1] = u64
                        state {seed, offset}; n[1] = 1 for normal, 0 uniform */
   GC_K_RNG_ADVANCE, /* state p[0] = {seed, offset}: offset += n[0] */
+  /* Autograd, layers and optimizers. Row-major matrices; "rows x cols". */
+  GC_K_EXPAND,      /* p[0][i] = f[0] * p[1][i % n[1]], i < n[0] (grad of sum/mean/broadcast) */
+  GC_K_SUM_ROWS,    /* p[0][j] = sum_i p[1][i*n[1] + j], i < n[0], j < n[1] (grad of a bias row);
+                       accumulate into p[0] when n[2] = 1 */
+  GC_K_MATMUL,      /* C = f[0] * op(A) op(B) + f[1] * C; p[0] = C [n[0] x n[1]], p[1] = A,
+                       p[2] = B, n[2] = k; n[3] = 1: op(A) = A^T (A stored k x m), n[4] = 1:
+                       op(B) = B^T (B stored n x k). Float accumulation. */
+  GC_K_RELU,        /* p[0][i] = max(p[1][i], 0) */
+  GC_K_RELU_BWD,    /* p[0][i] = p[2][i] > 0 ? p[1][i] : 0       (p[1] = dy, p[2] = x) */
+  GC_K_GELU,        /* p[0][i] = gelu_tanh(p[1][i]) */
+  GC_K_GELU_BWD,    /* p[0][i] = p[1][i] * gelu_tanh'(p[2][i])    (p[1] = dy, p[2] = x) */
+  GC_K_LAYERNORM,   /* rows n[0] x cols n[1], eps f[0]: p[0] = y, p[1] = x, p[2] = weight or
+                       NULL, p[3] = bias or NULL, p[4] = mean [rows] (f32), p[5] = rstd [rows] (f32) */
+  GC_K_LAYERNORM_BWD, /* p[0] = dx, p[1] = dy, p[2] = x, p[3] = weight or NULL, p[4] = mean,
+                         p[5] = rstd; rows n[0], cols n[1] */
+  GC_K_LAYERNORM_BWD_PARAMS, /* p[0] = dweight, p[1] = dbias (either may be NULL), p[2] = dy,
+                                p[3] = x, p[4] = mean, p[5] = rstd; rows n[0], cols n[1] */
+  GC_K_SOFTMAX,     /* softmax over the last dim: p[0] = y, p[1] = x; rows n[0], cols n[1] */
+  GC_K_SOFTMAX_BWD, /* p[0] = dx = y * (dy - sum_row(dy * y)); p[1] = dy, p[2] = y */
+  GC_K_DROPOUT,     /* p[0] = y, p[1] = x, p[2] = mask (same dtype: 0 or 1/(1-f[0])),
+                       p[3] = rng state {seed, offset}; keep element i when
+                       gc_rng_uniform(seed, offset + i) >= f[0]; n[0] elements */
+  GC_K_XENT,        /* cross entropy: logits p[1] [n[0] x n[1]], targets p[2] (class ids as
+                       floats, n[0]); p[3] = probs out [n[0] x n[1]]; p[0] = loss per row [n[0]] */
+  GC_K_XENT_BWD,    /* p[0] = dlogits = (probs - onehot(target)) * p[3][0] * f[0]; p[1] = probs,
+                       p[2] = targets, p[3] = upstream grad (one element); rows n[0], cols n[1] */
+  GC_K_SGD,         /* param p[0] -= f[0] * d, d = grad p[1] (+ f[2] * param); with momentum
+                       (p[2] != NULL): buf = f[1] * buf + d, d = buf; n[0] elements */
+  GC_K_ADAM,        /* p[0] param, p[1] grad, p[2] m, p[3] v, p[4] step count (f32, one element,
+                       already incremented); lr f[0], beta1 f[1], beta2 f[2], eps f[3], weight
+                       decay f[4] (L2, added to the grad); bias-corrected; n[0] elements */
+  GC_K_COUNTER_INC, /* p[0][0] += 1 (f32 counter) */
   GC_K_COUNT
 } gc_kernel;
 
 #define GC_KPTRS 8
 #define GC_KINTS 8
-#define GC_KFLOATS 4
+#define GC_KFLOATS 8
 
 /* The arguments of one launch, taken by value (baked at capture). */
 typedef struct gc_kargs {
@@ -111,5 +148,9 @@ const gc_backend *gc_host_backend(void);
 const gc_backend *gc_cuda_backend(void);
 /* 1 when the cuda backend is built and a device is visible. */
 int gc_cuda_probe(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

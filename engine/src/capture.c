@@ -212,6 +212,7 @@ gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
   if (g == NULL) return GCAP_EINVAL;
   e = g->e;
   gc_clear(e);
+  if (e->closed) return gc_fail(e, GCAP_ESTATE, "capture: the engine is closed");
   if (e->cap != NULL)
     return gc_fail(e, GCAP_ESTATE, "capture: a capture is already open (%s); one at a time",
                    e->cap->g->name);
@@ -364,6 +365,7 @@ gcap_status gcap_graph_replay(gcap_graph *g) {
                    g->state == GC_GRAPH_CAPTURING ? "its capture is still open" : "never captured, or reset");
   if ((st = gc_check_not_capturing(e, "graph replay")) != GCAP_OK) return st;
   s = e->current;
+  if ((st = gc_check_stream(e, s, "replay")) != GCAP_OK) return st;
   if (e->replay_check && (st = replay_check(g)) != GCAP_OK) return st;
   if ((st = e->be->graph_launch(e, e->bs, g->bexec, s->bs)) != GCAP_OK) return st;
   s->seq++;

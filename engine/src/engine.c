@@ -83,6 +83,7 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
   e->be = be;
   e->refs = 1;
   e->replay_check = 1;
+  e->grad_enabled = 1;
   e->next_graph_id = 1;
   if ((st = be->init(e, &e->bs)) != GCAP_OK) goto fail;
   if ((e->heap = gc_pool_create(e, 1)) == NULL) {
@@ -163,6 +164,8 @@ gcap_status gc_check_not_capturing(gcap_engine *e, const char *what) {
 }
 
 gcap_status gc_check_stream(gcap_engine *e, gcap_stream *s, const char *what) {
+  if (e->closed)
+    return gc_fail(e, GCAP_ESTATE, "%s: the engine is closed (its objects can only be freed)", what);
   if (e->cap == NULL) return GCAP_OK;
   if (e->cap->invalid)
     return gc_fail(e, GCAP_ECAPTURE, "%s: the open capture was invalidated earlier: %s", what,

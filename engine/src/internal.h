@@ -108,6 +108,8 @@ void gc_stream_destroy(gcap_stream *s);
 /* ------------------------------------------------------------------------ */
 /* Tensors (tensor.c)                                                        */
 
+typedef struct gc_node gc_node;
+
 struct gcap_tensor {
   int refs;
   gcap_engine *e;
@@ -117,7 +119,13 @@ struct gcap_tensor {
   int ndim;
   int64_t shape[GCAP_MAXDIM];
   int64_t numel;
+  int requires_grad;
+  gcap_tensor *grad; /* leaves: accumulated gradient, or NULL */
+  gc_node *grad_fn;  /* non-leaves: the node that made it */
 };
+
+/* A new tensor struct over t's storage with another shape: no grad, no grad_fn. */
+gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape);
 
 size_t gc_dtype_size(gcap_dtype dt);
 const char *gc_dtype_name(gcap_dtype dt);
@@ -132,6 +140,52 @@ static inline void *gc_tensor_ptr(const gcap_tensor *t) {
 }
 /* "[2, 3]" into buf. */
 const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Autograd (autograd.c)                                                     */
+
+#define GC_NODE_MAXIN 4
+#define GC_NODE_MAXSAVED 6
+
+/* Computes the grads of a node's inputs from the grad of its output; sets
+** gin[i] (a new reference) only for inputs that need one (gc_node_needs). */
+typedef gcap_status (*gc_backward_fn)(gc_node *n, gcap_tensor *g, gcap_tensor **gin);
+
+struct gc_node {
+  int refs;
+  const char *name;
+  gc_backward_fn backward;
+  int nin;
+  gc_node *next[GC_NODE_MAXIN];      /* producer of input i, or NULL */
+  gcap_tensor *leaf[GC_NODE_MAXIN];  /* input i when it is a leaf that requires grad */
+  gcap_tensor *saved[GC_NODE_MAXSAVED];
+  int nsaved;
+  int released; /* saved tensors freed by a backward without retain_graph */
+  int ndim;     /* the output's shape and dtype, to check incoming grads */
+  int64_t shape[GCAP_MAXDIM];
+  gcap_dtype dt;
+  float f[4];     /* op constants */
+  int64_t k[4];
+  void *ud;       /* op state (e.g. a module for delayed wgrad) */
+  void (*ud_free)(void *ud);
+  uint64_t mark;  /* scheduling scratch */
+  int deps;
+  gcap_tensor *acc;
+};
+
+/* Should the op producing a tensor from these inputs record a node? */
+int gc_grad_needed(gcap_engine *e, gcap_tensor *const *in, int nin);
+/* Record node `name` as out's grad_fn, its inputs in[], saving save[]
+** (as aliases, so saved outputs make no cycle). */
+gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw,
+                      gcap_tensor *const *in, int nin, gcap_tensor *const *save, int nsave,
+                      gc_node **node);
+static inline int gc_node_needs(const gc_node *n, int i) {
+  return n->next[i] != NULL || n->leaf[i] != NULL;
+}
+void gc_node_release(gc_node *n);
+/* Record `view` as a view of src (grads flow back reshaped). */
+gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view);
 
 /* ------------------------------------------------------------------------ */
 /* Capture and graphs (capture.c)                                            */
@@ -192,6 +246,8 @@ struct gcap_engine {
   gc_capture *cap; /* the open capture, or NULL */
   uint64_t cap_epoch;
   int replay_check;
+  int grad_enabled;
+  uint64_t bw_mark; /* backward pass counter (node marks) */
   gc_blk *rng; /* device u64[2] {seed, offset} */
   int next_graph_id;
   gcap_graph **graphs; /* by id, NULL once destroyed: names for messages */
@@ -230,5 +286,27 @@ double gc_now_ms(void);
 
 /* Launch kernel k on the current stream: capture checks, then the backend. */
 gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a);
+/* Note the reads of in[] and the write of out (may be NULL), set a->dt from
+** out (or in[0]), then gc_launch. */
+gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, int nin,
+                   gcap_tensor *out);
+/* Non-recording building blocks shared by forward and backward code. */
+gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out);
+gcap_status gc_binary_inplace(gcap_tensor *dst, gcap_tensor *y, int k, const char *op);
+gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
+                     gcap_tensor **out);
+gcap_status gc_expand(gcap_tensor *x, int ndim, const int64_t *shape, float f, gcap_tensor **out);
+gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor *into, gcap_tensor **out);
+/* linear, and its weight/bias grads (gw/gb may be NULL). A linear node whose
+** ud is a delayed-wgrad Linear module leaves those to its backward_dw. */
+gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
+gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
+                            gcap_tensor **gw, gcap_tensor **gb);
+/* Queue (g, x) for a later backward_dw of the delayed-wgrad Linear `mod`. */
+gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x);
+/* leaf.grad += g, allocating .grad (a copy of g) on first use. */
+gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g);
+/* Refuse in-place writes to a leaf that requires grad while recording. */
+gcap_status gc_check_inplace(gcap_tensor *t, const char *op);
 
 #endif

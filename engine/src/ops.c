@@ -11,8 +11,12 @@
 #include "internal.h"
 
 const char *gc_kernel_name(int k) {
-  static const char *const names[GC_K_COUNT] = {"fill", "copy", "add", "sub", "mul", "scale",
-                                                "sum", "rand", "rng_advance"};
+  static const char *const names[GC_K_COUNT] = {
+      "fill",      "copy",     "add",       "sub",        "mul",       "scale",
+      "sum",       "rand",     "rng_advance", "expand",   "sum_rows",  "matmul",
+      "relu",      "relu_bwd", "gelu",      "gelu_bwd",   "layer_norm", "layer_norm_bwd",
+      "layer_norm_bwd_params", "softmax", "softmax_bwd", "dropout", "cross_entropy",
+      "cross_entropy_bwd", "sgd", "adam", "counter_inc"};
   return k >= 0 && k < GC_K_COUNT ? names[k] : "?";
 }
 
@@ -26,15 +30,15 @@ gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a) {
 }
 
 /* Launch k after noting its reads and writes. */
-static gcap_status op_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, int nin,
-                          gcap_tensor *out) {
+gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, int nin,
+                   gcap_tensor *out) {
   gcap_status st;
   int i;
   if ((st = gc_check_stream(e, e->current, gc_kernel_name(k))) != GCAP_OK) return st;
   for (i = 0; i < nin; i++)
     if ((st = gc_note_access(e, in[i], 0)) != GCAP_OK) return st;
-  if ((st = gc_note_access(e, out, 1)) != GCAP_OK) return st;
-  a->dt = (int)out->dt;
+  if (out && (st = gc_note_access(e, out, 1)) != GCAP_OK) return st;
+  a->dt = (int)(out ? out->dt : in[0]->dt);
   return gc_launch(e, k, a);
 }
 
@@ -56,12 +60,12 @@ static gcap_status same_engine(gcap_tensor *a, gcap_tensor *b, const char *op) {
 gcap_status gcap_fill_(gcap_tensor *t, double v) {
   gc_kargs a;
   gcap_status st;
-  if ((st = op_begin(t)) != GCAP_OK) return st;
+  if ((st = op_begin(t)) != GCAP_OK || (st = gc_check_inplace(t, "fill_")) != GCAP_OK) return st;
   memset(&a, 0, sizeof a);
   a.p[0] = gc_tensor_ptr(t);
   a.n[0] = t->numel;
   a.f[0] = (float)v;
-  return op_run(t->e, GC_K_FILL, &a, NULL, 0, t);
+  return gc_run(t->e, GC_K_FILL, &a, NULL, 0, t);
 }
 
 gcap_status gcap_zero_(gcap_tensor *t) {
@@ -71,7 +75,7 @@ gcap_status gcap_zero_(gcap_tensor *t) {
 gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src) {
   gc_kargs a;
   gcap_status st;
-  if ((st = op_begin(dst)) != GCAP_OK) return st;
+  if ((st = op_begin(dst)) != GCAP_OK || (st = gc_check_inplace(dst, "copy_")) != GCAP_OK) return st;
   if (src == NULL) return gc_fail(dst->e, GCAP_EINVAL, "copy_: source is NULL");
   if (src->e != dst->e) return gc_fail(dst->e, GCAP_EINVAL, "copy_: the operands belong to different engines");
   if (src->numel != dst->numel) {
@@ -85,7 +89,7 @@ gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src) {
   a.p[1] = gc_tensor_ptr(src);
   a.n[0] = dst->numel;
   a.n[1] = src->dt;
-  return op_run(dst->e, GC_K_COPY, &a, &src, 1, dst);
+  return gc_run(dst->e, GC_K_COPY, &a, &src, 1, dst);
 }
 
 /* Broadcast rule of DESIGN §4: equal shapes, a one-element operand, or a
@@ -123,14 +127,12 @@ static gcap_status bcast(gcap_tensor *a, gcap_tensor *b, const char *op, gcap_te
                  op, gc_shape_str(a, b1, sizeof b1), gc_shape_str(b, b2, sizeof b2));
 }
 
-static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out) {
+/* out = x OP y, out-of-place, no recording. */
+gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out) {
   gcap_tensor *big = NULL, *in[2];
   gc_kargs a;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
-  if ((st = op_begin(x)) != GCAP_OK) return st;
-  if (y == NULL) return gc_fail(x->e, GCAP_EINVAL, "%s: second operand is NULL", op);
   if ((st = same_engine(x, y, op)) != GCAP_OK || (st = bcast(x, y, op, &big)) != GCAP_OK) return st;
   if ((st = gc_tensor_alloc(x->e, op, x->dt, big->ndim, big->shape, out)) != GCAP_OK) return st;
   memset(&a, 0, sizeof a);
@@ -142,7 +144,132 @@ static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op,
   a.n[2] = y->numel;
   in[0] = x;
   in[1] = y;
-  if ((st = op_run(x->e, k, &a, in, 2, *out)) != GCAP_OK) {
+  if ((st = gc_run(x->e, k, &a, in, 2, *out)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+/* dst = dst OP y in place (y: same numel, one element, or a row). */
+gcap_status gc_binary_inplace(gcap_tensor *dst, gcap_tensor *y, int k, const char *op) {
+  gcap_tensor *in[2];
+  gc_kargs a;
+  gcap_status st;
+  if ((st = same_engine(dst, y, op)) != GCAP_OK) return st;
+  if (y->numel != dst->numel && y->numel != 1 &&
+      !(dst->ndim >= 1 && y->numel == dst->shape[dst->ndim - 1])) {
+    char b1[64], b2[64];
+    return gc_fail(dst->e, GCAP_EINVAL, "%s: %s does not broadcast to %s", op,
+                   gc_shape_str(y, b1, sizeof b1), gc_shape_str(dst, b2, sizeof b2));
+  }
+  memset(&a, 0, sizeof a);
+  a.p[0] = a.p[1] = gc_tensor_ptr(dst);
+  a.p[2] = gc_tensor_ptr(y);
+  a.n[0] = a.n[1] = dst->numel;
+  a.n[2] = y->numel;
+  in[0] = dst;
+  in[1] = y;
+  return gc_run(dst->e, k, &a, in, 2, dst);
+}
+
+/* out = f * x[i % n(x)] broadcast to shape (grad of sum, mean, broadcasts). */
+gcap_status gc_expand(gcap_tensor *x, int ndim, const int64_t *shape, float f, gcap_tensor **out) {
+  gc_kargs a;
+  gcap_status st;
+  if ((st = gc_tensor_alloc(x->e, "expand", x->dt, ndim, shape, out)) != GCAP_OK) return st;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(*out);
+  a.p[1] = gc_tensor_ptr(x);
+  a.n[0] = (*out)->numel;
+  a.n[1] = x->numel > 0 ? x->numel : 1;
+  a.f[0] = f;
+  if ((st = gc_run(x->e, GC_K_EXPAND, &a, &x, 1, *out)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+/* out[j] = sum over rows of x viewed as [numel / cols, cols]; into `into` if given. */
+gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor *into, gcap_tensor **out) {
+  gc_kargs a;
+  gcap_status st;
+  if (into == NULL) {
+    if ((st = gc_tensor_alloc(x->e, "sum_rows", x->dt, 1, &cols, out)) != GCAP_OK) return st;
+  } else {
+    *out = gcap_tensor_retain(into);
+  }
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(*out);
+  a.p[1] = gc_tensor_ptr(x);
+  a.n[0] = cols > 0 ? x->numel / cols : 0;
+  a.n[1] = cols;
+  a.n[2] = into != NULL;
+  if ((st = gc_run(x->e, GC_K_SUM_ROWS, &a, &x, 1, *out)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+/* The grad g of a broadcast result, reduced to the shape of operand t. */
+static gcap_status reduce_to(gcap_tensor *g, gcap_tensor *t, gcap_tensor **out) {
+  gcap_tensor *r = NULL;
+  gcap_status st = GCAP_OK;
+  if (g->numel == t->numel) r = gcap_tensor_retain(g);
+  else if (t->numel == 1) st = gc_unary(g, GC_K_SUM, 1.0f, "sum", 1, &r);
+  else st = gc_sum_rows(g, t->numel, NULL, &r);
+  if (r == NULL) return st;
+  *out = gc_tensor_alias(r, t->ndim, t->shape);
+  gcap_tensor_free(r);
+  return *out ? GCAP_OK : gc_fail(g->e, GCAP_ENOMEM, "backward: out of host memory");
+}
+
+static gcap_status add_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  gcap_status st = GCAP_OK;
+  gcap_tensor *neg = NULL;
+  if (gc_node_needs(n, 0)) st = reduce_to(g, n->saved[0], &gin[0]);
+  if (st == GCAP_OK && gc_node_needs(n, 1)) {
+    if (n->k[0] == GC_K_SUB) {
+      if ((st = gc_unary(g, GC_K_SCALE, -1.0f, "neg", 0, &neg)) != GCAP_OK) return st;
+      g = neg;
+    }
+    st = reduce_to(g, n->saved[1], &gin[1]);
+  }
+  gcap_tensor_free(neg);
+  return st;
+}
+
+static gcap_status mul_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  gcap_status st = GCAP_OK;
+  int i;
+  for (i = 0; i < 2 && st == GCAP_OK; i++) {
+    gcap_tensor *p;
+    if (!gc_node_needs(n, i)) continue;
+    if ((st = gc_binary(g, n->saved[1 - i], GC_K_MUL, "mul backward", &p)) != GCAP_OK) break;
+    st = reduce_to(p, n->saved[i], &gin[i]);
+    gcap_tensor_free(p);
+  }
+  return st;
+}
+
+/* Shapes only matter for add/sub's backward: save shape-carrying aliases. */
+static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out) {
+  gcap_tensor *in[2];
+  gc_node *n;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if ((st = op_begin(x)) != GCAP_OK) return st;
+  if (y == NULL) return gc_fail(x->e, GCAP_EINVAL, "%s: second operand is NULL", op);
+  if ((st = gc_binary(x, y, k, op, out)) != GCAP_OK) return st;
+  in[0] = x;
+  in[1] = y;
+  if (!gc_grad_needed(x->e, in, 2)) return GCAP_OK;
+  st = gc_record(*out, op, k == GC_K_MUL ? mul_backward : add_backward, in, 2, in, 2, &n);
+  if (st == GCAP_OK) n->k[0] = k;
+  else {
     gcap_tensor_free(*out);
     *out = NULL;
   }
@@ -161,13 +288,11 @@ gcap_status gcap_mul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
   return binary(a, b, GC_K_MUL, "mul", out);
 }
 
-static gcap_status unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
-                         gcap_tensor **out) {
+/* One input, one kernel, no recording. scalar_out: a 0-D result. */
+gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
+                     gcap_tensor **out) {
   gc_kargs a;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if ((st = op_begin(x)) != GCAP_OK) return st;
   if ((st = gc_tensor_alloc(x->e, op, x->dt, scalar_out ? 0 : x->ndim, x->shape, out)) != GCAP_OK)
     return st;
   memset(&a, 0, sizeof a);
@@ -175,7 +300,37 @@ static gcap_status unary(gcap_tensor *x, int k, float f, const char *op, int sca
   a.p[1] = gc_tensor_ptr(x);
   a.n[0] = x->numel;
   a.f[0] = f;
-  if ((st = op_run(x->e, k, &a, &x, 1, *out)) != GCAP_OK) {
+  if ((st = gc_run(x->e, k, &a, &x, 1, *out)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+static gcap_status scale_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  return gc_unary(g, GC_K_SCALE, n->f[0], "scale backward", 0, &gin[0]);
+}
+
+/* sum and mean: the grad is g (one element) spread over the input's shape. */
+static gcap_status sum_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  return gc_expand(g, (int)n->k[0], (const int64_t *)n->saved[0]->shape, n->f[0], &gin[0]);
+}
+
+static gcap_status unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
+                         gc_backward_fn bw, gcap_tensor **out) {
+  gc_node *n;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if ((st = op_begin(x)) != GCAP_OK) return st;
+  if ((st = gc_unary(x, k, f, op, scalar_out, out)) != GCAP_OK) return st;
+  if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
+  /* sum/mean keep an alias of x only for its shape */
+  st = gc_record(*out, op, bw, &x, 1, &x, bw == sum_backward, &n);
+  if (st == GCAP_OK) {
+    n->f[0] = f;
+    n->k[0] = x->ndim;
+  } else {
     gcap_tensor_free(*out);
     *out = NULL;
   }
@@ -183,20 +338,20 @@ static gcap_status unary(gcap_tensor *x, int k, float f, const char *op, int sca
 }
 
 gcap_status gcap_scale(gcap_tensor *a, double s, gcap_tensor **out) {
-  return unary(a, GC_K_SCALE, (float)s, "scale", 0, out);
+  return unary(a, GC_K_SCALE, (float)s, "scale", 0, scale_backward, out);
 }
 
 gcap_status gcap_neg(gcap_tensor *a, gcap_tensor **out) {
-  return unary(a, GC_K_SCALE, -1.0f, "neg", 0, out);
+  return unary(a, GC_K_SCALE, -1.0f, "neg", 0, scale_backward, out);
 }
 
 gcap_status gcap_sum(gcap_tensor *a, gcap_tensor **out) {
-  return unary(a, GC_K_SUM, 1.0f, "sum", 1, out);
+  return unary(a, GC_K_SUM, 1.0f, "sum", 1, sum_backward, out);
 }
 
 gcap_status gcap_mean(gcap_tensor *a, gcap_tensor **out) {
   float f = a && a->numel > 0 ? 1.0f / (float)a->numel : NAN;
-  return unary(a, GC_K_SUM, f, "mean", 1, out);
+  return unary(a, GC_K_SUM, f, "mean", 1, sum_backward, out);
 }
 
 gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
@@ -213,7 +368,7 @@ gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int6
   a.p[1] = e->rng->ptr;
   a.n[0] = (*out)->numel;
   a.n[1] = normal != 0;
-  if ((st = op_run(e, GC_K_RAND, &a, NULL, 0, *out)) == GCAP_OK) {
+  if ((st = gc_run(e, GC_K_RAND, &a, NULL, 0, *out)) == GCAP_OK) {
     memset(&a, 0, sizeof a);
     a.p[0] = e->rng->ptr;
     a.n[0] = (*out)->numel;

@@ -73,6 +73,7 @@ gcap_status gc_tensor_alloc(gcap_engine *e, const char *op, gcap_dtype dt, int n
   if (dt != GCAP_F32 && dt != GCAP_BF16)
     return gc_fail(e, GCAP_EINVAL, "%s: unknown dtype %d", op, (int)dt);
   if ((st = gc_check_shape(e, op, ndim, shape, &numel)) != GCAP_OK) return st;
+  if (e->closed) return gc_fail(e, GCAP_ESTATE, "%s: the engine is closed (its objects can only be freed)", op);
   if (e->cap != NULL) {
     if (e->cap->invalid)
       return gc_fail(e, GCAP_ECAPTURE, "%s: the open capture was invalidated earlier: %s", op,
@@ -167,9 +168,17 @@ void gcap_tensor_free(gcap_tensor *t) {
   gcap_engine *e;
   if (t == NULL || --t->refs > 0) return;
   e = t->e;
+  gcap_tensor_free(t->grad);
+  if (t->grad_fn) gc_node_release(t->grad_fn);
   gc_blk_release(t->blk);
   free(t);
   gc_engine_unref(e);
+}
+
+gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape) {
+  gcap_tensor *a = tensor_wrap(t->e, t->blk, t->off, t->dt, ndim, shape, t->numel);
+  if (a != NULL) gc_blk_retain(t->blk);
+  return a;
 }
 
 gcap_engine *gcap_tensor_engine(const gcap_tensor *t) {
@@ -238,10 +247,9 @@ gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gca
     return gc_fail(e, GCAP_EINVAL, "view: cannot view a tensor of shape %s (%lld elements) with %lld elements",
                    gc_shape_str(t, buf, sizeof buf), (long long)t->numel, (long long)numel);
   }
-  if ((*out = tensor_wrap(e, t->blk, t->off, t->dt, ndim, shape, numel)) == NULL)
+  if ((*out = gc_tensor_alias(t, ndim, shape)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "view: out of host memory");
-  gc_blk_retain(t->blk);
-  return GCAP_OK;
+  return gc_view_record(t, *out);
 }
 
 gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out) {

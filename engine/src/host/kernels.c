@@ -94,8 +94,234 @@ static void hk_rng_advance(const gc_kargs *a) {
   ((uint64_t *)a->p[0])[1] += (uint64_t)a->n[0];
 }
 
+static void hk_expand(const gc_kargs *a) {
+  int64_t i;
+  for (i = 0; i < a->n[0]; i++) st(a->p[0], a->dt, i, a->f[0] * ld(a->p[1], a->dt, i % a->n[1]));
+}
+
+static void hk_sum_rows(const gc_kargs *a) {
+  int64_t i, j, rows = a->n[0], cols = a->n[1];
+  for (j = 0; j < cols; j++) {
+    float s = a->n[2] ? ld(a->p[0], a->dt, j) : 0.0f;
+    for (i = 0; i < rows; i++) s += ld(a->p[1], a->dt, i * cols + j);
+    st(a->p[0], a->dt, j, s);
+  }
+}
+
+/* C[m x n] = alpha op(A) op(B) + beta C, the sum over k in ascending order. */
+static void hk_matmul(const gc_kargs *a) {
+  int64_t m = a->n[0], n = a->n[1], k = a->n[2], i, j, l;
+  int ta = a->n[3] != 0, tb = a->n[4] != 0;
+  for (i = 0; i < m; i++)
+    for (j = 0; j < n; j++) {
+      float s = 0.0f;
+      for (l = 0; l < k; l++) {
+        float x = ld(a->p[1], a->dt, ta ? l * m + i : i * k + l);
+        float y = ld(a->p[2], a->dt, tb ? j * k + l : l * n + j);
+        s += x * y;
+      }
+      s *= a->f[0];
+      if (a->f[1] != 0.0f) s += a->f[1] * ld(a->p[0], a->dt, i * n + j);
+      st(a->p[0], a->dt, i * n + j, s);
+    }
+}
+
+static void hk_relu(const gc_kargs *a) {
+  int64_t i;
+  for (i = 0; i < a->n[0]; i++) {
+    float x = ld(a->p[1], a->dt, i);
+    st(a->p[0], a->dt, i, x > 0.0f ? x : 0.0f);
+  }
+}
+
+static void hk_relu_bwd(const gc_kargs *a) {
+  int64_t i;
+  for (i = 0; i < a->n[0]; i++)
+    st(a->p[0], a->dt, i, ld(a->p[2], a->dt, i) > 0.0f ? ld(a->p[1], a->dt, i) : 0.0f);
+}
+
+#define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_K 0.044715f
+
+static void hk_gelu(const gc_kargs *a) {
+  int64_t i;
+  for (i = 0; i < a->n[0]; i++) {
+    float x = ld(a->p[1], a->dt, i);
+    float t = tanhf(GELU_C * (x + GELU_K * x * x * x));
+    st(a->p[0], a->dt, i, 0.5f * x * (1.0f + t));
+  }
+}
+
+static void hk_gelu_bwd(const gc_kargs *a) {
+  int64_t i;
+  for (i = 0; i < a->n[0]; i++) {
+    float x = ld(a->p[2], a->dt, i);
+    float t = tanhf(GELU_C * (x + GELU_K * x * x * x));
+    float d = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_K * x * x);
+    st(a->p[0], a->dt, i, ld(a->p[1], a->dt, i) * d);
+  }
+}
+
+static void hk_layernorm(const gc_kargs *a) {
+  int64_t r, c, rows = a->n[0], cols = a->n[1];
+  for (r = 0; r < rows; r++) {
+    float mean = 0.0f, var = 0.0f, rstd;
+    for (c = 0; c < cols; c++) mean += ld(a->p[1], a->dt, r * cols + c);
+    mean /= (float)cols;
+    for (c = 0; c < cols; c++) {
+      float d = ld(a->p[1], a->dt, r * cols + c) - mean;
+      var += d * d;
+    }
+    var /= (float)cols;
+    rstd = 1.0f / sqrtf(var + a->f[0]);
+    for (c = 0; c < cols; c++) {
+      float y = (ld(a->p[1], a->dt, r * cols + c) - mean) * rstd;
+      if (a->p[2]) y *= ld(a->p[2], a->dt, c);
+      if (a->p[3]) y += ld(a->p[3], a->dt, c);
+      st(a->p[0], a->dt, r * cols + c, y);
+    }
+    ((float *)a->p[4])[r] = mean;
+    ((float *)a->p[5])[r] = rstd;
+  }
+}
+
+static void hk_layernorm_bwd(const gc_kargs *a) {
+  int64_t r, c, rows = a->n[0], cols = a->n[1];
+  for (r = 0; r < rows; r++) {
+    float mean = ((const float *)a->p[4])[r], rstd = ((const float *)a->p[5])[r];
+    float sg = 0.0f, sgx = 0.0f; /* sums of dxhat and dxhat * xhat over the row */
+    for (c = 0; c < cols; c++) {
+      float xh = (ld(a->p[2], a->dt, r * cols + c) - mean) * rstd;
+      float g = ld(a->p[1], a->dt, r * cols + c) * (a->p[3] ? ld(a->p[3], a->dt, c) : 1.0f);
+      sg += g;
+      sgx += g * xh;
+    }
+    sg /= (float)cols;
+    sgx /= (float)cols;
+    for (c = 0; c < cols; c++) {
+      float xh = (ld(a->p[2], a->dt, r * cols + c) - mean) * rstd;
+      float g = ld(a->p[1], a->dt, r * cols + c) * (a->p[3] ? ld(a->p[3], a->dt, c) : 1.0f);
+      st(a->p[0], a->dt, r * cols + c, rstd * (g - sg - xh * sgx));
+    }
+  }
+}
+
+static void hk_layernorm_bwd_params(const gc_kargs *a) {
+  int64_t r, c, rows = a->n[0], cols = a->n[1];
+  for (c = 0; c < cols; c++) {
+    float dw = 0.0f, db = 0.0f;
+    for (r = 0; r < rows; r++) {
+      float dy = ld(a->p[2], a->dt, r * cols + c);
+      float xh = (ld(a->p[3], a->dt, r * cols + c) - ((const float *)a->p[4])[r]) *
+                 ((const float *)a->p[5])[r];
+      dw += dy * xh;
+      db += dy;
+    }
+    if (a->p[0]) st(a->p[0], a->dt, c, dw);
+    if (a->p[1]) st(a->p[1], a->dt, c, db);
+  }
+}
+
+static void hk_softmax(const gc_kargs *a) {
+  int64_t r, c, rows = a->n[0], cols = a->n[1];
+  for (r = 0; r < rows; r++) {
+    float mx = -INFINITY, s = 0.0f;
+    for (c = 0; c < cols; c++) mx = fmaxf(mx, ld(a->p[1], a->dt, r * cols + c));
+    for (c = 0; c < cols; c++) s += expf(ld(a->p[1], a->dt, r * cols + c) - mx);
+    for (c = 0; c < cols; c++)
+      st(a->p[0], a->dt, r * cols + c, expf(ld(a->p[1], a->dt, r * cols + c) - mx) / s);
+  }
+}
+
+static void hk_softmax_bwd(const gc_kargs *a) {
+  int64_t r, c, rows = a->n[0], cols = a->n[1];
+  for (r = 0; r < rows; r++) {
+    float dot = 0.0f;
+    for (c = 0; c < cols; c++) dot += ld(a->p[1], a->dt, r * cols + c) * ld(a->p[2], a->dt, r * cols + c);
+    for (c = 0; c < cols; c++) {
+      float y = ld(a->p[2], a->dt, r * cols + c);
+      st(a->p[0], a->dt, r * cols + c, y * (ld(a->p[1], a->dt, r * cols + c) - dot));
+    }
+  }
+}
+
+static void hk_dropout(const gc_kargs *a) {
+  const uint64_t *state = (const uint64_t *)a->p[3];
+  float p = a->f[0], scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  int64_t i;
+  for (i = 0; i < a->n[0]; i++) {
+    float m = gc_rng_uniform(state[0], state[1] + (uint64_t)i) >= p ? scale : 0.0f;
+    st(a->p[2], a->dt, i, m);
+    st(a->p[0], a->dt, i, ld(a->p[1], a->dt, i) * m);
+  }
+}
+
+static void hk_xent(const gc_kargs *a) {
+  int64_t r, c, rows = a->n[0], cols = a->n[1];
+  for (r = 0; r < rows; r++) {
+    int64_t t = (int64_t)ld(a->p[2], a->dt, r);
+    float mx = -INFINITY, s = 0.0f;
+    for (c = 0; c < cols; c++) mx = fmaxf(mx, ld(a->p[1], a->dt, r * cols + c));
+    for (c = 0; c < cols; c++) s += expf(ld(a->p[1], a->dt, r * cols + c) - mx);
+    for (c = 0; c < cols; c++)
+      st(a->p[3], a->dt, r * cols + c, expf(ld(a->p[1], a->dt, r * cols + c) - mx) / s);
+    st(a->p[0], a->dt, r, logf(s) + mx - ld(a->p[1], a->dt, r * cols + t));
+  }
+}
+
+static void hk_xent_bwd(const gc_kargs *a) {
+  int64_t r, c, rows = a->n[0], cols = a->n[1];
+  float g = ld(a->p[3], a->dt, 0) * a->f[0];
+  for (r = 0; r < rows; r++) {
+    int64_t t = (int64_t)ld(a->p[2], a->dt, r);
+    for (c = 0; c < cols; c++)
+      st(a->p[0], a->dt, r * cols + c, (ld(a->p[1], a->dt, r * cols + c) - (c == t ? 1.0f : 0.0f)) * g);
+  }
+}
+
+static void hk_sgd(const gc_kargs *a) {
+  int64_t i;
+  for (i = 0; i < a->n[0]; i++) {
+    float p = ld(a->p[0], a->dt, i), d = ld(a->p[1], a->dt, i);
+    if (a->f[2] != 0.0f) d += a->f[2] * p;
+    if (a->p[2]) {
+      float b = a->f[1] * ld(a->p[2], a->dt, i) + d;
+      st(a->p[2], a->dt, i, b);
+      d = b;
+    }
+    st(a->p[0], a->dt, i, p - a->f[0] * d);
+  }
+}
+
+/* PyTorch's Adam: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). */
+static void hk_adam(const gc_kargs *a) {
+  float t = ((const float *)a->p[4])[0];
+  float bc1 = 1.0f - powf(a->f[1], t), bc2 = 1.0f - powf(a->f[2], t);
+  int64_t i;
+  for (i = 0; i < a->n[0]; i++) {
+    float p = ld(a->p[0], a->dt, i), g = ld(a->p[1], a->dt, i);
+    float m, v;
+    if (a->f[4] != 0.0f) g += a->f[4] * p;
+    m = a->f[1] * ld(a->p[2], a->dt, i) + (1.0f - a->f[1]) * g;
+    v = a->f[2] * ld(a->p[3], a->dt, i) + (1.0f - a->f[2]) * g * g;
+    st(a->p[2], a->dt, i, m);
+    st(a->p[3], a->dt, i, v);
+    st(a->p[0], a->dt, i, p - (a->f[0] / bc1) * m / (sqrtf(v) / sqrtf(bc2) + a->f[3]));
+  }
+}
+
+static void hk_counter_inc(const gc_kargs *a) {
+  ((float *)a->p[0])[0] += 1.0f;
+}
+
 hk_fn hk_kernel(int k) {
-  static const hk_fn table[GC_K_COUNT] = {hk_fill, hk_copy, hk_add,  hk_sub,        hk_mul,
-                                          hk_scale, hk_sum, hk_rand, hk_rng_advance};
+  static const hk_fn table[GC_K_COUNT] = {
+      hk_fill,         hk_copy,      hk_add,        hk_sub,
+      hk_mul,          hk_scale,     hk_sum,        hk_rand,
+      hk_rng_advance,  hk_expand,    hk_sum_rows,   hk_matmul,
+      hk_relu,         hk_relu_bwd,  hk_gelu,       hk_gelu_bwd,
+      hk_layernorm,    hk_layernorm_bwd, hk_layernorm_bwd_params, hk_softmax,
+      hk_softmax_bwd,  hk_dropout,   hk_xent,       hk_xent_bwd,
+      hk_sgd,          hk_adam,      hk_counter_inc};
   return k >= 0 && k < GC_K_COUNT ? table[k] : NULL;
 }

@@ -1,0 +1,370 @@
+/*
+** autograd.c: recording nodes and running backward.
+**
+** An op whose inputs require grad records a node: the producers of its
+** inputs (or the leaves themselves), aliases of the tensors its backward
+** needs, and its backward function. gcap_backward counts, for every node
+** reachable from the root, how many reachable nodes feed it a grad; it then
+** runs a node once all of those have arrived (a dependency count, not
+** recursion), sums grads arriving from several consumers, and accumulates the
+** grads of leaves into their .grad. Backward runs with recording off; its
+** allocations follow the usual rule (in the capture's pool when capturing).
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+int gcap_set_grad_enabled(gcap_engine *e, int on) {
+  int was;
+  if (e == NULL) return 0;
+  was = e->grad_enabled;
+  e->grad_enabled = on != 0;
+  return was;
+}
+
+int gcap_is_grad_enabled(const gcap_engine *e) {
+  return e != NULL && e->grad_enabled;
+}
+
+int gc_grad_needed(gcap_engine *e, gcap_tensor *const *in, int nin) {
+  int i;
+  if (!e->grad_enabled) return 0;
+  for (i = 0; i < nin; i++)
+    if (in[i] != NULL && in[i]->requires_grad) return 1;
+  return 0;
+}
+
+static void node_free_saved(gc_node *n) {
+  int i;
+  for (i = 0; i < n->nsaved; i++) {
+    gcap_tensor_free(n->saved[i]);
+    n->saved[i] = NULL;
+  }
+}
+
+void gc_node_release(gc_node *n) {
+  int i;
+  if (n == NULL || --n->refs > 0) return;
+  for (i = 0; i < n->nin; i++) {
+    if (n->next[i]) gc_node_release(n->next[i]);
+    gcap_tensor_free(n->leaf[i]);
+  }
+  node_free_saved(n);
+  gcap_tensor_free(n->acc);
+  if (n->ud_free) n->ud_free(n->ud);
+  free(n);
+}
+
+gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw,
+                      gcap_tensor *const *in, int nin, gcap_tensor *const *save, int nsave,
+                      gc_node **node) {
+  gcap_engine *e = out->e;
+  gc_node *n = (gc_node *)calloc(1, sizeof *n);
+  int i;
+  if (node) *node = NULL;
+  if (n == NULL) return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", name);
+  n->refs = 1;
+  n->name = name;
+  n->backward = bw;
+  n->nin = nin;
+  for (i = 0; i < nin; i++) {
+    gcap_tensor *t = in[i];
+    if (t == NULL || !t->requires_grad) continue;
+    if (t->grad_fn) {
+      n->next[i] = t->grad_fn;
+      t->grad_fn->refs++;
+    } else {
+      n->leaf[i] = gcap_tensor_retain(t);
+    }
+  }
+  for (i = 0; i < nsave; i++) {
+    if (save[i] == NULL) continue;
+    if ((n->saved[i] = gc_tensor_alias(save[i], save[i]->ndim, save[i]->shape)) == NULL) {
+      n->nsaved = i;
+      gc_node_release(n);
+      return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", name);
+    }
+  }
+  n->nsaved = nsave;
+  n->ndim = out->ndim;
+  memcpy(n->shape, out->shape, sizeof n->shape);
+  n->dt = out->dt;
+  out->requires_grad = 1;
+  out->grad_fn = n;
+  if (node) *node = n;
+  return GCAP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Views                                                                     */
+
+static gcap_status view_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  if ((gin[0] = gc_tensor_alias(g, (int)n->k[0], (const int64_t *)n->ud)) == NULL)
+    return gc_fail(g->e, GCAP_ENOMEM, "view backward: out of host memory");
+  return GCAP_OK;
+}
+
+gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view) {
+  gc_node *n;
+  int64_t *shape;
+  gcap_status st;
+  if (!gc_grad_needed(src->e, &src, 1)) return GCAP_OK;
+  if ((shape = (int64_t *)malloc(sizeof(int64_t) * GCAP_MAXDIM)) == NULL)
+    return gc_fail(src->e, GCAP_ENOMEM, "view: out of host memory");
+  memcpy(shape, src->shape, sizeof(int64_t) * GCAP_MAXDIM);
+  if ((st = gc_record(view, "view", view_backward, &src, 1, NULL, 0, &n)) != GCAP_OK) {
+    free(shape);
+    return st;
+  }
+  n->k[0] = src->ndim;
+  n->ud = shape;
+  n->ud_free = free;
+  return GCAP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Leaves                                                                    */
+
+gcap_status gcap_tensor_set_requires_grad(gcap_tensor *t, int on) {
+  if (t == NULL) return GCAP_EINVAL;
+  gc_clear(t->e);
+  if (t->grad_fn != NULL)
+    return gc_fail(t->e, GCAP_EINVAL,
+                   "requires_grad: only leaves can be set (this tensor was made by '%s'); use "
+                   "detach() for a leaf copy",
+                   t->grad_fn->name);
+  t->requires_grad = on != 0;
+  return GCAP_OK;
+}
+
+int gcap_tensor_requires_grad(const gcap_tensor *t) {
+  return t != NULL && t->requires_grad;
+}
+
+int gcap_tensor_is_leaf(const gcap_tensor *t) {
+  return t != NULL && t->grad_fn == NULL;
+}
+
+gcap_tensor *gcap_tensor_grad(const gcap_tensor *t) {
+  return t ? t->grad : NULL;
+}
+
+const char *gcap_tensor_grad_fn_name(const gcap_tensor *t) {
+  return t && t->grad_fn ? t->grad_fn->name : NULL;
+}
+
+gcap_status gcap_tensor_set_grad(gcap_tensor *t, gcap_tensor *grad) {
+  if (t == NULL) return GCAP_EINVAL;
+  gc_clear(t->e);
+  if (grad != NULL) {
+    int i, same = grad->ndim == t->ndim && grad->dt == t->dt && grad->e == t->e;
+    for (i = 0; same && i < t->ndim; i++) same = grad->shape[i] == t->shape[i];
+    if (!same) {
+      char b1[64], b2[64];
+      return gc_fail(t->e, GCAP_EINVAL, "set grad: the grad (%s %s) must match the tensor (%s %s)",
+                     gc_shape_str(grad, b1, sizeof b1), gc_dtype_name(grad->dt),
+                     gc_shape_str(t, b2, sizeof b2), gc_dtype_name(t->dt));
+    }
+    gcap_tensor_retain(grad);
+  }
+  gcap_tensor_free(t->grad);
+  t->grad = grad;
+  return GCAP_OK;
+}
+
+gcap_status gc_check_inplace(gcap_tensor *t, const char *op) {
+  if (t->requires_grad && t->grad_fn == NULL && t->e->grad_enabled)
+    return gc_fail(t->e, GCAP_EINVAL,
+                   "%s: a leaf that requires grad cannot be modified in place while grad is "
+                   "recorded (wrap it in no_grad)",
+                   op);
+  return GCAP_OK;
+}
+
+gcap_status gcap_tensor_detach(gcap_tensor *t, gcap_tensor **out) {
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (t == NULL) return GCAP_EINVAL;
+  gc_clear(t->e);
+  if ((*out = gc_tensor_alias(t, t->ndim, t->shape)) == NULL)
+    return gc_fail(t->e, GCAP_ENOMEM, "detach: out of host memory");
+  return GCAP_OK;
+}
+
+/* leaf.grad += g (allocated on first use, as a copy of g). */
+gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g) {
+  gcap_engine *e = leaf->e;
+  gcap_status st;
+  if (g->numel != leaf->numel) {
+    char b1[64], b2[64];
+    return gc_fail(e, GCAP_EINVAL, "backward: grad of shape %s for a leaf of shape %s",
+                   gc_shape_str(g, b1, sizeof b1), gc_shape_str(leaf, b2, sizeof b2));
+  }
+  if (leaf->grad == NULL) {
+    gcap_tensor *c;
+    if ((st = gc_tensor_alloc(e, "backward", leaf->dt, leaf->ndim, leaf->shape, &c)) != GCAP_OK)
+      return st;
+    if ((st = gcap_copy_(c, g)) != GCAP_OK) {
+      gcap_tensor_free(c);
+      return st;
+    }
+    leaf->grad = c;
+    return GCAP_OK;
+  }
+  /* in place, so .grad keeps its address (captured graphs hold it) */
+  return gc_binary_inplace(leaf->grad, g, GC_K_ADD, "backward");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backward                                                                  */
+
+typedef struct bw_stack {
+  gc_node **v;
+  int n, cap;
+} bw_stack;
+
+static int stack_push(bw_stack *s, gc_node *n) {
+  if (s->n == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 64;
+    gc_node **v = (gc_node **)realloc(s->v, (size_t)cap * sizeof *v);
+    if (v == NULL) return 0;
+    s->v = v;
+    s->cap = cap;
+  }
+  s->v[s->n++] = n;
+  return 1;
+}
+
+/* Mark every node reachable from root and count its incoming edges. */
+static gcap_status bw_collect(gcap_engine *e, gc_node *root, uint64_t mark, bw_stack *all) {
+  bw_stack todo = {NULL, 0, 0};
+  gcap_status st = GCAP_OK;
+  root->mark = mark;
+  root->deps = 0;
+  if (!stack_push(&todo, root) || !stack_push(all, root)) st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
+  while (st == GCAP_OK && todo.n > 0) {
+    gc_node *n = todo.v[--todo.n];
+    int i;
+    if (n->released)
+      st = gc_fail(e, GCAP_ESTATE,
+                   "backward: trying to backward through the graph a second time ('%s' has freed "
+                   "its saved tensors); pass retain_graph = true to the first backward",
+                   n->name);
+    for (i = 0; st == GCAP_OK && i < n->nin; i++) {
+      gc_node *m = n->next[i];
+      if (m == NULL) continue;
+      if (m->mark != mark) {
+        m->mark = mark;
+        m->deps = 0;
+        if (!stack_push(&todo, m) || !stack_push(all, m)) st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
+      }
+      m->deps++;
+    }
+  }
+  free(todo.v);
+  return st;
+}
+
+/* Sum g into n's pending grad (out of place: g may be shared). */
+static gcap_status bw_accumulate(gc_node *n, gcap_tensor *g) {
+  gcap_tensor *s;
+  gcap_status st;
+  if (n->acc == NULL) {
+    n->acc = gcap_tensor_retain(g);
+    return GCAP_OK;
+  }
+  if ((st = gc_binary(n->acc, g, GC_K_ADD, "backward", &s)) != GCAP_OK) return st;
+  gcap_tensor_free(n->acc);
+  n->acc = s;
+  return GCAP_OK;
+}
+
+static gcap_status bw_check_grad(gc_node *n, gcap_tensor *g) {
+  int i, same = g->ndim == n->ndim || g->numel == 1;
+  for (i = 0; same && g->ndim == n->ndim && i < n->ndim; i++) same = g->shape[i] == n->shape[i];
+  if (!same) {
+    char b[64];
+    return gc_fail(g->e, GCAP_EINVAL, "backward: '%s' expected a grad of its output's shape, got %s",
+                   n->name, gc_shape_str(g, b, sizeof b));
+  }
+  return GCAP_OK;
+}
+
+static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int retain) {
+  bw_stack all = {NULL, 0, 0}, ready = {NULL, 0, 0};
+  uint64_t mark = ++e->bw_mark;
+  gcap_status st;
+  int i;
+  if ((st = bw_collect(e, root, mark, &all)) != GCAP_OK) goto done;
+  root->acc = gcap_tensor_retain(grad);
+  if (!stack_push(&ready, root)) {
+    st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
+    goto done;
+  }
+  while (ready.n > 0) {
+    gc_node *n = ready.v[--ready.n];
+    gcap_tensor *g = n->acc, *gin[GC_NODE_MAXIN] = {NULL, NULL, NULL, NULL};
+    n->acc = NULL;
+    if ((st = bw_check_grad(n, g)) == GCAP_OK) st = n->backward(n, g, gin);
+    gcap_tensor_free(g);
+    for (i = 0; i < n->nin; i++) {
+      if (st == GCAP_OK && gin[i] != NULL) {
+        if (n->leaf[i]) st = gc_acc_grad(n->leaf[i], gin[i]);
+        else if (n->next[i]) st = bw_accumulate(n->next[i], gin[i]);
+      }
+      if (st == GCAP_OK && n->next[i] && --n->next[i]->deps == 0 && !stack_push(&ready, n->next[i]))
+        st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
+      gcap_tensor_free(gin[i]);
+    }
+    if (st != GCAP_OK) goto done;
+    if (!retain && n->nsaved > 0) {
+      node_free_saved(n);
+      n->released = 1;
+    }
+  }
+done:
+  for (i = 0; i < all.n; i++) { /* drop grads left pending by an error */
+    gcap_tensor_free(all.v[i]->acc);
+    all.v[i]->acc = NULL;
+  }
+  free(all.v);
+  free(ready.v);
+  return st;
+}
+
+gcap_status gcap_backward(gcap_tensor *t, gcap_tensor *grad, int retain_graph) {
+  gcap_engine *e;
+  gcap_tensor *ones = NULL;
+  gcap_status st;
+  int was;
+  if (t == NULL) return GCAP_EINVAL;
+  e = t->e;
+  gc_clear(e);
+  if (!t->requires_grad)
+    return gc_fail(e, GCAP_EINVAL, "backward: the tensor does not require grad and has no grad_fn");
+  if (grad == NULL) {
+    char b[64];
+    if (t->numel != 1)
+      return gc_fail(e, GCAP_EINVAL,
+                     "backward: grad can be implicitly created only for one-element outputs "
+                     "(got shape %s); pass a grad",
+                     gc_shape_str(t, b, sizeof b));
+    if ((st = gcap_tensor_full(e, t->dt, t->ndim, t->shape, 1.0, &ones)) != GCAP_OK) return st;
+    grad = ones;
+  } else {
+    int i, same = grad->ndim == t->ndim && grad->e == e && grad->dt == t->dt;
+    for (i = 0; same && i < t->ndim; i++) same = grad->shape[i] == t->shape[i];
+    if (!same) {
+      char b1[64], b2[64];
+      return gc_fail(e, GCAP_EINVAL, "backward: grad %s %s does not match the output %s %s",
+                     gc_shape_str(grad, b1, sizeof b1), gc_dtype_name(grad->dt),
+                     gc_shape_str(t, b2, sizeof b2), gc_dtype_name(t->dt));
+    }
+  }
+  was = gcap_set_grad_enabled(e, 0);
+  st = t->grad_fn ? bw_run(e, t->grad_fn, grad, retain_graph) : gc_acc_grad(t, grad);
+  gcap_set_grad_enabled(e, was);
+  gcap_tensor_free(ones);
+  return st;
+}

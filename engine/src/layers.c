@@ -1,0 +1,364 @@
+/*
+** layers.c: activations, normalization, softmax, dropout and losses,
+** forward and backward. Row ops work over the last dimension.
+*/
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+static gcap_status fail_free(gcap_tensor **out, gcap_status st) {
+  gcap_tensor_free(*out);
+  *out = NULL;
+  return st;
+}
+
+static gcap_status begin(gcap_tensor *x, gcap_tensor **out) {
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (x == NULL) return GCAP_EINVAL;
+  gc_clear(x->e);
+  return GCAP_OK;
+}
+
+/* y = kernel(x) elementwise; backward: dx = bwkernel(dy, x). */
+static gcap_status act_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  gcap_tensor *x = n->saved[0], *in[2];
+  gc_kargs a;
+  gcap_status st;
+  if ((st = gc_tensor_alloc(g->e, n->name, x->dt, x->ndim, x->shape, &gin[0])) != GCAP_OK) return st;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(gin[0]);
+  a.p[1] = gc_tensor_ptr(g);
+  a.p[2] = gc_tensor_ptr(x);
+  a.n[0] = x->numel;
+  in[0] = g;
+  in[1] = x;
+  if ((st = gc_run(g->e, (int)n->k[0], &a, in, 2, gin[0])) != GCAP_OK) return fail_free(&gin[0], st);
+  return GCAP_OK;
+}
+
+static gcap_status activation(gcap_tensor *x, int k, int kbw, const char *op, gcap_tensor **out) {
+  gcap_status st;
+  gc_node *n;
+  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if ((st = gc_unary(x, k, 0.0f, op, 0, out)) != GCAP_OK) return st;
+  if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
+  if ((st = gc_record(*out, op, act_backward, &x, 1, &x, 1, &n)) != GCAP_OK) return fail_free(out, st);
+  n->k[0] = kbw;
+  return GCAP_OK;
+}
+
+gcap_status gcap_relu(gcap_tensor *x, gcap_tensor **out) {
+  return activation(x, GC_K_RELU, GC_K_RELU_BWD, "relu", out);
+}
+
+gcap_status gcap_gelu(gcap_tensor *x, gcap_tensor **out) {
+  return activation(x, GC_K_GELU, GC_K_GELU_BWD, "gelu", out);
+}
+
+/* ------------------------------------------------------------------------ */
+/* layer_norm over the last dimension                                        */
+
+static int64_t last_dim(const gcap_tensor *x) {
+  return x->ndim > 0 ? x->shape[x->ndim - 1] : 1;
+}
+
+/* saved: x, weight, bias, mean, rstd */
+static gcap_status ln_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  gcap_tensor *x = n->saved[0], *w = n->saved[1], *b = n->saved[2];
+  gcap_tensor *mean = n->saved[3], *rstd = n->saved[4], *in[4];
+  int64_t cols = last_dim(x), rows = cols > 0 ? x->numel / cols : 0;
+  gc_kargs a;
+  gcap_status st = GCAP_OK;
+  in[0] = g;
+  in[1] = x;
+  in[2] = mean;
+  in[3] = rstd;
+  if (gc_node_needs(n, 0)) {
+    if ((st = gc_tensor_alloc(g->e, "layer_norm backward", x->dt, x->ndim, x->shape, &gin[0])) != GCAP_OK)
+      return st;
+    memset(&a, 0, sizeof a);
+    a.p[0] = gc_tensor_ptr(gin[0]);
+    a.p[1] = gc_tensor_ptr(g);
+    a.p[2] = gc_tensor_ptr(x);
+    a.p[3] = w ? gc_tensor_ptr(w) : NULL;
+    a.p[4] = gc_tensor_ptr(mean);
+    a.p[5] = gc_tensor_ptr(rstd);
+    a.n[0] = rows;
+    a.n[1] = cols;
+    if ((st = gc_run(g->e, GC_K_LAYERNORM_BWD, &a, in, 4, gin[0])) != GCAP_OK) return st;
+  }
+  if ((w && gc_node_needs(n, 1)) || (b && gc_node_needs(n, 2))) {
+    gcap_tensor *dw = NULL, *db = NULL;
+    if (w && gc_node_needs(n, 1) &&
+        (st = gc_tensor_alloc(g->e, "layer_norm backward", w->dt, 1, w->shape, &dw)) != GCAP_OK)
+      return st;
+    if (b && gc_node_needs(n, 2) &&
+        (st = gc_tensor_alloc(g->e, "layer_norm backward", b->dt, 1, b->shape, &db)) != GCAP_OK) {
+      gcap_tensor_free(dw);
+      return st;
+    }
+    memset(&a, 0, sizeof a);
+    a.p[0] = dw ? gc_tensor_ptr(dw) : NULL;
+    a.p[1] = db ? gc_tensor_ptr(db) : NULL;
+    a.p[2] = gc_tensor_ptr(g);
+    a.p[3] = gc_tensor_ptr(x);
+    a.p[4] = gc_tensor_ptr(mean);
+    a.p[5] = gc_tensor_ptr(rstd);
+    a.n[0] = rows;
+    a.n[1] = cols;
+    if (dw) st = gc_note_access(g->e, dw, 1);
+    if (st == GCAP_OK && db) st = gc_note_access(g->e, db, 1);
+    if (st == GCAP_OK) st = gc_run(g->e, GC_K_LAYERNORM_BWD_PARAMS, &a, in, 4, NULL);
+    if (st != GCAP_OK) {
+      gcap_tensor_free(dw);
+      gcap_tensor_free(db);
+      return st;
+    }
+    gin[1] = dw;
+    gin[2] = db;
+  }
+  return st;
+}
+
+gcap_status gcap_layer_norm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, double eps,
+                            gcap_tensor **out) {
+  gcap_tensor *mean = NULL, *rstd = NULL, *in[5];
+  int64_t cols, rows;
+  gc_kargs a;
+  gcap_status st;
+  if ((st = begin(x, out)) != GCAP_OK) return st;
+  cols = last_dim(x);
+  rows = cols > 0 ? x->numel / cols : 0;
+  if ((w && (w->e != x->e || w->dt != x->dt || w->ndim != 1 || w->shape[0] != cols)) ||
+      (b && (b->e != x->e || b->dt != x->dt || b->ndim != 1 || b->shape[0] != cols)) || x->ndim < 1) {
+    char b1[64];
+    return gc_fail(x->e, GCAP_EINVAL,
+                   "layer_norm: expected input [..., n] with weight and bias [n] of its dtype; got "
+                   "input %s",
+                   gc_shape_str(x, b1, sizeof b1));
+  }
+  if ((st = gc_tensor_alloc(x->e, "layer_norm", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;
+  if ((st = gc_tensor_alloc(x->e, "layer_norm", GCAP_F32, 1, &rows, &mean)) != GCAP_OK ||
+      (st = gc_tensor_alloc(x->e, "layer_norm", GCAP_F32, 1, &rows, &rstd)) != GCAP_OK)
+    goto fail;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(*out);
+  a.p[1] = gc_tensor_ptr(x);
+  a.p[2] = w ? gc_tensor_ptr(w) : NULL;
+  a.p[3] = b ? gc_tensor_ptr(b) : NULL;
+  a.p[4] = gc_tensor_ptr(mean);
+  a.p[5] = gc_tensor_ptr(rstd);
+  a.n[0] = rows;
+  a.n[1] = cols;
+  a.f[0] = (float)eps;
+  in[0] = x;
+  in[1] = w ? w : x;
+  in[2] = b ? b : x;
+  if ((st = gc_note_access(x->e, mean, 1)) != GCAP_OK || (st = gc_note_access(x->e, rstd, 1)) != GCAP_OK ||
+      (st = gc_run(x->e, GC_K_LAYERNORM, &a, in, 3, *out)) != GCAP_OK)
+    goto fail;
+  in[1] = w;
+  in[2] = b;
+  if (gc_grad_needed(x->e, in, 3)) {
+    in[3] = mean;
+    in[4] = rstd;
+    if ((st = gc_record(*out, "layer_norm", ln_backward, in, 3, in, 5, NULL)) != GCAP_OK) goto fail;
+  }
+  gcap_tensor_free(mean);
+  gcap_tensor_free(rstd);
+  return GCAP_OK;
+fail:
+  gcap_tensor_free(mean);
+  gcap_tensor_free(rstd);
+  return fail_free(out, st);
+}
+
+/* ------------------------------------------------------------------------ */
+/* softmax over the last dimension                                           */
+
+static gcap_status row_kernel(gcap_tensor *out, int k, gcap_tensor *x, gcap_tensor *y) {
+  gcap_tensor *in[2];
+  int64_t cols = last_dim(out);
+  gc_kargs a;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(out);
+  a.p[1] = gc_tensor_ptr(x);
+  a.p[2] = y ? gc_tensor_ptr(y) : NULL;
+  a.n[0] = cols > 0 ? out->numel / cols : 0;
+  a.n[1] = cols;
+  in[0] = x;
+  in[1] = y;
+  return gc_run(out->e, k, &a, in, y ? 2 : 1, out);
+}
+
+static gcap_status softmax_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  gcap_tensor *y = n->saved[0];
+  gcap_status st;
+  if ((st = gc_tensor_alloc(g->e, "softmax backward", y->dt, y->ndim, y->shape, &gin[0])) != GCAP_OK)
+    return st;
+  if ((st = row_kernel(gin[0], GC_K_SOFTMAX_BWD, g, y)) != GCAP_OK) return fail_free(&gin[0], st);
+  return GCAP_OK;
+}
+
+gcap_status gcap_softmax(gcap_tensor *x, int dim, gcap_tensor **out) {
+  gcap_status st;
+  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if (x->ndim < 1 || (dim != -1 && dim != x->ndim - 1))
+    return gc_fail(x->e, GCAP_EINVAL,
+                   "softmax: only the last dimension is supported (dim -1 or %d), got dim %d of a "
+                   "%d-D tensor",
+                   x->ndim - 1, dim, x->ndim);
+  if ((st = gc_tensor_alloc(x->e, "softmax", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;
+  if ((st = row_kernel(*out, GC_K_SOFTMAX, x, NULL)) != GCAP_OK) return fail_free(out, st);
+  if (gc_grad_needed(x->e, &x, 1) &&
+      (st = gc_record(*out, "softmax", softmax_backward, &x, 1, out, 1, NULL)) != GCAP_OK)
+    return fail_free(out, st);
+  return GCAP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* dropout: the mask is drawn from the engine's generator (seed and offset in */
+/* device memory), so eager and replayed graphs agree and replays advance.   */
+
+static gcap_status dropout_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  return gc_binary(g, n->saved[0], GC_K_MUL, "dropout backward", &gin[0]);
+}
+
+gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **out) {
+  gcap_tensor *mask = NULL;
+  gcap_engine *e;
+  gc_kargs a;
+  gcap_status st;
+  if ((st = begin(x, out)) != GCAP_OK) return st;
+  e = x->e;
+  if (!(p >= 0.0 && p <= 1.0))
+    return gc_fail(e, GCAP_EINVAL, "dropout: probability must be in [0, 1], got %g", p);
+  if (!training || p == 0.0) { /* identity: a view that keeps the graph */
+    if ((*out = gc_tensor_alias(x, x->ndim, x->shape)) == NULL)
+      return gc_fail(e, GCAP_ENOMEM, "dropout: out of host memory");
+    return gc_view_record(x, *out) == GCAP_OK ? GCAP_OK : fail_free(out, GCAP_ENOMEM);
+  }
+  if ((st = gc_tensor_alloc(e, "dropout", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;
+  if ((st = gc_tensor_alloc(e, "dropout", x->dt, x->ndim, x->shape, &mask)) != GCAP_OK) goto fail;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(*out);
+  a.p[1] = gc_tensor_ptr(x);
+  a.p[2] = gc_tensor_ptr(mask);
+  a.p[3] = e->rng->ptr;
+  a.n[0] = x->numel;
+  a.f[0] = (float)p;
+  if ((st = gc_note_access(e, mask, 1)) != GCAP_OK || (st = gc_run(e, GC_K_DROPOUT, &a, &x, 1, *out)) != GCAP_OK)
+    goto fail;
+  memset(&a, 0, sizeof a);
+  a.p[0] = e->rng->ptr;
+  a.n[0] = x->numel;
+  if ((st = gc_launch(e, GC_K_RNG_ADVANCE, &a)) != GCAP_OK) goto fail;
+  if (gc_grad_needed(e, &x, 1) &&
+      (st = gc_record(*out, "dropout", dropout_backward, &x, 1, &mask, 1, NULL)) != GCAP_OK)
+    goto fail;
+  gcap_tensor_free(mask);
+  return GCAP_OK;
+fail:
+  gcap_tensor_free(mask);
+  return fail_free(out, st);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Losses                                                                    */
+
+gcap_status gcap_mse_loss(gcap_tensor *input, gcap_tensor *target, gcap_tensor **out) {
+  gcap_tensor *d = NULL, *sq = NULL;
+  gcap_status st;
+  int i, same;
+  if ((st = begin(input, out)) != GCAP_OK) return st;
+  if (target == NULL) return GCAP_EINVAL;
+  same = input->ndim == target->ndim;
+  for (i = 0; same && i < input->ndim; i++) same = input->shape[i] == target->shape[i];
+  if (!same) {
+    char b1[64], b2[64];
+    return gc_fail(input->e, GCAP_EINVAL, "mse_loss: input %s and target %s must have the same shape",
+                   gc_shape_str(input, b1, sizeof b1), gc_shape_str(target, b2, sizeof b2));
+  }
+  /* mean((input - target)^2), recorded through the elementwise ops */
+  if ((st = gcap_sub(input, target, &d)) == GCAP_OK && (st = gcap_mul(d, d, &sq)) == GCAP_OK)
+    st = gcap_mean(sq, out);
+  gcap_tensor_free(d);
+  gcap_tensor_free(sq);
+  return st;
+}
+
+/* saved: probs, targets */
+static gcap_status xent_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  gcap_tensor *probs = n->saved[0], *tgt = n->saved[1], *in[3];
+  gc_kargs a;
+  gcap_status st;
+  if ((st = gc_tensor_alloc(g->e, "cross_entropy backward", probs->dt, probs->ndim, probs->shape,
+                            &gin[0])) != GCAP_OK)
+    return st;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(gin[0]);
+  a.p[1] = gc_tensor_ptr(probs);
+  a.p[2] = gc_tensor_ptr(tgt);
+  a.p[3] = gc_tensor_ptr(g);
+  a.n[0] = probs->shape[0];
+  a.n[1] = probs->shape[1];
+  a.f[0] = n->f[0];
+  in[0] = probs;
+  in[1] = tgt;
+  in[2] = g;
+  if ((st = gc_run(g->e, GC_K_XENT_BWD, &a, in, 3, gin[0])) != GCAP_OK) return fail_free(&gin[0], st);
+  return GCAP_OK;
+}
+
+/* logits [N, C]; target [N] of class indices stored as floats; mean over N. */
+gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_tensor **out) {
+  gcap_tensor *probs = NULL, *rows = NULL, *in[2];
+  gcap_engine *e;
+  gc_kargs a;
+  gcap_status st;
+  gc_node *n;
+  if ((st = begin(logits, out)) != GCAP_OK) return st;
+  e = logits->e;
+  if (target == NULL) return GCAP_EINVAL;
+  if (logits->ndim != 2 || target->ndim != 1 || target->shape[0] != logits->shape[0] ||
+      target->dt != logits->dt || target->e != e) {
+    char b1[64], b2[64];
+    return gc_fail(e, GCAP_EINVAL,
+                   "cross_entropy: expected logits [N, C] and target [N] (class indices) of one "
+                   "dtype; got %s and %s",
+                   gc_shape_str(logits, b1, sizeof b1), gc_shape_str(target, b2, sizeof b2));
+  }
+  if ((st = gc_tensor_alloc(e, "cross_entropy", logits->dt, 2, logits->shape, &probs)) != GCAP_OK ||
+      (st = gc_tensor_alloc(e, "cross_entropy", logits->dt, 1, logits->shape, &rows)) != GCAP_OK)
+    goto done;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(rows);
+  a.p[1] = gc_tensor_ptr(logits);
+  a.p[2] = gc_tensor_ptr(target);
+  a.p[3] = gc_tensor_ptr(probs);
+  a.n[0] = logits->shape[0];
+  a.n[1] = logits->shape[1];
+  in[0] = logits;
+  in[1] = target;
+  if ((st = gc_note_access(e, probs, 1)) != GCAP_OK || (st = gc_run(e, GC_K_XENT, &a, in, 2, rows)) != GCAP_OK)
+    goto done;
+  if ((st = gc_unary(rows, GC_K_SUM, rows->numel > 0 ? 1.0f / (float)rows->numel : NAN, "cross_entropy", 1,
+                     out)) != GCAP_OK)
+    goto done;
+  if (gc_grad_needed(e, &logits, 1)) {
+    in[0] = probs;
+    in[1] = target;
+    if ((st = gc_record(*out, "cross_entropy", xent_backward, &logits, 1, in, 2, &n)) != GCAP_OK) {
+      fail_free(out, st);
+      goto done;
+    }
+    n->f[0] = rows->numel > 0 ? 1.0f / (float)rows->numel : NAN;
+  }
+done:
+  gcap_tensor_free(probs);
+  gcap_tensor_free(rows);
+  return st;
+}

@@ -1,0 +1,695 @@
+/*
+** nn.c: modules. A module is a forward function with named parameters,
+** buffers, children, a training flag and four hook lists; the built-ins
+** (Linear, ReLU, GELU, LayerNorm, Dropout, Sequential) are modules whose
+** forward is C. Backward hooks ride on the autograd graph: calling a module
+** with backward hooks wraps its output (and its first input) in identity
+** nodes whose backward runs them.
+*/
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+typedef struct mod_entry {
+  char *name;
+  gcap_tensor *t;   /* parameters, buffers */
+  gcap_module *m;   /* children */
+} mod_entry;
+
+typedef struct mod_list {
+  mod_entry *v;
+  int n, cap;
+} mod_list;
+
+typedef struct mod_hook {
+  int id;
+  gcap_hook_kind kind;
+  gcap_module_hook fn;
+  void *ud;
+  void (*ud_free)(void *);
+} mod_hook;
+
+struct gcap_module {
+  int refs;
+  gcap_engine *e;
+  char type[GC_NAMELEN];
+  gcap_forward_fn forward;
+  void *ud;
+  void (*ud_free)(void *);
+  mod_list params, buffers, children;
+  int training;
+  mod_hook *hooks;
+  int nhooks, caphooks, next_hook_id;
+  /* built-ins */
+  double eps, p;
+  int delay_wgrad;
+  gcap_tensor **wq; /* delayed wgrad queue: (g, x) pairs, oldest first */
+  int nwq, capwq;
+};
+
+gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fwd, void *ud,
+                            void (*ud_free)(void *), gcap_module **out) {
+  gcap_module *m;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if (fwd == NULL) return gc_fail(e, GCAP_EINVAL, "module: forward function is NULL");
+  if ((m = (gcap_module *)calloc(1, sizeof *m)) == NULL) return gc_fail(e, GCAP_ENOMEM, "module: out of host memory");
+  m->refs = 1;
+  m->e = e;
+  snprintf(m->type, sizeof m->type, "%s", type ? type : "Module");
+  m->forward = fwd;
+  m->ud = ud;
+  m->ud_free = ud_free;
+  m->training = 1;
+  m->next_hook_id = 1;
+  gc_engine_ref(e);
+  *out = m;
+  return GCAP_OK;
+}
+
+gcap_module *gcap_module_retain(gcap_module *m) {
+  if (m) m->refs++;
+  return m;
+}
+
+static void list_free(mod_list *l) {
+  int i;
+  for (i = 0; i < l->n; i++) {
+    free(l->v[i].name);
+    gcap_tensor_free(l->v[i].t);
+    gcap_module_free(l->v[i].m);
+  }
+  free(l->v);
+}
+
+void gcap_module_free(gcap_module *m) {
+  gcap_engine *e;
+  int i;
+  if (m == NULL || --m->refs > 0) return;
+  e = m->e;
+  list_free(&m->params);
+  list_free(&m->buffers);
+  list_free(&m->children);
+  for (i = 0; i < m->nhooks; i++)
+    if (m->hooks[i].ud_free) m->hooks[i].ud_free(m->hooks[i].ud);
+  free(m->hooks);
+  for (i = 0; i < m->nwq; i++) gcap_tensor_free(m->wq[i]);
+  free(m->wq);
+  if (m->ud_free) m->ud_free(m->ud);
+  free(m);
+  gc_engine_unref(e);
+}
+
+const char *gcap_module_type(const gcap_module *m) {
+  return m ? m->type : "";
+}
+
+void *gcap_module_userdata(const gcap_module *m) {
+  return m ? m->ud : NULL;
+}
+
+static int list_find(const mod_list *l, const char *name) {
+  int i;
+  for (i = 0; i < l->n; i++)
+    if (strcmp(l->v[i].name, name) == 0) return i;
+  return -1;
+}
+
+static gcap_status list_add(gcap_module *m, mod_list *l, const char *what, const char *name,
+                            gcap_tensor *t, gcap_module *c) {
+  char *copy;
+  if (name == NULL || name[0] == '\0' || strchr(name, '.'))
+    return gc_fail(m->e, GCAP_EINVAL, "%s: %s name must be non-empty, without '.'", m->type, what);
+  if (list_find(&m->params, name) >= 0 || list_find(&m->buffers, name) >= 0 ||
+      list_find(&m->children, name) >= 0)
+    return gc_fail(m->e, GCAP_EINVAL, "%s: '%s' is already registered", m->type, name);
+  if (l->n == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 4;
+    mod_entry *v = (mod_entry *)realloc(l->v, (size_t)cap * sizeof *v);
+    if (v == NULL) return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
+    l->v = v;
+    l->cap = cap;
+  }
+  if ((copy = (char *)malloc(strlen(name) + 1)) == NULL)
+    return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
+  strcpy(copy, name);
+  l->v[l->n].name = copy;
+  l->v[l->n].t = gcap_tensor_retain(t);
+  l->v[l->n].m = gcap_module_retain(c);
+  l->n++;
+  return GCAP_OK;
+}
+
+gcap_status gcap_module_add_parameter(gcap_module *m, const char *name, gcap_tensor *t) {
+  if (m == NULL || t == NULL) return GCAP_EINVAL;
+  gc_clear(m->e);
+  if (t->e != m->e) return gc_fail(m->e, GCAP_EINVAL, "%s: parameter '%s' belongs to another engine", m->type, name ? name : "?");
+  if (t->grad_fn != NULL)
+    return gc_fail(m->e, GCAP_EINVAL, "%s: parameter '%s' must be a leaf (it was made by '%s')", m->type,
+                   name ? name : "?", t->grad_fn->name);
+  t->requires_grad = 1;
+  return list_add(m, &m->params, "parameter", name, t, NULL);
+}
+
+gcap_status gcap_module_add_buffer(gcap_module *m, const char *name, gcap_tensor *t) {
+  if (m == NULL || t == NULL) return GCAP_EINVAL;
+  gc_clear(m->e);
+  if (t->e != m->e) return gc_fail(m->e, GCAP_EINVAL, "%s: buffer '%s' belongs to another engine", m->type, name ? name : "?");
+  return list_add(m, &m->buffers, "buffer", name, t, NULL);
+}
+
+static int module_contains(const gcap_module *m, const gcap_module *c) {
+  int i;
+  if (m == c) return 1;
+  for (i = 0; i < m->children.n; i++)
+    if (module_contains(m->children.v[i].m, c)) return 1;
+  return 0;
+}
+
+gcap_status gcap_module_add_child(gcap_module *m, const char *name, gcap_module *child) {
+  if (m == NULL || child == NULL) return GCAP_EINVAL;
+  gc_clear(m->e);
+  if (child->e != m->e) return gc_fail(m->e, GCAP_EINVAL, "%s: child '%s' belongs to another engine", m->type, name ? name : "?");
+  if (module_contains(child, m))
+    return gc_fail(m->e, GCAP_EINVAL, "%s: child '%s' would make a cycle", m->type, name ? name : "?");
+  return list_add(m, &m->children, "child", name, NULL, child);
+}
+
+/* Depth-first walk over parameters (buffers = 0) or buffers: the i-th. */
+static gcap_tensor *walk(const gcap_module *m, int buffers, int *i, char *name, size_t n, size_t at) {
+  const mod_list *l = buffers ? &m->buffers : &m->params;
+  int j;
+  if (*i < l->n) {
+    if (name && at < n) snprintf(name + at, n - at, "%s", l->v[*i].name);
+    return l->v[*i].t;
+  }
+  *i -= l->n;
+  for (j = 0; j < m->children.n; j++) {
+    size_t len = 0;
+    gcap_tensor *t;
+    if (name && at < n) {
+      snprintf(name + at, n - at, "%s.", m->children.v[j].name);
+      len = strlen(name + at);
+    }
+    if ((t = walk(m->children.v[j].m, buffers, i, name, n, at + len)) != NULL) return t;
+  }
+  return NULL;
+}
+
+static int count(const gcap_module *m, int buffers) {
+  int j, c = buffers ? m->buffers.n : m->params.n;
+  for (j = 0; j < m->children.n; j++) c += count(m->children.v[j].m, buffers);
+  return c;
+}
+
+int gcap_module_num_parameters(const gcap_module *m) {
+  return m ? count(m, 0) : 0;
+}
+
+gcap_tensor *gcap_module_parameter(const gcap_module *m, int i, char *name, size_t n) {
+  if (m == NULL || i < 0) return NULL;
+  return walk(m, 0, &i, name, n, 0);
+}
+
+int gcap_module_num_buffers(const gcap_module *m) {
+  return m ? count(m, 1) : 0;
+}
+
+gcap_tensor *gcap_module_buffer(const gcap_module *m, int i, char *name, size_t n) {
+  if (m == NULL || i < 0) return NULL;
+  return walk(m, 1, &i, name, n, 0);
+}
+
+int gcap_module_num_children(const gcap_module *m) {
+  return m ? m->children.n : 0;
+}
+
+gcap_module *gcap_module_child(const gcap_module *m, int i, const char **name) {
+  if (m == NULL || i < 0 || i >= m->children.n) return NULL;
+  if (name) *name = m->children.v[i].name;
+  return m->children.v[i].m;
+}
+
+void gcap_module_train(gcap_module *m, int on) {
+  int j;
+  if (m == NULL) return;
+  m->training = on != 0;
+  for (j = 0; j < m->children.n; j++) gcap_module_train(m->children.v[j].m, on);
+}
+
+int gcap_module_training(const gcap_module *m) {
+  return m != NULL && m->training;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Hooks                                                                     */
+
+gcap_status gcap_module_register_hook(gcap_module *m, gcap_hook_kind kind, gcap_module_hook fn,
+                                      void *ud, void (*ud_free)(void *), int *id) {
+  if (id) *id = 0;
+  if (m == NULL) return GCAP_EINVAL;
+  gc_clear(m->e);
+  if (fn == NULL || kind < GCAP_HOOK_FORWARD_PRE || kind > GCAP_HOOK_BACKWARD)
+    return gc_fail(m->e, GCAP_EINVAL, "%s: register hook: bad kind or NULL function", m->type);
+  if (m->nhooks == m->caphooks) {
+    int cap = m->caphooks ? 2 * m->caphooks : 4;
+    mod_hook *v = (mod_hook *)realloc(m->hooks, (size_t)cap * sizeof *v);
+    if (v == NULL) return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
+    m->hooks = v;
+    m->caphooks = cap;
+  }
+  m->hooks[m->nhooks].id = m->next_hook_id;
+  m->hooks[m->nhooks].kind = kind;
+  m->hooks[m->nhooks].fn = fn;
+  m->hooks[m->nhooks].ud = ud;
+  m->hooks[m->nhooks].ud_free = ud_free;
+  m->nhooks++;
+  if (id) *id = m->next_hook_id;
+  m->next_hook_id++;
+  return GCAP_OK;
+}
+
+gcap_status gcap_module_remove_hook(gcap_module *m, int id) {
+  int i;
+  if (m == NULL) return GCAP_EINVAL;
+  for (i = 0; i < m->nhooks; i++)
+    if (m->hooks[i].id == id) {
+      if (m->hooks[i].ud_free) m->hooks[i].ud_free(m->hooks[i].ud);
+      memmove(m->hooks + i, m->hooks + i + 1, (size_t)(m->nhooks - i - 1) * sizeof *m->hooks);
+      m->nhooks--;
+      return GCAP_OK;
+    }
+  return GCAP_OK; /* removing twice is harmless, as in PyTorch */
+}
+
+int gcap_module_num_hooks(const gcap_module *m, gcap_hook_kind kind) {
+  int i, c = 0;
+  for (i = 0; m && i < m->nhooks; i++) c += m->hooks[i].kind == kind;
+  return c;
+}
+
+/* Run m's hooks of one kind in registration order; a hook may remove hooks,
+** so the list is walked by id. */
+static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a) {
+  int last = 0;
+  for (;;) {
+    int i, next = -1;
+    gcap_status st;
+    for (i = 0; i < m->nhooks; i++)
+      if (m->hooks[i].kind == a->kind && m->hooks[i].id > last && (next < 0 || m->hooks[i].id < m->hooks[next].id))
+        next = i;
+    if (next < 0) return GCAP_OK;
+    last = m->hooks[next].id;
+    if ((st = m->hooks[next].fn(m->hooks[next].ud, m, a)) != GCAP_OK) {
+      if (m->e->err[0] == '\0')
+        gc_fail(m->e, st, "%s: a %s hook failed (%s)", m->type,
+                a->kind == GCAP_HOOK_FORWARD_PRE ? "forward pre" : a->kind == GCAP_HOOK_FORWARD ? "forward"
+                : a->kind == GCAP_HOOK_BACKWARD_PRE ? "backward pre" : "backward",
+                gcap_status_str(st));
+      return st;
+    }
+  }
+}
+
+/* Shared by the two identity nodes of one call with backward hooks. */
+typedef struct hook_call {
+  int refs;
+  gcap_module *m;
+  gcap_tensor *grad_out;
+  int input_tracked; /* the first input carries a backward-hook node */
+} hook_call;
+
+static void hook_call_release(void *ud) {
+  hook_call *hc = (hook_call *)ud;
+  if (--hc->refs > 0) return;
+  gcap_tensor_free(hc->grad_out);
+  gcap_module_free(hc->m);
+  free(hc);
+}
+
+static gcap_status out_hook_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  hook_call *hc = (hook_call *)n->ud;
+  gcap_hook_args a;
+  gcap_status st;
+  memset(&a, 0, sizeof a);
+  a.kind = GCAP_HOOK_BACKWARD_PRE;
+  a.grad_out = g;
+  if ((st = run_hooks(hc->m, &a)) != GCAP_OK) return st;
+  gcap_tensor_free(hc->grad_out);
+  hc->grad_out = gcap_tensor_retain(g);
+  if (!hc->input_tracked) { /* no input needs a grad: the backward hooks run now */
+    a.kind = GCAP_HOOK_BACKWARD;
+    if ((st = run_hooks(hc->m, &a)) != GCAP_OK) return st;
+  }
+  gin[0] = gcap_tensor_retain(g);
+  return GCAP_OK;
+}
+
+static gcap_status in_hook_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  hook_call *hc = (hook_call *)n->ud;
+  gcap_hook_args a;
+  gcap_status st;
+  memset(&a, 0, sizeof a);
+  a.kind = GCAP_HOOK_BACKWARD;
+  a.grad_in = g;
+  a.grad_out = hc->grad_out;
+  if ((st = run_hooks(hc->m, &a)) != GCAP_OK) return st;
+  gin[0] = gcap_tensor_retain(g);
+  return GCAP_OK;
+}
+
+/* An alias of t whose node runs bw with hc; t must require grad. */
+static gcap_status hook_alias(gcap_tensor *t, gc_backward_fn bw, hook_call *hc, gcap_tensor **out) {
+  gc_node *n;
+  gcap_status st;
+  if ((*out = gc_tensor_alias(t, t->ndim, t->shape)) == NULL)
+    return gc_fail(t->e, GCAP_ENOMEM, "module call: out of host memory");
+  if ((st = gc_record(*out, "backward_hook", bw, &t, 1, NULL, 0, &n)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+    return st;
+  }
+  n->ud = hc;
+  n->ud_free = hook_call_release;
+  hc->refs++;
+  return GCAP_OK;
+}
+
+gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+  gcap_tensor *args[8], *y = NULL, *in0 = NULL;
+  hook_call *hc = NULL;
+  gcap_hook_args a;
+  gcap_status st;
+  int bwhooks, i;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (m == NULL) return GCAP_EINVAL;
+  gc_clear(m->e);
+  if (nin < 0 || nin > 8 || (nin > 0 && in == NULL))
+    return gc_fail(m->e, GCAP_EINVAL, "%s: a module takes 0 to 8 tensor inputs, got %d", m->type, nin);
+  for (i = 0; i < nin; i++) {
+    if (in[i] == NULL) return gc_fail(m->e, GCAP_EINVAL, "%s: input #%d is NULL", m->type, i + 1);
+    if (in[i]->e != m->e) return gc_fail(m->e, GCAP_EINVAL, "%s: input #%d belongs to another engine", m->type, i + 1);
+    args[i] = in[i];
+  }
+  memset(&a, 0, sizeof a);
+  a.kind = GCAP_HOOK_FORWARD_PRE;
+  a.nin = nin;
+  a.in = args;
+  if ((st = run_hooks(m, &a)) != GCAP_OK) return st;
+  bwhooks = m->e->grad_enabled &&
+            (gcap_module_num_hooks(m, GCAP_HOOK_BACKWARD_PRE) + gcap_module_num_hooks(m, GCAP_HOOK_BACKWARD)) > 0;
+  if (bwhooks) {
+    if ((hc = (hook_call *)calloc(1, sizeof *hc)) == NULL) return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
+    hc->refs = 1;
+    hc->m = gcap_module_retain(m);
+    if (nin > 0 && args[0]->requires_grad) {
+      if ((st = hook_alias(args[0], in_hook_backward, hc, &in0)) != GCAP_OK) goto done;
+      args[0] = in0;
+      hc->input_tracked = 1;
+    }
+  }
+  if ((st = m->forward(m->ud, m, nin, args, &y)) != GCAP_OK) goto done;
+  if (y == NULL) {
+    st = gc_fail(m->e, GCAP_EINVAL, "%s: forward returned no tensor", m->type);
+    goto done;
+  }
+  a.kind = GCAP_HOOK_FORWARD;
+  a.out = y;
+  if ((st = run_hooks(m, &a)) != GCAP_OK) goto done;
+  if (bwhooks && y->requires_grad) {
+    gcap_tensor *wrapped;
+    if ((st = hook_alias(y, out_hook_backward, hc, &wrapped)) != GCAP_OK) goto done;
+    gcap_tensor_free(y);
+    y = wrapped;
+  }
+  *out = y;
+  y = NULL;
+done:
+  gcap_tensor_free(y);
+  gcap_tensor_free(in0);
+  if (hc) hook_call_release(hc);
+  return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Grads                                                                     */
+
+gcap_status gcap_module_zero_grad(gcap_module *m, int set_to_none) {
+  int i, n;
+  gcap_status st;
+  if (m == NULL) return GCAP_EINVAL;
+  gc_clear(m->e);
+  n = gcap_module_num_parameters(m);
+  for (i = 0; i < n; i++) {
+    gcap_tensor *p = gcap_module_parameter(m, i, NULL, 0);
+    if (p->grad == NULL) continue;
+    if (set_to_none) {
+      gcap_tensor_free(p->grad);
+      p->grad = NULL;
+    } else if ((st = gcap_zero_(p->grad)) != GCAP_OK) {
+      return st;
+    }
+  }
+  return GCAP_OK;
+}
+
+gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x) {
+  gcap_module *m = (gcap_module *)mod;
+  if (m->nwq + 2 > m->capwq) {
+    int cap = m->capwq ? 2 * m->capwq : 8;
+    gcap_tensor **v = (gcap_tensor **)realloc(m->wq, (size_t)cap * sizeof *v);
+    if (v == NULL) return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
+    m->wq = v;
+    m->capwq = cap;
+  }
+  m->wq[m->nwq++] = gcap_tensor_retain(g);
+  m->wq[m->nwq++] = gcap_tensor_retain(x);
+  return GCAP_OK;
+}
+
+static gcap_status linear_dw(gcap_module *m) {
+  gcap_tensor *w = m->params.v[0].t, *b = m->params.n > 1 ? m->params.v[1].t : NULL;
+  gcap_status st = GCAP_OK;
+  int was = gcap_set_grad_enabled(m->e, 0);
+  while (st == GCAP_OK && m->nwq > 0) {
+    gcap_tensor *g = m->wq[0], *x = m->wq[1], *gw = NULL, *gb = NULL;
+    if ((st = gc_linear_wgrad(g, x, w, b, &gw, b ? &gb : NULL)) == GCAP_OK &&
+        (st = gc_acc_grad(w, gw)) == GCAP_OK && gb)
+      st = gc_acc_grad(b, gb);
+    gcap_tensor_free(gw);
+    gcap_tensor_free(gb);
+    if (st != GCAP_OK) break;
+    gcap_tensor_free(g);
+    gcap_tensor_free(x);
+    memmove(m->wq, m->wq + 2, (size_t)(m->nwq - 2) * sizeof *m->wq);
+    m->nwq -= 2;
+  }
+  gcap_set_grad_enabled(m->e, was);
+  return st;
+}
+
+gcap_status gcap_module_backward_dw(gcap_module *m) {
+  gcap_status st;
+  int j;
+  if (m == NULL) return GCAP_EINVAL;
+  gc_clear(m->e);
+  if (m->delay_wgrad && (st = linear_dw(m)) != GCAP_OK) return st;
+  for (j = 0; j < m->children.n; j++)
+    if ((st = gcap_module_backward_dw(m->children.v[j].m)) != GCAP_OK) return st;
+  return GCAP_OK;
+}
+
+int gcap_module_has_delayed_wgrad(const gcap_module *m) {
+  int j;
+  if (m == NULL) return 0;
+  if (m->delay_wgrad) return 1;
+  for (j = 0; j < m->children.n; j++)
+    if (gcap_module_has_delayed_wgrad(m->children.v[j].m)) return 1;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Built-ins                                                                 */
+
+static gcap_status one_input(gcap_module *m, int nin) {
+  if (nin != 1) return gc_fail(m->e, GCAP_EINVAL, "%s: expected 1 input, got %d", m->type, nin);
+  return GCAP_OK;
+}
+
+static gcap_status linear_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                  gcap_tensor **out) {
+  gcap_tensor *b = m->params.n > 1 ? m->params.v[1].t : NULL;
+  gcap_status st;
+  (void)ud;
+  if ((st = one_input(m, nin)) != GCAP_OK) return st;
+  if ((st = gc_linear(in[0], m->params.v[0].t, b, out)) != GCAP_OK) return st;
+  if (m->delay_wgrad && (*out)->grad_fn != NULL) { /* its backward leaves wgrad to us */
+    (*out)->grad_fn->ud = gcap_module_retain(m);
+    (*out)->grad_fn->ud_free = (void (*)(void *))gcap_module_free;
+  }
+  return GCAP_OK;
+}
+
+/* U(-bound, bound) from the engine's generator. */
+static gcap_status uniform(gcap_engine *e, int ndim, const int64_t *shape, double bound, gcap_tensor **out) {
+  gcap_tensor *u;
+  gcap_status st;
+  int was = gcap_set_grad_enabled(e, 0);
+  *out = NULL;
+  if ((st = gcap_tensor_rand(e, GCAP_F32, ndim, shape, 0, &u)) == GCAP_OK) {
+    gcap_tensor *two_u;
+    if ((st = gc_unary(u, GC_K_SCALE, (float)(2.0 * bound), "init", 0, &two_u)) == GCAP_OK) {
+      gcap_tensor *shift;
+      if ((st = gcap_tensor_full(e, GCAP_F32, 0, NULL, -bound, &shift)) == GCAP_OK) {
+        st = gc_binary(two_u, shift, GC_K_ADD, "init", out);
+        gcap_tensor_free(shift);
+      }
+      gcap_tensor_free(two_u);
+    }
+    gcap_tensor_free(u);
+  }
+  gcap_set_grad_enabled(e, was);
+  return st;
+}
+
+gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, int delay_wgrad,
+                           gcap_module **m) {
+  gcap_tensor *w = NULL, *b = NULL;
+  int64_t ws[2], bs[1];
+  double bound;
+  gcap_status st;
+  if (m == NULL) return GCAP_EINVAL;
+  *m = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if (in <= 0 || out <= 0)
+    return gc_fail(e, GCAP_EINVAL, "Linear: in and out features must be positive, got %lld and %lld",
+                   (long long)in, (long long)out);
+  ws[0] = out;
+  ws[1] = in;
+  bs[0] = out;
+  bound = 1.0 / sqrt((double)in);
+  if ((st = gcap_module_new(e, "Linear", linear_forward, NULL, NULL, m)) != GCAP_OK) return st;
+  (*m)->delay_wgrad = delay_wgrad != 0;
+  if ((st = uniform(e, 2, ws, bound, &w)) != GCAP_OK || (st = gcap_module_add_parameter(*m, "weight", w)) != GCAP_OK)
+    goto fail;
+  if (bias && ((st = uniform(e, 1, bs, bound, &b)) != GCAP_OK ||
+               (st = gcap_module_add_parameter(*m, "bias", b)) != GCAP_OK))
+    goto fail;
+  gcap_tensor_free(w);
+  gcap_tensor_free(b);
+  return GCAP_OK;
+fail:
+  gcap_tensor_free(w);
+  gcap_tensor_free(b);
+  gcap_module_free(*m);
+  *m = NULL;
+  return st;
+}
+
+static gcap_status relu_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+  gcap_status st;
+  (void)ud;
+  return (st = one_input(m, nin)) != GCAP_OK ? st : gcap_relu(in[0], out);
+}
+
+static gcap_status gelu_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+  gcap_status st;
+  (void)ud;
+  return (st = one_input(m, nin)) != GCAP_OK ? st : gcap_gelu(in[0], out);
+}
+
+static gcap_status ln_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+  gcap_status st;
+  (void)ud;
+  if ((st = one_input(m, nin)) != GCAP_OK) return st;
+  return gcap_layer_norm(in[0], m->params.v[0].t, m->params.v[1].t, m->eps, out);
+}
+
+static gcap_status dropout_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+  gcap_status st;
+  (void)ud;
+  return (st = one_input(m, nin)) != GCAP_OK ? st : gcap_dropout(in[0], m->p, m->training, out);
+}
+
+static gcap_status seq_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+  gcap_tensor *x;
+  gcap_status st;
+  int j;
+  (void)ud;
+  if ((st = one_input(m, nin)) != GCAP_OK) return st;
+  x = gcap_tensor_retain(in[0]);
+  for (j = 0; j < m->children.n; j++) {
+    gcap_tensor *y;
+    st = gcap_module_call(m->children.v[j].m, 1, &x, &y);
+    gcap_tensor_free(x);
+    if (st != GCAP_OK) return st;
+    x = y;
+  }
+  *out = x;
+  return GCAP_OK;
+}
+
+gcap_status gcap_nn_relu(gcap_engine *e, gcap_module **m) {
+  return gcap_module_new(e, "ReLU", relu_forward, NULL, NULL, m);
+}
+
+gcap_status gcap_nn_gelu(gcap_engine *e, gcap_module **m) {
+  return gcap_module_new(e, "GELU", gelu_forward, NULL, NULL, m);
+}
+
+gcap_status gcap_nn_layer_norm(gcap_engine *e, int64_t n, double eps, gcap_module **m) {
+  gcap_tensor *w = NULL, *b = NULL;
+  gcap_status st;
+  if (m == NULL) return GCAP_EINVAL;
+  *m = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  if (n <= 0) return gc_fail(e, GCAP_EINVAL, "LayerNorm: size must be positive, got %lld", (long long)n);
+  if ((st = gcap_module_new(e, "LayerNorm", ln_forward, NULL, NULL, m)) != GCAP_OK) return st;
+  (*m)->eps = eps;
+  if ((st = gcap_tensor_full(e, GCAP_F32, 1, &n, 1.0, &w)) != GCAP_OK ||
+      (st = gcap_tensor_full(e, GCAP_F32, 1, &n, 0.0, &b)) != GCAP_OK ||
+      (st = gcap_module_add_parameter(*m, "weight", w)) != GCAP_OK ||
+      (st = gcap_module_add_parameter(*m, "bias", b)) != GCAP_OK) {
+    gcap_module_free(*m);
+    *m = NULL;
+  }
+  gcap_tensor_free(w);
+  gcap_tensor_free(b);
+  return st;
+}
+
+gcap_status gcap_nn_dropout(gcap_engine *e, double p, gcap_module **m) {
+  gcap_status st;
+  if (m == NULL) return GCAP_EINVAL;
+  *m = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  if (!(p >= 0.0 && p <= 1.0)) return gc_fail(e, GCAP_EINVAL, "Dropout: probability must be in [0, 1], got %g", p);
+  if ((st = gcap_module_new(e, "Dropout", dropout_forward, NULL, NULL, m)) == GCAP_OK) (*m)->p = p;
+  return st;
+}
+
+gcap_status gcap_nn_sequential(gcap_engine *e, int n, gcap_module *const *mods, gcap_module **m) {
+  gcap_status st;
+  int j;
+  if (m == NULL) return GCAP_EINVAL;
+  *m = NULL;
+  if (e == NULL || n < 0 || (n > 0 && mods == NULL)) return GCAP_EINVAL;
+  if ((st = gcap_module_new(e, "Sequential", seq_forward, NULL, NULL, m)) != GCAP_OK) return st;
+  for (j = 0; j < n; j++) {
+    char name[16];
+    snprintf(name, sizeof name, "%d", j);
+    if ((st = gcap_module_add_child(*m, name, mods[j])) != GCAP_OK) {
+      gcap_module_free(*m);
+      *m = NULL;
+      return st;
+    }
+  }
+  return GCAP_OK;
+}

@@ -1,0 +1,181 @@
+/*
+** optim.c: SGD and Adam. State (momentum buffers, moments, the step count)
+** lives in device tensors allocated on the first step, and the update is one
+** kernel per parameter, so a captured step replays exactly: each replay reads
+** and advances the same device state an eager step would.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+struct gcap_optim {
+  gcap_engine *e;
+  int adam;
+  int n;
+  gcap_tensor **params;
+  gcap_tensor **s1, **s2; /* momentum buffer / Adam m, v (NULL until the first step) */
+  gcap_tensor *step;      /* Adam's step count (f32, one element) */
+  double lr, momentum, beta1, beta2, eps, weight_decay;
+};
+
+static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const *params,
+                             gcap_optim **out) {
+  gcap_optim *o;
+  int i;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if (n < 0 || (n > 0 && params == NULL)) return gc_fail(e, GCAP_EINVAL, "optimizer: bad parameter list");
+  for (i = 0; i < n; i++) {
+    if (params[i] == NULL || params[i]->e != e)
+      return gc_fail(e, GCAP_EINVAL, "optimizer: parameter #%d is NULL or of another engine", i + 1);
+    if (params[i]->grad_fn != NULL)
+      return gc_fail(e, GCAP_EINVAL, "optimizer: parameter #%d is not a leaf (made by '%s')", i + 1,
+                     params[i]->grad_fn->name);
+  }
+  if ((o = (gcap_optim *)calloc(1, sizeof *o)) == NULL ||
+      (o->params = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->params)) == NULL ||
+      (o->s1 = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->s1)) == NULL ||
+      (o->s2 = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->s2)) == NULL) {
+    if (o) {
+      free(o->params);
+      free(o->s1);
+    }
+    free(o);
+    return gc_fail(e, GCAP_ENOMEM, "optimizer: out of host memory");
+  }
+  o->e = e;
+  o->adam = adam;
+  o->n = n;
+  for (i = 0; i < n; i++) o->params[i] = gcap_tensor_retain(params[i]);
+  gc_engine_ref(e);
+  *out = o;
+  return GCAP_OK;
+}
+
+gcap_status gcap_optim_sgd(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
+                           double momentum, double weight_decay, gcap_optim **out) {
+  gcap_status st;
+  if (e && !(lr >= 0.0 && momentum >= 0.0 && weight_decay >= 0.0))
+    return gc_fail(e, GCAP_EINVAL, "SGD: lr, momentum and weight_decay must be >= 0");
+  if ((st = optim_new(e, 0, n, params, out)) != GCAP_OK) return st;
+  (*out)->lr = lr;
+  (*out)->momentum = momentum;
+  (*out)->weight_decay = weight_decay;
+  return GCAP_OK;
+}
+
+gcap_status gcap_optim_adam(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
+                            double beta1, double beta2, double eps, double weight_decay,
+                            gcap_optim **out) {
+  gcap_status st;
+  if (e && !(lr >= 0.0 && beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0 && eps >= 0.0 &&
+             weight_decay >= 0.0))
+    return gc_fail(e, GCAP_EINVAL, "Adam: need lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0");
+  if ((st = optim_new(e, 1, n, params, out)) != GCAP_OK) return st;
+  (*out)->lr = lr;
+  (*out)->beta1 = beta1;
+  (*out)->beta2 = beta2;
+  (*out)->eps = eps;
+  (*out)->weight_decay = weight_decay;
+  return GCAP_OK;
+}
+
+void gcap_optim_free(gcap_optim *o) {
+  gcap_engine *e;
+  int i;
+  if (o == NULL) return;
+  e = o->e;
+  for (i = 0; i < o->n; i++) {
+    gcap_tensor_free(o->params[i]);
+    gcap_tensor_free(o->s1[i]);
+    gcap_tensor_free(o->s2[i]);
+  }
+  gcap_tensor_free(o->step);
+  free(o->params);
+  free(o->s1);
+  free(o->s2);
+  free(o);
+  gc_engine_unref(e);
+}
+
+static gcap_status zeros_like(gcap_tensor *p, gcap_tensor **out) {
+  return gcap_tensor_full(p->e, p->dt, p->ndim, p->shape, 0.0, out);
+}
+
+/* Allocate state on first use (eagerly zeroed; in the capture's pool when
+** the first step is captured). */
+static gcap_status ensure_state(gcap_optim *o, int i) {
+  gcap_status st;
+  if (!o->adam && o->momentum == 0.0) return GCAP_OK;
+  if (o->s1[i] == NULL && (st = zeros_like(o->params[i], &o->s1[i])) != GCAP_OK) return st;
+  if (o->adam && o->s2[i] == NULL && (st = zeros_like(o->params[i], &o->s2[i])) != GCAP_OK) return st;
+  return GCAP_OK;
+}
+
+gcap_status gcap_optim_step(gcap_optim *o) {
+  gcap_engine *e;
+  gcap_status st;
+  gc_kargs a;
+  int i;
+  if (o == NULL) return GCAP_EINVAL;
+  e = o->e;
+  gc_clear(e);
+  if (o->adam) {
+    if (o->step == NULL && (st = gcap_tensor_full(e, GCAP_F32, 0, NULL, 0.0, &o->step)) != GCAP_OK) return st;
+    memset(&a, 0, sizeof a);
+    a.p[0] = gc_tensor_ptr(o->step);
+    if ((st = gc_run(e, GC_K_COUNTER_INC, &a, &o->step, 1, o->step)) != GCAP_OK) return st;
+  }
+  for (i = 0; i < o->n; i++) {
+    gcap_tensor *p = o->params[i], *in[4];
+    if (p->grad == NULL) continue;
+    if ((st = ensure_state(o, i)) != GCAP_OK) return st;
+    memset(&a, 0, sizeof a);
+    a.p[0] = gc_tensor_ptr(p);
+    a.p[1] = gc_tensor_ptr(p->grad);
+    a.p[2] = o->s1[i] ? gc_tensor_ptr(o->s1[i]) : NULL;
+    a.n[0] = p->numel;
+    a.f[0] = (float)o->lr;
+    in[0] = p->grad;
+    in[1] = o->s1[i] ? o->s1[i] : p->grad;
+    if (o->adam) {
+      a.p[3] = gc_tensor_ptr(o->s2[i]);
+      a.p[4] = gc_tensor_ptr(o->step);
+      a.f[1] = (float)o->beta1;
+      a.f[2] = (float)o->beta2;
+      a.f[3] = (float)o->eps;
+      a.f[4] = (float)o->weight_decay;
+      in[2] = o->s2[i];
+      in[3] = o->step;
+      if ((st = gc_note_access(e, o->s2[i], 1)) != GCAP_OK) return st;
+    } else {
+      a.f[1] = (float)o->momentum;
+      a.f[2] = (float)o->weight_decay;
+      in[2] = in[3] = p->grad;
+    }
+    if (o->s1[i] && (st = gc_note_access(e, o->s1[i], 1)) != GCAP_OK) return st;
+    if ((st = gc_run(e, o->adam ? GC_K_ADAM : GC_K_SGD, &a, in, 4, p)) != GCAP_OK) return st;
+  }
+  return GCAP_OK;
+}
+
+gcap_status gcap_optim_zero_grad(gcap_optim *o, int set_to_none) {
+  gcap_status st;
+  int i;
+  if (o == NULL) return GCAP_EINVAL;
+  gc_clear(o->e);
+  for (i = 0; i < o->n; i++) {
+    gcap_tensor *p = o->params[i];
+    if (p->grad == NULL) continue;
+    if (set_to_none) {
+      gcap_tensor_free(p->grad);
+      p->grad = NULL;
+    } else if ((st = gcap_zero_(p->grad)) != GCAP_OK) {
+      return st;
+    }
+  }
+  return GCAP_OK;
+}
