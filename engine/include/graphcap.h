@@ -414,6 +414,86 @@ gcap_pool *gcap_graph_pool(gcap_graph *g);
 /* 1 when g holds a captured, instantiated graph. */
 int gcap_graph_is_captured(const gcap_graph *g);
 
+/* ------------------------------------------------------------------------ */
+/* make_graphed_callables (TransformerEngine's, with capture_time_hooks).    */
+
+typedef struct gcap_graphed gcap_graphed;
+
+/* A capture-time hook: run outside capture with the original module; a
+** non-OK status aborts graph construction (everything is rolled back). */
+typedef gcap_status (*gcap_capture_hook)(void *ud, gcap_module *m);
+
+/* The four groups of capture_time_hooks, in call order around a pass. */
+enum { GCAP_FORWARD_PRE_HOOKS, GCAP_FORWARD_HOOKS, GCAP_BACKWARD_PRE_HOOKS, GCAP_BACKWARD_HOOKS };
+
+/* The hooks of one callable: n[g] functions per group g, run in index order. */
+typedef struct gcap_capture_hooks {
+  int n[4];
+  const gcap_capture_hook *fn[4];
+  void *const *ud[4];
+} gcap_capture_hooks;
+
+/* Progress of long work: `done` of `total` passes of `phase` ("warmup",
+** "capture"). */
+typedef void (*gcap_progress_fn)(void *ud, const char *phase, int done, int total);
+
+typedef struct gcap_graphed_opts {
+  int num_warmup_iters;             /* 3 */
+  int allow_unused_input;           /* 0 */
+  const double *order;              /* NULL, or order_len entries: +k fwd, -k bwd, -(k+0.5) wgrad */
+  int order_len;
+  const int *num_layers_per_chunk;  /* NULL, or num_chunks entries */
+  int num_chunks;
+  gcap_pool *pool;                  /* NULL: a new pool shared by all graphs of the call */
+  int retain_graph_in_backward;     /* 0 */
+  int reuse_graph_input_output_buffers; /* 0; needs order and training */
+  int clone_param_grads_on_return;  /* 1 */
+  gcap_status (*pre_warmup_hook)(void *ud);  /* once, before all warmup */
+  gcap_status (*post_warmup_hook)(void *ud); /* once, after all warmup */
+  void *warmup_hook_ud;
+  const gcap_capture_hooks *capture_time_hooks; /* NULL, or one per callable */
+  int num_capture_time_hooks;       /* must equal the number of callables when given */
+  gcap_progress_fn progress;        /* NULL: none */
+  void *progress_ud;
+} gcap_graphed_opts;
+
+/* Fill *o with the defaults above. */
+void gcap_graphed_opts_init(gcap_graphed_opts *o);
+
+/* Graph `callables` (modules; all in training or all in eval mode, with no
+** module hooks registered) from sample arguments: entry i takes nargs[i]
+** tensors args[i][0..nargs[i]). Without an order there is one entry per
+** callable; with one, chunks x microbatches x layers (DESIGN §5). On success
+** *out holds one replayable entry per sample_args entry; on failure modules,
+** .grad values, the generator and pools are as before. */
+gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
+                                        gcap_module *const *callables, int nentries,
+                                        const int *nargs, gcap_tensor *const *const *args,
+                                        const gcap_graphed_opts *opts, gcap_graphed **out);
+gcap_graphed *gcap_graphed_retain(gcap_graphed *g);
+void gcap_graphed_free(gcap_graphed *g);
+int gcap_graphed_num_entries(const gcap_graphed *g);
+/* The module entry i was captured from. */
+gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry);
+/* Replay entry i's forward: copy inputs whose address differs from the
+** static ones, launch, and return a view of the static output (valid until
+** the next replay) whose backward replays the backward graph. A module whose
+** training flag differs from capture time runs eagerly instead. */
+gcap_status gcap_graphed_call(gcap_graphed *g, int entry, int nin, gcap_tensor *const *in,
+                              gcap_tensor **out);
+/* Replay entry i's delayed-wgrad graph and accumulate into .grad (no-op
+** when the entry has none). */
+gcap_status gcap_graphed_backward_dw(gcap_graphed *g, int entry);
+/* Free entry i's graphs; calling it afterwards is an error. */
+gcap_status gcap_graphed_reset(gcap_graphed *g, int entry);
+/* Stats of entry i's graphs (bwd/dw zeroed when absent: has_bwd, has_dw). */
+typedef struct gcap_graphed_stats {
+  gcap_graph_stats fwd, bwd, dw;
+  int has_bwd, has_dw;
+  size_t pool_reserved_bytes;
+} gcap_graphed_stats;
+gcap_status gcap_graphed_get_stats(gcap_graphed *g, int entry, gcap_graphed_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -60,10 +60,13 @@ gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw,
                       gcap_tensor *const *in, int nin, gcap_tensor *const *save, int nsave,
                       gc_node **node) {
   gcap_engine *e = out->e;
-  gc_node *n = (gc_node *)calloc(1, sizeof *n);
+  /* one block: the node, then its next[] and leaf[] arrays */
+  gc_node *n = (gc_node *)calloc(1, sizeof *n + 2 * (size_t)nin * sizeof(void *));
   int i;
   if (node) *node = NULL;
   if (n == NULL) return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", name);
+  n->next = (gc_node **)(n + 1);
+  n->leaf = (gcap_tensor **)(n->next + nin);
   n->refs = 1;
   n->name = name;
   n->backward = bw;
@@ -304,8 +307,14 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
   }
   while (ready.n > 0) {
     gc_node *n = ready.v[--ready.n];
-    gcap_tensor *g = n->acc, *gin[GC_NODE_MAXIN] = {NULL, NULL, NULL, NULL};
+    gcap_tensor *g = n->acc, *small[8], **gin = small;
     n->acc = NULL;
+    if (n->nin > 8 && (gin = (gcap_tensor **)malloc((size_t)n->nin * sizeof *gin)) == NULL) {
+      gcap_tensor_free(g);
+      st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
+      goto done;
+    }
+    memset(gin, 0, (size_t)n->nin * sizeof *gin);
     if ((st = bw_check_grad(n, g)) == GCAP_OK) st = n->backward(n, g, gin);
     gcap_tensor_free(g);
     for (i = 0; i < n->nin; i++) {
@@ -317,6 +326,7 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
         st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
       gcap_tensor_free(gin[i]);
     }
+    if (gin != small) free(gin);
     if (st != GCAP_OK) goto done;
     if (!retain && n->nsaved > 0) {
       node_free_saved(n);

@@ -328,7 +328,7 @@ static int check_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
 
 static const char *graph_label(gcap_engine *e, int id, char *buf, size_t n) {
   if (id == GC_WRITER_OUTSIDE) snprintf(buf, n, "eager work");
-  else if (id < e->graphs_cap && e->graphs[id] != NULL) snprintf(buf, n, "%s", e->graphs[id]->name);
+  else if (id < e->graphs_cap && e->graphs[id] != NULL) snprintf(buf, n, "'%s'", e->graphs[id]->name);
   else snprintf(buf, n, "graph #%d (destroyed)", id);
   return buf;
 }
@@ -339,12 +339,12 @@ static gcap_status replay_check(gcap_graph *g) {
   for (i = 0; i < g->reads.n; i++) {
     check_ctx cc = {g, g->reads.v[i].producer, 0, 0, 0};
     if (gc_ivmap_each(m, g->reads.v[i].lo, g->reads.v[i].hi, check_piece, &cc)) {
-      char a[GC_NAMELEN + 32], b[GC_NAMELEN + 32];
+      char a[GC_NAMELEN + 32], b[GC_NAMELEN + 32], c[GC_NAMELEN + 32];
       return gc_fail(g->e, GCAP_EREPLAY,
-                     "replay of %s refused: it reads %zu bytes at 0x%llx that %s wrote at "
+                     "replay: %s refused: it reads %zu bytes at 0x%llx that %s wrote at "
                      "capture, but %s (sharing the pool) has overwritten them since; replay "
                      "graphs that share a pool in the order they were captured",
-                     g->name, (size_t)(cc.hi - cc.lo), (unsigned long long)cc.lo,
+                     graph_label(g->e, g->id, c, sizeof c), (size_t)(cc.hi - cc.lo), (unsigned long long)cc.lo,
                      graph_label(g->e, cc.producer, a, sizeof a),
                      graph_label(g->e, cc.culprit, b, sizeof b));
     }

@@ -144,7 +144,6 @@ const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n);
 /* ------------------------------------------------------------------------ */
 /* Autograd (autograd.c)                                                     */
 
-#define GC_NODE_MAXIN 4
 #define GC_NODE_MAXSAVED 6
 
 /* Computes the grads of a node's inputs from the grad of its output; sets
@@ -156,8 +155,8 @@ struct gc_node {
   const char *name;
   gc_backward_fn backward;
   int nin;
-  gc_node *next[GC_NODE_MAXIN];      /* producer of input i, or NULL */
-  gcap_tensor *leaf[GC_NODE_MAXIN];  /* input i when it is a leaf that requires grad */
+  gc_node **next;     /* [nin]: producer of input i, or NULL */
+  gcap_tensor **leaf; /* [nin]: input i when it is a leaf that requires grad */
   gcap_tensor *saved[GC_NODE_MAXSAVED];
   int nsaved;
   int released; /* saved tensors freed by a backward without retain_graph */
@@ -186,6 +185,17 @@ static inline int gc_node_needs(const gc_node *n, int i) {
 void gc_node_release(gc_node *n);
 /* Record `view` as a view of src (grads flow back reshaped). */
 gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view);
+
+/* ------------------------------------------------------------------------ */
+/* Modules (nn.c) for make_graphed_callables (graphed.c)                     */
+
+/* Run m's forward itself: no hooks, no graphed replay. */
+gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out);
+/* GCAP_OK when neither m nor a submodule has module hooks or a buffer that
+** requires grad; otherwise an error naming the module and the problem. */
+gcap_status gc_module_check_graphable(gcap_module *m, const char *where);
+/* Route m's calls to entry `entry` of g (g NULL: back to m's forward). */
+void gc_module_set_graphed(gcap_module *m, gcap_graphed *g, int entry);
 
 /* ------------------------------------------------------------------------ */
 /* Capture and graphs (capture.c)                                            */

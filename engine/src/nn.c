@@ -48,6 +48,8 @@ struct gcap_module {
   int delay_wgrad;
   gcap_tensor **wq; /* delayed wgrad queue: (g, x) pairs, oldest first */
   int nwq, capwq;
+  gcap_graphed *graphed; /* calls replay this entry (weak: the graphed object owns m) */
+  int graphed_entry;
 };
 
 gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fwd, void *ud,
@@ -414,7 +416,9 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
       hc->input_tracked = 1;
     }
   }
-  if ((st = m->forward(m->ud, m, nin, args, &y)) != GCAP_OK) goto done;
+  st = m->graphed ? gcap_graphed_call(m->graphed, m->graphed_entry, nin, args, &y)
+                  : m->forward(m->ud, m, nin, args, &y);
+  if (st != GCAP_OK) goto done;
   if (y == NULL) {
     st = gc_fail(m->e, GCAP_EINVAL, "%s: forward returned no tensor", m->type);
     goto done;
@@ -435,6 +439,51 @@ done:
   gcap_tensor_free(in0);
   if (hc) hook_call_release(hc);
   return st;
+}
+
+gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+  gcap_status st;
+  *out = NULL;
+  if ((st = m->forward(m->ud, m, nin, in, out)) != GCAP_OK) return st;
+  if (*out == NULL) return gc_fail(m->e, GCAP_EINVAL, "%s: forward returned no tensor", m->type);
+  return GCAP_OK;
+}
+
+void gc_module_set_graphed(gcap_module *m, gcap_graphed *g, int entry) {
+  m->graphed = g;
+  m->graphed_entry = entry;
+}
+
+static const char *const hook_kind_names[4] = {"forward pre-hook", "forward hook", "backward pre-hook",
+                                               "backward hook"};
+
+static gcap_status check_graphable(gcap_module *m, const char *where, const char *path) {
+  int i, j;
+  if (m->nhooks > 0)
+    return gc_fail(m->e, GCAP_EINVAL,
+                   "%s: module %s%s%s (%s) has a registered %s; modules must not have hooks when "
+                   "they are graphed (their work would be captured once and their Lua side effects "
+                   "never replayed). Register hooks after graphing (they then run eagerly around "
+                   "each replay), or pass them in capture_time_hooks",
+                   where, path[0] ? "'" : "", path, path[0] ? "'" : "", m->type,
+                   hook_kind_names[m->hooks[0].kind]);
+  for (i = 0; i < m->buffers.n; i++)
+    if (m->buffers.v[i].t->requires_grad)
+      return gc_fail(m->e, GCAP_EINVAL,
+                     "%s: buffer '%s%s%s' of %s requires grad; only parameters may be trainable, "
+                     "buffers must have requires_grad = false",
+                     where, path, path[0] ? "." : "", m->buffers.v[i].name, m->type);
+  for (j = 0; j < m->children.n; j++) {
+    char sub[256];
+    gcap_status st;
+    snprintf(sub, sizeof sub, "%s%s%s", path, path[0] ? "." : "", m->children.v[j].name);
+    if ((st = check_graphable(m->children.v[j].m, where, sub)) != GCAP_OK) return st;
+  }
+  return GCAP_OK;
+}
+
+gcap_status gc_module_check_graphable(gcap_module *m, const char *where) {
+  return check_graphable(m, where, "");
 }
 
 /* ------------------------------------------------------------------------ */

@@ -1,0 +1,336 @@
+/*
+** backend.cu: the cuda backend's gc_backend table: memory, streams, events,
+** copies, kernel dispatch and CUDA graphs captured from a stream.
+**
+** Captures run in thread-local mode on the engine's non-blocking streams.
+** The engine owns all memory (cudaMalloc under the relaxed capture mode, so
+** its pools can grow while a capture is open): a graph holding memory-alloc
+** or memory-free nodes means a library allocated during capture, an error.
+*/
+#include <stdlib.h>
+
+#include "common.cuh"
+
+static void cu_shutdown(void *bs) {
+  cu_state *st = (cu_state *)bs;
+  if (!st) return;
+  if (st->lt) cublasLtDestroy(st->lt);
+  if (st->blas) cublasDestroy(st->blas);
+  if (st->ws) cu_drop(cudaFree(st->ws));
+  if (st->upload) cu_drop(cudaStreamDestroy(st->upload));
+  free(st);
+}
+
+/* Device 0, its cuBLAS handles and workspace (before any capture: creating
+** them during one would invalidate it), and the upload stream. The handle
+** gets the workspace at once, so that it never allocates one of its own. */
+static gcap_status cu_setup(gcap_engine *e, cu_state *st) {
+  st->dev = 0;
+  CUDA_TRY(e, cudaSetDevice(st->dev));
+  CUDA_TRY(e, cudaStreamCreateWithFlags(&st->upload, cudaStreamNonBlocking));
+  CUDA_TRY(e, cudaMalloc(&st->ws, CU_WORKSPACE));
+  CUBLAS_TRY(e, cublasCreate(&st->blas));
+  CUBLAS_TRY(e, cublasLtCreate(&st->lt));
+  return cu_blas_stream(e, st, st->upload);
+}
+
+static gcap_status cu_init(gcap_engine *e, void **bs) {
+  *bs = NULL;
+  cu_state *st = (cu_state *)calloc(1, sizeof *st);
+  if (!st) return gc_fail(e, GCAP_ENOMEM, "cuda: out of host memory");
+  gcap_status r = cu_setup(e, st);
+  if (r != GCAP_OK) {
+    cu_shutdown(st);
+    return r;
+  }
+  *bs = st;
+  return GCAP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Memory                                                                    */
+
+/* cudaMalloc runs at once, outside any graph; the relaxed mode lets it run
+** while this thread has a capture open. Out of memory is GCAP_ENOMEM, so
+** that the engine's allocator can release cached blocks and retry. */
+static gcap_status cu_malloc(gcap_engine *e, void *, size_t n, void **p) {
+  cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+  *p = NULL;
+  CUDA_TRY(e, cudaThreadExchangeStreamCaptureMode(&m));
+  cudaError_t err = cudaMalloc(p, n);
+  cu_drop(cudaThreadExchangeStreamCaptureMode(&m)); /* restore this thread's mode */
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    *p = NULL;
+    return gc_fail(e, err == cudaErrorMemoryAllocation ? GCAP_ENOMEM : GCAP_EDEVICE,
+                   "cudaMalloc(%zu bytes): %s", n, cudaGetErrorString(err));
+  }
+  return GCAP_OK;
+}
+
+static void cu_free(void *, void *p) {
+  cu_drop(cudaFree(p));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Streams and events                                                        */
+
+static gcap_status cu_stream_new(gcap_engine *e, void *, void **s) {
+  cudaStream_t cs = NULL;
+  *s = NULL;
+  CUDA_TRY(e, cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  *s = cs;
+  return GCAP_OK;
+}
+
+static void cu_stream_free(void *, void *s) {
+  cu_drop(cudaStreamDestroy((cudaStream_t)s));
+}
+
+static gcap_status cu_stream_sync(gcap_engine *e, void *, void *s) {
+  CUDA_TRY(e, cudaStreamSynchronize((cudaStream_t)s));
+  return GCAP_OK;
+}
+
+static gcap_status cu_device_sync(gcap_engine *e, void *) {
+  CUDA_TRY(e, cudaDeviceSynchronize());
+  return GCAP_OK;
+}
+
+static gcap_status cu_event_new(gcap_engine *e, void *, void **ev) {
+  cudaEvent_t ce = NULL;
+  *ev = NULL;
+  CUDA_TRY(e, cudaEventCreateWithFlags(&ce, cudaEventDisableTiming));
+  *ev = ce;
+  return GCAP_OK;
+}
+
+static void cu_event_free(void *, void *ev) {
+  cu_drop(cudaEventDestroy((cudaEvent_t)ev));
+}
+
+static gcap_status cu_event_record(gcap_engine *e, void *, void *ev, void *s) {
+  CUDA_TRY(e, cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)s));
+  return GCAP_OK;
+}
+
+static gcap_status cu_stream_wait(gcap_engine *e, void *, void *s, void *ev) {
+  CUDA_TRY(e, cudaStreamWaitEvent((cudaStream_t)s, (cudaEvent_t)ev, 0));
+  return GCAP_OK;
+}
+
+static gcap_status cu_event_sync(gcap_engine *e, void *, void *ev) {
+  CUDA_TRY(e, cudaEventSynchronize((cudaEvent_t)ev));
+  return GCAP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Copies (never during capture: the core refuses them; host memory is
+** pageable, so each copy waits for the stream before returning).           */
+
+static gcap_status cu_upload(gcap_engine *e, void *, void *s, void *dst, const void *src,
+                             size_t n) {
+  if (n == 0) return GCAP_OK;
+  CUDA_TRY(e, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, (cudaStream_t)s));
+  CUDA_TRY(e, cudaStreamSynchronize((cudaStream_t)s));
+  return GCAP_OK;
+}
+
+static gcap_status cu_download(gcap_engine *e, void *, void *s, void *dst, const void *src,
+                               size_t n) {
+  if (n == 0) return GCAP_OK;
+  CUDA_TRY(e, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, (cudaStream_t)s));
+  CUDA_TRY(e, cudaStreamSynchronize((cudaStream_t)s));
+  return GCAP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Kernels                                                                   */
+
+static gcap_status cu_launch(gcap_engine *e, void *bs, void *s, int k, const gc_kargs *a) {
+  cu_state *st = (cu_state *)bs;
+  cudaStream_t cs = (cudaStream_t)s;
+  gcap_status r;
+  switch (k) {
+    case GC_K_FILL:
+    case GC_K_COPY:
+    case GC_K_ADD:
+    case GC_K_SUB:
+    case GC_K_MUL:
+    case GC_K_SCALE:
+      r = cu_elementwise(e, st, cs, k, a);
+      break;
+    case GC_K_SUM:
+      r = cu_reduce(e, st, cs, k, a);
+      break;
+    case GC_K_RAND:
+    case GC_K_RNG_ADVANCE:
+      r = cu_rand(e, st, cs, k, a);
+      break;
+    case GC_K_EXPAND:
+    case GC_K_SUM_ROWS:
+    case GC_K_MATMUL:
+      r = cu_linalg(e, st, cs, k, a);
+      break;
+    case GC_K_RELU:
+    case GC_K_RELU_BWD:
+    case GC_K_GELU:
+    case GC_K_GELU_BWD:
+      r = cu_activation(e, st, cs, k, a);
+      break;
+    case GC_K_LAYERNORM:
+    case GC_K_LAYERNORM_BWD:
+    case GC_K_LAYERNORM_BWD_PARAMS:
+    case GC_K_SOFTMAX:
+    case GC_K_SOFTMAX_BWD:
+      r = cu_norm(e, st, cs, k, a);
+      break;
+    case GC_K_DROPOUT:
+    case GC_K_XENT:
+    case GC_K_XENT_BWD:
+      r = cu_loss(e, st, cs, k, a);
+      break;
+    case GC_K_SGD:
+    case GC_K_ADAM:
+    case GC_K_COUNTER_INC:
+      r = cu_optim(e, st, cs, k, a);
+      break;
+    default:
+      return gc_fail(e, GCAP_EINVAL, "cuda: no kernel with id %d", k);
+  }
+  if (r != GCAP_OK) return r;
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return gc_fail(e, GCAP_EDEVICE, "cuda: kernel %s: %s", gc_kernel_name(k),
+                   cudaGetErrorString(err));
+  return GCAP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Graphs                                                                    */
+
+static gcap_status cu_capture_begin(gcap_engine *e, void *, void *s) {
+  CUDA_TRY(e, cudaStreamBeginCapture((cudaStream_t)s, cudaStreamCaptureModeThreadLocal));
+  return GCAP_OK;
+}
+
+/* Fail with the error err that `what` returned. */
+static gcap_status cu_fail(gcap_engine *e, cudaError_t err, const char *what) {
+  (void)cudaGetLastError();
+  return gc_fail(e, GCAP_EDEVICE, "%s: %s", what, cudaGetErrorString(err));
+}
+
+/* The number of memory-alloc and memory-free nodes of g, in *n. */
+static gcap_status cu_count_mem_nodes(gcap_engine *e, cudaGraph_t g, size_t *n) {
+  size_t nodes = 0;
+  *n = 0;
+  CUDA_TRY(e, cudaGraphGetNodes(g, NULL, &nodes));
+  if (nodes == 0) return GCAP_OK;
+  cudaGraphNode_t *v = (cudaGraphNode_t *)malloc(nodes * sizeof *v);
+  if (!v) return gc_fail(e, GCAP_ENOMEM, "cuda: out of host memory");
+  cudaError_t err = cudaGraphGetNodes(g, v, &nodes);
+  for (size_t i = 0; err == cudaSuccess && i < nodes; i++) {
+    cudaGraphNodeType t;
+    err = cudaGraphNodeGetType(v[i], &t);
+    if (err == cudaSuccess && (t == cudaGraphNodeTypeMemAlloc || t == cudaGraphNodeTypeMemFree))
+      (*n)++;
+  }
+  free(v);
+  if (err != cudaSuccess) return cu_fail(e, err, "cuda: reading the captured graph's nodes");
+  return GCAP_OK;
+}
+
+static gcap_status cu_capture_end(gcap_engine *e, void *, void *s, void **graph) {
+  cudaGraph_t g = NULL;
+  size_t mem = 0;
+  *graph = NULL;
+  /* On failure (invalidated, unjoined fork, ...) g stays NULL. */
+  CUDA_TRY(e, cudaStreamEndCapture((cudaStream_t)s, &g));
+  gcap_status r = cu_count_mem_nodes(e, g, &mem);
+  if (r == GCAP_OK && mem > 0)
+    r = gc_fail(e, GCAP_EDEVICE,
+                "captured graph holds %zu memory-alloc/free nodes: some library "
+                "allocated during capture",
+                mem);
+  if (r != GCAP_OK) {
+    cu_drop(cudaGraphDestroy(g));
+    return r;
+  }
+  *graph = g;
+  return GCAP_OK;
+}
+
+/* Instantiate, then upload on the backend's own stream and wait, so that the
+** first replay costs what the others do. */
+static gcap_status cu_instantiate(gcap_engine *e, void *bs, void *graph, void **exec,
+                                  int64_t *nodes) {
+  cu_state *st = (cu_state *)bs;
+  cudaGraph_t g = (cudaGraph_t)graph;
+  cudaGraphExec_t x = NULL;
+  size_t n = 0;
+  *exec = NULL;
+  *nodes = 0;
+  CUDA_TRY(e, cudaGraphGetNodes(g, NULL, &n));
+  CUDA_TRY(e, cudaGraphInstantiate(&x, g, 0));
+  cudaError_t err = cudaGraphUpload(x, st->upload);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(st->upload);
+  if (err != cudaSuccess) {
+    cu_drop(cudaGraphExecDestroy(x));
+    return cu_fail(e, err, "cudaGraphUpload");
+  }
+  *exec = x;
+  *nodes = (int64_t)n;
+  return GCAP_OK;
+}
+
+static gcap_status cu_graph_launch(gcap_engine *e, void *, void *exec, void *s) {
+  CUDA_TRY(e, cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)s));
+  return GCAP_OK;
+}
+
+static void cu_graph_free(void *, void *graph, void *exec) {
+  if (exec) cu_drop(cudaGraphExecDestroy((cudaGraphExec_t)exec));
+  if (graph) cu_drop(cudaGraphDestroy((cudaGraph_t)graph));
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* In gc_backend's field order (C++17 has no designated initializers). */
+static const gc_backend cu_backend = {
+    "cuda",           /* name */
+    cu_init,          /* init */
+    cu_shutdown,      /* shutdown */
+    cu_malloc,        /* malloc */
+    cu_free,          /* free */
+    cu_stream_new,    /* stream_new */
+    cu_stream_free,   /* stream_free */
+    cu_stream_sync,   /* stream_sync */
+    cu_device_sync,   /* device_sync */
+    cu_event_new,     /* event_new */
+    cu_event_free,    /* event_free */
+    cu_event_record,  /* event_record */
+    cu_stream_wait,   /* stream_wait */
+    cu_event_sync,    /* event_sync */
+    cu_upload,        /* upload */
+    cu_download,      /* download */
+    cu_launch,        /* launch */
+    cu_capture_begin, /* capture_begin */
+    cu_capture_end,   /* capture_end */
+    cu_instantiate,   /* instantiate */
+    cu_graph_launch,  /* graph_launch */
+    cu_graph_free,    /* graph_free */
+};
+
+extern "C" const gc_backend *gc_cuda_backend(void) {
+  return &cu_backend;
+}
+
+/* Never prints: a machine without a driver or device answers 0. */
+extern "C" int gc_cuda_probe(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n >= 1;
+}

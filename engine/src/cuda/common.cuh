@@ -1,0 +1,159 @@
+/*
+** common.cuh: what every file of the cuda backend shares: the error macros,
+** the dtype helpers, the backend state and the per-family launchers.
+** Internal to engine/src/cuda; nothing here is exported from the library.
+*/
+#ifndef GC_CUDA_COMMON_CUH
+#define GC_CUDA_COMMON_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "graphcap.h"
+#include "backend.h" /* C linkage through its own __cplusplus guard */
+
+/* Return a device error through gc_fail, naming the call; never abort.
+** cudaGetLastError consumes the error, so that a later launch check does not
+** report it a second time (sticky errors stay and keep being reported). */
+#define CUDA_TRY(e, call)                                                                          \
+  do {                                                                                             \
+    cudaError_t err_ = (call);                                                                     \
+    if (err_ != cudaSuccess) {                                                                     \
+      (void)cudaGetLastError();                                                                    \
+      return gc_fail((e), GCAP_EDEVICE, "%s: %s (%s:%d)", #call, cudaGetErrorString(err_),         \
+                     __FILE__, __LINE__);                                                          \
+    }                                                                                              \
+  } while (0)
+
+/* The same for cuBLAS and cuBLASLt, which share cublasStatus_t. */
+#define CUBLAS_TRY(e, call)                                                                        \
+  do {                                                                                             \
+    cublasStatus_t st_ = (call);                                                                   \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
+      return gc_fail((e), GCAP_EDEVICE, "%s: %s (%s:%d)", #call, cublasGetStatusString(st_),       \
+                     __FILE__, __LINE__);                                                          \
+  } while (0)
+
+/* Teardown paths return nothing: drop their error, and consume it. */
+static inline void cu_drop(cudaError_t err) {
+  if (err != cudaSuccess) (void)cudaGetLastError();
+}
+
+/* Launch shape of the grid-stride kernels. */
+#define CU_THREADS 256
+#define CU_MAX_BLOCKS 65535
+
+static inline unsigned cu_blocks(int64_t n) {
+  int64_t b = (n + CU_THREADS - 1) / CU_THREADS;
+  return (unsigned)(b < CU_MAX_BLOCKS ? b : CU_MAX_BLOCKS);
+}
+
+/* for (i = this thread's first index; i < n; i += all threads of the grid) */
+#define CU_GRID_LOOP(i, n)                                                                         \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                        \
+       i += (int64_t)gridDim.x * blockDim.x)
+
+/* Element i of f32 or bf16 storage (dt = GCAP_F32 or GCAP_BF16), as a float;
+** stores round to nearest even. */
+__device__ __forceinline__ float cu_load(const void *p, int64_t i, int dt) {
+  if (dt == GCAP_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  return ((const float *)p)[i];
+}
+
+__device__ __forceinline__ void cu_store(void *p, int64_t i, int dt, float v) {
+  if (dt == GCAP_BF16)
+    ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+  else
+    ((float *)p)[i] = v;
+}
+
+/* Row kernels (layernorm, softmax, cross entropy): one block of
+** CU_ROW_THREADS threads per row, blocks looping over rows when there are
+** more rows than blocks. A row is always reduced by one block in one order,
+** so the result does not depend on the grid nor on timing. */
+#define CU_ROW_THREADS 256
+
+static inline unsigned cu_row_blocks(int64_t rows) {
+  return (unsigned)(rows < CU_MAX_BLOCKS ? rows : CU_MAX_BLOCKS);
+}
+
+/* for (r = this block's first row; r < rows; r += all blocks): every thread
+** of a block takes the same rows, so all reach the block reductions' barriers. */
+#define CU_ROW_LOOP(r, rows) for (int64_t r = blockIdx.x; r < (rows); r += gridDim.x)
+
+/* The sum of v over the block's CU_ROW_THREADS threads, returned to every
+** thread: a fixed shared-memory tree (sh holds CU_ROW_THREADS floats). Every
+** thread of the block must call it; sh may be reused right after. */
+__device__ __forceinline__ float cu_block_sum(float v, float *sh) {
+  int t = (int)threadIdx.x;
+  sh[t] = v;
+  __syncthreads();
+  for (int w = CU_ROW_THREADS / 2; w > 0; w /= 2) {
+    if (t < w) sh[t] = __fadd_rn(sh[t], sh[t + w]);
+    __syncthreads();
+  }
+  float r = sh[0];
+  __syncthreads(); /* all have read sh[0] before anyone writes sh again */
+  return r;
+}
+
+/* The same for the maximum (fmaxf: a NaN loses to a number, as on the host). */
+__device__ __forceinline__ float cu_block_max(float v, float *sh) {
+  int t = (int)threadIdx.x;
+  sh[t] = v;
+  __syncthreads();
+  for (int w = CU_ROW_THREADS / 2; w > 0; w /= 2) {
+    if (t < w) sh[t] = fmaxf(sh[t], sh[t + w]);
+    __syncthreads();
+  }
+  float r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+/* cuBLAS workspace: 32 MiB, what Hopper wants. */
+#define CU_WORKSPACE ((size_t)32 << 20)
+
+/* The backend state (the `bs` of every gc_backend call). */
+typedef struct cu_state {
+  int dev;             /* device id */
+  cublasHandle_t blas; /* created at init, before any capture */
+  cublasLtHandle_t lt; /* idem; its calls take ws explicitly */
+  void *ws;            /* CU_WORKSPACE bytes of device memory */
+  cudaStream_t upload; /* non-blocking stream for cudaGraphUpload */
+} cu_state;
+
+/* Point the cuBLAS handle at stream s. cublasSetStream resets the handle's
+** workspace (cuBLAS would then allocate during capture and put memory nodes
+** into the graph), so the workspace is set again right after it. */
+static inline gcap_status cu_blas_stream(gcap_engine *e, cu_state *st, cudaStream_t s) {
+  CUBLAS_TRY(e, cublasSetStream(st->blas, s));
+  CUBLAS_TRY(e, cublasSetWorkspace(st->blas, st->ws, CU_WORKSPACE));
+  return GCAP_OK;
+}
+
+/* Kernel families, one file each. A launcher enqueues kernel k (one of its
+** family) on s; backend.cu checks cudaGetLastError after it. */
+gcap_status cu_elementwise(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                           const gc_kargs *a); /* k_elementwise.cu */
+gcap_status cu_reduce(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                      const gc_kargs *a); /* k_reduce.cu */
+gcap_status cu_rand(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                    const gc_kargs *a); /* k_rand.cu */
+gcap_status cu_linalg(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                      const gc_kargs *a); /* k_linalg.cu */
+gcap_status cu_activation(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                          const gc_kargs *a); /* k_activation.cu */
+gcap_status cu_norm(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                    const gc_kargs *a); /* k_norm.cu */
+gcap_status cu_loss(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                    const gc_kargs *a); /* k_loss.cu */
+gcap_status cu_optim(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                     const gc_kargs *a); /* k_optim.cu */
+
+#endif

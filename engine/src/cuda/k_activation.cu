@@ -1,0 +1,73 @@
+/*
+** k_activation.cu: GC_K_RELU, GC_K_RELU_BWD, GC_K_GELU and GC_K_GELU_BWD.
+**
+** relu and its backward only select, so they equal the host bit for bit
+** (a NaN input gives 0, as on the host). gelu is the tanh form with the
+** host's constants, its products and sums in the host's order with
+** round-to-nearest intrinsics (never fused into an FMA); only tanhf differs
+** from the C library's by an ulp or two, so gelu matches within float
+** tolerance.
+*/
+#include "common.cuh"
+
+#define CU_GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
+#define CU_GELU_K 0.044715f
+
+static __global__ void k_relu(void *y, const void *x, int dt, int64_t n) {
+  CU_GRID_LOOP(i, n) {
+    float v = cu_load(x, i, dt);
+    cu_store(y, i, dt, v > 0.0f ? v : 0.0f);
+  }
+}
+
+/* dx[i] = x[i] > 0 ? dy[i] : 0 */
+static __global__ void k_relu_bwd(void *dx, const void *dy, const void *x, int dt, int64_t n) {
+  CU_GRID_LOOP(i, n) cu_store(dx, i, dt, cu_load(x, i, dt) > 0.0f ? cu_load(dy, i, dt) : 0.0f);
+}
+
+/* tanh(c * (x + k x^3)), the inner product taken as ((k * x) * x) * x. */
+__device__ __forceinline__ float cu_gelu_tanh(float x) {
+  float x3 = __fmul_rn(__fmul_rn(__fmul_rn(CU_GELU_K, x), x), x);
+  return tanhf(__fmul_rn(CU_GELU_C, __fadd_rn(x, x3)));
+}
+
+/* y = (0.5 x) (1 + t) */
+static __global__ void k_gelu(void *y, const void *x, int dt, int64_t n) {
+  CU_GRID_LOOP(i, n) {
+    float v = cu_load(x, i, dt), t = cu_gelu_tanh(v);
+    cu_store(y, i, dt, __fmul_rn(__fmul_rn(0.5f, v), __fadd_rn(1.0f, t)));
+  }
+}
+
+/* dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2)) */
+static __global__ void k_gelu_bwd(void *dx, const void *dy, const void *x, int dt, int64_t n) {
+  CU_GRID_LOOP(i, n) {
+    float v = cu_load(x, i, dt), t = cu_gelu_tanh(v);
+    float a = __fmul_rn(0.5f, __fadd_rn(1.0f, t));
+    float b = __fmul_rn(__fmul_rn(0.5f, v), __fsub_rn(1.0f, __fmul_rn(t, t)));
+    float c = __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * CU_GELU_K, v), v));
+    float d = __fadd_rn(a, __fmul_rn(__fmul_rn(b, CU_GELU_C), c));
+    cu_store(dx, i, dt, __fmul_rn(cu_load(dy, i, dt), d));
+  }
+}
+
+gcap_status cu_activation(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
+  int64_t n = a->n[0];
+  if (n <= 0) return GCAP_OK;
+  unsigned g = cu_blocks(n);
+  switch (k) {
+    case GC_K_RELU:
+      k_relu<<<g, CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, n);
+      break;
+    case GC_K_RELU_BWD:
+      k_relu_bwd<<<g, CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->dt, n);
+      break;
+    case GC_K_GELU:
+      k_gelu<<<g, CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, n);
+      break;
+    default: /* GC_K_GELU_BWD */
+      k_gelu_bwd<<<g, CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->dt, n);
+      break;
+  }
+  return GCAP_OK;
+}

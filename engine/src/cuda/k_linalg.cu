@@ -1,0 +1,112 @@
+/*
+** k_linalg.cu: GC_K_EXPAND, GC_K_SUM_ROWS and GC_K_MATMUL.
+**
+** expand and sum_rows use round-to-nearest intrinsics in the host's order
+** (sum_rows: one thread per column adding the rows in order, no atomics), so
+** their f32 results equal the host reference bit for bit. matmul is cuBLAS:
+** float accumulation in its own order (within float tolerance of the host),
+** the same kernel eagerly and in a replay since the handle keeps the same
+** workspace, math mode and atomics mode.
+*/
+#include <limits.h>
+
+#include "common.cuh"
+
+/* y[i] = f * x[i % nx]: the gradient of sum/mean, or of a broadcast. */
+static __global__ void k_expand(void *y, const void *x, int64_t nx, int dt, int64_t n, float f) {
+  CU_GRID_LOOP(i, n) cu_store(y, i, dt, __fmul_rn(f, cu_load(x, i % nx, dt)));
+}
+
+/* y[j] = (acc ? y[j] : 0) + x[0][j] + x[1][j] + ..., left to right. Adjacent
+** threads read adjacent columns, so each row's reads are coalesced. */
+static __global__ void k_sum_rows(void *y, const void *x, int dt, int64_t rows, int64_t cols,
+                                  int acc) {
+  CU_GRID_LOOP(j, cols) {
+    float s = acc ? cu_load(y, j, dt) : 0.0f;
+    for (int64_t i = 0; i < rows; i++) s = __fadd_rn(s, cu_load(x, i * cols + j, dt));
+    cu_store(y, j, dt, s);
+  }
+}
+
+/* matmul with k = 0: C = alpha * 0 + beta * C, as the host computes it (C is
+** not read when beta = 0). cuBLAS is not asked, as it wants ld >= 1. */
+static __global__ void k_matmul_k0(void *c, int dt, int64_t n, float alpha, float beta) {
+  CU_GRID_LOOP(i, n) {
+    float s = __fmul_rn(0.0f, alpha);
+    if (beta != 0.0f) s = __fadd_rn(s, __fmul_rn(beta, cu_load(c, i, dt)));
+    cu_store(c, i, dt, s);
+  }
+}
+
+/* Row-major C [m x n] = alpha op(A) op(B) + beta C, the one place where the
+** engine's row-major layout meets cuBLAS's column-major one.
+**
+** A row-major r x c matrix read column-major is its c x r transpose, so C^T
+** (n x m, ldc = n) = op(B)^T op(A)^T: cuBLAS gets B as its first operand and
+** A as its second, with m and n swapped, and each operand keeps its own
+** transpose flag. B's storage is k x n (ld n), or n x k (ld k) when
+** transposed; A's is m x k (ld k), or k x m (ld m) when transposed. */
+static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const gc_kargs *a) {
+  int64_t m = a->n[0], n = a->n[1], k = a->n[2];
+  int ta = a->n[3] != 0, tb = a->n[4] != 0;
+  float alpha = a->f[0], beta = a->f[1];
+  if (m < 0 || n < 0 || k < 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX)
+    return gc_fail(e, GCAP_EINVAL, "cuda: matmul of %lld x %lld x %lld: outside cuBLAS's int range",
+                   (long long)m, (long long)n, (long long)k);
+  if (m == 0 || n == 0) return GCAP_OK;
+  if (k == 0) {
+    k_matmul_k0<<<cu_blocks(m * n), CU_THREADS, 0, s>>>(a->p[0], a->dt, m * n, alpha, beta);
+    return GCAP_OK;
+  }
+  cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  int ldb = (int)(tb ? k : n), lda = (int)(ta ? m : k), ldc = (int)n;
+
+  /* Every GEMM re-points the handle at its stream, which needs the workspace
+  ** set again (cu_blas_stream), so that cuBLAS never allocates in a capture.
+  ** The other settings are the handle's defaults, set explicitly all the
+  ** same: alpha and beta are host values baked into a captured graph; plain
+  ** float math (no TF32: results are compared with the host at rtol 1e-4),
+  ** and bf16 GEMMs reduce split-K partial sums in float, not bf16; no atomics,
+  ** so that a replay equals the eager run bit for bit. */
+  gcap_status r = cu_blas_stream(e, st, s);
+  if (r != GCAP_OK) return r;
+  CUBLAS_TRY(e, cublasSetPointerMode(st->blas, CUBLAS_POINTER_MODE_HOST));
+  CUBLAS_TRY(e, cublasSetMathMode(st->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  CUBLAS_TRY(e, cublasSetAtomicsMode(st->blas, CUBLAS_ATOMICS_NOT_ALLOWED));
+
+  if (a->dt == GCAP_BF16) {
+    CUBLAS_TRY(e, cublasGemmEx(st->blas, opb, opa, (int)n, (int)m, (int)k, &alpha, a->p[2],
+                               CUDA_R_16BF, ldb, a->p[1], CUDA_R_16BF, lda, &beta, a->p[0],
+                               CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  } else {
+    CUBLAS_TRY(e, cublasSgemm(st->blas, opb, opa, (int)n, (int)m, (int)k, &alpha,
+                              (const float *)a->p[2], ldb, (const float *)a->p[1], lda, &beta,
+                              (float *)a->p[0], ldc));
+  }
+  return GCAP_OK;
+}
+
+gcap_status cu_linalg(gcap_engine *e, cu_state *st, cudaStream_t s, int k, const gc_kargs *a) {
+  switch (k) {
+    case GC_K_EXPAND: {
+      int64_t n = a->n[0];
+      if (n <= 0) return GCAP_OK;
+      if (a->n[1] <= 0)
+        return gc_fail(e, GCAP_EINVAL, "cuda: expand of %lld elements from %lld", (long long)n,
+                       (long long)a->n[1]);
+      k_expand<<<cu_blocks(n), CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->n[1], a->dt, n, a->f[0]);
+      return GCAP_OK;
+    }
+    case GC_K_SUM_ROWS: {
+      int64_t rows = a->n[0] > 0 ? a->n[0] : 0, cols = a->n[1];
+      if (cols <= 0) return GCAP_OK;
+      k_sum_rows<<<cu_blocks(cols), CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, rows, cols,
+                                                          a->n[2] != 0);
+      return GCAP_OK;
+    }
+    default: /* GC_K_MATMUL */
+      return cu_matmul(e, st, s, a);
+  }
+}

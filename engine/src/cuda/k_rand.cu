@@ -1,0 +1,31 @@
+/*
+** k_rand.cu: GC_K_RAND and GC_K_RNG_ADVANCE. The generator's {seed, offset}
+** lives in device memory and is read when the kernel runs, so a replayed
+** graph draws from the current state, as eager code does (rng.h).
+*/
+#include "common.cuh"
+#include "rng.h"
+
+/* y[i] = draw(seed, offset + i); the state is not changed. */
+static __global__ void k_rand(void *y, const uint64_t *state, int dt, int64_t n, int normal) {
+  uint64_t seed = state[0], off = state[1];
+  CU_GRID_LOOP(i, n) {
+    uint64_t c = off + (uint64_t)i;
+    cu_store(y, i, dt, normal ? gc_rng_normal(seed, c) : gc_rng_uniform(seed, c));
+  }
+}
+
+static __global__ void k_rng_advance(uint64_t *state, uint64_t n) {
+  state[1] += n;
+}
+
+gcap_status cu_rand(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
+  int64_t n = a->n[0];
+  if (k == GC_K_RNG_ADVANCE) {
+    k_rng_advance<<<1, 1, 0, s>>>((uint64_t *)a->p[0], (uint64_t)n);
+  } else if (n > 0) { /* GC_K_RAND */
+    k_rand<<<cu_blocks(n), CU_THREADS, 0, s>>>(a->p[0], (const uint64_t *)a->p[1], a->dt, n,
+                                               a->n[1] == 1);
+  }
+  return GCAP_OK;
+}

@@ -1,0 +1,781 @@
+/*
+** graphed.c: make_graphed_callables. Checks everything that can be checked
+** before any work; warms up iteration-major on a side stream (or walks the
+** order exactly); captures forwards and backwards into one pool in replay
+** order, with capture_time_hooks run outside capture around each pass; and
+** builds replay entries whose forward copies inputs in only when their
+** address differs and whose backward replays the backward graph.
+**
+** A failure at any point rolls back: graphs freed, .grad values, the
+** generator and the modules as they were.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "schedule.h"
+
+typedef struct ge_entry {
+  int callable;
+  gcap_module *m;
+  int nargs;
+  gcap_tensor **args;    /* static inputs: the sample tensors */
+  int nparams;
+  gcap_tensor **params;  /* parameters fed to the graphs (pruned in warmup) */
+  int params_known;      /* pruning done (warmup iteration 0) */
+  gcap_tensor *out;      /* static output */
+  gcap_tensor *grad_out; /* static grad of the output */
+  gcap_tensor **grad_in; /* [nargs + nparams] static grads, or NULL */
+  gcap_tensor **dw_grad; /* [nparams] static wgrads of the delayed-wgrad graph */
+  gcap_graph *fwd, *bwd, *dw;
+  int need_dw;
+  int reset;
+} ge_entry;
+
+struct gcap_graphed {
+  int refs;
+  gcap_engine *e;
+  int n;
+  ge_entry *v;
+  gcap_pool *pool;
+  int training;
+  int clone;
+};
+
+void gcap_graphed_opts_init(gcap_graphed_opts *o) {
+  if (o == NULL) return;
+  memset(o, 0, sizeof *o);
+  o->num_warmup_iters = 3;
+  o->clone_param_grads_on_return = 1;
+}
+
+static void entry_clear(gcap_graphed *G, ge_entry *x) {
+  int k;
+  (void)G;
+  for (k = 0; k < x->nargs; k++) gcap_tensor_free(x->args[k]);
+  for (k = 0; x->grad_in && k < x->nargs + x->nparams; k++) gcap_tensor_free(x->grad_in[k]);
+  for (k = 0; k < x->nparams; k++) {
+    gcap_tensor_free(x->params[k]);
+    if (x->dw_grad) gcap_tensor_free(x->dw_grad[k]);
+  }
+  free(x->args);
+  free(x->params);
+  free(x->grad_in);
+  free(x->dw_grad);
+  gcap_tensor_free(x->out);
+  gcap_tensor_free(x->grad_out);
+  gcap_graph_free(x->fwd);
+  gcap_graph_free(x->bwd);
+  gcap_graph_free(x->dw);
+  gcap_module_free(x->m);
+  memset(x, 0, sizeof *x);
+}
+
+static void graphed_destroy(gcap_graphed *G) {
+  gcap_engine *e = G->e;
+  int i;
+  for (i = 0; i < G->n; i++) entry_clear(G, &G->v[i]);
+  free(G->v);
+  gcap_pool_free(G->pool);
+  free(G);
+  gc_engine_unref(e);
+}
+
+gcap_graphed *gcap_graphed_retain(gcap_graphed *g) {
+  if (g) g->refs++;
+  return g;
+}
+
+void gcap_graphed_free(gcap_graphed *g) {
+  int i;
+  if (g == NULL || --g->refs > 0) return;
+  for (i = 0; i < g->n; i++) /* modules no longer replay through us */
+    if (g->v[i].m) gc_module_set_graphed(g->v[i].m, NULL, 0);
+  graphed_destroy(g);
+}
+
+int gcap_graphed_num_entries(const gcap_graphed *g) {
+  return g ? g->n : 0;
+}
+
+gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry) {
+  return g && entry >= 0 && entry < g->n ? g->v[entry].m : NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Construction state                                                        */
+
+typedef struct ge_build {
+  gcap_engine *e;
+  gcap_graphed *G;
+  const gcap_graphed_opts *o;
+  gc_schedule sched;
+  gcap_tensor **warm_out; /* [n] warmup outputs */
+  int done, total;        /* progress */
+  const char *phase;
+} ge_build;
+
+static const char *const group_names[4] = {"forward_pre_hooks", "forward_hooks",
+                                           "backward_pre_hooks", "backward_hooks"};
+
+static gcap_status run_hooks(ge_build *b, int c, int group) {
+  const gcap_capture_hooks *h;
+  gcap_module *m = b->G->v[0].m;
+  int j;
+  if (b->o->capture_time_hooks == NULL) return GCAP_OK;
+  h = &b->o->capture_time_hooks[c];
+  for (j = 0; j < b->G->n; j++)
+    if (b->G->v[j].callable == c) {
+      m = b->G->v[j].m;
+      break;
+    }
+  for (j = 0; j < h->n[group]; j++) {
+    gcap_status st;
+    b->e->err[0] = '\0';
+    if ((st = h->fn[group][j](h->ud[group] ? h->ud[group][j] : NULL, m)) != GCAP_OK) {
+      if (b->e->err[0] == '\0')
+        gc_fail(b->e, st, "capture_time_hooks %s #%d of callable %d failed (%s)", group_names[group], j + 1,
+                c + 1, gcap_status_str(st));
+      return st;
+    }
+  }
+  return GCAP_OK;
+}
+
+static void progress(ge_build *b) {
+  b->done++;
+  if (b->o->progress) b->o->progress(b->o->progress_ud, b->phase, b->done, b->total);
+}
+
+/* Prefix the engine's message with the phase, entry and callable. */
+static gcap_status where(ge_build *b, gcap_status st, int entry, const char *phase) {
+  char msg[GC_ERRLEN];
+  const char *head = "make_graphed_callables: ";
+  const char *text = b->e->err;
+  if (strncmp(text, head, strlen(head)) == 0) text += strlen(head);
+  snprintf(msg, sizeof msg, "%s", text);
+  return gc_fail(b->e, st, "make_graphed_callables: %s of entry %d (callable %d, %s): %s", phase,
+                 entry + 1, b->G->v[entry].callable + 1, gcap_module_type(b->G->v[entry].m), msg);
+}
+
+/* Slot k of an entry's input surface: its args, then its params. */
+static gcap_tensor *surface(const ge_entry *x, int k) {
+  return k < x->nargs ? x->args[k] : x->params[k - x->nargs];
+}
+
+/* Drop the grads a pass left on the entry's surface. */
+static void clear_grads(ge_entry *x) {
+  int k;
+  for (k = 0; k < x->nargs + x->nparams; k++) {
+    gcap_tensor *t = surface(x, k);
+    gcap_tensor_free(t->grad);
+    t->grad = NULL;
+  }
+}
+
+static gcap_status zeros_like(gcap_tensor *t, gcap_tensor **out) {
+  return gcap_tensor_full(t->e, t->dt, t->ndim, t->shape, 0.0, out);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Warmup                                                                    */
+
+static gcap_status warm_fwd(ge_build *b, int i) {
+  ge_entry *x = &b->G->v[i];
+  gcap_tensor *y = NULL;
+  gcap_status st;
+  if ((st = run_hooks(b, x->callable, GCAP_FORWARD_PRE_HOOKS)) != GCAP_OK) return st;
+  if ((st = gc_module_forward(x->m, x->nargs, x->args, &y)) != GCAP_OK) return where(b, st, i, "warmup forward");
+  gcap_tensor_free(b->warm_out[i]);
+  b->warm_out[i] = y;
+  return run_hooks(b, x->callable, GCAP_FORWARD_HOOKS);
+}
+
+/* Keep only the params that got a grad (iteration 0); later iterations must
+** agree. */
+static gcap_status prune_params(ge_build *b, int i, int it) {
+  ge_entry *x = &b->G->v[i];
+  int k, kept = 0;
+  for (k = 0; k < x->nargs; k++)
+    if (x->args[k]->requires_grad && x->args[k]->grad == NULL && !b->o->allow_unused_input)
+      return gc_fail(b->e, GCAP_EINVAL,
+                     "make_graphed_callables: warmup backward of entry %d: sample argument #%d "
+                     "requires grad, but its grad is None after the backward pass (set "
+                     "allow_unused_input to allow it)",
+                     i + 1, k + 1);
+  for (k = 0; k < x->nparams; k++) kept += x->params[k]->grad != NULL;
+  if (kept == x->nparams) {
+    x->params_known = 1;
+    return GCAP_OK;
+  }
+  if (x->params_known || it > 0)
+    return gc_fail(b->e, GCAP_EINVAL,
+                   "make_graphed_callables: warmup backward of entry %d: the set of parameters "
+                   "getting a grad changed after warmup iteration 1 (no-grad parameters may only "
+                   "appear in the first iteration)",
+                   i + 1);
+  for (k = 0, kept = 0; k < x->nparams; k++) {
+    if (x->params[k]->grad != NULL) x->params[kept++] = x->params[k];
+    else gcap_tensor_free(x->params[k]);
+  }
+  x->nparams = kept;
+  x->params_known = 1;
+  return GCAP_OK;
+}
+
+static gcap_status warm_bwd(ge_build *b, int i, int it) {
+  ge_entry *x = &b->G->v[i];
+  gcap_tensor *gout = NULL;
+  gcap_status st;
+  if ((st = run_hooks(b, x->callable, GCAP_BACKWARD_PRE_HOOKS)) != GCAP_OK) goto done;
+  if (b->warm_out[i] && b->warm_out[i]->requires_grad) {
+    if ((st = zeros_like(b->warm_out[i], &gout)) == GCAP_OK) st = gcap_backward(b->warm_out[i], gout, 0);
+    if (st == GCAP_OK && x->need_dw) st = gcap_module_backward_dw(x->m);
+    if (st != GCAP_OK) {
+      st = where(b, st, i, "warmup backward");
+      goto done;
+    }
+  }
+  if ((st = prune_params(b, i, it)) != GCAP_OK) goto done;
+  clear_grads(x);
+  st = run_hooks(b, x->callable, GCAP_BACKWARD_HOOKS);
+done:
+  clear_grads(x);
+  gcap_tensor_free(gout);
+  gcap_tensor_free(b->warm_out[i]);
+  b->warm_out[i] = NULL;
+  return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Capture                                                                   */
+
+static gcap_status new_graph(ge_build *b, int i, const char *kind, gcap_graph **g) {
+  char name[GC_NAMELEN];
+  gcap_status st;
+  if ((st = gcap_graph_new(b->e, g)) != GCAP_OK) return st;
+  snprintf(name, sizeof name, "%s of entry %d", kind, i + 1);
+  return gcap_graph_set_name(*g, name);
+}
+
+/* Capture fn(b, x) into a new graph of the call's pool. */
+static gcap_status capture(ge_build *b, int i, const char *kind, gcap_graph **g,
+                           gcap_status (*fn)(ge_build *, ge_entry *)) {
+  ge_entry *x = &b->G->v[i];
+  gcap_status st, st2;
+  if ((st = new_graph(b, i, kind, g)) != GCAP_OK) return st;
+  if ((st = gcap_capture_begin(*g, b->G->pool, NULL)) != GCAP_OK) return where(b, st, i, kind);
+  st = fn(b, x);
+  st2 = gcap_capture_end(*g); /* always ends, also after an error */
+  if (st == GCAP_OK) st = st2;
+  if (st != GCAP_OK) return where(b, st, i, kind);
+  return GCAP_OK;
+}
+
+static gcap_status cap_fwd_body(ge_build *b, ge_entry *x) {
+  (void)b;
+  return gc_module_forward(x->m, x->nargs, x->args, &x->out);
+}
+
+static gcap_status cap_bwd_body(ge_build *b, ge_entry *x) {
+  return gcap_backward(x->out, x->grad_out, b->o->retain_graph_in_backward);
+}
+
+static gcap_status cap_dw_body(ge_build *b, ge_entry *x) {
+  (void)b;
+  return gcap_module_backward_dw(x->m);
+}
+
+static gcap_status cap_fwd(ge_build *b, int i) {
+  ge_entry *x = &b->G->v[i];
+  gcap_status st;
+  int was = gcap_set_grad_enabled(b->e, b->G->training);
+  if ((st = run_hooks(b, x->callable, GCAP_FORWARD_PRE_HOOKS)) == GCAP_OK &&
+      (st = capture(b, i, "forward", &x->fwd, cap_fwd_body)) == GCAP_OK)
+    st = run_hooks(b, x->callable, GCAP_FORWARD_HOOKS);
+  gcap_set_grad_enabled(b->e, was);
+  return st;
+}
+
+/* The grads a captured backward left in .grad become the static grad
+** buffers (they live in the pool); the user's grads come back at the end. */
+static gcap_status take_grads(ge_build *b, ge_entry *x, gcap_tensor ***dst, int from, int n) {
+  int k;
+  if ((*dst = (gcap_tensor **)calloc((size_t)n + 1, sizeof **dst)) == NULL)
+    return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+  for (k = 0; k < n; k++) {
+    gcap_tensor *t = surface(x, from + k);
+    (*dst)[k] = t->grad;
+    t->grad = NULL;
+  }
+  return GCAP_OK;
+}
+
+static gcap_status cap_dw(ge_build *b, int i) {
+  ge_entry *x = &b->G->v[i];
+  gcap_status st;
+  if (x->dw != NULL)
+    return gc_fail(b->e, GCAP_EINVAL, "make_graphed_callables: the delayed wgrad of entry %d is captured twice", i + 1);
+  if ((st = capture(b, i, "delayed wgrad", &x->dw, cap_dw_body)) != GCAP_OK) return st;
+  return take_grads(b, x, &x->dw_grad, x->nargs, x->nparams);
+}
+
+static gcap_status cap_bwd(ge_build *b, int i) {
+  ge_entry *x = &b->G->v[i];
+  gcap_tensor *alias;
+  gcap_status st;
+  if (x->out->requires_grad) { /* the static grad output: allocated outside capture */
+    if ((st = zeros_like(x->out, &x->grad_out)) != GCAP_OK) return where(b, st, i, "backward");
+    if ((st = run_hooks(b, x->callable, GCAP_BACKWARD_PRE_HOOKS)) != GCAP_OK ||
+        (st = capture(b, i, "backward", &x->bwd, cap_bwd_body)) != GCAP_OK)
+      return st;
+    if ((st = take_grads(b, x, &x->grad_in, 0, x->nargs + x->nparams)) != GCAP_OK) return st;
+    if ((st = run_hooks(b, x->callable, GCAP_BACKWARD_HOOKS)) != GCAP_OK) return st;
+  }
+  /* the static output keeps its memory but no longer the captured graph */
+  if ((alias = gc_tensor_alias(x->out, x->out->ndim, x->out->shape)) == NULL)
+    return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+  gcap_tensor_free(x->out);
+  x->out = alias;
+  if (x->need_dw && b->sched.delayed_wgrad == 0) return cap_dw(b, i); /* right after, as TE */
+  return GCAP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Validation                                                                */
+
+static gcap_status check_hooks(gcap_engine *e, int ncallables, const gcap_graphed_opts *o) {
+  int c, g, j;
+  if (o->capture_time_hooks == NULL) return GCAP_OK;
+  if (o->num_capture_time_hooks != ncallables)
+    return gc_fail(e, GCAP_EINVAL,
+                   "make_graphed_callables: capture_time_hooks has %d entries, but there are %d "
+                   "callables (one entry per callable, not per sample_args entry)",
+                   o->num_capture_time_hooks, ncallables);
+  for (c = 0; c < ncallables; c++)
+    for (g = 0; g < 4; g++) {
+      const gcap_capture_hooks *h = &o->capture_time_hooks[c];
+      if (h->n[g] < 0 || (h->n[g] > 0 && h->fn[g] == NULL))
+        return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: capture_time_hooks[%d].%s is malformed", c + 1,
+                       group_names[g]);
+      for (j = 0; j < h->n[g]; j++)
+        if (h->fn[g][j] == NULL)
+          return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: capture_time_hooks[%d].%s #%d is NULL",
+                         c + 1, group_names[g], j + 1);
+    }
+  return GCAP_OK;
+}
+
+static gcap_status check_inputs(gcap_engine *e, int ncallables, gcap_module *const *callables,
+                                int nentries, const int *nargs, gcap_tensor *const *const *args,
+                                const gcap_graphed_opts *o, int *training) {
+  int c, i, k;
+  gcap_status st;
+  if (ncallables <= 0 || callables == NULL)
+    return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: no callables");
+  if (nentries <= 0 || nargs == NULL || args == NULL)
+    return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: no sample_args");
+  if (o->num_warmup_iters < 0)
+    return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: num_warmup_iters must be >= 0, got %d",
+                   o->num_warmup_iters);
+  for (c = 0; c < ncallables; c++) {
+    if (callables[c] == NULL) return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: callable %d is NULL", c + 1);
+    if ((st = gc_module_check_graphable(callables[c], "make_graphed_callables")) != GCAP_OK) return st;
+    if (gcap_module_training(callables[c]) != gcap_module_training(callables[0]))
+      return gc_fail(e, GCAP_EINVAL,
+                     "make_graphed_callables: modules must be all in training or all in eval "
+                     "mode; callable 1 is in %s mode, callable %d in %s mode",
+                     gcap_module_training(callables[0]) ? "training" : "eval", c + 1,
+                     gcap_module_training(callables[c]) ? "training" : "eval");
+  }
+  *training = gcap_module_training(callables[0]);
+  for (i = 0; i < nentries; i++) {
+    if (nargs[i] < 0 || (nargs[i] > 0 && args[i] == NULL))
+      return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: sample_args[%d] is malformed", i + 1);
+    for (k = 0; k < nargs[i]; k++) {
+      gcap_tensor *t = args[i][k];
+      if (t == NULL)
+        return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: sample_args[%d][%d] is not a tensor", i + 1, k + 1);
+      if (t->e != e)
+        return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: sample_args[%d][%d] belongs to another engine",
+                       i + 1, k + 1);
+      if (t->requires_grad && t->grad_fn != NULL)
+        return gc_fail(e, GCAP_EINVAL,
+                       "make_graphed_callables: sample_args[%d][%d] requires grad but is not a leaf "
+                       "(made by '%s'); pass a leaf (detach it and set requires_grad)",
+                       i + 1, k + 1, t->grad_fn->name);
+    }
+  }
+  if (o->reuse_graph_input_output_buffers && o->order == NULL)
+    return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: reuse_graph_input_output_buffers needs order");
+  if (o->reuse_graph_input_output_buffers && !*training)
+    return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: reuse_graph_input_output_buffers needs training mode");
+  return check_hooks(e, ncallables, o);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The call                                                                  */
+
+/* Every .grad the call may touch, taken away at the start and given back at
+** the end, whatever happens in between. */
+typedef struct grad_snap {
+  gcap_tensor **t, **grad;
+  int n, cap;
+} grad_snap;
+
+static gcap_status snap_add(gcap_engine *e, grad_snap *s, gcap_tensor *t) {
+  int k;
+  for (k = 0; k < s->n; k++)
+    if (s->t[k] == t) return GCAP_OK;
+  if (s->n == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 32;
+    gcap_tensor **a = (gcap_tensor **)realloc(s->t, (size_t)cap * sizeof *a);
+    if (a == NULL) return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+    s->t = a;
+    if ((a = (gcap_tensor **)realloc(s->grad, (size_t)cap * sizeof *a)) == NULL)
+      return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+    s->grad = a;
+    s->cap = cap;
+  }
+  s->t[s->n] = gcap_tensor_retain(t);
+  s->grad[s->n] = t->grad;
+  t->grad = NULL;
+  s->n++;
+  return GCAP_OK;
+}
+
+static void snap_restore(grad_snap *s) {
+  int k;
+  for (k = 0; k < s->n; k++) {
+    gcap_tensor_free(s->t[k]->grad);
+    s->t[k]->grad = s->grad[k];
+    gcap_tensor_free(s->t[k]);
+  }
+  free(s->t);
+  free(s->grad);
+}
+
+static gcap_status build_entries(ge_build *b, gcap_module *const *callables, const int *nargs,
+                                 gcap_tensor *const *const *args, grad_snap *snap) {
+  gcap_graphed *G = b->G;
+  int i, k;
+  gcap_status st;
+  for (i = 0; i < G->n; i++) {
+    ge_entry *x = &G->v[i];
+    x->callable = b->sched.entry_callable[i];
+    x->m = gcap_module_retain(callables[x->callable]);
+    x->nargs = nargs[i];
+    x->nparams = gcap_module_num_parameters(x->m);
+    x->need_dw = G->training && gcap_module_has_delayed_wgrad(x->m);
+    x->args = (gcap_tensor **)calloc((size_t)x->nargs + 1, sizeof *x->args);
+    x->params = (gcap_tensor **)calloc((size_t)x->nparams + 1, sizeof *x->params);
+    if (x->args == NULL || x->params == NULL)
+      return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+    for (k = 0; k < x->nargs; k++) {
+      x->args[k] = gcap_tensor_retain(args[i][k]);
+      if ((st = snap_add(b->e, snap, x->args[k])) != GCAP_OK) return st;
+    }
+    for (k = 0; k < x->nparams; k++) {
+      x->params[k] = gcap_tensor_retain(gcap_module_parameter(x->m, k, NULL, 0));
+      if ((st = snap_add(b->e, snap, x->params[k])) != GCAP_OK) return st;
+    }
+  }
+  for (i = 0; i < b->sched.n; i++) {
+    gc_pass *p = &b->sched.v[i];
+    if (p->kind == GC_PASS_DW && !G->v[p->entry].need_dw)
+      return gc_fail(b->e, GCAP_EINVAL,
+                     "make_graphed_callables: the order has a delayed wgrad for entry %d, but its "
+                     "module (%s) has no Linear with delay_wgrad",
+                     p->entry + 1, gcap_module_type(G->v[p->entry].m));
+  }
+  return GCAP_OK;
+}
+
+static gcap_status warmup(ge_build *b) {
+  const gcap_graphed_opts *o = b->o;
+  gcap_graphed *G = b->G;
+  gcap_stream *side = NULL, *prev = b->e->current;
+  gcap_status st;
+  int it, i;
+  if ((st = gcap_stream_new(b->e, &side)) != GCAP_OK) return st;
+  b->e->current = side;
+  b->phase = "warmup";
+  if (o->pre_warmup_hook && (st = o->pre_warmup_hook(o->warmup_hook_ud)) != GCAP_OK) goto done;
+  for (it = 0; it < o->num_warmup_iters && st == GCAP_OK; it++) {
+    if (o->order == NULL) {
+      for (i = 0; i < G->n && st == GCAP_OK; i++, progress(b)) st = warm_fwd(b, i);
+      for (i = G->n - 1; G->training && i >= 0 && st == GCAP_OK; i--, progress(b)) st = warm_bwd(b, i, it);
+      continue;
+    }
+    for (i = 0; i < b->sched.n && st == GCAP_OK; i++, progress(b)) {
+      gc_pass *p = &b->sched.v[i];
+      if (p->kind == GC_PASS_FWD) st = warm_fwd(b, p->entry);
+      else if (p->kind == GC_PASS_BWD) st = warm_bwd(b, p->entry, it);
+    }
+  }
+  if (st == GCAP_OK && o->post_warmup_hook) st = o->post_warmup_hook(o->warmup_hook_ud);
+  if (st == GCAP_OK) st = gcap_stream_synchronize(side);
+done:
+  b->e->current = prev;
+  gcap_stream_free(side);
+  return st;
+}
+
+static gcap_status capture_all(ge_build *b) {
+  gcap_graphed *G = b->G;
+  gcap_status st = GCAP_OK;
+  int i;
+  b->phase = "capture";
+  for (i = 0; i < b->sched.n && st == GCAP_OK; i++, progress(b)) {
+    gc_pass *p = &b->sched.v[i];
+    if (p->kind == GC_PASS_FWD) st = cap_fwd(b, p->entry);
+    else if (p->kind == GC_PASS_BWD) st = cap_bwd(b, p->entry);
+    else st = cap_dw(b, p->entry);
+  }
+  for (i = 0; i < G->n && st == GCAP_OK; i++)
+    if (G->v[i].need_dw && G->v[i].dw == NULL)
+      st = gc_fail(b->e, GCAP_EINVAL,
+                   "make_graphed_callables: entry %d has a delayed-wgrad Linear, but the order "
+                   "holds no wgrad entry -(k + 0.5) after its backward",
+                   i + 1);
+  return st;
+}
+
+gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
+                                        gcap_module *const *callables, int nentries,
+                                        const int *nargs, gcap_tensor *const *const *args,
+                                        const gcap_graphed_opts *opts, gcap_graphed **out) {
+  gcap_graphed_opts defaults;
+  ge_build b;
+  grad_snap snap = {NULL, NULL, 0, 0};
+  uint64_t rng[2];
+  int training = 1, i, warm_passes;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if (opts == NULL) {
+    gcap_graphed_opts_init(&defaults);
+    opts = &defaults;
+  }
+  if ((st = gc_check_not_capturing(e, "make_graphed_callables")) != GCAP_OK) return st;
+  if ((st = check_inputs(e, ncallables, callables, nentries, nargs, args, opts, &training)) != GCAP_OK)
+    return st;
+  memset(&b, 0, sizeof b);
+  b.e = e;
+  b.o = opts;
+  if ((st = gc_schedule_build(e, opts->order, opts->order_len, opts->num_layers_per_chunk, opts->num_chunks,
+                              ncallables, nentries, training, &b.sched)) != GCAP_OK)
+    goto fail0;
+  /* the replay object, empty until everything worked */
+  if ((b.G = (gcap_graphed *)calloc(1, sizeof *b.G)) == NULL ||
+      (b.G->v = (ge_entry *)calloc((size_t)nentries, sizeof *b.G->v)) == NULL ||
+      (b.warm_out = (gcap_tensor **)calloc((size_t)nentries, sizeof *b.warm_out)) == NULL) {
+    if (b.G) free(b.G->v);
+    free(b.G);
+    b.G = NULL;
+    st = gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+    goto fail0;
+  }
+  b.G->refs = 1;
+  b.G->e = e;
+  b.G->n = nentries;
+  b.G->training = training;
+  b.G->clone = opts->clone_param_grads_on_return;
+  gc_engine_ref(e);
+  if ((st = e->be->download(e, e->bs, e->current->bs, rng, e->rng->ptr, sizeof rng)) != GCAP_OK) goto fail;
+  if ((st = build_entries(&b, callables, nargs, args, &snap)) != GCAP_OK) goto fail;
+  warm_passes = opts->order ? b.sched.n : nentries * (training ? 2 : 1);
+  b.total = warm_passes * opts->num_warmup_iters + b.sched.n;
+  if ((st = warmup(&b)) != GCAP_OK) goto fail;
+  if (opts->pool) b.G->pool = gcap_pool_retain(opts->pool);
+  else if ((st = gcap_pool_new(e, &b.G->pool)) != GCAP_OK) goto fail;
+  if ((st = capture_all(&b)) != GCAP_OK) goto fail;
+  snap_restore(&snap);
+  st = e->be->upload(e, e->bs, e->current->bs, e->rng->ptr, rng, sizeof rng); /* warmup drew nothing */
+  for (i = 0; i < nentries; i++) gcap_tensor_free(b.warm_out[i]);
+  free(b.warm_out);
+  gc_schedule_free(&b.sched);
+  if (st != GCAP_OK) {
+    gcap_graphed_free(b.G);
+    return st;
+  }
+  if (opts->order == NULL)
+    for (i = 0; i < nentries; i++) gc_module_set_graphed(b.G->v[i].m, b.G, i);
+  *out = b.G;
+  return GCAP_OK;
+fail:
+  {
+    char msg[GC_ERRLEN];
+    snprintf(msg, sizeof msg, "%s", e->err);
+    snap_restore(&snap);
+    for (i = 0; i < nentries; i++) gcap_tensor_free(b.warm_out[i]);
+    free(b.warm_out);
+    graphed_destroy(b.G);
+    e->be->upload(e, e->bs, e->current->bs, e->rng->ptr, rng, sizeof rng);
+    gc_fail(e, st, "%s", msg);
+  }
+fail0:
+  gc_schedule_free(&b.sched);
+  return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Replay                                                                    */
+
+typedef struct ge_ref {
+  gcap_graphed *G;
+  int entry;
+} ge_ref;
+
+static void ge_ref_free(void *ud) {
+  ge_ref *r = (ge_ref *)ud;
+  gcap_graphed_free(r->G);
+  free(r);
+}
+
+static gcap_status entry_ok(gcap_graphed *G, int entry, const char *what) {
+  if (G == NULL) return GCAP_EINVAL;
+  gc_clear(G->e);
+  if (entry < 0 || entry >= G->n)
+    return gc_fail(G->e, GCAP_EINVAL, "%s: entry %d out of range 1..%d", what, entry + 1, G->n);
+  if (G->v[entry].reset)
+    return gc_fail(G->e, GCAP_ESTATE, "%s: entry %d was reset; its graphs are gone", what, entry + 1);
+  return GCAP_OK;
+}
+
+/* Backward of a replayed forward: grad in, backward graph, grads out. */
+static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  ge_ref *r = (ge_ref *)n->ud;
+  gcap_graphed *G = r->G;
+  ge_entry *x = &G->v[r->entry];
+  gcap_status st;
+  int k;
+  if (x->reset) return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
+  if (x->bwd == NULL) return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph", r->entry + 1);
+  if (gc_tensor_ptr(g) != gc_tensor_ptr(x->grad_out) && (st = gcap_copy_(x->grad_out, g)) != GCAP_OK) return st;
+  if ((st = gcap_graph_replay(x->bwd)) != GCAP_OK) return st;
+  for (k = 0; k < x->nargs + x->nparams; k++) {
+    gcap_tensor *s = x->grad_in[k];
+    if (s == NULL || !gc_node_needs(n, k)) continue;
+    if (k >= x->nargs && !G->clone && n->leaf[k] != NULL && n->leaf[k]->grad == NULL) {
+      n->leaf[k]->grad = gc_tensor_alias(s, s->ndim, s->shape); /* the static buffer itself, as TE */
+      continue;
+    }
+    if ((gin[k] = gc_tensor_alias(s, s->ndim, s->shape)) == NULL)
+      return gc_fail(G->e, GCAP_ENOMEM, "graphed backward: out of host memory");
+  }
+  return GCAP_OK;
+}
+
+gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
+                              gcap_tensor **out) {
+  ge_entry *x;
+  gcap_tensor **surf = NULL, *small[16];
+  gcap_status st;
+  int k, was;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if ((st = entry_ok(G, entry, "graphed call")) != GCAP_OK) return st;
+  x = &G->v[entry];
+  if (gcap_module_training(x->m) != G->training) /* another mode than captured: eager */
+    return gc_module_forward(x->m, nin, in, out);
+  if (nin != x->nargs)
+    return gc_fail(G->e, GCAP_EINVAL, "graphed call of entry %d: expected %d tensor arguments, got %d",
+                   entry + 1, x->nargs, nin);
+  was = gcap_set_grad_enabled(G->e, 0);
+  for (k = 0; k < nin; k++) {
+    if (in[k] == NULL || in[k]->e != G->e) {
+      gcap_set_grad_enabled(G->e, was);
+      return gc_fail(G->e, GCAP_EINVAL, "graphed call of entry %d: argument #%d is not a tensor of this engine",
+                     entry + 1, k + 1);
+    }
+    if (gc_tensor_ptr(in[k]) != gc_tensor_ptr(x->args[k]) && (st = gcap_copy_(x->args[k], in[k])) != GCAP_OK) {
+      gcap_set_grad_enabled(G->e, was);
+      return st;
+    }
+  }
+  gcap_set_grad_enabled(G->e, was);
+  if ((st = gcap_graph_replay(x->fwd)) != GCAP_OK) return st;
+  if ((*out = gc_tensor_alias(x->out, x->out->ndim, x->out->shape)) == NULL)
+    return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
+  if (x->bwd != NULL && G->e->grad_enabled) {
+    int ns = x->nargs + x->nparams, any = x->nparams > 0;
+    for (k = 0; k < nin; k++) any |= in[k]->requires_grad;
+    if (any) {
+      ge_ref *r;
+      gc_node *n;
+      surf = ns <= 16 ? small : (gcap_tensor **)malloc((size_t)ns * sizeof *surf);
+      r = (ge_ref *)malloc(sizeof *r);
+      if (surf == NULL || r == NULL) {
+        if (surf != small) free(surf);
+        free(r);
+        gcap_tensor_free(*out);
+        *out = NULL;
+        return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
+      }
+      for (k = 0; k < ns; k++) surf[k] = k < nin ? in[k] : x->params[k - nin];
+      st = gc_record(*out, "graphed", ge_backward, surf, ns, NULL, 0, &n);
+      if (surf != small) free(surf);
+      if (st != GCAP_OK) {
+        free(r);
+        gcap_tensor_free(*out);
+        *out = NULL;
+        return st;
+      }
+      r->G = gcap_graphed_retain(G);
+      r->entry = entry;
+      n->ud = r;
+      n->ud_free = ge_ref_free;
+    }
+  }
+  return GCAP_OK;
+}
+
+gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
+  ge_entry *x;
+  gcap_status st;
+  int k, was;
+  if ((st = entry_ok(G, entry, "backward_dw")) != GCAP_OK) return st;
+  x = &G->v[entry];
+  if (x->dw == NULL) return GCAP_OK;
+  if ((st = gcap_graph_replay(x->dw)) != GCAP_OK) return st;
+  was = gcap_set_grad_enabled(G->e, 0);
+  for (k = 0; k < x->nparams && st == GCAP_OK; k++)
+    if (x->dw_grad[k]) st = gc_acc_grad(x->params[k], x->dw_grad[k]);
+  gcap_set_grad_enabled(G->e, was);
+  return st;
+}
+
+gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
+  ge_entry *x;
+  gcap_status st;
+  if ((st = entry_ok(G, entry, "reset")) != GCAP_OK) return st;
+  x = &G->v[entry];
+  if (G->e->cap != NULL) return gc_fail(G->e, GCAP_ESTATE, "reset: not allowed while a capture is open");
+  gc_module_set_graphed(x->m, NULL, 0);
+  gcap_graph_free(x->fwd);
+  gcap_graph_free(x->bwd);
+  gcap_graph_free(x->dw);
+  x->fwd = x->bwd = x->dw = NULL;
+  x->reset = 1;
+  return GCAP_OK;
+}
+
+gcap_status gcap_graphed_get_stats(gcap_graphed *G, int entry, gcap_graphed_stats *out) {
+  ge_entry *x;
+  gcap_status st;
+  gcap_mem_stats ms;
+  if (out == NULL) return GCAP_EINVAL;
+  memset(out, 0, sizeof *out);
+  if ((st = entry_ok(G, entry, "stats")) != GCAP_OK) return st;
+  x = &G->v[entry];
+  gcap_graph_get_stats(x->fwd, &out->fwd);
+  if ((out->has_bwd = x->bwd != NULL)) gcap_graph_get_stats(x->bwd, &out->bwd);
+  if ((out->has_dw = x->dw != NULL)) gcap_graph_get_stats(x->dw, &out->dw);
+  gcap_pool_get_stats(G->pool, &ms);
+  out->pool_reserved_bytes = ms.reserved_bytes;
+  return GCAP_OK;
+}
