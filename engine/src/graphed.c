@@ -112,7 +112,7 @@ typedef struct ge_build {
   const gcap_graphed_opts *o;
   gc_schedule sched;
   gcap_tensor **warm_out; /* [n] warmup outputs */
-  int done, total;        /* progress */
+  int done, total;        /* progress within the phase */
   const char *phase;
 } ge_build;
 
@@ -588,8 +588,10 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
   if ((st = e->be->download(e, e->bs, e->current->bs, rng, e->rng->ptr, sizeof rng)) != GCAP_OK) goto fail;
   if ((st = build_entries(&b, callables, nargs, args, &snap)) != GCAP_OK) goto fail;
   warm_passes = opts->order ? b.sched.n : nentries * (training ? 2 : 1);
-  b.total = warm_passes * opts->num_warmup_iters + b.sched.n;
+  b.total = warm_passes * opts->num_warmup_iters;
   if ((st = warmup(&b)) != GCAP_OK) goto fail;
+  b.done = 0;
+  b.total = b.sched.n;
   if (opts->pool) b.G->pool = gcap_pool_retain(opts->pool);
   else if ((st = gcap_pool_new(e, &b.G->pool)) != GCAP_OK) goto fail;
   if ((st = capture_all(&b)) != GCAP_OK) goto fail;

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Static checks: clang-format (the checked-in .clang-format) on the C and CUDA
+# sources, cppcheck on engine/ and lua/, then the layering rules.
+# Exit non-zero on any finding. The tools come from `scripts/setup.sh --lint`.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+
+failed=()
+
+# Sources of the given kinds under the given directories (those that exist), NUL-separated.
+sources() {
+  local dirs=() d
+  for d in "${@:2}"; do [ -d "$d" ] && dirs+=("$d"); done
+  [ ${#dirs[@]} -gt 0 ] || return 0
+  local names=() ext
+  for ext in $1; do names+=(-o -name "*.$ext"); done
+  find "${dirs[@]}" -type f \( "${names[@]:1}" \) -print0 | sort -z
+}
+
+clang_format=${CLANG_FORMAT:-}
+if [ -z "$clang_format" ]; then
+  for c in clang-format clang-format-14; do
+    if command -v "$c" >/dev/null; then
+      clang_format=$c
+      break
+    fi
+  done
+fi
+
+mapfile -d '' fmt_srcs < <(sources "c h cu cuh" engine lua tests examples)
+if [ -z "$clang_format" ]; then
+  echo "lint: clang-format not found (scripts/setup.sh --lint installs it)"
+  failed+=(clang-format)
+elif [ ${#fmt_srcs[@]} -gt 0 ]; then
+  if ! "$clang_format" --dry-run --Werror --style=file "${fmt_srcs[@]}"; then
+    echo "lint: formatting differs from .clang-format; fix with: $clang_format -i FILE..."
+    failed+=(clang-format)
+  fi
+fi
+
+mapfile -d '' c_srcs < <(sources "c" engine lua)
+if ! command -v cppcheck >/dev/null; then
+  echo "lint: cppcheck not found (scripts/setup.sh --lint installs it)"
+  failed+=(cppcheck)
+elif [ ${#c_srcs[@]} -gt 0 ]; then
+  if ! cppcheck --enable=warning,style,performance,portability --error-exitcode=1 \
+    --inline-suppr --quiet --library=lua -I engine/include -I engine/src \
+    --suppress=missingIncludeSystem -j "$(nproc 2>/dev/null || echo 2)" "${c_srcs[@]}"; then
+    failed+=(cppcheck)
+  fi
+fi
+
+if ! scripts/check-layering.sh; then
+  failed+=(layering)
+fi
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "lint: failed: ${failed[*]}"
+  exit 1
+fi
+echo "lint: clean (clang-format, cppcheck, layering)"

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# Run every test suite on each backend and end with one line "N passed, M failed".
+#
+#   scripts/run-tests.sh BUILD_DIR BACKEND...      e.g. scripts/run-tests.sh build host cuda
+#
+# Per backend, the suites are: each C test BUILD_DIR/tests/test_* (run with
+# GRAPHCAP_DEVICE=BACKEND), each tests/lua/test_*.lua (run as
+# BUILD_DIR/graphcap --device BACKEND FILE -o tap), and BUILD_DIR/embed when it
+# was built (one test, passed when it exits 0).
+#
+# Lines "ok N ..." and "not ok N ..." are counted ("ok N # SKIP" as skipped).
+# A suite that exits non-zero without a "not ok" line (a crash, a load error),
+# or that exits 0 printing no result at all, counts as one failure. A suite that
+# exits 77 without a "not ok" line is skipped. Exit 1 when anything failed or
+# no test ran.
+#
+# Environment:
+#   TEST_LOG_DIR   also write each suite's output to TEST_LOG_DIR/BACKEND-SUITE.log
+#   TEST_TIMEOUT   seconds a suite may run (default 600; 0: no limit)
+#   TEST_ONLY      "c" (the C tests and the embed example) or "lua" (the Lua tests)
+# When .deps/ exists (the GPU machine's luaunit.lua), it goes first in LUA_PATH.
+set -uo pipefail
+
+if [ $# -lt 2 ]; then
+  echo "usage: $0 BUILD_DIR BACKEND..." >&2
+  exit 2
+fi
+if [ ! -d "$1" ]; then
+  echo "run-tests: no build directory $1" >&2
+  exit 2
+fi
+build=$(cd "$1" && pwd)
+shift
+log_dir=${TEST_LOG_DIR:-}
+if [ -n "$log_dir" ]; then
+  if ! mkdir -p "$log_dir"; then
+    echo "run-tests: cannot create TEST_LOG_DIR $log_dir" >&2
+    exit 2
+  fi
+  log_dir=$(cd "$log_dir" && pwd)
+fi
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+
+if [ -d .deps ]; then
+  export LUA_PATH="$PWD/.deps/?.lua;${LUA_PATH:-;}"
+  if [ -n "${LUA_PATH_5_4:-}" ]; then export LUA_PATH_5_4="$PWD/.deps/?.lua;$LUA_PATH_5_4"; fi
+fi
+
+only=${TEST_ONLY:-}
+case "$only" in
+  "" | c | lua) ;;
+  *)
+    echo "run-tests: TEST_ONLY must be c or lua, not $only" >&2
+    exit 2
+    ;;
+esac
+
+limit=${TEST_TIMEOUT:-600}
+timeout_cmd=()
+if [ "$limit" != 0 ] && command -v timeout >/dev/null; then
+  timeout_cmd=(timeout -k 10 "$limit")
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+passed=0
+failed=0
+skipped=0
+failures=()
+skips=()
+
+# run_suite BACKEND NAME KIND CMD...: run one suite, print and count its output.
+# KIND is "tap" (count result lines) or "single" (one test: its exit status).
+run_suite() {
+  local be=$1 name=$2 kind=$3
+  shift 3
+  local out=$tmp/out err=$tmp/err rc
+  echo "== $be: $name"
+  # A subshell that cannot exec the command waits for it, so bash's own report
+  # of a crash ("Segmentation fault ...") goes to /dev/null; ours follows.
+  (
+    GRAPHCAP_DEVICE=$be "${timeout_cmd[@]}" "$@" </dev/null >"$out" 2>"$err"
+    exit $?
+  ) 2>/dev/null
+  rc=$?
+
+  local why=""
+  if [ ${#timeout_cmd[@]} -gt 0 ] && [ $rc -eq 124 ]; then
+    why="timed out after ${limit}s"
+  elif [ $rc -gt 128 ]; then
+    why="killed by signal $((rc - 128)) ($(kill -l $((rc - 128)) 2>/dev/null || echo '?'))"
+  elif [ $rc -ne 0 ]; then
+    why="exited with status $rc"
+    if [ $rc -eq 77 ]; then why="$why (skip)"; fi
+  fi
+
+  cat "$out"
+  if [ -s "$err" ]; then
+    echo "-- $be: $name: stderr"
+    cat "$err"
+  fi
+  if [ -n "$why" ]; then echo "-- $be: $name: $why"; fi
+  if [ -n "$log_dir" ]; then
+    {
+      cat "$out"
+      if [ -s "$err" ]; then
+        echo "-- stderr"
+        cat "$err"
+      fi
+      if [ -n "$why" ]; then echo "-- $why"; fi
+    } >"$log_dir/$be-$name.log"
+  fi
+
+  if [ "$kind" = single ]; then
+    if [ $rc -eq 0 ]; then
+      passed=$((passed + 1))
+    elif [ $rc -eq 77 ]; then
+      skipped=$((skipped + 1))
+      skips+=("$be: $name")
+    else
+      failed=$((failed + 1))
+      failures+=("$be: $name: $why")
+    fi
+    return
+  fi
+
+  local ok skip line
+  local -a bad=()
+  ok=$(cat "$out" "$err" | grep -cE '^ok([[:space:]]|$)')
+  skip=$(cat "$out" "$err" | grep -cE '^ok([[:space:]]|$).*#[[:space:]]*[Ss][Kk][Ii][Pp]')
+  mapfile -t bad < <(cat "$out" "$err" | grep -E '^not ok([[:space:]]|$)')
+  passed=$((passed + ok - skip))
+  skipped=$((skipped + skip))
+  failed=$((failed + ${#bad[@]}))
+  for line in "${bad[@]}"; do
+    failures+=("$be: $name: $line")
+  done
+
+  if [ ${#bad[@]} -eq 0 ]; then
+    if [ $rc -eq 77 ]; then
+      skips+=("$be: $name")
+    elif [ $rc -ne 0 ]; then
+      failed=$((failed + 1))
+      failures+=("$be: $name: $why")
+    elif [ "$ok" -eq 0 ]; then
+      failed=$((failed + 1))
+      failures+=("$be: $name: printed no test results")
+    fi
+  fi
+}
+
+shopt -s nullglob
+c_tests=("$build"/tests/test_*)
+lua_tests=(tests/lua/test_*.lua)
+case "$only" in
+  c) lua_tests=() ;;
+  lua) c_tests=() ;;
+esac
+for be in "$@"; do
+  for t in "${c_tests[@]}"; do
+    case "$t" in *.o | *.d | *.a | *.so | *.c | *.h | *.txt | *.log) continue ;; esac
+    if [ ! -f "$t" ] || [ ! -x "$t" ]; then continue; fi
+    run_suite "$be" "$(basename "$t")" tap "$t"
+  done
+  for t in "${lua_tests[@]}"; do
+    run_suite "$be" "$(basename "$t")" tap "$build/graphcap" --device "$be" "$t" -o tap
+  done
+  embed=$build/embed
+  [ -d "$embed" ] && embed=$build/embed/embed
+  if [ "$only" != lua ] && [ -f "$embed" ] && [ -x "$embed" ]; then
+    run_suite "$be" embed single "$embed"
+  fi
+done
+
+echo "=="
+if [ ${#skips[@]} -gt 0 ]; then
+  printf 'skipped suite: %s\n' "${skips[@]}"
+fi
+if [ ${#failures[@]} -gt 0 ]; then
+  printf 'FAILED %s\n' "${failures[@]}"
+fi
+if [ "$skipped" -gt 0 ]; then
+  echo "$skipped skipped"
+fi
+if [ $((passed + failed)) -eq 0 ]; then
+  echo "run-tests: no test ran"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ $((passed + failed)) -gt 0 ]
