@@ -137,6 +137,10 @@ static void blk_merge_next(gcap_pool *p, gc_blk *b) {
 void gc_blk_release(gc_blk *b) {
   gcap_pool *p;
   if (b == NULL || --b->refs > 0) return;
+  if (b->weak) { /* its memory was given back already */
+    free(b);
+    return;
+  }
   p = b->pool;
   p->in_use -= b->size;
   p->blocks--;
@@ -191,6 +195,21 @@ void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out) {
   out->peak_bytes = p->peak;
   out->blocks = p->blocks;
   out->graphs = p->graphs;
+}
+
+gcap_status gc_tensor_weaken(gcap_tensor *t) {
+  gc_blk *w;
+  if (t->blk->weak) return GCAP_OK;
+  if ((w = (gc_blk *)calloc(1, sizeof *w)) == NULL) return gc_fail(t->e, GCAP_ENOMEM, "out of host memory");
+  w->ptr = t->blk->ptr;
+  w->size = t->blk->size;
+  w->pool = t->blk->pool;
+  w->stream = t->blk->stream;
+  w->refs = 1;
+  w->weak = 1;
+  gc_blk_release(t->blk); /* other holders of the block keep it; this tensor no longer does */
+  t->blk = w;
+  return GCAP_OK;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -43,17 +43,28 @@ static void node_free_saved(gc_node *n) {
   }
 }
 
+/* Iterative, so that dropping a long chain cannot overflow the C stack. */
 void gc_node_release(gc_node *n) {
-  int i;
+  gc_node *todo;
   if (n == NULL || --n->refs > 0) return;
-  for (i = 0; i < n->nin; i++) {
-    if (n->next[i]) gc_node_release(n->next[i]);
-    gcap_tensor_free(n->leaf[i]);
+  n->free_next = NULL;
+  todo = n;
+  while (todo != NULL) {
+    gc_node *x = todo;
+    int i;
+    todo = x->free_next;
+    for (i = 0; i < x->nin; i++) {
+      if (x->next[i] && --x->next[i]->refs == 0) {
+        x->next[i]->free_next = todo;
+        todo = x->next[i];
+      }
+      gcap_tensor_free(x->leaf[i]);
+    }
+    node_free_saved(x);
+    gcap_tensor_free(x->acc);
+    if (x->ud_free) x->ud_free(x->ud);
+    free(x);
   }
-  node_free_saved(n);
-  gcap_tensor_free(n->acc);
-  if (n->ud_free) n->ud_free(n->ud);
-  free(n);
 }
 
 gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw,

@@ -114,6 +114,10 @@ typedef struct ge_build {
   gcap_tensor **warm_out; /* [n] warmup outputs */
   int done, total;        /* progress within the phase */
   const char *phase;
+  int pass;               /* index of the pass being captured */
+  int prev_bwd;           /* reuse: last backward entry captured, and its order position */
+  int prev_bwd_pos;
+  int last_l0;            /* reuse: the l == 0 entry of the previous backward order value */
 } ge_build;
 
 static const char *const group_names[4] = {"forward_pre_hooks", "forward_hooks",
@@ -321,12 +325,65 @@ static gcap_status cap_dw(ge_build *b, int i) {
   return take_grads(b, x, &x->dw_grad, x->nargs, x->nparams);
 }
 
+static int same_shape(const gcap_tensor *a, const gcap_tensor *c) {
+  int d;
+  if (a->ndim != c->ndim || a->dt != c->dt) return 0;
+  for (d = 0; d < a->ndim; d++)
+    if (a->shape[d] != c->shape[d]) return 0;
+  return 1;
+}
+
+/* Reuse: grad outputs are read only inside a backward replay, after their
+** copy-in, so entries whose outputs look alike share one buffer. */
+static gcap_tensor *shared_grad_out(ge_build *b, const gcap_tensor *out) {
+  int j;
+  for (j = 0; j < b->G->n; j++) {
+    gcap_tensor *g = b->G->v[j].grad_out;
+    if (g != NULL && same_shape(g, out)) return gcap_tensor_retain(g);
+  }
+  return NULL;
+}
+
+static gcap_status weaken_grads(ge_entry *x, int from) {
+  int k;
+  gcap_status st;
+  for (k = from; x->grad_in && k < x->nargs + x->nparams; k++)
+    if (x->grad_in[k] && (st = gc_tensor_weaken(x->grad_in[k])) != GCAP_OK) return st;
+  return GCAP_OK;
+}
+
+/* Reuse (TE's rules): once entry i's backward is captured, its static output,
+** its cloned parameter grads, the grads of the layer processed before it in
+** the same backward, and (at the chunk's first layer) the grads of the
+** previous backward's first layer are dead: their memory goes back to the
+** pool while the captured graphs keep the addresses. */
+static gcap_status release_dead(ge_build *b, int i) {
+  ge_entry *x = &b->G->v[i];
+  const gc_pass *p = &b->sched.v[b->pass];
+  int last_layer = b->pass + 1 >= b->sched.n || b->sched.v[b->pass + 1].kind != GC_PASS_BWD ||
+                   b->sched.v[b->pass + 1].pos != p->pos;
+  gcap_status st;
+  if ((st = gc_tensor_weaken(x->out)) != GCAP_OK) return st;
+  if (b->G->clone && (st = weaken_grads(x, x->nargs)) != GCAP_OK) return st;
+  if (b->prev_bwd >= 0 && b->prev_bwd_pos == p->pos && (st = weaken_grads(&b->G->v[b->prev_bwd], 0)) != GCAP_OK)
+    return st;
+  b->prev_bwd = i;
+  b->prev_bwd_pos = p->pos;
+  if (last_layer) {
+    if (b->last_l0 >= 0 && (st = weaken_grads(&b->G->v[b->last_l0], 0)) != GCAP_OK) return st;
+    b->last_l0 = i;
+  }
+  return GCAP_OK;
+}
+
 static gcap_status cap_bwd(ge_build *b, int i) {
   ge_entry *x = &b->G->v[i];
   gcap_tensor *alias;
   gcap_status st;
   if (x->out->requires_grad) { /* the static grad output: allocated outside capture */
-    if ((st = zeros_like(x->out, &x->grad_out)) != GCAP_OK) return where(b, st, i, "backward");
+    if (b->o->reuse_graph_input_output_buffers) x->grad_out = shared_grad_out(b, x->out);
+    if (x->grad_out == NULL && (st = zeros_like(x->out, &x->grad_out)) != GCAP_OK)
+      return where(b, st, i, "backward");
     if ((st = run_hooks(b, x->callable, GCAP_BACKWARD_PRE_HOOKS)) != GCAP_OK ||
         (st = capture(b, i, "backward", &x->bwd, cap_bwd_body)) != GCAP_OK)
       return st;
@@ -338,8 +395,8 @@ static gcap_status cap_bwd(ge_build *b, int i) {
     return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
   gcap_tensor_free(x->out);
   x->out = alias;
-  if (x->need_dw && b->sched.delayed_wgrad == 0) return cap_dw(b, i); /* right after, as TE */
-  return GCAP_OK;
+  if (x->need_dw && b->sched.delayed_wgrad == 0 && (st = cap_dw(b, i)) != GCAP_OK) return st; /* right after, as TE */
+  return b->o->reuse_graph_input_output_buffers ? release_dead(b, i) : GCAP_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -492,6 +549,52 @@ static gcap_status build_entries(ge_build *b, gcap_module *const *callables, con
   return GCAP_OK;
 }
 
+static int same_inputs(const ge_entry *a, const ge_entry *c) {
+  int k;
+  if (a->nargs != c->nargs) return 0;
+  for (k = 0; k < a->nargs; k++)
+    if (!same_shape(a->args[k], c->args[k])) return 0;
+  return 1;
+}
+
+/* Reuse, TE's pre-pass: a forward takes the static inputs of an entry whose
+** backward is done (same shapes and dtypes), oldest first. */
+static gcap_status share_inputs(ge_build *b) {
+  gcap_graphed *G = b->G;
+  int *fq = (int *)malloc(sizeof(int) * (size_t)G->n * 3 + sizeof(int));
+  int *done = fq + G->n, *chunk = done + G->n, nfq = 0, ndone = 0, i, j, k;
+  if (fq == NULL) return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+  for (i = 0; i < b->sched.n; i++) chunk[b->sched.v[i].entry] = b->sched.v[i].chunk;
+  for (i = 0; i < b->sched.n; i++) {
+    const gc_pass *p = &b->sched.v[i];
+    if (p->kind == GC_PASS_FWD) {
+      ge_entry *x = &G->v[p->entry];
+      fq[nfq++] = p->entry;
+      for (j = 0; j < ndone; j++)
+        if (same_inputs(&G->v[done[j]], x)) {
+          ge_entry *y = &G->v[done[j]];
+          for (k = 0; k < x->nargs; k++) {
+            gcap_tensor_free(x->args[k]);
+            x->args[k] = gcap_tensor_retain(y->args[k]);
+          }
+          memmove(done + j, done + j + 1, (size_t)(ndone - j - 1) * sizeof *done);
+          ndone--;
+          break;
+        }
+    } else if (p->kind == GC_PASS_BWD) { /* frees the oldest forward of its chunk */
+      for (j = 0; j < nfq; j++)
+        if (chunk[fq[j]] == p->chunk) {
+          done[ndone++] = fq[j];
+          memmove(fq + j, fq + j + 1, (size_t)(nfq - j - 1) * sizeof *fq);
+          nfq--;
+          break;
+        }
+    }
+  }
+  free(fq);
+  return GCAP_OK;
+}
+
 static gcap_status warmup(ge_build *b) {
   const gcap_graphed_opts *o = b->o;
   gcap_graphed *G = b->G;
@@ -527,8 +630,10 @@ static gcap_status capture_all(ge_build *b) {
   gcap_status st = GCAP_OK;
   int i;
   b->phase = "capture";
+  b->prev_bwd = b->last_l0 = -1;
   for (i = 0; i < b->sched.n && st == GCAP_OK; i++, progress(b)) {
     gc_pass *p = &b->sched.v[i];
+    b->pass = i;
     if (p->kind == GC_PASS_FWD) st = cap_fwd(b, p->entry);
     else if (p->kind == GC_PASS_BWD) st = cap_bwd(b, p->entry);
     else st = cap_dw(b, p->entry);
@@ -587,6 +692,7 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
   gc_engine_ref(e);
   if ((st = e->be->download(e, e->bs, e->current->bs, rng, e->rng->ptr, sizeof rng)) != GCAP_OK) goto fail;
   if ((st = build_entries(&b, callables, nargs, args, &snap)) != GCAP_OK) goto fail;
+  if (opts->reuse_graph_input_output_buffers && (st = share_inputs(&b)) != GCAP_OK) goto fail;
   warm_passes = opts->order ? b.sched.n : nentries * (training ? 2 : 1);
   b.total = warm_passes * opts->num_warmup_iters;
   if ((st = warmup(&b)) != GCAP_OK) goto fail;

@@ -26,6 +26,7 @@ typedef struct gc_blk {
   char *ptr;
   size_t size;
   int refs;                    /* 0: free */
+  int weak;                    /* a detached copy: the memory went back to the pool */
   gcap_pool *pool;             /* the pool (or the engine heap) it belongs to */
   gcap_stream *stream;         /* blocks are reused on the stream they were freed on */
   gc_seg *seg;
@@ -68,6 +69,9 @@ gcap_pool *gc_pool_create(gcap_engine *e, int is_heap);
 gcap_status gc_pool_alloc(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **out);
 void gc_blk_retain(gc_blk *b);
 void gc_blk_release(gc_blk *b);
+/* Give t's block back to its pool but keep t's address valid for graphs
+** already captured (a weak reference, for reused graph buffers). */
+gcap_status gc_tensor_weaken(gcap_tensor *t);
 /* Free p once nothing holds it (no handle, graph or block). */
 void gc_pool_maybe_release(gcap_pool *p);
 /* Release every segment of p to the device and free p. */
@@ -167,6 +171,7 @@ struct gc_node {
   int64_t k[4];
   void *ud;       /* op state (e.g. a module for delayed wgrad) */
   void (*ud_free)(void *ud);
+  gc_node *free_next; /* release worklist */
   uint64_t mark;  /* scheduling scratch */
   int deps;
   gcap_tensor *acc;

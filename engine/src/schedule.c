@@ -17,7 +17,8 @@
 #include "internal.h"
 #include "schedule.h"
 
-static gcap_status sched_push(gcap_engine *e, gc_schedule *s, int kind, int entry, int callable) {
+static gcap_status sched_push(gcap_engine *e, gc_schedule *s, int kind, int entry, int callable,
+                              int chunk, int pos) {
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 32;
     gc_pass *v = (gc_pass *)realloc(s->v, (size_t)cap * sizeof *v);
@@ -28,6 +29,8 @@ static gcap_status sched_push(gcap_engine *e, gc_schedule *s, int kind, int entr
   s->v[s->n].kind = kind;
   s->v[s->n].entry = entry;
   s->v[s->n].callable = callable;
+  s->v[s->n].chunk = chunk;
+  s->v[s->n].pos = pos;
   s->n++;
   return GCAP_OK;
 }
@@ -73,10 +76,10 @@ static gcap_status sched_plain(gcap_engine *e, int ncallables, int nentries, int
                    ncallables, nentries);
   for (i = 0; i < nentries; i++) {
     s->entry_callable[i] = i;
-    if ((st = sched_push(e, s, GC_PASS_FWD, i, i)) != GCAP_OK) return st;
+    if ((st = sched_push(e, s, GC_PASS_FWD, i, i, i, -1)) != GCAP_OK) return st;
   }
   for (i = nentries - 1; training && i >= 0; i--)
-    if ((st = sched_push(e, s, GC_PASS_BWD, i, i)) != GCAP_OK) return st;
+    if ((st = sched_push(e, s, GC_PASS_BWD, i, i, i, -1)) != GCAP_OK) return st;
   return GCAP_OK;
 }
 
@@ -217,17 +220,17 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
     int k = (int)floor(fabs(v)) - 1, n = layers[k], l;
     if (v > 0) {
       for (l = 0; l < n && st == GCAP_OK; l++)
-        st = sched_push(e, s, GC_PASS_FWD, prefix[k] * M + fwd[k] * n + l, prefix[k] + l);
+        st = sched_push(e, s, GC_PASS_FWD, prefix[k] * M + fwd[k] * n + l, prefix[k] + l, k, p);
       fwd[k]++;
     } else if (!training) {
       continue; /* eval: forwards only */
     } else if (v == floor(v)) {
       for (l = n - 1; l >= 0 && st == GCAP_OK; l--)
-        st = sched_push(e, s, GC_PASS_BWD, prefix[k] * M + bwd[k] * n + l, prefix[k] + l);
+        st = sched_push(e, s, GC_PASS_BWD, prefix[k] * M + bwd[k] * n + l, prefix[k] + l, k, p);
       bwd[k]++;
     } else {
       for (l = n - 1; l >= 0 && st == GCAP_OK; l--)
-        st = sched_push(e, s, GC_PASS_DW, prefix[k] * M + (bwd[k] - 1) * n + l, prefix[k] + l);
+        st = sched_push(e, s, GC_PASS_DW, prefix[k] * M + (bwd[k] - 1) * n + l, prefix[k] + l, k, p);
     }
   }
   s->delayed_wgrad = 0;

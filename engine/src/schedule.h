@@ -12,6 +12,8 @@ typedef struct gc_pass {
   int kind;     /* GC_PASS_FWD, GC_PASS_BWD or GC_PASS_DW */
   int entry;    /* index into sample_args and the returned entries */
   int callable; /* index into callables (and capture_time_hooks) */
+  int chunk;    /* 0-based chunk of the order (the entry without one) */
+  int pos;      /* position in the order (-1 without one) */
 } gc_pass;
 
 typedef struct gc_schedule {

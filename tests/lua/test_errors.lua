@@ -1,0 +1,362 @@
+-- test_errors.lua: every error is a Lua error, never a crash, and leaves the
+-- engine usable. What capture forbids (DESIGN §2; cuda-graph-tech.md §1.3);
+-- a capture function that raises; wrong states; closed objects; bad
+-- arguments: wrong types, negative, huge and 5-D shapes, ragged tables,
+-- shape mismatches.
+--   build/graphcap tests/lua/test_errors.lua -o tap
+
+local lu = require "luaunit"
+local gc = require "graphcap"
+
+-- The engine still works: eager ops, read-back, synchronize, a capture.
+local function assert_usable ()
+  lu.assertFalse(gc.is_capturing())
+  local x = gc.tensor{1, 2, 3, 4}
+  lu.assertEquals((x + x):tolist(), {2, 4, 6, 8})
+  gc.synchronize()
+  local g, y = gc.Graph(), nil
+  g:capture(function () y = x * 5 end)
+  g:replay()
+  lu.assertEquals(y:tolist(), {5, 10, 15, 20})
+end
+
+-- pcall(fn, ...) must fail with a string message (not a crash, not nil).
+local function assert_fails (fn, ...)
+  local ok, err = pcall(fn, ...)
+  lu.assertFalse(ok, "expected an error")
+  lu.assertEquals(type(err), "string")
+  lu.assertTrue(#err > 0)
+  return err
+end
+
+-- {name, action(ctx)}: each is forbidden inside a capture.
+-- ctx = {x = eager tensor, s2 = a stream not forked in, ev = an event
+-- recorded on the default stream before the capture, y = made in capture}.
+local FORBIDDEN = {
+  {"synchronize", function () gc.synchronize() end},
+  {"stream_synchronize", function () gc.current_stream():synchronize() end},
+  {"other_stream_synchronize", function (c) c.s2:synchronize() end},
+  {"event_synchronize", function (c) c.ev:synchronize() end},
+  {"tolist", function (c) return c.x:tolist() end},
+  {"tolist_captured", function (c) return c.y:tolist() end},
+  {"item", function (c) return c.y:sum():item() end},
+  {"tensor_from_data", function () return gc.tensor{1, 2, 3} end},
+  {"unforked_stream", function (c) gc.with_stream(c.s2, function () c.x:fill_(9) end) end},
+  {"alloc_outside_pool", function ()
+    gc.with_stream(gc.default_stream(), function () return gc.empty{16} end)
+  end},
+  {"manual_seed", function () gc.manual_seed(3) end},
+}
+
+-- The action raises a capture error out of the capture function, the
+-- capture ends, nothing is captured; caught inside the function instead,
+-- the capture stays invalidated and g:capture still fails; then the engine,
+-- the graph and the pool work again.
+local function check_forbidden (action)
+  local c = {x = gc.tensor{1, 2, 3, 4}, s2 = gc.Stream(), ev = gc.Event()}
+  c.ev:record()
+  local p = gc.graph_pool_handle()
+  local g = gc.Graph()
+  lu.assertErrorMsgContains("capture", g.capture, g, function ()
+    c.y = c.x * 2
+    action(c)
+  end, {pool = p})
+  lu.assertFalse(gc.is_capturing())
+  lu.assertEquals(p:stats().graphs, 0)
+  lu.assertErrorMsgContains("captur", g.replay, g)
+  local caught
+  lu.assertErrorMsgContains("capture", g.capture, g, function ()
+    c.y = c.x * 2
+    caught = not pcall(action, c)
+  end, {pool = p})
+  lu.assertTrue(caught)
+  lu.assertFalse(gc.is_capturing())
+  -- Eager, everything is allowed again.
+  lu.assertEquals(c.x:tolist(), {1, 2, 3, 4})
+  gc.synchronize()
+  c.s2:synchronize()
+  c.ev:synchronize()
+  gc.manual_seed(1)
+  gc.with_stream(c.s2, function () c.x:fill_(2) end)
+  c.s2:synchronize()
+  lu.assertEquals(gc.tensor{1}:item(), 1)
+  local y
+  g:capture(function () y = c.x * 5 end, {pool = p})
+  g:replay()
+  lu.assertEquals(y:tolist(), {10, 10, 10, 10})
+  lu.assertEquals(p:stats().graphs, 1)
+  assert_usable()
+end
+
+TestForbiddenInCapture = {}
+
+function TestForbiddenInCapture:tearDown ()
+  lu.assertFalse(gc.is_capturing())
+end
+
+for _, case in ipairs(FORBIDDEN) do
+  TestForbiddenInCapture["test_" .. case[1]] = function () check_forbidden(case[2]) end
+end
+
+TestCaptureErrors = {}
+
+function TestCaptureErrors:tearDown ()
+  lu.assertFalse(gc.is_capturing())
+end
+
+-- A capture function that raises halfway: the capture is ended, the pool
+-- stays consistent, and the error reaches the caller with its traceback.
+function TestCaptureErrors:test_error_in_capture_fn ()
+  local x = gc.ones{256}
+  local p = gc.graph_pool_handle()
+  local g = gc.Graph()
+  collectgarbage()
+  local before = p:stats()
+  local function deep_failure () error("boom 42") end
+  lu.assertErrorMsgContains("boom 42", g.capture, g, function ()
+    local y = x * 2
+    deep_failure()
+    return y
+  end, {pool = p})
+  local _, err = pcall(g.capture, g, function () local _ = x + 1; deep_failure() end, {pool = p})
+  lu.assertStrContains(err, "boom 42")
+  lu.assertStrContains(err, "traceback")
+  lu.assertStrContains(err, "deep_failure")
+  lu.assertFalse(gc.is_capturing())
+  lu.assertErrorMsgContains("captur", g.replay, g)
+  collectgarbage(); collectgarbage()
+  local after = p:stats()
+  lu.assertEquals(after.graphs, 0)
+  lu.assertEquals(after.in_use_bytes, before.in_use_bytes)
+  lu.assertEquals(after.blocks, before.blocks)
+  local y                                       -- the same graph and pool again
+  g:capture(function () y = x * 3 end, {pool = p})
+  g:replay()
+  lu.assertEquals(y:sum():item(), 768)
+  lu.assertEquals(p:stats().graphs, 1)
+  assert_usable()
+end
+
+-- An engine error inside the capture function (a shape mismatch) is raised
+-- like any other error; the capture ends cleanly.
+function TestCaptureErrors:test_engine_error_in_capture_fn ()
+  local a, b = gc.ones{2, 3}, gc.ones{3, 2}
+  local g = gc.Graph()
+  assert_fails(g.capture, g, function () return a + b end)
+  lu.assertFalse(gc.is_capturing())
+  local y
+  g:capture(function () y = a * 4 end)
+  g:replay()
+  lu.assertEquals(y:tolist(), {{4, 4, 4}, {4, 4, 4}})
+end
+
+function TestCaptureErrors:test_capture_while_capturing ()
+  local x = gc.tensor{1, 2, 3, 4}
+  local g, g2, y = gc.Graph(), gc.Graph(), nil
+  local ok, err
+  g:capture(function ()
+    ok, err = pcall(g2.capture, g2, function () end)
+    y = x * 2                                   -- the open capture goes on
+  end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(tostring(err), "captur")
+  g:replay()
+  lu.assertEquals(y:tolist(), {2, 4, 6, 8})
+  lu.assertErrorMsgContains("captur", g.capture, g, function () end) -- g is not empty
+  g:replay()
+  local y2
+  g2:capture(function () y2 = x * 3 end)        -- g2 was never disturbed
+  g2:replay()
+  lu.assertEquals(y2:tolist(), {3, 6, 9, 12})
+end
+
+function TestCaptureErrors:test_replay_never_captured ()
+  local g = gc.Graph()
+  lu.assertErrorMsgContains("captur", g.replay, g)
+  lu.assertErrorMsgContains("captur", g.replay, g)
+  assert_usable()
+end
+
+function TestCaptureErrors:test_replay_after_reset ()
+  local x = gc.ones{4}
+  local g, y = gc.Graph(), nil
+  g:capture(function () y = x * 2 end)
+  g:replay()
+  g:reset()
+  lu.assertErrorMsgContains("captur", g.replay, g)
+  lu.assertEquals(y:tolist(), {2, 2, 2, 2})
+  assert_usable()
+end
+
+TestClosed = {}
+
+function TestClosed:tearDown ()
+  lu.assertFalse(gc.is_capturing())
+end
+
+function TestClosed:test_tensor ()
+  local t, u = gc.ones{2, 2}, gc.ones{2, 2}
+  t:close()
+  for _, f in ipairs{
+    function () return t:sum() end, function () return t:mean() end,
+    function () return t + 1 end, function () return 1 - t end, function () return -t end,
+    function () return u * t end, function () return t:tolist() end,
+    function () return t:item() end, function () return t:shape() end,
+    function () return t:numel() end, function () return t:clone() end,
+    function () return t:view{4} end, function () return t:fill_(1) end,
+    function () return t:zero_() end, function () return t:copy_(u) end,
+    function () return u:copy_(t) end, function () return t:data_ptr() end,
+  } do
+    lu.assertErrorMsgContains("closed", f)
+  end
+  t:close()
+  lu.assertEquals(u:sum():item(), 4)
+end
+
+function TestClosed:test_tensor_in_capture ()
+  local t = gc.ones{4}
+  t:close()
+  local g = gc.Graph()
+  lu.assertErrorMsgContains("closed", g.capture, g, function () return t * 2 end)
+  assert_usable()
+end
+
+function TestClosed:test_graph ()
+  local g = gc.Graph()
+  g:capture(function () local _ = gc.ones{4} * 2 end)
+  g:close()
+  lu.assertErrorMsgContains("closed", g.replay, g)
+  lu.assertErrorMsgContains("closed", g.reset, g)
+  lu.assertErrorMsgContains("closed", g.stats, g)
+  lu.assertErrorMsgContains("closed", g.capture, g, function () end)
+  g:close()
+  assert_usable()
+end
+
+function TestClosed:test_pool ()
+  local p = gc.graph_pool_handle()
+  p:close()
+  lu.assertErrorMsgContains("closed", p.stats, p)
+  local g = gc.Graph()
+  lu.assertErrorMsgContains("closed", g.capture, g, function () end, {pool = p})
+  lu.assertFalse(gc.is_capturing())
+  p:close()
+  assert_usable()
+end
+
+TestBadInput = {}
+
+function TestBadInput:tearDown ()
+  lu.assertFalse(gc.is_capturing())
+end
+
+function TestBadInput:test_wrong_types ()
+  local x = gc.ones{2, 3}
+  local g, s = gc.Graph(), gc.Stream()
+  local cases = {
+    function () return gc.zeros("abc") end,
+    function () return gc.zeros() end,
+    function () return gc.zeros{2, "x"} end,
+    function () return gc.zeros{2.5} end,
+    function () return gc.ones{true} end,
+    function () return gc.full({2}, "x") end,
+    function () return gc.full({2}, {}) end,
+    function () return gc.rand(7) end,
+    function () return gc.tensor("str") end,
+    function () return gc.tensor(true) end,
+    function () return gc.tensor() end,
+    function () return gc.tensor{1, "a"} end,
+    function () return gc.tensor{{1, 2}, {3, {}}} end,
+    function () return gc.zeros({2}, {dtype = "f64"}) end,
+    function () return x + "str" end,
+    function () return "str" * x end,
+    function () return x + {} end,
+    function () return x - true end,
+    function () return x * g end,
+    function () return x:fill_("x") end,
+    function () return x:view("x") end,
+    function () return x:view{2, "a"} end,
+    function () return x:copy_(5) end,
+    function () return x:copy_(g) end,
+    function () return x.sum(g) end,
+    function () return g.replay(x) end,
+    function () return g:capture(42) end,
+    function () return g:capture(function () end, 42) end,
+    function () return g:capture(function () end, {pool = 42}) end,
+    function () return g:capture(function () end, {stream = x}) end,
+    function () return gc.with_stream(42, function () end) end,
+    function () return gc.Event():record(42) end,
+    function () return s:wait_event(x) end,
+    function () return gc.manual_seed("seed") end,
+  }
+  for i, f in ipairs(cases) do
+    local ok, err = pcall(f)
+    lu.assertFalse(ok, "case " .. i .. " did not fail")
+    lu.assertEquals(type(err), "string", "case " .. i)
+  end
+  assert_usable()
+end
+
+function TestBadInput:test_bad_shapes ()
+  local huge = 1 << 40
+  local cases = {
+    function () return gc.zeros{-1} end,
+    function () return gc.zeros{2, -3} end,
+    function () return gc.empty{huge, huge} end,              -- numel overflows
+    function () return gc.ones{1 << 31, 1 << 31, 1 << 31} end,
+    function () return gc.empty{math.maxinteger} end,         -- bytes overflow
+    function () return gc.zeros{1 / 0} end,
+    function () return gc.zeros{0 / 0} end,
+    function () return gc.zeros{1, 1, 1, 1, 1} end,           -- 5-D
+    function () return gc.rand{1, 2, 1, 2, 1} end,
+    function () return gc.tensor{{{{{1}}}}} end,
+    function () return gc.ones{4}:view{1, 1, 1, 1, 4} end,
+    function () return gc.ones{4}:view{-2, -2} end,
+    function () return gc.ones{6}:view{4} end,
+  }
+  for i, f in ipairs(cases) do
+    local ok, err = pcall(f)
+    lu.assertFalse(ok, "case " .. i .. " did not fail")
+    lu.assertEquals(type(err), "string", "case " .. i)
+  end
+  assert_usable()
+end
+
+function TestBadInput:test_ragged_tables ()
+  local cases = {
+    {{1, 2}, {3}},
+    {1, {2}},
+    {{1}, 2},
+    {{{1, 2}, {3, 4}}, {{5, 6}}},
+    {{{1, 2}, {3, 4}}, {{5, 6}, {7}}},
+    {{}, {1}},
+  }
+  for i, t in ipairs(cases) do
+    local ok, err = pcall(gc.tensor, t)
+    lu.assertFalse(ok, "case " .. i .. " did not fail")
+    lu.assertEquals(type(err), "string", "case " .. i)
+  end
+  assert_usable()
+end
+
+function TestBadInput:test_shape_mismatch ()
+  local a = gc.ones{2, 3}
+  local cases = {
+    function () return a + gc.ones{3, 2} end,       -- same numel, other shape
+    function () return a - gc.ones{2} end,          -- a row of the wrong length
+    function () return gc.ones{2} * a end,
+    function () return a * gc.ones{6} end,          -- numel 6, not a row of a
+    function () return gc.ones{6} + a end,
+    function () return a + gc.ones{2, 3, 1} end,
+    function () return a:copy_(gc.ones{5}) end,     -- numel differs
+    function () return a:view{4} end,
+    function () return a:item() end,
+  }
+  for i, f in ipairs(cases) do
+    assert_fails(f)
+    lu.assertEquals(a:sum():item(), 6, "case " .. i .. " wrote into a")
+  end
+  assert_usable()
+end
+
+os.exit(lu.LuaUnit.run())
