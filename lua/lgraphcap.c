@@ -8,9 +8,19 @@
 ** :close(). One engine per Lua state lives in an Engine box (registry slot
 ** ENGINE_KEY); it is upvalue 1 of every function here except the Engine's
 ** own, and uservalue 1 of every other box, which keeps it alive.
+**
+** Modules and autograd call back into Lua (a Lua module's forward, module
+** hooks) while a core call that Lua started is in progress. Each such core
+** call is made inside a frame (LFrame) that records its lua_State; the
+** callbacks run under lua_pcall with a traceback handler on that state,
+** and an error is kept (l_errkey) and returned to the core as
+** GCAP_EABORTED; once the core call returns, the binding raises the kept
+** error object itself. No Lua error unwinds through the engine.
 */
 
+#include <ctype.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +36,9 @@
 #define EVENT_MT "graphcap.Event"
 #define POOL_MT "graphcap.Pool"
 #define GRAPH_MT "graphcap.Graph"
+#define MODULE_MT "graphcap.Module"
+#define HANDLE_MT "graphcap.HookHandle"
+#define OPTIM_MT "graphcap.Optimizer"
 #define ENGINE_MT "graphcap.Engine"
 
 #define ENGINE_KEY "graphcap.engine"  /* registry slot of the engine box */
@@ -35,20 +48,70 @@
 #define UV_STREAMS 1  /* weak map: stream address -> its Stream box */
 #define UV_CURRENT 2  /* Stream box made current (kept alive while it is) */
 #define UV_CAPTURE 3  /* Stream box of the open capture (likewise) */
+#define UV_MODULES 4  /* weak map: module address -> its Module box */
+#define UV_TENSORS 5  /* weak map: tensor address -> a box of it (identity) */
+#define UV_PMARKS 6  /* weak set of tensor boxes marked by nn.Parameter */
+#define UV_CLASSES 7  /* type name -> class table of the built-in modules */
+#define NUV_ENGINE 7
 
 /* uservalues of the other boxes */
 #define UV_ENGINE 1  /* the engine box */
 #define UV_POOL 2  /* a graph's Pool box, what g:pool() returns */
 
+/* uservalues of a Module box */
+#define UV_FIELDS 2  /* field name -> the value assigned */
+#define UV_CLASS 3  /* its class table (methods, forward), or nil */
+#define UV_HOOKS 4  /* key -> HookHandle box, for every hook registered */
+#define UV_REG 5  /* registered name -> "parameter" | "buffer" | "child" */
+#define NUV_MODULE 5
+
+/* uservalues of a HookHandle box */
+#define UV_HOOKFN 2  /* the hook function */
+#define UV_HOOKMOD 3  /* the Module box it was registered on */
+
+/* one module call takes at most this many tensors (graphcap.h) */
+#define MAXIN 8
+
 /* a tensor's bytes must fit an int64 */
 #define MAXNUMEL (INT64_MAX / (int64_t)sizeof(float))
 
-typedef struct LEngine { gcap_engine *e; } LEngine;
+/*
+** A core call that may call back into Lua, in progress: the frames of the
+** engine form a stack (callbacks can start core calls of their own). For a
+** module call, its Lua arguments are at stack indices args..args+nargs-1
+** of L, so that the module's forward and hooks see the same Lua values.
+*/
+typedef struct LFrame {
+  lua_State *L;
+  gcap_module *m;  /* the module of m(...) or m:forward(...), or NULL */
+  int args, nargs;
+  int muted;  /* m:forward(...): m's own forward hooks are skipped */
+  struct LFrame *prev;
+} LFrame;
+
+typedef struct LEngine { gcap_engine *e; LFrame *cur; } LEngine;
 typedef struct LTensor { gcap_tensor *t; } LTensor;
 typedef struct LStream { gcap_stream *s; gcap_engine *e; int own; } LStream;
 typedef struct LEvent { gcap_event *ev; gcap_engine *e; } LEvent;
 typedef struct LPool { gcap_pool *p; gcap_engine *e; } LPool;
 typedef struct LGraph { gcap_graph *g; gcap_engine *e; } LGraph;
+typedef struct LModule { gcap_module *m; lua_Integer nexthook; } LModule;
+/* A hook; its address is the hook's ud in the core, so the box is kept
+** alive by its module's UV_HOOKS table while it is registered (m != NULL). */
+typedef struct LHandle {
+  LEngine *le;
+  gcap_module *m;  /* NULL once removed */
+  int id;  /* the core's hook id */
+  lua_Integer key;  /* its key in the module's UV_HOOKS */
+} LHandle;
+typedef struct LOptim { gcap_optim *o; gcap_engine *e; int adam; } LOptim;
+/* Holder of the error of a failed callback (its uservalue 1) */
+typedef struct LErr { int set; } LErr;
+
+/* registry keys (their addresses) */
+static const char l_errkey = 'e';  /* the LErr holder */
+static const char l_fwdkey = 'f';  /* the protected part of a Lua forward */
+static const char l_hookkey = 'h';  /* the protected part of a hook */
 
 typedef gcap_status (*l_unop) (gcap_tensor *a, gcap_tensor **out);
 typedef gcap_status (*l_binop) (gcap_tensor *a, gcap_tensor *b,
@@ -63,23 +126,96 @@ static const int64_t l_noshape[1] = {0};  /* shape of a 0-D tensor (unread) */
 ** =======================================================
 */
 
+/* Does 'msg' start with the name of an op ("linear: ...", "set grad: ")? */
+static int l_hasop (const char *msg) {
+  const char *s = msg;
+  if (!isalpha((unsigned char)*s) && *s != '_') return 0;
+  while (s - msg < 32 && (isalnum((unsigned char)*s) || *s == '_' || *s == '.'
+                          || *s == ' '))
+    s++;
+  return s[0] == ':' && s[1] == ' ';
+}
+
+/* Is 'src' the source of a chunk of the facade (embedded: "=graphcap",
+** "=graphcap.nn"; from files: ".../graphcap/nn.lua")? */
+static int l_isfacade (const char *src) {
+  const char *slash = strrchr(src, '/');
+  size_t n;
+  if (strncmp(src, "=graphcap", 9) == 0)
+    return src[9] == '\0' || src[9] == '.';
+  if (src[0] != '@' || slash == NULL || strchr(slash, '.') == NULL
+      || strcmp(strchr(slash, '.'), ".lua") != 0)
+    return 0;
+  n = (size_t)(slash - src);
+  return n >= 9 && strncmp(slash - 8, "graphcap", 8) == 0
+         && (n == 9 || slash[-9] == '/');
+}
+
+/* Push "chunk:line: " of the caller, as luaL_where(L, 1) does, but of the
+** first caller outside the facade, so that an error names the user's line. */
+static void l_where (lua_State *L) {
+  lua_Debug ar;
+  int level;
+  for (level = 1; lua_getstack(L, level, &ar); level++) {
+    lua_getinfo(L, "Sl", &ar);
+    if (ar.currentline <= 0) break;  /* a C function: no position */
+    if (!l_isfacade(ar.source)) {
+      lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
+      return;
+    }
+  }
+  lua_pushliteral(L, "");
+}
+
+/* luaL_error, with the position of l_where */
+static int l_error (lua_State *L, const char *fmt, ...) {
+  va_list argp;
+  va_start(argp, fmt);
+  l_where(L);
+  lua_pushvfstring(L, fmt, argp);
+  va_end(argp);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+/* Raise the core's message 'msg' of status 'st', prefixed by "op: " unless
+** it names an op already. */
+static void l_fail (lua_State *L, gcap_status st, const char *msg,
+                    const char *op) {
+  size_t n = strlen(op);
+  if (msg == NULL || *msg == '\0') msg = gcap_status_str(st);
+  l_where(L);
+  if ((strncmp(msg, op, n) == 0 && msg[n] == ':') || l_hasop(msg))
+    lua_pushstring(L, msg);
+  else
+    lua_pushfstring(L, "%s: %s", op, msg);
+  lua_concat(L, 2);
+  lua_error(L);
+}
+
 /* Raise "op: message" when a core call returned 'st' != GCAP_OK. */
 static void l_check (lua_State *L, const gcap_engine *e, gcap_status st,
                      const char *op) {
-  if (st != GCAP_OK) {
-    const char *msg = gcap_errmsg(e);
-    size_t n = strlen(op);
-    if (msg == NULL || *msg == '\0') msg = gcap_status_str(st);
-    if (strncmp(msg, op, n) == 0 && msg[n] == ':')  /* the core named op */
-      luaL_error(L, "%s", msg);
-    luaL_error(L, "%s: %s", op, msg);
-  }
+  if (st != GCAP_OK) l_fail(L, st, gcap_errmsg(e), op);
 }
 
 static gcap_engine *l_engine (lua_State *L) {
   gcap_engine *e = ((LEngine *)lua_touserdata(L, ENGINEIDX))->e;
   if (e == NULL) luaL_error(L, "graphcap engine is closed");
   return e;
+}
+
+/* The type of the value at i for messages: __name of userdata. */
+static const char *l_typename (lua_State *L, int i) {
+  int t = (lua_type(L, i) == LUA_TUSERDATA)
+          ? luaL_getmetafield(L, i, "__name") : LUA_TNIL;
+  if (t == LUA_TSTRING) {
+    const char *s = lua_tostring(L, -1);  /* kept alive by the metatable */
+    lua_pop(L, 1);
+    return s;
+  }
+  if (t != LUA_TNIL) lua_pop(L, 1);
+  return luaL_typename(L, i);
 }
 
 /* A new box in its closed state, linked to the engine box. */
@@ -508,6 +644,358 @@ static int l_mul (lua_State *L) {  /* a number on either side is a scale */
   return l_arith(L, gcap_mul, "mul");
 }
 
+/*
+** Push a box of 't', a tensor the core lends (a .grad, a parameter, a
+** hook argument): the box already known for it while that one lives and
+** holds it, else a new box with its own reference, which becomes known.
+*/
+static void l_pushborrowed (lua_State *L, gcap_tensor *t) {
+  LTensor *p;
+  lua_getiuservalue(L, ENGINEIDX, UV_TENSORS);
+  if (lua_rawgetp(L, -1, t) == LUA_TUSERDATA
+      && ((LTensor *)lua_touserdata(L, -1))->t == t) {
+    lua_remove(L, -2);
+    return;
+  }
+  lua_pop(L, 1);
+  p = l_newtensor(L);
+  p->t = gcap_tensor_retain(t);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, -3, t);
+  lua_remove(L, -2);
+}
+
+/* Make the (open) tensor box at i the known box of its tensor. */
+static void l_keeptensor (lua_State *L, int i) {
+  LTensor *p = (LTensor *)lua_touserdata(L, i);
+  i = lua_absindex(L, i);
+  lua_getiuservalue(L, ENGINEIDX, UV_TENSORS);
+  lua_pushvalue(L, i);
+  lua_rawsetp(L, -2, p->t);
+  lua_pop(L, 1);
+}
+
+/* The box on top holds a new tensor from the core: replace it by the
+** known box of that tensor, if there is one (a module that returned a
+** tensor it was given, or one of its own). */
+static void l_knownresult (lua_State *L) {
+  LTensor *r = (LTensor *)lua_touserdata(L, -1);
+  lua_getiuservalue(L, ENGINEIDX, UV_TENSORS);
+  if (lua_rawgetp(L, -1, r->t) == LUA_TUSERDATA
+      && ((LTensor *)lua_touserdata(L, -1))->t == r->t) {
+    gcap_tensor_free(r->t);  /* the known box holds it */
+    r->t = NULL;
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pop(L, 2);
+}
+
+/* A Lua boolean at i, or 'def' when absent or nil. */
+static int l_optboolean (lua_State *L, int i, int def, const char *what) {
+  if (lua_isnoneornil(L, i)) return def;
+  if (!lua_isboolean(L, i))
+    luaL_argerror(L, i, lua_pushfstring(L, "%s must be a boolean, got %s",
+                  what, l_typename(L, i)));
+  return lua_toboolean(L, i);
+}
+
+/* }====================================================== */
+
+
+/*
+** {======================================================
+** Autograd
+** =======================================================
+*/
+
+/*
+** Frames. Between l_enter and l_leave only the core call runs (nothing
+** that can raise), so a frame never outlives its C function.
+*/
+static LEngine *l_enter (lua_State *L, LFrame *f, gcap_module *m, int args,
+                         int nargs, int muted) {
+  LEngine *le = (LEngine *)lua_touserdata(L, ENGINEIDX);
+  f->L = L;
+  f->m = m;
+  f->args = args;
+  f->nargs = nargs;
+  f->muted = muted;
+  f->prev = le->cur;
+  le->cur = f;
+  return le;
+}
+
+static void l_leave (LEngine *le, LFrame *f) {
+  le->cur = f->prev;
+}
+
+/* Raise the error object a callback left, if any, as it is. */
+static void l_raisecb (lua_State *L) {
+  LErr *h;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &l_errkey);
+  h = (LErr *)lua_touserdata(L, -1);
+  if (h != NULL && h->set) {
+    h->set = 0;
+    lua_getiuservalue(L, -1, 1);
+    lua_pushnil(L);
+    lua_setiuservalue(L, -3, 1);
+    lua_error(L);
+  }
+  lua_pop(L, 1);
+}
+
+/* Message handler of callbacks: append a traceback to a string message
+** that has none; keep any other error object as it is. */
+static int l_msghandler (lua_State *L) {
+  if (lua_type(L, 1) == LUA_TSTRING
+      && strstr(lua_tostring(L, 1), "\nstack traceback:\n") == NULL)
+    luaL_traceback(L, L, lua_tostring(L, 1), 1);
+  return 1;
+}
+
+/* The start of the context of a callback's protected part */
+typedef struct LCall {
+  int nargs;  /* how many Lua arguments of a direct call follow the context */
+} LCall;
+
+/*
+** Call, from a core callback about module m (NULL: none), the protected
+** function kept in the registry at 'key' with 'ctx', on the state of the
+** engine's current frame, the C function of which is running on it. When
+** that frame is a direct call of m, its Lua arguments follow ctx. On a Lua
+** error, keep the error object (the first one) for l_raisecb and tell the
+** core to stop. Nothing here can raise.
+*/
+static gcap_status l_callback (LEngine *le, const char *key, LCall *ctx,
+                               const gcap_module *m) {
+  LFrame *f = le->cur;
+  lua_State *L;
+  int i, top, st;
+  if (f == NULL) return GCAP_EABORTED;  /* no Lua call in progress */
+  L = f->L;
+  ctx->nargs = (m != NULL && f->m == m) ? f->nargs : 0;
+  if (!lua_checkstack(L, 4 + ctx->nargs)) return GCAP_ENOMEM;
+  top = lua_gettop(L);
+  lua_pushcfunction(L, l_msghandler);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, key);
+  lua_pushlightuserdata(L, ctx);
+  for (i = 0; i < ctx->nargs; i++) lua_pushvalue(L, f->args + i);
+  st = lua_pcall(L, 1 + ctx->nargs, 0, top + 1);
+  if (st != LUA_OK) {
+    LErr *h;
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &l_errkey);
+    h = (LErr *)lua_touserdata(L, -1);
+    if (h != NULL && !h->set) {
+      lua_pushvalue(L, -2);
+      lua_setiuservalue(L, -2, 1);
+      h->set = 1;
+    }
+  }
+  lua_settop(L, top);
+  return (st == LUA_OK) ? GCAP_OK : GCAP_EABORTED;
+}
+
+/* t:requires_grad_([b = true]) -> t */
+static int l_requires_grad_ (lua_State *L) {
+  gcap_tensor *t = l_checktensor(L, 1);
+  int on = l_optboolean(L, 2, 1, "requires_grad");
+  l_check(L, gcap_tensor_engine(t), gcap_tensor_set_requires_grad(t, on),
+          "requires_grad_");
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_detach (lua_State *L) {
+  return l_unary(L, gcap_tensor_detach, "detach");
+}
+
+/* t:backward([grad [, retain_graph]]) (the facade takes an options table) */
+static int l_backward (lua_State *L) {
+  gcap_tensor *t = l_checktensor(L, 1);
+  gcap_tensor *g = lua_isnoneornil(L, 2) ? NULL : l_checktensor(L, 2);
+  int retain = lua_toboolean(L, 3);
+  gcap_engine *e = gcap_tensor_engine(t);
+  char msg[1024];
+  LFrame f;
+  LEngine *le;
+  gcap_status st;
+  gcap_tensor_retain(t);  /* a hook may close their boxes */
+  gcap_tensor_retain(g);
+  le = l_enter(L, &f, NULL, 0, 0, 0);
+  st = gcap_backward(t, g, retain);
+  l_leave(le, &f);
+  if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
+  gcap_tensor_free(g);
+  gcap_tensor_free(t);
+  l_raisecb(L);
+  if (st != GCAP_OK) l_fail(L, st, msg, "backward");
+  return 0;
+}
+
+/* t.requires_grad, t.grad, t.grad_fn, t.is_leaf, and the methods */
+static int l_tensor_index (lua_State *L) {
+  const char *k;
+  gcap_tensor *t;
+  lua_settop(L, 2);
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, lua_upvalueindex(2)) != LUA_TNIL
+      || lua_type(L, 2) != LUA_TSTRING)
+    return 1;
+  k = lua_tostring(L, 2);
+  if (strcmp(k, "requires_grad") == 0)
+    lua_pushboolean(L, gcap_tensor_requires_grad(l_checktensor(L, 1)));
+  else if (strcmp(k, "grad") == 0) {
+    t = gcap_tensor_grad(l_checktensor(L, 1));
+    if (t == NULL) lua_pushnil(L);
+    else l_pushborrowed(L, t);
+  }
+  else if (strcmp(k, "grad_fn") == 0)
+    lua_pushstring(L, gcap_tensor_grad_fn_name(l_checktensor(L, 1)));
+  else if (strcmp(k, "is_leaf") == 0)
+    lua_pushboolean(L, gcap_tensor_is_leaf(l_checktensor(L, 1)));
+  return 1;  /* nil for other names, as a table would */
+}
+
+/* t.requires_grad = b; t.grad = nil | tensor */
+static int l_tensor_newindex (lua_State *L) {
+  gcap_tensor *t = l_checktensor(L, 1);
+  const char *k = (lua_type(L, 2) == LUA_TSTRING) ? lua_tostring(L, 2) : "";
+  if (strcmp(k, "requires_grad") == 0) {
+    if (!lua_isboolean(L, 3))
+      return l_error(L, "requires_grad must be a boolean, got %s",
+                     l_typename(L, 3));
+    l_check(L, gcap_tensor_engine(t),
+            gcap_tensor_set_requires_grad(t, lua_toboolean(L, 3)),
+            "requires_grad");
+  }
+  else if (strcmp(k, "grad") == 0) {
+    gcap_tensor *g = NULL;
+    if (!lua_isnil(L, 3)) {
+      if (luaL_testudata(L, 3, TENSOR_MT) == NULL)
+        return l_error(L, "grad must be a tensor or nil, got %s",
+                       l_typename(L, 3));
+      g = l_checktensor(L, 3);
+    }
+    l_check(L, gcap_tensor_engine(t), gcap_tensor_set_grad(t, g), "grad");
+  }
+  else
+    return l_error(L, TENSOR_MT " has no assignable field '%s' "
+                   "(only requires_grad and grad)", luaL_tolstring(L, 2, NULL));
+  return 0;
+}
+
+/* }====================================================== */
+
+
+/*
+** {======================================================
+** Ops (gc.matmul, gc.F.*, and their tensor methods)
+** =======================================================
+*/
+
+static int l_binary (lua_State *L, l_binop f, const char *op) {
+  gcap_tensor *a = l_checktensor(L, 1), *b = l_checktensor(L, 2);
+  LTensor *r = l_newtensor(L);
+  l_check(L, gcap_tensor_engine(a), f(a, b, &r->t), op);
+  return 1;
+}
+
+static int l_matmul (lua_State *L) {
+  return l_binary(L, gcap_matmul, "matmul");
+}
+
+static int l_relu (lua_State *L) { return l_unary(L, gcap_relu, "relu"); }
+static int l_gelu (lua_State *L) { return l_unary(L, gcap_gelu, "gelu"); }
+
+static int l_mse_loss (lua_State *L) {
+  return l_binary(L, gcap_mse_loss, "mse_loss");
+}
+
+static int l_cross_entropy (lua_State *L) {
+  return l_binary(L, gcap_cross_entropy, "cross_entropy");
+}
+
+/* linear(x, w [, b]) */
+static int l_linear (lua_State *L) {
+  gcap_tensor *x = l_checktensor(L, 1), *w = l_checktensor(L, 2);
+  gcap_tensor *b = lua_isnoneornil(L, 3) ? NULL : l_checktensor(L, 3);
+  LTensor *r = l_newtensor(L);
+  l_check(L, gcap_tensor_engine(x), gcap_linear(x, w, b, &r->t), "linear");
+  return 1;
+}
+
+/* layer_norm(x [, w [, b [, eps = 1e-5]]]) */
+static int l_layer_norm (lua_State *L) {
+  gcap_tensor *x = l_checktensor(L, 1);
+  gcap_tensor *w = lua_isnoneornil(L, 2) ? NULL : l_checktensor(L, 2);
+  gcap_tensor *b = lua_isnoneornil(L, 3) ? NULL : l_checktensor(L, 3);
+  double eps = (double)luaL_optnumber(L, 4, 1e-5);
+  LTensor *r = l_newtensor(L);
+  l_check(L, gcap_tensor_engine(x), gcap_layer_norm(x, w, b, eps, &r->t),
+          "layer_norm");
+  return 1;
+}
+
+/* softmax(x [, dim = -1]): Lua dims count from 1; -1 is the last one */
+static int l_softmax (lua_State *L) {
+  gcap_tensor *x = l_checktensor(L, 1);
+  lua_Integer d = luaL_optinteger(L, 2, -1);
+  int n = gcap_tensor_ndim(x);
+  LTensor *r;
+  if (n > 0) {
+    lua_Integer p = (d < 0) ? d + n + 1 : d;  /* 1-based */
+    if (d == 0 || p < 1 || p > n)
+      return l_error(L, "softmax: dim %I is out of range for a %d-D tensor "
+                     "(dims count from 1; -1 is the last)", (LUAI_UACINT)d, n);
+    if (p != n)
+      return l_error(L, "softmax: only the last dimension is supported "
+                     "(dim -1 or %d), got dim %I", n, (LUAI_UACINT)d);
+  }
+  r = l_newtensor(L);
+  l_check(L, gcap_tensor_engine(x), gcap_softmax(x, -1, &r->t), "softmax");
+  return 1;
+}
+
+/* dropout(x [, p = 0.5 [, training = true]]) */
+static int l_dropout (lua_State *L) {
+  gcap_tensor *x = l_checktensor(L, 1);
+  double p = (double)luaL_optnumber(L, 2, 0.5);
+  int training = l_optboolean(L, 3, 1, "training");
+  LTensor *r = l_newtensor(L);
+  l_check(L, gcap_tensor_engine(x), gcap_dropout(x, p, training, &r->t),
+          "dropout");
+  return 1;
+}
+
+static int l_set_grad_enabled (lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  luaL_checktype(L, 1, LUA_TBOOLEAN);
+  lua_pushboolean(L, gcap_set_grad_enabled(e, lua_toboolean(L, 1)));
+  return 1;
+}
+
+static int l_is_grad_enabled (lua_State *L) {
+  lua_pushboolean(L, gcap_is_grad_enabled(l_engine(L)));
+  return 1;
+}
+
+static const luaL_Reg l_F_funcs[] = {
+  {"linear", l_linear},
+  {"relu", l_relu},
+  {"gelu", l_gelu},
+  {"layer_norm", l_layer_norm},
+  {"softmax", l_softmax},
+  {"dropout", l_dropout},
+  {"mse_loss", l_mse_loss},
+  {"cross_entropy", l_cross_entropy},
+  {NULL, NULL}
+};
+
+
+/* The Tensor metatable; l_tensor_index and l_tensor_newindex replace its
+** __index by a function over these methods (luaopen_graphcap_core). */
 static const luaL_Reg l_tensor_meta[] = {
   {"__gc", l_tensor_close},
   {"__close", l_tensor_close},
@@ -534,7 +1022,956 @@ static const luaL_Reg l_tensor_methods[] = {
   {"fill_", l_fill_},
   {"sum", l_sum},
   {"mean", l_mean},
+  {"requires_grad_", l_requires_grad_},
+  {"detach", l_detach},
+  {"backward", l_backward},
+  {"matmul", l_matmul},
+  {"relu", l_relu},
+  {"gelu", l_gelu},
+  {"softmax", l_softmax},
   {"close", l_tensor_close},
+  {NULL, NULL}
+};
+
+/* }====================================================== */
+
+
+/*
+** {======================================================
+** Modules
+** =======================================================
+*/
+
+static int l_module_forward (lua_State *L);
+
+static LModule *l_checkmodule (lua_State *L, int i) {
+  LModule *p = (LModule *)luaL_checkudata(L, i, MODULE_MT);
+  luaL_argcheck(L, p->m != NULL, i, "module is closed");
+  return p;
+}
+
+/* A new Module box in its closed state, of the class at index 'cls' (0:
+** none). */
+static LModule *l_newmodule (lua_State *L, int cls) {
+  LModule *p;
+  cls = (cls != 0) ? lua_absindex(L, cls) : 0;
+  p = (LModule *)l_newbox(L, sizeof *p, NUV_MODULE, MODULE_MT);
+  lua_newtable(L);
+  lua_setiuservalue(L, -2, UV_FIELDS);
+  if (cls != 0) {
+    lua_pushvalue(L, cls);
+    lua_setiuservalue(L, -2, UV_CLASS);
+  }
+  lua_newtable(L);
+  lua_setiuservalue(L, -2, UV_HOOKS);
+  lua_newtable(L);
+  lua_setiuservalue(L, -2, UV_REG);
+  return p;
+}
+
+/* Make the (open) Module box on top the Lua value of its module. */
+static void l_keepmodule (lua_State *L) {
+  LModule *p = (LModule *)lua_touserdata(L, -1);
+  lua_getiuservalue(L, ENGINEIDX, UV_MODULES);
+  lua_pushvalue(L, -2);
+  lua_rawsetp(L, -2, p->m);
+  lua_pop(L, 1);
+}
+
+/* Push the Lua value of module m and return 1, or push nothing and return
+** 0 when it has none (collected or closed). */
+static int l_findmodule (lua_State *L, gcap_module *m) {
+  lua_getiuservalue(L, ENGINEIDX, UV_MODULES);
+  if (lua_rawgetp(L, -1, m) == LUA_TUSERDATA
+      && ((LModule *)lua_touserdata(L, -1))->m == m) {
+    lua_remove(L, -2);
+    return 1;
+  }
+  lua_pop(L, 2);
+  return 0;
+}
+
+static void l_adoptfields (lua_State *L, int i);
+
+/* Push the Lua value of module m, making one (of the built-in class of its
+** type, if any) for a module that has none. */
+static void l_pushmodule (lua_State *L, gcap_module *m) {
+  LModule *p;
+  if (l_findmodule(L, m)) return;
+  lua_getiuservalue(L, ENGINEIDX, UV_CLASSES);
+  lua_getfield(L, -1, gcap_module_type(m));
+  p = l_newmodule(L, lua_istable(L, -1) ? -1 : 0);
+  p->m = gcap_module_retain(m);
+  lua_replace(L, -3);
+  lua_pop(L, 1);
+  l_keepmodule(L);
+  l_adoptfields(L, -1);
+}
+
+/* Register a name of the module box at 'mi' as 'kind' and as a field whose
+** value is on top (popped). */
+static void l_setfield (lua_State *L, int mi, const char *name,
+                        const char *kind) {
+  lua_getiuservalue(L, mi, UV_FIELDS);
+  lua_pushvalue(L, -2);
+  lua_setfield(L, -2, name);
+  lua_pop(L, 2);
+  lua_getiuservalue(L, mi, UV_REG);
+  lua_pushstring(L, kind);
+  lua_setfield(L, -2, name);
+  lua_pop(L, 1);
+}
+
+/* Give the module box at i (one that the binding did not build field by
+** field: a built-in) its own parameters, buffers and children as fields,
+** as if they had been assigned. */
+static void l_adoptfields (lua_State *L, int i) {
+  gcap_module *m = ((LModule *)lua_touserdata(L, i))->m;
+  char name[256];
+  int j, n;
+  i = lua_absindex(L, i);
+  n = gcap_module_num_parameters(m);
+  for (j = 0; j < n; j++) {
+    gcap_tensor *t = gcap_module_parameter(m, j, name, sizeof name);
+    if (strchr(name, '.') != NULL) break;  /* the children's come last */
+    l_pushborrowed(L, t);
+    l_setfield(L, i, name, "parameter");
+  }
+  n = gcap_module_num_buffers(m);
+  for (j = 0; j < n; j++) {
+    gcap_tensor *t = gcap_module_buffer(m, j, name, sizeof name);
+    if (strchr(name, '.') != NULL) break;
+    l_pushborrowed(L, t);
+    l_setfield(L, i, name, "buffer");
+  }
+  n = gcap_module_num_children(m);
+  for (j = 0; j < n; j++) {
+    const char *cname;
+    gcap_module *c = gcap_module_child(m, j, &cname);
+    l_pushmodule(L, c);
+    l_setfield(L, i, cname, "child");
+  }
+}
+
+static int l_module_close (lua_State *L) {
+  LModule *p = (LModule *)luaL_checkudata(L, 1, MODULE_MT);
+  if (p->m != NULL) {
+    /* its hooks live in its uservalue: they go with it */
+    if (lua_getiuservalue(L, 1, UV_HOOKS) == LUA_TTABLE) {
+      lua_pushnil(L);
+      while (lua_next(L, -2) != 0) {
+        LHandle *h = (LHandle *)lua_touserdata(L, -1);
+        if (h != NULL && h->m != NULL) {
+          gcap_module_remove_hook(h->m, h->id);
+          h->m = NULL;
+        }
+        lua_pop(L, 1);
+      }
+    }
+    gcap_module_free(p->m);
+    p->m = NULL;
+  }
+  return 0;
+}
+
+static int l_module_tostring (lua_State *L) {
+  LModule *p = (LModule *)luaL_checkudata(L, 1, MODULE_MT);
+  if (p->m == NULL) lua_pushliteral(L, MODULE_MT " (closed)");
+  else lua_pushstring(L, gcap_module_type(p->m));
+  return 1;
+}
+
+/*
+** Push the arguments of a module's forward or forward-pre hooks: 'in' (nin
+** tensors). In a direct call of the module, c->nargs Lua arguments of that
+** call are at 2.. (after the context): those are pushed (non-tensor ones
+** too), each tensor the same Lua value unless the core passes another
+** tensor in its place.
+*/
+static int l_pushargs (lua_State *L, const LCall *c, int nin,
+                       gcap_tensor *const *in) {
+  int i;
+  if (c->nargs > 0) {
+    int k = 0;
+    luaL_checkstack(L, c->nargs, "too many arguments");
+    for (i = 0; i < c->nargs; i++) {
+      LTensor *p = (LTensor *)luaL_testudata(L, 2 + i, TENSOR_MT);
+      if (p != NULL && k < nin) {
+        if (p->t == in[k]) lua_pushvalue(L, 2 + i);
+        else l_pushborrowed(L, in[k]);
+        k++;
+      }
+      else lua_pushvalue(L, 2 + i);
+    }
+    return c->nargs;
+  }
+  luaL_checkstack(L, nin, "too many arguments");
+  for (i = 0; i < nin; i++) l_pushborrowed(L, in[i]);
+  return nin;
+}
+
+/* A Lua module's forward, called by the core */
+typedef struct LFwdCall {
+  LCall c;
+  gcap_module *m;
+  int nin;
+  gcap_tensor *const *in;
+  gcap_tensor **out;
+} LFwdCall;
+
+/* The protected part: out = Class.forward(self, args...) */
+static int l_pforward (lua_State *L) {
+  LFwdCall *c = (LFwdCall *)lua_touserdata(L, 1);
+  const char *type = gcap_module_type(c->m);
+  int mi, fi, n;
+  LTensor *r;
+  if (!l_findmodule(L, c->m))
+    return l_error(L, "%s: the module's Lua value was closed or collected",
+                   type);
+  mi = lua_gettop(L);
+  if (lua_getfield(L, mi, "forward") != LUA_TFUNCTION  /* its class's */
+      || lua_tocfunction(L, -1) == l_module_forward)
+    return l_error(L, "%s:forward is not defined", type);
+  fi = lua_gettop(L);
+  lua_pushvalue(L, mi);
+  n = l_pushargs(L, &c->c, c->nin, c->in);
+  lua_call(L, n + 1, LUA_MULTRET);
+  n = lua_gettop(L) - fi + 1;  /* results */
+  if (n != 1)
+    return l_error(L, "%s:forward must return a tensor, got %s", type,
+                   (n == 0) ? "no value"
+                            : lua_pushfstring(L, "%d values", n));
+  r = (LTensor *)luaL_testudata(L, fi, TENSOR_MT);
+  if (r == NULL || r->t == NULL)
+    return l_error(L, "%s:forward must return a tensor, got %s", type,
+                   (r == NULL) ? l_typename(L, fi) : "a closed tensor");
+  l_keeptensor(L, fi);  /* m(...) returns this same value */
+  *c->out = gcap_tensor_retain(r->t);
+  return 0;
+}
+
+/* gcap_forward_fn of Lua modules; ud is the engine box's LEngine */
+static gcap_status l_lua_forward (void *ud, gcap_module *m, int nin,
+                                  gcap_tensor *const *in, gcap_tensor **out) {
+  LFwdCall c = {{0}, m, nin, in, out};
+  return l_callback((LEngine *)ud, &l_fwdkey, &c.c, m);
+}
+
+/* A module hook, called by the core */
+typedef struct LHookCall {
+  LCall c;
+  const LHandle *h;
+  gcap_module *m;
+  const gcap_hook_args *a;
+} LHookCall;
+
+/* The protected part: f(module, ...) by kind */
+static int l_phook (lua_State *L) {
+  LHookCall *c = (LHookCall *)lua_touserdata(L, 1);
+  const gcap_hook_args *a = c->a;
+  int mi, n = 1;
+  if (!l_findmodule(L, c->m)) return 0;  /* gone, and its hooks with it */
+  mi = lua_gettop(L);
+  lua_getiuservalue(L, mi, UV_HOOKS);
+  if (lua_rawgeti(L, -1, c->h->key) != LUA_TUSERDATA) return 0;
+  lua_getiuservalue(L, -1, UV_HOOKFN);
+  lua_pushvalue(L, mi);
+  switch (a->kind) {
+    case GCAP_HOOK_FORWARD_PRE:
+      n += l_pushargs(L, &c->c, a->nin, a->in);
+      break;
+    case GCAP_HOOK_FORWARD: {
+      int i, k = l_pushargs(L, &c->c, a->nin, a->in);
+      lua_createtable(L, k, 0);  /* args_table */
+      lua_insert(L, -(k + 1));
+      for (i = k; i >= 1; i--) lua_rawseti(L, -(i + 1), i);
+      if (a->out != NULL) l_pushborrowed(L, a->out);
+      else lua_pushnil(L);
+      n += 2;
+      break;
+    }
+    case GCAP_HOOK_BACKWARD_PRE:
+      if (a->grad_out != NULL) l_pushborrowed(L, a->grad_out);
+      else lua_pushnil(L);
+      n += 1;
+      break;
+    case GCAP_HOOK_BACKWARD:
+      if (a->grad_in != NULL) l_pushborrowed(L, a->grad_in);
+      else lua_pushnil(L);
+      if (a->grad_out != NULL) l_pushborrowed(L, a->grad_out);
+      else lua_pushnil(L);
+      n += 2;
+      break;
+  }
+  lua_call(L, n, 0);  /* what it returns is ignored */
+  return 0;
+}
+
+/* gcap_module_hook of every hook registered from Lua; ud is its LHandle */
+static gcap_status l_hook (void *ud, gcap_module *m, const gcap_hook_args *a) {
+  const LHandle *h = (const LHandle *)ud;
+  const LFrame *f = h->le->cur;
+  int fwd = (a->kind == GCAP_HOOK_FORWARD_PRE || a->kind == GCAP_HOOK_FORWARD);
+  LHookCall c = {{0}, h, m, a};
+  if (fwd && f != NULL && f->muted && f->m == m)
+    return GCAP_OK;  /* m:forward(...) */
+  return l_callback(h->le, &l_hookkey, &c.c, fwd ? m : NULL);
+}
+
+/* m(...) (muted = 0) and, for built-ins, m:forward(...) (muted = 1) */
+static int l_modcall (lua_State *L, int muted) {
+  LModule *p = l_checkmodule(L, 1);
+  gcap_module *m = p->m;
+  gcap_engine *e = l_engine(L);
+  int islua = (gcap_module_userdata(m) == lua_touserdata(L, ENGINEIDX));
+  int i, nargs = lua_gettop(L) - 1, nin = 0;
+  gcap_tensor *in[MAXIN];
+  char msg[1024];
+  LFrame f;
+  LEngine *le;
+  LTensor *r;
+  gcap_status st;
+  for (i = 2; i <= nargs + 1; i++) {
+    LTensor *t = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
+    if (t == NULL) {
+      if (!islua)  /* a Lua forward takes any value; the core, tensors */
+        return l_error(L, "%s: argument #%d must be a tensor, got %s",
+                       gcap_module_type(m), i - 1, l_typename(L, i));
+      continue;
+    }
+    luaL_argcheck(L, t->t != NULL, i, "tensor is closed");
+    if (nin == MAXIN)
+      return l_error(L, "%s: a module takes 0 to %d tensor inputs",
+                     gcap_module_type(m), MAXIN);
+    in[nin++] = t->t;
+    l_keeptensor(L, i);  /* children and hooks see this same value */
+  }
+  lua_pushstring(L, gcap_module_type(m));  /* for a message after the call */
+  r = l_newtensor(L);
+  gcap_module_retain(m);  /* callbacks may close the boxes of m and 'in' */
+  for (i = 0; i < nin; i++) gcap_tensor_retain(in[i]);
+  le = l_enter(L, &f, m, 2, nargs, muted);
+  st = gcap_module_call(m, nin, in, &r->t);
+  l_leave(le, &f);
+  if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
+  for (i = 0; i < nin; i++) gcap_tensor_free(in[i]);
+  gcap_module_free(m);
+  l_raisecb(L);
+  if (st != GCAP_OK) l_fail(L, st, msg, lua_tostring(L, -2));
+  l_knownresult(L);
+  return 1;
+}
+
+static int l_module_call (lua_State *L) { return l_modcall(L, 0); }
+
+/* m:forward(...) of a built-in or of a class without forward (a class's
+** own forward is found first, and called as a plain Lua function) */
+static int l_module_forward (lua_State *L) { return l_modcall(L, 1); }
+
+/* m.training, fields, then the class (its methods), then the methods of
+** every module (upvalue 2) */
+static int l_module_index (lua_State *L) {
+  LModule *p = (LModule *)luaL_checkudata(L, 1, MODULE_MT);
+  lua_settop(L, 2);
+  if (lua_type(L, 2) == LUA_TSTRING
+      && strcmp(lua_tostring(L, 2), "training") == 0) {
+    luaL_argcheck(L, p->m != NULL, 1, "module is closed");
+    lua_pushboolean(L, gcap_module_training(p->m));
+    return 1;
+  }
+  lua_getiuservalue(L, 1, UV_FIELDS);
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, -2) != LUA_TNIL) return 1;
+  if (lua_getiuservalue(L, 1, UV_CLASS) == LUA_TTABLE) {
+    lua_pushvalue(L, 2);
+    if (lua_gettable(L, -2) != LUA_TNIL) return 1;
+  }
+  lua_pushvalue(L, 2);
+  lua_rawget(L, lua_upvalueindex(2));
+  return 1;
+}
+
+/* Is the tensor box at i one to register as a parameter? */
+static int l_isparam (lua_State *L, int i, gcap_tensor *t) {
+  int marked;
+  if (gcap_tensor_requires_grad(t) && gcap_tensor_is_leaf(t)) return 1;
+  lua_getiuservalue(L, ENGINEIDX, UV_PMARKS);
+  lua_pushvalue(L, i);
+  marked = (lua_rawget(L, -2) != LUA_TNIL);
+  lua_pop(L, 2);
+  return marked;
+}
+
+/*
+** m.k = v: a module registers a child named k, a tensor that requires grad
+** (a leaf) or that nn.Parameter marked registers a parameter, in the order
+** of assignment; any value is kept as a field, read back as it is.
+** Registered names cannot be reassigned (graphcap.h cannot unregister).
+*/
+static int l_module_newindex (lua_State *L) {
+  LModule *p = l_checkmodule(L, 1);
+  const char *type = gcap_module_type(p->m);
+  const char *kind = NULL;
+  LModule *child = NULL;
+  LTensor *t = NULL;
+  gcap_status st;
+  lua_settop(L, 3);
+  if (lua_type(L, 2) == LUA_TSTRING
+      && strcmp(lua_tostring(L, 2), "training") == 0)
+    return l_error(L, "%s: training cannot be assigned; use m:train(b) "
+                   "or m:eval()", type);
+  lua_getiuservalue(L, 1, UV_REG);  /* 4 */
+  lua_getiuservalue(L, 1, UV_FIELDS);  /* 5 */
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, 4) != LUA_TNIL) {  /* a registered name */
+    lua_pushvalue(L, 2);
+    lua_rawget(L, 5);
+    if (lua_rawequal(L, -1, 3)) return 0;  /* the same value again */
+    return l_error(L, "%s: '%s' is a registered %s and cannot be "
+                   "reassigned", type, lua_tostring(L, 2),
+                   lua_tostring(L, 6));
+  }
+  lua_pop(L, 1);
+  if (luaL_testudata(L, 3, MODULE_MT) != NULL) {
+    child = l_checkmodule(L, 3);
+    kind = "child";
+  }
+  else if ((t = (LTensor *)luaL_testudata(L, 3, TENSOR_MT)) != NULL
+           && t->t != NULL && l_isparam(L, 3, t->t))
+    kind = "parameter";
+  if (kind != NULL && lua_type(L, 2) != LUA_TSTRING)
+    return l_error(L, "%s: a %s needs a string name, got %s", type, kind,
+                   l_typename(L, 2));
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  lua_rawset(L, 5);
+  if (kind == NULL) return 0;
+  lua_pushvalue(L, 2);
+  lua_pushstring(L, kind);
+  lua_rawset(L, 4);
+  if (child != NULL)
+    st = gcap_module_add_child(p->m, lua_tostring(L, 2), child->m);
+  else {
+    l_keeptensor(L, 3);  /* m:parameters() gives this value */
+    st = gcap_module_add_parameter(p->m, lua_tostring(L, 2), t->t);
+  }
+  if (st != GCAP_OK) {  /* undo (no allocation: the keys exist) */
+    lua_pushvalue(L, 2);
+    lua_pushnil(L);
+    lua_rawset(L, 4);
+    lua_pushvalue(L, 2);
+    lua_pushnil(L);
+    lua_rawset(L, 5);
+    l_check(L, l_engine(L), st, type);
+  }
+  return 0;
+}
+
+/* m:register_buffer(name, t) */
+static int l_register_buffer (lua_State *L) {
+  LModule *p = l_checkmodule(L, 1);
+  const char *name = luaL_checkstring(L, 2);
+  gcap_tensor *t = l_checktensor(L, 3);
+  gcap_status st;
+  lua_settop(L, 3);
+  lua_getiuservalue(L, 1, UV_REG);  /* 4 */
+  lua_getiuservalue(L, 1, UV_FIELDS);  /* 5 */
+  if (lua_getfield(L, 4, name) != LUA_TNIL)
+    return l_error(L, "%s: '%s' is a registered %s already",
+                   gcap_module_type(p->m), name, lua_tostring(L, -1));
+  lua_pop(L, 1);
+  lua_pushvalue(L, 3);
+  lua_setfield(L, 5, name);
+  lua_pushliteral(L, "buffer");
+  lua_setfield(L, 4, name);
+  st = gcap_module_add_buffer(p->m, name, t);
+  if (st != GCAP_OK) {
+    lua_pushnil(L);
+    lua_setfield(L, 4, name);
+    lua_pushnil(L);
+    lua_setfield(L, 5, name);
+    l_check(L, l_engine(L), st, "register_buffer");
+  }
+  l_keeptensor(L, 3);
+  return 0;
+}
+
+/* m:parameters(), m:buffers() and their named_ forms: a sequence of
+** tensors, or of {name, tensor} pairs, in the core's order */
+static int l_tensorlist (lua_State *L, int buffers, int named) {
+  gcap_module *m = l_checkmodule(L, 1)->m;
+  char name[512];
+  int i, n = buffers ? gcap_module_num_buffers(m)
+                     : gcap_module_num_parameters(m);
+  lua_createtable(L, n, 0);
+  for (i = 0; i < n; i++) {
+    char *nm = named ? name : NULL;
+    gcap_tensor *t = buffers ? gcap_module_buffer(m, i, nm, sizeof name)
+                             : gcap_module_parameter(m, i, nm, sizeof name);
+    if (named) {
+      lua_createtable(L, 2, 0);
+      lua_pushstring(L, name);
+      lua_rawseti(L, -2, 1);
+      l_pushborrowed(L, t);
+      lua_rawseti(L, -2, 2);
+    }
+    else
+      l_pushborrowed(L, t);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int l_parameters (lua_State *L) { return l_tensorlist(L, 0, 0); }
+static int l_named_parameters (lua_State *L) { return l_tensorlist(L, 0, 1); }
+static int l_buffers (lua_State *L) { return l_tensorlist(L, 1, 0); }
+static int l_named_buffers (lua_State *L) { return l_tensorlist(L, 1, 1); }
+
+static int l_childlist (lua_State *L, int named) {
+  gcap_module *m = l_checkmodule(L, 1)->m;
+  int i, n = gcap_module_num_children(m);
+  lua_createtable(L, n, 0);
+  for (i = 0; i < n; i++) {
+    const char *name;
+    gcap_module *c = gcap_module_child(m, i, &name);
+    if (named) {
+      lua_createtable(L, 2, 0);
+      lua_pushstring(L, name);
+      lua_rawseti(L, -2, 1);
+      l_pushmodule(L, c);
+      lua_rawseti(L, -2, 2);
+    }
+    else
+      l_pushmodule(L, c);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int l_children (lua_State *L) { return l_childlist(L, 0); }
+static int l_named_children (lua_State *L) { return l_childlist(L, 1); }
+
+/* m:train([b = true]) -> m */
+static int l_train (lua_State *L) {
+  LModule *p = l_checkmodule(L, 1);
+  gcap_module_train(p->m, l_optboolean(L, 2, 1, "mode"));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int l_eval (lua_State *L) {
+  gcap_module_train(l_checkmodule(L, 1)->m, 0);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* m:zero_grad([set_to_none = true]) (the facade takes an options table) */
+static int l_module_zero_grad (lua_State *L) {
+  LModule *p = l_checkmodule(L, 1);
+  int none = lua_isnoneornil(L, 2) || lua_toboolean(L, 2);
+  l_check(L, l_engine(L), gcap_module_zero_grad(p->m, none), "zero_grad");
+  return 0;
+}
+
+static int l_backward_dw (lua_State *L) {
+  LModule *p = l_checkmodule(L, 1);
+  gcap_module *m = p->m;
+  gcap_engine *e = l_engine(L);
+  char msg[1024];
+  LFrame f;
+  LEngine *le;
+  gcap_status st;
+  gcap_module_retain(m);
+  le = l_enter(L, &f, NULL, 0, 0, 0);
+  st = gcap_module_backward_dw(m);
+  l_leave(le, &f);
+  if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
+  gcap_module_free(m);
+  l_raisecb(L);
+  if (st != GCAP_OK) l_fail(L, st, msg, "backward_dw");
+  return 0;
+}
+
+static int l_module_type (lua_State *L) {
+  lua_pushstring(L, gcap_module_type(l_checkmodule(L, 1)->m));
+  return 1;
+}
+
+/*
+** m:register_..._hook(f) -> handle. The handle is kept in m's UV_HOOKS
+** before the core knows it, so that nothing can raise while the core
+** holds a hook the binding does not.
+*/
+static int l_register (lua_State *L, gcap_hook_kind kind) {
+  LModule *p = l_checkmodule(L, 1);
+  LHandle *h;
+  int id;
+  gcap_status st;
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_settop(L, 2);
+  h = (LHandle *)l_newbox(L, sizeof *h, 3, HANDLE_MT);  /* 3 */
+  h->le = (LEngine *)lua_touserdata(L, ENGINEIDX);
+  lua_pushvalue(L, 2);
+  lua_setiuservalue(L, 3, UV_HOOKFN);
+  lua_pushvalue(L, 1);
+  lua_setiuservalue(L, 3, UV_HOOKMOD);
+  h->key = ++p->nexthook;
+  lua_getiuservalue(L, 1, UV_HOOKS);  /* 4 */
+  lua_pushvalue(L, 3);
+  lua_rawseti(L, 4, h->key);
+  st = gcap_module_register_hook(p->m, kind, l_hook, h, NULL, &id);
+  if (st != GCAP_OK) {
+    lua_pushnil(L);
+    lua_rawseti(L, 4, h->key);
+    l_check(L, l_engine(L), st, "register_hook");
+  }
+  h->m = p->m;
+  h->id = id;
+  lua_settop(L, 3);
+  return 1;
+}
+
+static int l_register_forward_pre_hook (lua_State *L) {
+  return l_register(L, GCAP_HOOK_FORWARD_PRE);
+}
+
+static int l_register_forward_hook (lua_State *L) {
+  return l_register(L, GCAP_HOOK_FORWARD);
+}
+
+static int l_register_full_backward_pre_hook (lua_State *L) {
+  return l_register(L, GCAP_HOOK_BACKWARD_PRE);
+}
+
+static int l_register_full_backward_hook (lua_State *L) {
+  return l_register(L, GCAP_HOOK_BACKWARD);
+}
+
+/* handle:remove(), idempotent */
+static int l_handle_remove (lua_State *L) {
+  LHandle *h = (LHandle *)luaL_checkudata(L, 1, HANDLE_MT);
+  if (h->m != NULL) {
+    gcap_module_remove_hook(h->m, h->id);
+    h->m = NULL;
+    if (lua_getiuservalue(L, 1, UV_HOOKMOD) == LUA_TUSERDATA
+        && lua_getiuservalue(L, -1, UV_HOOKS) == LUA_TTABLE) {
+      lua_pushnil(L);
+      lua_rawseti(L, -2, h->key);
+    }
+  }
+  return 0;
+}
+
+static int l_handle_tostring (lua_State *L) {
+  LHandle *h = (LHandle *)luaL_checkudata(L, 1, HANDLE_MT);
+  if (h->m == NULL) lua_pushliteral(L, HANDLE_MT " (removed)");
+  else lua_pushfstring(L, HANDLE_MT "(%d)", h->id);
+  return 1;
+}
+
+static const luaL_Reg l_module_meta[] = {
+  {"__gc", l_module_close},
+  {"__close", l_module_close},
+  {"__tostring", l_module_tostring},
+  {"__call", l_module_call},
+  {NULL, NULL}
+};
+
+static const luaL_Reg l_module_methods[] = {
+  {"forward", l_module_forward},
+  {"parameters", l_parameters},
+  {"named_parameters", l_named_parameters},
+  {"buffers", l_buffers},
+  {"named_buffers", l_named_buffers},
+  {"children", l_children},
+  {"named_children", l_named_children},
+  {"register_buffer", l_register_buffer},
+  {"train", l_train},
+  {"eval", l_eval},
+  {"zero_grad", l_module_zero_grad},
+  {"backward_dw", l_backward_dw},
+  {"register_forward_pre_hook", l_register_forward_pre_hook},
+  {"register_forward_hook", l_register_forward_hook},
+  {"register_full_backward_pre_hook", l_register_full_backward_pre_hook},
+  {"register_full_backward_hook", l_register_full_backward_hook},
+  {"type", l_module_type},
+  {"close", l_module_close},
+  {NULL, NULL}
+};
+
+static const luaL_Reg l_handle_meta[] = {
+  {"__tostring", l_handle_tostring},
+  {NULL, NULL}
+};
+
+static const luaL_Reg l_handle_methods[] = {
+  {"remove", l_handle_remove},
+  {NULL, NULL}
+};
+
+/* Finish the built-in module box at -1 made for class 'cls': check the
+** core's status, make it the module's Lua value, give it its fields. */
+static int l_newbuiltin (lua_State *L, gcap_engine *e, gcap_status st,
+                         const char *op) {
+  l_check(L, e, st, op);
+  l_keepmodule(L);
+  l_adoptfields(L, -1);
+  return 1;
+}
+
+/* _nn.module(class, name): an instance of a Lua class, forward in Lua */
+static int l_nn_module (lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  const char *name = luaL_checkstring(L, 2);
+  LModule *p;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  p = l_newmodule(L, 1);
+  l_check(L, e, gcap_module_new(e, name, l_lua_forward,
+                                lua_touserdata(L, ENGINEIDX), NULL, &p->m),
+          name);
+  l_keepmodule(L);
+  return 1;
+}
+
+/* _nn.linear(class, in, out, bias, delay_wgrad) */
+static int l_nn_linear (lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  lua_Integer in = luaL_checkinteger(L, 2), out = luaL_checkinteger(L, 3);
+  LModule *p = l_newmodule(L, 1);
+  return l_newbuiltin(L, e, gcap_nn_linear(e, in, out, lua_toboolean(L, 4),
+                                           lua_toboolean(L, 5), &p->m),
+                      "Linear");
+}
+
+static int l_nn_relu (lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  LModule *p = l_newmodule(L, 1);
+  return l_newbuiltin(L, e, gcap_nn_relu(e, &p->m), "ReLU");
+}
+
+static int l_nn_gelu (lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  LModule *p = l_newmodule(L, 1);
+  return l_newbuiltin(L, e, gcap_nn_gelu(e, &p->m), "GELU");
+}
+
+/* _nn.layer_norm(class, n, eps) */
+static int l_nn_layer_norm (lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  lua_Integer n = luaL_checkinteger(L, 2);
+  double eps = (double)luaL_checknumber(L, 3);
+  LModule *p = l_newmodule(L, 1);
+  return l_newbuiltin(L, e, gcap_nn_layer_norm(e, n, eps, &p->m),
+                      "LayerNorm");
+}
+
+/* _nn.dropout(class, p) */
+static int l_nn_dropout (lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  double prob = (double)luaL_checknumber(L, 2);
+  LModule *p = l_newmodule(L, 1);
+  return l_newbuiltin(L, e, gcap_nn_dropout(e, prob, &p->m), "Dropout");
+}
+
+/* _nn.sequential(class, modules, n): modules[1..n] are open modules */
+static int l_nn_sequential (lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  lua_Integer i, n = luaL_checkinteger(L, 3);
+  gcap_module **mods;
+  LModule *p;
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_argcheck(L, n >= 0 && n <= INT_MAX / (lua_Integer)sizeof *mods, 3,
+                "too many modules");
+  mods = (gcap_module **)lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *mods,
+                                           0);
+  for (i = 1; i <= n; i++) {
+    LModule *c;
+    lua_rawgeti(L, 2, i);
+    c = (LModule *)luaL_testudata(L, -1, MODULE_MT);
+    if (c == NULL || c->m == NULL)
+      return l_error(L, "Sequential: module #%I must be a module, got %s",
+                     (LUAI_UACINT)i, (c == NULL) ? l_typename(L, -1)
+                                                : "a closed module");
+    mods[i - 1] = c->m;
+    lua_pop(L, 1);
+  }
+  p = l_newmodule(L, 1);
+  l_newbuiltin(L, e, gcap_nn_sequential(e, (int)n, mods, &p->m), "Sequential");
+  lua_getiuservalue(L, -1, UV_FIELDS);  /* seq[i] is child i too */
+  for (i = 1; i <= n; i++) {
+    lua_rawgeti(L, 2, i);
+    lua_rawseti(L, -2, i);
+  }
+  lua_pop(L, 1);
+  return 1;
+}
+
+/* _nn.parameter(t): t marked as a parameter (a leaf that requires grad),
+** or such a leaf sharing t's storage when t is not a leaf */
+static int l_nn_parameter (lua_State *L) {
+  gcap_tensor *t = l_checktensor(L, 1);
+  lua_settop(L, 1);
+  if (!gcap_tensor_is_leaf(t)) {
+    LTensor *r = l_newtensor(L);
+    l_check(L, gcap_tensor_engine(t), gcap_tensor_detach(t, &r->t),
+            "Parameter");
+    t = r->t;
+  }
+  l_check(L, gcap_tensor_engine(t), gcap_tensor_set_requires_grad(t, 1),
+          "Parameter");
+  lua_getiuservalue(L, ENGINEIDX, UV_PMARKS);
+  lua_pushvalue(L, -2);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+  return 1;
+}
+
+static int l_nn_is_module (lua_State *L) {
+  lua_pushboolean(L, luaL_testudata(L, 1, MODULE_MT) != NULL);
+  return 1;
+}
+
+/* _nn.class_of(m): the class of module m, or nil */
+static int l_nn_class_of (lua_State *L) {
+  luaL_checkudata(L, 1, MODULE_MT);
+  lua_getiuservalue(L, 1, UV_CLASS);
+  return 1;
+}
+
+static const luaL_Reg l_nn_funcs[] = {
+  {"module", l_nn_module},
+  {"linear", l_nn_linear},
+  {"relu", l_nn_relu},
+  {"gelu", l_nn_gelu},
+  {"layer_norm", l_nn_layer_norm},
+  {"dropout", l_nn_dropout},
+  {"sequential", l_nn_sequential},
+  {"parameter", l_nn_parameter},
+  {"is_module", l_nn_is_module},
+  {"class_of", l_nn_class_of},
+  {NULL, NULL}
+};
+
+/* }====================================================== */
+
+
+/*
+** {======================================================
+** Optimizers
+** =======================================================
+*/
+
+/* The tensors of the sequence at 1, in a GC-owned array left on the stack */
+static gcap_tensor **l_checkparams (lua_State *L, const char *op, int *n) {
+  lua_Integer i, len;
+  gcap_tensor **v;
+  if (!lua_istable(L, 1))
+    l_error(L, "%s: params must be a sequence of tensors, got %s", op,
+            l_typename(L, 1));
+  len = luaL_len(L, 1);
+  if (len > INT_MAX / (lua_Integer)sizeof *v)
+    l_error(L, "%s: too many params", op);
+  v = (gcap_tensor **)lua_newuserdatauv(L, (size_t)(len + 1) * sizeof *v, 0);
+  for (i = 1; i <= len; i++) {
+    LTensor *p;
+    lua_geti(L, 1, i);
+    p = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
+    if (p == NULL)
+      l_error(L, "%s: params[%I] must be a tensor, got %s", op,
+              (LUAI_UACINT)i, l_typename(L, -1));
+    else if (p->t == NULL)
+      l_error(L, "%s: params[%I] is a closed tensor", op, (LUAI_UACINT)i);
+    else
+      v[i - 1] = p->t;
+    lua_pop(L, 1);
+  }
+  *n = (int)len;
+  return v;
+}
+
+/* _optim.sgd(params, lr, momentum, weight_decay) */
+static int l_optim_sgd (lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  double lr = (double)luaL_checknumber(L, 2);
+  double momentum = (double)luaL_checknumber(L, 3);
+  double wd = (double)luaL_checknumber(L, 4);
+  int n;
+  gcap_tensor **v = l_checkparams(L, "SGD", &n);
+  LOptim *p = (LOptim *)l_newbox(L, sizeof *p, 1, OPTIM_MT);
+  p->e = e;
+  l_check(L, e, gcap_optim_sgd(e, n, v, lr, momentum, wd, &p->o), "SGD");
+  return 1;
+}
+
+/* _optim.adam(params, lr, beta1, beta2, eps, weight_decay) */
+static int l_optim_adam (lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  double lr = (double)luaL_checknumber(L, 2);
+  double b1 = (double)luaL_checknumber(L, 3);
+  double b2 = (double)luaL_checknumber(L, 4);
+  double eps = (double)luaL_checknumber(L, 5);
+  double wd = (double)luaL_checknumber(L, 6);
+  int n;
+  gcap_tensor **v = l_checkparams(L, "Adam", &n);
+  LOptim *p = (LOptim *)l_newbox(L, sizeof *p, 1, OPTIM_MT);
+  p->e = e;
+  p->adam = 1;
+  l_check(L, e, gcap_optim_adam(e, n, v, lr, b1, b2, eps, wd, &p->o), "Adam");
+  return 1;
+}
+
+static LOptim *l_checkoptim (lua_State *L, int i) {
+  LOptim *p = (LOptim *)luaL_checkudata(L, i, OPTIM_MT);
+  luaL_argcheck(L, p->o != NULL, i, "optimizer is closed");
+  return p;
+}
+
+static int l_optim_close (lua_State *L) {
+  LOptim *p = (LOptim *)luaL_checkudata(L, 1, OPTIM_MT);
+  gcap_optim_free(p->o);
+  p->o = NULL;
+  return 0;
+}
+
+static int l_optim_tostring (lua_State *L) {
+  LOptim *p = (LOptim *)luaL_checkudata(L, 1, OPTIM_MT);
+  if (p->o == NULL) lua_pushliteral(L, OPTIM_MT " (closed)");
+  else lua_pushfstring(L, OPTIM_MT "(%s)", p->adam ? "Adam" : "SGD");
+  return 1;
+}
+
+static int l_optim_step (lua_State *L) {
+  LOptim *p = l_checkoptim(L, 1);
+  l_check(L, p->e, gcap_optim_step(p->o), "step");
+  return 0;
+}
+
+/* opt:zero_grad([set_to_none = true]) (the facade takes an options table) */
+static int l_optim_zero_grad (lua_State *L) {
+  LOptim *p = l_checkoptim(L, 1);
+  int none = lua_isnoneornil(L, 2) || lua_toboolean(L, 2);
+  l_check(L, p->e, gcap_optim_zero_grad(p->o, none), "zero_grad");
+  return 0;
+}
+
+static const luaL_Reg l_optim_meta[] = {
+  {"__gc", l_optim_close},
+  {"__close", l_optim_close},
+  {"__tostring", l_optim_tostring},
+  {NULL, NULL}
+};
+
+static const luaL_Reg l_optim_methods[] = {
+  {"step", l_optim_step},
+  {"zero_grad", l_optim_zero_grad},
+  {"close", l_optim_close},
+  {NULL, NULL}
+};
+
+static const luaL_Reg l_optim_funcs[] = {
+  {"sgd", l_optim_sgd},
+  {"adam", l_optim_adam},
   {NULL, NULL}
 };
 
@@ -979,6 +2416,15 @@ static const luaL_Reg l_engine_methods[] = {
   {NULL, NULL}
 };
 
+/* Push a new table with weak keys or values (mode "k" or "v"). */
+static void l_weaktable (lua_State *L, const char *mode) {
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushstring(L, mode);
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+}
+
 /* Push the state's engine box, opening the engine on first use on the
 ** device that GRAPHCAP_DEVICE names (unset or empty: the default). */
 static void l_pushengine (lua_State *L) {
@@ -997,15 +2443,20 @@ static void l_pushengine (lua_State *L) {
   else
     luaL_error(L, "GRAPHCAP_DEVICE='%s' is not a device (expected host or cuda)",
                name);
-  p = (LEngine *)lua_newuserdatauv(L, sizeof *p, 3);
+  p = (LEngine *)lua_newuserdatauv(L, sizeof *p, NUV_ENGINE);
   p->e = NULL;
+  p->cur = NULL;
   luaL_setmetatable(L, ENGINE_MT);
-  lua_newtable(L);  /* UV_STREAMS, with weak values */
-  lua_createtable(L, 0, 1);
-  lua_pushliteral(L, "v");
-  lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
+  l_weaktable(L, "v");
   lua_setiuservalue(L, -2, UV_STREAMS);
+  l_weaktable(L, "v");
+  lua_setiuservalue(L, -2, UV_MODULES);
+  l_weaktable(L, "v");
+  lua_setiuservalue(L, -2, UV_TENSORS);
+  l_weaktable(L, "k");
+  lua_setiuservalue(L, -2, UV_PMARKS);
+  lua_newtable(L);
+  lua_setiuservalue(L, -2, UV_CLASSES);
   if (gcap_engine_new(dev, &p->e) != GCAP_OK)
     luaL_error(L, "cannot open graphcap device '%s': %s", name,
                gcap_last_open_error());
@@ -1080,6 +2531,9 @@ static const luaL_Reg l_funcs[] = {
   {"Event", l_event_new},
   {"graph_pool_handle", l_pool_new},
   {"Graph", l_graph_new},
+  {"set_grad_enabled", l_set_grad_enabled},
+  {"is_grad_enabled", l_is_grad_enabled},
+  {"matmul", l_matmul},
   {NULL, NULL}
 };
 
@@ -1092,6 +2546,9 @@ static const struct {
   {"Event", EVENT_MT, l_event_meta, l_event_methods},
   {"Pool", POOL_MT, l_pool_meta, l_pool_methods},
   {"Graph", GRAPH_MT, l_graph_meta, l_graph_methods},
+  {"Module", MODULE_MT, l_module_meta, l_module_methods},
+  {"HookHandle", HANDLE_MT, l_handle_meta, l_handle_methods},
+  {"Optimizer", OPTIM_MT, l_optim_meta, l_optim_methods},
   {NULL, NULL, NULL, NULL}
 };
 
@@ -1112,6 +2569,54 @@ static void l_newclass (lua_State *L, const char *tname, const luaL_Reg *meta,
   lua_setfield(L, -2, "__index");
 }
 
+/*
+** Give metatable 'tname' field access: __index = index(engine, methods),
+** __newindex = newindex(engine), and __methods = the method table.
+*/
+static void l_fieldaccess (lua_State *L, const char *tname, int eng,
+                           lua_CFunction index, lua_CFunction newindex) {
+  luaL_getmetatable(L, tname);
+  lua_getfield(L, -1, "__index");  /* the method table */
+  lua_pushvalue(L, -1);
+  lua_setfield(L, -3, "__methods");
+  lua_pushvalue(L, eng);
+  lua_insert(L, -2);
+  lua_pushcclosure(L, index, 2);
+  lua_setfield(L, -2, "__index");
+  lua_pushvalue(L, eng);
+  lua_pushcclosure(L, newindex, 1);
+  lua_setfield(L, -2, "__newindex");
+  lua_pop(L, 1);
+}
+
+/* Set field 'name' of the table on top to a new table of 'funcs', each
+** with the engine box (at eng) as upvalue. */
+static void l_subtable (lua_State *L, const char *name, const luaL_Reg *funcs,
+                        int eng) {
+  lua_newtable(L);
+  lua_pushvalue(L, eng);
+  luaL_setfuncs(L, funcs, 1);
+  lua_setfield(L, -2, name);
+}
+
+/* Registry entries of the callbacks: their protected parts (closures over
+** the engine box) and the error holder, made before any callback runs so
+** that a callback never allocates outside lua_pcall. */
+static void l_callbacks (lua_State *L, int eng) {
+  lua_pushvalue(L, eng);
+  lua_pushcclosure(L, l_pforward, 1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_fwdkey);
+  lua_pushvalue(L, eng);
+  lua_pushcclosure(L, l_phook, 1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_hookkey);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &l_errkey) != LUA_TUSERDATA) {
+    LErr *h = (LErr *)lua_newuserdatauv(L, sizeof *h, 1);
+    h->set = 0;
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &l_errkey);
+  }
+  lua_pop(L, 1);
+}
+
 LUAMOD_API int luaopen_graphcap_core (lua_State *L);
 
 LUAMOD_API int luaopen_graphcap_core (lua_State *L) {
@@ -1128,9 +2633,17 @@ LUAMOD_API int luaopen_graphcap_core (lua_State *L) {
                l_classes[i].methods, eng);
     lua_setfield(L, mts, l_classes[i].key);
   }
+  l_fieldaccess(L, TENSOR_MT, eng, l_tensor_index, l_tensor_newindex);
+  l_fieldaccess(L, MODULE_MT, eng, l_module_index, l_module_newindex);
+  l_callbacks(L, eng);
   luaL_newlibtable(L, l_funcs);
   lua_pushvalue(L, eng);
   luaL_setfuncs(L, l_funcs, 1);
+  l_subtable(L, "F", l_F_funcs, eng);
+  l_subtable(L, "_nn", l_nn_funcs, eng);
+  l_subtable(L, "_optim", l_optim_funcs, eng);
+  lua_getiuservalue(L, eng, UV_CLASSES);
+  lua_setfield(L, -2, "_classes");
   lua_pushvalue(L, mts);
   lua_setfield(L, -2, "_metatables");
   lua_pushvalue(L, eng);

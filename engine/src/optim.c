@@ -1,8 +1,9 @@
 /*
-** optim.c: SGD and Adam. State (momentum buffers, moments, the step count)
-** lives in device tensors allocated on the first step, and the update is one
-** kernel per parameter, so a captured step replays exactly: each replay reads
-** and advances the same device state an eager step would.
+** optim.c: SGD and Adam. State (momentum buffers, moments, per-parameter step
+** counts, as in PyTorch) lives in device tensors allocated and zeroed when the
+** optimizer is made, and the update is one kernel per parameter, so a step
+** captured even as the very first one replays exactly: each replay reads and
+** advances the same device state an eager step would.
 */
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +15,8 @@ struct gcap_optim {
   int adam;
   int n;
   gcap_tensor **params;
-  gcap_tensor **s1, **s2; /* momentum buffer / Adam m, v (NULL until the first step) */
-  gcap_tensor *step;      /* Adam's step count (f32, one element) */
+  gcap_tensor **s1, **s2; /* momentum buffer / Adam m, v */
+  gcap_tensor **step;     /* Adam: per-parameter step count (f32, one element) */
   double lr, momentum, beta1, beta2, eps, weight_decay;
 };
 
@@ -38,10 +39,12 @@ static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const
   if ((o = (gcap_optim *)calloc(1, sizeof *o)) == NULL ||
       (o->params = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->params)) == NULL ||
       (o->s1 = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->s1)) == NULL ||
-      (o->s2 = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->s2)) == NULL) {
+      (o->s2 = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->s2)) == NULL ||
+      (o->step = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->step)) == NULL) {
     if (o) {
       free(o->params);
       free(o->s1);
+      free(o->s2);
     }
     free(o);
     return gc_fail(e, GCAP_ENOMEM, "optimizer: out of host memory");
@@ -55,32 +58,58 @@ static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const
   return GCAP_OK;
 }
 
+static gcap_status zeros_like(gcap_tensor *p, gcap_tensor **out) {
+  return gcap_tensor_full(p->e, p->dt, p->ndim, p->shape, 0.0, out);
+}
+
+/* All state, zeroed now (outside any capture, normally), so that no captured
+** step carries its own initialization. */
+static gcap_status optim_state(gcap_optim *o, gcap_optim **out) {
+  gcap_status st = GCAP_OK;
+  int i;
+  for (i = 0; i < o->n && st == GCAP_OK; i++) {
+    if (o->adam || o->momentum != 0.0) st = zeros_like(o->params[i], &o->s1[i]);
+    if (st == GCAP_OK && o->adam) st = zeros_like(o->params[i], &o->s2[i]);
+    if (st == GCAP_OK && o->adam) st = gcap_tensor_full(o->e, GCAP_F32, 0, NULL, 0.0, &o->step[i]);
+  }
+  if (st != GCAP_OK) {
+    gcap_optim_free(o);
+    return st;
+  }
+  *out = o;
+  return GCAP_OK;
+}
+
 gcap_status gcap_optim_sgd(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
                            double momentum, double weight_decay, gcap_optim **out) {
+  gcap_optim *o;
   gcap_status st;
+  if (out) *out = NULL;
   if (e && !(lr >= 0.0 && momentum >= 0.0 && weight_decay >= 0.0))
     return gc_fail(e, GCAP_EINVAL, "SGD: lr, momentum and weight_decay must be >= 0");
-  if ((st = optim_new(e, 0, n, params, out)) != GCAP_OK) return st;
-  (*out)->lr = lr;
-  (*out)->momentum = momentum;
-  (*out)->weight_decay = weight_decay;
-  return GCAP_OK;
+  if ((st = optim_new(e, 0, n, params, &o)) != GCAP_OK) return st;
+  o->lr = lr;
+  o->momentum = momentum;
+  o->weight_decay = weight_decay;
+  return optim_state(o, out);
 }
 
 gcap_status gcap_optim_adam(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
                             double beta1, double beta2, double eps, double weight_decay,
                             gcap_optim **out) {
+  gcap_optim *o;
   gcap_status st;
+  if (out) *out = NULL;
   if (e && !(lr >= 0.0 && beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0 && eps >= 0.0 &&
              weight_decay >= 0.0))
     return gc_fail(e, GCAP_EINVAL, "Adam: need lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0");
-  if ((st = optim_new(e, 1, n, params, out)) != GCAP_OK) return st;
-  (*out)->lr = lr;
-  (*out)->beta1 = beta1;
-  (*out)->beta2 = beta2;
-  (*out)->eps = eps;
-  (*out)->weight_decay = weight_decay;
-  return GCAP_OK;
+  if ((st = optim_new(e, 1, n, params, &o)) != GCAP_OK) return st;
+  o->lr = lr;
+  o->beta1 = beta1;
+  o->beta2 = beta2;
+  o->eps = eps;
+  o->weight_decay = weight_decay;
+  return optim_state(o, out);
 }
 
 void gcap_optim_free(gcap_optim *o) {
@@ -92,27 +121,14 @@ void gcap_optim_free(gcap_optim *o) {
     gcap_tensor_free(o->params[i]);
     gcap_tensor_free(o->s1[i]);
     gcap_tensor_free(o->s2[i]);
+    gcap_tensor_free(o->step[i]);
   }
-  gcap_tensor_free(o->step);
   free(o->params);
   free(o->s1);
   free(o->s2);
+  free(o->step);
   free(o);
   gc_engine_unref(e);
-}
-
-static gcap_status zeros_like(gcap_tensor *p, gcap_tensor **out) {
-  return gcap_tensor_full(p->e, p->dt, p->ndim, p->shape, 0.0, out);
-}
-
-/* Allocate state on first use (eagerly zeroed; in the capture's pool when
-** the first step is captured). */
-static gcap_status ensure_state(gcap_optim *o, int i) {
-  gcap_status st;
-  if (!o->adam && o->momentum == 0.0) return GCAP_OK;
-  if (o->s1[i] == NULL && (st = zeros_like(o->params[i], &o->s1[i])) != GCAP_OK) return st;
-  if (o->adam && o->s2[i] == NULL && (st = zeros_like(o->params[i], &o->s2[i])) != GCAP_OK) return st;
-  return GCAP_OK;
 }
 
 gcap_status gcap_optim_step(gcap_optim *o) {
@@ -123,16 +139,14 @@ gcap_status gcap_optim_step(gcap_optim *o) {
   if (o == NULL) return GCAP_EINVAL;
   e = o->e;
   gc_clear(e);
-  if (o->adam) {
-    if (o->step == NULL && (st = gcap_tensor_full(e, GCAP_F32, 0, NULL, 0.0, &o->step)) != GCAP_OK) return st;
-    memset(&a, 0, sizeof a);
-    a.p[0] = gc_tensor_ptr(o->step);
-    if ((st = gc_run(e, GC_K_COUNTER_INC, &a, &o->step, 1, o->step)) != GCAP_OK) return st;
-  }
   for (i = 0; i < o->n; i++) {
     gcap_tensor *p = o->params[i], *in[4];
     if (p->grad == NULL) continue;
-    if ((st = ensure_state(o, i)) != GCAP_OK) return st;
+    if (o->adam) { /* this parameter's step count, as PyTorch keeps one per parameter */
+      memset(&a, 0, sizeof a);
+      a.p[0] = gc_tensor_ptr(o->step[i]);
+      if ((st = gc_run(e, GC_K_COUNTER_INC, &a, &o->step[i], 1, o->step[i])) != GCAP_OK) return st;
+    }
     memset(&a, 0, sizeof a);
     a.p[0] = gc_tensor_ptr(p);
     a.p[1] = gc_tensor_ptr(p->grad);
@@ -143,13 +157,13 @@ gcap_status gcap_optim_step(gcap_optim *o) {
     in[1] = o->s1[i] ? o->s1[i] : p->grad;
     if (o->adam) {
       a.p[3] = gc_tensor_ptr(o->s2[i]);
-      a.p[4] = gc_tensor_ptr(o->step);
+      a.p[4] = gc_tensor_ptr(o->step[i]);
       a.f[1] = (float)o->beta1;
       a.f[2] = (float)o->beta2;
       a.f[3] = (float)o->eps;
       a.f[4] = (float)o->weight_decay;
       in[2] = o->s2[i];
-      in[3] = o->step;
+      in[3] = o->step[i];
       if ((st = gc_note_access(e, o->s2[i], 1)) != GCAP_OK) return st;
     } else {
       a.f[1] = (float)o->momentum;

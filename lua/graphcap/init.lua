@@ -3,10 +3,9 @@
 -- translates errors; what can be Lua without cost to speed is here.
 
 local core = require "graphcap.core"
+local util = require "graphcap.util"
 
-local debug, error, pairs, pcall, string, table, tostring, type, xpcall =
-      debug, error, pairs, pcall, string, table, tostring, type, xpcall
-_ENV = nil
+local error, pairs, pcall, table, type = error, pairs, pcall, table, type
 
 local gc = {}
 
@@ -14,38 +13,11 @@ for k, v in pairs(core) do  -- the core's functions; its _fields stay there
   if k:sub(1, 1) ~= "_" then gc[k] = v end
 end
 
-local none = {}  -- the options of a call given none (never written)
+gc.nn = require "graphcap.nn"
+gc.optim = require "graphcap.optim"
+_ENV = nil
 
--- Check the options table 'opts' of 'where' against the names in 'known';
--- errors are raised at 'level' (as error's) of the function calling this.
-local function options (where, opts, known, level)
-  if opts == nil then return none end
-  if type(opts) ~= "table" then
-    error(string.format("%s: options must be a table, got %s",
-                        where, type(opts)), level + 1)
-  end
-  for k in pairs(opts) do
-    if not known[k] then
-      error(string.format("%s: unknown option '%s'", where, tostring(k)),
-            level + 1)
-    end
-  end
-  return opts
-end
-
--- Append a traceback to an error message unless it has one (from a nested
--- capture); called where the error was raised, it shows the whole stack.
-local function traceback (msg)
-  if type(msg) == "string" and not msg:find("\nstack traceback:\n", 1, true) then
-    return debug.traceback(msg, 2)
-  end
-  return msg
-end
-
--- xpcall(fn, traceback, ...) with its results packed.
-local function run (fn, ...)
-  return table.pack(xpcall(fn, traceback, ...))
-end
+local options, check, run = util.options, util.check, util.run
 
 
 -- Tensor constructors: the last argument is nil, a dtype name or
@@ -53,24 +25,89 @@ end
 
 local tensor_options = {dtype = true, requires_grad = true}
 
-local function dtype (where, opts)
-  if opts == nil or type(opts) == "string" then return opts end
+-- The dtype and requires_grad of the options of 'where'.
+local function tensor_opts (where, opts)
+  if opts == nil or type(opts) == "string" then return opts, false end
   options(where, opts, tensor_options, 3)
-  if opts.requires_grad then
-    error(where .. ": requires_grad is not supported by the binding yet", 3)
-  end
-  return opts.dtype
+  return opts.dtype, check(where, "requires_grad", opts.requires_grad,
+                           "boolean", false, 3)
 end
 
-function gc.tensor (data, opts) return core.tensor(data, dtype("tensor", opts)) end
-function gc.empty (shape, opts) return core.empty(shape, dtype("empty", opts)) end
-function gc.zeros (shape, opts) return core.zeros(shape, dtype("zeros", opts)) end
-function gc.ones (shape, opts) return core.ones(shape, dtype("ones", opts)) end
-function gc.rand (shape, opts) return core.rand(shape, dtype("rand", opts)) end
-function gc.randn (shape, opts) return core.randn(shape, dtype("randn", opts)) end
+local function leaf (t, requires_grad)
+  if requires_grad then t:requires_grad_(true) end
+  return t
+end
+
+function gc.tensor (data, opts)
+  local dt, rg = tensor_opts("tensor", opts)
+  return leaf(core.tensor(data, dt), rg)
+end
+
+function gc.empty (shape, opts)
+  local dt, rg = tensor_opts("empty", opts)
+  return leaf(core.empty(shape, dt), rg)
+end
+
+function gc.zeros (shape, opts)
+  local dt, rg = tensor_opts("zeros", opts)
+  return leaf(core.zeros(shape, dt), rg)
+end
+
+function gc.ones (shape, opts)
+  local dt, rg = tensor_opts("ones", opts)
+  return leaf(core.ones(shape, dt), rg)
+end
+
+function gc.rand (shape, opts)
+  local dt, rg = tensor_opts("rand", opts)
+  return leaf(core.rand(shape, dt), rg)
+end
+
+function gc.randn (shape, opts)
+  local dt, rg = tensor_opts("randn", opts)
+  return leaf(core.randn(shape, dt), rg)
+end
 
 function gc.full (shape, v, opts)
-  return core.full(shape, v, dtype("full", opts))
+  local dt, rg = tensor_opts("full", opts)
+  return leaf(core.full(shape, v, dt), rg)
+end
+
+
+-- Autograd
+
+local Tensor = core._metatables.Tensor.__methods
+local backward = Tensor.backward
+local backward_options = {retain_graph = true}
+
+-- t:backward([grad [, {retain_graph = false}]]); t:backward(opts) also
+-- works when there is no grad to give.
+function Tensor.backward (self, grad, opts)
+  if opts == nil and type(grad) == "table" then grad, opts = nil, grad end
+  opts = options("backward", opts, backward_options, 2)
+  return backward(self, grad, check("backward", "retain_graph",
+                                    opts.retain_graph, "boolean", false, 2))
+end
+
+-- Run fn(...) with grad recording set to 'on' and return its results;
+-- the previous setting comes back, also when fn raises.
+local function with_grad (where, on, fn, ...)
+  if type(fn) ~= "function" then
+    error(where .. ": fn must be a function, got " .. type(fn), 3)
+  end
+  local prev = core.set_grad_enabled(on)
+  local r = run(fn, ...)
+  core.set_grad_enabled(prev)
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
+
+-- gc.no_grad(fn, ...): fn(...) without recording autograd
+function gc.no_grad (fn, ...) return with_grad("no_grad", false, fn, ...) end
+
+-- gc.enable_grad(fn, ...): fn(...) recording autograd (inside no_grad)
+function gc.enable_grad (fn, ...)
+  return with_grad("enable_grad", true, fn, ...)
 end
 
 

@@ -1,0 +1,111 @@
+-- graphcap.nn: modules (require "graphcap".nn). Every module is one
+-- userdata type, graphcap.Module, whatever its class; a class is a table
+-- of methods, callable to make an instance. Built-ins (Linear, ReLU, GELU,
+-- LayerNorm, Dropout, Sequential) have a forward in C; gc.nn.Module(name)
+-- makes a class whose instances run class:forward in Lua.
+
+local core = require "graphcap.core"
+local util = require "graphcap.util"
+
+local select, setmetatable, type = select, setmetatable, type
+_ENV = nil
+
+local cnn = core._nn
+local options, check = util.options, util.check
+
+local nn = {}
+
+-- The methods every module has (C), extended here; a class falls back on
+-- them, and so does an instance after its fields and its class.
+local Module = core._metatables.Module.__methods
+nn.methods = Module
+
+-- m:zero_grad([{set_to_none = true}])
+local zero_grad = Module.zero_grad
+local zero_grad_options = {set_to_none = true}
+function Module.zero_grad (self, opts)
+  opts = options("zero_grad", opts, zero_grad_options, 2)
+  return zero_grad(self, check("zero_grad", "set_to_none", opts.set_to_none,
+                               "boolean", true, 2))
+end
+
+-- A class named 'name' whose call is ctor(class, ...).
+local function class (name, ctor)
+  return setmetatable({}, {__name = name, __index = Module, __call = ctor})
+end
+
+-- A built-in class, also known to the core (the class of a module it hands
+-- back without a Lua value of its own).
+local function builtin (name, ctor)
+  local cls = class(name, ctor)
+  core._classes[name] = cls
+  return cls
+end
+
+local linear_options = {bias = true, delay_wgrad = true}
+
+-- gc.nn.Linear(in, out [, {bias = true, delay_wgrad = false}])
+nn.Linear = builtin("Linear", function (cls, i, o, opts)
+  check("Linear", "in_features", i, "integer", nil, 2)
+  check("Linear", "out_features", o, "integer", nil, 2)
+  opts = options("Linear", opts, linear_options, 2)
+  return cnn.linear(cls, i, o,
+                    check("Linear", "bias", opts.bias, "boolean", true, 2),
+                    check("Linear", "delay_wgrad", opts.delay_wgrad, "boolean",
+                          false, 2))
+end)
+
+nn.ReLU = builtin("ReLU", function (cls) return cnn.relu(cls) end)
+nn.GELU = builtin("GELU", function (cls) return cnn.gelu(cls) end)
+
+local layer_norm_options = {eps = true}
+
+-- gc.nn.LayerNorm(n [, {eps = 1e-5}])
+nn.LayerNorm = builtin("LayerNorm", function (cls, n, opts)
+  check("LayerNorm", "normalized_shape", n, "integer", nil, 2)
+  opts = options("LayerNorm", opts, layer_norm_options, 2)
+  return cnn.layer_norm(cls, n, check("LayerNorm", "eps", opts.eps, "number",
+                                      1e-5, 2))
+end)
+
+-- gc.nn.Dropout([p = 0.5])
+nn.Dropout = builtin("Dropout", function (cls, p)
+  return cnn.dropout(cls, check("Dropout", "p", p, "number", 0.5, 2))
+end)
+
+-- gc.nn.Sequential(m1, m2, ...) or gc.nn.Sequential({m1, m2, ...})
+nn.Sequential = builtin("Sequential", function (cls, ...)
+  local mods, n = {...}, select("#", ...)
+  if n == 1 and type(mods[1]) == "table" then  -- one sequence
+    mods = mods[1]
+    n = #mods
+  end
+  return cnn.sequential(cls, mods, n)
+end)
+
+-- gc.nn.Module(name) -> a class: define class:init(...) and
+-- class:forward(...); class(...) makes an instance and runs init on it.
+-- Assigning a module or a tensor that requires grad (or gc.nn.Parameter(t))
+-- to a field of an instance registers a child or a parameter, in order.
+function nn.Module (name)
+  name = check("Module", "name", name, "string", "Module", 2)
+  return class(name, function (cls, ...)
+    local self = cnn.module(cls, name)
+    local init = cls.init
+    if init ~= nil then init(self, ...) end
+    return self
+  end)
+end
+
+-- gc.nn.Parameter(t) -> t marked as a parameter (requires grad, registered
+-- when assigned to a module field); a non-leaf gives a leaf sharing its data.
+nn.Parameter = cnn.parameter
+
+-- gc.nn.is_module(v) -> true for any module (built-in or Lua class)
+nn.is_module = cnn.is_module
+
+-- gc.nn.class_of(m) -> the class of module m (nil for one the core made
+-- without a class)
+nn.class_of = cnn.class_of
+
+return nn

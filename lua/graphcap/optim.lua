@@ -1,0 +1,54 @@
+-- graphcap.optim: optimizers (require "graphcap".optim). They update
+-- parameters in place with device-side state, so a step can be captured.
+
+local core = require "graphcap.core"
+local util = require "graphcap.util"
+
+local error, type = error, type
+_ENV = nil
+
+local coptim = core._optim
+local options, check = util.options, util.check
+
+local optim = {}
+
+-- opt:zero_grad([{set_to_none = true}])
+local Optimizer = core._metatables.Optimizer.__index
+local zero_grad = Optimizer.zero_grad
+local zero_grad_options = {set_to_none = true}
+function Optimizer.zero_grad (self, opts)
+  opts = options("zero_grad", opts, zero_grad_options, 2)
+  return zero_grad(self, check("zero_grad", "set_to_none", opts.set_to_none,
+                               "boolean", true, 2))
+end
+
+local sgd_options = {lr = true, momentum = true, weight_decay = true}
+
+-- gc.optim.SGD(params, {lr = ..., momentum = 0, weight_decay = 0})
+function optim.SGD (params, opts)
+  opts = options("SGD", opts, sgd_options, 2)
+  return coptim.sgd(params, check("SGD", "lr", opts.lr, "number", nil, 2),
+                    check("SGD", "momentum", opts.momentum, "number", 0, 2),
+                    check("SGD", "weight_decay", opts.weight_decay, "number",
+                          0, 2))
+end
+
+local adam_options = {lr = true, betas = true, eps = true, weight_decay = true}
+
+-- gc.optim.Adam(params, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8,
+-- weight_decay = 0})
+function optim.Adam (params, opts)
+  opts = options("Adam", opts, adam_options, 2)
+  local betas = opts.betas or {0.9, 0.999}
+  if type(betas) ~= "table" or type(betas[1]) ~= "number"
+     or type(betas[2]) ~= "number" or #betas ~= 2 then
+    error("Adam: betas must be a sequence of two numbers", 2)
+  end
+  return coptim.adam(params, check("Adam", "lr", opts.lr, "number", 1e-3, 2),
+                     betas[1], betas[2],
+                     check("Adam", "eps", opts.eps, "number", 1e-8, 2),
+                     check("Adam", "weight_decay", opts.weight_decay, "number",
+                           0, 2))
+end
+
+return optim

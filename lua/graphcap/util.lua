@@ -1,0 +1,64 @@
+-- graphcap.util: helpers shared by the facade's modules (option tables,
+-- tracebacks, protected calls).
+
+local debug, error, math, pairs, string, table, tostring, type, xpcall =
+      debug, error, math, pairs, string, table, tostring, type, xpcall
+_ENV = nil
+
+local util = {}
+
+util.none = {}  -- the options of a call given none (never written)
+
+-- Check the options table 'opts' of 'where' against the names in 'known';
+-- errors are raised at 'level' (as error's) of the function calling this.
+function util.options (where, opts, known, level)
+  if opts == nil then return util.none end
+  if type(opts) ~= "table" then
+    error(string.format("%s: options must be a table, got %s",
+                        where, type(opts)), level + 1)
+  end
+  for k in pairs(opts) do
+    if not known[k] then
+      error(string.format("%s: unknown option '%s'", where, tostring(k)),
+            level + 1)
+    end
+  end
+  return opts
+end
+
+-- The value v of option or argument 'what' of 'where', checked to be of
+-- Lua type 'kind' ("boolean", "number", "integer", "string"), or 'default'
+-- when v is nil; errors are raised at 'level' of the function calling this.
+function util.check (where, what, v, kind, default, level)
+  if v == nil then
+    if default == nil then
+      error(string.format("%s: %s is required", where, what), level + 1)
+    end
+    return default
+  end
+  local ok
+  if kind == "integer" then ok = math.type(v) == "integer"
+  else ok = type(v) == kind end
+  if not ok then
+    error(string.format("%s: %s must be %s %s, got %s", where, what,
+                        kind == "integer" and "an" or "a", kind,
+                        math.type(v) or type(v)), level + 1)
+  end
+  return v
+end
+
+-- Append a traceback to an error message unless it has one (from a nested
+-- capture); called where the error was raised, it shows the whole stack.
+function util.traceback (msg)
+  if type(msg) == "string" and not msg:find("\nstack traceback:\n", 1, true) then
+    return debug.traceback(msg, 2)
+  end
+  return msg
+end
+
+-- xpcall(fn, traceback, ...) with its results packed.
+function util.run (fn, ...)
+  return table.pack(xpcall(fn, util.traceback, ...))
+end
+
+return util

@@ -1,0 +1,542 @@
+/*
+** test_optim.c: optimizers (DESIGN §4; graphcap.h "Optimizers"): SGD with
+** and without momentum and weight decay, and Adam, one and several steps,
+** against references computed in double on the host (PyTorch's update
+** rules); parameters without .grad are skipped; zero_grad; and a whole
+** training step (forward, backward, optimizer step, with Dropout) captured
+** into one graph and replayed N times, bitwise equal to N eager steps.
+*/
+#include <stdint.h>
+
+#include "t.h"
+
+/* A failed comparison, with a formatted message. */
+#define T_FAILF(expr, ...) do { char t_fm_[400];                                     \
+    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                     \
+    t_fail_(__FILE__, __LINE__, expr, t_fm_); } while (0)
+
+static int msg_has(gcap_engine *e, const char *what) {
+  return strstr(gcap_errmsg(e), what) != NULL;
+}
+
+/* Tolerance of a float update against the double reference. */
+#define ATOL 2e-6
+#define RTOL 2e-6
+
+/* got (floats read back) vs want (double); names the first difference. */
+static void check_close(const char *what, int step, const float *got, const double *want, int n) {
+  for (int i = 0; i < n; i++)
+    if (!(fabs((double)got[i] - want[i]) <= ATOL + RTOL * fabs(want[i]))) {
+      T_FAILF("|got - ref| <= atol + rtol*|ref|", "%s, step %d, element %d: got %.9g, reference %.9g", what, step, i,
+              (double)got[i], want[i]);
+      return;
+    }
+}
+
+/* The k-th step's gradient for element i of parameter j. */
+static float grad_value(int j, int i, int k) {
+  return sinf(0.9f * (float)i + 1.7f * (float)j + 0.6f * (float)k) * (k % 2 ? 0.5f : 1.0f) + 0.05f * (float)k;
+}
+
+enum { NP = 2, MAXN = 6 };
+static const int pn[NP] = {5, 6}; /* numels */
+static const int64_t pshape[NP][2] = {{5, 0}, {2, 3}};
+static const int pnd[NP] = {1, 2};
+
+typedef struct fixture {
+  gcap_engine *e;
+  gcap_tensor *p[NP];
+  double ref[NP][MAXN];
+} fixture;
+
+static int fixture_make(fixture *f) {
+  memset(f, 0, sizeof *f);
+  f->e = t_engine();
+  if (f->e == NULL) return 0;
+  for (int j = 0; j < NP; j++) {
+    float d[MAXN];
+    for (int i = 0; i < pn[j]; i++) d[i] = 0.5f * cosf(1.1f * (float)i + (float)j) + 0.1f, f->ref[j][i] = (double)d[i];
+    f->p[j] = t_from(f->e, pnd[j], pshape[j], d);
+    if (f->p[j] == NULL || gcap_tensor_set_requires_grad(f->p[j], 1) != GCAP_OK) return 0;
+  }
+  return 1;
+}
+
+static void fixture_free(fixture *f) {
+  for (int j = 0; j < NP; j++) gcap_tensor_free(f->p[j]);
+  gcap_engine_free(f->e);
+}
+
+/* Install step k's grad on parameter j (a fresh tensor). */
+static int set_step_grad(fixture *f, int j, int k) {
+  float d[MAXN];
+  gcap_tensor *g;
+  for (int i = 0; i < pn[j]; i++) d[i] = grad_value(j, i, k);
+  g = t_from(f->e, pnd[j], pshape[j], d);
+  int ok = g && gcap_tensor_set_grad(f->p[j], g) == GCAP_OK;
+  gcap_tensor_free(g);
+  return ok;
+}
+
+static void check_params(fixture *f, const char *what, int step) {
+  for (int j = 0; j < NP; j++) {
+    float got[MAXN];
+    char name[96];
+    snprintf(name, sizeof name, "%s, parameter %d", what, j);
+    if (t_read(f->p[j], got, (size_t)pn[j])) check_close(name, step, got, f->ref[j], pn[j]);
+  }
+}
+
+/* SGD as PyTorch (dampening 0, no nesterov): d = g + wd p;
+** buf = d (first step) or momentum buf + d; p -= lr buf (or lr d). */
+static void sgd_case(const char *what, double lr, double momentum, double wd, int steps) {
+  fixture f;
+  gcap_optim *o = NULL;
+  double buf[NP][MAXN] = {{0}};
+  int has_buf[NP] = {0};
+  if (!fixture_make(&f)) {
+    T_CHECK(!"fixture");
+    fixture_free(&f);
+    return;
+  }
+  gcap_engine *e = f.e;
+  T_CHECK_OK(e, gcap_optim_sgd(e, NP, f.p, lr, momentum, wd, &o));
+  for (int k = 0; k < steps; k++) {
+    for (int j = 0; j < NP; j++) {
+      T_REQUIRE(set_step_grad(&f, j, k));
+      for (int i = 0; i < pn[j]; i++) {
+        double d = (double)grad_value(j, i, k) + wd * f.ref[j][i];
+        if (momentum != 0.0) {
+          buf[j][i] = has_buf[j] ? momentum * buf[j][i] + d : d;
+          d = buf[j][i];
+        }
+        f.ref[j][i] -= lr * d;
+      }
+      has_buf[j] = 1;
+    }
+    T_CHECK_OK(e, gcap_optim_step(o));
+    check_params(&f, what, k + 1);
+  }
+  gcap_optim_free(o);
+  fixture_free(&f);
+}
+
+static void test_sgd_plain(void) { sgd_case("SGD lr 0.1", 0.1, 0.0, 0.0, 1); }
+static void test_sgd_plain_steps(void) { sgd_case("SGD lr 0.1, 4 steps", 0.1, 0.0, 0.0, 4); }
+static void test_sgd_weight_decay(void) { sgd_case("SGD lr 0.05 wd 0.1", 0.05, 0.0, 0.1, 3); }
+static void test_sgd_momentum(void) { sgd_case("SGD lr 0.1 momentum 0.9", 0.1, 0.9, 0.0, 5); }
+static void test_sgd_momentum_wd(void) { sgd_case("SGD lr 0.05 momentum 0.8 wd 0.01", 0.05, 0.8, 0.01, 4); }
+
+/* Adam as PyTorch: g += wd p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+** p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with t the
+** number of steps this parameter has taken. */
+typedef struct adam_ref {
+  double m[NP][MAXN], v[NP][MAXN];
+  int t[NP];
+} adam_ref;
+
+static void adam_ref_step(fixture *f, adam_ref *a, int j, int k, double lr, double b1, double b2, double eps,
+                          double wd) {
+  int t = ++a->t[j];
+  double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+  for (int i = 0; i < pn[j]; i++) {
+    double g = (double)grad_value(j, i, k) + wd * f->ref[j][i];
+    a->m[j][i] = b1 * a->m[j][i] + (1.0 - b1) * g;
+    a->v[j][i] = b2 * a->v[j][i] + (1.0 - b2) * g * g;
+    f->ref[j][i] -= (lr / bc1) * a->m[j][i] / (sqrt(a->v[j][i]) / sqrt(bc2) + eps);
+  }
+}
+
+static void adam_case(const char *what, double lr, double b1, double b2, double eps, double wd, int steps) {
+  fixture f;
+  gcap_optim *o = NULL;
+  adam_ref a;
+  memset(&a, 0, sizeof a);
+  if (!fixture_make(&f)) {
+    T_CHECK(!"fixture");
+    fixture_free(&f);
+    return;
+  }
+  gcap_engine *e = f.e;
+  T_CHECK_OK(e, gcap_optim_adam(e, NP, f.p, lr, b1, b2, eps, wd, &o));
+  for (int k = 0; k < steps; k++) {
+    for (int j = 0; j < NP; j++) {
+      T_REQUIRE(set_step_grad(&f, j, k));
+      adam_ref_step(&f, &a, j, k, lr, b1, b2, eps, wd);
+    }
+    T_CHECK_OK(e, gcap_optim_step(o));
+    check_params(&f, what, k + 1);
+  }
+  gcap_optim_free(o);
+  fixture_free(&f);
+}
+
+static void test_adam_one_step(void) { adam_case("Adam lr 0.01", 0.01, 0.9, 0.999, 1e-8, 0.0, 1); }
+static void test_adam_steps(void) { adam_case("Adam lr 0.01, 6 steps", 0.01, 0.9, 0.999, 1e-8, 0.0, 6); }
+static void test_adam_betas_eps_wd(void) {
+  adam_case("Adam lr 0.05 betas (0.5, 0.9) eps 1e-3 wd 0.1", 0.05, 0.5, 0.9, 1e-3, 0.1, 5);
+}
+
+/* Parameters without .grad are skipped: unchanged, bitwise. */
+static void test_skips_params_without_grad(void) {
+  for (int adam = 0; adam < 2; adam++) {
+    fixture f;
+    gcap_optim *o = NULL;
+    float before[MAXN], after[MAXN];
+    if (!fixture_make(&f)) {
+      T_CHECK(!"fixture");
+      fixture_free(&f);
+      return;
+    }
+    gcap_engine *e = f.e;
+    if (adam) T_CHECK_OK(e, gcap_optim_adam(e, NP, f.p, 0.01, 0.9, 0.999, 1e-8, 0.1, &o));
+    else T_CHECK_OK(e, gcap_optim_sgd(e, NP, f.p, 0.1, 0.9, 0.1, &o)); /* weight decay would move it */
+    T_REQUIRE(t_read(f.p[1], before, (size_t)pn[1]));
+    T_REQUIRE(set_step_grad(&f, 0, 0));
+    T_CHECK(gcap_tensor_grad(f.p[1]) == NULL);
+    for (int k = 0; k < 3; k++) T_CHECK_OK(e, gcap_optim_step(o));
+    T_REQUIRE(t_read(f.p[1], after, (size_t)pn[1]));
+    if (memcmp(before, after, sizeof(float) * (size_t)pn[1]) != 0)
+      T_FAILF("unchanged", "%s moved a parameter that has no grad", adam ? "Adam" : "SGD");
+    T_CHECK(gcap_tensor_grad(f.p[1]) == NULL);
+    T_REQUIRE(t_read(f.p[0], after, (size_t)pn[0]));
+    T_CHECK((double)after[0] != f.ref[0][0]); /* the other one moved */
+    gcap_optim_free(o);
+    fixture_free(&f);
+  }
+}
+
+/* A parameter whose grad appears only at the second step: its own first
+** step (PyTorch keeps the step count per parameter, counting only steps in
+** which the parameter had a grad; momentum starts as that step's d). */
+static void late_grad_case(int adam) {
+  fixture f;
+  gcap_optim *o = NULL;
+  adam_ref a;
+  double buf[NP][MAXN] = {{0}};
+  memset(&a, 0, sizeof a);
+  if (!fixture_make(&f)) {
+    T_CHECK(!"fixture");
+    fixture_free(&f);
+    return;
+  }
+  gcap_engine *e = f.e;
+  if (adam) T_CHECK_OK(e, gcap_optim_adam(e, NP, f.p, 0.01, 0.9, 0.999, 1e-8, 0.0, &o));
+  else T_CHECK_OK(e, gcap_optim_sgd(e, NP, f.p, 0.1, 0.9, 0.0, &o));
+  for (int k = 0; k < 3; k++) {
+    for (int j = 0; j < NP; j++) {
+      if (j == 1 && k == 0) continue; /* parameter 1: no grad in step 1 */
+      T_REQUIRE(set_step_grad(&f, j, k));
+      if (adam) {
+        adam_ref_step(&f, &a, j, k, 0.01, 0.9, 0.999, 1e-8, 0.0);
+      } else {
+        int first = k == (j == 1 ? 1 : 0); /* the parameter's first step */
+        for (int i = 0; i < pn[j]; i++) {
+          double d = (double)grad_value(j, i, k);
+          buf[j][i] = first ? d : 0.9 * buf[j][i] + d;
+          f.ref[j][i] -= 0.1 * buf[j][i];
+        }
+      }
+    }
+    T_CHECK_OK(e, gcap_optim_step(o));
+    check_params(&f, adam ? "Adam (per-parameter step count), parameter 1 has a grad from step 2 on"
+                        : "SGD momentum, parameter 1 has a grad from step 2 on",
+                 k + 1);
+  }
+  gcap_optim_free(o);
+  fixture_free(&f);
+}
+
+static void test_late_grad_sgd_momentum(void) { late_grad_case(0); }
+static void test_late_grad_adam(void) { late_grad_case(1); }
+
+/* zero_grad: set_to_none clears .grad; otherwise zeroes it in place. */
+static void test_zero_grad(void) {
+  fixture f;
+  gcap_optim *o = NULL;
+  float g[MAXN];
+  if (!fixture_make(&f)) {
+    T_CHECK(!"fixture");
+    fixture_free(&f);
+    return;
+  }
+  gcap_engine *e = f.e;
+  T_CHECK_OK(e, gcap_optim_sgd(e, NP, f.p, 0.1, 0.0, 0.0, &o));
+  T_CHECK_OK(e, gcap_optim_zero_grad(o, 1)); /* no grads yet: fine */
+  T_CHECK_OK(e, gcap_optim_zero_grad(o, 0));
+  T_REQUIRE(set_step_grad(&f, 0, 0) && set_step_grad(&f, 1, 0));
+  uintptr_t a0 = gcap_tensor_data_ptr(gcap_tensor_grad(f.p[0]));
+  T_CHECK_OK(e, gcap_optim_zero_grad(o, 0));
+  T_REQUIRE(gcap_tensor_grad(f.p[0]) != NULL && gcap_tensor_grad(f.p[1]) != NULL);
+  T_CHECK(gcap_tensor_data_ptr(gcap_tensor_grad(f.p[0])) == a0);
+  for (int j = 0; j < NP; j++)
+    if (t_read(gcap_tensor_grad(f.p[j]), g, (size_t)pn[j]))
+      for (int i = 0; i < pn[j]; i++) T_CHECK(g[i] == 0.0f);
+  /* a step with zero grads moves nothing (no weight decay) */
+  float before[MAXN], after[MAXN];
+  T_REQUIRE(t_read(f.p[1], before, (size_t)pn[1]));
+  T_CHECK_OK(e, gcap_optim_step(o));
+  T_REQUIRE(t_read(f.p[1], after, (size_t)pn[1]));
+  T_CHECK(memcmp(before, after, sizeof(float) * (size_t)pn[1]) == 0);
+  T_CHECK_OK(e, gcap_optim_zero_grad(o, 1));
+  T_CHECK(gcap_tensor_grad(f.p[0]) == NULL && gcap_tensor_grad(f.p[1]) == NULL);
+  gcap_optim_free(o);
+  fixture_free(&f);
+}
+
+static void test_bad_arguments(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[1] = {3};
+  const float d[3] = {1, 2, 3};
+  gcap_tensor *p = t_from(e, 1, s, d), *y = NULL;
+  gcap_optim *o = (gcap_optim *)(uintptr_t)0x10;
+  T_REQUIRE(p != NULL);
+  T_CHECK_OK(e, gcap_tensor_set_requires_grad(p, 1));
+  T_CHECK_ST(e, gcap_optim_sgd(e, 1, &p, -0.1, 0.0, 0.0, &o), GCAP_EINVAL);
+  T_CHECK(strlen(gcap_errmsg(e)) > 0);
+  T_CHECK_ST(e, gcap_optim_sgd(e, 1, &p, 0.1, -0.5, 0.0, &o), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_optim_sgd(e, 1, &p, 0.1, 0.0, -1.0, &o), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_optim_adam(e, 1, &p, 0.1, 1.0, 0.999, 1e-8, 0.0, &o), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_optim_adam(e, 1, &p, 0.1, 0.9, -0.1, 1e-8, 0.0, &o), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_optim_adam(e, 1, &p, 0.1, 0.9, 0.999, -1.0, 0.0, &o), GCAP_EINVAL);
+  T_CHECK_OK(e, gcap_scale(p, 2.0, &y));
+  o = NULL;
+  T_CHECK_ST(e, gcap_optim_sgd(e, 1, &y, 0.1, 0.0, 0.0, &o), GCAP_EINVAL); /* not a leaf */
+  T_CHECK(o == NULL);
+  T_CHECK(msg_has(e, "leaf"));
+  gcap_tensor *nul[1] = {NULL};
+  T_CHECK_ST(e, gcap_optim_sgd(e, 1, nul, 0.1, 0.0, 0.0, &o), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_optim_step(NULL), GCAP_EINVAL);
+  gcap_optim_free(NULL);
+  gcap_tensor_free(p), gcap_tensor_free(y);
+  gcap_engine_free(e);
+}
+
+/* A constructor that fails sets *out to NULL (graphcap.h's conventions), also
+** when it rejects a hyperparameter. */
+static void test_failed_constructor_clears_out(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[1] = {3};
+  const float d[3] = {1, 2, 3};
+  gcap_tensor *p = t_from(e, 1, s, d);
+  gcap_optim *const armed = (gcap_optim *)(uintptr_t)0x10;
+  gcap_optim *o;
+  T_REQUIRE(p != NULL);
+  T_CHECK_OK(e, gcap_tensor_set_requires_grad(p, 1));
+  o = armed;
+  T_CHECK_ST(e, gcap_optim_sgd(e, 1, &p, -0.1, 0.0, 0.0, &o), GCAP_EINVAL);
+  if (o != NULL) T_FAILF("*out == NULL after a failed call", "gcap_optim_sgd(lr = -0.1) left *out unchanged");
+  o = armed;
+  T_CHECK_ST(e, gcap_optim_sgd(e, 1, &p, 0.1, -0.5, 0.0, &o), GCAP_EINVAL);
+  if (o != NULL) T_FAILF("*out == NULL after a failed call", "gcap_optim_sgd(momentum = -0.5) left *out unchanged");
+  o = armed;
+  T_CHECK_ST(e, gcap_optim_adam(e, 1, &p, 0.1, 1.0, 0.999, 1e-8, 0.0, &o), GCAP_EINVAL);
+  if (o != NULL) T_FAILF("*out == NULL after a failed call", "gcap_optim_adam(beta1 = 1) left *out unchanged");
+  o = armed;
+  T_CHECK_ST(e, gcap_optim_adam(e, 1, &p, 0.1, 0.9, -0.1, 1e-8, 0.0, &o), GCAP_EINVAL);
+  if (o != NULL) T_FAILF("*out == NULL after a failed call", "gcap_optim_adam(beta2 = -0.1) left *out unchanged");
+  o = armed;
+  gcap_tensor *nul[1] = {NULL};
+  T_CHECK_ST(e, gcap_optim_sgd(e, 1, nul, 0.1, 0.0, 0.0, &o), GCAP_EINVAL); /* rejected later: cleared */
+  if (o != NULL) T_FAILF("*out == NULL after a failed call", "gcap_optim_sgd(NULL parameter) left *out unchanged");
+  gcap_tensor_free(p);
+  gcap_engine_free(e);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A training step captured into one graph                                   */
+
+enum { NBATCH = 8, NIN = 6, NHID = 16, NCLS = 4, NSTEPS = 4, MAXP = 8, MAXPN = NHID * NIN };
+
+typedef enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM } opt_kind;
+
+typedef struct model {
+  gcap_module *seq;
+  gcap_optim *opt;
+  int np;
+  gcap_tensor *params[MAXP];
+  gcap_tensor *x, *t;  /* static inputs */
+  gcap_tensor *loss;   /* the last step's loss */
+} model;
+
+static gcap_status model_make(gcap_engine *e, model *m, opt_kind k) {
+  gcap_module *l1 = NULL, *g = NULL, *d = NULL, *l2 = NULL, *n = NULL;
+  const int64_t sx[2] = {NBATCH, NIN}, st[1] = {NBATCH};
+  gcap_status s;
+  memset(m, 0, sizeof *m);
+  if ((s = gcap_nn_linear(e, NIN, NHID, 1, 0, &l1)) != GCAP_OK || (s = gcap_nn_gelu(e, &g)) != GCAP_OK ||
+      (s = gcap_nn_dropout(e, 0.25, &d)) != GCAP_OK || (s = gcap_nn_linear(e, NHID, NCLS, 1, 0, &l2)) != GCAP_OK ||
+      (s = gcap_nn_layer_norm(e, NCLS, 1e-5, &n)) != GCAP_OK)
+    goto done;
+  gcap_module *mods[5] = {l1, g, d, l2, n};
+  if ((s = gcap_nn_sequential(e, 5, mods, &m->seq)) != GCAP_OK) goto done;
+  m->np = gcap_module_num_parameters(m->seq);
+  for (int i = 0; i < m->np && i < MAXP; i++) m->params[i] = gcap_module_parameter(m->seq, i, NULL, 0);
+  if (k == OPT_ADAM) s = gcap_optim_adam(e, m->np, m->params, 0.01, 0.9, 0.999, 1e-8, 0.01, &m->opt);
+  else s = gcap_optim_sgd(e, m->np, m->params, 0.1, k == OPT_MOMENTUM ? 0.9 : 0.0, 0.01, &m->opt);
+  if (s != GCAP_OK) goto done;
+  if ((s = gcap_tensor_full(e, GCAP_F32, 2, sx, 0.0, &m->x)) != GCAP_OK) goto done;
+  s = gcap_tensor_full(e, GCAP_F32, 1, st, 0.0, &m->t);
+done:
+  gcap_module_free(l1), gcap_module_free(g), gcap_module_free(d), gcap_module_free(l2), gcap_module_free(n);
+  return s;
+}
+
+static void model_free(model *m) {
+  gcap_optim_free(m->opt);
+  gcap_module_free(m->seq);
+  gcap_tensor_free(m->x), gcap_tensor_free(m->t), gcap_tensor_free(m->loss);
+}
+
+/* forward, cross_entropy, backward, optimizer step. */
+static gcap_status train_step(model *m) {
+  gcap_tensor *y = NULL;
+  gcap_status s;
+  gcap_tensor_free(m->loss);
+  m->loss = NULL;
+  if ((s = gcap_module_call(m->seq, 1, &m->x, &y)) == GCAP_OK && (s = gcap_cross_entropy(y, m->t, &m->loss)) == GCAP_OK &&
+      (s = gcap_backward(m->loss, NULL, 0)) == GCAP_OK)
+    s = gcap_optim_step(m->opt);
+  gcap_tensor_free(y);
+  return s;
+}
+
+/* Step k's batch, written into the static inputs (eagerly). */
+static gcap_status load_batch(gcap_engine *e, model *m, int k) {
+  float x[NBATCH * NIN], t[NBATCH];
+  const int64_t sx[2] = {NBATCH, NIN}, st[1] = {NBATCH};
+  gcap_tensor *tx = NULL, *tt = NULL;
+  gcap_status s;
+  for (int i = 0; i < NBATCH * NIN; i++) x[i] = sinf(0.41f * (float)i + 0.9f * (float)k) * 1.3f;
+  for (int i = 0; i < NBATCH; i++) t[i] = (float)((i + k) % NCLS);
+  if ((s = gcap_tensor_from_f32(e, GCAP_F32, 2, sx, x, &tx)) == GCAP_OK &&
+      (s = gcap_tensor_from_f32(e, GCAP_F32, 1, st, t, &tt)) == GCAP_OK && (s = gcap_copy_(m->x, tx)) == GCAP_OK)
+    s = gcap_copy_(m->t, tt);
+  gcap_tensor_free(tx), gcap_tensor_free(tt);
+  return s;
+}
+
+/* All parameters concatenated (and the loss last) into buf. */
+static int snapshot(model *m, float *buf, int *n) {
+  int at = 0;
+  for (int i = 0; i < m->np; i++) {
+    int64_t k = gcap_tensor_numel(m->params[i]);
+    if (!t_read(m->params[i], buf + at, (size_t)k)) return 0;
+    at += (int)k;
+  }
+  if (m->loss == NULL || !t_read(m->loss, buf + at, 1)) return 0;
+  *n = at + 1;
+  return 1;
+}
+
+enum { SNAP = 2 * MAXP * MAXPN };
+static const char *const opt_names[3] = {"SGD", "SGD momentum", "Adam"};
+
+/* Model A trains NSTEPS eager steps; model B (same weights) captures one step
+** and replays it NSTEPS times. Both start from the same generator state (the
+** Dropout masks), the same batches. warmup: both first take one eager step,
+** so optimizer state and .grad exist before the capture (PyTorch's recipe);
+** without it, the first step ever is the captured one. */
+static void captured_training_case(opt_kind k, int warmup) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  static float eager[NSTEPS][SNAP], replay[SNAP];
+  int ne = 0, nr = 0;
+  model a, b;
+  gcap_graph *g = NULL;
+  gcap_status s1 = model_make(e, &a, k), s2 = model_make(e, &b, k);
+  if (s1 != GCAP_OK || s2 != GCAP_OK) {
+    T_FAILF("model", "%s", gcap_errmsg(e));
+    goto done;
+  }
+  int was = gcap_set_grad_enabled(e, 0); /* A and B drew different weights: make them equal */
+  for (int i = 0; i < a.np; i++) T_CHECK_OK(e, gcap_copy_(b.params[i], a.params[i]));
+  gcap_set_grad_enabled(e, was);
+
+  /* A: eager */
+  T_CHECK_OK(e, gcap_manual_seed(e, 1234));
+  if (warmup) {
+    T_CHECK_OK(e, load_batch(e, &a, 100));
+    T_CHECK_OK(e, gcap_optim_zero_grad(a.opt, 1));
+    T_CHECK_OK(e, train_step(&a));
+  }
+  for (int step = 0; step < NSTEPS; step++) {
+    T_CHECK_OK(e, load_batch(e, &a, step));
+    T_CHECK_OK(e, gcap_optim_zero_grad(a.opt, 1));
+    T_CHECK_OK(e, train_step(&a));
+    T_REQUIRE(snapshot(&a, eager[step], &ne));
+  }
+  /* B: captured */
+  T_CHECK_OK(e, gcap_manual_seed(e, 1234));
+  if (warmup) {
+    T_CHECK_OK(e, load_batch(e, &b, 100));
+    T_CHECK_OK(e, gcap_optim_zero_grad(b.opt, 1));
+    T_CHECK_OK(e, train_step(&b));
+  }
+  T_CHECK_OK(e, gcap_optim_zero_grad(b.opt, 1));
+  T_CHECK_OK(e, gcap_graph_new(e, &g));
+  T_CHECK_OK(e, gcap_capture_begin(g, NULL, NULL));
+  T_CHECK_OK(e, train_step(&b));
+  T_CHECK_OK(e, gcap_capture_end(g));
+  for (int step = 0; step < NSTEPS; step++) {
+    T_CHECK_OK(e, load_batch(e, &b, step));
+    T_CHECK_OK(e, gcap_graph_replay(g));
+    T_REQUIRE(snapshot(&b, replay, &nr));
+    T_REQUIRE(nr == ne);
+    if (memcmp(replay, eager[step], sizeof(float) * (size_t)ne) != 0) {
+      int i = 0;
+      while (i < ne && memcmp(&replay[i], &eager[step][i], sizeof(float)) == 0) i++;
+      char what[64] = "the loss";
+      for (int j = 0, at = 0; j < b.np; at += (int)gcap_tensor_numel(b.params[j]), j++)
+        if (i < at + gcap_tensor_numel(b.params[j])) {
+          char pname[32];
+          gcap_module_parameter(b.seq, j, pname, sizeof pname);
+          snprintf(what, sizeof what, "parameter %s[%d]", pname, i - at);
+          break;
+        }
+      T_FAILF("replayed step == eager step (bitwise)", "%s%s: after step %d, %s differs: replay %.9g, eager %.9g",
+              opt_names[k], warmup ? " after an eager warm-up step" : ", first step captured", step + 1, what,
+              (double)replay[i], (double)eager[step][i]);
+      break;
+    }
+  }
+  /* the steps did train: parameters moved */
+  T_CHECK(memcmp(eager[0], eager[NSTEPS - 1], sizeof(float) * (size_t)(ne - 1)) != 0);
+done:
+  model_free(&a), model_free(&b);
+  gcap_graph_free(g);
+  gcap_engine_free(e);
+}
+
+static void test_captured_step_sgd_warmup(void) { captured_training_case(OPT_SGD, 1); }
+static void test_captured_step_momentum_warmup(void) { captured_training_case(OPT_MOMENTUM, 1); }
+static void test_captured_step_adam_warmup(void) { captured_training_case(OPT_ADAM, 1); }
+static void test_captured_first_step_sgd(void) { captured_training_case(OPT_SGD, 0); }
+static void test_captured_first_step_momentum(void) { captured_training_case(OPT_MOMENTUM, 0); }
+static void test_captured_first_step_adam(void) { captured_training_case(OPT_ADAM, 0); }
+
+int main(void) {
+  T_RUN(test_sgd_plain);
+  T_RUN(test_sgd_plain_steps);
+  T_RUN(test_sgd_weight_decay);
+  T_RUN(test_sgd_momentum);
+  T_RUN(test_sgd_momentum_wd);
+  T_RUN(test_adam_one_step);
+  T_RUN(test_adam_steps);
+  T_RUN(test_adam_betas_eps_wd);
+  T_RUN(test_skips_params_without_grad);
+  T_RUN(test_late_grad_sgd_momentum);
+  T_RUN(test_late_grad_adam);
+  T_RUN(test_zero_grad);
+  T_RUN(test_bad_arguments);
+  T_RUN(test_failed_constructor_clears_out);
+  T_RUN(test_captured_step_sgd_warmup);
+  T_RUN(test_captured_step_momentum_warmup);
+  T_RUN(test_captured_step_adam_warmup);
+  T_RUN(test_captured_first_step_sgd);
+  T_RUN(test_captured_first_step_momentum);
+  T_RUN(test_captured_first_step_adam);
+  return t_done();
+}

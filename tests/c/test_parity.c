@@ -1,0 +1,390 @@
+/*
+** test_parity.c: every kernel-backed op on the cuda backend against the host
+** backend (DESIGN §2: "every op has a parity test, cuda vs host,
+** |d| <= atol + rtol*|ref|"). Two engines live in one process; the same
+** inputs are uploaded to both; each op runs forward and, where it has one,
+** backward (loss = sum(op(x) * r) for a fixed r), and the output and every
+** input grad are read back and compared, the host's value the reference.
+** f32: atol 1e-5, rtol 1e-4. bf16 (elementwise ops and matmul): looser.
+** Without a GPU (or a cuda build) the suite is skipped (exit 77).
+** GRAPHCAP_PARITY_VERBOSE=1 prints each comparison's worst error as a
+** fraction of its tolerance.
+*/
+#include <stdint.h>
+
+#include "t.h"
+
+/* A failed comparison, with a formatted message. */
+#define T_FAILF(expr, ...) do { char t_fm_[400];                                     \
+    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                     \
+    t_fail_(__FILE__, __LINE__, expr, t_fm_); } while (0)
+
+#define F32_ATOL 1e-5
+#define F32_RTOL 1e-4
+#define BF16_ATOL 1e-2
+#define BF16_RTOL 1.6e-2
+
+static gcap_engine *eh, *ec; /* host, cuda */
+static int verbose;          /* GRAPHCAP_PARITY_VERBOSE=1: print each comparison's worst error */
+
+static uint32_t rng_state = 777u;
+static float urand(void) { /* uniform in [-1, 1) */
+  rng_state = rng_state * 1664525u + 1013904223u;
+  return (float)((rng_state >> 8) & 0xffffffu) / 8388608.0f - 1.0f;
+}
+
+typedef enum { FILL_NORMAL, FILL_AWAY, FILL_POS, FILL_CLASS } fill_kind;
+
+typedef struct pin {
+  int ndim;
+  int64_t shape[GCAP_MAXDIM];
+  fill_kind fill;
+  int classes;
+  int grad;
+} pin;
+
+#define MAXIN 4
+typedef gcap_status (*op_fn)(gcap_tensor *const *x, gcap_tensor **y);
+
+typedef struct pcase {
+  const char *name;
+  op_fn f;
+  gcap_dtype dt;
+  int backward; /* 0: forward only */
+  uint64_t seed; /* seed both engines before the op when non-zero */
+  int nin;
+  pin in[MAXIN];
+} pcase;
+
+static int64_t numel_of(const pin *p) {
+  int64_t n = 1;
+  for (int i = 0; i < p->ndim; i++) n *= p->shape[i];
+  return n;
+}
+
+static void fill(const pin *p, float *d, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    float u = urand();
+    switch (p->fill) {
+    case FILL_NORMAL: d[i] = 2.0f * u; break;
+    case FILL_AWAY: d[i] = (u < 0 ? -1.0f : 1.0f) * (0.05f + 1.5f * fabsf(u)); break;
+    case FILL_POS: d[i] = 0.5f + 0.5f * (u + 1.0f); break;
+    case FILL_CLASS: d[i] = (float)((i * 7 + 3) % p->classes); break;
+    }
+  }
+}
+
+/* Compare n values of `got` (cuda) with `ref` (host); report the first
+** mismatch and the count. Returns 1 when all are within tolerance. */
+static int compare(const char *what, const char *part, const float *got, const float *ref, int64_t n, double atol,
+                   double rtol) {
+  int64_t bad = 0, first = -1;
+  double worst = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = fabs((double)got[i] - (double)ref[i]), lim = atol + rtol * fabs((double)ref[i]);
+    if (!(d <= lim)) {
+      if (first < 0) first = i;
+      bad++;
+    }
+    if (lim > 0 && d / lim > worst) worst = d / lim;
+  }
+  if (verbose) printf("#   %s: %s: worst |d| = %.3g x tolerance over %lld elements\n", what, part, worst, (long long)n);
+  if (bad) {
+    T_FAILF("|cuda - host| <= atol + rtol*|host|",
+            "%s: %s element %lld of %lld: cuda %.9g, host %.9g (%lld elements out of tolerance; worst %.3g x tolerance)",
+            what, part, (long long)first, (long long)n, (double)got[first], (double)ref[first], (long long)bad, worst);
+    return 0;
+  }
+  return 1;
+}
+
+typedef struct run_out {
+  float *y, *g[MAXIN];
+  int64_t ny;
+  int ndim;
+  int64_t shape[GCAP_MAXDIM];
+} run_out;
+
+static void run_out_free(run_out *o) {
+  free(o->y);
+  for (int i = 0; i < MAXIN; i++) free(o->g[i]);
+}
+
+/* Run case c on engine e with inputs data[] and weights r (r: NULL the
+** first time: then filled and returned through *r). */
+static int run_on(gcap_engine *e, const pcase *c, float *const *data, float **r, run_out *o) {
+  gcap_tensor *x[MAXIN] = {0}, *y = NULL, *rt = NULL, *p = NULL, *l = NULL;
+  int ok = 0;
+  memset(o, 0, sizeof *o);
+  for (int i = 0; i < c->nin; i++) {
+    if (gcap_tensor_from_f32(e, c->dt, c->in[i].ndim, c->in[i].shape, data[i],
+                             &x[i]) != GCAP_OK)
+      goto done;
+    if (c->backward && c->in[i].grad && gcap_tensor_set_requires_grad(x[i], 1) != GCAP_OK) goto done;
+  }
+  if (c->seed && gcap_manual_seed(e, c->seed) != GCAP_OK) goto done;
+  if (c->f(x, &y) != GCAP_OK) goto done;
+  o->ny = gcap_tensor_numel(y);
+  o->ndim = gcap_tensor_ndim(y);
+  memcpy(o->shape, gcap_tensor_shape(y), sizeof(int64_t) * (size_t)o->ndim);
+  o->y = malloc((size_t)(o->ny + 1) * sizeof(float));
+  if (o->y == NULL || gcap_tensor_read(y, o->y, (size_t)o->ny) != GCAP_OK) goto done;
+  if (c->backward) {
+    if (*r == NULL) {
+      *r = malloc((size_t)(o->ny + 1) * sizeof(float));
+      if (*r == NULL) goto done;
+      for (int64_t i = 0; i < o->ny; i++) (*r)[i] = urand();
+    }
+    if (gcap_tensor_from_f32(e, c->dt, o->ndim, o->shape, *r, &rt) != GCAP_OK || gcap_mul(y, rt, &p) != GCAP_OK ||
+        gcap_sum(p, &l) != GCAP_OK || gcap_backward(l, NULL, 0) != GCAP_OK)
+      goto done;
+    for (int i = 0; i < c->nin; i++) {
+      if (!c->in[i].grad) continue;
+      gcap_tensor *g = gcap_tensor_grad(x[i]);
+      int64_t n = numel_of(&c->in[i]);
+      if (g == NULL || gcap_tensor_numel(g) != n) goto done;
+      o->g[i] = malloc((size_t)n * sizeof(float));
+      if (o->g[i] == NULL || gcap_tensor_read(g, o->g[i], (size_t)n) != GCAP_OK) goto done;
+    }
+  }
+  ok = 1;
+done:
+  if (!ok) T_FAILF("run", "%s on %s: %s", c->name, gcap_engine_device(e), gcap_errmsg(e));
+  for (int i = 0; i < c->nin; i++) gcap_tensor_free(x[i]);
+  gcap_tensor_free(y), gcap_tensor_free(rt), gcap_tensor_free(p), gcap_tensor_free(l);
+  return ok;
+}
+
+static void parity_check(const pcase *c) {
+  float *data[MAXIN] = {0}, *r = NULL;
+  run_out oh, oc;
+  double atol = c->dt == GCAP_BF16 ? BF16_ATOL : F32_ATOL, rtol = c->dt == GCAP_BF16 ? BF16_RTOL : F32_RTOL;
+  memset(&oh, 0, sizeof oh), memset(&oc, 0, sizeof oc);
+  for (int i = 0; i < c->nin; i++) {
+    int64_t n = numel_of(&c->in[i]);
+    data[i] = malloc((size_t)(n + 1) * sizeof(float));
+    if (data[i] == NULL) goto done;
+    fill(&c->in[i], data[i], n);
+  }
+  if (!run_on(eh, c, data, &r, &oh) || !run_on(ec, c, data, &r, &oc)) goto done;
+  if (oh.ny != oc.ny || oh.ndim != oc.ndim) {
+    T_FAILF("same output shape", "%s: %lld elements on the host, %lld on cuda", c->name, (long long)oh.ny,
+            (long long)oc.ny);
+    goto done;
+  }
+  compare(c->name, "output", oc.y, oh.y, oh.ny, atol, rtol);
+  for (int i = 0; c->backward && i < c->nin; i++) {
+    char part[32];
+    if (!c->in[i].grad) continue;
+    snprintf(part, sizeof part, "grad of input %d", i);
+    compare(c->name, part, oc.g[i], oh.g[i], numel_of(&c->in[i]), atol, rtol);
+  }
+done:
+  for (int i = 0; i < c->nin; i++) free(data[i]);
+  free(r);
+  run_out_free(&oh), run_out_free(&oc);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Ops                                                                       */
+
+static gcap_status f_add(gcap_tensor *const *x, gcap_tensor **y) { return gcap_add(x[0], x[1], y); }
+static gcap_status f_sub(gcap_tensor *const *x, gcap_tensor **y) { return gcap_sub(x[0], x[1], y); }
+static gcap_status f_mul(gcap_tensor *const *x, gcap_tensor **y) { return gcap_mul(x[0], x[1], y); }
+static gcap_status f_scale(gcap_tensor *const *x, gcap_tensor **y) { return gcap_scale(x[0], 0.3, y); }
+static gcap_status f_neg(gcap_tensor *const *x, gcap_tensor **y) { return gcap_neg(x[0], y); }
+static gcap_status f_sum(gcap_tensor *const *x, gcap_tensor **y) { return gcap_sum(x[0], y); }
+static gcap_status f_mean(gcap_tensor *const *x, gcap_tensor **y) { return gcap_mean(x[0], y); }
+static gcap_status f_matmul(gcap_tensor *const *x, gcap_tensor **y) { return gcap_matmul(x[0], x[1], y); }
+static gcap_status f_linear(gcap_tensor *const *x, gcap_tensor **y) { return gcap_linear(x[0], x[1], x[2], y); }
+static gcap_status f_linear_nb(gcap_tensor *const *x, gcap_tensor **y) { return gcap_linear(x[0], x[1], NULL, y); }
+static gcap_status f_relu(gcap_tensor *const *x, gcap_tensor **y) { return gcap_relu(x[0], y); }
+static gcap_status f_gelu(gcap_tensor *const *x, gcap_tensor **y) { return gcap_gelu(x[0], y); }
+static gcap_status f_ln_wb(gcap_tensor *const *x, gcap_tensor **y) { return gcap_layer_norm(x[0], x[1], x[2], 1e-5, y); }
+static gcap_status f_ln(gcap_tensor *const *x, gcap_tensor **y) { return gcap_layer_norm(x[0], NULL, NULL, 1e-5, y); }
+static gcap_status f_softmax(gcap_tensor *const *x, gcap_tensor **y) { return gcap_softmax(x[0], -1, y); }
+static gcap_status f_dropout(gcap_tensor *const *x, gcap_tensor **y) { return gcap_dropout(x[0], 0.4, 1, y); }
+static gcap_status f_mse(gcap_tensor *const *x, gcap_tensor **y) { return gcap_mse_loss(x[0], x[1], y); }
+static gcap_status f_xent(gcap_tensor *const *x, gcap_tensor **y) { return gcap_cross_entropy(x[0], x[1], y); }
+static gcap_status f_clone(gcap_tensor *const *x, gcap_tensor **y) { return gcap_tensor_clone(x[0], y); }
+static gcap_status f_rand(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_tensor_rand(gcap_tensor_engine(x[0]), gcap_tensor_dtype(x[0]), gcap_tensor_ndim(x[0]),
+                          gcap_tensor_shape(x[0]), 0, y);
+}
+static gcap_status f_randn(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_tensor_rand(gcap_tensor_engine(x[0]), gcap_tensor_dtype(x[0]), gcap_tensor_ndim(x[0]),
+                          gcap_tensor_shape(x[0]), 1, y);
+}
+static gcap_status f_full(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_tensor_full(gcap_tensor_engine(x[0]), gcap_tensor_dtype(x[0]), gcap_tensor_ndim(x[0]),
+                          gcap_tensor_shape(x[0]), -2.75, y);
+}
+/* f32 -> bf16 -> f32 conversions through copy_. */
+static gcap_status f_to_bf16(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_tensor *b = NULL;
+  gcap_status st = gcap_tensor_empty(gcap_tensor_engine(x[0]), GCAP_BF16, gcap_tensor_ndim(x[0]), gcap_tensor_shape(x[0]), &b);
+  if (st == GCAP_OK && (st = gcap_copy_(b, x[0])) == GCAP_OK) {
+    *y = b;
+    return GCAP_OK;
+  }
+  gcap_tensor_free(b);
+  return st;
+}
+
+#define P0(f, g) {0, {0}, f, 0, g}
+#define P1(a, f, g) {1, {a}, f, 0, g}
+#define P2(a, b, f, g) {2, {a, b}, f, 0, g}
+#define P3(a, b, c, f, g) {3, {a, b, c}, f, 0, g}
+#define PC(n, classes) {1, {n}, FILL_CLASS, classes, 0}
+#define N FILL_NORMAL
+#define F32 GCAP_F32
+#define BF GCAP_BF16
+
+static const pcase cases[] = {
+    /* elementwise, f32 */
+    {"add", f_add, F32, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
+    {"add 0-D", f_add, F32, 1, 0, 2, {P2(33, 70, N, 1), P0(N, 1)}},
+    {"add row", f_add, F32, 1, 0, 2, {P3(3, 33, 70, N, 1), P1(70, N, 1)}},
+    {"add row first", f_add, F32, 1, 0, 2, {P1(70, N, 1), P2(33, 70, N, 1)}},
+    {"sub", f_sub, F32, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
+    {"sub 0-D first", f_sub, F32, 1, 0, 2, {P0(N, 1), P2(33, 70, N, 1)}},
+    {"sub row", f_sub, F32, 1, 0, 2, {P2(33, 70, N, 1), P1(70, N, 1)}},
+    {"mul", f_mul, F32, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
+    {"mul [1]", f_mul, F32, 1, 0, 2, {P2(33, 70, N, 1), P1(1, N, 1)}},
+    {"mul row", f_mul, F32, 1, 0, 2, {P2(33, 70, N, 1), P1(70, N, 1)}},
+    {"scale", f_scale, F32, 1, 0, 1, {P1(5000, N, 1)}},
+    {"neg", f_neg, F32, 1, 0, 1, {P2(33, 70, N, 1)}},
+    {"sum [33,70]", f_sum, F32, 1, 0, 1, {P2(33, 70, N, 1)}},
+    {"sum [100003]", f_sum, F32, 1, 0, 1, {P1(100003, FILL_POS, 1)}},
+    {"mean [257,129]", f_mean, F32, 1, 0, 1, {P2(257, 129, FILL_POS, 1)}},
+    {"relu", f_relu, F32, 1, 0, 1, {P2(33, 70, FILL_AWAY, 1)}},
+    {"gelu", f_gelu, F32, 1, 0, 1, {P2(33, 70, N, 1)}},
+    {"clone", f_clone, F32, 0, 0, 1, {P1(1000, N, 0)}},
+    {"fill", f_full, F32, 0, 0, 1, {P2(10, 10, N, 0)}},
+    {"copy f32 -> bf16", f_to_bf16, F32, 0, 0, 1, {P1(4099, N, 0)}},
+    /* linear algebra */
+    {"matmul [37,53]x[53,29]", f_matmul, F32, 1, 0, 2, {P2(37, 53, N, 1), P2(53, 29, N, 1)}},
+    {"matmul [128,64]x[64,96]", f_matmul, F32, 1, 0, 2, {P2(128, 64, N, 1), P2(64, 96, N, 1)}},
+    {"matmul [1,17]x[17,1]", f_matmul, F32, 1, 0, 2, {P2(1, 17, N, 1), P2(17, 1, N, 1)}},
+    {"linear 2-D bias", f_linear, F32, 1, 0, 3, {P2(40, 24, N, 1), P2(48, 24, N, 1), P1(48, N, 1)}},
+    {"linear 2-D no bias", f_linear_nb, F32, 1, 0, 2, {P2(40, 24, N, 1), P2(48, 24, N, 1)}},
+    {"linear 3-D bias", f_linear, F32, 1, 0, 3, {P3(3, 7, 32, N, 1), P2(20, 32, N, 1), P1(20, N, 1)}},
+    {"linear 3-D no bias", f_linear_nb, F32, 1, 0, 2, {P3(3, 7, 32, N, 1), P2(20, 32, N, 1)}},
+    /* rows */
+    {"layer_norm weight bias", f_ln_wb, F32, 1, 0, 3, {P2(33, 70, N, 1), P1(70, N, 1), P1(70, N, 1)}},
+    {"layer_norm [4,1024]", f_ln_wb, F32, 1, 0, 3, {P2(4, 1024, N, 1), P1(1024, N, 1), P1(1024, N, 1)}},
+    {"layer_norm no params", f_ln, F32, 1, 0, 1, {P3(2, 5, 96, N, 1)}},
+    {"softmax [33,70]", f_softmax, F32, 1, 0, 1, {P2(33, 70, N, 1)}},
+    {"softmax [8,1000]", f_softmax, F32, 1, 0, 1, {P2(8, 1000, N, 1)}},
+    {"dropout (seeded)", f_dropout, F32, 1, 4242, 1, {P2(64, 64, N, 1)}},
+    {"mse_loss", f_mse, F32, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
+    {"cross_entropy [16,10]", f_xent, F32, 1, 0, 2, {P2(16, 10, N, 1), PC(16, 10)}},
+    {"cross_entropy [64,1000]", f_xent, F32, 1, 0, 2, {P2(64, 1000, N, 1), PC(64, 1000)}},
+    {"rand uniform (seeded)", f_rand, F32, 0, 99, 1, {P1(10000, N, 0)}},
+    {"rand normal (seeded)", f_randn, F32, 0, 99, 1, {P1(10000, N, 0)}},
+    /* bf16 */
+    {"bf16 add", f_add, BF, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
+    {"bf16 add row", f_add, BF, 1, 0, 2, {P2(33, 70, N, 1), P1(70, N, 1)}},
+    {"bf16 sub 0-D", f_sub, BF, 1, 0, 2, {P2(33, 70, N, 1), P0(N, 1)}},
+    {"bf16 mul", f_mul, BF, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
+    {"bf16 scale", f_scale, BF, 1, 0, 1, {P1(5000, N, 1)}},
+    {"bf16 neg", f_neg, BF, 1, 0, 1, {P1(5000, N, 1)}},
+    {"bf16 relu", f_relu, BF, 1, 0, 1, {P2(33, 70, FILL_AWAY, 1)}},
+    {"bf16 gelu", f_gelu, BF, 1, 0, 1, {P2(33, 70, N, 1)}},
+    {"bf16 sum", f_sum, BF, 1, 0, 1, {P2(33, 70, FILL_POS, 1)}},
+    {"bf16 matmul [37,53]x[53,29]", f_matmul, BF, 1, 0, 2, {P2(37, 53, N, 1), P2(53, 29, N, 1)}},
+    {"bf16 matmul [64,128]x[128,32]", f_matmul, BF, 1, 0, 2, {P2(64, 128, N, 1), P2(128, 32, N, 1)}},
+    {"bf16 linear", f_linear, BF, 1, 0, 3, {P2(40, 24, N, 1), P2(48, 24, N, 1), P1(48, N, 1)}},
+};
+
+#define NCASES ((int)(sizeof cases / sizeof cases[0]))
+
+static const pcase *cur_case;
+static void run_cur_case(void) { parity_check(cur_case); }
+
+/* Bitwise: the dropout masks of both backends are the same (a pure function
+** of seed and counter); so are uniform draws. */
+static void test_dropout_masks_identical(void) {
+  enum { NX = 4096 };
+  static float dx[NX], yh[NX], yc[NX];
+  const int64_t s[1] = {NX};
+  for (int i = 0; i < NX; i++) dx[i] = 1.0f + (float)(i % 7);
+  gcap_tensor *xh = t_from(eh, 1, s, dx), *xc = t_from(ec, 1, s, dx), *oh = NULL, *oc = NULL;
+  T_REQUIRE(xh && xc);
+  for (int k = 0; k < 3; k++) { /* the generator advances alike too */
+    if (k == 0) {
+      T_CHECK_OK(eh, gcap_manual_seed(eh, 31));
+      T_CHECK_OK(ec, gcap_manual_seed(ec, 31));
+    }
+    T_CHECK_OK(eh, gcap_dropout(xh, 0.5, 1, &oh));
+    T_CHECK_OK(ec, gcap_dropout(xc, 0.5, 1, &oc));
+    if (t_read(oh, yh, NX) && t_read(oc, yc, NX)) {
+      int diff = 0, first = -1;
+      for (int i = 0; i < NX; i++)
+        if ((yh[i] == 0.0f) != (yc[i] == 0.0f)) diff++, first = first < 0 ? i : first;
+      if (diff) T_FAILF("same masks", "draw %d: %d of %d mask entries differ (first at %d)", k + 1, diff, NX, first);
+    }
+    gcap_tensor_free(oh), gcap_tensor_free(oc);
+    oh = oc = NULL;
+  }
+  gcap_tensor_free(xh), gcap_tensor_free(xc);
+}
+
+/* Optimizer steps (SGD with momentum and weight decay; Adam) on both. */
+static void optim_parity(int adam) {
+  enum { NPAR = 1000, STEPS = 3 };
+  static float d[NPAR], g[NPAR], ph[NPAR], pc[NPAR];
+  const int64_t s[1] = {NPAR};
+  for (int i = 0; i < NPAR; i++) d[i] = urand();
+  gcap_tensor *p[2] = {t_from(eh, 1, s, d), t_from(ec, 1, s, d)};
+  gcap_optim *o[2] = {NULL, NULL};
+  gcap_engine *es[2] = {eh, ec};
+  T_REQUIRE(p[0] && p[1]);
+  for (int b = 0; b < 2; b++) {
+    T_CHECK_OK(es[b], gcap_tensor_set_requires_grad(p[b], 1));
+    if (adam) T_CHECK_OK(es[b], gcap_optim_adam(es[b], 1, &p[b], 0.01, 0.9, 0.999, 1e-8, 0.01, &o[b]));
+    else T_CHECK_OK(es[b], gcap_optim_sgd(es[b], 1, &p[b], 0.1, 0.9, 0.01, &o[b]));
+  }
+  for (int k = 0; k < STEPS; k++) {
+    for (int i = 0; i < NPAR; i++) g[i] = urand();
+    for (int b = 0; b < 2; b++) {
+      gcap_tensor *gt = t_from(es[b], 1, s, g);
+      T_REQUIRE(gt != NULL);
+      T_CHECK_OK(es[b], gcap_tensor_set_grad(p[b], gt));
+      gcap_tensor_free(gt);
+      T_CHECK_OK(es[b], gcap_optim_step(o[b]));
+    }
+    if (t_read(p[0], ph, NPAR) && t_read(p[1], pc, NPAR)) {
+      char what[48];
+      snprintf(what, sizeof what, "%s step %d", adam ? "Adam" : "SGD momentum", k + 1);
+      compare(what, "parameter", pc, ph, NPAR, F32_ATOL, F32_RTOL);
+    }
+  }
+  for (int b = 0; b < 2; b++) gcap_optim_free(o[b]), gcap_tensor_free(p[b]);
+}
+static void test_sgd_parity(void) { optim_parity(0); }
+static void test_adam_parity(void) { optim_parity(1); }
+
+int main(void) {
+  verbose = getenv("GRAPHCAP_PARITY_VERBOSE") != NULL;
+  if (!gcap_cuda_available()) {
+    printf("1..0 # SKIP no CUDA device\n");
+    return 77;
+  }
+  if (gcap_engine_new(GCAP_DEVICE_HOST, &eh) != GCAP_OK || gcap_engine_new(GCAP_DEVICE_CUDA, &ec) != GCAP_OK) {
+    printf("not ok 1 - open the host and cuda engines (%s)\n1..1\n# 0 passed, 1 failed\n", gcap_last_open_error());
+    return 1;
+  }
+  for (int i = 0; i < NCASES; i++) {
+    char name[160];
+    cur_case = &cases[i];
+    snprintf(name, sizeof name, "parity: %s%s", cases[i].name, cases[i].backward ? " (forward, backward)" : "");
+    t_run_(name, run_cur_case);
+  }
+  T_RUN(test_dropout_masks_identical);
+  T_RUN(test_sgd_parity);
+  T_RUN(test_adam_parity);
+  gcap_engine_free(eh);
+  gcap_engine_free(ec);
+  return t_done();
+}
