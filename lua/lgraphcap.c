@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "lua.h"
 #include "lauxlib.h"
@@ -39,6 +40,7 @@
 #define MODULE_MT "graphcap.Module"
 #define HANDLE_MT "graphcap.HookHandle"
 #define OPTIM_MT "graphcap.Optimizer"
+#define GRAPHED_MT "graphcap.Graphed"
 #define ENGINE_MT "graphcap.Engine"
 
 #define ENGINE_KEY "graphcap.engine"  /* registry slot of the engine box */
@@ -112,6 +114,8 @@ typedef struct LErr { int set; } LErr;
 static const char l_errkey = 'e';  /* the LErr holder */
 static const char l_fwdkey = 'f';  /* the protected part of a Lua forward */
 static const char l_hookkey = 'h';  /* the protected part of a hook */
+static const char l_capkey = 'c';  /* the protected part of a capture-time hook */
+static const char l_mgckey = 'm';  /* the hooks of the make_graphed_callables in progress */
 
 typedef gcap_status (*l_unop) (gcap_tensor *a, gcap_tensor **out);
 typedef gcap_status (*l_binop) (gcap_tensor *a, gcap_tensor *b,
@@ -2507,6 +2511,410 @@ static int l_manual_seed (lua_State *L) {
 /* }====================================================== */
 
 
+
+/*
+** {======================================================
+** make_graphed_callables
+** =======================================================
+*/
+
+typedef struct LGraphed { gcap_graphed *g; gcap_engine *e; } LGraphed;
+
+static LGraphed *l_checkgraphed (lua_State *L, int i) {
+  LGraphed *p = (LGraphed *)luaL_checkudata(L, i, GRAPHED_MT);
+  luaL_argcheck(L, p->g != NULL, i, "graphed callables are closed");
+  return p;
+}
+
+/* A capture-time hook (or the pre/post warmup hook: group < 0), as the
+** core sees it: its place in the hook table of the call in progress. */
+typedef struct LCapHook {
+  LEngine *le;
+  int callable, group, index;
+} LCapHook;
+
+typedef struct LCapCall {
+  LCall c;
+  const LCapHook *h;
+} LCapCall;
+
+static const char *const l_groups[4] = {"forward_pre_hooks", "forward_hooks",
+                                        "backward_pre_hooks", "backward_hooks"};
+
+/* The protected part: hooks[callable].group[index](callable's value), or
+** hooks.pre_warmup_hook(); a hook must return nothing or nil. */
+static int l_pcaphook (lua_State *L) {
+  LCapCall *c = (LCapCall *)lua_touserdata(L, 1);
+  const char *name;
+  int base, n, i;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &l_mgckey);
+  if (c->h->group < 0) {
+    name = (c->h->group == -1) ? "pre_warmup_hook" : "post_warmup_hook";
+    lua_getfield(L, -1, name);
+    base = lua_gettop(L);
+    lua_call(L, 0, LUA_MULTRET);
+  }
+  else {
+    name = l_groups[c->h->group];
+    lua_getfield(L, -1, "capture_time_hooks");
+    lua_rawgeti(L, -1, c->h->callable + 1);  /* {callable = v, group = {...}} */
+    lua_getfield(L, -1, name);
+    lua_rawgeti(L, -1, c->h->index + 1);
+    base = lua_gettop(L);
+    lua_getfield(L, -3, "callable");
+    lua_call(L, 1, LUA_MULTRET);
+  }
+  n = lua_gettop(L) - base + 1;
+  for (i = 0; i < n; i++)
+    if (!lua_isnil(L, base + i))
+      return l_error(L, "capture_time_hooks %s must not return a value "
+                     "(callable %d, hook #%d returned %s)", name,
+                     c->h->callable + 1, c->h->index + 1,
+                     l_typename(L, base + i));
+  return 0;
+}
+
+static gcap_status l_caphook (void *ud, gcap_module *m) {
+  LCapCall c;
+  (void)m;
+  c.h = (const LCapHook *)ud;
+  return l_callback(c.h->le, &l_capkey, &c.c, NULL);
+}
+
+static gcap_status l_warmhook (void *ud) {
+  return l_caphook(ud, NULL);
+}
+
+/* Progress: a C function the graphcap program registers (on a terminal). */
+#define PROGRESS_KEY "graphcap.progress"
+
+static double l_optnumber (lua_State *L, int t, const char *k, double def) {
+  double v;
+  if (lua_getfield(L, t, k) == LUA_TNIL) v = def;
+  else v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static int l_optflag (lua_State *L, int t, const char *k, int def) {
+  int v;
+  if (lua_getfield(L, t, k) == LUA_TNIL) v = def;
+  else v = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/*
+** core.make_graphed_callables(modules, args, opts): modules a sequence of
+** Module boxes; args a sequence (one per entry) of sequences of tensors;
+** opts as the facade normalized them (hooks: per callable {callable = v,
+** forward_pre_hooks = {f, ...}, ...}). Returns a Graphed box.
+*/
+/* gc.clock() -> seconds of a monotonic clock, for timing to completion */
+static int l_clock (lua_State *L) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);
+  return 1;
+}
+
+static int l_make_graphed (lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  int nmod, nent, i, k, total = 0, nhooks = 0, hooksi, prev;
+  gcap_module **mods;
+  int *nargs;
+  gcap_tensor ***args, **flat;
+  double *order = NULL;
+  int *nlpc = NULL;
+  gcap_capture_hooks *hooks = NULL;
+  gcap_capture_hook *fns;
+  void **uds;
+  LCapHook *cap, warm[2];
+  gcap_graphed_opts o;
+  LGraphed *r;
+  LFrame f;
+  LEngine *le;
+  gcap_status st;
+  char msg[1024];
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  nmod = (int)luaL_len(L, 1);
+  nent = (int)luaL_len(L, 2);
+  gcap_graphed_opts_init(&o);
+  /* all C arrays live in one userdata, collected with the call's stack */
+  for (i = 1; i <= nent; i++) {
+    lua_rawgeti(L, 2, i);
+    luaL_checktype(L, -1, LUA_TTABLE);
+    total += (int)luaL_len(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_getfield(L, 3, "capture_time_hooks");
+  hooksi = lua_gettop(L);
+  if (lua_istable(L, hooksi))
+    for (i = 1; i <= nmod; i++) {
+      int g;
+      lua_rawgeti(L, hooksi, i);
+      for (g = 0; g < 4; g++) {
+        lua_getfield(L, -1, l_groups[g]);
+        nhooks += lua_istable(L, -1) ? (int)luaL_len(L, -1) : 0;
+        lua_pop(L, 1);
+      }
+      lua_pop(L, 1);
+    }
+  {
+    size_t sz = sizeof(gcap_module *) * (size_t)(nmod + 1)
+              + sizeof(int) * (size_t)(nent + 1)
+              + sizeof(gcap_tensor **) * (size_t)(nent + 1)
+              + sizeof(gcap_tensor *) * (size_t)(total + 1)
+              + sizeof(gcap_capture_hooks) * (size_t)(nmod + 1)
+              + (sizeof(gcap_capture_hook) + sizeof(void *) + sizeof(LCapHook))
+                * (size_t)(nhooks + 1);
+    char *mem = (char *)lua_newuserdatauv(L, sz, 0);
+    memset(mem, 0, sz);
+    mods = (gcap_module **)mem;
+    hooks = (gcap_capture_hooks *)(mods + nmod + 1);
+    args = (gcap_tensor ***)(hooks + nmod + 1);
+    flat = (gcap_tensor **)(args + nent + 1);
+    fns = (gcap_capture_hook *)(flat + total + 1);
+    uds = (void **)(fns + nhooks + 1);
+    cap = (LCapHook *)(uds + nhooks + 1);
+    nargs = (int *)(cap + nhooks + 1);
+  }
+  for (i = 0; i < nmod; i++) {
+    lua_rawgeti(L, 1, i + 1);
+    mods[i] = l_checkmodule(L, -1)->m;
+    lua_pop(L, 1);
+  }
+  for (i = 0, total = 0; i < nent; i++) {
+    lua_rawgeti(L, 2, i + 1);
+    nargs[i] = (int)luaL_len(L, -1);
+    args[i] = flat + total;
+    for (k = 0; k < nargs[i]; k++) {
+      LTensor *t;
+      lua_rawgeti(L, -1, k + 1);
+      t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
+      if (t == NULL)
+        return l_error(L, "make_graphed_callables: sample_args[%d][%d] must "
+                       "be a tensor, got %s (sample_args hold only tensors)",
+                       i + 1, k + 1, l_typename(L, -1));
+      if (t->t == NULL)
+        return l_error(L, "make_graphed_callables: sample_args[%d][%d] is a "
+                       "closed tensor", i + 1, k + 1);
+      flat[total++] = t->t;
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  if (lua_istable(L, hooksi)) {
+    int j = 0;
+    for (i = 0; i < nmod; i++) {
+      int g;
+      lua_rawgeti(L, hooksi, i + 1);
+      for (g = 0; g < 4; g++) {
+        int n;
+        lua_getfield(L, -1, l_groups[g]);
+        n = lua_istable(L, -1) ? (int)luaL_len(L, -1) : 0;
+        hooks[i].n[g] = n;
+        hooks[i].fn[g] = fns + j;
+        hooks[i].ud[g] = uds + j;
+        for (k = 0; k < n; k++, j++) {
+          cap[j].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
+          cap[j].callable = i;
+          cap[j].group = g;
+          cap[j].index = k;
+          fns[j] = l_caphook;
+          uds[j] = &cap[j];
+        }
+        lua_pop(L, 1);
+      }
+      lua_pop(L, 1);
+    }
+    o.capture_time_hooks = hooks;
+    o.num_capture_time_hooks = nmod;
+  }
+  o.num_warmup_iters = (int)l_optnumber(L, 3, "num_warmup_iters", 3);
+  o.allow_unused_input = l_optflag(L, 3, "allow_unused_input", 0);
+  o.retain_graph_in_backward = l_optflag(L, 3, "retain_graph_in_backward", 0);
+  o.reuse_graph_input_output_buffers =
+      l_optflag(L, 3, "reuse_graph_input_output_buffers", 0);
+  o.clone_param_grads_on_return = l_optflag(L, 3, "clone_param_grads_on_return", 1);
+  if (lua_getfield(L, 3, "order") == LUA_TTABLE) {
+    o.order_len = (int)luaL_len(L, -1);
+    order = (double *)lua_newuserdatauv(L, sizeof(double) * (size_t)(o.order_len + 1), 0);
+    for (k = 0; k < o.order_len; k++) {
+      lua_rawgeti(L, -2, k + 1);
+      order[k] = lua_tonumber(L, -1);
+      lua_pop(L, 1);
+    }
+    o.order = order;
+  }
+  if (lua_getfield(L, 3, "num_layers_per_chunk") == LUA_TTABLE) {
+    o.num_chunks = (int)luaL_len(L, -1);
+    nlpc = (int *)lua_newuserdatauv(L, sizeof(int) * (size_t)(o.num_chunks + 1), 0);
+    for (k = 0; k < o.num_chunks; k++) {
+      lua_rawgeti(L, -2, k + 1);
+      nlpc[k] = (int)lua_tointeger(L, -1);
+      lua_pop(L, 1);
+    }
+    o.num_layers_per_chunk = nlpc;
+  }
+  if (lua_getfield(L, 3, "pool") != LUA_TNIL) o.pool = l_checkpool(L, -1)->p;
+  warm[0].le = warm[1].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
+  warm[0].group = -1;
+  warm[1].group = -2;
+  if (lua_getfield(L, 3, "pre_warmup_hook") == LUA_TFUNCTION) {
+    o.pre_warmup_hook = l_warmhook;
+    o.pre_warmup_ud = &warm[0];
+  }
+  if (lua_getfield(L, 3, "post_warmup_hook") == LUA_TFUNCTION) {
+    o.post_warmup_hook = l_warmhook;
+    o.post_warmup_ud = &warm[1];
+  }
+  if (lua_getfield(L, LUA_REGISTRYINDEX, PROGRESS_KEY) == LUA_TLIGHTUSERDATA) {
+    void *fp = lua_touserdata(L, -1);
+    memcpy(&o.progress, &fp, sizeof o.progress);
+  }
+  r = (LGraphed *)l_newbox(L, sizeof *r, 1, GRAPHED_MT);
+  r->g = NULL;
+  r->e = e;
+  /* the hooks of this call, for l_pcaphook (calls may nest through hooks) */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &l_mgckey);
+  prev = lua_gettop(L);
+  lua_pushvalue(L, 3);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_mgckey);
+  le = l_enter(L, &f, NULL, 0, 0, 0);
+  st = gcap_make_graphed_callables(e, nmod, mods, nent, nargs,
+                                   (gcap_tensor *const *const *)args, &o, &r->g);
+  l_leave(le, &f);
+  lua_pushvalue(L, prev);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_mgckey);
+  if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
+  l_raisecb(L);
+  if (st != GCAP_OK) l_fail(L, st, msg, "make_graphed_callables");
+  lua_pushvalue(L, prev - 1);  /* the Graphed box */
+  return 1;
+}
+
+static int l_graphed_close (lua_State *L) {
+  LGraphed *p = (LGraphed *)luaL_checkudata(L, 1, GRAPHED_MT);
+  if (p->g != NULL) {
+    gcap_graphed_free(p->g);
+    p->g = NULL;
+  }
+  return 0;
+}
+
+static int l_graphed_len (lua_State *L) {
+  lua_pushinteger(L, gcap_graphed_num_entries(l_checkgraphed(L, 1)->g));
+  return 1;
+}
+
+static int l_checkentry (lua_State *L, LGraphed *p, int i) {
+  lua_Integer k = luaL_checkinteger(L, i);
+  luaL_argcheck(L, k >= 1 && k <= gcap_graphed_num_entries(p->g), i,
+                "entry out of range");
+  return (int)k - 1;
+}
+
+/* G:call(entry, tensors...) -> output (replays; eager in another mode) */
+static int l_graphed_call (lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  int entry = l_checkentry(L, p, 2), nin = lua_gettop(L) - 2, i;
+  gcap_tensor *in[MAXIN];
+  char msg[1024];
+  LFrame f;
+  LEngine *le;
+  LTensor *r;
+  gcap_status st;
+  if (nin > MAXIN)
+    return l_error(L, "graphed call: at most %d tensor arguments", MAXIN);
+  for (i = 0; i < nin; i++) {
+    LTensor *t = (LTensor *)luaL_testudata(L, i + 3, TENSOR_MT);
+    if (t == NULL)
+      return l_error(L, "graphed call of entry %d: argument #%d must be a "
+                     "tensor, got %s", entry + 1, i + 1, l_typename(L, i + 3));
+    luaL_argcheck(L, t->t != NULL, i + 3, "tensor is closed");
+    in[i] = t->t;
+  }
+  r = l_newtensor(L);
+  le = l_enter(L, &f, NULL, 0, 0, 0);
+  st = gcap_graphed_call(p->g, entry, nin, in, &r->t);
+  l_leave(le, &f);
+  if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(p->e));
+  l_raisecb(L);
+  if (st != GCAP_OK) l_fail(L, st, msg, "graphed call");
+  l_knownresult(L);
+  return 1;
+}
+
+static int l_graphed_backward_dw (lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  l_check(L, p->e, gcap_graphed_backward_dw(p->g, l_checkentry(L, p, 2)),
+          "backward_dw");
+  return 0;
+}
+
+static int l_graphed_reset (lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  l_check(L, p->e, gcap_graphed_reset(p->g, l_checkentry(L, p, 2)), "reset");
+  return 0;
+}
+
+static void l_pushgstats (lua_State *L, const gcap_graph_stats *s) {
+  lua_createtable(L, 0, 5);
+  lua_pushinteger(L, (lua_Integer)s->nodes);
+  lua_setfield(L, -2, "nodes");
+  lua_pushnumber(L, s->capture_ms);
+  lua_setfield(L, -2, "capture_ms");
+  lua_pushnumber(L, s->instantiate_ms);
+  lua_setfield(L, -2, "instantiate_ms");
+  lua_pushinteger(L, (lua_Integer)s->pool_bytes);
+  lua_setfield(L, -2, "pool_bytes");
+  lua_pushinteger(L, (lua_Integer)s->replays);
+  lua_setfield(L, -2, "replays");
+}
+
+/* G:stats(entry) -> {fwd, bwd (or nil), bwd_dw (or nil), pool_reserved_bytes} */
+static int l_graphed_stats (lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  gcap_graphed_stats s;
+  l_check(L, p->e, gcap_graphed_get_stats(p->g, l_checkentry(L, p, 2), &s),
+          "stats");
+  lua_createtable(L, 0, 4);
+  l_pushgstats(L, &s.fwd);
+  lua_setfield(L, -2, "fwd");
+  if (s.has_bwd) {
+    l_pushgstats(L, &s.bwd);
+    lua_setfield(L, -2, "bwd");
+  }
+  if (s.has_dw) {
+    l_pushgstats(L, &s.dw);
+    lua_setfield(L, -2, "bwd_dw");
+  }
+  lua_pushinteger(L, (lua_Integer)s.pool_reserved_bytes);
+  lua_setfield(L, -2, "pool_reserved_bytes");
+  return 1;
+}
+
+static const luaL_Reg l_graphed_meta[] = {
+  {"__gc", l_graphed_close},
+  {"__close", l_graphed_close},
+  {"__len", l_graphed_len},
+  {NULL, NULL}
+};
+
+static const luaL_Reg l_graphed_methods[] = {
+  {"call", l_graphed_call},
+  {"backward_dw", l_graphed_backward_dw},
+  {"reset", l_graphed_reset},
+  {"stats", l_graphed_stats},
+  {"close", l_graphed_close},
+  {NULL, NULL}
+};
+
+/* }====================================================== */
+
 static const luaL_Reg l_funcs[] = {
   {"device", l_device},
   {"version", l_version},
@@ -2534,6 +2942,8 @@ static const luaL_Reg l_funcs[] = {
   {"set_grad_enabled", l_set_grad_enabled},
   {"is_grad_enabled", l_is_grad_enabled},
   {"matmul", l_matmul},
+  {"make_graphed_callables", l_make_graphed},
+  {"clock", l_clock},
   {NULL, NULL}
 };
 
@@ -2549,6 +2959,7 @@ static const struct {
   {"Module", MODULE_MT, l_module_meta, l_module_methods},
   {"HookHandle", HANDLE_MT, l_handle_meta, l_handle_methods},
   {"Optimizer", OPTIM_MT, l_optim_meta, l_optim_methods},
+  {"Graphed", GRAPHED_MT, l_graphed_meta, l_graphed_methods},
   {NULL, NULL, NULL, NULL}
 };
 
@@ -2609,6 +3020,9 @@ static void l_callbacks (lua_State *L, int eng) {
   lua_pushvalue(L, eng);
   lua_pushcclosure(L, l_phook, 1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &l_hookkey);
+  lua_pushvalue(L, eng);
+  lua_pushcclosure(L, l_pcaphook, 1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_capkey);
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &l_errkey) != LUA_TUSERDATA) {
     LErr *h = (LErr *)lua_newuserdatauv(L, sizeof *h, 1);
     h->set = 0;

@@ -449,8 +449,9 @@ typedef struct gcap_graphed_opts {
   int reuse_graph_input_output_buffers; /* 0; needs order and training */
   int clone_param_grads_on_return;  /* 1 */
   gcap_status (*pre_warmup_hook)(void *ud);  /* once, before all warmup */
+  void *pre_warmup_ud;
   gcap_status (*post_warmup_hook)(void *ud); /* once, after all warmup */
-  void *warmup_hook_ud;
+  void *post_warmup_ud;
   const gcap_capture_hooks *capture_time_hooks; /* NULL, or one per callable */
   int num_capture_time_hooks;       /* must equal the number of callables when given */
   gcap_progress_fn progress;        /* NULL: none */

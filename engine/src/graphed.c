@@ -604,7 +604,7 @@ static gcap_status warmup(ge_build *b) {
   if ((st = gcap_stream_new(b->e, &side)) != GCAP_OK) return st;
   b->e->current = side;
   b->phase = "warmup";
-  if (o->pre_warmup_hook && (st = o->pre_warmup_hook(o->warmup_hook_ud)) != GCAP_OK) goto done;
+  if (o->pre_warmup_hook && (st = o->pre_warmup_hook(o->pre_warmup_ud)) != GCAP_OK) goto done;
   for (it = 0; it < o->num_warmup_iters && st == GCAP_OK; it++) {
     if (o->order == NULL) {
       for (i = 0; i < G->n && st == GCAP_OK; i++, progress(b)) st = warm_fwd(b, i);
@@ -617,7 +617,7 @@ static gcap_status warmup(ge_build *b) {
       else if (p->kind == GC_PASS_BWD) st = warm_bwd(b, p->entry, it);
     }
   }
-  if (st == GCAP_OK && o->post_warmup_hook) st = o->post_warmup_hook(o->warmup_hook_ud);
+  if (st == GCAP_OK && o->post_warmup_hook) st = o->post_warmup_hook(o->post_warmup_ud);
   if (st == GCAP_OK) st = gcap_stream_synchronize(side);
 done:
   b->e->current = prev;

@@ -15,6 +15,7 @@ end
 
 gc.nn = require "graphcap.nn"
 gc.optim = require "graphcap.optim"
+gc.make_graphed_callables = require "graphcap.graphed"
 _ENV = nil
 
 local options, check, run = util.options, util.check, util.run

@@ -1,0 +1,258 @@
+-- graphcap.graphed: gc.make_graphed_callables, TransformerEngine's, with
+-- capture_time_hooks. This file checks and normalizes the arguments (the
+-- Lua-shaped ones: hook tables, kwargs, functions as callables) and builds
+-- the returned objects; the core does the warmup, captures and replays.
+
+local core = require "graphcap.core"
+local util = require "graphcap.util"
+local nn = require "graphcap.nn"
+
+local error, getmetatable, ipairs, math, pairs, select, setmetatable, string,
+      table, tostring, type = error, getmetatable, ipairs, math, pairs, select,
+      setmetatable, string, table, tostring, type
+_ENV = nil
+
+local Tensor = core._metatables.Tensor
+local is_module = nn.is_module
+local W = "make_graphed_callables"
+
+local function fail (fmt, ...)
+  error(string.format(W .. ": " .. fmt, ...), 3)
+end
+
+local function is_tensor (v)
+  return type(v) == "userdata" and getmetatable(v) == Tensor
+end
+
+local known_options = {
+  num_warmup_iters = "integer", allow_unused_input = "boolean",
+  sample_kwargs = "table", order = "table", num_layers_per_chunk = true,
+  pool = "userdata", retain_graph_in_backward = "boolean",
+  reuse_graph_input_output_buffers = "boolean",
+  clone_param_grads_on_return = "boolean", pre_warmup_hook = "function",
+  post_warmup_hook = "function", capture_time_hooks = "table",
+}
+
+local groups = {"forward_pre_hooks", "forward_hooks", "backward_pre_hooks",
+                "backward_hooks"}
+local is_group = {}
+for _, g in ipairs(groups) do is_group[g] = true end
+
+-- A group: a sequence of functions (index order) or a map from string ids
+-- to functions (sorted id order); never both.
+local function group_list (c, name, grp)
+  if type(grp) ~= "table" then
+    fail("capture_time_hooks[%d].%s must be a table of functions, got %s", c,
+         name, type(grp))
+  end
+  local n, ints, strs = #grp, 0, {}
+  for k in pairs(grp) do
+    if math.type(k) == "integer" and k >= 1 and k <= n then ints = ints + 1
+    elseif type(k) == "string" then strs[#strs + 1] = k
+    else fail("capture_time_hooks[%d].%s has a key %s that is neither a "
+              .. "sequence index nor a string id", c, name, tostring(k)) end
+  end
+  if ints > 0 and #strs > 0 then
+    fail("capture_time_hooks[%d].%s mixes a sequence and a map of string "
+         .. "ids; use one or the other", c, name)
+  end
+  local list = {}
+  if #strs > 0 then
+    table.sort(strs)
+    for i, k in ipairs(strs) do list[i] = grp[k] end
+  else
+    for i = 1, n do list[i] = grp[i] end
+  end
+  for i, f in ipairs(list) do
+    if type(f) ~= "function" then
+      fail("capture_time_hooks[%d].%s #%d must be a function, got %s", c,
+           name, i, type(f))
+    end
+  end
+  return list
+end
+
+-- One entry per callable: {callable = original, <group> = {f, ...}, ...}.
+local function normalize_hooks (hooks, originals)
+  if hooks == nil then return nil end
+  local n = #hooks
+  for k in pairs(hooks) do
+    if math.type(k) ~= "integer" or k < 1 or k > n then
+      fail("capture_time_hooks must be a sequence with one entry per "
+           .. "callable (a table or false), got a key %s", tostring(k))
+    end
+  end
+  if n ~= #originals then
+    fail("capture_time_hooks has %d entries, but there are %d callables",
+         n, #originals)
+  end
+  local out = {}
+  for c = 1, n do
+    local h, e = hooks[c], {callable = originals[c]}
+    if h ~= false then
+      if type(h) ~= "table" then
+        fail("capture_time_hooks[%d] must be a table or false, got %s", c,
+             type(h))
+      end
+      for k in pairs(h) do
+        if not is_group[k] then
+          fail("capture_time_hooks[%d] has an unknown group '%s' (known: %s)",
+               c, tostring(k), table.concat(groups, ", "))
+        end
+      end
+      for _, g in ipairs(groups) do
+        if h[g] ~= nil then e[g] = group_list(c, g, h[g]) end
+      end
+    end
+    out[c] = e
+  end
+  return out
+end
+
+-- A Lua function as a callable: a module with no parameters.
+local Function = nn.Module("function")
+function Function:init (fn) self.fn = fn end
+function Function:forward (...) return self.fn(...) end
+
+-- kwargs of one entry: sorted keys, their tensors appended to args.
+local function kwargs_of (i, kw)
+  if kw == nil or kw == false then return nil end
+  if type(kw) ~= "table" or is_tensor(kw) then
+    fail("sample_kwargs[%d] must be a map of name -> tensor or false", i)
+  end
+  local keys = {}
+  for k, v in pairs(kw) do
+    if type(k) ~= "string" then
+      fail("sample_kwargs[%d] has a non-string key %s", i, tostring(k))
+    end
+    if not is_tensor(v) then
+      fail("sample_kwargs[%d].%s must be a tensor, got %s", i, k, type(v))
+    end
+    keys[#keys + 1] = k
+  end
+  table.sort(keys)
+  return keys
+end
+
+-- Flatten a replay call's arguments: tensors, then the kwargs' values in
+-- sorted sample-key order when the last argument is a non-tensor table.
+local function flatten (entry, keys, ...)
+  local n, args = select("#", ...), {...}
+  if keys == nil then return args, n end
+  local kw = args[n]
+  if type(kw) ~= "table" or is_tensor(kw) then
+    error(string.format("graphed entry %d: expected the kwargs table (%s) as "
+                        .. "the last argument", entry, table.concat(keys, ", ")), 3)
+  end
+  n = n - 1
+  for _, k in ipairs(keys) do
+    if kw[k] == nil then
+      error(string.format("graphed entry %d was made with kwarg '%s', but it "
+                          .. "was not given at replay", entry, k), 3)
+    end
+    n = n + 1
+    args[n] = kw[k]
+  end
+  return args, n
+end
+
+local Entry = {}
+Entry.__index = Entry
+Entry.__name = "graphcap.GraphedEntry"
+
+function Entry:__call (...)
+  local args, n = flatten(self.i, self.keys, ...)
+  return self.G:call(self.i, table.unpack(args, 1, n))
+end
+function Entry:backward_dw () return self.G:backward_dw(self.i) end
+function Entry:reset () return self.G:reset(self.i) end
+function Entry:stats () return self.G:stats(self.i) end
+function Entry:__tostring ()
+  return string.format("graphcap.GraphedEntry(%d)", self.i)
+end
+
+local function make_graphed_callables (callables, sample_args, opts)
+  opts = util.options(W, opts, known_options, 2)
+  for k, kind in pairs(known_options) do
+    local v = opts[k]
+    if v ~= nil and kind ~= true and not (kind == "integer" and math.type(v) == "integer")
+       and type(v) ~= kind then
+      fail("option %s must be a %s, got %s", k, kind, math.type(v) or type(v))
+    end
+  end
+  local single = type(callables) == "function" or is_module(callables)
+  local kwargs = opts.sample_kwargs
+  if single then
+    callables, sample_args = {callables}, {sample_args}
+    if kwargs ~= nil then kwargs = {kwargs} end
+  end
+  if type(callables) ~= "table" or #callables == 0 then
+    fail("callables must be a module, a function or a non-empty sequence of them")
+  end
+  if type(sample_args) ~= "table" then
+    fail("sample_args must be a sequence of tensors (one callable) or of such "
+         .. "sequences, got %s", type(sample_args))
+  end
+  local mods, originals = {}, {}
+  for c, v in ipairs(callables) do
+    originals[c] = v
+    if is_module(v) then mods[c] = v
+    elseif type(v) == "function" then mods[c] = Function(v)
+    else fail("callable #%d is a %s; expected a module or a function", c, type(v)) end
+  end
+  if #mods ~= #callables then fail("callables must be a sequence (no holes)") end
+  local args, keys = {}, {}
+  for i = 1, #sample_args do
+    local a = sample_args[i]
+    if type(a) ~= "table" or is_tensor(a) then
+      fail("sample_args[%d] must be a sequence of tensors, got %s", i,
+           is_tensor(a) and "a tensor" or type(a))
+    end
+    local flat = {}
+    for k = 1, #a do
+      if not is_tensor(a[k]) then
+        fail("sample_args[%d][%d] must be a tensor, got %s (sample_args hold "
+             .. "only tensors)", i, k, type(a[k]))
+      end
+      flat[k] = a[k]
+    end
+    keys[i] = kwargs_of(i, kwargs and kwargs[i])
+    if keys[i] then
+      for _, k in ipairs(keys[i]) do flat[#flat + 1] = kwargs[i][k] end
+    end
+    args[i] = flat
+  end
+  local nlpc = opts.num_layers_per_chunk
+  if math.type(nlpc) == "integer" and opts.order then
+    local K = 0
+    for _, v in ipairs(opts.order) do if v > K then K = math.floor(v) end end
+    local t = {}
+    for m = 1, K do t[m] = nlpc end
+    nlpc = t
+  elseif nlpc ~= nil and type(nlpc) ~= "table" then
+    fail("num_layers_per_chunk must be an integer or a sequence, got %s", type(nlpc))
+  end
+  local norm = {}
+  for k, v in pairs(opts) do norm[k] = v end
+  norm.num_layers_per_chunk = nlpc
+  norm.capture_time_hooks = normalize_hooks(opts.capture_time_hooks, originals)
+  local G = core.make_graphed_callables(mods, args, norm)
+  local out = {}
+  for i = 1, #G do
+    local m = opts.order == nil and mods[i] == originals[i] and keys[i] == nil
+              and mods[i] or nil
+    if m then   -- the module itself now replays; keep G with it
+      m.graphed_callables = G
+      m.backward_dw = function () return G:backward_dw(i) end
+      m.reset = function () return G:reset(i) end
+      m.stats = function () return G:stats(i) end
+      out[i] = m
+    else
+      out[i] = setmetatable({G = G, i = i, keys = keys[i]}, Entry)
+    end
+  end
+  if single then return out[1] end
+  return out
+end
+
+return make_graphed_callables

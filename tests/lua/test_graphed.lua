@@ -1,0 +1,739 @@
+-- test_graphed.lua: make_graphed_callables (DESIGN §5, §6; TE's tests,
+-- te-make-graphed-callables.md §4). Graphed training equals eager training
+-- bit for bit (parameters, grads, outputs; 3 SGD steps of 2 accumulation
+-- microbatches): per-callable and whole-model graphing, without an order and
+-- with pipeline orders (returned entries), with input/output buffer reuse,
+-- with delayed wgrad (backward_dw). Parameter grads: cloned on return (TE
+-- tests 6, 7), aliases when clone_param_grads_on_return = false (test 9), the
+-- policy fixed at the call (test 10). One pool for all graphs of a call;
+-- stats(); reset(); eager fallback when the training flag differs; kwargs;
+-- Lua function callables; eval mode; hooks registered after graphing.
+--   build/graphcap tests/lua/test_graphed.lua -o tap
+
+local lu = require "luaunit"
+local gc = require "graphcap"
+
+local STEPS, MICRO, LR = 3, 2, 0.1
+
+-- A {rows, cols} nested table of irregular values; phase picks the values.
+local function data (rows, cols, phase)
+  local m = {}
+  for i = 1, rows do
+    m[i] = {}
+    for j = 1, cols do
+      m[i][j] = math.sin(0.37 * ((i - 1) * cols + j) + 1.3 * phase) * 1.25 + 0.1 * math.cos(phase)
+    end
+  end
+  return m
+end
+
+-- Nested tables of numbers, equal element by element with ==.
+local function assert_same (a, b, what)
+  if type(a) ~= "table" or type(b) ~= "table" then
+    lu.assertTrue(type(a) == "number" and type(b) == "number" and a == b,
+                  string.format("%s: %s ~= %s", what, tostring(a), tostring(b)))
+    return
+  end
+  lu.assertEquals(#a, #b, what .. ": lengths differ")
+  for i = 1, #a do assert_same(a[i], b[i], what .. "[" .. i .. "]") end
+end
+
+-- Every element finite, and not all zero.
+local function assert_sane (t, what)
+  local nonzero = false
+  local function walk_t (v)
+    if type(v) == "table" then
+      for _, e in ipairs(v) do walk_t(e) end
+    else
+      lu.assertTrue(v == v and v > -math.huge and v < math.huge, what .. ": not finite")
+      if v ~= 0 then nonzero = true end
+    end
+  end
+  walk_t(t)
+  lu.assertTrue(nonzero, what .. ": all zero")
+end
+
+local function all_params (mods)
+  local ps = {}
+  for _, m in ipairs(mods) do
+    for _, p in ipairs(m:parameters()) do ps[#ps + 1] = p end
+  end
+  return ps
+end
+
+local function values (ts)
+  local v = {}
+  for i, t in ipairs(ts) do v[i] = t:tolist() end
+  return v
+end
+
+local function grads_of (ps)
+  local g = {}
+  for i, p in ipairs(ps) do
+    lu.assertNotNil(p.grad, "parameter " .. i .. " has no grad")
+    g[i] = p.grad:tolist()
+  end
+  return g
+end
+
+-- build() twice: a (eager) and b (to graph), b given a's parameter values
+-- by copy_ (b is built from another seed, so the copy matters).
+local function pair (build)
+  gc.manual_seed(1)
+  local a = build()
+  gc.manual_seed(2)
+  local b = build()
+  local pa, pb = all_params(a), all_params(b)
+  lu.assertEquals(#pa, #pb)
+  gc.no_grad(function ()
+    for i = 1, #pa do pb[i]:copy_(pa[i]) end
+  end)
+  for i = 1, #pa do assert_same(pb[i]:tolist(), pa[i]:tolist(), "copied parameter " .. i) end
+  return a, b
+end
+
+-- Two Linear+GELU callables, 8 -> 16 -> 8.
+local DIMS2, OUTS2 = {8, 16}, {16, 8}
+local function two_layers (lin_opts)
+  return function ()
+    return {gc.nn.Sequential(gc.nn.Linear(8, 16, lin_opts), gc.nn.GELU()),
+            gc.nn.Sequential(gc.nn.Linear(16, 8, lin_opts), gc.nn.GELU())}
+  end
+end
+
+-- Three: 8 -> 16 -> 8 -> 8.
+local DIMS3, OUTS3 = {8, 16, 8}, {16, 8, 8}
+local function three_layers ()
+  return {gc.nn.Sequential(gc.nn.Linear(8, 16), gc.nn.GELU()),
+          gc.nn.Sequential(gc.nn.Linear(16, 8), gc.nn.GELU()),
+          gc.nn.Sequential(gc.nn.Linear(8, 8), gc.nn.GELU())}
+end
+
+-- The compared state of a run.
+local function compare (eager, graphed)
+  lu.assertEquals(#graphed.params, #eager.params)
+  for i = 1, #eager.params do
+    assert_same(graphed.params[i], eager.params[i], "parameter " .. i)
+    assert_same(graphed.grads[i], eager.grads[i], "grad " .. i)
+    assert_sane(eager.grads[i], "eager grad " .. i)
+  end
+  lu.assertEquals(#graphed.outs, #eager.outs)
+  for i = 1, #eager.outs do
+    assert_same(graphed.outs[i], eager.outs[i], "output " .. i)
+    assert_sane(eager.outs[i], "eager output " .. i)
+  end
+  for i, g in pairs(eager.xgrads or {}) do
+    assert_same(graphed.xgrads[i], g, "input grad of entry " .. i)
+  end
+end
+
+-- Chained training: y = calls[n](...calls[1](x)); loss = sum(y * dy);
+-- STEPS steps of SGD, each over MICRO accumulated microbatches.
+local function train_chain (calls, params, zero_opts)
+  local opt = gc.optim.SGD(params, {lr = LR})
+  local res = {outs = {}}
+  for step = 1, STEPS do
+    opt:zero_grad(zero_opts)
+    for mb = 1, MICRO do
+      local phase = step * 10 + mb
+      local y = gc.tensor(data(4, 8, phase))
+      for _, f in ipairs(calls) do y = f(y) end
+      res.outs[1] = y:tolist()
+      local loss = (y * gc.tensor(data(4, 8, -phase))):sum()
+      loss:backward()
+    end
+    res.grads = grads_of(params)
+    opt:step()
+  end
+  res.params = values(params)
+  return res
+end
+
+-- Walk one pass of a schedule as make_graphed_callables captures it:
+-- fwd(entry, callable), bwd(entry, callable), dw(entry, callable). Entry of
+-- (chunk k, microbatch b, layer l) = prefix[k]*M + b*n[k] + l (+1).
+local function walk (cfg, fwd, bwd, dw)
+  local layers = cfg.layers
+  local prefix, nf, nb, M = {[1] = 0}, {}, {}, 0
+  for k = 1, #layers do
+    prefix[k + 1] = prefix[k] + layers[k]
+    nf[k], nb[k] = 0, 0
+  end
+  for _, v in ipairs(cfg.order) do
+    if v == 1 then M = M + 1 end
+  end
+  for _, v in ipairs(cfg.order) do
+    local k = math.floor(math.abs(v))
+    local n = layers[k]
+    if v > 0 then
+      for l = 0, n - 1 do fwd(prefix[k] * M + nf[k] * n + l + 1, prefix[k] + l + 1) end
+      nf[k] = nf[k] + 1
+    elseif v == math.floor(v) then
+      for l = n - 1, 0, -1 do bwd(prefix[k] * M + nb[k] * n + l + 1, prefix[k] + l + 1) end
+      nb[k] = nb[k] + 1
+    else
+      for l = n - 1, 0, -1 do dw(prefix[k] * M + (nb[k] - 1) * n + l + 1, prefix[k] + l + 1) end
+    end
+  end
+end
+
+-- The callable of each entry, and one sample list per entry (its own
+-- tensor, requiring grad).
+local function order_samples (cfg)
+  local callable_of, s = {}, {}
+  walk(cfg, function (i, c) callable_of[i] = c end, function () end, function () end)
+  for i = 1, #callable_of do
+    s[i] = {gc.ones({4, cfg.dims[callable_of[i]]}, {requires_grad = true})}
+  end
+  return s, callable_of
+end
+
+-- Pipeline-style training along cfg.order, as TE's interleaved test: every
+-- entry gets its own input (a leaf requiring grad) and grad weights; a
+-- backward entry runs sum(y * dy):backward(); a wgrad entry runs
+-- backward_dw. cfg.walks passes of the order per step (microbatches
+-- accumulate). fwd(i, c) -> the callable to call; dw(i, c) runs a wgrad.
+local function train_order (cfg, fwd, dw, params)
+  local opt = gc.optim.SGD(params, {lr = LR})
+  local res = {outs = {}, xgrads = {}}
+  for step = 1, STEPS do
+    opt:zero_grad()
+    for w = 1, cfg.walks do
+      local xs, losses = {}, {}
+      walk(cfg,
+           function (i, c)
+             local phase = step * 100 + w * 10 + i
+             xs[i] = gc.tensor(data(4, cfg.dims[c], phase), {requires_grad = true})
+             local y = fwd(i, c)(xs[i])
+             res.outs[i] = y:tolist()  -- now: with buffer reuse it is valid until its backward
+             losses[i] = (y * gc.tensor(data(4, cfg.outs[c], -phase))):sum()
+           end,
+           function (i) losses[i]:backward() end,
+           function (i, c) dw(i, c) end)
+      for i, x in pairs(xs) do
+        lu.assertNotNil(x.grad, "input of entry " .. i .. " got no grad")
+        res.xgrads[i] = x.grad:tolist()
+      end
+    end
+    res.grads = grads_of(params)
+    opt:step()
+  end
+  res.params = values(params)
+  return res
+end
+
+-- Graph a copy of build() along cfg (plus opts), train both, compare.
+-- Returns the graphed entries.
+local function check_order (cfg, build, opts)
+  local a, b = pair(build)
+  local s, callable_of = order_samples(cfg)
+  local o = {order = cfg.order, num_layers_per_chunk = cfg.nlpc}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  local G = gc.make_graphed_callables(b, s, o)
+  lu.assertEquals(#G, #s)
+  for i = 1, #G do lu.assertNotIs(G[i], b[callable_of[i]]) end
+  local eager = train_order(cfg, function (_, c) return a[c] end,
+                            function (_, c) a[c]:backward_dw() end, all_params(a))
+  local graphed = train_order(cfg, function (i) return G[i] end,
+                              function (i) G[i]:backward_dw() end, all_params(b))
+  compare(eager, graphed)
+  return G
+end
+
+TestGraphed = {}
+
+function TestGraphed:tearDown ()
+  lu.assertFalse(gc.is_capturing())
+end
+
+-- ---------------------------------------------------------------------------
+-- Graphed training equals eager training, bit for bit
+
+function TestGraphed:test_per_callable_no_order ()
+  local a, b = pair(two_layers())
+  local G = gc.make_graphed_callables(b, {{gc.ones({4, 8}, {requires_grad = true})},
+                                          {gc.ones({4, 16}, {requires_grad = true})}})
+  lu.assertEquals(#G, 2)
+  lu.assertIs(G[1], b[1])
+  lu.assertIs(G[2], b[2])
+  compare(train_chain(a, all_params(a)), train_chain(G, all_params(b)))
+end
+
+-- TE's harness zeroes grads in place (set_to_none = false).
+function TestGraphed:test_per_callable_zero_grad_in_place ()
+  local a, b = pair(two_layers())
+  local G = gc.make_graphed_callables(b, {{gc.ones({4, 8}, {requires_grad = true})},
+                                          {gc.ones({4, 16}, {requires_grad = true})}},
+                                      {num_warmup_iters = 2})
+  local z = {set_to_none = false}
+  compare(train_chain(a, all_params(a), z), train_chain(G, all_params(b), z))
+end
+
+function TestGraphed:test_whole_model ()
+  local function build ()
+    return {gc.nn.Sequential(gc.nn.Linear(8, 16), gc.nn.GELU(), gc.nn.Linear(16, 8), gc.nn.GELU())}
+  end
+  local a, b = pair(build)
+  local G = gc.make_graphed_callables(b[1], {gc.ones({4, 8})})
+  lu.assertIs(G, b[1])
+  compare(train_chain(a, all_params(a)), train_chain({G}, all_params(b)))
+end
+
+function TestGraphed:test_retain_graph_in_backward ()
+  local a, b = pair(two_layers())
+  local G = gc.make_graphed_callables(b, {{gc.ones({4, 8}, {requires_grad = true})},
+                                          {gc.ones({4, 16}, {requires_grad = true})}},
+                                      {retain_graph_in_backward = true})
+  compare(train_chain(a, all_params(a)), train_chain(G, all_params(b)))
+end
+
+-- order {1, 2, -2, -1}: one microbatch per pass of the order, two passes a step.
+function TestGraphed:test_order_one_microbatch ()
+  check_order({order = {1, 2, -2, -1}, layers = {1, 1}, dims = DIMS2, outs = OUTS2, walks = 2},
+              two_layers())
+end
+
+-- Two microbatches interleaved: F1 F2 F1 F2 B2 B1 B2 B1.
+function TestGraphed:test_order_two_microbatches ()
+  check_order({order = {1, 2, 1, 2, -2, -1, -2, -1}, layers = {1, 1}, nlpc = {1, 1},
+               dims = DIMS2, outs = OUTS2, walks = 1}, two_layers())
+end
+
+-- A chunk of two layers (callables 1, 2) and a chunk of one (callable 3).
+function TestGraphed:test_order_chunk_of_two_layers ()
+  check_order({order = {1, 2, -2, -1}, layers = {2, 1}, nlpc = {2, 1},
+               dims = DIMS3, outs = OUTS3, walks = 2}, three_layers)
+end
+
+-- 1F1B: microbatch 2's forwards reuse microbatch 1's static inputs.
+function TestGraphed:test_order_reuse_buffers ()
+  check_order({order = {1, 2, -2, -1, 1, 2, -2, -1}, layers = {1, 1}, nlpc = {1, 1},
+               dims = DIMS2, outs = OUTS2, walks = 1}, two_layers(),
+              {reuse_graph_input_output_buffers = true})
+end
+
+function TestGraphed:test_order_reuse_buffers_interleaved ()
+  check_order({order = {1, 2, 1, 2, -2, -1, -2, -1}, layers = {1, 1}, nlpc = {1, 1},
+               dims = DIMS2, outs = OUTS2, walks = 1}, two_layers(),
+              {reuse_graph_input_output_buffers = true})
+end
+
+-- TE tests 13/14: reuse without cloning parameter grads.
+function TestGraphed:test_order_reuse_buffers_no_param_grad_clone ()
+  check_order({order = {1, 2, -2, -1, 1, 2, -2, -1}, layers = {1, 1}, nlpc = {1, 1},
+               dims = DIMS2, outs = OUTS2, walks = 1}, two_layers(),
+              {reuse_graph_input_output_buffers = true, clone_param_grads_on_return = false})
+end
+
+-- Delayed wgrad: -(k + 0.5) entries; the entry's backward_dw() replays it.
+function TestGraphed:test_delayed_wgrad ()
+  local G = check_order({order = {1, 2, -2, -2.5, -1, -1.5, 1, 2, -2, -2.5, -1, -1.5},
+                         layers = {1, 1}, nlpc = {1, 1}, dims = DIMS2, outs = OUTS2, walks = 1},
+                        two_layers({delay_wgrad = true}))
+  for i = 1, #G do
+    local st = G[i]:stats()
+    lu.assertNotNil(st.bwd_dw, "entry " .. i .. " has no wgrad graph")
+    lu.assertTrue(st.bwd_dw.nodes > 0)
+    lu.assertTrue(st.bwd_dw.replays >= STEPS)
+  end
+end
+
+-- Without backward_dw the weight grads stay missing (the backward left them).
+function TestGraphed:test_delayed_wgrad_needs_backward_dw ()
+  local _, b = pair(two_layers({delay_wgrad = true}))
+  local cfg = {order = {1, 2, -2, -2.5, -1, -1.5}, layers = {1, 1}, nlpc = {1, 1}, dims = DIMS2}
+  local s = order_samples(cfg)
+  local G = gc.make_graphed_callables(b, s, {order = cfg.order, num_layers_per_chunk = cfg.nlpc})
+  local y1 = G[1](gc.tensor(data(4, 8, 1)))
+  local y2 = G[2](gc.tensor(data(4, 16, 2)))
+  y2:sum():backward()
+  local w2 = b[2]:parameters()[1]
+  lu.assertNil(w2.grad)
+  G[2]:backward_dw()
+  lu.assertNotNil(w2.grad)
+  y1:sum():backward()
+  G[1]:backward_dw()
+  lu.assertNotNil(b[1]:parameters()[1].grad)
+end
+
+-- A Lua function is graphed too; its result is a new callable object.
+function TestGraphed:test_function_callable ()
+  local function f (x) return gc.F.gelu(x) * 2 + x end
+  local G = gc.make_graphed_callables(f, {gc.ones({4, 8}, {requires_grad = true})})
+  lu.assertNotIs(G, f)
+  for k = 1, 3 do
+    local xg = gc.tensor(data(4, 8, k), {requires_grad = true})
+    local xe = gc.tensor(data(4, 8, k), {requires_grad = true})
+    local yg, ye = G(xg), f(xe)
+    assert_same(yg:tolist(), ye:tolist(), "output " .. k)
+    yg:sum():backward()
+    ye:sum():backward()
+    assert_same(xg.grad:tolist(), xe.grad:tolist(), "input grad " .. k)
+  end
+end
+
+-- Calling with the sample tensor itself (same address: no copy-in).
+function TestGraphed:test_call_with_sample_tensor ()
+  local a, b = pair(two_layers())
+  local x = gc.tensor(data(4, 8, 5))
+  local G = gc.make_graphed_callables(b[1], {x})
+  x:copy_(gc.tensor(data(4, 8, 6)))
+  assert_same(G(x):tolist(), a[1](x):tolist(), "output")
+end
+
+-- Eval mode: forwards only, equal to eager eval.
+function TestGraphed:test_eval_mode ()
+  local a, b = pair(two_layers())
+  for c = 1, 2 do
+    a[c]:eval()
+    b[c]:eval()
+  end
+  local G = gc.make_graphed_callables(b, {{gc.ones({4, 8})}, {gc.ones({4, 16})}})
+  for i = 1, 2 do
+    lu.assertNil(G[i]:stats().bwd)
+    lu.assertNil(G[i]:stats().bwd_dw)
+  end
+  for k = 1, 3 do
+    local x = gc.tensor(data(4, 8, k))
+    assert_same(G[2](G[1](x)):tolist(), a[2](a[1](x)):tolist(), "output " .. k)
+  end
+end
+
+-- ---------------------------------------------------------------------------
+-- Parameter grads on return (TE tests 6, 7, 9, 10)
+
+local function linear_pair (bias)
+  return pair(function () return {gc.nn.Linear(8, 8, {bias = bias})} end)
+end
+
+-- One forward and backward with an input that does not require grad.
+local function pass (m, k)
+  local y = m(gc.tensor(data(4, 8, k)))
+  local loss = (y * gc.tensor(data(4, 8, -k))):sum()
+  loss:backward()
+end
+
+-- Test 6: the grad of the first pass is owned: a second replay changes
+-- neither its storage nor its values, and the second grad is a new tensor.
+function TestGraphed:test_param_grads_owned ()
+  local a, b = linear_pair(false)
+  local G = gc.make_graphed_callables(b[1], {gc.ones({4, 8})})
+  local w = b[1]:parameters()[1]
+  pass(G, 1)
+  local g1 = w.grad
+  local v1, p1 = g1:tolist(), g1:data_ptr()
+  b[1]:zero_grad()
+  lu.assertNil(w.grad)
+  pass(G, 2)
+  local g2 = w.grad
+  assert_same(g1:tolist(), v1, "first grad after the second replay")
+  lu.assertEquals(g1:data_ptr(), p1)
+  lu.assertNotEquals(g2:data_ptr(), p1)
+  pass(a[1], 2)
+  assert_same(g2:tolist(), a[1]:parameters()[1].grad:tolist(), "second grad")
+  -- a third replay leaves the second grad alone too
+  local v2 = g2:tolist()
+  b[1]:zero_grad()
+  pass(G, 3)
+  assert_same(g2:tolist(), v2, "second grad after the third replay")
+end
+
+-- Test 7: two backward passes accumulate exactly as eager ones.
+function TestGraphed:test_param_grads_accumulate ()
+  local a, b = linear_pair(true)
+  local G = gc.make_graphed_callables(b[1], {gc.ones({4, 8})})
+  for k = 1, 3 do
+    pass(G, k)
+    pass(a[1], k)
+    local pa, pb = a[1]:parameters(), b[1]:parameters()
+    for i = 1, #pa do assert_same(pb[i].grad:tolist(), pa[i].grad:tolist(), "grad " .. i .. " after " .. k) end
+  end
+end
+
+-- Test 9: clone_param_grads_on_return = false: the grad is the static
+-- buffer, the same storage every time.
+function TestGraphed:test_param_grads_alias_without_clone ()
+  local a, b = linear_pair(false)
+  local G = gc.make_graphed_callables(b[1], {gc.ones({4, 8})}, {clone_param_grads_on_return = false})
+  local w = b[1]:parameters()[1]
+  pass(G, 1)
+  pass(a[1], 1)
+  assert_same(w.grad:tolist(), a[1]:parameters()[1].grad:tolist(), "first grad")
+  local p1 = w.grad:data_ptr()
+  b[1]:zero_grad()
+  pass(G, 2)
+  lu.assertEquals(w.grad:data_ptr(), p1)
+end
+
+-- Test 10 (our form): the policy is fixed at the call; changing the options
+-- table afterwards changes nothing.
+function TestGraphed:test_param_grad_policy_fixed_at_call ()
+  local _, b = linear_pair(false)
+  local opts = {clone_param_grads_on_return = true}
+  local G = gc.make_graphed_callables(b[1], {gc.ones({4, 8})}, opts)
+  opts.clone_param_grads_on_return = false
+  local w = b[1]:parameters()[1]
+  pass(G, 1)
+  local g1 = w.grad
+  local v1, p1 = g1:tolist(), g1:data_ptr()
+  b[1]:zero_grad()
+  pass(G, 2)
+  lu.assertNotEquals(w.grad:data_ptr(), p1)
+  assert_same(g1:tolist(), v1, "first grad")
+end
+
+-- ---------------------------------------------------------------------------
+-- Pools, stats, reset
+
+local function samples_of (dims)
+  local s = {}
+  for i, d in ipairs(dims) do s[i] = {gc.ones({4, d}, {requires_grad = true})} end
+  return s
+end
+
+local function same_width ()
+  return {gc.nn.Sequential(gc.nn.Linear(8, 8), gc.nn.GELU()),
+          gc.nn.Sequential(gc.nn.Linear(8, 8), gc.nn.GELU()),
+          gc.nn.Sequential(gc.nn.Linear(8, 8), gc.nn.GELU())}
+end
+
+-- All graphs of one call share one pool, and that takes less than the same
+-- graphs captured one callable per pool.
+function TestGraphed:test_one_pool_for_the_call ()
+  gc.manual_seed(1)
+  local mods = same_width()
+  local shared = gc.graph_pool_handle()
+  local G = gc.make_graphed_callables(mods, samples_of({8, 8, 8}), {pool = shared})
+  local st = shared:stats()
+  lu.assertEquals(st.graphs, 6)
+  for i = 1, 3 do lu.assertEquals(G[i]:stats().pool_reserved_bytes, st.reserved_bytes) end
+  gc.manual_seed(1)
+  local sep = same_width()
+  local keep, pools, sum = {}, {}, 0
+  for i = 1, 3 do
+    pools[i] = gc.graph_pool_handle()
+    keep[i] = gc.make_graphed_callables(sep[i], {gc.ones({4, 8}, {requires_grad = true})},
+                                        {pool = pools[i]})
+    lu.assertEquals(pools[i]:stats().graphs, 2)
+    sum = sum + pools[i]:stats().reserved_bytes
+  end
+  print(string.format("# one shared pool: %d bytes reserved; one pool per callable: %d bytes in all",
+                      st.reserved_bytes, sum))
+  lu.assertTrue(st.reserved_bytes > 0)
+  lu.assertTrue(st.reserved_bytes < sum,
+                string.format("shared %d is not less than separate %d", st.reserved_bytes, sum))
+  -- everything still replays
+  local y = G[3](G[2](G[1](gc.full({4, 8}, 0.5))))
+  y:sum():backward()
+  for i = 1, 3 do keep[i](gc.full({4, 8}, 0.5)):sum():backward() end
+end
+
+-- Without opts.pool the call makes one pool of its own, shared by all.
+function TestGraphed:test_internal_pool_shared ()
+  gc.manual_seed(1)
+  local G = gc.make_graphed_callables(same_width(), samples_of({8, 8, 8}))
+  local r = G[1]:stats().pool_reserved_bytes
+  lu.assertTrue(r > 0)
+  lu.assertEquals(G[2]:stats().pool_reserved_bytes, r)
+  lu.assertEquals(G[3]:stats().pool_reserved_bytes, r)
+end
+
+function TestGraphed:test_stats ()
+  local _, b = pair(two_layers())
+  local pool = gc.graph_pool_handle()
+  local G = gc.make_graphed_callables(b, samples_of(DIMS2), {pool = pool})
+  for i = 1, 2 do
+    local st = G[i]:stats()
+    for _, k in ipairs({"fwd", "bwd"}) do
+      lu.assertEquals(type(st[k]), "table", k)
+      for _, f in ipairs({"nodes", "capture_ms", "instantiate_ms", "pool_bytes", "replays"}) do
+        lu.assertEquals(type(st[k][f]), "number", k .. "." .. f)
+        lu.assertTrue(st[k][f] >= 0, k .. "." .. f)
+      end
+      lu.assertTrue(st[k].nodes > 0, k .. ".nodes")
+    end
+    lu.assertNil(st.bwd_dw)
+    lu.assertEquals(type(st.pool_reserved_bytes), "number")
+    lu.assertTrue(st.pool_reserved_bytes > 0)
+    lu.assertEquals(st.pool_reserved_bytes, pool:stats().reserved_bytes)
+  end
+  local f0, b0 = G[1]:stats().fwd.replays, G[1]:stats().bwd.replays
+  for _ = 1, 3 do
+    local y = G[2](G[1](gc.full({4, 8}, 0.5)))
+    y:sum():backward()
+  end
+  lu.assertEquals(G[1]:stats().fwd.replays, f0 + 3)
+  lu.assertEquals(G[1]:stats().bwd.replays, b0 + 3)
+  G[1](gc.full({4, 8}, 0.5))  -- a forward alone
+  lu.assertEquals(G[1]:stats().fwd.replays, f0 + 4)
+  lu.assertEquals(G[1]:stats().bwd.replays, b0 + 3)
+end
+
+-- reset() frees an entry's graphs; calling the entry afterwards is an error.
+function TestGraphed:test_reset_entry ()
+  local _, b = pair(two_layers())
+  local pool = gc.graph_pool_handle()
+  local G = gc.make_graphed_callables(b, samples_of(DIMS2), {pool = pool, order = {1, 2, -2, -1}})
+  lu.assertEquals(pool:stats().graphs, 4)
+  G[1]:reset()
+  lu.assertEquals(pool:stats().graphs, 2)
+  local ok, err = pcall(G[1], gc.full({4, 8}, 0.5))
+  lu.assertFalse(ok, "a reset entry was called")
+  lu.assertStrContains(err, "reset")
+  -- the other entry still works
+  local y = G[2](gc.full({4, 16}, 0.5))
+  y:sum():backward()
+  G[2]:reset()
+  lu.assertEquals(pool:stats().graphs, 0)
+  lu.assertFalse(pcall(G[2], gc.full({4, 16}, 0.5)))
+end
+
+function TestGraphed:test_reset_function_entry ()
+  local pool = gc.graph_pool_handle()
+  local G = gc.make_graphed_callables(function (x) return gc.F.gelu(x) end,
+                                      {gc.ones({4, 8}, {requires_grad = true})}, {pool = pool})
+  lu.assertEquals(pool:stats().graphs, 2)
+  G(gc.full({4, 8}, 0.5))
+  G:reset()
+  lu.assertEquals(pool:stats().graphs, 0)
+  local ok, err = pcall(G, gc.full({4, 8}, 0.5))
+  lu.assertFalse(ok)
+  lu.assertStrContains(err, "reset")
+end
+
+-- A module entry (no order) has reset() too; its graphs go.
+function TestGraphed:test_reset_module_entry ()
+  local _, b = pair(two_layers())
+  local pool = gc.graph_pool_handle()
+  local G = gc.make_graphed_callables(b, samples_of(DIMS2), {pool = pool})
+  lu.assertEquals(pool:stats().graphs, 4)
+  G[2]:reset()
+  lu.assertEquals(pool:stats().graphs, 2)
+  G[1]:reset()
+  lu.assertEquals(pool:stats().graphs, 0)
+end
+
+-- ---------------------------------------------------------------------------
+-- Training flag, kwargs, hooks after graphing
+
+local forward_calls = 0
+local Counted = gc.nn.Module("Counted")
+function Counted:init ()
+  self.lin = gc.nn.Linear(8, 8)
+  self.drop = gc.nn.Dropout(0.5)
+end
+function Counted:forward (x)
+  forward_calls = forward_calls + 1
+  return self.drop(self.lin(x))
+end
+
+-- A module whose training flag differs from the one at capture runs its
+-- forward eagerly (the Lua forward runs; eval dropout is the identity);
+-- back in training mode it replays again.
+function TestGraphed:test_training_flag_mismatch_runs_eagerly ()
+  local a, b = pair(function () return {Counted()} end)
+  a, b = a[1], b[1]
+  local G = gc.make_graphed_callables(b, {gc.ones({4, 8}, {requires_grad = true})})
+  lu.assertIs(G, b)
+  local x = gc.tensor(data(4, 8, 1))
+  local n = forward_calls
+  G(x)
+  G(x)
+  lu.assertEquals(forward_calls, n, "a replay ran the Lua forward")
+  b:eval()
+  a:eval()
+  local yb = b(x):tolist()
+  lu.assertEquals(forward_calls, n + 1, "eval call did not run eagerly")
+  assert_same(yb, a(x):tolist(), "eval output vs eager eval")
+  assert_same(yb, a.lin(x):tolist(), "eval output vs the Linear alone")
+  b:train()
+  n = forward_calls
+  G(x):sum():backward()
+  lu.assertEquals(forward_calls, n, "back in training mode it did not replay")
+end
+
+local Masked = gc.nn.Module("Masked")
+function Masked:init () self.lin = gc.nn.Linear(8, 8) end
+function Masked:forward (x, kw) return self.lin(x) * kw.scale + kw.shift end
+
+local function kwargs (k)
+  return {scale = gc.tensor(data(4, 8, k + 10)), shift = gc.tensor(data(4, 8, k + 20))}
+end
+
+-- sample_kwargs: the map comes as the last argument, at capture and replay;
+-- its values are read at replay, by name.
+function TestGraphed:test_sample_kwargs ()
+  local a, b = pair(function () return {Masked()} end)
+  a, b = a[1], b[1]
+  local G = gc.make_graphed_callables(b, {gc.ones({4, 8}, {requires_grad = true})},
+                                      {sample_kwargs = {scale = gc.ones({4, 8}), shift = gc.zeros({4, 8})}})
+  lu.assertIs(G, b)
+  for k = 1, 3 do
+    local x, kw = gc.tensor(data(4, 8, k)), kwargs(k)
+    local yg, ye = G(x, kw), a(x, kw)
+    assert_same(yg:tolist(), ye:tolist(), "output " .. k)
+    yg:sum():backward()
+    ye:sum():backward()
+  end
+  local pa, pb = a:parameters(), b:parameters()
+  for i = 1, #pa do assert_same(pb[i].grad:tolist(), pa[i].grad:tolist(), "grad " .. i) end
+end
+
+function TestGraphed:test_sample_kwargs_missing_key ()
+  local _, b = pair(function () return {Masked()} end)
+  local G = gc.make_graphed_callables(b[1], {gc.ones({4, 8}, {requires_grad = true})},
+                                      {sample_kwargs = {scale = gc.ones({4, 8}), shift = gc.zeros({4, 8})}})
+  local ok, err = pcall(G, gc.tensor(data(4, 8, 1)), {scale = gc.ones({4, 8})})
+  lu.assertFalse(ok, "a missing kwarg was accepted")
+  lu.assertStrContains(err, "shift")
+end
+
+function TestGraphed:test_sample_kwargs_extra_keys_ignored ()
+  local a, b = pair(function () return {Masked()} end)
+  local G = gc.make_graphed_callables(b[1], {gc.ones({4, 8}, {requires_grad = true})},
+                                      {sample_kwargs = {scale = gc.ones({4, 8}), shift = gc.zeros({4, 8})}})
+  local x, kw = gc.tensor(data(4, 8, 2)), kwargs(2)
+  local want = a[1](x, kw):tolist()
+  kw.unused = gc.ones({3})
+  kw.also_unused = 7
+  assert_same(G(x, kw):tolist(), want, "output with extra keys")
+end
+
+-- Several callables: a sequence of maps (or false) parallel to sample_args.
+function TestGraphed:test_sample_kwargs_sequence ()
+  local function build () return {gc.nn.Linear(8, 8), Masked()} end
+  local a, b = pair(build)
+  local G = gc.make_graphed_callables(b, {{gc.ones({4, 8}, {requires_grad = true})},
+                                          {gc.ones({4, 8}, {requires_grad = true})}},
+                                      {sample_kwargs = {false, {scale = gc.ones({4, 8}),
+                                                                shift = gc.zeros({4, 8})}}})
+  for k = 1, 2 do
+    local x, kw = gc.tensor(data(4, 8, k)), kwargs(k)
+    local yg, ye = G[2](G[1](x), kw), a[2](a[1](x), kw)
+    assert_same(yg:tolist(), ye:tolist(), "output " .. k)
+    yg:sum():backward()
+    ye:sum():backward()
+  end
+  local pa, pb = all_params(a), all_params(b)
+  for i = 1, #pa do assert_same(pb[i].grad:tolist(), pa[i].grad:tolist(), "grad " .. i) end
+end
+
+-- Hooks registered after graphing run eagerly around each replay.
+function TestGraphed:test_hooks_after_graphing_run_on_replay ()
+  local _, b = linear_pair(true)
+  local G = gc.make_graphed_callables(b[1], {gc.ones({4, 8}, {requires_grad = true})})
+  local n, capturing = 0, false
+  local h = b[1]:register_forward_hook(function ()
+    n = n + 1
+    capturing = capturing or gc.is_capturing()
+  end)
+  G(gc.full({4, 8}, 0.5))
+  G(gc.full({4, 8}, 0.25)):sum():backward()
+  lu.assertEquals(n, 2)
+  lu.assertFalse(capturing)
+  h:remove()
+  G(gc.full({4, 8}, 0.5))
+  lu.assertEquals(n, 2)
+end
+
+os.exit(lu.LuaUnit.run())
