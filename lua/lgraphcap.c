@@ -1223,6 +1223,33 @@ typedef struct LFwdCall {
   gcap_tensor **out;
 } LFwdCall;
 
+/* A module graphed with sample_kwargs (field graphed_kwargs: its sorted
+** keys) called by the core gets its trailing tensors back as the kwargs map,
+** as its Lua caller passed it. Returns the new argument count. */
+static int l_packkwargs (lua_State *L, int mi, int n) {
+  int nk, i;
+  lua_getiuservalue(L, mi, UV_FIELDS);
+  if (lua_getfield(L, -1, "graphed_kwargs") != LUA_TTABLE) {
+    lua_pop(L, 2);
+    return n;
+  }
+  nk = (int)lua_rawlen(L, -1);
+  lua_replace(L, -2);  /* keys */
+  if (nk == 0 || nk > n) {
+    lua_pop(L, 1);
+    return n;
+  }
+  lua_createtable(L, 0, nk);  /* map */
+  for (i = nk; i >= 1; i--) {
+    lua_rawgeti(L, -2, i);  /* key */
+    lua_pushvalue(L, -(3 + (nk - i) + 1));  /* the i-th trailing tensor */
+    lua_settable(L, -3);
+  }
+  lua_replace(L, -(nk + 2));  /* the map where the first kwarg tensor was */
+  lua_pop(L, nk);  /* keys and the other kwarg tensors */
+  return n - nk + 1;
+}
+
 /* The protected part: out = Class.forward(self, args...) */
 static int l_pforward (lua_State *L) {
   LFwdCall *c = (LFwdCall *)lua_touserdata(L, 1);
@@ -1239,6 +1266,7 @@ static int l_pforward (lua_State *L) {
   fi = lua_gettop(L);
   lua_pushvalue(L, mi);
   n = l_pushargs(L, &c->c, c->nin, c->in);
+  if (c->c.nargs == 0) n = l_packkwargs(L, mi, n);
   lua_call(L, n + 1, LUA_MULTRET);
   n = lua_gettop(L) - fi + 1;  /* results */
   if (n != 1)
@@ -1323,6 +1351,36 @@ static gcap_status l_hook (void *ud, gcap_module *m, const gcap_hook_args *a) {
 }
 
 /* m(...) (muted = 0) and, for built-ins, m:forward(...) (muted = 1) */
+/* A module graphed with sample_kwargs: the kwargs map (its last argument)
+** adds its tensors to in[], in the sample's sorted key order. */
+static int l_flatkwargs (lua_State *L, int nargs, gcap_tensor **in, int nin,
+                         const char *type) {
+  int nk, i;
+  if (nargs < 1 || lua_type(L, nargs + 1) != LUA_TTABLE) return nin;
+  lua_getiuservalue(L, 1, UV_FIELDS);
+  if (lua_getfield(L, -1, "graphed_kwargs") != LUA_TTABLE) {
+    lua_pop(L, 2);
+    return nin;
+  }
+  nk = (int)lua_rawlen(L, -1);
+  for (i = 1; i <= nk; i++) {
+    LTensor *t;
+    lua_rawgeti(L, -1, i);
+    lua_pushvalue(L, -1);
+    lua_gettable(L, nargs + 1);
+    t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
+    if (t == NULL || t->t == NULL)
+      l_error(L, "%s was graphed with kwarg '%s', but it was not given "
+              "(as a tensor) in this call", type, lua_tostring(L, -2));
+    if (nin == MAXIN)
+      l_error(L, "%s: a module takes 0 to %d tensor inputs", type, MAXIN);
+    in[nin++] = t->t;
+    lua_pop(L, 2);
+  }
+  lua_pop(L, 2);
+  return nin;
+}
+
 static int l_modcall (lua_State *L, int muted) {
   LModule *p = l_checkmodule(L, 1);
   gcap_module *m = p->m;
@@ -1350,6 +1408,7 @@ static int l_modcall (lua_State *L, int muted) {
     in[nin++] = t->t;
     l_keeptensor(L, i);  /* children and hooks see this same value */
   }
+  nin = l_flatkwargs(L, nargs, in, nin, gcap_module_type(m));
   lua_pushstring(L, gcap_module_type(m));  /* for a message after the call */
   r = l_newtensor(L);
   gcap_module_retain(m);  /* callbacks may close the boxes of m and 'in' */

@@ -189,6 +189,26 @@ void gc_pool_destroy(gcap_pool *p) {
   free(p);
 }
 
+void gc_pool_trim_since(gcap_pool *p, gc_seg *since) {
+  gc_seg **link = &p->segs;
+  while (*link != NULL && *link != since) {
+    gc_seg *s = *link;
+    gc_blk *b;
+    for (b = p->freelist; b != NULL; b = b->fnext) /* one free block spanning it? */
+      if (b->seg == s && b->size == s->size) break;
+    if (b == NULL) {
+      link = &s->next;
+      continue;
+    }
+    fl_remove(p, b);
+    free(b);
+    *link = s->next;
+    p->reserved -= s->size;
+    gc_raw_free(p->e, s->base);
+    free(s);
+  }
+}
+
 void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out) {
   out->reserved_bytes = p->reserved;
   out->in_use_bytes = p->in_use;

@@ -652,6 +652,7 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
                                         const int *nargs, gcap_tensor *const *const *args,
                                         const gcap_graphed_opts *opts, gcap_graphed **out) {
   gcap_graphed_opts defaults;
+  gc_seg *segs_before = opts && opts->pool ? opts->pool->segs : NULL;
   ge_build b;
   grad_snap snap = {NULL, NULL, 0, 0};
   uint64_t rng[2];
@@ -691,6 +692,7 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
   b.G->clone = opts->clone_param_grads_on_return;
   gc_engine_ref(e);
   if ((st = e->be->download(e, e->bs, e->current->bs, rng, e->rng->ptr, sizeof rng)) != GCAP_OK) goto fail;
+  for (i = 0; i < ncallables; i++) gc_module_wgrad_aside(callables[i], 1);
   if ((st = build_entries(&b, callables, nargs, args, &snap)) != GCAP_OK) goto fail;
   if (opts->reuse_graph_input_output_buffers && (st = share_inputs(&b)) != GCAP_OK) goto fail;
   warm_passes = opts->order ? b.sched.n : nentries * (training ? 2 : 1);
@@ -701,6 +703,7 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
   if (opts->pool) b.G->pool = gcap_pool_retain(opts->pool);
   else if ((st = gcap_pool_new(e, &b.G->pool)) != GCAP_OK) goto fail;
   if ((st = capture_all(&b)) != GCAP_OK) goto fail;
+  for (i = 0; i < ncallables; i++) gc_module_wgrad_aside(callables[i], 0);
   snap_restore(&snap);
   st = e->be->upload(e, e->bs, e->current->bs, e->rng->ptr, rng, sizeof rng); /* warmup drew nothing */
   for (i = 0; i < nentries; i++) gcap_tensor_free(b.warm_out[i]);
@@ -719,9 +722,11 @@ fail:
     char msg[GC_ERRLEN];
     snprintf(msg, sizeof msg, "%s", e->err);
     snap_restore(&snap);
+    for (i = 0; i < ncallables; i++) gc_module_wgrad_aside(callables[i], 0);
     for (i = 0; i < nentries; i++) gcap_tensor_free(b.warm_out[i]);
     free(b.warm_out);
     graphed_destroy(b.G);
+    if (opts->pool) gc_pool_trim_since(opts->pool, segs_before);
     e->be->upload(e, e->bs, e->current->bs, e->rng->ptr, rng, sizeof rng);
     gc_fail(e, st, "%s", msg);
   }

@@ -199,6 +199,13 @@ gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, g
 /* GCAP_OK when neither m nor a submodule has module hooks or a buffer that
 ** requires grad; otherwise an error naming the module and the problem. */
 gcap_status gc_module_check_graphable(gcap_module *m, const char *where);
+/* Put the delayed-wgrad queues of m's Linears aside (aside = 1) for the
+** length of a make_graphed_callables, or drop what the call left in them and
+** bring the user's back (0). */
+void gc_module_wgrad_aside(gcap_module *m, int aside);
+/* Give back to the device the segments p gained after `since` (its segment
+** list head then) that are entirely free again. */
+void gc_pool_trim_since(gcap_pool *p, gc_seg *since);
 /* Route m's calls to entry `entry` of g (g NULL: back to m's forward). */
 void gc_module_set_graphed(gcap_module *m, gcap_graphed *g, int entry);
 

@@ -48,6 +48,8 @@ struct gcap_module {
   int delay_wgrad;
   gcap_tensor **wq; /* delayed wgrad queue: (g, x) pairs, oldest first */
   int nwq, capwq;
+  gcap_tensor **wq_aside; /* the user's queue while make_graphed_callables runs */
+  int nwq_aside, capwq_aside, aside;
   gcap_graphed *graphed; /* calls replay this entry (weak: the graphed object owns m) */
   int graphed_entry;
 };
@@ -541,6 +543,28 @@ static gcap_status linear_dw(gcap_module *m) {
   }
   gcap_set_grad_enabled(m->e, was);
   return st;
+}
+
+void gc_module_wgrad_aside(gcap_module *m, int aside) {
+  int j;
+  if (m->delay_wgrad && m->aside != aside) {
+    if (aside) { /* the user's pending wgrads wait; the call starts empty */
+      m->wq_aside = m->wq;
+      m->nwq_aside = m->nwq;
+      m->capwq_aside = m->capwq;
+      m->wq = NULL;
+      m->nwq = m->capwq = 0;
+    } else { /* whatever the call left is dropped; the user's come back */
+      for (j = 0; j < m->nwq; j++) gcap_tensor_free(m->wq[j]);
+      free(m->wq);
+      m->wq = m->wq_aside;
+      m->nwq = m->nwq_aside;
+      m->capwq = m->capwq_aside;
+      m->wq_aside = NULL;
+    }
+    m->aside = aside;
+  }
+  for (j = 0; j < m->children.n; j++) gc_module_wgrad_aside(m->children.v[j].m, aside);
 }
 
 gcap_status gcap_module_backward_dw(gcap_module *m) {

@@ -7,8 +7,8 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 local nn = require "graphcap.nn"
 
-local error, getmetatable, ipairs, math, pairs, select, setmetatable, string,
-      table, tostring, type = error, getmetatable, ipairs, math, pairs, select,
+local error, getmetatable, ipairs, math, pairs, pcall, select, setmetatable, string,
+      table, tostring, type = error, getmetatable, ipairs, math, pairs, pcall, select,
       setmetatable, string, table, tostring, type
 _ENV = nil
 
@@ -236,11 +236,21 @@ local function make_graphed_callables (callables, sample_args, opts)
   for k, v in pairs(opts) do norm[k] = v end
   norm.num_layers_per_chunk = nlpc
   norm.capture_time_hooks = normalize_hooks(opts.capture_time_hooks, originals)
-  local G = core.make_graphed_callables(mods, args, norm)
+  -- a callable graphed with kwargs gets them back as a map when the core
+  -- calls it (warmup, capture), and flattens its map when it is called
+  local marked = {}
+  for i = 1, #args do
+    local m = mods[i] or mods[1]
+    if keys[i] and opts.order == nil then m.graphed_kwargs = keys[i]; marked[#marked + 1] = m end
+  end
+  local ok, G = pcall(core.make_graphed_callables, mods, args, norm)
+  if not ok then
+    for _, m in ipairs(marked) do m.graphed_kwargs = nil end
+    error(G, 2)
+  end
   local out = {}
   for i = 1, #G do
-    local m = opts.order == nil and mods[i] == originals[i] and keys[i] == nil
-              and mods[i] or nil
+    local m = opts.order == nil and mods[i] == originals[i] and mods[i] or nil
     if m then   -- the module itself now replays; keep G with it
       m.graphed_callables = G
       m.backward_dw = function () return G:backward_dw(i) end
