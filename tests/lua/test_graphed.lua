@@ -197,7 +197,7 @@ local function train_order (cfg, fwd, dw, params)
   local opt = gc.optim.SGD(params, {lr = LR})
   local res = {outs = {}, xgrads = {}}
   for step = 1, STEPS do
-    opt:zero_grad()
+    opt:zero_grad(cfg.zero)
     for w = 1, cfg.walks do
       local xs, losses = {}, {}
       walk(cfg,
@@ -222,10 +222,25 @@ local function train_order (cfg, fwd, dw, params)
   return res
 end
 
+-- One eager pass through every callable, so that every parameter owns a
+-- .grad (TE's harness preallocates them and zeroes them in place).
+local function own_grads (mods, cfg)
+  for c, m in ipairs(mods) do
+    local y = m(gc.tensor(data(4, cfg.dims[c], 0)))
+    y:sum():backward()
+    m:backward_dw()
+  end
+end
+
 -- Graph a copy of build() along cfg (plus opts), train both, compare.
--- Returns the graphed entries.
+-- cfg.zero: the options of zero_grad; with set_to_none = false, the
+-- parameters get their own .grad first. Returns the graphed entries.
 local function check_order (cfg, build, opts)
   local a, b = pair(build)
+  if cfg.zero and cfg.zero.set_to_none == false then
+    own_grads(a, cfg)
+    own_grads(b, cfg)
+  end
   local s, callable_of = order_samples(cfg)
   local o = {order = cfg.order, num_layers_per_chunk = cfg.nlpc}
   for k, v in pairs(opts or {}) do o[k] = v end
@@ -318,11 +333,21 @@ function TestGraphed:test_order_reuse_buffers_interleaved ()
               {reuse_graph_input_output_buffers = true})
 end
 
--- TE tests 13/14: reuse without cloning parameter grads.
+-- TE test 14: reuse without cloning parameter grads. As in TE's harness
+-- the parameters own their .grad and it is zeroed in place: a grad left to
+-- nil would become the static buffer itself, which reuse hands back to the
+-- pool (TE §2.9 (c), §2.12).
 function TestGraphed:test_order_reuse_buffers_no_param_grad_clone ()
   check_order({order = {1, 2, -2, -1, 1, 2, -2, -1}, layers = {1, 1}, nlpc = {1, 1},
-               dims = DIMS2, outs = OUTS2, walks = 1}, two_layers(),
+               dims = DIMS2, outs = OUTS2, walks = 1, zero = {set_to_none = false}}, two_layers(),
               {reuse_graph_input_output_buffers = true, clone_param_grads_on_return = false})
+end
+
+-- TE test 13 with the grads zeroed in place.
+function TestGraphed:test_order_reuse_buffers_zero_in_place ()
+  check_order({order = {1, 2, 1, 2, -2, -1, -2, -1}, layers = {1, 1}, nlpc = {1, 1},
+               dims = DIMS2, outs = OUTS2, walks = 1, zero = {set_to_none = false}}, two_layers(),
+              {reuse_graph_input_output_buffers = true})
 end
 
 -- Delayed wgrad: -(k + 0.5) entries; the entry's backward_dw() replays it.
