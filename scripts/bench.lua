@@ -1,0 +1,146 @@
+-- bench.lua: graphcap's side of reference/bench/torch_graphed.py, run on a
+-- GPU by `make bench`. A stack of L x (Linear(H, H) + GELU), batch B,
+-- forward + backward of the sum; one JSON line per configuration with the
+-- reference's fields, then the scaling runs (one JSON line each).
+-- Usage: graphcap scripts/bench.lua [configs|scaling|all]
+local gc = require "graphcap"
+
+local what = arg[1] or "all"
+
+local function json (t, order)
+  local parts = {}
+  for _, k in ipairs(order) do
+    local v = t[k]
+    if type(v) == "string" then v = '"' .. v .. '"'
+    elseif math.type(v) == "float" then v = string.format("%.4g", v) end
+    parts[#parts + 1] = string.format('"%s": %s', k, tostring(v))
+  end
+  print("{" .. table.concat(parts, ", ") .. "}")
+  io.stdout:flush()
+end
+
+local function stack (L, H)
+  local mods = {}
+  for i = 1, L do mods[i] = gc.nn.Sequential(gc.nn.Linear(H, H), gc.nn.GELU()) end
+  return mods
+end
+
+local function step (mods, x)
+  local h = x
+  for _, m in ipairs(mods) do h = m(h) end
+  h:sum():backward()
+end
+
+-- microseconds per call of fn, timed to completion over iters calls
+local function time_us (fn, iters)
+  gc.synchronize()
+  local t0 = gc.clock()
+  for _ = 1, iters do fn() end
+  gc.synchronize()
+  return (gc.clock() - t0) * 1e6 / iters
+end
+
+local function mib (bytes) return bytes / 2 ^ 20 end
+
+local function bench (L, H, B, iters)
+  gc.manual_seed(0)
+  local x = gc.randn({B, H}, {requires_grad = true})
+  local layers = stack(L, H)
+  local function eager () step(layers, x) end
+  for _ = 1, 10 do eager() end
+  local eager_us = time_us(eager, iters)
+
+  -- one graphed callable per layer, all in one pool
+  local sample = {}
+  for i = 1, L do sample[i] = {gc.randn({B, H}, {requires_grad = true})} end
+  local pool = gc.graph_pool_handle()
+  gc.synchronize()
+  local t0 = gc.clock()
+  local graphed = gc.make_graphed_callables(layers, sample, {pool = pool})
+  gc.synchronize()
+  local capture_s = gc.clock() - t0
+  local graph_mem = pool:stats().reserved_bytes
+  local function per_layer () step(graphed, x) end
+  for _ = 1, 10 do per_layer() end
+  local graphed_us = time_us(per_layer, iters)
+
+  -- the whole step as one graph, on fresh modules
+  local fresh = stack(L, H)
+  local s = gc.Stream()
+  gc.with_stream(s, function () for _ = 1, 3 do step(fresh, x) end end)
+  gc.synchronize()
+  for _, m in ipairs(fresh) do m:zero_grad() end
+  x.grad = nil
+  local g = gc.Graph()
+  g:capture(function () step(fresh, x) end)
+  for _ = 1, 10 do g:replay() end
+  local whole_us = time_us(function () g:replay() end, iters)
+
+  json({L = L, H = H, B = B, dtype = "float32", eager_us = eager_us,
+        graphed_per_layer_us = graphed_us, whole_graph_us = whole_us,
+        capture_s = capture_s, graph_mem_mib = mib(graph_mem), graphcap = gc.version()},
+       {"L", "H", "B", "dtype", "eager_us", "graphed_per_layer_us", "whole_graph_us",
+        "capture_s", "graph_mem_mib", "graphcap"})
+end
+
+-- Scaling: N callables of Linear(64, 64) + GELU, batch 8 (host cost dominates).
+local function scaling (N)
+  local H, B, iters = 64, 8, 50
+  gc.manual_seed(0)
+  local mods = stack(N, H)
+  local sample = {}
+  for i = 1, N do sample[i] = {gc.randn({B, H}, {requires_grad = true})} end
+  local pool = gc.graph_pool_handle()
+  gc.synchronize()
+  local t0 = gc.clock()
+  local g = gc.make_graphed_callables(mods, sample, {pool = pool})
+  gc.synchronize()
+  local cap = gc.clock() - t0
+  local shared = pool:stats().reserved_bytes
+  local x = gc.randn({B, H}, {requires_grad = true})
+  for _ = 1, 3 do step(g, x) end
+  local per_callable = time_us(function () step(g, x) end, iters) / N
+  local mods2, separate = stack(N, H), 0
+  for i = 1, N do
+    local p = gc.graph_pool_handle()
+    gc.make_graphed_callables(mods2[i], sample[i], {pool = p})
+    separate = separate + p:stats().reserved_bytes
+  end
+  json({callables = N, capture_s = cap, replay_fwd_bwd_us_per_callable = per_callable,
+        graph_mem_shared_mib = mib(shared), graph_mem_separate_pools_mib = mib(separate)},
+       {"callables", "capture_s", "replay_fwd_bwd_us_per_callable", "graph_mem_shared_mib",
+        "graph_mem_separate_pools_mib"})
+end
+
+-- Pool bytes against microbatches, with and without buffer reuse: two
+-- one-layer chunks, M microbatches, each run forward then backward (1F1B).
+local function microbatches (M, reuse)
+  local H, B = 256, 64
+  gc.manual_seed(0)
+  local mods = stack(2, H)
+  local order, sample = {}, {}
+  for _ = 1, M do
+    for _, v in ipairs({1, 2, -2, -1}) do order[#order + 1] = v end
+  end
+  for i = 1, 2 * M do sample[i] = {gc.randn({B, H}, {requires_grad = true})} end
+  local pool = gc.graph_pool_handle()
+  gc.make_graphed_callables(mods, sample, {pool = pool, order = order,
+                                           num_layers_per_chunk = {1, 1},
+                                           reuse_graph_input_output_buffers = reuse})
+  json({microbatches = M, reuse = tostring(reuse), pool_mib = mib(pool:stats().reserved_bytes)},
+       {"microbatches", "reuse", "pool_mib"})
+end
+
+if what == "configs" or what == "all" then
+  bench(24, 1024, 32, 300)  -- the first call in the process includes cuBLAS start-up
+  bench(96, 512, 16, 300)
+  bench(8, 4096, 4096, 20)
+end
+if what == "scaling" or what == "all" then
+  scaling(8)  -- warm the process, as the reference does
+  for _, n in ipairs({8, 32, 128, 512}) do scaling(n) end
+  for _, m in ipairs({1, 2, 4, 8}) do
+    microbatches(m, false)
+    microbatches(m, true)
+  end
+end
