@@ -31,7 +31,6 @@
 
 #include "graphcap.h"
 
-
 #define TENSOR_MT "graphcap.Tensor"
 #define STREAM_MT "graphcap.Stream"
 #define EVENT_MT "graphcap.Event"
@@ -43,33 +42,33 @@
 #define GRAPHED_MT "graphcap.Graphed"
 #define ENGINE_MT "graphcap.Engine"
 
-#define ENGINE_KEY "graphcap.engine"  /* registry slot of the engine box */
+#define ENGINE_KEY "graphcap.engine" /* registry slot of the engine box */
 #define ENGINEIDX lua_upvalueindex(1)
 
 /* uservalues of the engine box */
-#define UV_STREAMS 1  /* weak map: stream address -> its Stream box */
-#define UV_CURRENT 2  /* Stream box made current (kept alive while it is) */
-#define UV_CAPTURE 3  /* Stream box of the open capture (likewise) */
-#define UV_MODULES 4  /* weak map: module address -> its Module box */
-#define UV_TENSORS 5  /* weak map: tensor address -> a box of it (identity) */
+#define UV_STREAMS 1 /* weak map: stream address -> its Stream box */
+#define UV_CURRENT 2 /* Stream box made current (kept alive while it is) */
+#define UV_CAPTURE 3 /* Stream box of the open capture (likewise) */
+#define UV_MODULES 4 /* weak map: module address -> its Module box */
+#define UV_TENSORS 5 /* weak map: tensor address -> a box of it (identity) */
 #define UV_PMARKS 6  /* weak set of tensor boxes marked by nn.Parameter */
-#define UV_CLASSES 7  /* type name -> class table of the built-in modules */
+#define UV_CLASSES 7 /* type name -> class table of the built-in modules */
 #define NUV_ENGINE 7
 
 /* uservalues of the other boxes */
-#define UV_ENGINE 1  /* the engine box */
-#define UV_POOL 2  /* a graph's Pool box, what g:pool() returns */
+#define UV_ENGINE 1 /* the engine box */
+#define UV_POOL 2   /* a graph's Pool box, what g:pool() returns */
 
 /* uservalues of a Module box */
-#define UV_FIELDS 2  /* field name -> the value assigned */
+#define UV_FIELDS 2 /* field name -> the value assigned */
 #define UV_CLASS 3  /* its class table (methods, forward), or nil */
 #define UV_HOOKS 4  /* key -> HookHandle box, for every hook registered */
-#define UV_REG 5  /* registered name -> "parameter" | "buffer" | "child" */
+#define UV_REG 5    /* registered name -> "parameter" | "buffer" | "child" */
 #define NUV_MODULE 5
 
 /* uservalues of a HookHandle box */
 #define UV_HOOKFN 2  /* the hook function */
-#define UV_HOOKMOD 3  /* the Module box it was registered on */
+#define UV_HOOKMOD 3 /* the Module box it was registered on */
 
 /* one module call takes at most this many tensors (graphcap.h) */
 #define MAXIN 8
@@ -85,44 +84,69 @@
 */
 typedef struct LFrame {
   lua_State *L;
-  gcap_module *m;  /* the module of m(...) or m:forward(...), or NULL */
+  gcap_module *m; /* the module of m(...) or m:forward(...), or NULL */
   int args, nargs;
-  int muted;  /* m:forward(...): m's own forward hooks are skipped */
+  int muted; /* m:forward(...): m's own forward hooks are skipped */
   struct LFrame *prev;
 } LFrame;
 
-typedef struct LEngine { gcap_engine *e; LFrame *cur; } LEngine;
-typedef struct LTensor { gcap_tensor *t; } LTensor;
-typedef struct LStream { gcap_stream *s; gcap_engine *e; int own; } LStream;
-typedef struct LEvent { gcap_event *ev; gcap_engine *e; } LEvent;
-typedef struct LPool { gcap_pool *p; gcap_engine *e; } LPool;
-typedef struct LGraph { gcap_graph *g; gcap_engine *e; } LGraph;
-typedef struct LModule { gcap_module *m; lua_Integer nexthook; } LModule;
+typedef struct LEngine {
+  gcap_engine *e;
+  LFrame *cur;
+} LEngine;
+typedef struct LTensor {
+  gcap_tensor *t;
+} LTensor;
+typedef struct LStream {
+  gcap_stream *s;
+  gcap_engine *e;
+  int own;
+} LStream;
+typedef struct LEvent {
+  gcap_event *ev;
+  gcap_engine *e;
+} LEvent;
+typedef struct LPool {
+  gcap_pool *p;
+  gcap_engine *e;
+} LPool;
+typedef struct LGraph {
+  gcap_graph *g;
+  gcap_engine *e;
+} LGraph;
+typedef struct LModule {
+  gcap_module *m;
+  lua_Integer nexthook;
+} LModule;
 /* A hook; its address is the hook's ud in the core, so the box is kept
 ** alive by its module's UV_HOOKS table while it is registered (m != NULL). */
 typedef struct LHandle {
   LEngine *le;
   gcap_module *m;  /* NULL once removed */
-  int id;  /* the core's hook id */
-  lua_Integer key;  /* its key in the module's UV_HOOKS */
+  int id;          /* the core's hook id */
+  lua_Integer key; /* its key in the module's UV_HOOKS */
 } LHandle;
-typedef struct LOptim { gcap_optim *o; gcap_engine *e; int adam; } LOptim;
+typedef struct LOptim {
+  gcap_optim *o;
+  gcap_engine *e;
+  int adam;
+} LOptim;
 /* Holder of the error of a failed callback (its uservalue 1) */
-typedef struct LErr { int set; } LErr;
+typedef struct LErr {
+  int set;
+} LErr;
 
 /* registry keys (their addresses) */
 static const char l_errkey = 'e';  /* the LErr holder */
 static const char l_fwdkey = 'f';  /* the protected part of a Lua forward */
-static const char l_hookkey = 'h';  /* the protected part of a hook */
+static const char l_hookkey = 'h'; /* the protected part of a hook */
 static const char l_capkey = 'c';  /* the protected part of a capture-time hook */
 static const char l_mgckey = 'm';  /* the hooks of the make_graphed_callables in progress */
 
-typedef gcap_status (*l_unop) (gcap_tensor *a, gcap_tensor **out);
-typedef gcap_status (*l_binop) (gcap_tensor *a, gcap_tensor *b,
-                                gcap_tensor **out);
+typedef gcap_status (*l_unop)(gcap_tensor *a, gcap_tensor **out);
+typedef gcap_status (*l_binop)(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
 
-static const int64_t l_noshape[1] = {0};  /* shape of a 0-D tensor (unread) */
-
+static const int64_t l_noshape[1] = {0}; /* shape of a 0-D tensor (unread) */
 
 /*
 ** {======================================================
@@ -131,38 +155,35 @@ static const int64_t l_noshape[1] = {0};  /* shape of a 0-D tensor (unread) */
 */
 
 /* Does 'msg' start with the name of an op ("linear: ...", "set grad: ")? */
-static int l_hasop (const char *msg) {
+static int l_hasop(const char *msg) {
   const char *s = msg;
   if (!isalpha((unsigned char)*s) && *s != '_') return 0;
-  while (s - msg < 32 && (isalnum((unsigned char)*s) || *s == '_' || *s == '.'
-                          || *s == ' '))
+  while (s - msg < 32 && (isalnum((unsigned char)*s) || *s == '_' || *s == '.' || *s == ' '))
     s++;
   return s[0] == ':' && s[1] == ' ';
 }
 
 /* Is 'src' the source of a chunk of the facade (embedded: "=graphcap",
 ** "=graphcap.nn"; from files: ".../graphcap/nn.lua")? */
-static int l_isfacade (const char *src) {
+static int l_isfacade(const char *src) {
   const char *slash = strrchr(src, '/');
   size_t n;
-  if (strncmp(src, "=graphcap", 9) == 0)
-    return src[9] == '\0' || src[9] == '.';
-  if (src[0] != '@' || slash == NULL || strchr(slash, '.') == NULL
-      || strcmp(strchr(slash, '.'), ".lua") != 0)
+  if (strncmp(src, "=graphcap", 9) == 0) return src[9] == '\0' || src[9] == '.';
+  if (src[0] != '@' || slash == NULL || strchr(slash, '.') == NULL ||
+      strcmp(strchr(slash, '.'), ".lua") != 0)
     return 0;
   n = (size_t)(slash - src);
-  return n >= 9 && strncmp(slash - 8, "graphcap", 8) == 0
-         && (n == 9 || slash[-9] == '/');
+  return n >= 9 && strncmp(slash - 8, "graphcap", 8) == 0 && (n == 9 || slash[-9] == '/');
 }
 
 /* Push "chunk:line: " of the caller, as luaL_where(L, 1) does, but of the
 ** first caller outside the facade, so that an error names the user's line. */
-static void l_where (lua_State *L) {
+static void l_where(lua_State *L) {
   lua_Debug ar;
   int level;
   for (level = 1; lua_getstack(L, level, &ar); level++) {
     lua_getinfo(L, "Sl", &ar);
-    if (ar.currentline <= 0) break;  /* a C function: no position */
+    if (ar.currentline <= 0) break; /* a C function: no position */
     if (!l_isfacade(ar.source)) {
       lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
       return;
@@ -172,7 +193,7 @@ static void l_where (lua_State *L) {
 }
 
 /* luaL_error, with the position of l_where */
-static int l_error (lua_State *L, const char *fmt, ...) {
+static int l_error(lua_State *L, const char *fmt, ...) {
   va_list argp;
   va_start(argp, fmt);
   l_where(L);
@@ -184,8 +205,7 @@ static int l_error (lua_State *L, const char *fmt, ...) {
 
 /* Raise the core's message 'msg' of status 'st', prefixed by "op: " unless
 ** it names an op already. */
-static void l_fail (lua_State *L, gcap_status st, const char *msg,
-                    const char *op) {
+static void l_fail(lua_State *L, gcap_status st, const char *msg, const char *op) {
   size_t n = strlen(op);
   if (msg == NULL || *msg == '\0') msg = gcap_status_str(st);
   l_where(L);
@@ -198,23 +218,21 @@ static void l_fail (lua_State *L, gcap_status st, const char *msg,
 }
 
 /* Raise "op: message" when a core call returned 'st' != GCAP_OK. */
-static void l_check (lua_State *L, const gcap_engine *e, gcap_status st,
-                     const char *op) {
+static void l_check(lua_State *L, const gcap_engine *e, gcap_status st, const char *op) {
   if (st != GCAP_OK) l_fail(L, st, gcap_errmsg(e), op);
 }
 
-static gcap_engine *l_engine (lua_State *L) {
+static gcap_engine *l_engine(lua_State *L) {
   gcap_engine *e = ((LEngine *)lua_touserdata(L, ENGINEIDX))->e;
   if (e == NULL) luaL_error(L, "graphcap engine is closed");
   return e;
 }
 
 /* The type of the value at i for messages: __name of userdata. */
-static const char *l_typename (lua_State *L, int i) {
-  int t = (lua_type(L, i) == LUA_TUSERDATA)
-          ? luaL_getmetafield(L, i, "__name") : LUA_TNIL;
+static const char *l_typename(lua_State *L, int i) {
+  int t = (lua_type(L, i) == LUA_TUSERDATA) ? luaL_getmetafield(L, i, "__name") : LUA_TNIL;
   if (t == LUA_TSTRING) {
-    const char *s = lua_tostring(L, -1);  /* kept alive by the metatable */
+    const char *s = lua_tostring(L, -1); /* kept alive by the metatable */
     lua_pop(L, 1);
     return s;
   }
@@ -223,9 +241,9 @@ static const char *l_typename (lua_State *L, int i) {
 }
 
 /* A new box in its closed state, linked to the engine box. */
-static void *l_newbox (lua_State *L, size_t size, int nuv, const char *mt) {
+static void *l_newbox(lua_State *L, size_t size, int nuv, const char *mt) {
   void *p = lua_newuserdatauv(L, size, nuv);
-  memset(p, 0, size);  /* NULL handle: closed */
+  memset(p, 0, size); /* NULL handle: closed */
   luaL_setmetatable(L, mt);
   lua_pushvalue(L, ENGINEIDX);
   lua_setiuservalue(L, -2, UV_ENGINE);
@@ -234,77 +252,74 @@ static void *l_newbox (lua_State *L, size_t size, int nuv, const char *mt) {
 
 #define l_newtensor(L) ((LTensor *)l_newbox(L, sizeof(LTensor), 1, TENSOR_MT))
 
-static gcap_tensor *l_checktensor (lua_State *L, int i) {
+static gcap_tensor *l_checktensor(lua_State *L, int i) {
   LTensor *p = (LTensor *)luaL_checkudata(L, i, TENSOR_MT);
   luaL_argcheck(L, p->t != NULL, i, "tensor is closed");
   return p->t;
 }
 
-static LStream *l_checkstream (lua_State *L, int i) {
+static LStream *l_checkstream(lua_State *L, int i) {
   LStream *p = (LStream *)luaL_checkudata(L, i, STREAM_MT);
   luaL_argcheck(L, p->s != NULL, i, "stream is closed");
   return p;
 }
 
-static LEvent *l_checkevent (lua_State *L, int i) {
+static LEvent *l_checkevent(lua_State *L, int i) {
   LEvent *p = (LEvent *)luaL_checkudata(L, i, EVENT_MT);
   luaL_argcheck(L, p->ev != NULL, i, "event is closed");
   return p;
 }
 
-static LPool *l_checkpool (lua_State *L, int i) {
+static LPool *l_checkpool(lua_State *L, int i) {
   LPool *p = (LPool *)luaL_checkudata(L, i, POOL_MT);
   luaL_argcheck(L, p->p != NULL, i, "pool is closed");
   return p;
 }
 
-static LGraph *l_checkgraph (lua_State *L, int i) {
+static LGraph *l_checkgraph(lua_State *L, int i) {
   LGraph *p = (LGraph *)luaL_checkudata(L, i, GRAPH_MT);
   luaL_argcheck(L, p->g != NULL, i, "graph is closed");
   return p;
 }
 
-static gcap_dtype l_optdtype (lua_State *L, int i) {
+static gcap_dtype l_optdtype(lua_State *L, int i) {
   const char *s = luaL_optstring(L, i, "f32");
   if (strcmp(s, "f32") == 0) return GCAP_F32;
   if (strcmp(s, "bf16") == 0) return GCAP_BF16;
-  luaL_argerror(L, i, lua_pushfstring(L,
-                "unknown dtype '%s' (expected f32 or bf16)", s));
+  luaL_argerror(L, i, lua_pushfstring(L, "unknown dtype '%s' (expected f32 or bf16)", s));
   return GCAP_F32;
 }
 
-static const char *l_dtypename (gcap_dtype dt) {
+static const char *l_dtypename(gcap_dtype dt) {
   return (dt == GCAP_BF16) ? "bf16" : "f32";
 }
 
 /* What a bad value was, for messages: the number itself or its type. */
-static const char *l_got (lua_State *L, int i) {
-  return (lua_type(L, i) == LUA_TNUMBER) ? luaL_tolstring(L, i, NULL)
-                                         : luaL_typename(L, i);
+static const char *l_got(lua_State *L, int i) {
+  return (lua_type(L, i) == LUA_TNUMBER) ? luaL_tolstring(L, i, NULL) : luaL_typename(L, i);
 }
 
 /* Read the shape table at 'arg' into 'shape'; return its length. */
-static int l_checkshape (lua_State *L, int arg, int64_t *shape) {
+static int l_checkshape(lua_State *L, int arg, int64_t *shape) {
   lua_Unsigned n;
   int i;
   int64_t numel = 1;
   luaL_checktype(L, arg, LUA_TTABLE);
   n = lua_rawlen(L, arg);
   if (n > GCAP_MAXDIM)
-    luaL_argerror(L, arg, lua_pushfstring(L,
-                  "shape has %I entries (at most %d)", (LUAI_UACINT)n,
-                  GCAP_MAXDIM));
+    luaL_argerror(
+        L, arg,
+        lua_pushfstring(L, "shape has %I entries (at most %d)", (LUAI_UACINT)n, GCAP_MAXDIM));
   for (i = 0; i < (int)n; i++) {
     int isint;
     lua_Integer v;
     lua_rawgeti(L, arg, i + 1);
     v = lua_tointegerx(L, -1, &isint);
     if (lua_type(L, -1) != LUA_TNUMBER || !isint || v < 0)
-      luaL_argerror(L, arg, lua_pushfstring(L,
-                    "shape entry #%d must be a non-negative integer, got %s",
-                    i + 1, l_got(L, -1)));
-    if (v > 0 && numel > MAXNUMEL / v)
-      luaL_argerror(L, arg, "shape has too many elements");
+      luaL_argerror(L, arg,
+                    lua_pushfstring(L, "shape entry #%d must be a non-negative integer, got %s",
+                                    i + 1, l_got(L, -1)));
+    if (v > 0 && numel > MAXNUMEL / v) luaL_argerror(L, arg, "shape has too many elements");
     numel *= v;
     shape[i] = v;
     lua_pop(L, 1);
@@ -313,7 +328,6 @@ static int l_checkshape (lua_State *L, int arg, int64_t *shape) {
 }
 
 /* }====================================================== */
-
 
 /*
 ** {======================================================
@@ -325,12 +339,12 @@ static int l_checkshape (lua_State *L, int arg, int64_t *shape) {
 typedef struct LNest {
   int ndim;
   int64_t shape[GCAP_MAXDIM];
-  lua_Integer pos[GCAP_MAXDIM];  /* index path of the entry being read */
-  float *x;  /* next element to fill */
+  lua_Integer pos[GCAP_MAXDIM]; /* index path of the entry being read */
+  float *x;                     /* next element to fill */
 } LNest;
 
 /* Push the index path "[i][j]..." of the first 'depth' levels. */
-static const char *l_pushpath (lua_State *L, const LNest *n, int depth) {
+static const char *l_pushpath(lua_State *L, const LNest *n, int depth) {
   int i;
   lua_pushliteral(L, "");
   for (i = 0; i < depth; i++)
@@ -340,16 +354,16 @@ static const char *l_pushpath (lua_State *L, const LNest *n, int depth) {
 }
 
 /* Infer the shape from the first entry of each level. */
-static void l_nestshape (lua_State *L, LNest *n) {
+static void l_nestshape(lua_State *L, LNest *n) {
   int64_t numel = 1;
   n->ndim = 0;
   lua_pushvalue(L, 1);
   while (lua_type(L, -1) == LUA_TTABLE) {
     int64_t len = (int64_t)lua_rawlen(L, -1);
     if (n->ndim == GCAP_MAXDIM)
-      luaL_argerror(L, 1, lua_pushfstring(L,
-                    "entry %s is a table: more than %d dimensions",
-                    l_pushpath(L, n, n->ndim), GCAP_MAXDIM));
+      luaL_argerror(L, 1,
+                    lua_pushfstring(L, "entry %s is a table: more than %d dimensions",
+                                    l_pushpath(L, n, n->ndim), GCAP_MAXDIM));
     if (len > 0 && numel > MAXNUMEL / len)
       luaL_argerror(L, 1, "nested table has too many elements");
     numel *= len;
@@ -364,29 +378,28 @@ static void l_nestshape (lua_State *L, LNest *n) {
 
 /* Copy the numbers of the table on top (level 'd') into n->x, checking
 ** that every level has the inferred shape. */
-static void l_nestfill (lua_State *L, LNest *n, int d) {
+static void l_nestfill(lua_State *L, LNest *n, int d) {
   lua_Integer i;
   for (i = 1; i <= n->shape[d]; i++) {
     int t = lua_rawgeti(L, -1, i);
-    int v = lua_gettop(L);  /* absolute: messages push before using it */
+    int v = lua_gettop(L); /* absolute: messages push before using it */
     n->pos[d] = i;
     if (d + 1 < n->ndim) {
       lua_Unsigned len = lua_rawlen(L, v);
       if (t != LUA_TTABLE)
-        luaL_argerror(L, 1, lua_pushfstring(L,
-                      "entry %s must be a table, got %s",
-                      l_pushpath(L, n, d + 1), l_got(L, v)));
+        luaL_argerror(L, 1,
+                      lua_pushfstring(L, "entry %s must be a table, got %s",
+                                      l_pushpath(L, n, d + 1), l_got(L, v)));
       if ((int64_t)len != n->shape[d + 1])
-        luaL_argerror(L, 1, lua_pushfstring(L,
-                      "ragged nested table: entry %s has %I entries, expected %I",
-                      l_pushpath(L, n, d + 1), (LUAI_UACINT)len,
-                      (LUAI_UACINT)n->shape[d + 1]));
+        luaL_argerror(L, 1,
+                      lua_pushfstring(
+                          L, "ragged nested table: entry %s has %I entries, expected %I",
+                          l_pushpath(L, n, d + 1), (LUAI_UACINT)len, (LUAI_UACINT)n->shape[d + 1]));
       l_nestfill(L, n, d + 1);
-    }
-    else if (t != LUA_TNUMBER)
-      luaL_argerror(L, 1, lua_pushfstring(L,
-                    "entry %s must be a number, got %s",
-                    l_pushpath(L, n, d + 1), l_got(L, v)));
+    } else if (t != LUA_TNUMBER)
+      luaL_argerror(L, 1,
+                    lua_pushfstring(L, "entry %s must be a number, got %s", l_pushpath(L, n, d + 1),
+                                    l_got(L, v)));
     else
       *n->x++ = (float)lua_tonumber(L, v);
     lua_pop(L, 1);
@@ -394,7 +407,7 @@ static void l_nestfill (lua_State *L, LNest *n, int d) {
 }
 
 /* tensor(nested_table_or_number [, dtype]) */
-static int l_tensor (lua_State *L) {
+static int l_tensor(lua_State *L) {
   gcap_engine *e = l_engine(L);
   gcap_dtype dt = l_optdtype(L, 2);
   LNest n;
@@ -403,47 +416,53 @@ static int l_tensor (lua_State *L) {
   if (lua_type(L, 1) == LUA_TNUMBER) {
     n.ndim = 0;
     scalar = (float)lua_tonumber(L, 1);
-  }
-  else {
+  } else {
     int d;
     size_t numel = 1;
     luaL_argexpected(L, lua_type(L, 1) == LUA_TTABLE, 1, "number or table");
     l_nestshape(L, &n);
-    for (d = 0; d < n.ndim; d++) numel *= (size_t)n.shape[d];
+    for (d = 0; d < n.ndim; d++)
+      numel *= (size_t)n.shape[d];
     data = n.x = (float *)lua_newuserdatauv(L, numel * sizeof(float), 0);
     lua_pushvalue(L, 1);
     l_nestfill(L, &n, 0);
     lua_pop(L, 1);
   }
   r = l_newtensor(L);
-  l_check(L, e, gcap_tensor_from_f32(e, dt, n.ndim, n.shape, data, &r->t),
-          "tensor");
+  l_check(L, e, gcap_tensor_from_f32(e, dt, n.ndim, n.shape, data, &r->t), "tensor");
   return 1;
 }
 
 /* A new tensor of the shape at 1 and dtype at 'dtarg', filled with v
 ** (empty: uninitialised). */
-static int l_newfilled (lua_State *L, int dtarg, int empty, double v,
-                        const char *op) {
+static int l_newfilled(lua_State *L, int dtarg, int empty, double v, const char *op) {
   gcap_engine *e = l_engine(L);
   int64_t shape[GCAP_MAXDIM];
   int ndim = l_checkshape(L, 1, shape);
   gcap_dtype dt = l_optdtype(L, dtarg);
   LTensor *r = l_newtensor(L);
-  l_check(L, e, empty ? gcap_tensor_empty(e, dt, ndim, shape, &r->t)
-                      : gcap_tensor_full(e, dt, ndim, shape, v, &r->t), op);
+  l_check(L, e,
+          empty ? gcap_tensor_empty(e, dt, ndim, shape, &r->t)
+                : gcap_tensor_full(e, dt, ndim, shape, v, &r->t),
+          op);
   return 1;
 }
 
-static int l_empty (lua_State *L) { return l_newfilled(L, 2, 1, 0.0, "empty"); }
-static int l_zeros (lua_State *L) { return l_newfilled(L, 2, 0, 0.0, "zeros"); }
-static int l_ones (lua_State *L) { return l_newfilled(L, 2, 0, 1.0, "ones"); }
+static int l_empty(lua_State *L) {
+  return l_newfilled(L, 2, 1, 0.0, "empty");
+}
+static int l_zeros(lua_State *L) {
+  return l_newfilled(L, 2, 0, 0.0, "zeros");
+}
+static int l_ones(lua_State *L) {
+  return l_newfilled(L, 2, 0, 1.0, "ones");
+}
 
-static int l_full (lua_State *L) {
+static int l_full(lua_State *L) {
   return l_newfilled(L, 3, 0, luaL_checknumber(L, 2), "full");
 }
 
-static int l_newrand (lua_State *L, int normal, const char *op) {
+static int l_newrand(lua_State *L, int normal, const char *op) {
   gcap_engine *e = l_engine(L);
   int64_t shape[GCAP_MAXDIM];
   int ndim = l_checkshape(L, 1, shape);
@@ -453,17 +472,21 @@ static int l_newrand (lua_State *L, int normal, const char *op) {
   return 1;
 }
 
-static int l_rand (lua_State *L) { return l_newrand(L, 0, "rand"); }
-static int l_randn (lua_State *L) { return l_newrand(L, 1, "randn"); }
+static int l_rand(lua_State *L) {
+  return l_newrand(L, 0, "rand");
+}
+static int l_randn(lua_State *L) {
+  return l_newrand(L, 1, "randn");
+}
 
-static int l_tensor_close (lua_State *L) {
+static int l_tensor_close(lua_State *L) {
   LTensor *p = (LTensor *)luaL_checkudata(L, 1, TENSOR_MT);
   gcap_tensor_free(p->t);
   p->t = NULL;
   return 0;
 }
 
-static int l_tensor_tostring (lua_State *L) {
+static int l_tensor_tostring(lua_State *L) {
   LTensor *p = (LTensor *)luaL_checkudata(L, 1, TENSOR_MT);
   if (p->t == NULL)
     lua_pushliteral(L, TENSOR_MT " (closed)");
@@ -484,7 +507,7 @@ static int l_tensor_tostring (lua_State *L) {
   return 1;
 }
 
-static int l_shape (lua_State *L) {
+static int l_shape(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   int i, n = gcap_tensor_ndim(t);
   const int64_t *shape = gcap_tensor_shape(t);
@@ -496,118 +519,124 @@ static int l_shape (lua_State *L) {
   return 1;
 }
 
-static int l_numel (lua_State *L) {
+static int l_numel(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)gcap_tensor_numel(l_checktensor(L, 1)));
   return 1;
 }
 
-static int l_dim (lua_State *L) {
+static int l_dim(lua_State *L) {
   lua_pushinteger(L, gcap_tensor_ndim(l_checktensor(L, 1)));
   return 1;
 }
 
-static int l_dtype (lua_State *L) {
+static int l_dtype(lua_State *L) {
   lua_pushstring(L, l_dtypename(gcap_tensor_dtype(l_checktensor(L, 1))));
   return 1;
 }
 
-static int l_data_ptr (lua_State *L) {
+static int l_data_ptr(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)gcap_tensor_data_ptr(l_checktensor(L, 1)));
   return 1;
 }
 
 /* Push the next elements from *x as nested sequences of 'shape' (its
 ** 'ndim' >= 1 entries). */
-static void l_pushnested (lua_State *L, const float **x,
-                          const int64_t *shape, int ndim) {
+static void l_pushnested(lua_State *L, const float **x, const int64_t *shape, int ndim) {
   int64_t i, n = shape[0];
   lua_createtable(L, (n <= INT_MAX) ? (int)n : 0, 0);
   for (i = 1; i <= n; i++) {
-    if (ndim == 1) lua_pushnumber(L, (lua_Number)*(*x)++);
-    else l_pushnested(L, x, shape + 1, ndim - 1);
+    if (ndim == 1)
+      lua_pushnumber(L, (lua_Number) * (*x)++);
+    else
+      l_pushnested(L, x, shape + 1, ndim - 1);
     lua_rawseti(L, -2, (lua_Integer)i);
   }
 }
 
-static int l_tolist (lua_State *L) {
+static int l_tolist(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   size_t n = (size_t)gcap_tensor_numel(t);
   int ndim = gcap_tensor_ndim(t);
   float *x = (float *)lua_newuserdatauv(L, n * sizeof(float), 0);
   const float *next = x;
   l_check(L, gcap_tensor_engine(t), gcap_tensor_read(t, x, n), "tolist");
-  if (ndim == 0) lua_pushnumber(L, (lua_Number)x[0]);
-  else l_pushnested(L, &next, gcap_tensor_shape(t), ndim);
+  if (ndim == 0)
+    lua_pushnumber(L, (lua_Number)x[0]);
+  else
+    l_pushnested(L, &next, gcap_tensor_shape(t), ndim);
   return 1;
 }
 
-static int l_item (lua_State *L) {
+static int l_item(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   int64_t n = gcap_tensor_numel(t);
   float x;
-  if (n != 1)
-    return luaL_error(L, "item: tensor has %I elements (expected 1)",
-                      (LUAI_UACINT)n);
+  if (n != 1) return luaL_error(L, "item: tensor has %I elements (expected 1)", (LUAI_UACINT)n);
   l_check(L, gcap_tensor_engine(t), gcap_tensor_read(t, &x, 1), "item");
   lua_pushnumber(L, (lua_Number)x);
   return 1;
 }
 
-static int l_view (lua_State *L) {
+static int l_view(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   int64_t shape[GCAP_MAXDIM];
   int ndim = l_checkshape(L, 2, shape);
   LTensor *r = l_newtensor(L);
-  l_check(L, gcap_tensor_engine(t), gcap_tensor_view(t, ndim, shape, &r->t),
-          "view");
+  l_check(L, gcap_tensor_engine(t), gcap_tensor_view(t, ndim, shape, &r->t), "view");
   return 1;
 }
 
-static int l_copy_ (lua_State *L) {
+static int l_copy_(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1), *u = l_checktensor(L, 2);
   l_check(L, gcap_tensor_engine(t), gcap_copy_(t, u), "copy_");
   lua_settop(L, 1);
   return 1;
 }
 
-static int l_zero_ (lua_State *L) {
+static int l_zero_(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   l_check(L, gcap_tensor_engine(t), gcap_zero_(t), "zero_");
   lua_settop(L, 1);
   return 1;
 }
 
-static int l_fill_ (lua_State *L) {
+static int l_fill_(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
-  l_check(L, gcap_tensor_engine(t), gcap_fill_(t, luaL_checknumber(L, 2)),
-          "fill_");
+  l_check(L, gcap_tensor_engine(t), gcap_fill_(t, luaL_checknumber(L, 2)), "fill_");
   lua_settop(L, 1);
   return 1;
 }
 
-static int l_unary (lua_State *L, l_unop f, const char *op) {
+static int l_unary(lua_State *L, l_unop f, const char *op) {
   gcap_tensor *t = l_checktensor(L, 1);
   LTensor *r = l_newtensor(L);
   l_check(L, gcap_tensor_engine(t), f(t, &r->t), op);
   return 1;
 }
 
-static int l_clone (lua_State *L) { return l_unary(L, gcap_tensor_clone, "clone"); }
-static int l_sum (lua_State *L) { return l_unary(L, gcap_sum, "sum"); }
-static int l_mean (lua_State *L) { return l_unary(L, gcap_mean, "mean"); }
-static int l_unm (lua_State *L) { return l_unary(L, gcap_neg, "neg"); }
+static int l_clone(lua_State *L) {
+  return l_unary(L, gcap_tensor_clone, "clone");
+}
+static int l_sum(lua_State *L) {
+  return l_unary(L, gcap_sum, "sum");
+}
+static int l_mean(lua_State *L) {
+  return l_unary(L, gcap_mean, "mean");
+}
+static int l_unm(lua_State *L) {
+  return l_unary(L, gcap_neg, "neg");
+}
 
 /*
 ** Operand 'i' of a binary op whose tensor operand is 't': a number
 ** becomes a 0-D tensor of t's dtype, left on the stack in box *tmp.
 */
-static gcap_tensor *l_operand (lua_State *L, int i, gcap_tensor *t,
-                               LTensor **tmp, const char *op) {
+static gcap_tensor *l_operand(lua_State *L, int i, gcap_tensor *t, LTensor **tmp, const char *op) {
   if (lua_type(L, i) == LUA_TNUMBER) {
     gcap_engine *e = gcap_tensor_engine(t);
     LTensor *p = l_newtensor(L);
-    l_check(L, e, gcap_tensor_full(e, gcap_tensor_dtype(t), 0, l_noshape,
-                                   lua_tonumber(L, i), &p->t), op);
+    l_check(L, e,
+            gcap_tensor_full(e, gcap_tensor_dtype(t), 0, l_noshape, lua_tonumber(L, i), &p->t), op);
     *tmp = p;
     return p->t;
   }
@@ -615,7 +644,7 @@ static gcap_tensor *l_operand (lua_State *L, int i, gcap_tensor *t,
 }
 
 /* a op b, where a tensor is on either side and a number may be the other */
-static int l_arith (lua_State *L, l_binop f, const char *op) {
+static int l_arith(lua_State *L, l_binop f, const char *op) {
   LTensor *tmp = NULL, *r;
   int ti = (luaL_testudata(L, 1, TENSOR_MT) != NULL) ? 1 : 2;
   gcap_tensor *t = l_checktensor(L, ti);
@@ -624,7 +653,7 @@ static int l_arith (lua_State *L, l_binop f, const char *op) {
   gcap_status st;
   r = l_newtensor(L);
   st = f(a, b, &r->t);
-  if (tmp != NULL) {  /* release the 0-D operand now, not at collection */
+  if (tmp != NULL) { /* release the 0-D operand now, not at collection */
     gcap_tensor_free(tmp->t);
     tmp->t = NULL;
   }
@@ -632,17 +661,19 @@ static int l_arith (lua_State *L, l_binop f, const char *op) {
   return 1;
 }
 
-static int l_add (lua_State *L) { return l_arith(L, gcap_add, "add"); }
-static int l_sub (lua_State *L) { return l_arith(L, gcap_sub, "sub"); }
+static int l_add(lua_State *L) {
+  return l_arith(L, gcap_add, "add");
+}
+static int l_sub(lua_State *L) {
+  return l_arith(L, gcap_sub, "sub");
+}
 
-static int l_mul (lua_State *L) {  /* a number on either side is a scale */
-  int ni = (lua_type(L, 1) == LUA_TNUMBER) ? 1
-         : (lua_type(L, 2) == LUA_TNUMBER) ? 2 : 0;
+static int l_mul(lua_State *L) { /* a number on either side is a scale */
+  int ni = (lua_type(L, 1) == LUA_TNUMBER) ? 1 : (lua_type(L, 2) == LUA_TNUMBER) ? 2 : 0;
   if (ni != 0) {
     gcap_tensor *t = l_checktensor(L, 3 - ni);
     LTensor *r = l_newtensor(L);
-    l_check(L, gcap_tensor_engine(t),
-            gcap_scale(t, lua_tonumber(L, ni), &r->t), "mul");
+    l_check(L, gcap_tensor_engine(t), gcap_scale(t, lua_tonumber(L, ni), &r->t), "mul");
     return 1;
   }
   return l_arith(L, gcap_mul, "mul");
@@ -653,11 +684,10 @@ static int l_mul (lua_State *L) {  /* a number on either side is a scale */
 ** hook argument): the box already known for it while that one lives and
 ** holds it, else a new box with its own reference, which becomes known.
 */
-static void l_pushborrowed (lua_State *L, gcap_tensor *t) {
+static void l_pushborrowed(lua_State *L, gcap_tensor *t) {
   LTensor *p;
   lua_getiuservalue(L, ENGINEIDX, UV_TENSORS);
-  if (lua_rawgetp(L, -1, t) == LUA_TUSERDATA
-      && ((LTensor *)lua_touserdata(L, -1))->t == t) {
+  if (lua_rawgetp(L, -1, t) == LUA_TUSERDATA && ((LTensor *)lua_touserdata(L, -1))->t == t) {
     lua_remove(L, -2);
     return;
   }
@@ -670,7 +700,7 @@ static void l_pushborrowed (lua_State *L, gcap_tensor *t) {
 }
 
 /* Make the (open) tensor box at i the known box of its tensor. */
-static void l_keeptensor (lua_State *L, int i) {
+static void l_keeptensor(lua_State *L, int i) {
   LTensor *p = (LTensor *)lua_touserdata(L, i);
   i = lua_absindex(L, i);
   lua_getiuservalue(L, ENGINEIDX, UV_TENSORS);
@@ -682,12 +712,11 @@ static void l_keeptensor (lua_State *L, int i) {
 /* The box on top holds a new tensor from the core: replace it by the
 ** known box of that tensor, if there is one (a module that returned a
 ** tensor it was given, or one of its own). */
-static void l_knownresult (lua_State *L) {
+static void l_knownresult(lua_State *L) {
   LTensor *r = (LTensor *)lua_touserdata(L, -1);
   lua_getiuservalue(L, ENGINEIDX, UV_TENSORS);
-  if (lua_rawgetp(L, -1, r->t) == LUA_TUSERDATA
-      && ((LTensor *)lua_touserdata(L, -1))->t == r->t) {
-    gcap_tensor_free(r->t);  /* the known box holds it */
+  if (lua_rawgetp(L, -1, r->t) == LUA_TUSERDATA && ((LTensor *)lua_touserdata(L, -1))->t == r->t) {
+    gcap_tensor_free(r->t); /* the known box holds it */
     r->t = NULL;
     lua_replace(L, -3);
     lua_pop(L, 1);
@@ -697,16 +726,14 @@ static void l_knownresult (lua_State *L) {
 }
 
 /* A Lua boolean at i, or 'def' when absent or nil. */
-static int l_optboolean (lua_State *L, int i, int def, const char *what) {
+static int l_optboolean(lua_State *L, int i, int def, const char *what) {
   if (lua_isnoneornil(L, i)) return def;
   if (!lua_isboolean(L, i))
-    luaL_argerror(L, i, lua_pushfstring(L, "%s must be a boolean, got %s",
-                  what, l_typename(L, i)));
+    luaL_argerror(L, i, lua_pushfstring(L, "%s must be a boolean, got %s", what, l_typename(L, i)));
   return lua_toboolean(L, i);
 }
 
 /* }====================================================== */
-
 
 /*
 ** {======================================================
@@ -718,8 +745,7 @@ static int l_optboolean (lua_State *L, int i, int def, const char *what) {
 ** Frames. Between l_enter and l_leave only the core call runs (nothing
 ** that can raise), so a frame never outlives its C function.
 */
-static LEngine *l_enter (lua_State *L, LFrame *f, gcap_module *m, int args,
-                         int nargs, int muted) {
+static LEngine *l_enter(lua_State *L, LFrame *f, gcap_module *m, int args, int nargs, int muted) {
   LEngine *le = (LEngine *)lua_touserdata(L, ENGINEIDX);
   f->L = L;
   f->m = m;
@@ -731,12 +757,12 @@ static LEngine *l_enter (lua_State *L, LFrame *f, gcap_module *m, int args,
   return le;
 }
 
-static void l_leave (LEngine *le, LFrame *f) {
+static void l_leave(LEngine *le, LFrame *f) {
   le->cur = f->prev;
 }
 
 /* Raise the error object a callback left, if any, as it is. */
-static void l_raisecb (lua_State *L) {
+static void l_raisecb(lua_State *L) {
   LErr *h;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &l_errkey);
   h = (LErr *)lua_touserdata(L, -1);
@@ -752,16 +778,15 @@ static void l_raisecb (lua_State *L) {
 
 /* Message handler of callbacks: append a traceback to a string message
 ** that has none; keep any other error object as it is. */
-static int l_msghandler (lua_State *L) {
-  if (lua_type(L, 1) == LUA_TSTRING
-      && strstr(lua_tostring(L, 1), "\nstack traceback:\n") == NULL)
+static int l_msghandler(lua_State *L) {
+  if (lua_type(L, 1) == LUA_TSTRING && strstr(lua_tostring(L, 1), "\nstack traceback:\n") == NULL)
     luaL_traceback(L, L, lua_tostring(L, 1), 1);
   return 1;
 }
 
 /* The start of the context of a callback's protected part */
 typedef struct LCall {
-  int nargs;  /* how many Lua arguments of a direct call follow the context */
+  int nargs; /* how many Lua arguments of a direct call follow the context */
 } LCall;
 
 /*
@@ -772,12 +797,11 @@ typedef struct LCall {
 ** error, keep the error object (the first one) for l_raisecb and tell the
 ** core to stop. Nothing here can raise.
 */
-static gcap_status l_callback (LEngine *le, const char *key, LCall *ctx,
-                               const gcap_module *m) {
+static gcap_status l_callback(LEngine *le, const char *key, LCall *ctx, const gcap_module *m) {
   LFrame *f = le->cur;
   lua_State *L;
   int i, top, st;
-  if (f == NULL) return GCAP_EABORTED;  /* no Lua call in progress */
+  if (f == NULL) return GCAP_EABORTED; /* no Lua call in progress */
   L = f->L;
   ctx->nargs = (m != NULL && f->m == m) ? f->nargs : 0;
   if (!lua_checkstack(L, 4 + ctx->nargs)) return GCAP_ENOMEM;
@@ -785,7 +809,8 @@ static gcap_status l_callback (LEngine *le, const char *key, LCall *ctx,
   lua_pushcfunction(L, l_msghandler);
   lua_rawgetp(L, LUA_REGISTRYINDEX, key);
   lua_pushlightuserdata(L, ctx);
-  for (i = 0; i < ctx->nargs; i++) lua_pushvalue(L, f->args + i);
+  for (i = 0; i < ctx->nargs; i++)
+    lua_pushvalue(L, f->args + i);
   st = lua_pcall(L, 1 + ctx->nargs, 0, top + 1);
   if (st != LUA_OK) {
     LErr *h;
@@ -802,21 +827,20 @@ static gcap_status l_callback (LEngine *le, const char *key, LCall *ctx,
 }
 
 /* t:requires_grad_([b = true]) -> t */
-static int l_requires_grad_ (lua_State *L) {
+static int l_requires_grad_(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   int on = l_optboolean(L, 2, 1, "requires_grad");
-  l_check(L, gcap_tensor_engine(t), gcap_tensor_set_requires_grad(t, on),
-          "requires_grad_");
+  l_check(L, gcap_tensor_engine(t), gcap_tensor_set_requires_grad(t, on), "requires_grad_");
   lua_settop(L, 1);
   return 1;
 }
 
-static int l_detach (lua_State *L) {
+static int l_detach(lua_State *L) {
   return l_unary(L, gcap_tensor_detach, "detach");
 }
 
 /* t:backward([grad [, retain_graph]]) (the facade takes an options table) */
-static int l_backward (lua_State *L) {
+static int l_backward(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   gcap_tensor *g = lua_isnoneornil(L, 2) ? NULL : l_checktensor(L, 2);
   int retain = lua_toboolean(L, 3);
@@ -825,7 +849,7 @@ static int l_backward (lua_State *L) {
   LFrame f;
   LEngine *le;
   gcap_status st;
-  gcap_tensor_retain(t);  /* a hook may close their boxes */
+  gcap_tensor_retain(t); /* a hook may close their boxes */
   gcap_tensor_retain(g);
   le = l_enter(L, &f, NULL, 0, 0, 0);
   st = gcap_backward(t, g, retain);
@@ -839,59 +863,54 @@ static int l_backward (lua_State *L) {
 }
 
 /* t.requires_grad, t.grad, t.grad_fn, t.is_leaf, and the methods */
-static int l_tensor_index (lua_State *L) {
+static int l_tensor_index(lua_State *L) {
   const char *k;
   gcap_tensor *t;
   lua_settop(L, 2);
   lua_pushvalue(L, 2);
-  if (lua_rawget(L, lua_upvalueindex(2)) != LUA_TNIL
-      || lua_type(L, 2) != LUA_TSTRING)
-    return 1;
+  if (lua_rawget(L, lua_upvalueindex(2)) != LUA_TNIL || lua_type(L, 2) != LUA_TSTRING) return 1;
   k = lua_tostring(L, 2);
   if (strcmp(k, "requires_grad") == 0)
     lua_pushboolean(L, gcap_tensor_requires_grad(l_checktensor(L, 1)));
   else if (strcmp(k, "grad") == 0) {
     t = gcap_tensor_grad(l_checktensor(L, 1));
-    if (t == NULL) lua_pushnil(L);
-    else l_pushborrowed(L, t);
-  }
-  else if (strcmp(k, "grad_fn") == 0)
+    if (t == NULL)
+      lua_pushnil(L);
+    else
+      l_pushborrowed(L, t);
+  } else if (strcmp(k, "grad_fn") == 0)
     lua_pushstring(L, gcap_tensor_grad_fn_name(l_checktensor(L, 1)));
   else if (strcmp(k, "is_leaf") == 0)
     lua_pushboolean(L, gcap_tensor_is_leaf(l_checktensor(L, 1)));
-  return 1;  /* nil for other names, as a table would */
+  return 1; /* nil for other names, as a table would */
 }
 
 /* t.requires_grad = b; t.grad = nil | tensor */
-static int l_tensor_newindex (lua_State *L) {
+static int l_tensor_newindex(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   const char *k = (lua_type(L, 2) == LUA_TSTRING) ? lua_tostring(L, 2) : "";
   if (strcmp(k, "requires_grad") == 0) {
     if (!lua_isboolean(L, 3))
-      return l_error(L, "requires_grad must be a boolean, got %s",
-                     l_typename(L, 3));
-    l_check(L, gcap_tensor_engine(t),
-            gcap_tensor_set_requires_grad(t, lua_toboolean(L, 3)),
+      return l_error(L, "requires_grad must be a boolean, got %s", l_typename(L, 3));
+    l_check(L, gcap_tensor_engine(t), gcap_tensor_set_requires_grad(t, lua_toboolean(L, 3)),
             "requires_grad");
-  }
-  else if (strcmp(k, "grad") == 0) {
+  } else if (strcmp(k, "grad") == 0) {
     gcap_tensor *g = NULL;
     if (!lua_isnil(L, 3)) {
       if (luaL_testudata(L, 3, TENSOR_MT) == NULL)
-        return l_error(L, "grad must be a tensor or nil, got %s",
-                       l_typename(L, 3));
+        return l_error(L, "grad must be a tensor or nil, got %s", l_typename(L, 3));
       g = l_checktensor(L, 3);
     }
     l_check(L, gcap_tensor_engine(t), gcap_tensor_set_grad(t, g), "grad");
-  }
-  else
-    return l_error(L, TENSOR_MT " has no assignable field '%s' "
-                   "(only requires_grad and grad)", luaL_tolstring(L, 2, NULL));
+  } else
+    return l_error(L,
+                   TENSOR_MT " has no assignable field '%s' "
+                             "(only requires_grad and grad)",
+                   luaL_tolstring(L, 2, NULL));
   return 0;
 }
 
 /* }====================================================== */
-
 
 /*
 ** {======================================================
@@ -899,30 +918,34 @@ static int l_tensor_newindex (lua_State *L) {
 ** =======================================================
 */
 
-static int l_binary (lua_State *L, l_binop f, const char *op) {
+static int l_binary(lua_State *L, l_binop f, const char *op) {
   gcap_tensor *a = l_checktensor(L, 1), *b = l_checktensor(L, 2);
   LTensor *r = l_newtensor(L);
   l_check(L, gcap_tensor_engine(a), f(a, b, &r->t), op);
   return 1;
 }
 
-static int l_matmul (lua_State *L) {
+static int l_matmul(lua_State *L) {
   return l_binary(L, gcap_matmul, "matmul");
 }
 
-static int l_relu (lua_State *L) { return l_unary(L, gcap_relu, "relu"); }
-static int l_gelu (lua_State *L) { return l_unary(L, gcap_gelu, "gelu"); }
+static int l_relu(lua_State *L) {
+  return l_unary(L, gcap_relu, "relu");
+}
+static int l_gelu(lua_State *L) {
+  return l_unary(L, gcap_gelu, "gelu");
+}
 
-static int l_mse_loss (lua_State *L) {
+static int l_mse_loss(lua_State *L) {
   return l_binary(L, gcap_mse_loss, "mse_loss");
 }
 
-static int l_cross_entropy (lua_State *L) {
+static int l_cross_entropy(lua_State *L) {
   return l_binary(L, gcap_cross_entropy, "cross_entropy");
 }
 
 /* linear(x, w [, b]) */
-static int l_linear (lua_State *L) {
+static int l_linear(lua_State *L) {
   gcap_tensor *x = l_checktensor(L, 1), *w = l_checktensor(L, 2);
   gcap_tensor *b = lua_isnoneornil(L, 3) ? NULL : l_checktensor(L, 3);
   LTensor *r = l_newtensor(L);
@@ -931,31 +954,34 @@ static int l_linear (lua_State *L) {
 }
 
 /* layer_norm(x [, w [, b [, eps = 1e-5]]]) */
-static int l_layer_norm (lua_State *L) {
+static int l_layer_norm(lua_State *L) {
   gcap_tensor *x = l_checktensor(L, 1);
   gcap_tensor *w = lua_isnoneornil(L, 2) ? NULL : l_checktensor(L, 2);
   gcap_tensor *b = lua_isnoneornil(L, 3) ? NULL : l_checktensor(L, 3);
   double eps = (double)luaL_optnumber(L, 4, 1e-5);
   LTensor *r = l_newtensor(L);
-  l_check(L, gcap_tensor_engine(x), gcap_layer_norm(x, w, b, eps, &r->t),
-          "layer_norm");
+  l_check(L, gcap_tensor_engine(x), gcap_layer_norm(x, w, b, eps, &r->t), "layer_norm");
   return 1;
 }
 
 /* softmax(x [, dim = -1]): Lua dims count from 1; -1 is the last one */
-static int l_softmax (lua_State *L) {
+static int l_softmax(lua_State *L) {
   gcap_tensor *x = l_checktensor(L, 1);
   lua_Integer d = luaL_optinteger(L, 2, -1);
   int n = gcap_tensor_ndim(x);
   LTensor *r;
   if (n > 0) {
-    lua_Integer p = (d < 0) ? d + n + 1 : d;  /* 1-based */
+    lua_Integer p = (d < 0) ? d + n + 1 : d; /* 1-based */
     if (d == 0 || p < 1 || p > n)
-      return l_error(L, "softmax: dim %I is out of range for a %d-D tensor "
-                     "(dims count from 1; -1 is the last)", (LUAI_UACINT)d, n);
+      return l_error(L,
+                     "softmax: dim %I is out of range for a %d-D tensor "
+                     "(dims count from 1; -1 is the last)",
+                     (LUAI_UACINT)d, n);
     if (p != n)
-      return l_error(L, "softmax: only the last dimension is supported "
-                     "(dim -1 or %d), got dim %I", n, (LUAI_UACINT)d);
+      return l_error(L,
+                     "softmax: only the last dimension is supported "
+                     "(dim -1 or %d), got dim %I",
+                     n, (LUAI_UACINT)d);
   }
   r = l_newtensor(L);
   l_check(L, gcap_tensor_engine(x), gcap_softmax(x, -1, &r->t), "softmax");
@@ -963,82 +989,73 @@ static int l_softmax (lua_State *L) {
 }
 
 /* dropout(x [, p = 0.5 [, training = true]]) */
-static int l_dropout (lua_State *L) {
+static int l_dropout(lua_State *L) {
   gcap_tensor *x = l_checktensor(L, 1);
   double p = (double)luaL_optnumber(L, 2, 0.5);
   int training = l_optboolean(L, 3, 1, "training");
   LTensor *r = l_newtensor(L);
-  l_check(L, gcap_tensor_engine(x), gcap_dropout(x, p, training, &r->t),
-          "dropout");
+  l_check(L, gcap_tensor_engine(x), gcap_dropout(x, p, training, &r->t), "dropout");
   return 1;
 }
 
-static int l_set_grad_enabled (lua_State *L) {
+static int l_set_grad_enabled(lua_State *L) {
   gcap_engine *e = l_engine(L);
   luaL_checktype(L, 1, LUA_TBOOLEAN);
   lua_pushboolean(L, gcap_set_grad_enabled(e, lua_toboolean(L, 1)));
   return 1;
 }
 
-static int l_is_grad_enabled (lua_State *L) {
+static int l_is_grad_enabled(lua_State *L) {
   lua_pushboolean(L, gcap_is_grad_enabled(l_engine(L)));
   return 1;
 }
 
-static const luaL_Reg l_F_funcs[] = {
-  {"linear", l_linear},
-  {"relu", l_relu},
-  {"gelu", l_gelu},
-  {"layer_norm", l_layer_norm},
-  {"softmax", l_softmax},
-  {"dropout", l_dropout},
-  {"mse_loss", l_mse_loss},
-  {"cross_entropy", l_cross_entropy},
-  {NULL, NULL}
-};
-
+static const luaL_Reg l_F_funcs[] = {{"linear", l_linear},
+                                     {"relu", l_relu},
+                                     {"gelu", l_gelu},
+                                     {"layer_norm", l_layer_norm},
+                                     {"softmax", l_softmax},
+                                     {"dropout", l_dropout},
+                                     {"mse_loss", l_mse_loss},
+                                     {"cross_entropy", l_cross_entropy},
+                                     {NULL, NULL}};
 
 /* The Tensor metatable; l_tensor_index and l_tensor_newindex replace its
 ** __index by a function over these methods (luaopen_graphcap_core). */
-static const luaL_Reg l_tensor_meta[] = {
-  {"__gc", l_tensor_close},
-  {"__close", l_tensor_close},
-  {"__tostring", l_tensor_tostring},
-  {"__add", l_add},
-  {"__sub", l_sub},
-  {"__mul", l_mul},
-  {"__unm", l_unm},
-  {NULL, NULL}
-};
+static const luaL_Reg l_tensor_meta[] = {{"__gc", l_tensor_close},
+                                         {"__close", l_tensor_close},
+                                         {"__tostring", l_tensor_tostring},
+                                         {"__add", l_add},
+                                         {"__sub", l_sub},
+                                         {"__mul", l_mul},
+                                         {"__unm", l_unm},
+                                         {NULL, NULL}};
 
-static const luaL_Reg l_tensor_methods[] = {
-  {"shape", l_shape},
-  {"numel", l_numel},
-  {"dim", l_dim},
-  {"dtype", l_dtype},
-  {"tolist", l_tolist},
-  {"item", l_item},
-  {"data_ptr", l_data_ptr},
-  {"clone", l_clone},
-  {"view", l_view},
-  {"copy_", l_copy_},
-  {"zero_", l_zero_},
-  {"fill_", l_fill_},
-  {"sum", l_sum},
-  {"mean", l_mean},
-  {"requires_grad_", l_requires_grad_},
-  {"detach", l_detach},
-  {"backward", l_backward},
-  {"matmul", l_matmul},
-  {"relu", l_relu},
-  {"gelu", l_gelu},
-  {"softmax", l_softmax},
-  {"close", l_tensor_close},
-  {NULL, NULL}
-};
+static const luaL_Reg l_tensor_methods[] = {{"shape", l_shape},
+                                            {"numel", l_numel},
+                                            {"dim", l_dim},
+                                            {"dtype", l_dtype},
+                                            {"tolist", l_tolist},
+                                            {"item", l_item},
+                                            {"data_ptr", l_data_ptr},
+                                            {"clone", l_clone},
+                                            {"view", l_view},
+                                            {"copy_", l_copy_},
+                                            {"zero_", l_zero_},
+                                            {"fill_", l_fill_},
+                                            {"sum", l_sum},
+                                            {"mean", l_mean},
+                                            {"requires_grad_", l_requires_grad_},
+                                            {"detach", l_detach},
+                                            {"backward", l_backward},
+                                            {"matmul", l_matmul},
+                                            {"relu", l_relu},
+                                            {"gelu", l_gelu},
+                                            {"softmax", l_softmax},
+                                            {"close", l_tensor_close},
+                                            {NULL, NULL}};
 
 /* }====================================================== */
-
 
 /*
 ** {======================================================
@@ -1046,9 +1063,9 @@ static const luaL_Reg l_tensor_methods[] = {
 ** =======================================================
 */
 
-static int l_module_forward (lua_State *L);
+static int l_module_forward(lua_State *L);
 
-static LModule *l_checkmodule (lua_State *L, int i) {
+static LModule *l_checkmodule(lua_State *L, int i) {
   LModule *p = (LModule *)luaL_checkudata(L, i, MODULE_MT);
   luaL_argcheck(L, p->m != NULL, i, "module is closed");
   return p;
@@ -1056,7 +1073,7 @@ static LModule *l_checkmodule (lua_State *L, int i) {
 
 /* A new Module box in its closed state, of the class at index 'cls' (0:
 ** none). */
-static LModule *l_newmodule (lua_State *L, int cls) {
+static LModule *l_newmodule(lua_State *L, int cls) {
   LModule *p;
   cls = (cls != 0) ? lua_absindex(L, cls) : 0;
   p = (LModule *)l_newbox(L, sizeof *p, NUV_MODULE, MODULE_MT);
@@ -1074,7 +1091,7 @@ static LModule *l_newmodule (lua_State *L, int cls) {
 }
 
 /* Make the (open) Module box on top the Lua value of its module. */
-static void l_keepmodule (lua_State *L) {
+static void l_keepmodule(lua_State *L) {
   LModule *p = (LModule *)lua_touserdata(L, -1);
   lua_getiuservalue(L, ENGINEIDX, UV_MODULES);
   lua_pushvalue(L, -2);
@@ -1084,10 +1101,9 @@ static void l_keepmodule (lua_State *L) {
 
 /* Push the Lua value of module m and return 1, or push nothing and return
 ** 0 when it has none (collected or closed). */
-static int l_findmodule (lua_State *L, gcap_module *m) {
+static int l_findmodule(lua_State *L, gcap_module *m) {
   lua_getiuservalue(L, ENGINEIDX, UV_MODULES);
-  if (lua_rawgetp(L, -1, m) == LUA_TUSERDATA
-      && ((LModule *)lua_touserdata(L, -1))->m == m) {
+  if (lua_rawgetp(L, -1, m) == LUA_TUSERDATA && ((LModule *)lua_touserdata(L, -1))->m == m) {
     lua_remove(L, -2);
     return 1;
   }
@@ -1095,11 +1111,11 @@ static int l_findmodule (lua_State *L, gcap_module *m) {
   return 0;
 }
 
-static void l_adoptfields (lua_State *L, int i);
+static void l_adoptfields(lua_State *L, int i);
 
 /* Push the Lua value of module m, making one (of the built-in class of its
 ** type, if any) for a module that has none. */
-static void l_pushmodule (lua_State *L, gcap_module *m) {
+static void l_pushmodule(lua_State *L, gcap_module *m) {
   LModule *p;
   if (l_findmodule(L, m)) return;
   lua_getiuservalue(L, ENGINEIDX, UV_CLASSES);
@@ -1114,8 +1130,7 @@ static void l_pushmodule (lua_State *L, gcap_module *m) {
 
 /* Register a name of the module box at 'mi' as 'kind' and as a field whose
 ** value is on top (popped). */
-static void l_setfield (lua_State *L, int mi, const char *name,
-                        const char *kind) {
+static void l_setfield(lua_State *L, int mi, const char *name, const char *kind) {
   lua_getiuservalue(L, mi, UV_FIELDS);
   lua_pushvalue(L, -2);
   lua_setfield(L, -2, name);
@@ -1129,7 +1144,7 @@ static void l_setfield (lua_State *L, int mi, const char *name,
 /* Give the module box at i (one that the binding did not build field by
 ** field: a built-in) its own parameters, buffers and children as fields,
 ** as if they had been assigned. */
-static void l_adoptfields (lua_State *L, int i) {
+static void l_adoptfields(lua_State *L, int i) {
   gcap_module *m = ((LModule *)lua_touserdata(L, i))->m;
   char name[256];
   int j, n;
@@ -1137,7 +1152,7 @@ static void l_adoptfields (lua_State *L, int i) {
   n = gcap_module_num_parameters(m);
   for (j = 0; j < n; j++) {
     gcap_tensor *t = gcap_module_parameter(m, j, name, sizeof name);
-    if (strchr(name, '.') != NULL) break;  /* the children's come last */
+    if (strchr(name, '.') != NULL) break; /* the children's come last */
     l_pushborrowed(L, t);
     l_setfield(L, i, name, "parameter");
   }
@@ -1157,7 +1172,7 @@ static void l_adoptfields (lua_State *L, int i) {
   }
 }
 
-static int l_module_close (lua_State *L) {
+static int l_module_close(lua_State *L) {
   LModule *p = (LModule *)luaL_checkudata(L, 1, MODULE_MT);
   if (p->m != NULL) {
     /* its hooks live in its uservalue: they go with it */
@@ -1178,10 +1193,12 @@ static int l_module_close (lua_State *L) {
   return 0;
 }
 
-static int l_module_tostring (lua_State *L) {
+static int l_module_tostring(lua_State *L) {
   LModule *p = (LModule *)luaL_checkudata(L, 1, MODULE_MT);
-  if (p->m == NULL) lua_pushliteral(L, MODULE_MT " (closed)");
-  else lua_pushstring(L, gcap_module_type(p->m));
+  if (p->m == NULL)
+    lua_pushliteral(L, MODULE_MT " (closed)");
+  else
+    lua_pushstring(L, gcap_module_type(p->m));
   return 1;
 }
 
@@ -1192,8 +1209,7 @@ static int l_module_tostring (lua_State *L) {
 ** too), each tensor the same Lua value unless the core passes another
 ** tensor in its place.
 */
-static int l_pushargs (lua_State *L, const LCall *c, int nin,
-                       gcap_tensor *const *in) {
+static int l_pushargs(lua_State *L, const LCall *c, int nin, gcap_tensor *const *in) {
   int i;
   if (c->nargs > 0) {
     int k = 0;
@@ -1201,16 +1217,19 @@ static int l_pushargs (lua_State *L, const LCall *c, int nin,
     for (i = 0; i < c->nargs; i++) {
       LTensor *p = (LTensor *)luaL_testudata(L, 2 + i, TENSOR_MT);
       if (p != NULL && k < nin) {
-        if (p->t == in[k]) lua_pushvalue(L, 2 + i);
-        else l_pushborrowed(L, in[k]);
+        if (p->t == in[k])
+          lua_pushvalue(L, 2 + i);
+        else
+          l_pushborrowed(L, in[k]);
         k++;
-      }
-      else lua_pushvalue(L, 2 + i);
+      } else
+        lua_pushvalue(L, 2 + i);
     }
     return c->nargs;
   }
   luaL_checkstack(L, nin, "too many arguments");
-  for (i = 0; i < nin; i++) l_pushborrowed(L, in[i]);
+  for (i = 0; i < nin; i++)
+    l_pushborrowed(L, in[i]);
   return nin;
 }
 
@@ -1226,7 +1245,7 @@ typedef struct LFwdCall {
 /* A module graphed with sample_kwargs (field graphed_kwargs: its sorted
 ** keys) called by the core gets its trailing tensors back as the kwargs map,
 ** as its Lua caller passed it. Returns the new argument count. */
-static int l_packkwargs (lua_State *L, int mi, int n) {
+static int l_packkwargs(lua_State *L, int mi, int n) {
   int nk, i;
   lua_getiuservalue(L, mi, UV_FIELDS);
   if (lua_getfield(L, -1, "graphed_kwargs") != LUA_TTABLE) {
@@ -1234,33 +1253,32 @@ static int l_packkwargs (lua_State *L, int mi, int n) {
     return n;
   }
   nk = (int)lua_rawlen(L, -1);
-  lua_replace(L, -2);  /* keys */
+  lua_replace(L, -2); /* keys */
   if (nk == 0 || nk > n) {
     lua_pop(L, 1);
     return n;
   }
-  lua_createtable(L, 0, nk);  /* map */
+  lua_createtable(L, 0, nk); /* map */
   for (i = nk; i >= 1; i--) {
-    lua_rawgeti(L, -2, i);  /* key */
-    lua_pushvalue(L, -(3 + (nk - i) + 1));  /* the i-th trailing tensor */
+    lua_rawgeti(L, -2, i);                 /* key */
+    lua_pushvalue(L, -(3 + (nk - i) + 1)); /* the i-th trailing tensor */
     lua_settable(L, -3);
   }
-  lua_replace(L, -(nk + 2));  /* the map where the first kwarg tensor was */
-  lua_pop(L, nk);  /* keys and the other kwarg tensors */
+  lua_replace(L, -(nk + 2)); /* the map where the first kwarg tensor was */
+  lua_pop(L, nk);            /* keys and the other kwarg tensors */
   return n - nk + 1;
 }
 
 /* The protected part: out = Class.forward(self, args...) */
-static int l_pforward (lua_State *L) {
+static int l_pforward(lua_State *L) {
   LFwdCall *c = (LFwdCall *)lua_touserdata(L, 1);
   const char *type = gcap_module_type(c->m);
   int mi, fi, n;
   LTensor *r;
   if (!l_findmodule(L, c->m))
-    return l_error(L, "%s: the module's Lua value was closed or collected",
-                   type);
+    return l_error(L, "%s: the module's Lua value was closed or collected", type);
   mi = lua_gettop(L);
-  if (lua_getfield(L, mi, "forward") != LUA_TFUNCTION  /* its class's */
+  if (lua_getfield(L, mi, "forward") != LUA_TFUNCTION /* its class's */
       || lua_tocfunction(L, -1) == l_module_forward)
     return l_error(L, "%s:forward is not defined", type);
   fi = lua_gettop(L);
@@ -1268,23 +1286,22 @@ static int l_pforward (lua_State *L) {
   n = l_pushargs(L, &c->c, c->nin, c->in);
   if (c->c.nargs == 0) n = l_packkwargs(L, mi, n);
   lua_call(L, n + 1, LUA_MULTRET);
-  n = lua_gettop(L) - fi + 1;  /* results */
+  n = lua_gettop(L) - fi + 1; /* results */
   if (n != 1)
     return l_error(L, "%s:forward must return a tensor, got %s", type,
-                   (n == 0) ? "no value"
-                            : lua_pushfstring(L, "%d values", n));
+                   (n == 0) ? "no value" : lua_pushfstring(L, "%d values", n));
   r = (LTensor *)luaL_testudata(L, fi, TENSOR_MT);
   if (r == NULL || r->t == NULL)
     return l_error(L, "%s:forward must return a tensor, got %s", type,
                    (r == NULL) ? l_typename(L, fi) : "a closed tensor");
-  l_keeptensor(L, fi);  /* m(...) returns this same value */
+  l_keeptensor(L, fi); /* m(...) returns this same value */
   *c->out = gcap_tensor_retain(r->t);
   return 0;
 }
 
 /* gcap_forward_fn of Lua modules; ud is the engine box's LEngine */
-static gcap_status l_lua_forward (void *ud, gcap_module *m, int nin,
-                                  gcap_tensor *const *in, gcap_tensor **out) {
+static gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                 gcap_tensor **out) {
   LFwdCall c = {{0}, m, nin, in, out};
   return l_callback((LEngine *)ud, &l_fwdkey, &c.c, m);
 }
@@ -1298,11 +1315,11 @@ typedef struct LHookCall {
 } LHookCall;
 
 /* The protected part: f(module, ...) by kind */
-static int l_phook (lua_State *L) {
+static int l_phook(lua_State *L) {
   LHookCall *c = (LHookCall *)lua_touserdata(L, 1);
   const gcap_hook_args *a = c->a;
   int mi, n = 1;
-  if (!l_findmodule(L, c->m)) return 0;  /* gone, and its hooks with it */
+  if (!l_findmodule(L, c->m)) return 0; /* gone, and its hooks with it */
   mi = lua_gettop(L);
   lua_getiuservalue(L, mi, UV_HOOKS);
   if (lua_rawgeti(L, -1, c->h->key) != LUA_TUSERDATA) return 0;
@@ -1314,47 +1331,54 @@ static int l_phook (lua_State *L) {
       break;
     case GCAP_HOOK_FORWARD: {
       int i, k = l_pushargs(L, &c->c, a->nin, a->in);
-      lua_createtable(L, k, 0);  /* args_table */
+      lua_createtable(L, k, 0); /* args_table */
       lua_insert(L, -(k + 1));
-      for (i = k; i >= 1; i--) lua_rawseti(L, -(i + 1), i);
-      if (a->out != NULL) l_pushborrowed(L, a->out);
-      else lua_pushnil(L);
+      for (i = k; i >= 1; i--)
+        lua_rawseti(L, -(i + 1), i);
+      if (a->out != NULL)
+        l_pushborrowed(L, a->out);
+      else
+        lua_pushnil(L);
       n += 2;
       break;
     }
     case GCAP_HOOK_BACKWARD_PRE:
-      if (a->grad_out != NULL) l_pushborrowed(L, a->grad_out);
-      else lua_pushnil(L);
+      if (a->grad_out != NULL)
+        l_pushborrowed(L, a->grad_out);
+      else
+        lua_pushnil(L);
       n += 1;
       break;
     case GCAP_HOOK_BACKWARD:
-      if (a->grad_in != NULL) l_pushborrowed(L, a->grad_in);
-      else lua_pushnil(L);
-      if (a->grad_out != NULL) l_pushborrowed(L, a->grad_out);
-      else lua_pushnil(L);
+      if (a->grad_in != NULL)
+        l_pushborrowed(L, a->grad_in);
+      else
+        lua_pushnil(L);
+      if (a->grad_out != NULL)
+        l_pushborrowed(L, a->grad_out);
+      else
+        lua_pushnil(L);
       n += 2;
       break;
   }
-  lua_call(L, n, 0);  /* what it returns is ignored */
+  lua_call(L, n, 0); /* what it returns is ignored */
   return 0;
 }
 
 /* gcap_module_hook of every hook registered from Lua; ud is its LHandle */
-static gcap_status l_hook (void *ud, gcap_module *m, const gcap_hook_args *a) {
+static gcap_status l_hook(void *ud, gcap_module *m, const gcap_hook_args *a) {
   const LHandle *h = (const LHandle *)ud;
   const LFrame *f = h->le->cur;
   int fwd = (a->kind == GCAP_HOOK_FORWARD_PRE || a->kind == GCAP_HOOK_FORWARD);
   LHookCall c = {{0}, h, m, a};
-  if (fwd && f != NULL && f->muted && f->m == m)
-    return GCAP_OK;  /* m:forward(...) */
+  if (fwd && f != NULL && f->muted && f->m == m) return GCAP_OK; /* m:forward(...) */
   return l_callback(h->le, &l_hookkey, &c.c, fwd ? m : NULL);
 }
 
 /* m(...) (muted = 0) and, for built-ins, m:forward(...) (muted = 1) */
 /* A module graphed with sample_kwargs: the kwargs map (its last argument)
 ** adds its tensors to in[], in the sample's sorted key order. */
-static int l_flatkwargs (lua_State *L, int nargs, gcap_tensor **in, int nin,
-                         const char *type) {
+static int l_flatkwargs(lua_State *L, int nargs, gcap_tensor **in, int nin, const char *type) {
   int nk, i;
   if (nargs < 1 || lua_type(L, nargs + 1) != LUA_TTABLE) return nin;
   lua_getiuservalue(L, 1, UV_FIELDS);
@@ -1370,10 +1394,11 @@ static int l_flatkwargs (lua_State *L, int nargs, gcap_tensor **in, int nin,
     lua_gettable(L, nargs + 1);
     t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
     if (t == NULL || t->t == NULL)
-      l_error(L, "%s was graphed with kwarg '%s', but it was not given "
-              "(as a tensor) in this call", type, lua_tostring(L, -2));
-    if (nin == MAXIN)
-      l_error(L, "%s: a module takes 0 to %d tensor inputs", type, MAXIN);
+      l_error(L,
+              "%s was graphed with kwarg '%s', but it was not given "
+              "(as a tensor) in this call",
+              type, lua_tostring(L, -2));
+    if (nin == MAXIN) l_error(L, "%s: a module takes 0 to %d tensor inputs", type, MAXIN);
     in[nin++] = t->t;
     lua_pop(L, 2);
   }
@@ -1381,7 +1406,7 @@ static int l_flatkwargs (lua_State *L, int nargs, gcap_tensor **in, int nin,
   return nin;
 }
 
-static int l_modcall (lua_State *L, int muted) {
+static int l_modcall(lua_State *L, int muted) {
   LModule *p = l_checkmodule(L, 1);
   gcap_module *m = p->m;
   gcap_engine *e = l_engine(L);
@@ -1396,28 +1421,29 @@ static int l_modcall (lua_State *L, int muted) {
   for (i = 2; i <= nargs + 1; i++) {
     LTensor *t = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
     if (t == NULL) {
-      if (!islua)  /* a Lua forward takes any value; the core, tensors */
-        return l_error(L, "%s: argument #%d must be a tensor, got %s",
-                       gcap_module_type(m), i - 1, l_typename(L, i));
+      if (!islua) /* a Lua forward takes any value; the core, tensors */
+        return l_error(L, "%s: argument #%d must be a tensor, got %s", gcap_module_type(m), i - 1,
+                       l_typename(L, i));
       continue;
     }
     luaL_argcheck(L, t->t != NULL, i, "tensor is closed");
     if (nin == MAXIN)
-      return l_error(L, "%s: a module takes 0 to %d tensor inputs",
-                     gcap_module_type(m), MAXIN);
+      return l_error(L, "%s: a module takes 0 to %d tensor inputs", gcap_module_type(m), MAXIN);
     in[nin++] = t->t;
-    l_keeptensor(L, i);  /* children and hooks see this same value */
+    l_keeptensor(L, i); /* children and hooks see this same value */
   }
   nin = l_flatkwargs(L, nargs, in, nin, gcap_module_type(m));
-  lua_pushstring(L, gcap_module_type(m));  /* for a message after the call */
+  lua_pushstring(L, gcap_module_type(m)); /* for a message after the call */
   r = l_newtensor(L);
-  gcap_module_retain(m);  /* callbacks may close the boxes of m and 'in' */
-  for (i = 0; i < nin; i++) gcap_tensor_retain(in[i]);
+  gcap_module_retain(m); /* callbacks may close the boxes of m and 'in' */
+  for (i = 0; i < nin; i++)
+    gcap_tensor_retain(in[i]);
   le = l_enter(L, &f, m, 2, nargs, muted);
   st = gcap_module_call(m, nin, in, &r->t);
   l_leave(le, &f);
   if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
-  for (i = 0; i < nin; i++) gcap_tensor_free(in[i]);
+  for (i = 0; i < nin; i++)
+    gcap_tensor_free(in[i]);
   gcap_module_free(m);
   l_raisecb(L);
   if (st != GCAP_OK) l_fail(L, st, msg, lua_tostring(L, -2));
@@ -1425,19 +1451,22 @@ static int l_modcall (lua_State *L, int muted) {
   return 1;
 }
 
-static int l_module_call (lua_State *L) { return l_modcall(L, 0); }
+static int l_module_call(lua_State *L) {
+  return l_modcall(L, 0);
+}
 
 /* m:forward(...) of a built-in or of a class without forward (a class's
 ** own forward is found first, and called as a plain Lua function) */
-static int l_module_forward (lua_State *L) { return l_modcall(L, 1); }
+static int l_module_forward(lua_State *L) {
+  return l_modcall(L, 1);
+}
 
 /* m.training, fields, then the class (its methods), then the methods of
 ** every module (upvalue 2) */
-static int l_module_index (lua_State *L) {
+static int l_module_index(lua_State *L) {
   LModule *p = (LModule *)luaL_checkudata(L, 1, MODULE_MT);
   lua_settop(L, 2);
-  if (lua_type(L, 2) == LUA_TSTRING
-      && strcmp(lua_tostring(L, 2), "training") == 0) {
+  if (lua_type(L, 2) == LUA_TSTRING && strcmp(lua_tostring(L, 2), "training") == 0) {
     luaL_argcheck(L, p->m != NULL, 1, "module is closed");
     lua_pushboolean(L, gcap_module_training(p->m));
     return 1;
@@ -1455,7 +1484,7 @@ static int l_module_index (lua_State *L) {
 }
 
 /* Is the tensor box at i one to register as a parameter? */
-static int l_isparam (lua_State *L, int i, gcap_tensor *t) {
+static int l_isparam(lua_State *L, int i, gcap_tensor *t) {
   int marked;
   if (gcap_tensor_requires_grad(t) && gcap_tensor_is_leaf(t)) return 1;
   lua_getiuservalue(L, ENGINEIDX, UV_PMARKS);
@@ -1471,7 +1500,7 @@ static int l_isparam (lua_State *L, int i, gcap_tensor *t) {
 ** of assignment; any value is kept as a field, read back as it is.
 ** Registered names cannot be reassigned (graphcap.h cannot unregister).
 */
-static int l_module_newindex (lua_State *L) {
+static int l_module_newindex(lua_State *L) {
   LModule *p = l_checkmodule(L, 1);
   const char *type = gcap_module_type(p->m);
   const char *kind = NULL;
@@ -1479,32 +1508,32 @@ static int l_module_newindex (lua_State *L) {
   LTensor *t = NULL;
   gcap_status st;
   lua_settop(L, 3);
-  if (lua_type(L, 2) == LUA_TSTRING
-      && strcmp(lua_tostring(L, 2), "training") == 0)
-    return l_error(L, "%s: training cannot be assigned; use m:train(b) "
-                   "or m:eval()", type);
-  lua_getiuservalue(L, 1, UV_REG);  /* 4 */
-  lua_getiuservalue(L, 1, UV_FIELDS);  /* 5 */
+  if (lua_type(L, 2) == LUA_TSTRING && strcmp(lua_tostring(L, 2), "training") == 0)
+    return l_error(L,
+                   "%s: training cannot be assigned; use m:train(b) "
+                   "or m:eval()",
+                   type);
+  lua_getiuservalue(L, 1, UV_REG);    /* 4 */
+  lua_getiuservalue(L, 1, UV_FIELDS); /* 5 */
   lua_pushvalue(L, 2);
-  if (lua_rawget(L, 4) != LUA_TNIL) {  /* a registered name */
+  if (lua_rawget(L, 4) != LUA_TNIL) { /* a registered name */
     lua_pushvalue(L, 2);
     lua_rawget(L, 5);
-    if (lua_rawequal(L, -1, 3)) return 0;  /* the same value again */
-    return l_error(L, "%s: '%s' is a registered %s and cannot be "
-                   "reassigned", type, lua_tostring(L, 2),
-                   lua_tostring(L, 6));
+    if (lua_rawequal(L, -1, 3)) return 0; /* the same value again */
+    return l_error(L,
+                   "%s: '%s' is a registered %s and cannot be "
+                   "reassigned",
+                   type, lua_tostring(L, 2), lua_tostring(L, 6));
   }
   lua_pop(L, 1);
   if (luaL_testudata(L, 3, MODULE_MT) != NULL) {
     child = l_checkmodule(L, 3);
     kind = "child";
-  }
-  else if ((t = (LTensor *)luaL_testudata(L, 3, TENSOR_MT)) != NULL
-           && t->t != NULL && l_isparam(L, 3, t->t))
+  } else if ((t = (LTensor *)luaL_testudata(L, 3, TENSOR_MT)) != NULL && t->t != NULL &&
+             l_isparam(L, 3, t->t))
     kind = "parameter";
   if (kind != NULL && lua_type(L, 2) != LUA_TSTRING)
-    return l_error(L, "%s: a %s needs a string name, got %s", type, kind,
-                   l_typename(L, 2));
+    return l_error(L, "%s: a %s needs a string name, got %s", type, kind, l_typename(L, 2));
   lua_pushvalue(L, 2);
   lua_pushvalue(L, 3);
   lua_rawset(L, 5);
@@ -1515,10 +1544,10 @@ static int l_module_newindex (lua_State *L) {
   if (child != NULL)
     st = gcap_module_add_child(p->m, lua_tostring(L, 2), child->m);
   else {
-    l_keeptensor(L, 3);  /* m:parameters() gives this value */
+    l_keeptensor(L, 3); /* m:parameters() gives this value */
     st = gcap_module_add_parameter(p->m, lua_tostring(L, 2), t->t);
   }
-  if (st != GCAP_OK) {  /* undo (no allocation: the keys exist) */
+  if (st != GCAP_OK) { /* undo (no allocation: the keys exist) */
     lua_pushvalue(L, 2);
     lua_pushnil(L);
     lua_rawset(L, 4);
@@ -1531,17 +1560,17 @@ static int l_module_newindex (lua_State *L) {
 }
 
 /* m:register_buffer(name, t) */
-static int l_register_buffer (lua_State *L) {
+static int l_register_buffer(lua_State *L) {
   LModule *p = l_checkmodule(L, 1);
   const char *name = luaL_checkstring(L, 2);
   gcap_tensor *t = l_checktensor(L, 3);
   gcap_status st;
   lua_settop(L, 3);
-  lua_getiuservalue(L, 1, UV_REG);  /* 4 */
-  lua_getiuservalue(L, 1, UV_FIELDS);  /* 5 */
+  lua_getiuservalue(L, 1, UV_REG);    /* 4 */
+  lua_getiuservalue(L, 1, UV_FIELDS); /* 5 */
   if (lua_getfield(L, 4, name) != LUA_TNIL)
-    return l_error(L, "%s: '%s' is a registered %s already",
-                   gcap_module_type(p->m), name, lua_tostring(L, -1));
+    return l_error(L, "%s: '%s' is a registered %s already", gcap_module_type(p->m), name,
+                   lua_tostring(L, -1));
   lua_pop(L, 1);
   lua_pushvalue(L, 3);
   lua_setfield(L, 5, name);
@@ -1561,11 +1590,10 @@ static int l_register_buffer (lua_State *L) {
 
 /* m:parameters(), m:buffers() and their named_ forms: a sequence of
 ** tensors, or of {name, tensor} pairs, in the core's order */
-static int l_tensorlist (lua_State *L, int buffers, int named) {
+static int l_tensorlist(lua_State *L, int buffers, int named) {
   gcap_module *m = l_checkmodule(L, 1)->m;
   char name[512];
-  int i, n = buffers ? gcap_module_num_buffers(m)
-                     : gcap_module_num_parameters(m);
+  int i, n = buffers ? gcap_module_num_buffers(m) : gcap_module_num_parameters(m);
   lua_createtable(L, n, 0);
   for (i = 0; i < n; i++) {
     char *nm = named ? name : NULL;
@@ -1577,20 +1605,27 @@ static int l_tensorlist (lua_State *L, int buffers, int named) {
       lua_rawseti(L, -2, 1);
       l_pushborrowed(L, t);
       lua_rawseti(L, -2, 2);
-    }
-    else
+    } else
       l_pushborrowed(L, t);
     lua_rawseti(L, -2, i + 1);
   }
   return 1;
 }
 
-static int l_parameters (lua_State *L) { return l_tensorlist(L, 0, 0); }
-static int l_named_parameters (lua_State *L) { return l_tensorlist(L, 0, 1); }
-static int l_buffers (lua_State *L) { return l_tensorlist(L, 1, 0); }
-static int l_named_buffers (lua_State *L) { return l_tensorlist(L, 1, 1); }
+static int l_parameters(lua_State *L) {
+  return l_tensorlist(L, 0, 0);
+}
+static int l_named_parameters(lua_State *L) {
+  return l_tensorlist(L, 0, 1);
+}
+static int l_buffers(lua_State *L) {
+  return l_tensorlist(L, 1, 0);
+}
+static int l_named_buffers(lua_State *L) {
+  return l_tensorlist(L, 1, 1);
+}
 
-static int l_childlist (lua_State *L, int named) {
+static int l_childlist(lua_State *L, int named) {
   gcap_module *m = l_checkmodule(L, 1)->m;
   int i, n = gcap_module_num_children(m);
   lua_createtable(L, n, 0);
@@ -1603,40 +1638,43 @@ static int l_childlist (lua_State *L, int named) {
       lua_rawseti(L, -2, 1);
       l_pushmodule(L, c);
       lua_rawseti(L, -2, 2);
-    }
-    else
+    } else
       l_pushmodule(L, c);
     lua_rawseti(L, -2, i + 1);
   }
   return 1;
 }
 
-static int l_children (lua_State *L) { return l_childlist(L, 0); }
-static int l_named_children (lua_State *L) { return l_childlist(L, 1); }
+static int l_children(lua_State *L) {
+  return l_childlist(L, 0);
+}
+static int l_named_children(lua_State *L) {
+  return l_childlist(L, 1);
+}
 
 /* m:train([b = true]) -> m */
-static int l_train (lua_State *L) {
+static int l_train(lua_State *L) {
   LModule *p = l_checkmodule(L, 1);
   gcap_module_train(p->m, l_optboolean(L, 2, 1, "mode"));
   lua_settop(L, 1);
   return 1;
 }
 
-static int l_eval (lua_State *L) {
+static int l_eval(lua_State *L) {
   gcap_module_train(l_checkmodule(L, 1)->m, 0);
   lua_settop(L, 1);
   return 1;
 }
 
 /* m:zero_grad([set_to_none = true]) (the facade takes an options table) */
-static int l_module_zero_grad (lua_State *L) {
+static int l_module_zero_grad(lua_State *L) {
   LModule *p = l_checkmodule(L, 1);
   int none = lua_isnoneornil(L, 2) || lua_toboolean(L, 2);
   l_check(L, l_engine(L), gcap_module_zero_grad(p->m, none), "zero_grad");
   return 0;
 }
 
-static int l_backward_dw (lua_State *L) {
+static int l_backward_dw(lua_State *L) {
   LModule *p = l_checkmodule(L, 1);
   gcap_module *m = p->m;
   gcap_engine *e = l_engine(L);
@@ -1655,7 +1693,7 @@ static int l_backward_dw (lua_State *L) {
   return 0;
 }
 
-static int l_module_type (lua_State *L) {
+static int l_module_type(lua_State *L) {
   lua_pushstring(L, gcap_module_type(l_checkmodule(L, 1)->m));
   return 1;
 }
@@ -1665,21 +1703,21 @@ static int l_module_type (lua_State *L) {
 ** before the core knows it, so that nothing can raise while the core
 ** holds a hook the binding does not.
 */
-static int l_register (lua_State *L, gcap_hook_kind kind) {
+static int l_register(lua_State *L, gcap_hook_kind kind) {
   LModule *p = l_checkmodule(L, 1);
   LHandle *h;
   int id;
   gcap_status st;
   luaL_checktype(L, 2, LUA_TFUNCTION);
   lua_settop(L, 2);
-  h = (LHandle *)l_newbox(L, sizeof *h, 3, HANDLE_MT);  /* 3 */
+  h = (LHandle *)l_newbox(L, sizeof *h, 3, HANDLE_MT); /* 3 */
   h->le = (LEngine *)lua_touserdata(L, ENGINEIDX);
   lua_pushvalue(L, 2);
   lua_setiuservalue(L, 3, UV_HOOKFN);
   lua_pushvalue(L, 1);
   lua_setiuservalue(L, 3, UV_HOOKMOD);
   h->key = ++p->nexthook;
-  lua_getiuservalue(L, 1, UV_HOOKS);  /* 4 */
+  lua_getiuservalue(L, 1, UV_HOOKS); /* 4 */
   lua_pushvalue(L, 3);
   lua_rawseti(L, 4, h->key);
   st = gcap_module_register_hook(p->m, kind, l_hook, h, NULL, &id);
@@ -1694,30 +1732,30 @@ static int l_register (lua_State *L, gcap_hook_kind kind) {
   return 1;
 }
 
-static int l_register_forward_pre_hook (lua_State *L) {
+static int l_register_forward_pre_hook(lua_State *L) {
   return l_register(L, GCAP_HOOK_FORWARD_PRE);
 }
 
-static int l_register_forward_hook (lua_State *L) {
+static int l_register_forward_hook(lua_State *L) {
   return l_register(L, GCAP_HOOK_FORWARD);
 }
 
-static int l_register_full_backward_pre_hook (lua_State *L) {
+static int l_register_full_backward_pre_hook(lua_State *L) {
   return l_register(L, GCAP_HOOK_BACKWARD_PRE);
 }
 
-static int l_register_full_backward_hook (lua_State *L) {
+static int l_register_full_backward_hook(lua_State *L) {
   return l_register(L, GCAP_HOOK_BACKWARD);
 }
 
 /* handle:remove(), idempotent */
-static int l_handle_remove (lua_State *L) {
+static int l_handle_remove(lua_State *L) {
   LHandle *h = (LHandle *)luaL_checkudata(L, 1, HANDLE_MT);
   if (h->m != NULL) {
     gcap_module_remove_hook(h->m, h->id);
     h->m = NULL;
-    if (lua_getiuservalue(L, 1, UV_HOOKMOD) == LUA_TUSERDATA
-        && lua_getiuservalue(L, -1, UV_HOOKS) == LUA_TTABLE) {
+    if (lua_getiuservalue(L, 1, UV_HOOKMOD) == LUA_TUSERDATA &&
+        lua_getiuservalue(L, -1, UV_HOOKS) == LUA_TTABLE) {
       lua_pushnil(L);
       lua_rawseti(L, -2, h->key);
     }
@@ -1725,57 +1763,49 @@ static int l_handle_remove (lua_State *L) {
   return 0;
 }
 
-static int l_handle_tostring (lua_State *L) {
+static int l_handle_tostring(lua_State *L) {
   LHandle *h = (LHandle *)luaL_checkudata(L, 1, HANDLE_MT);
-  if (h->m == NULL) lua_pushliteral(L, HANDLE_MT " (removed)");
-  else lua_pushfstring(L, HANDLE_MT "(%d)", h->id);
+  if (h->m == NULL)
+    lua_pushliteral(L, HANDLE_MT " (removed)");
+  else
+    lua_pushfstring(L, HANDLE_MT "(%d)", h->id);
   return 1;
 }
 
-static const luaL_Reg l_module_meta[] = {
-  {"__gc", l_module_close},
-  {"__close", l_module_close},
-  {"__tostring", l_module_tostring},
-  {"__call", l_module_call},
-  {NULL, NULL}
-};
+static const luaL_Reg l_module_meta[] = {{"__gc", l_module_close},
+                                         {"__close", l_module_close},
+                                         {"__tostring", l_module_tostring},
+                                         {"__call", l_module_call},
+                                         {NULL, NULL}};
 
 static const luaL_Reg l_module_methods[] = {
-  {"forward", l_module_forward},
-  {"parameters", l_parameters},
-  {"named_parameters", l_named_parameters},
-  {"buffers", l_buffers},
-  {"named_buffers", l_named_buffers},
-  {"children", l_children},
-  {"named_children", l_named_children},
-  {"register_buffer", l_register_buffer},
-  {"train", l_train},
-  {"eval", l_eval},
-  {"zero_grad", l_module_zero_grad},
-  {"backward_dw", l_backward_dw},
-  {"register_forward_pre_hook", l_register_forward_pre_hook},
-  {"register_forward_hook", l_register_forward_hook},
-  {"register_full_backward_pre_hook", l_register_full_backward_pre_hook},
-  {"register_full_backward_hook", l_register_full_backward_hook},
-  {"type", l_module_type},
-  {"close", l_module_close},
-  {NULL, NULL}
-};
+    {"forward", l_module_forward},
+    {"parameters", l_parameters},
+    {"named_parameters", l_named_parameters},
+    {"buffers", l_buffers},
+    {"named_buffers", l_named_buffers},
+    {"children", l_children},
+    {"named_children", l_named_children},
+    {"register_buffer", l_register_buffer},
+    {"train", l_train},
+    {"eval", l_eval},
+    {"zero_grad", l_module_zero_grad},
+    {"backward_dw", l_backward_dw},
+    {"register_forward_pre_hook", l_register_forward_pre_hook},
+    {"register_forward_hook", l_register_forward_hook},
+    {"register_full_backward_pre_hook", l_register_full_backward_pre_hook},
+    {"register_full_backward_hook", l_register_full_backward_hook},
+    {"type", l_module_type},
+    {"close", l_module_close},
+    {NULL, NULL}};
 
-static const luaL_Reg l_handle_meta[] = {
-  {"__tostring", l_handle_tostring},
-  {NULL, NULL}
-};
+static const luaL_Reg l_handle_meta[] = {{"__tostring", l_handle_tostring}, {NULL, NULL}};
 
-static const luaL_Reg l_handle_methods[] = {
-  {"remove", l_handle_remove},
-  {NULL, NULL}
-};
+static const luaL_Reg l_handle_methods[] = {{"remove", l_handle_remove}, {NULL, NULL}};
 
 /* Finish the built-in module box at -1 made for class 'cls': check the
 ** core's status, make it the module's Lua value, give it its fields. */
-static int l_newbuiltin (lua_State *L, gcap_engine *e, gcap_status st,
-                         const char *op) {
+static int l_newbuiltin(lua_State *L, gcap_engine *e, gcap_status st, const char *op) {
   l_check(L, e, st, op);
   l_keepmodule(L);
   l_adoptfields(L, -1);
@@ -1783,53 +1813,50 @@ static int l_newbuiltin (lua_State *L, gcap_engine *e, gcap_status st,
 }
 
 /* _nn.module(class, name): an instance of a Lua class, forward in Lua */
-static int l_nn_module (lua_State *L) {
+static int l_nn_module(lua_State *L) {
   gcap_engine *e = l_engine(L);
   const char *name = luaL_checkstring(L, 2);
   LModule *p;
   luaL_checktype(L, 1, LUA_TTABLE);
   p = l_newmodule(L, 1);
-  l_check(L, e, gcap_module_new(e, name, l_lua_forward,
-                                lua_touserdata(L, ENGINEIDX), NULL, &p->m),
+  l_check(L, e, gcap_module_new(e, name, l_lua_forward, lua_touserdata(L, ENGINEIDX), NULL, &p->m),
           name);
   l_keepmodule(L);
   return 1;
 }
 
 /* _nn.linear(class, in, out, bias, delay_wgrad) */
-static int l_nn_linear (lua_State *L) {
+static int l_nn_linear(lua_State *L) {
   gcap_engine *e = l_engine(L);
   lua_Integer in = luaL_checkinteger(L, 2), out = luaL_checkinteger(L, 3);
   LModule *p = l_newmodule(L, 1);
-  return l_newbuiltin(L, e, gcap_nn_linear(e, in, out, lua_toboolean(L, 4),
-                                           lua_toboolean(L, 5), &p->m),
-                      "Linear");
+  return l_newbuiltin(
+      L, e, gcap_nn_linear(e, in, out, lua_toboolean(L, 4), lua_toboolean(L, 5), &p->m), "Linear");
 }
 
-static int l_nn_relu (lua_State *L) {
+static int l_nn_relu(lua_State *L) {
   gcap_engine *e = l_engine(L);
   LModule *p = l_newmodule(L, 1);
   return l_newbuiltin(L, e, gcap_nn_relu(e, &p->m), "ReLU");
 }
 
-static int l_nn_gelu (lua_State *L) {
+static int l_nn_gelu(lua_State *L) {
   gcap_engine *e = l_engine(L);
   LModule *p = l_newmodule(L, 1);
   return l_newbuiltin(L, e, gcap_nn_gelu(e, &p->m), "GELU");
 }
 
 /* _nn.layer_norm(class, n, eps) */
-static int l_nn_layer_norm (lua_State *L) {
+static int l_nn_layer_norm(lua_State *L) {
   gcap_engine *e = l_engine(L);
   lua_Integer n = luaL_checkinteger(L, 2);
   double eps = (double)luaL_checknumber(L, 3);
   LModule *p = l_newmodule(L, 1);
-  return l_newbuiltin(L, e, gcap_nn_layer_norm(e, n, eps, &p->m),
-                      "LayerNorm");
+  return l_newbuiltin(L, e, gcap_nn_layer_norm(e, n, eps, &p->m), "LayerNorm");
 }
 
 /* _nn.dropout(class, p) */
-static int l_nn_dropout (lua_State *L) {
+static int l_nn_dropout(lua_State *L) {
   gcap_engine *e = l_engine(L);
   double prob = (double)luaL_checknumber(L, 2);
   LModule *p = l_newmodule(L, 1);
@@ -1837,30 +1864,27 @@ static int l_nn_dropout (lua_State *L) {
 }
 
 /* _nn.sequential(class, modules, n): modules[1..n] are open modules */
-static int l_nn_sequential (lua_State *L) {
+static int l_nn_sequential(lua_State *L) {
   gcap_engine *e = l_engine(L);
   lua_Integer i, n = luaL_checkinteger(L, 3);
   gcap_module **mods;
   LModule *p;
   luaL_checktype(L, 2, LUA_TTABLE);
-  luaL_argcheck(L, n >= 0 && n <= INT_MAX / (lua_Integer)sizeof *mods, 3,
-                "too many modules");
-  mods = (gcap_module **)lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *mods,
-                                           0);
+  luaL_argcheck(L, n >= 0 && n <= INT_MAX / (lua_Integer)sizeof *mods, 3, "too many modules");
+  mods = (gcap_module **)lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *mods, 0);
   for (i = 1; i <= n; i++) {
     LModule *c;
     lua_rawgeti(L, 2, i);
     c = (LModule *)luaL_testudata(L, -1, MODULE_MT);
     if (c == NULL || c->m == NULL)
-      return l_error(L, "Sequential: module #%I must be a module, got %s",
-                     (LUAI_UACINT)i, (c == NULL) ? l_typename(L, -1)
-                                                : "a closed module");
+      return l_error(L, "Sequential: module #%I must be a module, got %s", (LUAI_UACINT)i,
+                     (c == NULL) ? l_typename(L, -1) : "a closed module");
     mods[i - 1] = c->m;
     lua_pop(L, 1);
   }
   p = l_newmodule(L, 1);
   l_newbuiltin(L, e, gcap_nn_sequential(e, (int)n, mods, &p->m), "Sequential");
-  lua_getiuservalue(L, -1, UV_FIELDS);  /* seq[i] is child i too */
+  lua_getiuservalue(L, -1, UV_FIELDS); /* seq[i] is child i too */
   for (i = 1; i <= n; i++) {
     lua_rawgeti(L, 2, i);
     lua_rawseti(L, -2, i);
@@ -1871,17 +1895,15 @@ static int l_nn_sequential (lua_State *L) {
 
 /* _nn.parameter(t): t marked as a parameter (a leaf that requires grad),
 ** or such a leaf sharing t's storage when t is not a leaf */
-static int l_nn_parameter (lua_State *L) {
+static int l_nn_parameter(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   lua_settop(L, 1);
   if (!gcap_tensor_is_leaf(t)) {
     LTensor *r = l_newtensor(L);
-    l_check(L, gcap_tensor_engine(t), gcap_tensor_detach(t, &r->t),
-            "Parameter");
+    l_check(L, gcap_tensor_engine(t), gcap_tensor_detach(t, &r->t), "Parameter");
     t = r->t;
   }
-  l_check(L, gcap_tensor_engine(t), gcap_tensor_set_requires_grad(t, 1),
-          "Parameter");
+  l_check(L, gcap_tensor_engine(t), gcap_tensor_set_requires_grad(t, 1), "Parameter");
   lua_getiuservalue(L, ENGINEIDX, UV_PMARKS);
   lua_pushvalue(L, -2);
   lua_pushboolean(L, 1);
@@ -1890,34 +1912,31 @@ static int l_nn_parameter (lua_State *L) {
   return 1;
 }
 
-static int l_nn_is_module (lua_State *L) {
+static int l_nn_is_module(lua_State *L) {
   lua_pushboolean(L, luaL_testudata(L, 1, MODULE_MT) != NULL);
   return 1;
 }
 
 /* _nn.class_of(m): the class of module m, or nil */
-static int l_nn_class_of (lua_State *L) {
+static int l_nn_class_of(lua_State *L) {
   luaL_checkudata(L, 1, MODULE_MT);
   lua_getiuservalue(L, 1, UV_CLASS);
   return 1;
 }
 
-static const luaL_Reg l_nn_funcs[] = {
-  {"module", l_nn_module},
-  {"linear", l_nn_linear},
-  {"relu", l_nn_relu},
-  {"gelu", l_nn_gelu},
-  {"layer_norm", l_nn_layer_norm},
-  {"dropout", l_nn_dropout},
-  {"sequential", l_nn_sequential},
-  {"parameter", l_nn_parameter},
-  {"is_module", l_nn_is_module},
-  {"class_of", l_nn_class_of},
-  {NULL, NULL}
-};
+static const luaL_Reg l_nn_funcs[] = {{"module", l_nn_module},
+                                      {"linear", l_nn_linear},
+                                      {"relu", l_nn_relu},
+                                      {"gelu", l_nn_gelu},
+                                      {"layer_norm", l_nn_layer_norm},
+                                      {"dropout", l_nn_dropout},
+                                      {"sequential", l_nn_sequential},
+                                      {"parameter", l_nn_parameter},
+                                      {"is_module", l_nn_is_module},
+                                      {"class_of", l_nn_class_of},
+                                      {NULL, NULL}};
 
 /* }====================================================== */
-
 
 /*
 ** {======================================================
@@ -1926,23 +1945,20 @@ static const luaL_Reg l_nn_funcs[] = {
 */
 
 /* The tensors of the sequence at 1, in a GC-owned array left on the stack */
-static gcap_tensor **l_checkparams (lua_State *L, const char *op, int *n) {
+static gcap_tensor **l_checkparams(lua_State *L, const char *op, int *n) {
   lua_Integer i, len;
   gcap_tensor **v;
   if (!lua_istable(L, 1))
-    l_error(L, "%s: params must be a sequence of tensors, got %s", op,
-            l_typename(L, 1));
+    l_error(L, "%s: params must be a sequence of tensors, got %s", op, l_typename(L, 1));
   len = luaL_len(L, 1);
-  if (len > INT_MAX / (lua_Integer)sizeof *v)
-    l_error(L, "%s: too many params", op);
+  if (len > INT_MAX / (lua_Integer)sizeof *v) l_error(L, "%s: too many params", op);
   v = (gcap_tensor **)lua_newuserdatauv(L, (size_t)(len + 1) * sizeof *v, 0);
   for (i = 1; i <= len; i++) {
     LTensor *p;
     lua_geti(L, 1, i);
     p = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
     if (p == NULL)
-      l_error(L, "%s: params[%I] must be a tensor, got %s", op,
-              (LUAI_UACINT)i, l_typename(L, -1));
+      l_error(L, "%s: params[%I] must be a tensor, got %s", op, (LUAI_UACINT)i, l_typename(L, -1));
     else if (p->t == NULL)
       l_error(L, "%s: params[%I] is a closed tensor", op, (LUAI_UACINT)i);
     else
@@ -1954,7 +1970,7 @@ static gcap_tensor **l_checkparams (lua_State *L, const char *op, int *n) {
 }
 
 /* _optim.sgd(params, lr, momentum, weight_decay) */
-static int l_optim_sgd (lua_State *L) {
+static int l_optim_sgd(lua_State *L) {
   gcap_engine *e = l_engine(L);
   double lr = (double)luaL_checknumber(L, 2);
   double momentum = (double)luaL_checknumber(L, 3);
@@ -1968,7 +1984,7 @@ static int l_optim_sgd (lua_State *L) {
 }
 
 /* _optim.adam(params, lr, beta1, beta2, eps, weight_decay) */
-static int l_optim_adam (lua_State *L) {
+static int l_optim_adam(lua_State *L) {
   gcap_engine *e = l_engine(L);
   double lr = (double)luaL_checknumber(L, 2);
   double b1 = (double)luaL_checknumber(L, 3);
@@ -1984,62 +2000,56 @@ static int l_optim_adam (lua_State *L) {
   return 1;
 }
 
-static LOptim *l_checkoptim (lua_State *L, int i) {
+static LOptim *l_checkoptim(lua_State *L, int i) {
   LOptim *p = (LOptim *)luaL_checkudata(L, i, OPTIM_MT);
   luaL_argcheck(L, p->o != NULL, i, "optimizer is closed");
   return p;
 }
 
-static int l_optim_close (lua_State *L) {
+static int l_optim_close(lua_State *L) {
   LOptim *p = (LOptim *)luaL_checkudata(L, 1, OPTIM_MT);
   gcap_optim_free(p->o);
   p->o = NULL;
   return 0;
 }
 
-static int l_optim_tostring (lua_State *L) {
+static int l_optim_tostring(lua_State *L) {
   LOptim *p = (LOptim *)luaL_checkudata(L, 1, OPTIM_MT);
-  if (p->o == NULL) lua_pushliteral(L, OPTIM_MT " (closed)");
-  else lua_pushfstring(L, OPTIM_MT "(%s)", p->adam ? "Adam" : "SGD");
+  if (p->o == NULL)
+    lua_pushliteral(L, OPTIM_MT " (closed)");
+  else
+    lua_pushfstring(L, OPTIM_MT "(%s)", p->adam ? "Adam" : "SGD");
   return 1;
 }
 
-static int l_optim_step (lua_State *L) {
+static int l_optim_step(lua_State *L) {
   LOptim *p = l_checkoptim(L, 1);
   l_check(L, p->e, gcap_optim_step(p->o), "step");
   return 0;
 }
 
 /* opt:zero_grad([set_to_none = true]) (the facade takes an options table) */
-static int l_optim_zero_grad (lua_State *L) {
+static int l_optim_zero_grad(lua_State *L) {
   LOptim *p = l_checkoptim(L, 1);
   int none = lua_isnoneornil(L, 2) || lua_toboolean(L, 2);
   l_check(L, p->e, gcap_optim_zero_grad(p->o, none), "zero_grad");
   return 0;
 }
 
-static const luaL_Reg l_optim_meta[] = {
-  {"__gc", l_optim_close},
-  {"__close", l_optim_close},
-  {"__tostring", l_optim_tostring},
-  {NULL, NULL}
-};
+static const luaL_Reg l_optim_meta[] = {{"__gc", l_optim_close},
+                                        {"__close", l_optim_close},
+                                        {"__tostring", l_optim_tostring},
+                                        {NULL, NULL}};
 
-static const luaL_Reg l_optim_methods[] = {
-  {"step", l_optim_step},
-  {"zero_grad", l_optim_zero_grad},
-  {"close", l_optim_close},
-  {NULL, NULL}
-};
+static const luaL_Reg l_optim_methods[] = {{"step", l_optim_step},
+                                           {"zero_grad", l_optim_zero_grad},
+                                           {"close", l_optim_close},
+                                           {NULL, NULL}};
 
 static const luaL_Reg l_optim_funcs[] = {
-  {"sgd", l_optim_sgd},
-  {"adam", l_optim_adam},
-  {NULL, NULL}
-};
+    {"sgd", l_optim_sgd}, {"adam", l_optim_adam}, {NULL, NULL}};
 
 /* }====================================================== */
-
 
 /*
 ** {======================================================
@@ -2048,7 +2058,7 @@ static const luaL_Reg l_optim_funcs[] = {
 */
 
 /* Record the Stream box on top as the box of its stream. */
-static void l_keepstream (lua_State *L) {
+static void l_keepstream(lua_State *L) {
   LStream *p = (LStream *)lua_touserdata(L, -1);
   lua_getiuservalue(L, ENGINEIDX, UV_STREAMS);
   lua_pushvalue(L, -2);
@@ -2061,11 +2071,10 @@ static void l_keepstream (lua_State *L) {
 ** made here is for one of the engine's own streams (user streams have
 ** theirs from Stream()) and does not own it: closing it frees nothing.
 */
-static void l_pushstream (lua_State *L, gcap_engine *e, gcap_stream *s) {
+static void l_pushstream(lua_State *L, gcap_engine *e, gcap_stream *s) {
   LStream *p;
   lua_getiuservalue(L, ENGINEIDX, UV_STREAMS);
-  if (lua_rawgetp(L, -1, s) == LUA_TUSERDATA
-      && ((LStream *)lua_touserdata(L, -1))->s == s) {
+  if (lua_rawgetp(L, -1, s) == LUA_TUSERDATA && ((LStream *)lua_touserdata(L, -1))->s == s) {
     lua_remove(L, -2);
     return;
   }
@@ -2076,7 +2085,7 @@ static void l_pushstream (lua_State *L, gcap_engine *e, gcap_stream *s) {
   l_keepstream(L);
 }
 
-static int l_stream_new (lua_State *L) {
+static int l_stream_new(lua_State *L) {
   gcap_engine *e = l_engine(L);
   LStream *p = (LStream *)l_newbox(L, sizeof *p, 1, STREAM_MT);
   p->e = e;
@@ -2086,26 +2095,26 @@ static int l_stream_new (lua_State *L) {
   return 1;
 }
 
-static int l_current_stream (lua_State *L) {
+static int l_current_stream(lua_State *L) {
   gcap_engine *e = l_engine(L);
   l_pushstream(L, e, gcap_current_stream(e));
   return 1;
 }
 
-static int l_default_stream (lua_State *L) {
+static int l_default_stream(lua_State *L) {
   gcap_engine *e = l_engine(L);
   l_pushstream(L, e, gcap_default_stream(e));
   return 1;
 }
 
-static int l_capture_stream (lua_State *L) {
+static int l_capture_stream(lua_State *L) {
   gcap_engine *e = l_engine(L);
   l_pushstream(L, e, gcap_capture_stream(e));
   return 1;
 }
 
 /* set_current_stream(s | nil): nil selects the default stream */
-static int l_set_current_stream (lua_State *L) {
+static int l_set_current_stream(lua_State *L) {
   gcap_engine *e = l_engine(L);
   gcap_stream *s = lua_isnoneornil(L, 1) ? NULL : l_checkstream(L, 1)->s;
   l_check(L, e, gcap_set_current_stream(e, s), "set_current_stream");
@@ -2114,14 +2123,14 @@ static int l_set_current_stream (lua_State *L) {
   return 0;
 }
 
-static int l_stream_close (lua_State *L) {
+static int l_stream_close(lua_State *L) {
   LStream *p = (LStream *)luaL_checkudata(L, 1, STREAM_MT);
-  if (p->own) gcap_stream_free(p->s);  /* the default becomes current */
+  if (p->own) gcap_stream_free(p->s); /* the default becomes current */
   p->s = NULL;
   return 0;
 }
 
-static int l_stream_tostring (lua_State *L) {
+static int l_stream_tostring(lua_State *L) {
   LStream *p = (LStream *)luaL_checkudata(L, 1, STREAM_MT);
   if (p->s == NULL)
     lua_pushliteral(L, STREAM_MT " (closed)");
@@ -2134,34 +2143,30 @@ static int l_stream_tostring (lua_State *L) {
   return 1;
 }
 
-static int l_stream_synchronize (lua_State *L) {
+static int l_stream_synchronize(lua_State *L) {
   LStream *p = l_checkstream(L, 1);
   l_check(L, p->e, gcap_stream_synchronize(p->s), "synchronize");
   return 0;
 }
 
-static int l_stream_wait_event (lua_State *L) {
+static int l_stream_wait_event(lua_State *L) {
   LStream *p = l_checkstream(L, 1);
   LEvent *ev = l_checkevent(L, 2);
   l_check(L, p->e, gcap_stream_wait_event(p->s, ev->ev), "wait_event");
   return 0;
 }
 
-static const luaL_Reg l_stream_meta[] = {
-  {"__gc", l_stream_close},
-  {"__close", l_stream_close},
-  {"__tostring", l_stream_tostring},
-  {NULL, NULL}
-};
+static const luaL_Reg l_stream_meta[] = {{"__gc", l_stream_close},
+                                         {"__close", l_stream_close},
+                                         {"__tostring", l_stream_tostring},
+                                         {NULL, NULL}};
 
-static const luaL_Reg l_stream_methods[] = {
-  {"synchronize", l_stream_synchronize},
-  {"wait_event", l_stream_wait_event},
-  {"close", l_stream_close},
-  {NULL, NULL}
-};
+static const luaL_Reg l_stream_methods[] = {{"synchronize", l_stream_synchronize},
+                                            {"wait_event", l_stream_wait_event},
+                                            {"close", l_stream_close},
+                                            {NULL, NULL}};
 
-static int l_event_new (lua_State *L) {
+static int l_event_new(lua_State *L) {
   gcap_engine *e = l_engine(L);
   LEvent *p = (LEvent *)l_newbox(L, sizeof *p, 1, EVENT_MT);
   p->e = e;
@@ -2169,51 +2174,47 @@ static int l_event_new (lua_State *L) {
   return 1;
 }
 
-static int l_event_close (lua_State *L) {
+static int l_event_close(lua_State *L) {
   LEvent *p = (LEvent *)luaL_checkudata(L, 1, EVENT_MT);
   gcap_event_free(p->ev);
   p->ev = NULL;
   return 0;
 }
 
-static int l_event_tostring (lua_State *L) {
+static int l_event_tostring(lua_State *L) {
   LEvent *p = (LEvent *)luaL_checkudata(L, 1, EVENT_MT);
-  if (p->ev == NULL) lua_pushliteral(L, EVENT_MT " (closed)");
-  else lua_pushfstring(L, EVENT_MT "(%p)", (void *)p->ev);
+  if (p->ev == NULL)
+    lua_pushliteral(L, EVENT_MT " (closed)");
+  else
+    lua_pushfstring(L, EVENT_MT "(%p)", (void *)p->ev);
   return 1;
 }
 
 /* ev:record([s]): at the end of s, by default the current stream */
-static int l_event_record (lua_State *L) {
+static int l_event_record(lua_State *L) {
   LEvent *p = l_checkevent(L, 1);
-  gcap_stream *s = lua_isnoneornil(L, 2) ? gcap_current_stream(p->e)
-                                         : l_checkstream(L, 2)->s;
+  gcap_stream *s = lua_isnoneornil(L, 2) ? gcap_current_stream(p->e) : l_checkstream(L, 2)->s;
   l_check(L, p->e, gcap_event_record(p->ev, s), "record");
   return 0;
 }
 
-static int l_event_synchronize (lua_State *L) {
+static int l_event_synchronize(lua_State *L) {
   LEvent *p = l_checkevent(L, 1);
   l_check(L, p->e, gcap_event_synchronize(p->ev), "synchronize");
   return 0;
 }
 
-static const luaL_Reg l_event_meta[] = {
-  {"__gc", l_event_close},
-  {"__close", l_event_close},
-  {"__tostring", l_event_tostring},
-  {NULL, NULL}
-};
+static const luaL_Reg l_event_meta[] = {{"__gc", l_event_close},
+                                        {"__close", l_event_close},
+                                        {"__tostring", l_event_tostring},
+                                        {NULL, NULL}};
 
-static const luaL_Reg l_event_methods[] = {
-  {"record", l_event_record},
-  {"synchronize", l_event_synchronize},
-  {"close", l_event_close},
-  {NULL, NULL}
-};
+static const luaL_Reg l_event_methods[] = {{"record", l_event_record},
+                                           {"synchronize", l_event_synchronize},
+                                           {"close", l_event_close},
+                                           {NULL, NULL}};
 
 /* }====================================================== */
-
 
 /*
 ** {======================================================
@@ -2221,7 +2222,7 @@ static const luaL_Reg l_event_methods[] = {
 ** =======================================================
 */
 
-static void l_pushmemstats (lua_State *L, const gcap_mem_stats *m) {
+static void l_pushmemstats(lua_State *L, const gcap_mem_stats *m) {
   lua_createtable(L, 0, 5);
   lua_pushinteger(L, (lua_Integer)m->reserved_bytes);
   lua_setfield(L, -2, "reserved_bytes");
@@ -2235,7 +2236,7 @@ static void l_pushmemstats (lua_State *L, const gcap_mem_stats *m) {
   lua_setfield(L, -2, "graphs");
 }
 
-static int l_memory_stats (lua_State *L) {
+static int l_memory_stats(lua_State *L) {
   gcap_engine *e = l_engine(L);
   gcap_mem_stats m;
   l_check(L, e, gcap_engine_mem_stats(e, &m), "memory_stats");
@@ -2243,7 +2244,7 @@ static int l_memory_stats (lua_State *L) {
   return 1;
 }
 
-static int l_pool_new (lua_State *L) {
+static int l_pool_new(lua_State *L) {
   gcap_engine *e = l_engine(L);
   LPool *p = (LPool *)l_newbox(L, sizeof *p, 1, POOL_MT);
   p->e = e;
@@ -2251,21 +2252,23 @@ static int l_pool_new (lua_State *L) {
   return 1;
 }
 
-static int l_pool_close (lua_State *L) {
+static int l_pool_close(lua_State *L) {
   LPool *p = (LPool *)luaL_checkudata(L, 1, POOL_MT);
-  gcap_pool_free(p->p);  /* during a capture, the core defers the release */
+  gcap_pool_free(p->p); /* during a capture, the core defers the release */
   p->p = NULL;
   return 0;
 }
 
-static int l_pool_tostring (lua_State *L) {
+static int l_pool_tostring(lua_State *L) {
   LPool *p = (LPool *)luaL_checkudata(L, 1, POOL_MT);
-  if (p->p == NULL) lua_pushliteral(L, POOL_MT " (closed)");
-  else lua_pushfstring(L, POOL_MT "(%p)", (void *)p->p);
+  if (p->p == NULL)
+    lua_pushliteral(L, POOL_MT " (closed)");
+  else
+    lua_pushfstring(L, POOL_MT "(%p)", (void *)p->p);
   return 1;
 }
 
-static int l_pool_stats (lua_State *L) {
+static int l_pool_stats(lua_State *L) {
   LPool *p = l_checkpool(L, 1);
   gcap_mem_stats m;
   l_check(L, p->e, gcap_pool_get_stats(p->p, &m), "stats");
@@ -2273,20 +2276,15 @@ static int l_pool_stats (lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg l_pool_meta[] = {
-  {"__gc", l_pool_close},
-  {"__close", l_pool_close},
-  {"__tostring", l_pool_tostring},
-  {NULL, NULL}
-};
+static const luaL_Reg l_pool_meta[] = {{"__gc", l_pool_close},
+                                       {"__close", l_pool_close},
+                                       {"__tostring", l_pool_tostring},
+                                       {NULL, NULL}};
 
 static const luaL_Reg l_pool_methods[] = {
-  {"stats", l_pool_stats},
-  {"close", l_pool_close},
-  {NULL, NULL}
-};
+    {"stats", l_pool_stats}, {"close", l_pool_close}, {NULL, NULL}};
 
-static int l_graph_new (lua_State *L) {
+static int l_graph_new(lua_State *L) {
   gcap_engine *e = l_engine(L);
   LGraph *p = (LGraph *)l_newbox(L, sizeof *p, 2, GRAPH_MT);
   p->e = e;
@@ -2294,25 +2292,24 @@ static int l_graph_new (lua_State *L) {
   return 1;
 }
 
-static int l_graph_close (lua_State *L) {
+static int l_graph_close(lua_State *L) {
   LGraph *p = (LGraph *)luaL_checkudata(L, 1, GRAPH_MT);
-  gcap_graph_free(p->g);  /* during a capture, the core defers it */
+  gcap_graph_free(p->g); /* during a capture, the core defers it */
   p->g = NULL;
   return 0;
 }
 
-static int l_graph_tostring (lua_State *L) {
+static int l_graph_tostring(lua_State *L) {
   LGraph *p = (LGraph *)luaL_checkudata(L, 1, GRAPH_MT);
   if (p->g == NULL)
     lua_pushliteral(L, GRAPH_MT " (closed)");
   else
-    lua_pushfstring(L, GRAPH_MT "(name='%s', captured=%s)",
-                    gcap_graph_name(p->g),
+    lua_pushfstring(L, GRAPH_MT "(name='%s', captured=%s)", gcap_graph_name(p->g),
                     gcap_graph_is_captured(p->g) ? "true" : "false");
   return 1;
 }
 
-static LGraph *l_checkcaptured (lua_State *L, const char *op) {
+static LGraph *l_checkcaptured(lua_State *L, const char *op) {
   LGraph *p = l_checkgraph(L, 1);
   if (!gcap_graph_is_captured(p->g))
     luaL_error(L, "%s: graph is not captured (reset or never captured)", op);
@@ -2320,7 +2317,7 @@ static LGraph *l_checkcaptured (lua_State *L, const char *op) {
 }
 
 /* g:capture_begin([pool [, stream]]) */
-static int l_capture_begin (lua_State *L) {
+static int l_capture_begin(lua_State *L) {
   LGraph *p = l_checkgraph(L, 1);
   gcap_pool *pool = lua_isnoneornil(L, 2) ? NULL : l_checkpool(L, 2)->p;
   gcap_stream *s = lua_isnoneornil(L, 3) ? NULL : l_checkstream(L, 3)->s;
@@ -2331,10 +2328,10 @@ static int l_capture_begin (lua_State *L) {
   return 0;
 }
 
-static int l_capture_end (lua_State *L) {
+static int l_capture_end(lua_State *L) {
   LGraph *p = l_checkgraph(L, 1);
   gcap_status st = gcap_capture_end(p->g);
-  if (!gcap_is_capturing(p->e)) {  /* the capture is over: drop its stream */
+  if (!gcap_is_capturing(p->e)) { /* the capture is over: drop its stream */
     lua_pushnil(L);
     lua_setiuservalue(L, ENGINEIDX, UV_CAPTURE);
   }
@@ -2342,13 +2339,13 @@ static int l_capture_end (lua_State *L) {
   return 0;
 }
 
-static int l_replay (lua_State *L) {
+static int l_replay(lua_State *L) {
   LGraph *p = l_checkcaptured(L, "replay");
   l_check(L, p->e, gcap_graph_replay(p->g), "replay");
   return 0;
 }
 
-static int l_reset (lua_State *L) {
+static int l_reset(lua_State *L) {
   LGraph *p = l_checkgraph(L, 1);
   l_check(L, p->e, gcap_graph_reset(p->g), "reset");
   lua_pushnil(L);
@@ -2356,7 +2353,7 @@ static int l_reset (lua_State *L) {
   return 0;
 }
 
-static int l_graph_stats (lua_State *L) {
+static int l_graph_stats(lua_State *L) {
   LGraph *p = l_checkcaptured(L, "stats");
   gcap_graph_stats gs;
   l_check(L, p->e, gcap_graph_get_stats(p->g, &gs), "stats");
@@ -2376,7 +2373,7 @@ static int l_graph_stats (lua_State *L) {
 
 /* g:pool(): the pool g captured into (nil while empty), the same box
 ** every time: the one given to capture_begin, or one made here */
-static int l_graph_pool (lua_State *L) {
+static int l_graph_pool(lua_State *L) {
   LGraph *p = l_checkgraph(L, 1);
   gcap_pool *pool = gcap_graph_pool(p->g);
   LPool *b;
@@ -2384,8 +2381,8 @@ static int l_graph_pool (lua_State *L) {
     lua_pushnil(L);
     return 1;
   }
-  if (lua_getiuservalue(L, 1, UV_POOL) == LUA_TUSERDATA
-      && ((LPool *)lua_touserdata(L, -1))->p == pool)
+  if (lua_getiuservalue(L, 1, UV_POOL) == LUA_TUSERDATA &&
+      ((LPool *)lua_touserdata(L, -1))->p == pool)
     return 1;
   b = (LPool *)l_newbox(L, sizeof *b, 1, POOL_MT);
   b->e = p->e;
@@ -2395,47 +2392,41 @@ static int l_graph_pool (lua_State *L) {
   return 1;
 }
 
-static int l_set_name (lua_State *L) {
+static int l_set_name(lua_State *L) {
   LGraph *p = l_checkgraph(L, 1);
-  l_check(L, p->e, gcap_graph_set_name(p->g, luaL_checkstring(L, 2)),
-          "set_name");
+  l_check(L, p->e, gcap_graph_set_name(p->g, luaL_checkstring(L, 2)), "set_name");
   lua_settop(L, 1);
   return 1;
 }
 
-static int l_name (lua_State *L) {
+static int l_name(lua_State *L) {
   lua_pushstring(L, gcap_graph_name(l_checkgraph(L, 1)->g));
   return 1;
 }
 
-static int l_is_captured (lua_State *L) {
+static int l_is_captured(lua_State *L) {
   lua_pushboolean(L, gcap_graph_is_captured(l_checkgraph(L, 1)->g));
   return 1;
 }
 
-static const luaL_Reg l_graph_meta[] = {
-  {"__gc", l_graph_close},
-  {"__close", l_graph_close},
-  {"__tostring", l_graph_tostring},
-  {NULL, NULL}
-};
+static const luaL_Reg l_graph_meta[] = {{"__gc", l_graph_close},
+                                        {"__close", l_graph_close},
+                                        {"__tostring", l_graph_tostring},
+                                        {NULL, NULL}};
 
-static const luaL_Reg l_graph_methods[] = {
-  {"capture_begin", l_capture_begin},
-  {"capture_end", l_capture_end},
-  {"replay", l_replay},
-  {"reset", l_reset},
-  {"stats", l_graph_stats},
-  {"pool", l_graph_pool},
-  {"set_name", l_set_name},
-  {"name", l_name},
-  {"is_captured", l_is_captured},
-  {"close", l_graph_close},
-  {NULL, NULL}
-};
+static const luaL_Reg l_graph_methods[] = {{"capture_begin", l_capture_begin},
+                                           {"capture_end", l_capture_end},
+                                           {"replay", l_replay},
+                                           {"reset", l_reset},
+                                           {"stats", l_graph_stats},
+                                           {"pool", l_graph_pool},
+                                           {"set_name", l_set_name},
+                                           {"name", l_name},
+                                           {"is_captured", l_is_captured},
+                                           {"close", l_graph_close},
+                                           {NULL, NULL}};
 
 /* }====================================================== */
-
 
 /*
 ** {======================================================
@@ -2443,7 +2434,7 @@ static const luaL_Reg l_graph_methods[] = {
 ** =======================================================
 */
 
-static int l_engine_close (lua_State *L) {
+static int l_engine_close(lua_State *L) {
   LEngine *p = (LEngine *)luaL_checkudata(L, 1, ENGINE_MT);
   if (p->e != NULL) {
     /* boxes of the engine's own streams must not outlive them */
@@ -2454,33 +2445,30 @@ static int l_engine_close (lua_State *L) {
       if (!s->own) s->s = NULL;
       lua_pop(L, 1);
     }
-    gcap_engine_free(p->e);  /* the core keeps it while objects live */
+    gcap_engine_free(p->e); /* the core keeps it while objects live */
     p->e = NULL;
   }
   return 0;
 }
 
-static int l_engine_tostring (lua_State *L) {
+static int l_engine_tostring(lua_State *L) {
   LEngine *p = (LEngine *)luaL_checkudata(L, 1, ENGINE_MT);
-  if (p->e == NULL) lua_pushliteral(L, ENGINE_MT " (closed)");
-  else lua_pushfstring(L, ENGINE_MT "(device=%s)", gcap_engine_device(p->e));
+  if (p->e == NULL)
+    lua_pushliteral(L, ENGINE_MT " (closed)");
+  else
+    lua_pushfstring(L, ENGINE_MT "(device=%s)", gcap_engine_device(p->e));
   return 1;
 }
 
-static const luaL_Reg l_engine_meta[] = {
-  {"__gc", l_engine_close},
-  {"__close", l_engine_close},
-  {"__tostring", l_engine_tostring},
-  {NULL, NULL}
-};
+static const luaL_Reg l_engine_meta[] = {{"__gc", l_engine_close},
+                                         {"__close", l_engine_close},
+                                         {"__tostring", l_engine_tostring},
+                                         {NULL, NULL}};
 
-static const luaL_Reg l_engine_methods[] = {
-  {"close", l_engine_close},
-  {NULL, NULL}
-};
+static const luaL_Reg l_engine_methods[] = {{"close", l_engine_close}, {NULL, NULL}};
 
 /* Push a new table with weak keys or values (mode "k" or "v"). */
-static void l_weaktable (lua_State *L, const char *mode) {
+static void l_weaktable(lua_State *L, const char *mode) {
   lua_newtable(L);
   lua_createtable(L, 0, 1);
   lua_pushstring(L, mode);
@@ -2490,12 +2478,11 @@ static void l_weaktable (lua_State *L, const char *mode) {
 
 /* Push the state's engine box, opening the engine on first use on the
 ** device that GRAPHCAP_DEVICE names (unset or empty: the default). */
-static void l_pushengine (lua_State *L) {
+static void l_pushengine(lua_State *L) {
   const char *name = getenv("GRAPHCAP_DEVICE");
   gcap_device dev = GCAP_DEVICE_DEFAULT;
   LEngine *p;
-  if (lua_getfield(L, LUA_REGISTRYINDEX, ENGINE_KEY) == LUA_TUSERDATA)
-    return;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, ENGINE_KEY) == LUA_TUSERDATA) return;
   lua_pop(L, 1);
   if (name == NULL || *name == '\0')
     name = "default";
@@ -2504,8 +2491,7 @@ static void l_pushengine (lua_State *L) {
   else if (strcmp(name, "cuda") == 0)
     dev = GCAP_DEVICE_CUDA;
   else
-    luaL_error(L, "GRAPHCAP_DEVICE='%s' is not a device (expected host or cuda)",
-               name);
+    luaL_error(L, "GRAPHCAP_DEVICE='%s' is not a device (expected host or cuda)", name);
   p = (LEngine *)lua_newuserdatauv(L, sizeof *p, NUV_ENGINE);
   p->e = NULL;
   p->cur = NULL;
@@ -2521,46 +2507,45 @@ static void l_pushengine (lua_State *L) {
   lua_newtable(L);
   lua_setiuservalue(L, -2, UV_CLASSES);
   if (gcap_engine_new(dev, &p->e) != GCAP_OK)
-    luaL_error(L, "cannot open graphcap device '%s': %s", name,
-               gcap_last_open_error());
+    luaL_error(L, "cannot open graphcap device '%s': %s", name, gcap_last_open_error());
   lua_pushvalue(L, -1);
   lua_setfield(L, LUA_REGISTRYINDEX, ENGINE_KEY);
 }
 
-static int l_device (lua_State *L) {
+static int l_device(lua_State *L) {
   lua_pushstring(L, gcap_engine_device(l_engine(L)));
   return 1;
 }
 
-static int l_version (lua_State *L) {
+static int l_version(lua_State *L) {
   lua_pushstring(L, gcap_version());
   return 1;
 }
 
-static int l_cuda_available (lua_State *L) {
+static int l_cuda_available(lua_State *L) {
   lua_pushboolean(L, gcap_cuda_available());
   return 1;
 }
 
-static int l_synchronize (lua_State *L) {
+static int l_synchronize(lua_State *L) {
   gcap_engine *e = l_engine(L);
   l_check(L, e, gcap_synchronize(e), "synchronize");
   return 0;
 }
 
-static int l_is_capturing (lua_State *L) {
+static int l_is_capturing(lua_State *L) {
   lua_pushboolean(L, gcap_is_capturing(l_engine(L)));
   return 1;
 }
 
-static int l_set_replay_check (lua_State *L) {
+static int l_set_replay_check(lua_State *L) {
   gcap_engine *e = l_engine(L);
   luaL_checkany(L, 1);
   gcap_set_replay_check(e, lua_toboolean(L, 1));
   return 0;
 }
 
-static int l_manual_seed (lua_State *L) {
+static int l_manual_seed(lua_State *L) {
   gcap_engine *e = l_engine(L);
   uint64_t seed = (uint64_t)luaL_checkinteger(L, 1);
   l_check(L, e, gcap_manual_seed(e, seed), "manual_seed");
@@ -2569,17 +2554,18 @@ static int l_manual_seed (lua_State *L) {
 
 /* }====================================================== */
 
-
-
 /*
 ** {======================================================
 ** make_graphed_callables
 ** =======================================================
 */
 
-typedef struct LGraphed { gcap_graphed *g; gcap_engine *e; } LGraphed;
+typedef struct LGraphed {
+  gcap_graphed *g;
+  gcap_engine *e;
+} LGraphed;
 
-static LGraphed *l_checkgraphed (lua_State *L, int i) {
+static LGraphed *l_checkgraphed(lua_State *L, int i) {
   LGraphed *p = (LGraphed *)luaL_checkudata(L, i, GRAPHED_MT);
   luaL_argcheck(L, p->g != NULL, i, "graphed callables are closed");
   return p;
@@ -2597,12 +2583,12 @@ typedef struct LCapCall {
   const LCapHook *h;
 } LCapCall;
 
-static const char *const l_groups[4] = {"forward_pre_hooks", "forward_hooks",
-                                        "backward_pre_hooks", "backward_hooks"};
+static const char *const l_groups[4] = {"forward_pre_hooks", "forward_hooks", "backward_pre_hooks",
+                                        "backward_hooks"};
 
 /* The protected part: hooks[callable].group[index](callable's value), or
 ** hooks.pre_warmup_hook(); a hook must return nothing or nil. */
-static int l_pcaphook (lua_State *L) {
+static int l_pcaphook(lua_State *L) {
   LCapCall *c = (LCapCall *)lua_touserdata(L, 1);
   const char *name;
   int base, n, i;
@@ -2612,11 +2598,10 @@ static int l_pcaphook (lua_State *L) {
     lua_getfield(L, -1, name);
     base = lua_gettop(L);
     lua_call(L, 0, LUA_MULTRET);
-  }
-  else {
+  } else {
     name = l_groups[c->h->group];
     lua_getfield(L, -1, "capture_time_hooks");
-    lua_rawgeti(L, -1, c->h->callable + 1);  /* {callable = v, group = {...}} */
+    lua_rawgeti(L, -1, c->h->callable + 1); /* {callable = v, group = {...}} */
     lua_getfield(L, -1, name);
     lua_rawgeti(L, -1, c->h->index + 1);
     base = lua_gettop(L);
@@ -2626,39 +2611,43 @@ static int l_pcaphook (lua_State *L) {
   n = lua_gettop(L) - base + 1;
   for (i = 0; i < n; i++)
     if (!lua_isnil(L, base + i))
-      return l_error(L, "capture_time_hooks %s must not return a value "
-                     "(callable %d, hook #%d returned %s)", name,
-                     c->h->callable + 1, c->h->index + 1,
-                     l_typename(L, base + i));
+      return l_error(L,
+                     "capture_time_hooks %s must not return a value "
+                     "(callable %d, hook #%d returned %s)",
+                     name, c->h->callable + 1, c->h->index + 1, l_typename(L, base + i));
   return 0;
 }
 
-static gcap_status l_caphook (void *ud, gcap_module *m) {
+static gcap_status l_caphook(void *ud, gcap_module *m) {
   LCapCall c;
   (void)m;
   c.h = (const LCapHook *)ud;
   return l_callback(c.h->le, &l_capkey, &c.c, NULL);
 }
 
-static gcap_status l_warmhook (void *ud) {
+static gcap_status l_warmhook(void *ud) {
   return l_caphook(ud, NULL);
 }
 
 /* Progress: a C function the graphcap program registers (on a terminal). */
 #define PROGRESS_KEY "graphcap.progress"
 
-static double l_optnumber (lua_State *L, int t, const char *k, double def) {
+static double l_optnumber(lua_State *L, int t, const char *k, double def) {
   double v;
-  if (lua_getfield(L, t, k) == LUA_TNIL) v = def;
-  else v = lua_tonumber(L, -1);
+  if (lua_getfield(L, t, k) == LUA_TNIL)
+    v = def;
+  else
+    v = lua_tonumber(L, -1);
   lua_pop(L, 1);
   return v;
 }
 
-static int l_optflag (lua_State *L, int t, const char *k, int def) {
+static int l_optflag(lua_State *L, int t, const char *k, int def) {
   int v;
-  if (lua_getfield(L, t, k) == LUA_TNIL) v = def;
-  else v = lua_toboolean(L, -1);
+  if (lua_getfield(L, t, k) == LUA_TNIL)
+    v = def;
+  else
+    v = lua_toboolean(L, -1);
   lua_pop(L, 1);
   return v;
 }
@@ -2670,14 +2659,14 @@ static int l_optflag (lua_State *L, int t, const char *k, int def) {
 ** forward_pre_hooks = {f, ...}, ...}). Returns a Graphed box.
 */
 /* gc.clock() -> seconds of a monotonic clock, for timing to completion */
-static int l_clock (lua_State *L) {
+static int l_clock(lua_State *L) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);
   return 1;
 }
 
-static int l_make_graphed (lua_State *L) {
+static int l_make_graphed(lua_State *L) {
   gcap_engine *e = l_engine(L);
   int nmod, nent, i, k, total = 0, nhooks = 0, hooksi, prev;
   gcap_module **mods;
@@ -2722,13 +2711,11 @@ static int l_make_graphed (lua_State *L) {
       lua_pop(L, 1);
     }
   {
-    size_t sz = sizeof(gcap_module *) * (size_t)(nmod + 1)
-              + sizeof(int) * (size_t)(nent + 1)
-              + sizeof(gcap_tensor **) * (size_t)(nent + 1)
-              + sizeof(gcap_tensor *) * (size_t)(total + 1)
-              + sizeof(gcap_capture_hooks) * (size_t)(nmod + 1)
-              + (sizeof(gcap_capture_hook) + sizeof(void *) + sizeof(LCapHook))
-                * (size_t)(nhooks + 1);
+    size_t sz =
+        sizeof(gcap_module *) * (size_t)(nmod + 1) + sizeof(int) * (size_t)(nent + 1) +
+        sizeof(gcap_tensor **) * (size_t)(nent + 1) + sizeof(gcap_tensor *) * (size_t)(total + 1) +
+        sizeof(gcap_capture_hooks) * (size_t)(nmod + 1) +
+        (sizeof(gcap_capture_hook) + sizeof(void *) + sizeof(LCapHook)) * (size_t)(nhooks + 1);
     char *mem = (char *)lua_newuserdatauv(L, sz, 0);
     memset(mem, 0, sz);
     mods = (gcap_module **)mem;
@@ -2754,12 +2741,15 @@ static int l_make_graphed (lua_State *L) {
       lua_rawgeti(L, -1, k + 1);
       t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
       if (t == NULL)
-        return l_error(L, "make_graphed_callables: sample_args[%d][%d] must "
+        return l_error(L,
+                       "make_graphed_callables: sample_args[%d][%d] must "
                        "be a tensor, got %s (sample_args hold only tensors)",
                        i + 1, k + 1, l_typename(L, -1));
       if (t->t == NULL)
-        return l_error(L, "make_graphed_callables: sample_args[%d][%d] is a "
-                       "closed tensor", i + 1, k + 1);
+        return l_error(L,
+                       "make_graphed_callables: sample_args[%d][%d] is a "
+                       "closed tensor",
+                       i + 1, k + 1);
       flat[total++] = t->t;
       lua_pop(L, 1);
     }
@@ -2795,8 +2785,7 @@ static int l_make_graphed (lua_State *L) {
   o.num_warmup_iters = (int)l_optnumber(L, 3, "num_warmup_iters", 3);
   o.allow_unused_input = l_optflag(L, 3, "allow_unused_input", 0);
   o.retain_graph_in_backward = l_optflag(L, 3, "retain_graph_in_backward", 0);
-  o.reuse_graph_input_output_buffers =
-      l_optflag(L, 3, "reuse_graph_input_output_buffers", 0);
+  o.reuse_graph_input_output_buffers = l_optflag(L, 3, "reuse_graph_input_output_buffers", 0);
   o.clone_param_grads_on_return = l_optflag(L, 3, "clone_param_grads_on_return", 1);
   if (lua_getfield(L, 3, "order") == LUA_TTABLE) {
     o.order_len = (int)luaL_len(L, -1);
@@ -2843,19 +2832,19 @@ static int l_make_graphed (lua_State *L) {
   lua_pushvalue(L, 3);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &l_mgckey);
   le = l_enter(L, &f, NULL, 0, 0, 0);
-  st = gcap_make_graphed_callables(e, nmod, mods, nent, nargs,
-                                   (gcap_tensor *const *const *)args, &o, &r->g);
+  st = gcap_make_graphed_callables(e, nmod, mods, nent, nargs, (gcap_tensor *const *const *)args,
+                                   &o, &r->g);
   l_leave(le, &f);
   lua_pushvalue(L, prev);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &l_mgckey);
   if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
   l_raisecb(L);
   if (st != GCAP_OK) l_fail(L, st, msg, "make_graphed_callables");
-  lua_pushvalue(L, prev - 1);  /* the Graphed box */
+  lua_pushvalue(L, prev - 1); /* the Graphed box */
   return 1;
 }
 
-static int l_graphed_close (lua_State *L) {
+static int l_graphed_close(lua_State *L) {
   LGraphed *p = (LGraphed *)luaL_checkudata(L, 1, GRAPHED_MT);
   if (p->g != NULL) {
     gcap_graphed_free(p->g);
@@ -2864,20 +2853,19 @@ static int l_graphed_close (lua_State *L) {
   return 0;
 }
 
-static int l_graphed_len (lua_State *L) {
+static int l_graphed_len(lua_State *L) {
   lua_pushinteger(L, gcap_graphed_num_entries(l_checkgraphed(L, 1)->g));
   return 1;
 }
 
-static int l_checkentry (lua_State *L, LGraphed *p, int i) {
+static int l_checkentry(lua_State *L, LGraphed *p, int i) {
   lua_Integer k = luaL_checkinteger(L, i);
-  luaL_argcheck(L, k >= 1 && k <= gcap_graphed_num_entries(p->g), i,
-                "entry out of range");
+  luaL_argcheck(L, k >= 1 && k <= gcap_graphed_num_entries(p->g), i, "entry out of range");
   return (int)k - 1;
 }
 
 /* G:call(entry, tensors...) -> output (replays; eager in another mode) */
-static int l_graphed_call (lua_State *L) {
+static int l_graphed_call(lua_State *L) {
   LGraphed *p = l_checkgraphed(L, 1);
   int entry = l_checkentry(L, p, 2), nin = lua_gettop(L) - 2, i;
   gcap_tensor *in[MAXIN];
@@ -2886,13 +2874,14 @@ static int l_graphed_call (lua_State *L) {
   LEngine *le;
   LTensor *r;
   gcap_status st;
-  if (nin > MAXIN)
-    return l_error(L, "graphed call: at most %d tensor arguments", MAXIN);
+  if (nin > MAXIN) return l_error(L, "graphed call: at most %d tensor arguments", MAXIN);
   for (i = 0; i < nin; i++) {
     LTensor *t = (LTensor *)luaL_testudata(L, i + 3, TENSOR_MT);
     if (t == NULL)
-      return l_error(L, "graphed call of entry %d: argument #%d must be a "
-                     "tensor, got %s", entry + 1, i + 1, l_typename(L, i + 3));
+      return l_error(L,
+                     "graphed call of entry %d: argument #%d must be a "
+                     "tensor, got %s",
+                     entry + 1, i + 1, l_typename(L, i + 3));
     luaL_argcheck(L, t->t != NULL, i + 3, "tensor is closed");
     in[i] = t->t;
   }
@@ -2907,20 +2896,19 @@ static int l_graphed_call (lua_State *L) {
   return 1;
 }
 
-static int l_graphed_backward_dw (lua_State *L) {
+static int l_graphed_backward_dw(lua_State *L) {
   LGraphed *p = l_checkgraphed(L, 1);
-  l_check(L, p->e, gcap_graphed_backward_dw(p->g, l_checkentry(L, p, 2)),
-          "backward_dw");
+  l_check(L, p->e, gcap_graphed_backward_dw(p->g, l_checkentry(L, p, 2)), "backward_dw");
   return 0;
 }
 
-static int l_graphed_reset (lua_State *L) {
+static int l_graphed_reset(lua_State *L) {
   LGraphed *p = l_checkgraphed(L, 1);
   l_check(L, p->e, gcap_graphed_reset(p->g, l_checkentry(L, p, 2)), "reset");
   return 0;
 }
 
-static void l_pushgstats (lua_State *L, const gcap_graph_stats *s) {
+static void l_pushgstats(lua_State *L, const gcap_graph_stats *s) {
   lua_createtable(L, 0, 5);
   lua_pushinteger(L, (lua_Integer)s->nodes);
   lua_setfield(L, -2, "nodes");
@@ -2935,11 +2923,10 @@ static void l_pushgstats (lua_State *L, const gcap_graph_stats *s) {
 }
 
 /* G:stats(entry) -> {fwd, bwd (or nil), bwd_dw (or nil), pool_reserved_bytes} */
-static int l_graphed_stats (lua_State *L) {
+static int l_graphed_stats(lua_State *L) {
   LGraphed *p = l_checkgraphed(L, 1);
   gcap_graphed_stats s;
-  l_check(L, p->e, gcap_graphed_get_stats(p->g, l_checkentry(L, p, 2), &s),
-          "stats");
+  l_check(L, p->e, gcap_graphed_get_stats(p->g, l_checkentry(L, p, 2), &s), "stats");
   lua_createtable(L, 0, 4);
   l_pushgstats(L, &s.fwd);
   lua_setfield(L, -2, "fwd");
@@ -2956,81 +2943,71 @@ static int l_graphed_stats (lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg l_graphed_meta[] = {
-  {"__gc", l_graphed_close},
-  {"__close", l_graphed_close},
-  {"__len", l_graphed_len},
-  {NULL, NULL}
-};
+static const luaL_Reg l_graphed_meta[] = {{"__gc", l_graphed_close},
+                                          {"__close", l_graphed_close},
+                                          {"__len", l_graphed_len},
+                                          {NULL, NULL}};
 
 static const luaL_Reg l_graphed_methods[] = {
-  {"call", l_graphed_call},
-  {"backward_dw", l_graphed_backward_dw},
-  {"reset", l_graphed_reset},
-  {"stats", l_graphed_stats},
-  {"close", l_graphed_close},
-  {NULL, NULL}
-};
+    {"call", l_graphed_call},   {"backward_dw", l_graphed_backward_dw},
+    {"reset", l_graphed_reset}, {"stats", l_graphed_stats},
+    {"close", l_graphed_close}, {NULL, NULL}};
 
 /* }====================================================== */
 
-static const luaL_Reg l_funcs[] = {
-  {"device", l_device},
-  {"version", l_version},
-  {"cuda_available", l_cuda_available},
-  {"synchronize", l_synchronize},
-  {"is_capturing", l_is_capturing},
-  {"set_replay_check", l_set_replay_check},
-  {"manual_seed", l_manual_seed},
-  {"memory_stats", l_memory_stats},
-  {"tensor", l_tensor},
-  {"empty", l_empty},
-  {"zeros", l_zeros},
-  {"ones", l_ones},
-  {"full", l_full},
-  {"rand", l_rand},
-  {"randn", l_randn},
-  {"Stream", l_stream_new},
-  {"current_stream", l_current_stream},
-  {"default_stream", l_default_stream},
-  {"capture_stream", l_capture_stream},
-  {"set_current_stream", l_set_current_stream},
-  {"Event", l_event_new},
-  {"graph_pool_handle", l_pool_new},
-  {"Graph", l_graph_new},
-  {"set_grad_enabled", l_set_grad_enabled},
-  {"is_grad_enabled", l_is_grad_enabled},
-  {"matmul", l_matmul},
-  {"make_graphed_callables", l_make_graphed},
-  {"clock", l_clock},
-  {NULL, NULL}
-};
+static const luaL_Reg l_funcs[] = {{"device", l_device},
+                                   {"version", l_version},
+                                   {"cuda_available", l_cuda_available},
+                                   {"synchronize", l_synchronize},
+                                   {"is_capturing", l_is_capturing},
+                                   {"set_replay_check", l_set_replay_check},
+                                   {"manual_seed", l_manual_seed},
+                                   {"memory_stats", l_memory_stats},
+                                   {"tensor", l_tensor},
+                                   {"empty", l_empty},
+                                   {"zeros", l_zeros},
+                                   {"ones", l_ones},
+                                   {"full", l_full},
+                                   {"rand", l_rand},
+                                   {"randn", l_randn},
+                                   {"Stream", l_stream_new},
+                                   {"current_stream", l_current_stream},
+                                   {"default_stream", l_default_stream},
+                                   {"capture_stream", l_capture_stream},
+                                   {"set_current_stream", l_set_current_stream},
+                                   {"Event", l_event_new},
+                                   {"graph_pool_handle", l_pool_new},
+                                   {"Graph", l_graph_new},
+                                   {"set_grad_enabled", l_set_grad_enabled},
+                                   {"is_grad_enabled", l_is_grad_enabled},
+                                   {"matmul", l_matmul},
+                                   {"make_graphed_callables", l_make_graphed},
+                                   {"clock", l_clock},
+                                   {NULL, NULL}};
 
 static const struct {
   const char *key, *tname;
   const luaL_Reg *meta, *methods;
-} l_classes[] = {
-  {"Tensor", TENSOR_MT, l_tensor_meta, l_tensor_methods},
-  {"Stream", STREAM_MT, l_stream_meta, l_stream_methods},
-  {"Event", EVENT_MT, l_event_meta, l_event_methods},
-  {"Pool", POOL_MT, l_pool_meta, l_pool_methods},
-  {"Graph", GRAPH_MT, l_graph_meta, l_graph_methods},
-  {"Module", MODULE_MT, l_module_meta, l_module_methods},
-  {"HookHandle", HANDLE_MT, l_handle_meta, l_handle_methods},
-  {"Optimizer", OPTIM_MT, l_optim_meta, l_optim_methods},
-  {"Graphed", GRAPHED_MT, l_graphed_meta, l_graphed_methods},
-  {NULL, NULL, NULL, NULL}
-};
+} l_classes[] = {{"Tensor", TENSOR_MT, l_tensor_meta, l_tensor_methods},
+                 {"Stream", STREAM_MT, l_stream_meta, l_stream_methods},
+                 {"Event", EVENT_MT, l_event_meta, l_event_methods},
+                 {"Pool", POOL_MT, l_pool_meta, l_pool_methods},
+                 {"Graph", GRAPH_MT, l_graph_meta, l_graph_methods},
+                 {"Module", MODULE_MT, l_module_meta, l_module_methods},
+                 {"HookHandle", HANDLE_MT, l_handle_meta, l_handle_methods},
+                 {"Optimizer", OPTIM_MT, l_optim_meta, l_optim_methods},
+                 {"Graphed", GRAPHED_MT, l_graphed_meta, l_graphed_methods},
+                 {NULL, NULL, NULL, NULL}};
 
 /*
 ** Create (or refill) metatable 'tname' and leave it on the stack: the
 ** metamethods, and the methods as __index. With up != 0, the value at
 ** index 'up' is the upvalue of all of them.
 */
-static void l_newclass (lua_State *L, const char *tname, const luaL_Reg *meta,
-                        const luaL_Reg *methods, int up) {
+static void l_newclass(lua_State *L, const char *tname, const luaL_Reg *meta,
+                       const luaL_Reg *methods, int up) {
   int nup = (up != 0);
-  luaL_newmetatable(L, tname);  /* also sets __name */
+  luaL_newmetatable(L, tname); /* also sets __name */
   if (nup) lua_pushvalue(L, up);
   luaL_setfuncs(L, meta, nup);
   lua_newtable(L);
@@ -3043,10 +3020,10 @@ static void l_newclass (lua_State *L, const char *tname, const luaL_Reg *meta,
 ** Give metatable 'tname' field access: __index = index(engine, methods),
 ** __newindex = newindex(engine), and __methods = the method table.
 */
-static void l_fieldaccess (lua_State *L, const char *tname, int eng,
-                           lua_CFunction index, lua_CFunction newindex) {
+static void l_fieldaccess(lua_State *L, const char *tname, int eng, lua_CFunction index,
+                          lua_CFunction newindex) {
   luaL_getmetatable(L, tname);
-  lua_getfield(L, -1, "__index");  /* the method table */
+  lua_getfield(L, -1, "__index"); /* the method table */
   lua_pushvalue(L, -1);
   lua_setfield(L, -3, "__methods");
   lua_pushvalue(L, eng);
@@ -3061,8 +3038,7 @@ static void l_fieldaccess (lua_State *L, const char *tname, int eng,
 
 /* Set field 'name' of the table on top to a new table of 'funcs', each
 ** with the engine box (at eng) as upvalue. */
-static void l_subtable (lua_State *L, const char *name, const luaL_Reg *funcs,
-                        int eng) {
+static void l_subtable(lua_State *L, const char *name, const luaL_Reg *funcs, int eng) {
   lua_newtable(L);
   lua_pushvalue(L, eng);
   luaL_setfuncs(L, funcs, 1);
@@ -3072,7 +3048,7 @@ static void l_subtable (lua_State *L, const char *name, const luaL_Reg *funcs,
 /* Registry entries of the callbacks: their protected parts (closures over
 ** the engine box) and the error holder, made before any callback runs so
 ** that a callback never allocates outside lua_pcall. */
-static void l_callbacks (lua_State *L, int eng) {
+static void l_callbacks(lua_State *L, int eng) {
   lua_pushvalue(L, eng);
   lua_pushcclosure(L, l_pforward, 1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &l_fwdkey);
@@ -3090,20 +3066,19 @@ static void l_callbacks (lua_State *L, int eng) {
   lua_pop(L, 1);
 }
 
-LUAMOD_API int luaopen_graphcap_core (lua_State *L);
+LUAMOD_API int luaopen_graphcap_core(lua_State *L);
 
-LUAMOD_API int luaopen_graphcap_core (lua_State *L) {
+LUAMOD_API int luaopen_graphcap_core(lua_State *L) {
   int i, mts, eng;
   luaL_checkversion(L);
-  lua_newtable(L);  /* _metatables */
+  lua_newtable(L); /* _metatables */
   mts = lua_gettop(L);
   l_newclass(L, ENGINE_MT, l_engine_meta, l_engine_methods, 0);
   lua_setfield(L, mts, "Engine");
   l_pushengine(L);
   eng = lua_gettop(L);
   for (i = 0; l_classes[i].key != NULL; i++) {
-    l_newclass(L, l_classes[i].tname, l_classes[i].meta,
-               l_classes[i].methods, eng);
+    l_newclass(L, l_classes[i].tname, l_classes[i].meta, l_classes[i].methods, eng);
     lua_setfield(L, mts, l_classes[i].key);
   }
   l_fieldaccess(L, TENSOR_MT, eng, l_tensor_index, l_tensor_newindex);

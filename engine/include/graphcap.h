@@ -114,23 +114,22 @@ gcap_status gcap_engine_mem_stats(gcap_engine *e, gcap_mem_stats *out);
 
 /* A new uninitialised tensor of `shape` (ndim entries, each >= 0), allocated
 ** on the current stream (in the capture's pool while capturing). */
-gcap_status gcap_tensor_empty(gcap_engine *e, gcap_dtype dt, int ndim,
-                              const int64_t *shape, gcap_tensor **out);
+gcap_status gcap_tensor_empty(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
+                              gcap_tensor **out);
 
 /* A new tensor filled with `v`. */
-gcap_status gcap_tensor_full(gcap_engine *e, gcap_dtype dt, int ndim,
-                             const int64_t *shape, double v, gcap_tensor **out);
+gcap_status gcap_tensor_full(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
+                             double v, gcap_tensor **out);
 
 /* A new tensor holding numel(shape) floats copied from host memory `data`.
 ** A synchronous upload: refused while capturing. */
-gcap_status gcap_tensor_from_f32(gcap_engine *e, gcap_dtype dt, int ndim,
-                                 const int64_t *shape, const float *data,
-                                 gcap_tensor **out);
+gcap_status gcap_tensor_from_f32(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
+                                 const float *data, gcap_tensor **out);
 
 /* A new tensor of uniform [0, 1) (normal = 0) or standard normal (normal = 1)
 ** numbers drawn from the engine's generator, which advances. */
-gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim,
-                             const int64_t *shape, int normal, gcap_tensor **out);
+gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
+                             int normal, gcap_tensor **out);
 
 /* Take another reference; returns t. */
 gcap_tensor *gcap_tensor_retain(gcap_tensor *t);
@@ -152,8 +151,7 @@ uintptr_t gcap_tensor_data_ptr(const gcap_tensor *t);
 gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n);
 
 /* A view of t with another shape of the same numel; shares storage. */
-gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape,
-                             gcap_tensor **out);
+gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gcap_tensor **out);
 
 /* A new tensor with a copy of t's data. */
 gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out);
@@ -438,23 +436,23 @@ typedef struct gcap_capture_hooks {
 typedef void (*gcap_progress_fn)(void *ud, const char *phase, int done, int total);
 
 typedef struct gcap_graphed_opts {
-  int num_warmup_iters;             /* 3 */
-  int allow_unused_input;           /* 0 */
-  const double *order;              /* NULL, or order_len entries: +k fwd, -k bwd, -(k+0.5) wgrad */
+  int num_warmup_iters;   /* 3 */
+  int allow_unused_input; /* 0 */
+  const double *order;    /* NULL, or order_len entries: +k fwd, -k bwd, -(k+0.5) wgrad */
   int order_len;
-  const int *num_layers_per_chunk;  /* NULL, or num_chunks entries */
+  const int *num_layers_per_chunk; /* NULL, or num_chunks entries */
   int num_chunks;
-  gcap_pool *pool;                  /* NULL: a new pool shared by all graphs of the call */
-  int retain_graph_in_backward;     /* 0 */
-  int reuse_graph_input_output_buffers; /* 0; needs order and training */
-  int clone_param_grads_on_return;  /* 1 */
-  gcap_status (*pre_warmup_hook)(void *ud);  /* once, before all warmup */
+  gcap_pool *pool;                          /* NULL: a new pool shared by all graphs of the call */
+  int retain_graph_in_backward;             /* 0 */
+  int reuse_graph_input_output_buffers;     /* 0; needs order and training */
+  int clone_param_grads_on_return;          /* 1 */
+  gcap_status (*pre_warmup_hook)(void *ud); /* once, before all warmup */
   void *pre_warmup_ud;
   gcap_status (*post_warmup_hook)(void *ud); /* once, after all warmup */
   void *post_warmup_ud;
   const gcap_capture_hooks *capture_time_hooks; /* NULL, or one per callable */
-  int num_capture_time_hooks;       /* must equal the number of callables when given */
-  gcap_progress_fn progress;        /* NULL: none */
+  int num_capture_time_hooks;                   /* must equal the number of callables when given */
+  gcap_progress_fn progress;                    /* NULL: none */
   void *progress_ud;
 } gcap_graphed_opts;
 

@@ -17,10 +17,10 @@
 
 #include "internal.h"
 
-#define ALLOC_ROUND 512                 /* block sizes: multiples of 512 (256-aligned) */
-#define ALLOC_SMALL (1u << 20)          /* requests up to 1 MiB share ... */
-#define ALLOC_SMALL_SEG (2u << 20)      /* ... 2 MiB segments */
-#define ALLOC_LARGE_ROUND (2u << 20)    /* larger ones get whole 2 MiB multiples */
+#define ALLOC_ROUND 512              /* block sizes: multiples of 512 (256-aligned) */
+#define ALLOC_SMALL (1u << 20)       /* requests up to 1 MiB share ... */
+#define ALLOC_SMALL_SEG (2u << 20)   /* ... 2 MiB segments */
+#define ALLOC_LARGE_ROUND (2u << 20) /* larger ones get whole 2 MiB multiples */
 
 gcap_pool *gc_pool_create(gcap_engine *e, int is_heap) {
   gcap_pool *p = (gcap_pool *)calloc(1, sizeof *p);
@@ -38,16 +38,19 @@ static void fl_push(gcap_pool *p, gc_blk *b) {
 }
 
 static void fl_remove(gcap_pool *p, gc_blk *b) {
-  if (b->fprev) b->fprev->fnext = b->fnext;
-  else p->freelist = b->fnext;
+  if (b->fprev)
+    b->fprev->fnext = b->fnext;
+  else
+    p->freelist = b->fnext;
   if (b->fnext) b->fnext->fprev = b->fprev;
   b->fprev = b->fnext = NULL;
 }
 
 static gcap_status pool_grow(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **out) {
   gcap_engine *e = p->e;
-  size_t segsize = n <= ALLOC_SMALL ? ALLOC_SMALL_SEG
-                                    : (n + ALLOC_LARGE_ROUND - 1) / ALLOC_LARGE_ROUND * ALLOC_LARGE_ROUND;
+  size_t segsize = n <= ALLOC_SMALL
+                       ? ALLOC_SMALL_SEG
+                       : (n + ALLOC_LARGE_ROUND - 1) / ALLOC_LARGE_ROUND * ALLOC_LARGE_ROUND;
   gc_seg *seg = (gc_seg *)calloc(1, sizeof *seg);
   gc_blk *b = (gc_blk *)calloc(1, sizeof *b);
   void *mem = NULL;
@@ -87,12 +90,12 @@ static gcap_status pool_grow(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **ou
 
 gcap_status gc_pool_alloc(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **out) {
   gc_blk *b, *best = NULL;
-  gcap_status st;
   n = n == 0 ? ALLOC_ROUND : (n + ALLOC_ROUND - 1) / ALLOC_ROUND * ALLOC_ROUND;
   for (b = p->freelist; b != NULL; b = b->fnext) /* best fit on this stream */
     if (b->stream == s && b->size >= n && (best == NULL || b->size < best->size)) best = b;
   if (best == NULL) {
-    if ((st = pool_grow(p, s, n, &best)) != GCAP_OK) return st;
+    gcap_status st = pool_grow(p, s, n, &best);
+    if (st != GCAP_OK) return st;
   }
   fl_remove(p, best);
   if (best->size - n >= ALLOC_ROUND) { /* split off the tail as a free block */
@@ -189,7 +192,7 @@ void gc_pool_destroy(gcap_pool *p) {
   free(p);
 }
 
-void gc_pool_trim_since(gcap_pool *p, gc_seg *since) {
+void gc_pool_trim_since(gcap_pool *p, const gc_seg *since) {
   gc_seg **link = &p->segs;
   while (*link != NULL && *link != since) {
     gc_seg *s = *link;
@@ -220,7 +223,8 @@ void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out) {
 gcap_status gc_tensor_weaken(gcap_tensor *t) {
   gc_blk *w;
   if (t->blk->weak) return GCAP_OK;
-  if ((w = (gc_blk *)calloc(1, sizeof *w)) == NULL) return gc_fail(t->e, GCAP_ENOMEM, "out of host memory");
+  if ((w = (gc_blk *)calloc(1, sizeof *w)) == NULL)
+    return gc_fail(t->e, GCAP_ENOMEM, "out of host memory");
   w->ptr = t->blk->ptr;
   w->size = t->blk->size;
   w->pool = t->blk->pool;
@@ -241,7 +245,8 @@ gcap_status gcap_pool_new(gcap_engine *e, gcap_pool **out) {
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
-  if ((p = gc_pool_create(e, 0)) == NULL) return gc_fail(e, GCAP_ENOMEM, "graph_pool_handle: out of host memory");
+  if ((p = gc_pool_create(e, 0)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "graph_pool_handle: out of host memory");
   p->handles = 1;
   gc_engine_ref(e);
   *out = p;
@@ -273,8 +278,10 @@ static int iv_lower(const gc_ivmap *m, uintptr_t x) {
   int lo = 0, hi = m->n;
   while (lo < hi) {
     int mid = (lo + hi) / 2;
-    if (m->v[mid].hi <= x) lo = mid + 1;
-    else hi = mid;
+    if (m->v[mid].hi <= x)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -283,7 +290,8 @@ static int iv_reserve(gc_ivmap *m, int extra) {
   if (m->n + extra > m->cap) {
     int cap = m->cap ? m->cap : 16;
     gc_ivl *v;
-    while (cap < m->n + extra) cap *= 2;
+    while (cap < m->n + extra)
+      cap *= 2;
     v = (gc_ivl *)realloc(m->v, (size_t)cap * sizeof *v);
     if (v == NULL) return 0;
     m->v = v;
@@ -299,7 +307,8 @@ void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer) {
   if (lo >= hi || !iv_reserve(m, 3)) return;
   i = iv_lower(m, lo);
   j = i;
-  while (j < m->n && m->v[j].lo < hi) j++; /* [i, j) overlap [lo, hi) */
+  while (j < m->n && m->v[j].lo < hi)
+    j++; /* [i, j) overlap [lo, hi) */
   if (i < j && m->v[i].lo < lo) {
     left = m->v[i];
     left.hi = lo;

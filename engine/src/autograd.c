@@ -67,9 +67,8 @@ void gc_node_release(gc_node *n) {
   }
 }
 
-gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw,
-                      gcap_tensor *const *in, int nin, gcap_tensor *const *save, int nsave,
-                      gc_node **node) {
+gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gcap_tensor *const *in,
+                      int nin, gcap_tensor *const *save, int nsave, gc_node **node) {
   gcap_engine *e = out->e;
   /* one block: the node, then its next[] and leaf[] arrays */
   gc_node *n = (gc_node *)calloc(1, sizeof *n + 2 * (size_t)nin * sizeof(void *));
@@ -173,7 +172,8 @@ gcap_status gcap_tensor_set_grad(gcap_tensor *t, gcap_tensor *grad) {
   gc_clear(t->e);
   if (grad != NULL) {
     int i, same = grad->ndim == t->ndim && grad->dt == t->dt && grad->e == t->e;
-    for (i = 0; same && i < t->ndim; i++) same = grad->shape[i] == t->shape[i];
+    for (i = 0; same && i < t->ndim; i++)
+      same = grad->shape[i] == t->shape[i];
     if (!same) {
       char b1[64], b2[64];
       return gc_fail(t->e, GCAP_EINVAL, "set grad: the grad (%s %s) must match the tensor (%s %s)",
@@ -256,7 +256,8 @@ static gcap_status bw_collect(gcap_engine *e, gc_node *root, uint64_t mark, bw_s
   gcap_status st = GCAP_OK;
   root->mark = mark;
   root->deps = 0;
-  if (!stack_push(&todo, root) || !stack_push(all, root)) st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
+  if (!stack_push(&todo, root) || !stack_push(all, root))
+    st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
   while (st == GCAP_OK && todo.n > 0) {
     gc_node *n = todo.v[--todo.n];
     int i;
@@ -271,7 +272,8 @@ static gcap_status bw_collect(gcap_engine *e, gc_node *root, uint64_t mark, bw_s
       if (m->mark != mark) {
         m->mark = mark;
         m->deps = 0;
-        if (!stack_push(&todo, m) || !stack_push(all, m)) st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
+        if (!stack_push(&todo, m) || !stack_push(all, m))
+          st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
       }
       m->deps++;
     }
@@ -296,11 +298,13 @@ static gcap_status bw_accumulate(gc_node *n, gcap_tensor *g) {
 
 static gcap_status bw_check_grad(gc_node *n, gcap_tensor *g) {
   int i, same = g->ndim == n->ndim || g->numel == 1;
-  for (i = 0; same && g->ndim == n->ndim && i < n->ndim; i++) same = g->shape[i] == n->shape[i];
+  for (i = 0; same && g->ndim == n->ndim && i < n->ndim; i++)
+    same = g->shape[i] == n->shape[i];
   if (!same) {
     char b[64];
-    return gc_fail(g->e, GCAP_EINVAL, "backward: '%s' expected a grad of its output's shape, got %s",
-                   n->name, gc_shape_str(g, b, sizeof b));
+    return gc_fail(g->e, GCAP_EINVAL,
+                   "backward: '%s' expected a grad of its output's shape, got %s", n->name,
+                   gc_shape_str(g, b, sizeof b));
   }
   return GCAP_OK;
 }
@@ -330,8 +334,10 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
     gcap_tensor_free(g);
     for (i = 0; i < n->nin; i++) {
       if (st == GCAP_OK && gin[i] != NULL) {
-        if (n->leaf[i]) st = gc_acc_grad(n->leaf[i], gin[i]);
-        else if (n->next[i]) st = bw_accumulate(n->next[i], gin[i]);
+        if (n->leaf[i])
+          st = gc_acc_grad(n->leaf[i], gin[i]);
+        else if (n->next[i])
+          st = bw_accumulate(n->next[i], gin[i]);
       }
       if (st == GCAP_OK && n->next[i] && --n->next[i]->deps == 0 && !stack_push(&ready, n->next[i]))
         st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
@@ -375,7 +381,8 @@ gcap_status gcap_backward(gcap_tensor *t, gcap_tensor *grad, int retain_graph) {
     grad = ones;
   } else {
     int i, same = grad->ndim == t->ndim && grad->e == e && grad->dt == t->dt;
-    for (i = 0; same && i < t->ndim; i++) same = grad->shape[i] == t->shape[i];
+    for (i = 0; same && i < t->ndim; i++)
+      same = grad->shape[i] == t->shape[i];
     if (!same) {
       char b1[64], b2[64];
       return gc_fail(e, GCAP_EINVAL, "backward: grad %s %s does not match the output %s %s",

@@ -36,18 +36,19 @@ typedef enum gc_kernel {
                        state {seed, offset}; n[1] = 1 for normal, 0 uniform */
   GC_K_RNG_ADVANCE, /* state p[0] = {seed, offset}: offset += n[0] */
   /* Autograd, layers and optimizers. Row-major matrices; "rows x cols". */
-  GC_K_EXPAND,      /* p[0][i] = f[0] * p[1][i % n[1]], i < n[0] (grad of sum/mean/broadcast) */
-  GC_K_SUM_ROWS,    /* p[0][j] = sum_i p[1][i*n[1] + j], i < n[0], j < n[1] (grad of a bias row);
-                       accumulate into p[0] when n[2] = 1 */
-  GC_K_MATMUL,      /* C = f[0] * op(A) op(B) + f[1] * C; p[0] = C [n[0] x n[1]], p[1] = A,
-                       p[2] = B, n[2] = k; n[3] = 1: op(A) = A^T (A stored k x m), n[4] = 1:
-                       op(B) = B^T (B stored n x k). Float accumulation. */
-  GC_K_RELU,        /* p[0][i] = max(p[1][i], 0) */
-  GC_K_RELU_BWD,    /* p[0][i] = p[2][i] > 0 ? p[1][i] : 0       (p[1] = dy, p[2] = x) */
-  GC_K_GELU,        /* p[0][i] = gelu_tanh(p[1][i]) */
-  GC_K_GELU_BWD,    /* p[0][i] = p[1][i] * gelu_tanh'(p[2][i])    (p[1] = dy, p[2] = x) */
-  GC_K_LAYERNORM,   /* rows n[0] x cols n[1], eps f[0]: p[0] = y, p[1] = x, p[2] = weight or
-                       NULL, p[3] = bias or NULL, p[4] = mean [rows] (f32), p[5] = rstd [rows] (f32) */
+  GC_K_EXPAND,        /* p[0][i] = f[0] * p[1][i % n[1]], i < n[0] (grad of sum/mean/broadcast) */
+  GC_K_SUM_ROWS,      /* p[0][j] = sum_i p[1][i*n[1] + j], i < n[0], j < n[1] (grad of a bias row);
+                         accumulate into p[0] when n[2] = 1 */
+  GC_K_MATMUL,        /* C = f[0] * op(A) op(B) + f[1] * C; p[0] = C [n[0] x n[1]], p[1] = A,
+                         p[2] = B, n[2] = k; n[3] = 1: op(A) = A^T (A stored k x m), n[4] = 1:
+                         op(B) = B^T (B stored n x k). Float accumulation. */
+  GC_K_RELU,          /* p[0][i] = max(p[1][i], 0) */
+  GC_K_RELU_BWD,      /* p[0][i] = p[2][i] > 0 ? p[1][i] : 0       (p[1] = dy, p[2] = x) */
+  GC_K_GELU,          /* p[0][i] = gelu_tanh(p[1][i]) */
+  GC_K_GELU_BWD,      /* p[0][i] = p[1][i] * gelu_tanh'(p[2][i])    (p[1] = dy, p[2] = x) */
+  GC_K_LAYERNORM,     /* rows n[0] x cols n[1], eps f[0]: p[0] = y, p[1] = x, p[2] = weight or
+                         NULL, p[3] = bias or NULL, p[4] = mean [rows] (f32), p[5] = rstd [rows] (f32)
+                       */
   GC_K_LAYERNORM_BWD, /* p[0] = dx, p[1] = dy, p[2] = x, p[3] = weight or NULL, p[4] = mean,
                          p[5] = rstd; rows n[0], cols n[1] */
   GC_K_LAYERNORM_BWD_PARAMS, /* p[0] = dweight, p[1] = dbias (either may be NULL), p[2] = dy,
@@ -121,14 +122,11 @@ typedef struct gc_backend {
   gcap_status (*event_sync)(gcap_engine *e, void *bs, void *ev);
 
   /* Synchronous host<->device copies of n bytes, ordered after work on s. */
-  gcap_status (*upload)(gcap_engine *e, void *bs, void *s, void *dst,
-                        const void *src, size_t n);
-  gcap_status (*download)(gcap_engine *e, void *bs, void *s, void *dst,
-                          const void *src, size_t n);
+  gcap_status (*upload)(gcap_engine *e, void *bs, void *s, void *dst, const void *src, size_t n);
+  gcap_status (*download)(gcap_engine *e, void *bs, void *s, void *dst, const void *src, size_t n);
 
   /* Launch (or, on a capturing stream, record) kernel k. */
-  gcap_status (*launch)(gcap_engine *e, void *bs, void *s, int k,
-                        const gc_kargs *a);
+  gcap_status (*launch)(gcap_engine *e, void *bs, void *s, int k, const gc_kargs *a);
 
   /* Capture: begin on s; end on s, giving the captured graph (NULL and an
   ** error when the device refused it). Streams forked in by waiting on an
@@ -136,8 +134,7 @@ typedef struct gc_backend {
   gcap_status (*capture_begin)(gcap_engine *e, void *bs, void *s);
   gcap_status (*capture_end)(gcap_engine *e, void *bs, void *s, void **graph);
   /* Instantiate (and upload) a captured graph; nodes = its node count. */
-  gcap_status (*instantiate)(gcap_engine *e, void *bs, void *graph,
-                             void **exec, int64_t *nodes);
+  gcap_status (*instantiate)(gcap_engine *e, void *bs, void *graph, void **exec, int64_t *nodes);
   gcap_status (*graph_launch)(gcap_engine *e, void *bs, void *exec, void *s);
   /* Free a graph and/or its exec; either may be NULL. */
   void (*graph_free)(void *bs, void *graph, void *exec);

@@ -166,7 +166,8 @@ static void graph_clear(gcap_graph *g) {
   int i;
   if (g->bgraph || g->bexec) e->be->graph_free(e->bs, g->bgraph, g->bexec);
   g->bgraph = g->bexec = NULL;
-  for (i = 0; i < g->nheld; i++) gc_blk_release(g->held[i]);
+  for (i = 0; i < g->nheld; i++)
+    gc_blk_release(g->held[i]);
   free(g->held);
   g->held = NULL;
   g->nheld = g->capheld = 0;
@@ -219,12 +220,13 @@ gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
   if (g->state != GC_GRAPH_EMPTY)
     return gc_fail(e, GCAP_ESTATE, "capture: %s already holds a capture; reset it first", g->name);
   if ((pool && pool->e != e) || (s && s->e != e))
-    return gc_fail(e, GCAP_EINVAL, "capture: the %s belongs to another engine", pool && pool->e != e ? "pool" : "stream");
-  if (pool && pool->handles <= 0)
-    return gc_fail(e, GCAP_ESTATE, "capture: the pool is closed");
+    return gc_fail(e, GCAP_EINVAL, "capture: the %s belongs to another engine",
+                   pool && pool->e != e ? "pool" : "stream");
+  if (pool && pool->handles <= 0) return gc_fail(e, GCAP_ESTATE, "capture: the pool is closed");
   if ((st = e->be->device_sync(e, e->bs)) != GCAP_OK) return st; /* as torch.cuda.graph does */
   if (pool == NULL) {
-    if ((pool = gc_pool_create(e, 0)) == NULL) return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
+    if ((pool = gc_pool_create(e, 0)) == NULL)
+      return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
     gc_engine_ref(e);
     private_pool = 1;
   }
@@ -277,7 +279,8 @@ gcap_status gcap_capture_end(gcap_graph *g) {
                            "last work)");
   st = e->be->capture_end(e, e->bs, cap->origin->bs, &bgraph);
   t1 = gc_now_ms();
-  for (s = e->streams; s != NULL; s = s->next) s->in_capture = 0;
+  for (s = e->streams; s != NULL; s = s->next)
+    s->in_capture = 0;
   e->current = cap->prev_current;
   e->cap = NULL;
   if (cap->invalid || st != GCAP_OK) {
@@ -327,9 +330,12 @@ static int check_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
 }
 
 static const char *graph_label(gcap_engine *e, int id, char *buf, size_t n) {
-  if (id == GC_WRITER_OUTSIDE) snprintf(buf, n, "eager work");
-  else if (id < e->graphs_cap && e->graphs[id] != NULL) snprintf(buf, n, "'%s'", e->graphs[id]->name);
-  else snprintf(buf, n, "graph #%d (destroyed)", id);
+  if (id == GC_WRITER_OUTSIDE)
+    snprintf(buf, n, "eager work");
+  else if (id < e->graphs_cap && e->graphs[id] != NULL)
+    snprintf(buf, n, "'%s'", e->graphs[id]->name);
+  else
+    snprintf(buf, n, "graph #%d (destroyed)", id);
   return buf;
 }
 
@@ -344,8 +350,8 @@ static gcap_status replay_check(gcap_graph *g) {
                      "replay: %s refused: it reads %zu bytes at 0x%llx that %s wrote at "
                      "capture, but %s (sharing the pool) has overwritten them since; replay "
                      "graphs that share a pool in the order they were captured",
-                     graph_label(g->e, g->id, c, sizeof c), (size_t)(cc.hi - cc.lo), (unsigned long long)cc.lo,
-                     graph_label(g->e, cc.producer, a, sizeof a),
+                     graph_label(g->e, g->id, c, sizeof c), (size_t)(cc.hi - cc.lo),
+                     (unsigned long long)cc.lo, graph_label(g->e, cc.producer, a, sizeof a),
                      graph_label(g->e, cc.culprit, b, sizeof b));
     }
   }
@@ -362,14 +368,16 @@ gcap_status gcap_graph_replay(gcap_graph *g) {
   gc_clear(e);
   if (g->state != GC_GRAPH_READY)
     return gc_fail(e, GCAP_ESTATE, "replay: %s is not captured (%s)", g->name,
-                   g->state == GC_GRAPH_CAPTURING ? "its capture is still open" : "never captured, or reset");
+                   g->state == GC_GRAPH_CAPTURING ? "its capture is still open"
+                                                  : "never captured, or reset");
   if ((st = gc_check_not_capturing(e, "graph replay")) != GCAP_OK) return st;
   s = e->current;
   if ((st = gc_check_stream(e, s, "replay")) != GCAP_OK) return st;
   if (e->replay_check && (st = replay_check(g)) != GCAP_OK) return st;
   if ((st = e->be->graph_launch(e, e->bs, g->bexec, s->bs)) != GCAP_OK) return st;
   s->seq++;
-  for (i = 0; i < g->writes.n; i++) gc_ivmap_set(&g->pool->writers, g->writes.v[i].lo, g->writes.v[i].hi, g->id);
+  for (i = 0; i < g->writes.n; i++)
+    gc_ivmap_set(&g->pool->writers, g->writes.v[i].lo, g->writes.v[i].hi, g->id);
   g->stats.replays++;
   return GCAP_OK;
 }
@@ -382,7 +390,8 @@ gcap_status gcap_graph_reset(gcap_graph *g) {
   if (g->state == GC_GRAPH_CAPTURING)
     return gc_fail(e, GCAP_ESTATE, "reset: %s is capturing; end the capture first", g->name);
   if (e->cap != NULL)
-    return gc_fail(e, GCAP_ESTATE, "reset: not allowed while a capture is open (%s)", e->cap->g->name);
+    return gc_fail(e, GCAP_ESTATE, "reset: not allowed while a capture is open (%s)",
+                   e->cap->g->name);
   graph_clear(g);
   return GCAP_OK;
 }

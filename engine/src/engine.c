@@ -18,15 +18,24 @@ const char *gcap_version(void) {
 
 const char *gcap_status_str(gcap_status st) {
   switch (st) {
-  case GCAP_OK: return "ok";
-  case GCAP_EINVAL: return "invalid argument";
-  case GCAP_ENOMEM: return "out of memory";
-  case GCAP_EDEVICE: return "device error";
-  case GCAP_ECAPTURE: return "not allowed during capture";
-  case GCAP_ESTATE: return "wrong state";
-  case GCAP_EREPLAY: return "replay order refused";
-  case GCAP_EUNSUPPORTED: return "unsupported";
-  case GCAP_EABORTED: return "aborted";
+    case GCAP_OK:
+      return "ok";
+    case GCAP_EINVAL:
+      return "invalid argument";
+    case GCAP_ENOMEM:
+      return "out of memory";
+    case GCAP_EDEVICE:
+      return "device error";
+    case GCAP_ECAPTURE:
+      return "not allowed during capture";
+    case GCAP_ESTATE:
+      return "wrong state";
+    case GCAP_EREPLAY:
+      return "replay order refused";
+    case GCAP_EUNSUPPORTED:
+      return "unsupported";
+    case GCAP_EABORTED:
+      return "aborted";
   }
   return "unknown status";
 }
@@ -67,16 +76,22 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
   *out = NULL;
   open_err[0] = '\0';
   switch (dev) {
-  case GCAP_DEVICE_DEFAULT: be = gcap_cuda_available() ? gc_cuda_backend() : gc_host_backend(); break;
-  case GCAP_DEVICE_HOST: be = gc_host_backend(); break;
-  case GCAP_DEVICE_CUDA:
-    if (gc_cuda_backend() == NULL)
-      return gc_fail(NULL, GCAP_EUNSUPPORTED, "device 'cuda': this build has no cuda backend (built with CUDA=0)");
-    if (!gc_cuda_probe())
-      return gc_fail(NULL, GCAP_EUNSUPPORTED, "device 'cuda': no CUDA GPU is visible");
-    be = gc_cuda_backend();
-    break;
-  default: return gc_fail(NULL, GCAP_EINVAL, "gcap_engine_new: unknown device %d", (int)dev);
+    case GCAP_DEVICE_DEFAULT:
+      be = gcap_cuda_available() ? gc_cuda_backend() : gc_host_backend();
+      break;
+    case GCAP_DEVICE_HOST:
+      be = gc_host_backend();
+      break;
+    case GCAP_DEVICE_CUDA:
+      if (gc_cuda_backend() == NULL)
+        return gc_fail(NULL, GCAP_EUNSUPPORTED,
+                       "device 'cuda': this build has no cuda backend (built with CUDA=0)");
+      if (!gc_cuda_probe())
+        return gc_fail(NULL, GCAP_EUNSUPPORTED, "device 'cuda': no CUDA GPU is visible");
+      be = gc_cuda_backend();
+      break;
+    default:
+      return gc_fail(NULL, GCAP_EINVAL, "gcap_engine_new: unknown device %d", (int)dev);
   }
   e = (gcap_engine *)calloc(1, sizeof *e);
   if (e == NULL) return gc_fail(NULL, GCAP_ENOMEM, "gcap_engine_new: out of host memory");
@@ -107,7 +122,8 @@ fail:
 
 static void eng_destroy(gcap_engine *e) {
   if (e->rng) gc_blk_release(e->rng);
-  while (e->streams) gc_stream_destroy(e->streams);
+  while (e->streams)
+    gc_stream_destroy(e->streams);
   if (e->heap) gc_pool_destroy(e->heap);
   if (e->bs) e->be->shutdown(e->bs);
   free(e->graphs);
@@ -165,7 +181,8 @@ gcap_status gc_check_not_capturing(gcap_engine *e, const char *what) {
 
 gcap_status gc_check_stream(gcap_engine *e, gcap_stream *s, const char *what) {
   if (e->closed)
-    return gc_fail(e, GCAP_ESTATE, "%s: the engine is closed (its objects can only be freed)", what);
+    return gc_fail(e, GCAP_ESTATE, "%s: the engine is closed (its objects can only be freed)",
+                   what);
   if (e->cap == NULL) return GCAP_OK;
   if (e->cap->invalid)
     return gc_fail(e, GCAP_ECAPTURE, "%s: the open capture was invalidated earlier: %s", what,
@@ -228,6 +245,7 @@ void gc_run_deferred(gcap_engine *e) {
     p->next_dead = NULL;
     gc_pool_maybe_release(p);
   }
-  while (e->ndead_ptrs > 0) e->be->free(e->bs, e->dead_ptrs[--e->ndead_ptrs]);
+  while (e->ndead_ptrs > 0)
+    e->be->free(e->bs, e->dead_ptrs[--e->ndead_ptrs]);
   gc_engine_unref(e);
 }

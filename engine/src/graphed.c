@@ -20,7 +20,7 @@ typedef struct ge_entry {
   int callable;
   gcap_module *m;
   int nargs;
-  gcap_tensor **args;    /* static inputs: the sample tensors */
+  gcap_tensor **args; /* static inputs: the sample tensors */
   int nparams;
   gcap_tensor **params;  /* parameters fed to the graphs (pruned in warmup) */
   int params_known;      /* pruning done (warmup iteration 0) */
@@ -53,8 +53,10 @@ void gcap_graphed_opts_init(gcap_graphed_opts *o) {
 static void entry_clear(gcap_graphed *G, ge_entry *x) {
   int k;
   (void)G;
-  for (k = 0; k < x->nargs; k++) gcap_tensor_free(x->args[k]);
-  for (k = 0; x->grad_in && k < x->nargs + x->nparams; k++) gcap_tensor_free(x->grad_in[k]);
+  for (k = 0; k < x->nargs; k++)
+    gcap_tensor_free(x->args[k]);
+  for (k = 0; x->grad_in && k < x->nargs + x->nparams; k++)
+    gcap_tensor_free(x->grad_in[k]);
   for (k = 0; k < x->nparams; k++) {
     gcap_tensor_free(x->params[k]);
     if (x->dw_grad) gcap_tensor_free(x->dw_grad[k]);
@@ -75,7 +77,8 @@ static void entry_clear(gcap_graphed *G, ge_entry *x) {
 static void graphed_destroy(gcap_graphed *G) {
   gcap_engine *e = G->e;
   int i;
-  for (i = 0; i < G->n; i++) entry_clear(G, &G->v[i]);
+  for (i = 0; i < G->n; i++)
+    entry_clear(G, &G->v[i]);
   free(G->v);
   gcap_pool_free(G->pool);
   free(G);
@@ -114,10 +117,10 @@ typedef struct ge_build {
   gcap_tensor **warm_out; /* [n] warmup outputs */
   int done, total;        /* progress within the phase */
   const char *phase;
-  int pass;               /* index of the pass being captured */
-  int prev_bwd;           /* reuse: last backward entry captured, and its order position */
+  int pass;     /* index of the pass being captured */
+  int prev_bwd; /* reuse: last backward entry captured, and its order position */
   int prev_bwd_pos;
-  int last_l0;            /* reuse: the l == 0 entry of the previous backward order value */
+  int last_l0; /* reuse: the l == 0 entry of the previous backward order value */
 } ge_build;
 
 static const char *const group_names[4] = {"forward_pre_hooks", "forward_hooks",
@@ -136,11 +139,11 @@ static gcap_status run_hooks(ge_build *b, int c, int group) {
     }
   for (j = 0; j < h->n[group]; j++) {
     gcap_status st;
-    b->e->err[0] = '\0';
+    gc_clear(b->e);
     if ((st = h->fn[group][j](h->ud[group] ? h->ud[group][j] : NULL, m)) != GCAP_OK) {
-      if (b->e->err[0] == '\0')
-        gc_fail(b->e, st, "capture_time_hooks %s #%d of callable %d failed (%s)", group_names[group], j + 1,
-                c + 1, gcap_status_str(st));
+      if (gcap_errmsg(b->e)[0] == '\0') /* the hook said nothing itself */
+        gc_fail(b->e, st, "capture_time_hooks %s #%d of callable %d failed (%s)",
+                group_names[group], j + 1, c + 1, gcap_status_str(st));
       return st;
     }
   }
@@ -190,7 +193,8 @@ static gcap_status warm_fwd(ge_build *b, int i) {
   gcap_tensor *y = NULL;
   gcap_status st;
   if ((st = run_hooks(b, x->callable, GCAP_FORWARD_PRE_HOOKS)) != GCAP_OK) return st;
-  if ((st = gc_module_forward(x->m, x->nargs, x->args, &y)) != GCAP_OK) return where(b, st, i, "warmup forward");
+  if ((st = gc_module_forward(x->m, x->nargs, x->args, &y)) != GCAP_OK)
+    return where(b, st, i, "warmup forward");
   gcap_tensor_free(b->warm_out[i]);
   b->warm_out[i] = y;
   return run_hooks(b, x->callable, GCAP_FORWARD_HOOKS);
@@ -208,7 +212,8 @@ static gcap_status prune_params(ge_build *b, int i, int it) {
                      "requires grad, but its grad is None after the backward pass (set "
                      "allow_unused_input to allow it)",
                      i + 1, k + 1);
-  for (k = 0; k < x->nparams; k++) kept += x->params[k]->grad != NULL;
+  for (k = 0; k < x->nparams; k++)
+    kept += x->params[k]->grad != NULL;
   if (kept == x->nparams) {
     x->params_known = 1;
     return GCAP_OK;
@@ -220,8 +225,10 @@ static gcap_status prune_params(ge_build *b, int i, int it) {
                    "appear in the first iteration)",
                    i + 1);
   for (k = 0, kept = 0; k < x->nparams; k++) {
-    if (x->params[k]->grad != NULL) x->params[kept++] = x->params[k];
-    else gcap_tensor_free(x->params[k]);
+    if (x->params[k]->grad != NULL)
+      x->params[kept++] = x->params[k];
+    else
+      gcap_tensor_free(x->params[k]);
   }
   x->nparams = kept;
   x->params_known = 1;
@@ -234,7 +241,8 @@ static gcap_status warm_bwd(ge_build *b, int i, int it) {
   gcap_status st;
   if ((st = run_hooks(b, x->callable, GCAP_BACKWARD_PRE_HOOKS)) != GCAP_OK) goto done;
   if (b->warm_out[i] && b->warm_out[i]->requires_grad) {
-    if ((st = zeros_like(b->warm_out[i], &gout)) == GCAP_OK) st = gcap_backward(b->warm_out[i], gout, 0);
+    if ((st = zeros_like(b->warm_out[i], &gout)) == GCAP_OK)
+      st = gcap_backward(b->warm_out[i], gout, 0);
     if (st == GCAP_OK && x->need_dw) st = gcap_module_backward_dw(x->m);
     if (st != GCAP_OK) {
       st = where(b, st, i, "warmup backward");
@@ -320,7 +328,9 @@ static gcap_status cap_dw(ge_build *b, int i) {
   ge_entry *x = &b->G->v[i];
   gcap_status st;
   if (x->dw != NULL)
-    return gc_fail(b->e, GCAP_EINVAL, "make_graphed_callables: the delayed wgrad of entry %d is captured twice", i + 1);
+    return gc_fail(b->e, GCAP_EINVAL,
+                   "make_graphed_callables: the delayed wgrad of entry %d is captured twice",
+                   i + 1);
   if ((st = capture(b, i, "delayed wgrad", &x->dw, cap_dw_body)) != GCAP_OK) return st;
   return take_grads(b, x, &x->dw_grad, x->nargs, x->nparams);
 }
@@ -346,9 +356,10 @@ static gcap_tensor *shared_grad_out(ge_build *b, const gcap_tensor *out) {
 
 static gcap_status weaken_grads(ge_entry *x, int from) {
   int k;
-  gcap_status st;
-  for (k = from; x->grad_in && k < x->nargs + x->nparams; k++)
-    if (x->grad_in[k] && (st = gc_tensor_weaken(x->grad_in[k])) != GCAP_OK) return st;
+  for (k = from; x->grad_in && k < x->nargs + x->nparams; k++) {
+    gcap_status st = x->grad_in[k] ? gc_tensor_weaken(x->grad_in[k]) : GCAP_OK;
+    if (st != GCAP_OK) return st;
+  }
   return GCAP_OK;
 }
 
@@ -365,7 +376,8 @@ static gcap_status release_dead(ge_build *b, int i) {
   gcap_status st;
   if ((st = gc_tensor_weaken(x->out)) != GCAP_OK) return st;
   if (b->G->clone && (st = weaken_grads(x, x->nargs)) != GCAP_OK) return st;
-  if (b->prev_bwd >= 0 && b->prev_bwd_pos == p->pos && (st = weaken_grads(&b->G->v[b->prev_bwd], 0)) != GCAP_OK)
+  if (b->prev_bwd >= 0 && b->prev_bwd_pos == p->pos &&
+      (st = weaken_grads(&b->G->v[b->prev_bwd], 0)) != GCAP_OK)
     return st;
   b->prev_bwd = i;
   b->prev_bwd_pos = p->pos;
@@ -395,7 +407,8 @@ static gcap_status cap_bwd(ge_build *b, int i) {
     return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
   gcap_tensor_free(x->out);
   x->out = alias;
-  if (x->need_dw && b->sched.delayed_wgrad == 0 && (st = cap_dw(b, i)) != GCAP_OK) return st; /* right after, as TE */
+  if (x->need_dw && b->sched.delayed_wgrad == 0 && (st = cap_dw(b, i)) != GCAP_OK)
+    return st; /* right after, as TE */
   return b->o->reuse_graph_input_output_buffers ? release_dead(b, i) : GCAP_OK;
 }
 
@@ -414,12 +427,14 @@ static gcap_status check_hooks(gcap_engine *e, int ncallables, const gcap_graphe
     for (g = 0; g < 4; g++) {
       const gcap_capture_hooks *h = &o->capture_time_hooks[c];
       if (h->n[g] < 0 || (h->n[g] > 0 && h->fn[g] == NULL))
-        return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: capture_time_hooks[%d].%s is malformed", c + 1,
+        return gc_fail(e, GCAP_EINVAL,
+                       "make_graphed_callables: capture_time_hooks[%d].%s is malformed", c + 1,
                        group_names[g]);
       for (j = 0; j < h->n[g]; j++)
         if (h->fn[g][j] == NULL)
-          return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: capture_time_hooks[%d].%s #%d is NULL",
-                         c + 1, group_names[g], j + 1);
+          return gc_fail(e, GCAP_EINVAL,
+                         "make_graphed_callables: capture_time_hooks[%d].%s #%d is NULL", c + 1,
+                         group_names[g], j + 1);
     }
   return GCAP_OK;
 }
@@ -437,8 +452,10 @@ static gcap_status check_inputs(gcap_engine *e, int ncallables, gcap_module *con
     return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: num_warmup_iters must be >= 0, got %d",
                    o->num_warmup_iters);
   for (c = 0; c < ncallables; c++) {
-    if (callables[c] == NULL) return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: callable %d is NULL", c + 1);
-    if ((st = gc_module_check_graphable(callables[c], "make_graphed_callables")) != GCAP_OK) return st;
+    if (callables[c] == NULL)
+      return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: callable %d is NULL", c + 1);
+    if ((st = gc_module_check_graphable(callables[c], "make_graphed_callables")) != GCAP_OK)
+      return st;
     if (gcap_module_training(callables[c]) != gcap_module_training(callables[0]))
       return gc_fail(e, GCAP_EINVAL,
                      "make_graphed_callables: modules must be all in training or all in eval "
@@ -453,21 +470,26 @@ static gcap_status check_inputs(gcap_engine *e, int ncallables, gcap_module *con
     for (k = 0; k < nargs[i]; k++) {
       gcap_tensor *t = args[i][k];
       if (t == NULL)
-        return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: sample_args[%d][%d] is not a tensor", i + 1, k + 1);
+        return gc_fail(e, GCAP_EINVAL,
+                       "make_graphed_callables: sample_args[%d][%d] is not a tensor", i + 1, k + 1);
       if (t->e != e)
-        return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: sample_args[%d][%d] belongs to another engine",
+        return gc_fail(e, GCAP_EINVAL,
+                       "make_graphed_callables: sample_args[%d][%d] belongs to another engine",
                        i + 1, k + 1);
       if (t->requires_grad && t->grad_fn != NULL)
-        return gc_fail(e, GCAP_EINVAL,
-                       "make_graphed_callables: sample_args[%d][%d] requires grad but is not a leaf "
-                       "(made by '%s'); pass a leaf (detach it and set requires_grad)",
-                       i + 1, k + 1, t->grad_fn->name);
+        return gc_fail(
+            e, GCAP_EINVAL,
+            "make_graphed_callables: sample_args[%d][%d] requires grad but is not a leaf "
+            "(made by '%s'); pass a leaf (detach it and set requires_grad)",
+            i + 1, k + 1, t->grad_fn->name);
     }
   }
   if (o->reuse_graph_input_output_buffers && o->order == NULL)
-    return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: reuse_graph_input_output_buffers needs order");
+    return gc_fail(e, GCAP_EINVAL,
+                   "make_graphed_callables: reuse_graph_input_output_buffers needs order");
   if (o->reuse_graph_input_output_buffers && !*training)
-    return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: reuse_graph_input_output_buffers needs training mode");
+    return gc_fail(e, GCAP_EINVAL,
+                   "make_graphed_callables: reuse_graph_input_output_buffers needs training mode");
   return check_hooks(e, ncallables, o);
 }
 
@@ -561,10 +583,13 @@ static int same_inputs(const ge_entry *a, const ge_entry *c) {
 ** backward is done (same shapes and dtypes), oldest first. */
 static gcap_status share_inputs(ge_build *b) {
   gcap_graphed *G = b->G;
-  int *fq = (int *)malloc(sizeof(int) * (size_t)G->n * 3 + sizeof(int));
-  int *done = fq + G->n, *chunk = done + G->n, nfq = 0, ndone = 0, i, j, k;
+  int *fq = (int *)malloc(sizeof(int) * (size_t)G->n * 3 + sizeof(int)), *done, *chunk;
+  int nfq = 0, ndone = 0, i, j, k;
   if (fq == NULL) return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
-  for (i = 0; i < b->sched.n; i++) chunk[b->sched.v[i].entry] = b->sched.v[i].chunk;
+  done = fq + G->n;
+  chunk = done + G->n;
+  for (i = 0; i < b->sched.n; i++)
+    chunk[b->sched.v[i].entry] = b->sched.v[i].chunk;
   for (i = 0; i < b->sched.n; i++) {
     const gc_pass *p = &b->sched.v[i];
     if (p->kind == GC_PASS_FWD) {
@@ -607,14 +632,18 @@ static gcap_status warmup(ge_build *b) {
   if (o->pre_warmup_hook && (st = o->pre_warmup_hook(o->pre_warmup_ud)) != GCAP_OK) goto done;
   for (it = 0; it < o->num_warmup_iters && st == GCAP_OK; it++) {
     if (o->order == NULL) {
-      for (i = 0; i < G->n && st == GCAP_OK; i++, progress(b)) st = warm_fwd(b, i);
-      for (i = G->n - 1; G->training && i >= 0 && st == GCAP_OK; i--, progress(b)) st = warm_bwd(b, i, it);
+      for (i = 0; i < G->n && st == GCAP_OK; i++, progress(b))
+        st = warm_fwd(b, i);
+      for (i = G->n - 1; G->training && i >= 0 && st == GCAP_OK; i--, progress(b))
+        st = warm_bwd(b, i, it);
       continue;
     }
     for (i = 0; i < b->sched.n && st == GCAP_OK; i++, progress(b)) {
       gc_pass *p = &b->sched.v[i];
-      if (p->kind == GC_PASS_FWD) st = warm_fwd(b, p->entry);
-      else if (p->kind == GC_PASS_BWD) st = warm_bwd(b, p->entry, it);
+      if (p->kind == GC_PASS_FWD)
+        st = warm_fwd(b, p->entry);
+      else if (p->kind == GC_PASS_BWD)
+        st = warm_bwd(b, p->entry, it);
     }
   }
   if (st == GCAP_OK && o->post_warmup_hook) st = o->post_warmup_hook(o->post_warmup_ud);
@@ -634,9 +663,12 @@ static gcap_status capture_all(ge_build *b) {
   for (i = 0; i < b->sched.n && st == GCAP_OK; i++, progress(b)) {
     gc_pass *p = &b->sched.v[i];
     b->pass = i;
-    if (p->kind == GC_PASS_FWD) st = cap_fwd(b, p->entry);
-    else if (p->kind == GC_PASS_BWD) st = cap_bwd(b, p->entry);
-    else st = cap_dw(b, p->entry);
+    if (p->kind == GC_PASS_FWD)
+      st = cap_fwd(b, p->entry);
+    else if (p->kind == GC_PASS_BWD)
+      st = cap_bwd(b, p->entry);
+    else
+      st = cap_dw(b, p->entry);
   }
   for (i = 0; i < G->n && st == GCAP_OK; i++)
     if (G->v[i].need_dw && G->v[i].dw == NULL)
@@ -667,13 +699,15 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
     opts = &defaults;
   }
   if ((st = gc_check_not_capturing(e, "make_graphed_callables")) != GCAP_OK) return st;
-  if ((st = check_inputs(e, ncallables, callables, nentries, nargs, args, opts, &training)) != GCAP_OK)
+  if ((st = check_inputs(e, ncallables, callables, nentries, nargs, args, opts, &training)) !=
+      GCAP_OK)
     return st;
   memset(&b, 0, sizeof b);
   b.e = e;
   b.o = opts;
-  if ((st = gc_schedule_build(e, opts->order, opts->order_len, opts->num_layers_per_chunk, opts->num_chunks,
-                              ncallables, nentries, training, &b.sched)) != GCAP_OK)
+  if ((st = gc_schedule_build(e, opts->order, opts->order_len, opts->num_layers_per_chunk,
+                              opts->num_chunks, ncallables, nentries, training, &b.sched)) !=
+      GCAP_OK)
     goto fail0;
   /* the replay object, empty until everything worked */
   if ((b.G = (gcap_graphed *)calloc(1, sizeof *b.G)) == NULL ||
@@ -691,8 +725,10 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
   b.G->training = training;
   b.G->clone = opts->clone_param_grads_on_return;
   gc_engine_ref(e);
-  if ((st = e->be->download(e, e->bs, e->current->bs, rng, e->rng->ptr, sizeof rng)) != GCAP_OK) goto fail;
-  for (i = 0; i < ncallables; i++) gc_module_wgrad_aside(callables[i], 1);
+  if ((st = e->be->download(e, e->bs, e->current->bs, rng, e->rng->ptr, sizeof rng)) != GCAP_OK)
+    goto fail;
+  for (i = 0; i < ncallables; i++)
+    gc_module_wgrad_aside(callables[i], 1);
   if ((st = build_entries(&b, callables, nargs, args, &snap)) != GCAP_OK) goto fail;
   if (opts->reuse_graph_input_output_buffers && (st = share_inputs(&b)) != GCAP_OK) goto fail;
   warm_passes = opts->order ? b.sched.n : nentries * (training ? 2 : 1);
@@ -700,13 +736,18 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
   if ((st = warmup(&b)) != GCAP_OK) goto fail;
   b.done = 0;
   b.total = b.sched.n;
-  if (opts->pool) b.G->pool = gcap_pool_retain(opts->pool);
-  else if ((st = gcap_pool_new(e, &b.G->pool)) != GCAP_OK) goto fail;
+  if (opts->pool)
+    b.G->pool = gcap_pool_retain(opts->pool);
+  else if ((st = gcap_pool_new(e, &b.G->pool)) != GCAP_OK)
+    goto fail;
   if ((st = capture_all(&b)) != GCAP_OK) goto fail;
-  for (i = 0; i < ncallables; i++) gc_module_wgrad_aside(callables[i], 0);
+  for (i = 0; i < ncallables; i++)
+    gc_module_wgrad_aside(callables[i], 0);
   snap_restore(&snap);
-  st = e->be->upload(e, e->bs, e->current->bs, e->rng->ptr, rng, sizeof rng); /* warmup drew nothing */
-  for (i = 0; i < nentries; i++) gcap_tensor_free(b.warm_out[i]);
+  st = e->be->upload(e, e->bs, e->current->bs, e->rng->ptr, rng,
+                     sizeof rng); /* warmup drew nothing */
+  for (i = 0; i < nentries; i++)
+    gcap_tensor_free(b.warm_out[i]);
   free(b.warm_out);
   gc_schedule_free(&b.sched);
   if (st != GCAP_OK) {
@@ -714,22 +755,24 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
     return st;
   }
   if (opts->order == NULL)
-    for (i = 0; i < nentries; i++) gc_module_set_graphed(b.G->v[i].m, b.G, i);
+    for (i = 0; i < nentries; i++)
+      gc_module_set_graphed(b.G->v[i].m, b.G, i);
   *out = b.G;
   return GCAP_OK;
-fail:
-  {
-    char msg[GC_ERRLEN];
-    snprintf(msg, sizeof msg, "%s", e->err);
-    snap_restore(&snap);
-    for (i = 0; i < ncallables; i++) gc_module_wgrad_aside(callables[i], 0);
-    for (i = 0; i < nentries; i++) gcap_tensor_free(b.warm_out[i]);
-    free(b.warm_out);
-    graphed_destroy(b.G);
-    if (opts->pool) gc_pool_trim_since(opts->pool, segs_before);
-    e->be->upload(e, e->bs, e->current->bs, e->rng->ptr, rng, sizeof rng);
-    gc_fail(e, st, "%s", msg);
-  }
+fail : {
+  char msg[GC_ERRLEN];
+  snprintf(msg, sizeof msg, "%s", e->err);
+  snap_restore(&snap);
+  for (i = 0; i < ncallables; i++)
+    gc_module_wgrad_aside(callables[i], 0);
+  for (i = 0; i < nentries; i++)
+    gcap_tensor_free(b.warm_out[i]);
+  free(b.warm_out);
+  graphed_destroy(b.G);
+  if (opts->pool) gc_pool_trim_since(opts->pool, segs_before);
+  e->be->upload(e, e->bs, e->current->bs, e->rng->ptr, rng, sizeof rng);
+  gc_fail(e, st, "%s", msg);
+}
 fail0:
   gc_schedule_free(&b.sched);
   return st;
@@ -755,7 +798,8 @@ static gcap_status entry_ok(gcap_graphed *G, int entry, const char *what) {
   if (entry < 0 || entry >= G->n)
     return gc_fail(G->e, GCAP_EINVAL, "%s: entry %d out of range 1..%d", what, entry + 1, G->n);
   if (G->v[entry].reset)
-    return gc_fail(G->e, GCAP_ESTATE, "%s: entry %d was reset; its graphs are gone", what, entry + 1);
+    return gc_fail(G->e, GCAP_ESTATE, "%s: entry %d was reset; its graphs are gone", what,
+                   entry + 1);
   return GCAP_OK;
 }
 
@@ -766,15 +810,21 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   ge_entry *x = &G->v[r->entry];
   gcap_status st;
   int k;
-  if (x->reset) return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
-  if (x->bwd == NULL) return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph", r->entry + 1);
-  if (gc_tensor_ptr(g) != gc_tensor_ptr(x->grad_out) && (st = gcap_copy_(x->grad_out, g)) != GCAP_OK) return st;
+  if (x->reset)
+    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
+  if (x->bwd == NULL)
+    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
+                   r->entry + 1);
+  if (gc_tensor_ptr(g) != gc_tensor_ptr(x->grad_out) &&
+      (st = gcap_copy_(x->grad_out, g)) != GCAP_OK)
+    return st;
   if ((st = gcap_graph_replay(x->bwd)) != GCAP_OK) return st;
   for (k = 0; k < x->nargs + x->nparams; k++) {
     gcap_tensor *s = x->grad_in[k];
     if (s == NULL || !gc_node_needs(n, k)) continue;
     if (k >= x->nargs && !G->clone && n->leaf[k] != NULL && n->leaf[k]->grad == NULL) {
-      n->leaf[k]->grad = gc_tensor_alias(s, s->ndim, s->shape); /* the static buffer itself, as TE */
+      n->leaf[k]->grad =
+          gc_tensor_alias(s, s->ndim, s->shape); /* the static buffer itself, as TE */
       continue;
     }
     if ((gin[k] = gc_tensor_alias(s, s->ndim, s->shape)) == NULL)
@@ -796,16 +846,19 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
   if (gcap_module_training(x->m) != G->training) /* another mode than captured: eager */
     return gc_module_forward(x->m, nin, in, out);
   if (nin != x->nargs)
-    return gc_fail(G->e, GCAP_EINVAL, "graphed call of entry %d: expected %d tensor arguments, got %d",
-                   entry + 1, x->nargs, nin);
+    return gc_fail(G->e, GCAP_EINVAL,
+                   "graphed call of entry %d: expected %d tensor arguments, got %d", entry + 1,
+                   x->nargs, nin);
   was = gcap_set_grad_enabled(G->e, 0);
   for (k = 0; k < nin; k++) {
     if (in[k] == NULL || in[k]->e != G->e) {
       gcap_set_grad_enabled(G->e, was);
-      return gc_fail(G->e, GCAP_EINVAL, "graphed call of entry %d: argument #%d is not a tensor of this engine",
+      return gc_fail(G->e, GCAP_EINVAL,
+                     "graphed call of entry %d: argument #%d is not a tensor of this engine",
                      entry + 1, k + 1);
     }
-    if (gc_tensor_ptr(in[k]) != gc_tensor_ptr(x->args[k]) && (st = gcap_copy_(x->args[k], in[k])) != GCAP_OK) {
+    if (gc_tensor_ptr(in[k]) != gc_tensor_ptr(x->args[k]) &&
+        (st = gcap_copy_(x->args[k], in[k])) != GCAP_OK) {
       gcap_set_grad_enabled(G->e, was);
       return st;
     }
@@ -816,7 +869,8 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
     return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
   if (x->bwd != NULL && G->e->grad_enabled) {
     int ns = x->nargs + x->nparams, any = x->nparams > 0;
-    for (k = 0; k < nin; k++) any |= in[k]->requires_grad;
+    for (k = 0; k < nin; k++)
+      any |= in[k]->requires_grad;
     if (any) {
       ge_ref *r;
       gc_node *n;
@@ -829,7 +883,8 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
         *out = NULL;
         return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
       }
-      for (k = 0; k < ns; k++) surf[k] = k < nin ? in[k] : x->params[k - nin];
+      for (k = 0; k < ns; k++)
+        surf[k] = k < nin ? in[k] : x->params[k - nin];
       st = gc_record(*out, "graphed", ge_backward, surf, ns, NULL, 0, &n);
       if (surf != small) free(surf);
       if (st != GCAP_OK) {
@@ -867,7 +922,8 @@ gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
   gcap_status st;
   if ((st = entry_ok(G, entry, "reset")) != GCAP_OK) return st;
   x = &G->v[entry];
-  if (G->e->cap != NULL) return gc_fail(G->e, GCAP_ESTATE, "reset: not allowed while a capture is open");
+  if (G->e->cap != NULL)
+    return gc_fail(G->e, GCAP_ESTATE, "reset: not allowed while a capture is open");
   gc_module_set_graphed(x->m, NULL, 0);
   gcap_graph_free(x->fwd);
   gcap_graph_free(x->bwd);

@@ -25,12 +25,12 @@ typedef struct gc_seg gc_seg;
 typedef struct gc_blk {
   char *ptr;
   size_t size;
-  int refs;                    /* 0: free */
-  int weak;                    /* a detached copy: the memory went back to the pool */
-  gcap_pool *pool;             /* the pool (or the engine heap) it belongs to */
-  gcap_stream *stream;         /* blocks are reused on the stream they were freed on */
+  int refs;            /* 0: free */
+  int weak;            /* a detached copy: the memory went back to the pool */
+  gcap_pool *pool;     /* the pool (or the engine heap) it belongs to */
+  gcap_stream *stream; /* blocks are reused on the stream they were freed on */
   gc_seg *seg;
-  struct gc_blk *prev, *next;  /* neighbours in the segment, by address */
+  struct gc_blk *prev, *next;   /* neighbours in the segment, by address */
   struct gc_blk *fprev, *fnext; /* free list */
 } gc_blk;
 
@@ -53,14 +53,14 @@ typedef struct gc_ivmap {
 
 struct gcap_pool {
   gcap_engine *e;
-  int handles;      /* user references (gcap_pool_new, retain) */
-  int graphs;       /* graphs holding the pool: captured or capturing */
-  int64_t blocks;   /* live blocks */
-  int is_heap;      /* the engine's ordinary allocator */
+  int handles;    /* user references (gcap_pool_new, retain) */
+  int graphs;     /* graphs holding the pool: captured or capturing */
+  int64_t blocks; /* live blocks */
+  int is_heap;    /* the engine's ordinary allocator */
   gc_seg *segs;
   gc_blk *freelist;
   size_t reserved, in_use, peak;
-  gc_ivmap writers; /* replay check: who wrote what last */
+  gc_ivmap writers;            /* replay check: who wrote what last */
   struct gcap_pool *next_dead; /* deferred release list */
 };
 
@@ -90,11 +90,11 @@ void gc_ivmap_free(gc_ivmap *m);
 
 struct gcap_stream {
   gcap_engine *e;
-  void *bs;                /* the backend's stream */
-  int owned_by_engine;     /* default and capture streams */
-  int in_capture;          /* origin of, or forked into, the open capture */
-  uint64_t seq;            /* work items queued so far */
-  uint64_t joined_seq;     /* seq when last joined back into the origin */
+  void *bs;                 /* the backend's stream */
+  int owned_by_engine;      /* default and capture streams */
+  int in_capture;           /* origin of, or forked into, the open capture */
+  uint64_t seq;             /* work items queued so far */
+  uint64_t joined_seq;      /* seq when last joined back into the origin */
   gcap_stream *prev, *next; /* the engine's list of streams */
 };
 
@@ -167,12 +167,12 @@ struct gc_node {
   int ndim;     /* the output's shape and dtype, to check incoming grads */
   int64_t shape[GCAP_MAXDIM];
   gcap_dtype dt;
-  float f[4];     /* op constants */
+  float f[4]; /* op constants */
   int64_t k[4];
-  void *ud;       /* op state (e.g. a module for delayed wgrad) */
+  void *ud; /* op state (e.g. a module for delayed wgrad) */
   void (*ud_free)(void *ud);
   gc_node *free_next; /* release worklist */
-  uint64_t mark;  /* scheduling scratch */
+  uint64_t mark;      /* scheduling scratch */
   int deps;
   gcap_tensor *acc;
 };
@@ -181,9 +181,8 @@ struct gc_node {
 int gc_grad_needed(gcap_engine *e, gcap_tensor *const *in, int nin);
 /* Record node `name` as out's grad_fn, its inputs in[], saving save[]
 ** (as aliases, so saved outputs make no cycle). */
-gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw,
-                      gcap_tensor *const *in, int nin, gcap_tensor *const *save, int nsave,
-                      gc_node **node);
+gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gcap_tensor *const *in,
+                      int nin, gcap_tensor *const *save, int nsave, gc_node **node);
 static inline int gc_node_needs(const gc_node *n, int i) {
   return n->next[i] != NULL || n->leaf[i] != NULL;
 }
@@ -205,7 +204,7 @@ gcap_status gc_module_check_graphable(gcap_module *m, const char *where);
 void gc_module_wgrad_aside(gcap_module *m, int aside);
 /* Give back to the device the segments p gained after `since` (its segment
 ** list head then) that are entirely free again. */
-void gc_pool_trim_since(gcap_pool *p, gc_seg *since);
+void gc_pool_trim_since(gcap_pool *p, const gc_seg *since);
 /* Route m's calls to entry `entry` of g (g NULL: back to m's forward). */
 void gc_module_set_graphed(gcap_module *m, gcap_graphed *g, int entry);
 
@@ -259,7 +258,7 @@ void gc_graph_destroy(gcap_graph *g);
 struct gcap_engine {
   const gc_backend *be;
   void *bs;
-  int refs;  /* live objects + 1 while the user holds it */
+  int refs; /* live objects + 1 while the user holds it */
   int closed;
   char err[GC_ERRLEN];
   gcap_stream *streams; /* every live stream */
@@ -270,7 +269,7 @@ struct gcap_engine {
   int replay_check;
   int grad_enabled;
   uint64_t bw_mark; /* backward pass counter (node marks) */
-  gc_blk *rng; /* device u64[2] {seed, offset} */
+  gc_blk *rng;      /* device u64[2] {seed, offset} */
   int next_graph_id;
   gcap_graph **graphs; /* by id, NULL once destroyed: names for messages */
   int graphs_cap;

@@ -27,7 +27,8 @@ static gcap_status act_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *x = n->saved[0], *in[2];
   gc_kargs a;
   gcap_status st;
-  if ((st = gc_tensor_alloc(g->e, n->name, x->dt, x->ndim, x->shape, &gin[0])) != GCAP_OK) return st;
+  if ((st = gc_tensor_alloc(g->e, n->name, x->dt, x->ndim, x->shape, &gin[0])) != GCAP_OK)
+    return st;
   memset(&a, 0, sizeof a);
   a.p[0] = gc_tensor_ptr(gin[0]);
   a.p[1] = gc_tensor_ptr(g);
@@ -35,7 +36,8 @@ static gcap_status act_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   a.n[0] = x->numel;
   in[0] = g;
   in[1] = x;
-  if ((st = gc_run(g->e, (int)n->k[0], &a, in, 2, gin[0])) != GCAP_OK) return fail_free(&gin[0], st);
+  if ((st = gc_run(g->e, (int)n->k[0], &a, in, 2, gin[0])) != GCAP_OK)
+    return fail_free(&gin[0], st);
   return GCAP_OK;
 }
 
@@ -45,7 +47,8 @@ static gcap_status activation(gcap_tensor *x, int k, int kbw, const char *op, gc
   if ((st = begin(x, out)) != GCAP_OK) return st;
   if ((st = gc_unary(x, k, 0.0f, op, 0, out)) != GCAP_OK) return st;
   if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
-  if ((st = gc_record(*out, op, act_backward, &x, 1, &x, 1, &n)) != GCAP_OK) return fail_free(out, st);
+  if ((st = gc_record(*out, op, act_backward, &x, 1, &x, 1, &n)) != GCAP_OK)
+    return fail_free(out, st);
   n->k[0] = kbw;
   return GCAP_OK;
 }
@@ -77,7 +80,8 @@ static gcap_status ln_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   in[2] = mean;
   in[3] = rstd;
   if (gc_node_needs(n, 0)) {
-    if ((st = gc_tensor_alloc(g->e, "layer_norm backward", x->dt, x->ndim, x->shape, &gin[0])) != GCAP_OK)
+    if ((st = gc_tensor_alloc(g->e, "layer_norm backward", x->dt, x->ndim, x->shape, &gin[0])) !=
+        GCAP_OK)
       return st;
     memset(&a, 0, sizeof a);
     a.p[0] = gc_tensor_ptr(gin[0]);
@@ -133,14 +137,16 @@ gcap_status gcap_layer_norm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, doub
   cols = last_dim(x);
   rows = cols > 0 ? x->numel / cols : 0;
   if ((w && (w->e != x->e || w->dt != x->dt || w->ndim != 1 || w->shape[0] != cols)) ||
-      (b && (b->e != x->e || b->dt != x->dt || b->ndim != 1 || b->shape[0] != cols)) || x->ndim < 1) {
+      (b && (b->e != x->e || b->dt != x->dt || b->ndim != 1 || b->shape[0] != cols)) ||
+      x->ndim < 1) {
     char b1[64];
     return gc_fail(x->e, GCAP_EINVAL,
                    "layer_norm: expected input [..., n] with weight and bias [n] of its dtype; got "
                    "input %s",
                    gc_shape_str(x, b1, sizeof b1));
   }
-  if ((st = gc_tensor_alloc(x->e, "layer_norm", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;
+  if ((st = gc_tensor_alloc(x->e, "layer_norm", x->dt, x->ndim, x->shape, out)) != GCAP_OK)
+    return st;
   if ((st = gc_tensor_alloc(x->e, "layer_norm", GCAP_F32, 1, &rows, &mean)) != GCAP_OK ||
       (st = gc_tensor_alloc(x->e, "layer_norm", GCAP_F32, 1, &rows, &rstd)) != GCAP_OK)
     goto fail;
@@ -157,7 +163,8 @@ gcap_status gcap_layer_norm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, doub
   in[0] = x;
   in[1] = w ? w : x;
   in[2] = b ? b : x;
-  if ((st = gc_note_access(x->e, mean, 1)) != GCAP_OK || (st = gc_note_access(x->e, rstd, 1)) != GCAP_OK ||
+  if ((st = gc_note_access(x->e, mean, 1)) != GCAP_OK ||
+      (st = gc_note_access(x->e, rstd, 1)) != GCAP_OK ||
       (st = gc_run(x->e, GC_K_LAYERNORM, &a, in, 3, *out)) != GCAP_OK)
     goto fail;
   in[1] = w;
@@ -197,7 +204,8 @@ static gcap_status row_kernel(gcap_tensor *out, int k, gcap_tensor *x, gcap_tens
 static gcap_status softmax_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *y = n->saved[0];
   gcap_status st;
-  if ((st = gc_tensor_alloc(g->e, "softmax backward", y->dt, y->ndim, y->shape, &gin[0])) != GCAP_OK)
+  if ((st = gc_tensor_alloc(g->e, "softmax backward", y->dt, y->ndim, y->shape, &gin[0])) !=
+      GCAP_OK)
     return st;
   if ((st = row_kernel(gin[0], GC_K_SOFTMAX_BWD, g, y)) != GCAP_OK) return fail_free(&gin[0], st);
   return GCAP_OK;
@@ -250,7 +258,8 @@ gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **o
   a.p[3] = e->rng->ptr;
   a.n[0] = x->numel;
   a.f[0] = (float)p;
-  if ((st = gc_note_access(e, mask, 1)) != GCAP_OK || (st = gc_run(e, GC_K_DROPOUT, &a, &x, 1, *out)) != GCAP_OK)
+  if ((st = gc_note_access(e, mask, 1)) != GCAP_OK ||
+      (st = gc_run(e, GC_K_DROPOUT, &a, &x, 1, *out)) != GCAP_OK)
     goto fail;
   memset(&a, 0, sizeof a);
   a.p[0] = e->rng->ptr;
@@ -276,10 +285,12 @@ gcap_status gcap_mse_loss(gcap_tensor *input, gcap_tensor *target, gcap_tensor *
   if ((st = begin(input, out)) != GCAP_OK) return st;
   if (target == NULL) return GCAP_EINVAL;
   same = input->ndim == target->ndim;
-  for (i = 0; same && i < input->ndim; i++) same = input->shape[i] == target->shape[i];
+  for (i = 0; same && i < input->ndim; i++)
+    same = input->shape[i] == target->shape[i];
   if (!same) {
     char b1[64], b2[64];
-    return gc_fail(input->e, GCAP_EINVAL, "mse_loss: input %s and target %s must have the same shape",
+    return gc_fail(input->e, GCAP_EINVAL,
+                   "mse_loss: input %s and target %s must have the same shape",
                    gc_shape_str(input, b1, sizeof b1), gc_shape_str(target, b2, sizeof b2));
   }
   /* mean((input - target)^2), recorded through the elementwise ops */
@@ -309,7 +320,8 @@ static gcap_status xent_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) 
   in[0] = probs;
   in[1] = tgt;
   in[2] = g;
-  if ((st = gc_run(g->e, GC_K_XENT_BWD, &a, in, 3, gin[0])) != GCAP_OK) return fail_free(&gin[0], st);
+  if ((st = gc_run(g->e, GC_K_XENT_BWD, &a, in, 3, gin[0])) != GCAP_OK)
+    return fail_free(&gin[0], st);
   return GCAP_OK;
 }
 
@@ -343,10 +355,11 @@ gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_te
   a.n[1] = logits->shape[1];
   in[0] = logits;
   in[1] = target;
-  if ((st = gc_note_access(e, probs, 1)) != GCAP_OK || (st = gc_run(e, GC_K_XENT, &a, in, 2, rows)) != GCAP_OK)
+  if ((st = gc_note_access(e, probs, 1)) != GCAP_OK ||
+      (st = gc_run(e, GC_K_XENT, &a, in, 2, rows)) != GCAP_OK)
     goto done;
-  if ((st = gc_unary(rows, GC_K_SUM, rows->numel > 0 ? 1.0f / (float)rows->numel : NAN, "cross_entropy", 1,
-                     out)) != GCAP_OK)
+  if ((st = gc_unary(rows, GC_K_SUM, rows->numel > 0 ? 1.0f / (float)rows->numel : NAN,
+                     "cross_entropy", 1, out)) != GCAP_OK)
     goto done;
   if (gc_grad_needed(e, &logits, 1)) {
     in[0] = probs;

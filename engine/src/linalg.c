@@ -41,7 +41,8 @@ static gcap_status mm(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t m,
 static gcap_status mm_check(gcap_tensor *a, gcap_tensor *b, const char *op) {
   if (a == NULL || b == NULL) return GCAP_EINVAL;
   gc_clear(a->e);
-  if (a->e != b->e) return gc_fail(a->e, GCAP_EINVAL, "%s: the operands belong to different engines", op);
+  if (a->e != b->e)
+    return gc_fail(a->e, GCAP_EINVAL, "%s: the operands belong to different engines", op);
   if (a->dt != b->dt)
     return gc_fail(a->e, GCAP_EINVAL, "%s: dtypes differ (%s and %s)", op, gc_dtype_name(a->dt),
                    gc_dtype_name(b->dt));
@@ -53,7 +54,8 @@ static gcap_status matmul_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin
   int64_t m = a->shape[0], k = a->shape[1], nn = b->shape[1];
   gcap_status st = GCAP_OK;
   if (gc_node_needs(n, 0)) st = mm(g, 0, b, 1, m, k, nn, 1.0f, 0.0f, 2, a->shape, &gin[0]);
-  if (st == GCAP_OK && gc_node_needs(n, 1)) st = mm(a, 1, g, 0, k, nn, m, 1.0f, 0.0f, 2, b->shape, &gin[1]);
+  if (st == GCAP_OK && gc_node_needs(n, 1))
+    st = mm(a, 1, g, 0, k, nn, m, 1.0f, 0.0f, 2, b->shape, &gin[1]);
   return st;
 }
 
@@ -108,7 +110,8 @@ static gcap_status linear_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin
   gcap_tensor *x = n->saved[0], *w = n->saved[1], *b = n->saved[2];
   int64_t out = w->shape[0], in = w->shape[1], rows = out > 0 ? g->numel / out : 0;
   gcap_status st = GCAP_OK;
-  if (gc_node_needs(n, 0)) st = mm(g, 0, w, 0, rows, in, out, 1.0f, 0.0f, x->ndim, x->shape, &gin[0]);
+  if (gc_node_needs(n, 0))
+    st = mm(g, 0, w, 0, rows, in, out, 1.0f, 0.0f, x->ndim, x->shape, &gin[0]);
   if (st != GCAP_OK) return st;
   if (n->ud != NULL) /* delayed wgrad: the module computes them in backward_dw */
     return gc_wgrad_defer(n->ud, g, x);

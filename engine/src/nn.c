@@ -15,8 +15,8 @@
 
 typedef struct mod_entry {
   char *name;
-  gcap_tensor *t;   /* parameters, buffers */
-  gcap_module *m;   /* children */
+  gcap_tensor *t; /* parameters, buffers */
+  gcap_module *m; /* children */
 } mod_entry;
 
 typedef struct mod_list {
@@ -62,7 +62,8 @@ gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fw
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
   if (fwd == NULL) return gc_fail(e, GCAP_EINVAL, "module: forward function is NULL");
-  if ((m = (gcap_module *)calloc(1, sizeof *m)) == NULL) return gc_fail(e, GCAP_ENOMEM, "module: out of host memory");
+  if ((m = (gcap_module *)calloc(1, sizeof *m)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "module: out of host memory");
   m->refs = 1;
   m->e = e;
   snprintf(m->type, sizeof m->type, "%s", type ? type : "Module");
@@ -102,7 +103,8 @@ void gcap_module_free(gcap_module *m) {
   for (i = 0; i < m->nhooks; i++)
     if (m->hooks[i].ud_free) m->hooks[i].ud_free(m->hooks[i].ud);
   free(m->hooks);
-  for (i = 0; i < m->nwq; i++) gcap_tensor_free(m->wq[i]);
+  for (i = 0; i < m->nwq; i++)
+    gcap_tensor_free(m->wq[i]);
   free(m->wq);
   if (m->ud_free) m->ud_free(m->ud);
   free(m);
@@ -152,10 +154,12 @@ static gcap_status list_add(gcap_module *m, mod_list *l, const char *what, const
 gcap_status gcap_module_add_parameter(gcap_module *m, const char *name, gcap_tensor *t) {
   if (m == NULL || t == NULL) return GCAP_EINVAL;
   gc_clear(m->e);
-  if (t->e != m->e) return gc_fail(m->e, GCAP_EINVAL, "%s: parameter '%s' belongs to another engine", m->type, name ? name : "?");
+  if (t->e != m->e)
+    return gc_fail(m->e, GCAP_EINVAL, "%s: parameter '%s' belongs to another engine", m->type,
+                   name ? name : "?");
   if (t->grad_fn != NULL)
-    return gc_fail(m->e, GCAP_EINVAL, "%s: parameter '%s' must be a leaf (it was made by '%s')", m->type,
-                   name ? name : "?", t->grad_fn->name);
+    return gc_fail(m->e, GCAP_EINVAL, "%s: parameter '%s' must be a leaf (it was made by '%s')",
+                   m->type, name ? name : "?", t->grad_fn->name);
   t->requires_grad = 1;
   return list_add(m, &m->params, "parameter", name, t, NULL);
 }
@@ -163,7 +167,9 @@ gcap_status gcap_module_add_parameter(gcap_module *m, const char *name, gcap_ten
 gcap_status gcap_module_add_buffer(gcap_module *m, const char *name, gcap_tensor *t) {
   if (m == NULL || t == NULL) return GCAP_EINVAL;
   gc_clear(m->e);
-  if (t->e != m->e) return gc_fail(m->e, GCAP_EINVAL, "%s: buffer '%s' belongs to another engine", m->type, name ? name : "?");
+  if (t->e != m->e)
+    return gc_fail(m->e, GCAP_EINVAL, "%s: buffer '%s' belongs to another engine", m->type,
+                   name ? name : "?");
   return list_add(m, &m->buffers, "buffer", name, t, NULL);
 }
 
@@ -178,14 +184,18 @@ static int module_contains(const gcap_module *m, const gcap_module *c) {
 gcap_status gcap_module_add_child(gcap_module *m, const char *name, gcap_module *child) {
   if (m == NULL || child == NULL) return GCAP_EINVAL;
   gc_clear(m->e);
-  if (child->e != m->e) return gc_fail(m->e, GCAP_EINVAL, "%s: child '%s' belongs to another engine", m->type, name ? name : "?");
+  if (child->e != m->e)
+    return gc_fail(m->e, GCAP_EINVAL, "%s: child '%s' belongs to another engine", m->type,
+                   name ? name : "?");
   if (module_contains(child, m))
-    return gc_fail(m->e, GCAP_EINVAL, "%s: child '%s' would make a cycle", m->type, name ? name : "?");
+    return gc_fail(m->e, GCAP_EINVAL, "%s: child '%s' would make a cycle", m->type,
+                   name ? name : "?");
   return list_add(m, &m->children, "child", name, NULL, child);
 }
 
 /* Depth-first walk over parameters (buffers = 0) or buffers: the i-th. */
-static gcap_tensor *walk(const gcap_module *m, int buffers, int *i, char *name, size_t n, size_t at) {
+static gcap_tensor *walk(const gcap_module *m, int buffers, int *i, char *name, size_t n,
+                         size_t at) {
   const mod_list *l = buffers ? &m->buffers : &m->params;
   int j;
   if (*i < l->n) {
@@ -207,7 +217,8 @@ static gcap_tensor *walk(const gcap_module *m, int buffers, int *i, char *name, 
 
 static int count(const gcap_module *m, int buffers) {
   int j, c = buffers ? m->buffers.n : m->params.n;
-  for (j = 0; j < m->children.n; j++) c += count(m->children.v[j].m, buffers);
+  for (j = 0; j < m->children.n; j++)
+    c += count(m->children.v[j].m, buffers);
   return c;
 }
 
@@ -243,7 +254,8 @@ void gcap_module_train(gcap_module *m, int on) {
   int j;
   if (m == NULL) return;
   m->training = on != 0;
-  for (j = 0; j < m->children.n; j++) gcap_module_train(m->children.v[j].m, on);
+  for (j = 0; j < m->children.n; j++)
+    gcap_module_train(m->children.v[j].m, on);
 }
 
 int gcap_module_training(const gcap_module *m) {
@@ -293,7 +305,8 @@ gcap_status gcap_module_remove_hook(gcap_module *m, int id) {
 
 int gcap_module_num_hooks(const gcap_module *m, gcap_hook_kind kind) {
   int i, c = 0;
-  for (i = 0; m && i < m->nhooks; i++) c += m->hooks[i].kind == kind;
+  for (i = 0; m && i < m->nhooks; i++)
+    c += m->hooks[i].kind == kind;
   return c;
 }
 
@@ -305,15 +318,18 @@ static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a) {
     int i, next = -1;
     gcap_status st;
     for (i = 0; i < m->nhooks; i++)
-      if (m->hooks[i].kind == a->kind && m->hooks[i].id > last && (next < 0 || m->hooks[i].id < m->hooks[next].id))
+      if (m->hooks[i].kind == a->kind && m->hooks[i].id > last &&
+          (next < 0 || m->hooks[i].id < m->hooks[next].id))
         next = i;
     if (next < 0) return GCAP_OK;
     last = m->hooks[next].id;
     if ((st = m->hooks[next].fn(m->hooks[next].ud, m, a)) != GCAP_OK) {
       if (m->e->err[0] == '\0')
         gc_fail(m->e, st, "%s: a %s hook failed (%s)", m->type,
-                a->kind == GCAP_HOOK_FORWARD_PRE ? "forward pre" : a->kind == GCAP_HOOK_FORWARD ? "forward"
-                : a->kind == GCAP_HOOK_BACKWARD_PRE ? "backward pre" : "backward",
+                a->kind == GCAP_HOOK_FORWARD_PRE    ? "forward pre"
+                : a->kind == GCAP_HOOK_FORWARD      ? "forward"
+                : a->kind == GCAP_HOOK_BACKWARD_PRE ? "backward pre"
+                                                    : "backward",
                 gcap_status_str(st));
       return st;
     }
@@ -395,10 +411,12 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
   if (m == NULL) return GCAP_EINVAL;
   gc_clear(m->e);
   if (nin < 0 || nin > 8 || (nin > 0 && in == NULL))
-    return gc_fail(m->e, GCAP_EINVAL, "%s: a module takes 0 to 8 tensor inputs, got %d", m->type, nin);
+    return gc_fail(m->e, GCAP_EINVAL, "%s: a module takes 0 to 8 tensor inputs, got %d", m->type,
+                   nin);
   for (i = 0; i < nin; i++) {
     if (in[i] == NULL) return gc_fail(m->e, GCAP_EINVAL, "%s: input #%d is NULL", m->type, i + 1);
-    if (in[i]->e != m->e) return gc_fail(m->e, GCAP_EINVAL, "%s: input #%d belongs to another engine", m->type, i + 1);
+    if (in[i]->e != m->e)
+      return gc_fail(m->e, GCAP_EINVAL, "%s: input #%d belongs to another engine", m->type, i + 1);
     args[i] = in[i];
   }
   memset(&a, 0, sizeof a);
@@ -406,10 +424,11 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
   a.nin = nin;
   a.in = args;
   if ((st = run_hooks(m, &a)) != GCAP_OK) return st;
-  bwhooks = m->e->grad_enabled &&
-            (gcap_module_num_hooks(m, GCAP_HOOK_BACKWARD_PRE) + gcap_module_num_hooks(m, GCAP_HOOK_BACKWARD)) > 0;
+  bwhooks = m->e->grad_enabled && (gcap_module_num_hooks(m, GCAP_HOOK_BACKWARD_PRE) +
+                                   gcap_module_num_hooks(m, GCAP_HOOK_BACKWARD)) > 0;
   if (bwhooks) {
-    if ((hc = (hook_call *)calloc(1, sizeof *hc)) == NULL) return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
+    if ((hc = (hook_call *)calloc(1, sizeof *hc)) == NULL)
+      return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
     hc->refs = 1;
     hc->m = gcap_module_retain(m);
     if (nin > 0 && args[0]->requires_grad) {
@@ -456,8 +475,8 @@ void gc_module_set_graphed(gcap_module *m, gcap_graphed *g, int entry) {
   m->graphed_entry = entry;
 }
 
-static const char *const hook_kind_names[4] = {"forward pre-hook", "forward hook", "backward pre-hook",
-                                               "backward hook"};
+static const char *const hook_kind_names[4] = {"forward pre-hook", "forward hook",
+                                               "backward pre-hook", "backward hook"};
 
 static gcap_status check_graphable(gcap_module *m, const char *where, const char *path) {
   int i, j;
@@ -555,7 +574,8 @@ void gc_module_wgrad_aside(gcap_module *m, int aside) {
       m->wq = NULL;
       m->nwq = m->capwq = 0;
     } else { /* whatever the call left is dropped; the user's come back */
-      for (j = 0; j < m->nwq; j++) gcap_tensor_free(m->wq[j]);
+      for (j = 0; j < m->nwq; j++)
+        gcap_tensor_free(m->wq[j]);
       free(m->wq);
       m->wq = m->wq_aside;
       m->nwq = m->nwq_aside;
@@ -564,7 +584,8 @@ void gc_module_wgrad_aside(gcap_module *m, int aside) {
     }
     m->aside = aside;
   }
-  for (j = 0; j < m->children.n; j++) gc_module_wgrad_aside(m->children.v[j].m, aside);
+  for (j = 0; j < m->children.n; j++)
+    gc_module_wgrad_aside(m->children.v[j].m, aside);
 }
 
 gcap_status gcap_module_backward_dw(gcap_module *m) {
@@ -610,7 +631,8 @@ static gcap_status linear_forward(void *ud, gcap_module *m, int nin, gcap_tensor
 }
 
 /* U(-bound, bound) from the engine's generator. */
-static gcap_status uniform(gcap_engine *e, int ndim, const int64_t *shape, double bound, gcap_tensor **out) {
+static gcap_status uniform(gcap_engine *e, int ndim, const int64_t *shape, double bound,
+                           gcap_tensor **out) {
   gcap_tensor *u;
   gcap_status st;
   int was = gcap_set_grad_enabled(e, 0);
@@ -642,15 +664,17 @@ gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, in
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
   if (in <= 0 || out <= 0)
-    return gc_fail(e, GCAP_EINVAL, "Linear: in and out features must be positive, got %lld and %lld",
-                   (long long)in, (long long)out);
+    return gc_fail(e, GCAP_EINVAL,
+                   "Linear: in and out features must be positive, got %lld and %lld", (long long)in,
+                   (long long)out);
   ws[0] = out;
   ws[1] = in;
   bs[0] = out;
   bound = 1.0 / sqrt((double)in);
   if ((st = gcap_module_new(e, "Linear", linear_forward, NULL, NULL, m)) != GCAP_OK) return st;
   (*m)->delay_wgrad = delay_wgrad != 0;
-  if ((st = uniform(e, 2, ws, bound, &w)) != GCAP_OK || (st = gcap_module_add_parameter(*m, "weight", w)) != GCAP_OK)
+  if ((st = uniform(e, 2, ws, bound, &w)) != GCAP_OK ||
+      (st = gcap_module_add_parameter(*m, "weight", w)) != GCAP_OK)
     goto fail;
   if (bias && ((st = uniform(e, 1, bs, bound, &b)) != GCAP_OK ||
                (st = gcap_module_add_parameter(*m, "bias", b)) != GCAP_OK))
@@ -666,32 +690,37 @@ fail:
   return st;
 }
 
-static gcap_status relu_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+static gcap_status relu_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                gcap_tensor **out) {
   gcap_status st;
   (void)ud;
   return (st = one_input(m, nin)) != GCAP_OK ? st : gcap_relu(in[0], out);
 }
 
-static gcap_status gelu_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+static gcap_status gelu_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                gcap_tensor **out) {
   gcap_status st;
   (void)ud;
   return (st = one_input(m, nin)) != GCAP_OK ? st : gcap_gelu(in[0], out);
 }
 
-static gcap_status ln_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+static gcap_status ln_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                              gcap_tensor **out) {
   gcap_status st;
   (void)ud;
   if ((st = one_input(m, nin)) != GCAP_OK) return st;
   return gcap_layer_norm(in[0], m->params.v[0].t, m->params.v[1].t, m->eps, out);
 }
 
-static gcap_status dropout_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+static gcap_status dropout_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                   gcap_tensor **out) {
   gcap_status st;
   (void)ud;
   return (st = one_input(m, nin)) != GCAP_OK ? st : gcap_dropout(in[0], m->p, m->training, out);
 }
 
-static gcap_status seq_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+static gcap_status seq_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                               gcap_tensor **out) {
   gcap_tensor *x;
   gcap_status st;
   int j;
@@ -723,7 +752,8 @@ gcap_status gcap_nn_layer_norm(gcap_engine *e, int64_t n, double eps, gcap_modul
   if (m == NULL) return GCAP_EINVAL;
   *m = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  if (n <= 0) return gc_fail(e, GCAP_EINVAL, "LayerNorm: size must be positive, got %lld", (long long)n);
+  if (n <= 0)
+    return gc_fail(e, GCAP_EINVAL, "LayerNorm: size must be positive, got %lld", (long long)n);
   if ((st = gcap_module_new(e, "LayerNorm", ln_forward, NULL, NULL, m)) != GCAP_OK) return st;
   (*m)->eps = eps;
   if ((st = gcap_tensor_full(e, GCAP_F32, 1, &n, 1.0, &w)) != GCAP_OK ||
@@ -743,7 +773,8 @@ gcap_status gcap_nn_dropout(gcap_engine *e, double p, gcap_module **m) {
   if (m == NULL) return GCAP_EINVAL;
   *m = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  if (!(p >= 0.0 && p <= 1.0)) return gc_fail(e, GCAP_EINVAL, "Dropout: probability must be in [0, 1], got %g", p);
+  if (!(p >= 0.0 && p <= 1.0))
+    return gc_fail(e, GCAP_EINVAL, "Dropout: probability must be in [0, 1], got %g", p);
   if ((st = gcap_module_new(e, "Dropout", dropout_forward, NULL, NULL, m)) == GCAP_OK) (*m)->p = p;
   return st;
 }

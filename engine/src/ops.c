@@ -11,12 +11,33 @@
 #include "internal.h"
 
 const char *gc_kernel_name(int k) {
-  static const char *const names[GC_K_COUNT] = {
-      "fill",      "copy",     "add",       "sub",        "mul",       "scale",
-      "sum",       "rand",     "rng_advance", "expand",   "sum_rows",  "matmul",
-      "relu",      "relu_bwd", "gelu",      "gelu_bwd",   "layer_norm", "layer_norm_bwd",
-      "layer_norm_bwd_params", "softmax", "softmax_bwd", "dropout", "cross_entropy",
-      "cross_entropy_bwd", "sgd", "adam", "counter_inc"};
+  static const char *const names[GC_K_COUNT] = {"fill",
+                                                "copy",
+                                                "add",
+                                                "sub",
+                                                "mul",
+                                                "scale",
+                                                "sum",
+                                                "rand",
+                                                "rng_advance",
+                                                "expand",
+                                                "sum_rows",
+                                                "matmul",
+                                                "relu",
+                                                "relu_bwd",
+                                                "gelu",
+                                                "gelu_bwd",
+                                                "layer_norm",
+                                                "layer_norm_bwd",
+                                                "layer_norm_bwd_params",
+                                                "softmax",
+                                                "softmax_bwd",
+                                                "dropout",
+                                                "cross_entropy",
+                                                "cross_entropy_bwd",
+                                                "sgd",
+                                                "adam",
+                                                "counter_inc"};
   return k >= 0 && k < GC_K_COUNT ? names[k] : "?";
 }
 
@@ -50,7 +71,8 @@ static gcap_status op_begin(gcap_tensor *t) {
 }
 
 static gcap_status same_engine(gcap_tensor *a, gcap_tensor *b, const char *op) {
-  if (a->e != b->e) return gc_fail(a->e, GCAP_EINVAL, "%s: the operands belong to different engines", op);
+  if (a->e != b->e)
+    return gc_fail(a->e, GCAP_EINVAL, "%s: the operands belong to different engines", op);
   if (a->dt != b->dt)
     return gc_fail(a->e, GCAP_EINVAL, "%s: dtypes differ (%s and %s); convert one with copy_", op,
                    gc_dtype_name(a->dt), gc_dtype_name(b->dt));
@@ -75,12 +97,15 @@ gcap_status gcap_zero_(gcap_tensor *t) {
 gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src) {
   gc_kargs a;
   gcap_status st;
-  if ((st = op_begin(dst)) != GCAP_OK || (st = gc_check_inplace(dst, "copy_")) != GCAP_OK) return st;
+  if ((st = op_begin(dst)) != GCAP_OK || (st = gc_check_inplace(dst, "copy_")) != GCAP_OK)
+    return st;
   if (src == NULL) return gc_fail(dst->e, GCAP_EINVAL, "copy_: source is NULL");
-  if (src->e != dst->e) return gc_fail(dst->e, GCAP_EINVAL, "copy_: the operands belong to different engines");
+  if (src->e != dst->e)
+    return gc_fail(dst->e, GCAP_EINVAL, "copy_: the operands belong to different engines");
   if (src->numel != dst->numel) {
     char b1[64], b2[64];
-    return gc_fail(dst->e, GCAP_EINVAL, "copy_: source %s has %lld elements, destination %s has %lld",
+    return gc_fail(dst->e, GCAP_EINVAL,
+                   "copy_: source %s has %lld elements, destination %s has %lld",
                    gc_shape_str(src, b1, sizeof b1), (long long)src->numel,
                    gc_shape_str(dst, b2, sizeof b2), (long long)dst->numel);
   }
@@ -98,7 +123,8 @@ gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src) {
 static gcap_status bcast(gcap_tensor *a, gcap_tensor *b, const char *op, gcap_tensor **big) {
   char b1[64], b2[64];
   int i, same = a->ndim == b->ndim;
-  for (i = 0; same && i < a->ndim; i++) same = a->shape[i] == b->shape[i];
+  for (i = 0; same && i < a->ndim; i++)
+    same = a->shape[i] == b->shape[i];
   if (same) {
     *big = a;
     return GCAP_OK;
@@ -217,9 +243,12 @@ gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor *into, gcap_te
 static gcap_status reduce_to(gcap_tensor *g, gcap_tensor *t, gcap_tensor **out) {
   gcap_tensor *r = NULL;
   gcap_status st = GCAP_OK;
-  if (g->numel == t->numel) r = gcap_tensor_retain(g);
-  else if (t->numel == 1) st = gc_unary(g, GC_K_SUM, 1.0f, "sum", 1, &r);
-  else st = gc_sum_rows(g, t->numel, NULL, &r);
+  if (g->numel == t->numel)
+    r = gcap_tensor_retain(g);
+  else if (t->numel == 1)
+    st = gc_unary(g, GC_K_SUM, 1.0f, "sum", 1, &r);
+  else
+    st = gc_sum_rows(g, t->numel, NULL, &r);
   if (r == NULL) return st;
   *out = gc_tensor_alias(r, t->ndim, t->shape);
   gcap_tensor_free(r);
@@ -255,7 +284,8 @@ static gcap_status mul_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
 }
 
 /* Shapes only matter for add/sub's backward: save shape-carrying aliases. */
-static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out) {
+static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op,
+                          gcap_tensor **out) {
   gcap_tensor *in[2];
   gc_node *n;
   gcap_status st;
@@ -268,7 +298,8 @@ static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op,
   in[1] = y;
   if (!gc_grad_needed(x->e, in, 2)) return GCAP_OK;
   st = gc_record(*out, op, k == GC_K_MUL ? mul_backward : add_backward, in, 2, in, 2, &n);
-  if (st == GCAP_OK) n->k[0] = k;
+  if (st == GCAP_OK)
+    n->k[0] = k;
   else {
     gcap_tensor_free(*out);
     *out = NULL;
@@ -362,7 +393,8 @@ gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int6
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
-  if ((st = gc_tensor_alloc(e, normal ? "randn" : "rand", dt, ndim, shape, out)) != GCAP_OK) return st;
+  if ((st = gc_tensor_alloc(e, normal ? "randn" : "rand", dt, ndim, shape, out)) != GCAP_OK)
+    return st;
   memset(&a, 0, sizeof a);
   a.p[0] = gc_tensor_ptr(*out);
   a.p[1] = e->rng->ptr;

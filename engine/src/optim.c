@@ -28,10 +28,12 @@ static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
-  if (n < 0 || (n > 0 && params == NULL)) return gc_fail(e, GCAP_EINVAL, "optimizer: bad parameter list");
+  if (n < 0 || (n > 0 && params == NULL))
+    return gc_fail(e, GCAP_EINVAL, "optimizer: bad parameter list");
   for (i = 0; i < n; i++) {
     if (params[i] == NULL || params[i]->e != e)
-      return gc_fail(e, GCAP_EINVAL, "optimizer: parameter #%d is NULL or of another engine", i + 1);
+      return gc_fail(e, GCAP_EINVAL, "optimizer: parameter #%d is NULL or of another engine",
+                     i + 1);
     if (params[i]->grad_fn != NULL)
       return gc_fail(e, GCAP_EINVAL, "optimizer: parameter #%d is not a leaf (made by '%s')", i + 1,
                      params[i]->grad_fn->name);
@@ -52,7 +54,8 @@ static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const
   o->e = e;
   o->adam = adam;
   o->n = n;
-  for (i = 0; i < n; i++) o->params[i] = gcap_tensor_retain(params[i]);
+  for (i = 0; i < n; i++)
+    o->params[i] = gcap_tensor_retain(params[i]);
   gc_engine_ref(e);
   *out = o;
   return GCAP_OK;
@@ -100,9 +103,10 @@ gcap_status gcap_optim_adam(gcap_engine *e, int n, gcap_tensor *const *params, d
   gcap_optim *o;
   gcap_status st;
   if (out) *out = NULL;
-  if (e && !(lr >= 0.0 && beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0 && eps >= 0.0 &&
-             weight_decay >= 0.0))
-    return gc_fail(e, GCAP_EINVAL, "Adam: need lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0");
+  if (e && !(lr >= 0.0 && beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0 &&
+             eps >= 0.0 && weight_decay >= 0.0))
+    return gc_fail(e, GCAP_EINVAL,
+                   "Adam: need lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0");
   if ((st = optim_new(e, 1, n, params, &o)) != GCAP_OK) return st;
   o->lr = lr;
   o->beta1 = beta1;

@@ -43,7 +43,11 @@ void gc_schedule_free(gc_schedule *s) {
 
 static const char *ordinal(int b) {
   static _Thread_local char buf[16];
-  const char *suf = (b % 100 >= 11 && b % 100 <= 13) ? "th" : b % 10 == 1 ? "st" : b % 10 == 2 ? "nd" : b % 10 == 3 ? "rd" : "th";
+  const char *suf = (b % 100 >= 11 && b % 100 <= 13) ? "th"
+                    : b % 10 == 1                    ? "st"
+                    : b % 10 == 2                    ? "nd"
+                    : b % 10 == 3                    ? "rd"
+                                                     : "th";
   snprintf(buf, sizeof buf, "%d%s", b, suf);
   return buf;
 }
@@ -60,8 +64,8 @@ static gcap_status order_fail(gcap_engine *e, int pos, double val, const char *f
   va_start(ap, fmt);
   vsnprintf(rule, sizeof rule, fmt, ap);
   va_end(ap);
-  return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: order position %d (value %g): %s", pos + 1,
-                 val, rule);
+  return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: order position %d (value %g): %s",
+                 pos + 1, val, rule);
 }
 
 /* No order: forwards 0..N-1, then (training) backwards N-1..0. */
@@ -87,7 +91,8 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
                               int nchunks, int ncallables, int nentries, int training,
                               gc_schedule *s) {
   int K = 0, M = -1, p, m, total = 0;
-  int *fwd = NULL, *bwd = NULL, *prefix = NULL, *layers = NULL, *last_bwd_pos = NULL, *dw_done = NULL;
+  int *fwd = NULL, *bwd = NULL, *prefix = NULL, *layers = NULL, *last_bwd_pos = NULL,
+      *dw_done = NULL;
   gcap_status st = GCAP_OK;
   memset(s, 0, sizeof *s);
   if (nentries <= 0 || ncallables <= 0)
@@ -107,7 +112,8 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
       return order_fail(e, p, v, "entries are non-zero chunk numbers (+k forward, -k backward)");
     if (a != floor(a)) {
       if (a - floor(a) != 0.5)
-        return order_fail(e, p, v, "a non-integer entry must be -(k + 0.5), the delayed wgrad of chunk k");
+        return order_fail(e, p, v,
+                          "a non-integer entry must be -(k + 0.5), the delayed wgrad of chunk k");
       if (v > 0) return order_fail(e, p, v, "forward entries must be integers");
     }
     if (v > 0 && v > K) K = (int)v;
@@ -128,7 +134,8 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
   }
   /* rules 2-4: equal forward/backward counts, backward b after forward b,
   ** a wgrad right after (per chunk) a backward of its chunk */
-  for (m = 0; m < K; m++) last_bwd_pos[m] = -1;
+  for (m = 0; m < K; m++)
+    last_bwd_pos[m] = -1;
   for (p = 0; p < len; p++) {
     double v = order[p];
     int k = (int)floor(fabs(v)) - 1;
@@ -145,7 +152,8 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
       dw_done[k] = 0;
     } else {
       if (last_bwd_pos[k] < 0 || dw_done[k]) {
-        st = order_fail(e, p, v, "a delayed wgrad -(%d + 0.5) must follow a backward of chunk %d, with "
+        st = order_fail(e, p, v,
+                        "a delayed wgrad -(%d + 0.5) must follow a backward of chunk %d, with "
                         "no other wgrad of that chunk between",
                         k + 1, k + 1);
         goto done;
@@ -155,50 +163,59 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
   }
   for (m = 0; m < K; m++) {
     if (fwd[m] == 0) {
-      st = gc_fail(e, GCAP_EINVAL, "make_graphed_callables: order has no forward of chunk %d (chunks are 1..%d)", m + 1, K);
+      st = gc_fail(e, GCAP_EINVAL,
+                   "make_graphed_callables: order has no forward of chunk %d (chunks are 1..%d)",
+                   m + 1, K);
       goto done;
     }
     if (M < 0) M = fwd[m];
     if (fwd[m] != M || (training && bwd[m] != fwd[m])) {
-      st = gc_fail(e, GCAP_EINVAL,
-                   "make_graphed_callables: every chunk needs the same number of forwards and as "
-                   "many backwards; chunk %d has %d forwards and %d backwards, chunk 1 has %d forwards",
-                   m + 1, fwd[m], bwd[m], M);
+      st = gc_fail(
+          e, GCAP_EINVAL,
+          "make_graphed_callables: every chunk needs the same number of forwards and as "
+          "many backwards; chunk %d has %d forwards and %d backwards, chunk 1 has %d forwards",
+          m + 1, fwd[m], bwd[m], M);
       goto done;
     }
   }
   /* rule 5: layers per chunk */
   if (nlpc != NULL) {
     if (nchunks != K) {
-      st = gc_fail(e, GCAP_EINVAL, "make_graphed_callables: num_layers_per_chunk has %d entries, the order has %d chunks",
-                   nchunks, K);
+      st = gc_fail(
+          e, GCAP_EINVAL,
+          "make_graphed_callables: num_layers_per_chunk has %d entries, the order has %d chunks",
+          nchunks, K);
       goto done;
     }
     for (m = 0; m < K; m++) {
       if (nlpc[m] < 0) {
-        st = gc_fail(e, GCAP_EINVAL, "make_graphed_callables: num_layers_per_chunk[%d] is negative", m + 1);
+        st = gc_fail(e, GCAP_EINVAL, "make_graphed_callables: num_layers_per_chunk[%d] is negative",
+                     m + 1);
         goto done;
       }
       layers[m] = nlpc[m];
     }
   } else {
     if (nentries % (K * M) != 0) {
-      st = gc_fail(e, GCAP_EINVAL,
-                   "make_graphed_callables: %d sample_args entries do not divide into %d chunks x %d "
-                   "microbatches; give num_layers_per_chunk",
-                   nentries, K, M);
+      st = gc_fail(
+          e, GCAP_EINVAL,
+          "make_graphed_callables: %d sample_args entries do not divide into %d chunks x %d "
+          "microbatches; give num_layers_per_chunk",
+          nentries, K, M);
       goto done;
     }
-    for (m = 0; m < K; m++) layers[m] = nentries / K / M;
+    for (m = 0; m < K; m++)
+      layers[m] = nentries / K / M;
   }
   for (m = 0; m < K; m++) {
     prefix[m + 1] = prefix[m] + layers[m];
     total += layers[m];
   }
   if (total != ncallables) {
-    st = gc_fail(e, GCAP_EINVAL,
-                 "make_graphed_callables: num_layers_per_chunk sums to %d, but there are %d callables",
-                 total, ncallables);
+    st = gc_fail(
+        e, GCAP_EINVAL,
+        "make_graphed_callables: num_layers_per_chunk sums to %d, but there are %d callables",
+        total, ncallables);
     goto done;
   }
   if (nentries != total * M) {
@@ -211,7 +228,8 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
   for (m = 0; m < K; m++) {
     int b, l;
     for (b = 0; b < M; b++)
-      for (l = 0; l < layers[m]; l++) s->entry_callable[prefix[m] * M + b * layers[m] + l] = prefix[m] + l;
+      for (l = 0; l < layers[m]; l++)
+        s->entry_callable[prefix[m] * M + b * layers[m] + l] = prefix[m] + l;
     fwd[m] = bwd[m] = 0;
   }
   /* expand */
@@ -230,7 +248,8 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
       bwd[k]++;
     } else {
       for (l = n - 1; l >= 0 && st == GCAP_OK; l--)
-        st = sched_push(e, s, GC_PASS_DW, prefix[k] * M + (bwd[k] - 1) * n + l, prefix[k] + l, k, p);
+        st =
+            sched_push(e, s, GC_PASS_DW, prefix[k] * M + (bwd[k] - 1) * n + l, prefix[k] + l, k, p);
     }
   }
   s->delayed_wgrad = 0;

@@ -28,8 +28,10 @@ gcap_status gc_stream_create(gcap_engine *e, int owned, gcap_stream **out) {
 
 void gc_stream_destroy(gcap_stream *s) {
   gcap_engine *e = s->e;
-  if (s->prev) s->prev->next = s->next;
-  else e->streams = s->next;
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    e->streams = s->next;
   if (s->next) s->next->prev = s->prev;
   e->be->stream_free(e->bs, s->bs);
   free(s);
@@ -50,7 +52,7 @@ void gcap_stream_free(gcap_stream *s) {
   if (s == NULL || s->owned_by_engine) return;
   e = s->e;
   if (e->current == s) e->current = e->default_stream;
-  if (s->in_capture) { /* still part of a capture: the backend keeps it till the end */
+  if (s->in_capture) {      /* still part of a capture: the backend keeps it till the end */
     s->owned_by_engine = 1; /* destroyed with the engine */
     gc_engine_unref(e);
     return;
@@ -125,7 +127,8 @@ gcap_status gcap_event_record(gcap_event *ev, gcap_stream *s) {
   e = ev->e;
   gc_clear(e);
   if (s == NULL) s = e->current;
-  if (s->e != e) return gc_fail(e, GCAP_EINVAL, "event record: the stream belongs to another engine");
+  if (s->e != e)
+    return gc_fail(e, GCAP_EINVAL, "event record: the stream belongs to another engine");
   if ((st = gc_check_stream(e, s, "event record")) != GCAP_OK) return st;
   if ((st = e->be->event_record(e, e->bs, ev->bs, s->bs)) != GCAP_OK) return st;
   ev->stream = s;

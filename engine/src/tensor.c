@@ -73,14 +73,17 @@ gcap_status gc_tensor_alloc(gcap_engine *e, const char *op, gcap_dtype dt, int n
   if (dt != GCAP_F32 && dt != GCAP_BF16)
     return gc_fail(e, GCAP_EINVAL, "%s: unknown dtype %d", op, (int)dt);
   if ((st = gc_check_shape(e, op, ndim, shape, &numel)) != GCAP_OK) return st;
-  if (e->closed) return gc_fail(e, GCAP_ESTATE, "%s: the engine is closed (its objects can only be freed)", op);
+  if (e->closed)
+    return gc_fail(e, GCAP_ESTATE, "%s: the engine is closed (its objects can only be freed)", op);
   if (e->cap != NULL) {
     if (e->cap->invalid)
       return gc_fail(e, GCAP_ECAPTURE, "%s: the open capture was invalidated earlier: %s", op,
                      e->cap->why);
     if (!s->in_capture)
-      return gc_capture_refuse(e, "%s: allocation outside the capture's pool (on a stream that is "
-                                  "not part of the open capture)", op);
+      return gc_capture_refuse(e,
+                               "%s: allocation outside the capture's pool (on a stream that is "
+                               "not part of the open capture)",
+                               op);
     pool = e->cap->pool;
   }
   if ((st = gc_pool_alloc(pool, s, (size_t)numel * gc_dtype_size(dt), &b)) != GCAP_OK) {
@@ -212,7 +215,8 @@ gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
   if (t == NULL) return GCAP_EINVAL;
   e = t->e;
   gc_clear(e);
-  if ((st = gc_check_not_capturing(e, "reading a tensor back to the host (tolist/item)")) != GCAP_OK)
+  if ((st = gc_check_not_capturing(e, "reading a tensor back to the host (tolist/item)")) !=
+      GCAP_OK)
     return st;
   if (n != (size_t)t->numel)
     return gc_fail(e, GCAP_EINVAL, "read: the tensor has %lld elements, the buffer %zu",
@@ -244,7 +248,8 @@ gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gca
   if ((st = gc_check_shape(e, "view", ndim, shape, &numel)) != GCAP_OK) return st;
   if (numel != t->numel) {
     char buf[64];
-    return gc_fail(e, GCAP_EINVAL, "view: cannot view a tensor of shape %s (%lld elements) with %lld elements",
+    return gc_fail(e, GCAP_EINVAL,
+                   "view: cannot view a tensor of shape %s (%lld elements) with %lld elements",
                    gc_shape_str(t, buf, sizeof buf), (long long)t->numel, (long long)numel);
   }
   if ((*out = gc_tensor_alias(t, ndim, shape)) == NULL)

@@ -9,14 +9,13 @@
 
 #include "graphcap.h"
 
-#define TRY(call)                                                          \
-  do {                                                                     \
-    gcap_status st_ = (call);                                              \
-    if (st_ != GCAP_OK) {                                                  \
-      fprintf(stderr, "embed: %s: %s\n  at %s\n", gcap_status_str(st_),    \
-              gcap_errmsg(e), #call);                                      \
-      return 1;                                                            \
-    }                                                                      \
+#define TRY(call)                                                                                  \
+  do {                                                                                             \
+    gcap_status st_ = (call);                                                                      \
+    if (st_ != GCAP_OK) {                                                                          \
+      fprintf(stderr, "embed: %s: %s\n  at %s\n", gcap_status_str(st_), gcap_errmsg(e), #call);    \
+      return 1;                                                                                    \
+    }                                                                                              \
   } while (0)
 
 static int hook_calls[2][4]; /* per callable, per hook group */

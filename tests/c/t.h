@@ -20,39 +20,68 @@ static char t_why[512];                    /* its first failure */
 static void t_fail_(const char *file, int line, const char *expr, const char *msg) {
   char buf[sizeof t_why];
   snprintf(buf, sizeof buf, "%s:%d: %s%s%s", file, line, expr, msg ? ": " : "", msg ? msg : "");
-  if (!t_bad) memcpy(t_why, buf, sizeof buf);
-  else printf("#   also %s\n", buf);
+  if (!t_bad)
+    memcpy(t_why, buf, sizeof buf);
+  else
+    printf("#   also %s\n", buf);
   t_bad = 1;
 }
 
 /* A failed check marks the group failed and goes on. */
-#define T_CHECK(c) do { if (!(c)) t_fail_(__FILE__, __LINE__, #c, NULL); } while (0)
+#define T_CHECK(c)                                                                                 \
+  do {                                                                                             \
+    if (!(c)) t_fail_(__FILE__, __LINE__, #c, NULL);                                               \
+  } while (0)
 /* A failed requirement also leaves the test function (which returns void). */
-#define T_REQUIRE(c) do { if (!(c)) { t_fail_(__FILE__, __LINE__, #c, NULL); return; } } while (0)
+#define T_REQUIRE(c)                                                                               \
+  do {                                                                                             \
+    if (!(c)) {                                                                                    \
+      t_fail_(__FILE__, __LINE__, #c, NULL);                                                       \
+      return;                                                                                      \
+    }                                                                                              \
+  } while (0)
 /* `call` must return `want`; otherwise print its status and gcap_errmsg(e). */
-#define T_CHECK_ST(e, call, want) do { gcap_status t_st_ = (call);                        \
-    if (t_st_ != (want)) { char t_m_[400];                                                 \
-      snprintf(t_m_, sizeof t_m_, "got %s, want %s (%s)", gcap_status_str(t_st_),          \
-               gcap_status_str(want), gcap_errmsg(e));                                     \
-      t_fail_(__FILE__, __LINE__, #call, t_m_); } } while (0)
+#define T_CHECK_ST(e, call, want)                                                                  \
+  do {                                                                                             \
+    gcap_status t_st_ = (call);                                                                    \
+    if (t_st_ != (want)) {                                                                         \
+      char t_m_[400];                                                                              \
+      snprintf(t_m_, sizeof t_m_, "got %s, want %s (%s)", gcap_status_str(t_st_),                  \
+               gcap_status_str(want), gcap_errmsg(e));                                             \
+      t_fail_(__FILE__, __LINE__, #call, t_m_);                                                    \
+    }                                                                                              \
+  } while (0)
 /* `call` must succeed; otherwise fail and leave the test function. */
-#define T_CHECK_OK(e, call) do { gcap_status t_st_ = (call);                               \
-    if (t_st_ != GCAP_OK) { char t_m_[400];                                                \
-      snprintf(t_m_, sizeof t_m_, "%s (%s)", gcap_status_str(t_st_), gcap_errmsg(e));      \
-      t_fail_(__FILE__, __LINE__, #call, t_m_); return; } } while (0)
+#define T_CHECK_OK(e, call)                                                                        \
+  do {                                                                                             \
+    gcap_status t_st_ = (call);                                                                    \
+    if (t_st_ != GCAP_OK) {                                                                        \
+      char t_m_[400];                                                                              \
+      snprintf(t_m_, sizeof t_m_, "%s (%s)", gcap_status_str(t_st_), gcap_errmsg(e));              \
+      t_fail_(__FILE__, __LINE__, #call, t_m_);                                                    \
+      return;                                                                                      \
+    }                                                                                              \
+  } while (0)
 /* |a - b| <= atol + rtol * |b|, b the reference (NaN fails). */
-#define T_CHECK_NEAR(a, b, atol, rtol) do { double t_a_ = (a), t_b_ = (b);                 \
-    if (!(fabs(t_a_ - t_b_) <= (atol) + (rtol) * fabs(t_b_))) { char t_m_[120];            \
-      snprintf(t_m_, sizeof t_m_, "%.9g vs %.9g", t_a_, t_b_);                              \
-      t_fail_(__FILE__, __LINE__, #a " ~ " #b, t_m_); } } while (0)
+#define T_CHECK_NEAR(a, b, atol, rtol)                                                             \
+  do {                                                                                             \
+    double t_a_ = (a), t_b_ = (b);                                                                 \
+    if (!(fabs(t_a_ - t_b_) <= (atol) + (rtol)*fabs(t_b_))) {                                      \
+      char t_m_[120];                                                                              \
+      snprintf(t_m_, sizeof t_m_, "%.9g vs %.9g", t_a_, t_b_);                                     \
+      t_fail_(__FILE__, __LINE__, #a " ~ " #b, t_m_);                                              \
+    }                                                                                              \
+  } while (0)
 
 #define T_RUN(fn) t_run_(#fn, fn)
 static void t_run_(const char *name, void (*fn)(void)) {
   t_bad = 0, t_why[0] = '\0';
   fn();
   ++t_num;
-  if (t_bad) ++t_nfail, printf("not ok %d - %s (%s)\n", t_num, name, t_why);
-  else ++t_npass, printf("ok %d - %s\n", t_num, name);
+  if (t_bad)
+    ++t_nfail, printf("not ok %d - %s (%s)\n", t_num, name, t_why);
+  else
+    ++t_npass, printf("ok %d - %s\n", t_num, name);
   fflush(stdout);
 }
 static int t_done(void) {

@@ -15,18 +15,23 @@
 #include "t.h"
 
 /* A failed comparison, with a formatted message. */
-#define T_FAILF(expr, ...) do { char t_fm_[400];                                     \
-    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                     \
-    t_fail_(__FILE__, __LINE__, expr, t_fm_); } while (0)
+#define T_FAILF(expr, ...)                                                                         \
+  do {                                                                                             \
+    char t_fm_[400];                                                                               \
+    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                                    \
+    t_fail_(__FILE__, __LINE__, expr, t_fm_);                                                      \
+  } while (0)
 
 /* got[i] == want[i] for i < n (as floats); names the first difference. */
-#define T_CHECK_VALUES(what, got, want, n) do {                                      \
-    for (int t_i_ = 0; t_i_ < (int)(n); t_i_++)                                      \
-      if ((float)(got)[t_i_] != (float)(want)[t_i_]) {                               \
-        T_FAILF(what, "element %d: got %.9g, want %.9g", t_i_, (double)(got)[t_i_],  \
-                (double)(want)[t_i_]);                                               \
-        break;                                                                       \
-      } } while (0)
+#define T_CHECK_VALUES(what, got, want, n)                                                         \
+  do {                                                                                             \
+    for (int t_i_ = 0; t_i_ < (int)(n); t_i_++)                                                    \
+      if ((float)(got)[t_i_] != (float)(want)[t_i_]) {                                             \
+        T_FAILF(what, "element %d: got %.9g, want %.9g", t_i_, (double)(got)[t_i_],                \
+                (double)(want)[t_i_]);                                                             \
+        break;                                                                                     \
+      }                                                                                            \
+  } while (0)
 
 /* A leaf that requires grad, from host data. */
 static gcap_tensor *leaf(gcap_engine *e, int nd, const int64_t *shape, const float *d) {
@@ -58,9 +63,11 @@ static void test_diamond(void) {
   T_CHECK_OK(e, gcap_sum(c, &l));
   T_CHECK_OK(e, gcap_backward(l, NULL, 0));
   T_REQUIRE(gcap_tensor_grad(x) != NULL);
-  for (int i = 0; i < 4; i++) want[i] = 2.0f + 2.0f * dx[i];
+  for (int i = 0; i < 4; i++)
+    want[i] = 2.0f + 2.0f * dx[i];
   if (t_read(gcap_tensor_grad(x), g, 4)) T_CHECK_VALUES("grad of 2x + x*x", g, want, 4);
-  gcap_tensor_free(x), gcap_tensor_free(a), gcap_tensor_free(b), gcap_tensor_free(c), gcap_tensor_free(l);
+  gcap_tensor_free(x), gcap_tensor_free(a), gcap_tensor_free(b), gcap_tensor_free(c),
+      gcap_tensor_free(l);
   gcap_engine_free(e);
 }
 
@@ -72,19 +79,20 @@ static void test_diamond_deep_join(void) {
   const int64_t s[2] = {2, 2};
   const float dx[4] = {1.0f, -2.0f, 0.25f, 3.0f};
   float g[4], want[4];
-  gcap_tensor *x = leaf(e, 2, s, dx), *y = NULL, *p = NULL, *q = NULL, *h = NULL, *j1 = NULL, *j2 = NULL,
-              *l = NULL;
+  gcap_tensor *x = leaf(e, 2, s, dx), *y = NULL, *p = NULL, *q = NULL, *h = NULL, *j1 = NULL,
+              *j2 = NULL, *l = NULL;
   T_REQUIRE(x != NULL);
   T_CHECK_OK(e, gcap_scale(x, 3.0, &y));
-  T_CHECK_OK(e, gcap_mul(y, y, &p));   /* consumer 1 (twice) */
-  T_CHECK_OK(e, gcap_neg(y, &q));      /* consumer 2 */
+  T_CHECK_OK(e, gcap_mul(y, y, &p));     /* consumer 1 (twice) */
+  T_CHECK_OK(e, gcap_neg(y, &q));        /* consumer 2 */
   T_CHECK_OK(e, gcap_scale(y, 0.5, &h)); /* consumer 3 */
   T_CHECK_OK(e, gcap_add(p, q, &j1));
   T_CHECK_OK(e, gcap_add(j1, h, &j2));
   T_CHECK_OK(e, gcap_sum(j2, &l));
   T_CHECK_OK(e, gcap_backward(l, NULL, 0));
   T_REQUIRE(gcap_tensor_grad(x) != NULL);
-  for (int i = 0; i < 4; i++) want[i] = 3.0f * (2.0f * (3.0f * dx[i]) - 0.5f);
+  for (int i = 0; i < 4; i++)
+    want[i] = 3.0f * (2.0f * (3.0f * dx[i]) - 0.5f);
   if (t_read(gcap_tensor_grad(x), g, 4)) T_CHECK_VALUES("grad", g, want, 4);
   gcap_tensor_free(x), gcap_tensor_free(y), gcap_tensor_free(p), gcap_tensor_free(q);
   gcap_tensor_free(h), gcap_tensor_free(j1), gcap_tensor_free(j2), gcap_tensor_free(l);
@@ -100,7 +108,8 @@ static void test_deep_chain(void) {
   const int64_t s2[2] = {2, 3}, s1[1] = {6};
   const float dx[6] = {1, 2, 3, 4, 5, 6};
   float g[6], v[6], ones_v[6] = {1, 1, 1, 1, 1, 1};
-  gcap_tensor *x = leaf(e, 2, s2, dx), *c = NULL, *one2 = NULL, *one1 = NULL, *y, *t = NULL, *l = NULL;
+  gcap_tensor *x = leaf(e, 2, s2, dx), *c = NULL, *one2 = NULL, *one1 = NULL, *y, *t = NULL,
+              *l = NULL;
   T_REQUIRE(x != NULL);
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 0, NULL, 0.5, &c));
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 2, s2, 1.0, &one2));
@@ -112,10 +121,18 @@ static void test_deep_chain(void) {
     gcap_status st;
     int nd = gcap_tensor_ndim(y);
     switch (i % 4) {
-    case 0: st = gcap_neg(y, &t), sign = -sign, shift = -shift; break;
-    case 1: st = gcap_add(y, c, &t), shift += 0.5; break;
-    case 2: st = gcap_mul(y, nd == 2 ? one2 : one1, &t); break;
-    default: st = nd == 2 ? gcap_tensor_view(y, 1, s1, &t) : gcap_tensor_view(y, 2, s2, &t); break;
+      case 0:
+        st = gcap_neg(y, &t), sign = -sign, shift = -shift;
+        break;
+      case 1:
+        st = gcap_add(y, c, &t), shift += 0.5;
+        break;
+      case 2:
+        st = gcap_mul(y, nd == 2 ? one2 : one1, &t);
+        break;
+      default:
+        st = nd == 2 ? gcap_tensor_view(y, 1, s1, &t) : gcap_tensor_view(y, 2, s2, &t);
+        break;
     }
     if (st != GCAP_OK) {
       T_FAILF("chain op", "op %d: %s (%s)", i, gcap_status_str(st), gcap_errmsg(e));
@@ -127,12 +144,14 @@ static void test_deep_chain(void) {
   }
   T_CHECK(gcap_tensor_grad_fn_name(y) != NULL);
   if (t_read(y, v, 6))
-    for (int i = 0; i < 6; i++) T_CHECK_NEAR(v[i], sign * (double)dx[i] + shift, 1e-3, 1e-6);
+    for (int i = 0; i < 6; i++)
+      T_CHECK_NEAR(v[i], sign * (double)dx[i] + shift, 1e-3, 1e-6);
   T_CHECK_OK(e, gcap_sum(y, &l));
   gcap_tensor_free(y);
   T_CHECK_OK(e, gcap_backward(l, NULL, 0));
   T_REQUIRE(gcap_tensor_grad(x) != NULL);
-  for (int i = 0; i < 6; i++) ones_v[i] = (float)sign;
+  for (int i = 0; i < 6; i++)
+    ones_v[i] = (float)sign;
   if (t_read(gcap_tensor_grad(x), g, 6)) T_CHECK_VALUES("grad through 1,000 ops", g, ones_v, 6);
 done:
   gcap_tensor_free(x), gcap_tensor_free(c), gcap_tensor_free(one2), gcap_tensor_free(one1);
@@ -156,7 +175,8 @@ static void *very_deep_body(void *arg) {
   gcap_tensor *x = NULL, *y, *t, *l = NULL;
   *result = 1;
   if (gcap_engine_new(GCAP_DEVICE_HOST, &e) != GCAP_OK) return NULL;
-  if (gcap_tensor_full(e, GCAP_F32, 1, s, 2.0, &x) != GCAP_OK || gcap_tensor_set_requires_grad(x, 1) != GCAP_OK)
+  if (gcap_tensor_full(e, GCAP_F32, 1, s, 2.0, &x) != GCAP_OK ||
+      gcap_tensor_set_requires_grad(x, 1) != GCAP_OK)
     return NULL;
   y = gcap_tensor_retain(x);
   for (int i = 0; i < VERY_DEEP; i++) {
@@ -166,7 +186,8 @@ static void *very_deep_body(void *arg) {
   }
   if (gcap_sum(y, &l) != GCAP_OK || gcap_backward(l, NULL, 0) != GCAP_OK) return NULL;
   float g = 0.0f;
-  if (gcap_tensor_grad(x) == NULL || gcap_tensor_read(gcap_tensor_grad(x), &g, 1) != GCAP_OK) return NULL;
+  if (gcap_tensor_grad(x) == NULL || gcap_tensor_read(gcap_tensor_grad(x), &g, 1) != GCAP_OK)
+    return NULL;
   if (write(deep_pipe, "b", 1) != 1) return NULL;
   gcap_tensor_free(l); /* the last references to VERY_DEEP nodes */
   gcap_tensor_free(y);
@@ -197,14 +218,17 @@ static void test_very_deep_chain_small_stack(void) {
   close(fds[1]);
   char stage[4] = "";
   ssize_t got = 0, r;
-  while (got < 2 && (r = read(fds[0], stage + got, (size_t)(2 - got))) > 0) got += r;
+  while (got < 2 && (r = read(fds[0], stage + got, (size_t)(2 - got))) > 0)
+    got += r;
   close(fds[0]);
   int status = 0;
   T_REQUIRE(waitpid(pid, &status, 0) == pid);
-  const char *where = got == 0 ? "building or backpropagating it" : got == 1 ? "freeing it (after backward succeeded)" : "?";
+  const char *where = got == 0   ? "building or backpropagating it"
+                      : got == 1 ? "freeing it (after backward succeeded)"
+                                 : "?";
   if (WIFSIGNALED(status))
-    T_FAILF("no stack overflow", "a chain of %d ops on a 1 MiB stack: killed by signal %d while %s", VERY_DEEP,
-            WTERMSIG(status), where);
+    T_FAILF("no stack overflow", "a chain of %d ops on a 1 MiB stack: killed by signal %d while %s",
+            VERY_DEEP, WTERMSIG(status), where);
   else if (WEXITSTATUS(status) != 0)
     T_FAILF("deep chain", "child exited with %d (1: an op failed, 2: wrong grad, 4: no thread)",
             WEXITSTATUS(status));
@@ -230,13 +254,15 @@ static void test_leaf_accumulates(void) {
   T_CHECK_OK(e, gcap_sum(sc, &l2));
   T_CHECK_OK(e, gcap_backward(l2, NULL, 0));
   T_CHECK(gcap_tensor_data_ptr(gcap_tensor_grad(x)) == addr);
-  for (int i = 0; i < 3; i++) want[i] = 2.0f * dx[i] + 3.0f;
+  for (int i = 0; i < 3; i++)
+    want[i] = 2.0f * dx[i] + 3.0f;
   if (t_read(gcap_tensor_grad(x), g, 3)) T_CHECK_VALUES("2x + 3", g, want, 3);
   /* backward on the leaf itself adds the given grad */
   gx = t_from(e, 1, s, dg);
   T_REQUIRE(gx != NULL);
   T_CHECK_OK(e, gcap_backward(x, gx, 0));
-  for (int i = 0; i < 3; i++) want[i] += dg[i];
+  for (int i = 0; i < 3; i++)
+    want[i] += dg[i];
   if (t_read(gcap_tensor_grad(x), g, 3)) T_CHECK_VALUES("2x + 3 + g", g, want, 3);
   /* set_grad(NULL) clears; the next backward allocates afresh */
   T_CHECK_OK(e, gcap_tensor_set_grad(x, NULL));
@@ -256,7 +282,8 @@ static void test_set_grad(void) {
   const int64_t s[2] = {2, 2}, s4[1] = {4};
   const float dx[4] = {1, 2, 3, 4}, d0[4] = {100, 200, 300, 400};
   float g[4], want[4];
-  gcap_tensor *x = leaf(e, 2, s, dx), *g0 = t_from(e, 2, s, d0), *bad = NULL, *bf = NULL, *y = NULL, *l = NULL;
+  gcap_tensor *x = leaf(e, 2, s, dx), *g0 = t_from(e, 2, s, d0), *bad = NULL, *bf = NULL, *y = NULL,
+              *l = NULL;
   T_REQUIRE(x && g0);
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, s4, 0.0, &bad));
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_BF16, 2, s, 0.0, &bf));
@@ -270,7 +297,8 @@ static void test_set_grad(void) {
   T_CHECK_OK(e, gcap_sum(y, &l));
   T_CHECK_OK(e, gcap_backward(l, NULL, 0));
   T_CHECK(gcap_tensor_grad(x) == g0);
-  for (int i = 0; i < 4; i++) want[i] = d0[i] + 2.0f * dx[i];
+  for (int i = 0; i < 4; i++)
+    want[i] = d0[i] + 2.0f * dx[i];
   if (t_read(g0, g, 4)) T_CHECK_VALUES("installed grad accumulates", g, want, 4);
   gcap_tensor_free(x), gcap_tensor_free(g0), gcap_tensor_free(bad), gcap_tensor_free(bf);
   gcap_tensor_free(y), gcap_tensor_free(l);
@@ -288,20 +316,22 @@ static void test_retain_graph(void) {
   float g[3], want[3];
   gcap_tensor *x = leaf(e, 1, s, dx), *w = leaf(e, 1, s, dw), *y = NULL, *z = NULL, *l = NULL;
   T_REQUIRE(x && w);
-  T_CHECK_OK(e, gcap_mul(x, w, &y));   /* saves x and w */
-  T_CHECK_OK(e, gcap_gelu(y, &z));     /* saves y */
+  T_CHECK_OK(e, gcap_mul(x, w, &y)); /* saves x and w */
+  T_CHECK_OK(e, gcap_gelu(y, &z));   /* saves y */
   T_CHECK_OK(e, gcap_sum(z, &l));
   T_CHECK_OK(e, gcap_backward(l, NULL, 1));
   T_REQUIRE(gcap_tensor_grad(x) != NULL);
   float g1[3];
   T_REQUIRE(t_read(gcap_tensor_grad(x), g1, 3));
   T_CHECK_OK(e, gcap_backward(l, NULL, 0)); /* allowed: the graph was retained */
-  for (int i = 0; i < 3; i++) want[i] = g1[i] + g1[i];
+  for (int i = 0; i < 3; i++)
+    want[i] = g1[i] + g1[i];
   if (t_read(gcap_tensor_grad(x), g, 3)) T_CHECK_VALUES("two backwards", g, want, 3);
   T_CHECK_ST(e, gcap_backward(l, NULL, 0), GCAP_ESTATE);
   T_CHECK(msg_has(e, "second time") || msg_has(e, "retain_graph"));
   T_CHECK(msg_has(e, "retain_graph"));
-  if (t_read(gcap_tensor_grad(x), g, 3)) T_CHECK_VALUES("unchanged by the refused backward", g, want, 3);
+  if (t_read(gcap_tensor_grad(x), g, 3))
+    T_CHECK_VALUES("unchanged by the refused backward", g, want, 3);
   /* a new graph over the same leaves works */
   gcap_tensor_free(y), gcap_tensor_free(z), gcap_tensor_free(l);
   y = z = l = NULL;
@@ -310,7 +340,8 @@ static void test_retain_graph(void) {
   T_CHECK_OK(e, gcap_backward(l, NULL, 0));
   T_CHECK_ST(e, gcap_backward(l, NULL, 0), GCAP_ESTATE); /* sum and mul freed their saved tensors */
   T_CHECK(msg_has(e, "retain_graph"));
-  gcap_tensor_free(x), gcap_tensor_free(w), gcap_tensor_free(y), gcap_tensor_free(z), gcap_tensor_free(l);
+  gcap_tensor_free(x), gcap_tensor_free(w), gcap_tensor_free(y), gcap_tensor_free(z),
+      gcap_tensor_free(l);
   gcap_engine_free(e);
 }
 
@@ -322,8 +353,8 @@ static void test_backward_grad_errors(void) {
   const int64_t s[2] = {2, 3}, s6[1] = {6}, s32[2] = {3, 2};
   const float dx[6] = {1, 2, 3, 4, 5, 6}, dg[6] = {1, -1, 2, -2, 3, -3};
   float g[6], want[6];
-  gcap_tensor *x = leaf(e, 2, s, dx), *y = NULL, *flat = NULL, *tr = NULL, *bf = NULL, *other = NULL,
-              *ok = NULL, *c = NULL;
+  gcap_tensor *x = leaf(e, 2, s, dx), *y = NULL, *flat = NULL, *tr = NULL, *bf = NULL,
+              *other = NULL, *ok = NULL, *c = NULL;
   T_REQUIRE(x != NULL);
   T_CHECK_OK(e, gcap_scale(x, 2.0, &y));
   T_CHECK_ST(e, gcap_backward(y, NULL, 0), GCAP_EINVAL); /* 6 elements, no grad */
@@ -337,14 +368,15 @@ static void test_backward_grad_errors(void) {
   T_CHECK(msg_has(e, "[6]") && msg_has(e, "[2, 3]"));
   T_CHECK_ST(e, gcap_backward(y, tr, 0), GCAP_EINVAL);
   T_CHECK(msg_has(e, "[3, 2]"));
-  T_CHECK_ST(e, gcap_backward(y, bf, 0), GCAP_EINVAL);   /* other dtype */
+  T_CHECK_ST(e, gcap_backward(y, bf, 0), GCAP_EINVAL);    /* other dtype */
   T_CHECK_ST(e, gcap_backward(y, other, 0), GCAP_EINVAL); /* other engine */
-  T_CHECK(gcap_tensor_grad(x) == NULL); /* nothing ran */
+  T_CHECK(gcap_tensor_grad(x) == NULL);                   /* nothing ran */
   /* the right grad works: d(2x)/dx * g = 2g */
   ok = t_from(e, 2, s, dg);
   T_REQUIRE(ok != NULL);
   T_CHECK_OK(e, gcap_backward(y, ok, 0));
-  for (int i = 0; i < 6; i++) want[i] = 2.0f * dg[i];
+  for (int i = 0; i < 6; i++)
+    want[i] = 2.0f * dg[i];
   if (gcap_tensor_grad(x) && t_read(gcap_tensor_grad(x), g, 6)) T_CHECK_VALUES("2g", g, want, 6);
   /* a tensor that does not require grad cannot be backpropagated */
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 0, NULL, 1.0, &c));
@@ -383,7 +415,8 @@ static void test_requires_grad_leaves_only(void) {
   T_REQUIRE(x && c);
   T_CHECK(gcap_tensor_requires_grad(x) == 0 && gcap_tensor_is_leaf(x) == 1);
   T_CHECK_OK(e, gcap_add(x, c, &z)); /* nothing requires grad: nothing recorded */
-  T_CHECK(gcap_tensor_requires_grad(z) == 0 && gcap_tensor_is_leaf(z) && gcap_tensor_grad_fn_name(z) == NULL);
+  T_CHECK(gcap_tensor_requires_grad(z) == 0 && gcap_tensor_is_leaf(z) &&
+          gcap_tensor_grad_fn_name(z) == NULL);
   gcap_tensor_free(z), z = NULL;
   T_CHECK_OK(e, gcap_tensor_set_requires_grad(x, 1));
   T_CHECK(gcap_tensor_requires_grad(x) == 1 && gcap_tensor_is_leaf(x) == 1);
@@ -413,7 +446,8 @@ static void test_grad_mode_off(void) {
   const int64_t s[2] = {2, 3}, sw[2] = {4, 3}, sv[1] = {6};
   const float d[6] = {1, -2, 3, -4, 5, -6};
   float w[12];
-  for (int i = 0; i < 12; i++) w[i] = 0.1f * (float)i;
+  for (int i = 0; i < 12; i++)
+    w[i] = 0.1f * (float)i;
   gcap_tensor *x = leaf(e, 2, s, d), *wt = leaf(e, 2, sw, w), *outs[8] = {0};
   T_REQUIRE(x && wt);
   T_CHECK(gcap_is_grad_enabled(e) == 1);
@@ -429,7 +463,8 @@ static void test_grad_mode_off(void) {
   T_CHECK_OK(e, gcap_layer_norm(x, NULL, NULL, 1e-5, &outs[6]));
   T_CHECK_OK(e, gcap_gelu(x, &outs[7]));
   for (int i = 0; i < 8; i++) {
-    if (gcap_tensor_grad_fn_name(outs[i]) != NULL || gcap_tensor_requires_grad(outs[i]) || !gcap_tensor_is_leaf(outs[i]))
+    if (gcap_tensor_grad_fn_name(outs[i]) != NULL || gcap_tensor_requires_grad(outs[i]) ||
+        !gcap_tensor_is_leaf(outs[i]))
       T_FAILF("nothing recorded", "output %d: grad_fn %s, requires_grad %d", i,
               gcap_tensor_grad_fn_name(outs[i]) ? gcap_tensor_grad_fn_name(outs[i]) : "NULL",
               gcap_tensor_requires_grad(outs[i]));
@@ -438,7 +473,8 @@ static void test_grad_mode_off(void) {
   T_CHECK(gcap_set_grad_enabled(e, 1) == 0);
   T_CHECK(gcap_is_grad_enabled(e) == 1);
   T_CHECK(gcap_tensor_grad(x) == NULL && gcap_tensor_grad(wt) == NULL);
-  for (int i = 0; i < 8; i++) gcap_tensor_free(outs[i]);
+  for (int i = 0; i < 8; i++)
+    gcap_tensor_free(outs[i]);
   gcap_tensor_free(x), gcap_tensor_free(wt);
   gcap_engine_free(e);
 }
@@ -450,11 +486,13 @@ static void test_detach(void) {
   const int64_t s[1] = {3};
   const float dw[3] = {1, 2, 3}, dx[3] = {-1, 0.5f, 4};
   float g[3], want[3];
-  gcap_tensor *w = leaf(e, 1, s, dw), *x = leaf(e, 1, s, dx), *y = NULL, *d = NULL, *z = NULL, *l = NULL;
+  gcap_tensor *w = leaf(e, 1, s, dw), *x = leaf(e, 1, s, dx), *y = NULL, *d = NULL, *z = NULL,
+              *l = NULL;
   T_REQUIRE(w && x);
   T_CHECK_OK(e, gcap_scale(w, 2.0, &y));
   T_CHECK_OK(e, gcap_tensor_detach(y, &d));
-  T_CHECK(gcap_tensor_is_leaf(d) && !gcap_tensor_requires_grad(d) && gcap_tensor_grad_fn_name(d) == NULL);
+  T_CHECK(gcap_tensor_is_leaf(d) && !gcap_tensor_requires_grad(d) &&
+          gcap_tensor_grad_fn_name(d) == NULL);
   T_CHECK(gcap_tensor_data_ptr(d) == gcap_tensor_data_ptr(y)); /* shared storage */
   T_CHECK(gcap_tensor_ndim(d) == 1 && gcap_tensor_shape(d)[0] == 3);
   T_CHECK(gcap_tensor_is_leaf(y) == 0); /* y itself is unchanged */
@@ -463,7 +501,8 @@ static void test_detach(void) {
   T_CHECK_OK(e, gcap_backward(l, NULL, 0));
   T_CHECK(gcap_tensor_grad(w) == NULL); /* cut */
   T_REQUIRE(gcap_tensor_grad(x) != NULL);
-  for (int i = 0; i < 3; i++) want[i] = 2.0f * dw[i];
+  for (int i = 0; i < 3; i++)
+    want[i] = 2.0f * dw[i];
   if (t_read(gcap_tensor_grad(x), g, 3)) T_CHECK_VALUES("grad = detached values", g, want, 3);
   /* writes through the detached tensor are seen by the original */
   T_CHECK_OK(e, gcap_fill_(d, 7.0));
@@ -474,7 +513,8 @@ static void test_detach(void) {
   T_CHECK(!gcap_tensor_requires_grad(dw2) && gcap_tensor_data_ptr(dw2) == gcap_tensor_data_ptr(w));
   T_CHECK_OK(e, gcap_fill_(dw2, 1.0)); /* allowed: not the leaf itself */
   gcap_tensor_free(dw2);
-  gcap_tensor_free(w), gcap_tensor_free(x), gcap_tensor_free(y), gcap_tensor_free(d), gcap_tensor_free(z);
+  gcap_tensor_free(w), gcap_tensor_free(x), gcap_tensor_free(y), gcap_tensor_free(d),
+      gcap_tensor_free(z);
   gcap_tensor_free(l);
   gcap_engine_free(e);
 }
@@ -503,7 +543,8 @@ static void test_inplace_on_leaf(void) {
   T_CHECK_OK(e, gcap_zero_(x));
   T_CHECK(t_value(x) == 0.0);
   gcap_set_grad_enabled(e, was);
-  T_CHECK(gcap_tensor_requires_grad(x) && gcap_tensor_is_leaf(x)); /* still a leaf that requires grad */
+  T_CHECK(gcap_tensor_requires_grad(x) &&
+          gcap_tensor_is_leaf(x)); /* still a leaf that requires grad */
   /* non-leaves and leaves without requires_grad can be written */
   T_CHECK_OK(e, gcap_fill_(src, 1.0));
   T_CHECK_OK(e, gcap_scale(x, 2.0, &y));
@@ -524,26 +565,34 @@ static gcap_status net_step(net *n) {
   gcap_tensor *h = NULL, *ln = NULL, *a = NULL, *o = NULL, *l = NULL;
   gcap_status st;
   if ((st = gcap_linear(n->x, n->w1, n->b1, &h)) == GCAP_OK &&
-      (st = gcap_layer_norm(h, NULL, NULL, 1e-5, &ln)) == GCAP_OK && (st = gcap_gelu(ln, &a)) == GCAP_OK &&
-      (st = gcap_linear(a, n->w2, NULL, &o)) == GCAP_OK && (st = gcap_mse_loss(o, n->t, &l)) == GCAP_OK)
+      (st = gcap_layer_norm(h, NULL, NULL, 1e-5, &ln)) == GCAP_OK &&
+      (st = gcap_gelu(ln, &a)) == GCAP_OK && (st = gcap_linear(a, n->w2, NULL, &o)) == GCAP_OK &&
+      (st = gcap_mse_loss(o, n->t, &l)) == GCAP_OK)
     st = gcap_backward(l, NULL, 0);
-  gcap_tensor_free(h), gcap_tensor_free(ln), gcap_tensor_free(a), gcap_tensor_free(o), gcap_tensor_free(l);
+  gcap_tensor_free(h), gcap_tensor_free(ln), gcap_tensor_free(a), gcap_tensor_free(o),
+      gcap_tensor_free(l);
   return st;
 }
 
 enum { NB = 6, NI = 5, NH = 8, NO = 3 };
 
 static void net_data(float *x, float *w1, float *b1, float *w2, float *t, float phase) {
-  for (int i = 0; i < NB * NI; i++) x[i] = sinf(0.7f * (float)i + phase);
-  for (int i = 0; i < NH * NI; i++) w1[i] = 0.4f * cosf(0.31f * (float)i);
-  for (int i = 0; i < NH; i++) b1[i] = 0.05f * (float)i - 0.2f;
-  for (int i = 0; i < NO * NH; i++) w2[i] = 0.3f * sinf(1.3f * (float)i + 0.5f);
-  for (int i = 0; i < NB * NO; i++) t[i] = cosf(0.9f * (float)i + phase);
+  for (int i = 0; i < NB * NI; i++)
+    x[i] = sinf(0.7f * (float)i + phase);
+  for (int i = 0; i < NH * NI; i++)
+    w1[i] = 0.4f * cosf(0.31f * (float)i);
+  for (int i = 0; i < NH; i++)
+    b1[i] = 0.05f * (float)i - 0.2f;
+  for (int i = 0; i < NO * NH; i++)
+    w2[i] = 0.3f * sinf(1.3f * (float)i + 0.5f);
+  for (int i = 0; i < NB * NO; i++)
+    t[i] = cosf(0.9f * (float)i + phase);
 }
 
 static int net_make(gcap_engine *e, net *n, float phase) {
   static float x[NB * NI], w1[NH * NI], b1[NH], w2[NO * NH], t[NB * NO];
-  const int64_t sx[2] = {NB, NI}, sw1[2] = {NH, NI}, sb1[1] = {NH}, sw2[2] = {NO, NH}, st[2] = {NB, NO};
+  const int64_t sx[2] = {NB, NI}, sw1[2] = {NH, NI}, sb1[1] = {NH}, sw2[2] = {NO, NH},
+                st[2] = {NB, NO};
   net_data(x, w1, b1, w2, t, phase);
   n->x = t_from(e, 2, sx, x), n->t = t_from(e, 2, st, t);
   n->w1 = leaf(e, 2, sw1, w1), n->b1 = leaf(e, 1, sb1, b1), n->w2 = leaf(e, 2, sw2, w2);
@@ -673,7 +722,8 @@ static void test_captured_backward_retained(void) {
   T_REQUIRE(e != NULL);
   const int64_t s[1] = {8};
   float dx[8], g1[8], g2[8];
-  for (int i = 0; i < 8; i++) dx[i] = 0.3f * (float)i - 1.0f;
+  for (int i = 0; i < 8; i++)
+    dx[i] = 0.3f * (float)i - 1.0f;
   gcap_tensor *x = leaf(e, 1, s, dx), *y = NULL, *l = NULL;
   gcap_graph *g = NULL;
   T_REQUIRE(x != NULL);
@@ -687,7 +737,8 @@ static void test_captured_backward_retained(void) {
   T_REQUIRE(gcap_tensor_grad(x) && t_read(gcap_tensor_grad(x), g1, 8));
   T_CHECK_OK(e, gcap_backward(l, NULL, 0)); /* eager, through the captured-time nodes */
   T_REQUIRE(t_read(gcap_tensor_grad(x), g2, 8));
-  for (int i = 0; i < 8; i++) T_CHECK(g2[i] == g1[i] + g1[i]);
+  for (int i = 0; i < 8; i++)
+    T_CHECK(g2[i] == g1[i] + g1[i]);
   gcap_tensor_free(x), gcap_tensor_free(y), gcap_tensor_free(l);
   gcap_graph_free(g);
   gcap_engine_free(e);

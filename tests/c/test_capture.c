@@ -9,16 +9,17 @@
 
 /* A deterministic, not-too-regular input. */
 static void fill_input(float *d, int n, float phase) {
-  for (int i = 0; i < n; i++) d[i] = sinf(0.37f * (float)i + phase) * 1.5f + 0.25f;
+  for (int i = 0; i < n; i++)
+    d[i] = sinf(0.37f * (float)i + phase) * 1.5f + 0.25f;
 }
 
 /* Replace *y by op(*y) and drop the old reference. */
-#define STEP(call, y, tmp)      \
-  do {                          \
-    gcap_status st_ = (call);   \
-    if (st_ != GCAP_OK) return st_; \
-    gcap_tensor_free(y);        \
-    (y) = (tmp);                \
+#define STEP(call, y, tmp)                                                                         \
+  do {                                                                                             \
+    gcap_status st_ = (call);                                                                      \
+    if (st_ != GCAP_OK) return st_;                                                                \
+    gcap_tensor_free(y);                                                                           \
+    (y) = (tmp);                                                                                   \
   } while (0)
 
 /* A few ops of every kind, temporaries freed as they go (during a capture they
@@ -26,12 +27,12 @@ static void fill_input(float *d, int n, float phase) {
 static gcap_status chain(gcap_tensor *x, gcap_tensor **out) {
   gcap_tensor *y = gcap_tensor_retain(x), *t = NULL, *m = NULL;
   gcap_status st;
-  STEP(gcap_mul(y, x, &t), y, t);   /* x*x */
-  STEP(gcap_add(y, x, &t), y, t);   /* + x */
+  STEP(gcap_mul(y, x, &t), y, t); /* x*x */
+  STEP(gcap_add(y, x, &t), y, t); /* + x */
   STEP(gcap_scale(y, 0.37, &t), y, t);
   STEP(gcap_sub(y, x, &t), y, t);
   if ((st = gcap_mean(y, &m)) != GCAP_OK) return st;
-  STEP(gcap_sub(y, m, &t), y, t);   /* centre: 0-D broadcast */
+  STEP(gcap_sub(y, m, &t), y, t); /* centre: 0-D broadcast */
   gcap_tensor_free(m);
   if ((st = gcap_sum(x, &m)) != GCAP_OK) return st;
   STEP(gcap_mul(y, m, &t), y, t);
@@ -81,15 +82,26 @@ static gcap_status thousand_ops(gcap_tensor *x, gcap_tensor **out) {
   gcap_status st;
   for (int i = 0; i < 1000; i++) {
     switch (i % 5) {
-    case 0: STEP(gcap_add(y, x, &t), y, t); break;
-    case 1: STEP(gcap_scale(y, 0.5, &t), y, t); break;
-    case 2: STEP(gcap_mul(y, x, &t), y, t); break;
-    case 3: STEP(gcap_neg(y, &t), y, t); break;
-    default:
-      if (i % 50 != 4) { STEP(gcap_sub(y, x, &t), y, t); break; }
-      if ((st = gcap_mean(y, &m)) != GCAP_OK) return st;
-      STEP(gcap_sub(y, m, &t), y, t);
-      gcap_tensor_free(m);
+      case 0:
+        STEP(gcap_add(y, x, &t), y, t);
+        break;
+      case 1:
+        STEP(gcap_scale(y, 0.5, &t), y, t);
+        break;
+      case 2:
+        STEP(gcap_mul(y, x, &t), y, t);
+        break;
+      case 3:
+        STEP(gcap_neg(y, &t), y, t);
+        break;
+      default:
+        if (i % 50 != 4) {
+          STEP(gcap_sub(y, x, &t), y, t);
+          break;
+        }
+        if ((st = gcap_mean(y, &m)) != GCAP_OK) return st;
+        STEP(gcap_sub(y, m, &t), y, t);
+        gcap_tensor_free(m);
     }
   }
   *out = y;
@@ -102,7 +114,8 @@ static void test_thousand_ops_bitwise(void) {
   enum { N = 64 };
   float d[N], eager[N], replay[N];
   const int64_t s[1] = {N};
-  for (int i = 0; i < N; i++) d[i] = 0.9f + 0.2f * (float)((i * 37) % N) / N;
+  for (int i = 0; i < N; i++)
+    d[i] = 0.9f + 0.2f * (float)((i * 37) % N) / N;
   gcap_tensor *x = t_from(e, 1, s, d), *ye = NULL, *yg = NULL;
   gcap_graph *g = NULL;
   gcap_graph_stats gs;
@@ -116,12 +129,13 @@ static void test_thousand_ops_bitwise(void) {
   T_CHECK_OK(e, gcap_graph_replay(g));
   if (t_read(yg, replay, N)) T_CHECK(memcmp(eager, replay, sizeof eager) == 0);
   int finite = 1;
-  for (int i = 0; i < N; i++) finite &= isfinite(eager[i]) != 0;
+  for (int i = 0; i < N; i++)
+    finite &= isfinite(eager[i]) != 0;
   T_CHECK(finite);
   T_CHECK_OK(e, gcap_graph_get_stats(g, &gs));
   T_CHECK(gs.nodes >= 1000);
-  printf("# 1000-op graph: %lld nodes, capture %.3f ms, instantiate %.3f ms\n",
-         (long long)gs.nodes, gs.capture_ms, gs.instantiate_ms);
+  printf("# 1000-op graph: %lld nodes, capture %.3f ms, instantiate %.3f ms\n", (long long)gs.nodes,
+         gs.capture_ms, gs.instantiate_ms);
   gcap_tensor_free(x), gcap_tensor_free(ye), gcap_tensor_free(yg);
   gcap_graph_free(g);
   gcap_engine_free(e);
@@ -135,28 +149,29 @@ static void test_static_outputs_and_current_inputs(void) {
   const int64_t s[1] = {4};
   const float dx[4] = {1, 2, 3, 4}, dsrc[4] = {-1, 0, 1, 2};
   float r[4];
-  gcap_tensor *x = t_from(e, 1, s, dx), *src = t_from(e, 1, s, dsrc), *z = NULL, *u = NULL, *y = NULL;
+  gcap_tensor *x = t_from(e, 1, s, dx), *src = t_from(e, 1, s, dsrc), *z = NULL, *u = NULL,
+              *y = NULL;
   gcap_graph *g = NULL;
   T_REQUIRE(x && src);
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, s, 1.0, &z));
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, s, 0.0, &u)); /* never read by g */
   T_CHECK_OK(e, gcap_graph_new(e, &g));
   T_CHECK_OK(e, gcap_capture_begin(g, NULL, NULL));
-  T_CHECK_OK(e, gcap_fill_(z, 5.0));        /* writes an eager tensor */
-  T_CHECK_OK(e, gcap_scale(x, 2.0, &y));    /* static output */
+  T_CHECK_OK(e, gcap_fill_(z, 5.0));     /* writes an eager tensor */
+  T_CHECK_OK(e, gcap_scale(x, 2.0, &y)); /* static output */
   T_CHECK_OK(e, gcap_capture_end(g));
   if (t_read(z, r, 4)) T_CHECK(r[0] == 1.0f && r[3] == 1.0f); /* not run at capture */
   T_CHECK_OK(e, gcap_graph_replay(g));
   if (t_read(z, r, 4)) T_CHECK(r[0] == 5.0f && r[3] == 5.0f);
   if (t_read(y, r, 4)) T_CHECK(r[0] == 2 && r[1] == 4 && r[2] == 6 && r[3] == 8);
-  T_CHECK_OK(e, gcap_fill_(x, 3.0));        /* new contents, same memory */
+  T_CHECK_OK(e, gcap_fill_(x, 3.0)); /* new contents, same memory */
   T_CHECK_OK(e, gcap_graph_replay(g));
   if (t_read(y, r, 4)) T_CHECK(r[0] == 6 && r[3] == 6);
   T_CHECK_OK(e, gcap_copy_(x, src));
   T_CHECK_OK(e, gcap_graph_replay(g));
   if (t_read(y, r, 4)) T_CHECK(r[0] == -2 && r[1] == 0 && r[2] == 2 && r[3] == 4);
-  T_CHECK_OK(e, gcap_zero_(y));             /* an eager write to the output ... */
-  T_CHECK_OK(e, gcap_fill_(u, 100.0));      /* ... and to a tensor g never reads */
+  T_CHECK_OK(e, gcap_zero_(y));        /* an eager write to the output ... */
+  T_CHECK_OK(e, gcap_fill_(u, 100.0)); /* ... and to a tensor g never reads */
   T_CHECK_OK(e, gcap_graph_replay(g));
   if (t_read(y, r, 4)) T_CHECK(r[0] == -2 && r[1] == 0 && r[2] == 2 && r[3] == 4);
   gcap_tensor_free(x), gcap_tensor_free(src), gcap_tensor_free(z), gcap_tensor_free(u);
@@ -262,7 +277,7 @@ static void test_user_streams(void) {
   T_CHECK(gcap_current_stream(e) == cs);
   T_CHECK_OK(e, gcap_scale(x, -1.0, &y));
   T_CHECK_OK(e, gcap_capture_end(g));
-  T_CHECK_OK(e, gcap_set_current_stream(e, rs));  /* replay on another stream */
+  T_CHECK_OK(e, gcap_set_current_stream(e, rs)); /* replay on another stream */
   T_CHECK_OK(e, gcap_graph_replay(g));
   T_CHECK_OK(e, gcap_stream_synchronize(rs));
   T_CHECK_OK(e, gcap_set_current_stream(e, NULL)); /* back to the default stream */
@@ -304,7 +319,7 @@ static void test_fork_join_replayed(void) {
   T_CHECK_OK(e, gcap_scale(x, 3.0, &y2));
   T_CHECK_OK(e, gcap_event_record(join, s2));
   T_CHECK_OK(e, gcap_set_current_stream(e, cs));
-  T_CHECK_OK(e, gcap_stream_wait_event(cs, join));  /* and rejoins it */
+  T_CHECK_OK(e, gcap_stream_wait_event(cs, join)); /* and rejoins it */
   T_CHECK_OK(e, gcap_add(y1, y2, &z));
   T_CHECK_OK(e, gcap_capture_end(g));
   T_CHECK(gcap_graph_is_captured(g) == 1);
@@ -425,7 +440,8 @@ static void test_graph_stats(void) {
   T_CHECK_OK(e, gcap_pool_get_stats(gcap_graph_pool(g), &ps));
   T_CHECK(gs.pool_bytes > 0 && gs.pool_bytes == ps.reserved_bytes);
   T_CHECK(ps.graphs == 1 && ps.blocks >= 3 && ps.in_use_bytes >= 2 * 1024 + 4);
-  for (int i = 0; i < 3; i++) T_CHECK_OK(e, gcap_graph_replay(g));
+  for (int i = 0; i < 3; i++)
+    T_CHECK_OK(e, gcap_graph_replay(g));
   T_CHECK_OK(e, gcap_graph_get_stats(g, &gs));
   T_CHECK(gs.replays == 3);
   T_CHECK(t_value(c) == 512.0);

@@ -12,7 +12,11 @@
 /* A non-NULL `out` value: a failed call must set *out to NULL. */
 #define BOGUS ((gcap_tensor *)(uintptr_t)0x10)
 /* Check that p came back NULL, and arm it again. */
-#define T_NULLED(p) do { T_CHECK((p) == NULL); (p) = BOGUS; } while (0)
+#define T_NULLED(p)                                                                                \
+  do {                                                                                             \
+    T_CHECK((p) == NULL);                                                                          \
+    (p) = BOGUS;                                                                                   \
+  } while (0)
 
 /* ------------------------------------------------------------------------ */
 /* Forbidden during capture                                                  */
@@ -26,10 +30,18 @@ typedef struct fctx {
   gcap_event *ev;  /* recorded on the default stream before the capture */
 } fctx;
 
-static gcap_status act_synchronize(fctx *c) { return gcap_synchronize(c->e); }
-static gcap_status act_stream_sync(fctx *c) { return gcap_stream_synchronize(c->cs); }
-static gcap_status act_other_stream_sync(fctx *c) { return gcap_stream_synchronize(c->s2); }
-static gcap_status act_event_sync(fctx *c) { return gcap_event_synchronize(c->ev); }
+static gcap_status act_synchronize(fctx *c) {
+  return gcap_synchronize(c->e);
+}
+static gcap_status act_stream_sync(fctx *c) {
+  return gcap_stream_synchronize(c->cs);
+}
+static gcap_status act_other_stream_sync(fctx *c) {
+  return gcap_stream_synchronize(c->s2);
+}
+static gcap_status act_event_sync(fctx *c) {
+  return gcap_event_synchronize(c->ev);
+}
 static gcap_status act_read_input(fctx *c) {
   float v[4];
   return gcap_tensor_read(c->x, v, 4);
@@ -49,7 +61,7 @@ static gcap_status act_from_f32(fctx *c) {
 }
 static gcap_status act_unforked_stream_work(fctx *c) {
   T_CHECK_ST(c->e, gcap_set_current_stream(c->e, c->s2), GCAP_OK); /* switching is allowed */
-  return gcap_fill_(c->x, 9.0); /* the caller switches back */
+  return gcap_fill_(c->x, 9.0);                                    /* the caller switches back */
 }
 static gcap_status act_alloc_outside_pool(fctx *c) {
   const int64_t s[1] = {16};
@@ -59,7 +71,9 @@ static gcap_status act_alloc_outside_pool(fctx *c) {
   gcap_tensor_free(t);
   return st; /* the caller switches back */
 }
-static gcap_status act_manual_seed(fctx *c) { return gcap_manual_seed(c->e, 5); }
+static gcap_status act_manual_seed(fctx *c) {
+  return gcap_manual_seed(c->e, 5);
+}
 static gcap_status act_wait_uncaptured_event(fctx *c) {
   return gcap_stream_wait_event(c->cs, c->ev); /* would depend on uncaptured work */
 }
@@ -94,8 +108,8 @@ static void forbidden_case(gcap_status (*act)(fctx *)) {
   T_CHECK_ST(e, act(&c), GCAP_ECAPTURE);
   T_CHECK(strlen(gcap_errmsg(e)) > 0);
   printf("#   refused: %s\n", gcap_errmsg(e));
-  T_CHECK(gcap_is_capturing(e) == 1); /* open until gcap_capture_end */
-  gcap_set_current_stream(e, c.cs);   /* some actions switched streams */
+  T_CHECK(gcap_is_capturing(e) == 1);                      /* open until gcap_capture_end */
+  gcap_set_current_stream(e, c.cs);                        /* some actions switched streams */
   T_CHECK_ST(e, gcap_scale(c.x, 3.0, &y2), GCAP_ECAPTURE); /* invalidation is sticky */
   T_CHECK(y2 == NULL);
   T_CHECK_ST(e, gcap_capture_end(g), GCAP_ECAPTURE);
@@ -134,17 +148,39 @@ static void forbidden_case(gcap_status (*act)(fctx *)) {
   gcap_engine_free(e);
 }
 
-static void test_forbidden_synchronize(void) { forbidden_case(act_synchronize); }
-static void test_forbidden_stream_synchronize(void) { forbidden_case(act_stream_sync); }
-static void test_forbidden_other_stream_synchronize(void) { forbidden_case(act_other_stream_sync); }
-static void test_forbidden_event_synchronize(void) { forbidden_case(act_event_sync); }
-static void test_forbidden_read_input(void) { forbidden_case(act_read_input); }
-static void test_forbidden_read_captured(void) { forbidden_case(act_read_captured); }
-static void test_forbidden_from_f32(void) { forbidden_case(act_from_f32); }
-static void test_forbidden_unforked_stream_work(void) { forbidden_case(act_unforked_stream_work); }
-static void test_forbidden_alloc_outside_pool(void) { forbidden_case(act_alloc_outside_pool); }
-static void test_forbidden_manual_seed(void) { forbidden_case(act_manual_seed); }
-static void test_forbidden_wait_uncaptured_event(void) { forbidden_case(act_wait_uncaptured_event); }
+static void test_forbidden_synchronize(void) {
+  forbidden_case(act_synchronize);
+}
+static void test_forbidden_stream_synchronize(void) {
+  forbidden_case(act_stream_sync);
+}
+static void test_forbidden_other_stream_synchronize(void) {
+  forbidden_case(act_other_stream_sync);
+}
+static void test_forbidden_event_synchronize(void) {
+  forbidden_case(act_event_sync);
+}
+static void test_forbidden_read_input(void) {
+  forbidden_case(act_read_input);
+}
+static void test_forbidden_read_captured(void) {
+  forbidden_case(act_read_captured);
+}
+static void test_forbidden_from_f32(void) {
+  forbidden_case(act_from_f32);
+}
+static void test_forbidden_unforked_stream_work(void) {
+  forbidden_case(act_unforked_stream_work);
+}
+static void test_forbidden_alloc_outside_pool(void) {
+  forbidden_case(act_alloc_outside_pool);
+}
+static void test_forbidden_manual_seed(void) {
+  forbidden_case(act_manual_seed);
+}
+static void test_forbidden_wait_uncaptured_event(void) {
+  forbidden_case(act_wait_uncaptured_event);
+}
 
 /* ------------------------------------------------------------------------ */
 /* Wrong states                                                              */
@@ -160,19 +196,19 @@ static void test_graph_states(void) {
   T_CHECK_OK(e, gcap_graph_new(e, &g2));
   T_CHECK_ST(e, gcap_graph_replay(g1), GCAP_ESTATE); /* never captured */
   T_CHECK(strlen(gcap_errmsg(e)) > 0);
-  T_CHECK_ST(e, gcap_capture_end(g1), GCAP_ESTATE);  /* not capturing */
+  T_CHECK_ST(e, gcap_capture_end(g1), GCAP_ESTATE); /* not capturing */
   T_CHECK_OK(e, gcap_capture_begin(g1, NULL, NULL));
   T_CHECK_ST(e, gcap_capture_begin(g2, NULL, NULL), GCAP_ESTATE); /* one at a time */
   T_CHECK_ST(e, gcap_capture_begin(g1, NULL, NULL), GCAP_ESTATE);
-  T_CHECK_ST(e, gcap_capture_end(g2), GCAP_ESTATE);  /* g2 is not the one capturing */
+  T_CHECK_ST(e, gcap_capture_end(g2), GCAP_ESTATE); /* g2 is not the one capturing */
   T_CHECK(gcap_is_capturing(e) == 1);
-  T_CHECK_OK(e, gcap_scale(x, 2.0, &y));             /* the open capture goes on */
+  T_CHECK_OK(e, gcap_scale(x, 2.0, &y)); /* the open capture goes on */
   T_CHECK_OK(e, gcap_capture_end(g1));
   T_CHECK_OK(e, gcap_graph_replay(g1));
   T_CHECK(t_value(y) == 2.0);
   T_CHECK_ST(e, gcap_capture_begin(g1, NULL, NULL), GCAP_ESTATE); /* not empty */
   T_CHECK(gcap_is_capturing(e) == 0);
-  T_CHECK_OK(e, gcap_graph_replay(g1));              /* still fine */
+  T_CHECK_OK(e, gcap_graph_replay(g1)); /* still fine */
   T_CHECK_OK(e, gcap_graph_reset(g1));
   T_CHECK_ST(e, gcap_graph_replay(g1), GCAP_ESTATE); /* reset */
   T_CHECK_OK(e, gcap_capture_begin(g2, NULL, NULL)); /* g2 was never disturbed */
@@ -238,12 +274,12 @@ static void test_engine_closed_with_live_objects(void) {
 /* ------------------------------------------------------------------------ */
 /* Bad arguments                                                             */
 
-
 static void test_bad_shapes(void) {
   gcap_engine *e = t_engine();
   T_REQUIRE(e != NULL);
   const int64_t neg[2] = {2, -1}, five[5] = {1, 1, 1, 1, 1}, ok[2] = {2, 3};
-  const int64_t ovf[2] = {INT64_C(1) << 62, INT64_C(1) << 62}, ovf3[3] = {1 << 30, 1 << 30, 1 << 30};
+  const int64_t ovf[2] = {INT64_C(1) << 62, INT64_C(1) << 62},
+                ovf3[3] = {1 << 30, 1 << 30, 1 << 30};
   const int64_t huge[1] = {INT64_MAX};
   float d[6] = {0};
   gcap_tensor *t = BOGUS, *x = NULL;

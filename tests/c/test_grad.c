@@ -17,9 +17,12 @@
 #include "t.h"
 
 /* A failed comparison, with a formatted message naming op, index and values. */
-#define T_FAILF(expr, ...) do { char t_fm_[400];                                     \
-    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                     \
-    t_fail_(__FILE__, __LINE__, expr, t_fm_); } while (0)
+#define T_FAILF(expr, ...)                                                                         \
+  do {                                                                                             \
+    char t_fm_[400];                                                                               \
+    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                                    \
+    t_fail_(__FILE__, __LINE__, expr, t_fm_);                                                      \
+  } while (0)
 
 /* f32 finite differences: step and tolerance |d| <= ATOL + RTOL * |ref|. */
 #define H 1e-2
@@ -34,10 +37,10 @@ static float urand(void) {
 }
 
 typedef enum {
-  FILL_NORMAL,  /* uniform in [-1.5, 1.5) */
-  FILL_AWAY,    /* |x| in [0.2, 1.5]: away from relu's kink and from 0 */
-  FILL_WIDE,    /* uniform in [-3, 3) */
-  FILL_CLASS    /* class indices 0 .. classes - 1, as floats */
+  FILL_NORMAL, /* uniform in [-1.5, 1.5) */
+  FILL_AWAY,   /* |x| in [0.2, 1.5]: away from relu's kink and from 0 */
+  FILL_WIDE,   /* uniform in [-3, 3) */
+  FILL_CLASS   /* class indices 0 .. classes - 1, as floats */
 } fill_kind;
 
 typedef struct gin {
@@ -62,7 +65,8 @@ typedef struct gcase {
 
 static int64_t numel_of(const gin *g) {
   int64_t n = 1;
-  for (int i = 0; i < g->ndim; i++) n *= g->shape[i];
+  for (int i = 0; i < g->ndim; i++)
+    n *= g->shape[i];
   return n;
 }
 
@@ -70,10 +74,18 @@ static void fill(const gin *g, float *d, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     float u = urand();
     switch (g->fill) {
-    case FILL_NORMAL: d[i] = 1.5f * u; break;
-    case FILL_WIDE: d[i] = 3.0f * u; break;
-    case FILL_AWAY: d[i] = (u < 0 ? -1.0f : 1.0f) * (0.2f + 1.3f * fabsf(u)); break;
-    case FILL_CLASS: d[i] = (float)(i * 7 % g->classes); break;
+      case FILL_NORMAL:
+        d[i] = 1.5f * u;
+        break;
+      case FILL_WIDE:
+        d[i] = 3.0f * u;
+        break;
+      case FILL_AWAY:
+        d[i] = (u < 0 ? -1.0f : 1.0f) * (0.2f + 1.3f * fabsf(u));
+        break;
+      case FILL_CLASS:
+        d[i] = (float)(i * 7 % g->classes);
+        break;
     }
   }
 }
@@ -89,9 +101,11 @@ static double eval_loss(gcap_engine *e, const gcase *c, gcap_tensor *const *x, c
     return NAN;
   }
   float *v = malloc((size_t)(nr > 0 ? nr : 1) * sizeof *v);
-  if (v == NULL || gcap_tensor_read(y, v, (size_t)nr) != GCAP_OK) L = NAN;
+  if (v == NULL || gcap_tensor_read(y, v, (size_t)nr) != GCAP_OK)
+    L = NAN;
   else
-    for (int64_t i = 0; i < nr; i++) L += (double)v[i] * (double)r[i];
+    for (int64_t i = 0; i < nr; i++)
+      L += (double)v[i] * (double)r[i];
   free(v);
   gcap_tensor_free(y);
   return L;
@@ -123,7 +137,8 @@ static void grad_check(const gcase *c) {
     T_FAILF("forward", "%s: %s", c->name, gcap_errmsg(e));
     goto done;
   }
-  if (!gcap_tensor_requires_grad(y)) T_FAILF("requires_grad", "%s: output does not require grad", c->name);
+  if (!gcap_tensor_requires_grad(y))
+    T_FAILF("requires_grad", "%s: output does not require grad", c->name);
   if (c->grad_fn) {
     const char *fn = gcap_tensor_grad_fn_name(y);
     if (fn == NULL || strcmp(fn, c->grad_fn) != 0)
@@ -132,7 +147,8 @@ static void grad_check(const gcase *c) {
   nr = gcap_tensor_numel(y);
   r = malloc((size_t)(nr > 0 ? nr : 1) * sizeof *r);
   if (r == NULL) goto done;
-  for (int64_t i = 0; i < nr; i++) r[i] = urand();
+  for (int64_t i = 0; i < nr; i++)
+    r[i] = urand();
   rt = t_from(e, gcap_tensor_ndim(y), gcap_tensor_shape(y), r);
   if (rt == NULL) goto done;
   if (gcap_mul(y, rt, &prod) != GCAP_OK || gcap_sum(prod, &loss) != GCAP_OK ||
@@ -148,7 +164,8 @@ static void grad_check(const gcase *c) {
     gcap_tensor *g = gcap_tensor_grad(x[i]);
     int64_t n = numel_of(&c->in[i]);
     if (!c->in[i].grad) {
-      if (g != NULL) T_FAILF("grad == NULL", "%s: input %d has a grad but does not require one", c->name, i);
+      if (g != NULL)
+        T_FAILF("grad == NULL", "%s: input %d has a grad but does not require one", c->name, i);
       continue;
     }
     if (g == NULL) {
@@ -156,7 +173,8 @@ static void grad_check(const gcase *c) {
       continue;
     }
     int same = gcap_tensor_ndim(g) == c->in[i].ndim && gcap_tensor_dtype(g) == GCAP_F32;
-    for (int d = 0; same && d < c->in[i].ndim; d++) same = gcap_tensor_shape(g)[d] == c->in[i].shape[d];
+    for (int d = 0; same && d < c->in[i].ndim; d++)
+      same = gcap_tensor_shape(g)[d] == c->in[i].shape[d];
     if (!same) {
       T_FAILF("grad shape", "%s: input %d: grad has another shape or dtype", c->name, i);
       continue;
@@ -182,8 +200,8 @@ static void grad_check(const gcase *c) {
       if (!(fabs(an - num) <= ATOL + RTOL * fabs(num))) {
         if (++bad <= 4)
           T_FAILF("|analytic - numeric| <= atol + rtol*|numeric|",
-                  "%s: input %d element %lld: analytic %.7g, numeric %.7g", c->name, i, (long long)j,
-                  an, num);
+                  "%s: input %d element %lld: analytic %.7g, numeric %.7g", c->name, i,
+                  (long long)j, an, num);
       }
     }
   }
@@ -202,21 +220,45 @@ done:
 /* ------------------------------------------------------------------------ */
 /* The ops under test                                                        */
 
-static gcap_status f_add(gcap_tensor *const *x, gcap_tensor **y) { return gcap_add(x[0], x[1], y); }
-static gcap_status f_sub(gcap_tensor *const *x, gcap_tensor **y) { return gcap_sub(x[0], x[1], y); }
-static gcap_status f_mul(gcap_tensor *const *x, gcap_tensor **y) { return gcap_mul(x[0], x[1], y); }
-static gcap_status f_mul_self(gcap_tensor *const *x, gcap_tensor **y) { return gcap_mul(x[0], x[0], y); }
-static gcap_status f_scale(gcap_tensor *const *x, gcap_tensor **y) { return gcap_scale(x[0], -0.7, y); }
-static gcap_status f_neg(gcap_tensor *const *x, gcap_tensor **y) { return gcap_neg(x[0], y); }
-static gcap_status f_sum(gcap_tensor *const *x, gcap_tensor **y) { return gcap_sum(x[0], y); }
-static gcap_status f_mean(gcap_tensor *const *x, gcap_tensor **y) { return gcap_mean(x[0], y); }
-static gcap_status f_matmul(gcap_tensor *const *x, gcap_tensor **y) { return gcap_matmul(x[0], x[1], y); }
-static gcap_status f_linear(gcap_tensor *const *x, gcap_tensor **y) { return gcap_linear(x[0], x[1], x[2], y); }
+static gcap_status f_add(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_add(x[0], x[1], y);
+}
+static gcap_status f_sub(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_sub(x[0], x[1], y);
+}
+static gcap_status f_mul(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_mul(x[0], x[1], y);
+}
+static gcap_status f_mul_self(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_mul(x[0], x[0], y);
+}
+static gcap_status f_scale(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_scale(x[0], -0.7, y);
+}
+static gcap_status f_neg(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_neg(x[0], y);
+}
+static gcap_status f_sum(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_sum(x[0], y);
+}
+static gcap_status f_mean(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_mean(x[0], y);
+}
+static gcap_status f_matmul(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_matmul(x[0], x[1], y);
+}
+static gcap_status f_linear(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_linear(x[0], x[1], x[2], y);
+}
 static gcap_status f_linear_nb(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_linear(x[0], x[1], NULL, y);
 }
-static gcap_status f_relu(gcap_tensor *const *x, gcap_tensor **y) { return gcap_relu(x[0], y); }
-static gcap_status f_gelu(gcap_tensor *const *x, gcap_tensor **y) { return gcap_gelu(x[0], y); }
+static gcap_status f_relu(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_relu(x[0], y);
+}
+static gcap_status f_gelu(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_gelu(x[0], y);
+}
 static gcap_status f_ln_wb(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_layer_norm(x[0], x[1], x[2], 1e-5, y);
 }
@@ -229,7 +271,9 @@ static gcap_status f_ln_w(gcap_tensor *const *x, gcap_tensor **y) {
 static gcap_status f_ln_b(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_layer_norm(x[0], NULL, x[1], 1e-5, y);
 }
-static gcap_status f_softmax(gcap_tensor *const *x, gcap_tensor **y) { return gcap_softmax(x[0], -1, y); }
+static gcap_status f_softmax(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_softmax(x[0], -1, y);
+}
 static gcap_status f_softmax_dim(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_softmax(x[0], gcap_tensor_ndim(x[0]) - 1, y);
 }
@@ -239,8 +283,12 @@ static gcap_status f_dropout(gcap_tensor *const *x, gcap_tensor **y) {
 static gcap_status f_dropout_eval(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_dropout(x[0], 0.3, 0, y);
 }
-static gcap_status f_mse(gcap_tensor *const *x, gcap_tensor **y) { return gcap_mse_loss(x[0], x[1], y); }
-static gcap_status f_xent(gcap_tensor *const *x, gcap_tensor **y) { return gcap_cross_entropy(x[0], x[1], y); }
+static gcap_status f_mse(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_mse_loss(x[0], x[1], y);
+}
+static gcap_status f_xent(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_cross_entropy(x[0], x[1], y);
+}
 static gcap_status f_view(gcap_tensor *const *x, gcap_tensor **y) {
   const int64_t s[2] = {3, 4};
   return gcap_tensor_view(x[0], 2, s, y);
@@ -250,7 +298,8 @@ static gcap_status f_view_chain(gcap_tensor *const *x, gcap_tensor **y) {
   const int64_t s[1] = {12};
   gcap_tensor *a = NULL, *v = NULL;
   gcap_status st;
-  if ((st = gcap_scale(x[0], 2.0, &a)) == GCAP_OK && (st = gcap_tensor_view(a, 1, s, &v)) == GCAP_OK)
+  if ((st = gcap_scale(x[0], 2.0, &a)) == GCAP_OK &&
+      (st = gcap_tensor_view(a, 1, s, &v)) == GCAP_OK)
     st = gcap_mul(v, v, y);
   gcap_tensor_free(a), gcap_tensor_free(v);
   return st;
@@ -269,18 +318,24 @@ static gcap_status f_mlp(gcap_tensor *const *x, gcap_tensor **y) {
 static gcap_status f_rows(gcap_tensor *const *x, gcap_tensor **y) {
   gcap_tensor *s = NULL, *l = NULL;
   gcap_status st;
-  if ((st = gcap_softmax(x[0], -1, &s)) == GCAP_OK && (st = gcap_layer_norm(s, x[1], x[2], 1e-5, &l)) == GCAP_OK)
+  if ((st = gcap_softmax(x[0], -1, &s)) == GCAP_OK &&
+      (st = gcap_layer_norm(s, x[1], x[2], 1e-5, &l)) == GCAP_OK)
     st = gcap_cross_entropy(l, x[3], y);
   gcap_tensor_free(s), gcap_tensor_free(l);
   return st;
 }
 
 /* Inputs: G(ndim, d0, d1, d2, fill, grad). */
-#define G1(a, f, g) {1, {a}, f, 0, g}
-#define G2(a, b, f, g) {2, {a, b}, f, 0, g}
-#define G3(a, b, c, f, g) {3, {a, b, c}, f, 0, g}
-#define G0(f, g) {0, {0}, f, 0, g}
-#define GC(n, classes) {1, {n}, FILL_CLASS, classes, 0}
+#define G1(a, f, g)                                                                                \
+  { 1, {a}, f, 0, g }
+#define G2(a, b, f, g)                                                                             \
+  { 2, {a, b}, f, 0, g }
+#define G3(a, b, c, f, g)                                                                          \
+  { 3, {a, b, c}, f, 0, g }
+#define G0(f, g)                                                                                   \
+  { 0, {0}, f, 0, g }
+#define GC(n, classes)                                                                             \
+  { 1, {n}, FILL_CLASS, classes, 0 }
 #define N FILL_NORMAL
 
 static const gcase cases_elementwise[] = {
@@ -319,24 +374,59 @@ static const gcase cases_linalg[] = {
     {"matmul [3,5] x [5,2]", f_matmul, "matmul", 0, 2, {G2(3, 5, N, 1), G2(5, 2, N, 1)}},
     {"matmul [1,4] x [4,1]", f_matmul, "matmul", 0, 2, {G2(1, 4, N, 1), G2(4, 1, N, 1)}},
     {"matmul [4,3] x [3,6] (only b)", f_matmul, "matmul", 0, 2, {G2(4, 3, N, 0), G2(3, 6, N, 1)}},
-    {"linear 2-D with bias", f_linear, "linear", 0, 3, {G2(4, 3, N, 1), G2(5, 3, N, 1), G1(5, N, 1)}},
+    {"linear 2-D with bias",
+     f_linear,
+     "linear",
+     0,
+     3,
+     {G2(4, 3, N, 1), G2(5, 3, N, 1), G1(5, N, 1)}},
     {"linear 2-D without bias", f_linear_nb, "linear", 0, 2, {G2(4, 3, N, 1), G2(5, 3, N, 1)}},
-    {"linear 3-D with bias", f_linear, "linear", 0, 3, {G3(2, 3, 4, N, 1), G2(5, 4, N, 1), G1(5, N, 1)}},
+    {"linear 3-D with bias",
+     f_linear,
+     "linear",
+     0,
+     3,
+     {G3(2, 3, 4, N, 1), G2(5, 4, N, 1), G1(5, N, 1)}},
     {"linear 3-D without bias", f_linear_nb, "linear", 0, 2, {G3(2, 3, 4, N, 1), G2(5, 4, N, 1)}},
     {"linear 1-D input", f_linear, "linear", 0, 3, {G1(3, N, 1), G2(2, 3, N, 1), G1(2, N, 1)}},
-    {"linear (weight only)", f_linear, "linear", 0, 3, {G2(4, 3, N, 0), G2(5, 3, N, 1), G1(5, N, 0)}},
-    {"linear (input only)", f_linear, "linear", 0, 3, {G2(4, 3, N, 1), G2(5, 3, N, 0), G1(5, N, 0)}},
+    {"linear (weight only)",
+     f_linear,
+     "linear",
+     0,
+     3,
+     {G2(4, 3, N, 0), G2(5, 3, N, 1), G1(5, N, 0)}},
+    {"linear (input only)",
+     f_linear,
+     "linear",
+     0,
+     3,
+     {G2(4, 3, N, 1), G2(5, 3, N, 0), G1(5, N, 0)}},
 };
 
 static const gcase cases_layers[] = {
     {"relu [3,5]", f_relu, "relu", 0, 1, {G2(3, 5, FILL_AWAY, 1)}},
     {"gelu [3,5]", f_gelu, "gelu", 0, 1, {G2(3, 5, FILL_WIDE, 1)}},
     {"gelu [2,2,4]", f_gelu, "gelu", 0, 1, {G3(2, 2, 4, N, 1)}},
-    {"layer_norm [3,6] weight, bias", f_ln_wb, "layer_norm", 0, 3, {G2(3, 6, N, 1), G1(6, N, 1), G1(6, N, 1)}},
+    {"layer_norm [3,6] weight, bias",
+     f_ln_wb,
+     "layer_norm",
+     0,
+     3,
+     {G2(3, 6, N, 1), G1(6, N, 1), G1(6, N, 1)}},
     {"layer_norm [3,6] no weight, bias", f_ln, "layer_norm", 0, 1, {G2(3, 6, N, 1)}},
-    {"layer_norm [2,2,5] weight only", f_ln_w, "layer_norm", 0, 2, {G3(2, 2, 5, N, 1), G1(5, N, 1)}},
+    {"layer_norm [2,2,5] weight only",
+     f_ln_w,
+     "layer_norm",
+     0,
+     2,
+     {G3(2, 2, 5, N, 1), G1(5, N, 1)}},
     {"layer_norm [4,5] bias only", f_ln_b, "layer_norm", 0, 2, {G2(4, 5, N, 1), G1(5, N, 1)}},
-    {"layer_norm [3,6] params only", f_ln_wb, "layer_norm", 0, 3, {G2(3, 6, N, 0), G1(6, N, 1), G1(6, N, 1)}},
+    {"layer_norm [3,6] params only",
+     f_ln_wb,
+     "layer_norm",
+     0,
+     3,
+     {G2(3, 6, N, 0), G1(6, N, 1), G1(6, N, 1)}},
     {"softmax [3,5]", f_softmax, "softmax", 0, 1, {G2(3, 5, FILL_WIDE, 1)}},
     {"softmax [2,2,4] dim 2", f_softmax_dim, "softmax", 0, 1, {G3(2, 2, 4, N, 1)}},
     {"softmax [7]", f_softmax, "softmax", 0, 1, {G1(7, FILL_WIDE, 1)}},
@@ -346,9 +436,17 @@ static const gcase cases_layers[] = {
     {"mse_loss [2,3,2] (input only)", f_mse, "mean", 0, 2, {G3(2, 3, 2, N, 1), G3(2, 3, 2, N, 0)}},
     {"cross_entropy [4,5]", f_xent, "cross_entropy", 0, 2, {G2(4, 5, FILL_WIDE, 1), GC(4, 5)}},
     {"cross_entropy [1,3]", f_xent, "cross_entropy", 0, 2, {G2(1, 3, N, 1), GC(1, 3)}},
-    {"mlp: mse(linear(gelu(linear)))", f_mlp, "mean", 0, 6,
+    {"mlp: mse(linear(gelu(linear)))",
+     f_mlp,
+     "mean",
+     0,
+     6,
      {G2(4, 3, N, 1), G2(5, 3, N, 1), G1(5, N, 1), G2(2, 5, N, 1), G1(2, N, 1), G2(4, 2, N, 0)}},
-    {"rows: cross_entropy(layer_norm(softmax))", f_rows, "cross_entropy", 0, 4,
+    {"rows: cross_entropy(layer_norm(softmax))",
+     f_rows,
+     "cross_entropy",
+     0,
+     4,
      {G2(3, 4, FILL_WIDE, 1), G1(4, N, 1), G1(4, N, 1), GC(3, 4)}},
 };
 
@@ -356,7 +454,9 @@ static const gcase cases_layers[] = {
 
 /* One TAP line per case, named after it. */
 static const gcase *cur_case;
-static void run_cur_case(void) { grad_check(cur_case); }
+static void run_cur_case(void) {
+  grad_check(cur_case);
+}
 static void run_cases(const char *group, const gcase *cs, int n) {
   char name[160];
   for (int i = 0; i < n; i++) {
@@ -376,8 +476,10 @@ static void test_dropout_mask_grad(void) {
   const int64_t s[2] = {8, 32};
   const double p = 0.3;
   const float scale = 1.0f / (1.0f - (float)p);
-  for (int i = 0; i < NX; i++) dx[i] = (i % 2 ? 1.0f : -1.0f) * (0.25f + (float)(i % 13) * 0.1f);
-  for (int i = 0; i < NX; i++) dr[i] = urand();
+  for (int i = 0; i < NX; i++)
+    dx[i] = (i % 2 ? 1.0f : -1.0f) * (0.25f + (float)(i % 13) * 0.1f);
+  for (int i = 0; i < NX; i++)
+    dr[i] = urand();
   gcap_tensor *x = t_from(e, 2, s, dx), *r = t_from(e, 2, s, dr), *y = NULL, *yr = NULL, *l = NULL;
   T_REQUIRE(x && r);
   T_CHECK_OK(e, gcap_tensor_set_requires_grad(x, 1));
@@ -391,19 +493,24 @@ static void test_dropout_mask_grad(void) {
   int kept = 0, dropped = 0, bad = 0;
   for (int i = 0; i < NX; i++) {
     double m;
-    if (dy[i] == 0.0f) m = 0.0, dropped++;
-    else m = (double)dy[i] / (double)dx[i], kept++;
+    if (dy[i] == 0.0f)
+      m = 0.0, dropped++;
+    else
+      m = (double)dy[i] / (double)dx[i], kept++;
     if (m != 0.0 && fabs(m - (double)scale) > 1e-6 * (double)scale && ++bad <= 3)
-      T_FAILF("mask in {0, 1/(1-p)}", "dropout element %d: y %.9g, x %.9g: mask %.9g, want 0 or %.9g", i,
-              (double)dy[i], (double)dx[i], m, (double)scale);
+      T_FAILF("mask in {0, 1/(1-p)}",
+              "dropout element %d: y %.9g, x %.9g: mask %.9g, want 0 or %.9g", i, (double)dy[i],
+              (double)dx[i], m, (double)scale);
     double want = (double)dr[i] * (m == 0.0 ? 0.0 : (double)scale);
     if (fabs((double)dg[i] - want) > 1e-6 + 1e-6 * fabs(want) && ++bad <= 3)
-      T_FAILF("grad = r * mask", "dropout element %d: grad %.9g, want %.9g", i, (double)dg[i], want);
+      T_FAILF("grad = r * mask", "dropout element %d: grad %.9g, want %.9g", i, (double)dg[i],
+              want);
   }
   /* p = 0.3 over 256 elements: both kinds present, roughly in proportion. */
   T_CHECK(dropped > 256 * 0.15 && dropped < 256 * 0.45);
   T_CHECK(kept + dropped == NX);
-  gcap_tensor_free(x), gcap_tensor_free(r), gcap_tensor_free(y), gcap_tensor_free(yr), gcap_tensor_free(l);
+  gcap_tensor_free(x), gcap_tensor_free(r), gcap_tensor_free(y), gcap_tensor_free(yr),
+      gcap_tensor_free(l);
   gcap_engine_free(e);
 }
 
@@ -413,7 +520,8 @@ static void test_dropout_extremes(void) {
   T_REQUIRE(e != NULL);
   const int64_t s[1] = {16};
   float dx[16], dr[16], g[16], y[16];
-  for (int i = 0; i < 16; i++) dx[i] = 0.5f + (float)i, dr[i] = urand();
+  for (int i = 0; i < 16; i++)
+    dx[i] = 0.5f + (float)i, dr[i] = urand();
   const double ps[3] = {1.0, 0.0, 0.5};
   const int training[3] = {1, 1, 0};
   for (int k = 0; k < 3; k++) {
@@ -429,12 +537,14 @@ static void test_dropout_extremes(void) {
       for (int i = 0; i < 16; i++) {
         float wy = ps[k] == 1.0 ? 0.0f : dx[i], wg = ps[k] == 1.0 ? 0.0f : dr[i];
         if (y[i] != wy || g[i] != wg) {
-          T_FAILF("identity or zero", "dropout p=%g training=%d element %d: y %g (want %g), grad %g (want %g)",
-                  ps[k], training[k], i, (double)y[i], (double)wy, (double)g[i], (double)wg);
+          T_FAILF("identity or zero",
+                  "dropout p=%g training=%d element %d: y %g (want %g), grad %g (want %g)", ps[k],
+                  training[k], i, (double)y[i], (double)wy, (double)g[i], (double)wg);
           break;
         }
       }
-    gcap_tensor_free(x), gcap_tensor_free(r), gcap_tensor_free(o), gcap_tensor_free(m), gcap_tensor_free(l);
+    gcap_tensor_free(x), gcap_tensor_free(r), gcap_tensor_free(o), gcap_tensor_free(m),
+        gcap_tensor_free(l);
   }
   gcap_engine_free(e);
 }
@@ -445,13 +555,15 @@ static void test_loss_values(void) {
   gcap_engine *e = t_engine();
   T_REQUIRE(e != NULL);
   const int64_t sl[2] = {3, 4}, st[1] = {3};
-  const float logits[12] = {0.5f, -1.0f, 2.0f, 0.0f, 1.0f, 1.0f, 1.0f, 1.0f, -2.0f, 3.0f, 0.5f, -0.5f};
+  const float logits[12] = {0.5f, -1.0f, 2.0f,  0.0f, 1.0f, 1.0f,
+                            1.0f, 1.0f,  -2.0f, 3.0f, 0.5f, -0.5f};
   const float tgt[3] = {2, 0, 1};
   const float a[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
   float b[12];
-  for (int i = 0; i < 12; i++) b[i] = a[i] * 0.5f - 1.0f;
-  gcap_tensor *tl = t_from(e, 2, sl, logits), *tt = t_from(e, 1, st, tgt), *ta = t_from(e, 2, sl, a),
-              *tb = t_from(e, 2, sl, b), *xe = NULL, *mse = NULL;
+  for (int i = 0; i < 12; i++)
+    b[i] = a[i] * 0.5f - 1.0f;
+  gcap_tensor *tl = t_from(e, 2, sl, logits), *tt = t_from(e, 1, st, tgt),
+              *ta = t_from(e, 2, sl, a), *tb = t_from(e, 2, sl, b), *xe = NULL, *mse = NULL;
   T_REQUIRE(tl && tt && ta && tb);
   T_CHECK_OK(e, gcap_cross_entropy(tl, tt, &xe));
   T_CHECK_OK(e, gcap_mse_loss(ta, tb, &mse));
@@ -459,13 +571,16 @@ static void test_loss_values(void) {
   double ref = 0.0;
   for (int r = 0; r < 3; r++) {
     double mx = -1e30, s = 0.0;
-    for (int c = 0; c < 4; c++) mx = fmax(mx, (double)logits[r * 4 + c]);
-    for (int c = 0; c < 4; c++) s += exp((double)logits[r * 4 + c] - mx);
+    for (int c = 0; c < 4; c++)
+      mx = fmax(mx, (double)logits[r * 4 + c]);
+    for (int c = 0; c < 4; c++)
+      s += exp((double)logits[r * 4 + c] - mx);
     ref += log(s) + mx - (double)logits[r * 4 + (int)tgt[r]];
   }
   T_CHECK_NEAR(t_value(xe), ref / 3.0, 1e-6, 1e-6);
   ref = 0.0;
-  for (int i = 0; i < 12; i++) ref += ((double)a[i] - (double)b[i]) * ((double)a[i] - (double)b[i]);
+  for (int i = 0; i < 12; i++)
+    ref += ((double)a[i] - (double)b[i]) * ((double)a[i] - (double)b[i]);
   T_CHECK_NEAR(t_value(mse), ref / 12.0, 1e-6, 1e-6);
   gcap_tensor_free(tl), gcap_tensor_free(tt), gcap_tensor_free(ta), gcap_tensor_free(tb);
   gcap_tensor_free(xe), gcap_tensor_free(mse);
@@ -474,7 +589,8 @@ static void test_loss_values(void) {
 
 int main(void) {
   if (t_device() != GCAP_DEVICE_HOST) {
-    printf("1..0 # SKIP finite differences run on the host backend (test_parity holds cuda to it)\n");
+    printf(
+        "1..0 # SKIP finite differences run on the host backend (test_parity holds cuda to it)\n");
     return 77;
   }
   run_cases("grad", cases_elementwise, NCASES(cases_elementwise));

@@ -10,9 +10,12 @@
 #include "t.h"
 
 /* A failed comparison, with a formatted message. */
-#define T_FAILF(expr, ...) do { char t_fm_[400];                                     \
-    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                     \
-    t_fail_(__FILE__, __LINE__, expr, t_fm_); } while (0)
+#define T_FAILF(expr, ...)                                                                         \
+  do {                                                                                             \
+    char t_fm_[400];                                                                               \
+    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                                    \
+    t_fail_(__FILE__, __LINE__, expr, t_fm_);                                                      \
+  } while (0)
 
 static int msg_has(gcap_engine *e, const char *what) {
   return strstr(gcap_errmsg(e), what) != NULL;
@@ -57,8 +60,10 @@ static gcap_status backward_weighted(gcap_tensor *y) {
   gcap_tensor *rt = NULL, *p = NULL, *l = NULL;
   gcap_status st = GCAP_ENOMEM;
   if (r != NULL) {
-    for (int64_t i = 0; i < n; i++) r[i] = sinf(0.77f * (float)i + 0.3f);
-    if ((st = gcap_tensor_from_f32(e, GCAP_F32, gcap_tensor_ndim(y), gcap_tensor_shape(y), r, &rt)) == GCAP_OK &&
+    for (int64_t i = 0; i < n; i++)
+      r[i] = sinf(0.77f * (float)i + 0.3f);
+    if ((st = gcap_tensor_from_f32(e, GCAP_F32, gcap_tensor_ndim(y), gcap_tensor_shape(y), r,
+                                   &rt)) == GCAP_OK &&
         (st = gcap_mul(y, rt, &p)) == GCAP_OK && (st = gcap_sum(p, &l)) == GCAP_OK)
       st = gcap_backward(l, NULL, 0);
   }
@@ -67,13 +72,16 @@ static gcap_status backward_weighted(gcap_tensor *y) {
   return st;
 }
 
-static gcap_tensor *input(gcap_engine *e, int nd, const int64_t *shape, int requires_grad, float phase) {
+static gcap_tensor *input(gcap_engine *e, int nd, const int64_t *shape, int requires_grad,
+                          float phase) {
   int64_t n = 1;
-  for (int i = 0; i < nd; i++) n *= shape[i];
+  for (int i = 0; i < nd; i++)
+    n *= shape[i];
   float *d = malloc((size_t)(n + 1) * sizeof *d);
   gcap_tensor *t = NULL;
   if (d == NULL) return NULL;
-  for (int64_t i = 0; i < n; i++) d[i] = cosf(0.53f * (float)i + phase) * 1.2f;
+  for (int64_t i = 0; i < n; i++)
+    d[i] = cosf(0.53f * (float)i + phase) * 1.2f;
   t = t_from(e, nd, shape, d);
   free(d);
   if (t && requires_grad) gcap_tensor_set_requires_grad(t, 1);
@@ -86,8 +94,8 @@ static gcap_tensor *input(gcap_engine *e, int nd, const int64_t *shape, int requ
 static void test_parameter_order_and_names(void) {
   gcap_engine *e = t_engine();
   T_REQUIRE(e != NULL);
-  gcap_module *l0 = NULL, *r1 = NULL, *l2 = NULL, *n3 = NULL, *seq = NULL, *inner = NULL, *outer = NULL,
-              *l4 = NULL, *relu = NULL;
+  gcap_module *l0 = NULL, *r1 = NULL, *l2 = NULL, *n3 = NULL, *seq = NULL, *inner = NULL,
+              *outer = NULL, *l4 = NULL, *relu = NULL;
   char name[64];
   T_CHECK_OK(e, gcap_nn_linear(e, 3, 4, 1, 0, &l0));
   T_CHECK_OK(e, gcap_nn_relu(e, &r1));
@@ -95,7 +103,8 @@ static void test_parameter_order_and_names(void) {
   T_CHECK_OK(e, gcap_nn_layer_norm(e, 2, 1e-5, &n3));
   gcap_module *mods[4] = {l0, r1, l2, n3};
   T_CHECK_OK(e, gcap_nn_sequential(e, 4, mods, &seq));
-  static const char *const want[6] = {"0.weight", "0.bias", "2.weight", "2.bias", "3.weight", "3.bias"};
+  static const char *const want[6] = {"0.weight", "0.bias",   "2.weight",
+                                      "2.bias",   "3.weight", "3.bias"};
   const int64_t shapes[6][2] = {{4, 3}, {4, 0}, {2, 4}, {2, 0}, {2, 0}, {2, 0}};
   const int nds[6] = {2, 1, 2, 1, 1, 1};
   T_CHECK(gcap_module_num_parameters(seq) == 6);
@@ -103,12 +112,13 @@ static void test_parameter_order_and_names(void) {
     gcap_tensor *p = gcap_module_parameter(seq, i, name, sizeof name);
     if (p == NULL || strcmp(name, want[i]) != 0 || !same_shape(p, nds[i], shapes[i]) ||
         !gcap_tensor_requires_grad(p) || !gcap_tensor_is_leaf(p))
-      T_FAILF("parameter", "#%d: name '%s' (want '%s'), shape ok %d", i, p ? name : "(none)", want[i],
-              same_shape(p, nds[i], shapes[i]));
+      T_FAILF("parameter", "#%d: name '%s' (want '%s'), shape ok %d", i, p ? name : "(none)",
+              want[i], same_shape(p, nds[i], shapes[i]));
   }
   T_CHECK(gcap_module_parameter(seq, 6, name, sizeof name) == NULL);
   T_CHECK(gcap_module_parameter(seq, -1, name, sizeof name) == NULL);
-  T_CHECK(gcap_module_parameter(seq, 0, NULL, 0) == gcap_module_parameter(l0, 0, NULL, 0)); /* the same tensor */
+  T_CHECK(gcap_module_parameter(seq, 0, NULL, 0) ==
+          gcap_module_parameter(l0, 0, NULL, 0)); /* the same tensor */
   T_CHECK(gcap_module_parameter(seq, 4, NULL, 0) == gcap_module_parameter(n3, 0, NULL, 0));
   /* a short buffer: truncated, terminated */
   memset(name, 'X', sizeof name);
@@ -123,8 +133,10 @@ static void test_parameter_order_and_names(void) {
     T_CHECK(gcap_module_child(seq, i, &cn) == mods[i] && cn && strcmp(cn, wn) == 0);
   }
   T_CHECK(gcap_module_child(seq, 4, NULL) == NULL);
-  T_CHECK(strcmp(gcap_module_type(seq), "Sequential") == 0 && strcmp(gcap_module_type(l0), "Linear") == 0);
-  T_CHECK(strcmp(gcap_module_type(r1), "ReLU") == 0 && strcmp(gcap_module_type(n3), "LayerNorm") == 0);
+  T_CHECK(strcmp(gcap_module_type(seq), "Sequential") == 0 &&
+          strcmp(gcap_module_type(l0), "Linear") == 0);
+  T_CHECK(strcmp(gcap_module_type(r1), "ReLU") == 0 &&
+          strcmp(gcap_module_type(n3), "LayerNorm") == 0);
   /* nesting: Sequential(Linear, Sequential(Linear, ReLU)) */
   T_CHECK_OK(e, gcap_nn_linear(e, 2, 2, 0, 0, &l4));
   T_CHECK_OK(e, gcap_nn_relu(e, &relu));
@@ -145,7 +157,8 @@ static void test_parameter_order_and_names(void) {
   gcap_engine_free(e);
 }
 
-static gcap_status fwd_identity(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+static gcap_status fwd_identity(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                gcap_tensor **out) {
   (void)ud, (void)m;
   if (nin < 1) return GCAP_EINVAL;
   *out = gcap_tensor_retain(in[0]);
@@ -188,7 +201,8 @@ static void test_custom_registration_and_buffers(void) {
   T_CHECK(gcap_module_buffer(m, 1, name, sizeof name) == buf2 && strcmp(name, "sub.count") == 0);
   T_CHECK(gcap_module_buffer(m, 2, name, sizeof name) == NULL);
   for (int i = 0; i < gcap_module_num_parameters(m); i++)
-    T_CHECK(gcap_module_parameter(m, i, NULL, 0) != buf && gcap_module_parameter(m, i, NULL, 0) != buf2);
+    T_CHECK(gcap_module_parameter(m, i, NULL, 0) != buf &&
+            gcap_module_parameter(m, i, NULL, 0) != buf2);
   /* names are unique per module across parameters, buffers and children; no dots */
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, s2, 0.0, &dup));
   T_CHECK_ST(e, gcap_module_add_parameter(m, "alpha", dup), GCAP_EINVAL);
@@ -225,7 +239,8 @@ static void test_train_eval_propagate(void) {
   T_CHECK_OK(e, gcap_nn_sequential(e, 1, im, &inner));
   gcap_module *om[2] = {l, inner};
   T_CHECK_OK(e, gcap_nn_sequential(e, 2, om, &seq));
-  T_CHECK(gcap_module_training(seq) && gcap_module_training(l) && gcap_module_training(d)); /* default */
+  T_CHECK(gcap_module_training(seq) && gcap_module_training(l) &&
+          gcap_module_training(d)); /* default */
   gcap_module_train(seq, 0);
   T_CHECK(!gcap_module_training(seq) && !gcap_module_training(l) && !gcap_module_training(inner) &&
           !gcap_module_training(d));
@@ -254,7 +269,8 @@ static void test_dropout_eval_identity(void) {
   T_CHECK_OK(e, gcap_module_call(d, 1, &x, &y));
   T_REQUIRE(t_read(y, yout, NX));
   int zeros = 0;
-  for (int i = 0; i < NX; i++) zeros += yout[i] == 0.0f;
+  for (int i = 0; i < NX; i++)
+    zeros += yout[i] == 0.0f;
   T_CHECK(zeros > 50 && zeros < 150);
   gcap_tensor_free(y), y = NULL;
   /* eval: identity */
@@ -266,7 +282,8 @@ static void test_dropout_eval_identity(void) {
   T_CHECK_OK(e, gcap_backward(l, NULL, 0));
   T_REQUIRE(gcap_tensor_grad(x) != NULL && t_read(gcap_tensor_grad(x), g, NX));
   int ones = 1;
-  for (int i = 0; i < NX; i++) ones &= g[i] == 1.0f;
+  for (int i = 0; i < NX; i++)
+    ones &= g[i] == 1.0f;
   T_CHECK(ones);
   /* p = 0 in training is the identity too */
   gcap_module *d0 = NULL;
@@ -299,10 +316,12 @@ static void test_linear_init(void) {
   T_REQUIRE(t_read(gcap_module_parameter(b, 0, NULL, 0), wb, 64 * 16));
   T_CHECK(memcmp(wa, wb, sizeof wa) == 0); /* same seed, same weights */
   float lo = 1, hi = -1;
-  for (int i = 0; i < 64 * 16; i++) lo = fminf(lo, wa[i]), hi = fmaxf(hi, wa[i]);
+  for (int i = 0; i < 64 * 16; i++)
+    lo = fminf(lo, wa[i]), hi = fmaxf(hi, wa[i]);
   T_CHECK(lo >= -0.125f && hi <= 0.125f); /* 1/sqrt(64) */
   T_CHECK(lo < -0.1f && hi > 0.1f);       /* spread over the range */
-  T_CHECK(bitwise_equal(gcap_module_parameter(a, 1, NULL, 0), gcap_module_parameter(b, 1, NULL, 0)));
+  T_CHECK(
+      bitwise_equal(gcap_module_parameter(a, 1, NULL, 0), gcap_module_parameter(b, 1, NULL, 0)));
   gcap_module *bad = NULL;
   T_CHECK_ST(e, gcap_nn_linear(e, 0, 3, 1, 0, &bad), GCAP_EINVAL);
   T_CHECK(bad == NULL);
@@ -316,8 +335,8 @@ static void test_sequential_equals_composition(void) {
   T_REQUIRE(e != NULL);
   const int64_t s[2] = {5, 4};
   gcap_module *l1 = NULL, *g = NULL, *ln = NULL, *l2 = NULL, *seq = NULL, *c1 = NULL, *c2 = NULL;
-  gcap_tensor *x = input(e, 2, s, 1, 0.0f), *x2 = input(e, 2, s, 1, 0.0f), *y = NULL, *h1 = NULL, *h2 = NULL,
-              *h3 = NULL, *y2 = NULL;
+  gcap_tensor *x = input(e, 2, s, 1, 0.0f), *x2 = input(e, 2, s, 1, 0.0f), *y = NULL, *h1 = NULL,
+              *h2 = NULL, *h3 = NULL, *y2 = NULL;
   T_REQUIRE(x && x2);
   T_CHECK_OK(e, gcap_nn_linear(e, 4, 6, 1, 0, &l1));
   T_CHECK_OK(e, gcap_nn_gelu(e, &g));
@@ -334,7 +353,8 @@ static void test_sequential_equals_composition(void) {
   T_CHECK_OK(e, gcap_nn_linear(e, 6, 3, 0, 0, &c2));
   T_CHECK_OK(e, copy_params(c1, l1));
   T_CHECK_OK(e, copy_params(c2, l2));
-  T_CHECK_OK(e, gcap_linear(x2, gcap_module_parameter(c1, 0, NULL, 0), gcap_module_parameter(c1, 1, NULL, 0), &h1));
+  T_CHECK_OK(e, gcap_linear(x2, gcap_module_parameter(c1, 0, NULL, 0),
+                            gcap_module_parameter(c1, 1, NULL, 0), &h1));
   T_CHECK_OK(e, gcap_gelu(h1, &h2));
   T_CHECK_OK(e, gcap_layer_norm(h2, NULL, NULL, 1e-5, &h3)); /* weight 1, bias 0 */
   T_CHECK_OK(e, gcap_linear(h3, gcap_module_parameter(c2, 0, NULL, 0), NULL, &y2));
@@ -356,13 +376,15 @@ static void test_sequential_equals_composition(void) {
   float z[24];
   if (t_read(gcap_tensor_grad(w1), z, 24)) {
     int allz = 1;
-    for (int i = 0; i < 24; i++) allz &= z[i] == 0.0f;
+    for (int i = 0; i < 24; i++)
+      allz &= z[i] == 0.0f;
     T_CHECK(allz);
   }
   T_CHECK_OK(e, gcap_module_zero_grad(seq, 1));
   for (int i = 0; i < gcap_module_num_parameters(seq); i++)
     T_CHECK(gcap_tensor_grad(gcap_module_parameter(seq, i, NULL, 0)) == NULL);
-  gcap_tensor_free(x), gcap_tensor_free(x2), gcap_tensor_free(y), gcap_tensor_free(h1), gcap_tensor_free(h2);
+  gcap_tensor_free(x), gcap_tensor_free(x2), gcap_tensor_free(y), gcap_tensor_free(h1),
+      gcap_tensor_free(h2);
   gcap_tensor_free(h3), gcap_tensor_free(y2);
   gcap_module_free(l1), gcap_module_free(g), gcap_module_free(ln), gcap_module_free(l2);
   gcap_module_free(seq), gcap_module_free(c1), gcap_module_free(c2);
@@ -392,15 +414,24 @@ static gcap_status log_hook(void *ud, gcap_module *m, const gcap_hook_args *a) {
   gcap_tensor *t = NULL;
   (void)m;
   switch (a->kind) {
-  case GCAP_HOOK_FORWARD_PRE: t = a->nin > 0 ? a->in[0] : NULL; break;
-  case GCAP_HOOK_FORWARD: t = a->out; break;
-  case GCAP_HOOK_BACKWARD_PRE: t = a->grad_out; break;
-  case GCAP_HOOK_BACKWARD: t = a->grad_in; break;
+    case GCAP_HOOK_FORWARD_PRE:
+      t = a->nin > 0 ? a->in[0] : NULL;
+      break;
+    case GCAP_HOOK_FORWARD:
+      t = a->out;
+      break;
+    case GCAP_HOOK_BACKWARD_PRE:
+      t = a->grad_out;
+      break;
+    case GCAP_HOOK_BACKWARD:
+      t = a->grad_in;
+      break;
   }
   if (l->n < 32) {
     l->tag[l->n] = h->tag;
     l->kind[l->n] = a->kind;
-    l->shape0[l->n] = t && gcap_tensor_ndim(t) > 0 ? gcap_tensor_shape(t)[gcap_tensor_ndim(t) - 1] : -1;
+    l->shape0[l->n] =
+        t && gcap_tensor_ndim(t) > 0 ? gcap_tensor_shape(t)[gcap_tensor_ndim(t) - 1] : -1;
     l->n++;
   }
   return h->ret;
@@ -424,16 +455,18 @@ static const char *tags(const hook_log *l) {
   return buf;
 }
 
-#define T_CHECK_TAGS(l, want) do { if (strcmp(tags(l), want) != 0)                  \
-      T_FAILF("hook order", "ran '%s', want '%s'", tags(l), want); } while (0)
+#define T_CHECK_TAGS(l, want)                                                                      \
+  do {                                                                                             \
+    if (strcmp(tags(l), want) != 0) T_FAILF("hook order", "ran '%s', want '%s'", tags(l), want);   \
+  } while (0)
 
 static void test_hook_order(void) {
   gcap_engine *e = t_engine();
   T_REQUIRE(e != NULL);
   const int64_t s[2] = {2, 4};
   hook_log log = {0};
-  hook_ud h1 = {&log, 1, GCAP_OK}, h2 = {&log, 2, GCAP_OK}, h3 = {&log, 3, GCAP_OK}, h4 = {&log, 4, GCAP_OK},
-          h5 = {&log, 5, GCAP_OK};
+  hook_ud h1 = {&log, 1, GCAP_OK}, h2 = {&log, 2, GCAP_OK}, h3 = {&log, 3, GCAP_OK},
+          h4 = {&log, 4, GCAP_OK}, h5 = {&log, 5, GCAP_OK};
   gcap_module *lin = NULL;
   gcap_tensor *x = input(e, 2, s, 1, 0.0f), *y = NULL;
   T_REQUIRE(x != NULL);
@@ -444,7 +477,8 @@ static void test_hook_order(void) {
   T_CHECK_OK(e, add_hook(lin, GCAP_HOOK_BACKWARD_PRE, &h3, NULL));
   T_CHECK_OK(e, add_hook(lin, GCAP_HOOK_FORWARD_PRE, &h1, NULL));
   T_CHECK_OK(e, add_hook(lin, GCAP_HOOK_FORWARD, &h5, NULL));
-  T_CHECK(gcap_module_num_hooks(lin, GCAP_HOOK_FORWARD) == 2 && gcap_module_num_hooks(lin, GCAP_HOOK_BACKWARD) == 1);
+  T_CHECK(gcap_module_num_hooks(lin, GCAP_HOOK_FORWARD) == 2 &&
+          gcap_module_num_hooks(lin, GCAP_HOOK_BACKWARD) == 1);
   T_CHECK_OK(e, gcap_module_call(lin, 1, &x, &y));
   T_CHECK_TAGS(&log, "1 2 5");
   T_CHECK_OK(e, backward_weighted(y));
@@ -453,8 +487,8 @@ static void test_hook_order(void) {
   const int64_t want_last[5] = {4, 3, 3, 3, 4};
   for (int i = 0; i < log.n && i < 5; i++)
     if (log.shape0[i] != want_last[i])
-      T_FAILF("hook arguments", "hook %d (kind %d) saw a last dim %lld, want %lld", log.tag[i], (int)log.kind[i],
-              (long long)log.shape0[i], (long long)want_last[i]);
+      T_FAILF("hook arguments", "hook %d (kind %d) saw a last dim %lld, want %lld", log.tag[i],
+              (int)log.kind[i], (long long)log.shape0[i], (long long)want_last[i]);
   /* the hooks did not change the result: the grad equals a hook-free call's */
   T_REQUIRE(gcap_tensor_grad(x) != NULL);
   gcap_tensor_free(y), y = NULL;
@@ -530,7 +564,8 @@ static void test_hook_removal(void) {
   T_REQUIRE(e != NULL);
   const int64_t s[2] = {2, 4};
   hook_log log = {0};
-  hook_ud h1 = {&log, 1, GCAP_OK}, h2 = {&log, 2, GCAP_OK}, h3 = {&log, 3, GCAP_OK}, h4 = {&log, 4, GCAP_OK};
+  hook_ud h1 = {&log, 1, GCAP_OK}, h2 = {&log, 2, GCAP_OK}, h3 = {&log, 3, GCAP_OK},
+          h4 = {&log, 4, GCAP_OK};
   int id1 = 0, id2 = 0, id3 = 0, id4 = 0;
   gcap_module *lin = NULL;
   gcap_tensor *x = input(e, 2, s, 1, 0.0f), *y = NULL;
@@ -553,26 +588,31 @@ static void test_hook_removal(void) {
   gcap_tensor_free(y), y = NULL;
   T_CHECK_OK(e, gcap_module_remove_hook(lin, id4));
   T_CHECK_OK(e, gcap_module_remove_hook(lin, id2));
-  T_CHECK(gcap_module_num_hooks(lin, GCAP_HOOK_FORWARD) == 0 && gcap_module_num_hooks(lin, GCAP_HOOK_BACKWARD) == 0);
+  T_CHECK(gcap_module_num_hooks(lin, GCAP_HOOK_FORWARD) == 0 &&
+          gcap_module_num_hooks(lin, GCAP_HOOK_BACKWARD) == 0);
   log.n = 0;
   T_CHECK_OK(e, gcap_module_call(lin, 1, &x, &y));
   T_CHECK_OK(e, backward_weighted(y));
   T_CHECK(log.n == 0);
   T_CHECK(log.frees == 4);
   /* bad registrations */
-  T_CHECK_ST(e, gcap_module_register_hook(lin, GCAP_HOOK_FORWARD, NULL, NULL, NULL, NULL), GCAP_EINVAL);
-  T_CHECK_ST(e, gcap_module_register_hook(lin, (gcap_hook_kind)7, log_hook, &h1, NULL, NULL), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_module_register_hook(lin, GCAP_HOOK_FORWARD, NULL, NULL, NULL, NULL),
+             GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_module_register_hook(lin, (gcap_hook_kind)7, log_hook, &h1, NULL, NULL),
+             GCAP_EINVAL);
   gcap_tensor_free(x), gcap_tensor_free(y);
   gcap_module_free(lin);
   gcap_engine_free(e);
 }
 
 /* Grads of a hook-free call of a Linear with lin's weights, for reference. */
-static int reference_grads(gcap_engine *e, gcap_module *lin, const int64_t *s, float *gw, float *gx, int nw, int nx) {
+static int reference_grads(gcap_engine *e, gcap_module *lin, const int64_t *s, float *gw, float *gx,
+                           int nw, int nx) {
   gcap_module *ref = NULL;
   gcap_tensor *x = input(e, 2, s, 1, 0.0f), *y = NULL;
-  int ok = x && gcap_nn_linear(e, 4, 3, 1, 0, &ref) == GCAP_OK && copy_params(ref, lin) == GCAP_OK &&
-           gcap_module_call(ref, 1, &x, &y) == GCAP_OK && backward_weighted(y) == GCAP_OK &&
+  int ok = x && gcap_nn_linear(e, 4, 3, 1, 0, &ref) == GCAP_OK &&
+           copy_params(ref, lin) == GCAP_OK && gcap_module_call(ref, 1, &x, &y) == GCAP_OK &&
+           backward_weighted(y) == GCAP_OK &&
            t_read(gcap_tensor_grad(gcap_module_parameter(ref, 0, NULL, 0)), gw, (size_t)nw) &&
            t_read(gcap_tensor_grad(x), gx, (size_t)nx);
   gcap_tensor_free(x), gcap_tensor_free(y);
@@ -599,7 +639,8 @@ static void test_hook_failure_leaves_clean_state(void) {
     T_REQUIRE(reference_grads(e, lin, s, gw_ref, gx_ref, 12, 8));
     for (int j = 0; j < 4; j++) {
       good[j] = (hook_ud){&log, j + 1, GCAP_OK};
-      T_CHECK_OK(e, gcap_module_register_hook(lin, (gcap_hook_kind)j, log_hook, &good[j], NULL, NULL));
+      T_CHECK_OK(e,
+                 gcap_module_register_hook(lin, (gcap_hook_kind)j, log_hook, &good[j], NULL, NULL));
     }
     T_CHECK_OK(e, gcap_module_register_hook(lin, (gcap_hook_kind)k, log_hook, &bad, NULL, &id));
     gcap_tensor *w = gcap_module_parameter(lin, 0, NULL, 0);
@@ -631,9 +672,12 @@ static void test_hook_failure_leaves_clean_state(void) {
     T_CHECK_OK(e, gcap_module_call(lin, 1, &x, &y));
     T_CHECK_OK(e, backward_weighted(y));
     T_CHECK_TAGS(&log, "1 2 3 4");
-    if (gcap_tensor_grad(w) && t_read(gcap_tensor_grad(w), gw, 12) && gcap_tensor_grad(x) && t_read(gcap_tensor_grad(x), gx, 8)) {
-      if (memcmp(gw, gw_ref, sizeof gw) != 0) T_FAILF("weight grad", "after a failed %d hook: differs from a clean step", k);
-      if (memcmp(gx, gx_ref, sizeof gx) != 0) T_FAILF("input grad", "after a failed %d hook: differs from a clean step", k);
+    if (gcap_tensor_grad(w) && t_read(gcap_tensor_grad(w), gw, 12) && gcap_tensor_grad(x) &&
+        t_read(gcap_tensor_grad(x), gx, 8)) {
+      if (memcmp(gw, gw_ref, sizeof gw) != 0)
+        T_FAILF("weight grad", "after a failed %d hook: differs from a clean step", k);
+      if (memcmp(gx, gx_ref, sizeof gx) != 0)
+        T_FAILF("input grad", "after a failed %d hook: differs from a clean step", k);
     } else {
       T_FAILF("grads", "after a failed %d hook: missing", k);
     }
@@ -659,8 +703,10 @@ static void test_delay_wgrad(void) {
   T_CHECK(gcap_module_has_delayed_wgrad(d) == 1 && gcap_module_has_delayed_wgrad(r) == 0);
   T_CHECK_OK(e, gcap_nn_sequential(e, 1, &d, &seq));
   T_CHECK(gcap_module_has_delayed_wgrad(seq) == 1);
-  gcap_tensor *wd = gcap_module_parameter(d, 0, NULL, 0), *bd = gcap_module_parameter(d, 1, NULL, 0);
-  gcap_tensor *wr = gcap_module_parameter(r, 0, NULL, 0), *br = gcap_module_parameter(r, 1, NULL, 0);
+  gcap_tensor *wd = gcap_module_parameter(d, 0, NULL, 0),
+              *bd = gcap_module_parameter(d, 1, NULL, 0);
+  gcap_tensor *wr = gcap_module_parameter(r, 0, NULL, 0),
+              *br = gcap_module_parameter(r, 1, NULL, 0);
   T_CHECK_OK(e, gcap_module_backward_dw(d)); /* nothing pending: nothing happens */
   T_CHECK(gcap_tensor_grad(wd) == NULL);
   T_CHECK_OK(e, gcap_module_call(d, 1, &xd, &yd));
@@ -715,7 +761,8 @@ static void test_delay_wgrad_no_bias(void) {
   T_CHECK_OK(e, gcap_module_call(r, 1, &x, &yr));
   T_CHECK_OK(e, backward_weighted(yd));
   T_CHECK_OK(e, backward_weighted(yr));
-  gcap_tensor *wd = gcap_module_parameter(d, 0, NULL, 0), *wr = gcap_module_parameter(r, 0, NULL, 0);
+  gcap_tensor *wd = gcap_module_parameter(d, 0, NULL, 0),
+              *wr = gcap_module_parameter(r, 0, NULL, 0);
   T_CHECK(gcap_tensor_grad(wd) == NULL);
   T_CHECK_OK(e, gcap_module_backward_dw(d));
   T_CHECK(bitwise_equal(gcap_tensor_grad(wd), gcap_tensor_grad(wr)));
@@ -739,15 +786,17 @@ static void scaled_free(void *p) {
 
 /* y = norm(gelu(x W^T + b)) * s (+ in[1] when given): own parameters weight,
 ** bias, s, child "norm". */
-static gcap_status scaled_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+static gcap_status scaled_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                  gcap_tensor **out) {
   scaled_ud *u = (scaled_ud *)ud;
   gcap_tensor *h = NULL, *a = NULL, *n = NULL, *y = NULL;
   gcap_status st;
   u->calls++;
   if (nin < 1 || nin > 2) return GCAP_EINVAL;
-  if ((st = gcap_linear(in[0], gcap_module_parameter(m, 0, NULL, 0), gcap_module_parameter(m, 1, NULL, 0), &h)) ==
-          GCAP_OK &&
-      (st = gcap_gelu(h, &a)) == GCAP_OK && (st = gcap_module_call(gcap_module_child(m, 0, NULL), 1, &a, &n)) == GCAP_OK &&
+  if ((st = gcap_linear(in[0], gcap_module_parameter(m, 0, NULL, 0),
+                        gcap_module_parameter(m, 1, NULL, 0), &h)) == GCAP_OK &&
+      (st = gcap_gelu(h, &a)) == GCAP_OK &&
+      (st = gcap_module_call(gcap_module_child(m, 0, NULL), 1, &a, &n)) == GCAP_OK &&
       (st = gcap_mul(n, gcap_module_parameter(m, 2, NULL, 0), &y)) == GCAP_OK && nin == 2) {
     gcap_tensor *z = NULL;
     st = gcap_add(y, in[1], &z);
@@ -772,9 +821,10 @@ static void test_c_module(void) {
   T_REQUIRE(u != NULL);
   u->freed = &freed;
   gcap_module *m = NULL, *norm = NULL;
-  gcap_tensor *w = input(e, 2, sw, 0, 0.3f), *b = input(e, 1, sb, 0, 0.9f), *s = NULL, *x = input(e, 2, sx, 1, 0.0f),
-              *x2 = input(e, 2, sx, 1, 0.0f), *res = input(e, 2, sy, 1, 2.0f), *res2 = input(e, 2, sy, 1, 2.0f),
-              *y = NULL, *h = NULL, *a = NULL, *n = NULL, *y2 = NULL, *z2 = NULL;
+  gcap_tensor *w = input(e, 2, sw, 0, 0.3f), *b = input(e, 1, sb, 0, 0.9f), *s = NULL,
+              *x = input(e, 2, sx, 1, 0.0f), *x2 = input(e, 2, sx, 1, 0.0f),
+              *res = input(e, 2, sy, 1, 2.0f), *res2 = input(e, 2, sy, 1, 2.0f), *y = NULL,
+              *h = NULL, *a = NULL, *n = NULL, *y2 = NULL, *z2 = NULL;
   gcap_tensor *w2 = NULL, *b2 = NULL, *s2 = NULL, *nw = NULL, *nb = NULL;
   T_REQUIRE(w && b && x && x2 && res && res2);
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 0, NULL, 1.5, &s));
@@ -799,7 +849,8 @@ static void test_c_module(void) {
   T_CHECK(same_shape(y, 2, sy));
   T_CHECK_OK(e, backward_weighted(y));
   for (int i = 0; i < 5; i++)
-    if (gcap_tensor_grad(gcap_module_parameter(m, i, NULL, 0)) == NULL) T_FAILF("grad", "parameter %s has no grad", want[i]);
+    if (gcap_tensor_grad(gcap_module_parameter(m, i, NULL, 0)) == NULL)
+      T_FAILF("grad", "parameter %s has no grad", want[i]);
   /* the same ops by hand on clones of the parameters: equal bitwise */
   T_CHECK_OK(e, gcap_tensor_clone(w, &w2));
   T_CHECK_OK(e, gcap_tensor_clone(b, &b2));
@@ -807,7 +858,8 @@ static void test_c_module(void) {
   T_CHECK_OK(e, gcap_tensor_clone(gcap_module_parameter(norm, 0, NULL, 0), &nw));
   T_CHECK_OK(e, gcap_tensor_clone(gcap_module_parameter(norm, 1, NULL, 0), &nb));
   gcap_tensor *clones[5] = {w2, b2, s2, nw, nb};
-  for (int i = 0; i < 5; i++) T_CHECK_OK(e, gcap_tensor_set_requires_grad(clones[i], 1));
+  for (int i = 0; i < 5; i++)
+    T_CHECK_OK(e, gcap_tensor_set_requires_grad(clones[i], 1));
   T_CHECK_OK(e, gcap_linear(x2, w2, b2, &h));
   T_CHECK_OK(e, gcap_gelu(h, &a));
   T_CHECK_OK(e, gcap_layer_norm(a, nw, nb, 1e-5, &n));
@@ -816,7 +868,8 @@ static void test_c_module(void) {
   T_CHECK(bitwise_equal(y, z2));
   T_CHECK_OK(e, backward_weighted(z2));
   for (int i = 0; i < 5; i++)
-    if (!bitwise_equal(gcap_tensor_grad(gcap_module_parameter(m, i, NULL, 0)), gcap_tensor_grad(clones[i])))
+    if (!bitwise_equal(gcap_tensor_grad(gcap_module_parameter(m, i, NULL, 0)),
+                       gcap_tensor_grad(clones[i])))
       T_FAILF("grad", "parameter %s: the module's grad differs from the functional one", want[i]);
   T_CHECK(bitwise_equal(gcap_tensor_grad(x), gcap_tensor_grad(x2)));
   T_CHECK(bitwise_equal(gcap_tensor_grad(res), gcap_tensor_grad(res2)));
@@ -824,10 +877,13 @@ static void test_c_module(void) {
   gcap_tensor *none = (gcap_tensor *)(uintptr_t)0x10;
   T_CHECK_ST(e, gcap_module_call(m, 0, NULL, &none), GCAP_EINVAL);
   T_CHECK(none == NULL);
-  gcap_tensor_free(w), gcap_tensor_free(b), gcap_tensor_free(s), gcap_tensor_free(x), gcap_tensor_free(x2);
-  gcap_tensor_free(res), gcap_tensor_free(res2), gcap_tensor_free(y), gcap_tensor_free(h), gcap_tensor_free(a);
+  gcap_tensor_free(w), gcap_tensor_free(b), gcap_tensor_free(s), gcap_tensor_free(x),
+      gcap_tensor_free(x2);
+  gcap_tensor_free(res), gcap_tensor_free(res2), gcap_tensor_free(y), gcap_tensor_free(h),
+      gcap_tensor_free(a);
   gcap_tensor_free(n), gcap_tensor_free(y2), gcap_tensor_free(z2);
-  for (int i = 0; i < 5; i++) gcap_tensor_free(clones[i]);
+  for (int i = 0; i < 5; i++)
+    gcap_tensor_free(clones[i]);
   gcap_module_free(norm);
   T_CHECK(freed == 0);
   gcap_module *held = gcap_module_retain(m);
@@ -840,7 +896,8 @@ static void test_c_module(void) {
 }
 
 /* A forward function that returns no tensor. */
-static gcap_status fwd_nothing(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+static gcap_status fwd_nothing(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                               gcap_tensor **out) {
   (void)ud, (void)m, (void)nin, (void)in, (void)out;
   return GCAP_OK;
 }
@@ -851,7 +908,8 @@ static void test_bad_input(void) {
   T_REQUIRE(e != NULL);
   const int64_t s[2] = {2, 5}, s4[2] = {2, 4};
   gcap_module *lin = NULL, *relu = NULL, *seq = NULL, *empty = NULL;
-  gcap_tensor *x = input(e, 2, s, 1, 0.0f), *x4 = input(e, 2, s4, 0, 0.0f), *y = (gcap_tensor *)(uintptr_t)0x10;
+  gcap_tensor *x = input(e, 2, s, 1, 0.0f), *x4 = input(e, 2, s4, 0, 0.0f),
+              *y = (gcap_tensor *)(uintptr_t)0x10;
   T_REQUIRE(x && x4);
   T_CHECK_OK(e, gcap_nn_linear(e, 4, 3, 1, 0, &lin));
   T_CHECK_ST(e, gcap_module_call(lin, 1, &x, &y), GCAP_EINVAL);

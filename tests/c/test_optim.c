@@ -11,9 +11,12 @@
 #include "t.h"
 
 /* A failed comparison, with a formatted message. */
-#define T_FAILF(expr, ...) do { char t_fm_[400];                                     \
-    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                     \
-    t_fail_(__FILE__, __LINE__, expr, t_fm_); } while (0)
+#define T_FAILF(expr, ...)                                                                         \
+  do {                                                                                             \
+    char t_fm_[400];                                                                               \
+    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                                    \
+    t_fail_(__FILE__, __LINE__, expr, t_fm_);                                                      \
+  } while (0)
 
 static int msg_has(gcap_engine *e, const char *what) {
   return strstr(gcap_errmsg(e), what) != NULL;
@@ -27,15 +30,17 @@ static int msg_has(gcap_engine *e, const char *what) {
 static void check_close(const char *what, int step, const float *got, const double *want, int n) {
   for (int i = 0; i < n; i++)
     if (!(fabs((double)got[i] - want[i]) <= ATOL + RTOL * fabs(want[i]))) {
-      T_FAILF("|got - ref| <= atol + rtol*|ref|", "%s, step %d, element %d: got %.9g, reference %.9g", what, step, i,
-              (double)got[i], want[i]);
+      T_FAILF("|got - ref| <= atol + rtol*|ref|",
+              "%s, step %d, element %d: got %.9g, reference %.9g", what, step, i, (double)got[i],
+              want[i]);
       return;
     }
 }
 
 /* The k-th step's gradient for element i of parameter j. */
 static float grad_value(int j, int i, int k) {
-  return sinf(0.9f * (float)i + 1.7f * (float)j + 0.6f * (float)k) * (k % 2 ? 0.5f : 1.0f) + 0.05f * (float)k;
+  return sinf(0.9f * (float)i + 1.7f * (float)j + 0.6f * (float)k) * (k % 2 ? 0.5f : 1.0f) +
+         0.05f * (float)k;
 }
 
 enum { NP = 2, MAXN = 6 };
@@ -55,7 +60,8 @@ static int fixture_make(fixture *f) {
   if (f->e == NULL) return 0;
   for (int j = 0; j < NP; j++) {
     float d[MAXN];
-    for (int i = 0; i < pn[j]; i++) d[i] = 0.5f * cosf(1.1f * (float)i + (float)j) + 0.1f, f->ref[j][i] = (double)d[i];
+    for (int i = 0; i < pn[j]; i++)
+      d[i] = 0.5f * cosf(1.1f * (float)i + (float)j) + 0.1f, f->ref[j][i] = (double)d[i];
     f->p[j] = t_from(f->e, pnd[j], pshape[j], d);
     if (f->p[j] == NULL || gcap_tensor_set_requires_grad(f->p[j], 1) != GCAP_OK) return 0;
   }
@@ -63,7 +69,8 @@ static int fixture_make(fixture *f) {
 }
 
 static void fixture_free(fixture *f) {
-  for (int j = 0; j < NP; j++) gcap_tensor_free(f->p[j]);
+  for (int j = 0; j < NP; j++)
+    gcap_tensor_free(f->p[j]);
   gcap_engine_free(f->e);
 }
 
@@ -71,7 +78,8 @@ static void fixture_free(fixture *f) {
 static int set_step_grad(fixture *f, int j, int k) {
   float d[MAXN];
   gcap_tensor *g;
-  for (int i = 0; i < pn[j]; i++) d[i] = grad_value(j, i, k);
+  for (int i = 0; i < pn[j]; i++)
+    d[i] = grad_value(j, i, k);
   g = t_from(f->e, pnd[j], pshape[j], d);
   int ok = g && gcap_tensor_set_grad(f->p[j], g) == GCAP_OK;
   gcap_tensor_free(g);
@@ -121,11 +129,21 @@ static void sgd_case(const char *what, double lr, double momentum, double wd, in
   fixture_free(&f);
 }
 
-static void test_sgd_plain(void) { sgd_case("SGD lr 0.1", 0.1, 0.0, 0.0, 1); }
-static void test_sgd_plain_steps(void) { sgd_case("SGD lr 0.1, 4 steps", 0.1, 0.0, 0.0, 4); }
-static void test_sgd_weight_decay(void) { sgd_case("SGD lr 0.05 wd 0.1", 0.05, 0.0, 0.1, 3); }
-static void test_sgd_momentum(void) { sgd_case("SGD lr 0.1 momentum 0.9", 0.1, 0.9, 0.0, 5); }
-static void test_sgd_momentum_wd(void) { sgd_case("SGD lr 0.05 momentum 0.8 wd 0.01", 0.05, 0.8, 0.01, 4); }
+static void test_sgd_plain(void) {
+  sgd_case("SGD lr 0.1", 0.1, 0.0, 0.0, 1);
+}
+static void test_sgd_plain_steps(void) {
+  sgd_case("SGD lr 0.1, 4 steps", 0.1, 0.0, 0.0, 4);
+}
+static void test_sgd_weight_decay(void) {
+  sgd_case("SGD lr 0.05 wd 0.1", 0.05, 0.0, 0.1, 3);
+}
+static void test_sgd_momentum(void) {
+  sgd_case("SGD lr 0.1 momentum 0.9", 0.1, 0.9, 0.0, 5);
+}
+static void test_sgd_momentum_wd(void) {
+  sgd_case("SGD lr 0.05 momentum 0.8 wd 0.01", 0.05, 0.8, 0.01, 4);
+}
 
 /* Adam as PyTorch: g += wd p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 ** p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with t the
@@ -135,8 +153,8 @@ typedef struct adam_ref {
   int t[NP];
 } adam_ref;
 
-static void adam_ref_step(fixture *f, adam_ref *a, int j, int k, double lr, double b1, double b2, double eps,
-                          double wd) {
+static void adam_ref_step(fixture *f, adam_ref *a, int j, int k, double lr, double b1, double b2,
+                          double eps, double wd) {
   int t = ++a->t[j];
   double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
   for (int i = 0; i < pn[j]; i++) {
@@ -147,7 +165,8 @@ static void adam_ref_step(fixture *f, adam_ref *a, int j, int k, double lr, doub
   }
 }
 
-static void adam_case(const char *what, double lr, double b1, double b2, double eps, double wd, int steps) {
+static void adam_case(const char *what, double lr, double b1, double b2, double eps, double wd,
+                      int steps) {
   fixture f;
   gcap_optim *o = NULL;
   adam_ref a;
@@ -171,8 +190,12 @@ static void adam_case(const char *what, double lr, double b1, double b2, double 
   fixture_free(&f);
 }
 
-static void test_adam_one_step(void) { adam_case("Adam lr 0.01", 0.01, 0.9, 0.999, 1e-8, 0.0, 1); }
-static void test_adam_steps(void) { adam_case("Adam lr 0.01, 6 steps", 0.01, 0.9, 0.999, 1e-8, 0.0, 6); }
+static void test_adam_one_step(void) {
+  adam_case("Adam lr 0.01", 0.01, 0.9, 0.999, 1e-8, 0.0, 1);
+}
+static void test_adam_steps(void) {
+  adam_case("Adam lr 0.01, 6 steps", 0.01, 0.9, 0.999, 1e-8, 0.0, 6);
+}
 static void test_adam_betas_eps_wd(void) {
   adam_case("Adam lr 0.05 betas (0.5, 0.9) eps 1e-3 wd 0.1", 0.05, 0.5, 0.9, 1e-3, 0.1, 5);
 }
@@ -189,12 +212,15 @@ static void test_skips_params_without_grad(void) {
       return;
     }
     gcap_engine *e = f.e;
-    if (adam) T_CHECK_OK(e, gcap_optim_adam(e, NP, f.p, 0.01, 0.9, 0.999, 1e-8, 0.1, &o));
-    else T_CHECK_OK(e, gcap_optim_sgd(e, NP, f.p, 0.1, 0.9, 0.1, &o)); /* weight decay would move it */
+    if (adam)
+      T_CHECK_OK(e, gcap_optim_adam(e, NP, f.p, 0.01, 0.9, 0.999, 1e-8, 0.1, &o));
+    else
+      T_CHECK_OK(e, gcap_optim_sgd(e, NP, f.p, 0.1, 0.9, 0.1, &o)); /* weight decay would move it */
     T_REQUIRE(t_read(f.p[1], before, (size_t)pn[1]));
     T_REQUIRE(set_step_grad(&f, 0, 0));
     T_CHECK(gcap_tensor_grad(f.p[1]) == NULL);
-    for (int k = 0; k < 3; k++) T_CHECK_OK(e, gcap_optim_step(o));
+    for (int k = 0; k < 3; k++)
+      T_CHECK_OK(e, gcap_optim_step(o));
     T_REQUIRE(t_read(f.p[1], after, (size_t)pn[1]));
     if (memcmp(before, after, sizeof(float) * (size_t)pn[1]) != 0)
       T_FAILF("unchanged", "%s moved a parameter that has no grad", adam ? "Adam" : "SGD");
@@ -221,8 +247,10 @@ static void late_grad_case(int adam) {
     return;
   }
   gcap_engine *e = f.e;
-  if (adam) T_CHECK_OK(e, gcap_optim_adam(e, NP, f.p, 0.01, 0.9, 0.999, 1e-8, 0.0, &o));
-  else T_CHECK_OK(e, gcap_optim_sgd(e, NP, f.p, 0.1, 0.9, 0.0, &o));
+  if (adam)
+    T_CHECK_OK(e, gcap_optim_adam(e, NP, f.p, 0.01, 0.9, 0.999, 1e-8, 0.0, &o));
+  else
+    T_CHECK_OK(e, gcap_optim_sgd(e, NP, f.p, 0.1, 0.9, 0.0, &o));
   for (int k = 0; k < 3; k++) {
     for (int j = 0; j < NP; j++) {
       if (j == 1 && k == 0) continue; /* parameter 1: no grad in step 1 */
@@ -239,16 +267,21 @@ static void late_grad_case(int adam) {
       }
     }
     T_CHECK_OK(e, gcap_optim_step(o));
-    check_params(&f, adam ? "Adam (per-parameter step count), parameter 1 has a grad from step 2 on"
-                        : "SGD momentum, parameter 1 has a grad from step 2 on",
+    check_params(&f,
+                 adam ? "Adam (per-parameter step count), parameter 1 has a grad from step 2 on"
+                      : "SGD momentum, parameter 1 has a grad from step 2 on",
                  k + 1);
   }
   gcap_optim_free(o);
   fixture_free(&f);
 }
 
-static void test_late_grad_sgd_momentum(void) { late_grad_case(0); }
-static void test_late_grad_adam(void) { late_grad_case(1); }
+static void test_late_grad_sgd_momentum(void) {
+  late_grad_case(0);
+}
+static void test_late_grad_adam(void) {
+  late_grad_case(1);
+}
 
 /* zero_grad: set_to_none clears .grad; otherwise zeroes it in place. */
 static void test_zero_grad(void) {
@@ -271,7 +304,8 @@ static void test_zero_grad(void) {
   T_CHECK(gcap_tensor_data_ptr(gcap_tensor_grad(f.p[0])) == a0);
   for (int j = 0; j < NP; j++)
     if (t_read(gcap_tensor_grad(f.p[j]), g, (size_t)pn[j]))
-      for (int i = 0; i < pn[j]; i++) T_CHECK(g[i] == 0.0f);
+      for (int i = 0; i < pn[j]; i++)
+        T_CHECK(g[i] == 0.0f);
   /* a step with zero grads moves nothing (no weight decay) */
   float before[MAXN], after[MAXN];
   T_REQUIRE(t_read(f.p[1], before, (size_t)pn[1]));
@@ -327,20 +361,29 @@ static void test_failed_constructor_clears_out(void) {
   T_CHECK_OK(e, gcap_tensor_set_requires_grad(p, 1));
   o = armed;
   T_CHECK_ST(e, gcap_optim_sgd(e, 1, &p, -0.1, 0.0, 0.0, &o), GCAP_EINVAL);
-  if (o != NULL) T_FAILF("*out == NULL after a failed call", "gcap_optim_sgd(lr = -0.1) left *out unchanged");
+  if (o != NULL)
+    T_FAILF("*out == NULL after a failed call", "gcap_optim_sgd(lr = -0.1) left *out unchanged");
   o = armed;
   T_CHECK_ST(e, gcap_optim_sgd(e, 1, &p, 0.1, -0.5, 0.0, &o), GCAP_EINVAL);
-  if (o != NULL) T_FAILF("*out == NULL after a failed call", "gcap_optim_sgd(momentum = -0.5) left *out unchanged");
+  if (o != NULL)
+    T_FAILF("*out == NULL after a failed call",
+            "gcap_optim_sgd(momentum = -0.5) left *out unchanged");
   o = armed;
   T_CHECK_ST(e, gcap_optim_adam(e, 1, &p, 0.1, 1.0, 0.999, 1e-8, 0.0, &o), GCAP_EINVAL);
-  if (o != NULL) T_FAILF("*out == NULL after a failed call", "gcap_optim_adam(beta1 = 1) left *out unchanged");
+  if (o != NULL)
+    T_FAILF("*out == NULL after a failed call", "gcap_optim_adam(beta1 = 1) left *out unchanged");
   o = armed;
   T_CHECK_ST(e, gcap_optim_adam(e, 1, &p, 0.1, 0.9, -0.1, 1e-8, 0.0, &o), GCAP_EINVAL);
-  if (o != NULL) T_FAILF("*out == NULL after a failed call", "gcap_optim_adam(beta2 = -0.1) left *out unchanged");
+  if (o != NULL)
+    T_FAILF("*out == NULL after a failed call",
+            "gcap_optim_adam(beta2 = -0.1) left *out unchanged");
   o = armed;
   gcap_tensor *nul[1] = {NULL};
-  T_CHECK_ST(e, gcap_optim_sgd(e, 1, nul, 0.1, 0.0, 0.0, &o), GCAP_EINVAL); /* rejected later: cleared */
-  if (o != NULL) T_FAILF("*out == NULL after a failed call", "gcap_optim_sgd(NULL parameter) left *out unchanged");
+  T_CHECK_ST(e, gcap_optim_sgd(e, 1, nul, 0.1, 0.0, 0.0, &o),
+             GCAP_EINVAL); /* rejected later: cleared */
+  if (o != NULL)
+    T_FAILF("*out == NULL after a failed call",
+            "gcap_optim_sgd(NULL parameter) left *out unchanged");
   gcap_tensor_free(p);
   gcap_engine_free(e);
 }
@@ -357,8 +400,8 @@ typedef struct model {
   gcap_optim *opt;
   int np;
   gcap_tensor *params[MAXP];
-  gcap_tensor *x, *t;  /* static inputs */
-  gcap_tensor *loss;   /* the last step's loss */
+  gcap_tensor *x, *t; /* static inputs */
+  gcap_tensor *loss;  /* the last step's loss */
 } model;
 
 static gcap_status model_make(gcap_engine *e, model *m, opt_kind k) {
@@ -366,21 +409,26 @@ static gcap_status model_make(gcap_engine *e, model *m, opt_kind k) {
   const int64_t sx[2] = {NBATCH, NIN}, st[1] = {NBATCH};
   gcap_status s;
   memset(m, 0, sizeof *m);
-  if ((s = gcap_nn_linear(e, NIN, NHID, 1, 0, &l1)) != GCAP_OK || (s = gcap_nn_gelu(e, &g)) != GCAP_OK ||
-      (s = gcap_nn_dropout(e, 0.25, &d)) != GCAP_OK || (s = gcap_nn_linear(e, NHID, NCLS, 1, 0, &l2)) != GCAP_OK ||
+  if ((s = gcap_nn_linear(e, NIN, NHID, 1, 0, &l1)) != GCAP_OK ||
+      (s = gcap_nn_gelu(e, &g)) != GCAP_OK || (s = gcap_nn_dropout(e, 0.25, &d)) != GCAP_OK ||
+      (s = gcap_nn_linear(e, NHID, NCLS, 1, 0, &l2)) != GCAP_OK ||
       (s = gcap_nn_layer_norm(e, NCLS, 1e-5, &n)) != GCAP_OK)
     goto done;
   gcap_module *mods[5] = {l1, g, d, l2, n};
   if ((s = gcap_nn_sequential(e, 5, mods, &m->seq)) != GCAP_OK) goto done;
   m->np = gcap_module_num_parameters(m->seq);
-  for (int i = 0; i < m->np && i < MAXP; i++) m->params[i] = gcap_module_parameter(m->seq, i, NULL, 0);
-  if (k == OPT_ADAM) s = gcap_optim_adam(e, m->np, m->params, 0.01, 0.9, 0.999, 1e-8, 0.01, &m->opt);
-  else s = gcap_optim_sgd(e, m->np, m->params, 0.1, k == OPT_MOMENTUM ? 0.9 : 0.0, 0.01, &m->opt);
+  for (int i = 0; i < m->np && i < MAXP; i++)
+    m->params[i] = gcap_module_parameter(m->seq, i, NULL, 0);
+  if (k == OPT_ADAM)
+    s = gcap_optim_adam(e, m->np, m->params, 0.01, 0.9, 0.999, 1e-8, 0.01, &m->opt);
+  else
+    s = gcap_optim_sgd(e, m->np, m->params, 0.1, k == OPT_MOMENTUM ? 0.9 : 0.0, 0.01, &m->opt);
   if (s != GCAP_OK) goto done;
   if ((s = gcap_tensor_full(e, GCAP_F32, 2, sx, 0.0, &m->x)) != GCAP_OK) goto done;
   s = gcap_tensor_full(e, GCAP_F32, 1, st, 0.0, &m->t);
 done:
-  gcap_module_free(l1), gcap_module_free(g), gcap_module_free(d), gcap_module_free(l2), gcap_module_free(n);
+  gcap_module_free(l1), gcap_module_free(g), gcap_module_free(d), gcap_module_free(l2),
+      gcap_module_free(n);
   return s;
 }
 
@@ -396,7 +444,8 @@ static gcap_status train_step(model *m) {
   gcap_status s;
   gcap_tensor_free(m->loss);
   m->loss = NULL;
-  if ((s = gcap_module_call(m->seq, 1, &m->x, &y)) == GCAP_OK && (s = gcap_cross_entropy(y, m->t, &m->loss)) == GCAP_OK &&
+  if ((s = gcap_module_call(m->seq, 1, &m->x, &y)) == GCAP_OK &&
+      (s = gcap_cross_entropy(y, m->t, &m->loss)) == GCAP_OK &&
       (s = gcap_backward(m->loss, NULL, 0)) == GCAP_OK)
     s = gcap_optim_step(m->opt);
   gcap_tensor_free(y);
@@ -409,10 +458,13 @@ static gcap_status load_batch(gcap_engine *e, model *m, int k) {
   const int64_t sx[2] = {NBATCH, NIN}, st[1] = {NBATCH};
   gcap_tensor *tx = NULL, *tt = NULL;
   gcap_status s;
-  for (int i = 0; i < NBATCH * NIN; i++) x[i] = sinf(0.41f * (float)i + 0.9f * (float)k) * 1.3f;
-  for (int i = 0; i < NBATCH; i++) t[i] = (float)((i + k) % NCLS);
+  for (int i = 0; i < NBATCH * NIN; i++)
+    x[i] = sinf(0.41f * (float)i + 0.9f * (float)k) * 1.3f;
+  for (int i = 0; i < NBATCH; i++)
+    t[i] = (float)((i + k) % NCLS);
   if ((s = gcap_tensor_from_f32(e, GCAP_F32, 2, sx, x, &tx)) == GCAP_OK &&
-      (s = gcap_tensor_from_f32(e, GCAP_F32, 1, st, t, &tt)) == GCAP_OK && (s = gcap_copy_(m->x, tx)) == GCAP_OK)
+      (s = gcap_tensor_from_f32(e, GCAP_F32, 1, st, t, &tt)) == GCAP_OK &&
+      (s = gcap_copy_(m->x, tx)) == GCAP_OK)
     s = gcap_copy_(m->t, tt);
   gcap_tensor_free(tx), gcap_tensor_free(tt);
   return s;
@@ -452,7 +504,8 @@ static void captured_training_case(opt_kind k, int warmup) {
     goto done;
   }
   int was = gcap_set_grad_enabled(e, 0); /* A and B drew different weights: make them equal */
-  for (int i = 0; i < a.np; i++) T_CHECK_OK(e, gcap_copy_(b.params[i], a.params[i]));
+  for (int i = 0; i < a.np; i++)
+    T_CHECK_OK(e, gcap_copy_(b.params[i], a.params[i]));
   gcap_set_grad_enabled(e, was);
 
   /* A: eager */
@@ -487,7 +540,8 @@ static void captured_training_case(opt_kind k, int warmup) {
     T_REQUIRE(nr == ne);
     if (memcmp(replay, eager[step], sizeof(float) * (size_t)ne) != 0) {
       int i = 0;
-      while (i < ne && memcmp(&replay[i], &eager[step][i], sizeof(float)) == 0) i++;
+      while (i < ne && memcmp(&replay[i], &eager[step][i], sizeof(float)) == 0)
+        i++;
       char what[64] = "the loss";
       for (int j = 0, at = 0; j < b.np; at += (int)gcap_tensor_numel(b.params[j]), j++)
         if (i < at + gcap_tensor_numel(b.params[j])) {
@@ -496,8 +550,9 @@ static void captured_training_case(opt_kind k, int warmup) {
           snprintf(what, sizeof what, "parameter %s[%d]", pname, i - at);
           break;
         }
-      T_FAILF("replayed step == eager step (bitwise)", "%s%s: after step %d, %s differs: replay %.9g, eager %.9g",
-              opt_names[k], warmup ? " after an eager warm-up step" : ", first step captured", step + 1, what,
+      T_FAILF("replayed step == eager step (bitwise)",
+              "%s%s: after step %d, %s differs: replay %.9g, eager %.9g", opt_names[k],
+              warmup ? " after an eager warm-up step" : ", first step captured", step + 1, what,
               (double)replay[i], (double)eager[step][i]);
       break;
     }
@@ -510,12 +565,24 @@ done:
   gcap_engine_free(e);
 }
 
-static void test_captured_step_sgd_warmup(void) { captured_training_case(OPT_SGD, 1); }
-static void test_captured_step_momentum_warmup(void) { captured_training_case(OPT_MOMENTUM, 1); }
-static void test_captured_step_adam_warmup(void) { captured_training_case(OPT_ADAM, 1); }
-static void test_captured_first_step_sgd(void) { captured_training_case(OPT_SGD, 0); }
-static void test_captured_first_step_momentum(void) { captured_training_case(OPT_MOMENTUM, 0); }
-static void test_captured_first_step_adam(void) { captured_training_case(OPT_ADAM, 0); }
+static void test_captured_step_sgd_warmup(void) {
+  captured_training_case(OPT_SGD, 1);
+}
+static void test_captured_step_momentum_warmup(void) {
+  captured_training_case(OPT_MOMENTUM, 1);
+}
+static void test_captured_step_adam_warmup(void) {
+  captured_training_case(OPT_ADAM, 1);
+}
+static void test_captured_first_step_sgd(void) {
+  captured_training_case(OPT_SGD, 0);
+}
+static void test_captured_first_step_momentum(void) {
+  captured_training_case(OPT_MOMENTUM, 0);
+}
+static void test_captured_first_step_adam(void) {
+  captured_training_case(OPT_ADAM, 0);
+}
 
 int main(void) {
   T_RUN(test_sgd_plain);

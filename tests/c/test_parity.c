@@ -15,9 +15,12 @@
 #include "t.h"
 
 /* A failed comparison, with a formatted message. */
-#define T_FAILF(expr, ...) do { char t_fm_[400];                                     \
-    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                     \
-    t_fail_(__FILE__, __LINE__, expr, t_fm_); } while (0)
+#define T_FAILF(expr, ...)                                                                         \
+  do {                                                                                             \
+    char t_fm_[400];                                                                               \
+    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                                    \
+    t_fail_(__FILE__, __LINE__, expr, t_fm_);                                                      \
+  } while (0)
 
 #define F32_ATOL 1e-5
 #define F32_RTOL 1e-4
@@ -50,7 +53,7 @@ typedef struct pcase {
   const char *name;
   op_fn f;
   gcap_dtype dt;
-  int backward; /* 0: forward only */
+  int backward;  /* 0: forward only */
   uint64_t seed; /* seed both engines before the op when non-zero */
   int nin;
   pin in[MAXIN];
@@ -58,7 +61,8 @@ typedef struct pcase {
 
 static int64_t numel_of(const pin *p) {
   int64_t n = 1;
-  for (int i = 0; i < p->ndim; i++) n *= p->shape[i];
+  for (int i = 0; i < p->ndim; i++)
+    n *= p->shape[i];
   return n;
 }
 
@@ -66,18 +70,26 @@ static void fill(const pin *p, float *d, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     float u = urand();
     switch (p->fill) {
-    case FILL_NORMAL: d[i] = 2.0f * u; break;
-    case FILL_AWAY: d[i] = (u < 0 ? -1.0f : 1.0f) * (0.05f + 1.5f * fabsf(u)); break;
-    case FILL_POS: d[i] = 0.5f + 0.5f * (u + 1.0f); break;
-    case FILL_CLASS: d[i] = (float)((i * 7 + 3) % p->classes); break;
+      case FILL_NORMAL:
+        d[i] = 2.0f * u;
+        break;
+      case FILL_AWAY:
+        d[i] = (u < 0 ? -1.0f : 1.0f) * (0.05f + 1.5f * fabsf(u));
+        break;
+      case FILL_POS:
+        d[i] = 0.5f + 0.5f * (u + 1.0f);
+        break;
+      case FILL_CLASS:
+        d[i] = (float)((i * 7 + 3) % p->classes);
+        break;
     }
   }
 }
 
 /* Compare n values of `got` (cuda) with `ref` (host); report the first
 ** mismatch and the count. Returns 1 when all are within tolerance. */
-static int compare(const char *what, const char *part, const float *got, const float *ref, int64_t n, double atol,
-                   double rtol) {
+static int compare(const char *what, const char *part, const float *got, const float *ref,
+                   int64_t n, double atol, double rtol) {
   int64_t bad = 0, first = -1;
   double worst = 0.0;
   for (int64_t i = 0; i < n; i++) {
@@ -88,11 +100,15 @@ static int compare(const char *what, const char *part, const float *got, const f
     }
     if (lim > 0 && d / lim > worst) worst = d / lim;
   }
-  if (verbose) printf("#   %s: %s: worst |d| = %.3g x tolerance over %lld elements\n", what, part, worst, (long long)n);
+  if (verbose)
+    printf("#   %s: %s: worst |d| = %.3g x tolerance over %lld elements\n", what, part, worst,
+           (long long)n);
   if (bad) {
     T_FAILF("|cuda - host| <= atol + rtol*|host|",
-            "%s: %s element %lld of %lld: cuda %.9g, host %.9g (%lld elements out of tolerance; worst %.3g x tolerance)",
-            what, part, (long long)first, (long long)n, (double)got[first], (double)ref[first], (long long)bad, worst);
+            "%s: %s element %lld of %lld: cuda %.9g, host %.9g (%lld elements out of tolerance; "
+            "worst %.3g x tolerance)",
+            what, part, (long long)first, (long long)n, (double)got[first], (double)ref[first],
+            (long long)bad, worst);
     return 0;
   }
   return 1;
@@ -107,7 +123,8 @@ typedef struct run_out {
 
 static void run_out_free(run_out *o) {
   free(o->y);
-  for (int i = 0; i < MAXIN; i++) free(o->g[i]);
+  for (int i = 0; i < MAXIN; i++)
+    free(o->g[i]);
 }
 
 /* Run case c on engine e with inputs data[] and weights r (r: NULL the
@@ -117,10 +134,10 @@ static int run_on(gcap_engine *e, const pcase *c, float *const *data, float **r,
   int ok = 0;
   memset(o, 0, sizeof *o);
   for (int i = 0; i < c->nin; i++) {
-    if (gcap_tensor_from_f32(e, c->dt, c->in[i].ndim, c->in[i].shape, data[i],
-                             &x[i]) != GCAP_OK)
+    if (gcap_tensor_from_f32(e, c->dt, c->in[i].ndim, c->in[i].shape, data[i], &x[i]) != GCAP_OK)
       goto done;
-    if (c->backward && c->in[i].grad && gcap_tensor_set_requires_grad(x[i], 1) != GCAP_OK) goto done;
+    if (c->backward && c->in[i].grad && gcap_tensor_set_requires_grad(x[i], 1) != GCAP_OK)
+      goto done;
   }
   if (c->seed && gcap_manual_seed(e, c->seed) != GCAP_OK) goto done;
   if (c->f(x, &y) != GCAP_OK) goto done;
@@ -133,10 +150,12 @@ static int run_on(gcap_engine *e, const pcase *c, float *const *data, float **r,
     if (*r == NULL) {
       *r = malloc((size_t)(o->ny + 1) * sizeof(float));
       if (*r == NULL) goto done;
-      for (int64_t i = 0; i < o->ny; i++) (*r)[i] = urand();
+      for (int64_t i = 0; i < o->ny; i++)
+        (*r)[i] = urand();
     }
-    if (gcap_tensor_from_f32(e, c->dt, o->ndim, o->shape, *r, &rt) != GCAP_OK || gcap_mul(y, rt, &p) != GCAP_OK ||
-        gcap_sum(p, &l) != GCAP_OK || gcap_backward(l, NULL, 0) != GCAP_OK)
+    if (gcap_tensor_from_f32(e, c->dt, o->ndim, o->shape, *r, &rt) != GCAP_OK ||
+        gcap_mul(y, rt, &p) != GCAP_OK || gcap_sum(p, &l) != GCAP_OK ||
+        gcap_backward(l, NULL, 0) != GCAP_OK)
       goto done;
     for (int i = 0; i < c->nin; i++) {
       if (!c->in[i].grad) continue;
@@ -150,7 +169,8 @@ static int run_on(gcap_engine *e, const pcase *c, float *const *data, float **r,
   ok = 1;
 done:
   if (!ok) T_FAILF("run", "%s on %s: %s", c->name, gcap_engine_device(e), gcap_errmsg(e));
-  for (int i = 0; i < c->nin; i++) gcap_tensor_free(x[i]);
+  for (int i = 0; i < c->nin; i++)
+    gcap_tensor_free(x[i]);
   gcap_tensor_free(y), gcap_tensor_free(rt), gcap_tensor_free(p), gcap_tensor_free(l);
   return ok;
 }
@@ -158,7 +178,8 @@ done:
 static void parity_check(const pcase *c) {
   float *data[MAXIN] = {0}, *r = NULL;
   run_out oh, oc;
-  double atol = c->dt == GCAP_BF16 ? BF16_ATOL : F32_ATOL, rtol = c->dt == GCAP_BF16 ? BF16_RTOL : F32_RTOL;
+  double atol = c->dt == GCAP_BF16 ? BF16_ATOL : F32_ATOL,
+         rtol = c->dt == GCAP_BF16 ? BF16_RTOL : F32_RTOL;
   memset(&oh, 0, sizeof oh), memset(&oc, 0, sizeof oc);
   for (int i = 0; i < c->nin; i++) {
     int64_t n = numel_of(&c->in[i]);
@@ -168,8 +189,8 @@ static void parity_check(const pcase *c) {
   }
   if (!run_on(eh, c, data, &r, &oh) || !run_on(ec, c, data, &r, &oc)) goto done;
   if (oh.ny != oc.ny || oh.ndim != oc.ndim) {
-    T_FAILF("same output shape", "%s: %lld elements on the host, %lld on cuda", c->name, (long long)oh.ny,
-            (long long)oc.ny);
+    T_FAILF("same output shape", "%s: %lld elements on the host, %lld on cuda", c->name,
+            (long long)oh.ny, (long long)oc.ny);
     goto done;
   }
   compare(c->name, "output", oc.y, oh.y, oh.ny, atol, rtol);
@@ -180,7 +201,8 @@ static void parity_check(const pcase *c) {
     compare(c->name, part, oc.g[i], oh.g[i], numel_of(&c->in[i]), atol, rtol);
   }
 done:
-  for (int i = 0; i < c->nin; i++) free(data[i]);
+  for (int i = 0; i < c->nin; i++)
+    free(data[i]);
   free(r);
   run_out_free(&oh), run_out_free(&oc);
 }
@@ -188,25 +210,63 @@ done:
 /* ------------------------------------------------------------------------ */
 /* Ops                                                                       */
 
-static gcap_status f_add(gcap_tensor *const *x, gcap_tensor **y) { return gcap_add(x[0], x[1], y); }
-static gcap_status f_sub(gcap_tensor *const *x, gcap_tensor **y) { return gcap_sub(x[0], x[1], y); }
-static gcap_status f_mul(gcap_tensor *const *x, gcap_tensor **y) { return gcap_mul(x[0], x[1], y); }
-static gcap_status f_scale(gcap_tensor *const *x, gcap_tensor **y) { return gcap_scale(x[0], 0.3, y); }
-static gcap_status f_neg(gcap_tensor *const *x, gcap_tensor **y) { return gcap_neg(x[0], y); }
-static gcap_status f_sum(gcap_tensor *const *x, gcap_tensor **y) { return gcap_sum(x[0], y); }
-static gcap_status f_mean(gcap_tensor *const *x, gcap_tensor **y) { return gcap_mean(x[0], y); }
-static gcap_status f_matmul(gcap_tensor *const *x, gcap_tensor **y) { return gcap_matmul(x[0], x[1], y); }
-static gcap_status f_linear(gcap_tensor *const *x, gcap_tensor **y) { return gcap_linear(x[0], x[1], x[2], y); }
-static gcap_status f_linear_nb(gcap_tensor *const *x, gcap_tensor **y) { return gcap_linear(x[0], x[1], NULL, y); }
-static gcap_status f_relu(gcap_tensor *const *x, gcap_tensor **y) { return gcap_relu(x[0], y); }
-static gcap_status f_gelu(gcap_tensor *const *x, gcap_tensor **y) { return gcap_gelu(x[0], y); }
-static gcap_status f_ln_wb(gcap_tensor *const *x, gcap_tensor **y) { return gcap_layer_norm(x[0], x[1], x[2], 1e-5, y); }
-static gcap_status f_ln(gcap_tensor *const *x, gcap_tensor **y) { return gcap_layer_norm(x[0], NULL, NULL, 1e-5, y); }
-static gcap_status f_softmax(gcap_tensor *const *x, gcap_tensor **y) { return gcap_softmax(x[0], -1, y); }
-static gcap_status f_dropout(gcap_tensor *const *x, gcap_tensor **y) { return gcap_dropout(x[0], 0.4, 1, y); }
-static gcap_status f_mse(gcap_tensor *const *x, gcap_tensor **y) { return gcap_mse_loss(x[0], x[1], y); }
-static gcap_status f_xent(gcap_tensor *const *x, gcap_tensor **y) { return gcap_cross_entropy(x[0], x[1], y); }
-static gcap_status f_clone(gcap_tensor *const *x, gcap_tensor **y) { return gcap_tensor_clone(x[0], y); }
+static gcap_status f_add(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_add(x[0], x[1], y);
+}
+static gcap_status f_sub(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_sub(x[0], x[1], y);
+}
+static gcap_status f_mul(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_mul(x[0], x[1], y);
+}
+static gcap_status f_scale(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_scale(x[0], 0.3, y);
+}
+static gcap_status f_neg(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_neg(x[0], y);
+}
+static gcap_status f_sum(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_sum(x[0], y);
+}
+static gcap_status f_mean(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_mean(x[0], y);
+}
+static gcap_status f_matmul(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_matmul(x[0], x[1], y);
+}
+static gcap_status f_linear(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_linear(x[0], x[1], x[2], y);
+}
+static gcap_status f_linear_nb(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_linear(x[0], x[1], NULL, y);
+}
+static gcap_status f_relu(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_relu(x[0], y);
+}
+static gcap_status f_gelu(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_gelu(x[0], y);
+}
+static gcap_status f_ln_wb(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_layer_norm(x[0], x[1], x[2], 1e-5, y);
+}
+static gcap_status f_ln(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_layer_norm(x[0], NULL, NULL, 1e-5, y);
+}
+static gcap_status f_softmax(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_softmax(x[0], -1, y);
+}
+static gcap_status f_dropout(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_dropout(x[0], 0.4, 1, y);
+}
+static gcap_status f_mse(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_mse_loss(x[0], x[1], y);
+}
+static gcap_status f_xent(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_cross_entropy(x[0], x[1], y);
+}
+static gcap_status f_clone(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_tensor_clone(x[0], y);
+}
 static gcap_status f_rand(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_tensor_rand(gcap_tensor_engine(x[0]), gcap_tensor_dtype(x[0]), gcap_tensor_ndim(x[0]),
                           gcap_tensor_shape(x[0]), 0, y);
@@ -222,7 +282,8 @@ static gcap_status f_full(gcap_tensor *const *x, gcap_tensor **y) {
 /* f32 -> bf16 -> f32 conversions through copy_. */
 static gcap_status f_to_bf16(gcap_tensor *const *x, gcap_tensor **y) {
   gcap_tensor *b = NULL;
-  gcap_status st = gcap_tensor_empty(gcap_tensor_engine(x[0]), GCAP_BF16, gcap_tensor_ndim(x[0]), gcap_tensor_shape(x[0]), &b);
+  gcap_status st = gcap_tensor_empty(gcap_tensor_engine(x[0]), GCAP_BF16, gcap_tensor_ndim(x[0]),
+                                     gcap_tensor_shape(x[0]), &b);
   if (st == GCAP_OK && (st = gcap_copy_(b, x[0])) == GCAP_OK) {
     *y = b;
     return GCAP_OK;
@@ -231,11 +292,16 @@ static gcap_status f_to_bf16(gcap_tensor *const *x, gcap_tensor **y) {
   return st;
 }
 
-#define P0(f, g) {0, {0}, f, 0, g}
-#define P1(a, f, g) {1, {a}, f, 0, g}
-#define P2(a, b, f, g) {2, {a, b}, f, 0, g}
-#define P3(a, b, c, f, g) {3, {a, b, c}, f, 0, g}
-#define PC(n, classes) {1, {n}, FILL_CLASS, classes, 0}
+#define P0(f, g)                                                                                   \
+  { 0, {0}, f, 0, g }
+#define P1(a, f, g)                                                                                \
+  { 1, {a}, f, 0, g }
+#define P2(a, b, f, g)                                                                             \
+  { 2, {a, b}, f, 0, g }
+#define P3(a, b, c, f, g)                                                                          \
+  { 3, {a, b, c}, f, 0, g }
+#define PC(n, classes)                                                                             \
+  { 1, {n}, FILL_CLASS, classes, 0 }
 #define N FILL_NORMAL
 #define F32 GCAP_F32
 #define BF GCAP_BF16
@@ -268,11 +334,29 @@ static const pcase cases[] = {
     {"matmul [1,17]x[17,1]", f_matmul, F32, 1, 0, 2, {P2(1, 17, N, 1), P2(17, 1, N, 1)}},
     {"linear 2-D bias", f_linear, F32, 1, 0, 3, {P2(40, 24, N, 1), P2(48, 24, N, 1), P1(48, N, 1)}},
     {"linear 2-D no bias", f_linear_nb, F32, 1, 0, 2, {P2(40, 24, N, 1), P2(48, 24, N, 1)}},
-    {"linear 3-D bias", f_linear, F32, 1, 0, 3, {P3(3, 7, 32, N, 1), P2(20, 32, N, 1), P1(20, N, 1)}},
+    {"linear 3-D bias",
+     f_linear,
+     F32,
+     1,
+     0,
+     3,
+     {P3(3, 7, 32, N, 1), P2(20, 32, N, 1), P1(20, N, 1)}},
     {"linear 3-D no bias", f_linear_nb, F32, 1, 0, 2, {P3(3, 7, 32, N, 1), P2(20, 32, N, 1)}},
     /* rows */
-    {"layer_norm weight bias", f_ln_wb, F32, 1, 0, 3, {P2(33, 70, N, 1), P1(70, N, 1), P1(70, N, 1)}},
-    {"layer_norm [4,1024]", f_ln_wb, F32, 1, 0, 3, {P2(4, 1024, N, 1), P1(1024, N, 1), P1(1024, N, 1)}},
+    {"layer_norm weight bias",
+     f_ln_wb,
+     F32,
+     1,
+     0,
+     3,
+     {P2(33, 70, N, 1), P1(70, N, 1), P1(70, N, 1)}},
+    {"layer_norm [4,1024]",
+     f_ln_wb,
+     F32,
+     1,
+     0,
+     3,
+     {P2(4, 1024, N, 1), P1(1024, N, 1), P1(1024, N, 1)}},
     {"layer_norm no params", f_ln, F32, 1, 0, 1, {P3(2, 5, 96, N, 1)}},
     {"softmax [33,70]", f_softmax, F32, 1, 0, 1, {P2(33, 70, N, 1)}},
     {"softmax [8,1000]", f_softmax, F32, 1, 0, 1, {P2(8, 1000, N, 1)}},
@@ -293,14 +377,22 @@ static const pcase cases[] = {
     {"bf16 gelu", f_gelu, BF, 1, 0, 1, {P2(33, 70, N, 1)}},
     {"bf16 sum", f_sum, BF, 1, 0, 1, {P2(33, 70, FILL_POS, 1)}},
     {"bf16 matmul [37,53]x[53,29]", f_matmul, BF, 1, 0, 2, {P2(37, 53, N, 1), P2(53, 29, N, 1)}},
-    {"bf16 matmul [64,128]x[128,32]", f_matmul, BF, 1, 0, 2, {P2(64, 128, N, 1), P2(128, 32, N, 1)}},
+    {"bf16 matmul [64,128]x[128,32]",
+     f_matmul,
+     BF,
+     1,
+     0,
+     2,
+     {P2(64, 128, N, 1), P2(128, 32, N, 1)}},
     {"bf16 linear", f_linear, BF, 1, 0, 3, {P2(40, 24, N, 1), P2(48, 24, N, 1), P1(48, N, 1)}},
 };
 
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
 static const pcase *cur_case;
-static void run_cur_case(void) { parity_check(cur_case); }
+static void run_cur_case(void) {
+  parity_check(cur_case);
+}
 
 /* Bitwise: the dropout masks of both backends are the same (a pure function
 ** of seed and counter); so are uniform draws. */
@@ -308,7 +400,8 @@ static void test_dropout_masks_identical(void) {
   enum { NX = 4096 };
   static float dx[NX], yh[NX], yc[NX];
   const int64_t s[1] = {NX};
-  for (int i = 0; i < NX; i++) dx[i] = 1.0f + (float)(i % 7);
+  for (int i = 0; i < NX; i++)
+    dx[i] = 1.0f + (float)(i % 7);
   gcap_tensor *xh = t_from(eh, 1, s, dx), *xc = t_from(ec, 1, s, dx), *oh = NULL, *oc = NULL;
   T_REQUIRE(xh && xc);
   for (int k = 0; k < 3; k++) { /* the generator advances alike too */
@@ -322,7 +415,9 @@ static void test_dropout_masks_identical(void) {
       int diff = 0, first = -1;
       for (int i = 0; i < NX; i++)
         if ((yh[i] == 0.0f) != (yc[i] == 0.0f)) diff++, first = first < 0 ? i : first;
-      if (diff) T_FAILF("same masks", "draw %d: %d of %d mask entries differ (first at %d)", k + 1, diff, NX, first);
+      if (diff)
+        T_FAILF("same masks", "draw %d: %d of %d mask entries differ (first at %d)", k + 1, diff,
+                NX, first);
     }
     gcap_tensor_free(oh), gcap_tensor_free(oc);
     oh = oc = NULL;
@@ -335,18 +430,22 @@ static void optim_parity(int adam) {
   enum { NPAR = 1000, STEPS = 3 };
   static float d[NPAR], g[NPAR], ph[NPAR], pc[NPAR];
   const int64_t s[1] = {NPAR};
-  for (int i = 0; i < NPAR; i++) d[i] = urand();
+  for (int i = 0; i < NPAR; i++)
+    d[i] = urand();
   gcap_tensor *p[2] = {t_from(eh, 1, s, d), t_from(ec, 1, s, d)};
   gcap_optim *o[2] = {NULL, NULL};
   gcap_engine *es[2] = {eh, ec};
   T_REQUIRE(p[0] && p[1]);
   for (int b = 0; b < 2; b++) {
     T_CHECK_OK(es[b], gcap_tensor_set_requires_grad(p[b], 1));
-    if (adam) T_CHECK_OK(es[b], gcap_optim_adam(es[b], 1, &p[b], 0.01, 0.9, 0.999, 1e-8, 0.01, &o[b]));
-    else T_CHECK_OK(es[b], gcap_optim_sgd(es[b], 1, &p[b], 0.1, 0.9, 0.01, &o[b]));
+    if (adam)
+      T_CHECK_OK(es[b], gcap_optim_adam(es[b], 1, &p[b], 0.01, 0.9, 0.999, 1e-8, 0.01, &o[b]));
+    else
+      T_CHECK_OK(es[b], gcap_optim_sgd(es[b], 1, &p[b], 0.1, 0.9, 0.01, &o[b]));
   }
   for (int k = 0; k < STEPS; k++) {
-    for (int i = 0; i < NPAR; i++) g[i] = urand();
+    for (int i = 0; i < NPAR; i++)
+      g[i] = urand();
     for (int b = 0; b < 2; b++) {
       gcap_tensor *gt = t_from(es[b], 1, s, g);
       T_REQUIRE(gt != NULL);
@@ -360,10 +459,15 @@ static void optim_parity(int adam) {
       compare(what, "parameter", pc, ph, NPAR, F32_ATOL, F32_RTOL);
     }
   }
-  for (int b = 0; b < 2; b++) gcap_optim_free(o[b]), gcap_tensor_free(p[b]);
+  for (int b = 0; b < 2; b++)
+    gcap_optim_free(o[b]), gcap_tensor_free(p[b]);
 }
-static void test_sgd_parity(void) { optim_parity(0); }
-static void test_adam_parity(void) { optim_parity(1); }
+static void test_sgd_parity(void) {
+  optim_parity(0);
+}
+static void test_adam_parity(void) {
+  optim_parity(1);
+}
 
 int main(void) {
   verbose = getenv("GRAPHCAP_PARITY_VERBOSE") != NULL;
@@ -371,14 +475,17 @@ int main(void) {
     printf("1..0 # SKIP no CUDA device\n");
     return 77;
   }
-  if (gcap_engine_new(GCAP_DEVICE_HOST, &eh) != GCAP_OK || gcap_engine_new(GCAP_DEVICE_CUDA, &ec) != GCAP_OK) {
-    printf("not ok 1 - open the host and cuda engines (%s)\n1..1\n# 0 passed, 1 failed\n", gcap_last_open_error());
+  if (gcap_engine_new(GCAP_DEVICE_HOST, &eh) != GCAP_OK ||
+      gcap_engine_new(GCAP_DEVICE_CUDA, &ec) != GCAP_OK) {
+    printf("not ok 1 - open the host and cuda engines (%s)\n1..1\n# 0 passed, 1 failed\n",
+           gcap_last_open_error());
     return 1;
   }
   for (int i = 0; i < NCASES; i++) {
     char name[160];
     cur_case = &cases[i];
-    snprintf(name, sizeof name, "parity: %s%s", cases[i].name, cases[i].backward ? " (forward, backward)" : "");
+    snprintf(name, sizeof name, "parity: %s%s", cases[i].name,
+             cases[i].backward ? " (forward, backward)" : "");
     t_run_(name, run_cur_case);
   }
   T_RUN(test_dropout_masks_identical);

@@ -112,8 +112,13 @@ typedef struct canon {
   gcap_graph *g1, *g3, *g4;
 } canon;
 
-#define CK(call) do { if ((call) != GCAP_OK) {                        \
-    t_fail_(__FILE__, __LINE__, #call, gcap_errmsg(e)); return 0; } } while (0)
+#define CK(call)                                                                                   \
+  do {                                                                                             \
+    if ((call) != GCAP_OK) {                                                                       \
+      t_fail_(__FILE__, __LINE__, #call, gcap_errmsg(e));                                          \
+      return 0;                                                                                    \
+    }                                                                                              \
+  } while (0)
 
 /* Build the case into c (c->e set, the rest zero); 0 and the group failed on
 ** error. With g4_own_pool, G4 captures into a pool of its own instead. */
@@ -147,8 +152,10 @@ static int canon_build(canon *c, int g4_own_pool) {
   gcap_pool_free(q); /* G4 keeps its pool */
   CK(gcap_capture_end(c->g4));
   if (reused != !g4_own_pool) {
-    t_fail_(__FILE__, __LINE__, g4_own_pool ? "G4's temporary is not in X's block"
-                                            : "G4's temporary took X's freed block", NULL);
+    t_fail_(__FILE__, __LINE__,
+            g4_own_pool ? "G4's temporary is not in X's block"
+                        : "G4's temporary took X's freed block",
+            NULL);
     return 0;
   }
   return 1;
@@ -190,8 +197,8 @@ static void test_replay_order_check(void) {
   T_CHECK(strstr(gcap_errmsg(e), "G3") != NULL && strstr(gcap_errmsg(e), "G4") != NULL);
   printf("#   refused: %s\n", gcap_errmsg(e));
   T_CHECK_OK(e, gcap_graph_get_stats(c.g3, &gs));
-  T_CHECK(gs.replays == before);  /* a refused replay does not count, */
-  T_CHECK(t_value(c.y) == 20.0);  /* and did not run */
+  T_CHECK(gs.replays == before);                        /* a refused replay does not count, */
+  T_CHECK(t_value(c.y) == 20.0);                        /* and did not run */
   T_CHECK_ST(e, gcap_graph_replay(c.g3), GCAP_EREPLAY); /* still refused */
   /* G1 rewrites X: G3 may read it again. */
   T_CHECK_OK(e, gcap_graph_replay(c.g1));

@@ -12,7 +12,8 @@ static const int64_t SHAPE4[4] = {2, 3, 4, 5};
 
 static int64_t prod(int nd, const int64_t *shape) {
   int64_t n = 1;
-  for (int i = 0; i < nd; i++) n *= shape[i];
+  for (int i = 0; i < nd; i++)
+    n *= shape[i];
   return n;
 }
 
@@ -54,7 +55,8 @@ static void test_shapes_0d_to_4d(void) {
     float buf[120];
     if (t_read(f, buf, (size_t)n)) {
       int all = 1;
-      for (int64_t i = 0; i < n; i++) all &= buf[i] == 1.5f;
+      for (int64_t i = 0; i < n; i++)
+        all &= buf[i] == 1.5f;
       T_CHECK(all);
     }
     gcap_tensor_free(f);
@@ -67,7 +69,8 @@ static void test_from_f32_roundtrip_bitwise(void) {
   gcap_engine *e = t_engine();
   T_REQUIRE(e != NULL);
   float src[120], dst[120];
-  for (int i = 0; i < 120; i++) src[i] = (float)i * 0.1f - 3.0f; /* not exact in binary */
+  for (int i = 0; i < 120; i++)
+    src[i] = (float)i * 0.1f - 3.0f;                                    /* not exact in binary */
   src[0] = -0.0f, src[1] = FLT_MAX, src[2] = -FLT_MIN, src[3] = 1e-40f; /* subnormal */
   src[4] = INFINITY, src[5] = -INFINITY;
   for (int nd = 0; nd <= GCAP_MAXDIM; nd++) {
@@ -175,8 +178,11 @@ static void test_elementwise_values(void) {
     if (!t_read(o[k], r, 6)) continue;
     int all = 1;
     for (int i = 0; i < 6; i++) {
-      float want = k == 0 ? da[i] + db[i] : k == 1 ? da[i] - db[i] : k == 2 ? da[i] * db[i]
-                 : k == 3 ? da[i] * -0.5f : -db[i];
+      float want = k == 0   ? da[i] + db[i]
+                   : k == 1 ? da[i] - db[i]
+                   : k == 2 ? da[i] * db[i]
+                   : k == 3 ? da[i] * -0.5f
+                            : -db[i];
       all &= r[i] == want;
     }
     T_CHECK(all);
@@ -194,12 +200,13 @@ static void test_broadcast(void) {
   T_REQUIRE(e != NULL);
   const int64_t s23[2] = {2, 3}, s1[1] = {1}, s11[2] = {1, 1}, s3[1] = {3};
   const int64_t s4d[4] = {2, 1, 2, 3}, s4[1] = {4};
-  const float dm[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, d10 = 10, d100 = 100,
-              d1000 = 1000, drow[3] = {10, 20, 30};
+  const float dm[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, d10 = 10, d100 = 100, d1000 = 1000,
+              drow[3] = {10, 20, 30};
   float r[12];
   gcap_tensor *m = t_from(e, 2, s23, dm), *z = t_from(e, 0, s1, &d10); /* 0-D */
   gcap_tensor *one = t_from(e, 1, s1, &d100), *one2 = t_from(e, 2, s11, &d1000);
-  gcap_tensor *row = t_from(e, 1, s3, drow), *m4 = t_from(e, 4, s4d, dm), *v4 = t_from(e, 1, s4, dm);
+  gcap_tensor *row = t_from(e, 1, s3, drow), *m4 = t_from(e, 4, s4d, dm),
+              *v4 = t_from(e, 1, s4, dm);
   gcap_tensor *o = NULL;
   T_REQUIRE(m && z && one && one2 && row && m4 && v4);
   T_CHECK(gcap_tensor_ndim(z) == 0 && gcap_tensor_numel(z) == 1);
@@ -249,7 +256,8 @@ static void test_sum_mean(void) {
   gcap_engine *e = t_engine();
   T_REQUIRE(e != NULL);
   static float d[1000];
-  for (int i = 0; i < 1000; i++) d[i] = (float)(i + 1) * (i % 2 ? -1.0f : 1.0f) + 1000.0f;
+  for (int i = 0; i < 1000; i++)
+    d[i] = (float)(i + 1) * (i % 2 ? -1.0f : 1.0f) + 1000.0f;
   const int64_t s[2] = {10, 100};
   gcap_tensor *x = t_from(e, 2, s, d), *su = NULL, *me = NULL, *ones = NULL, *s1 = NULL, *s0 = NULL;
   T_REQUIRE(x != NULL);
@@ -307,7 +315,8 @@ static void test_rand_reproducible(void) {
     finite &= isfinite(n1[i]) != 0;
   }
   m /= N;
-  for (int i = 0; i < N; i++) v += ((double)n1[i] - m) * ((double)n1[i] - m);
+  for (int i = 0; i < N; i++)
+    v += ((double)n1[i] - m) * ((double)n1[i] - m);
   v /= N;
   T_CHECK(finite);
   T_CHECK_NEAR(m, 0.0, 0.1, 0.0);

@@ -12,23 +12,20 @@
 /* The kernels take their index type I: int when every index fits (the
 ** common case; 64-bit division and addressing cost a small kernel a third
 ** of its time), int64_t otherwise. */
-#define CU_LOOP(I, i, n) \
+#define CU_LOOP(I, i, n)                                                                           \
   for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (I)gridDim.x * blockDim.x)
 
-template <typename I>
-static __global__ void k_fill(void *y, int dt, I n, float v) {
+template <typename I> static __global__ void k_fill(void *y, int dt, I n, float v) {
   CU_LOOP(I, i, n) cu_store(y, i, dt, v);
 }
 
 /* Converts between dtypes: ydt is the destination's, xdt the source's. */
-template <typename I>
-static __global__ void k_copy(void *y, int ydt, const void *x, int xdt, I n) {
+template <typename I> static __global__ void k_copy(void *y, int ydt, const void *x, int xdt, I n) {
   CU_LOOP(I, i, n) cu_store(y, i, ydt, cu_load(x, i, xdt));
 }
 
 /* Index i of an operand of m elements broadcast over n (m = n, 1, or a row). */
-template <typename I>
-static __device__ __forceinline__ I cu_bidx(I i, I m, I n) {
+template <typename I> static __device__ __forceinline__ I cu_bidx(I i, I m, I n) {
   return m == n ? i : m == 1 ? 0 : i % m;
 }
 
@@ -54,27 +51,26 @@ static __global__ void k_binary(int op, void *y, const void *a, I na, const void
   }
 }
 
-template <typename I>
-static __global__ void k_scale(void *y, const void *x, int dt, I n, float f) {
+template <typename I> static __global__ void k_scale(void *y, const void *x, int dt, I n, float f) {
   CU_LOOP(I, i, n) cu_store(y, i, dt, __fmul_rn(cu_load(x, i, dt), f));
 }
 
-template <typename I>
-static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a) {
+template <typename I> static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a) {
   I n = (I)a->n[0];
   unsigned g = cu_blocks(a->n[0]);
   switch (k) {
     case GC_K_FILL:
       k_fill<I><<<g, CU_THREADS, 0, s>>>(a->p[0], a->dt, n, a->f[0]);
       break;
-    case GC_K_COPY: /* dt: the destination's dtype, n[1]: the source's */
+    case GC_K_COPY:                  /* dt: the destination's dtype, n[1]: the source's */
       if (a->p[0] == a->p[1]) break; /* as the host: a copy onto itself is a no-op */
       k_copy<I><<<g, CU_THREADS, 0, s>>>(a->p[0], a->dt, a->p[1], (int)a->n[1], n);
       break;
     case GC_K_ADD:
     case GC_K_SUB:
     case GC_K_MUL:
-      k_binary<I><<<g, CU_THREADS, 0, s>>>(k, a->p[0], a->p[1], (I)a->n[1], a->p[2], (I)a->n[2], a->dt, n);
+      k_binary<I>
+          <<<g, CU_THREADS, 0, s>>>(k, a->p[0], a->p[1], (I)a->n[1], a->p[2], (I)a->n[2], a->dt, n);
       break;
     default: /* GC_K_SCALE */
       k_scale<I><<<g, CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, n, a->f[0]);
@@ -85,7 +81,9 @@ static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a) {
 gcap_status cu_elementwise(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
   if (a->n[0] <= 0) return GCAP_OK;
   /* int indices while i + the grid's stride cannot overflow */
-  if (a->n[0] <= INT_MAX - (int64_t)CU_THREADS * CU_MAX_BLOCKS) cu_launch_elementwise<int>(s, k, a);
-  else cu_launch_elementwise<int64_t>(s, k, a);
+  if (a->n[0] <= INT_MAX - (int64_t)CU_THREADS * CU_MAX_BLOCKS)
+    cu_launch_elementwise<int>(s, k, a);
+  else
+    cu_launch_elementwise<int64_t>(s, k, a);
   return GCAP_OK;
 }

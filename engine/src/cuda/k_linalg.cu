@@ -23,7 +23,8 @@ static __global__ void k_sum_rows(void *y, const void *x, int dt, int64_t rows, 
                                   int acc) {
   CU_GRID_LOOP(j, cols) {
     float s = acc ? cu_load(y, j, dt) : 0.0f;
-    for (int64_t i = 0; i < rows; i++) s = __fadd_rn(s, cu_load(x, i * cols + j, dt));
+    for (int64_t i = 0; i < rows; i++)
+      s = __fadd_rn(s, cu_load(x, i * cols + j, dt));
     cu_store(y, j, dt, s);
   }
 }
@@ -72,8 +73,9 @@ static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const
   gcap_status r = cu_blas_stream(e, st, s);
   if (r != GCAP_OK) return r;
   CUBLAS_TRY(e, cublasSetPointerMode(st->blas, CUBLAS_POINTER_MODE_HOST));
-  CUBLAS_TRY(e, cublasSetMathMode(st->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
-                                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  CUBLAS_TRY(e, cublasSetMathMode(
+                    st->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                             CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   CUBLAS_TRY(e, cublasSetAtomicsMode(st->blas, CUBLAS_ATOMICS_NOT_ALLOWED));
 
   if (a->dt == GCAP_BF16) {
@@ -103,7 +105,7 @@ gcap_status cu_linalg(gcap_engine *e, cu_state *st, cudaStream_t s, int k, const
       int64_t rows = a->n[0] > 0 ? a->n[0] : 0, cols = a->n[1];
       if (cols <= 0) return GCAP_OK;
       k_sum_rows<<<cu_blocks(cols), CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, rows, cols,
-                                                          a->n[2] != 0);
+                                                        a->n[2] != 0);
       return GCAP_OK;
     }
     default: /* GC_K_MATMUL */

@@ -143,14 +143,13 @@ gcap_status cu_norm(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_k
   unsigned g = cu_row_blocks(rows);
   switch (k) {
     case GC_K_LAYERNORM: /* cols = 0 still writes mean and rstd (NaN), as the host */
-      k_layernorm<<<g, CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3],
-                                               (float *)a->p[4], (float *)a->p[5], dt, rows, cols,
-                                               a->f[0]);
+      k_layernorm<<<g, CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3], (float *)a->p[4],
+                                               (float *)a->p[5], dt, rows, cols, a->f[0]);
       break;
     case GC_K_LAYERNORM_BWD:
       k_layernorm_bwd<<<g, CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3],
-                                                   (const float *)a->p[4],
-                                                   (const float *)a->p[5], dt, rows, cols);
+                                                   (const float *)a->p[4], (const float *)a->p[5],
+                                                   dt, rows, cols);
       break;
     case GC_K_SOFTMAX:
       k_softmax<<<g, CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], dt, rows, cols);

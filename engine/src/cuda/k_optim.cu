@@ -70,8 +70,8 @@ gcap_status cu_optim(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_
     case GC_K_ADAM:
       if (n <= 0) break;
       k_adam<<<cu_blocks(n), CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3],
-                                                 (const float *)a->p[4], a->dt, n, a->f[0],
-                                                 a->f[1], a->f[2], a->f[3], a->f[4]);
+                                                 (const float *)a->p[4], a->dt, n, a->f[0], a->f[1],
+                                                 a->f[2], a->f[3], a->f[4]);
       break;
     default: /* GC_K_COUNTER_INC */
       k_counter_inc<<<1, 1, 0, s>>>((float *)a->p[0]);

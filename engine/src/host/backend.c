@@ -38,7 +38,8 @@ typedef struct hb_state {
 } hb_state;
 
 static gcap_status hb_init(gcap_engine *e, void **bs) {
-  if ((*bs = calloc(1, sizeof(hb_state))) == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
+  if ((*bs = calloc(1, sizeof(hb_state))) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
   return GCAP_OK;
 }
 
@@ -49,7 +50,8 @@ static void hb_shutdown(void *bs) {
 static gcap_status hb_malloc(gcap_engine *e, void *bs, size_t n, void **p) {
   (void)bs;
   *p = aligned_alloc(256, (n + 255) / 256 * 256);
-  if (*p == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory allocating %zu bytes", n);
+  if (*p == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory allocating %zu bytes", n);
   return GCAP_OK;
 }
 
@@ -60,7 +62,8 @@ static void hb_free(void *bs, void *p) {
 
 static gcap_status hb_stream_new(gcap_engine *e, void *bs, void **s) {
   (void)bs;
-  if ((*s = calloc(1, sizeof(hb_stream))) == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
+  if ((*s = calloc(1, sizeof(hb_stream))) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
   return GCAP_OK;
 }
 
@@ -82,7 +85,8 @@ static gcap_status hb_device_sync(gcap_engine *e, void *bs) {
 
 static gcap_status hb_event_new(gcap_engine *e, void *bs, void **ev) {
   (void)bs;
-  if ((*ev = calloc(1, sizeof(hb_event))) == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
+  if ((*ev = calloc(1, sizeof(hb_event))) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
   return GCAP_OK;
 }
 
@@ -115,7 +119,8 @@ static gcap_status hb_stream_wait(gcap_engine *e, void *bs, void *s, void *ev) {
   return GCAP_OK;
 }
 
-static gcap_status hb_copy(gcap_engine *e, void *bs, void *s, void *dst, const void *src, size_t n) {
+static gcap_status hb_copy(gcap_engine *e, void *bs, void *s, void *dst, const void *src,
+                           size_t n) {
   (void)e, (void)bs, (void)s;
   memcpy(dst, src, n);
   return GCAP_OK;
@@ -133,7 +138,8 @@ static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_
   if (rec->n == rec->cap) {
     int64_t cap = rec->cap ? 2 * rec->cap : 64;
     hb_node *v = (hb_node *)realloc(rec->v, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording a capture");
+    if (v == NULL)
+      return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording a capture");
     rec->v = v;
     rec->cap = cap;
   }
@@ -159,7 +165,8 @@ static gcap_status hb_capture_end(gcap_engine *e, void *bs, void *s, void **grap
   hb_rec *rec = ((hb_stream *)s)->rec;
   int i;
   (void)e;
-  for (i = 0; i < rec->nmembers; i++) rec->members[i]->rec = NULL;
+  for (i = 0; i < rec->nmembers; i++)
+    rec->members[i]->rec = NULL;
   free(rec->members);
   rec->members = NULL;
   rec->nmembers = rec->capmembers = 0;
@@ -169,7 +176,8 @@ static gcap_status hb_capture_end(gcap_engine *e, void *bs, void *s, void **grap
   return GCAP_OK;
 }
 
-static gcap_status hb_instantiate(gcap_engine *e, void *bs, void *graph, void **exec, int64_t *nodes) {
+static gcap_status hb_instantiate(gcap_engine *e, void *bs, void *graph, void **exec,
+                                  int64_t *nodes) {
   (void)e, (void)bs;
   *exec = graph; /* the record is immutable from here on */
   *nodes = ((hb_rec *)graph)->n;
@@ -180,8 +188,10 @@ static gcap_status hb_graph_launch(gcap_engine *e, void *bs, void *exec, void *s
   const hb_rec *rec = (const hb_rec *)exec;
   int64_t i;
   (void)bs;
-  if (((hb_stream *)s)->rec != NULL) return gc_fail(e, GCAP_ECAPTURE, "host backend: graph launch into a capturing stream");
-  for (i = 0; i < rec->n; i++) hk_kernel(rec->v[i].k)(&rec->v[i].a);
+  if (((hb_stream *)s)->rec != NULL)
+    return gc_fail(e, GCAP_ECAPTURE, "host backend: graph launch into a capturing stream");
+  for (i = 0; i < rec->n; i++)
+    hk_kernel(rec->v[i].k)(&rec->v[i].a);
   return GCAP_OK;
 }
 
@@ -199,11 +209,10 @@ static gcap_status hb_event_sync(gcap_engine *e, void *bs, void *ev) {
 }
 
 static const gc_backend hb_backend = {
-    "host",           hb_init,          hb_shutdown,     hb_malloc,      hb_free,
-    hb_stream_new,    hb_stream_free,   hb_sync,         hb_device_sync, hb_event_new,
-    hb_event_free,    hb_event_record,  hb_stream_wait,  hb_event_sync,  hb_copy,
-    hb_copy,          hb_launch,        hb_capture_begin, hb_capture_end, hb_instantiate,
-    hb_graph_launch,  hb_graph_free};
+    "host",         hb_init,        hb_shutdown,     hb_malloc,    hb_free,       hb_stream_new,
+    hb_stream_free, hb_sync,        hb_device_sync,  hb_event_new, hb_event_free, hb_event_record,
+    hb_stream_wait, hb_event_sync,  hb_copy,         hb_copy,      hb_launch,     hb_capture_begin,
+    hb_capture_end, hb_instantiate, hb_graph_launch, hb_graph_free};
 
 const gc_backend *gc_host_backend(void) {
   return &hb_backend;

@@ -24,8 +24,10 @@ static void st(void *p, int dt, int64_t i, float v) {
   if (dt == GCAP_BF16) {
     uint32_t u;
     memcpy(&u, &v, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) u = 0x7fc00000u; /* NaN stays a quiet NaN */
-    else u += 0x7fffu + ((u >> 16) & 1u);                 /* round to nearest even */
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+      u = 0x7fc00000u; /* NaN stays a quiet NaN */
+    else
+      u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
     ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
     return;
   }
@@ -34,24 +36,26 @@ static void st(void *p, int dt, int64_t i, float v) {
 
 static void hk_fill(const gc_kargs *a) {
   int64_t i;
-  for (i = 0; i < a->n[0]; i++) st(a->p[0], a->dt, i, a->f[0]);
+  for (i = 0; i < a->n[0]; i++)
+    st(a->p[0], a->dt, i, a->f[0]);
 }
 
 /* dt is the destination's dtype, n[1] the source's. */
 static void hk_copy(const gc_kargs *a) {
   int64_t i;
   if (a->p[0] == a->p[1]) return;
-  for (i = 0; i < a->n[0]; i++) st(a->p[0], a->dt, i, ld(a->p[1], (int)a->n[1], i));
+  for (i = 0; i < a->n[0]; i++)
+    st(a->p[0], a->dt, i, ld(a->p[1], (int)a->n[1], i));
 }
 
 /* out[i] = x[i % nx] OP y[i % ny]: equal shapes, one element, or a row. */
-#define HK_BINARY(name, OP)                                                   \
-  static void name(const gc_kargs *a) {                                      \
-    int64_t i;                                                                \
-    for (i = 0; i < a->n[0]; i++) {                                           \
-      float x = ld(a->p[1], a->dt, i % a->n[1]), y = ld(a->p[2], a->dt, i % a->n[2]); \
-      st(a->p[0], a->dt, i, x OP y);                                          \
-    }                                                                         \
+#define HK_BINARY(name, OP)                                                                        \
+  static void name(const gc_kargs *a) {                                                            \
+    int64_t i;                                                                                     \
+    for (i = 0; i < a->n[0]; i++) {                                                                \
+      float x = ld(a->p[1], a->dt, i % a->n[1]), y = ld(a->p[2], a->dt, i % a->n[2]);              \
+      st(a->p[0], a->dt, i, x OP y);                                                               \
+    }                                                                                              \
   }
 HK_BINARY(hk_add, +)
 HK_BINARY(hk_sub, -)
@@ -59,7 +63,8 @@ HK_BINARY(hk_mul, *)
 
 static void hk_scale(const gc_kargs *a) {
   int64_t i;
-  for (i = 0; i < a->n[0]; i++) st(a->p[0], a->dt, i, ld(a->p[1], a->dt, i) * a->f[0]);
+  for (i = 0; i < a->n[0]; i++)
+    st(a->p[0], a->dt, i, ld(a->p[1], a->dt, i) * a->f[0]);
 }
 
 /* A float sum in the order of a binary tree over 256-element leaves, so that
@@ -68,7 +73,8 @@ static float tree_sum(const void *p, int dt, int64_t lo, int64_t hi) {
   if (hi - lo <= 256) {
     float s = 0.0f;
     int64_t i;
-    for (i = lo; i < hi; i++) s += ld(p, dt, i);
+    for (i = lo; i < hi; i++)
+      s += ld(p, dt, i);
     return s;
   }
   {
@@ -96,14 +102,16 @@ static void hk_rng_advance(const gc_kargs *a) {
 
 static void hk_expand(const gc_kargs *a) {
   int64_t i;
-  for (i = 0; i < a->n[0]; i++) st(a->p[0], a->dt, i, a->f[0] * ld(a->p[1], a->dt, i % a->n[1]));
+  for (i = 0; i < a->n[0]; i++)
+    st(a->p[0], a->dt, i, a->f[0] * ld(a->p[1], a->dt, i % a->n[1]));
 }
 
 static void hk_sum_rows(const gc_kargs *a) {
   int64_t i, j, rows = a->n[0], cols = a->n[1];
   for (j = 0; j < cols; j++) {
     float s = a->n[2] ? ld(a->p[0], a->dt, j) : 0.0f;
-    for (i = 0; i < rows; i++) s += ld(a->p[1], a->dt, i * cols + j);
+    for (i = 0; i < rows; i++)
+      s += ld(a->p[1], a->dt, i * cols + j);
     st(a->p[0], a->dt, j, s);
   }
 }
@@ -157,7 +165,8 @@ static void hk_gelu_bwd(const gc_kargs *a) {
   for (i = 0; i < a->n[0]; i++) {
     float x = ld(a->p[2], a->dt, i);
     float t = tanhf(GELU_C * (x + GELU_K * x * x * x));
-    float d = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_K * x * x);
+    float d =
+        0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_K * x * x);
     st(a->p[0], a->dt, i, ld(a->p[1], a->dt, i) * d);
   }
 }
@@ -166,7 +175,8 @@ static void hk_layernorm(const gc_kargs *a) {
   int64_t r, c, rows = a->n[0], cols = a->n[1];
   for (r = 0; r < rows; r++) {
     float mean = 0.0f, var = 0.0f, rstd;
-    for (c = 0; c < cols; c++) mean += ld(a->p[1], a->dt, r * cols + c);
+    for (c = 0; c < cols; c++)
+      mean += ld(a->p[1], a->dt, r * cols + c);
     mean /= (float)cols;
     for (c = 0; c < cols; c++) {
       float d = ld(a->p[1], a->dt, r * cols + c) - mean;
@@ -226,8 +236,10 @@ static void hk_softmax(const gc_kargs *a) {
   int64_t r, c, rows = a->n[0], cols = a->n[1];
   for (r = 0; r < rows; r++) {
     float mx = -INFINITY, s = 0.0f;
-    for (c = 0; c < cols; c++) mx = fmaxf(mx, ld(a->p[1], a->dt, r * cols + c));
-    for (c = 0; c < cols; c++) s += expf(ld(a->p[1], a->dt, r * cols + c) - mx);
+    for (c = 0; c < cols; c++)
+      mx = fmaxf(mx, ld(a->p[1], a->dt, r * cols + c));
+    for (c = 0; c < cols; c++)
+      s += expf(ld(a->p[1], a->dt, r * cols + c) - mx);
     for (c = 0; c < cols; c++)
       st(a->p[0], a->dt, r * cols + c, expf(ld(a->p[1], a->dt, r * cols + c) - mx) / s);
   }
@@ -237,7 +249,8 @@ static void hk_softmax_bwd(const gc_kargs *a) {
   int64_t r, c, rows = a->n[0], cols = a->n[1];
   for (r = 0; r < rows; r++) {
     float dot = 0.0f;
-    for (c = 0; c < cols; c++) dot += ld(a->p[1], a->dt, r * cols + c) * ld(a->p[2], a->dt, r * cols + c);
+    for (c = 0; c < cols; c++)
+      dot += ld(a->p[1], a->dt, r * cols + c) * ld(a->p[2], a->dt, r * cols + c);
     for (c = 0; c < cols; c++) {
       float y = ld(a->p[2], a->dt, r * cols + c);
       st(a->p[0], a->dt, r * cols + c, y * (ld(a->p[1], a->dt, r * cols + c) - dot));
@@ -261,11 +274,15 @@ static void hk_xent(const gc_kargs *a) {
   for (r = 0; r < rows; r++) {
     int64_t t = (int64_t)ld(a->p[2], a->dt, r);
     float mx = -INFINITY, s = 0.0f;
-    for (c = 0; c < cols; c++) mx = fmaxf(mx, ld(a->p[1], a->dt, r * cols + c));
-    for (c = 0; c < cols; c++) s += expf(ld(a->p[1], a->dt, r * cols + c) - mx);
+    for (c = 0; c < cols; c++)
+      mx = fmaxf(mx, ld(a->p[1], a->dt, r * cols + c));
+    for (c = 0; c < cols; c++)
+      s += expf(ld(a->p[1], a->dt, r * cols + c) - mx);
     for (c = 0; c < cols; c++)
       st(a->p[3], a->dt, r * cols + c, expf(ld(a->p[1], a->dt, r * cols + c) - mx) / s);
-    st(a->p[0], a->dt, r, logf(s) + mx - ld(a->p[1], a->dt, r * cols + t));
+    /* a class id outside 0..cols-1 gives NaN, never an out-of-bounds read */
+    st(a->p[0], a->dt, r,
+       t >= 0 && t < cols ? logf(s) + mx - ld(a->p[1], a->dt, r * cols + t) : NAN);
   }
 }
 
@@ -275,7 +292,8 @@ static void hk_xent_bwd(const gc_kargs *a) {
   for (r = 0; r < rows; r++) {
     int64_t t = (int64_t)ld(a->p[2], a->dt, r);
     for (c = 0; c < cols; c++)
-      st(a->p[0], a->dt, r * cols + c, (ld(a->p[1], a->dt, r * cols + c) - (c == t ? 1.0f : 0.0f)) * g);
+      st(a->p[0], a->dt, r * cols + c,
+         (ld(a->p[1], a->dt, r * cols + c) - (c == t ? 1.0f : 0.0f)) * g);
   }
 }
 
@@ -315,13 +333,32 @@ static void hk_counter_inc(const gc_kargs *a) {
 }
 
 hk_fn hk_kernel(int k) {
-  static const hk_fn table[GC_K_COUNT] = {
-      hk_fill,         hk_copy,      hk_add,        hk_sub,
-      hk_mul,          hk_scale,     hk_sum,        hk_rand,
-      hk_rng_advance,  hk_expand,    hk_sum_rows,   hk_matmul,
-      hk_relu,         hk_relu_bwd,  hk_gelu,       hk_gelu_bwd,
-      hk_layernorm,    hk_layernorm_bwd, hk_layernorm_bwd_params, hk_softmax,
-      hk_softmax_bwd,  hk_dropout,   hk_xent,       hk_xent_bwd,
-      hk_sgd,          hk_adam,      hk_counter_inc};
+  static const hk_fn table[GC_K_COUNT] = {hk_fill,
+                                          hk_copy,
+                                          hk_add,
+                                          hk_sub,
+                                          hk_mul,
+                                          hk_scale,
+                                          hk_sum,
+                                          hk_rand,
+                                          hk_rng_advance,
+                                          hk_expand,
+                                          hk_sum_rows,
+                                          hk_matmul,
+                                          hk_relu,
+                                          hk_relu_bwd,
+                                          hk_gelu,
+                                          hk_gelu_bwd,
+                                          hk_layernorm,
+                                          hk_layernorm_bwd,
+                                          hk_layernorm_bwd_params,
+                                          hk_softmax,
+                                          hk_softmax_bwd,
+                                          hk_dropout,
+                                          hk_xent,
+                                          hk_xent_bwd,
+                                          hk_sgd,
+                                          hk_adam,
+                                          hk_counter_inc};
   return k >= 0 && k < GC_K_COUNT ? table[k] : NULL;
 }
