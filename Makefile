@@ -90,7 +90,7 @@ $(B)/embed: $(wildcard examples/embed/*.c) $(B)/libgraphcap.a
 	  $(CC) $(CFLAGS) -o $@ $(wildcard examples/embed/*.c) $(B)/libgraphcap.a $(LDLIBS); fi
 
 run: all
-	$(B)/graphcap examples/basics.lua
+	$(B)/graphcap examples/train_mlp.lua
 
 examples: all
 	@for f in examples/*.lua; do echo "== $$f"; $(B)/graphcap $$f || exit 1; done
