@@ -128,7 +128,7 @@ static void test_parameter_order_and_names(void) {
   T_CHECK(gcap_module_num_children(seq) == 4);
   for (int i = 0; i < 4; i++) {
     const char *cn = NULL;
-    char wn[8];
+    char wn[16];
     snprintf(wn, sizeof wn, "%d", i);
     T_CHECK(gcap_module_child(seq, i, &cn) == mods[i] && cn && strcmp(cn, wn) == 0);
   }
