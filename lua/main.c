@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lua.h"
 #include "lauxlib.h"
@@ -259,6 +260,26 @@ static int runargs(lua_State *L, char **argv, int n) {
 }
 
 /*
+** Progress of long make_graphed_callables calls, as one line rewritten in
+** place on a terminal (the binding calls it through the registry).
+*/
+static void progress_line(void *ud, const char *phase, int done, int total) {
+  (void)ud;
+  fprintf(stderr, "\rgraphcap: %s %d/%d", phase, done, total);
+  if (done == total) fputs("\n", stderr);
+  fflush(stderr);
+}
+
+static void install_progress(lua_State *L) {
+  void (*fn)(void *, const char *, int, int) = progress_line;
+  void *p;
+  if (!isatty(fileno(stderr))) return; /* nothing at all when not a terminal */
+  memcpy(&p, &fn, sizeof p);           /* a function pointer as light userdata */
+  lua_pushlightuserdata(L, p);
+  lua_setfield(L, LUA_REGISTRYINDEX, "graphcap.progress");
+}
+
+/*
 ** Main body of the program (called in protected mode): read the options
 ** and do what they ask.
 */
@@ -285,6 +306,7 @@ static int pmain(lua_State *L) {
   }
   luaL_openlibs(L);
   preload(L);
+  install_progress(L);
   createargtable(L, argv, argc, script);
   if (!runargs(L, argv, (script > 0) ? script : argc)) return 0;
   if (script > 0) {
