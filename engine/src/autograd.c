@@ -187,6 +187,14 @@ gcap_status gcap_tensor_set_grad(gcap_tensor *t, gcap_tensor *grad) {
   return GCAP_OK;
 }
 
+gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none) {
+  if (t->grad == NULL) return GCAP_OK;
+  if (!set_to_none) return gcap_zero_(t->grad);
+  gcap_tensor_free(t->grad);
+  t->grad = NULL;
+  return GCAP_OK;
+}
+
 gcap_status gc_check_inplace(gcap_tensor *t, const char *op) {
   if (t->requires_grad && t->grad_fn == NULL && t->e->grad_enabled)
     return gc_fail(t->e, GCAP_EINVAL,

@@ -325,6 +325,8 @@ gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap
                             gcap_tensor **gw, gcap_tensor **gb);
 /* Queue (g, x) for a later backward_dw of the delayed-wgrad Linear `mod`. */
 gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x);
+/* Clear (set_to_none) or zero t's .grad. */
+gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none);
 /* leaf.grad += g, allocating .grad (a copy of g) on first use. */
 gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g);
 /* Refuse in-place writes to a leaf that requires grad while recording. */

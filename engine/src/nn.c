@@ -517,14 +517,8 @@ gcap_status gcap_module_zero_grad(gcap_module *m, int set_to_none) {
   gc_clear(m->e);
   n = gcap_module_num_parameters(m);
   for (i = 0; i < n; i++) {
-    gcap_tensor *p = gcap_module_parameter(m, i, NULL, 0);
-    if (p->grad == NULL) continue;
-    if (set_to_none) {
-      gcap_tensor_free(p->grad);
-      p->grad = NULL;
-    } else if ((st = gcap_zero_(p->grad)) != GCAP_OK) {
+    if ((st = gc_zero_grad(gcap_module_parameter(m, i, NULL, 0), set_to_none)) != GCAP_OK)
       return st;
-    }
   }
   return GCAP_OK;
 }

@@ -186,14 +186,7 @@ gcap_status gcap_optim_zero_grad(gcap_optim *o, int set_to_none) {
   if (o == NULL) return GCAP_EINVAL;
   gc_clear(o->e);
   for (i = 0; i < o->n; i++) {
-    gcap_tensor *p = o->params[i];
-    if (p->grad == NULL) continue;
-    if (set_to_none) {
-      gcap_tensor_free(p->grad);
-      p->grad = NULL;
-    } else if ((st = gcap_zero_(p->grad)) != GCAP_OK) {
-      return st;
-    }
+    if ((st = gc_zero_grad(o->params[i], set_to_none)) != GCAP_OK) return st;
   }
   return GCAP_OK;
 }

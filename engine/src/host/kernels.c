@@ -232,17 +232,24 @@ static void hk_layernorm_bwd_params(const gc_kargs *a) {
   }
 }
 
+/* y[c] = softmax(x)[c] over one row of cols elements (at element r * cols);
+** returns log(sum(exp(x))), the row's log-partition. */
+static float row_softmax(void *y, const void *x, int dt, int64_t r, int64_t cols) {
+  float mx = -INFINITY, s = 0.0f;
+  int64_t c;
+  for (c = 0; c < cols; c++)
+    mx = fmaxf(mx, ld(x, dt, r * cols + c));
+  for (c = 0; c < cols; c++)
+    s += expf(ld(x, dt, r * cols + c) - mx);
+  for (c = 0; c < cols; c++)
+    st(y, dt, r * cols + c, expf(ld(x, dt, r * cols + c) - mx) / s);
+  return logf(s) + mx;
+}
+
 static void hk_softmax(const gc_kargs *a) {
-  int64_t r, c, rows = a->n[0], cols = a->n[1];
-  for (r = 0; r < rows; r++) {
-    float mx = -INFINITY, s = 0.0f;
-    for (c = 0; c < cols; c++)
-      mx = fmaxf(mx, ld(a->p[1], a->dt, r * cols + c));
-    for (c = 0; c < cols; c++)
-      s += expf(ld(a->p[1], a->dt, r * cols + c) - mx);
-    for (c = 0; c < cols; c++)
-      st(a->p[0], a->dt, r * cols + c, expf(ld(a->p[1], a->dt, r * cols + c) - mx) / s);
-  }
+  int64_t r;
+  for (r = 0; r < a->n[0]; r++)
+    row_softmax(a->p[0], a->p[1], a->dt, r, a->n[1]);
 }
 
 static void hk_softmax_bwd(const gc_kargs *a) {
@@ -270,19 +277,12 @@ static void hk_dropout(const gc_kargs *a) {
 }
 
 static void hk_xent(const gc_kargs *a) {
-  int64_t r, c, rows = a->n[0], cols = a->n[1];
+  int64_t r, rows = a->n[0], cols = a->n[1];
   for (r = 0; r < rows; r++) {
     int64_t t = (int64_t)ld(a->p[2], a->dt, r);
-    float mx = -INFINITY, s = 0.0f;
-    for (c = 0; c < cols; c++)
-      mx = fmaxf(mx, ld(a->p[1], a->dt, r * cols + c));
-    for (c = 0; c < cols; c++)
-      s += expf(ld(a->p[1], a->dt, r * cols + c) - mx);
-    for (c = 0; c < cols; c++)
-      st(a->p[3], a->dt, r * cols + c, expf(ld(a->p[1], a->dt, r * cols + c) - mx) / s);
+    float lse = row_softmax(a->p[3], a->p[1], a->dt, r, cols);
     /* a class id outside 0..cols-1 gives NaN, never an out-of-bounds read */
-    st(a->p[0], a->dt, r,
-       t >= 0 && t < cols ? logf(s) + mx - ld(a->p[1], a->dt, r * cols + t) : NAN);
+    st(a->p[0], a->dt, r, t >= 0 && t < cols ? lse - ld(a->p[1], a->dt, r * cols + t) : NAN);
   }
 }
 
