@@ -243,7 +243,7 @@ static float row_softmax(void *y, const void *x, int dt, int64_t r, int64_t cols
     s += expf(ld(x, dt, r * cols + c) - mx);
   for (c = 0; c < cols; c++)
     st(y, dt, r * cols + c, expf(ld(x, dt, r * cols + c) - mx) / s);
-  return logf(s) + mx;
+  return cols > 0 ? logf(s) + mx : -INFINITY; /* an empty row: log(0) */
 }
 
 static void hk_softmax(const gc_kargs *a) {
