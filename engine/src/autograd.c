@@ -214,14 +214,20 @@ gcap_status gcap_tensor_detach(gcap_tensor *t, gcap_tensor **out) {
   return GCAP_OK;
 }
 
-/* leaf.grad += g (allocated on first use, as a copy of g). */
-gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g) {
+/* leaf.grad += g; on first use a copy of g, or g itself (see internal.h). */
+gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g, int steal) {
   gcap_engine *e = leaf->e;
   gcap_status st;
   if (g->numel != leaf->numel) {
     char b1[64], b2[64];
     return gc_fail(e, GCAP_EINVAL, "backward: grad of shape %s for a leaf of shape %s",
                    gc_shape_str(g, b1, sizeof b1), gc_shape_str(leaf, b2, sizeof b2));
+  }
+  if (steal && leaf->grad == NULL && g->refs == 1 && g->blk->refs == 1 && g->dt == leaf->dt &&
+      !g->blk->weak) { /* nobody else sees g: it becomes the grad, as PyTorch steals it */
+    if ((leaf->grad = gc_tensor_alias(g, leaf->ndim, leaf->shape)) == NULL)
+      return gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
+    return GCAP_OK;
   }
   if (leaf->grad == NULL) {
     gcap_tensor *c;
@@ -343,7 +349,7 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
     for (i = 0; i < n->nin; i++) {
       if (st == GCAP_OK && gin[i] != NULL) {
         if (n->leaf[i])
-          st = gc_acc_grad(n->leaf[i], gin[i]);
+          st = gc_acc_grad(n->leaf[i], gin[i], 1);
         else if (n->next[i])
           st = bw_accumulate(n->next[i], gin[i]);
       }
@@ -399,7 +405,7 @@ gcap_status gcap_backward(gcap_tensor *t, gcap_tensor *grad, int retain_graph) {
     }
   }
   was = gcap_set_grad_enabled(e, 0);
-  st = t->grad_fn ? bw_run(e, t->grad_fn, grad, retain_graph) : gc_acc_grad(t, grad);
+  st = t->grad_fn ? bw_run(e, t->grad_fn, grad, retain_graph) : gc_acc_grad(t, grad, 0);
   gcap_set_grad_enabled(e, was);
   gcap_tensor_free(ones);
   return st;

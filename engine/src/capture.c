@@ -223,7 +223,6 @@ gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
     return gc_fail(e, GCAP_EINVAL, "capture: the %s belongs to another engine",
                    pool && pool->e != e ? "pool" : "stream");
   if (pool && pool->handles <= 0) return gc_fail(e, GCAP_ESTATE, "capture: the pool is closed");
-  if ((st = e->be->device_sync(e, e->bs)) != GCAP_OK) return st; /* as torch.cuda.graph does */
   if (pool == NULL) {
     if ((pool = gc_pool_create(e, 0)) == NULL)
       return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");

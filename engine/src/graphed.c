@@ -912,7 +912,7 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
   if ((st = gcap_graph_replay(x->dw)) != GCAP_OK) return st;
   was = gcap_set_grad_enabled(G->e, 0);
   for (k = 0; k < x->nparams && st == GCAP_OK; k++)
-    if (x->dw_grad[k]) st = gc_acc_grad(x->params[k], x->dw_grad[k]);
+    if (x->dw_grad[k]) st = gc_acc_grad(x->params[k], x->dw_grad[k], 0);
   gcap_set_grad_enabled(G->e, was);
   return st;
 }

@@ -327,8 +327,9 @@ gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap
 gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x);
 /* Clear (set_to_none) or zero t's .grad. */
 gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none);
-/* leaf.grad += g, allocating .grad (a copy of g) on first use. */
-gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g);
+/* leaf.grad += g. On first use .grad is a copy of g, or g itself when
+** `steal` and nothing else can see g (the caller holds the only reference). */
+gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g, int steal);
 /* Refuse in-place writes to a leaf that requires grad while recording. */
 gcap_status gc_check_inplace(gcap_tensor *t, const char *op);
 

@@ -544,8 +544,8 @@ static gcap_status linear_dw(gcap_module *m) {
   while (st == GCAP_OK && m->nwq > 0) {
     gcap_tensor *g = m->wq[0], *x = m->wq[1], *gw = NULL, *gb = NULL;
     if ((st = gc_linear_wgrad(g, x, w, b, &gw, b ? &gb : NULL)) == GCAP_OK &&
-        (st = gc_acc_grad(w, gw)) == GCAP_OK && gb)
-      st = gc_acc_grad(b, gb);
+        (st = gc_acc_grad(w, gw, 1)) == GCAP_OK && gb)
+      st = gc_acc_grad(b, gb, 1);
     gcap_tensor_free(gw);
     gcap_tensor_free(gb);
     if (st != GCAP_OK) break;
