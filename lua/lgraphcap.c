@@ -1674,6 +1674,17 @@ static int l_module_zero_grad(lua_State *L) {
   return 0;
 }
 
+/* m:to(dtype) -> m: parameters, grads and buffers converted in place */
+static int l_module_to(lua_State *L) {
+  LModule *p = l_checkmodule(L, 1);
+  gcap_dtype dt;
+  luaL_checkstring(L, 2);
+  dt = l_optdtype(L, 2);
+  l_check(L, l_engine(L), gcap_module_to(p->m, dt), "to");
+  lua_settop(L, 1);
+  return 1;
+}
+
 static int l_backward_dw(lua_State *L) {
   LModule *p = l_checkmodule(L, 1);
   gcap_module *m = p->m;
@@ -1790,6 +1801,7 @@ static const luaL_Reg l_module_methods[] = {
     {"train", l_train},
     {"eval", l_eval},
     {"zero_grad", l_module_zero_grad},
+    {"to", l_module_to},
     {"backward_dw", l_backward_dw},
     {"register_forward_pre_hook", l_register_forward_pre_hook},
     {"register_forward_hook", l_register_forward_hook},

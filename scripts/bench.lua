@@ -19,9 +19,11 @@ local function json (t, order)
   io.stdout:flush()
 end
 
-local function stack (L, H)
+local function stack (L, H, dt)
   local mods = {}
-  for i = 1, L do mods[i] = gc.nn.Sequential(gc.nn.Linear(H, H), gc.nn.GELU()) end
+  for i = 1, L do
+    mods[i] = gc.nn.Sequential(gc.nn.Linear(H, H), gc.nn.GELU()):to(dt or "f32")
+  end
   return mods
 end
 
@@ -42,17 +44,17 @@ end
 
 local function mib (bytes) return bytes / 2 ^ 20 end
 
-local function bench (L, H, B, iters)
+local function bench (L, H, B, iters, dt)
   gc.manual_seed(0)
-  local x = gc.randn({B, H}, {requires_grad = true})
-  local layers = stack(L, H)
+  local x = gc.randn({B, H}, {requires_grad = true, dtype = dt})
+  local layers = stack(L, H, dt)
   local function eager () step(layers, x) end
   for _ = 1, 10 do eager() end
   local eager_us = time_us(eager, iters)
 
   -- one graphed callable per layer, all in one pool
   local sample = {}
-  for i = 1, L do sample[i] = {gc.randn({B, H}, {requires_grad = true})} end
+  for i = 1, L do sample[i] = {gc.randn({B, H}, {requires_grad = true, dtype = dt})} end
   local pool = gc.graph_pool_handle()
   gc.synchronize()
   local t0 = gc.clock()
@@ -65,7 +67,7 @@ local function bench (L, H, B, iters)
   local graphed_us = time_us(per_layer, iters)
 
   -- the whole step as one graph, on fresh modules
-  local fresh = stack(L, H)
+  local fresh = stack(L, H, dt)
   local s = gc.Stream()
   gc.with_stream(s, function () for _ = 1, 3 do step(fresh, x) end end)
   gc.synchronize()
@@ -76,7 +78,7 @@ local function bench (L, H, B, iters)
   for _ = 1, 10 do g:replay() end
   local whole_us = time_us(function () g:replay() end, iters)
 
-  json({L = L, H = H, B = B, dtype = "float32", eager_us = eager_us,
+  json({L = L, H = H, B = B, dtype = dt == "bf16" and "bfloat16" or "float32", eager_us = eager_us,
         graphed_per_layer_us = graphed_us, whole_graph_us = whole_us,
         capture_s = capture_s, graph_mem_mib = mib(graph_mem), graphcap = gc.version()},
        {"L", "H", "B", "dtype", "eager_us", "graphed_per_layer_us", "whole_graph_us",
@@ -132,9 +134,11 @@ local function microbatches (M, reuse)
 end
 
 if what == "configs" or what == "all" then
-  bench(24, 1024, 32, 300)  -- the first call in the process includes cuBLAS start-up
-  bench(96, 512, 16, 300)
-  bench(8, 4096, 4096, 20)
+  for _, dt in ipairs({"f32", "bf16"}) do
+    bench(24, 1024, 32, 300, dt)  -- the first call in the process includes cuBLAS start-up
+    bench(96, 512, 16, 300, dt)
+    bench(8, 4096, 4096, dt == "f32" and 20 or 100, dt)
+  end
 end
 if what == "scaling" or what == "all" then
   scaling(8)  -- warm the process, as the reference does

@@ -296,6 +296,9 @@ gcap_status gcap_module_zero_grad(gcap_module *m, int set_to_none);
 /* Compute the weight grads that delayed-wgrad Linears (in m or below) left
 ** pending, oldest first, accumulating into .grad. */
 gcap_status gcap_module_backward_dw(gcap_module *m);
+/* Convert every parameter (and its .grad) and buffer of m and its children to
+** dtype dt in place (the tensors stay the same objects). Outside capture. */
+gcap_status gcap_module_to(gcap_module *m, gcap_dtype dt);
 /* 1 when m or a child has a delayed-wgrad Linear. */
 int gcap_module_has_delayed_wgrad(const gcap_module *m);
 

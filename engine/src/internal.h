@@ -128,6 +128,9 @@ struct gcap_tensor {
   gc_node *grad_fn;  /* non-leaves: the node that made it */
 };
 
+/* Change t's dtype in place: new storage holding the converted values (the
+** same tensor object, so modules and optimizers keep it). */
+gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt);
 /* A new tensor struct over t's storage with another shape: no grad, no grad_fn. */
 gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape);
 

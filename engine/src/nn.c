@@ -593,6 +593,22 @@ gcap_status gcap_module_backward_dw(gcap_module *m) {
   return GCAP_OK;
 }
 
+gcap_status gcap_module_to(gcap_module *m, gcap_dtype dt) {
+  int i, n;
+  gcap_status st;
+  if (m == NULL) return GCAP_EINVAL;
+  gc_clear(m->e);
+  if (dt != GCAP_F32 && dt != GCAP_BF16) return gc_fail(m->e, GCAP_EINVAL, "%s: to: unknown dtype %d", m->type, (int)dt);
+  for (n = gcap_module_num_parameters(m), i = 0; i < n; i++) {
+    gcap_tensor *p = gcap_module_parameter(m, i, NULL, 0);
+    if ((st = gc_tensor_convert(p, dt)) != GCAP_OK || (p->grad && (st = gc_tensor_convert(p->grad, dt)) != GCAP_OK))
+      return st;
+  }
+  for (n = gcap_module_num_buffers(m), i = 0; i < n; i++)
+    if ((st = gc_tensor_convert(gcap_module_buffer(m, i, NULL, 0), dt)) != GCAP_OK) return st;
+  return GCAP_OK;
+}
+
 int gcap_module_has_delayed_wgrad(const gcap_module *m) {
   int j;
   if (m == NULL) return 0;

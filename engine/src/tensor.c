@@ -178,6 +178,32 @@ void gcap_tensor_free(gcap_tensor *t) {
   gc_engine_unref(e);
 }
 
+gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt) {
+  gcap_engine *e = t->e;
+  gc_blk *b;
+  gc_kargs a;
+  gcap_status st;
+  if (t->dt == dt) return GCAP_OK;
+  if ((st = gc_check_not_capturing(e, "converting a tensor's dtype")) != GCAP_OK) return st;
+  if ((st = gc_pool_alloc(e->heap, e->current, (size_t)t->numel * gc_dtype_size(dt), &b)) != GCAP_OK)
+    return st;
+  memset(&a, 0, sizeof a);
+  a.p[0] = b->ptr;
+  a.p[1] = gc_tensor_ptr(t);
+  a.n[0] = t->numel;
+  a.n[1] = t->dt;
+  a.dt = (int)dt;
+  if (t->numel > 0 && (st = gc_launch(e, GC_K_COPY, &a)) != GCAP_OK) {
+    gc_blk_release(b);
+    return st;
+  }
+  gc_blk_release(t->blk); /* its views keep the old storage */
+  t->blk = b;
+  t->off = 0;
+  t->dt = dt;
+  return GCAP_OK;
+}
+
 gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape) {
   gcap_tensor *a = tensor_wrap(t->e, t->blk, t->off, t->dt, ndim, shape, t->numel);
   if (a != NULL) gc_blk_retain(t->blk);
