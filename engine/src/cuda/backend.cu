@@ -14,6 +14,7 @@
 static void cu_shutdown(void *bs) {
   cu_state *st = (cu_state *)bs;
   if (!st) return;
+  cu_plans_free(st);
   if (st->lt) cublasLtDestroy(st->lt);
   if (st->blas) cublasDestroy(st->blas);
   if (st->ws) cu_drop(cudaFree(st->ws));
@@ -31,6 +32,15 @@ static gcap_status cu_setup(gcap_engine *e, cu_state *st) {
   CUDA_TRY(e, cudaMalloc(&st->ws, CU_WORKSPACE));
   CUBLAS_TRY(e, cublasCreate(&st->blas));
   CUBLAS_TRY(e, cublasLtCreate(&st->lt));
+  /* The handle's settings, once: alpha and beta are host values baked into a
+  ** captured graph; plain float math (no TF32: results are compared with the
+  ** host at rtol 1e-4), and bf16 GEMMs reduce split-K partial sums in float;
+  ** no atomics, so that a replay equals the eager run bit for bit. */
+  CUBLAS_TRY(e, cublasSetPointerMode(st->blas, CUBLAS_POINTER_MODE_HOST));
+  CUBLAS_TRY(e, cublasSetMathMode(
+                    st->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                             CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  CUBLAS_TRY(e, cublasSetAtomicsMode(st->blas, CUBLAS_ATOMICS_NOT_ALLOWED));
   return cu_blas_stream(e, st, st->upload);
 }
 

@@ -121,19 +121,27 @@ __device__ __forceinline__ float cu_block_max(float v, float *sh) {
 
 /* The backend state (the `bs` of every gc_backend call). */
 typedef struct cu_state {
-  int dev;             /* device id */
-  cublasHandle_t blas; /* created at init, before any capture */
-  cublasLtHandle_t lt; /* idem; its calls take ws explicitly */
-  void *ws;            /* CU_WORKSPACE bytes of device memory */
-  cudaStream_t upload; /* non-blocking stream for cudaGraphUpload */
+  int dev;                  /* device id */
+  cublasHandle_t blas;      /* created at init, before any capture */
+  cublasLtHandle_t lt;      /* idem; its calls take ws explicitly */
+  void *ws;                 /* CU_WORKSPACE bytes of device memory */
+  cudaStream_t upload;      /* non-blocking stream for cudaGraphUpload */
+  cudaStream_t blas_stream; /* the stream the cuBLAS handle is pointed at */
+  struct cu_plan *plans;    /* GEMMs planned so far (k_linalg.cu) */
+  int nplans, capplans;
 } cu_state;
 
-/* Point the cuBLAS handle at stream s. cublasSetStream resets the handle's
-** workspace (cuBLAS would then allocate during capture and put memory nodes
-** into the graph), so the workspace is set again right after it. */
+/* Free the GEMM plans (k_linalg.cu). */
+void cu_plans_free(cu_state *st);
+
+/* Point the cuBLAS handle at stream s, when it is not already. cublasSetStream
+** resets the handle's workspace (cuBLAS would then allocate during capture and
+** put memory nodes into the graph), so the workspace is set again right after. */
 static inline gcap_status cu_blas_stream(gcap_engine *e, cu_state *st, cudaStream_t s) {
+  if (st->blas_stream == s) return GCAP_OK;
   CUBLAS_TRY(e, cublasSetStream(st->blas, s));
   CUBLAS_TRY(e, cublasSetWorkspace(st->blas, st->ws, CU_WORKSPACE));
+  st->blas_stream = s;
   return GCAP_OK;
 }
 
