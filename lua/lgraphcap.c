@@ -902,6 +902,7 @@ static int l_tensor_newindex(lua_State *L) {
       g = l_checktensor(L, 3);
     }
     l_check(L, gcap_tensor_engine(t), gcap_tensor_set_grad(t, g), "grad");
+    if (g != NULL) l_keeptensor(L, 3); /* t.grad reads back this same value */
   } else
     return l_error(L,
                    TENSOR_MT " has no assignable field '%s' "

@@ -38,7 +38,8 @@ typedef enum gc_kernel {
   /* Autograd, layers and optimizers. Row-major matrices; "rows x cols". */
   GC_K_EXPAND,        /* p[0][i] = f[0] * p[1][i % n[1]], i < n[0] (grad of sum/mean/broadcast) */
   GC_K_SUM_ROWS,      /* p[0][j] = sum_i p[1][i*n[1] + j], i < n[0], j < n[1] (grad of a bias row);
-                         accumulate into p[0] when n[2] = 1 */
+                         p[2]: NULL, or f32 scratch of GC_SUM_ROWS_CHUNKS(n[0]) * n[1] floats
+                         for a backend that sums chunks of rows, then the chunks in order */
   GC_K_MATMUL,        /* C = f[0] * op(A) op(B) + f[1] * C; p[0] = C [n[0] x n[1]], p[1] = A,
                          p[2] = B, n[2] = k; n[3] = 1: op(A) = A^T (A stored k x m), n[4] = 1:
                          op(B) = B^T (B stored n x k). Float accumulation. */
@@ -70,6 +71,9 @@ typedef enum gc_kernel {
   GC_K_COUNTER_INC, /* p[0][0] += 1 (f32 counter) */
   GC_K_COUNT
 } gc_kernel;
+
+/* How many chunks of rows a sum_rows may use its scratch for (1: none). */
+#define GC_SUM_ROWS_CHUNKS(rows) ((rows) >= 1024 ? 64 : 1)
 
 #define GC_KPTRS 8
 #define GC_KINTS 8

@@ -320,7 +320,7 @@ gcap_status gc_binary_inplace(gcap_tensor *dst, gcap_tensor *y, int k, const cha
 gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
                      gcap_tensor **out);
 gcap_status gc_expand(gcap_tensor *x, int ndim, const int64_t *shape, float f, gcap_tensor **out);
-gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor *into, gcap_tensor **out);
+gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out);
 /* linear, and its weight/bias grads (gw/gb may be NULL). A linear node whose
 ** ud is a delayed-wgrad Linear module leaves those to its backward_dw. */
 gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);

@@ -284,6 +284,10 @@ gcap_status gcap_mse_loss(gcap_tensor *input, gcap_tensor *target, gcap_tensor *
   int i, same;
   if ((st = begin(input, out)) != GCAP_OK) return st;
   if (target == NULL) return GCAP_EINVAL;
+  if (target->e != input->e || target->dt != input->dt)
+    return gc_fail(input->e, GCAP_EINVAL,
+                   "mse_loss: input and target must be of one engine and dtype (got %s and %s)",
+                   gc_dtype_name(input->dt), gc_dtype_name(target->dt));
   same = input->ndim == target->ndim;
   for (i = 0; same && i < input->ndim; i++)
     same = input->shape[i] == target->shape[i];

@@ -97,7 +97,7 @@ gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap
   if (gw) st = mm(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, 2, w->shape, gw);
   if (st == GCAP_OK && gb && b) {
     gcap_tensor *r;
-    if ((st = gc_sum_rows(g, out, NULL, &r)) == GCAP_OK) {
+    if ((st = gc_sum_rows(g, out, &r)) == GCAP_OK) {
       *gb = gc_tensor_alias(r, b->ndim, b->shape);
       gcap_tensor_free(r);
       if (*gb == NULL) st = gc_fail(g->e, GCAP_ENOMEM, "linear backward: out of host memory");

@@ -598,10 +598,12 @@ gcap_status gcap_module_to(gcap_module *m, gcap_dtype dt) {
   gcap_status st;
   if (m == NULL) return GCAP_EINVAL;
   gc_clear(m->e);
-  if (dt != GCAP_F32 && dt != GCAP_BF16) return gc_fail(m->e, GCAP_EINVAL, "%s: to: unknown dtype %d", m->type, (int)dt);
+  if (dt != GCAP_F32 && dt != GCAP_BF16)
+    return gc_fail(m->e, GCAP_EINVAL, "%s: to: unknown dtype %d", m->type, (int)dt);
   for (n = gcap_module_num_parameters(m), i = 0; i < n; i++) {
     gcap_tensor *p = gcap_module_parameter(m, i, NULL, 0);
-    if ((st = gc_tensor_convert(p, dt)) != GCAP_OK || (p->grad && (st = gc_tensor_convert(p->grad, dt)) != GCAP_OK))
+    if ((st = gc_tensor_convert(p, dt)) != GCAP_OK ||
+        (p->grad && (st = gc_tensor_convert(p->grad, dt)) != GCAP_OK))
       return st;
   }
   for (n = gcap_module_num_buffers(m), i = 0; i < n; i++)

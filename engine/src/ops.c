@@ -217,22 +217,30 @@ gcap_status gc_expand(gcap_tensor *x, int ndim, const int64_t *shape, float f, g
   return st;
 }
 
-/* out[j] = sum over rows of x viewed as [numel / cols, cols]; into `into` if given. */
-gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor *into, gcap_tensor **out) {
+/* out[j] = sum over rows of x viewed as [numel / cols, cols]. Many rows get
+** a scratch buffer, so that a backend can sum chunks of them in parallel (in
+** a fixed order); it goes back to the pool at once, as later work on the
+** stream runs after this sum. */
+gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out) {
+  int64_t rows = cols > 0 ? x->numel / cols : 0, nscratch = GC_SUM_ROWS_CHUNKS(rows) * cols;
+  gcap_tensor *scratch = NULL;
   gc_kargs a;
   gcap_status st;
-  if (into == NULL) {
-    if ((st = gc_tensor_alloc(x->e, "sum_rows", x->dt, 1, &cols, out)) != GCAP_OK) return st;
-  } else {
-    *out = gcap_tensor_retain(into);
-  }
+  if ((st = gc_tensor_alloc(x->e, "sum_rows", x->dt, 1, &cols, out)) != GCAP_OK) return st;
+  if (GC_SUM_ROWS_CHUNKS(rows) > 1 &&
+      (st = gc_tensor_alloc(x->e, "sum_rows", GCAP_F32, 1, &nscratch, &scratch)) != GCAP_OK)
+    goto done;
   memset(&a, 0, sizeof a);
   a.p[0] = gc_tensor_ptr(*out);
   a.p[1] = gc_tensor_ptr(x);
-  a.n[0] = cols > 0 ? x->numel / cols : 0;
+  a.p[2] = scratch ? gc_tensor_ptr(scratch) : NULL;
+  a.n[0] = rows;
   a.n[1] = cols;
-  a.n[2] = into != NULL;
-  if ((st = gc_run(x->e, GC_K_SUM_ROWS, &a, &x, 1, *out)) != GCAP_OK) {
+  if (scratch && (st = gc_note_access(x->e, scratch, 1)) != GCAP_OK) goto done;
+  st = gc_run(x->e, GC_K_SUM_ROWS, &a, &x, 1, *out);
+done:
+  gcap_tensor_free(scratch);
+  if (st != GCAP_OK) {
     gcap_tensor_free(*out);
     *out = NULL;
   }
@@ -248,7 +256,7 @@ static gcap_status reduce_to(gcap_tensor *g, gcap_tensor *t, gcap_tensor **out) 
   else if (t->numel == 1)
     st = gc_unary(g, GC_K_SUM, 1.0f, "sum", 1, &r);
   else
-    st = gc_sum_rows(g, t->numel, NULL, &r);
+    st = gc_sum_rows(g, t->numel, &r);
   if (r == NULL) return st;
   *out = gc_tensor_alias(r, t->ndim, t->shape);
   gcap_tensor_free(r);

@@ -185,7 +185,8 @@ gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt) {
   gcap_status st;
   if (t->dt == dt) return GCAP_OK;
   if ((st = gc_check_not_capturing(e, "converting a tensor's dtype")) != GCAP_OK) return st;
-  if ((st = gc_pool_alloc(e->heap, e->current, (size_t)t->numel * gc_dtype_size(dt), &b)) != GCAP_OK)
+  if ((st = gc_pool_alloc(e->heap, e->current, (size_t)t->numel * gc_dtype_size(dt), &b)) !=
+      GCAP_OK)
     return st;
   memset(&a, 0, sizeof a);
   a.p[0] = b->ptr;

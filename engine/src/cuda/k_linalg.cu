@@ -19,14 +19,37 @@ static __global__ void k_expand(void *y, const void *x, int64_t nx, int dt, int6
   CU_GRID_LOOP(i, n) cu_store(y, i, dt, __fmul_rn(f, cu_load(x, i % nx, dt)));
 }
 
-/* y[j] = (acc ? y[j] : 0) + x[0][j] + x[1][j] + ..., left to right. Adjacent
-** threads read adjacent columns, so each row's reads are coalesced. */
-static __global__ void k_sum_rows(void *y, const void *x, int dt, int64_t rows, int64_t cols,
-                                  int acc) {
+/* y[j] = x[0][j] + x[1][j] + ..., left to right. Adjacent threads read
+** adjacent columns, so each row's reads are coalesced. */
+static __global__ void k_sum_rows(void *y, const void *x, int dt, int64_t rows, int64_t cols) {
   CU_GRID_LOOP(j, cols) {
-    float s = acc ? cu_load(y, j, dt) : 0.0f;
+    float s = 0.0f;
     for (int64_t i = 0; i < rows; i++)
       s = __fadd_rn(s, cu_load(x, i * cols + j, dt));
+    cu_store(y, j, dt, s);
+  }
+}
+
+/* Many rows: chunk c (blockIdx.y) of the rows summed per column into
+** part[c][j], then the chunks added in order: parallel, and still the same
+** result whatever the timing. */
+static __global__ void k_sum_rows_part(float *part, const void *x, int dt, int64_t rows,
+                                       int64_t cols, int chunks) {
+  int64_t lo = rows * blockIdx.y / chunks, hi = rows * (blockIdx.y + 1) / chunks;
+  CU_GRID_LOOP(j, cols) {
+    float s = 0.0f;
+    for (int64_t i = lo; i < hi; i++)
+      s = __fadd_rn(s, cu_load(x, i * cols + j, dt));
+    part[blockIdx.y * cols + j] = s;
+  }
+}
+
+static __global__ void k_sum_rows_join(void *y, const float *part, int dt, int64_t cols,
+                                       int chunks) {
+  CU_GRID_LOOP(j, cols) {
+    float s = 0.0f;
+    for (int c = 0; c < chunks; c++)
+      s = __fadd_rn(s, part[c * cols + j]);
     cu_store(y, j, dt, s);
   }
 }
@@ -189,8 +212,16 @@ gcap_status cu_linalg(gcap_engine *e, cu_state *st, cudaStream_t s, int k, const
     case GC_K_SUM_ROWS: {
       int64_t rows = a->n[0] > 0 ? a->n[0] : 0, cols = a->n[1];
       if (cols <= 0) return GCAP_OK;
-      k_sum_rows<<<cu_blocks(cols), CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, rows, cols,
-                                                        a->n[2] != 0);
+      int chunks = GC_SUM_ROWS_CHUNKS(rows);
+      if (chunks > 1 && a->p[2] != NULL) {
+        dim3 grid(cu_blocks(cols), (unsigned)chunks);
+        k_sum_rows_part<<<grid, CU_THREADS, 0, s>>>((float *)a->p[2], a->p[1], a->dt, rows, cols,
+                                                    chunks);
+        k_sum_rows_join<<<cu_blocks(cols), CU_THREADS, 0, s>>>(a->p[0], (const float *)a->p[2],
+                                                               a->dt, cols, chunks);
+        return GCAP_OK;
+      }
+      k_sum_rows<<<cu_blocks(cols), CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, rows, cols);
       return GCAP_OK;
     }
     default: /* GC_K_MATMUL */

@@ -106,10 +106,11 @@ static void hk_expand(const gc_kargs *a) {
     st(a->p[0], a->dt, i, a->f[0] * ld(a->p[1], a->dt, i % a->n[1]));
 }
 
+/* (The scratch of p[2] is for backends that sum chunks in parallel.) */
 static void hk_sum_rows(const gc_kargs *a) {
   int64_t i, j, rows = a->n[0], cols = a->n[1];
   for (j = 0; j < cols; j++) {
-    float s = a->n[2] ? ld(a->p[0], a->dt, j) : 0.0f;
+    float s = 0.0f;
     for (i = 0; i < rows; i++)
       s += ld(a->p[1], a->dt, i * cols + j);
     st(a->p[0], a->dt, j, s);
