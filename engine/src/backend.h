@@ -40,9 +40,12 @@ typedef enum gc_kernel {
   GC_K_SUM_ROWS,      /* p[0][j] = sum_i p[1][i*n[1] + j], i < n[0], j < n[1] (grad of a bias row);
                          p[2]: NULL, or f32 scratch of GC_SUM_ROWS_CHUNKS(n[0]) * n[1] floats
                          for a backend that sums chunks of rows, then the chunks in order */
-  GC_K_MATMUL,        /* C = f[0] * op(A) op(B) + f[1] * C; p[0] = C [n[0] x n[1]], p[1] = A,
-                         p[2] = B, n[2] = k; n[3] = 1: op(A) = A^T (A stored k x m), n[4] = 1:
-                         op(B) = B^T (B stored n x k). Float accumulation. */
+  GC_K_MATMUL,        /* C = f[0] * op(A) op(B) + f[1] * C (+ bias); p[0] = C [n[0] x n[1]],
+                         p[1] = A, p[2] = B, n[2] = k; n[3] = 1: op(A) = A^T (A stored k x m),
+                         n[4] = 1: op(B) = B^T (B stored n x k). Float accumulation.
+                         p[3]: NULL, or a bias row of n added to every row of C (with f[1] = 0);
+                         p[4]: NULL, or a vector of m receiving the sums over k of op(A)'s rows
+                         (the bias grad of a linear's weight-grad GEMM; only with n[3] = 1) */
   GC_K_RELU,          /* p[0][i] = max(p[1][i], 0) */
   GC_K_RELU_BWD,      /* p[0][i] = p[2][i] > 0 ? p[1][i] : 0       (p[1] = dy, p[2] = x) */
   GC_K_GELU,          /* p[0][i] = gelu_tanh(p[1][i]) */

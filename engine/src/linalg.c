@@ -9,13 +9,14 @@
 
 #include "internal.h"
 
-/* C[m x n] = alpha op(A) op(B) + beta C; C allocated as `shape` when *c is NULL. */
-static gcap_status mm(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t m, int64_t n,
-                      int64_t k, float alpha, float beta, int ndim, const int64_t *shape,
-                      gcap_tensor **c) {
-  gcap_tensor *in[2];
+/* C[m x n] = alpha op(A) op(B) + beta C (+ bias row); C allocated as `shape`
+** when *c is NULL; bgrad (may be NULL): the sums over k of op(A)'s rows. */
+static gcap_status mm_ex(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t m, int64_t n,
+                         int64_t k, float alpha, float beta, gcap_tensor *bias, gcap_tensor *bgrad,
+                         int ndim, const int64_t *shape, gcap_tensor **c) {
+  gcap_tensor *in[3];
   gc_kargs a;
-  gcap_status st;
+  gcap_status st = GCAP_OK;
   int fresh = *c == NULL;
   if (fresh && (st = gc_tensor_alloc(A->e, "matmul", A->dt, ndim, shape, c)) != GCAP_OK) return st;
   memset(&a, 0, sizeof a);
@@ -31,11 +32,22 @@ static gcap_status mm(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t m,
   a.f[1] = beta;
   in[0] = A;
   in[1] = B;
-  if ((st = gc_run(A->e, GC_K_MATMUL, &a, in, 2, *c)) != GCAP_OK && fresh) {
+  in[2] = bias;
+  a.p[3] = bias ? gc_tensor_ptr(bias) : NULL;
+  a.p[4] = bgrad ? gc_tensor_ptr(bgrad) : NULL;
+  if (bgrad) st = gc_note_access(A->e, bgrad, 1);
+  if (st == GCAP_OK) st = gc_run(A->e, GC_K_MATMUL, &a, in, bias ? 3 : 2, *c);
+  if (st != GCAP_OK && fresh) {
     gcap_tensor_free(*c);
     *c = NULL;
   }
   return st;
+}
+
+static gcap_status mm(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t m, int64_t n,
+                      int64_t k, float alpha, float beta, int ndim, const int64_t *shape,
+                      gcap_tensor **c) {
+  return mm_ex(A, ta, B, tb, m, n, k, alpha, beta, NULL, NULL, ndim, shape, c);
 }
 
 static gcap_status mm_check(gcap_tensor *a, gcap_tensor *b, const char *op) {
@@ -88,12 +100,21 @@ gcap_status gcap_matmul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
 /* ------------------------------------------------------------------------ */
 /* linear: y = x W^T + b, x [..., in] seen as [rows, in], W [out, in].      */
 
-/* Weight and bias grads: W.grad += g^T x, b.grad += sum_rows(g). With
-** `into`, accumulate straight into the leaves' existing .grad (beta = 1). */
+/* Weight and bias grads: gw = g^T x and gb = sum_rows(g), in one GEMM when
+** both are wanted (the bias grad rides on the weight grad's GEMM). */
 gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
                             gcap_tensor **gw, gcap_tensor **gb) {
   int64_t out = w->shape[0], in = w->shape[1], rows = out > 0 ? g->numel / out : 0;
   gcap_status st = GCAP_OK;
+  if (gw && gb && b) {
+    if ((st = gc_tensor_alloc(g->e, "linear backward", b->dt, b->ndim, b->shape, gb)) != GCAP_OK)
+      return st;
+    if ((st = mm_ex(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, NULL, *gb, 2, w->shape, gw)) != GCAP_OK) {
+      gcap_tensor_free(*gb);
+      *gb = NULL;
+    }
+    return st;
+  }
   if (gw) st = mm(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, 2, w->shape, gw);
   if (st == GCAP_OK && gb && b) {
     gcap_tensor *r;
@@ -139,12 +160,8 @@ gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tenso
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = w->shape[0];
   rows = x->shape[x->ndim - 1] > 0 ? x->numel / x->shape[x->ndim - 1] : 0;
-  if (b != NULL) { /* y = b broadcast, then y += x W^T (beta = 1) */
-    if ((st = gc_expand(b, x->ndim, shape, 1.0f, out)) != GCAP_OK) return st;
-    st = mm(x, 0, w, 1, rows, w->shape[0], w->shape[1], 1.0f, 1.0f, x->ndim, shape, out);
-  } else {
-    st = mm(x, 0, w, 1, rows, w->shape[0], w->shape[1], 1.0f, 0.0f, x->ndim, shape, out);
-  }
+  st = mm_ex(x, 0, w, 1, rows, w->shape[0], w->shape[1], 1.0f, 0.0f, b, NULL, x->ndim, shape,
+             out); /* the bias rides on the GEMM */
   if (st != GCAP_OK) goto fail;
   in[0] = x;
   in[1] = w;

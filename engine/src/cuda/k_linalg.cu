@@ -74,7 +74,8 @@ static __global__ void k_matmul_k0(void *c, int dt, int64_t n, float alpha, floa
 typedef struct cu_plan {
   int64_t m, n, k;
   int ta, tb, dt;
-  int ok; /* 0: the heuristic found nothing; plain cuBLAS is used */
+  int epi; /* CU_EPI_*: what rides on the GEMM */
+  int ok;  /* 0: the heuristic found nothing; plain cuBLAS (and kernels) are used */
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t la, lb, lc;
   cublasLtMatmulAlgo_t algo;
@@ -94,10 +95,15 @@ void cu_plans_free(cu_state *st) {
   st->nplans = st->capplans = 0;
 }
 
+/* Epilogues: a bias row added to C (in cuBLAS's terms, one value per row of
+** its column-major D), or the bias grad of the second operand (summed over
+** k, one value per column of D). */
+enum { CU_EPI_NONE, CU_EPI_BIAS, CU_EPI_BGRAD };
+
 /* The plan of C^T (n x m) = op(B)^T op(A)^T in cuBLAS's column-major terms:
 ** first operand B (n x k after opb), second A (k x m after opa). */
 static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, int64_t m, int64_t n, int64_t k,
-                               int ta, int tb, int dt, cu_plan **out) {
+                               int ta, int tb, int dt, int epi, cu_plan **out) {
   cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   cudaDataType_t t = dt == GCAP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
   cublasLtMatmulPreference_t pref = NULL;
@@ -109,7 +115,8 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, int64_t m, int64_t 
   cu_plan *p;
   for (i = 0; i < st->nplans; i++) {
     p = &st->plans[i];
-    if (p->m == m && p->n == n && p->k == k && p->ta == ta && p->tb == tb && p->dt == dt) {
+    if (p->m == m && p->n == n && p->k == k && p->ta == ta && p->tb == tb && p->dt == dt &&
+        p->epi == epi) {
       *out = p;
       return GCAP_OK;
     }
@@ -123,9 +130,16 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, int64_t m, int64_t 
   }
   p = &st->plans[st->nplans++];
   memset(p, 0, sizeof *p);
-  p->m = m, p->n = n, p->k = k, p->ta = ta, p->tb = tb, p->dt = dt;
+  p->m = m, p->n = n, p->k = k, p->ta = ta, p->tb = tb, p->dt = dt, p->epi = epi;
   *out = p;
   CUBLAS_TRY(e, cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  if (epi != CU_EPI_NONE) {
+    cublasLtEpilogue_t ep = epi == CU_EPI_BIAS ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADB;
+    CUBLAS_TRY(
+        e, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+    CUBLAS_TRY(e, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t,
+                                                 sizeof t));
+  }
   CUBLAS_TRY(e,
              cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
   CUBLAS_TRY(e,
@@ -172,14 +186,23 @@ static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const
   cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   int ldb = (int)(tb ? k : n), lda = (int)(ta ? m : k), ldc = (int)n;
 
+  int epi = a->p[3] ? CU_EPI_BIAS : a->p[4] ? CU_EPI_BGRAD : CU_EPI_NONE;
+  void *vec = a->p[3] ? a->p[3] : a->p[4];
   cu_plan *p = NULL;
-  gcap_status r = cu_plan_for(e, st, m, n, k, ta, tb, a->dt, &p);
+  gcap_status r = cu_plan_for(e, st, m, n, k, ta, tb, a->dt, epi, &p);
   if (r != GCAP_OK) return r;
   if (p->ok) {
+    if (epi != CU_EPI_NONE) /* the vector's address: a per-call setting of the plan */
+      CUBLAS_TRY(e, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec,
+                                                   sizeof vec));
     CUBLAS_TRY(e,
                cublasLtMatmul(st->lt, p->op, &alpha, a->p[2], p->la, a->p[1], p->lb, &beta, a->p[0],
                               p->lc, a->p[0], p->lc, &p->algo, st->ws, CU_WORKSPACE, s));
     return GCAP_OK;
+  }
+  if (epi == CU_EPI_BIAS) { /* no plan: C = the bias rows, then C += op(A) op(B) */
+    k_expand<<<cu_blocks(m * n), CU_THREADS, 0, s>>>(a->p[0], a->p[3], n, a->dt, m * n, 1.0f);
+    beta = 1.0f;
   }
   /* Every GEMM points the handle at its stream with the workspace set
   ** (cu_blas_stream), so that cuBLAS never allocates in a capture; the
@@ -195,6 +218,8 @@ static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const
                               (const float *)a->p[2], ldb, (const float *)a->p[1], lda, &beta,
                               (float *)a->p[0], ldc));
   }
+  if (epi == CU_EPI_BGRAD) /* no plan: the bias grad sums A (stored k x m) over its k rows */
+    k_sum_rows<<<cu_blocks(m), CU_THREADS, 0, s>>>(a->p[4], a->p[1], a->dt, k, m);
   return GCAP_OK;
 }
 

@@ -131,8 +131,15 @@ static void hk_matmul(const gc_kargs *a) {
       }
       s *= a->f[0];
       if (a->f[1] != 0.0f) s += a->f[1] * ld(a->p[0], a->dt, i * n + j);
+      if (a->p[3]) s += ld(a->p[3], a->dt, j);
       st(a->p[0], a->dt, i * n + j, s);
     }
+  for (i = 0; a->p[4] && i < m; i++) { /* bias grad: the rows of op(A) summed over k */
+    float s = 0.0f;
+    for (l = 0; l < k; l++)
+      s += ld(a->p[1], a->dt, ta ? l * m + i : i * k + l);
+    st(a->p[4], a->dt, i, s);
+  }
 }
 
 static void hk_relu(const gc_kargs *a) {
