@@ -266,8 +266,9 @@ gcap_status gcap_module_add_parameter(gcap_module *m, const char *name, gcap_ten
 gcap_status gcap_module_add_buffer(gcap_module *m, const char *name, gcap_tensor *t);
 gcap_status gcap_module_add_child(gcap_module *m, const char *name, gcap_module *child);
 
-/* Parameters of m and its children, depth first: count, then the i-th with
-** its dotted name copied into name[n] (may be NULL). Borrowed tensor. */
+/* Parameters of m and its children, depth first, each tensor (and each
+** module) once under the first name it is reached by: count, then the i-th
+** with its dotted name copied into name[n] (may be NULL). Borrowed tensor. */
 int gcap_module_num_parameters(const gcap_module *m);
 gcap_tensor *gcap_module_parameter(const gcap_module *m, int i, char *name, size_t n);
 /* Buffers of m and its children, the same way. */

@@ -170,6 +170,7 @@ const char *gcap_tensor_grad_fn_name(const gcap_tensor *t) {
 gcap_status gcap_tensor_set_grad(gcap_tensor *t, gcap_tensor *grad) {
   if (t == NULL) return GCAP_EINVAL;
   gc_clear(t->e);
+  if (grad == t) return gc_fail(t->e, GCAP_EINVAL, "set grad: a tensor cannot be its own grad");
   if (grad != NULL) {
     int i, same = grad->ndim == t->ndim && grad->dt == t->dt && grad->e == t->e;
     for (i = 0; same && i < t->ndim; i++)

@@ -193,32 +193,78 @@ gcap_status gcap_module_add_child(gcap_module *m, const char *name, gcap_module 
   return list_add(m, &m->children, "child", name, NULL, child);
 }
 
-/* Depth-first walk over parameters (buffers = 0) or buffers: the i-th. */
-static gcap_tensor *walk(const gcap_module *m, int buffers, int *i, char *name, size_t n,
-                         size_t at) {
-  const mod_list *l = buffers ? &m->buffers : &m->params;
-  int j;
-  if (*i < l->n) {
-    if (name && at < n) snprintf(name + at, n - at, "%s", l->v[*i].name);
-    return l->v[*i].t;
+/*
+** Depth-first walk over parameters (buffers = 0) or buffers, each module and
+** each tensor once, under the first name it is reached by (as PyTorch's
+** named_parameters): a tied weight or a child registered twice is listed,
+** and so stepped by an optimizer, once. Stops at the want-th (want < 0: all).
+*/
+typedef struct walk_state {
+  int buffers, want, found;
+  const void **seen; /* modules and tensors met so far */
+  int nseen, capseen;
+  gcap_tensor *hit;
+  char *name;
+  size_t n;
+} walk_state;
+
+/* 1 when p was met before; remembers it otherwise (0 too on no memory:
+** a duplicate is then listed twice, never a tensor lost). */
+static int walk_seen(walk_state *w, const void *p) {
+  int k;
+  for (k = 0; k < w->nseen; k++)
+    if (w->seen[k] == p) return 1;
+  if (w->nseen == w->capseen) {
+    int cap = w->capseen ? 2 * w->capseen : 32;
+    const void **v = (const void **)realloc((void *)w->seen, (size_t)cap * sizeof *v);
+    if (v == NULL) return 0;
+    w->seen = v;
+    w->capseen = cap;
   }
-  *i -= l->n;
+  w->seen[w->nseen++] = p;
+  return 0;
+}
+
+static int walk(const gcap_module *m, walk_state *w, size_t at) {
+  const mod_list *l = w->buffers ? &m->buffers : &m->params;
+  int j;
+  if (walk_seen(w, m)) return 0;
+  for (j = 0; j < l->n; j++) {
+    if (walk_seen(w, l->v[j].t)) continue;
+    if (w->found++ == w->want) {
+      if (w->name && at < w->n) snprintf(w->name + at, w->n - at, "%s", l->v[j].name);
+      w->hit = l->v[j].t;
+      return 1;
+    }
+  }
   for (j = 0; j < m->children.n; j++) {
     size_t len = 0;
-    gcap_tensor *t;
-    if (name && at < n) {
-      snprintf(name + at, n - at, "%s.", m->children.v[j].name);
-      len = strlen(name + at);
+    if (w->name && at < w->n) {
+      snprintf(w->name + at, w->n - at, "%s.", m->children.v[j].name);
+      len = strlen(w->name + at);
     }
-    if ((t = walk(m->children.v[j].m, buffers, i, name, n, at + len)) != NULL) return t;
+    if (walk(m->children.v[j].m, w, at + len)) return 1;
   }
-  return NULL;
+  return 0;
+}
+
+static gcap_tensor *walk_to(const gcap_module *m, int buffers, int want, int *count, char *name,
+                            size_t n) {
+  walk_state w;
+  memset(&w, 0, sizeof w);
+  w.buffers = buffers;
+  w.want = want;
+  w.name = name;
+  w.n = n;
+  walk(m, &w, 0);
+  free((void *)w.seen);
+  if (count) *count = w.found;
+  return w.hit;
 }
 
 static int count(const gcap_module *m, int buffers) {
-  int j, c = buffers ? m->buffers.n : m->params.n;
-  for (j = 0; j < m->children.n; j++)
-    c += count(m->children.v[j].m, buffers);
+  int c;
+  walk_to(m, buffers, -1, &c, NULL, 0);
   return c;
 }
 
@@ -228,7 +274,7 @@ int gcap_module_num_parameters(const gcap_module *m) {
 
 gcap_tensor *gcap_module_parameter(const gcap_module *m, int i, char *name, size_t n) {
   if (m == NULL || i < 0) return NULL;
-  return walk(m, 0, &i, name, n, 0);
+  return walk_to(m, 0, i, NULL, name, n);
 }
 
 int gcap_module_num_buffers(const gcap_module *m) {
@@ -237,7 +283,7 @@ int gcap_module_num_buffers(const gcap_module *m) {
 
 gcap_tensor *gcap_module_buffer(const gcap_module *m, int i, char *name, size_t n) {
   if (m == NULL || i < 0) return NULL;
-  return walk(m, 1, &i, name, n, 0);
+  return walk_to(m, 1, i, NULL, name, n);
 }
 
 int gcap_module_num_children(const gcap_module *m) {

@@ -1,0 +1,957 @@
+-- test_autograd.lua: autograd from Lua (DESIGN §4, §6): t.requires_grad
+-- (assignable on leaves only), t.grad (nil, then a tensor that keeps its Lua
+-- value; assignable), t.grad_fn, t.is_leaf, t:detach(), t:backward() with and
+-- without a grad and with {retain_graph = true}, its errors; gc.no_grad; the
+-- gradients of every gc.F op and of matmul against values worked out by hand
+-- or by central differences of a double-precision Lua reference; a backward
+-- captured in a gc.Graph replays to the eager .grad bit for bit.
+--   build/graphcap tests/lua/test_autograd.lua -o tap
+
+local lu = require "luaunit"
+local gc = require "graphcap"
+
+local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line
+
+-- ---------------------------------------------------------------------------
+-- Helpers
+
+-- The entries of a nested table (or a number) in row-major order.
+local function flat (v, out)
+  out = out or {}
+  if type(v) ~= "table" then out[#out + 1] = v; return out end
+  for _, w in ipairs(v) do flat(w, out) end
+  return out
+end
+
+-- The flat list xs as nested sequences of 'shape' (a number for {}).
+local function nest (xs, shape)
+  local i = 0
+  local function level (d)
+    if d > #shape then i = i + 1; return xs[i] end
+    local t = {}
+    for k = 1, shape[d] do t[k] = level(d + 1) end
+    return t
+  end
+  return level(1)
+end
+
+-- n not-too-regular values in about [-scale, scale] (deterministic).
+local function values (n, phase, scale)
+  local v = {}
+  for i = 1, n do v[i] = (scale or 1) * math.sin(0.71 * i + (phase or 0)) end
+  return v
+end
+
+-- |got[i] - want[i]| <= atol + rtol * |want[i]| for every i.
+local function assert_close (got, want, atol, rtol, what)
+  lu.assertEquals(#got, #want, what .. ": length")
+  for i = 1, #want do
+    local g, w = got[i], want[i]
+    if not (math.abs(g - w) <= atol + rtol * math.abs(w)) then
+      lu.fail(string.format("%s[%d]: got %.9g, want %.9g (atol %g, rtol %g)",
+                            what, i, g, w, atol, rtol))
+    end
+  end
+end
+
+-- Element by element with ==: bitwise for the finite values compared here.
+local function assert_bitwise (got, want, what)
+  got, want = flat(got), flat(want)
+  lu.assertEquals(#got, #want, what .. ": length")
+  for i = 1, #want do
+    if not (got[i] == want[i]) then
+      lu.fail(string.format("%s[%d]: got %.9g, want %.9g (not bitwise equal)",
+                            what, i, got[i], want[i]))
+    end
+  end
+end
+
+-- The error message of f(...), which must fail.
+local function err_of (f, ...)
+  local ok, e = pcall(f, ...)
+  lu.assertFalse(ok, "expected an error")
+  return tostring(e)
+end
+
+local function assert_err (f, ...)
+  local parts = {...}
+  local msg = err_of(f)
+  for _, p in ipairs(parts) do lu.assertStrContains(msg, p) end
+  return msg
+end
+
+-- Central differences of the scalar function L at the flat list xs.
+local function numgrad (L, xs, h)
+  h = h or 1e-5
+  local g = {}
+  for j = 1, #xs do
+    local keep = xs[j]
+    xs[j] = keep + h
+    local up = L()
+    xs[j] = keep - h
+    local down = L()
+    xs[j] = keep
+    g[j] = (up - down) / (2 * h)
+  end
+  return g
+end
+
+local ATOL, RTOL = 2e-5, 2e-4  -- f32 kernels against double references
+
+--[[
+Check op's forward and backward against a double-precision reference.
+  inputs: sequence of {shape, values, grad = bool (default true), dtype = nil}
+  op(t1, t2, ...) -> tensor (graphcap)
+  ref(v1, v2, ...) -> flat list (the same op in double, on flat lists)
+The loss is sum(op(...) * c) for fixed weights c; every input that requires
+grad must end with .grad = d loss / d input, here by central differences
+of sum(ref(...) * c). Returns the input tensors.
+]]
+local function gradcheck (what, inputs, op, ref, tol)
+  tol = tol or {}
+  local atol, rtol = tol.atol or ATOL, tol.rtol or RTOL
+  local ts, vals = {}, {}
+  for i, inp in ipairs(inputs) do
+    ts[i] = gc.tensor(nest(inp[2], inp[1]), {requires_grad = inp.grad ~= false})
+    vals[i] = flat(ts[i]:tolist())  -- the f32 values the engine sees
+  end
+  local y = op(table.unpack(ts))
+  local yv = flat(y:tolist())
+  assert_close(yv, ref(table.unpack(vals)), atol, rtol, what .. " forward")
+  local c = values(#yv, 0.3, 1.0)
+  for k = 1, #c do c[k] = c[k] + 0.25 end
+  local ct = gc.tensor(nest(c, y:shape()))
+  lu.assertNil(ts[1].grad)
+  ;(y * ct):sum():backward()
+  local function L ()
+    local r, s = ref(table.unpack(vals)), 0
+    for k = 1, #r do s = s + r[k] * c[k] end
+    return s
+  end
+  for i, inp in ipairs(inputs) do
+    if inp.grad ~= false then
+      local want = numgrad(L, vals[i], tol.h)
+      lu.assertNotNil(ts[i].grad, what .. ": input " .. i .. " has no grad")
+      lu.assertEquals(ts[i].grad:shape(), inp[1], what .. ": grad shape of input " .. i)
+      assert_close(flat(ts[i].grad:tolist()), want, atol, rtol,
+                   what .. " grad of input " .. i)
+    else
+      lu.assertNil(ts[i].grad, what .. ": input " .. i .. " needs no grad")
+    end
+  end
+  return ts
+end
+
+-- Double-precision references on flat lists, rows over the last dimension.
+
+local function ref_linear (x, w, b, nin, nout)
+  local rows, y = #x // nin, {}
+  for r = 0, rows - 1 do
+    for o = 0, nout - 1 do
+      local s = b and b[o + 1] or 0
+      for i = 0, nin - 1 do s = s + x[r * nin + i + 1] * w[o * nin + i + 1] end
+      y[r * nout + o + 1] = s
+    end
+  end
+  return y
+end
+
+local function ref_matmul (a, b, m, k, n)
+  local y = {}
+  for i = 0, m - 1 do
+    for j = 0, n - 1 do
+      local s = 0
+      for l = 0, k - 1 do s = s + a[i * k + l + 1] * b[l * n + j + 1] end
+      y[i * n + j + 1] = s
+    end
+  end
+  return y
+end
+
+local GELU_C, GELU_K = math.sqrt(2 / math.pi), 0.044715
+local function gelu1 (x)
+  return 0.5 * x * (1 + math.tanh(GELU_C * (x + GELU_K * x * x * x)))
+end
+
+local function map (xs, f)
+  local y = {}
+  for i, x in ipairs(xs) do y[i] = f(x) end
+  return y
+end
+
+local function ref_layer_norm (x, w, b, cols, eps)
+  local y = {}
+  for r = 0, #x // cols - 1 do
+    local mean, var = 0, 0
+    for c = 1, cols do mean = mean + x[r * cols + c] end
+    mean = mean / cols
+    for c = 1, cols do var = var + (x[r * cols + c] - mean) ^ 2 end
+    var = var / cols
+    local rstd = 1 / math.sqrt(var + eps)
+    for c = 1, cols do
+      local v = (x[r * cols + c] - mean) * rstd
+      if w then v = v * w[c] end
+      if b then v = v + b[c] end
+      y[r * cols + c] = v
+    end
+  end
+  return y
+end
+
+local function ref_softmax (x, cols)
+  local y = {}
+  for r = 0, #x // cols - 1 do
+    local mx, s = -math.huge, 0
+    for c = 1, cols do mx = math.max(mx, x[r * cols + c]) end
+    for c = 1, cols do s = s + math.exp(x[r * cols + c] - mx) end
+    for c = 1, cols do y[r * cols + c] = math.exp(x[r * cols + c] - mx) / s end
+  end
+  return y
+end
+
+-- ---------------------------------------------------------------------------
+
+TestAutograd = {}
+
+function TestAutograd:setUp ()
+  gc.manual_seed(1234)
+end
+
+function TestAutograd:tearDown ()
+  lu.assertTrue(gc.is_grad_enabled())
+  lu.assertFalse(gc.is_capturing())
+end
+
+-- requires_grad -------------------------------------------------------------
+
+function TestAutograd:test_requires_grad_read_and_assign_on_leaf ()
+  local t = gc.zeros({2, 3})
+  lu.assertFalse(t.requires_grad)
+  lu.assertTrue(gc.ones({2}, {requires_grad = true}).requires_grad)
+  lu.assertFalse(gc.ones({2}, {requires_grad = false}).requires_grad)
+  t.requires_grad = true
+  lu.assertTrue(t.requires_grad)
+  lu.assertTrue(t.is_leaf)
+  local y = t * 2
+  lu.assertTrue(y.requires_grad)           -- recorded because t requires grad
+  t.requires_grad = false
+  lu.assertFalse(t.requires_grad)
+  local z = t * 2
+  lu.assertFalse(z.requires_grad)          -- nothing recorded any more
+  lu.assertNil(z.grad_fn)
+  lu.assertIs(t:requires_grad_(), t)       -- the method form returns t
+  lu.assertTrue(t.requires_grad)
+  t:requires_grad_(false)
+  lu.assertFalse(t.requires_grad)
+  assert_err(function () t.requires_grad = 1 end, "requires_grad must be a boolean", "number")
+  assert_err(function () t.requires_grad = nil end, "requires_grad must be a boolean")
+  lu.assertFalse(t.requires_grad)
+end
+
+function TestAutograd:test_requires_grad_assign_on_non_leaf_errors ()
+  local x = gc.tensor({1, 2}, {requires_grad = true})
+  local y = x * x
+  lu.assertTrue(y.requires_grad)
+  local msg = assert_err(function () y.requires_grad = false end,
+                         "requires_grad", "only leaves", "'mul'", "detach")
+  lu.assertStrContains(msg, HERE)   -- points at the user's line
+  assert_err(function () y.requires_grad = true end, "only leaves")
+  assert_err(function () y:requires_grad_(false) end, "only leaves")
+  lu.assertTrue(y.requires_grad)                    -- unchanged
+  lu.assertEquals(y.grad_fn, "mul")
+  y:sum():backward()                                -- and still differentiable
+  lu.assertEquals(x.grad:tolist(), {2, 4})
+end
+
+function TestAutograd:test_unknown_field_assignment_errors ()
+  local t = gc.zeros({2})
+  assert_err(function () t.foo = 1 end, "no assignable field 'foo'")
+  assert_err(function () t.is_leaf = false end, "no assignable field 'is_leaf'")
+  lu.assertNil(t.foo)
+  lu.assertTrue(t.is_leaf)
+end
+
+-- grad ------------------------------------------------------------------------
+
+function TestAutograd:test_grad_nil_then_tensor_with_one_lua_value ()
+  local x = gc.tensor({{1, 2}, {3, 4}}, {requires_grad = true})
+  lu.assertNil(x.grad)
+  local s = (x * x):sum()
+  lu.assertNil(x.grad)                     -- nothing until backward
+  s:backward()
+  local g = x.grad
+  lu.assertNotNil(g)
+  lu.assertEquals(g:shape(), {2, 2})
+  lu.assertEquals(g:dtype(), "f32")
+  lu.assertEquals(g:tolist(), {{2, 4}, {6, 8}})
+  lu.assertTrue(rawequal(x.grad, g))       -- the same Lua value while it lives
+  lu.assertTrue(rawequal(x.grad, x.grad))
+  lu.assertFalse(g.requires_grad)
+  lu.assertTrue(g.is_leaf)
+  local ptr = g:data_ptr()
+  ;(x * 3):sum():backward()                -- accumulates in place
+  lu.assertTrue(rawequal(x.grad, g))
+  lu.assertEquals(x.grad:data_ptr(), ptr)
+  lu.assertEquals(g:tolist(), {{5, 7}, {9, 11}})
+end
+
+function TestAutograd:test_grad_assign_nil_and_tensor ()
+  local x = gc.tensor({{1, 2}, {3, 4}}, {requires_grad = true})
+  x:sum():backward()
+  lu.assertNotNil(x.grad)
+  x.grad = nil
+  lu.assertNil(x.grad)
+  local z = gc.full({2, 2}, 0.5)
+  x.grad = z
+  lu.assertNotNil(x.grad)
+  lu.assertEquals(x.grad:data_ptr(), z:data_ptr())   -- the tensor itself, not a copy
+  lu.assertEquals(x.grad:tolist(), {{0.5, 0.5}, {0.5, 0.5}})
+  ;(x * 2):sum():backward()                          -- accumulates into it
+  lu.assertEquals(z:tolist(), {{2.5, 2.5}, {2.5, 2.5}})
+  x.grad = nil
+  lu.assertNil(x.grad)
+  lu.assertEquals(z:tolist(), {{2.5, 2.5}, {2.5, 2.5}})  -- z itself lives on
+  -- a grad can be given to a tensor that does not require grad, too
+  local u = gc.zeros({3})
+  u.grad = gc.ones({3})
+  lu.assertEquals(u.grad:tolist(), {1, 1, 1})
+end
+
+-- x.grad = z makes z (that Lua value) x's grad, as in PyTorch (x.grad is z).
+function TestAutograd:test_grad_assigned_reads_back_same_lua_value ()
+  local x = gc.tensor({1, 2}, {requires_grad = true})
+  local z = gc.ones({2})
+  x.grad = z
+  lu.assertTrue(rawequal(x.grad, z),
+                "x.grad = z; x.grad is a different Lua value than z")
+end
+
+-- A tensor cannot be its own grad (PyTorch: "can't assign Variable as its
+-- own grad"): accepted, backward would accumulate into the leaf's own data
+-- (and the tensor would hold a reference to itself).
+function TestAutograd:test_grad_cannot_be_the_tensor_itself ()
+  local x = gc.tensor({1, 2}, {requires_grad = true})
+  local ok = pcall(function () x.grad = x end)
+  ;(x * 3):sum():backward()
+  local v = x:tolist()
+  x.grad = nil                  -- no self-reference left behind either way
+  lu.assertTrue(not ok and v[1] == 1 and v[2] == 2,
+                string.format("x.grad = x was %s; after backward x = {%g, %g} (was {1, 2})",
+                              ok and "accepted" or "refused", v[1], v[2]))
+  lu.assertStrContains(select(2, pcall(function () x.grad = x end)), "grad")
+  lu.assertNil(x.grad)
+end
+
+function TestAutograd:test_grad_assign_wrong_shape_or_type_errors ()
+  local x = gc.tensor({{1, 2}, {3, 4}}, {requires_grad = true})
+  local keep = gc.ones({2, 2})
+  x.grad = keep
+  assert_err(function () x.grad = gc.zeros({3}) end, "grad", "[3]", "[2, 2]")
+  assert_err(function () x.grad = gc.zeros({4}) end, "[4]", "[2, 2]")
+  assert_err(function () x.grad = gc.zeros({2, 2}, "bf16") end, "bf16", "f32")
+  assert_err(function () x.grad = 3 end, "grad must be a tensor or nil", "number")
+  assert_err(function () x.grad = {} end, "grad must be a tensor or nil", "table")
+  lu.assertEquals(x.grad:data_ptr(), keep:data_ptr())   -- unchanged by the failures
+  lu.assertEquals(x.grad:tolist(), {{1, 1}, {1, 1}})
+end
+
+-- grad_fn, is_leaf, detach ----------------------------------------------------
+
+function TestAutograd:test_grad_fn_names ()
+  local x = gc.tensor({{0.5, -1}, {2, 0.25}}, {requires_grad = true})
+  local w = gc.tensor({{1, 2}, {3, 4}}, {requires_grad = true})
+  local b = gc.tensor({0.5, 0.5}, {requires_grad = true})
+  lu.assertNil(x.grad_fn)
+  local cases = {
+    {x + x, "add"}, {x - x, "sub"}, {x * x, "mul"}, {x * 2, "scale"}, {2 * x, "scale"},
+    {-x, "neg"}, {x:sum(), "sum"}, {x:mean(), "mean"}, {x + 1, "add"},
+    {gc.matmul(x, w), "matmul"}, {x:matmul(w), "matmul"},
+    {gc.F.linear(x, w, b), "linear"}, {gc.F.linear(x, w), "linear"},
+    {gc.F.relu(x), "relu"}, {x:relu(), "relu"}, {gc.F.gelu(x), "gelu"},
+    {gc.F.layer_norm(x), "layer_norm"}, {gc.F.softmax(x), "softmax"},
+    {x:softmax(), "softmax"}, {gc.F.dropout(x, 0.5), "dropout"},
+    {gc.F.mse_loss(x, w), "mean"},          -- mean((x - w)^2), recorded op by op
+    {gc.F.cross_entropy(x, gc.tensor({0, 1})), "cross_entropy"},
+    {x:view({4}), "view"},
+  }
+  for i, c in ipairs(cases) do
+    lu.assertEquals(c[1].grad_fn, c[2], "case " .. i)
+    lu.assertFalse(c[1].is_leaf, "case " .. i)
+    lu.assertTrue(c[1].requires_grad, "case " .. i)
+  end
+  -- nothing that requires grad: nothing recorded
+  local p = gc.ones({2, 2})
+  for _, y in ipairs{p * p, gc.F.relu(p), gc.matmul(p, p), p:sum()} do
+    lu.assertNil(y.grad_fn)
+    lu.assertTrue(y.is_leaf)
+    lu.assertFalse(y.requires_grad)
+  end
+end
+
+function TestAutograd:test_is_leaf ()
+  local x = gc.ones({2}, {requires_grad = true})
+  local c = gc.ones({2})
+  lu.assertTrue(x.is_leaf)
+  lu.assertTrue(c.is_leaf)
+  lu.assertFalse((x * c).is_leaf)
+  lu.assertTrue((c * c).is_leaf)
+  lu.assertTrue(x:clone():detach().is_leaf)
+  lu.assertNil(x.no_such_field)            -- other names read as nil
+end
+
+function TestAutograd:test_detach ()
+  local x = gc.tensor({1, 2, 3}, {requires_grad = true})
+  local y = x * x
+  local d = y:detach()
+  lu.assertTrue(d.is_leaf)
+  lu.assertFalse(d.requires_grad)
+  lu.assertNil(d.grad_fn)
+  lu.assertEquals(d:data_ptr(), y:data_ptr())     -- shares storage
+  lu.assertEquals(d:tolist(), {1, 4, 9})
+  lu.assertEquals(y.grad_fn, "mul")               -- y itself unchanged
+  -- the detached tensor cuts the graph: only the direct path reaches x
+  local s = (d * x):sum()                         -- d treated as a constant
+  s:backward()
+  lu.assertEquals(x.grad:tolist(), {1, 4, 9})
+  -- a detached leaf copy of a leaf shares its storage too
+  local dx = x:detach()
+  gc.no_grad(function () dx:fill_(7) end)
+  lu.assertEquals(x:tolist(), {7, 7, 7})
+  dx.requires_grad = true                         -- and can require grad itself
+  lu.assertTrue(dx.requires_grad)
+  lu.assertTrue(x.requires_grad)
+end
+
+-- backward ------------------------------------------------------------------------
+
+function TestAutograd:test_backward_scalar_without_grad ()
+  local x = gc.tensor({1, -2, 3}, {requires_grad = true})
+  local s = (x * x):mean()
+  lu.assertEquals(s:dim(), 0)
+  lu.assertNil(s:backward())
+  assert_close(flat(x.grad:tolist()), {2 / 3, -4 / 3, 2}, 1e-6, 1e-6, "d mean(x^2)")
+  -- a one-element tensor of any rank needs no grad either
+  local z = gc.tensor({{2}}, {requires_grad = true})
+  ;(z * z):backward()
+  lu.assertEquals(z.grad:tolist(), {{4}})
+  -- backward of a leaf itself accumulates the grad into it
+  local l = gc.tensor({5}, {requires_grad = true})
+  l:backward()
+  lu.assertEquals(l.grad:tolist(), {1})
+end
+
+function TestAutograd:test_backward_with_grad ()
+  local x = gc.tensor({{1, 2, 3}, {4, 5, 6}}, {requires_grad = true})
+  local y = x * x                                   -- dy/dx = 2x
+  local g = gc.tensor({{1, 0.5, -1}, {2, 0, 0.25}})
+  y:backward(g)
+  lu.assertEquals(x.grad:tolist(), {{2, 2, -6}, {16, 0, 3}})
+  lu.assertEquals(g:tolist(), {{1, 0.5, -1}, {2, 0, 0.25}})  -- the given grad is untouched
+  -- the same with an options table as well
+  local x2 = gc.tensor({1, 2}, {requires_grad = true})
+  ;(x2 * 3):backward(gc.tensor({1, -1}), {retain_graph = false})
+  lu.assertEquals(x2.grad:tolist(), {3, -3})
+end
+
+function TestAutograd:test_backward_retain_graph ()
+  local x = gc.tensor({1, 2}, {requires_grad = true})
+  local s = (x * x):sum()
+  s:backward({retain_graph = true})
+  lu.assertEquals(x.grad:tolist(), {2, 4})
+  s:backward({retain_graph = true})
+  lu.assertEquals(x.grad:tolist(), {4, 8})
+  s:backward(nil, {retain_graph = true})
+  lu.assertEquals(x.grad:tolist(), {6, 8 + 4})
+  s:backward()                                        -- the last may free
+  lu.assertEquals(x.grad:tolist(), {8, 16})
+  local msg = assert_err(function () s:backward() end, "second time")
+  lu.assertStrContains(msg, "retain_graph")
+  lu.assertEquals(x.grad:tolist(), {8, 16})           -- the failed one added nothing
+  -- with a given grad too
+  local y = x * x
+  y:backward(gc.ones({2}), {retain_graph = true})
+  y:backward(gc.ones({2}))
+  lu.assertEquals(x.grad:tolist(), {12, 24})
+  assert_err(function () y:backward(gc.ones({2})) end, "second time")
+end
+
+function TestAutograd:test_second_backward_errors ()
+  local x = gc.tensor({{1, 2}, {3, 4}}, {requires_grad = true})
+  local w = gc.tensor({{1, 0}, {0, 1}}, {requires_grad = true})
+  local loss = gc.F.gelu(gc.F.linear(x, w)):sum()
+  loss:backward()
+  local gx = x.grad:tolist()
+  local msg = assert_err(function () loss:backward() end, "backward", "second time")
+  lu.assertStrContains(msg, HERE)
+  lu.assertEquals(x.grad:tolist(), gx)
+  -- an op on a freed graph is still usable forward; a fresh graph backprops
+  local loss2 = gc.F.gelu(gc.F.linear(x, w)):sum()
+  loss2:backward()
+  assert_close(flat(x.grad:tolist()), map(flat(gx), function (v) return 2 * v end),
+               1e-6, 1e-6, "second fresh backward")
+end
+
+function TestAutograd:test_nonscalar_backward_without_grad_errors ()
+  local x = gc.ones({2, 3}, {requires_grad = true})
+  local y = x * 2
+  local msg = assert_err(function () y:backward() end, "backward", "[2, 3]")
+  lu.assertStrContains(msg, "one-element")
+  assert_err(function () y:backward({retain_graph = true}) end, "[2, 3]")
+  lu.assertNil(x.grad)
+  y:backward(gc.ones({2, 3}))                            -- with a grad it works
+  lu.assertEquals(x.grad:tolist(), {{2, 2, 2}, {2, 2, 2}})
+end
+
+function TestAutograd:test_backward_bad_arguments ()
+  local x = gc.ones({2}, {requires_grad = true})
+  local y = x * 2
+  assert_err(function () y:backward(gc.ones({3})) end, "backward", "[3]", "[2]")
+  assert_err(function () y:backward(gc.ones({2, 1})) end, "[2, 1]", "[2]")
+  assert_err(function () y:backward(gc.ones({2}, "bf16")) end, "bf16")
+  assert_err(function () y:backward(gc.ones({2}), {retain = true}) end,
+             "backward", "unknown option 'retain'")
+  assert_err(function () y:backward(gc.ones({2}), {retain_graph = 1}) end,
+             "retain_graph must be a boolean")
+  assert_err(function () y:backward(5) end, "Tensor expected")
+  assert_err(function () gc.ones({2}):sum():backward() end, "does not require grad")
+  lu.assertNil(x.grad)
+  y:backward(gc.ones({2}))                               -- the graph was never spent
+  lu.assertEquals(x.grad:tolist(), {2, 2})
+end
+
+function TestAutograd:test_backward_diamond_and_reuse ()
+  -- x feeds two paths that join; grads from both must add up
+  local x = gc.tensor({0.5, -1.5, 2}, {requires_grad = true})
+  local a = x * x                -- 2x
+  local b = x * 3                -- 3
+  local s = (a + b - x):sum()    -- 2x + 3 - 1
+  s:backward()
+  lu.assertEquals(x.grad:tolist(), {3, -1, 6})
+end
+
+-- no_grad ---------------------------------------------------------------------------
+
+function TestAutograd:test_no_grad_returns_fn_results ()
+  local a, b, c, d = gc.no_grad(function (p, q, r) return p, q, r, "x" end, 1, nil, 3)
+  lu.assertEquals({a, b, c, d}, {1, nil, 3, "x"})
+  lu.assertEquals(select("#", gc.no_grad(function () return 1, nil, nil end)), 3)
+  lu.assertEquals(select("#", gc.no_grad(function () end)), 0)
+  local t = gc.ones({2}, {requires_grad = true})
+  local y = gc.no_grad(function (u) return u * 2 end, t)
+  lu.assertEquals(y:tolist(), {2, 2})
+end
+
+function TestAutograd:test_no_grad_records_nothing ()
+  local x = gc.tensor({1, 2}, {requires_grad = true})
+  local w = gc.tensor({{1, 2}, {3, 4}}, {requires_grad = true})
+  local lin = gc.nn.Linear(2, 2)
+  local seen
+  local ys = {gc.no_grad(function ()
+    seen = gc.is_grad_enabled()
+    return x * x, gc.F.linear(x, w), gc.F.gelu(x), (x + x):sum(), lin(x),
+           gc.F.dropout(x, 0.5), gc.F.mse_loss(x, x * 2)
+  end)}
+  lu.assertFalse(seen)
+  lu.assertTrue(gc.is_grad_enabled())
+  lu.assertEquals(#ys, 7)
+  for i, y in ipairs(ys) do
+    lu.assertFalse(y.requires_grad, "result " .. i)
+    lu.assertNil(y.grad_fn, "result " .. i)
+    lu.assertTrue(y.is_leaf, "result " .. i)
+  end
+  lu.assertEquals(ys[1]:tolist(), {1, 4})
+  assert_err(function () ys[4]:backward() end, "does not require grad")
+  -- outside, recording is back
+  lu.assertEquals((x * x).grad_fn, "mul")
+  -- leaves requiring grad can be changed in place only there
+  assert_err(function () x:fill_(0) end, "fill_", "no_grad")
+  gc.no_grad(function () x:fill_(0) end)
+  lu.assertEquals(x:tolist(), {0, 0})
+end
+
+function TestAutograd:test_no_grad_restores_mode_when_fn_errors ()
+  local ok, e = pcall(gc.no_grad, function () error("boom in no_grad") end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, "boom in no_grad")
+  lu.assertStrContains(e, "stack traceback:")
+  lu.assertStrContains(e, HERE)
+  lu.assertTrue(gc.is_grad_enabled())
+  -- an error object that is not a string comes back as it is
+  local obj = {code = 7}
+  local ok2, e2 = pcall(gc.no_grad, function () error(obj) end)
+  lu.assertFalse(ok2)
+  lu.assertIs(e2, obj)
+  lu.assertTrue(gc.is_grad_enabled())
+  -- an engine error raised inside, too
+  assert_err(function ()
+    gc.no_grad(function () return gc.zeros({2}) + gc.zeros({3}) end)
+  end, "add")
+  lu.assertTrue(gc.is_grad_enabled())
+  local x = gc.ones({2}, {requires_grad = true})
+  lu.assertEquals((x * x).grad_fn, "mul")
+end
+
+function TestAutograd:test_no_grad_nested_and_enable_grad ()
+  local x = gc.ones({2}, {requires_grad = true})
+  gc.no_grad(function ()
+    gc.no_grad(function () lu.assertFalse(gc.is_grad_enabled()) end)
+    lu.assertFalse(gc.is_grad_enabled())            -- inner restored "off"
+    local y = gc.enable_grad(function ()
+      lu.assertTrue(gc.is_grad_enabled())
+      return x * x
+    end)
+    lu.assertEquals(y.grad_fn, "mul")
+    lu.assertFalse(gc.is_grad_enabled())
+    pcall(gc.enable_grad, function () error("x") end)
+    lu.assertFalse(gc.is_grad_enabled())            -- restored after an error
+  end)
+  lu.assertTrue(gc.is_grad_enabled())
+  assert_err(function () gc.no_grad(42) end, "no_grad", "function", "number")
+  assert_err(function () gc.no_grad() end, "no_grad", "function")
+  lu.assertTrue(gc.is_grad_enabled())
+end
+
+-- Gradients of the ops ----------------------------------------------------------------
+
+function TestAutograd:test_grad_linear_by_hand ()
+  -- y = x W^T + b; loss = sum(y): dx = column sums of W, dW = sum of x rows, db = rows
+  local x = gc.tensor({{1, 2}, {-1, 0.5}}, {requires_grad = true})
+  local w = gc.tensor({{3, 4}, {5, 6}, {-1, 0}}, {requires_grad = true})
+  local b = gc.tensor({0.5, -0.5, 1}, {requires_grad = true})
+  local y = gc.F.linear(x, w, b)
+  lu.assertEquals(y:tolist(), {{11.5, 16.5, 0}, {-0.5, -2.5, 2}})
+  y:sum():backward()
+  lu.assertEquals(x.grad:tolist(), {{7, 10}, {7, 10}})
+  lu.assertEquals(w.grad:tolist(), {{0, 2.5}, {0, 2.5}, {0, 2.5}})
+  lu.assertEquals(b.grad:tolist(), {2, 2, 2})
+end
+
+function TestAutograd:test_grad_linear ()
+  local nin, nout = 4, 3
+  gradcheck("linear", {{{2, 3, nin}, values(24, 0.1)}, {{nout, nin}, values(12, 1.3)},
+                       {{nout}, values(3, 2.2)}},
+            function (x, w, b) return gc.F.linear(x, w, b) end,
+            function (x, w, b) return ref_linear(x, w, b, nin, nout) end)
+end
+
+function TestAutograd:test_grad_linear_without_bias ()
+  gradcheck("linear (no bias)", {{{5, 3}, values(15, 0.4)}, {{2, 3}, values(6, 2.0)}},
+            function (x, w) return gc.F.linear(x, w) end,
+            function (x, w) return ref_linear(x, w, nil, 3, 2) end)
+  -- input without grad: only the weight's
+  gradcheck("linear (weight only)", {{{3, 2}, values(6, 0.9), grad = false},
+                                     {{4, 2}, values(8, 0.2)}},
+            function (x, w) return gc.F.linear(x, w) end,
+            function (x, w) return ref_linear(x, w, nil, 2, 4) end)
+end
+
+function TestAutograd:test_grad_matmul ()
+  gradcheck("matmul", {{{3, 4}, values(12, 0.5)}, {{4, 2}, values(8, 1.7)}},
+            gc.matmul,
+            function (a, b) return ref_matmul(a, b, 3, 4, 2) end)
+  -- by hand: d sum(A B) / dA = rows of B summed, / dB = columns of A summed
+  local a = gc.tensor({{1, 2}, {3, 4}}, {requires_grad = true})
+  local b = gc.tensor({{5, 6}, {7, 8}}, {requires_grad = true})
+  gc.matmul(a, b):sum():backward()
+  lu.assertEquals(a.grad:tolist(), {{11, 15}, {11, 15}})
+  lu.assertEquals(b.grad:tolist(), {{4, 4}, {6, 6}})
+end
+
+function TestAutograd:test_grad_relu ()
+  local v = {-1.5, 0.25, 2, -0.5, 3, -0.125}
+  gradcheck("relu", {{{2, 3}, v}}, gc.F.relu,
+            function (x) return map(x, function (t) return math.max(t, 0) end) end)
+  local x = gc.tensor(v, {requires_grad = true})
+  gc.F.relu(x):sum():backward()
+  lu.assertEquals(x.grad:tolist(), {0, 1, 1, 0, 1, 0})
+end
+
+function TestAutograd:test_grad_gelu ()
+  local v = values(12, 0.2, 2.5)
+  gradcheck("gelu", {{{3, 4}, v}}, gc.F.gelu, function (x) return map(x, gelu1) end)
+  -- by hand at 0: gelu'(0) = 0.5
+  local z = gc.zeros({1}, {requires_grad = true})
+  gc.F.gelu(z):sum():backward()
+  lu.assertEquals(z.grad:tolist(), {0.5})
+end
+
+function TestAutograd:test_grad_layer_norm ()
+  local cols = 5
+  gradcheck("layer_norm", {{{3, cols}, values(15, 0.6, 2)}, {{cols}, values(cols, 1.1)},
+                           {{cols}, values(cols, 2.9)}},
+            function (x, w, b) return gc.F.layer_norm(x, w, b) end,
+            function (x, w, b) return ref_layer_norm(x, w, b, cols, 1e-5) end,
+            {atol = 1e-4, rtol = 1e-3})
+end
+
+function TestAutograd:test_grad_layer_norm_without_affine_and_eps ()
+  local cols = 4
+  gradcheck("layer_norm (no affine)", {{{2, cols}, values(8, 0.3, 1.5)}},
+            function (x) return gc.F.layer_norm(x) end,
+            function (x) return ref_layer_norm(x, nil, nil, cols, 1e-5) end,
+            {atol = 1e-4, rtol = 1e-3})
+  gradcheck("layer_norm (eps 0.5)", {{{2, cols}, values(8, 0.8)}},
+            function (x) return gc.F.layer_norm(x, nil, nil, 0.5) end,
+            function (x) return ref_layer_norm(x, nil, nil, cols, 0.5) end,
+            {atol = 1e-4, rtol = 1e-3})
+end
+
+function TestAutograd:test_grad_softmax ()
+  gradcheck("softmax", {{{3, 4}, values(12, 0.9, 2)}}, gc.F.softmax,
+            function (x) return ref_softmax(x, 4) end)
+  gradcheck("softmax dim 2", {{{2, 3}, values(6, 0.1)}},
+            function (x) return gc.F.softmax(x, 2) end,
+            function (x) return ref_softmax(x, 3) end)
+  -- the sum of a softmax row is 1 whatever x: its grad is 0
+  local x = gc.tensor({{1, 2, 3}}, {requires_grad = true})
+  gc.F.softmax(x):sum():backward()
+  assert_close(flat(x.grad:tolist()), {0, 0, 0}, 1e-6, 0, "d sum(softmax)")
+  assert_err(function () gc.F.softmax(x, 1) end, "softmax", "last dimension")
+end
+
+function TestAutograd:test_grad_dropout ()
+  gc.manual_seed(99)
+  local n = 64
+  local v = values(n, 0.4, 2)
+  for i = 1, n do if v[i] == 0 then v[i] = 1 end end
+  local x = gc.tensor({v}, {requires_grad = true})
+  local xv = flat(x:tolist())
+  local y = gc.F.dropout(x, 0.5)
+  lu.assertEquals(y.grad_fn, "dropout")
+  local yv = flat(y:tolist())
+  local c = values(n, 1.0)
+  local mask, kept = {}, 0
+  for i = 1, n do
+    if yv[i] == 0 then mask[i] = 0
+    else
+      lu.assertEquals(yv[i], xv[i] * 2, "kept entries are scaled by 1/(1-p)")
+      mask[i] = 2
+      kept = kept + 1
+    end
+  end
+  lu.assertTrue(kept > 0 and kept < n, "some kept, some dropped: " .. kept)
+  ;(y * gc.tensor({c})):sum():backward()
+  local want = {}
+  for i = 1, n do want[i] = c[i] * mask[i] end
+  assert_close(flat(x.grad:tolist()), want, 1e-6, 1e-6, "dropout grad")
+  -- p = 0.25: kept entries scaled by 4/3, grad the same mask
+  local x2 = gc.tensor({v}, {requires_grad = true})
+  local y2 = gc.F.dropout(x2, 0.25)
+  y2:sum():backward()
+  local y2v, g2 = flat(y2:tolist()), flat(x2.grad:tolist())
+  for i = 1, n do
+    if y2v[i] == 0 then lu.assertEquals(g2[i], 0)
+    else
+      assert_close({y2v[i]}, {xv[i] / 0.75}, 1e-6, 1e-6, "scaled entry")
+      assert_close({g2[i]}, {1 / 0.75}, 1e-6, 1e-6, "kept grad")
+    end
+  end
+end
+
+function TestAutograd:test_grad_dropout_identity_cases ()
+  local v = values(6, 0.2)
+  -- not training, or p = 0: the identity, and its grad passes through
+  gradcheck("dropout (eval)", {{{2, 3}, v}},
+            function (x) return gc.F.dropout(x, 0.5, false) end,
+            function (x) return x end)
+  gradcheck("dropout (p = 0)", {{{2, 3}, v}},
+            function (x) return gc.F.dropout(x, 0) end,
+            function (x) return x end)
+  -- p = 1: everything dropped, grad 0
+  local x = gc.tensor(v, {requires_grad = true})
+  local y = gc.F.dropout(x, 1)
+  lu.assertEquals(y:tolist(), {0, 0, 0, 0, 0, 0})
+  y:sum():backward()
+  lu.assertEquals(x.grad:tolist(), {0, 0, 0, 0, 0, 0})
+  assert_err(function () gc.F.dropout(x, 1.5) end, "dropout", "[0, 1]")
+end
+
+function TestAutograd:test_grad_mse_loss ()
+  local n = 6
+  gradcheck("mse_loss", {{{2, 3}, values(n, 0.1, 2)}, {{2, 3}, values(n, 2.5)}},
+            gc.F.mse_loss,
+            function (a, b)
+              local s = 0
+              for i = 1, n do s = s + (a[i] - b[i]) ^ 2 end
+              return {s / n}
+            end)
+  -- by hand: d/dinput = 2 (input - target) / N, d/dtarget the negative
+  local a = gc.tensor({1, 2, 3, 4}, {requires_grad = true})
+  local b = gc.tensor({0, 2, 5, 3}, {requires_grad = true})
+  local l = gc.F.mse_loss(a, b)
+  lu.assertEquals(l:item(), (1 + 0 + 4 + 1) / 4)
+  l:backward()
+  lu.assertEquals(a.grad:tolist(), {0.5, 0, -1, 0.5})
+  lu.assertEquals(b.grad:tolist(), {-0.5, 0, 1, -0.5})
+end
+
+function TestAutograd:test_grad_cross_entropy ()
+  local N, C = 3, 4
+  local target = {2, 0, 3}   -- class indices, counted from 0
+  local function ref (x)
+    local s = 0
+    for r = 0, N - 1 do
+      local mx, z = -math.huge, 0
+      for c = 1, C do mx = math.max(mx, x[r * C + c]) end
+      for c = 1, C do z = z + math.exp(x[r * C + c] - mx) end
+      s = s + (math.log(z) + mx - x[r * C + target[r + 1] + 1])
+    end
+    return {s / N}
+  end
+  gradcheck("cross_entropy", {{{N, C}, values(N * C, 0.5, 2)}},
+            function (x) return gc.F.cross_entropy(x, gc.tensor(target)) end, ref)
+  -- by hand: uniform logits give loss log C and grad (1/C - onehot) / N
+  local x = gc.zeros({2, 2}, {requires_grad = true})
+  local l = gc.F.cross_entropy(x, gc.tensor({1, 0}))
+  assert_close({l:item()}, {math.log(2)}, 1e-6, 1e-6, "loss")
+  l:backward()
+  lu.assertEquals(x.grad:tolist(), {{0.25, -0.25}, {-0.25, 0.25}})
+end
+
+function TestAutograd:test_grad_composite_chain ()
+  -- mse(layer_norm(gelu(x W^T + b)) , t): the ops chained, against differences
+  local nin, nout, rows = 3, 4, 2
+  local tv = values(rows * nout, 0.7)
+  gradcheck("chain", {{{rows, nin}, values(rows * nin, 0.2, 1.5)},
+                      {{nout, nin}, values(nout * nin, 1.4)},
+                      {{nout}, values(nout, 3.0, 0.5)}},
+            function (x, w, b)
+              local h = gc.F.layer_norm(gc.F.gelu(gc.F.linear(x, w, b)))
+              return gc.F.mse_loss(h, gc.tensor(nest(tv, {rows, nout})))
+            end,
+            function (x, w, b)
+              local h = ref_layer_norm(map(ref_linear(x, w, b, nin, nout), gelu1),
+                                       nil, nil, nout, 1e-5)
+              local s = 0
+              for i = 1, #h do s = s + (h[i] - tv[i]) ^ 2 end
+              return {s / #h}
+            end,
+            {atol = 1e-4, rtol = 1e-3})
+end
+
+function TestAutograd:test_grad_other_ranks_and_broadcasts ()
+  local LN = {atol = 1e-4, rtol = 1e-3}
+  gradcheck("linear 1-D", {{{3}, values(3, 0.1)}, {{2, 3}, values(6, 1.3)}, {{2}, values(2, 2.2)}},
+            function (x, w, b) return gc.F.linear(x, w, b) end,
+            function (x, w, b) return ref_linear(x, w, b, 3, 2) end)
+  gradcheck("linear 4-D", {{{2, 1, 2, 3}, values(12, 0.1)}, {{2, 3}, values(6, 1.3)},
+                           {{2}, values(2, 2.2)}},
+            function (x, w, b) return gc.F.linear(x, w, b) end,
+            function (x, w, b) return ref_linear(x, w, b, 3, 2) end)
+  gradcheck("layer_norm 1-D", {{{5}, values(5, 0.6, 2)}, {{5}, values(5, 1.1)},
+                               {{5}, values(5, 2.9)}},
+            function (x, w, b) return gc.F.layer_norm(x, w, b) end,
+            function (x, w, b) return ref_layer_norm(x, w, b, 5, 1e-5) end, LN)
+  gradcheck("layer_norm 3-D, weight only", {{{2, 2, 3}, values(12, 0.6, 2)}, {{3}, values(3, 1.1)}},
+            function (x, w) return gc.F.layer_norm(x, w) end,
+            function (x, w) return ref_layer_norm(x, w, nil, 3, 1e-5) end, LN)
+  gradcheck("layer_norm, bias only", {{{2, 3}, values(6, 0.2, 2)}, {{3}, values(3, 2.9)}},
+            function (x, b) return gc.F.layer_norm(x, nil, b) end,
+            function (x, b) return ref_layer_norm(x, nil, b, 3, 1e-5) end, LN)
+  gradcheck("softmax 1-D", {{{4}, values(4, 0.9, 2)}}, gc.F.softmax,
+            function (x) return ref_softmax(x, 4) end)
+  gradcheck("softmax 3-D", {{{2, 2, 3}, values(12, 0.9, 2)}}, gc.F.softmax,
+            function (x) return ref_softmax(x, 3) end)
+  gradcheck("gelu 0-D", {{{}, {0.7}}}, gc.F.gelu, function (x) return map(x, gelu1) end)
+  local function bcast (f, n) -- y[i] = f(a[i], b[(i - 1) % #b + 1])
+    return function (a, b)
+      local y = {}
+      for i = 1, n do y[i] = f(a[i], b[(i - 1) % #b + 1]) end
+      return y
+    end
+  end
+  gradcheck("bias row add", {{{3, 2}, values(6, 0.1)}, {{2}, values(2, 1)}},
+            function (a, b) return a + b end, bcast(function (u, v) return u + v end, 6))
+  gradcheck("row minus matrix", {{{3, 2}, values(6, 0.1)}, {{2}, values(2, 1)}},
+            function (a, b) return b - a end, bcast(function (u, v) return v - u end, 6))
+  gradcheck("[1, n] row mul", {{{3, 2}, values(6, 0.1)}, {{1, 2}, values(2, 1)}},
+            function (a, b) return a * b end, bcast(function (u, v) return u * v end, 6))
+  gradcheck("0-D mul", {{{3, 2}, values(6, 0.1)}, {{}, {1.5}}},
+            function (a, b) return a * b end, bcast(function (u, v) return u * v end, 6))
+  gradcheck("one-element sub", {{{3, 2}, values(6, 0.1)}, {{1}, {0.5}}},
+            function (a, b) return a - b end, bcast(function (u, v) return u - v end, 6))
+  gradcheck("view", {{{2, 3}, values(6, 0.1)}},
+            function (a) return a:view({3, 2}) * a:view({3, 2}) end,
+            function (a) return map(a, function (u) return u * u end) end)
+end
+
+-- Captured backward -------------------------------------------------------------------
+
+-- A small network's loss, with the leaves it trains.
+local function net ()
+  local x = gc.tensor(nest(values(12, 0.3, 1.5), {3, 4}))
+  local w1 = gc.tensor(nest(values(20, 1.1, 0.5), {5, 4}), {requires_grad = true})
+  local b1 = gc.tensor(values(5, 2.1, 0.1), {requires_grad = true})
+  local w2 = gc.tensor(nest(values(10, 0.6, 0.5), {2, 5}), {requires_grad = true})
+  local t = gc.tensor(nest(values(6, 1.9), {3, 2}))
+  local leaves = {w1, b1, w2}
+  local function loss ()
+    local h = gc.F.layer_norm(gc.F.gelu(gc.F.linear(x, w1, b1)))
+    local y = gc.F.softmax(gc.matmul(h, w2:view({5, 2})) * 1.5)
+    return gc.F.mse_loss(y, t) + gc.F.relu(h):mean() * 0.1
+  end
+  return x, leaves, loss
+end
+
+local function grads (leaves)
+  local g = {}
+  for i, p in ipairs(leaves) do g[i] = p.grad:tolist() end
+  return g
+end
+
+function TestAutograd:test_captured_backward_replays_eager_bitwise ()
+  local x, leaves, loss = net()
+  loss():backward()
+  local eager = grads(leaves)
+  for _, p in ipairs(leaves) do p.grad:zero_() end
+  local g = gc.Graph()
+  g:capture(function ()
+    for _, p in ipairs(leaves) do p.grad:zero_() end
+    loss():backward()
+  end)
+  for _, p in ipairs(leaves) do p.grad:fill_(42) end   -- replay must overwrite this
+  for _ = 1, 2 do
+    g:replay()
+    for i, p in ipairs(leaves) do assert_bitwise(p.grad:tolist(), eager[i], "grad " .. i) end
+  end
+  -- new input contents, same memory: the replay reads them
+  x:copy_(gc.tensor(nest(values(12, 2.7, 1.5), {3, 4})))
+  g:replay()
+  local replayed = grads(leaves)
+  for _, p in ipairs(leaves) do p.grad:zero_() end
+  loss():backward()                         -- eager, into the same .grad tensors
+  local eager2 = grads(leaves)
+  for i = 1, #leaves do assert_bitwise(replayed[i], eager2[i], "grad " .. i .. " (new x)") end
+  lu.assertNotEquals(flat(eager2[1])[1], flat(eager[1])[1])
+end
+
+-- The very first backward captured: .grad is allocated inside the capture.
+function TestAutograd:test_captured_first_backward_bitwise ()
+  local _, leaves, loss = net()
+  loss():backward()
+  local eager = grads(leaves)
+  for _, p in ipairs(leaves) do p.grad = nil end
+  local g = gc.Graph()
+  g:capture(function () loss():backward() end)
+  for _, p in ipairs(leaves) do lu.assertNotNil(p.grad) end
+  g:replay()
+  for i, p in ipairs(leaves) do assert_bitwise(p.grad:tolist(), eager[i], "grad " .. i) end
+  g:replay()   -- the captured backward made .grad: replays overwrite, not add
+  for i, p in ipairs(leaves) do assert_bitwise(p.grad:tolist(), eager[i], "grad " .. i) end
+end
+
+-- Accumulating replays equal accumulating eager backwards.
+function TestAutograd:test_captured_backward_accumulates_like_eager ()
+  local _, leaves, loss = net()
+  for _ = 1, 3 do loss():backward() end
+  local eager = grads(leaves)
+  for _, p in ipairs(leaves) do p.grad = nil end
+  loss():backward()                          -- .grad exists before the capture
+  local g = gc.Graph()
+  g:capture(function () loss():backward() end)
+  g:replay()
+  g:replay()
+  for i, p in ipairs(leaves) do assert_bitwise(p.grad:tolist(), eager[i], "grad " .. i) end
+end
+
+os.exit(lu.LuaUnit.run())
