@@ -109,7 +109,8 @@ gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap
   if (gw && gb && b) {
     if ((st = gc_tensor_alloc(g->e, "linear backward", b->dt, b->ndim, b->shape, gb)) != GCAP_OK)
       return st;
-    if ((st = mm_ex(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, NULL, *gb, 2, w->shape, gw)) != GCAP_OK) {
+    if ((st = mm_ex(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, NULL, *gb, 2, w->shape, gw)) !=
+        GCAP_OK) {
       gcap_tensor_free(*gb);
       *gb = NULL;
     }
