@@ -29,14 +29,14 @@ static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
   if (n < 0 || (n > 0 && params == NULL))
-    return gc_fail(e, GCAP_EINVAL, "optimizer: bad parameter list");
+    return gc_fail(e, GCAP_EINVAL, "%s: bad parameter list", adam ? "Adam" : "SGD");
   for (i = 0; i < n; i++) {
     if (params[i] == NULL || params[i]->e != e)
-      return gc_fail(e, GCAP_EINVAL, "optimizer: parameter #%d is NULL or of another engine",
-                     i + 1);
+      return gc_fail(e, GCAP_EINVAL, "%s: parameter #%d is NULL or of another engine",
+                     adam ? "Adam" : "SGD", i + 1);
     if (params[i]->grad_fn != NULL)
-      return gc_fail(e, GCAP_EINVAL, "optimizer: parameter #%d is not a leaf (made by '%s')", i + 1,
-                     params[i]->grad_fn->name);
+      return gc_fail(e, GCAP_EINVAL, "%s: parameter #%d is not a leaf (made by '%s')",
+                     adam ? "Adam" : "SGD", i + 1, params[i]->grad_fn->name);
   }
   if ((o = (gcap_optim *)calloc(1, sizeof *o)) == NULL ||
       (o->params = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->params)) == NULL ||
@@ -49,7 +49,7 @@ static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const
       free(o->s2);
     }
     free(o);
-    return gc_fail(e, GCAP_ENOMEM, "optimizer: out of host memory");
+    return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", adam ? "Adam" : "SGD");
   }
   o->e = e;
   o->adam = adam;
