@@ -27,6 +27,9 @@ gcap_pool *gc_pool_create(gcap_engine *e, int is_heap) {
   if (p == NULL) return NULL;
   p->e = e;
   p->is_heap = is_heap;
+  p->next = e->pools;
+  if (e->pools) e->pools->prev = p;
+  e->pools = p;
   return p;
 }
 
@@ -83,6 +86,7 @@ static gcap_status pool_grow(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **ou
   b->pool = p;
   b->stream = s;
   b->seg = seg;
+  seg->first = b;
   fl_push(p, b);
   *out = b;
   return GCAP_OK;
@@ -140,8 +144,11 @@ static void blk_merge_next(gcap_pool *p, gc_blk *b) {
 void gc_blk_release(gc_blk *b) {
   gcap_pool *p;
   if (b == NULL || --b->refs > 0) return;
-  if (b->weak) { /* its memory was given back already */
+  if (b->weak) { /* its memory was given back already; the pool may go now */
+    p = b->pool;
     free(b);
+    p->weak--;
+    gc_pool_maybe_release(p);
     return;
   }
   p = b->pool;
@@ -160,7 +167,7 @@ void gc_blk_release(gc_blk *b) {
 
 void gc_pool_maybe_release(gcap_pool *p) {
   gcap_engine *e = p->e;
-  if (p->is_heap || p->handles > 0 || p->graphs > 0 || p->blocks > 0) return;
+  if (p->is_heap || p->handles > 0 || p->graphs > 0 || p->blocks > 0 || p->weak > 0) return;
   if (e->cap != NULL) { /* no device frees inside a capture: later */
     gcap_pool *q;
     for (q = e->dead_pools; q != NULL; q = q->next_dead)
@@ -189,7 +196,42 @@ void gc_pool_destroy(gcap_pool *p) {
     free(s);
   }
   gc_ivmap_free(&p->writers);
+  if (p->prev)
+    p->prev->next = p->next;
+  else
+    e->pools = p->next;
+  if (p->next) p->next->prev = p->prev;
   free(p);
+}
+
+void gc_pools_retag(gcap_engine *e, gcap_stream *s, gcap_stream *to) {
+  gcap_pool *p;
+  for (p = e->pools; p != NULL; p = p->next) {
+    gc_seg **link = &p->segs;
+    while (*link != NULL) {
+      gc_seg *seg = *link;
+      gc_blk *b;
+      int had = 0;
+      for (b = seg->first; b != NULL; b = b->next)
+        if (b->stream == s) b->stream = to, had = 1;
+      for (b = seg->first; b != NULL; b = b->next) /* neighbours free on one stream now merge */
+        while (b->refs == 0 && b->next && b->next->refs == 0 && b->next->stream == b->stream)
+          blk_merge_next(p, b);
+      b = seg->first;
+      if (had && p->is_heap && b->refs == 0 && b->next == NULL) {
+        /* ordinary memory the stream left entirely free goes back: streams come
+        ** and go (a warmup's), their caches must not pile up */
+        *link = seg->next;
+        fl_remove(p, b);
+        free(b);
+        p->reserved -= seg->size;
+        gc_raw_free(e, seg->base);
+        free(seg);
+        continue;
+      }
+      link = &seg->next;
+    }
+  }
 }
 
 void gc_pool_trim_since(gcap_pool *p, const gc_seg *since) {
@@ -231,6 +273,7 @@ gcap_status gc_tensor_weaken(gcap_tensor *t) {
   w->stream = t->blk->stream;
   w->refs = 1;
   w->weak = 1;
+  w->pool->weak++;        /* the address must stay valid: the pool stays */
   gc_blk_release(t->blk); /* other holders of the block keep it; this tensor no longer does */
   t->blk = w;
   return GCAP_OK;

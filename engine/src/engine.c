@@ -122,6 +122,7 @@ fail:
 
 static void eng_destroy(gcap_engine *e) {
   if (e->rng) gc_blk_release(e->rng);
+  e->default_stream = NULL; /* the memory goes too: no retagging of blocks */
   while (e->streams)
     gc_stream_destroy(e->streams);
   if (e->heap) gc_pool_destroy(e->heap);
@@ -244,6 +245,16 @@ void gc_run_deferred(gcap_engine *e) {
     e->dead_pools = p->next_dead;
     p->next_dead = NULL;
     gc_pool_maybe_release(p);
+  }
+  {
+    gcap_stream *s = e->streams, *next;
+    for (; s != NULL; s = next) { /* streams freed during the capture */
+      next = s->next;
+      if (s->dead) {
+        gc_stream_destroy(s);
+        gc_engine_unref(e);
+      }
+    }
   }
   while (e->ndead_ptrs > 0)
     e->be->free(e->bs, e->dead_ptrs[--e->ndead_ptrs]);

@@ -623,10 +623,21 @@ static gcap_status share_inputs(ge_build *b) {
 static gcap_status warmup(ge_build *b) {
   const gcap_graphed_opts *o = b->o;
   gcap_graphed *G = b->G;
-  gcap_stream *side = NULL, *prev = b->e->current;
+  gcap_stream *side = NULL;
+  gcap_event *ready = NULL;
   gcap_status st;
   int it, i;
   if ((st = gcap_stream_new(b->e, &side)) != GCAP_OK) return st;
+  /* the side stream starts after the caller's pending work (inputs, weights) */
+  if ((st = gcap_event_new(b->e, &ready)) != GCAP_OK ||
+      (st = gcap_event_record(ready, b->e->current)) != GCAP_OK ||
+      (st = gcap_stream_wait_event(side, ready)) != GCAP_OK) {
+    gcap_event_free(ready);
+    gcap_stream_free(side);
+    return st;
+  }
+  gcap_event_free(ready);
+  b->e->warm_prev = b->e->current; /* a hook may free it: stream.c redirects this */
   b->e->current = side;
   b->phase = "warmup";
   if (o->pre_warmup_hook && (st = o->pre_warmup_hook(o->pre_warmup_ud)) != GCAP_OK) goto done;
@@ -649,7 +660,8 @@ static gcap_status warmup(ge_build *b) {
   if (st == GCAP_OK && o->post_warmup_hook) st = o->post_warmup_hook(o->post_warmup_ud);
   if (st == GCAP_OK) st = gcap_stream_synchronize(side);
 done:
-  b->e->current = prev;
+  b->e->current = b->e->warm_prev;
+  b->e->warm_prev = NULL;
   gcap_stream_free(side);
   return st;
 }

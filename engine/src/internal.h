@@ -38,6 +38,7 @@ struct gc_seg {
   char *base;
   size_t size;
   gc_seg *next;
+  gc_blk *first; /* its blocks, by address (merges keep the leftmost) */
 };
 
 /* Last writer of each byte range of a pool: sorted, disjoint intervals. */
@@ -56,12 +57,14 @@ struct gcap_pool {
   int handles;    /* user references (gcap_pool_new, retain) */
   int graphs;     /* graphs holding the pool: captured or capturing */
   int64_t blocks; /* live blocks */
+  int64_t weak;   /* weak references to its memory (gc_tensor_weaken) */
   int is_heap;    /* the engine's ordinary allocator */
   gc_seg *segs;
   gc_blk *freelist;
   size_t reserved, in_use, peak;
-  gc_ivmap writers;            /* replay check: who wrote what last */
-  struct gcap_pool *next_dead; /* deferred release list */
+  gc_ivmap writers;              /* replay check: who wrote what last */
+  struct gcap_pool *next_dead;   /* deferred release list */
+  struct gcap_pool *prev, *next; /* the engine's pools */
 };
 
 gcap_pool *gc_pool_create(gcap_engine *e, int is_heap);
@@ -72,6 +75,9 @@ void gc_blk_release(gc_blk *b);
 /* Give t's block back to its pool but keep t's address valid for graphs
 ** already captured (a weak reference, for reused graph buffers). */
 gcap_status gc_tensor_weaken(gcap_tensor *t);
+/* The free blocks of stream s, in every pool, go to stream to (s is going
+** away: its work must be finished); in-use ones will return to `to`. */
+void gc_pools_retag(gcap_engine *e, gcap_stream *s, gcap_stream *to);
 /* Free p once nothing holds it (no handle, graph or block). */
 void gc_pool_maybe_release(gcap_pool *p);
 /* Release every segment of p to the device and free p. */
@@ -92,6 +98,7 @@ struct gcap_stream {
   gcap_engine *e;
   void *bs;                 /* the backend's stream */
   int owned_by_engine;      /* default and capture streams */
+  int dead;                 /* freed during a capture: destroyed when it ends */
   int in_capture;           /* origin of, or forked into, the open capture */
   uint64_t seq;             /* work items queued so far */
   uint64_t joined_seq;      /* seq when last joined back into the origin */
@@ -266,6 +273,8 @@ struct gcap_engine {
   char err[GC_ERRLEN];
   gcap_stream *streams; /* every live stream */
   gcap_stream *default_stream, *capture_stream, *current;
+  gcap_stream *warm_prev; /* the current stream to restore after a warmup */
+  gcap_pool *pools;       /* every pool, the heap included */
   gcap_pool *heap;
   gc_capture *cap; /* the open capture, or NULL */
   uint64_t cap_epoch;

@@ -28,6 +28,10 @@ gcap_status gc_stream_create(gcap_engine *e, int owned, gcap_stream **out) {
 
 void gc_stream_destroy(gcap_stream *s) {
   gcap_engine *e = s->e;
+  if (!s->owned_by_engine && e->default_stream != NULL) { /* its blocks: the default stream's */
+    e->be->stream_sync(e, e->bs, s->bs);
+    gc_pools_retag(e, s, e->default_stream);
+  }
   if (s->prev)
     s->prev->next = s->next;
   else
@@ -52,9 +56,10 @@ void gcap_stream_free(gcap_stream *s) {
   if (s == NULL || s->owned_by_engine) return;
   e = s->e;
   if (e->current == s) e->current = e->default_stream;
-  if (s->in_capture) {      /* still part of a capture: the backend keeps it till the end */
-    s->owned_by_engine = 1; /* destroyed with the engine */
-    gc_engine_unref(e);
+  if (e->cap && e->cap->prev_current == s) e->cap->prev_current = e->default_stream;
+  if (e->warm_prev == s) e->warm_prev = e->default_stream;
+  if (e->cap != NULL) { /* no synchronizing in a capture: it goes when the capture ends */
+    s->dead = 1;
     return;
   }
   gc_stream_destroy(s);
