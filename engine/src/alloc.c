@@ -204,7 +204,7 @@ void gc_pool_destroy(gcap_pool *p) {
   free(p);
 }
 
-void gc_pools_retag(gcap_engine *e, gcap_stream *s, gcap_stream *to) {
+void gc_pools_retag(gcap_engine *e, const gcap_stream *s, gcap_stream *to) {
   gcap_pool *p;
   for (p = e->pools; p != NULL; p = p->next) {
     gc_seg **link = &p->segs;

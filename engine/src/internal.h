@@ -77,7 +77,7 @@ void gc_blk_release(gc_blk *b);
 gcap_status gc_tensor_weaken(gcap_tensor *t);
 /* The free blocks of stream s, in every pool, go to stream to (s is going
 ** away: its work must be finished); in-use ones will return to `to`. */
-void gc_pools_retag(gcap_engine *e, gcap_stream *s, gcap_stream *to);
+void gc_pools_retag(gcap_engine *e, const gcap_stream *s, gcap_stream *to);
 /* Free p once nothing holds it (no handle, graph or block). */
 void gc_pool_maybe_release(gcap_pool *p);
 /* Release every segment of p to the device and free p. */
