@@ -256,6 +256,17 @@ fail:
   return st;
 }
 
+/* Did the origin come to wait for all of s's work, directly or through
+** other streams of the capture? */
+static int stream_joined(const gcap_stream *s, const gcap_stream *origin) {
+  int hops;
+  for (hops = 0; s != origin && hops < 1 << 16; hops++) { /* bounded: a wait cycle is no join */
+    if (s->joined_seq != s->seq || s->absorber == NULL || !s->absorber->in_capture) return 0;
+    s = s->absorber;
+  }
+  return s == origin;
+}
+
 gcap_status gcap_capture_end(gcap_graph *g) {
   gcap_engine *e;
   gc_capture *cap;
@@ -272,7 +283,7 @@ gcap_status gcap_capture_end(gcap_graph *g) {
   if (e->current != cap->origin)
     gc_capture_refuse(e, "capture_end: the capture must end on the stream it began on");
   for (s = e->streams; s != NULL; s = s->next)
-    if (s->in_capture && s != cap->origin && s->joined_seq != s->seq)
+    if (s->in_capture && s != cap->origin && !stream_joined(s, cap->origin))
       gc_capture_refuse(e, "capture_end: a stream forked into the capture was not joined back "
                            "(the capture stream must wait on an event recorded on it after its "
                            "last work)");

@@ -96,13 +96,14 @@ void gc_ivmap_free(gc_ivmap *m);
 
 struct gcap_stream {
   gcap_engine *e;
-  void *bs;                 /* the backend's stream */
-  int owned_by_engine;      /* default and capture streams */
-  int dead;                 /* freed during a capture: destroyed when it ends */
-  int in_capture;           /* origin of, or forked into, the open capture */
-  uint64_t seq;             /* work items queued so far */
-  uint64_t joined_seq;      /* seq when last joined back into the origin */
-  gcap_stream *prev, *next; /* the engine's list of streams */
+  void *bs;                     /* the backend's stream */
+  int owned_by_engine;          /* default and capture streams */
+  int dead;                     /* freed during a capture: destroyed when it ends */
+  int in_capture;               /* origin of, or forked into, the open capture */
+  uint64_t seq;                 /* work items queued so far */
+  uint64_t joined_seq;          /* seq when another capture stream last waited for all its work */
+  struct gcap_stream *absorber; /* that stream (joined when it is, or is the origin) */
+  gcap_stream *prev, *next;     /* the engine's list of streams */
 };
 
 struct gcap_event {

@@ -110,6 +110,9 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
     double v = order[p], a = fabs(v);
     if (!isfinite(v) || v == 0.0)
       return order_fail(e, p, v, "entries are non-zero chunk numbers (+k forward, -k backward)");
+    if (a > (double)len) /* K <= len: no chunk can be numbered higher (and ints stay ints) */
+      return order_fail(e, p, v, "|entry| must be a chunk number, at most the order's length %d",
+                        len);
     if (a != floor(a)) {
       if (a - floor(a) != 0.5)
         return order_fail(e, p, v,

@@ -1,8 +1,9 @@
 /*
 ** stream.c: streams and events, and the fork/join bookkeeping of captures.
 ** A stream joins the open capture by waiting on an event recorded in it
-** (CUDA's rule); it is joined back when the capture's origin stream waits on
-** an event recorded on it after its last work.
+** (CUDA's rule); it is joined back when a stream of the capture that is
+** itself joined (or the origin) waits on an event recorded on it after its
+** last work, as CUDA allows joins through other streams.
 */
 #include <stdlib.h>
 
@@ -163,9 +164,12 @@ gcap_status gcap_stream_wait_event(gcap_stream *s, gcap_event *ev) {
     if (!s->in_capture) { /* fork s into the capture */
       s->in_capture = 1;
       s->joined_seq = (uint64_t)-1;
+      s->absorber = NULL;
     }
-    if (s == e->cap->origin && ev->stream != s && ev->seq == ev->stream->seq)
-      ev->stream->joined_seq = ev->seq; /* join: origin waits for all of ev's stream */
+    if (ev->stream != s && ev->seq == ev->stream->seq) { /* s now waits for all of ev's stream */
+      ev->stream->joined_seq = ev->seq;
+      ev->stream->absorber = s;
+    }
   }
   return GCAP_OK;
 }
