@@ -196,6 +196,7 @@ void gc_pool_destroy(gcap_pool *p) {
     free(s);
   }
   gc_ivmap_free(&p->writers);
+  gc_ivmap_free(&p->cap_writers);
   if (p->prev)
     p->prev->next = p->next;
   else
@@ -389,6 +390,15 @@ int gc_ivmap_each(const gc_ivmap *m, uintptr_t lo, uintptr_t hi,
     }
   }
   return 0;
+}
+
+gcap_status gc_ivmap_copy(gc_ivmap *dst, const gc_ivmap *src) {
+  gc_ivmap_free(dst);
+  if (src->n == 0) return GCAP_OK;
+  if ((dst->v = (gc_ivl *)malloc((size_t)src->n * sizeof *dst->v)) == NULL) return GCAP_ENOMEM;
+  memcpy(dst->v, src->v, (size_t)src->n * sizeof *dst->v);
+  dst->n = dst->cap = src->n;
+  return GCAP_OK;
 }
 
 void gc_ivmap_free(gc_ivmap *m) {

@@ -4,11 +4,13 @@
 **
 ** The check (DESIGN §3): at capture, each graph records the pool bytes it
 ** reads before writing them itself (its read set), each with the graph that
-** last wrote them in capture order (its producer), and the bytes it writes.
-** At replay the pool's interval map says who wrote each range last; a read
-** whose range was last written by another graph than its producer (and not
-** by the reader itself, or by eager work) means a graph captured in between
-** has reused that memory: the replay is refused.
+** last wrote them in capture order (its producer, from the pool's
+** capture-order map), and the bytes it writes. At replay a second map says
+** who really wrote each range last (replays and eager work only: a capture
+** that failed, or a graph never replayed, wrote nothing); a read whose range
+** was last written by another graph than its producer (and not by the reader
+** itself, or by eager work) means a graph captured in between has reused
+** that memory: the replay is refused.
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,7 +144,10 @@ gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
   gcap_graph *g;
   if (lo == hi) return GCAP_OK;
   if (e->cap == NULL) { /* eager: only pool memory is tracked */
-    if (write && !p->is_heap) gc_ivmap_set(&p->writers, lo, hi, GC_WRITER_OUTSIDE);
+    if (write && !p->is_heap) {
+      gc_ivmap_set(&p->writers, lo, hi, GC_WRITER_OUTSIDE);
+      gc_ivmap_set(&p->cap_writers, lo, hi, GC_WRITER_OUTSIDE);
+    }
     return GCAP_OK;
   }
   g = e->cap->g;
@@ -150,10 +155,10 @@ gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
   if (write) {
     if (!ranges_cover(&g->writes, lo, hi) && !ranges_push(&g->writes, lo, hi, g->id))
       return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
-    gc_ivmap_set(&p->writers, lo, hi, g->id);
+    gc_ivmap_set(&p->cap_writers, lo, hi, g->id);
   } else if (!ranges_cover(&g->writes, lo, hi)) {
     read_ctx rc = {g, 1};
-    gc_ivmap_each(&p->writers, lo, hi, note_read_piece, &rc);
+    gc_ivmap_each(&p->cap_writers, lo, hi, note_read_piece, &rc);
     if (!rc.ok) return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
   }
   return GCAP_OK;
@@ -234,7 +239,13 @@ gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
     goto fail;
   }
   if (s == NULL) s = e->capture_stream;
+  if (gc_ivmap_copy(&cap->cap_writers, &pool->cap_writers) != GCAP_OK) {
+    free(cap);
+    st = gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
+    goto fail;
+  }
   if ((st = e->be->capture_begin(e, e->bs, s->bs)) != GCAP_OK) {
+    gc_ivmap_free(&cap->cap_writers);
     free(cap);
     goto fail;
   }
@@ -267,6 +278,18 @@ static int stream_joined(const gcap_stream *s, const gcap_stream *origin) {
   return s == origin;
 }
 
+/* Free a capture's record; a failed capture (restore) leaves the pool's
+** capture-order map as it was at begin: what it wrote never happens. */
+static void cap_free(gc_capture *cap, int restore) {
+  if (restore) {
+    gc_ivmap t = cap->pool->cap_writers;
+    cap->pool->cap_writers = cap->cap_writers;
+    cap->cap_writers = t;
+  }
+  gc_ivmap_free(&cap->cap_writers);
+  free(cap);
+}
+
 gcap_status gcap_capture_end(gcap_graph *g) {
   gcap_engine *e;
   gc_capture *cap;
@@ -297,17 +320,17 @@ gcap_status gcap_capture_end(gcap_graph *g) {
     char why[GC_ERRLEN];
     snprintf(why, sizeof why, "%s", cap->invalid ? cap->why : e->err);
     if (bgraph) e->be->graph_free(e->bs, bgraph, NULL);
-    free(cap);
+    cap_free(cap, 1);
     graph_clear(g);
     gc_run_deferred(e);
     return gc_fail(e, GCAP_ECAPTURE, "capture of %s failed: %s", g->name, why);
   }
   g->bgraph = bgraph;
   g->stats.capture_ms = t1 - cap->t0;
-  free(cap);
   st = e->be->instantiate(e, e->bs, g->bgraph, &g->bexec, &g->stats.nodes);
   g->stats.instantiate_ms = gc_now_ms() - t1;
   g->stats.pool_bytes = g->pool->reserved;
+  cap_free(cap, st != GCAP_OK);
   if (st != GCAP_OK) {
     char why[GC_ERRLEN];
     snprintf(why, sizeof why, "%s", e->err);

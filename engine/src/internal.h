@@ -62,7 +62,8 @@ struct gcap_pool {
   gc_seg *segs;
   gc_blk *freelist;
   size_t reserved, in_use, peak;
-  gc_ivmap writers;              /* replay check: who wrote what last */
+  gc_ivmap writers;              /* replay check: who really wrote what last (replays, eager) */
+  gc_ivmap cap_writers;          /* the same in capture order: the producers of reads */
   struct gcap_pool *next_dead;   /* deferred release list */
   struct gcap_pool *prev, *next; /* the engine's pools */
 };
@@ -90,6 +91,8 @@ void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer);
 int gc_ivmap_each(const gc_ivmap *m, uintptr_t lo, uintptr_t hi,
                   int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, int writer), void *ud);
 void gc_ivmap_free(gc_ivmap *m);
+/* dst = a copy of src (dst's old contents freed). */
+gcap_status gc_ivmap_copy(gc_ivmap *dst, const gc_ivmap *src);
 
 /* ------------------------------------------------------------------------ */
 /* Streams and events (stream.c)                                             */
@@ -256,6 +259,7 @@ typedef struct gc_capture {
   int invalid;
   char why[GC_ERRLEN];
   double t0;
+  gc_ivmap cap_writers; /* the pool's capture-order map at begin, for a failure */
 } gc_capture;
 
 /* Note that the launch about to happen reads (write = 0) or writes t:
