@@ -31,6 +31,7 @@ typedef struct ge_entry {
   gcap_graph *fwd, *bwd, *dw;
   int need_dw;
   int reset;
+  int fwd_pending; /* replayed forwards whose backward is still to come */
 } ge_entry;
 
 struct gcap_graphed {
@@ -41,6 +42,7 @@ struct gcap_graphed {
   gcap_pool *pool;
   int training;
   int clone;
+  int reuse; /* entries may share static inputs */
 };
 
 void gcap_graphed_opts_init(gcap_graphed_opts *o) {
@@ -736,6 +738,7 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
   b.G->n = nentries;
   b.G->training = training;
   b.G->clone = opts->clone_param_grads_on_return;
+  b.G->reuse = opts->reuse_graph_input_output_buffers;
   gc_engine_ref(e);
   if ((st = e->be->download(e, e->bs, e->current->bs, rng, e->rng->ptr, sizeof rng)) != GCAP_OK)
     goto fail;
@@ -793,13 +796,17 @@ fail0:
 /* ------------------------------------------------------------------------ */
 /* Replay                                                                    */
 
+/* The autograd node of a replayed forward: its backward is pending until it
+** runs, or until the node is dropped (then it never will). */
 typedef struct ge_ref {
   gcap_graphed *G;
   int entry;
+  int pending;
 } ge_ref;
 
 static void ge_ref_free(void *ud) {
   ge_ref *r = (ge_ref *)ud;
+  if (r->pending) r->G->v[r->entry].fwd_pending--;
   gcap_graphed_free(r->G);
   free(r);
 }
@@ -831,16 +838,42 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
       (st = gcap_copy_(x->grad_out, g)) != GCAP_OK)
     return st;
   if ((st = gcap_graph_replay(x->bwd)) != GCAP_OK) return st;
+  if (r->pending) {
+    r->pending = 0;
+    x->fwd_pending--;
+  }
   for (k = 0; k < x->nargs + x->nparams; k++) {
     gcap_tensor *s = x->grad_in[k];
     if (s == NULL || !gc_node_needs(n, k)) continue;
-    if (k >= x->nargs && !G->clone && n->leaf[k] != NULL && n->leaf[k]->grad == NULL) {
+    if (k >= x->nargs && !G->clone && n->leaf[k] != NULL && n->leaf[k]->grad == NULL &&
+        !s->blk->weak) {
       n->leaf[k]->grad =
           gc_tensor_alias(s, s->ndim, s->shape); /* the static buffer itself, as TE */
       continue;
     }
     if ((gin[k] = gc_tensor_alias(s, s->ndim, s->shape)) == NULL)
       return gc_fail(G->e, GCAP_ENOMEM, "graphed backward: out of host memory");
+  }
+  return GCAP_OK;
+}
+
+/* Reuse: entries share static inputs, which a backward may still read (saved
+** activations). A forward into a shared input while another entry's backward
+** is pending would overwrite it: refused, like a replay out of pool order. */
+static gcap_status check_shared_inputs(gcap_graphed *G, int entry) {
+  const ge_entry *x = &G->v[entry];
+  int j, k, kk;
+  for (j = 0; j < G->n; j++) {
+    const ge_entry *y = &G->v[j];
+    if (j == entry || !y->fwd_pending) continue;
+    for (k = 0; k < x->nargs; k++)
+      for (kk = 0; kk < y->nargs; kk++)
+        if (x->args[k] == y->args[kk])
+          return gc_fail(G->e, GCAP_EREPLAY,
+                         "graphed call of entry %d refused: its static input #%d is shared with "
+                         "entry %d (reuse_graph_input_output_buffers), whose backward has not run "
+                         "yet; replay in the order the schedule was captured",
+                         entry + 1, k + 1, j + 1);
   }
   return GCAP_OK;
 }
@@ -861,6 +894,7 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
     return gc_fail(G->e, GCAP_EINVAL,
                    "graphed call of entry %d: expected %d tensor arguments, got %d", entry + 1,
                    x->nargs, nin);
+  if (G->reuse && (st = check_shared_inputs(G, entry)) != GCAP_OK) return st;
   was = gcap_set_grad_enabled(G->e, 0);
   for (k = 0; k < nin; k++) {
     if (in[k] == NULL || in[k]->e != G->e) {
@@ -877,6 +911,7 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
   }
   gcap_set_grad_enabled(G->e, was);
   if ((st = gcap_graph_replay(x->fwd)) != GCAP_OK) return st;
+
   if ((*out = gc_tensor_alias(x->out, x->out->ndim, x->out->shape)) == NULL)
     return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
   if (x->bwd != NULL && G->e->grad_enabled) {
@@ -907,6 +942,8 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
       }
       r->G = gcap_graphed_retain(G);
       r->entry = entry;
+      r->pending = 1;
+      x->fwd_pending++;
       n->ud = r;
       n->ud_free = ge_ref_free;
     }
