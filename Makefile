@@ -60,9 +60,16 @@ $(B)/lua/%.o: lua/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(LUA_INC) -c $< -o $@
 
-$(B)/libgraphcap.a: $(OBJ)
+# The configuration the objects were built for: switching CUDA= rebuilds the archive.
+STAMP := $(B)/.cuda-$(WITH_CUDA)
+$(STAMP):
+	@mkdir -p $(B)
+	@rm -f $(B)/.cuda-*
+	@touch $@
+
+$(B)/libgraphcap.a: $(OBJ) $(STAMP)
 	@rm -f $@
-	ar rcs $@ $^
+	ar rcs $@ $(OBJ)
 
 $(B)/lua_embed.c: scripts/embed.lua $(LUA_FACADE) | setup
 	@mkdir -p $(@D)
