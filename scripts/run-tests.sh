@@ -75,12 +75,12 @@ skips=()
 run_suite() {
   local be=$1 name=$2 kind=$3
   shift 3
-  local out=$tmp/out err=$tmp/err rc
+  local outf=$tmp/out err=$tmp/err rc
   echo "== $be: $name"
   # A subshell that cannot exec the command waits for it, so bash's own report
   # of a crash ("Segmentation fault ...") goes to /dev/null; ours follows.
   (
-    GRAPHCAP_DEVICE=$be "${timeout_cmd[@]}" "$@" </dev/null >"$out" 2>"$err"
+    GRAPHCAP_DEVICE=$be "${timeout_cmd[@]}" "$@" </dev/null >"$outf" 2>"$err"
     exit $?
   ) 2>/dev/null
   rc=$?
@@ -95,7 +95,7 @@ run_suite() {
     if [ $rc -eq 77 ]; then why="$why (skip)"; fi
   fi
 
-  cat "$out"
+  cat "$outf"
   if [ -s "$err" ]; then
     echo "-- $be: $name: stderr"
     cat "$err"
@@ -103,7 +103,7 @@ run_suite() {
   if [ -n "$why" ]; then echo "-- $be: $name: $why"; fi
   if [ -n "$log_dir" ]; then
     {
-      cat "$out"
+      cat "$outf"
       if [ -s "$err" ]; then
         echo "-- stderr"
         cat "$err"
@@ -127,9 +127,9 @@ run_suite() {
 
   local ok skip line
   local -a bad=()
-  ok=$(cat "$out" "$err" | grep -cE '^ok([[:space:]]|$)')
-  skip=$(cat "$out" "$err" | grep -cE '^ok([[:space:]]|$).*#[[:space:]]*[Ss][Kk][Ii][Pp]')
-  mapfile -t bad < <(cat "$out" "$err" | grep -E '^not ok([[:space:]]|$)')
+  ok=$(cat "$outf" "$err" | grep -cE '^ok([[:space:]]|$)')
+  skip=$(cat "$outf" "$err" | grep -cE '^ok([[:space:]]|$).*#[[:space:]]*[Ss][Kk][Ii][Pp]')
+  mapfile -t bad < <(cat "$outf" "$err" | grep -E '^not ok([[:space:]]|$)')
   passed=$((passed + ok - skip))
   skipped=$((skipped + skip))
   failed=$((failed + ${#bad[@]}))
