@@ -239,9 +239,19 @@ local function make_graphed_callables (callables, sample_args, opts)
   -- a callable graphed with kwargs gets them back as a map when the core
   -- calls it (warmup, capture), and flattens its map when it is called
   local marked = {}
-  for i = 1, #args do
-    local m = mods[i] or mods[1]
-    if keys[i] and opts.order == nil then m.graphed_kwargs = keys[i]; marked[#marked + 1] = m end
+  if opts.order == nil then
+    for i = 1, #args do
+      if keys[i] then mods[i].graphed_kwargs = keys[i]; marked[#marked + 1] = mods[i] end
+    end
+  elseif keys[1] then  -- with an order every entry of a callable shares its keys
+    local k1 = table.concat(keys[1], "\0")
+    for i = 2, #args do
+      if table.concat(keys[i] or {}, "\0") ~= k1 then
+        fail("with an order, sample_kwargs must have the same keys for every entry "
+             .. "(entry 1 and entry %d differ)", i)
+      end
+    end
+    for c = 1, #mods do mods[c].graphed_kwargs = keys[1]; marked[#marked + 1] = mods[c] end
   end
   local ok, G = pcall(core.make_graphed_callables, mods, args, norm)
   if not ok then
