@@ -40,6 +40,16 @@ static void t_fail_(const char *file, int line, const char *expr, const char *ms
       return;                                                                                      \
     }                                                                                              \
   } while (0)
+/* A set-up step `ok` (non-zero on success) must succeed; otherwise fail the
+** group, run `undo` (freeing what the step made) and leave the test function. */
+#define T_SETUP(ok, undo)                                                                          \
+  do {                                                                                             \
+    if (!(ok)) {                                                                                   \
+      t_fail_(__FILE__, __LINE__, #ok, "set-up failed");                                           \
+      undo;                                                                                        \
+      return;                                                                                      \
+    }                                                                                              \
+  } while (0)
 /* `call` must return `want`; otherwise print its status and gcap_errmsg(e). */
 #define T_CHECK_ST(e, call, want)                                                                  \
   do {                                                                                             \
@@ -61,6 +71,13 @@ static void t_fail_(const char *file, int line, const char *expr, const char *ms
       t_fail_(__FILE__, __LINE__, #call, t_m_);                                                    \
       return;                                                                                      \
     }                                                                                              \
+  } while (0)
+/* A failed check with a printf-formatted message (naming, say, op, index and values). */
+#define T_FAILF(expr, ...)                                                                         \
+  do {                                                                                             \
+    char t_fm_[400];                                                                               \
+    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                                    \
+    t_fail_(__FILE__, __LINE__, expr, t_fm_);                                                      \
   } while (0)
 /* |a - b| <= atol + rtol * |b|, b the reference (NaN fails). */
 #define T_CHECK_NEAR(a, b, atol, rtol)                                                             \
@@ -100,6 +117,10 @@ static inline gcap_engine *t_engine(void) {
   gcap_status st = gcap_engine_new(t_device(), &e);
   if (st != GCAP_OK) t_fail_(__FILE__, __LINE__, "gcap_engine_new", gcap_last_open_error());
   return e;
+}
+/* 1 when e's last error message contains `what`. */
+static inline int t_msg_has(gcap_engine *e, const char *what) {
+  return strstr(gcap_errmsg(e), what) != NULL;
 }
 /* Helpers that report the caller's line. t_from: a new f32 tensor copied from
 ** `data` (NULL on error); t_read: all numel values into dst (0 on error);

@@ -14,14 +14,6 @@
 
 #include "t.h"
 
-/* A failed comparison, with a formatted message. */
-#define T_FAILF(expr, ...)                                                                         \
-  do {                                                                                             \
-    char t_fm_[400];                                                                               \
-    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                                    \
-    t_fail_(__FILE__, __LINE__, expr, t_fm_);                                                      \
-  } while (0)
-
 /* got[i] == want[i] for i < n (as floats); names the first difference. */
 #define T_CHECK_VALUES(what, got, want, n)                                                         \
   do {                                                                                             \
@@ -38,11 +30,6 @@ static gcap_tensor *leaf(gcap_engine *e, int nd, const int64_t *shape, const flo
   gcap_tensor *t = t_from(e, nd, shape, d);
   if (t && gcap_tensor_set_requires_grad(t, 1) != GCAP_OK) T_CHECK(!"set_requires_grad");
   return t;
-}
-
-/* The error text contains `what`. */
-static int msg_has(gcap_engine *e, const char *what) {
-  return strstr(gcap_errmsg(e), what) != NULL;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -288,7 +275,7 @@ static void test_set_grad(void) {
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, s4, 0.0, &bad));
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_BF16, 2, s, 0.0, &bf));
   T_CHECK_ST(e, gcap_tensor_set_grad(x, bad), GCAP_EINVAL);
-  T_CHECK(msg_has(e, "[4]") && msg_has(e, "[2, 2]"));
+  T_CHECK(t_msg_has(e, "[4]") && t_msg_has(e, "[2, 2]"));
   T_CHECK_ST(e, gcap_tensor_set_grad(x, bf), GCAP_EINVAL);
   T_CHECK(gcap_tensor_grad(x) == NULL);
   T_CHECK_OK(e, gcap_tensor_set_grad(x, g0));
@@ -328,8 +315,8 @@ static void test_retain_graph(void) {
     want[i] = g1[i] + g1[i];
   if (t_read(gcap_tensor_grad(x), g, 3)) T_CHECK_VALUES("two backwards", g, want, 3);
   T_CHECK_ST(e, gcap_backward(l, NULL, 0), GCAP_ESTATE);
-  T_CHECK(msg_has(e, "second time") || msg_has(e, "retain_graph"));
-  T_CHECK(msg_has(e, "retain_graph"));
+  T_CHECK(t_msg_has(e, "second time") || t_msg_has(e, "retain_graph"));
+  T_CHECK(t_msg_has(e, "retain_graph"));
   if (t_read(gcap_tensor_grad(x), g, 3))
     T_CHECK_VALUES("unchanged by the refused backward", g, want, 3);
   /* a new graph over the same leaves works */
@@ -339,7 +326,7 @@ static void test_retain_graph(void) {
   T_CHECK_OK(e, gcap_sum(y, &l));
   T_CHECK_OK(e, gcap_backward(l, NULL, 0));
   T_CHECK_ST(e, gcap_backward(l, NULL, 0), GCAP_ESTATE); /* sum and mul freed their saved tensors */
-  T_CHECK(msg_has(e, "retain_graph"));
+  T_CHECK(t_msg_has(e, "retain_graph"));
   gcap_tensor_free(x), gcap_tensor_free(w), gcap_tensor_free(y), gcap_tensor_free(z),
       gcap_tensor_free(l);
   gcap_engine_free(e);
@@ -358,16 +345,16 @@ static void test_backward_grad_errors(void) {
   T_REQUIRE(x != NULL);
   T_CHECK_OK(e, gcap_scale(x, 2.0, &y));
   T_CHECK_ST(e, gcap_backward(y, NULL, 0), GCAP_EINVAL); /* 6 elements, no grad */
-  T_CHECK(msg_has(e, "[2, 3]"));
+  T_CHECK(t_msg_has(e, "[2, 3]"));
   flat = t_from(e, 1, s6, dg);
   tr = t_from(e, 2, s32, dg);
   T_REQUIRE(flat && tr);
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_BF16, 2, s, 1.0, &bf));
   T_CHECK_OK(e2, gcap_tensor_full(e2, GCAP_F32, 2, s, 1.0, &other));
   T_CHECK_ST(e, gcap_backward(y, flat, 0), GCAP_EINVAL); /* same numel, other shape */
-  T_CHECK(msg_has(e, "[6]") && msg_has(e, "[2, 3]"));
+  T_CHECK(t_msg_has(e, "[6]") && t_msg_has(e, "[2, 3]"));
   T_CHECK_ST(e, gcap_backward(y, tr, 0), GCAP_EINVAL);
-  T_CHECK(msg_has(e, "[3, 2]"));
+  T_CHECK(t_msg_has(e, "[3, 2]"));
   T_CHECK_ST(e, gcap_backward(y, bf, 0), GCAP_EINVAL);    /* other dtype */
   T_CHECK_ST(e, gcap_backward(y, other, 0), GCAP_EINVAL); /* other engine */
   T_CHECK(gcap_tensor_grad(x) == NULL);                   /* nothing ran */
@@ -425,8 +412,8 @@ static void test_requires_grad_leaves_only(void) {
   T_CHECK(gcap_tensor_requires_grad(y) == 1 && gcap_tensor_is_leaf(y) == 0);
   T_CHECK(gcap_tensor_grad_fn_name(y) != NULL && strcmp(gcap_tensor_grad_fn_name(y), "mul") == 0);
   T_CHECK_ST(e, gcap_tensor_set_requires_grad(y, 0), GCAP_EINVAL);
-  T_CHECK(msg_has(e, "leaves") || msg_has(e, "leaf"));
-  T_CHECK(msg_has(e, "mul"));
+  T_CHECK(t_msg_has(e, "leaves") || t_msg_has(e, "leaf"));
+  T_CHECK(t_msg_has(e, "mul"));
   T_CHECK_ST(e, gcap_tensor_set_requires_grad(y, 1), GCAP_EINVAL);
   T_CHECK(gcap_tensor_requires_grad(y) == 1);
   T_CHECK_ST(e, gcap_tensor_set_requires_grad(NULL, 1), GCAP_EINVAL);
@@ -530,10 +517,10 @@ static void test_inplace_on_leaf(void) {
   gcap_tensor *x = leaf(e, 1, s, d), *src = t_from(e, 1, s, d2), *y = NULL;
   T_REQUIRE(x && src);
   T_CHECK_ST(e, gcap_fill_(x, 9.0), GCAP_EINVAL);
-  T_CHECK(msg_has(e, "fill_") && msg_has(e, "grad"));
+  T_CHECK(t_msg_has(e, "fill_") && t_msg_has(e, "grad"));
   T_CHECK_ST(e, gcap_zero_(x), GCAP_EINVAL);
   T_CHECK_ST(e, gcap_copy_(x, src), GCAP_EINVAL);
-  T_CHECK(msg_has(e, "copy_"));
+  T_CHECK(t_msg_has(e, "copy_"));
   if (t_read(x, v, 4)) T_CHECK_VALUES("untouched", v, d, 4);
   int was = gcap_set_grad_enabled(e, 0);
   T_CHECK_OK(e, gcap_fill_(x, 9.0));

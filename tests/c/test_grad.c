@@ -15,14 +15,7 @@
 #include <stdint.h>
 
 #include "t.h"
-
-/* A failed comparison, with a formatted message naming op, index and values. */
-#define T_FAILF(expr, ...)                                                                         \
-  do {                                                                                             \
-    char t_fm_[400];                                                                               \
-    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                                    \
-    t_fail_(__FILE__, __LINE__, expr, t_fm_);                                                      \
-  } while (0)
+#include "t_data.h"
 
 /* f32 finite differences: step and tolerance |d| <= ATOL + RTOL * |ref|. */
 #define H 1e-2
@@ -32,8 +25,7 @@
 /* A small deterministic generator: uniform in [-1, 1). */
 static uint32_t rng_state = 12345u;
 static float urand(void) {
-  rng_state = rng_state * 1664525u + 1013904223u;
-  return (float)((rng_state >> 8) & 0xffffffu) / 8388608.0f - 1.0f;
+  return t_urand(&rng_state);
 }
 
 typedef enum {
@@ -52,7 +44,6 @@ typedef struct gin {
 } gin;
 
 #define MAXIN 6
-typedef gcap_status (*op_fn)(gcap_tensor *const *x, gcap_tensor **y);
 
 typedef struct gcase {
   const char *name;
@@ -64,10 +55,7 @@ typedef struct gcase {
 } gcase;
 
 static int64_t numel_of(const gin *g) {
-  int64_t n = 1;
-  for (int i = 0; i < g->ndim; i++)
-    n *= g->shape[i];
-  return n;
+  return t_numel(g->ndim, g->shape);
 }
 
 static void fill(const gin *g, float *d, int64_t n) {
@@ -218,61 +206,19 @@ done:
 }
 
 /* ------------------------------------------------------------------------ */
-/* The ops under test                                                        */
+/* The ops under test (the ones test_parity.c runs too are in t_data.h)      */
 
-static gcap_status f_add(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_add(x[0], x[1], y);
-}
-static gcap_status f_sub(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_sub(x[0], x[1], y);
-}
-static gcap_status f_mul(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_mul(x[0], x[1], y);
-}
 static gcap_status f_mul_self(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_mul(x[0], x[0], y);
 }
 static gcap_status f_scale(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_scale(x[0], -0.7, y);
 }
-static gcap_status f_neg(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_neg(x[0], y);
-}
-static gcap_status f_sum(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_sum(x[0], y);
-}
-static gcap_status f_mean(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_mean(x[0], y);
-}
-static gcap_status f_matmul(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_matmul(x[0], x[1], y);
-}
-static gcap_status f_linear(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_linear(x[0], x[1], x[2], y);
-}
-static gcap_status f_linear_nb(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_linear(x[0], x[1], NULL, y);
-}
-static gcap_status f_relu(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_relu(x[0], y);
-}
-static gcap_status f_gelu(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_gelu(x[0], y);
-}
-static gcap_status f_ln_wb(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_layer_norm(x[0], x[1], x[2], 1e-5, y);
-}
-static gcap_status f_ln(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_layer_norm(x[0], NULL, NULL, 1e-5, y);
-}
 static gcap_status f_ln_w(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_layer_norm(x[0], x[1], NULL, 1e-5, y);
 }
 static gcap_status f_ln_b(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_layer_norm(x[0], NULL, x[1], 1e-5, y);
-}
-static gcap_status f_softmax(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_softmax(x[0], -1, y);
 }
 static gcap_status f_softmax_dim(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_softmax(x[0], gcap_tensor_ndim(x[0]) - 1, y);
@@ -282,12 +228,6 @@ static gcap_status f_dropout(gcap_tensor *const *x, gcap_tensor **y) {
 }
 static gcap_status f_dropout_eval(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_dropout(x[0], 0.3, 0, y);
-}
-static gcap_status f_mse(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_mse_loss(x[0], x[1], y);
-}
-static gcap_status f_xent(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_cross_entropy(x[0], x[1], y);
 }
 static gcap_status f_view(gcap_tensor *const *x, gcap_tensor **y) {
   const int64_t s[2] = {3, 4};

@@ -8,25 +8,7 @@
 #include <stdint.h>
 
 #include "t.h"
-
-/* A failed comparison, with a formatted message. */
-#define T_FAILF(expr, ...)                                                                         \
-  do {                                                                                             \
-    char t_fm_[400];                                                                               \
-    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                                    \
-    t_fail_(__FILE__, __LINE__, expr, t_fm_);                                                      \
-  } while (0)
-
-static int msg_has(gcap_engine *e, const char *what) {
-  return strstr(gcap_errmsg(e), what) != NULL;
-}
-
-static int same_shape(gcap_tensor *t, int nd, const int64_t *shape) {
-  if (t == NULL || gcap_tensor_ndim(t) != nd) return 0;
-  for (int i = 0; i < nd; i++)
-    if (gcap_tensor_shape(t)[i] != shape[i]) return 0;
-  return 1;
-}
+#include "t_data.h"
 
 /* The values of a and b are bitwise equal (both readable, same numel). */
 static int bitwise_equal(gcap_tensor *a, gcap_tensor *b) {
@@ -74,9 +56,7 @@ static gcap_status backward_weighted(gcap_tensor *y) {
 
 static gcap_tensor *input(gcap_engine *e, int nd, const int64_t *shape, int requires_grad,
                           float phase) {
-  int64_t n = 1;
-  for (int i = 0; i < nd; i++)
-    n *= shape[i];
+  int64_t n = t_numel(nd, shape);
   float *d = malloc((size_t)(n + 1) * sizeof *d);
   gcap_tensor *t = NULL;
   if (d == NULL) return NULL;
@@ -110,10 +90,10 @@ static void test_parameter_order_and_names(void) {
   T_CHECK(gcap_module_num_parameters(seq) == 6);
   for (int i = 0; i < 6; i++) {
     gcap_tensor *p = gcap_module_parameter(seq, i, name, sizeof name);
-    if (p == NULL || strcmp(name, want[i]) != 0 || !same_shape(p, nds[i], shapes[i]) ||
+    if (p == NULL || strcmp(name, want[i]) != 0 || !t_has_shape(p, nds[i], shapes[i]) ||
         !gcap_tensor_requires_grad(p) || !gcap_tensor_is_leaf(p))
       T_FAILF("parameter", "#%d: name '%s' (want '%s'), shape ok %d", i, p ? name : "(none)",
-              want[i], same_shape(p, nds[i], shapes[i]));
+              want[i], t_has_shape(p, nds[i], shapes[i]));
   }
   T_CHECK(gcap_module_parameter(seq, 6, name, sizeof name) == NULL);
   T_CHECK(gcap_module_parameter(seq, -1, name, sizeof name) == NULL);
@@ -206,7 +186,7 @@ static void test_custom_registration_and_buffers(void) {
   /* names are unique per module across parameters, buffers and children; no dots */
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, s2, 0.0, &dup));
   T_CHECK_ST(e, gcap_module_add_parameter(m, "alpha", dup), GCAP_EINVAL);
-  T_CHECK(msg_has(e, "alpha"));
+  T_CHECK(t_msg_has(e, "alpha"));
   T_CHECK_ST(e, gcap_module_add_buffer(m, "sub", dup), GCAP_EINVAL);
   T_CHECK_ST(e, gcap_module_add_parameter(m, "running", dup), GCAP_EINVAL);
   T_CHECK_ST(e, gcap_module_add_parameter(m, "a.b", dup), GCAP_EINVAL);
@@ -218,7 +198,7 @@ static void test_custom_registration_and_buffers(void) {
   T_REQUIRE(x != NULL);
   T_CHECK_OK(e, gcap_scale(x, 2.0, &y));
   T_CHECK_ST(e, gcap_module_add_parameter(m, "made", y), GCAP_EINVAL);
-  T_CHECK(msg_has(e, "leaf"));
+  T_CHECK(t_msg_has(e, "leaf"));
   /* the module holds its tensors and children */
   gcap_tensor_free(a), gcap_tensor_free(b), gcap_tensor_free(buf), gcap_tensor_free(buf2);
   gcap_module_free(sub), gcap_module_free(lin);
@@ -647,12 +627,12 @@ static void test_hook_failure_leaves_clean_state(void) {
     if (k <= GCAP_HOOK_FORWARD) {
       T_CHECK_ST(e, gcap_module_call(lin, 1, &x, &y), GCAP_EABORTED);
       T_CHECK(y == NULL);
-      T_CHECK(msg_has(e, "hook") && msg_has(e, "Linear"));
+      T_CHECK(t_msg_has(e, "hook") && t_msg_has(e, "Linear"));
       T_CHECK_TAGS(&log, k == 0 ? "1 9" : "1 2 9"); /* the forward hook runs after forward */
     } else {
       T_CHECK_OK(e, gcap_module_call(lin, 1, &x, &y));
       T_CHECK_ST(e, backward_weighted(y), GCAP_EABORTED);
-      T_CHECK(msg_has(e, "hook"));
+      T_CHECK(t_msg_has(e, "hook"));
       if (k == GCAP_HOOK_BACKWARD_PRE) {
         T_CHECK_TAGS(&log, "1 2 3 9");
         T_CHECK(gcap_tensor_grad(w) == NULL); /* nothing reached the leaves */
@@ -719,7 +699,7 @@ static void test_delay_wgrad(void) {
   T_CHECK(bitwise_equal(gcap_tensor_grad(xd), gcap_tensor_grad(xr)));
   T_CHECK_OK(e, gcap_module_backward_dw(d));
   T_REQUIRE(gcap_tensor_grad(wd) != NULL && gcap_tensor_grad(bd) != NULL);
-  T_CHECK(same_shape(gcap_tensor_grad(wd), 2, gcap_tensor_shape(wd)));
+  T_CHECK(t_has_shape(gcap_tensor_grad(wd), 2, gcap_tensor_shape(wd)));
   T_CHECK(bitwise_equal(gcap_tensor_grad(wd), gcap_tensor_grad(wr)));
   T_CHECK(bitwise_equal(gcap_tensor_grad(bd), gcap_tensor_grad(br)));
   T_CHECK_OK(e, gcap_module_backward_dw(d)); /* drained: a second call adds nothing */
@@ -846,7 +826,7 @@ static void test_c_module(void) {
   gcap_tensor *ins[2] = {x, res};
   T_CHECK_OK(e, gcap_module_call(m, 2, ins, &y));
   T_CHECK(u->calls == 1);
-  T_CHECK(same_shape(y, 2, sy));
+  T_CHECK(t_has_shape(y, 2, sy));
   T_CHECK_OK(e, backward_weighted(y));
   for (int i = 0; i < 5; i++)
     if (gcap_tensor_grad(gcap_module_parameter(m, i, NULL, 0)) == NULL)
@@ -914,7 +894,7 @@ static void test_bad_input(void) {
   T_CHECK_OK(e, gcap_nn_linear(e, 4, 3, 1, 0, &lin));
   T_CHECK_ST(e, gcap_module_call(lin, 1, &x, &y), GCAP_EINVAL);
   T_CHECK(y == NULL);
-  if (!(msg_has(e, "linear") && msg_has(e, "[2, 5]") && msg_has(e, "[3, 4]")))
+  if (!(t_msg_has(e, "linear") && t_msg_has(e, "[2, 5]") && t_msg_has(e, "[3, 4]")))
     T_FAILF("message names linear and both shapes", "got \"%s\"", gcap_errmsg(e));
   T_CHECK(gcap_tensor_grad(x) == NULL);
   /* inside a Sequential the message survives */
@@ -924,19 +904,19 @@ static void test_bad_input(void) {
   y = (gcap_tensor *)(uintptr_t)0x10;
   T_CHECK_ST(e, gcap_module_call(seq, 1, &x, &y), GCAP_EINVAL);
   T_CHECK(y == NULL);
-  if (!(msg_has(e, "linear") && msg_has(e, "[2, 5]") && msg_has(e, "[3, 4]")))
+  if (!(t_msg_has(e, "linear") && t_msg_has(e, "[2, 5]") && t_msg_has(e, "[3, 4]")))
     T_FAILF("message names linear and both shapes", "got \"%s\"", gcap_errmsg(e));
   /* wrong number of inputs */
   gcap_tensor *two[2] = {x4, x4};
   T_CHECK_ST(e, gcap_module_call(lin, 2, two, &y), GCAP_EINVAL);
-  T_CHECK(msg_has(e, "Linear") && msg_has(e, "input"));
+  T_CHECK(t_msg_has(e, "Linear") && t_msg_has(e, "input"));
   T_CHECK_ST(e, gcap_module_call(lin, 1, NULL, &y), GCAP_EINVAL);
   gcap_tensor *nul[1] = {NULL};
   T_CHECK_ST(e, gcap_module_call(lin, 1, nul, &y), GCAP_EINVAL);
   /* a forward that produces nothing */
   T_CHECK_OK(e, gcap_module_new(e, "Empty", fwd_nothing, NULL, NULL, &empty));
   T_CHECK_ST(e, gcap_module_call(empty, 1, &x4, &y), GCAP_EINVAL);
-  T_CHECK(msg_has(e, "Empty"));
+  T_CHECK(t_msg_has(e, "Empty"));
   /* still usable */
   gcap_tensor *ok = NULL;
   T_CHECK_OK(e, gcap_module_call(seq, 1, &x4, &ok));

@@ -10,18 +10,6 @@
 
 #include "t.h"
 
-/* A failed comparison, with a formatted message. */
-#define T_FAILF(expr, ...)                                                                         \
-  do {                                                                                             \
-    char t_fm_[400];                                                                               \
-    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                                    \
-    t_fail_(__FILE__, __LINE__, expr, t_fm_);                                                      \
-  } while (0)
-
-static int msg_has(gcap_engine *e, const char *what) {
-  return strstr(gcap_errmsg(e), what) != NULL;
-}
-
 /* Tolerance of a float update against the double reference. */
 #define ATOL 2e-6
 #define RTOL 2e-6
@@ -102,11 +90,7 @@ static void sgd_case(const char *what, double lr, double momentum, double wd, in
   gcap_optim *o = NULL;
   double buf[NP][MAXN] = {{0}};
   int has_buf[NP] = {0};
-  if (!fixture_make(&f)) {
-    T_CHECK(!"fixture");
-    fixture_free(&f);
-    return;
-  }
+  T_SETUP(fixture_make(&f), fixture_free(&f));
   gcap_engine *e = f.e;
   T_CHECK_OK(e, gcap_optim_sgd(e, NP, f.p, lr, momentum, wd, &o));
   for (int k = 0; k < steps; k++) {
@@ -171,11 +155,7 @@ static void adam_case(const char *what, double lr, double b1, double b2, double 
   gcap_optim *o = NULL;
   adam_ref a;
   memset(&a, 0, sizeof a);
-  if (!fixture_make(&f)) {
-    T_CHECK(!"fixture");
-    fixture_free(&f);
-    return;
-  }
+  T_SETUP(fixture_make(&f), fixture_free(&f));
   gcap_engine *e = f.e;
   T_CHECK_OK(e, gcap_optim_adam(e, NP, f.p, lr, b1, b2, eps, wd, &o));
   for (int k = 0; k < steps; k++) {
@@ -206,11 +186,7 @@ static void test_skips_params_without_grad(void) {
     fixture f;
     gcap_optim *o = NULL;
     float before[MAXN], after[MAXN];
-    if (!fixture_make(&f)) {
-      T_CHECK(!"fixture");
-      fixture_free(&f);
-      return;
-    }
+    T_SETUP(fixture_make(&f), fixture_free(&f));
     gcap_engine *e = f.e;
     if (adam)
       T_CHECK_OK(e, gcap_optim_adam(e, NP, f.p, 0.01, 0.9, 0.999, 1e-8, 0.1, &o));
@@ -241,11 +217,7 @@ static void late_grad_case(int adam) {
   adam_ref a;
   double buf[NP][MAXN] = {{0}};
   memset(&a, 0, sizeof a);
-  if (!fixture_make(&f)) {
-    T_CHECK(!"fixture");
-    fixture_free(&f);
-    return;
-  }
+  T_SETUP(fixture_make(&f), fixture_free(&f));
   gcap_engine *e = f.e;
   if (adam)
     T_CHECK_OK(e, gcap_optim_adam(e, NP, f.p, 0.01, 0.9, 0.999, 1e-8, 0.0, &o));
@@ -288,11 +260,7 @@ static void test_zero_grad(void) {
   fixture f;
   gcap_optim *o = NULL;
   float g[MAXN];
-  if (!fixture_make(&f)) {
-    T_CHECK(!"fixture");
-    fixture_free(&f);
-    return;
-  }
+  T_SETUP(fixture_make(&f), fixture_free(&f));
   gcap_engine *e = f.e;
   T_CHECK_OK(e, gcap_optim_sgd(e, NP, f.p, 0.1, 0.0, 0.0, &o));
   T_CHECK_OK(e, gcap_optim_zero_grad(o, 1)); /* no grads yet: fine */
@@ -338,7 +306,7 @@ static void test_bad_arguments(void) {
   o = NULL;
   T_CHECK_ST(e, gcap_optim_sgd(e, 1, &y, 0.1, 0.0, 0.0, &o), GCAP_EINVAL); /* not a leaf */
   T_CHECK(o == NULL);
-  T_CHECK(msg_has(e, "leaf"));
+  T_CHECK(t_msg_has(e, "leaf"));
   gcap_tensor *nul[1] = {NULL};
   T_CHECK_ST(e, gcap_optim_sgd(e, 1, nul, 0.1, 0.0, 0.0, &o), GCAP_EINVAL);
   T_CHECK_ST(e, gcap_optim_step(NULL), GCAP_EINVAL);

@@ -13,14 +13,7 @@
 #include <stdint.h>
 
 #include "t.h"
-
-/* A failed comparison, with a formatted message. */
-#define T_FAILF(expr, ...)                                                                         \
-  do {                                                                                             \
-    char t_fm_[400];                                                                               \
-    snprintf(t_fm_, sizeof t_fm_, __VA_ARGS__);                                                    \
-    t_fail_(__FILE__, __LINE__, expr, t_fm_);                                                      \
-  } while (0)
+#include "t_data.h"
 
 #define F32_ATOL 1e-5
 #define F32_RTOL 1e-4
@@ -32,8 +25,7 @@ static int verbose;          /* GRAPHCAP_PARITY_VERBOSE=1: print each comparison
 
 static uint32_t rng_state = 777u;
 static float urand(void) { /* uniform in [-1, 1) */
-  rng_state = rng_state * 1664525u + 1013904223u;
-  return (float)((rng_state >> 8) & 0xffffffu) / 8388608.0f - 1.0f;
+  return t_urand(&rng_state);
 }
 
 typedef enum { FILL_NORMAL, FILL_AWAY, FILL_POS, FILL_CLASS } fill_kind;
@@ -47,7 +39,6 @@ typedef struct pin {
 } pin;
 
 #define MAXIN 4
-typedef gcap_status (*op_fn)(gcap_tensor *const *x, gcap_tensor **y);
 
 typedef struct pcase {
   const char *name;
@@ -60,10 +51,7 @@ typedef struct pcase {
 } pcase;
 
 static int64_t numel_of(const pin *p) {
-  int64_t n = 1;
-  for (int i = 0; i < p->ndim; i++)
-    n *= p->shape[i];
-  return n;
+  return t_numel(p->ndim, p->shape);
 }
 
 static void fill(const pin *p, float *d, int64_t n) {
@@ -208,61 +196,13 @@ done:
 }
 
 /* ------------------------------------------------------------------------ */
-/* Ops                                                                       */
+/* Ops (the ones test_grad.c runs too are in t_data.h)                      */
 
-static gcap_status f_add(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_add(x[0], x[1], y);
-}
-static gcap_status f_sub(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_sub(x[0], x[1], y);
-}
-static gcap_status f_mul(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_mul(x[0], x[1], y);
-}
 static gcap_status f_scale(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_scale(x[0], 0.3, y);
 }
-static gcap_status f_neg(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_neg(x[0], y);
-}
-static gcap_status f_sum(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_sum(x[0], y);
-}
-static gcap_status f_mean(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_mean(x[0], y);
-}
-static gcap_status f_matmul(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_matmul(x[0], x[1], y);
-}
-static gcap_status f_linear(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_linear(x[0], x[1], x[2], y);
-}
-static gcap_status f_linear_nb(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_linear(x[0], x[1], NULL, y);
-}
-static gcap_status f_relu(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_relu(x[0], y);
-}
-static gcap_status f_gelu(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_gelu(x[0], y);
-}
-static gcap_status f_ln_wb(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_layer_norm(x[0], x[1], x[2], 1e-5, y);
-}
-static gcap_status f_ln(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_layer_norm(x[0], NULL, NULL, 1e-5, y);
-}
-static gcap_status f_softmax(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_softmax(x[0], -1, y);
-}
 static gcap_status f_dropout(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_dropout(x[0], 0.4, 1, y);
-}
-static gcap_status f_mse(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_mse_loss(x[0], x[1], y);
-}
-static gcap_status f_xent(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_cross_entropy(x[0], x[1], y);
 }
 static gcap_status f_clone(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_tensor_clone(x[0], y);

@@ -9,11 +9,6 @@
 */
 #include "t.h"
 
-/* The error text contains `what`. */
-static int msg_has(gcap_engine *e, const char *what) {
-  return strstr(gcap_errmsg(e), what) != NULL;
-}
-
 /* ------------------------------------------------------------------------ */
 /* The replay check counts real writes only                                  */
 
@@ -68,11 +63,7 @@ static void chk_g2_replays(chk *c) {
 ** of y, and g2 is refused. */
 static void test_failed_capture_writes_nothing(void) {
   chk c;
-  if (!chk_open(&c)) {
-    T_CHECK(!"setup");
-    chk_close(&c);
-    return;
-  }
+  T_SETUP(chk_open(&c), chk_close(&c));
   gcap_engine *e = c.e;
   T_CHECK_OK(e, gcap_capture_begin(c.g3, c.p, NULL));
   T_CHECK_OK(e, gcap_fill_(c.y, 100.0));
@@ -94,11 +85,7 @@ static void test_failed_capture_writes_nothing(void) {
 ** g3 lives and after g3 is freed. */
 static void test_unreplayed_capture_writes_nothing(void) {
   chk c;
-  if (!chk_open(&c)) {
-    T_CHECK(!"setup");
-    chk_close(&c);
-    return;
-  }
+  T_SETUP(chk_open(&c), chk_close(&c));
   gcap_engine *e = c.e;
   T_CHECK_OK(e, gcap_capture_begin(c.g3, c.p, NULL));
   T_CHECK_OK(e, gcap_fill_(c.y, 100.0));
@@ -326,8 +313,8 @@ static void test_order_entry_out_of_range(void) {
     o.order = cases[i].order, o.order_len = cases[i].len;
     T_CHECK_ST(e, gcap_make_graphed_callables(e, 1, &m, 1, nargs, args, &o, &G), GCAP_EINVAL);
     T_CHECK(G == NULL);
-    T_CHECK(msg_has(e, cases[i].pos));
-    if (!msg_has(e, cases[i].pos)) printf("#   case %d: %s\n", i + 1, gcap_errmsg(e));
+    T_CHECK(t_msg_has(e, cases[i].pos));
+    if (!t_msg_has(e, cases[i].pos)) printf("#   case %d: %s\n", i + 1, gcap_errmsg(e));
   }
   gcap_tensor_free(x);
   gcap_module_free(m);

@@ -7,24 +7,9 @@
 #include <float.h>
 
 #include "t.h"
+#include "t_data.h"
 
 static const int64_t SHAPE4[4] = {2, 3, 4, 5};
-
-static int64_t prod(int nd, const int64_t *shape) {
-  int64_t n = 1;
-  for (int i = 0; i < nd; i++)
-    n *= shape[i];
-  return n;
-}
-
-/* 1 when t has exactly the shape (nd, shape). */
-static int has_shape(gcap_tensor *t, int nd, const int64_t *shape) {
-  if (!t || gcap_tensor_ndim(t) != nd) return 0;
-  const int64_t *s = gcap_tensor_shape(t);
-  for (int i = 0; i < nd; i++)
-    if (s[i] != shape[i]) return 0;
-  return 1;
-}
 
 static void test_engine_basics(void) {
   gcap_engine *e = t_engine();
@@ -45,10 +30,10 @@ static void test_shapes_0d_to_4d(void) {
   T_REQUIRE(e != NULL);
   for (int nd = 0; nd <= GCAP_MAXDIM; nd++) {
     gcap_tensor *f = NULL, *m = NULL;
-    int64_t n = prod(nd, SHAPE4);
+    int64_t n = t_numel(nd, SHAPE4);
     T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, nd, SHAPE4, 1.5, &f));
     T_CHECK_OK(e, gcap_tensor_empty(e, GCAP_F32, nd, SHAPE4, &m));
-    T_CHECK(has_shape(f, nd, SHAPE4) && has_shape(m, nd, SHAPE4));
+    T_CHECK(t_has_shape(f, nd, SHAPE4) && t_has_shape(m, nd, SHAPE4));
     T_CHECK(gcap_tensor_numel(f) == n && gcap_tensor_numel(m) == n);
     T_CHECK(gcap_tensor_dtype(f) == GCAP_F32 && gcap_tensor_dtype(m) == GCAP_F32);
     T_CHECK(gcap_tensor_engine(f) == e);
@@ -74,10 +59,10 @@ static void test_from_f32_roundtrip_bitwise(void) {
   src[0] = -0.0f, src[1] = FLT_MAX, src[2] = -FLT_MIN, src[3] = 1e-40f; /* subnormal */
   src[4] = INFINITY, src[5] = -INFINITY;
   for (int nd = 0; nd <= GCAP_MAXDIM; nd++) {
-    size_t n = (size_t)prod(nd, SHAPE4);
+    size_t n = (size_t)t_numel(nd, SHAPE4);
     gcap_tensor *t = t_from(e, nd, SHAPE4, src);
     T_REQUIRE(t != NULL);
-    T_CHECK(has_shape(t, nd, SHAPE4));
+    T_CHECK(t_has_shape(t, nd, SHAPE4));
     memset(dst, 0x55, sizeof dst);
     if (t_read(t, dst, n)) T_CHECK(memcmp(src, dst, n * sizeof(float)) == 0);
     float sentinel;
@@ -95,12 +80,12 @@ static void test_zero_size_tensors(void) {
   gcap_tensor *a = NULL, *b = NULL, *c = NULL, *s = NULL;
   T_CHECK_OK(e, gcap_tensor_empty(e, GCAP_F32, 1, s1, &a));
   T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 3, s3, 2.0, &b));
-  T_CHECK(gcap_tensor_numel(a) == 0 && gcap_tensor_numel(b) == 0 && has_shape(b, 3, s3));
+  T_CHECK(gcap_tensor_numel(a) == 0 && gcap_tensor_numel(b) == 0 && t_has_shape(b, 3, s3));
   float dummy = 7.0f;
   T_CHECK_OK(e, gcap_tensor_read(b, &dummy, 0));
   T_CHECK(dummy == 7.0f);
   T_CHECK_OK(e, gcap_add(b, b, &c));
-  T_CHECK(has_shape(c, 3, s3));
+  T_CHECK(t_has_shape(c, 3, s3));
   T_CHECK_OK(e, gcap_sum(b, &s));
   T_CHECK(gcap_tensor_ndim(s) == 0 && t_value(s) == 0.0);
   gcap_tensor_free(a), gcap_tensor_free(b), gcap_tensor_free(c), gcap_tensor_free(s);
@@ -118,7 +103,7 @@ static void test_view_clone_data_ptr(void) {
   T_CHECK_OK(e, gcap_tensor_view(x, 2, s32, &v));
   T_CHECK_OK(e, gcap_tensor_view(v, 1, s6, &w));
   T_CHECK_OK(e, gcap_tensor_clone(x, &c));
-  T_CHECK(has_shape(v, 2, s32) && has_shape(w, 1, s6) && has_shape(c, 2, s23));
+  T_CHECK(t_has_shape(v, 2, s32) && t_has_shape(w, 1, s6) && t_has_shape(c, 2, s23));
   uintptr_t px = gcap_tensor_data_ptr(x);
   T_CHECK(px != 0 && px % 256 == 0); /* blocks are aligned to >= 256 bytes */
   T_CHECK(gcap_tensor_data_ptr(v) == px && gcap_tensor_data_ptr(w) == px);
@@ -174,7 +159,7 @@ static void test_elementwise_values(void) {
   T_CHECK_OK(e, gcap_scale(a, -0.5, &o[3]));
   T_CHECK_OK(e, gcap_neg(b, &o[4]));
   for (int k = 0; k < 5; k++) {
-    T_CHECK(has_shape(o[k], 2, s23));
+    T_CHECK(t_has_shape(o[k], 2, s23));
     if (!t_read(o[k], r, 6)) continue;
     int all = 1;
     for (int i = 0; i < 6; i++) {
@@ -212,35 +197,35 @@ static void test_broadcast(void) {
   T_CHECK(gcap_tensor_ndim(z) == 0 && gcap_tensor_numel(z) == 1);
 
   T_CHECK_OK(e, gcap_add(m, z, &o)); /* matrix + 0-D */
-  T_CHECK(has_shape(o, 2, s23));
+  T_CHECK(t_has_shape(o, 2, s23));
   if (t_read(o, r, 6)) T_CHECK(r[0] == 11 && r[5] == 16);
   gcap_tensor_free(o), o = NULL;
   T_CHECK_OK(e, gcap_sub(z, m, &o)); /* 0-D - matrix */
-  T_CHECK(has_shape(o, 2, s23));
+  T_CHECK(t_has_shape(o, 2, s23));
   if (t_read(o, r, 6)) T_CHECK(r[0] == 9 && r[5] == 4);
   gcap_tensor_free(o), o = NULL;
   T_CHECK_OK(e, gcap_sub(one, m, &o)); /* one-element [1] on the left */
-  T_CHECK(has_shape(o, 2, s23));
+  T_CHECK(t_has_shape(o, 2, s23));
   if (t_read(o, r, 6)) T_CHECK(r[0] == 99 && r[5] == 94);
   gcap_tensor_free(o), o = NULL;
   T_CHECK_OK(e, gcap_mul(m, one2, &o)); /* one-element [1, 1] on the right */
-  T_CHECK(has_shape(o, 2, s23));
+  T_CHECK(t_has_shape(o, 2, s23));
   if (t_read(o, r, 6)) T_CHECK(r[0] == 1000 && r[5] == 6000);
   gcap_tensor_free(o), o = NULL;
   T_CHECK_OK(e, gcap_add(m, row, &o)); /* bias row */
-  T_CHECK(has_shape(o, 2, s23));
+  T_CHECK(t_has_shape(o, 2, s23));
   if (t_read(o, r, 6)) T_CHECK(r[0] == 11 && r[1] == 22 && r[2] == 33 && r[3] == 14 && r[5] == 36);
   gcap_tensor_free(o), o = NULL;
   T_CHECK_OK(e, gcap_sub(row, m, &o)); /* row on the left */
-  T_CHECK(has_shape(o, 2, s23));
+  T_CHECK(t_has_shape(o, 2, s23));
   if (t_read(o, r, 6)) T_CHECK(r[0] == 9 && r[1] == 18 && r[3] == 6 && r[5] == 24);
   gcap_tensor_free(o), o = NULL;
   T_CHECK_OK(e, gcap_mul(m4, row, &o)); /* 4-D times a row */
-  T_CHECK(has_shape(o, 4, s4d));
+  T_CHECK(t_has_shape(o, 4, s4d));
   if (t_read(o, r, 12)) T_CHECK(r[0] == 10 && r[4] == 100 && r[11] == 360);
   gcap_tensor_free(o), o = NULL;
   T_CHECK_OK(e, gcap_add(one, v4, &o)); /* [1] + [4] */
-  T_CHECK(has_shape(o, 1, s4));
+  T_CHECK(t_has_shape(o, 1, s4));
   if (t_read(o, r, 4)) T_CHECK(r[0] == 101 && r[3] == 104);
   gcap_tensor_free(o), o = NULL;
   T_CHECK_OK(e, gcap_mul(z, z, &o)); /* 0-D * 0-D is 0-D */
@@ -324,7 +309,7 @@ static void test_rand_reproducible(void) {
   T_CHECK(memcmp(n1, a, sizeof n1) != 0);
 
   T_CHECK_OK(e, gcap_tensor_rand(e, GCAP_F32, 3, s3, 0, &t3));
-  T_CHECK(has_shape(t3, 3, s3));
+  T_CHECK(t_has_shape(t3, 3, s3));
   gcap_tensor_free(ta), gcap_tensor_free(tb), gcap_tensor_free(ta2);
   gcap_tensor_free(tn1), gcap_tensor_free(tn2), gcap_tensor_free(t3);
   gcap_engine_free(e);

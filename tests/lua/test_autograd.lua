@@ -9,76 +9,15 @@
 
 local lu = require "luaunit"
 local gc = require "graphcap"
+-- The shared helpers, from this file's directory (whatever the working directory).
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local flat, nest, values = H.flat, H.nest, H.values
+local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 
 local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line
 
 -- ---------------------------------------------------------------------------
 -- Helpers
-
--- The entries of a nested table (or a number) in row-major order.
-local function flat (v, out)
-  out = out or {}
-  if type(v) ~= "table" then out[#out + 1] = v; return out end
-  for _, w in ipairs(v) do flat(w, out) end
-  return out
-end
-
--- The flat list xs as nested sequences of 'shape' (a number for {}).
-local function nest (xs, shape)
-  local i = 0
-  local function level (d)
-    if d > #shape then i = i + 1; return xs[i] end
-    local t = {}
-    for k = 1, shape[d] do t[k] = level(d + 1) end
-    return t
-  end
-  return level(1)
-end
-
--- n not-too-regular values in about [-scale, scale] (deterministic).
-local function values (n, phase, scale)
-  local v = {}
-  for i = 1, n do v[i] = (scale or 1) * math.sin(0.71 * i + (phase or 0)) end
-  return v
-end
-
--- |got[i] - want[i]| <= atol + rtol * |want[i]| for every i.
-local function assert_close (got, want, atol, rtol, what)
-  lu.assertEquals(#got, #want, what .. ": length")
-  for i = 1, #want do
-    local g, w = got[i], want[i]
-    if not (math.abs(g - w) <= atol + rtol * math.abs(w)) then
-      lu.fail(string.format("%s[%d]: got %.9g, want %.9g (atol %g, rtol %g)",
-                            what, i, g, w, atol, rtol))
-    end
-  end
-end
-
--- Element by element with ==: bitwise for the finite values compared here.
-local function assert_bitwise (got, want, what)
-  got, want = flat(got), flat(want)
-  lu.assertEquals(#got, #want, what .. ": length")
-  for i = 1, #want do
-    if not (got[i] == want[i]) then
-      lu.fail(string.format("%s[%d]: got %.9g, want %.9g (not bitwise equal)",
-                            what, i, got[i], want[i]))
-    end
-  end
-end
-
--- The error message of f(...), which must fail.
-local function err_of (f, ...)
-  local ok, e = pcall(f, ...)
-  lu.assertFalse(ok, "expected an error")
-  return tostring(e)
-end
-
-local function assert_err (f, ...)
-  local parts = {...}
-  local msg = err_of(f)
-  for _, p in ipairs(parts) do lu.assertStrContains(msg, p) end
-  return msg
-end
 
 -- Central differences of the scalar function L at the flat list xs.
 local function numgrad (L, xs, h)

@@ -7,6 +7,8 @@
 
 local lu = require "luaunit"
 local gc = require "graphcap"
+-- The shared helpers, from this file's directory (whatever the working directory).
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
 
 -- The engine still works: eager ops, read-back, synchronize, a capture.
 local function assert_usable ()
@@ -27,6 +29,17 @@ local function assert_fails (fn, ...)
   lu.assertEquals(type(err), "string")
   lu.assertTrue(#err > 0)
   return err
+end
+
+-- Every case fails with a string message: f() for each function f of cases,
+-- or fn(v) for each value v when fn is given.
+local function assert_all_fail (cases, fn)
+  for i, c in ipairs(cases) do
+    local ok, err
+    if fn then ok, err = pcall(fn, c) else ok, err = pcall(c) end
+    lu.assertFalse(ok, "case " .. i .. " did not fail")
+    lu.assertEquals(type(err), "string", "case " .. i)
+  end
 end
 
 -- {name, action(ctx)}: each is forbidden inside a capture.
@@ -88,21 +101,13 @@ local function check_forbidden (action)
   assert_usable()
 end
 
-TestForbiddenInCapture = {}
-
-function TestForbiddenInCapture:tearDown ()
-  lu.assertFalse(gc.is_capturing())
-end
+TestForbiddenInCapture = {tearDown = H.no_capture_left}
 
 for _, case in ipairs(FORBIDDEN) do
   TestForbiddenInCapture["test_" .. case[1]] = function () check_forbidden(case[2]) end
 end
 
-TestCaptureErrors = {}
-
-function TestCaptureErrors:tearDown ()
-  lu.assertFalse(gc.is_capturing())
-end
+TestCaptureErrors = {tearDown = H.no_capture_left}
 
 -- A capture function that raises halfway: the capture is ended, the pool
 -- stays consistent, and the error reaches the caller with its traceback.
@@ -188,11 +193,7 @@ function TestCaptureErrors:test_replay_after_reset ()
   assert_usable()
 end
 
-TestClosed = {}
-
-function TestClosed:tearDown ()
-  lu.assertFalse(gc.is_capturing())
-end
+TestClosed = {tearDown = H.no_capture_left}
 
 function TestClosed:test_tensor ()
   local t, u = gc.ones{2, 2}, gc.ones{2, 2}
@@ -244,11 +245,7 @@ function TestClosed:test_pool ()
   assert_usable()
 end
 
-TestBadInput = {}
-
-function TestBadInput:tearDown ()
-  lu.assertFalse(gc.is_capturing())
-end
+TestBadInput = {tearDown = H.no_capture_left}
 
 function TestBadInput:test_wrong_types ()
   local x = gc.ones{2, 3}
@@ -289,11 +286,7 @@ function TestBadInput:test_wrong_types ()
     function () return s:wait_event(x) end,
     function () return gc.manual_seed("seed") end,
   }
-  for i, f in ipairs(cases) do
-    local ok, err = pcall(f)
-    lu.assertFalse(ok, "case " .. i .. " did not fail")
-    lu.assertEquals(type(err), "string", "case " .. i)
-  end
+  assert_all_fail(cases)
   assert_usable()
 end
 
@@ -314,11 +307,7 @@ function TestBadInput:test_bad_shapes ()
     function () return gc.ones{4}:view{-2, -2} end,
     function () return gc.ones{6}:view{4} end,
   }
-  for i, f in ipairs(cases) do
-    local ok, err = pcall(f)
-    lu.assertFalse(ok, "case " .. i .. " did not fail")
-    lu.assertEquals(type(err), "string", "case " .. i)
-  end
+  assert_all_fail(cases)
   assert_usable()
 end
 
@@ -331,11 +320,7 @@ function TestBadInput:test_ragged_tables ()
     {{{1, 2}, {3, 4}}, {{5, 6}, {7}}},
     {{}, {1}},
   }
-  for i, t in ipairs(cases) do
-    local ok, err = pcall(gc.tensor, t)
-    lu.assertFalse(ok, "case " .. i .. " did not fail")
-    lu.assertEquals(type(err), "string", "case " .. i)
-  end
+  assert_all_fail(cases, gc.tensor)
   assert_usable()
 end
 

@@ -8,6 +8,8 @@
 
 local lu = require "luaunit"
 local gc = require "graphcap"
+-- The shared helpers, from this file's directory (whatever the working directory).
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
 
 -- A nested {rows, cols} table of not-too-regular values.
 local function matrix (rows, cols, phase)
@@ -28,11 +30,7 @@ local function chain (x)
   return -y
 end
 
-TestGraph = {}
-
-function TestGraph:tearDown ()
-  lu.assertFalse(gc.is_capturing())
-end
+TestGraph = {tearDown = H.no_capture_left}
 
 function TestGraph:test_replay_equals_eager_bitwise ()
   local x = gc.tensor(matrix(16, 32, 0))

@@ -12,6 +12,9 @@
 
 local lu = require "luaunit"
 local gc = require "graphcap"
+-- The shared helpers, from this file's directory (whatever the working directory).
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local walk, all_params, assert_same = H.walk, H.all_params, H.assert_same
 
 local STEPS, MICRO, LR = 3, 2, 0.1
 
@@ -27,17 +30,6 @@ local function data (rows, cols, phase)
   return m
 end
 
--- Nested tables of numbers, equal element by element with ==.
-local function assert_same (a, b, what)
-  if type(a) ~= "table" or type(b) ~= "table" then
-    lu.assertTrue(type(a) == "number" and type(b) == "number" and a == b,
-                  string.format("%s: %s ~= %s", what, tostring(a), tostring(b)))
-    return
-  end
-  lu.assertEquals(#a, #b, what .. ": lengths differ")
-  for i = 1, #a do assert_same(a[i], b[i], what .. "[" .. i .. "]") end
-end
-
 -- Every element finite, and not all zero.
 local function assert_sane (t, what)
   local nonzero = false
@@ -51,14 +43,6 @@ local function assert_sane (t, what)
   end
   walk_t(t)
   lu.assertTrue(nonzero, what .. ": all zero")
-end
-
-local function all_params (mods)
-  local ps = {}
-  for _, m in ipairs(mods) do
-    for _, p in ipairs(m:parameters()) do ps[#ps + 1] = p end
-  end
-  return ps
 end
 
 local function values (ts)
@@ -149,34 +133,6 @@ local function train_chain (calls, params, zero_opts)
   return res
 end
 
--- Walk one pass of a schedule as make_graphed_callables captures it:
--- fwd(entry, callable), bwd(entry, callable), dw(entry, callable). Entry of
--- (chunk k, microbatch b, layer l) = prefix[k]*M + b*n[k] + l (+1).
-local function walk (cfg, fwd, bwd, dw)
-  local layers = cfg.layers
-  local prefix, nf, nb, M = {[1] = 0}, {}, {}, 0
-  for k = 1, #layers do
-    prefix[k + 1] = prefix[k] + layers[k]
-    nf[k], nb[k] = 0, 0
-  end
-  for _, v in ipairs(cfg.order) do
-    if v == 1 then M = M + 1 end
-  end
-  for _, v in ipairs(cfg.order) do
-    local k = math.floor(math.abs(v))
-    local n = layers[k]
-    if v > 0 then
-      for l = 0, n - 1 do fwd(prefix[k] * M + nf[k] * n + l + 1, prefix[k] + l + 1) end
-      nf[k] = nf[k] + 1
-    elseif v == math.floor(v) then
-      for l = n - 1, 0, -1 do bwd(prefix[k] * M + nb[k] * n + l + 1, prefix[k] + l + 1) end
-      nb[k] = nb[k] + 1
-    else
-      for l = n - 1, 0, -1 do dw(prefix[k] * M + (nb[k] - 1) * n + l + 1, prefix[k] + l + 1) end
-    end
-  end
-end
-
 -- The callable of each entry, and one sample list per entry (its own
 -- tensor, requiring grad).
 local function order_samples (cfg)
@@ -255,11 +211,7 @@ local function check_order (cfg, build, opts)
   return G
 end
 
-TestGraphed = {}
-
-function TestGraphed:tearDown ()
-  lu.assertFalse(gc.is_capturing())
-end
+TestGraphed = {tearDown = H.no_capture_left}
 
 -- ---------------------------------------------------------------------------
 -- Graphed training equals eager training, bit for bit

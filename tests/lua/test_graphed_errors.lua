@@ -11,19 +11,9 @@
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-
-local function linears (n, opts)
-  gc.manual_seed(1)
-  local mods = {}
-  for c = 1, n do mods[c] = gc.nn.Linear(8, 8, opts) end
-  return mods
-end
-
-local function samples (n)
-  local s = {}
-  for i = 1, n do s[i] = {gc.ones({4, 8}, {requires_grad = true})} end
-  return s
-end
+-- The shared helpers, from this file's directory (whatever the working directory).
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local linears, samples, assert_same = H.linears, H.samples, H.assert_same
 
 -- Call make_graphed_callables(callables, sample_args, opts) with a pool of
 -- our own in opts (unless opts has one); it must fail with a string that
@@ -55,11 +45,7 @@ end
 
 local function noop () end
 
-TestGraphedErrors = {}
-
-function TestGraphedErrors:tearDown ()
-  lu.assertFalse(gc.is_capturing())
-end
+TestGraphedErrors = {tearDown = H.no_capture_left}
 
 -- ---------------------------------------------------------------------------
 -- capture_time_hooks tables (checked before any work)
@@ -418,16 +404,6 @@ end
 -- ---------------------------------------------------------------------------
 -- Rollback: a failed call leaves .grad values, parameters, the generator
 -- and the pool as they were.
-
-local function assert_same (a, b, what)
-  if type(a) ~= "table" or type(b) ~= "table" then
-    lu.assertTrue(type(a) == "number" and type(b) == "number" and a == b,
-                  string.format("%s: %s ~= %s", what, tostring(a), tostring(b)))
-    return
-  end
-  lu.assertEquals(#a, #b, what .. ": lengths differ")
-  for i = 1, #a do assert_same(a[i], b[i], what .. "[" .. i .. "]") end
-end
 
 -- Values of the tensors (false for a nil .grad) and their grads.
 local function state_of (tensors)

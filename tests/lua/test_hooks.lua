@@ -13,65 +13,27 @@
 
 local lu = require "luaunit"
 local gc = require "graphcap"
+-- The shared helpers, from this file's directory (whatever the working directory).
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local linears, samples, walk = H.linears, H.samples, H.walk
+local all_params, assert_same = H.all_params, H.assert_same
 
 local W = 2  -- num_warmup_iters, as in the TE test
 local GROUPS = {"forward_pre_hooks", "forward_hooks", "backward_pre_hooks", "backward_hooks"}
 
--- Shapes: every callable is Linear(8, 8) fed a {4, 8} tensor.
-local function linears (n, opts)
-  gc.manual_seed(1)
-  local mods = {}
-  for c = 1, n do mods[c] = gc.nn.Linear(8, 8, opts) end
-  return mods
+-- The entries of list, reps times over.
+local function repeated (list, reps)
+  local all = {}
+  for _ = 1, reps do
+    for _, v in ipairs(list) do all[#all + 1] = v end
+  end
+  return all
 end
 
--- One sample list per entry, each with its own tensor.
-local function samples (n)
-  local s = {}
-  for i = 1, n do s[i] = {gc.ones({4, 8}, {requires_grad = true})} end
-  return s
-end
-
--- Walk one schedule: fwd(entry, callable) for every forward pass,
--- bwd(entry, callable) for every backward pass, dw(entry, callable) for
--- every delayed wgrad, in the order make_graphed_callables warms up and
--- captures them (DESIGN §5, TE §2.3/§2.6): without an order, forwards
--- 1..n then backwards n..1; with one, entry of (chunk k, microbatch b,
--- layer l) = prefix[k]*M + b*n[k] + l (+1), layers 0..n-1 forward and
--- n-1..0 backward. spec = {n = callables, order = ..., layers = {...},
--- training = bool}.
-local function walk (spec, fwd, bwd, dw)
-  local training = spec.training ~= false
-  if spec.order == nil then
-    for i = 1, spec.n do fwd(i, i) end
-    if training then for i = spec.n, 1, -1 do bwd(i, i) end end
-    return
-  end
-  local layers = spec.layers
-  local prefix, nf, nb, M = {[1] = 0}, {}, {}, 0
-  for k = 1, #layers do
-    prefix[k + 1] = prefix[k] + layers[k]
-    nf[k], nb[k] = 0, 0
-  end
-  for _, v in ipairs(spec.order) do
-    if v == 1 then M = M + 1 end
-  end
-  for _, v in ipairs(spec.order) do
-    local k = math.floor(math.abs(v))
-    local n = layers[k]
-    if v > 0 then
-      for l = 0, n - 1 do fwd(prefix[k] * M + nf[k] * n + l + 1, prefix[k] + l + 1) end
-      nf[k] = nf[k] + 1
-    elseif not training then
-      -- eval: forwards only
-    elseif v == math.floor(v) then
-      for l = n - 1, 0, -1 do bwd(prefix[k] * M + nb[k] * n + l + 1, prefix[k] + l + 1) end
-      nb[k] = nb[k] + 1
-    elseif dw then
-      for l = n - 1, 0, -1 do dw(prefix[k] * M + (nb[k] - 1) * n + l + 1, prefix[k] + l + 1) end
-    end
-  end
-end
+-- The events of one pass of the TE seed test (two modules, both orders).
+local SEED_EVENTS = {"1 forward_pre_hooks", "1 forward_hooks", "2 forward_pre_hooks",
+                     "2 forward_hooks", "2 backward_pre_hooks", "2 backward_hooks",
+                     "1 backward_pre_hooks", "1 backward_hooks"}
 
 -- The hook events of one walk, repeated reps times.
 local function expected_events (spec, reps)
@@ -85,11 +47,7 @@ local function expected_events (spec, reps)
          one[#one + 1] = c .. " backward_pre_hooks"
          one[#one + 1] = c .. " backward_hooks"
        end)
-  local all = {}
-  for _ = 1, reps do
-    for _, ev in ipairs(one) do all[#all + 1] = ev end
-  end
-  return all
+  return repeated(one, reps)
 end
 
 -- capture_time_hooks for callables: every group of every callable logs
@@ -157,11 +115,7 @@ local function graph_and_check (mods, spec, nentries, extra)
   return G, rec
 end
 
-TestHooks = {}
-
-function TestHooks:tearDown ()
-  lu.assertFalse(gc.is_capturing())
-end
+TestHooks = {tearDown = H.no_capture_left}
 
 -- The TE seed test: two Linear(8, 8), order = nil.
 function TestHooks:test_two_modules_no_order ()
@@ -169,13 +123,7 @@ function TestHooks:test_two_modules_no_order ()
   local rec = recorder(mods)
   local G = gc.make_graphed_callables(mods, samples(2),
                                       {num_warmup_iters = W, capture_time_hooks = rec.hooks})
-  local one = {"1 forward_pre_hooks", "1 forward_hooks", "2 forward_pre_hooks", "2 forward_hooks",
-               "2 backward_pre_hooks", "2 backward_hooks", "1 backward_pre_hooks", "1 backward_hooks"}
-  local want = {}
-  for _ = 1, W + 1 do
-    for _, ev in ipairs(one) do want[#want + 1] = ev end
-  end
-  lu.assertEquals(rec.log, want)
+  lu.assertEquals(rec.log, repeated(SEED_EVENTS, W + 1))
   check_calls(rec)
   for ev, n in pairs(counts(rec.log)) do lu.assertEquals(n, W + 1, ev) end
   -- without an order the entries are the modules themselves
@@ -196,13 +144,7 @@ function TestHooks:test_two_modules_order ()
   local G = gc.make_graphed_callables(mods, samples(2),
                                       {num_warmup_iters = W, capture_time_hooks = rec.hooks,
                                        order = {1, 2, -2, -1}})
-  local one = {"1 forward_pre_hooks", "1 forward_hooks", "2 forward_pre_hooks", "2 forward_hooks",
-               "2 backward_pre_hooks", "2 backward_hooks", "1 backward_pre_hooks", "1 backward_hooks"}
-  local want = {}
-  for _ = 1, W + 1 do
-    for _, ev in ipairs(one) do want[#want + 1] = ev end
-  end
-  lu.assertEquals(rec.log, want)
+  lu.assertEquals(rec.log, repeated(SEED_EVENTS, W + 1))
   check_calls(rec)
   -- with an order, entries are new callable objects
   lu.assertEquals(#G, 2)
@@ -464,27 +406,6 @@ local function copy_params (dst, src)
   end)
 end
 
-local function all_params (mods)
-  local ps = {}
-  for _, m in ipairs(mods) do
-    for _, p in ipairs(m:parameters()) do ps[#ps + 1] = p end
-  end
-  return ps
-end
-
--- Nested tables of numbers, equal element by element with ==.
-local function assert_same (a, b, what)
-  if type(a) == "number" or type(b) == "number" then
-    lu.assertTrue(type(a) == "number" and type(b) == "number" and a == b,
-                  string.format("%s: %s ~= %s", what, tostring(a), tostring(b)))
-    return
-  end
-  lu.assertEquals(type(a), "table", what)
-  lu.assertEquals(type(b), "table", what)
-  lu.assertEquals(#a, #b, what .. ": lengths differ")
-  for i = 1, #a do assert_same(a[i], b[i], what .. "[" .. i .. "]") end
-end
-
 local function grads_of (ps)
   local g = {}
   for i, p in ipairs(ps) do g[i] = p.grad and p.grad:tolist() or false end
@@ -523,6 +444,14 @@ local function eager_pass (mods, scale)
   return out
 end
 
+-- twin_pair() after one eager pass each, and mods' .grad values then.
+local function trained_twins ()
+  local mods, twin = twin_pair()
+  eager_pass(mods, 1)
+  eager_pass(twin, 1)
+  return mods, twin, grads_of(all_params(mods))
+end
+
 -- mods failed to be graphed; twin never went through it. Their grads must
 -- agree with the snapshot, then both train eagerly in lockstep.
 local function check_trains_eagerly (mods, twin, grads_before)
@@ -549,10 +478,7 @@ local function assert_raised (err, msg)
 end
 
 function TestHooks:test_raising_hook_in_warmup ()
-  local mods, twin = twin_pair()
-  eager_pass(mods, 1)
-  eager_pass(twin, 1)
-  local before = grads_of(all_params(mods))
+  local mods, twin, before = trained_twins()
   local log = {}
   local hooks = {
     {forward_pre_hooks = {function () log[#log + 1] = "1 forward_pre_hooks" end},
@@ -574,10 +500,7 @@ end
 -- The hook raises on its (W + 1)-th call: at capture, after every other
 -- graph of the call was captured.
 function TestHooks:test_raising_hook_at_capture ()
-  local mods, twin = twin_pair()
-  eager_pass(mods, 1)
-  eager_pass(twin, 1)
-  local before = grads_of(all_params(mods))
+  local mods, twin, before = trained_twins()
   local rec = recorder(mods)
   local calls = 0
   rec.hooks[1].backward_hooks = {function ()
@@ -597,10 +520,7 @@ function TestHooks:test_raising_hook_at_capture ()
 end
 
 function TestHooks:test_raising_hook_with_order ()
-  local mods, twin = twin_pair()
-  eager_pass(mods, 1)
-  eager_pass(twin, 1)
-  local before = grads_of(all_params(mods))
+  local mods, twin, before = trained_twins()
   local calls = 0
   local hooks = {false, {backward_pre_hooks = {function ()
     calls = calls + 1
@@ -614,10 +534,7 @@ function TestHooks:test_raising_hook_with_order ()
 end
 
 function TestHooks:test_raising_pre_warmup_hook ()
-  local mods, twin = twin_pair()
-  eager_pass(mods, 1)
-  eager_pass(twin, 1)
-  local before = grads_of(all_params(mods))
+  local mods, twin, before = trained_twins()
   local rec = recorder(mods)
   local ok, err = pcall(gc.make_graphed_callables, mods, samples(2), {
     num_warmup_iters = W, capture_time_hooks = rec.hooks,
@@ -650,10 +567,7 @@ end
 -- "capture_time_hooks <group> must not return a value" at the hook's first
 -- call, leaving the modules usable.
 local function check_rejected (group, hook)
-  local mods, twin = twin_pair()
-  eager_pass(mods, 1)
-  eager_pass(twin, 1)
-  local before = grads_of(all_params(mods))
+  local mods, twin, before = trained_twins()
   local calls = 0
   local hooks = {false, {[group] = {function (m)
     calls = calls + 1

@@ -10,70 +10,24 @@
 
 local lu = require "luaunit"
 local gc = require "graphcap"
+-- The shared helpers, from this file's directory (whatever the working directory).
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 
 local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line
+
+-- The tearDown of every class: grad mode was left on.
+local function grad_mode_left_on ()
+  lu.assertTrue(gc.is_grad_enabled())
+end
 
 -- ---------------------------------------------------------------------------
 -- Helpers
 
-local function flat (v, out)
-  out = out or {}
-  if type(v) ~= "table" then out[#out + 1] = v; return out end
-  for _, w in ipairs(v) do flat(w, out) end
-  return out
-end
-
-local function nest (xs, shape)
-  local i = 0
-  local function level (d)
-    if d > #shape then i = i + 1; return xs[i] end
-    local t = {}
-    for k = 1, shape[d] do t[k] = level(d + 1) end
-    return t
-  end
-  return level(1)
-end
-
-local function values (n, phase, scale)
-  local v = {}
-  for i = 1, n do v[i] = (scale or 1) * math.sin(0.71 * i + (phase or 0)) end
-  return v
-end
-
 local function input (shape, phase, requires_grad)
   local n = 1
   for _, s in ipairs(shape) do n = n * s end
-  return gc.tensor(nest(values(n, phase or 0, 1.5), shape), {requires_grad = requires_grad})
-end
-
-local function assert_close (got, want, atol, rtol, what)
-  got, want = flat(got), flat(want)
-  lu.assertEquals(#got, #want, what .. ": length")
-  for i = 1, #want do
-    if not (math.abs(got[i] - want[i]) <= atol + rtol * math.abs(want[i])) then
-      lu.fail(string.format("%s[%d]: got %.9g, want %.9g", what, i, got[i], want[i]))
-    end
-  end
-end
-
-local function assert_bitwise (got, want, what)
-  got, want = flat(got), flat(want)
-  lu.assertEquals(#got, #want, what .. ": length")
-  for i = 1, #want do
-    if not (got[i] == want[i]) then
-      lu.fail(string.format("%s[%d]: got %.9g, want %.9g (not bitwise equal)",
-                            what, i, got[i], want[i]))
-    end
-  end
-end
-
--- The error of f(), which must fail, containing every one of the strings.
-local function assert_err (f, ...)
-  local ok, e = pcall(f)
-  lu.assertFalse(ok, "expected an error")
-  e = tostring(e)
-  for _, p in ipairs{...} do lu.assertStrContains(e, p) end
-  return e
+  return gc.tensor(H.nest(H.values(n, phase or 0, 1.5), shape), {requires_grad = requires_grad})
 end
 
 -- Copy src's parameters into dst's (same structure).
@@ -88,22 +42,18 @@ end
 -- sum(y * c) for fixed weights c of y's shape, backpropagated.
 local function backward_weighted (y)
   local n = y:numel()
-  local c = values(n, 0.9)
+  local c = H.values(n, 0.9)
   for i = 1, n do c[i] = c[i] + 0.5 end
-  ;(y * gc.tensor(nest(c, y:shape()))):sum():backward()
+  ;(y * gc.tensor(H.nest(c, y:shape()))):sum():backward()
 end
 
 -- ---------------------------------------------------------------------------
 -- Built-in modules
 
-TestBuiltins = {}
+TestBuiltins = {tearDown = grad_mode_left_on}
 
 function TestBuiltins:setUp ()
   gc.manual_seed(11)
-end
-
-function TestBuiltins:tearDown ()
-  lu.assertTrue(gc.is_grad_enabled())
 end
 
 function TestBuiltins:test_linear_fields_and_forward ()
@@ -118,7 +68,7 @@ function TestBuiltins:test_linear_fields_and_forward ()
     lu.assertTrue(p.requires_grad)
     lu.assertTrue(p.is_leaf)
     lu.assertNil(p.grad)
-    for _, v in ipairs(flat(p:tolist())) do       -- U(-1/sqrt(in), 1/sqrt(in))
+    for _, v in ipairs(H.flat(p:tolist())) do       -- U(-1/sqrt(in), 1/sqrt(in))
       lu.assertTrue(math.abs(v) <= 1 / math.sqrt(3), "init bound: " .. v)
     end
   end
@@ -222,7 +172,7 @@ function TestBuiltins:test_dropout_train_and_eval ()
   lu.assertTrue(d.training)
   local x = input({8, 8}, 0.1, true)
   local y = d(x)
-  local xv, yv = flat(x:tolist()), flat(y:tolist())
+  local xv, yv = H.flat(x:tolist()), H.flat(y:tolist())
   local zeros = 0
   for i = 1, #xv do
     if yv[i] == 0 then zeros = zeros + 1 else lu.assertEquals(yv[i], xv[i] * 2) end
@@ -278,14 +228,10 @@ end
 -- ---------------------------------------------------------------------------
 -- Lua module classes
 
-TestModule = {}
+TestModule = {tearDown = grad_mode_left_on}
 
 function TestModule:setUp ()
   gc.manual_seed(12)
-end
-
-function TestModule:tearDown ()
-  lu.assertTrue(gc.is_grad_enabled())
 end
 
 function TestModule:test_init_and_forward ()
@@ -423,14 +369,8 @@ end
 -- PyTorch's parameters()/named_parameters() list it once, under its first
 -- name, so that an optimizer steps it once.
 function TestModule:test_shared_parameter_listed_once ()
-  local Scale = gc.nn.Module("Scale")
-  function Scale:init (p) self.w = p end
-  function Scale:forward (x) return x * self.w end
-  local Tied = gc.nn.Module("Tied")
-  function Tied:init (p) self.t1 = Scale(p); self.t2 = Scale(p) end
-  function Tied:forward (x) return self.t2(self.t1(x)) end
   local shared = gc.ones({2}, {requires_grad = true})
-  local m = Tied(shared)
+  local m = H.tied(shared)
   local names = {}
   for i, p in ipairs(m:named_parameters()) do names[i] = p[1] end
   lu.assertEquals(names, {"t1.w"})
@@ -521,7 +461,7 @@ function TestModule:test_zero_grad ()
   for i, p in ipairs(ps) do
     lu.assertNotNil(p.grad)
     lu.assertEquals(p.grad:data_ptr(), ptrs[i])   -- zeroed in place
-    for _, v in ipairs(flat(p.grad:tolist())) do lu.assertEquals(v, 0) end
+    for _, v in ipairs(H.flat(p.grad:tolist())) do lu.assertEquals(v, 0) end
   end
   net:zero_grad()
   for _, p in ipairs(ps) do lu.assertNil(p.grad) end
@@ -537,14 +477,10 @@ end
 -- ---------------------------------------------------------------------------
 -- Hooks
 
-TestHooks = {}
+TestHooks = {tearDown = grad_mode_left_on}
 
 function TestHooks:setUp ()
   gc.manual_seed(13)
-end
-
-function TestHooks:tearDown ()
-  lu.assertTrue(gc.is_grad_enabled())
 end
 
 -- Register the four kinds on m (out of order), each logging to 'log'
@@ -603,9 +539,9 @@ function TestHooks:test_order_and_arguments ()
   assert_bitwise(log[4][2]:tolist(), x.grad:tolist(), "grad_input is x's grad")
   assert_bitwise(log[4][3]:tolist(), log[3][2]:tolist(), "same grad_output")
   -- grad_output is d loss / d y = the weights of backward_weighted
-  local c = values(8, 0.9)
+  local c = H.values(8, 0.9)
   for i = 1, 8 do c[i] = c[i] + 0.5 end
-  assert_close(log[3][2]:tolist(), nest(c, {4, 2}), 0, 1e-6, "grad_output")
+  assert_close(log[3][2]:tolist(), H.nest(c, {4, 2}), 0, 1e-6, "grad_output")
 end
 
 -- Without backward hooks, the forward hook sees the caller's values.
@@ -802,14 +738,10 @@ end
 -- ---------------------------------------------------------------------------
 -- Errors
 
-TestErrors = {}
+TestErrors = {tearDown = grad_mode_left_on}
 
 function TestErrors:setUp ()
   gc.manual_seed(14)
-end
-
-function TestErrors:tearDown ()
-  lu.assertTrue(gc.is_grad_enabled())
 end
 
 -- A Lua forward that raises midway (after recording ops on its input and
@@ -1050,7 +982,7 @@ function TestDelayWgrad:test_two_steps_through_a_container ()
   ref:zero_grad({set_to_none = false})
   backward_weighted(seq(input({2, 4}, 7)))
   backward_weighted(ref(input({2, 4}, 7)))
-  for _, v in ipairs(flat(d.weight.grad:tolist())) do lu.assertEquals(v, 0) end
+  for _, v in ipairs(H.flat(d.weight.grad:tolist())) do lu.assertEquals(v, 0) end
   seq:backward_dw()
   assert_bitwise(d.weight.grad:tolist(), r.weight.grad:tolist(), "weight grad, step 3")
 end

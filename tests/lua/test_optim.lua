@@ -10,63 +10,12 @@
 
 local lu = require "luaunit"
 local gc = require "graphcap"
+-- The shared helpers, from this file's directory (whatever the working directory).
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 
 -- ---------------------------------------------------------------------------
 -- Helpers
-
-local function flat (v, out)
-  out = out or {}
-  if type(v) ~= "table" then out[#out + 1] = v; return out end
-  for _, w in ipairs(v) do flat(w, out) end
-  return out
-end
-
-local function nest (xs, shape)
-  local i = 0
-  local function level (d)
-    if d > #shape then i = i + 1; return xs[i] end
-    local t = {}
-    for k = 1, shape[d] do t[k] = level(d + 1) end
-    return t
-  end
-  return level(1)
-end
-
-local function values (n, phase, scale, offset)
-  local v = {}
-  for i = 1, n do v[i] = (offset or 0) + (scale or 1) * math.sin(0.71 * i + (phase or 0)) end
-  return v
-end
-
-local function assert_close (got, want, atol, rtol, what)
-  got, want = flat(got), flat(want)
-  lu.assertEquals(#got, #want, what .. ": length")
-  for i = 1, #want do
-    if not (math.abs(got[i] - want[i]) <= atol + rtol * math.abs(want[i])) then
-      lu.fail(string.format("%s[%d]: got %.9g, want %.9g (atol %g, rtol %g)",
-                            what, i, got[i], want[i], atol, rtol))
-    end
-  end
-end
-
-local function assert_bitwise (got, want, what)
-  got, want = flat(got), flat(want)
-  lu.assertEquals(#got, #want, what .. ": length")
-  for i = 1, #want do
-    if not (got[i] == want[i]) then
-      lu.fail(string.format("%s[%d]: got %.9g, want %.9g (not bitwise equal)",
-                            what, i, got[i], want[i]))
-    end
-  end
-end
-
-local function assert_err (f, ...)
-  local ok, e = pcall(f)
-  lu.assertFalse(ok, "expected an error")
-  e = tostring(e)
-  for _, p in ipairs{...} do lu.assertStrContains(e, p) end
-  return e
-end
 
 local ATOL, RTOL = 1e-6, 1e-5   -- f32 updates against double ones
 
@@ -81,10 +30,10 @@ local function problem ()
   local ps, refs, targets, scales = {}, {}, {}, {}
   for i, shape in ipairs(SHAPES) do
     local n = shape[2] and shape[1] * shape[2] or shape[1]
-    ps[i] = gc.tensor(nest(values(n, i, 1.0), shape), {requires_grad = true})
-    refs[i] = flat(ps[i]:tolist())      -- the same f32 starting values, in double
-    targets[i] = values(n, 3 * i, 0.5, 2)  -- far from p: grads keep their sign
-    scales[i] = values(n, 5 * i, 0.4, 1)   -- positive weights
+    ps[i] = gc.tensor(H.nest(H.values(n, i, 1.0), shape), {requires_grad = true})
+    refs[i] = H.flat(ps[i]:tolist())      -- the same f32 starting values, in double
+    targets[i] = H.values(n, 3 * i, 0.5, 2)  -- far from p: grads keep their sign
+    scales[i] = H.values(n, 5 * i, 0.4, 1)   -- positive weights
   end
   return ps, refs, targets, scales
 end
@@ -94,8 +43,8 @@ local function backward (ps, targets, scales, which)
   local loss
   for i, p in ipairs(ps) do
     if which == nil or which[i] then
-      local d = p - gc.tensor(nest(targets[i], p:shape()))
-      local term = (d * d * gc.tensor(nest(scales[i], p:shape()))):sum() * 0.5
+      local d = p - gc.tensor(H.nest(targets[i], p:shape()))
+      local term = (d * d * gc.tensor(H.nest(scales[i], p:shape()))):sum() * 0.5
       loss = loss and loss + term or term
     end
   end
@@ -288,14 +237,8 @@ end
 -- A tied parameter (one tensor in two submodules) is stepped once per step
 -- by an optimizer over m:parameters(), as in PyTorch (which lists it once).
 function TestOptim:test_tied_parameter_stepped_once ()
-  local Scale = gc.nn.Module("Scale")
-  function Scale:init (p) self.w = p end
-  function Scale:forward (x) return x * self.w end
-  local Tied = gc.nn.Module("Tied")
-  function Tied:init (p) self.t1 = Scale(p); self.t2 = Scale(p) end
-  function Tied:forward (x) return self.t2(self.t1(x)) end
   local shared = gc.ones({2}, {requires_grad = true})
-  local m = Tied(shared)
+  local m = H.tied(shared)
   local opt = gc.optim.SGD(m:parameters(), {lr = 0.1})
   m(gc.ones({2})):sum():backward()      -- d sum(x w w) / dw = 2 x w = 2
   lu.assertEquals(shared.grad:tolist(), {2, 2})
@@ -316,7 +259,7 @@ function TestOptim:test_zero_grad_variants ()
   opt:zero_grad({set_to_none = false})
   for i, p in ipairs(ps) do
     lu.assertEquals(p.grad:data_ptr(), ptrs[i])       -- in place
-    for _, v in ipairs(flat(p.grad:tolist())) do lu.assertEquals(v, 0) end
+    for _, v in ipairs(H.flat(p.grad:tolist())) do lu.assertEquals(v, 0) end
   end
   lu.assertEquals(other.grad:tolist(), {1, 1})       -- not one of its params
   -- a step over zero grads changes nothing (no weight decay, no momentum)
@@ -502,7 +445,7 @@ function TestOptim:test_replays_draw_fresh_dropout_masks ()
   assert_bitwise(r1, eager[1], "replay 1")
   assert_bitwise(r2, eager[2], "replay 2")
   local differ = false
-  for i, v in ipairs(flat(r1)) do if v ~= flat(r2)[i] then differ = true end end
+  for i, v in ipairs(H.flat(r1)) do if v ~= H.flat(r2)[i] then differ = true end end
   lu.assertTrue(differ, "two replays drew the same mask")
 end
 

@@ -6,30 +6,16 @@
 
 local lu = require "luaunit"
 local gc = require "graphcap"
+-- The shared helpers, from this file's directory (whatever the working directory).
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local flat = H.flat
 
 -- x rounded to the nearest f32, as a tensor stores it.
 local function f32 (x) return (string.unpack("<f", string.pack("<f", x))) end
 
 -- A nested table of the given shape whose entries are f(i), i = 0, 1, ...
 -- in row-major order (a number for the empty shape).
-local function nested (shape, f)
-  local i = -1
-  local function level (d)
-    if d > #shape then i = i + 1; return f(i) end
-    local t = {}
-    for k = 1, shape[d] do t[k] = level(d + 1) end
-    return t
-  end
-  return level(1)
-end
-
--- The entries of a nested table (or a number) in row-major order.
-local function flat (v, out)
-  out = out or {}
-  if type(v) ~= "table" then out[#out + 1] = v; return out end
-  for _, w in ipairs(v) do flat(w, out) end
-  return out
-end
+local function nested (shape, f) return H.nest(f, shape) end
 
 local SHAPE4 = {2, 3, 4, 5}
 

@@ -1,0 +1,197 @@
+-- helpers.lua: the helpers the Lua suites share (nested tables and values,
+-- comparisons, errors, small models and samples, pipeline schedules). Not a
+-- suite (run-tests.sh runs test_*.lua only). A suite loads it from its own
+-- directory, so that it works from any working directory:
+--   local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+-- Error positions: a suite keeps its own HERE (its file name): a HERE
+-- computed here would name this file.
+
+local lu = require "luaunit"
+local gc = require "graphcap"
+
+local H = {}
+
+-- ---------------------------------------------------------------------------
+-- Nested tables and values
+
+-- The entries of a nested table (or a number) in row-major order.
+local function flat (v, out)
+  out = out or {}
+  if type(v) ~= "table" then out[#out + 1] = v; return out end
+  for _, w in ipairs(v) do flat(w, out) end
+  return out
+end
+H.flat = flat
+
+-- The flat list xs as nested sequences of 'shape' (a number for {}). xs may
+-- also be a function: the entries are then xs(0), xs(1), ... in row-major
+-- order.
+function H.nest (xs, shape)
+  local at = xs
+  if type(xs) ~= "function" then at = function (i) return xs[i + 1] end end
+  local i = -1
+  local function level (d)
+    if d > #shape then i = i + 1; return at(i) end
+    local t = {}
+    for k = 1, shape[d] do t[k] = level(d + 1) end
+    return t
+  end
+  return level(1)
+end
+
+-- n not-too-regular values in about [-scale, scale] (deterministic), plus
+-- offset when one is given.
+function H.values (n, phase, scale, offset)
+  local v = {}
+  for i = 1, n do
+    local x = (scale or 1) * math.sin(0.71 * i + (phase or 0))
+    if offset then x = offset + x end
+    v[i] = x
+  end
+  return v
+end
+
+-- ---------------------------------------------------------------------------
+-- Comparisons
+
+-- |got[i] - want[i]| <= atol + rtol * |want[i]| for every entry of the
+-- (flattened) nested tables.
+function H.assert_close (got, want, atol, rtol, what)
+  got, want = flat(got), flat(want)
+  lu.assertEquals(#got, #want, what .. ": length")
+  for i = 1, #want do
+    local g, w = got[i], want[i]
+    if not (math.abs(g - w) <= atol + rtol * math.abs(w)) then
+      lu.fail(string.format("%s[%d]: got %.9g, want %.9g (atol %g, rtol %g)",
+                            what, i, g, w, atol, rtol))
+    end
+  end
+end
+
+-- Element by element with ==: bitwise for the finite values compared here.
+function H.assert_bitwise (got, want, what)
+  got, want = flat(got), flat(want)
+  lu.assertEquals(#got, #want, what .. ": length")
+  for i = 1, #want do
+    if not (got[i] == want[i]) then
+      lu.fail(string.format("%s[%d]: got %.9g, want %.9g (not bitwise equal)",
+                            what, i, got[i], want[i]))
+    end
+  end
+end
+
+-- Nested tables of numbers, equal element by element with ==.
+local function assert_same (a, b, what)
+  if type(a) ~= "table" or type(b) ~= "table" then
+    lu.assertTrue(type(a) == "number" and type(b) == "number" and a == b,
+                  string.format("%s: %s ~= %s", what, tostring(a), tostring(b)))
+    return
+  end
+  lu.assertEquals(#a, #b, what .. ": lengths differ")
+  for i = 1, #a do assert_same(a[i], b[i], what .. "[" .. i .. "]") end
+end
+H.assert_same = assert_same
+
+-- The error message of f(...), which must fail.
+local function err_of (f, ...)
+  local ok, e = pcall(f, ...)
+  lu.assertFalse(ok, "expected an error")
+  return tostring(e)
+end
+
+-- The error of f(), which must fail, containing every one of the strings.
+function H.assert_err (f, ...)
+  local msg = err_of(f)
+  for _, p in ipairs{...} do lu.assertStrContains(msg, p) end
+  return msg
+end
+
+-- A tearDown: no capture was left open.
+function H.no_capture_left ()
+  lu.assertFalse(gc.is_capturing())
+end
+
+-- ---------------------------------------------------------------------------
+-- Modules and samples
+
+-- A module that uses the tensor p twice (weight tying): Tied(p), with
+-- t1 = Scale(p) and t2 = Scale(p), forward(x) = t2(t1(x)) = x * p * p.
+function H.tied (p)
+  local Scale = gc.nn.Module("Scale")
+  function Scale:init (w) self.w = w end
+  function Scale:forward (x) return x * self.w end
+  local Tied = gc.nn.Module("Tied")
+  function Tied:init (w) self.t1 = Scale(w); self.t2 = Scale(w) end
+  function Tied:forward (x) return self.t2(self.t1(x)) end
+  return Tied(p)
+end
+
+-- n callables Linear(8, 8) (opts passed on), from seed 1; fed {4, 8} tensors.
+function H.linears (n, opts)
+  gc.manual_seed(1)
+  local mods = {}
+  for c = 1, n do mods[c] = gc.nn.Linear(8, 8, opts) end
+  return mods
+end
+
+-- One sample list per entry, each with its own {4, 8} tensor requiring grad.
+function H.samples (n)
+  local s = {}
+  for i = 1, n do s[i] = {gc.ones({4, 8}, {requires_grad = true})} end
+  return s
+end
+
+-- The parameters of every module of mods, in order.
+function H.all_params (mods)
+  local ps = {}
+  for _, m in ipairs(mods) do
+    for _, p in ipairs(m:parameters()) do ps[#ps + 1] = p end
+  end
+  return ps
+end
+
+-- ---------------------------------------------------------------------------
+-- Schedules
+
+-- Walk one schedule: fwd(entry, callable) for every forward pass,
+-- bwd(entry, callable) for every backward pass, dw(entry, callable) for
+-- every delayed wgrad, in the order make_graphed_callables warms up and
+-- captures them (DESIGN §5, TE §2.3/§2.6): without an order, forwards
+-- 1..n then backwards n..1; with one, entry of (chunk k, microbatch b,
+-- layer l) = prefix[k]*M + b*n[k] + l (+1), layers 0..n-1 forward and
+-- n-1..0 backward. spec = {n = callables, order = ..., layers = {...},
+-- training = bool (default true)}; dw may be nil.
+function H.walk (spec, fwd, bwd, dw)
+  local training = spec.training ~= false
+  if spec.order == nil then
+    for i = 1, spec.n do fwd(i, i) end
+    if training then for i = spec.n, 1, -1 do bwd(i, i) end end
+    return
+  end
+  local layers = spec.layers
+  local prefix, nf, nb, M = {[1] = 0}, {}, {}, 0
+  for k = 1, #layers do
+    prefix[k + 1] = prefix[k] + layers[k]
+    nf[k], nb[k] = 0, 0
+  end
+  for _, v in ipairs(spec.order) do
+    if v == 1 then M = M + 1 end
+  end
+  for _, v in ipairs(spec.order) do
+    local k = math.floor(math.abs(v))
+    local n = layers[k]
+    if v > 0 then
+      for l = 0, n - 1 do fwd(prefix[k] * M + nf[k] * n + l + 1, prefix[k] + l + 1) end
+      nf[k] = nf[k] + 1
+    elseif not training then
+      -- eval: forwards only
+    elseif v == math.floor(v) then
+      for l = n - 1, 0, -1 do bwd(prefix[k] * M + nb[k] * n + l + 1, prefix[k] + l + 1) end
+      nb[k] = nb[k] + 1
+    elseif dw then
+      for l = n - 1, 0, -1 do dw(prefix[k] * M + (nb[k] - 1) * n + l + 1, prefix[k] + l + 1) end
+    end
+  end
+end
+
+return H
