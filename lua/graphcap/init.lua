@@ -5,7 +5,7 @@
 local core = require "graphcap.core"
 local util = require "graphcap.util"
 
-local error, pairs, pcall, table, type = error, pairs, pcall, table, type
+local error, ipairs, pairs, pcall, table, type = error, ipairs, pairs, pcall, table, type
 
 local gc = {}
 
@@ -44,29 +44,13 @@ function gc.tensor (data, opts)
   return leaf(core.tensor(data, dt), rg)
 end
 
-function gc.empty (shape, opts)
-  local dt, rg = tensor_opts("empty", opts)
-  return leaf(core.empty(shape, dt), rg)
-end
-
-function gc.zeros (shape, opts)
-  local dt, rg = tensor_opts("zeros", opts)
-  return leaf(core.zeros(shape, dt), rg)
-end
-
-function gc.ones (shape, opts)
-  local dt, rg = tensor_opts("ones", opts)
-  return leaf(core.ones(shape, dt), rg)
-end
-
-function gc.rand (shape, opts)
-  local dt, rg = tensor_opts("rand", opts)
-  return leaf(core.rand(shape, dt), rg)
-end
-
-function gc.randn (shape, opts)
-  local dt, rg = tensor_opts("randn", opts)
-  return leaf(core.randn(shape, dt), rg)
+-- gc.empty/zeros/ones/rand/randn(shape [, opts])
+for _, name in ipairs({"empty", "zeros", "ones", "rand", "randn"}) do
+  local make = core[name]
+  gc[name] = function (shape, opts)
+    local dt, rg = tensor_opts(name, opts)
+    return leaf(make(shape, dt), rg)
+  end
 end
 
 function gc.full (shape, v, opts)

@@ -116,6 +116,20 @@ __device__ __forceinline__ float cu_block_max(float v, float *sh) {
   return r;
 }
 
+/* One block per row: the row's max and the sum of exp(x - max) over its
+** cols elements at offset o, in a fixed order (the same on every call). */
+__device__ __forceinline__ void cu_row_exp_stats(const void *x, int64_t o, int64_t cols, int dt,
+                                                 float *sh, float *mx_out, float *s_out) {
+  float mx = -INFINITY, s = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += CU_ROW_THREADS)
+    mx = fmaxf(mx, cu_load(x, o + c, dt));
+  mx = cu_block_max(mx, sh);
+  for (int64_t c = threadIdx.x; c < cols; c += CU_ROW_THREADS)
+    s = __fadd_rn(s, expf(__fsub_rn(cu_load(x, o + c, dt), mx)));
+  *mx_out = mx;
+  *s_out = cu_block_sum(s, sh);
+}
+
 /* cuBLAS workspace: 32 MiB, what Hopper wants. */
 #define CU_WORKSPACE ((size_t)32 << 20)
 

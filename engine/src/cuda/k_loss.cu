@@ -46,14 +46,8 @@ static __global__ void k_xent(void *loss, const void *logits, const void *target
   __shared__ float sh[CU_ROW_THREADS];
   CU_ROW_LOOP(r, rows) {
     const int64_t o = r * cols;
-    float mx = -INFINITY;
-    for (int64_t c = threadIdx.x; c < cols; c += CU_ROW_THREADS)
-      mx = fmaxf(mx, cu_load(logits, o + c, dt));
-    mx = cu_block_max(mx, sh);
-    float s = 0.0f;
-    for (int64_t c = threadIdx.x; c < cols; c += CU_ROW_THREADS)
-      s = __fadd_rn(s, expf(__fsub_rn(cu_load(logits, o + c, dt), mx)));
-    s = cu_block_sum(s, sh);
+    float mx, s;
+    cu_row_exp_stats(logits, o, cols, dt, sh, &mx, &s);
     if (threadIdx.x == 0) { /* before the probs are written, should they alias the logits */
       int64_t t = cu_target(target, r, dt, cols);
       float xt = t >= 0 ? cu_load(logits, o + t, dt) : NAN;

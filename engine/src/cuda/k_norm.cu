@@ -98,14 +98,8 @@ static __global__ void k_softmax(void *y, const void *x, int dt, int64_t rows, i
   __shared__ float sh[CU_ROW_THREADS];
   CU_ROW_LOOP(r, rows) {
     const int64_t o = r * cols;
-    float mx = -INFINITY;
-    for (int64_t c = threadIdx.x; c < cols; c += CU_ROW_THREADS)
-      mx = fmaxf(mx, cu_load(x, o + c, dt));
-    mx = cu_block_max(mx, sh);
-    float s = 0.0f;
-    for (int64_t c = threadIdx.x; c < cols; c += CU_ROW_THREADS)
-      s = __fadd_rn(s, expf(__fsub_rn(cu_load(x, o + c, dt), mx)));
-    s = cu_block_sum(s, sh);
+    float mx, s;
+    cu_row_exp_stats(x, o, cols, dt, sh, &mx, &s);
     for (int64_t c = threadIdx.x; c < cols; c += CU_ROW_THREADS)
       cu_store(y, o + c, dt, __fdiv_rn(expf(__fsub_rn(cu_load(x, o + c, dt), mx)), s));
   }
