@@ -173,11 +173,13 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
     }
     if (M < 0) M = fwd[m];
     if (fwd[m] != M || (training && bwd[m] != fwd[m])) {
-      st = gc_fail(
-          e, GCAP_EINVAL,
-          "make_graphed_callables: every chunk needs the same number of forwards and as "
-          "many backwards; chunk %d has %d forwards and %d backwards, chunk 1 has %d forwards",
-          m + 1, fwd[m], bwd[m], M);
+      int last = 0; /* the chunk's last entry: where its count ended up wrong */
+      for (p = 0; p < len; p++)
+        if ((int)floor(fabs(order[p])) == m + 1) last = p;
+      st = order_fail(e, last, order[last],
+                      "every chunk needs the same number of forwards and as many backwards; "
+                      "chunk %d has %d forwards and %d backwards, chunk 1 has %d forwards",
+                      m + 1, fwd[m], bwd[m], M);
       goto done;
     }
   }
