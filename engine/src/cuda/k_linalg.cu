@@ -170,6 +170,10 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, int64_t m, int64_t 
 ** A as its second, with m and n swapped, and each operand keeps its own
 ** transpose flag. B's storage is k x n (ld n), or n x k (ld k) when
 ** transposed; A's is m x k (ld k), or k x m (ld m) when transposed. */
+static gcap_status cu_blas_gemm(gcap_engine *e, cu_state *st, const gc_kargs *a,
+                                cublasOperation_t opb, cublasOperation_t opa, int64_t m, int64_t n,
+                                int64_t k, float alpha, float beta);
+
 static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const gc_kargs *a) {
   int64_t m = a->n[0], n = a->n[1], k = a->n[2];
   int ta = a->n[3] != 0, tb = a->n[4] != 0;
@@ -184,7 +188,6 @@ static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const
   }
   cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  int ldb = (int)(tb ? k : n), lda = (int)(ta ? m : k), ldc = (int)n;
 
   int epi = a->p[3] ? CU_EPI_BIAS : a->p[4] ? CU_EPI_BGRAD : CU_EPI_NONE;
   void *vec = a->p[3] ? a->p[3] : a->p[4];
@@ -200,15 +203,36 @@ static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const
                               p->lc, a->p[0], p->lc, &p->algo, st->ws, CU_WORKSPACE, s));
     return GCAP_OK;
   }
-  if (epi == CU_EPI_BIAS) { /* no plan: C = the bias rows, then C += op(A) op(B) */
+  /* No plan with the epilogue: its work in kernels of ours, around the plain
+  ** plan's GEMM (or cuBLAS's, when no plan at all was found). */
+  if (epi == CU_EPI_BIAS) { /* C = the bias rows, then C += op(A) op(B) */
     k_expand<<<cu_blocks(m * n), CU_THREADS, 0, s>>>(a->p[0], a->p[3], n, a->dt, m * n, 1.0f);
     beta = 1.0f;
   }
-  /* Every GEMM points the handle at its stream with the workspace set
-  ** (cu_blas_stream), so that cuBLAS never allocates in a capture; the
-  ** handle's other settings were made once at init (backend.cu). */
-  if ((r = cu_blas_stream(e, st, s)) != GCAP_OK) return r;
+  if (epi != CU_EPI_NONE &&
+      (r = cu_plan_for(e, st, m, n, k, ta, tb, a->dt, CU_EPI_NONE, &p)) != GCAP_OK)
+    return r;
+  if (p->ok) {
+    CUBLAS_TRY(e,
+               cublasLtMatmul(st->lt, p->op, &alpha, a->p[2], p->la, a->p[1], p->lb, &beta, a->p[0],
+                              p->lc, a->p[0], p->lc, &p->algo, st->ws, CU_WORKSPACE, s));
+  } else {
+    /* Every GEMM points the handle at its stream with the workspace set
+    ** (cu_blas_stream), so that cuBLAS never allocates in a capture; the
+    ** handle's other settings were made once at init (backend.cu). */
+    if ((r = cu_blas_stream(e, st, s)) != GCAP_OK) return r;
+    if ((r = cu_blas_gemm(e, st, a, opb, opa, m, n, k, alpha, beta)) != GCAP_OK) return r;
+  }
+  if (epi == CU_EPI_BGRAD) /* the bias grad sums A (stored k x m) over its k rows */
+    k_sum_rows<<<cu_blocks(m), CU_THREADS, 0, s>>>(a->p[4], a->p[1], a->dt, k, m);
+  return GCAP_OK;
+}
 
+/* cuBLAS's own GEMM, when cuBLASLt found no plan. */
+static gcap_status cu_blas_gemm(gcap_engine *e, cu_state *st, const gc_kargs *a,
+                                cublasOperation_t opb, cublasOperation_t opa, int64_t m, int64_t n,
+                                int64_t k, float alpha, float beta) {
+  int ldb = (int)(a->n[4] ? k : n), lda = (int)(a->n[3] ? m : k), ldc = (int)n;
   if (a->dt == GCAP_BF16) {
     CUBLAS_TRY(e, cublasGemmEx(st->blas, opb, opa, (int)n, (int)m, (int)k, &alpha, a->p[2],
                                CUDA_R_16BF, ldb, a->p[1], CUDA_R_16BF, lda, &beta, a->p[0],
@@ -218,8 +242,6 @@ static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const
                               (const float *)a->p[2], ldb, (const float *)a->p[1], lda, &beta,
                               (float *)a->p[0], ldc));
   }
-  if (epi == CU_EPI_BGRAD) /* no plan: the bias grad sums A (stored k x m) over its k rows */
-    k_sum_rows<<<cu_blocks(m), CU_THREADS, 0, s>>>(a->p[4], a->p[1], a->dt, k, m);
   return GCAP_OK;
 }
 
