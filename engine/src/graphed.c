@@ -96,7 +96,7 @@ void gcap_graphed_free(gcap_graphed *g) {
   int i;
   if (g == NULL || --g->refs > 0) return;
   for (i = 0; i < g->n; i++) /* modules no longer replay through us */
-    if (g->v[i].m) gc_module_set_graphed(g->v[i].m, NULL, 0);
+    if (g->v[i].m) gc_module_unroute(g->v[i].m, g, i);
   graphed_destroy(g);
 }
 
@@ -973,7 +973,7 @@ gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
   x = &G->v[entry];
   if (G->e->cap != NULL)
     return gc_fail(G->e, GCAP_ESTATE, "reset: not allowed while a capture is open");
-  gc_module_set_graphed(x->m, NULL, 0);
+  gc_module_unroute(x->m, G, entry);
   gcap_graph_free(x->fwd);
   gcap_graph_free(x->bwd);
   gcap_graph_free(x->dw);

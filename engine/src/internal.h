@@ -221,6 +221,9 @@ void gc_module_wgrad_aside(gcap_module *m, int aside);
 void gc_pool_trim_since(gcap_pool *p, const gc_seg *since);
 /* Route m's calls to entry `entry` of g (g NULL: back to m's forward). */
 void gc_module_set_graphed(gcap_module *m, gcap_graphed *g, int entry);
+/* Back to m's own forward, if m is still routed to entry `entry` of g (a
+** later make_graphed_callables may have routed it elsewhere). */
+void gc_module_unroute(gcap_module *m, const gcap_graphed *g, int entry);
 
 /* ------------------------------------------------------------------------ */
 /* Capture and graphs (capture.c)                                            */

@@ -521,6 +521,10 @@ void gc_module_set_graphed(gcap_module *m, gcap_graphed *g, int entry) {
   m->graphed_entry = entry;
 }
 
+void gc_module_unroute(gcap_module *m, const gcap_graphed *g, int entry) {
+  if (m->graphed == g && m->graphed_entry == entry) m->graphed = NULL;
+}
+
 static const char *const hook_kind_names[4] = {"forward pre-hook", "forward hook",
                                                "backward pre-hook", "backward hook"};
 
