@@ -1392,7 +1392,7 @@ static int l_flatkwargs(lua_State *L, int nargs, gcap_tensor **in, int nin, cons
     LTensor *t;
     lua_rawgeti(L, -1, i);
     lua_pushvalue(L, -1);
-    lua_gettable(L, nargs + 1);
+    lua_rawget(L, nargs + 1); /* raw: no Lua code runs while in[] fills */
     t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
     if (t == NULL || t->t == NULL)
       l_error(L,
@@ -2623,7 +2623,10 @@ static int l_pcaphook(lua_State *L) {
   }
   n = lua_gettop(L) - base + 1;
   for (i = 0; i < n; i++)
-    if (!lua_isnil(L, base + i))
+    if (!lua_isnil(L, base + i) && c->h->group < 0)
+      return l_error(L, "%s must not return a value (it returned %s)", name,
+                     l_typename(L, base + i));
+    else if (!lua_isnil(L, base + i))
       return l_error(L,
                      "capture_time_hooks %s must not return a value "
                      "(callable %d, hook #%d returned %s)",
@@ -2700,14 +2703,14 @@ static int l_make_graphed(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   luaL_checktype(L, 2, LUA_TTABLE);
   luaL_checktype(L, 3, LUA_TTABLE);
-  nmod = (int)luaL_len(L, 1);
-  nent = (int)luaL_len(L, 2);
+  nmod = (int)lua_rawlen(L, 1);
+  nent = (int)lua_rawlen(L, 2);
   gcap_graphed_opts_init(&o);
   /* all C arrays live in one userdata, collected with the call's stack */
   for (i = 1; i <= nent; i++) {
     lua_rawgeti(L, 2, i);
     luaL_checktype(L, -1, LUA_TTABLE);
-    total += (int)luaL_len(L, -1);
+    total += (int)lua_rawlen(L, -1);
     lua_pop(L, 1);
   }
   lua_getfield(L, 3, "capture_time_hooks");
@@ -2718,7 +2721,7 @@ static int l_make_graphed(lua_State *L) {
       lua_rawgeti(L, hooksi, i);
       for (g = 0; g < 4; g++) {
         lua_getfield(L, -1, l_groups[g]);
-        nhooks += lua_istable(L, -1) ? (int)luaL_len(L, -1) : 0;
+        nhooks += lua_istable(L, -1) ? (int)lua_rawlen(L, -1) : 0;
         lua_pop(L, 1);
       }
       lua_pop(L, 1);
@@ -2747,7 +2750,7 @@ static int l_make_graphed(lua_State *L) {
   }
   for (i = 0, total = 0; i < nent; i++) {
     lua_rawgeti(L, 2, i + 1);
-    nargs[i] = (int)luaL_len(L, -1);
+    nargs[i] = (int)lua_rawlen(L, -1);
     args[i] = flat + total;
     for (k = 0; k < nargs[i]; k++) {
       LTensor *t;
@@ -2776,7 +2779,7 @@ static int l_make_graphed(lua_State *L) {
       for (g = 0; g < 4; g++) {
         int n;
         lua_getfield(L, -1, l_groups[g]);
-        n = lua_istable(L, -1) ? (int)luaL_len(L, -1) : 0;
+        n = lua_istable(L, -1) ? (int)lua_rawlen(L, -1) : 0;
         hooks[i].n[g] = n;
         hooks[i].fn[g] = fns + j;
         hooks[i].ud[g] = uds + j;
@@ -2801,7 +2804,7 @@ static int l_make_graphed(lua_State *L) {
   o.reuse_graph_input_output_buffers = l_optflag(L, 3, "reuse_graph_input_output_buffers", 0);
   o.clone_param_grads_on_return = l_optflag(L, 3, "clone_param_grads_on_return", 1);
   if (lua_getfield(L, 3, "order") == LUA_TTABLE) {
-    o.order_len = (int)luaL_len(L, -1);
+    o.order_len = (int)lua_rawlen(L, -1);
     order = (double *)lua_newuserdatauv(L, sizeof(double) * (size_t)(o.order_len + 1), 0);
     for (k = 0; k < o.order_len; k++) {
       lua_rawgeti(L, -2, k + 1);
@@ -2811,7 +2814,7 @@ static int l_make_graphed(lua_State *L) {
     o.order = order;
   }
   if (lua_getfield(L, 3, "num_layers_per_chunk") == LUA_TTABLE) {
-    o.num_chunks = (int)luaL_len(L, -1);
+    o.num_chunks = (int)lua_rawlen(L, -1);
     nlpc = (int *)lua_newuserdatauv(L, sizeof(int) * (size_t)(o.num_chunks + 1), 0);
     for (k = 0; k < o.num_chunks; k++) {
       lua_rawgeti(L, -2, k + 1);
@@ -2820,7 +2823,14 @@ static int l_make_graphed(lua_State *L) {
     }
     o.num_layers_per_chunk = nlpc;
   }
-  if (lua_getfield(L, 3, "pool") != LUA_TNIL) o.pool = l_checkpool(L, -1)->p;
+  if (lua_getfield(L, 3, "pool") != LUA_TNIL) {
+    LPool *pl = (LPool *)luaL_testudata(L, -1, POOL_MT);
+    if (pl == NULL || pl->p == NULL)
+      return l_error(L, "make_graphed_callables: option pool must be an open graph pool, got %s",
+                     pl ? "a closed pool" : l_typename(L, -1));
+    o.pool = pl->p;
+  }
+  memset(warm, 0, sizeof warm);
   warm[0].le = warm[1].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
   warm[0].group = -1;
   warm[1].group = -2;
@@ -2882,6 +2892,8 @@ static int l_graphed_call(lua_State *L) {
   LGraphed *p = l_checkgraphed(L, 1);
   int entry = l_checkentry(L, p, 2), nin = lua_gettop(L) - 2, i;
   gcap_tensor *in[MAXIN];
+  gcap_graphed *g;
+  gcap_module *m;
   char msg[1024];
   LFrame f;
   LEngine *le;
@@ -2899,10 +2911,18 @@ static int l_graphed_call(lua_State *L) {
     in[i] = t->t;
   }
   r = l_newtensor(L);
+  g = gcap_graphed_retain(p->g); /* callbacks may close the boxes of g, its module and in */
+  m = gcap_module_retain(gcap_graphed_module(g, entry));
+  for (i = 0; i < nin; i++)
+    gcap_tensor_retain(in[i]);
   le = l_enter(L, &f, NULL, 0, 0, 0);
-  st = gcap_graphed_call(p->g, entry, nin, in, &r->t);
+  st = gcap_graphed_call(g, entry, nin, in, &r->t);
   l_leave(le, &f);
   if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(p->e));
+  for (i = 0; i < nin; i++)
+    gcap_tensor_free(in[i]);
+  gcap_module_free(m);
+  gcap_graphed_free(g);
   l_raisecb(L);
   if (st != GCAP_OK) l_fail(L, st, msg, "graphed call");
   l_knownresult(L);

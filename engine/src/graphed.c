@@ -713,6 +713,10 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
     opts = &defaults;
   }
   if ((st = gc_check_not_capturing(e, "make_graphed_callables")) != GCAP_OK) return st;
+  if (e->warm_prev != NULL)
+    return gc_fail(e, GCAP_ESTATE,
+                   "make_graphed_callables: not allowed inside another make_graphed_callables' "
+                   "warmup (from its hooks or forwards)");
   if ((st = check_inputs(e, ncallables, callables, nentries, nargs, args, opts, &training)) !=
       GCAP_OK)
     return st;

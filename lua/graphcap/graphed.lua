@@ -7,8 +7,8 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 local nn = require "graphcap.nn"
 
-local error, getmetatable, ipairs, math, pairs, pcall, select, setmetatable, string,
-      table, tostring, type = error, getmetatable, ipairs, math, pairs, pcall, select,
+local debug, error, getmetatable, ipairs, math, pairs, select, setmetatable, string,
+      table, tostring, type = debug, error, getmetatable, ipairs, math, pairs, select,
       setmetatable, string, table, tostring, type
 _ENV = nil
 
@@ -16,8 +16,12 @@ local Tensor = core._metatables.Tensor
 local is_module = nn.is_module
 local W = "make_graphed_callables"
 
+-- Where the user called make_graphed_callables: every argument error
+-- names that line, however deep in this file it is found.
+local caller = ""
+
 local function fail (fmt, ...)
-  error(string.format(W .. ": " .. fmt, ...), 3)
+  error(caller .. string.format(W .. ": " .. fmt, ...), 0)
 end
 
 local function is_tensor (v)
@@ -55,6 +59,9 @@ local function group_list (c, name, grp)
   if ints > 0 and #strs > 0 then
     fail("capture_time_hooks[%d].%s mixes a sequence and a map of string "
          .. "ids; use one or the other", c, name)
+  end
+  if #strs == 0 and ints ~= n then
+    fail("capture_time_hooks[%d].%s has a hole (a nil among its hooks)", c, name)
   end
   local list = {}
   if #strs > 0 then
@@ -171,7 +178,22 @@ function Entry:__tostring ()
   return string.format("graphcap.GraphedEntry(%d)", self.i)
 end
 
+local INT_MAX = 0x7fffffff
+
+-- An integer of C's int range, or nil: option/entry 'what' checked.
+local function c_int (what, v)
+  if math.type(v) ~= "integer" or v < -INT_MAX or v > INT_MAX then
+    fail("%s must be an integer of at most %d in size, got %s", what, INT_MAX, tostring(v))
+  end
+  return v
+end
+
 local function make_graphed_callables (callables, sample_args, opts)
+  local info = debug.getinfo(2, "Sl")
+  local outer = caller
+  caller = info and info.currentline > 0 and (info.short_src .. ":" .. info.currentline .. ": ")
+           or ""
+  local undo <close> = setmetatable({}, {__close = function () caller = outer end})
   opts = util.options(W, opts, known_options, 2)
   for k, kind in pairs(known_options) do
     local v = opts[k]
@@ -179,6 +201,10 @@ local function make_graphed_callables (callables, sample_args, opts)
        and type(v) ~= kind then
       fail("option %s must be a %s, got %s", k, kind, math.type(v) or type(v))
     end
+  end
+  if opts.num_warmup_iters ~= nil then c_int("num_warmup_iters", opts.num_warmup_iters) end
+  for p, v in ipairs(opts.order or {}) do
+    if type(v) ~= "number" then fail("order[%d] must be a number, got %s", p, type(v)) end
   end
   local single = type(callables) == "function" or is_module(callables)
   local kwargs = opts.sample_kwargs
@@ -232,31 +258,37 @@ local function make_graphed_callables (callables, sample_args, opts)
   elseif nlpc ~= nil and type(nlpc) ~= "table" then
     fail("num_layers_per_chunk must be an integer or a sequence, got %s", type(nlpc))
   end
+  for m, v in ipairs(nlpc or {}) do c_int("num_layers_per_chunk[" .. m .. "]", v) end
   local norm = {}
   for k, v in pairs(opts) do norm[k] = v end
   norm.num_layers_per_chunk = nlpc
   norm.capture_time_hooks = normalize_hooks(opts.capture_time_hooks, originals)
   -- a callable graphed with kwargs gets them back as a map when the core
   -- calls it (warmup, capture), and flattens its map when it is called
-  local marked = {}
+  local kw = {}  -- the kwargs keys of each callable
   if opts.order == nil then
-    for i = 1, #args do
-      if keys[i] then mods[i].graphed_kwargs = keys[i]; marked[#marked + 1] = mods[i] end
-    end
-  elseif keys[1] then  -- with an order every entry of a callable shares its keys
-    local k1 = table.concat(keys[1], "\0")
+    for i = 1, #mods do kw[i] = keys[i] end
+  else  -- with an order every entry of a callable shares its keys
+    local k1 = table.concat(keys[1] or {}, "\0")
     for i = 2, #args do
       if table.concat(keys[i] or {}, "\0") ~= k1 then
         fail("with an order, sample_kwargs must have the same keys for every entry "
              .. "(entry 1 and entry %d differ)", i)
       end
     end
-    for c = 1, #mods do mods[c].graphed_kwargs = keys[1]; marked[#marked + 1] = mods[c] end
+    for c = 1, #mods do kw[c] = keys[1] end
   end
-  local ok, G = pcall(core.make_graphed_callables, mods, args, norm)
-  if not ok then
-    for _, m in ipairs(marked) do m.graphed_kwargs = nil end
-    error(G, 2)
+  local old = {}  -- put back if the call fails; its error passes unchanged
+  for c, m in ipairs(mods) do
+    old[c] = m.graphed_kwargs
+    m.graphed_kwargs = kw[c]
+  end
+  local G
+  do
+    local restore <close> = setmetatable({}, {__close = function ()
+      if G == nil then for c, m in ipairs(mods) do m.graphed_kwargs = old[c] end end
+    end})
+    G = core.make_graphed_callables(mods, args, norm)
   end
   local out = {}
   for i = 1, #G do
