@@ -52,9 +52,8 @@ void gcap_graphed_opts_init(gcap_graphed_opts *o) {
   o->clone_param_grads_on_return = 1;
 }
 
-static void entry_clear(gcap_graphed *G, ge_entry *x) {
+static void entry_clear(ge_entry *x) {
   int k;
-  (void)G;
   for (k = 0; k < x->nargs; k++)
     gcap_tensor_free(x->args[k]);
   for (k = 0; x->grad_in && k < x->nargs + x->nparams; k++)
@@ -80,7 +79,7 @@ static void graphed_destroy(gcap_graphed *G) {
   gcap_engine *e = G->e;
   int i;
   for (i = 0; i < G->n; i++)
-    entry_clear(G, &G->v[i]);
+    entry_clear(&G->v[i]);
   free(G->v);
   gcap_pool_free(G->pool);
   free(G);
