@@ -99,6 +99,7 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
   e->refs = 1;
   e->replay_check = 1;
   e->grad_enabled = 1;
+  e->module_gen = 1;
   e->next_graph_id = 1;
   if ((st = be->init(e, &e->bs)) != GCAP_OK) goto fail;
   if ((e->heap = gc_pool_create(e, 1)) == NULL) {

@@ -288,6 +288,7 @@ struct gcap_engine {
   uint64_t cap_epoch;
   int replay_check;
   int grad_enabled;
+  uint64_t module_gen; /* bumped whenever a module registers something */
   uint64_t bw_mark; /* backward pass counter (node marks) */
   gc_blk *rng;      /* device u64[2] {seed, offset} */
   int next_graph_id;

@@ -24,6 +24,13 @@ typedef struct mod_list {
   int n, cap;
 } mod_list;
 
+typedef struct mod_flat {
+  uint64_t gen; /* the engine's module generation it was made at; 0: none */
+  int n, cap;
+  gcap_tensor **t;
+  char **name;
+} mod_flat;
+
 typedef struct mod_hook {
   int id;
   gcap_hook_kind kind;
@@ -52,7 +59,10 @@ struct gcap_module {
   int nwq_aside, capwq_aside, aside;
   gcap_graphed *graphed; /* calls replay this entry (weak: the graphed object owns m) */
   int graphed_entry;
+  mod_flat flat[2]; /* parameters, buffers: see flat_of */
 };
+
+static void flat_free(mod_flat *f);
 
 gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fwd, void *ud,
                             void (*ud_free)(void *), gcap_module **out) {
@@ -106,6 +116,8 @@ void gcap_module_free(gcap_module *m) {
   for (i = 0; i < m->nwq; i++)
     gcap_tensor_free(m->wq[i]);
   free(m->wq);
+  flat_free(&m->flat[0]);
+  flat_free(&m->flat[1]);
   if (m->ud_free) m->ud_free(m->ud);
   free(m);
   gc_engine_unref(e);
@@ -148,6 +160,7 @@ static gcap_status list_add(gcap_module *m, mod_list *l, const char *what, const
   l->v[l->n].t = gcap_tensor_retain(t);
   l->v[l->n].m = gcap_module_retain(c);
   l->n++;
+  m->e->module_gen++; /* every module's flattened lists may have changed */
   return GCAP_OK;
 }
 
@@ -194,96 +207,124 @@ gcap_status gcap_module_add_child(gcap_module *m, const char *name, gcap_module 
 }
 
 /*
-** Depth-first walk over parameters (buffers = 0) or buffers, each module and
-** each tensor once, under the first name it is reached by (as PyTorch's
-** named_parameters): a tied weight or a child registered twice is listed,
-** and so stepped by an optimizer, once. Stops at the want-th (want < 0: all).
+** The parameters (buffers = 0) or buffers of m and its children, depth
+** first, each module and each tensor once, under the first dotted name it is
+** reached by (as PyTorch's named_parameters): a tied weight or a child
+** registered twice is listed, and so stepped by an optimizer, once. The list
+** is made once and kept until a module of the engine registers something
+** (the engine's module generation changes), so that walking it by index is
+** cheap: zero_grad, optimizers and graphing all do.
 */
 typedef struct walk_state {
-  int buffers, want, found;
-  const void **seen; /* modules and tensors met so far */
+  mod_flat *f;
+  int buffers;
+  const void **seen; /* modules met so far */
   int nseen, capseen;
-  gcap_tensor *hit;
-  char *name;
-  size_t n;
+  char path[256];
 } walk_state;
 
-/* 1 when p was met before; remembers it otherwise (0 too on no memory:
-** a duplicate is then listed twice, never a tensor lost). */
-static int walk_seen(walk_state *w, const void *p) {
+/* 1 when p is in v[0..n); 0 otherwise. */
+static int seen_in(const void *const *v, int n, const void *p) {
   int k;
-  for (k = 0; k < w->nseen; k++)
-    if (w->seen[k] == p) return 1;
-  if (w->nseen == w->capseen) {
-    int cap = w->capseen ? 2 * w->capseen : 32;
-    const void **v = (const void **)realloc((void *)w->seen, (size_t)cap * sizeof *v);
-    if (v == NULL) return 0;
-    w->seen = v;
-    w->capseen = cap;
-  }
-  w->seen[w->nseen++] = p;
+  for (k = 0; k < n; k++)
+    if (v[k] == p) return 1;
   return 0;
 }
 
 static int walk(const gcap_module *m, walk_state *w, size_t at) {
   const mod_list *l = w->buffers ? &m->buffers : &m->params;
+  mod_flat *f = w->f;
   int j;
-  if (walk_seen(w, m)) return 0;
+  if (seen_in(w->seen, w->nseen, m)) return 1;
+  if (w->nseen == w->capseen) {
+    int cap = w->capseen ? 2 * w->capseen : 16;
+    const void **v = (const void **)realloc((void *)w->seen, (size_t)cap * sizeof *v);
+    if (v == NULL) return 0;
+    w->seen = v;
+    w->capseen = cap;
+  }
+  w->seen[w->nseen++] = m;
   for (j = 0; j < l->n; j++) {
-    if (walk_seen(w, l->v[j].t)) continue;
-    if (w->found++ == w->want) {
-      if (w->name && at < w->n) snprintf(w->name + at, w->n - at, "%s", l->v[j].name);
-      w->hit = l->v[j].t;
-      return 1;
+    if (seen_in((const void *const *)f->t, f->n, l->v[j].t)) continue;
+    if (f->n == f->cap) {
+      int cap = f->cap ? 2 * f->cap : 16;
+      gcap_tensor **t = (gcap_tensor **)realloc(f->t, (size_t)cap * sizeof *t);
+      char **nm;
+      if (t == NULL) return 0;
+      f->t = t;
+      if ((nm = (char **)realloc(f->name, (size_t)cap * sizeof *nm)) == NULL) return 0;
+      f->name = nm;
+      f->cap = cap;
     }
+    snprintf(w->path + at, sizeof w->path - at, "%s", l->v[j].name);
+    if ((f->name[f->n] = (char *)malloc(strlen(w->path) + 1)) == NULL) return 0;
+    strcpy(f->name[f->n], w->path);
+    f->t[f->n++] = l->v[j].t;
   }
   for (j = 0; j < m->children.n; j++) {
-    size_t len = 0;
-    if (w->name && at < w->n) {
-      snprintf(w->name + at, w->n - at, "%s.", m->children.v[j].name);
-      len = strlen(w->name + at);
-    }
-    if (walk(m->children.v[j].m, w, at + len)) return 1;
+    int len = snprintf(w->path + at, sizeof w->path - at, "%s.", m->children.v[j].name);
+    size_t next = at + (len > 0 ? (size_t)len : 0);
+    if (!walk(m->children.v[j].m, w, next < sizeof w->path ? next : sizeof w->path - 1)) return 0;
   }
-  return 0;
+  return 1;
 }
 
-static gcap_tensor *walk_to(const gcap_module *m, int buffers, int want, int *count, char *name,
-                            size_t n) {
-  walk_state w;
-  memset(&w, 0, sizeof w);
-  w.buffers = buffers;
-  w.want = want;
-  w.name = name;
-  w.n = n;
-  walk(m, &w, 0);
-  free((void *)w.seen);
-  if (count) *count = w.found;
-  return w.hit;
+static void flat_clear(mod_flat *f) {
+  int k;
+  for (k = 0; k < f->n; k++)
+    free(f->name[k]);
+  f->n = 0;
+  f->gen = 0;
 }
 
-static int count(const gcap_module *m, int buffers) {
-  int c;
-  walk_to(m, buffers, -1, &c, NULL, 0);
-  return c;
+static void flat_free(mod_flat *f) {
+  flat_clear(f);
+  free(f->t);
+  free(f->name);
+}
+
+/* m's list, made anew when the engine's modules changed since. The cache is
+** not part of what m means: filling it through a const pointer is fine. */
+static const mod_flat *flat_of(const gcap_module *m, int buffers) {
+  mod_flat *f = (mod_flat *)&m->flat[buffers];
+  if (f->gen != m->e->module_gen) {
+    walk_state w;
+    flat_clear(f);
+    memset(&w, 0, sizeof w);
+    w.f = f;
+    w.buffers = buffers;
+    if (walk(m, &w, 0))
+      f->gen = m->e->module_gen;
+    else
+      flat_clear(f); /* out of memory: an empty list, made again next time */
+    free((void *)w.seen);
+  }
+  return f;
+}
+
+static gcap_tensor *flat_at(const gcap_module *m, int buffers, int i, char *name, size_t n) {
+  const mod_flat *f;
+  if (m == NULL || i < 0) return NULL;
+  f = flat_of(m, buffers);
+  if (i >= f->n) return NULL;
+  if (name && n > 0) snprintf(name, n, "%s", f->name[i]);
+  return f->t[i];
 }
 
 int gcap_module_num_parameters(const gcap_module *m) {
-  return m ? count(m, 0) : 0;
+  return m ? flat_of(m, 0)->n : 0;
 }
 
 gcap_tensor *gcap_module_parameter(const gcap_module *m, int i, char *name, size_t n) {
-  if (m == NULL || i < 0) return NULL;
-  return walk_to(m, 0, i, NULL, name, n);
+  return flat_at(m, 0, i, name, n);
 }
 
 int gcap_module_num_buffers(const gcap_module *m) {
-  return m ? count(m, 1) : 0;
+  return m ? flat_of(m, 1)->n : 0;
 }
 
 gcap_tensor *gcap_module_buffer(const gcap_module *m, int i, char *name, size_t n) {
-  if (m == NULL || i < 0) return NULL;
-  return walk_to(m, 1, i, NULL, name, n);
+  return flat_at(m, 1, i, name, n);
 }
 
 int gcap_module_num_children(const gcap_module *m) {
