@@ -289,8 +289,8 @@ struct gcap_engine {
   int replay_check;
   int grad_enabled;
   uint64_t module_gen; /* bumped whenever a module registers something */
-  uint64_t bw_mark; /* backward pass counter (node marks) */
-  gc_blk *rng;      /* device u64[2] {seed, offset} */
+  uint64_t bw_mark;    /* backward pass counter (node marks) */
+  gc_blk *rng;         /* device u64[2] {seed, offset} */
   int next_graph_id;
   gcap_graph **graphs; /* by id, NULL once destroyed: names for messages */
   int graphs_cap;
