@@ -32,6 +32,8 @@ typedef struct ge_entry {
   int need_dw;
   int reset;
   int fwd_pending; /* replayed forwards whose backward is still to come */
+  int *sharers;    /* reuse: the entries sharing a static input with this one */
+  int nsharers;
 } ge_entry;
 
 struct gcap_graphed {
@@ -66,6 +68,7 @@ static void entry_clear(ge_entry *x) {
   free(x->params);
   free(x->grad_in);
   free(x->dw_grad);
+  free(x->sharers);
   gcap_tensor_free(x->out);
   gcap_tensor_free(x->grad_out);
   gcap_graph_free(x->fwd);
@@ -618,6 +621,20 @@ static gcap_status share_inputs(ge_build *b) {
     }
   }
   free(fq);
+  for (i = 0; i < G->n; i++) { /* who shares with whom, once, for the replay-time check */
+    ge_entry *x = &G->v[i];
+    for (j = 0; j < G->n; j++) {
+      int shared = 0, kk;
+      for (k = 0; j != i && !shared && k < x->nargs; k++)
+        for (kk = 0; !shared && kk < G->v[j].nargs; kk++)
+          shared = x->args[k] == G->v[j].args[kk];
+      if (!shared) continue;
+      if (x->sharers == NULL &&
+          (x->sharers = (int *)malloc((size_t)G->n * sizeof *x->sharers)) == NULL)
+        return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+      x->sharers[x->nsharers++] = j;
+    }
+  }
   return GCAP_OK;
 }
 
@@ -865,19 +882,14 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
 ** is pending would overwrite it: refused, like a replay out of pool order. */
 static gcap_status check_shared_inputs(gcap_graphed *G, int entry) {
   const ge_entry *x = &G->v[entry];
-  int j, k, kk;
-  for (j = 0; j < G->n; j++) {
-    const ge_entry *y = &G->v[j];
-    if (j == entry || !y->fwd_pending) continue;
-    for (k = 0; k < x->nargs; k++)
-      for (kk = 0; kk < y->nargs; kk++)
-        if (x->args[k] == y->args[kk])
-          return gc_fail(G->e, GCAP_EREPLAY,
-                         "graphed call of entry %d refused: its static input #%d is shared with "
-                         "entry %d (reuse_graph_input_output_buffers), whose backward has not run "
-                         "yet; replay in the order the schedule was captured",
-                         entry + 1, k + 1, j + 1);
-  }
+  int s;
+  for (s = 0; s < x->nsharers; s++)
+    if (G->v[x->sharers[s]].fwd_pending)
+      return gc_fail(G->e, GCAP_EREPLAY,
+                     "graphed call of entry %d refused: it shares a static input with entry %d "
+                     "(reuse_graph_input_output_buffers), whose backward has not run yet; replay "
+                     "in the order the schedule was captured",
+                     entry + 1, x->sharers[s] + 1);
   return GCAP_OK;
 }
 
