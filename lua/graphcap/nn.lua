@@ -21,13 +21,7 @@ local Module = core._metatables.Module.__methods
 nn.methods = Module
 
 -- m:zero_grad([{set_to_none = true}])
-local zero_grad = Module.zero_grad
-local zero_grad_options = {set_to_none = true}
-function Module.zero_grad (self, opts)
-  opts = options("zero_grad", opts, zero_grad_options, 2)
-  return zero_grad(self, check("zero_grad", "set_to_none", opts.set_to_none,
-                               "boolean", true, 2))
-end
+Module.zero_grad = util.zero_grad(Module.zero_grad)
 
 -- A class named 'name' whose call is ctor(class, ...).
 local function class (name, ctor)

@@ -14,13 +14,7 @@ local optim = {}
 
 -- opt:zero_grad([{set_to_none = true}])
 local Optimizer = core._metatables.Optimizer.__index
-local zero_grad = Optimizer.zero_grad
-local zero_grad_options = {set_to_none = true}
-function Optimizer.zero_grad (self, opts)
-  opts = options("zero_grad", opts, zero_grad_options, 2)
-  return zero_grad(self, check("zero_grad", "set_to_none", opts.set_to_none,
-                               "boolean", true, 2))
-end
+Optimizer.zero_grad = util.zero_grad(Optimizer.zero_grad)
 
 local sgd_options = {lr = true, momentum = true, weight_decay = true}
 

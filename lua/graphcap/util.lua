@@ -47,6 +47,17 @@ function util.check (where, what, v, kind, default, level)
   return v
 end
 
+-- zero_grad([{set_to_none = true}]) over a C zero_grad(self, set_to_none),
+-- for modules and optimizers alike.
+local zero_grad_options = {set_to_none = true}
+function util.zero_grad (czero)
+  return function (self, opts)
+    opts = util.options("zero_grad", opts, zero_grad_options, 2)
+    return czero(self, util.check("zero_grad", "set_to_none", opts.set_to_none,
+                                  "boolean", true, 2))
+  end
+end
+
 -- Append a traceback to an error message unless it has one (from a nested
 -- capture); called where the error was raised, it shows the whole stack.
 function util.traceback (msg)
