@@ -1379,20 +1379,22 @@ static gcap_status l_hook(void *ud, gcap_module *m, const gcap_hook_args *a) {
 /* m(...) (muted = 0) and, for built-ins, m:forward(...) (muted = 1) */
 /* A module graphed with sample_kwargs: the kwargs map (its last argument)
 ** adds its tensors to in[], in the sample's sorted key order. */
-static int l_flatkwargs(lua_State *L, int nargs, gcap_tensor **in, int nin, const char *type) {
+static int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin,
+                        const char *type) {
   int nk, i;
-  if (nargs < 1 || lua_type(L, nargs + 1) != LUA_TTABLE) return nin;
-  lua_getiuservalue(L, 1, UV_FIELDS);
+  lua_getiuservalue(L, mi, UV_FIELDS);
   if (lua_getfield(L, -1, "graphed_kwargs") != LUA_TTABLE) {
     lua_pop(L, 2);
     return nin;
   }
+  if (kwi == 0 || lua_type(L, kwi) != LUA_TTABLE || luaL_testudata(L, kwi, TENSOR_MT))
+    l_error(L, "%s was graphed with sample_kwargs: pass them as a table, its last argument", type);
   nk = (int)lua_rawlen(L, -1);
   for (i = 1; i <= nk; i++) {
     LTensor *t;
     lua_rawgeti(L, -1, i);
     lua_pushvalue(L, -1);
-    lua_rawget(L, nargs + 1); /* raw: no Lua code runs while in[] fills */
+    lua_rawget(L, kwi); /* raw: no Lua code runs while in[] fills */
     t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
     if (t == NULL || t->t == NULL)
       l_error(L,
@@ -1433,7 +1435,7 @@ static int l_modcall(lua_State *L, int muted) {
     in[nin++] = t->t;
     l_keeptensor(L, i); /* children and hooks see this same value */
   }
-  nin = l_flatkwargs(L, nargs, in, nin, gcap_module_type(m));
+  nin = l_flatkwargs(L, 1, nargs > 0 ? nargs + 1 : 0, in, nin, gcap_module_type(m));
   lua_pushstring(L, gcap_module_type(m)); /* for a message after the call */
   r = l_newtensor(L);
   gcap_module_retain(m); /* callbacks may close the boxes of m and 'in' */
@@ -2899,6 +2901,8 @@ static int l_graphed_call(lua_State *L) {
   LEngine *le;
   LTensor *r;
   gcap_status st;
+  int kwi = 0;
+  if (nin > 0 && lua_type(L, nin + 2) == LUA_TTABLE) kwi = 2 + nin--; /* a kwargs map, last */
   if (nin > MAXIN) return l_error(L, "graphed call: at most %d tensor arguments", MAXIN);
   for (i = 0; i < nin; i++) {
     LTensor *t = (LTensor *)luaL_testudata(L, i + 3, TENSOR_MT);
@@ -2910,6 +2914,10 @@ static int l_graphed_call(lua_State *L) {
     luaL_argcheck(L, t->t != NULL, i + 3, "tensor is closed");
     in[i] = t->t;
   }
+  m = gcap_graphed_module(p->g, entry);
+  l_pushmodule(L, m); /* its graphed_kwargs say how a kwargs map flattens */
+  nin = l_flatkwargs(L, lua_gettop(L), kwi, in, nin, gcap_module_type(m));
+  lua_pop(L, 1);
   r = l_newtensor(L);
   g = gcap_graphed_retain(p->g); /* callbacks may close the boxes of g, its module and in */
   m = gcap_module_retain(gcap_graphed_module(g, entry));

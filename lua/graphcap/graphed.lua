@@ -141,35 +141,12 @@ local function kwargs_of (i, kw)
   return keys
 end
 
--- Flatten a replay call's arguments: tensors, then the kwargs' values in
--- sorted sample-key order when the last argument is a non-tensor table.
-local function flatten (entry, keys, ...)
-  local n, args = select("#", ...), {...}
-  if keys == nil then return args, n end
-  local kw = args[n]
-  if type(kw) ~= "table" or is_tensor(kw) then
-    error(string.format("graphed entry %d: expected the kwargs table (%s) as "
-                        .. "the last argument", entry, table.concat(keys, ", ")), 3)
-  end
-  n = n - 1
-  for _, k in ipairs(keys) do
-    if kw[k] == nil then
-      error(string.format("graphed entry %d was made with kwarg '%s', but it "
-                          .. "was not given at replay", entry, k), 3)
-    end
-    n = n + 1
-    args[n] = kw[k]
-  end
-  return args, n
-end
-
 local Entry = {}
 Entry.__index = Entry
 Entry.__name = "graphcap.GraphedEntry"
 
-function Entry:__call (...)
-  local args, n = flatten(self.i, self.keys, ...)
-  return self.G:call(self.i, table.unpack(args, 1, n))
+function Entry:__call (...)  -- a kwargs map, last, is flattened by the binding
+  return self.G:call(self.i, ...)
 end
 function Entry:backward_dw () return self.G:backward_dw(self.i) end
 function Entry:reset () return self.G:reset(self.i) end
@@ -300,7 +277,7 @@ local function make_graphed_callables (callables, sample_args, opts)
       m.stats = function () return G:stats(i) end
       out[i] = m
     else
-      out[i] = setmetatable({G = G, i = i, keys = keys[i]}, Entry)
+      out[i] = setmetatable({G = G, i = i, mods = mods}, Entry) -- keeps the callables' Lua values (their graphed_kwargs)
     end
   end
   if single then return out[1] end
