@@ -41,13 +41,18 @@ const char *gc_kernel_name(int k) {
   return k >= 0 && k < GC_K_COUNT ? names[k] : "?";
 }
 
-gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a) {
+/* Launch k on the current stream, its capture rules already checked. */
+static gcap_status launch(gcap_engine *e, int k, const gc_kargs *a) {
   gcap_stream *s = e->current;
   gcap_status st;
-  if ((st = gc_check_stream(e, s, gc_kernel_name(k))) != GCAP_OK) return st;
   if ((st = e->be->launch(e, e->bs, s->bs, k, a)) != GCAP_OK) return st;
   s->seq++;
   return GCAP_OK;
+}
+
+gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a) {
+  gcap_status st = gc_check_stream(e, e->current, gc_kernel_name(k));
+  return st != GCAP_OK ? st : launch(e, k, a);
 }
 
 /* Launch k after noting its reads and writes. */
@@ -60,7 +65,7 @@ gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, i
     if ((st = gc_note_access(e, in[i], 0)) != GCAP_OK) return st;
   if (out && (st = gc_note_access(e, out, 1)) != GCAP_OK) return st;
   a->dt = (int)(out ? out->dt : in[0]->dt);
-  return gc_launch(e, k, a);
+  return launch(e, k, a); /* checked above, before the notes */
 }
 
 /* Start of a public op on t: NULL check, clear the last error. */
