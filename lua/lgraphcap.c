@@ -945,13 +945,24 @@ static int l_cross_entropy(lua_State *L) {
   return l_binary(L, gcap_cross_entropy, "cross_entropy");
 }
 
-/* linear(x, w [, b]) */
-static int l_linear(lua_State *L) {
+/* linear(x, w [, b]) and linear_gelu(x, w [, b]) */
+static int l_linear_op(lua_State *L,
+                       gcap_status (*op)(gcap_tensor *, gcap_tensor *, gcap_tensor *,
+                                         gcap_tensor **),
+                       const char *name) {
   gcap_tensor *x = l_checktensor(L, 1), *w = l_checktensor(L, 2);
   gcap_tensor *b = lua_isnoneornil(L, 3) ? NULL : l_checktensor(L, 3);
   LTensor *r = l_newtensor(L);
-  l_check(L, gcap_tensor_engine(x), gcap_linear(x, w, b, &r->t), "linear");
+  l_check(L, gcap_tensor_engine(x), op(x, w, b, &r->t), name);
   return 1;
+}
+
+static int l_linear(lua_State *L) {
+  return l_linear_op(L, gcap_linear, "linear");
+}
+
+static int l_linear_gelu(lua_State *L) {
+  return l_linear_op(L, gcap_linear_gelu, "linear_gelu");
 }
 
 /* layer_norm(x [, w [, b [, eps = 1e-5]]]) */
@@ -1012,6 +1023,7 @@ static int l_is_grad_enabled(lua_State *L) {
 }
 
 static const luaL_Reg l_F_funcs[] = {{"linear", l_linear},
+                                     {"linear_gelu", l_linear_gelu},
                                      {"relu", l_relu},
                                      {"gelu", l_gelu},
                                      {"layer_norm", l_layer_norm},

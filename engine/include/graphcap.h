@@ -176,6 +176,11 @@ gcap_status gcap_mean(gcap_tensor *a, gcap_tensor **out);
 gcap_status gcap_matmul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
 /* y = x W^T + b: x [..., in], w [out, in], b [out] or NULL -> [..., out]. */
 gcap_status gcap_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
+/* gelu(linear(x, w, b)) as one op: one GEMM whose epilogue adds the bias and
+** applies the gelu, keeping the pre-activation for backward, whose bias grad
+** comes out of the gelu's backward pass. The values of the two ops (bitwise
+** on the host); a Sequential runs a hook-free Linear and GELU pair this way. */
+gcap_status gcap_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
 gcap_status gcap_relu(gcap_tensor *x, gcap_tensor **out);
 /* GELU, tanh approximation. */
 gcap_status gcap_gelu(gcap_tensor *x, gcap_tensor **out);

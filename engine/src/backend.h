@@ -31,7 +31,9 @@ typedef enum gc_kernel {
   GC_K_SUB,         /* p[0][i] = p[1][i % n[1]] - p[2][i % n[2]] */
   GC_K_MUL,         /* p[0][i] = p[1][i % n[1]] * p[2][i % n[2]] */
   GC_K_SCALE,       /* p[0][i] = p[1][i] * f[0]              i < n[0] */
-  GC_K_SUM,         /* p[0][0] = f[0] * sum(p[1][0 .. n[0]))  (mean: f[0] = 1/n) */
+  GC_K_SUM,         /* p[0][0] = f[0] * sum(p[1][0 .. n[0]))  (mean: f[0] = 1/n); p[2]: NULL,
+                       or f32 scratch of GC_SUM_CHUNKS(n[0]) floats for a backend that sums
+                       chunks of the elements, then the chunks */
   GC_K_RAND,        /* p[0][i] = draw(seed, offset + i), i < n[0]; p[1] = u64
                        state {seed, offset}; n[1] = 1 for normal, 0 uniform */
   GC_K_RNG_ADVANCE, /* state p[0] = {seed, offset}: offset += n[0] */
@@ -45,11 +47,16 @@ typedef enum gc_kernel {
                          n[4] = 1: op(B) = B^T (B stored n x k). Float accumulation.
                          p[3]: NULL, or a bias row of n added to every row of C (with f[1] = 0);
                          p[4]: NULL, or a vector of m receiving the sums over k of op(A)'s rows
-                         (the bias grad of a linear's weight-grad GEMM; only with n[3] = 1) */
+                         (the bias grad of a linear's weight-grad GEMM; only with n[3] = 1);
+                         p[5]: NULL, or a matrix like C receiving op(A) op(B) + bias while C
+                         receives gelu_tanh of it as stored (a Linear followed by a GELU) */
   GC_K_RELU,          /* p[0][i] = max(p[1][i], 0) */
   GC_K_RELU_BWD,      /* p[0][i] = p[2][i] > 0 ? p[1][i] : 0       (p[1] = dy, p[2] = x) */
   GC_K_GELU,          /* p[0][i] = gelu_tanh(p[1][i]) */
-  GC_K_GELU_BWD,      /* p[0][i] = p[1][i] * gelu_tanh'(p[2][i])    (p[1] = dy, p[2] = x) */
+  GC_K_GELU_BWD,      /* p[0][i] = p[1][i] * gelu_tanh'(p[2][i])    (p[1] = dy, p[2] = x);
+                         p[3]: NULL, or the sums of the stored p[0] seen as rows of n[1]
+                         columns, p[3][j] = sum_i p[0][i*n[1] + j] (the bias grad of the
+                         linear before the gelu); p[4]: NULL, or f32 scratch as sum_rows's */
   GC_K_LAYERNORM,     /* rows n[0] x cols n[1], eps f[0]: p[0] = y, p[1] = x, p[2] = weight or
                          NULL, p[3] = bias or NULL, p[4] = mean [rows] (f32), p[5] = rstd [rows] (f32)
                        */
@@ -74,6 +81,9 @@ typedef enum gc_kernel {
   GC_K_COUNTER_INC, /* p[0][0] += 1 (f32 counter) */
   GC_K_COUNT
 } gc_kernel;
+
+/* How many chunks a sum of n elements may use its scratch for (1: none). */
+#define GC_SUM_CHUNKS(n) ((n) >= (1 << 20) ? 256 : 1)
 
 /* How many chunks of rows a sum_rows may use its scratch for (1: none). */
 #define GC_SUM_ROWS_CHUNKS(rows) ((rows) >= 1024 ? 64 : 1)

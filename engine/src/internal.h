@@ -342,10 +342,18 @@ gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out);
 /* linear, and its weight/bias grads (gw/gb may be NULL). A linear node whose
 ** ud is a delayed-wgrad Linear module leaves those to its backward_dw. */
 gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
+/* gelu(linear(x, w, b)) in one GEMM (a Linear followed by a GELU): the same
+** values as the two ops, one node, the pre-activation saved for backward. */
+gcap_status gc_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
+/* dx = g gelu'(x) (not recorded); colsum (may be NULL) receives dx's column
+** sums over its rows of `cols` elements, in the same launch. */
+gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_tensor **dx,
+                             gcap_tensor **colsum);
 gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
                             gcap_tensor **gw, gcap_tensor **gb);
-/* Queue (g, x) for a later backward_dw of the delayed-wgrad Linear `mod`. */
-gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x);
+/* Queue (g, x) for a later backward_dw of the delayed-wgrad Linear `mod`,
+** with its bias grad when already computed (gb; NULL: backward_dw does it). */
+gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb);
 /* Clear (set_to_none) or zero t's .grad. */
 gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none);
 /* leaf.grad += g. On first use .grad is a copy of g, or g itself when

@@ -61,6 +61,44 @@ gcap_status gcap_gelu(gcap_tensor *x, gcap_tensor **out) {
   return activation(x, GC_K_GELU, GC_K_GELU_BWD, "gelu", out);
 }
 
+gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_tensor **dx,
+                             gcap_tensor **colsum) {
+  int64_t rows = cols > 0 ? x->numel / cols : 0, nscratch = GC_SUM_ROWS_CHUNKS(rows) * cols;
+  gcap_tensor *in[2], *scratch = NULL;
+  gc_kargs a;
+  gcap_status st;
+  if (colsum) *colsum = NULL;
+  if ((st = gc_tensor_alloc(g->e, "gelu backward", x->dt, x->ndim, x->shape, dx)) != GCAP_OK)
+    return st;
+  memset(&a, 0, sizeof a);
+  if (colsum) {
+    if ((st = gc_tensor_alloc(g->e, "gelu backward", x->dt, 1, &cols, colsum)) != GCAP_OK ||
+        (st = gc_note_access(g->e, *colsum, 1)) != GCAP_OK)
+      goto done;
+    if (GC_SUM_ROWS_CHUNKS(rows) > 1 && ((st = gc_tensor_alloc(g->e, "gelu backward", GCAP_F32, 1,
+                                                               &nscratch, &scratch)) != GCAP_OK ||
+                                         (st = gc_note_access(g->e, scratch, 1)) != GCAP_OK))
+      goto done;
+    a.p[3] = gc_tensor_ptr(*colsum);
+    a.p[4] = scratch ? gc_tensor_ptr(scratch) : NULL;
+  }
+  a.p[0] = gc_tensor_ptr(*dx);
+  a.p[1] = gc_tensor_ptr(g);
+  a.p[2] = gc_tensor_ptr(x);
+  a.n[0] = x->numel;
+  a.n[1] = cols;
+  in[0] = g;
+  in[1] = x;
+  st = gc_run(g->e, GC_K_GELU_BWD, &a, in, 2, *dx);
+done:
+  gcap_tensor_free(scratch);
+  if (st != GCAP_OK) {
+    fail_free(dx, st);
+    if (colsum) fail_free(colsum, st);
+  }
+  return st;
+}
+
 /* ------------------------------------------------------------------------ */
 /* layer_norm over the last dimension                                        */
 

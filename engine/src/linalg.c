@@ -10,10 +10,11 @@
 #include "internal.h"
 
 /* C[m x n] = alpha op(A) op(B) + beta C (+ bias row); C allocated as `shape`
-** when *c is NULL; bgrad (may be NULL): the sums over k of op(A)'s rows. */
+** when *c is NULL; bgrad (may be NULL): the sums over k of op(A)'s rows;
+** pre (may be NULL): receives that result while C receives its gelu. */
 static gcap_status mm_ex(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t m, int64_t n,
                          int64_t k, float alpha, float beta, gcap_tensor *bias, gcap_tensor *bgrad,
-                         int ndim, const int64_t *shape, gcap_tensor **c) {
+                         gcap_tensor *pre, int ndim, const int64_t *shape, gcap_tensor **c) {
   gcap_tensor *in[3];
   gc_kargs a;
   gcap_status st = GCAP_OK;
@@ -35,7 +36,9 @@ static gcap_status mm_ex(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t
   in[2] = bias;
   a.p[3] = bias ? gc_tensor_ptr(bias) : NULL;
   a.p[4] = bgrad ? gc_tensor_ptr(bgrad) : NULL;
+  a.p[5] = pre ? gc_tensor_ptr(pre) : NULL;
   if (bgrad) st = gc_note_access(A->e, bgrad, 1);
+  if (pre && st == GCAP_OK) st = gc_note_access(A->e, pre, 1);
   if (st == GCAP_OK) st = gc_run(A->e, GC_K_MATMUL, &a, in, bias ? 3 : 2, *c);
   if (st != GCAP_OK && fresh) {
     gcap_tensor_free(*c);
@@ -47,7 +50,7 @@ static gcap_status mm_ex(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t
 static gcap_status mm(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t m, int64_t n,
                       int64_t k, float alpha, float beta, int ndim, const int64_t *shape,
                       gcap_tensor **c) {
-  return mm_ex(A, ta, B, tb, m, n, k, alpha, beta, NULL, NULL, ndim, shape, c);
+  return mm_ex(A, ta, B, tb, m, n, k, alpha, beta, NULL, NULL, NULL, ndim, shape, c);
 }
 
 static gcap_status mm_check(gcap_tensor *a, gcap_tensor *b, const char *op) {
@@ -109,7 +112,7 @@ gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap
   if (gw && gb && b) {
     if ((st = gc_tensor_alloc(g->e, "linear backward", b->dt, b->ndim, b->shape, gb)) != GCAP_OK)
       return st;
-    if ((st = mm_ex(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, NULL, *gb, 2, w->shape, gw)) !=
+    if ((st = mm_ex(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, NULL, *gb, NULL, 2, w->shape, gw)) !=
         GCAP_OK) {
       gcap_tensor_free(*gb);
       *gb = NULL;
@@ -128,22 +131,44 @@ gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap
   return st;
 }
 
+/* saved: x, w, b; linear_gelu adds the pre-activation z = x W^T + b. */
 static gcap_status linear_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
-  gcap_tensor *x = n->saved[0], *w = n->saved[1], *b = n->saved[2];
+  gcap_tensor *x = n->saved[0], *w = n->saved[1], *b = n->saved[2], *dz = NULL, *db = NULL;
   int64_t out = w->shape[0], in = w->shape[1], rows = out > 0 ? g->numel / out : 0;
+  int delayed = n->ud != NULL; /* a delayed-wgrad Linear computes them in backward_dw */
+  int want_db = b != NULL && (delayed || gc_node_needs(n, 2));
   gcap_status st = GCAP_OK;
+  if (n->nsaved > 3) { /* through the gelu first: dz = g gelu'(z), and the bias grad with it */
+    if ((st = gc_gelu_backward(g, n->saved[3], out, &dz, want_db ? &db : NULL)) != GCAP_OK)
+      return st;
+    g = dz;
+  }
   if (gc_node_needs(n, 0))
     st = mm(g, 0, w, 0, rows, in, out, 1.0f, 0.0f, x->ndim, x->shape, &gin[0]);
-  if (st != GCAP_OK) return st;
-  if (n->ud != NULL) /* delayed wgrad: the module computes them in backward_dw */
-    return gc_wgrad_defer(n->ud, g, x);
-  return gc_linear_wgrad(g, x, w, b, gc_node_needs(n, 1) ? &gin[1] : NULL,
-                         gc_node_needs(n, 2) ? &gin[2] : NULL);
+  if (st != GCAP_OK) goto done;
+  if (delayed) { /* with the bias grad, when the gelu's backward made it */
+    st = gc_wgrad_defer(n->ud, g, x, db);
+  } else if (db != NULL) {
+    gin[2] = gc_tensor_alias(db, b->ndim, b->shape);
+    if (gin[2] == NULL) st = gc_fail(g->e, GCAP_ENOMEM, "%s backward: out of host memory", n->name);
+    if (st == GCAP_OK && gc_node_needs(n, 1)) st = gc_linear_wgrad(g, x, w, NULL, &gin[1], NULL);
+  } else {
+    st =
+        gc_linear_wgrad(g, x, w, b, gc_node_needs(n, 1) ? &gin[1] : NULL, want_db ? &gin[2] : NULL);
+  }
+done:
+  gcap_tensor_free(dz);
+  gcap_tensor_free(db);
+  return st;
 }
 
-gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out) {
-  gcap_tensor *in[3];
+/* y = x W^T + b, or its gelu with `gelu` (one GEMM whose epilogue keeps the
+** pre-activation for the backward). */
+static gcap_status linear_act(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, int gelu,
+                              gcap_tensor **out) {
+  gcap_tensor *in[4], *pre = NULL;
   int64_t shape[GCAP_MAXDIM], rows;
+  const char *op = gelu ? "linear_gelu" : "linear";
   gcap_status st;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
@@ -161,21 +186,39 @@ gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tenso
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = w->shape[0];
   rows = x->shape[x->ndim - 1] > 0 ? x->numel / x->shape[x->ndim - 1] : 0;
-  st = mm_ex(x, 0, w, 1, rows, w->shape[0], w->shape[1], 1.0f, 0.0f, b, NULL, x->ndim, shape,
-             out); /* the bias rides on the GEMM */
+  if (gelu && (st = gc_tensor_alloc(x->e, op, x->dt, x->ndim, shape, &pre)) != GCAP_OK) return st;
+  st = mm_ex(x, 0, w, 1, rows, w->shape[0], w->shape[1], 1.0f, 0.0f, b, NULL, pre, x->ndim, shape,
+             out); /* the bias (and the gelu) ride on the GEMM */
   if (st != GCAP_OK) goto fail;
   in[0] = x;
   in[1] = w;
   in[2] = b;
-  if (!gc_grad_needed(x->e, in, 3)) return GCAP_OK;
-  if ((st = gc_record(*out, "linear", linear_backward, in, 3, in, 3, NULL)) != GCAP_OK) goto fail;
+  in[3] = pre;
+  if (!gc_grad_needed(x->e, in, 3)) goto done;
+  if ((st = gc_record(*out, op, linear_backward, in, 3, in, gelu ? 4 : 3, NULL)) != GCAP_OK)
+    goto fail;
+done:
+  gcap_tensor_free(pre);
   return GCAP_OK;
 fail:
+  gcap_tensor_free(pre);
   gcap_tensor_free(*out);
   *out = NULL;
   return st;
 }
 
+gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out) {
+  return linear_act(x, w, b, 0, out);
+}
+
+gcap_status gc_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out) {
+  return linear_act(x, w, b, 1, out);
+}
+
 gcap_status gcap_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out) {
   return gc_linear(x, w, b, out);
+}
+
+gcap_status gcap_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out) {
+  return gc_linear_gelu(x, w, b, out);
 }

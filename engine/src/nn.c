@@ -53,7 +53,7 @@ struct gcap_module {
   /* built-ins */
   double eps, p;
   int delay_wgrad;
-  gcap_tensor **wq; /* delayed wgrad queue: (g, x) pairs, oldest first */
+  gcap_tensor **wq; /* delayed wgrad queue: (g, x, bias grad or NULL), oldest first */
   int nwq, capwq;
   gcap_tensor **wq_aside; /* the user's queue while make_graphed_callables runs */
   int nwq_aside, capwq_aside, aside;
@@ -614,9 +614,9 @@ gcap_status gcap_module_zero_grad(gcap_module *m, int set_to_none) {
   return GCAP_OK;
 }
 
-gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x) {
+gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb) {
   gcap_module *m = (gcap_module *)mod;
-  if (m->nwq + 2 > m->capwq) {
+  if (m->nwq + 3 > m->capwq) {
     int cap = m->capwq ? 2 * m->capwq : 8;
     gcap_tensor **v = (gcap_tensor **)realloc(m->wq, (size_t)cap * sizeof *v);
     if (v == NULL) return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
@@ -625,6 +625,7 @@ gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x) {
   }
   m->wq[m->nwq++] = gcap_tensor_retain(g);
   m->wq[m->nwq++] = gcap_tensor_retain(x);
+  m->wq[m->nwq++] = gcap_tensor_retain(gb);
   return GCAP_OK;
 }
 
@@ -633,17 +634,19 @@ static gcap_status linear_dw(gcap_module *m) {
   gcap_status st = GCAP_OK;
   int was = gcap_set_grad_enabled(m->e, 0);
   while (st == GCAP_OK && m->nwq > 0) {
-    gcap_tensor *g = m->wq[0], *x = m->wq[1], *gw = NULL, *gb = NULL;
-    if ((st = gc_linear_wgrad(g, x, w, b, &gw, b ? &gb : NULL)) == GCAP_OK &&
-        (st = gc_acc_grad(w, gw, 1)) == GCAP_OK && gb)
-      st = gc_acc_grad(b, gb, 1);
+    gcap_tensor *g = m->wq[0], *x = m->wq[1], *done_gb = m->wq[2], *gw = NULL, *gb = NULL;
+    int want_gb = b != NULL && done_gb == NULL;
+    if ((st = gc_linear_wgrad(g, x, w, want_gb ? b : NULL, &gw, want_gb ? &gb : NULL)) == GCAP_OK &&
+        (st = gc_acc_grad(w, gw, 1)) == GCAP_OK && b)
+      st = gc_acc_grad(b, done_gb ? done_gb : gb, 1);
     gcap_tensor_free(gw);
     gcap_tensor_free(gb);
     if (st != GCAP_OK) break;
     gcap_tensor_free(g);
     gcap_tensor_free(x);
-    memmove(m->wq, m->wq + 2, (size_t)(m->nwq - 2) * sizeof *m->wq);
-    m->nwq -= 2;
+    gcap_tensor_free(done_gb);
+    memmove(m->wq, m->wq + 3, (size_t)(m->nwq - 3) * sizeof *m->wq);
+    m->nwq -= 3;
   }
   gcap_set_grad_enabled(m->e, was);
   return st;
@@ -719,18 +722,24 @@ static gcap_status one_input(gcap_module *m, int nin) {
   return GCAP_OK;
 }
 
-static gcap_status linear_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
-                                  gcap_tensor **out) {
+/* Linear m on x, followed by a gelu when `gelu`. */
+static gcap_status linear_run(gcap_module *m, gcap_tensor *x, int gelu, gcap_tensor **out) {
   gcap_tensor *b = m->params.n > 1 ? m->params.v[1].t : NULL;
-  gcap_status st;
-  (void)ud;
-  if ((st = one_input(m, nin)) != GCAP_OK) return st;
-  if ((st = gc_linear(in[0], m->params.v[0].t, b, out)) != GCAP_OK) return st;
+  gcap_status st =
+      gelu ? gc_linear_gelu(x, m->params.v[0].t, b, out) : gc_linear(x, m->params.v[0].t, b, out);
+  if (st != GCAP_OK) return st;
   if (m->delay_wgrad && (*out)->grad_fn != NULL) { /* its backward leaves wgrad to us */
     (*out)->grad_fn->ud = gcap_module_retain(m);
     (*out)->grad_fn->ud_free = (void (*)(void *))gcap_module_free;
   }
   return GCAP_OK;
+}
+
+static gcap_status linear_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                  gcap_tensor **out) {
+  gcap_status st;
+  (void)ud;
+  return (st = one_input(m, nin)) != GCAP_OK ? st : linear_run(m, in[0], 0, out);
 }
 
 /* U(-bound, bound) from the engine's generator. */
@@ -822,6 +831,20 @@ static gcap_status dropout_forward(void *ud, gcap_module *m, int nin, gcap_tenso
   return (st = one_input(m, nin)) != GCAP_OK ? st : gcap_dropout(in[0], m->p, m->training, out);
 }
 
+/* A module whose call is its bare forward: no hooks, not graphed. */
+static int bare(const gcap_module *m) {
+  return m->nhooks == 0 && m->graphed == NULL;
+}
+
+/* Children j and j + 1 are a bare Linear then a bare GELU: nothing can see
+** the Linear's output, so the pair runs as one GEMM with a gelu epilogue. */
+static int linear_gelu_at(gcap_module *m, int j) {
+  gcap_module *a = m->children.v[j].m, *b;
+  if (j + 1 >= m->children.n || a->forward != linear_forward) return 0;
+  b = m->children.v[j + 1].m;
+  return b->forward == gelu_forward && bare(a) && bare(b);
+}
+
 static gcap_status seq_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
                                gcap_tensor **out) {
   gcap_tensor *x;
@@ -832,7 +855,12 @@ static gcap_status seq_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
   x = gcap_tensor_retain(in[0]);
   for (j = 0; j < m->children.n; j++) {
     gcap_tensor *y;
-    st = gcap_module_call(m->children.v[j].m, 1, &x, &y);
+    if (linear_gelu_at(m, j)) {
+      gc_clear(m->e);
+      st = linear_run(m->children.v[j++].m, x, 1, &y);
+    } else {
+      st = gcap_module_call(m->children.v[j].m, 1, &x, &y);
+    }
     gcap_tensor_free(x);
     if (st != GCAP_OK) return st;
     x = y;

@@ -335,16 +335,27 @@ gcap_status gcap_mul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
 /* One input, one kernel, no recording. scalar_out: a 0-D result. */
 gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
                      gcap_tensor **out) {
+  int64_t chunks = k == GC_K_SUM ? GC_SUM_CHUNKS(x->numel) : 1;
+  gcap_tensor *scratch = NULL;
   gc_kargs a;
   gcap_status st;
   if ((st = gc_tensor_alloc(x->e, op, x->dt, scalar_out ? 0 : x->ndim, x->shape, out)) != GCAP_OK)
     return st;
   memset(&a, 0, sizeof a);
+  if (chunks > 1) { /* a long sum: partial sums of its chunks first */
+    if ((st = gc_tensor_alloc(x->e, op, GCAP_F32, 1, &chunks, &scratch)) != GCAP_OK ||
+        (st = gc_note_access(x->e, scratch, 1)) != GCAP_OK)
+      goto done;
+    a.p[2] = gc_tensor_ptr(scratch);
+  }
   a.p[0] = gc_tensor_ptr(*out);
   a.p[1] = gc_tensor_ptr(x);
   a.n[0] = x->numel;
   a.f[0] = f;
-  if ((st = gc_run(x->e, k, &a, &x, 1, *out)) != GCAP_OK) {
+  st = gc_run(x->e, k, &a, &x, 1, *out);
+done:
+  gcap_tensor_free(scratch);
+  if (st != GCAP_OK) {
     gcap_tensor_free(*out);
     *out = NULL;
   }

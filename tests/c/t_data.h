@@ -67,6 +67,12 @@ static inline gcap_status f_linear(gcap_tensor *const *x, gcap_tensor **y) {
 static inline gcap_status f_linear_nb(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_linear(x[0], x[1], NULL, y);
 }
+static inline gcap_status f_linear_gelu(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_linear_gelu(x[0], x[1], x[2], y);
+}
+static inline gcap_status f_linear_gelu_nb(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_linear_gelu(x[0], x[1], NULL, y);
+}
 static inline gcap_status f_relu(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_relu(x[0], y);
 }

@@ -163,11 +163,9 @@ done:
   return ok;
 }
 
-static void parity_check(const pcase *c) {
+static void parity_check_tol(const pcase *c, double atol, double rtol) {
   float *data[MAXIN] = {0}, *r = NULL;
   run_out oh, oc;
-  double atol = c->dt == GCAP_BF16 ? BF16_ATOL : F32_ATOL,
-         rtol = c->dt == GCAP_BF16 ? BF16_RTOL : F32_RTOL;
   memset(&oh, 0, sizeof oh), memset(&oc, 0, sizeof oc);
   for (int i = 0; i < c->nin; i++) {
     int64_t n = numel_of(&c->in[i]);
@@ -193,6 +191,13 @@ done:
     free(data[i]);
   free(r);
   run_out_free(&oh), run_out_free(&oc);
+}
+
+static void parity_check(const pcase *c) {
+  if (c->dt == GCAP_BF16)
+    parity_check_tol(c, BF16_ATOL, BF16_RTOL);
+  else
+    parity_check_tol(c, F32_ATOL, F32_RTOL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -263,6 +268,7 @@ static const pcase cases[] = {
     {"sum [33,70]", f_sum, F32, 1, 0, 1, {P2(33, 70, N, 1)}},
     {"sum [100003]", f_sum, F32, 1, 0, 1, {P1(100003, FILL_POS, 1)}},
     {"mean [257,129]", f_mean, F32, 1, 0, 1, {P2(257, 129, FILL_POS, 1)}},
+    {"sum [1048579] (in chunks)", f_sum, F32, 1, 0, 1, {P1(1048579, FILL_POS, 1)}},
     {"relu", f_relu, F32, 1, 0, 1, {P2(33, 70, FILL_AWAY, 1)}},
     {"gelu", f_gelu, F32, 1, 0, 1, {P2(33, 70, N, 1)}},
     {"clone", f_clone, F32, 0, 0, 1, {P1(1000, N, 0)}},
@@ -282,6 +288,30 @@ static const pcase cases[] = {
      3,
      {P3(3, 7, 32, N, 1), P2(20, 32, N, 1), P1(20, N, 1)}},
     {"linear 3-D no bias", f_linear_nb, F32, 1, 0, 2, {P3(3, 7, 32, N, 1), P2(20, 32, N, 1)}},
+    /* linear then gelu in one GEMM: out 48 and 64 have cuBLASLt's gelu epilogue,
+       out 20 is not a multiple of 8 and takes the GEMM-then-gelu path; 2048
+       rows sum the bias grad in chunks */
+    {"linear_gelu 2-D bias",
+     f_linear_gelu,
+     F32,
+     1,
+     0,
+     3,
+     {P2(40, 24, N, 1), P2(48, 24, N, 1), P1(48, N, 1)}},
+    {"linear_gelu 2-D no bias",
+     f_linear_gelu_nb,
+     F32,
+     1,
+     0,
+     2,
+     {P2(40, 24, N, 1), P2(48, 24, N, 1)}},
+    {"linear_gelu out 20",
+     f_linear_gelu,
+     F32,
+     1,
+     0,
+     3,
+     {P3(3, 7, 32, N, 1), P2(20, 32, N, 1), P1(20, N, 1)}},
     /* rows */
     {"layer_norm weight bias",
      f_ln_wb,
@@ -316,6 +346,7 @@ static const pcase cases[] = {
     {"bf16 relu", f_relu, BF, 1, 0, 1, {P2(33, 70, FILL_AWAY, 1)}},
     {"bf16 gelu", f_gelu, BF, 1, 0, 1, {P2(33, 70, N, 1)}},
     {"bf16 sum", f_sum, BF, 1, 0, 1, {P2(33, 70, FILL_POS, 1)}},
+    {"bf16 sum [1048579] (in chunks)", f_sum, BF, 1, 0, 1, {P1(1048579, FILL_POS, 1)}},
     {"bf16 matmul [37,53]x[53,29]", f_matmul, BF, 1, 0, 2, {P2(37, 53, N, 1), P2(53, 29, N, 1)}},
     {"bf16 matmul [64,128]x[128,32]",
      f_matmul,
@@ -325,6 +356,20 @@ static const pcase cases[] = {
      2,
      {P2(64, 128, N, 1), P2(128, 32, N, 1)}},
     {"bf16 linear", f_linear, BF, 1, 0, 3, {P2(40, 24, N, 1), P2(48, 24, N, 1), P1(48, N, 1)}},
+    {"bf16 linear_gelu",
+     f_linear_gelu,
+     BF,
+     1,
+     0,
+     3,
+     {P2(40, 24, N, 1), P2(48, 24, N, 1), P1(48, N, 1)}},
+    {"bf16 linear_gelu 2048 rows",
+     f_linear_gelu,
+     BF,
+     1,
+     0,
+     3,
+     {P2(2048, 32, N, 1), P2(64, 32, N, 1), P1(64, N, 1)}},
 };
 
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
@@ -332,6 +377,20 @@ static const pcase cases[] = {
 static const pcase *cur_case;
 static void run_cur_case(void) {
   parity_check(cur_case);
+}
+
+/* Linear then gelu over 2048 rows: the bias grad summed in chunks. The
+** weight grad sums 2048 products of O(1) into values near 0.1, and the
+** rounding of such a sum grows with the square root of its length: atol
+** 2e-4 here, against the 1e-5 of short sums. */
+static void test_linear_gelu_many_rows(void) {
+  static const pcase c = {.name = "linear_gelu 2048 rows",
+                          .f = f_linear_gelu,
+                          .dt = F32,
+                          .backward = 1,
+                          .nin = 3,
+                          .in = {P2(2048, 32, N, 1), P2(64, 32, N, 1), P1(64, N, 1)}};
+  parity_check_tol(&c, 2e-4, F32_RTOL);
 }
 
 /* Bitwise: the dropout masks of both backends are the same (a pure function
@@ -428,6 +487,7 @@ int main(void) {
              cases[i].backward ? " (forward, backward)" : "");
     t_run_(name, run_cur_case);
   }
+  T_RUN(test_linear_gelu_many_rows);
   T_RUN(test_dropout_masks_identical);
   T_RUN(test_sgd_parity);
   T_RUN(test_adam_parity);

@@ -225,6 +225,66 @@ function TestBuiltins:test_sequential_children_and_forward ()
   assert_err(function () gc.nn.Sequential(a, 3) end, "Sequential", "module #2", "number")
 end
 
+-- Values and grads of the fused pair against the two ops: bitwise on the
+-- host, where both run the same reference code; on cuda the gelu runs in
+-- cuBLASLt's epilogue and the bias grad in the gelu's backward pass.
+local function assert_fused_equal (got, want, what)
+  if gc.device() == "host" then
+    assert_bitwise(got, want, what)
+  else
+    assert_close(got, want, 1e-5, 1e-4, what)
+  end
+end
+
+-- A Linear then a GELU in a Sequential run as one op (one GEMM with a gelu
+-- epilogue) while nothing can see the Linear's output; the values and grads
+-- are those of F.gelu(F.linear(...)).
+function TestBuiltins:test_sequential_fuses_linear_gelu ()
+  for _, bias in ipairs{true, false} do
+    local s = gc.nn.Sequential(gc.nn.Linear(6, 8, {bias = bias}), gc.nn.GELU(), gc.nn.Linear(8, 3))
+    local r = gc.nn.Linear(6, 8, {bias = bias})
+    copy_params(r, s[1])
+    local x, xr = input({2, 5, 6}, 0.2, true), input({2, 5, 6}, 0.2, true)
+    local h = gc.nn.Sequential(s[1], s[2])(x)
+    lu.assertEquals(h.grad_fn, "linear_gelu")
+    local y = s(x)
+    local want = s[3](gc.F.gelu(gc.F.linear(xr, r.weight, r.bias)))
+    assert_fused_equal(y:tolist(), want:tolist(), "output")
+    backward_weighted(y)
+    backward_weighted(want)
+    assert_fused_equal(x.grad:tolist(), xr.grad:tolist(), "input grad")
+    assert_fused_equal(s[1].weight.grad:tolist(), r.weight.grad:tolist(), "weight grad")
+    if bias then
+      assert_fused_equal(s[1].bias.grad:tolist(), r.bias.grad:tolist(), "bias grad")
+    end
+    -- the functional form is the same op
+    local f = gc.F.linear_gelu(x, r.weight, r.bias)
+    lu.assertEquals(f.grad_fn, "linear_gelu")
+    assert_bitwise(f:tolist(), h:tolist(), "F.linear_gelu")
+  end
+end
+
+-- A hook on either module keeps the pair apart, so the hook sees the
+-- Linear's own output.
+function TestBuiltins:test_hook_keeps_linear_gelu_apart ()
+  local s = gc.nn.Sequential(gc.nn.Linear(4, 4), gc.nn.GELU())
+  local seen
+  local hd = s[1]:register_forward_hook(function (_, _, out) seen = out end)
+  local y = s(input({3, 4}, 0.5, true))
+  lu.assertEquals(y.grad_fn, "gelu")
+  lu.assertEquals(seen.grad_fn, "linear")
+  hd:remove()
+  lu.assertEquals(s(input({3, 4}, 0.5, true)).grad_fn, "linear_gelu")
+  hd = s[2]:register_forward_pre_hook(function () end)
+  lu.assertEquals(s(input({3, 4}, 0.5, true)).grad_fn, "gelu")
+  hd:remove()
+  -- GELU first, or a Linear without a GELU after it: nothing to fuse
+  lu.assertEquals(gc.nn.Sequential(gc.nn.GELU(), gc.nn.Linear(4, 4))(input({3, 4}, 0.5, true)).grad_fn,
+                  "linear")
+  lu.assertEquals(gc.nn.Sequential(gc.nn.Linear(4, 4), gc.nn.ReLU())(input({3, 4}, 0.5, true)).grad_fn,
+                  "relu")
+end
+
 -- ---------------------------------------------------------------------------
 -- Lua module classes
 

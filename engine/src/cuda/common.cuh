@@ -72,6 +72,11 @@ __device__ __forceinline__ void cu_store(void *p, int64_t i, int dt, float v) {
     ((float *)p)[i] = v;
 }
 
+/* v as dt stores it (bf16: rounded to nearest even). */
+__device__ __forceinline__ float cu_round(float v, int dt) {
+  return dt == GCAP_BF16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+}
+
 /* Row kernels (layernorm, softmax, cross entropy): one block of
 ** CU_ROW_THREADS threads per row, blocks looping over rows when there are
 ** more rows than blocks. A row is always reduced by one block in one order,
@@ -158,6 +163,10 @@ static inline gcap_status cu_blas_stream(gcap_engine *e, cu_state *st, cudaStrea
   st->blas_stream = s;
   return GCAP_OK;
 }
+
+/* y[j] = part[0][j] + part[1][j] + ... (chunks rows of cols f32 partial
+** column sums, added in order), stored as dt (k_linalg.cu). */
+void cu_join_chunks(cudaStream_t s, void *y, const float *part, int dt, int64_t cols, int chunks);
 
 /* Kernel families, one file each. A launcher enqueues kernel k (one of its
 ** family) on s; backend.cu checks cudaGetLastError after it. */

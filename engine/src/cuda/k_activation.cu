@@ -1,5 +1,6 @@
 /*
-** k_activation.cu: GC_K_RELU, GC_K_RELU_BWD, GC_K_GELU and GC_K_GELU_BWD.
+** k_activation.cu: GC_K_RELU, GC_K_RELU_BWD, GC_K_GELU and GC_K_GELU_BWD (with
+** the column sums of its result when asked: a bias grad in the same pass).
 **
 ** relu and its backward only select, so they equal the host bit for bit
 ** (a NaN input gives 0, as on the host). gelu is the tanh form with the
@@ -39,16 +40,51 @@ static __global__ void k_gelu(void *y, const void *x, int dt, int64_t n) {
   }
 }
 
-/* dx = dy * (0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2)) */
+/* gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2) */
+__device__ __forceinline__ float cu_gelu_grad(float v) {
+  float t = cu_gelu_tanh(v);
+  float a = __fmul_rn(0.5f, __fadd_rn(1.0f, t));
+  float b = __fmul_rn(__fmul_rn(0.5f, v), __fsub_rn(1.0f, __fmul_rn(t, t)));
+  float c = __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * CU_GELU_K, v), v));
+  return __fadd_rn(a, __fmul_rn(__fmul_rn(b, CU_GELU_C), c));
+}
+
 static __global__ void k_gelu_bwd(void *dx, const void *dy, const void *x, int dt, int64_t n) {
-  CU_GRID_LOOP(i, n) {
-    float v = cu_load(x, i, dt), t = cu_gelu_tanh(v);
-    float a = __fmul_rn(0.5f, __fadd_rn(1.0f, t));
-    float b = __fmul_rn(__fmul_rn(0.5f, v), __fsub_rn(1.0f, __fmul_rn(t, t)));
-    float c = __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * CU_GELU_K, v), v));
-    float d = __fadd_rn(a, __fmul_rn(__fmul_rn(b, CU_GELU_C), c));
-    cu_store(dx, i, dt, __fmul_rn(cu_load(dy, i, dt), d));
-  }
+  CU_GRID_LOOP(i, n)
+  cu_store(dx, i, dt, __fmul_rn(cu_load(dy, i, dt), cu_gelu_grad(cu_load(x, i, dt))));
+}
+
+/* The same, with the column sums of the stored dx (rows x cols) in the same
+** pass: a block is CU_CS_COLS columns by CU_CS_LANES lanes; lane r adds rows
+** r, r + CU_CS_LANES, ... of its chunk (blockIdx.y) and the lanes are then
+** added in order: a fixed order, whatever the timing. One chunk stores its
+** sums to sum; several store f32 partials to part, joined afterwards. */
+#define CU_CS_COLS 32
+#define CU_CS_LANES 8
+
+static __global__ void k_gelu_bwd_colsum(void *dx, const void *dy, const void *x, int dt,
+                                         int64_t rows, int64_t cols, int chunks, void *sum,
+                                         float *part) {
+  __shared__ float sh[CU_CS_LANES][CU_CS_COLS + 1];
+  int64_t j = (int64_t)blockIdx.x * CU_CS_COLS + threadIdx.x;
+  int64_t lo = rows * blockIdx.y / chunks, hi = rows * (blockIdx.y + 1) / chunks;
+  float acc = 0.0f;
+  if (j < cols)
+    for (int64_t i = lo + threadIdx.y; i < hi; i += CU_CS_LANES) {
+      int64_t o = i * cols + j;
+      float v = __fmul_rn(cu_load(dy, o, dt), cu_gelu_grad(cu_load(x, o, dt)));
+      cu_store(dx, o, dt, v);
+      acc = __fadd_rn(acc, cu_round(v, dt));
+    }
+  sh[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= cols) return;
+  for (int r = 1; r < CU_CS_LANES; r++)
+    acc = __fadd_rn(acc, sh[r][threadIdx.x]);
+  if (chunks == 1)
+    cu_store(sum, j, dt, acc);
+  else
+    part[blockIdx.y * cols + j] = acc;
 }
 
 gcap_status cu_activation(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
@@ -65,9 +101,19 @@ gcap_status cu_activation(gcap_engine *, cu_state *, cudaStream_t s, int k, cons
     case GC_K_GELU:
       k_gelu<<<g, CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, n);
       break;
-    default: /* GC_K_GELU_BWD */
-      k_gelu_bwd<<<g, CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->dt, n);
+    default: { /* GC_K_GELU_BWD */
+      int64_t cols = a->n[1], rows = cols > 0 ? n / cols : 0;
+      int chunks = a->p[4] != NULL ? GC_SUM_ROWS_CHUNKS(rows) : 1;
+      if (a->p[3] == NULL || cols <= 0) {
+        k_gelu_bwd<<<g, CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->dt, n);
+        break;
+      }
+      dim3 grid((unsigned)((cols + CU_CS_COLS - 1) / CU_CS_COLS), (unsigned)chunks);
+      k_gelu_bwd_colsum<<<grid, dim3(CU_CS_COLS, CU_CS_LANES), 0, s>>>(
+          a->p[0], a->p[1], a->p[2], a->dt, rows, cols, chunks, a->p[3], (float *)a->p[4]);
+      if (chunks > 1) cu_join_chunks(s, a->p[3], (const float *)a->p[4], a->dt, cols, chunks);
       break;
+    }
   }
   return GCAP_OK;
 }

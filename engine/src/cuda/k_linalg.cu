@@ -14,8 +14,14 @@
 
 #include "common.cuh"
 
-/* y[i] = f * x[i % nx]: the gradient of sum/mean, or of a broadcast. */
+/* y[i] = f * x[i % nx]: the gradient of sum/mean, or of a broadcast (one
+** value spread: no modulo, which costs more than the store). */
 static __global__ void k_expand(void *y, const void *x, int64_t nx, int dt, int64_t n, float f) {
+  if (nx == 1) {
+    float v = __fmul_rn(f, cu_load(x, 0, dt));
+    CU_GRID_LOOP(i, n) cu_store(y, i, dt, v);
+    return;
+  }
   CU_GRID_LOOP(i, n) cu_store(y, i, dt, __fmul_rn(f, cu_load(x, i % nx, dt)));
 }
 
@@ -54,12 +60,19 @@ static __global__ void k_sum_rows_join(void *y, const float *part, int dt, int64
   }
 }
 
-/* matmul with k = 0: C = alpha * 0 + beta * C, as the host computes it (C is
-** not read when beta = 0). cuBLAS is not asked, as it wants ld >= 1. */
-static __global__ void k_matmul_k0(void *c, int dt, int64_t n, float alpha, float beta) {
+void cu_join_chunks(cudaStream_t s, void *y, const float *part, int dt, int64_t cols, int chunks) {
+  k_sum_rows_join<<<cu_blocks(cols), CU_THREADS, 0, s>>>(y, part, dt, cols, chunks);
+}
+
+/* matmul with k = 0: C = alpha * 0 + beta * C (+ bias row of n), as the host
+** computes it (C is not read when beta = 0). cuBLAS is not asked, as it
+** wants ld >= 1. */
+static __global__ void k_matmul_k0(void *c, const void *bias, int dt, int64_t n, int64_t cols,
+                                   float alpha, float beta) {
   CU_GRID_LOOP(i, n) {
     float s = __fmul_rn(0.0f, alpha);
     if (beta != 0.0f) s = __fadd_rn(s, __fmul_rn(beta, cu_load(c, i, dt)));
+    if (bias != NULL) s = __fadd_rn(s, cu_load(bias, i % cols, dt));
     cu_store(c, i, dt, s);
   }
 }
@@ -96,9 +109,10 @@ void cu_plans_free(cu_state *st) {
 }
 
 /* Epilogues: a bias row added to C (in cuBLAS's terms, one value per row of
-** its column-major D), or the bias grad of the second operand (summed over
-** k, one value per column of D). */
-enum { CU_EPI_NONE, CU_EPI_BIAS, CU_EPI_BGRAD };
+** its column-major D), the bias grad of the second operand (summed over k,
+** one value per column of D), or gelu with the pre-activation kept (aux),
+** after a bias or without one. */
+enum { CU_EPI_NONE, CU_EPI_BIAS, CU_EPI_BGRAD, CU_EPI_GELU, CU_EPI_GELU_BIAS };
 
 /* The plan of C^T (n x m) = op(B)^T op(A)^T in cuBLAS's column-major terms:
 ** first operand B (n x k after opb), second A (k x m after opa). */
@@ -134,11 +148,19 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, int64_t m, int64_t 
   *out = p;
   CUBLAS_TRY(e, cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   if (epi != CU_EPI_NONE) {
-    cublasLtEpilogue_t ep = epi == CU_EPI_BIAS ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADB;
+    static const cublasLtEpilogue_t eps[] = {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS,
+                                             CUBLASLT_EPILOGUE_BGRADB, CUBLASLT_EPILOGUE_GELU_AUX,
+                                             CUBLASLT_EPILOGUE_GELU_AUX_BIAS};
+    cublasLtEpilogue_t ep = eps[epi];
+    int64_t ld = n; /* the pre-activation is laid out as D */
     CUBLAS_TRY(
         e, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
-    CUBLAS_TRY(e, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t,
-                                                 sizeof t));
+    if (epi != CU_EPI_GELU)
+      CUBLAS_TRY(e, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t,
+                                                   sizeof t));
+    if (epi == CU_EPI_GELU || epi == CU_EPI_GELU_BIAS)
+      CUBLAS_TRY(e, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                                   sizeof ld));
   }
   CUBLAS_TRY(e,
              cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb));
@@ -174,6 +196,44 @@ static gcap_status cu_blas_gemm(gcap_engine *e, cu_state *st, const gc_kargs *a,
                                 cublasOperation_t opb, cublasOperation_t opa, int64_t m, int64_t n,
                                 int64_t k, float alpha, float beta);
 
+static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const gc_kargs *a);
+
+/* C = gelu(op(A) op(B) + bias) with the pre-activation into p[5]: one GEMM
+** whose epilogue applies the gelu, or, where cuBLASLt has no such plan (or
+** the pre-activation's leading dimension is not a multiple of 8, as it
+** wants), the GEMM into p[5] and our gelu kernel from there. */
+static gcap_status cu_matmul_gelu(gcap_engine *e, cu_state *st, cudaStream_t s, const gc_kargs *a) {
+  int64_t m = a->n[0], n = a->n[1], k = a->n[2];
+  gc_kargs pre = *a, act;
+  gcap_status r;
+  if (k > 0 && n % 8 == 0) {
+    int epi = a->p[3] ? CU_EPI_GELU_BIAS : CU_EPI_GELU;
+    cu_plan *p = NULL;
+    if ((r = cu_plan_for(e, st, m, n, k, a->n[3] != 0, a->n[4] != 0, a->dt, epi, &p)) != GCAP_OK)
+      return r;
+    if (p->ok) {
+      if (a->p[3])
+        CUBLAS_TRY(e, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &a->p[3], sizeof a->p[3]));
+      CUBLAS_TRY(e, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                   &a->p[5], sizeof a->p[5]));
+      CUBLAS_TRY(e,
+                 cublasLtMatmul(st->lt, p->op, &a->f[0], a->p[2], p->la, a->p[1], p->lb, &a->f[1],
+                                a->p[0], p->lc, a->p[0], p->lc, &p->algo, st->ws, CU_WORKSPACE, s));
+      return GCAP_OK;
+    }
+  }
+  pre.p[0] = a->p[5];
+  pre.p[5] = NULL;
+  if ((r = cu_matmul(e, st, s, &pre)) != GCAP_OK) return r;
+  memset(&act, 0, sizeof act);
+  act.p[0] = a->p[0];
+  act.p[1] = a->p[5];
+  act.n[0] = m * n;
+  act.dt = a->dt;
+  return cu_activation(e, st, s, GC_K_GELU, &act);
+}
+
 static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const gc_kargs *a) {
   int64_t m = a->n[0], n = a->n[1], k = a->n[2];
   int ta = a->n[3] != 0, tb = a->n[4] != 0;
@@ -182,8 +242,18 @@ static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const
     return gc_fail(e, GCAP_EINVAL, "cuda: matmul of %lld x %lld x %lld: outside cuBLAS's int range",
                    (long long)m, (long long)n, (long long)k);
   if (m == 0 || n == 0) return GCAP_OK;
+  if (a->p[5] != NULL) return cu_matmul_gelu(e, st, s, a);
   if (k == 0) {
-    k_matmul_k0<<<cu_blocks(m * n), CU_THREADS, 0, s>>>(a->p[0], a->dt, m * n, alpha, beta);
+    k_matmul_k0<<<cu_blocks(m * n), CU_THREADS, 0, s>>>(a->p[0], a->p[3], a->dt, m * n, n, alpha,
+                                                        beta);
+    if (a->p[4] != NULL) { /* the bias grad: sums over no rows */
+      gc_kargs zero;
+      memset(&zero, 0, sizeof zero);
+      zero.p[0] = a->p[4];
+      zero.n[0] = m;
+      zero.dt = a->dt;
+      return cu_elementwise(e, st, s, GC_K_FILL, &zero);
+    }
     return GCAP_OK;
   }
   cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;

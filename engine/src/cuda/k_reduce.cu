@@ -1,21 +1,24 @@
 /*
 ** k_reduce.cu: GC_K_SUM, y[0] = f * sum(x[0 .. n)).
 **
-** Deterministic: one block of CU_SUM_THREADS threads, thread t adds elements
-** t, t + CU_SUM_THREADS, ... in order, then a fixed shared-memory tree adds
-** the partial sums. The result depends on n only: not on timing, nor on the
-** GPU. One block and no scratch memory also means that sums running at once
-** on several streams (forked in a capture, or concurrent replays) share no
-** buffer. Accumulation is in float; f is applied at the end.
+** Deterministic: a block of CU_SUM_THREADS threads sums a range, thread t
+** adding elements t, t + CU_SUM_THREADS, ... in order, then a fixed
+** shared-memory tree adds the partial sums. Up to GC_SUM_CHUNKS(n) elements
+** one block sums them all; a longer sum gives each of GC_SUM_CHUNKS(n)
+** blocks a fixed range, writing its sum to the scratch the core passes, and
+** one block then sums those in the same way. The result depends on n only:
+** not on timing, nor on the GPU; sums running at once on several streams
+** share no buffer. Accumulation is in float; f is applied at the end.
 */
 #include "common.cuh"
 
 #define CU_SUM_THREADS 1024
 
-static __global__ void k_sum(void *y, const void *x, int dt, int64_t n, float f) {
+/* The sum of x[lo .. hi) (stored as dt), returned to thread 0. */
+static __device__ float cu_range_sum(const void *x, int dt, int64_t lo, int64_t hi) {
   __shared__ float part[CU_SUM_THREADS];
   float s = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += CU_SUM_THREADS)
+  for (int64_t i = lo + threadIdx.x; i < hi; i += CU_SUM_THREADS)
     s = __fadd_rn(s, cu_load(x, i, dt));
   part[threadIdx.x] = s;
   __syncthreads();
@@ -24,11 +27,31 @@ static __global__ void k_sum(void *y, const void *x, int dt, int64_t n, float f)
       part[threadIdx.x] = __fadd_rn(part[threadIdx.x], part[threadIdx.x + w]);
     __syncthreads();
   }
-  if (threadIdx.x == 0) cu_store(y, 0, dt, __fmul_rn(f, part[0]));
+  return part[0];
+}
+
+/* y[0] = f * sum(x[0 .. n)), one block. */
+static __global__ void k_sum(void *y, const void *x, int dt, int64_t n, float f) {
+  float s = cu_range_sum(x, dt, 0, n);
+  if (threadIdx.x == 0) cu_store(y, 0, dt, __fmul_rn(f, s));
+}
+
+/* part[c] = sum of chunk c (blockIdx.x) of chunks equal ranges of x. */
+static __global__ void k_sum_chunks(float *part, const void *x, int dt, int64_t n, int chunks) {
+  int64_t c = blockIdx.x;
+  float s = cu_range_sum(x, dt, n * c / chunks, n * (c + 1) / chunks);
+  if (threadIdx.x == 0) part[c] = s;
 }
 
 gcap_status cu_reduce(gcap_engine *, cu_state *, cudaStream_t s, int, const gc_kargs *a) {
+  int64_t n = a->n[0];
+  int chunks = GC_SUM_CHUNKS(n);
+  if (chunks > 1 && a->p[2] != NULL) {
+    k_sum_chunks<<<chunks, CU_SUM_THREADS, 0, s>>>((float *)a->p[2], a->p[1], a->dt, n, chunks);
+    k_sum<<<1, CU_SUM_THREADS, 0, s>>>(a->p[0], a->p[2], GCAP_F32, chunks, a->f[0]);
+    return GCAP_OK;
+  }
   /* n = 0 still writes y[0] = f * 0 */
-  k_sum<<<1, CU_SUM_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, a->n[0], a->f[0]);
+  k_sum<<<1, CU_SUM_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, n, a->f[0]);
   return GCAP_OK;
 }

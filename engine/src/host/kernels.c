@@ -117,6 +117,14 @@ static void hk_sum_rows(const gc_kargs *a) {
   }
 }
 
+#define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_K 0.044715f
+
+static float gelu(float x) {
+  float t = tanhf(GELU_C * (x + GELU_K * x * x * x));
+  return 0.5f * x * (1.0f + t);
+}
+
 /* C[m x n] = alpha op(A) op(B) + beta C, the sum over k in ascending order. */
 static void hk_matmul(const gc_kargs *a) {
   int64_t m = a->n[0], n = a->n[1], k = a->n[2], i, j, l;
@@ -132,6 +140,10 @@ static void hk_matmul(const gc_kargs *a) {
       s *= a->f[0];
       if (a->f[1] != 0.0f) s += a->f[1] * ld(a->p[0], a->dt, i * n + j);
       if (a->p[3]) s += ld(a->p[3], a->dt, j);
+      if (a->p[5]) { /* the pre-activation as stored, then its gelu */
+        st(a->p[5], a->dt, i * n + j, s);
+        s = gelu(ld(a->p[5], a->dt, i * n + j));
+      }
       st(a->p[0], a->dt, i * n + j, s);
     }
   for (i = 0; a->p[4] && i < m; i++) { /* bias grad: the rows of op(A) summed over k */
@@ -156,26 +168,26 @@ static void hk_relu_bwd(const gc_kargs *a) {
     st(a->p[0], a->dt, i, ld(a->p[2], a->dt, i) > 0.0f ? ld(a->p[1], a->dt, i) : 0.0f);
 }
 
-#define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
-#define GELU_K 0.044715f
-
 static void hk_gelu(const gc_kargs *a) {
   int64_t i;
-  for (i = 0; i < a->n[0]; i++) {
-    float x = ld(a->p[1], a->dt, i);
-    float t = tanhf(GELU_C * (x + GELU_K * x * x * x));
-    st(a->p[0], a->dt, i, 0.5f * x * (1.0f + t));
-  }
+  for (i = 0; i < a->n[0]; i++)
+    st(a->p[0], a->dt, i, gelu(ld(a->p[1], a->dt, i)));
 }
 
 static void hk_gelu_bwd(const gc_kargs *a) {
-  int64_t i;
+  int64_t i, j, cols = a->n[1];
   for (i = 0; i < a->n[0]; i++) {
     float x = ld(a->p[2], a->dt, i);
     float t = tanhf(GELU_C * (x + GELU_K * x * x * x));
     float d =
         0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_K * x * x);
     st(a->p[0], a->dt, i, ld(a->p[1], a->dt, i) * d);
+  }
+  for (j = 0; a->p[3] && j < cols; j++) { /* column sums, rows in order */
+    float s = 0.0f;
+    for (i = j; i < a->n[0]; i += cols)
+      s += ld(a->p[0], a->dt, i);
+    st(a->p[3], a->dt, j, s);
   }
 }
 
