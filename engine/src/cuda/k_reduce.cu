@@ -30,10 +30,10 @@ static __device__ float cu_range_sum(const void *x, int dt, int64_t lo, int64_t 
   return part[0];
 }
 
-/* y[0] = f * sum(x[0 .. n)), one block. */
-static __global__ void k_sum(void *y, const void *x, int dt, int64_t n, float f) {
-  float s = cu_range_sum(x, dt, 0, n);
-  if (threadIdx.x == 0) cu_store(y, 0, dt, __fmul_rn(f, s));
+/* y[0] = f * sum(x[0 .. n)), one block; y is stored as ydt, x read as xdt. */
+static __global__ void k_sum(void *y, int ydt, const void *x, int xdt, int64_t n, float f) {
+  float s = cu_range_sum(x, xdt, 0, n);
+  if (threadIdx.x == 0) cu_store(y, 0, ydt, __fmul_rn(f, s));
 }
 
 /* part[c] = sum of chunk c (blockIdx.x) of chunks equal ranges of x. */
@@ -48,10 +48,10 @@ gcap_status cu_reduce(gcap_engine *, cu_state *, cudaStream_t s, int, const gc_k
   int chunks = GC_SUM_CHUNKS(n);
   if (chunks > 1 && a->p[2] != NULL) {
     k_sum_chunks<<<chunks, CU_SUM_THREADS, 0, s>>>((float *)a->p[2], a->p[1], a->dt, n, chunks);
-    k_sum<<<1, CU_SUM_THREADS, 0, s>>>(a->p[0], a->p[2], GCAP_F32, chunks, a->f[0]);
+    k_sum<<<1, CU_SUM_THREADS, 0, s>>>(a->p[0], a->dt, a->p[2], GCAP_F32, chunks, a->f[0]);
     return GCAP_OK;
   }
   /* n = 0 still writes y[0] = f * 0 */
-  k_sum<<<1, CU_SUM_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, n, a->f[0]);
+  k_sum<<<1, CU_SUM_THREADS, 0, s>>>(a->p[0], a->dt, a->p[1], a->dt, n, a->f[0]);
   return GCAP_OK;
 }
