@@ -77,6 +77,22 @@ __device__ __forceinline__ float cu_round(float v, int dt) {
   return dt == GCAP_BF16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
 }
 
+/* 16 bytes of f32 or bf16 elements, loaded and stored at once. */
+union cu_pack {
+  uint4 v;
+  float f[4];
+  __nv_bfloat162 h[4];
+};
+
+/* The number of 16-byte packs of a launch over n elements of dt whose
+** pointers (NULL: unused) are all 16-byte aligned; 0 when it does not split
+** into whole packs. */
+static inline int64_t cu_packs(int64_t n, int dt, const void *p0, const void *p1, const void *p2) {
+  int64_t per = dt == GCAP_BF16 ? 8 : 4;
+  uintptr_t any = (uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2;
+  return n % per == 0 && any % 16 == 0 ? n / per : 0;
+}
+
 /* Row kernels (layernorm, softmax, cross entropy): one block of
 ** CU_ROW_THREADS threads per row, blocks looping over rows when there are
 ** more rows than blocks. A row is always reduced by one block in one order,

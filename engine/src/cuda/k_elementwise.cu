@@ -51,13 +51,6 @@ static __global__ void k_binary(int op, void *y, const void *a, I na, const void
   }
 }
 
-/* 16 bytes of f32 or bf16 elements, loaded and stored at once. */
-union cu_pack {
-  uint4 v;
-  float f[4];
-  __nv_bfloat162 h[4];
-};
-
 /* Operands of the same shape, 16-byte aligned, whole packs: the same
 ** arithmetic as k_binary (so the same bits), 16 bytes per load and store,
 ** which a large tensor's bandwidth needs. */
@@ -81,14 +74,6 @@ static __global__ void k_binary_packed(int op, uint4 *y, const uint4 *a, const u
 
 static __global__ void k_copy_packed(uint4 *y, const uint4 *x, int64_t npack) {
   CU_GRID_LOOP(i, npack) y[i] = x[i];
-}
-
-/* The number of 16-byte packs of a launch over n elements of dt whose
-** pointers are all 16-byte aligned, or 0 when it does not split into them. */
-static int64_t cu_packs(int64_t n, int dt, const void *p0, const void *p1, const void *p2) {
-  int64_t per = dt == GCAP_BF16 ? 8 : 4;
-  uintptr_t any = (uintptr_t)p0 | (uintptr_t)p1 | (uintptr_t)p2;
-  return n % per == 0 && any % 16 == 0 ? n / per : 0;
 }
 
 template <typename I> static __global__ void k_scale(void *y, const void *x, int dt, I n, float f) {
