@@ -364,8 +364,10 @@ void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer) {
     hasr = 1;
   }
   nkeep = hasl + 1 + hasr;
-  memmove(m->v + i + nkeep, m->v + j, (size_t)(m->n - j) * sizeof *m->v);
-  m->n += nkeep - (j - i);
+  if (nkeep != j - i) { /* a replay rewriting its own ranges moves nothing */
+    memmove(m->v + i + nkeep, m->v + j, (size_t)(m->n - j) * sizeof *m->v);
+    m->n += nkeep - (j - i);
+  }
   if (hasl) m->v[i++] = left;
   m->v[i].lo = lo;
   m->v[i].hi = hi;
