@@ -968,15 +968,18 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
 
 gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
   ge_entry *x;
-  gcap_status st;
+  gc_acc_run run;
+  gcap_status st, st2;
   int k, was;
   if ((st = entry_ok(G, entry, "backward_dw")) != GCAP_OK) return st;
   x = &G->v[entry];
   if (x->dw == NULL) return GCAP_OK;
   if ((st = gcap_graph_replay(x->dw)) != GCAP_OK) return st;
   was = gcap_set_grad_enabled(G->e, 0);
+  run.n = 0;
   for (k = 0; k < x->nparams && st == GCAP_OK; k++)
-    if (x->dw_grad[k]) st = gc_acc_grad(x->params[k], x->dw_grad[k], 0);
+    if (x->dw_grad[k]) st = gc_acc_grad_run(&run, x->params[k], x->dw_grad[k], 0);
+  if ((st2 = gc_acc_end(&run)) != GCAP_OK && st == GCAP_OK) st = st2;
   gcap_set_grad_enabled(G->e, was);
   return st;
 }

@@ -1,6 +1,7 @@
 /*
 ** k_elementwise.cu: fill, copy, add, sub, mul, scale (backend.h's GC_K_FILL
-** .. GC_K_SCALE; copy also converts f32 <-> bf16). Each element is one float
+** .. GC_K_SCALE; copy also converts f32 <-> bf16), and foreach_add, the
+** .grad accumulation of several tensors. Each element is one float
 ** operation with round-to-nearest intrinsics (__fadd_rn, ...), which the
 ** compiler never fuses into an FMA, so f32 results equal the host reference
 ** bit for bit.
@@ -55,9 +56,23 @@ template <typename I> static __global__ void k_scale(void *y, const void *x, int
   CU_LOOP(I, i, n) cu_store(y, i, dt, __fmul_rn(cu_load(x, i, dt), f));
 }
 
-template <typename I> static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a) {
+/* Pair blockIdx.y of a foreach_add: dst += src, or dst = src (see backend.h). */
+template <typename I> static __global__ void k_foreach_add(gc_kargs a) {
+  int j = (int)blockIdx.y, add = a.n[GC_FOREACH_MAX + j] != 0;
+  void *y = a.p[2 * j];
+  const void *x = a.p[2 * j + 1];
+  I n = (I)a.n[j];
+  CU_LOOP(I, i, n) {
+    float v = cu_load(x, i, a.dt);
+    cu_store(y, i, a.dt, add ? __fadd_rn(cu_load(y, i, a.dt), v) : v);
+  }
+}
+
+/* total: the launch's element count (a foreach_add's largest pair). */
+template <typename I>
+static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a, int64_t total) {
   I n = (I)a->n[0];
-  unsigned g = cu_blocks(a->n[0]);
+  unsigned g = cu_blocks(total);
   switch (k) {
     case GC_K_FILL:
       k_fill<I><<<g, CU_THREADS, 0, s>>>(a->p[0], a->dt, n, a->f[0]);
@@ -72,6 +87,13 @@ template <typename I> static void cu_launch_elementwise(cudaStream_t s, int k, c
       k_binary<I>
           <<<g, CU_THREADS, 0, s>>>(k, a->p[0], a->p[1], (I)a->n[1], a->p[2], (I)a->n[2], a->dt, n);
       break;
+    case GC_K_FOREACH_ADD: {
+      unsigned pairs = 0;
+      while (pairs < GC_FOREACH_MAX && a->n[pairs] > 0)
+        pairs++;
+      k_foreach_add<I><<<dim3(g, pairs), CU_THREADS, 0, s>>>(*a);
+      break;
+    }
     default: /* GC_K_SCALE */
       k_scale<I><<<g, CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, n, a->f[0]);
       break;
@@ -79,11 +101,14 @@ template <typename I> static void cu_launch_elementwise(cudaStream_t s, int k, c
 }
 
 gcap_status cu_elementwise(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
-  if (a->n[0] <= 0) return GCAP_OK;
+  int64_t total = a->n[0];
+  for (int j = 1; k == GC_K_FOREACH_ADD && j < GC_FOREACH_MAX; j++)
+    if (a->n[j] > total) total = a->n[j];
+  if (total <= 0) return GCAP_OK;
   /* int indices while i + the grid's stride cannot overflow */
-  if (a->n[0] <= INT_MAX - (int64_t)CU_THREADS * CU_MAX_BLOCKS)
-    cu_launch_elementwise<int>(s, k, a);
+  if (total <= INT_MAX - (int64_t)CU_THREADS * CU_MAX_BLOCKS)
+    cu_launch_elementwise<int>(s, k, a, total);
   else
-    cu_launch_elementwise<int64_t>(s, k, a);
+    cu_launch_elementwise<int64_t>(s, k, a, total);
   return GCAP_OK;
 }
