@@ -394,15 +394,6 @@ int gc_ivmap_each(const gc_ivmap *m, uintptr_t lo, uintptr_t hi,
   return 0;
 }
 
-gcap_status gc_ivmap_copy(gc_ivmap *dst, const gc_ivmap *src) {
-  gc_ivmap_free(dst);
-  if (src->n == 0) return GCAP_OK;
-  if ((dst->v = (gc_ivl *)malloc((size_t)src->n * sizeof *dst->v)) == NULL) return GCAP_ENOMEM;
-  memcpy(dst->v, src->v, (size_t)src->n * sizeof *dst->v);
-  dst->n = dst->cap = src->n;
-  return GCAP_OK;
-}
-
 void gc_ivmap_free(gc_ivmap *m) {
   free(m->v);
   m->v = NULL;

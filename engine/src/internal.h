@@ -91,8 +91,6 @@ void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer);
 int gc_ivmap_each(const gc_ivmap *m, uintptr_t lo, uintptr_t hi,
                   int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, int writer), void *ud);
 void gc_ivmap_free(gc_ivmap *m);
-/* dst = a copy of src (dst's old contents freed). */
-gcap_status gc_ivmap_copy(gc_ivmap *dst, const gc_ivmap *src);
 
 /* ------------------------------------------------------------------------ */
 /* Streams and events (stream.c)                                             */
@@ -262,7 +260,8 @@ typedef struct gc_capture {
   int invalid;
   char why[GC_ERRLEN];
   double t0;
-  gc_ivmap cap_writers; /* the pool's capture-order map at begin, for a failure */
+  gc_ranges undo; /* what the capture overwrote in the pool's capture-order map, in order,
+                     for a failure to put back */
 } gc_capture;
 
 /* Note that the launch about to happen reads (write = 0) or writes t:
