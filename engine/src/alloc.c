@@ -348,8 +348,13 @@ void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer) {
   int i, j, nkeep = 0;
   gc_ivl left = {0, 0, 0}, right = {0, 0, 0};
   int hasl = 0, hasr = 0;
-  if (lo >= hi || !iv_reserve(m, 3)) return;
+  if (lo >= hi) return;
   i = iv_lower(m, lo);
+  if (i < m->n && m->v[i].lo == lo && m->v[i].hi == hi) { /* a replay's own range again */
+    m->v[i].writer = writer;
+    return;
+  }
+  if (!iv_reserve(m, 3)) return;
   j = i;
   while (j < m->n && m->v[j].lo < hi)
     j++; /* [i, j) overlap [lo, hi) */
@@ -364,7 +369,7 @@ void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer) {
     hasr = 1;
   }
   nkeep = hasl + 1 + hasr;
-  if (nkeep != j - i) { /* a replay rewriting its own ranges moves nothing */
+  if (nkeep != j - i) { /* ranges replaced by as many move nothing */
     memmove(m->v + i + nkeep, m->v + j, (size_t)(m->n - j) * sizeof *m->v);
     m->n += nkeep - (j - i);
   }

@@ -894,6 +894,10 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
           gc_tensor_alias(s, s->ndim, s->shape); /* the static buffer itself, as TE */
       continue;
     }
+    if (n->leaf[k] != NULL) { /* only read, into .grad: no alias needed */
+      gin[k] = gcap_tensor_retain(s);
+      continue;
+    }
     if ((gin[k] = gc_tensor_alias(s, s->ndim, s->shape)) == NULL)
       return gc_fail(G->e, GCAP_ENOMEM, "graphed backward: out of host memory");
   }
