@@ -1428,7 +1428,7 @@ static int l_modcall(lua_State *L, int muted) {
   int islua = (gcap_module_userdata(m) == lua_touserdata(L, ENGINEIDX));
   int i, nargs = lua_gettop(L) - 1, nin = 0;
   gcap_tensor *in[MAXIN];
-  char msg[1024];
+  char msg[1024], op[256];
   LFrame f;
   LEngine *le;
   LTensor *r;
@@ -1448,7 +1448,6 @@ static int l_modcall(lua_State *L, int muted) {
     l_keeptensor(L, i); /* children and hooks see this same value */
   }
   nin = l_flatkwargs(L, 1, nargs > 0 ? nargs + 1 : 0, in, nin, gcap_module_type(m));
-  lua_pushstring(L, gcap_module_type(m)); /* for a message after the call */
   r = l_newtensor(L);
   gcap_module_retain(m); /* callbacks may close the boxes of m and 'in' */
   for (i = 0; i < nin; i++)
@@ -1456,12 +1455,15 @@ static int l_modcall(lua_State *L, int muted) {
   le = l_enter(L, &f, m, 2, nargs, muted);
   st = gcap_module_call(m, nin, in, &r->t);
   l_leave(le, &f);
-  if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
+  if (st != GCAP_OK) { /* m may go with its retain: copy what the message needs */
+    snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
+    snprintf(op, sizeof op, "%s", gcap_module_type(m));
+  }
   for (i = 0; i < nin; i++)
     gcap_tensor_free(in[i]);
   gcap_module_free(m);
   l_raisecb(L);
-  if (st != GCAP_OK) l_fail(L, st, msg, lua_tostring(L, -2));
+  if (st != GCAP_OK) l_fail(L, st, msg, op);
   l_knownresult(L);
   return 1;
 }

@@ -348,8 +348,13 @@ void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer) {
   int i, j, nkeep = 0;
   gc_ivl left = {0, 0, 0}, right = {0, 0, 0};
   int hasl = 0, hasr = 0;
-  if (lo >= hi || !iv_reserve(m, 3)) return;
+  if (lo >= hi) return;
   i = iv_lower(m, lo);
+  if (i < m->n && m->v[i].lo == lo && m->v[i].hi == hi) { /* a replay's own range again */
+    m->v[i].writer = writer;
+    return;
+  }
+  if (!iv_reserve(m, 3)) return;
   j = i;
   while (j < m->n && m->v[j].lo < hi)
     j++; /* [i, j) overlap [lo, hi) */
@@ -364,8 +369,10 @@ void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer) {
     hasr = 1;
   }
   nkeep = hasl + 1 + hasr;
-  memmove(m->v + i + nkeep, m->v + j, (size_t)(m->n - j) * sizeof *m->v);
-  m->n += nkeep - (j - i);
+  if (nkeep != j - i) { /* ranges replaced by as many move nothing */
+    memmove(m->v + i + nkeep, m->v + j, (size_t)(m->n - j) * sizeof *m->v);
+    m->n += nkeep - (j - i);
+  }
   if (hasl) m->v[i++] = left;
   m->v[i].lo = lo;
   m->v[i].hi = hi;
@@ -390,15 +397,6 @@ int gc_ivmap_each(const gc_ivmap *m, uintptr_t lo, uintptr_t hi,
     }
   }
   return 0;
-}
-
-gcap_status gc_ivmap_copy(gc_ivmap *dst, const gc_ivmap *src) {
-  gc_ivmap_free(dst);
-  if (src->n == 0) return GCAP_OK;
-  if ((dst->v = (gc_ivl *)malloc((size_t)src->n * sizeof *dst->v)) == NULL) return GCAP_ENOMEM;
-  memcpy(dst->v, src->v, (size_t)src->n * sizeof *dst->v);
-  dst->n = dst->cap = src->n;
-  return GCAP_OK;
 }
 
 void gc_ivmap_free(gc_ivmap *m) {

@@ -245,6 +245,78 @@ gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g, int steal) {
   return gc_binary_inplace(leaf->grad, g, GC_K_ADD, "backward");
 }
 
+/* Do the bytes of a and b meet? */
+static int acc_overlap(const gcap_tensor *a, const gcap_tensor *b) {
+  uintptr_t a0 = (uintptr_t)gc_tensor_ptr(a), b0 = (uintptr_t)gc_tensor_ptr(b);
+  return a0 < b0 + (uintptr_t)b->numel * gc_dtype_size(b->dt) &&
+         b0 < a0 + (uintptr_t)a->numel * gc_dtype_size(a->dt);
+}
+
+/* Might gc_acc_grad steal g once r has let go of its references? (An upper
+** bound: r's holds are counted as if they were the only ones.) */
+static int acc_may_steal(const gc_acc_run *r, const gcap_tensor *leaf, const gcap_tensor *g) {
+  int j, objs = 0, blks = 0;
+  for (j = 0; j < r->n; j++) {
+    objs += r->src[j] == g;
+    blks += r->src[j]->blk == g->blk;
+  }
+  return g->refs - objs <= 1 && g->blk->refs - blks <= 1 && g->dt == leaf->dt && !g->blk->weak;
+}
+
+gcap_status gc_acc_end(gc_acc_run *r) {
+  gcap_status st;
+  int j;
+  if (r->n == 0) return GCAP_OK;
+  if (r->n > 1)
+    st = gc_foreach_add(r->dst[0]->e, r->n, r->dst, r->src, r->add);
+  else if (r->add[0]) /* alone: the very kernels of gc_acc_grad */
+    st = gc_binary_inplace(r->dst[0], r->src[0], GC_K_ADD, "backward");
+  else
+    st = gcap_copy_(r->dst[0], r->src[0]);
+  for (j = 0; j < r->n; j++) {
+    if (st != GCAP_OK && !r->add[j]) { /* as gc_acc_grad: no .grad without its copy */
+      gcap_tensor_free(r->leaf[j]->grad);
+      r->leaf[j]->grad = NULL;
+    }
+    gcap_tensor_free(r->dst[j]);
+    gcap_tensor_free(r->src[j]);
+  }
+  r->n = 0;
+  return st;
+}
+
+gcap_status gc_acc_grad_run(gc_acc_run *r, gcap_tensor *leaf, gcap_tensor *g, int steal) {
+  gcap_tensor *dst = leaf->grad;
+  gcap_status st;
+  int j, n, add = dst != NULL;
+  if (g->numel != leaf->numel || g->numel == 0 || g->dt != leaf->dt ||
+      (add && (dst->dt != g->dt || dst->numel != g->numel)) ||
+      (!add && steal && acc_may_steal(r, leaf, g))) {
+    if ((st = gc_acc_end(r)) != GCAP_OK) return st;
+    return gc_acc_grad(leaf, g, steal);
+  }
+  for (j = 0; j < r->n; j++) /* the run's pairs must not see each other's writes */
+    if (acc_overlap(g, r->dst[j]) ||
+        (add && (acc_overlap(dst, r->dst[j]) || acc_overlap(dst, r->src[j])))) {
+      if ((st = gc_acc_end(r)) != GCAP_OK) return st;
+      break;
+    }
+  if (!add) { /* the first grad: a copy into a new .grad */
+    if ((st = gc_tensor_alloc(leaf->e, "backward", leaf->dt, leaf->ndim, leaf->shape, &dst)) !=
+        GCAP_OK) {
+      gcap_status st2 = gc_acc_end(r);
+      return st2 != GCAP_OK ? st2 : st;
+    }
+    leaf->grad = dst;
+  }
+  n = r->n++;
+  r->leaf[n] = leaf;
+  r->dst[n] = gcap_tensor_retain(dst);
+  r->src[n] = gcap_tensor_retain(g);
+  r->add[n] = add;
+  return r->n == GC_FOREACH_MAX ? gc_acc_end(r) : GCAP_OK;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Backward                                                                  */
 
@@ -326,9 +398,11 @@ static gcap_status bw_check_grad(gc_node *n, gcap_tensor *g) {
 
 static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int retain) {
   bw_stack all = {NULL, 0, 0}, ready = {NULL, 0, 0};
+  gc_acc_run run; /* a node's leaf grads, accumulated in as few launches as may be */
   uint64_t mark = ++e->bw_mark;
-  gcap_status st;
+  gcap_status st, st2;
   int i;
+  run.n = 0;
   if ((st = bw_collect(e, root, mark, &all)) != GCAP_OK) goto done;
   root->acc = gcap_tensor_retain(grad);
   if (!stack_push(&ready, root)) {
@@ -350,14 +424,15 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
     for (i = 0; i < n->nin; i++) {
       if (st == GCAP_OK && gin[i] != NULL) {
         if (n->leaf[i])
-          st = gc_acc_grad(n->leaf[i], gin[i], 1);
-        else if (n->next[i])
+          st = gc_acc_grad_run(&run, n->leaf[i], gin[i], 1);
+        else if (n->next[i] && (st = gc_acc_end(&run)) == GCAP_OK)
           st = bw_accumulate(n->next[i], gin[i]);
       }
       if (st == GCAP_OK && n->next[i] && --n->next[i]->deps == 0 && !stack_push(&ready, n->next[i]))
         st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
       gcap_tensor_free(gin[i]);
     }
+    if ((st2 = gc_acc_end(&run)) != GCAP_OK && st == GCAP_OK) st = st2;
     if (gin != small) free(gin);
     if (st != GCAP_OK) goto done;
     if (!retain && n->nsaved > 0) {

@@ -79,11 +79,19 @@ typedef enum gc_kernel {
                        already incremented); lr f[0], beta1 f[1], beta2 f[2], eps f[3], weight
                        decay f[4] (L2, added to the grad); bias-corrected; n[0] elements */
   GC_K_COUNTER_INC, /* p[0][0] += 1 (f32 counter) */
+  GC_K_FOREACH_ADD, /* .grad accumulation of several tensors in one launch: for each pair
+                       j < GC_FOREACH_MAX with n[j] > 0 elements (the used pairs come first),
+                       p[2j][i] = p[2j][i] + p[2j+1][i] when n[GC_FOREACH_MAX + j] = 1, or
+                       p[2j][i] = p[2j+1][i] (a copy, same dtype) when it is 0; one pair's
+                       memory never overlaps another's, so the pairs may run in any order */
   GC_K_COUNT
 } gc_kernel;
 
 /* How many chunks a sum of n elements may use its scratch for (1: none). */
 #define GC_SUM_CHUNKS(n) ((n) >= (1 << 20) ? 256 : 1)
+
+/* Pairs of one GC_K_FOREACH_ADD launch: two pointers and two ints each. */
+#define GC_FOREACH_MAX 4
 
 /* How many chunks of rows a sum_rows may use its scratch for (1: none). */
 #define GC_SUM_ROWS_CHUNKS(rows) ((rows) >= 1024 ? 64 : 1)

@@ -137,6 +137,11 @@ static gcap_status graph_hold(gcap_graph *g, gc_blk *b) {
   return GCAP_OK;
 }
 
+/* Log a piece of the capture-order map about to be overwritten. */
+static int undo_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
+  return !ranges_push((gc_ranges *)ud, lo, hi, writer);
+}
+
 gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
   gcap_pool *p = t->blk->pool;
   uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
@@ -153,7 +158,8 @@ gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
   g = e->cap->g;
   if (p != e->cap->pool) return graph_hold(g, t->blk); /* memory the graph uses, kept alive */
   if (write) {
-    if (!ranges_cover(&g->writes, lo, hi) && !ranges_push(&g->writes, lo, hi, g->id))
+    if ((!ranges_cover(&g->writes, lo, hi) && !ranges_push(&g->writes, lo, hi, g->id)) ||
+        gc_ivmap_each(&p->cap_writers, lo, hi, undo_piece, &e->cap->undo))
       return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
     gc_ivmap_set(&p->cap_writers, lo, hi, g->id);
   } else if (!ranges_cover(&g->writes, lo, hi)) {
@@ -239,13 +245,7 @@ gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
     goto fail;
   }
   if (s == NULL) s = e->capture_stream;
-  if (gc_ivmap_copy(&cap->cap_writers, &pool->cap_writers) != GCAP_OK) {
-    free(cap);
-    st = gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
-    goto fail;
-  }
   if ((st = e->be->capture_begin(e, e->bs, s->bs)) != GCAP_OK) {
-    gc_ivmap_free(&cap->cap_writers);
     free(cap);
     goto fail;
   }
@@ -279,14 +279,15 @@ static int stream_joined(const gcap_stream *s, const gcap_stream *origin) {
 }
 
 /* Free a capture's record; a failed capture (restore) leaves the pool's
-** capture-order map as it was at begin: what it wrote never happens. */
+** capture-order map as it was at begin: what it wrote never happens (the
+** pieces it overwrote go back, last first; a gap comes back as "outside",
+** which is what a lookup of a gap answers). */
 static void cap_free(gc_capture *cap, int restore) {
-  if (restore) {
-    gc_ivmap t = cap->pool->cap_writers;
-    cap->pool->cap_writers = cap->cap_writers;
-    cap->cap_writers = t;
-  }
-  gc_ivmap_free(&cap->cap_writers);
+  int k;
+  for (k = cap->undo.n - 1; restore && k >= 0; k--)
+    gc_ivmap_set(&cap->pool->cap_writers, cap->undo.v[k].lo, cap->undo.v[k].hi,
+                 cap->undo.v[k].producer);
+  ranges_free(&cap->undo);
   free(cap);
 }
 

@@ -505,12 +505,10 @@ static gcap_status check_inputs(gcap_engine *e, int ncallables, gcap_module *con
 typedef struct grad_snap {
   gcap_tensor **t, **grad;
   int n, cap;
+  int taken; /* the .grad values are in grad[] */
 } grad_snap;
 
 static gcap_status snap_add(gcap_engine *e, grad_snap *s, gcap_tensor *t) {
-  int k;
-  for (k = 0; k < s->n; k++)
-    if (s->t[k] == t) return GCAP_OK;
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 32;
     gcap_tensor **a = (gcap_tensor **)realloc(s->t, (size_t)cap * sizeof *a);
@@ -521,18 +519,42 @@ static gcap_status snap_add(gcap_engine *e, grad_snap *s, gcap_tensor *t) {
     s->grad = a;
     s->cap = cap;
   }
-  s->t[s->n] = gcap_tensor_retain(t);
-  s->grad[s->n] = t->grad;
-  t->grad = NULL;
-  s->n++;
+  s->t[s->n++] = gcap_tensor_retain(t);
   return GCAP_OK;
+}
+
+static int cmp_addr(const void *a, const void *b) {
+  const gcap_tensor *ta = *(gcap_tensor *const *)a, *tb = *(gcap_tensor *const *)b;
+  uintptr_t x = (uintptr_t)ta, y = (uintptr_t)tb;
+  return (x > y) - (x < y);
+}
+
+/* Take the .grad of every tensor added, each once (a parameter shared by
+** several callables is added once per callable): sorted, so in n log n. */
+static void snap_take(grad_snap *s) {
+  int k, n = 0;
+  qsort(s->t, (size_t)s->n, sizeof *s->t, cmp_addr);
+  for (k = 0; k < s->n; k++) {
+    if (n > 0 && s->t[n - 1] == s->t[k]) {
+      gcap_tensor_free(s->t[k]);
+      continue;
+    }
+    s->t[n] = s->t[k];
+    s->grad[n] = s->t[n]->grad;
+    s->t[n]->grad = NULL;
+    n++;
+  }
+  s->n = n;
+  s->taken = 1;
 }
 
 static void snap_restore(grad_snap *s) {
   int k;
   for (k = 0; k < s->n; k++) {
-    gcap_tensor_free(s->t[k]->grad);
-    s->t[k]->grad = s->grad[k];
+    if (s->taken) {
+      gcap_tensor_free(s->t[k]->grad);
+      s->t[k]->grad = s->grad[k];
+    }
     gcap_tensor_free(s->t[k]);
   }
   free(s->t);
@@ -564,6 +586,7 @@ static gcap_status build_entries(ge_build *b, gcap_module *const *callables, con
       if ((st = snap_add(b->e, snap, x->params[k])) != GCAP_OK) return st;
     }
   }
+  snap_take(snap);
   for (i = 0; i < b->sched.n; i++) {
     gc_pass *p = &b->sched.v[i];
     if (p->kind == GC_PASS_DW && !G->v[p->entry].need_dw)
@@ -716,7 +739,7 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
   gcap_graphed_opts defaults;
   gc_seg *segs_before = opts && opts->pool ? opts->pool->segs : NULL;
   ge_build b;
-  grad_snap snap = {NULL, NULL, 0, 0};
+  grad_snap snap = {NULL, NULL, 0, 0, 0};
   uint64_t rng[2];
   int training = 1, i, warm_passes;
   gcap_status st;
@@ -871,6 +894,10 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
           gc_tensor_alias(s, s->ndim, s->shape); /* the static buffer itself, as TE */
       continue;
     }
+    if (n->leaf[k] != NULL) { /* only read, into .grad: no alias needed */
+      gin[k] = gcap_tensor_retain(s);
+      continue;
+    }
     if ((gin[k] = gc_tensor_alias(s, s->ndim, s->shape)) == NULL)
       return gc_fail(G->e, GCAP_ENOMEM, "graphed backward: out of host memory");
   }
@@ -968,15 +995,18 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
 
 gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
   ge_entry *x;
-  gcap_status st;
+  gc_acc_run run;
+  gcap_status st, st2;
   int k, was;
   if ((st = entry_ok(G, entry, "backward_dw")) != GCAP_OK) return st;
   x = &G->v[entry];
   if (x->dw == NULL) return GCAP_OK;
   if ((st = gcap_graph_replay(x->dw)) != GCAP_OK) return st;
   was = gcap_set_grad_enabled(G->e, 0);
+  run.n = 0;
   for (k = 0; k < x->nparams && st == GCAP_OK; k++)
-    if (x->dw_grad[k]) st = gc_acc_grad(x->params[k], x->dw_grad[k], 0);
+    if (x->dw_grad[k]) st = gc_acc_grad_run(&run, x->params[k], x->dw_grad[k], 0);
+  if ((st2 = gc_acc_end(&run)) != GCAP_OK && st == GCAP_OK) st = st2;
   gcap_set_grad_enabled(G->e, was);
   return st;
 }

@@ -91,8 +91,6 @@ void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer);
 int gc_ivmap_each(const gc_ivmap *m, uintptr_t lo, uintptr_t hi,
                   int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, int writer), void *ud);
 void gc_ivmap_free(gc_ivmap *m);
-/* dst = a copy of src (dst's old contents freed). */
-gcap_status gc_ivmap_copy(gc_ivmap *dst, const gc_ivmap *src);
 
 /* ------------------------------------------------------------------------ */
 /* Streams and events (stream.c)                                             */
@@ -262,7 +260,8 @@ typedef struct gc_capture {
   int invalid;
   char why[GC_ERRLEN];
   double t0;
-  gc_ivmap cap_writers; /* the pool's capture-order map at begin, for a failure */
+  gc_ranges undo; /* what the capture overwrote in the pool's capture-order map, in order,
+                     for a failure to put back */
 } gc_capture;
 
 /* Note that the launch about to happen reads (write = 0) or writes t:
@@ -359,6 +358,28 @@ gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none);
 /* leaf.grad += g. On first use .grad is a copy of g, or g itself when
 ** `steal` and nothing else can see g (the caller holds the only reference). */
 gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g, int steal);
+/* dst[j] += src[j] (add[j]) or dst[j] = src[j], j < n <= GC_FOREACH_MAX, in one
+** launch: same dtype and size per pair, no memory shared between pairs. */
+gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_tensor *const *src,
+                           const int *add);
+
+/* A run of .grad accumulations (gc_acc_grad) that go out as one foreach_add
+** launch: those that add into a .grad, or copy into a new one when stealing
+** was never possible. The run ends (is launched) when it is full, when the
+** next accumulation is of another kind or touches memory the run writes or
+** reads, and at gc_acc_end, which the owner must call before any other work;
+** so the launches happen in the order gc_acc_grad would make them. */
+typedef struct gc_acc_run {
+  gcap_tensor *leaf[GC_FOREACH_MAX], *dst[GC_FOREACH_MAX], *src[GC_FOREACH_MAX];
+  int add[GC_FOREACH_MAX];
+  int n;
+} gc_acc_run;
+
+/* gc_acc_grad(leaf, g, steal), joining run r where it may. */
+gcap_status gc_acc_grad_run(gc_acc_run *r, gcap_tensor *leaf, gcap_tensor *g, int steal);
+/* Launch what r holds; r is empty afterwards, also on failure (then the
+** .grad tensors its copies would have made are gone again). */
+gcap_status gc_acc_end(gc_acc_run *r);
 /* Refuse in-place writes to a leaf that requires grad while recording. */
 gcap_status gc_check_inplace(gcap_tensor *t, const char *op);
 

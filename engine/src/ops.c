@@ -37,7 +37,8 @@ const char *gc_kernel_name(int k) {
                                                 "cross_entropy_bwd",
                                                 "sgd",
                                                 "adam",
-                                                "counter_inc"};
+                                                "counter_inc",
+                                                "foreach_add"};
   return k >= 0 && k < GC_K_COUNT ? names[k] : "?";
 }
 
@@ -66,6 +67,27 @@ gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, i
   if (out && (st = gc_note_access(e, out, 1)) != GCAP_OK) return st;
   a->dt = (int)(out ? out->dt : in[0]->dt);
   return launch(e, k, a); /* checked above, before the notes */
+}
+
+gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_tensor *const *src,
+                           const int *add) {
+  gc_kargs a;
+  gcap_status st;
+  int j;
+  if ((st = gc_check_stream(e, e->current, gc_kernel_name(GC_K_FOREACH_ADD))) != GCAP_OK) return st;
+  memset(&a, 0, sizeof a);
+  for (j = 0; j < n; j++) { /* the notes of n in-place adds or copies, in order */
+    if ((add[j] && (st = gc_note_access(e, dst[j], 0)) != GCAP_OK) ||
+        (st = gc_note_access(e, src[j], 0)) != GCAP_OK ||
+        (st = gc_note_access(e, dst[j], 1)) != GCAP_OK)
+      return st;
+    a.p[2 * j] = gc_tensor_ptr(dst[j]);
+    a.p[2 * j + 1] = gc_tensor_ptr(src[j]);
+    a.n[j] = dst[j]->numel;
+    a.n[GC_FOREACH_MAX + j] = add[j];
+  }
+  a.dt = (int)dst[0]->dt;
+  return launch(e, GC_K_FOREACH_ADD, &a);
 }
 
 /* Start of a public op on t: NULL check, clear the last error. */

@@ -225,6 +225,18 @@ static gcap_status f_full(gcap_tensor *const *x, gcap_tensor **y) {
                           gcap_tensor_shape(x[0]), -2.75, y);
 }
 /* f32 -> bf16 -> f32 conversions through copy_. */
+/* (a * b) * (a + b): a and b get grads from two nodes, the second one's
+** added into the .grads the first made, both in one foreach_add. */
+static gcap_status f_mul_add(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_tensor *p = NULL, *s = NULL;
+  gcap_status st;
+  if ((st = gcap_mul(x[0], x[1], &p)) == GCAP_OK && (st = gcap_add(x[0], x[1], &s)) == GCAP_OK)
+    st = gcap_mul(p, s, y);
+  gcap_tensor_free(p);
+  gcap_tensor_free(s);
+  return st;
+}
+
 static gcap_status f_to_bf16(gcap_tensor *const *x, gcap_tensor **y) {
   gcap_tensor *b = NULL;
   gcap_status st = gcap_tensor_empty(gcap_tensor_engine(x[0]), GCAP_BF16, gcap_tensor_ndim(x[0]),
@@ -264,6 +276,7 @@ static const pcase cases[] = {
     {"mul", f_mul, F32, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
     {"mul [1]", f_mul, F32, 1, 0, 2, {P2(33, 70, N, 1), P1(1, N, 1)}},
     {"mul row", f_mul, F32, 1, 0, 2, {P2(33, 70, N, 1), P1(70, N, 1)}},
+    {"(a * b) * (a + b)", f_mul_add, F32, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
     {"scale", f_scale, F32, 1, 0, 1, {P1(5000, N, 1)}},
     {"neg", f_neg, F32, 1, 0, 1, {P2(33, 70, N, 1)}},
     {"sum [33,70]", f_sum, F32, 1, 0, 1, {P2(33, 70, N, 1)}},

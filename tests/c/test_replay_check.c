@@ -81,6 +81,33 @@ static void test_failed_capture_writes_nothing(void) {
   chk_close(&c);
 }
 
+/* A failed capture leaves the producers of later captures alone: g3 wrote
+** y before failing, so g4, captured next and reading y, still gets y from
+** g1, and replays after g1. */
+static void test_failed_capture_keeps_producers(void) {
+  chk c;
+  gcap_graph *g4 = NULL;
+  gcap_tensor *w = NULL;
+  T_SETUP(chk_open(&c), chk_close(&c));
+  gcap_engine *e = c.e;
+  T_CHECK_OK(e, gcap_capture_begin(c.g3, c.p, NULL));
+  T_CHECK_OK(e, gcap_fill_(c.y, 100.0));
+  T_CHECK_OK(e, gcap_fill_(c.z, 100.0));
+  T_CHECK_ST(e, gcap_synchronize(e), GCAP_ECAPTURE); /* forbidden: invalidates */
+  T_CHECK_ST(e, gcap_capture_end(c.g3), GCAP_ECAPTURE);
+  T_CHECK_OK(e, gcap_graph_new(e, &g4));
+  T_CHECK_OK(e, gcap_capture_begin(g4, c.p, NULL));
+  T_CHECK_OK(e, gcap_scale(c.y, 0.5, &w));
+  T_CHECK_OK(e, gcap_capture_end(g4));
+  T_CHECK_OK(e, gcap_graph_replay(c.g1));
+  T_CHECK_OK(e, gcap_graph_replay(g4));
+  float r[4];
+  if (t_read(w, r, 4)) T_CHECK(r[0] == 1 && r[1] == 2 && r[2] == 3 && r[3] == 4);
+  gcap_tensor_free(w);
+  gcap_graph_free(g4);
+  chk_close(&c);
+}
+
 /* g3's capture writes y and succeeds, but g3 never replays: g2 replays while
 ** g3 lives and after g3 is freed. */
 static void test_unreplayed_capture_writes_nothing(void) {
@@ -323,6 +350,7 @@ static void test_order_entry_out_of_range(void) {
 
 int main(void) {
   T_RUN(test_failed_capture_writes_nothing);
+  T_RUN(test_failed_capture_keeps_producers);
   T_RUN(test_unreplayed_capture_writes_nothing);
   T_RUN(test_join_through_another_stream);
   T_RUN(test_reuse_replays_in_captured_order_only);

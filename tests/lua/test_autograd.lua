@@ -392,6 +392,32 @@ function TestAutograd:test_backward_with_grad ()
   lu.assertEquals(x2.grad:tolist(), {3, -3})
 end
 
+-- The leaf grads of one node may go out together (one launch); values are
+-- those of one accumulation after the other, also when .grad tensors share
+-- storage (then they must not go out together).
+function TestAutograd:test_leaf_grads_of_one_node ()
+  local w = gc.tensor(H.values(6, 0.2), {requires_grad = true})
+  local b = gc.tensor(H.values(6, 1.7), {requires_grad = true})
+  local function pass () ;((w * b) * gc.tensor(H.values(6, 2.9))):sum():backward() end
+  pass()   -- first grads, both from one mul node
+  local gw, gb = w.grad:tolist(), b.grad:tolist()
+  local w0, b0 = gc.tensor(H.values(6, 4.1)), gc.tensor(H.values(6, 5.3))
+  w.grad, b.grad = w0, b0
+  pass()
+  lu.assertTrue(rawequal(w.grad, w0))
+  lu.assertTrue(rawequal(b.grad, b0))
+  H.assert_same(w.grad:tolist(), (gc.tensor(H.values(6, 4.1)) + gc.tensor(gw)):tolist(), "w.grad")
+  H.assert_same(b.grad:tolist(), (gc.tensor(H.values(6, 5.3)) + gc.tensor(gb)):tolist(), "b.grad")
+  -- two leaves of one add node whose grads are one storage: both adds land
+  local x = gc.ones({4096}, {requires_grad = true})
+  local y = gc.ones({4096}, {requires_grad = true})
+  local shared = gc.ones({4096})
+  x.grad = shared
+  y.grad = shared:view({4096})
+  ;(x + y):sum():backward()
+  H.assert_same(shared:tolist(), H.flat(gc.full({4096}, 3):tolist()), "shared grad storage")
+end
+
 function TestAutograd:test_backward_retain_graph ()
   local x = gc.tensor({1, 2}, {requires_grad = true})
   local s = (x * x):sum()

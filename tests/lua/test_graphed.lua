@@ -460,13 +460,134 @@ function TestGraphed:test_param_grad_policy_fixed_at_call ()
 end
 
 -- ---------------------------------------------------------------------------
--- Pools, stats, reset
+-- The parameter grads of one graphed backward go out as few launches as
+-- may be (copies into new .grad tensors, or adds into existing ones, a few
+-- tensors per launch); the values and .grad identities are those of one
+-- accumulation per parameter.
 
+-- One {4, d} sample per entry, requiring grad.
 local function samples_of (dims)
   local s = {}
   for i, d in ipairs(dims) do s[i] = {gc.ones({4, d}, {requires_grad = true})} end
   return s
 end
+
+-- The elementwise sum a + b of two nested tables, by the engine's own add.
+local function added (a, b)
+  return (gc.tensor(a) + gc.tensor(b)):tolist()
+end
+
+-- Three Linears (six parameters: more than one launch holds) and a GELU.
+local function deep ()
+  return {gc.nn.Sequential(gc.nn.Linear(8, 8), gc.nn.GELU(), gc.nn.Linear(8, 8),
+                           gc.nn.Linear(8, 8)),
+          gc.nn.Sequential(gc.nn.Linear(8, 8), gc.nn.GELU())}
+end
+
+local function chain_pass (calls, k)
+  local y = gc.tensor(data(4, 8, k))
+  for _, f in ipairs(calls) do y = f(y) end
+  ;(y * gc.tensor(data(4, 8, -k))):sum():backward()
+end
+
+function TestGraphed:test_param_grads_first_then_accumulated ()
+  local a, b = pair(deep)
+  local G = gc.make_graphed_callables(b, samples_of({8, 8}))
+  local pa, pb = all_params(a), all_params(b)
+  lu.assertEquals(#pb, 8)
+  local g = {}
+  for k = 1, 2 do   -- each pass alone, from no .grad: the copies
+    for _, m in ipairs(b) do m:zero_grad() end
+    for _, m in ipairs(a) do m:zero_grad() end
+    chain_pass(G, k)
+    chain_pass(a, k)
+    g[k] = grads_of(pb)
+    for i = 1, #pa do assert_same(g[k][i], pa[i].grad:tolist(), "pass " .. k .. " grad " .. i) end
+  end
+  -- both passes: the second adds into the .grad the first made
+  for _, m in ipairs(b) do m:zero_grad() end
+  chain_pass(G, 1)
+  local made = {}
+  for i, p in ipairs(pb) do made[i] = {t = p.grad, ptr = p.grad:data_ptr()} end
+  chain_pass(G, 2)
+  for i, p in ipairs(pb) do
+    assert_same(p.grad:tolist(), added(g[1][i], g[2][i]), "accumulated grad " .. i)
+    lu.assertTrue(rawequal(p.grad, made[i].t), "grad " .. i .. " is still the first pass's tensor")
+    lu.assertEquals(p.grad:data_ptr(), made[i].ptr)
+  end
+  -- .grad tensors the user set are added into, in place
+  local set = {}
+  for i, p in ipairs(pb) do
+    local v = H.nest(H.values(#H.flat(g[1][i]), i, 0.5), p:shape())
+    set[i] = {t = gc.tensor(v), v = v}
+    p.grad = set[i].t
+  end
+  local ptrs = {}
+  for i, p in ipairs(pb) do ptrs[i] = p.grad:data_ptr() end
+  chain_pass(G, 1)
+  for i, p in ipairs(pb) do
+    lu.assertTrue(rawequal(p.grad, set[i].t), "grad " .. i .. " is the tensor set")
+    lu.assertEquals(p.grad:data_ptr(), ptrs[i])
+    assert_same(p.grad:tolist(), added(set[i].v, g[1][i]), "grad " .. i .. " added into")
+  end
+  -- the copies made from no .grad own their storage: later passes leave them
+  for _, m in ipairs(b) do m:zero_grad() end
+  chain_pass(G, 1)
+  local first = {}
+  for i, p in ipairs(pb) do first[i] = p.grad end
+  for _, m in ipairs(b) do m:zero_grad() end
+  chain_pass(G, 2)
+  for i = 1, #pb do assert_same(first[i]:tolist(), g[1][i], "first grad " .. i .. " kept") end
+end
+
+-- y = x * w + b, its w and b given.
+local Affine = gc.nn.Module("Affine")
+function Affine:init (w, b) self.w = w; self.b = b end
+function Affine:forward (x) return x * self.w + self.b end
+
+-- Two callables sharing both parameters: each backward adds into the grads
+-- the other one made, as eager backward does.
+function TestGraphed:test_param_shared_by_two_callables ()
+  local function build ()
+    local w = gc.tensor(H.values(8, 0.3, 1, 0.5), {requires_grad = true})
+    local bias = gc.tensor(H.values(8, 1.1, 0.2), {requires_grad = true})
+    return {Affine(w, bias), Affine(w, bias)}, {w, bias}
+  end
+  local a, pa = build()
+  local b, pb = build()
+  local G = gc.make_graphed_callables(b, samples_of({8, 8}))
+  for round = 1, 2 do   -- from no .grad, then into the .grad of round 1
+    chain_pass(G, round)
+    chain_pass(a, round)
+    for i = 1, 2 do
+      assert_same(pb[i].grad:tolist(), pa[i].grad:tolist(), "round " .. round .. " grad " .. i)
+      assert_sane(pb[i].grad:tolist(), "grad " .. i)
+    end
+  end
+end
+
+-- A backward hook registered after graphing runs after the graphed
+-- backward: the parameter grads it reads are already accumulated.
+function TestGraphed:test_backward_hook_sees_accumulated_grads ()
+  local _, b = pair(deep)
+  local G = gc.make_graphed_callables(b, samples_of({8, 8}))
+  local pb = b[2]:parameters()
+  local seen
+  b[2]:register_full_backward_hook(function ()
+    seen = {}
+    for i, p in ipairs(pb) do seen[i] = p.grad and p.grad:tolist() or false end
+  end)
+  for round = 1, 2 do
+    local x = gc.tensor(data(4, 8, round), {requires_grad = true})
+    local y = G[2](G[1](x))
+    ;(y * gc.tensor(data(4, 8, -round))):sum():backward()
+    lu.assertNotNil(seen, "the hook ran")
+    for i, p in ipairs(pb) do assert_same(seen[i], p.grad:tolist(), "round " .. round .. " grad " .. i) end
+  end
+end
+
+-- ---------------------------------------------------------------------------
+-- Pools, stats, reset
 
 local function same_width ()
   return {gc.nn.Sequential(gc.nn.Linear(8, 8), gc.nn.GELU()),

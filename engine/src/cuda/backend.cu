@@ -168,6 +168,7 @@ static gcap_status cu_launch(gcap_engine *e, void *bs, void *s, int k, const gc_
     case GC_K_SUB:
     case GC_K_MUL:
     case GC_K_SCALE:
+    case GC_K_FOREACH_ADD:
       r = cu_elementwise(e, st, cs, k, a);
       break;
     case GC_K_SUM:

@@ -1,6 +1,7 @@
 /*
 ** k_elementwise.cu: fill, copy, add, sub, mul, scale (backend.h's GC_K_FILL
-** .. GC_K_SCALE; copy also converts f32 <-> bf16). Each element is one float
+** .. GC_K_SCALE; copy also converts f32 <-> bf16), and foreach_add, the
+** .grad accumulation of several tensors. Each element is one float
 ** operation with round-to-nearest intrinsics (__fadd_rn, ...), which the
 ** compiler never fuses into an FMA, so f32 results equal the host reference
 ** bit for bit. Large same-shape operands go 16 bytes at a time.
@@ -80,9 +81,64 @@ template <typename I> static __global__ void k_scale(void *y, const void *x, int
   CU_LOOP(I, i, n) cu_store(y, i, dt, __fmul_rn(cu_load(x, i, dt), f));
 }
 
-template <typename I> static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a) {
+/* Pair blockIdx.y of a foreach_add: dst += src, or dst = src (see backend.h). */
+template <typename I> static __global__ void k_foreach_add(gc_kargs a) {
+  int j = (int)blockIdx.y, add = a.n[GC_FOREACH_MAX + j] != 0;
+  void *y = a.p[2 * j];
+  const void *x = a.p[2 * j + 1];
+  I n = (I)a.n[j];
+  CU_LOOP(I, i, n) {
+    float v = cu_load(x, i, a.dt);
+    cu_store(y, i, a.dt, add ? __fadd_rn(cu_load(y, i, a.dt), v) : v);
+  }
+}
+
+/* The same over 16-byte packs, when every pair splits into them. */
+static __global__ void k_foreach_add_packed(gc_kargs a) {
+  int j = (int)blockIdx.y, add = a.n[GC_FOREACH_MAX + j] != 0;
+  uint4 *y = (uint4 *)a.p[2 * j];
+  const uint4 *x = (const uint4 *)a.p[2 * j + 1];
+  int64_t npack = a.n[j] / (a.dt == GCAP_BF16 ? 8 : 4);
+  CU_GRID_LOOP(i, npack) {
+    cu_pack u, v;
+    v.v = x[i];
+    if (add) {
+      u.v = y[i];
+      for (int w = 0; w < 4; w++) {
+        if (a.dt == GCAP_BF16) {
+          float2 p = __bfloat1622float2(u.h[w]), q = __bfloat1622float2(v.h[w]);
+          v.h[w] = __float22bfloat162_rn(make_float2(__fadd_rn(p.x, q.x), __fadd_rn(p.y, q.y)));
+        } else {
+          v.f[w] = __fadd_rn(u.f[w], v.f[w]);
+        }
+      }
+    }
+    y[i] = v.v;
+  }
+}
+
+/* The used pairs of a foreach_add, and its largest pair's packs (0 when a
+** pair does not split into 16-byte packs). */
+static unsigned cu_foreach_pairs(const gc_kargs *a, int64_t *packs) {
+  unsigned j = 0;
+  *packs = 0;
+  for (; j < GC_FOREACH_MAX && a->n[j] > 0; j++) {
+    int64_t pj = cu_packs(a->n[j], a->dt, a->p[2 * j], a->p[2 * j + 1], NULL);
+    if (pj == 0) {
+      *packs = -1;
+    } else if (*packs >= 0 && pj > *packs) {
+      *packs = pj;
+    }
+  }
+  if (*packs < 0) *packs = 0;
+  return j;
+}
+
+/* total: the launch's element count (a foreach_add's largest pair). */
+template <typename I>
+static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a, int64_t total) {
   I n = (I)a->n[0];
-  unsigned g = cu_blocks(a->n[0]);
+  unsigned g = cu_blocks(total);
   int64_t packs;
   if ((k == GC_K_ADD || k == GC_K_SUB || k == GC_K_MUL) && a->n[1] == a->n[0] &&
       a->n[2] == a->n[0] && (packs = cu_packs(a->n[0], a->dt, a->p[0], a->p[1], a->p[2])) > 0) {
@@ -110,6 +166,15 @@ template <typename I> static void cu_launch_elementwise(cudaStream_t s, int k, c
       k_binary<I>
           <<<g, CU_THREADS, 0, s>>>(k, a->p[0], a->p[1], (I)a->n[1], a->p[2], (I)a->n[2], a->dt, n);
       break;
+    case GC_K_FOREACH_ADD: {
+      int64_t packs;
+      unsigned pairs = cu_foreach_pairs(a, &packs);
+      if (packs > 0)
+        k_foreach_add_packed<<<dim3(cu_blocks(packs), pairs), CU_THREADS, 0, s>>>(*a);
+      else
+        k_foreach_add<I><<<dim3(g, pairs), CU_THREADS, 0, s>>>(*a);
+      break;
+    }
     default: /* GC_K_SCALE */
       k_scale<I><<<g, CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, n, a->f[0]);
       break;
@@ -117,11 +182,14 @@ template <typename I> static void cu_launch_elementwise(cudaStream_t s, int k, c
 }
 
 gcap_status cu_elementwise(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
-  if (a->n[0] <= 0) return GCAP_OK;
+  int64_t total = a->n[0];
+  for (int j = 1; k == GC_K_FOREACH_ADD && j < GC_FOREACH_MAX; j++)
+    if (a->n[j] > total) total = a->n[j];
+  if (total <= 0) return GCAP_OK;
   /* int indices while i + the grid's stride cannot overflow */
-  if (a->n[0] <= INT_MAX - (int64_t)CU_THREADS * CU_MAX_BLOCKS)
-    cu_launch_elementwise<int>(s, k, a);
+  if (total <= INT_MAX - (int64_t)CU_THREADS * CU_MAX_BLOCKS)
+    cu_launch_elementwise<int>(s, k, a, total);
   else
-    cu_launch_elementwise<int64_t>(s, k, a);
+    cu_launch_elementwise<int64_t>(s, k, a, total);
   return GCAP_OK;
 }

@@ -352,6 +352,21 @@ static void hk_counter_inc(const gc_kargs *a) {
   ((float *)a->p[0])[0] += 1.0f;
 }
 
+static void hk_foreach_add(const gc_kargs *a) {
+  int j;
+  int64_t i;
+  for (j = 0; j < GC_FOREACH_MAX; j++) {
+    void *y = a->p[2 * j];
+    const void *x = a->p[2 * j + 1];
+    if (a->n[GC_FOREACH_MAX + j])
+      for (i = 0; i < a->n[j]; i++)
+        st(y, a->dt, i, ld(y, a->dt, i) + ld(x, a->dt, i));
+    else
+      for (i = 0; i < a->n[j]; i++)
+        st(y, a->dt, i, ld(x, a->dt, i));
+  }
+}
+
 hk_fn hk_kernel(int k) {
   static const hk_fn table[GC_K_COUNT] = {hk_fill,
                                           hk_copy,
@@ -379,6 +394,7 @@ hk_fn hk_kernel(int k) {
                                           hk_xent_bwd,
                                           hk_sgd,
                                           hk_adam,
-                                          hk_counter_inc};
+                                          hk_counter_inc,
+                                          hk_foreach_add};
   return k >= 0 && k < GC_K_COUNT ? table[k] : NULL;
 }
