@@ -121,8 +121,10 @@ asan:
 lint:
 	@scripts/lint.sh
 
+# The scaling runs in a process of its own, as PyTorch's torch_scaling.py does.
 bench: all
-	$(B)/graphcap scripts/bench.lua
+	$(B)/graphcap scripts/bench.lua configs
+	$(B)/graphcap scripts/bench.lua scaling
 
 clean:
 	rm -rf $(B)
