@@ -1854,13 +1854,15 @@ static int l_nn_module(lua_State *L) {
   return 1;
 }
 
-/* _nn.linear(class, in, out, bias, delay_wgrad) */
+/* _nn.linear(class, in, out, bias, delay_wgrad, fuse_wgrad_accumulation) */
 static int l_nn_linear(lua_State *L) {
   gcap_engine *e = l_engine(L);
   lua_Integer in = luaL_checkinteger(L, 2), out = luaL_checkinteger(L, 3);
+  unsigned flags = (lua_toboolean(L, 5) ? GCAP_LINEAR_DELAY_WGRAD : 0u) |
+                   (lua_toboolean(L, 6) ? GCAP_LINEAR_FUSE_WGRAD : 0u);
   LModule *p = l_newmodule(L, 1);
-  return l_newbuiltin(
-      L, e, gcap_nn_linear(e, in, out, lua_toboolean(L, 4), lua_toboolean(L, 5), &p->m), "Linear");
+  return l_newbuiltin(L, e, gcap_nn_linear(e, in, out, lua_toboolean(L, 4), flags, &p->m),
+                      "Linear");
 }
 
 static int l_nn_relu(lua_State *L) {

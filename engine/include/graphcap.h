@@ -309,8 +309,16 @@ gcap_status gcap_module_to(gcap_module *m, gcap_dtype dt);
 int gcap_module_has_delayed_wgrad(const gcap_module *m);
 
 /* Built-in modules. Linear's weight and bias are drawn from U(-1/sqrt(in),
-** 1/sqrt(in)) by the engine's generator. */
-gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, int delay_wgrad,
+** 1/sqrt(in)) by the engine's generator. Linear's flags:
+** GCAP_LINEAR_DELAY_WGRAD: its backward leaves the weight and bias grads to
+**   gcap_module_backward_dw (TE's delay_wgrad_compute);
+** GCAP_LINEAR_FUSE_WGRAD: the weight grad is accumulated by the weight-grad
+**   GEMM itself (beta = 1) into the module's buffer "main_grad" ([out, in],
+**   the weight's dtype, zeros at first) instead of weight.grad, which stays
+**   NULL (TE's fuse_wgrad_accumulation); gcap_module_zero_grad zeroes it. */
+#define GCAP_LINEAR_DELAY_WGRAD 1u
+#define GCAP_LINEAR_FUSE_WGRAD 2u
+gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, unsigned flags,
                            gcap_module **m);
 gcap_status gcap_nn_relu(gcap_engine *e, gcap_module **m);
 gcap_status gcap_nn_gelu(gcap_engine *e, gcap_module **m);

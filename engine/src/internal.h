@@ -339,7 +339,8 @@ gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_
 gcap_status gc_expand(gcap_tensor *x, int ndim, const int64_t *shape, float f, gcap_tensor **out);
 gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out);
 /* linear, and its weight/bias grads (gw/gb may be NULL). A linear node whose
-** ud is a delayed-wgrad Linear module leaves those to its backward_dw. */
+** ud is a Linear module leaves those to its backward_dw (delayed wgrad) or
+** accumulates the weight grad into its main_grad (fused wgrad). */
 gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
 /* gelu(linear(x, w, b)) in one GEMM (a Linear followed by a GELU): the same
 ** values as the two ops, one node, the pre-activation saved for backward. */
@@ -350,6 +351,13 @@ gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_
                              gcap_tensor **colsum);
 gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
                             gcap_tensor **gw, gcap_tensor **gb);
+/* The weight grad g^T x accumulated into main_grad (beta = 1), a fused-wgrad
+** Linear's accumulator. */
+gcap_status gc_linear_wgrad_into(gcap_tensor *g, gcap_tensor *x, gcap_tensor *main_grad);
+/* Of the Linear module `mod` a linear node's ud points to: does it delay
+** wgrad, and its main_grad when it fuses wgrad accumulation (else NULL). */
+int gc_linear_delays_wgrad(void *mod);
+gcap_tensor *gc_linear_main_grad(void *mod);
 /* Queue (g, x) for a later backward_dw of the delayed-wgrad Linear `mod`,
 ** with its bias grad when already computed (gb; NULL: backward_dw does it). */
 gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb);

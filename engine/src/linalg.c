@@ -132,10 +132,22 @@ gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap
 }
 
 /* saved: x, w, b; linear_gelu adds the pre-activation z = x W^T + b. */
+gcap_status gc_linear_wgrad_into(gcap_tensor *g, gcap_tensor *x, gcap_tensor *main_grad) {
+  int64_t out = main_grad->shape[0], in = main_grad->shape[1], rows = out > 0 ? g->numel / out : 0;
+  if (main_grad->dt != g->dt)
+    return gc_fail(g->e, GCAP_EINVAL, "Linear backward: main_grad is %s, the grads are %s",
+                   gc_dtype_name(main_grad->dt), gc_dtype_name(g->dt));
+  return mm(g, 1, x, 0, out, in, rows, 1.0f, 1.0f, 2, main_grad->shape, &main_grad);
+}
+
 static gcap_status linear_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *x = n->saved[0], *w = n->saved[1], *b = n->saved[2], *dz = NULL, *db = NULL;
   int64_t out = w->shape[0], in = w->shape[1], rows = out > 0 ? g->numel / out : 0;
-  int delayed = n->ud != NULL; /* a delayed-wgrad Linear computes them in backward_dw */
+  /* a delayed-wgrad Linear computes its grads in backward_dw; a fused one
+  ** accumulates the weight's into its main_grad */
+  int delayed = n->ud != NULL && gc_linear_delays_wgrad(n->ud);
+  gcap_tensor *mg = n->ud != NULL ? gc_linear_main_grad(n->ud) : NULL;
+  int want_dw = gc_node_needs(n, 1);
   int want_db = b != NULL && (delayed || gc_node_needs(n, 2));
   gcap_status st = GCAP_OK;
   if (n->nsaved > 3) { /* through the gelu first: dz = g gelu'(z), and the bias grad with it */
@@ -148,13 +160,16 @@ static gcap_status linear_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin
   if (st != GCAP_OK) goto done;
   if (delayed) { /* with the bias grad, when the gelu's backward made it */
     st = gc_wgrad_defer(n->ud, g, x, db);
-  } else if (db != NULL) {
-    gin[2] = gc_tensor_alias(db, b->ndim, b->shape);
-    if (gin[2] == NULL) st = gc_fail(g->e, GCAP_ENOMEM, "%s backward: out of host memory", n->name);
-    if (st == GCAP_OK && gc_node_needs(n, 1)) st = gc_linear_wgrad(g, x, w, NULL, &gin[1], NULL);
   } else {
-    st =
-        gc_linear_wgrad(g, x, w, b, gc_node_needs(n, 1) ? &gin[1] : NULL, want_db ? &gin[2] : NULL);
+    if (want_dw && mg != NULL) st = gc_linear_wgrad_into(g, x, mg);
+    if (st == GCAP_OK && db != NULL) {
+      gin[2] = gc_tensor_alias(db, b->ndim, b->shape);
+      if (gin[2] == NULL)
+        st = gc_fail(g->e, GCAP_ENOMEM, "%s backward: out of host memory", n->name);
+    }
+    if (st == GCAP_OK && ((want_dw && mg == NULL) || (want_db && db == NULL)))
+      st = gc_linear_wgrad(g, x, w, db == NULL ? b : NULL, want_dw && mg == NULL ? &gin[1] : NULL,
+                           want_db && db == NULL ? &gin[2] : NULL);
   }
 done:
   gcap_tensor_free(dz);

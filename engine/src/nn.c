@@ -53,7 +53,8 @@ struct gcap_module {
   /* built-ins */
   double eps, p;
   int delay_wgrad;
-  gcap_tensor **wq; /* delayed wgrad queue: (g, x, bias grad or NULL), oldest first */
+  gcap_tensor *main_grad; /* a Linear's fused wgrad accumulator (its buffer), or NULL */
+  gcap_tensor **wq;       /* delayed wgrad queue: (g, x, bias grad or NULL), oldest first */
   int nwq, capwq;
   gcap_tensor **wq_aside; /* the user's queue while make_graphed_callables runs */
   int nwq_aside, capwq_aside, aside;
@@ -601,6 +602,16 @@ gcap_status gc_module_check_graphable(gcap_module *m, const char *where) {
 /* ------------------------------------------------------------------------ */
 /* Grads                                                                     */
 
+/* Zero the main_grad of every fused-wgrad Linear in m (once each). */
+static gcap_status zero_main_grads(gcap_module *m) {
+  gcap_status st;
+  int j;
+  if (m->main_grad != NULL && (st = gcap_fill_(m->main_grad, 0.0)) != GCAP_OK) return st;
+  for (j = 0; j < m->children.n; j++)
+    if ((st = zero_main_grads(m->children.v[j].m)) != GCAP_OK) return st;
+  return GCAP_OK;
+}
+
 gcap_status gcap_module_zero_grad(gcap_module *m, int set_to_none) {
   int i, n;
   gcap_status st;
@@ -611,7 +622,15 @@ gcap_status gcap_module_zero_grad(gcap_module *m, int set_to_none) {
     if ((st = gc_zero_grad(gcap_module_parameter(m, i, NULL, 0), set_to_none)) != GCAP_OK)
       return st;
   }
-  return GCAP_OK;
+  return zero_main_grads(m);
+}
+
+int gc_linear_delays_wgrad(void *mod) {
+  return ((gcap_module *)mod)->delay_wgrad;
+}
+
+gcap_tensor *gc_linear_main_grad(void *mod) {
+  return ((gcap_module *)mod)->main_grad;
 }
 
 gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb) {
@@ -636,9 +655,14 @@ static gcap_status linear_dw(gcap_module *m) {
   while (st == GCAP_OK && m->nwq > 0) {
     gcap_tensor *g = m->wq[0], *x = m->wq[1], *done_gb = m->wq[2], *gw = NULL, *gb = NULL;
     int want_gb = b != NULL && done_gb == NULL;
-    if ((st = gc_linear_wgrad(g, x, w, want_gb ? b : NULL, &gw, want_gb ? &gb : NULL)) == GCAP_OK &&
-        (st = gc_acc_grad(w, gw, 1)) == GCAP_OK && b)
-      st = gc_acc_grad(b, done_gb ? done_gb : gb, 1);
+    if (m->main_grad != NULL) { /* the weight grad goes into main_grad; the bias's to .grad */
+      if ((st = gc_linear_wgrad_into(g, x, m->main_grad)) == GCAP_OK && want_gb)
+        st = gc_linear_wgrad(g, x, w, b, NULL, &gb);
+    } else {
+      st = gc_linear_wgrad(g, x, w, want_gb ? b : NULL, &gw, want_gb ? &gb : NULL);
+      if (st == GCAP_OK) st = gc_acc_grad(w, gw, 1);
+    }
+    if (st == GCAP_OK && b) st = gc_acc_grad(b, done_gb ? done_gb : gb, 1);
     gcap_tensor_free(gw);
     gcap_tensor_free(gb);
     if (st != GCAP_OK) break;
@@ -728,7 +752,7 @@ static gcap_status linear_run(gcap_module *m, gcap_tensor *x, int gelu, gcap_ten
   gcap_status st =
       gelu ? gc_linear_gelu(x, m->params.v[0].t, b, out) : gc_linear(x, m->params.v[0].t, b, out);
   if (st != GCAP_OK) return st;
-  if (m->delay_wgrad && (*out)->grad_fn != NULL) { /* its backward leaves wgrad to us */
+  if ((m->delay_wgrad || m->main_grad) && (*out)->grad_fn != NULL) { /* wgrad needs m */
     (*out)->grad_fn->ud = gcap_module_retain(m);
     (*out)->grad_fn->ud_free = (void (*)(void *))gcap_module_free;
   }
@@ -765,9 +789,9 @@ static gcap_status uniform(gcap_engine *e, int ndim, const int64_t *shape, doubl
   return st;
 }
 
-gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, int delay_wgrad,
+gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, unsigned flags,
                            gcap_module **m) {
-  gcap_tensor *w = NULL, *b = NULL;
+  gcap_tensor *w = NULL, *b = NULL, *mg = NULL;
   int64_t ws[2], bs[1];
   double bound;
   gcap_status st;
@@ -779,12 +803,19 @@ gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, in
     return gc_fail(e, GCAP_EINVAL,
                    "Linear: in and out features must be positive, got %lld and %lld", (long long)in,
                    (long long)out);
+  if (flags & ~(GCAP_LINEAR_DELAY_WGRAD | GCAP_LINEAR_FUSE_WGRAD))
+    return gc_fail(e, GCAP_EINVAL, "Linear: unknown flags 0x%x", flags);
   ws[0] = out;
   ws[1] = in;
   bs[0] = out;
   bound = 1.0 / sqrt((double)in);
   if ((st = gcap_module_new(e, "Linear", linear_forward, NULL, NULL, m)) != GCAP_OK) return st;
-  (*m)->delay_wgrad = delay_wgrad != 0;
+  (*m)->delay_wgrad = (flags & GCAP_LINEAR_DELAY_WGRAD) != 0;
+  if ((flags & GCAP_LINEAR_FUSE_WGRAD) &&
+      ((st = gcap_tensor_full(e, GCAP_F32, 2, ws, 0.0, &mg)) != GCAP_OK ||
+       (st = gcap_module_add_buffer(*m, "main_grad", mg)) != GCAP_OK))
+    goto fail;
+  (*m)->main_grad = mg; /* the buffer list holds it */
   if ((st = uniform(e, 2, ws, bound, &w)) != GCAP_OK ||
       (st = gcap_module_add_parameter(*m, "weight", w)) != GCAP_OK)
     goto fail;
@@ -793,10 +824,12 @@ gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, in
     goto fail;
   gcap_tensor_free(w);
   gcap_tensor_free(b);
+  gcap_tensor_free(mg);
   return GCAP_OK;
 fail:
   gcap_tensor_free(w);
   gcap_tensor_free(b);
+  gcap_tensor_free(mg);
   gcap_module_free(*m);
   *m = NULL;
   return st;

@@ -36,9 +36,12 @@ local function builtin (name, ctor)
   return cls
 end
 
-local linear_options = {bias = true, delay_wgrad = true}
+local linear_options = {bias = true, delay_wgrad = true, fuse_wgrad_accumulation = true}
 
--- gc.nn.Linear(in, out [, {bias = true, delay_wgrad = false}])
+-- gc.nn.Linear(in, out [, {bias = true, delay_wgrad = false,
+--                          fuse_wgrad_accumulation = false}])
+-- With fuse_wgrad_accumulation the weight grad accumulates into the
+-- buffer m.main_grad (zeroed by m:zero_grad()), not into m.weight.grad.
 nn.Linear = builtin("Linear", function (cls, i, o, opts)
   check("Linear", "in_features", i, "integer", nil, 2)
   check("Linear", "out_features", o, "integer", nil, 2)
@@ -46,7 +49,9 @@ nn.Linear = builtin("Linear", function (cls, i, o, opts)
   return cnn.linear(cls, i, o,
                     check("Linear", "bias", opts.bias, "boolean", true, 2),
                     check("Linear", "delay_wgrad", opts.delay_wgrad, "boolean",
-                          false, 2))
+                          false, 2),
+                    check("Linear", "fuse_wgrad_accumulation", opts.fuse_wgrad_accumulation,
+                          "boolean", false, 2))
 end)
 
 nn.ReLU = builtin("ReLU", function (cls) return cnn.relu(cls) end)

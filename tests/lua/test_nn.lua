@@ -1052,4 +1052,98 @@ function TestDelayWgrad:test_bad_option ()
              "delay_wgrad must be a boolean")
 end
 
+-- ---------------------------------------------------------------------------
+-- Fused wgrad accumulation (TE's fuse_wgrad_accumulation)
+
+TestFuseWgrad = {tearDown = grad_mode_left_on}
+
+function TestFuseWgrad:setUp ()
+  gc.manual_seed(17)
+end
+
+-- A fused Linear and an ordinary one with the same parameters.
+local function fused_pair (opts)
+  opts = opts or {}
+  local f = gc.nn.Linear(4, 3, {fuse_wgrad_accumulation = true, delay_wgrad = opts.delay_wgrad})
+  local r = gc.nn.Linear(4, 3)
+  copy_params(r, f)
+  return f, r
+end
+
+-- main_grad gathers what weight.grad would over several backwards; the
+-- bias grad and the input grad are unchanged; weight.grad stays nil.
+function TestFuseWgrad:test_accumulates_into_main_grad ()
+  local f, r = fused_pair()
+  lu.assertEquals(f.main_grad:shape(), {3, 4})
+  for _, v in ipairs(H.flat(f.main_grad:tolist())) do lu.assertEquals(v, 0) end
+  local xf, xr = input({2, 5, 4}, 0.4, true), input({2, 5, 4}, 0.4, true)
+  for _ = 1, 3 do
+    backward_weighted(f(xf))
+    backward_weighted(r(xr))
+  end
+  lu.assertNil(f.weight.grad)
+  assert_fused_equal(f.main_grad:tolist(), r.weight.grad:tolist(), "main_grad")
+  assert_bitwise(f.bias.grad:tolist(), r.bias.grad:tolist(), "bias grad")
+  assert_bitwise(xf.grad:tolist(), xr.grad:tolist(), "input grad")
+  -- zero_grad zeroes it in place; the bias grad goes as usual
+  local mg = f.main_grad
+  f:zero_grad()
+  lu.assertIs(f.main_grad, mg)
+  for _, v in ipairs(H.flat(mg:tolist())) do lu.assertEquals(v, 0) end
+  lu.assertNil(f.bias.grad)
+end
+
+-- Through the Linear + GELU fusion of a Sequential, and with delayed wgrad
+-- (backward_dw accumulates into main_grad).
+function TestFuseWgrad:test_in_sequential_and_delayed ()
+  for _, delay in ipairs{false, true} do
+    local f, r = fused_pair({delay_wgrad = delay})
+    local sf, sr = gc.nn.Sequential(f, gc.nn.GELU()), gc.nn.Sequential(r, gc.nn.GELU())
+    for k = 1, 2 do
+      backward_weighted(sf(input({6, 4}, k)))
+      backward_weighted(sr(input({6, 4}, k)))
+    end
+    if delay then
+      for _, v in ipairs(H.flat(f.main_grad:tolist())) do lu.assertEquals(v, 0) end
+      lu.assertNil(f.bias.grad)
+      sf:backward_dw()
+    end
+    lu.assertNil(f.weight.grad)
+    assert_fused_equal(f.main_grad:tolist(), r.weight.grad:tolist(), "main_grad")
+    assert_fused_equal(f.bias.grad:tolist(), r.bias.grad:tolist(), "bias grad")
+  end
+end
+
+-- Graphed: the backward graph accumulates into main_grad on every replay;
+-- the weight, which gets no grad, leaves the graph's surface.
+function TestFuseWgrad:test_graphed_replays_accumulate ()
+  local f, r = fused_pair()
+  local sf = gc.nn.Sequential(f, gc.nn.GELU())
+  local sr = gc.nn.Sequential(r, gc.nn.GELU())
+  local g = gc.make_graphed_callables(sf, {gc.randn({6, 4}, {requires_grad = true})})
+  f:zero_grad()                                    -- warmup and capture accumulated into it
+  for k = 1, 3 do
+    backward_weighted(g(input({6, 4}, k, true)))
+    backward_weighted(sr(input({6, 4}, k, true)))
+  end
+  lu.assertNil(f.weight.grad)
+  assert_fused_equal(f.main_grad:tolist(), r.weight.grad:tolist(), "main_grad after 3 replays")
+  assert_fused_equal(f.bias.grad:tolist(), r.bias.grad:tolist(), "bias grad after 3 replays")
+end
+
+function TestFuseWgrad:test_to_bf16_and_bad_option ()
+  local f = gc.nn.Linear(4, 3, {fuse_wgrad_accumulation = true})
+  f:to("bf16")
+  lu.assertEquals(f.main_grad:dtype(), "bf16")
+  f(gc.randn({2, 4}, {dtype = "bf16"})):sum():backward()
+  lu.assertNil(f.weight.grad)
+  local nonzero = 0
+  for _, v in ipairs(H.flat(f.main_grad:tolist())) do
+    if v ~= 0 then nonzero = nonzero + 1 end
+  end
+  lu.assertTrue(nonzero > 0, "main_grad got the bf16 weight grad")
+  assert_err(function () gc.nn.Linear(2, 2, {fuse_wgrad_accumulation = 1}) end,
+             "fuse_wgrad_accumulation must be a boolean")
+end
+
 os.exit(lu.LuaUnit.run())
