@@ -19,10 +19,10 @@ local function json (t, order)
   io.stdout:flush()
 end
 
-local function stack (L, H, dt)
+local function stack (L, H, dt, linear_opts)
   local mods = {}
   for i = 1, L do
-    mods[i] = gc.nn.Sequential(gc.nn.Linear(H, H), gc.nn.GELU()):to(dt or "f32")
+    mods[i] = gc.nn.Sequential(gc.nn.Linear(H, H, linear_opts), gc.nn.GELU()):to(dt or "f32")
   end
   return mods
 end
@@ -133,11 +133,37 @@ local function microbatches (M, reuse)
        {"microbatches", "reuse", "pool_mib"})
 end
 
+-- The same model with TE's fuse_wgrad_accumulation: weight grads accumulate
+-- into each Linear's main_grad inside the weight-grad GEMM (a graphed
+-- backward does it in the graph), so .grad holds only the biases' grads.
+-- Measured apart from the reference's fields, since .grad differs.
+local function bench_fused_wgrad (L, H, B, iters, dt)
+  gc.manual_seed(0)
+  local x = gc.randn({B, H}, {requires_grad = true, dtype = dt})
+  local layers = stack(L, H, dt, {fuse_wgrad_accumulation = true})
+  local function eager () step(layers, x) end
+  for _ = 1, 10 do eager() end
+  local eager_us = time_us(eager, iters)
+  local sample = {}
+  for i = 1, L do sample[i] = {gc.randn({B, H}, {requires_grad = true, dtype = dt})} end
+  local graphed = gc.make_graphed_callables(layers, sample)
+  local function per_layer () step(graphed, x) end
+  for _ = 1, 10 do per_layer() end
+  local graphed_us = time_us(per_layer, iters)
+  json({L = L, H = H, B = B, dtype = dt == "bf16" and "bfloat16" or "float32",
+        fuse_wgrad_accumulation = "true", eager_us = eager_us, graphed_per_layer_us = graphed_us},
+       {"L", "H", "B", "dtype", "fuse_wgrad_accumulation", "eager_us", "graphed_per_layer_us"})
+end
+
 if what == "configs" or what == "all" then
   for _, dt in ipairs({"f32", "bf16"}) do
     bench(24, 1024, 32, 300, dt)  -- the first call in the process includes cuBLAS start-up
     bench(96, 512, 16, 300, dt)
     bench(8, 4096, 4096, dt == "f32" and 20 or 100, dt)
+  end
+  for _, dt in ipairs({"f32", "bf16"}) do
+    bench_fused_wgrad(24, 1024, 32, 300, dt)
+    bench_fused_wgrad(96, 512, 16, 300, dt)
   end
 end
 if what == "scaling" or what == "all" then

@@ -28,6 +28,7 @@ end
 local g, t = records(gfile), records(tfile)
 
 local function key (r)
+  if r.fuse_wgrad_accumulation then return nil end -- measured apart: see fused_rows
   if r.L then return string.format("%s %dx%d, B %d", r.dtype, r.L, r.H, r.B) end
   if r.callables then return string.format("scaling %d", r.callables) end
 end
@@ -81,6 +82,28 @@ for _, k in ipairs(gorder) do
                        a.graph_mem_shared_mib, b.graph_mem_shared_mib))
     bars[#bars + 1] = {label = k .. ": replay per callable",
                        ratio = a.replay_fwd_bwd_us_per_callable / b.replay_fwd_bwd_us_per_callable}
+  end
+end
+
+-- fuse_wgrad_accumulation lines (graphcap only): against PyTorch's graphed
+-- per layer and whole graph of the same configuration.
+local fused = {}
+for _, r in ipairs(g) do
+  if r.fuse_wgrad_accumulation then fused[#fused + 1] = r end
+end
+if #fused > 0 then
+  emit("")
+  emit("| fuse_wgrad_accumulation (graphcap) | eager_us | graphed_per_layer_us | "
+       .. "/ PyTorch graphed per layer | / PyTorch whole graph |")
+  emit("|---|---|---|---|---|")
+  for _, r in ipairs(fused) do
+    local b = tby[string.format("%s %dx%d, B %d", r.dtype, r.L, r.H, r.B)]
+    if b then
+      emit(string.format("| %s %dx%d, B %d | %.3g | %.3g | **%.2f** | **%.2f** |", r.dtype, r.L,
+                         r.H, r.B, r.eager_us, r.graphed_per_layer_us,
+                         r.graphed_per_layer_us / b.graphed_per_layer_us,
+                         r.graphed_per_layer_us / b.whole_graph_us))
+    end
   end
 end
 print(table.concat(out, "\n"))
