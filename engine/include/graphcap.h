@@ -315,7 +315,9 @@ int gcap_module_has_delayed_wgrad(const gcap_module *m);
 ** GCAP_LINEAR_FUSE_WGRAD: the weight grad is accumulated by the weight-grad
 **   GEMM itself (beta = 1) into the module's buffer "main_grad" ([out, in],
 **   the weight's dtype, zeros at first) instead of weight.grad, which stays
-**   NULL (TE's fuse_wgrad_accumulation); gcap_module_zero_grad zeroes it. */
+**   NULL (TE's fuse_wgrad_accumulation); gcap_module_zero_grad zeroes it.
+**   Optimizers read .grad: as with Megatron's main_grad, the caller hands it
+**   over. Unlike TE's fp32 main_grad, it has the weight's dtype. */
 #define GCAP_LINEAR_DELAY_WGRAD 1u
 #define GCAP_LINEAR_FUSE_WGRAD 2u
 gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, unsigned flags,

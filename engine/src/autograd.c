@@ -289,6 +289,9 @@ gcap_status gc_acc_grad_run(gc_acc_run *r, gcap_tensor *leaf, gcap_tensor *g, in
   gcap_tensor *dst = leaf->grad;
   gcap_status st;
   int j, n, add = dst != NULL;
+  if (r->n > 0 && r->dst[0]->dt != leaf->dt) { /* one launch, one dtype */
+    if ((st = gc_acc_end(r)) != GCAP_OK) return st;
+  }
   if (g->numel != leaf->numel || g->numel == 0 || g->dt != leaf->dt ||
       (add && (dst->dt != g->dt || dst->numel != g->numel)) ||
       (!add && steal && acc_may_steal(r, leaf, g))) {

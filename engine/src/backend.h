@@ -49,7 +49,9 @@ typedef enum gc_kernel {
                          p[4]: NULL, or a vector of m receiving the sums over k of op(A)'s rows
                          (the bias grad of a linear's weight-grad GEMM; only with n[3] = 1);
                          p[5]: NULL, or a matrix like C receiving op(A) op(B) + bias while C
-                         receives gelu_tanh of it as stored (a Linear followed by a GELU) */
+                         receives its gelu_tanh (a Linear followed by a GELU; with f[1] = 0):
+                         the host applies it to the value as stored, cuBLASLt's epilogue to
+                         the float before rounding (bf16 results differ within tolerance) */
   GC_K_RELU,          /* p[0][i] = max(p[1][i], 0) */
   GC_K_RELU_BWD,      /* p[0][i] = p[2][i] > 0 ? p[1][i] : 0       (p[1] = dy, p[2] = x) */
   GC_K_GELU,          /* p[0][i] = gelu_tanh(p[1][i]) */

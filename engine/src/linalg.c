@@ -15,10 +15,10 @@
 static gcap_status mm_ex(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t m, int64_t n,
                          int64_t k, float alpha, float beta, gcap_tensor *bias, gcap_tensor *bgrad,
                          gcap_tensor *pre, int ndim, const int64_t *shape, gcap_tensor **c) {
-  gcap_tensor *in[3];
+  gcap_tensor *in[4];
   gc_kargs a;
   gcap_status st = GCAP_OK;
-  int fresh = *c == NULL;
+  int fresh = *c == NULL, nin = 2;
   if (fresh && (st = gc_tensor_alloc(A->e, "matmul", A->dt, ndim, shape, c)) != GCAP_OK) return st;
   memset(&a, 0, sizeof a);
   a.p[0] = gc_tensor_ptr(*c);
@@ -33,13 +33,14 @@ static gcap_status mm_ex(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t
   a.f[1] = beta;
   in[0] = A;
   in[1] = B;
-  in[2] = bias;
+  if (bias) in[nin++] = bias;
+  if (beta != 0.0f && !fresh) in[nin++] = *c; /* C is read too */
   a.p[3] = bias ? gc_tensor_ptr(bias) : NULL;
   a.p[4] = bgrad ? gc_tensor_ptr(bgrad) : NULL;
   a.p[5] = pre ? gc_tensor_ptr(pre) : NULL;
   if (bgrad) st = gc_note_access(A->e, bgrad, 1);
   if (pre && st == GCAP_OK) st = gc_note_access(A->e, pre, 1);
-  if (st == GCAP_OK) st = gc_run(A->e, GC_K_MATMUL, &a, in, bias ? 3 : 2, *c);
+  if (st == GCAP_OK) st = gc_run(A->e, GC_K_MATMUL, &a, in, nin, *c);
   if (st != GCAP_OK && fresh) {
     gcap_tensor_free(*c);
     *c = NULL;

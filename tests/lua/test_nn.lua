@@ -1131,6 +1131,35 @@ function TestFuseWgrad:test_graphed_replays_accumulate ()
   assert_fused_equal(f.bias.grad:tolist(), r.bias.grad:tolist(), "bias grad after 3 replays")
 end
 
+-- Frozen parameters get nothing from backward_dw either, as in the ordinary
+-- backward: no .grad, and main_grad untouched.
+function TestFuseWgrad:test_delayed_frozen_parameters ()
+  for _, fuse in ipairs{false, true} do
+    local d = gc.nn.Linear(4, 3, {delay_wgrad = true, fuse_wgrad_accumulation = fuse})
+    d.weight.requires_grad = false
+    d.bias.requires_grad = false
+    local x = input({5, 4}, 0.2, true)
+    backward_weighted(gc.nn.Sequential(d, gc.nn.GELU())(x))
+    d:backward_dw()
+    lu.assertNil(d.weight.grad)
+    lu.assertNil(d.bias.grad)
+    if fuse then
+      for _, v in ipairs(H.flat(d.main_grad:tolist())) do lu.assertEquals(v, 0) end
+    end
+    lu.assertNotNil(x.grad)
+  end
+end
+
+-- An empty batch: the bias grad of the fused Linear + GELU is zeros.
+function TestFuseWgrad:test_empty_batch_bias_grad ()
+  local s = gc.nn.Sequential(gc.nn.Linear(4, 8), gc.nn.GELU())
+  local y = s(gc.zeros({0, 4}))
+  lu.assertEquals(y.grad_fn, "linear_gelu")
+  y:sum():backward()
+  lu.assertEquals(s[1].bias.grad:tolist(), {0, 0, 0, 0, 0, 0, 0, 0})
+  lu.assertEquals(H.flat(s[1].weight.grad:tolist()), H.flat(gc.zeros({8, 4}):tolist()))
+end
+
 function TestFuseWgrad:test_to_bf16_and_bad_option ()
   local f = gc.nn.Linear(4, 3, {fuse_wgrad_accumulation = true})
   f:to("bf16")

@@ -9,6 +9,8 @@
 ** from the C library's by an ulp or two, so gelu matches within float
 ** tolerance.
 */
+#include <string.h>
+
 #include "common.cuh"
 
 #define CU_GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
@@ -101,8 +103,16 @@ static void cu_gelu_bwd_colsum(cudaStream_t s, const gc_kargs *a, int64_t rows, 
       a->p[0], a->p[1], a->p[2], a->dt, rows, cols, chunks, a->p[3], (float *)a->p[4]);
 }
 
-gcap_status cu_activation(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
+gcap_status cu_activation(gcap_engine *e, cu_state *st, cudaStream_t s, int k, const gc_kargs *a) {
   int64_t n = a->n[0];
+  if (n <= 0 && k == GC_K_GELU_BWD && a->p[3] != NULL && a->n[1] > 0) {
+    gc_kargs zero; /* column sums over no rows */
+    memset(&zero, 0, sizeof zero);
+    zero.p[0] = a->p[3];
+    zero.n[0] = a->n[1];
+    zero.dt = a->dt;
+    return cu_elementwise(e, st, s, GC_K_FILL, &zero);
+  }
   if (n <= 0) return GCAP_OK;
   unsigned g = cu_blocks(n);
   switch (k) {
