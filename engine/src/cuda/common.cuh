@@ -107,15 +107,16 @@ static inline unsigned cu_row_blocks(int64_t rows) {
 ** of a block takes the same rows, so all reach the block reductions' barriers. */
 #define CU_ROW_LOOP(r, rows) for (int64_t r = blockIdx.x; r < (rows); r += gridDim.x)
 
-/* The sum of v over the block's CU_ROW_THREADS threads, returned to every
-** thread: a fixed shared-memory tree (sh holds CU_ROW_THREADS floats). Every
-** thread of the block must call it; sh may be reused right after. */
-__device__ __forceinline__ float cu_block_sum(float v, float *sh) {
+/* v combined over the block's CU_ROW_THREADS threads by op (a fixed
+** shared-memory tree: the same order on every call), returned to every
+** thread; sh holds CU_ROW_THREADS floats. Every thread of the block must
+** call it; sh may be reused right after. */
+template <typename Op> __device__ __forceinline__ float cu_block_reduce(float v, float *sh, Op op) {
   int t = (int)threadIdx.x;
   sh[t] = v;
   __syncthreads();
   for (int w = CU_ROW_THREADS / 2; w > 0; w /= 2) {
-    if (t < w) sh[t] = __fadd_rn(sh[t], sh[t + w]);
+    if (t < w) sh[t] = op(sh[t], sh[t + w]);
     __syncthreads();
   }
   float r = sh[0];
@@ -123,18 +124,13 @@ __device__ __forceinline__ float cu_block_sum(float v, float *sh) {
   return r;
 }
 
-/* The same for the maximum (fmaxf: a NaN loses to a number, as on the host). */
+__device__ __forceinline__ float cu_block_sum(float v, float *sh) {
+  return cu_block_reduce(v, sh, [](float a, float b) { return __fadd_rn(a, b); });
+}
+
+/* fmaxf: a NaN loses to a number, as on the host. */
 __device__ __forceinline__ float cu_block_max(float v, float *sh) {
-  int t = (int)threadIdx.x;
-  sh[t] = v;
-  __syncthreads();
-  for (int w = CU_ROW_THREADS / 2; w > 0; w /= 2) {
-    if (t < w) sh[t] = fmaxf(sh[t], sh[t + w]);
-    __syncthreads();
-  }
-  float r = sh[0];
-  __syncthreads();
-  return r;
+  return cu_block_reduce(v, sh, [](float a, float b) { return fmaxf(a, b); });
 }
 
 /* One block per row: the row's max and the sum of exp(x - max) over its
