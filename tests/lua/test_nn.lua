@@ -655,6 +655,27 @@ function TestHooks:test_nested_order ()
                   .. "outer.backward_pre inner.backward_pre inner.backward outer.backward")
 end
 
+-- A child's hook sees the very value passed to its container, also when
+-- the container is called again from a coroutine inside an outer hook.
+function TestHooks:test_child_hook_sees_the_callers_value ()
+  local lin = gc.nn.Linear(2, 2)
+  local seq = gc.nn.Sequential(lin)
+  local seen = {}
+  lin:register_forward_pre_hook(function (_, a) seen[#seen + 1] = a end)
+  local x, z = input({3, 2}, 0.1, true), input({3, 2}, 0.2, true)
+  seq(x)
+  lu.assertIs(seen[1], x)
+  local outer = gc.nn.Linear(2, 2)
+  outer:register_forward_pre_hook(function ()
+    coroutine.wrap(function () seq(z) end)()
+  end)
+  outer(x)
+  lu.assertIs(seen[2], z)
+  -- a module returning its argument gives back that same value
+  local x1 = input({2})
+  lu.assertIs(gc.nn.Sequential()(x1), x1)
+end
+
 function TestHooks:test_input_without_grad ()
   local m = gc.nn.Linear(2, 2)
   local log = {}
