@@ -44,27 +44,40 @@ end
 
 local function mib (bytes) return bytes / 2 ^ 20 end
 
+-- One sample input of [B, H] per callable.
+local function samples (n, B, H, dt)
+  local sample = {}
+  for i = 1, n do sample[i] = {gc.randn({B, H}, {requires_grad = true, dtype = dt})} end
+  return sample
+end
+
+-- make_graphed_callables of mods in a pool of their own, timed to
+-- completion: the graphed callables, seconds, bytes the pool reserves.
+local function graph_timed (mods, sample)
+  local pool = gc.graph_pool_handle()
+  gc.synchronize()
+  local t0 = gc.clock()
+  local graphed = gc.make_graphed_callables(mods, sample, {pool = pool})
+  gc.synchronize()
+  return graphed, gc.clock() - t0, pool:stats().reserved_bytes
+end
+
+-- us per step of `layers` on x, after 10 untimed steps.
+local function step_us (layers, x, iters)
+  local function run () step(layers, x) end
+  for _ = 1, 10 do run() end
+  return time_us(run, iters)
+end
+
 local function bench (L, H, B, iters, dt)
   gc.manual_seed(0)
   local x = gc.randn({B, H}, {requires_grad = true, dtype = dt})
   local layers = stack(L, H, dt)
-  local function eager () step(layers, x) end
-  for _ = 1, 10 do eager() end
-  local eager_us = time_us(eager, iters)
+  local eager_us = step_us(layers, x, iters)
 
   -- one graphed callable per layer, all in one pool
-  local sample = {}
-  for i = 1, L do sample[i] = {gc.randn({B, H}, {requires_grad = true, dtype = dt})} end
-  local pool = gc.graph_pool_handle()
-  gc.synchronize()
-  local t0 = gc.clock()
-  local graphed = gc.make_graphed_callables(layers, sample, {pool = pool})
-  gc.synchronize()
-  local capture_s = gc.clock() - t0
-  local graph_mem = pool:stats().reserved_bytes
-  local function per_layer () step(graphed, x) end
-  for _ = 1, 10 do per_layer() end
-  local graphed_us = time_us(per_layer, iters)
+  local graphed, capture_s, graph_mem = graph_timed(layers, samples(L, B, H, dt))
+  local graphed_us = step_us(graphed, x, iters)
 
   -- the whole step as one graph, on fresh modules
   local fresh = stack(L, H, dt)
@@ -90,15 +103,8 @@ local function scaling (N)
   local H, B, iters = 64, 8, 50
   gc.manual_seed(0)
   local mods = stack(N, H)
-  local sample = {}
-  for i = 1, N do sample[i] = {gc.randn({B, H}, {requires_grad = true})} end
-  local pool = gc.graph_pool_handle()
-  gc.synchronize()
-  local t0 = gc.clock()
-  local g = gc.make_graphed_callables(mods, sample, {pool = pool})
-  gc.synchronize()
-  local cap = gc.clock() - t0
-  local shared = pool:stats().reserved_bytes
+  local sample = samples(N, B, H)
+  local g, cap, shared = graph_timed(mods, sample)
   local x = gc.randn({B, H}, {requires_grad = true})
   for _ = 1, 3 do step(g, x) end
   local per_callable = time_us(function () step(g, x) end, iters) / N
@@ -120,11 +126,11 @@ local function microbatches (M, reuse)
   local H, B = 256, 64
   gc.manual_seed(0)
   local mods = stack(2, H)
-  local order, sample = {}, {}
+  local order = {}
   for _ = 1, M do
     for _, v in ipairs({1, 2, -2, -1}) do order[#order + 1] = v end
   end
-  for i = 1, 2 * M do sample[i] = {gc.randn({B, H}, {requires_grad = true})} end
+  local sample = samples(2 * M, B, H)
   local pool = gc.graph_pool_handle()
   gc.make_graphed_callables(mods, sample, {pool = pool, order = order,
                                            num_layers_per_chunk = {1, 1},
@@ -141,15 +147,8 @@ local function bench_fused_wgrad (L, H, B, iters, dt)
   gc.manual_seed(0)
   local x = gc.randn({B, H}, {requires_grad = true, dtype = dt})
   local layers = stack(L, H, dt, {fuse_wgrad_accumulation = true})
-  local function eager () step(layers, x) end
-  for _ = 1, 10 do eager() end
-  local eager_us = time_us(eager, iters)
-  local sample = {}
-  for i = 1, L do sample[i] = {gc.randn({B, H}, {requires_grad = true, dtype = dt})} end
-  local graphed = gc.make_graphed_callables(layers, sample)
-  local function per_layer () step(graphed, x) end
-  for _ = 1, 10 do per_layer() end
-  local graphed_us = time_us(per_layer, iters)
+  local eager_us = step_us(layers, x, iters)
+  local graphed_us = step_us(graph_timed(layers, samples(L, B, H, dt)), x, iters)
   json({L = L, H = H, B = B, dtype = dt == "bf16" and "bfloat16" or "float32",
         fuse_wgrad_accumulation = "true", eager_us = eager_us, graphed_per_layer_us = graphed_us},
        {"L", "H", "B", "dtype", "fuse_wgrad_accumulation", "eager_us", "graphed_per_layer_us"})
