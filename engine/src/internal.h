@@ -338,9 +338,9 @@ gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_
                      gcap_tensor **out);
 gcap_status gc_expand(gcap_tensor *x, int ndim, const int64_t *shape, float f, gcap_tensor **out);
 gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out);
-/* linear, and its weight/bias grads (gw/gb may be NULL). A linear node whose
-** ud is a Linear module leaves those to its backward_dw (delayed wgrad) or
-** accumulates the weight grad into its main_grad (fused wgrad). */
+/* linear. A linear node whose ud is a Linear module leaves the parameter
+** grads to its backward_dw (delayed wgrad), or adds the weight grad into its
+** main_grad (fused wgrad). */
 gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
 /* gelu(linear(x, w, b)) in one GEMM (a Linear followed by a GELU): the same
 ** values as the two ops, one node, the pre-activation saved for backward. */
@@ -349,11 +349,14 @@ gcap_status gc_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_
 ** sums over its rows of `cols` elements, in the same launch. */
 gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_tensor **dx,
                              gcap_tensor **colsum);
-gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
-                            gcap_tensor **gw, gcap_tensor **gb);
-/* The weight grad g^T x accumulated into main_grad (beta = 1), a fused-wgrad
-** Linear's accumulator. */
-gcap_status gc_linear_wgrad_into(gcap_tensor *g, gcap_tensor *x, gcap_tensor *main_grad);
+/* A linear's parameter grads from its output grad g and input x, for the
+** ones asked for (gw, gb; NULL: not wanted): the weight's added into
+** main_grad when there is one (a fused-wgrad Linear; *gw stays NULL), else
+** in *gw; the bias's in *gb, an alias of db when the gelu's backward already
+** summed it. Both from one GEMM when both are computed. */
+gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
+                                  gcap_tensor *main_grad, gcap_tensor *db, gcap_tensor **gw,
+                                  gcap_tensor **gb);
 /* Of the Linear module `mod` a linear node's ud points to: does it delay
 ** wgrad, and its main_grad when it fuses wgrad accumulation (else NULL). */
 int gc_linear_delays_wgrad(void *mod);

@@ -106,8 +106,8 @@ gcap_status gcap_matmul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
 
 /* Weight and bias grads: gw = g^T x and gb = sum_rows(g), in one GEMM when
 ** both are wanted (the bias grad rides on the weight grad's GEMM). */
-gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
-                            gcap_tensor **gw, gcap_tensor **gb) {
+static gcap_status linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
+                                gcap_tensor **gw, gcap_tensor **gb) {
   int64_t out = w->shape[0], in = w->shape[1], rows = out > 0 ? g->numel / out : 0;
   gcap_status st = GCAP_OK;
   if (gw && gb && b) {
@@ -132,8 +132,8 @@ gcap_status gc_linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap
   return st;
 }
 
-/* saved: x, w, b; linear_gelu adds the pre-activation z = x W^T + b. */
-gcap_status gc_linear_wgrad_into(gcap_tensor *g, gcap_tensor *x, gcap_tensor *main_grad) {
+/* The weight grad g^T x added into main_grad (beta = 1). */
+static gcap_status wgrad_into(gcap_tensor *g, gcap_tensor *x, gcap_tensor *main_grad) {
   int64_t out = main_grad->shape[0], in = main_grad->shape[1], rows = out > 0 ? g->numel / out : 0;
   if (main_grad->dt != g->dt)
     return gc_fail(g->e, GCAP_EINVAL, "Linear backward: main_grad is %s, the grads are %s",
@@ -141,14 +141,31 @@ gcap_status gc_linear_wgrad_into(gcap_tensor *g, gcap_tensor *x, gcap_tensor *ma
   return mm(g, 1, x, 0, out, in, rows, 1.0f, 1.0f, 2, main_grad->shape, &main_grad);
 }
 
+gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
+                                  gcap_tensor *main_grad, gcap_tensor *db, gcap_tensor **gw,
+                                  gcap_tensor **gb) {
+  gcap_status st = GCAP_OK;
+  if (gw != NULL && main_grad != NULL) { /* fused: the GEMM accumulates, no grad to return */
+    st = wgrad_into(g, x, main_grad);
+    gw = NULL;
+  }
+  if (st == GCAP_OK && gb != NULL && db != NULL) { /* summed by the gelu's backward */
+    if ((*gb = gc_tensor_alias(db, b->ndim, b->shape)) == NULL)
+      st = gc_fail(g->e, GCAP_ENOMEM, "linear backward: out of host memory");
+    gb = NULL;
+  }
+  if (st == GCAP_OK && (gw != NULL || gb != NULL))
+    st = linear_wgrad(g, x, w, gb != NULL ? b : NULL, gw, gb);
+  return st;
+}
+
+/* saved: x, w, b; linear_gelu adds the pre-activation z = x W^T + b. */
 static gcap_status linear_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *x = n->saved[0], *w = n->saved[1], *b = n->saved[2], *dz = NULL, *db = NULL;
   int64_t out = w->shape[0], in = w->shape[1], rows = out > 0 ? g->numel / out : 0;
   /* a delayed-wgrad Linear computes its grads in backward_dw; a fused one
   ** accumulates the weight's into its main_grad */
   int delayed = n->ud != NULL && gc_linear_delays_wgrad(n->ud);
-  gcap_tensor *mg = n->ud != NULL ? gc_linear_main_grad(n->ud) : NULL;
-  int want_dw = gc_node_needs(n, 1);
   int want_db = b != NULL && (delayed || gc_node_needs(n, 2));
   gcap_status st = GCAP_OK;
   if (n->nsaved > 3) { /* through the gelu first: dz = g gelu'(z), and the bias grad with it */
@@ -159,19 +176,11 @@ static gcap_status linear_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin
   if (gc_node_needs(n, 0))
     st = mm(g, 0, w, 0, rows, in, out, 1.0f, 0.0f, x->ndim, x->shape, &gin[0]);
   if (st != GCAP_OK) goto done;
-  if (delayed) { /* with the bias grad, when the gelu's backward made it */
+  if (delayed) /* with the bias grad, when the gelu's backward made it */
     st = gc_wgrad_defer(n->ud, g, x, db);
-  } else {
-    if (want_dw && mg != NULL) st = gc_linear_wgrad_into(g, x, mg);
-    if (st == GCAP_OK && db != NULL) {
-      gin[2] = gc_tensor_alias(db, b->ndim, b->shape);
-      if (gin[2] == NULL)
-        st = gc_fail(g->e, GCAP_ENOMEM, "%s backward: out of host memory", n->name);
-    }
-    if (st == GCAP_OK && ((want_dw && mg == NULL) || (want_db && db == NULL)))
-      st = gc_linear_wgrad(g, x, w, db == NULL ? b : NULL, want_dw && mg == NULL ? &gin[1] : NULL,
-                           want_db && db == NULL ? &gin[2] : NULL);
-  }
+  else
+    st = gc_linear_param_grads(g, x, w, b, n->ud != NULL ? gc_linear_main_grad(n->ud) : NULL, db,
+                               gc_node_needs(n, 1) ? &gin[1] : NULL, want_db ? &gin[2] : NULL);
 done:
   gcap_tensor_free(dz);
   gcap_tensor_free(db);

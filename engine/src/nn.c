@@ -654,16 +654,11 @@ static gcap_status linear_dw(gcap_module *m) {
   int was = gcap_set_grad_enabled(m->e, 0);
   while (st == GCAP_OK && m->nwq > 0) {
     gcap_tensor *g = m->wq[0], *x = m->wq[1], *done_gb = m->wq[2], *gw = NULL, *gb = NULL;
-    /* frozen parameters get nothing, as in the ordinary backward; the
-    ** weight grad goes into main_grad when the Linear fuses it */
-    int want_gw = w->requires_grad && m->main_grad == NULL;
-    int want_gb = b != NULL && b->requires_grad && done_gb == NULL;
-    if (w->requires_grad && m->main_grad != NULL) st = gc_linear_wgrad_into(g, x, m->main_grad);
-    if (st == GCAP_OK && (want_gw || want_gb))
-      st = gc_linear_wgrad(g, x, w, want_gb ? b : NULL, want_gw ? &gw : NULL, want_gb ? &gb : NULL);
-    if (st == GCAP_OK && want_gw) st = gc_acc_grad(w, gw, 1);
-    if (st == GCAP_OK && b != NULL && b->requires_grad)
-      st = gc_acc_grad(b, done_gb ? done_gb : gb, 1);
+    /* frozen parameters get nothing, as in the ordinary backward */
+    st = gc_linear_param_grads(g, x, w, b, m->main_grad, done_gb, w->requires_grad ? &gw : NULL,
+                               b != NULL && b->requires_grad ? &gb : NULL);
+    if (st == GCAP_OK && gw != NULL) st = gc_acc_grad(w, gw, 1);
+    if (st == GCAP_OK && gb != NULL) st = gc_acc_grad(b, gb, 1);
     gcap_tensor_free(gw);
     gcap_tensor_free(gb);
     if (st != GCAP_OK) break;
