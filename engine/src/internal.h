@@ -338,6 +338,11 @@ gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_
                      gcap_tensor **out);
 gcap_status gc_expand(gcap_tensor *x, int ndim, const int64_t *shape, float f, gcap_tensor **out);
 gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out);
+/* Scratch of n floats (none when n <= 0) for a reduction that a backend may
+** run in chunks (GC_SUM_CHUNKS, GC_SUM_ROWS_CHUNKS): from the current pool,
+** noted as written; *p gets its address or NULL. The caller frees *t right
+** after its launch, as later work on the stream runs after it. */
+gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **t, void **p);
 /* linear. A linear node whose ud is a Linear module leaves the parameter
 ** grads to its backward_dw (delayed wgrad), or adds the weight grad into its
 ** main_grad (fused wgrad). */

@@ -63,7 +63,7 @@ gcap_status gcap_gelu(gcap_tensor *x, gcap_tensor **out) {
 
 gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_tensor **dx,
                              gcap_tensor **colsum) {
-  int64_t rows = cols > 0 ? x->numel / cols : 0, nscratch = GC_SUM_ROWS_CHUNKS(rows) * cols;
+  int64_t rows = cols > 0 ? x->numel / cols : 0, chunks = GC_SUM_ROWS_CHUNKS(rows);
   gcap_tensor *in[2], *scratch = NULL;
   gc_kargs a;
   gcap_status st;
@@ -75,12 +75,10 @@ gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_
     if ((st = gc_tensor_alloc(g->e, "gelu backward", x->dt, 1, &cols, colsum)) != GCAP_OK ||
         (st = gc_note_access(g->e, *colsum, 1)) != GCAP_OK)
       goto done;
-    if (GC_SUM_ROWS_CHUNKS(rows) > 1 && ((st = gc_tensor_alloc(g->e, "gelu backward", GCAP_F32, 1,
-                                                               &nscratch, &scratch)) != GCAP_OK ||
-                                         (st = gc_note_access(g->e, scratch, 1)) != GCAP_OK))
+    if ((st = gc_scratch(g->e, "gelu backward", chunks > 1 ? chunks * cols : 0, &scratch,
+                         &a.p[4])) != GCAP_OK)
       goto done;
     a.p[3] = gc_tensor_ptr(*colsum);
-    a.p[4] = scratch ? gc_tensor_ptr(scratch) : NULL;
   }
   a.p[0] = gc_tensor_ptr(*dx);
   a.p[1] = gc_tensor_ptr(g);

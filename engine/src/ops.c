@@ -244,26 +244,37 @@ gcap_status gc_expand(gcap_tensor *x, int ndim, const int64_t *shape, float f, g
   return st;
 }
 
-/* out[j] = sum over rows of x viewed as [numel / cols, cols]. Many rows get
-** a scratch buffer, so that a backend can sum chunks of them in parallel (in
-** a fixed order); it goes back to the pool at once, as later work on the
-** stream runs after this sum. */
+gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **t, void **p) {
+  gcap_status st;
+  *t = NULL;
+  *p = NULL;
+  if (n <= 0) return GCAP_OK;
+  if ((st = gc_tensor_alloc(e, op, GCAP_F32, 1, &n, t)) != GCAP_OK ||
+      (st = gc_note_access(e, *t, 1)) != GCAP_OK) {
+    gcap_tensor_free(*t);
+    *t = NULL;
+    return st;
+  }
+  *p = gc_tensor_ptr(*t);
+  return GCAP_OK;
+}
+
+/* out[j] = sum over rows of x viewed as [numel / cols, cols]; many rows sum
+** in chunks (a scratch of partial sums). */
 gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out) {
-  int64_t rows = cols > 0 ? x->numel / cols : 0, nscratch = GC_SUM_ROWS_CHUNKS(rows) * cols;
+  int64_t rows = cols > 0 ? x->numel / cols : 0, chunks = GC_SUM_ROWS_CHUNKS(rows);
   gcap_tensor *scratch = NULL;
   gc_kargs a;
   gcap_status st;
   if ((st = gc_tensor_alloc(x->e, "sum_rows", x->dt, 1, &cols, out)) != GCAP_OK) return st;
-  if (GC_SUM_ROWS_CHUNKS(rows) > 1 &&
-      (st = gc_tensor_alloc(x->e, "sum_rows", GCAP_F32, 1, &nscratch, &scratch)) != GCAP_OK)
-    goto done;
   memset(&a, 0, sizeof a);
+  if ((st = gc_scratch(x->e, "sum_rows", chunks > 1 ? chunks * cols : 0, &scratch, &a.p[2])) !=
+      GCAP_OK)
+    goto done;
   a.p[0] = gc_tensor_ptr(*out);
   a.p[1] = gc_tensor_ptr(x);
-  a.p[2] = scratch ? gc_tensor_ptr(scratch) : NULL;
   a.n[0] = rows;
   a.n[1] = cols;
-  if (scratch && (st = gc_note_access(x->e, scratch, 1)) != GCAP_OK) goto done;
   st = gc_run(x->e, GC_K_SUM_ROWS, &a, &x, 1, *out);
 done:
   gcap_tensor_free(scratch);
@@ -363,13 +374,8 @@ gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_
   gcap_status st;
   if ((st = gc_tensor_alloc(x->e, op, x->dt, scalar_out ? 0 : x->ndim, x->shape, out)) != GCAP_OK)
     return st;
-  memset(&a, 0, sizeof a);
-  if (chunks > 1) { /* a long sum: partial sums of its chunks first */
-    if ((st = gc_tensor_alloc(x->e, op, GCAP_F32, 1, &chunks, &scratch)) != GCAP_OK ||
-        (st = gc_note_access(x->e, scratch, 1)) != GCAP_OK)
-      goto done;
-    a.p[2] = gc_tensor_ptr(scratch);
-  }
+  memset(&a, 0, sizeof a); /* a long sum: partial sums of its chunks first */
+  if ((st = gc_scratch(x->e, op, chunks > 1 ? chunks : 0, &scratch, &a.p[2])) != GCAP_OK) goto done;
   a.p[0] = gc_tensor_ptr(*out);
   a.p[1] = gc_tensor_ptr(x);
   a.n[0] = x->numel;
