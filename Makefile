@@ -191,6 +191,8 @@ PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 LUA_SHAREDIR ?= $(PREFIX)/share/lua/5.4
 LUA_LIBDIR ?= $(PREFIX)/lib/lua/5.4
 D := $(DESTDIR)
+# The dynamic linker's cache learns of the library when installed for this system.
+LDCONFIG := if [ -z "$(D)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
 install: install-lib install-lua install-bin
 
@@ -204,7 +206,7 @@ install-lib: $(B)/libgraphcap.a $(SHLIB) engine/graphcap.pc.in
 	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|' \
 	  -e 's|@VERSION@|$(VERSION)|; s|@LIBS_PRIVATE@|$(strip $(filter-out -Wl%,$(LDLIBS)))|' \
 	  engine/graphcap.pc.in >$(D)$(PKGCONFIGDIR)/graphcap.pc
-	@if [ -z "$(D)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
+	@$(LDCONFIG)
 
 install-lua: $(B)/lua/graphcap/core.so
 	install -d $(D)$(LUA_SHAREDIR)/graphcap $(D)$(LUA_LIBDIR)/graphcap
@@ -222,6 +224,7 @@ uninstall:
 	  $(D)$(LUA_LIBDIR)/graphcap/core.so $(D)$(BINDIR)/graphcap \
 	  $(patsubst lua/graphcap/%,$(D)$(LUA_SHAREDIR)/graphcap/%,$(LUA_FACADE))
 	@rmdir $(D)$(LUA_SHAREDIR)/graphcap $(D)$(LUA_LIBDIR)/graphcap 2>/dev/null || true
+	@$(LDCONFIG)
 
 clean:
 	rm -rf $(B)
