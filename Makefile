@@ -196,6 +196,9 @@ LDCONFIG := if [ -z "$(D)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev
 
 install: install-lib install-lua install-bin
 
+# A directory under PREFIX as graphcap.pc writes it, relative to ${prefix}.
+under_prefix = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+
 install-lib: $(B)/libgraphcap.a $(SHLIB) engine/graphcap.pc.in
 	install -d $(D)$(INCLUDEDIR) $(D)$(LIBDIR) $(D)$(PKGCONFIGDIR)
 	install -m 644 engine/include/graphcap.h $(D)$(INCLUDEDIR)/
@@ -203,7 +206,8 @@ install-lib: $(B)/libgraphcap.a $(SHLIB) engine/graphcap.pc.in
 	install -m 755 $(SHLIB) $(D)$(LIBDIR)/
 	ln -sf libgraphcap.so.$(VERSION) $(D)$(LIBDIR)/libgraphcap.so.$(SOMAJOR)
 	ln -sf libgraphcap.so.$(SOMAJOR) $(D)$(LIBDIR)/libgraphcap.so
-	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(call under_prefix,$(LIBDIR))|' \
+	  -e 's|@INCLUDEDIR@|$(call under_prefix,$(INCLUDEDIR))|' \
 	  -e 's|@VERSION@|$(VERSION)|; s|@LIBS_PRIVATE@|$(strip $(filter-out -Wl%,$(LDLIBS)))|' \
 	  engine/graphcap.pc.in >$(D)$(PKGCONFIGDIR)/graphcap.pc
 	@$(LDCONFIG)
