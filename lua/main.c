@@ -159,9 +159,9 @@ static int dostring(lua_State *L, const char *s, const char *name) {
 }
 
 /*
-** Require module 'globname' into the global of that name, or, as
-** "g=mod", module 'mod' into global 'g'. A name "mod-v2" names the
-** global "mod" (the part after '-' is ignored, as 'require' does).
+** -l: require module 'arg' into the global of that name, or, given as
+** "g=mod", module 'mod' into global 'g'. As in lua, "mod-v2" goes into
+** global "mod" (the part from '-' on is not part of the name).
 */
 static int dolibrary(lua_State *L, const char *arg) {
   int status;
