@@ -26,7 +26,8 @@ local function slurp (path)
 end
 
 -- Run the program with the shell words 'args' (quoted here), 'input' on its
--- standard input and 'env' (a string of NAME=value words) in front; return
+-- standard input and 'env' (a string of NAME=value words) in its environment,
+-- which has no LUA_INIT nor version-specific paths of the caller's; return
 -- stdout, stderr and the exit code.
 local function run (args, input, env)
   local words = {}
@@ -35,7 +36,8 @@ local function run (args, input, env)
   local f = assert(io.open(inf, "wb"))
   f:write(input or "")
   f:close()
-  local cmd = string.format("%s %s %s <%s >%s 2>%s", env or "", quote(prog),
+  local cmd = string.format("env -u LUA_INIT -u LUA_INIT_5_4 -u LUA_PATH_5_4 -u LUA_CPATH_5_4 " ..
+                            "%s %s %s <%s >%s 2>%s", env or "", quote(prog),
                             table.concat(words, " "), inf, outf, errf)
   local _, _, code = os.execute(cmd)
   os.remove(inf)
@@ -82,7 +84,7 @@ function TestProgram.test_l_of_a_missing_module_fails ()
 end
 
 function TestProgram.test_E_ignores_lua_init_and_lua_path ()
-  local env = "env -u LUA_INIT_5_4 LUA_INIT='x = 5' LUA_PATH='/nowhere/?.lua'"
+  local env = "LUA_INIT='x = 5' LUA_PATH='/nowhere/?.lua'"
   local code_ = "print(x, package.path:find('/nowhere', 1, true) ~= nil)"
   lu.assertEquals({run({"-e", code_}, nil, env)}, {"5\ttrue\n", "", 0})
   lu.assertEquals({run({"-E", "-e", code_}, nil, env)}, {"nil\tfalse\n", "", 0})
