@@ -34,9 +34,11 @@ WARN := -Wall -Wextra -Wshadow -Wsign-compare -Wundef -Wwrite-strings -Wredundan
         -Wdisabled-optimization -Wdouble-promotion -Wmissing-prototypes -Wstrict-prototypes \
         -Wold-style-definition -Wmissing-declarations
 OPT ?= -O2 -g
-# CFLAGS given to make (or in the environment) come last, after the flags the build needs.
+# CFLAGS given to make (or in the environment) come last, after the flags the build needs;
+# a recursive make (asan) makes its own from its command line, not from this one's.
 override CFLAGS := -std=c11 $(OPT) -fPIC $(WARN) -D_POSIX_C_SOURCE=200809L -Iengine/include \
                    -Iengine/src -MMD -MP $(CFLAGS)
+unexport CFLAGS
 NVFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
            -Xcompiler -fPIC,-Wall,-Wextra -Iengine/include -Iengine/src -MMD -MP
 LDLIBS := -lm -ldl -lpthread
