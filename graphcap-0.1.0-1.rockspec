@@ -5,6 +5,7 @@
 rockspec_format = "3.0"
 package = "graphcap"
 version = "0.1.0-1"
+-- Built from the working tree it sits in (luarocks make); there is no published archive.
 source = {
   url = "git+file://.",
 }
