@@ -1,8 +1,14 @@
 # graphcap: `make` builds the library, the program and the Lua module;
 # `make test` runs every suite on every backend present.
 #   CUDA=auto (default) builds the cuda backend when nvcc is found, CUDA=0 never, CUDA=1 always.
+#   V=1 prints whole command lines; SETUP=0 leaves the system's packages alone.
+#   make install PREFIX=... (default /usr/local) DESTDIR=...; make uninstall.
+
+# Parallel by default; a -j given on the command line wins.
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 
 CUDA ?= auto
+SETUP ?= 1
 B := build
 CC ?= gcc
 NVCC ?= nvcc
@@ -14,51 +20,79 @@ else
   WITH_CUDA := $(CUDA)
 endif
 
-LUA_INC := $(shell pkg-config --cflags lua5.4 2>/dev/null || echo -I/usr/include/lua5.4)
-LUA_A := $(firstword $(wildcard /usr/lib/$(shell gcc -print-multiarch)/liblua5.4.a /usr/lib/liblua5.4.a))
+VERSION := $(shell sed -n 's/^\#define GCAP_VERSION "\(.*\)"/\1/p' engine/include/graphcap.h)
+SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
+
+# Where Lua's headers and static library are: deferred ('='), so that they are
+# looked up when a recipe runs, after `setup` has installed liblua5.4-dev.
+LUA_INCDIR ?=
+LUA_INC = $(if $(LUA_INCDIR),-I$(LUA_INCDIR),$(shell pkg-config --cflags lua5.4 2>/dev/null || echo -I/usr/include/lua5.4))
+LUA_A = $(shell $(CC) -print-file-name=liblua5.4.a)
 
 # Lua's own warning set, plus -Wextra.
 WARN := -Wall -Wextra -Wshadow -Wsign-compare -Wundef -Wwrite-strings -Wredundant-decls \
         -Wdisabled-optimization -Wdouble-promotion -Wmissing-prototypes -Wstrict-prototypes \
         -Wold-style-definition -Wmissing-declarations
 OPT ?= -O2 -g
-CFLAGS := -std=c11 $(OPT) -fPIC $(WARN) -D_POSIX_C_SOURCE=200809L -Iengine/include -Iengine/src -MMD -MP
+# CFLAGS given to make (or in the environment) come last, after the flags the build needs;
+# a recursive make (asan) makes its own from its command line, not from this one's.
+override CFLAGS := -std=c11 $(OPT) -fPIC $(WARN) -D_POSIX_C_SOURCE=200809L -Iengine/include \
+                   -Iengine/src -MMD -MP $(CFLAGS)
+unexport CFLAGS
 NVFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
            -Xcompiler -fPIC,-Wall,-Wextra -Iengine/include -Iengine/src -MMD -MP
 LDLIBS := -lm -ldl -lpthread
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -lrt -lstdc++
 
 CORE_SRC := $(wildcard engine/src/*.c) $(wildcard engine/src/host/*.c)
 OBJ := $(CORE_SRC:%.c=$(B)/%.o)
 ifeq ($(WITH_CUDA),1)
   OBJ += $(patsubst %.cu,$(B)/%.o,$(wildcard engine/src/cuda/*.cu))
-  LDLIBS += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -lrt -lstdc++ \
-            -Wl,-rpath,$(CUDA_HOME)/lib64
+  LDLIBS += $(CUDA_LIBS) -Wl,-rpath,$(CUDA_HOME)/lib64
 else
   OBJ += $(B)/engine/src/cuda/none.o
 endif
 
 LUA_FACADE := $(wildcard lua/graphcap/*.lua)
 TEST_C := $(patsubst tests/c/%.c,$(B)/tests/%,$(wildcard tests/c/test_*.c))
-# cuda runs too where the backend is built and a GPU answers.
+SHLIB := $(B)/libgraphcap.so.$(VERSION)
+# The backends built, and those run: cuda where the backend is built and a GPU answers.
+BUILT := host $(if $(filter 1,$(WITH_CUDA)),cuda)
 BACKENDS := host $(if $(filter 1,$(WITH_CUDA)),$(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda))
 
-.PHONY: all setup test test-c test-lua run examples bench asan lint clean
-all: setup $(B)/libgraphcap.a $(B)/graphcap $(B)/lua/graphcap/core.so $(TEST_C) $(B)/embed
+# Short lines ("CC file"); V=1 shows the commands themselves.
+ifeq ($(V),1)
+  Q :=
+  say := @:
+else
+  Q := @
+  say := @printf '  %-5s %s\n'
+endif
 
+.PHONY: all setup lua-module test test-c test-lua run examples bench asan lint clean \
+        install install-lib install-lua install-bin uninstall
+all: setup $(B)/libgraphcap.a $(SHLIB) $(B)/graphcap $(B)/lua/graphcap/core.so $(TEST_C) $(B)/embed
+
+# Everything that needs Lua's headers, library or interpreter waits for this.
 setup:
+ifeq ($(SETUP),1)
 	@scripts/setup.sh
+endif
 
 $(B)/%.o: %.c
+	$(say) CC $<
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 $(B)/engine/src/cuda/%.o: engine/src/cuda/%.cu
+	$(say) NVCC $<
 	@mkdir -p $(@D)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(Q)$(NVCC) $(NVFLAGS) -c $< -o $@
 
-$(B)/lua/%.o: lua/%.c
+$(B)/lua/%.o: lua/%.c | setup
+	$(say) CC $<
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(LUA_INC) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(LUA_INC) -c $< -o $@
 
 # The configuration the objects were built for: switching CUDA= rebuilds the archive.
 STAMP := $(B)/.cuda-$(WITH_CUDA)
@@ -68,42 +102,58 @@ $(STAMP):
 	@touch $@
 
 $(B)/libgraphcap.a: $(OBJ) $(STAMP)
+	$(say) AR $@
 	@rm -f $@
-	ar rcs $@ $(OBJ)
+	$(Q)ar rcs $@ $(OBJ)
+
+# The shared library exports the API (gcap_*) and nothing else.
+$(SHLIB): $(OBJ) $(STAMP) engine/libgraphcap.map
+	$(say) LD $@
+	$(Q)$(CC) -shared -o $@ -Wl,-soname,libgraphcap.so.$(SOMAJOR) \
+	  -Wl,--version-script,engine/libgraphcap.map $(OBJ) $(LDLIBS)
 
 $(B)/lua_embed.c: scripts/embed.lua $(LUA_FACADE) | setup
+	$(say) GEN $@
 	@mkdir -p $(@D)
-	lua5.4 scripts/embed.lua $@ $(LUA_FACADE)
+	$(Q)lua5.4 scripts/embed.lua $@ $(LUA_FACADE)
 
 $(B)/lua_embed.o: $(B)/lua_embed.c
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(say) CC $<
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 # The program links Lua statically, so it runs where no Lua is installed.
-$(B)/graphcap: $(B)/lua/main.o $(B)/lua/lgraphcap.o $(B)/lua_embed.o $(B)/libgraphcap.a
-	$(CC) -o $@ $^ $(LUA_A) $(LDLIBS) -Wl,-E
+$(B)/graphcap: $(B)/lua/main.o $(B)/lua/lgraphcap.o $(B)/lua_embed.o $(B)/libgraphcap.a | setup
+	$(say) LD $@
+	$(Q)$(CC) -o $@ $^ $(LUA_A) $(LDLIBS) -Wl,-E
 
 # For a stock lua5.4: require "graphcap.core" with LUA_CPATH='build/lua/?.so'.
 $(B)/lua/graphcap/core.so: $(B)/lua/lgraphcap.o $(B)/libgraphcap.a
+	$(say) LD $@
 	@mkdir -p $(@D)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) -shared -o $@ $^ $(LDLIBS)
+
+lua-module: $(B)/lua/graphcap/core.so
 
 $(B)/tests/%: tests/c/%.c tests/c/t.h $(B)/libgraphcap.a
+	$(say) CC $<
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -o $@ $< $(B)/libgraphcap.a $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(B)/libgraphcap.a $(LDLIBS)
 
 $(B)/embed: $(wildcard examples/embed/*.c) $(B)/libgraphcap.a
-	@if [ -n "$(wildcard examples/embed/*.c)" ]; then \
-	  echo "$(CC) -o $@ examples/embed/*.c"; \
-	  $(CC) $(CFLAGS) -o $@ $(wildcard examples/embed/*.c) $(B)/libgraphcap.a $(LDLIBS); fi
+	$(say) CC examples/embed
+	$(Q)$(CC) $(CFLAGS) -o $@ $(wildcard examples/embed/*.c) $(B)/libgraphcap.a $(LDLIBS)
 
 run: all
 	$(B)/graphcap examples/train_mlp.lua
+	@echo "run: examples/train_mlp.lua ran on the" \
+	  "$$($(B)/graphcap -e 'io.write(require("graphcap").device())') backend"
 
 examples: all
 	@for f in examples/*.lua; do echo "== $$f"; $(B)/graphcap $$f || exit 1; done
 
+# TEST_NOT_RUN: the backends built but not run here, for the summary.
 test: all
-	@scripts/run-tests.sh $(B) $(BACKENDS)
+	@TEST_NOT_RUN="$(filter-out $(BACKENDS),$(BUILT))" scripts/run-tests.sh $(B) $(BACKENDS)
 
 test-c: all
 	@TEST_ONLY=c scripts/run-tests.sh $(B) host
@@ -122,9 +172,65 @@ lint:
 	@scripts/lint.sh
 
 # The scaling runs in a process of its own, as PyTorch's torch_scaling.py does.
+ifeq ($(filter cuda,$(BACKENDS)),cuda)
 bench: all
-	$(B)/graphcap scripts/bench.lua configs
-	$(B)/graphcap scripts/bench.lua scaling
+	$(B)/graphcap --device cuda scripts/bench.lua configs
+	$(B)/graphcap --device cuda scripts/bench.lua scaling
+else
+bench:
+	@echo "bench: the benchmark measures the cuda backend on a GPU, and" \
+	  "$(if $(filter cuda,$(BUILT)),no GPU is visible here (nvidia-smi -L lists none),this build has no cuda backend (nvcc not found, or CUDA=0))" >&2
+	@exit 1
+endif
+
+# Install: the header, the static and the shared library, graphcap.pc, the Lua
+# module in Lua 5.4's default paths under PREFIX, and the program.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+LUA_SHAREDIR ?= $(PREFIX)/share/lua/5.4
+LUA_LIBDIR ?= $(PREFIX)/lib/lua/5.4
+D := $(DESTDIR)
+# The dynamic linker's cache learns of the library when installed for this system.
+LDCONFIG := if [ -z "$(D)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
+
+install: install-lib install-lua install-bin
+
+# A directory under PREFIX as graphcap.pc writes it, relative to ${prefix}.
+under_prefix = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+
+install-lib: $(B)/libgraphcap.a $(SHLIB) engine/graphcap.pc.in
+	install -d $(D)$(INCLUDEDIR) $(D)$(LIBDIR) $(D)$(PKGCONFIGDIR)
+	install -m 644 engine/include/graphcap.h $(D)$(INCLUDEDIR)/
+	install -m 644 $(B)/libgraphcap.a $(D)$(LIBDIR)/
+	install -m 755 $(SHLIB) $(D)$(LIBDIR)/
+	ln -sf libgraphcap.so.$(VERSION) $(D)$(LIBDIR)/libgraphcap.so.$(SOMAJOR)
+	ln -sf libgraphcap.so.$(SOMAJOR) $(D)$(LIBDIR)/libgraphcap.so
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(call under_prefix,$(LIBDIR))|' \
+	  -e 's|@INCLUDEDIR@|$(call under_prefix,$(INCLUDEDIR))|' \
+	  -e 's|@VERSION@|$(VERSION)|; s|@LIBS_PRIVATE@|$(strip $(filter-out -Wl%,$(LDLIBS)))|' \
+	  engine/graphcap.pc.in >$(D)$(PKGCONFIGDIR)/graphcap.pc
+	@$(LDCONFIG)
+
+install-lua: $(B)/lua/graphcap/core.so
+	install -d $(D)$(LUA_SHAREDIR)/graphcap $(D)$(LUA_LIBDIR)/graphcap
+	install -m 644 $(LUA_FACADE) $(D)$(LUA_SHAREDIR)/graphcap/
+	install -m 755 $(B)/lua/graphcap/core.so $(D)$(LUA_LIBDIR)/graphcap/
+
+install-bin: $(B)/graphcap
+	install -d $(D)$(BINDIR)
+	install -m 755 $(B)/graphcap $(D)$(BINDIR)/
+
+uninstall:
+	rm -f $(D)$(INCLUDEDIR)/graphcap.h $(D)$(LIBDIR)/libgraphcap.a \
+	  $(D)$(LIBDIR)/libgraphcap.so $(D)$(LIBDIR)/libgraphcap.so.$(SOMAJOR) \
+	  $(D)$(LIBDIR)/libgraphcap.so.$(VERSION) $(D)$(PKGCONFIGDIR)/graphcap.pc \
+	  $(D)$(LUA_LIBDIR)/graphcap/core.so $(D)$(BINDIR)/graphcap \
+	  $(patsubst lua/graphcap/%,$(D)$(LUA_SHAREDIR)/graphcap/%,$(LUA_FACADE))
+	@rmdir $(D)$(LUA_SHAREDIR)/graphcap $(D)$(LUA_LIBDIR)/graphcap 2>/dev/null || true
+	@$(LDCONFIG)
 
 clean:
 	rm -rf $(B)

@@ -59,8 +59,13 @@ static void print_usage(FILE *f) {
              "Available options are:\n"
              "  --device D     run on device D: host or cuda\n"
              "                 (default: $GRAPHCAP_DEVICE, else cuda where a GPU is present)\n"
-             "  -e code        execute string 'code'\n"
+             "  -e stat        execute string 'stat'\n"
+             "  -i             enter interactive mode after executing 'script'\n"
+             "  -l mod         require library 'mod' into global 'mod'\n"
+             "  -l g=mod       require library 'mod' into global 'g'\n"
              "  -v, --version  show version information\n"
+             "  -E             ignore environment variables (LUA_INIT, LUA_PATH, LUA_CPATH)\n"
+             "  -W             turn warnings on\n"
              "  -h, --help     show this help\n"
              "  --             stop handling options\n"
              "  -              stop handling options and execute stdin\n");
@@ -138,10 +143,54 @@ static void createargtable(lua_State *L, char **argv, int argc, int script) {
   lua_setglobal(L, "arg");
 }
 
-static int dostring(lua_State *L, const char *s, const char *name) {
-  int status = luaL_loadbuffer(L, s, strlen(s), name);
+/* Run the chunk just loaded with 'status', and report an error. */
+static int dochunk(lua_State *L, int status) {
   if (status == LUA_OK) status = docall(L, 0, 0);
   return report(L, status);
+}
+
+/* Run file 'name' (NULL: standard input). */
+static int dofile(lua_State *L, const char *name) {
+  return dochunk(L, luaL_loadfile(L, name));
+}
+
+static int dostring(lua_State *L, const char *s, const char *name) {
+  return dochunk(L, luaL_loadbuffer(L, s, strlen(s), name));
+}
+
+/*
+** -l: require module 'arg' into the global of that name, or, given as
+** "g=mod", module 'mod' into global 'g'. As in lua, "mod-v2" goes into
+** global "mod" (the part from '-' on is not part of the name).
+*/
+static int dolibrary(lua_State *L, const char *arg) {
+  int status;
+  const char *eq = strchr(arg, '=');
+  const char *modname = (eq != NULL) ? eq + 1 : arg;
+  size_t glen = (eq != NULL) ? (size_t)(eq - arg) : strcspn(arg, "-");
+  lua_getglobal(L, "require");
+  lua_pushstring(L, modname);
+  status = docall(L, 1, 1); /* require(modname) */
+  if (status == LUA_OK) {
+    lua_pushlstring(L, arg, glen);
+    lua_insert(L, -2);
+    lua_setglobal(L, lua_tostring(L, -2)); /* globname = require(modname) */
+    lua_pop(L, 1);
+  }
+  return report(L, status);
+}
+
+/* Run LUA_INIT_5_4, else LUA_INIT: code, or "@file". */
+static int handle_luainit(lua_State *L) {
+  const char *name = "=LUA_INIT_" LUA_VERSION_MAJOR "_" LUA_VERSION_MINOR;
+  const char *init = getenv(name + 1);
+  if (init == NULL) {
+    name = "=LUA_INIT";
+    init = getenv(name + 1);
+  }
+  if (init == NULL) return LUA_OK;
+  if (init[0] == '@') return dofile(L, init + 1);
+  return dostring(L, init, name);
 }
 
 /* Push the elements of 'arg' from 1 to #arg; return how many. */
@@ -193,10 +242,67 @@ static void preload(lua_State *L) {
   lua_pop(L, 1);
 }
 
-/* bits of the options found by 'collectargs' */
-#define has_e 1 /* -e */
-#define has_v 2 /* -v, --version */
-#define has_h 4 /* -h, --help */
+/*
+** The options. Each sets its bit in the mask 'collectargs' returns; one
+** with an argument ('arg' names it for the error) takes the next entry,
+** or for a one-letter option the rest of its own (-ecode, -lmod).
+*/
+enum {
+  has_e = 1 << 0,     /* -e stat */
+  has_l = 1 << 1,     /* -l mod */
+  has_i = 1 << 2,     /* -i */
+  has_v = 1 << 3,     /* -v, --version */
+  has_h = 1 << 4,     /* -h, --help */
+  has_E = 1 << 5,     /* -E */
+  has_W = 1 << 6,     /* -W */
+  has_device = 1 << 7 /* --device D */
+};
+
+static const struct gc_option {
+  const char *name;
+  int bit;
+  const char *arg; /* what the argument is; NULL: none */
+} options[] = {
+    {"-e", has_e, "a statement"},
+    {"-l", has_l, "a module name"},
+    {"-i", has_i | has_v, NULL}, /* -i shows the version, as lua does */
+    {"-v", has_v, NULL},
+    {"--version", has_v, NULL},
+    {"-h", has_h, NULL},
+    {"--help", has_h, NULL},
+    {"-E", has_E, NULL},
+    {"-W", has_W, NULL},
+    {"--device", has_device, "host or cuda"},
+    {NULL, 0, NULL},
+};
+
+/*
+** The option at argv[*i] (which starts with '-'), its argument in '*val'
+** and '*i' at its last entry; NULL after reporting a bad one.
+*/
+static const struct gc_option *findopt(char **argv, int *i, const char **val) {
+  const char *a = argv[*i];
+  const struct gc_option *o;
+  for (o = options; o->name != NULL; o++) {
+    size_t n = strlen(o->name);
+    if (strncmp(a, o->name, n) != 0) continue;
+    if (a[n] == '\0') break;
+    if (o->arg != NULL && n == 2) break; /* -ecode */
+  }
+  if (o->name == NULL) {
+    fprintf(stderr, PROGNAME ": unrecognized option '%s'\n", a);
+    return NULL;
+  }
+  *val = NULL;
+  if (o->arg != NULL) {
+    *val = (a[strlen(o->name)] != '\0') ? a + strlen(o->name) : argv[++*i];
+    if (*val == NULL) {
+      fprintf(stderr, PROGNAME ": '%s' needs an argument (%s)\n", o->name, o->arg);
+      return NULL;
+    }
+  }
+  return o;
+}
 
 /*
 ** Read the options before the script, whose index goes to '*script' (0:
@@ -208,55 +314,157 @@ static int collectargs(char **argv, int *script, const char **device) {
   int i;
   *script = 0;
   for (i = 1; argv[i] != NULL; i++) {
-    const char *a = argv[i];
-    if (a[0] != '-' || a[1] == '\0') { /* a script, or '-' (stdin) */
+    const struct gc_option *o;
+    const char *val;
+    if (argv[i][0] != '-' || argv[i][1] == '\0') { /* a script, or '-' (stdin) */
       *script = i;
       return args;
     }
-    if (strcmp(a, "--") == 0) { /* stop handling options */
+    if (strcmp(argv[i], "--") == 0) { /* stop handling options */
       if (argv[i + 1] != NULL) *script = i + 1;
       return args;
     }
-    if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0)
-      args |= has_v;
-    else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
-      args |= has_h;
-    else if (strncmp(a, "-e", 2) == 0) { /* -e code or -ecode */
-      if (a[2] == '\0' && argv[++i] == NULL) {
-        l_message("'-e' needs argument");
+    if ((o = findopt(argv, &i, &val)) == NULL) return -1;
+    args |= o->bit;
+    if (o->bit == has_device) {
+      if (strcmp(val, "host") != 0 && strcmp(val, "cuda") != 0) {
+        fprintf(stderr, PROGNAME ": --device must be host or cuda, got '%s'\n", val);
         return -1;
       }
-      args |= has_e;
-    } else if (strcmp(a, "--device") == 0) {
-      *device = argv[++i];
-      if (*device == NULL) {
-        l_message("'--device' needs argument (host or cuda)");
-        return -1;
-      }
-      if (strcmp(*device, "host") != 0 && strcmp(*device, "cuda") != 0) {
-        fprintf(stderr, PROGNAME ": --device must be host or cuda, got '%s'\n", *device);
-        return -1;
-      }
-    } else {
-      fprintf(stderr, PROGNAME ": unrecognized option '%s'\n", a);
-      return -1;
+      *device = val;
     }
   }
   return args;
 }
 
-/* Run the -e chunks among the options before index 'n'; 0 if one fails. */
+/* Run the -e, -l and -W options before index 'n', in order; 0 if one fails. */
 static int runargs(lua_State *L, char **argv, int n) {
   int i;
-  for (i = 1; i < n; i++) {
-    if (strcmp(argv[i], "--device") == 0)
-      i++; /* skip its value */
-    else if (strncmp(argv[i], "-e", 2) == 0) {
-      const char *code = (argv[i][2] != '\0') ? argv[i] + 2 : argv[++i];
-      if (dostring(L, code, "=(command line)") != LUA_OK) return 0;
-    }
+  for (i = 1; i < n && strcmp(argv[i], "--") != 0; i++) {
+    const char *val;
+    const struct gc_option *o = findopt(argv, &i, &val); /* checked by collectargs */
+    if (o == NULL) return 0;
+    if (o->bit == has_e && dostring(L, val, "=(command line)") != LUA_OK) return 0;
+    if (o->bit == has_l && dolibrary(L, val) != LUA_OK) return 0;
+    if (o->bit == has_W) lua_warning(L, "@on", 0);
   }
   return 1;
+}
+
+/*
+** The device the engine will open ('device', else GRAPHCAP_DEVICE): when
+** it is cuda, it must be there, so that no script runs on the host while
+** its user asked for a GPU. 0 after reporting why not.
+*/
+static int check_device(const char *device) {
+  const char *from = "--device cuda";
+  gcap_engine *e = NULL;
+  if (device == NULL) {
+    device = getenv("GRAPHCAP_DEVICE");
+    from = "GRAPHCAP_DEVICE=cuda";
+  }
+  if (device == NULL || strcmp(device, "cuda") != 0 || gcap_cuda_available()) return 1;
+  if (gcap_engine_new(GCAP_DEVICE_CUDA, &e) == GCAP_OK) { /* a GPU came up meanwhile */
+    gcap_engine_free(e);
+    return 1;
+  }
+  fprintf(stderr, PROGNAME ": %s: %s\n", from, gcap_last_open_error());
+  return 0;
+}
+
+/*
+** The interactive mode (-i, or no script with a terminal on stdin), as
+** lua.c's: a line that is an expression prints its values, and an
+** incomplete statement reads more lines. No line editing.
+*/
+#define MAXINPUT 512
+#define EOFMARK "<eof>"
+
+/* Print the prompt (_PROMPT or _PROMPT2 when set) and read a line onto the
+** stack ("=x" reads as "return x"); 0 at the end of the input. */
+static int pushline(lua_State *L, int firstline) {
+  char buf[MAXINPUT];
+  size_t l;
+  if (lua_getglobal(L, firstline ? "_PROMPT" : "_PROMPT2") == LUA_TNIL)
+    fputs(firstline ? "> " : ">> ", stdout);
+  else {
+    fputs(luaL_tolstring(L, -1, NULL), stdout);
+    lua_pop(L, 1); /* the string */
+  }
+  lua_pop(L, 1); /* the global */
+  fflush(stdout);
+  if (fgets(buf, sizeof buf, stdin) == NULL) return 0;
+  l = strlen(buf);
+  if (l > 0 && buf[l - 1] == '\n') buf[--l] = '\0';
+  if (firstline && buf[0] == '=')
+    lua_pushfstring(L, "return %s", buf + 1);
+  else
+    lua_pushlstring(L, buf, l);
+  return 1;
+}
+
+/* Compile the line on top as "return line;"; pop what it pushed on failure. */
+static int addreturn(lua_State *L) {
+  const char *retline = lua_pushfstring(L, "return %s;", lua_tostring(L, -1));
+  int status = luaL_loadbuffer(L, retline, strlen(retline), "=stdin");
+  if (status == LUA_OK)
+    lua_remove(L, -2); /* the modified line */
+  else
+    lua_pop(L, 2);
+  return status;
+}
+
+/* Compile the line at index 1 as a statement, reading more lines while it
+** is incomplete; leave the function or the error above it. */
+static int multiline(lua_State *L) {
+  for (;;) {
+    size_t len, lmsg = 0;
+    const char *line = lua_tolstring(L, 1, &len);
+    int status = luaL_loadbuffer(L, line, len, "=stdin");
+    const char *msg = (status == LUA_ERRSYNTAX) ? lua_tolstring(L, -1, &lmsg) : NULL;
+    if (msg == NULL || lmsg < strlen(EOFMARK) ||
+        strcmp(msg + lmsg - strlen(EOFMARK), EOFMARK) != 0 || !pushline(L, 0))
+      return status;
+    lua_remove(L, -2); /* the error: the line goes on */
+    lua_pushliteral(L, "\n");
+    lua_insert(L, -2);
+    lua_concat(L, 3);
+  }
+}
+
+/* Read and compile one statement; -1 at the end of the input. */
+static int loadline(lua_State *L) {
+  int status;
+  lua_settop(L, 0);
+  if (!pushline(L, 1)) return -1;
+  if ((status = addreturn(L)) != LUA_OK) status = multiline(L);
+  lua_remove(L, 1); /* the line */
+  return status;
+}
+
+/* Print the values on the stack with the global 'print'. */
+static void l_print(lua_State *L) {
+  int n = lua_gettop(L);
+  if (n == 0) return;
+  luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
+  lua_getglobal(L, "print");
+  lua_insert(L, 1);
+  if (lua_pcall(L, n, 0, 0) != LUA_OK)
+    l_message(lua_pushfstring(L, "error calling 'print' (%s)", lua_tostring(L, -1)));
+}
+
+static void doREPL(lua_State *L) {
+  int status;
+  while ((status = loadline(L)) != -1) {
+    if (status == LUA_OK) status = docall(L, 0, LUA_MULTRET);
+    if (status == LUA_OK)
+      l_print(L);
+    else
+      report(L, status);
+  }
+  lua_settop(L, 0);
+  fputs("\n", stdout);
+  fflush(stdout);
 }
 
 /*
@@ -300,20 +508,30 @@ static int pmain(lua_State *L) {
     return 1;
   }
   if (args & has_v) print_version();
+  if (!check_device(device)) return 0;
   if (device != NULL && setenv("GRAPHCAP_DEVICE", device, 1) != 0) {
     l_message("cannot set GRAPHCAP_DEVICE");
     return 0;
+  }
+  if (args & has_E) { /* libraries ignore LUA_PATH and LUA_CPATH */
+    lua_pushboolean(L, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, "LUA_NOENV");
   }
   luaL_openlibs(L);
   preload(L);
   install_progress(L);
   createargtable(L, argv, argc, script);
+  if (!(args & has_E) && handle_luainit(L) != LUA_OK) return 0;
   if (!runargs(L, argv, (script > 0) ? script : argc)) return 0;
-  if (script > 0) {
-    if (handle_script(L, argv + script) != LUA_OK) return 0;
-  } else if (!(args & (has_e | has_v))) { /* nothing to do: no REPL here */
-    print_usage(stderr);
-    return 0;
+  if (script > 0 && handle_script(L, argv + script) != LUA_OK) return 0;
+  if (args & has_i)
+    doREPL(L);
+  else if (script == 0 && !(args & (has_e | has_v))) { /* nothing else to do */
+    if (isatty(fileno(stdin))) {
+      print_version();
+      doREPL(L);
+    } else if (dofile(L, NULL) != LUA_OK) /* the script is standard input */
+      return 0;
   }
   lua_pushboolean(L, 1); /* signal no errors */
   return 1;

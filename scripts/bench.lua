@@ -154,22 +154,43 @@ local function bench_fused_wgrad (L, H, B, iters, dt)
        {"L", "H", "B", "dtype", "fuse_wgrad_accumulation", "eager_us", "graphed_per_layer_us"})
 end
 
+-- The runs, in order: a label (a format of the arguments), the function,
+-- its arguments. Each announces itself on stderr, and its time once done;
+-- stdout has only the JSON lines.
+local runs = {}
+local function add (fmt, fn, ...)
+  runs[#runs + 1] = {label = fmt:format(...), fn = fn, args = table.pack(...)}
+end
+local CONFIG, FUSED = "L=%d H=%d B=%d, %d iters, %s", "fused wgrad: L=%d H=%d B=%d, %d iters, %s"
+
 if what == "configs" or what == "all" then
   for _, dt in ipairs({"f32", "bf16"}) do
-    bench(24, 1024, 32, 300, dt)  -- the first call in the process includes cuBLAS start-up
-    bench(96, 512, 16, 300, dt)
-    bench(8, 4096, 4096, dt == "f32" and 20 or 100, dt)
+    add(CONFIG, bench, 24, 1024, 32, 300, dt)  -- the first call in the process includes cuBLAS start-up
+    add(CONFIG, bench, 96, 512, 16, 300, dt)
+    add(CONFIG, bench, 8, 4096, 4096, dt == "f32" and 20 or 100, dt)
   end
   for _, dt in ipairs({"f32", "bf16"}) do
-    bench_fused_wgrad(24, 1024, 32, 300, dt)
-    bench_fused_wgrad(96, 512, 16, 300, dt)
+    add(FUSED, bench_fused_wgrad, 24, 1024, 32, 300, dt)
+    add(FUSED, bench_fused_wgrad, 96, 512, 16, 300, dt)
   end
 end
 if what == "scaling" or what == "all" then
-  scaling(8)  -- warm the process, as the reference does
-  for _, n in ipairs({8, 32, 128, 512}) do scaling(n) end
+  add("scaling: %d callables (warm-up)", scaling, 8)  -- warm the process, as the reference does
+  for _, n in ipairs({8, 32, 128, 512}) do add("scaling: %d callables", scaling, n) end
   for _, m in ipairs({1, 2, 4, 8}) do
-    microbatches(m, false)
-    microbatches(m, true)
+    add("microbatches: %d, reuse %s", microbatches, m, false)
+    add("microbatches: %d, reuse %s", microbatches, m, true)
   end
+end
+if #runs == 0 then
+  io.stderr:write("usage: graphcap scripts/bench.lua [configs|scaling|all]\n")
+  os.exit(1)
+end
+
+for i, r in ipairs(runs) do
+  io.stderr:write(("bench: [%d/%d] %s ..."):format(i, #runs, r.label))
+  io.stderr:flush()
+  local t0 = gc.clock()
+  r.fn(table.unpack(r.args, 1, r.args.n))
+  io.stderr:write((" %.1f s\n"):format(gc.clock() - t0))
 end

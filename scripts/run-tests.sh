@@ -18,6 +18,7 @@
 #   TEST_LOG_DIR   also write each suite's output to TEST_LOG_DIR/BACKEND-SUITE.log
 #   TEST_TIMEOUT   seconds a suite may run (default 600; 0: no limit)
 #   TEST_ONLY      "c" (the C tests and the embed example) or "lua" (the Lua tests)
+#   TEST_NOT_RUN   backends built but not run here (no GPU), named in the summary
 # When .deps/ exists (the GPU machine's luaunit.lua), it goes first in LUA_PATH.
 set -uo pipefail
 
@@ -186,5 +187,7 @@ fi
 if [ $((passed + failed)) -eq 0 ]; then
   echo "run-tests: no test ran"
 fi
+not_run=${TEST_NOT_RUN:-}
+echo "backends run: $*${not_run:+; built but not run (no GPU visible): $not_run}"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ $((passed + failed)) -gt 0 ]

@@ -3,6 +3,7 @@
 #
 #   scripts/setup.sh          lua5.4, liblua5.4-dev, lua-unit
 #   scripts/setup.sh --lint   the same, and clang-format and cppcheck
+#   scripts/setup.sh --list   print the first list, one package a line
 #
 # Idempotent: prints nothing when everything is present, one line when it
 # installed something. Runs apt-get through sudo when not root.
@@ -12,8 +13,12 @@ pkgs=(lua5.4 liblua5.4-dev lua-unit)
 case "${1-}" in
   "") ;;
   --lint) pkgs+=(clang-format cppcheck) ;;
+  --list)
+    printf '%s\n' "${pkgs[@]}"
+    exit 0
+    ;;
   *)
-    echo "usage: $0 [--lint]" >&2
+    echo "usage: $0 [--lint | --list]" >&2
     exit 2
     ;;
 esac
