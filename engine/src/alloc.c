@@ -310,6 +310,7 @@ void gcap_pool_free(gcap_pool *p) {
 
 gcap_status gcap_pool_get_stats(gcap_pool *p, gcap_mem_stats *out) {
   if (p == NULL || out == NULL) return GCAP_EINVAL;
+  gc_clear(p->e);
   gc_pool_stats_of(p, out);
   return GCAP_OK;
 }

@@ -54,6 +54,7 @@ gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out) {
 
 gcap_status gcap_graph_set_name(gcap_graph *g, const char *name) {
   if (g == NULL || name == NULL) return GCAP_EINVAL;
+  gc_clear(g->e);
   snprintf(g->name, sizeof g->name, "%s", name);
   return GCAP_OK;
 }
@@ -432,6 +433,7 @@ gcap_status gcap_graph_reset(gcap_graph *g) {
 
 gcap_status gcap_graph_get_stats(gcap_graph *g, gcap_graph_stats *out) {
   if (g == NULL || out == NULL) return GCAP_EINVAL;
+  gc_clear(g->e);
   *out = g->stats;
   return GCAP_OK;
 }

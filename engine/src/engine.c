@@ -215,6 +215,7 @@ gcap_status gcap_manual_seed(gcap_engine *e, uint64_t seed) {
 
 gcap_status gcap_engine_mem_stats(gcap_engine *e, gcap_mem_stats *out) {
   if (e == NULL || out == NULL) return GCAP_EINVAL;
+  gc_clear(e);
   gc_pool_stats_of(e->heap, out);
   return GCAP_OK;
 }
