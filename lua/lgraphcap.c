@@ -2700,6 +2700,20 @@ static int l_clock(lua_State *L) {
   return 1;
 }
 
+/* gc.trace.start(path): trace the engine's work into path (Chrome JSON) */
+static int l_trace_start(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  l_check(L, e, gcap_trace_start(e, luaL_checkstring(L, 1)), "trace.start");
+  return 0;
+}
+
+/* gc.trace.stop(): finish the file (also done when the engine goes) */
+static int l_trace_stop(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  l_check(L, e, gcap_trace_stop(e), "trace.stop");
+  return 0;
+}
+
 static int l_make_graphed(lua_State *L) {
   gcap_engine *e = l_engine(L);
   int nmod, nent, i, k, total = 0, nhooks = 0, hooksi, prev;
@@ -3040,6 +3054,8 @@ static const luaL_Reg l_funcs[] = {{"device", l_device},
                                    {"matmul", l_matmul},
                                    {"make_graphed_callables", l_make_graphed},
                                    {"clock", l_clock},
+                                   {"trace_start", l_trace_start},
+                                   {"trace_stop", l_trace_stop},
                                    {NULL, NULL}};
 
 static const struct {

@@ -60,6 +60,8 @@ static void print_usage(FILE *f) {
              "  --device D     run on device D: host or cuda\n"
              "                 (default: $GRAPHCAP_DEVICE, else cuda where a GPU is present)\n"
              "  -e code        execute string 'code'\n"
+             "  --trace FILE   write a trace of warmup, captures, hooks and replays to FILE\n"
+             "                 (Chrome trace-event JSON: open it in Perfetto)\n"
              "  -v, --version  show version information\n"
              "  -h, --help     show this help\n"
              "  --             stop handling options\n"
@@ -203,7 +205,7 @@ static void preload(lua_State *L) {
 ** none) and the --device value to '*device'. Return the mask of the
 ** options found, or -1 after reporting a bad one.
 */
-static int collectargs(char **argv, int *script, const char **device) {
+static int collectargs(char **argv, int *script, const char **device, const char **trace) {
   int args = 0;
   int i;
   *script = 0;
@@ -237,6 +239,11 @@ static int collectargs(char **argv, int *script, const char **device) {
         fprintf(stderr, PROGNAME ": --device must be host or cuda, got '%s'\n", *device);
         return -1;
       }
+    } else if (strcmp(a, "--trace") == 0) {
+      if ((*trace = argv[++i]) == NULL) {
+        l_message("'--trace' needs argument (the JSON file to write)");
+        return -1;
+      }
     } else {
       fprintf(stderr, PROGNAME ": unrecognized option '%s'\n", a);
       return -1;
@@ -249,7 +256,7 @@ static int collectargs(char **argv, int *script, const char **device) {
 static int runargs(lua_State *L, char **argv, int n) {
   int i;
   for (i = 1; i < n; i++) {
-    if (strcmp(argv[i], "--device") == 0)
+    if (strcmp(argv[i], "--device") == 0 || strcmp(argv[i], "--trace") == 0)
       i++; /* skip its value */
     else if (strncmp(argv[i], "-e", 2) == 0) {
       const char *code = (argv[i][2] != '\0') ? argv[i] + 2 : argv[++i];
@@ -279,6 +286,23 @@ static void install_progress(lua_State *L) {
   lua_setfield(L, LUA_REGISTRYINDEX, "graphcap.progress");
 }
 
+/* --trace FILE: trace the engine's work from the start; the engine closes
+** the file when the state closes, whatever the script did. */
+static int start_trace(lua_State *L, const char *path) {
+  int top = lua_gettop(L), status;
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "graphcap");
+  if ((status = lua_pcall(L, 1, 1, 0)) == LUA_OK) {
+    lua_getfield(L, -1, "trace");
+    lua_getfield(L, -1, "start");
+    lua_pushstring(L, path);
+    status = lua_pcall(L, 1, 0, 0);
+  }
+  lua_copy(L, -1, top + 1); /* the error message, if any */
+  lua_settop(L, top + (status != LUA_OK));
+  return report(L, status);
+}
+
 /*
 ** Main body of the program (called in protected mode): read the options
 ** and do what they ask.
@@ -286,9 +310,9 @@ static void install_progress(lua_State *L) {
 static int pmain(lua_State *L) {
   int argc = (int)lua_tointeger(L, 1);
   char **argv = (char **)lua_touserdata(L, 2);
-  const char *device = NULL;
+  const char *device = NULL, *trace = NULL;
   int script;
-  int args = collectargs(argv, &script, &device);
+  int args = collectargs(argv, &script, &device, &trace);
   luaL_checkversion(L);
   if (args < 0) { /* bad option */
     print_usage(stderr);
@@ -307,6 +331,7 @@ static int pmain(lua_State *L) {
   luaL_openlibs(L);
   preload(L);
   install_progress(L);
+  if (trace != NULL && start_trace(L, trace) != LUA_OK) return 0;
   createargtable(L, argv, argc, script);
   if (!runargs(L, argv, (script > 0) ? script : argc)) return 0;
   if (script > 0) {

@@ -255,6 +255,7 @@ gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
   cap->origin = s;
   cap->prev_current = e->current;
   cap->t0 = gc_now_ms();
+  cap->trace_t0 = gc_trace_clock(e);
   e->cap = cap;
   e->cap_epoch++;
   e->current = s;
@@ -298,7 +299,7 @@ gcap_status gcap_capture_end(gcap_graph *g) {
   gcap_stream *s;
   gcap_status st;
   void *bgraph = NULL;
-  double t1;
+  double t1, tr1;
   if (g == NULL) return GCAP_EINVAL;
   e = g->e;
   gc_clear(e);
@@ -314,6 +315,9 @@ gcap_status gcap_capture_end(gcap_graph *g) {
                            "last work)");
   st = e->be->capture_end(e, e->bs, cap->origin->bs, &bgraph);
   t1 = gc_now_ms();
+  gc_trace_span(e, cap->trace_t0, "capture", "capture %s%s", g->name,
+                cap->invalid || st != GCAP_OK ? " (failed)" : "");
+  tr1 = gc_trace_clock(e);
   for (s = e->streams; s != NULL; s = s->next)
     s->in_capture = 0;
   e->current = cap->prev_current;
@@ -331,6 +335,7 @@ gcap_status gcap_capture_end(gcap_graph *g) {
   g->stats.capture_ms = t1 - cap->t0;
   st = e->be->instantiate(e, e->bs, g->bgraph, &g->bexec, &g->stats.nodes);
   g->stats.instantiate_ms = gc_now_ms() - t1;
+  gc_trace_span(e, tr1, "capture", "instantiate %s", g->name);
   g->stats.pool_bytes = g->pool->reserved;
   cap_free(cap, st != GCAP_OK);
   if (st != GCAP_OK) {
@@ -397,10 +402,12 @@ gcap_status gcap_graph_replay(gcap_graph *g) {
   gcap_engine *e;
   gcap_stream *s;
   gcap_status st;
+  double t0;
   int i;
   if (g == NULL) return GCAP_EINVAL;
   e = g->e;
   gc_clear(e);
+  t0 = gc_trace_clock(e);
   if (g->state != GC_GRAPH_READY)
     return gc_fail(e, GCAP_ESTATE, "replay: %s is not captured (%s)", g->name,
                    g->state == GC_GRAPH_CAPTURING ? "its capture is still open"
@@ -414,6 +421,7 @@ gcap_status gcap_graph_replay(gcap_graph *g) {
   for (i = 0; i < g->writes.n; i++)
     gc_ivmap_set(&g->pool->writers, g->writes.v[i].lo, g->writes.v[i].hi, g->id);
   g->stats.replays++;
+  gc_trace_span(e, t0, "replay", "replay %s", g->name);
   return GCAP_OK;
 }
 

@@ -143,6 +143,7 @@ void gc_engine_unref(gcap_engine *e) {
 
 void gcap_engine_free(gcap_engine *e) {
   if (e == NULL || e->closed) return;
+  gcap_trace_stop(e);
   e->closed = 1;
   gc_engine_unref(e);
 }

@@ -16,6 +16,10 @@ end
 gc.nn = require "graphcap.nn"
 gc.optim = require "graphcap.optim"
 gc.make_graphed_callables = require "graphcap.graphed"
+-- gc.trace.start(path), gc.trace.stop(): Chrome trace-event JSON of warmup,
+-- captures, capture-time hooks and replays (open it in Perfetto)
+gc.trace = {start = core.trace_start, stop = core.trace_stop}
+gc.trace_start, gc.trace_stop = nil, nil
 _ENV = nil
 
 local options, check, run = util.options, util.check, util.run
