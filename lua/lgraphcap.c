@@ -2440,6 +2440,13 @@ static int l_is_captured(lua_State *L) {
   return 1;
 }
 
+/* g:debug_dump(path): the captured graph as Graphviz DOT */
+static int l_graph_debug_dump(lua_State *L) {
+  LGraph *p = l_checkgraph(L, 1);
+  l_check(L, p->e, gcap_graph_debug_dump(p->g, luaL_checkstring(L, 2)), "debug_dump");
+  return 0;
+}
+
 static const luaL_Reg l_graph_meta[] = {{"__gc", l_graph_close},
                                         {"__close", l_graph_close},
                                         {"__tostring", l_graph_tostring},
@@ -2454,6 +2461,7 @@ static const luaL_Reg l_graph_methods[] = {{"capture_begin", l_capture_begin},
                                            {"set_name", l_set_name},
                                            {"name", l_name},
                                            {"is_captured", l_is_captured},
+                                           {"debug_dump", l_graph_debug_dump},
                                            {"close", l_graph_close},
                                            {NULL, NULL}};
 
@@ -2979,6 +2987,29 @@ static int l_graphed_reset(lua_State *L) {
   return 0;
 }
 
+/* G:debug_dump(entry, prefix) -> {paths written}: prefix.fwd.dot, and
+** prefix.bwd.dot and prefix.bwd_dw.dot for the graphs the entry has */
+static int l_graphed_debug_dump(lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  int entry = l_checkentry(L, p, 2), n = 0;
+  const char *prefix = luaL_checkstring(L, 3);
+  gcap_graphed_stats s;
+  l_check(L, p->e, gcap_graphed_debug_dump(p->g, entry, prefix), "debug_dump");
+  l_check(L, p->e, gcap_graphed_get_stats(p->g, entry, &s), "debug_dump");
+  lua_createtable(L, 3, 0);
+  lua_pushfstring(L, "%s.fwd.dot", prefix);
+  lua_rawseti(L, -2, ++n);
+  if (s.has_bwd) {
+    lua_pushfstring(L, "%s.bwd.dot", prefix);
+    lua_rawseti(L, -2, ++n);
+  }
+  if (s.has_dw) {
+    lua_pushfstring(L, "%s.bwd_dw.dot", prefix);
+    lua_rawseti(L, -2, ++n);
+  }
+  return 1;
+}
+
 static void l_pushgstats(lua_State *L, const gcap_graph_stats *s) {
   lua_createtable(L, 0, 5);
   lua_pushinteger(L, (lua_Integer)s->nodes);
@@ -3022,6 +3053,7 @@ static const luaL_Reg l_graphed_meta[] = {{"__gc", l_graphed_close},
 static const luaL_Reg l_graphed_methods[] = {
     {"call", l_graphed_call},   {"backward_dw", l_graphed_backward_dw},
     {"reset", l_graphed_reset}, {"stats", l_graphed_stats},
+    {"debug_dump", l_graphed_debug_dump},
     {"close", l_graphed_close}, {NULL, NULL}};
 
 /* }====================================================== */

@@ -12,6 +12,7 @@
 ** itself, or by eager work) means a graph captured in between has reused
 ** that memory: the replay is refused.
 */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -398,6 +399,13 @@ static gcap_status replay_check(gcap_graph *g) {
   return GCAP_OK;
 }
 
+/* Why g cannot be replayed or dumped: it holds no captured graph. */
+static gcap_status not_captured(gcap_graph *g, const char *op) {
+  return gc_fail(g->e, GCAP_ESTATE, "%s: %s is not captured (%s)", op, g->name,
+                 g->state == GC_GRAPH_CAPTURING ? "its capture is still open"
+                                                : "never captured, or reset");
+}
+
 gcap_status gcap_graph_replay(gcap_graph *g) {
   gcap_engine *e;
   gcap_stream *s;
@@ -408,10 +416,7 @@ gcap_status gcap_graph_replay(gcap_graph *g) {
   e = g->e;
   gc_clear(e);
   t0 = gc_trace_clock(e);
-  if (g->state != GC_GRAPH_READY)
-    return gc_fail(e, GCAP_ESTATE, "replay: %s is not captured (%s)", g->name,
-                   g->state == GC_GRAPH_CAPTURING ? "its capture is still open"
-                                                  : "never captured, or reset");
+  if (g->state != GC_GRAPH_READY) return not_captured(g, "replay");
   if ((st = gc_check_not_capturing(e, "graph replay")) != GCAP_OK) return st;
   s = e->current;
   if ((st = gc_check_stream(e, s, "replay")) != GCAP_OK) return st;
@@ -423,6 +428,24 @@ gcap_status gcap_graph_replay(gcap_graph *g) {
   g->stats.replays++;
   gc_trace_span(e, t0, "replay", "replay %s", g->name);
   return GCAP_OK;
+}
+
+gcap_status gcap_graph_debug_dump(gcap_graph *g, const char *path) {
+  gcap_engine *e;
+  char why[GC_ERRLEN];
+  gcap_status st;
+  FILE *f;
+  if (g == NULL) return GCAP_EINVAL;
+  e = g->e;
+  gc_clear(e);
+  if (path == NULL || *path == '\0') return gc_fail(e, GCAP_EINVAL, "debug_dump: the path is empty");
+  if (g->state != GC_GRAPH_READY) return not_captured(g, "debug_dump");
+  if ((f = fopen(path, "w")) == NULL)
+    return gc_fail(e, GCAP_EINVAL, "debug_dump: cannot write '%s': %s", path, strerror(errno));
+  fclose(f);
+  if ((st = e->be->debug_dump(e, e->bs, g->bgraph, g->name, path)) == GCAP_OK) return GCAP_OK;
+  snprintf(why, sizeof why, "%s", e->err);
+  return gc_fail(e, st, "debug_dump of %s: %s", g->name, why);
 }
 
 gcap_status gcap_graph_reset(gcap_graph *g) {

@@ -1072,6 +1072,26 @@ gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
   return GCAP_OK;
 }
 
+gcap_status gcap_graphed_debug_dump(gcap_graphed *G, int entry, const char *prefix) {
+  static const char *const suffix[3] = {"fwd", "bwd", "bwd_dw"};
+  gcap_graph *gs[3];
+  gcap_status st;
+  int k;
+  if ((st = entry_ok(G, entry, "debug_dump")) != GCAP_OK) return st;
+  if (prefix == NULL) return gc_fail(G->e, GCAP_EINVAL, "debug_dump: the prefix is NULL");
+  gs[0] = G->v[entry].fwd;
+  gs[1] = G->v[entry].bwd;
+  gs[2] = G->v[entry].dw;
+  for (k = 0; k < 3; k++) {
+    char path[4096];
+    if (gs[k] == NULL) continue;
+    if (snprintf(path, sizeof path, "%s.%s.dot", prefix, suffix[k]) >= (int)sizeof path)
+      return gc_fail(G->e, GCAP_EINVAL, "debug_dump: the prefix is too long");
+    if ((st = gcap_graph_debug_dump(gs[k], path)) != GCAP_OK) return st;
+  }
+  return GCAP_OK;
+}
+
 gcap_status gcap_graphed_get_stats(gcap_graphed *G, int entry, gcap_graphed_stats *out) {
   ge_entry *x;
   gcap_status st;

@@ -151,6 +151,7 @@ end
 function Entry:backward_dw () return self.G:backward_dw(self.i) end
 function Entry:reset () return self.G:reset(self.i) end
 function Entry:stats () return self.G:stats(self.i) end
+function Entry:debug_dump (prefix) return self.G:debug_dump(self.i, prefix) end
 function Entry:__tostring ()
   return string.format("graphcap.GraphedEntry(%d)", self.i)
 end
@@ -275,6 +276,7 @@ local function make_graphed_callables (callables, sample_args, opts)
       m.backward_dw = function () return G:backward_dw(i) end
       m.reset = function () return G:reset(i) end
       m.stats = function () return G:stats(i) end
+      m.debug_dump = function (_, prefix) return G:debug_dump(i, prefix) end
       out[i] = m
     else
       out[i] = setmetatable({G = G, i = i, mods = mods}, Entry) -- keeps the callables' Lua values (their graphed_kwargs)
