@@ -175,4 +175,105 @@ error("the script fails here")
   lu.assertEquals(#select(spans, "replay", "^graphed forward of entry 1$"), 1)
 end
 
+TestDump = {}
+
+-- The node and edge statements of a DOT file.
+local function dot_parts (path)
+  local text = read_file(path)
+  lu.assertStrContains(text, "digraph")
+  local nodes, edges, dashed = 0, 0, 0
+  for line in text:gmatch("[^\n]+") do
+    if line:match("^%s*n%d+ %[label=") then nodes = nodes + 1 end
+    if line:match("^%s*n%d+ %-> n%d+") then
+      edges = edges + 1
+      if line:find("dashed", 1, true) then dashed = dashed + 1 end
+    end
+  end
+  return text, nodes, edges, dashed
+end
+
+function TestDump:test_graph_dump ()
+  local x, w = gc.ones({4, 8}), gc.ones({8, 8})
+  local g = gc.Graph()
+  g:capture(function () return gc.F.relu(gc.matmul(x, w)) * 2 end, {name = "small"})
+  local path = tmpname(".dot")
+  g:debug_dump(path)
+  local text, nodes, edges = dot_parts(path)
+  os.remove(path)
+  if gc.device() ~= "host" then return end  -- CUDA's own format
+  lu.assertEquals(nodes, g:stats().nodes)
+  lu.assertEquals(edges, nodes - 1)  -- one stream: a chain
+  lu.assertStrContains(text, 'label="small (host, 3 nodes)"')
+  lu.assertStrContains(text, "#0 matmul")
+  lu.assertStrContains(text, "#1 relu")
+  lu.assertStrContains(text, "#2 scale")
+  lu.assertStrContains(text, "writes p0: pool block")
+  lu.assertStrContains(text, "reads  p1: heap block")
+end
+
+-- A stream forked into the capture and joined back: its node is marked, and
+-- the join is an edge from it to the node after the join.
+function TestDump:test_fork_and_join_edges ()
+  if gc.device() ~= "host" then return end
+  local x, s2, g = gc.ones({4, 4}), gc.Stream(), gc.Graph()
+  g:capture(function ()
+    local y = x * 2
+    local fork = gc.Event()
+    fork:record(gc.current_stream())
+    s2:wait_event(fork)
+    local z = gc.with_stream(s2, function () return y + x end)
+    local join = gc.Event()
+    join:record(s2)
+    gc.current_stream():wait_event(join)
+    return y + z
+  end)
+  local path = tmpname(".dot")
+  g:debug_dump(path)
+  local text, nodes, edges, dashed = dot_parts(path)
+  os.remove(path)
+  lu.assertEquals(nodes, 3)
+  lu.assertStrContains(text, "#1 add (stream 1)")
+  lu.assertStrContains(text, "n0 -> n1 [style=dashed]")  -- the fork
+  lu.assertStrContains(text, "n1 -> n2 [style=dashed]")  -- the join
+  lu.assertStrContains(text, "n0 -> n2;")                -- stream order
+  lu.assertEquals(edges, 3)
+  lu.assertEquals(dashed, 2)
+end
+
+function TestDump:test_graph_dump_errors ()
+  local g = gc.Graph()
+  local msg = H.assert_err(function () g:debug_dump(tmpname(".dot")) end, "not captured")
+  lu.assertStrContains(msg, HERE .. ":")
+  local x = gc.ones({2})
+  g:capture(function () return x * 2 end)
+  msg = H.assert_err(function () g:debug_dump("/nonexistent-dir/g.dot") end,
+                     "cannot write '/nonexistent-dir/g.dot'", "No such file or directory")
+  lu.assertStrContains(msg, HERE .. ":")
+  g:reset()
+  H.assert_err(function () g:debug_dump(tmpname(".dot")) end, "not captured", "reset")
+end
+
+-- Every graph of an entry: forward and backward, and the delayed wgrad's.
+function TestDump:test_graphed_entries_dump ()
+  local mods = linears(2, {delay_wgrad = true})
+  local g = gc.make_graphed_callables(mods, samples(2),
+                                      {num_warmup_iters = 1, order = {1, -1, -1.5}})
+  local prefix = tmpname()
+  local paths = g[1]:debug_dump(prefix)
+  lu.assertEquals(paths, {prefix .. ".fwd.dot", prefix .. ".bwd.dot", prefix .. ".bwd_dw.dot"})
+  for _, p in ipairs(paths) do
+    local _, nodes = dot_parts(p)
+    lu.assertTrue(nodes > 0, p)
+    os.remove(p)
+  end
+  -- without an order the module itself replays, and dumps
+  local m = linears(1)[1]
+  gc.make_graphed_callables(m, {gc.ones({4, 8}, {requires_grad = true})}, {num_warmup_iters = 1})
+  paths = m:debug_dump(prefix)
+  lu.assertEquals(paths, {prefix .. ".fwd.dot", prefix .. ".bwd.dot"})
+  for _, p in ipairs(paths) do os.remove(p) end
+  g[2]:reset()
+  H.assert_err(function () g[2]:debug_dump(prefix) end, "entry 2 was reset")
+end
+
 os.exit(lu.LuaUnit.run())
