@@ -438,7 +438,8 @@ gcap_status gcap_graph_debug_dump(gcap_graph *g, const char *path) {
   if (g == NULL) return GCAP_EINVAL;
   e = g->e;
   gc_clear(e);
-  if (path == NULL || *path == '\0') return gc_fail(e, GCAP_EINVAL, "debug_dump: the path is empty");
+  if (path == NULL || *path == '\0')
+    return gc_fail(e, GCAP_EINVAL, "debug_dump: the path is empty");
   if (g->state != GC_GRAPH_READY) return not_captured(g, "debug_dump");
   if ((f = fopen(path, "w")) == NULL)
     return gc_fail(e, GCAP_EINVAL, "debug_dump: cannot write '%s': %s", path, strerror(errno));

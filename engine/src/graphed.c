@@ -699,8 +699,8 @@ static gcap_status warmup(ge_build *b) {
   b->e->warm_prev = b->e->current; /* a hook may free it: stream.c redirects this */
   b->e->current = side;
   b->phase = "warmup";
-  if (o->pre_warmup_hook && (st = warm_hook(b, "pre_warmup_hook", o->pre_warmup_hook,
-                                             o->pre_warmup_ud)) != GCAP_OK)
+  if (o->pre_warmup_hook &&
+      (st = warm_hook(b, "pre_warmup_hook", o->pre_warmup_hook, o->pre_warmup_ud)) != GCAP_OK)
     goto done;
   for (it = 0; it < o->num_warmup_iters && st == GCAP_OK; it++) {
     ti = gc_trace_clock(b->e);

@@ -4,6 +4,7 @@
 ** traces of make_graphed_callables as Chrome trace-event JSON.
 */
 #include <stdint.h>
+#include <unistd.h>
 
 #include "t.h"
 
@@ -112,7 +113,97 @@ static void test_errmsg_follows_last_call(void) {
   gcap_engine_free(e);
 }
 
+/* ------------------------------------------------------------------------ */
+/* DOT dumps and traces                                                      */
+
+/* The contents of the file at path (malloc'd, NUL-terminated), or NULL. */
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  char *s = NULL;
+  long n;
+  if (f == NULL) return NULL;
+  if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+      (s = malloc((size_t)n + 1)) != NULL) {
+    s[fread(s, 1, (size_t)n, f)] = '\0';
+  }
+  fclose(f);
+  return s;
+}
+
+static void test_graph_debug_dump(void) {
+  gcap_engine *e = t_engine();
+  const int64_t shape[1] = {4};
+  gcap_tensor *x = NULL, *y = NULL;
+  gcap_graph *g = NULL;
+  char path[64], *text;
+  T_REQUIRE(e != NULL);
+  snprintf(path, sizeof path, "/tmp/graphcap-dump-%d.dot", (int)getpid());
+  T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, shape, 1.0, &x));
+  T_CHECK_OK(e, gcap_graph_new(e, &g));
+  T_CHECK_ST(e, gcap_graph_debug_dump(g, path), GCAP_ESTATE);
+  T_CHECK(t_msg_has(e, "not captured"));
+  T_CHECK_OK(e, gcap_capture_begin(g, NULL, NULL));
+  T_CHECK_ST(e, gcap_graph_debug_dump(g, path), GCAP_ESTATE); /* still capturing */
+  T_CHECK(t_msg_has(e, "still open"));
+  T_CHECK_OK(e, gcap_scale(x, 3.0, &y));
+  T_CHECK_OK(e, gcap_capture_end(g));
+  T_CHECK_ST(e, gcap_graph_debug_dump(g, "/nonexistent-dir/g.dot"), GCAP_EINVAL);
+  T_CHECK(t_msg_has(e, "/nonexistent-dir/g.dot") && t_msg_has(e, "No such file"));
+  T_CHECK_ST(e, gcap_graph_debug_dump(g, NULL), GCAP_EINVAL);
+  T_CHECK_OK(e, gcap_graph_debug_dump(g, path));
+  T_CHECK(gcap_errmsg(e)[0] == '\0');
+  text = slurp(path);
+  T_CHECK(text != NULL && strstr(text, "digraph") != NULL);
+  if (text && t_device() == GCAP_DEVICE_HOST) T_CHECK(strstr(text, "#0 scale") != NULL);
+  free(text);
+  remove(path);
+  gcap_tensor_free(y);
+  gcap_tensor_free(x);
+  gcap_graph_free(g);
+  gcap_engine_free(e);
+}
+
+/* A trace left open is completed by gcap_engine_free. */
+static void test_trace_closed_by_engine_free(void) {
+  gcap_engine *e = t_engine();
+  const int64_t shape[1] = {4};
+  gcap_tensor *x = NULL, *y = NULL;
+  gcap_graph *g = NULL;
+  const char *head = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
+  char path[64], *text;
+  size_t n;
+  T_REQUIRE(e != NULL);
+  snprintf(path, sizeof path, "/tmp/graphcap-trace-%d.json", (int)getpid());
+  T_CHECK_ST(e, gcap_trace_start(e, "/nonexistent-dir/t.json"), GCAP_EINVAL);
+  T_CHECK(t_msg_has(e, "/nonexistent-dir/t.json"));
+  T_CHECK_OK(e, gcap_trace_start(e, path));
+  T_CHECK_ST(e, gcap_trace_start(e, path), GCAP_ESTATE);
+  T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, shape, 1.0, &x));
+  T_CHECK_OK(e, gcap_graph_new(e, &g));
+  T_CHECK_OK(e, gcap_graph_set_name(g, "tab\there"));
+  T_CHECK_OK(e, gcap_capture_begin(g, NULL, NULL));
+  T_CHECK_OK(e, gcap_scale(x, 3.0, &y));
+  T_CHECK_OK(e, gcap_capture_end(g));
+  T_CHECK_OK(e, gcap_graph_replay(g));
+  gcap_tensor_free(y);
+  gcap_tensor_free(x);
+  gcap_graph_free(g);
+  gcap_engine_free(e); /* no gcap_trace_stop */
+  text = slurp(path);
+  T_REQUIRE(text != NULL);
+  n = strlen(text);
+  T_CHECK(strncmp(text, head, strlen(head)) == 0);
+  T_CHECK(n > 4 && strcmp(text + n - 4, "\n]}\n") == 0);
+  T_CHECK(strstr(text, "\"name\":\"capture tab\\u0009here\",\"cat\":\"capture\",\"ph\":\"X\"") !=
+          NULL);
+  T_CHECK(strstr(text, "\"name\":\"replay tab\\u0009here\"") != NULL);
+  free(text);
+  remove(path);
+}
+
 int main(void) {
   T_RUN(test_errmsg_follows_last_call);
+  T_RUN(test_graph_debug_dump);
+  T_RUN(test_trace_closed_by_engine_free);
   return t_done();
 }

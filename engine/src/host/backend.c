@@ -273,21 +273,34 @@ static void hb_graph_free(void *bs, void *graph, void *exec) {
 
 /* Which pointer arguments each kernel writes (bit i: p[i]), as the
 ** catalogue in backend.h says; the others it reads. */
-static const unsigned hb_writes[GC_K_COUNT] = {
-    [GC_K_FILL] = 0x01,           [GC_K_COPY] = 0x01,
-    [GC_K_ADD] = 0x01,            [GC_K_SUB] = 0x01,
-    [GC_K_MUL] = 0x01,            [GC_K_SCALE] = 0x01,
-    [GC_K_SUM] = 0x05,            [GC_K_RAND] = 0x01,
-    [GC_K_RNG_ADVANCE] = 0x01,    [GC_K_EXPAND] = 0x01,
-    [GC_K_SUM_ROWS] = 0x05,       [GC_K_MATMUL] = 0x31,
-    [GC_K_RELU] = 0x01,           [GC_K_RELU_BWD] = 0x01,
-    [GC_K_GELU] = 0x01,           [GC_K_GELU_BWD] = 0x19,
-    [GC_K_LAYERNORM] = 0x31,      [GC_K_LAYERNORM_BWD] = 0x01,
-    [GC_K_LAYERNORM_BWD_PARAMS] = 0x03, [GC_K_SOFTMAX] = 0x01,
-    [GC_K_SOFTMAX_BWD] = 0x01,    [GC_K_DROPOUT] = 0x05,
-    [GC_K_XENT] = 0x09,           [GC_K_XENT_BWD] = 0x01,
-    [GC_K_SGD] = 0x05,            [GC_K_ADAM] = 0x0d,
-    [GC_K_COUNTER_INC] = 0x01,    [GC_K_FOREACH_ADD] = 0x55};
+static const unsigned hb_writes[GC_K_COUNT] = {[GC_K_FILL] = 0x01,
+                                               [GC_K_COPY] = 0x01,
+                                               [GC_K_ADD] = 0x01,
+                                               [GC_K_SUB] = 0x01,
+                                               [GC_K_MUL] = 0x01,
+                                               [GC_K_SCALE] = 0x01,
+                                               [GC_K_SUM] = 0x05,
+                                               [GC_K_RAND] = 0x01,
+                                               [GC_K_RNG_ADVANCE] = 0x01,
+                                               [GC_K_EXPAND] = 0x01,
+                                               [GC_K_SUM_ROWS] = 0x05,
+                                               [GC_K_MATMUL] = 0x31,
+                                               [GC_K_RELU] = 0x01,
+                                               [GC_K_RELU_BWD] = 0x01,
+                                               [GC_K_GELU] = 0x01,
+                                               [GC_K_GELU_BWD] = 0x19,
+                                               [GC_K_LAYERNORM] = 0x31,
+                                               [GC_K_LAYERNORM_BWD] = 0x01,
+                                               [GC_K_LAYERNORM_BWD_PARAMS] = 0x03,
+                                               [GC_K_SOFTMAX] = 0x01,
+                                               [GC_K_SOFTMAX_BWD] = 0x01,
+                                               [GC_K_DROPOUT] = 0x05,
+                                               [GC_K_XENT] = 0x09,
+                                               [GC_K_XENT_BWD] = 0x01,
+                                               [GC_K_SGD] = 0x05,
+                                               [GC_K_ADAM] = 0x0d,
+                                               [GC_K_COUNTER_INC] = 0x01,
+                                               [GC_K_FOREACH_ADD] = 0x55};
 
 /* Write s as the inside of a DOT string. */
 static void hb_dot_escape(FILE *f, const char *s) {
@@ -357,10 +370,10 @@ static gcap_status hb_event_sync(gcap_engine *e, void *bs, void *ev) {
 }
 
 static const gc_backend hb_backend = {
-    "host",         hb_init,        hb_shutdown,     hb_malloc,    hb_free,       hb_stream_new,
-    hb_stream_free, hb_sync,        hb_device_sync,  hb_event_new, hb_event_free, hb_event_record,
-    hb_stream_wait, hb_event_sync,  hb_copy,         hb_copy,      hb_launch,     hb_capture_begin,
-    hb_capture_end, hb_instantiate, hb_graph_launch, hb_graph_free,  hb_debug_dump};
+    "host",         hb_init,        hb_shutdown,     hb_malloc,     hb_free,       hb_stream_new,
+    hb_stream_free, hb_sync,        hb_device_sync,  hb_event_new,  hb_event_free, hb_event_record,
+    hb_stream_wait, hb_event_sync,  hb_copy,         hb_copy,       hb_launch,     hb_capture_begin,
+    hb_capture_end, hb_instantiate, hb_graph_launch, hb_graph_free, hb_debug_dump};
 
 const gc_backend *gc_host_backend(void) {
   return &hb_backend;
