@@ -3050,11 +3050,13 @@ static const luaL_Reg l_graphed_meta[] = {{"__gc", l_graphed_close},
                                           {"__len", l_graphed_len},
                                           {NULL, NULL}};
 
-static const luaL_Reg l_graphed_methods[] = {
-    {"call", l_graphed_call},   {"backward_dw", l_graphed_backward_dw},
-    {"reset", l_graphed_reset}, {"stats", l_graphed_stats},
-    {"debug_dump", l_graphed_debug_dump},
-    {"close", l_graphed_close}, {NULL, NULL}};
+static const luaL_Reg l_graphed_methods[] = {{"call", l_graphed_call},
+                                             {"backward_dw", l_graphed_backward_dw},
+                                             {"reset", l_graphed_reset},
+                                             {"stats", l_graphed_stats},
+                                             {"debug_dump", l_graphed_debug_dump},
+                                             {"close", l_graphed_close},
+                                             {NULL, NULL}};
 
 /* }====================================================== */
 

@@ -261,8 +261,8 @@ typedef struct gc_capture {
   char why[GC_ERRLEN];
   double t0;
   double trace_t0; /* gc_trace_clock at begin */
-  gc_ranges undo; /* what the capture overwrote in the pool's capture-order map, in order,
-                     for a failure to put back */
+  gc_ranges undo;  /* what the capture overwrote in the pool's capture-order map, in order,
+                      for a failure to put back */
 } gc_capture;
 
 /* Note that the launch about to happen reads (write = 0) or writes t:
