@@ -267,22 +267,12 @@ static int runargs(lua_State *L, char **argv, int n) {
 }
 
 /*
-** Progress of long make_graphed_callables calls, as one line rewritten in
-** place on a terminal (the binding calls it through the registry).
+** Progress of long make_graphed_callables calls: on a terminal, the
+** binding's one line rewritten in place (as the option progress = true).
 */
-static void progress_line(void *ud, const char *phase, int done, int total) {
-  (void)ud;
-  fprintf(stderr, "\rgraphcap: %s %d/%d", phase, done, total);
-  if (done == total) fputs("\n", stderr);
-  fflush(stderr);
-}
-
 static void install_progress(lua_State *L) {
-  void (*fn)(void *, const char *, int, int) = progress_line;
-  void *p;
   if (!isatty(fileno(stderr))) return; /* nothing at all when not a terminal */
-  memcpy(&p, &fn, sizeof p);           /* a function pointer as light userdata */
-  lua_pushlightuserdata(L, p);
+  lua_pushboolean(L, 1);
   lua_setfield(L, LUA_REGISTRYINDEX, "graphcap.progress");
 }
 

@@ -451,8 +451,9 @@ typedef struct gcap_capture_hooks {
 } gcap_capture_hooks;
 
 /* Progress of long work: `done` of `total` passes of `phase` ("warmup",
-** "capture"). */
-typedef void (*gcap_progress_fn)(void *ud, const char *phase, int done, int total);
+** "capture"), after each pass. A non-OK status stops the work, as a failing
+** hook does (everything is rolled back). */
+typedef gcap_status (*gcap_progress_fn)(void *ud, const char *phase, int done, int total);
 
 typedef struct gcap_graphed_opts {
   int num_warmup_iters;   /* 3 */

@@ -158,9 +158,18 @@ static gcap_status run_hooks(ge_build *b, int c, int group) {
   return GCAP_OK;
 }
 
-static void progress(ge_build *b) {
+/* After a pass that ended with st: count it and tell the progress callback,
+** whose non-OK status stops the work. */
+static gcap_status progress(ge_build *b, gcap_status st) {
+  if (st != GCAP_OK) return st;
   b->done++;
-  if (b->o->progress) b->o->progress(b->o->progress_ud, b->phase, b->done, b->total);
+  if (b->o->progress == NULL) return GCAP_OK;
+  gc_clear(b->e);
+  st = b->o->progress(b->o->progress_ud, b->phase, b->done, b->total);
+  if (st != GCAP_OK && gcap_errmsg(b->e)[0] == '\0') /* the callback said nothing itself */
+    gc_fail(b->e, st, "make_graphed_callables: the progress callback stopped the %s at %d of %d",
+            b->phase, b->done, b->total);
+  return st;
 }
 
 /* Prefix the engine's message with the phase, entry and callable. */
@@ -705,12 +714,12 @@ static gcap_status warmup(ge_build *b) {
   for (it = 0; it < o->num_warmup_iters && st == GCAP_OK; it++) {
     ti = gc_trace_clock(b->e);
     if (o->order == NULL) {
-      for (i = 0; i < G->n && st == GCAP_OK; i++, progress(b))
+      for (i = 0; i < G->n && st == GCAP_OK; i++, st = progress(b, st))
         st = warm_fwd(b, i);
-      for (i = G->n - 1; G->training && i >= 0 && st == GCAP_OK; i--, progress(b))
+      for (i = G->n - 1; G->training && i >= 0 && st == GCAP_OK; i--, st = progress(b, st))
         st = warm_bwd(b, i, it);
     } else
-      for (i = 0; i < b->sched.n && st == GCAP_OK; i++, progress(b)) {
+      for (i = 0; i < b->sched.n && st == GCAP_OK; i++, st = progress(b, st)) {
         gc_pass *p = &b->sched.v[i];
         if (p->kind == GC_PASS_FWD)
           st = warm_fwd(b, p->entry);
@@ -736,7 +745,7 @@ static gcap_status capture_all(ge_build *b) {
   int i;
   b->phase = "capture";
   b->prev_bwd = b->last_l0 = -1;
-  for (i = 0; i < b->sched.n && st == GCAP_OK; i++, progress(b)) {
+  for (i = 0; i < b->sched.n && st == GCAP_OK; i++, st = progress(b, st)) {
     gc_pass *p = &b->sched.v[i];
     b->pass = i;
     if (p->kind == GC_PASS_FWD)

@@ -34,7 +34,7 @@ local known_options = {
   pool = "userdata", retain_graph_in_backward = "boolean",
   reuse_graph_input_output_buffers = "boolean",
   clone_param_grads_on_return = "boolean", pre_warmup_hook = "function",
-  post_warmup_hook = "function", capture_time_hooks = "table",
+  post_warmup_hook = "function", capture_time_hooks = "table", progress = true,
 }
 
 local groups = {"forward_pre_hooks", "forward_hooks", "backward_pre_hooks",
@@ -181,6 +181,10 @@ local function make_graphed_callables (callables, sample_args, opts)
     end
   end
   if opts.num_warmup_iters ~= nil then c_int("num_warmup_iters", opts.num_warmup_iters) end
+  if opts.progress ~= nil and type(opts.progress) ~= "function"
+     and type(opts.progress) ~= "boolean" then
+    fail("option progress must be a function or a boolean, got %s", type(opts.progress))
+  end
   for p, v in ipairs(opts.order or {}) do
     if type(v) ~= "number" then fail("order[%d] must be a number, got %s", p, type(v)) end
   end

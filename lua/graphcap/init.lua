@@ -119,8 +119,7 @@ local capture_options = {pool = true, stream = true, name = true}
 -- g:capture(fn [, {pool = p, stream = s, name = str}]): capture the work fn
 -- launches into g and return fn's results. The capture always ends, also
 -- when fn raises; then g is reset (it would hold part of fn's work) and
--- fn's error, with the traceback of where it was raised, wins over
--- capture_end's.
+-- fn's error, as raised, wins over capture_end's.
 function Graph:capture (fn, opts)
   opts = options("Graph:capture", opts, capture_options, 2)
   if type(fn) ~= "function" then

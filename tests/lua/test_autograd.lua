@@ -538,7 +538,7 @@ function TestAutograd:test_no_grad_restores_mode_when_fn_errors ()
   local ok, e = pcall(gc.no_grad, function () error("boom in no_grad") end)
   lu.assertFalse(ok)
   lu.assertStrContains(e, "boom in no_grad")
-  lu.assertStrContains(e, "stack traceback:")
+  lu.assertNotStrContains(e, "stack traceback:")
   lu.assertStrContains(e, HERE)
   lu.assertTrue(gc.is_grad_enabled())
   -- an error object that is not a string comes back as it is
