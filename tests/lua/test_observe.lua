@@ -276,4 +276,174 @@ function TestDump:test_graphed_entries_dump ()
   H.assert_err(function () g[2]:debug_dump(prefix) end, "entry 2 was reset")
 end
 
+-- Run a Lua script (the text src) with the graphcap program, or with a stock
+-- lua5.4 over this tree's module when stock is true; returns its exit code
+-- and what it wrote to stderr.
+local ROOT = debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "../../"
+local function run_script (src, stock)
+  local script, errf = tmpname(".lua"), tmpname(".err")
+  local f = assert(io.open(script, "w"))
+  f:write(src)
+  f:close()
+  local cmd
+  if stock then
+    local build = program():match("^(.-)[^/]*$")
+    cmd = string.format("GRAPHCAP_DEVICE=%s LUA_PATH=%q LUA_CPATH=%q lua5.4 %q 2>%q", gc.device(),
+                        ROOT .. "lua/?.lua;" .. ROOT .. "lua/?/init.lua;;",
+                        build .. "lua/?.so;;", script, errf)
+  else
+    cmd = string.format("%q --device %s %q 2>%q", program(), gc.device(), script, errf)
+  end
+  local p = io.popen(cmd)
+  p:read("a")
+  local _, _, code = p:close()
+  local err = read_file(errf)
+  os.remove(script)
+  os.remove(errf)
+  return code, err
+end
+
+local function has_stock_lua ()
+  local p = io.popen("command -v lua5.4")
+  local path = p:read("a")
+  p:close()
+  return path ~= ""
+end
+
+TestProgress = {}
+
+function TestProgress:test_function_sees_every_pass ()
+  local calls = {}
+  local mods = linears(2)
+  gc.make_graphed_callables(mods, samples(2), {num_warmup_iters = W, progress = function (...)
+    calls[#calls + 1] = table.concat({...}, " ")
+  end})
+  local want = {}
+  for i = 1, 2 * 2 * W do want[#want + 1] = "warmup " .. i .. " " .. 2 * 2 * W end
+  for i = 1, 4 do want[#want + 1] = "capture " .. i .. " 4" end
+  lu.assertEquals(calls, want)
+end
+
+-- An error in the progress function stops the call like a hook's: nothing
+-- is graphed, the modules train eagerly with their grads as before.
+function TestProgress:test_error_aborts_cleanly ()
+  local mods = linears(2)
+  local before = mods[1].weight:tolist()
+  local err = H.assert_err(function ()
+    gc.make_graphed_callables(mods, samples(2), {num_warmup_iters = W, progress = function (phase)
+      if phase == "capture" then error("stop the graphing") end
+    end})
+  end, "stop the graphing", HERE)
+  lu.assertNotStrContains(err, "traceback")
+  lu.assertFalse(gc.is_capturing())
+  lu.assertNil(mods[1].weight.grad)
+  lu.assertEquals(mods[1].weight:tolist(), before)
+  local y = mods[2](mods[1](gc.ones({4, 8})))  -- eager: the modules were not graphed
+  y:sum():backward()
+  lu.assertNotNil(mods[1].weight.grad)
+end
+
+function TestProgress:test_bad_value ()
+  H.assert_err(function ()
+    gc.make_graphed_callables(linears(1)[1], {gc.ones({4, 8})}, {progress = "yes"})
+  end, HERE, "option progress must be a function or a boolean, got string")
+end
+
+local PROGRESS_SCRIPT = [[
+local gc = require "graphcap"
+local m = gc.nn.Linear(4, 4)
+gc.make_graphed_callables(m, {gc.ones({2, 4}, {requires_grad = true})}, {progress = true})
+]]
+
+-- progress = true: the terminal line, the same from the program and from
+-- a stock lua5.4.
+function TestProgress:test_true_prints_the_line ()
+  local code, err = run_script(PROGRESS_SCRIPT)
+  lu.assertEquals(code, 0)
+  lu.assertStrContains(err, "\rgraphcap: warmup 6/6\n")
+  lu.assertStrContains(err, "\rgraphcap: capture 2/2\n")
+  lu.skipIf(not has_stock_lua(), "no lua5.4 here")
+  local code2, err2 = run_script(PROGRESS_SCRIPT, true)
+  lu.assertEquals(code2, 0)
+  lu.assertEquals(err2, err)
+end
+
+TestHeadlines = {}
+
+-- Each call fails naming this file's line, the function the user called,
+-- and nothing of the facade ('make', graphcap:NN).
+function TestHeadlines:test_user_line_and_names ()
+  local lin = gc.nn.Linear(2, 2)
+  local cases = {
+    {function () local t = gc.zeros("x"); return t end, "zeros: shape must be a table"},
+    {function () local t = gc.ones({2, -1}); return t end, "ones: shape entry #2"},
+    {function () local t = gc.randn({2}, {dtype = "f64"}); return t end, "randn: unknown dtype 'f64'"},
+    {function () local t = gc.rand({2}, "f16"); return t end, "rand: unknown dtype 'f16'"},
+    {function () local t = gc.empty({1, 1, 1, 1, 1}); return t end, "empty: shape has 5 entries"},
+    {function () local t = gc.full({2}, "a"); return t end, "full: the fill value must be a number"},
+    {function () local t = gc.tensor({1, "a"}); return t end, "tensor: entry [2] must be a number"},
+    {function () local t = gc.tensor({{1}, 2}); return t end, "tensor: entry [2] must be a table"},
+    {function () local t = gc.tensor(true); return t end, "tensor: data must be a number or"},
+    {function () local t = gc.ones({2}):view({3}); return t end, "view: cannot view"},
+    {function () local r = gc.make_graphed_callables(lin, {gc.ones({2, 2})}, {bogus = 1}); return r end,
+     "make_graphed_callables: unknown option 'bogus'"},
+  }
+  for i, c in ipairs(cases) do
+    local ok, msg = pcall(c[1])
+    lu.assertFalse(ok, "case " .. i)
+    msg = tostring(msg)
+    lu.assertStrContains(msg, HERE .. ":")
+    lu.assertStrContains(msg, c[2])
+    lu.assertNotStrContains(msg, "'make'")
+    lu.assertNotStrContains(msg, "graphcap:")
+    lu.assertNotStrContains(msg, "graphcap/")
+    lu.assertNotStrContains(msg, "traceback")
+  end
+  -- called by pcall itself: the line of the pcall
+  local ok, msg = pcall(gc.zeros, {-1})
+  lu.assertFalse(ok)
+  lu.assertStrContains(msg, HERE .. ":")
+  lu.assertStrContains(msg, "zeros: shape entry #1")
+end
+
+-- A hook returning a value: the user's call, the hook and where it is defined.
+function TestHeadlines:test_hook_return_names_its_definition ()
+  local line = debug.getinfo(1, "l").currentline + 1
+  local hook = function () return 1 end
+  local msg = H.assert_err(function ()
+    gc.make_graphed_callables(linears(1), samples(1),
+                              {capture_time_hooks = {{forward_hooks = {hook}}}})
+  end, "capture_time_hooks forward_hooks must not return a value",
+       "defined at " .. debug.getinfo(1, "S").short_src .. ":" .. line)
+  lu.assertStrContains(msg, HERE .. ":")
+  lu.assertNotStrContains(msg, "traceback")
+  msg = H.assert_err(function ()
+    gc.make_graphed_callables(linears(1), samples(1), {pre_warmup_hook = hook})
+  end, "pre_warmup_hook must not return a value", "defined at ")
+  lu.assertStrContains(msg, HERE .. ":")
+end
+
+local HOOK_ERROR_SCRIPT = [[
+local gc = require "graphcap"
+local m = gc.nn.Linear(4, 4)
+local function my_hook () error("my hook failed") end
+gc.make_graphed_callables(m, {gc.ones({2, 4}, {requires_grad = true})},
+                          {capture_time_hooks = {{forward_hooks = {my_hook}}}})
+]]
+
+-- An error in a hook, uncaught: the message with the hook's line, and one
+-- traceback, from the program and from a stock lua5.4.
+function TestHeadlines:test_one_traceback ()
+  local function check (code, err)
+    lu.assertEquals(code, 1)
+    lu.assertStrContains(err, ":3: my hook failed")
+    local _, n = err:gsub("stack traceback:", "")
+    lu.assertEquals(n, 1, err)
+    lu.assertStrContains(err, ":4: in main chunk")  -- the user's call
+  end
+  check(run_script(HOOK_ERROR_SCRIPT))
+  lu.skipIf(not has_stock_lua(), "no lua5.4 here")
+  check(run_script(HOOK_ERROR_SCRIPT, true))
+end
+
 os.exit(lu.LuaUnit.run())
