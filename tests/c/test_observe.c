@@ -201,9 +201,64 @@ static void test_trace_closed_by_engine_free(void) {
   remove(path);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Progress                                                                  */
+
+typedef struct prog_log {
+  int warm, cap, stop_at_capture; /* passes seen; stop at this capture pass (0: never) */
+} prog_log;
+
+static gcap_status log_progress(void *ud, const char *phase, int done, int total) {
+  prog_log *l = (prog_log *)ud;
+  (void)total;
+  if (strcmp(phase, "warmup") == 0) l->warm = done;
+  if (strcmp(phase, "capture") == 0) l->cap = done;
+  return l->cap != 0 && l->cap == l->stop_at_capture ? GCAP_EABORTED : GCAP_OK;
+}
+
+/* Every pass is reported; a callback's non-OK status stops the call, which
+** leaves nothing graphed. */
+static void test_progress_stops_the_call(void) {
+  gcap_engine *e = t_engine();
+  const int64_t shape[2] = {2, 4};
+  gcap_module *m = NULL;
+  gcap_tensor *x = NULL, *y = NULL, *args[1];
+  gcap_graphed *G = NULL;
+  gcap_graphed_opts o;
+  prog_log log = {0, 0, 0};
+  const int nargs[1] = {1};
+  gcap_tensor *const *argv[1] = {args};
+  T_REQUIRE(e != NULL);
+  T_CHECK_OK(e, gcap_nn_linear(e, 4, 4, 1, 0, &m));
+  T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 2, shape, 1.0, &x));
+  T_CHECK_OK(e, gcap_tensor_set_requires_grad(x, 1));
+  args[0] = x;
+  gcap_graphed_opts_init(&o);
+  o.num_warmup_iters = 2;
+  o.progress = log_progress;
+  o.progress_ud = &log;
+  T_CHECK_OK(e, gcap_make_graphed_callables(e, 1, &m, 1, nargs, argv, &o, &G));
+  T_CHECK(log.warm == 4 && log.cap == 2);
+  gcap_graphed_free(G);
+  G = NULL;
+  log.warm = log.cap = 0;
+  log.stop_at_capture = 1;
+  T_CHECK_ST(e, gcap_make_graphed_callables(e, 1, &m, 1, nargs, argv, &o, &G), GCAP_EABORTED);
+  T_CHECK(G == NULL && log.cap == 1);
+  T_CHECK(t_msg_has(e, "the progress callback stopped the capture at 1 of 2"));
+  T_CHECK_OK(e, gcap_module_call(m, 1, &x, &y)); /* m runs eagerly: not graphed */
+  T_CHECK(gcap_tensor_grad_fn_name(y) != NULL &&
+          strcmp(gcap_tensor_grad_fn_name(y), "graphed") != 0);
+  gcap_tensor_free(y);
+  gcap_tensor_free(x);
+  gcap_module_free(m);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_errmsg_follows_last_call);
   T_RUN(test_graph_debug_dump);
   T_RUN(test_trace_closed_by_engine_free);
+  T_RUN(test_progress_stops_the_call);
   return t_done();
 }
