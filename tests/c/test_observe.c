@@ -34,7 +34,7 @@ static gcap_status nop_hook(void *ud, gcap_module *m, const gcap_hook_args *a) {
 static void test_errmsg_follows_last_call(void) {
   gcap_engine *e = t_engine();
   const int64_t s2[2] = {2, 3}, s1[1] = {2}, sw[2] = {3, 3};
-  const float d[6] = {1, -2, 3, -4, 5, -6}, tg[2] = {0, 2};
+  const float d[9] = {1, -2, 3, -4, 5, -6, 7, -8, 9}, tg[2] = {0, 2};
   gcap_tensor *x = NULL, *w = NULL, *b = NULL, *tgt = NULL, *r[32] = {NULL};
   gcap_module *lin = NULL, *ln = NULL, *dr = NULL, *seq = NULL;
   gcap_optim *o1 = NULL, *o2 = NULL;
