@@ -266,8 +266,8 @@ const char *gc_describe_ptr(gcap_engine *e, const void *ptr, char *buf, size_t n
       for (b = s->first; b != NULL && b->ptr + b->size <= c; b = b->next)
         ;
       if (b != NULL)
-        snprintf(buf, n, "%s block %p + %zu of %zu B%s", p->is_heap ? "heap" : "pool",
-                 (void *)b->ptr, (size_t)(c - b->ptr), b->size, b->refs ? "" : " (free now)");
+        snprintf(buf, n, "%s block %p + %zu of %zu B", p->is_heap ? "heap" : "pool", (void *)b->ptr,
+                 (size_t)(c - b->ptr), b->size);
       else
         snprintf(buf, n, "%s segment %p + %zu", p->is_heap ? "heap" : "pool", (void *)s->base,
                  (size_t)(c - s->base));

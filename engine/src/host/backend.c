@@ -318,22 +318,24 @@ static void hb_dot_node(gcap_engine *e, FILE *f, int64_t i, const hb_node *nd) {
   int j, last;
   fprintf(f, "  n%lld [label=\"#%lld %s", (long long)i, (long long)i, gc_kernel_name(nd->k));
   if (nd->stream > 0) fprintf(f, " (stream %d)", nd->stream);
+  fputs("\\n", f); /* the head line centred, the others left-aligned (\l ends each) */
   for (last = GC_KINTS - 1; last >= 0 && nd->a.n[last] == 0; last--)
     ;
-  if (last >= 0) fputs("\\nn:", f);
+  if (last >= 0) fputs("n:", f);
   for (j = 0; j <= last; j++)
-    fprintf(f, " %lld", (long long)nd->a.n[j]);
+    fprintf(f, " %lld%s", (long long)nd->a.n[j], j == last ? "\\l" : "");
   for (last = GC_KFLOATS - 1; last >= 0 && nd->a.f[last] == 0.0f; last--)
     ;
-  if (last >= 0) fputs("\\nf:", f);
+  if (last >= 0) fputs("f:", f);
   for (j = 0; j <= last; j++)
-    fprintf(f, " %g", (double)nd->a.f[j]);
+    fprintf(f, " %g%s", (double)nd->a.f[j], j == last ? "\\l" : "");
   for (j = 0; j < GC_KPTRS; j++) {
     if (nd->a.p[j] == NULL) continue;
-    fprintf(f, "\\l%s p%d: ", hb_writes[nd->k] >> j & 1 ? "writes" : "reads ", j);
+    fprintf(f, "%s p%d: ", hb_writes[nd->k] >> j & 1 ? "writes" : "reads ", j);
     hb_dot_escape(f, gc_describe_ptr(e, nd->a.p[j], where, sizeof where));
+    fputs("\\l", f);
   }
-  fprintf(f, "\\l\"%s];\n", nd->stream > 0 ? ", style=filled, fillcolor=lightyellow" : "");
+  fprintf(f, "\"%s];\n", nd->stream > 0 ? ", style=filled, fillcolor=lightyellow" : "");
 }
 
 static gcap_status hb_debug_dump(gcap_engine *e, void *bs, void *graph, const char *name,
