@@ -2708,10 +2708,7 @@ static int l_pprogress(lua_State *L) {
 }
 
 static gcap_status l_progress_fn(void *ud, const char *phase, int done, int total) {
-  LProgress p;
-  p.phase = phase;
-  p.done = done;
-  p.total = total;
+  LProgress p = {{0}, phase, done, total};
   return l_callback((LEngine *)ud, &l_progkey, &p.c, NULL);
 }
 
