@@ -87,8 +87,7 @@ static int report(lua_State *L, int status) {
 
 /*
 ** Message handler of every chunk: append a traceback, unless the message
-** has one already (Graph:capture and with_stream add the traceback of
-** where the error was raised, which shows the whole stack).
+** has one already (a script's own debug.traceback): one traceback, always.
 */
 static int msghandler(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
