@@ -5,7 +5,8 @@
 local core = require "graphcap.core"
 local util = require "graphcap.util"
 
-local error, ipairs, pairs, pcall, table, type = error, ipairs, pairs, pcall, table, type
+local error, getmetatable, ipairs, pairs, pcall, table, type =
+      error, getmetatable, ipairs, pairs, pcall, table, type
 
 local gc = {}
 
@@ -23,6 +24,17 @@ gc.trace_start, gc.trace_stop = nil, nil
 _ENV = nil
 
 local options, check, run = util.options, util.check, util.run
+local mts = core._metatables
+
+-- Check that v (argument or option 'what' of 'where') is nil (when
+-- optional) or an object of class 'class' ("Tensor", "Stream", ...); the
+-- error is raised at the caller of the function calling this.
+local function check_object (where, what, v, class, optional)
+  if (v == nil and optional) or getmetatable(v) == mts[class] then return v end
+  local got = type(v)
+  if type(v) == "userdata" and getmetatable(v) then got = getmetatable(v).__name or got end
+  error(where .. ": " .. what .. " must be a " .. class .. ", got " .. got, 3)
+end
 
 
 -- Tensor constructors: the last argument is nil, a dtype name or
@@ -74,6 +86,7 @@ local backward_options = {retain_graph = true}
 function Tensor.backward (self, grad, opts)
   if opts == nil and type(grad) == "table" then grad, opts = nil, grad end
   opts = options("backward", opts, backward_options, 2)
+  check_object("backward", "grad", grad, "Tensor", true)
   return backward(self, grad, check("backward", "retain_graph",
                                     opts.retain_graph, "boolean", false, 2))
 end
@@ -81,8 +94,8 @@ end
 -- Run fn(...) with grad recording set to 'on' and return its results;
 -- the previous setting comes back, also when fn raises.
 local function with_grad (where, on, fn, ...)
-  if type(fn) ~= "function" then
-    error(where .. ": fn must be a function, got " .. type(fn), 3)
+  if type(fn) ~= "function" then  -- level 2: the callers' tail calls left theirs out
+    error(where .. ": fn must be a function, got " .. type(fn), 2)
   end
   local prev = core.set_grad_enabled(on)
   local r = run(fn, ...)
@@ -104,6 +117,10 @@ end
 -- return fn's results; the previous current stream comes back, also when
 -- fn raises.
 function gc.with_stream (s, fn, ...)
+  check_object("with_stream", "s", s, "Stream")
+  if type(fn) ~= "function" then
+    error("with_stream: fn must be a function, got " .. type(fn), 2)
+  end
   local prev = core.current_stream()
   core.set_current_stream(s)
   local r = run(fn, ...)
@@ -125,6 +142,8 @@ function Graph:capture (fn, opts)
   if type(fn) ~= "function" then
     error("Graph:capture: fn must be a function, got " .. type(fn), 2)
   end
+  check_object("Graph:capture", "option pool", opts.pool, "Pool", true)
+  check_object("Graph:capture", "option stream", opts.stream, "Stream", true)
   if opts.name ~= nil then self:set_name(opts.name) end
   self:capture_begin(opts.pool, opts.stream)
   local r = run(fn)

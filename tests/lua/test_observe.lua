@@ -393,6 +393,14 @@ function TestHeadlines:test_user_line_and_names ()
     {function () local t = gc.ones({2}):view({3}); return t end, "view: cannot view"},
     {function () local r = gc.make_graphed_callables(lin, {gc.ones({2, 2})}, {bogus = 1}); return r end,
      "make_graphed_callables: unknown option 'bogus'"},
+    {function () local r = gc.Graph():capture(function () end, {pool = 3}); return r end,
+     "Graph:capture: option pool must be a Pool, got number"},
+    {function () local r = gc.with_stream(3, function () end); return r end,
+     "with_stream: s must be a Stream, got number"},
+    {function () local r = gc.ones({2}, {requires_grad = true}):backward(3); return r end,
+     "backward: grad must be a Tensor, got number"},
+    {function () local r = gc.no_grad(3); return r end, "no_grad: fn must be a function"},
+    {function () local r = gc.enable_grad(3); return r end, "enable_grad: fn must be a function"},
   }
   for i, c in ipairs(cases) do
     local ok, msg = pcall(c[1])
