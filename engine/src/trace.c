@@ -79,10 +79,6 @@ gcap_status gcap_trace_stop(gcap_engine *e) {
   return bad ? GCAP_EINVAL : GCAP_OK;
 }
 
-double gc_trace_clock(const gcap_engine *e) {
-  return e->trace ? gc_now_ms() * 1e3 : 0.0;
-}
-
 void gc_trace_span(gcap_engine *e, double t0, const char *cat, const char *fmt, ...) {
   gc_trace *t = e->trace;
   char name[GC_ERRLEN];
