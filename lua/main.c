@@ -275,8 +275,20 @@ static void install_progress(lua_State *L) {
   lua_setfield(L, LUA_REGISTRYINDEX, "graphcap.progress");
 }
 
+/* os.exit(code) that always closes the state (os.exit(code, true)), so
+** that finalizers run: the engine's then finishes the trace file. */
+static int exit_closing(lua_State *L) {
+  lua_settop(L, 1);
+  lua_pushboolean(L, 1);
+  lua_pushvalue(L, lua_upvalueindex(1)); /* the original os.exit */
+  lua_insert(L, 1);
+  lua_call(L, 2, 0);
+  return 0;
+}
+
 /* --trace FILE: trace the engine's work from the start; the engine closes
-** the file when the state closes, whatever the script did. */
+** the file when the state closes, whatever the script did (an error, or
+** os.exit, which then closes the state). */
 static int start_trace(lua_State *L, const char *path) {
   int top = lua_gettop(L), status;
   lua_getglobal(L, "require");
@@ -286,6 +298,12 @@ static int start_trace(lua_State *L, const char *path) {
     lua_getfield(L, -1, "start");
     lua_pushstring(L, path);
     status = lua_pcall(L, 1, 0, 0);
+  }
+  if (status == LUA_OK) {
+    lua_getglobal(L, "os");
+    lua_getfield(L, -1, "exit");
+    lua_pushcclosure(L, exit_closing, 1);
+    lua_setfield(L, -2, "exit");
   }
   lua_copy(L, -1, top + 1); /* the error message, if any */
   lua_settop(L, top + (status != LUA_OK));

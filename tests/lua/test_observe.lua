@@ -148,7 +148,8 @@ function TestTrace:test_errors ()
   os.remove(path)
 end
 
--- graphcap --trace: the file is complete JSON, also when the script fails.
+-- graphcap --trace: the file is complete JSON, also when the script fails
+-- or leaves by os.exit.
 function TestTrace:test_program_trace_option ()
   local path, script = tmpname(".json"), tmpname(".lua")
   local f = assert(io.open(script, "w"))
@@ -166,13 +167,30 @@ error("the script fails here")
   local p = io.popen(cmd)
   local out = p:read("a")
   local _, _, code = p:close()
-  os.remove(script)
   lu.assertEquals(code, 1)
   lu.assertStrContains(out, "the script fails here")
   local spans = trace_events(path)
   os.remove(path)
   lu.assertEquals(#select(spans, "graphed", "^make_graphed_callables$"), 1)
   lu.assertEquals(#select(spans, "replay", "^graphed forward of entry 1$"), 1)
+  f = assert(io.open(script, "w"))
+  f:write([[
+local gc = require "graphcap"
+local g = gc.Graph()
+local x = gc.ones({2})
+g:capture(function () x = x * 2 end)
+g:replay()
+os.exit(3)
+]])
+  f:close()
+  p = io.popen(cmd)
+  p:read("a")
+  _, _, code = p:close()
+  os.remove(script)
+  lu.assertEquals(code, 3)
+  spans = trace_events(path)
+  os.remove(path)
+  lu.assertEquals(#select(spans, "replay", "^replay graph #%d+$"), 1)
 end
 
 TestDump = {}
