@@ -114,6 +114,29 @@ function TestTrace:test_spans_of_make_graphed_callables ()
   end
 end
 
+-- With an order (two chunks): hook calls sit between the captures too.
+function TestTrace:test_hooks_outside_captures_with_order ()
+  local path = tmpname(".json")
+  local hooks = {{forward_pre_hooks = {function () end}, backward_pre_hooks = {function () end}},
+                 {forward_hooks = {function () end}, backward_hooks = {function () end}}}
+  gc.trace.start(path)
+  local ok, err = pcall(gc.make_graphed_callables, linears(2), samples(2),
+                        {num_warmup_iters = W, order = {1, 2, -2, -1},
+                         capture_time_hooks = hooks})
+  gc.trace.stop()
+  local spans = trace_events(path)
+  os.remove(path)
+  lu.assertTrue(ok, err)
+  local captures, hook_calls = select(spans, "capture", "^capture "), select(spans, "hook")
+  lu.assertEquals(#captures, 4)
+  lu.assertEquals(#hook_calls, 4 * (W + 1))
+  for _, h in ipairs(hook_calls) do
+    for _, c in ipairs(captures) do
+      lu.assertTrue(h.ts + h.dur <= c.ts or c.ts + c.dur <= h.ts, h.name .. " overlaps " .. c.name)
+    end
+  end
+end
+
 -- The pre and post warmup hooks and a plain Graph's capture and replays.
 function TestTrace:test_warmup_hooks_and_plain_graphs ()
   local path = tmpname(".json")
