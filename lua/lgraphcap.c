@@ -12,16 +12,18 @@
 ** Modules and autograd call back into Lua (a Lua module's forward, module
 ** hooks) while a core call that Lua started is in progress. Each such core
 ** call is made inside a frame (LFrame) that records its lua_State; the
-** callbacks run under lua_pcall with a traceback handler on that state,
-** and an error is kept (l_errkey) and returned to the core as
-** GCAP_EABORTED; once the core call returns, the binding raises the kept
-** error object itself. No Lua error unwinds through the engine.
+** callbacks run under lua_pcall on that state, and an error is kept
+** (l_errkey) and returned to the core as GCAP_EABORTED; once the core call
+** returns, the binding raises the kept error object itself, unchanged (a
+** message keeps the position where it was raised; the interpreter adds the
+** one traceback). No Lua error unwinds through the engine.
 */
 
 #include <ctype.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -142,6 +144,7 @@ static const char l_fwdkey = 'f';  /* the protected part of a Lua forward */
 static const char l_hookkey = 'h'; /* the protected part of a hook */
 static const char l_capkey = 'c';  /* the protected part of a capture-time hook */
 static const char l_mgckey = 'm';  /* the hooks of the make_graphed_callables in progress */
+static const char l_progkey = 'p'; /* the protected part of a progress function */
 
 typedef gcap_status (*l_unop)(gcap_tensor *a, gcap_tensor **out);
 typedef gcap_status (*l_binop)(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
@@ -177,13 +180,14 @@ static int l_isfacade(const char *src) {
 }
 
 /* Push "chunk:line: " of the caller, as luaL_where(L, 1) does, but of the
-** first caller outside the facade, so that an error names the user's line. */
+** first Lua caller outside the facade, so that an error names the user's
+** line (also from a callback, whose caller is the binding's C function). */
 static void l_where(lua_State *L) {
   lua_Debug ar;
   int level;
   for (level = 1; lua_getstack(L, level, &ar); level++) {
     lua_getinfo(L, "Sl", &ar);
-    if (ar.currentline <= 0) break; /* a C function: no position */
+    if (ar.currentline <= 0) continue; /* a C function (pcall, a callback's caller) */
     if (!l_isfacade(ar.source)) {
       lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
       return;
@@ -282,11 +286,14 @@ static LGraph *l_checkgraph(lua_State *L, int i) {
   return p;
 }
 
-static gcap_dtype l_optdtype(lua_State *L, int i) {
-  const char *s = luaL_optstring(L, i, "f32");
-  if (strcmp(s, "f32") == 0) return GCAP_F32;
+/* The dtype named at i (absent or nil: f32); errors name op. */
+static gcap_dtype l_optdtype(lua_State *L, int i, const char *op) {
+  int str = lua_type(L, i) == LUA_TSTRING;
+  const char *s = str ? lua_tostring(L, i) : "";
+  if (lua_isnoneornil(L, i) || strcmp(s, "f32") == 0) return GCAP_F32;
   if (strcmp(s, "bf16") == 0) return GCAP_BF16;
-  luaL_argerror(L, i, lua_pushfstring(L, "unknown dtype '%s' (expected f32 or bf16)", s));
+  l_error(L, "%s: unknown dtype %s (expected 'f32' or 'bf16')", op,
+          str ? lua_pushfstring(L, "'%s'", s) : l_typename(L, i));
   return GCAP_F32;
 }
 
@@ -299,27 +306,26 @@ static const char *l_got(lua_State *L, int i) {
   return (lua_type(L, i) == LUA_TNUMBER) ? luaL_tolstring(L, i, NULL) : luaL_typename(L, i);
 }
 
-/* Read the shape table at 'arg' into 'shape'; return its length. */
-static int l_checkshape(lua_State *L, int arg, int64_t *shape) {
+/* Read the shape table at 'arg' into 'shape'; return its length. Errors
+** name op and the user's line (the facade calls these for the user). */
+static int l_checkshape(lua_State *L, int arg, int64_t *shape, const char *op) {
   lua_Unsigned n;
   int i;
   int64_t numel = 1;
-  luaL_checktype(L, arg, LUA_TTABLE);
+  if (lua_type(L, arg) != LUA_TTABLE)
+    l_error(L, "%s: shape must be a table of sizes, got %s", op, l_typename(L, arg));
   n = lua_rawlen(L, arg);
   if (n > GCAP_MAXDIM)
-    luaL_argerror(
-        L, arg,
-        lua_pushfstring(L, "shape has %I entries (at most %d)", (LUAI_UACINT)n, GCAP_MAXDIM));
+    l_error(L, "%s: shape has %I entries (at most %d)", op, (LUAI_UACINT)n, GCAP_MAXDIM);
   for (i = 0; i < (int)n; i++) {
     int isint;
     lua_Integer v;
     lua_rawgeti(L, arg, i + 1);
     v = lua_tointegerx(L, -1, &isint);
     if (lua_type(L, -1) != LUA_TNUMBER || !isint || v < 0)
-      luaL_argerror(L, arg,
-                    lua_pushfstring(L, "shape entry #%d must be a non-negative integer, got %s",
-                                    i + 1, l_got(L, -1)));
-    if (v > 0 && numel > MAXNUMEL / v) luaL_argerror(L, arg, "shape has too many elements");
+      l_error(L, "%s: shape entry #%d must be a non-negative integer, got %s", op, i + 1,
+              l_got(L, -1));
+    if (v > 0 && numel > MAXNUMEL / v) l_error(L, "%s: shape has too many elements", op);
     numel *= v;
     shape[i] = v;
     lua_pop(L, 1);
@@ -361,11 +367,9 @@ static void l_nestshape(lua_State *L, LNest *n) {
   while (lua_type(L, -1) == LUA_TTABLE) {
     int64_t len = (int64_t)lua_rawlen(L, -1);
     if (n->ndim == GCAP_MAXDIM)
-      luaL_argerror(L, 1,
-                    lua_pushfstring(L, "entry %s is a table: more than %d dimensions",
-                                    l_pushpath(L, n, n->ndim), GCAP_MAXDIM));
-    if (len > 0 && numel > MAXNUMEL / len)
-      luaL_argerror(L, 1, "nested table has too many elements");
+      l_error(L, "tensor: entry %s is a table: more than %d dimensions", l_pushpath(L, n, n->ndim),
+              GCAP_MAXDIM);
+    if (len > 0 && numel > MAXNUMEL / len) l_error(L, "tensor: nested table has too many elements");
     numel *= len;
     n->shape[n->ndim] = len;
     n->pos[n->ndim++] = 1;
@@ -387,19 +391,14 @@ static void l_nestfill(lua_State *L, LNest *n, int d) {
     if (d + 1 < n->ndim) {
       lua_Unsigned len = lua_rawlen(L, v);
       if (t != LUA_TTABLE)
-        luaL_argerror(L, 1,
-                      lua_pushfstring(L, "entry %s must be a table, got %s",
-                                      l_pushpath(L, n, d + 1), l_got(L, v)));
+        l_error(L, "tensor: entry %s must be a table, got %s", l_pushpath(L, n, d + 1),
+                l_got(L, v));
       if ((int64_t)len != n->shape[d + 1])
-        luaL_argerror(L, 1,
-                      lua_pushfstring(
-                          L, "ragged nested table: entry %s has %I entries, expected %I",
-                          l_pushpath(L, n, d + 1), (LUAI_UACINT)len, (LUAI_UACINT)n->shape[d + 1]));
+        l_error(L, "tensor: ragged nested table: entry %s has %I entries, expected %I",
+                l_pushpath(L, n, d + 1), (LUAI_UACINT)len, (LUAI_UACINT)n->shape[d + 1]);
       l_nestfill(L, n, d + 1);
     } else if (t != LUA_TNUMBER)
-      luaL_argerror(L, 1,
-                    lua_pushfstring(L, "entry %s must be a number, got %s", l_pushpath(L, n, d + 1),
-                                    l_got(L, v)));
+      l_error(L, "tensor: entry %s must be a number, got %s", l_pushpath(L, n, d + 1), l_got(L, v));
     else
       *n->x++ = (float)lua_tonumber(L, v);
     lua_pop(L, 1);
@@ -409,7 +408,7 @@ static void l_nestfill(lua_State *L, LNest *n, int d) {
 /* tensor(nested_table_or_number [, dtype]) */
 static int l_tensor(lua_State *L) {
   gcap_engine *e = l_engine(L);
-  gcap_dtype dt = l_optdtype(L, 2);
+  gcap_dtype dt = l_optdtype(L, 2, "tensor");
   LNest n;
   float scalar, *data = &scalar;
   LTensor *r;
@@ -419,7 +418,9 @@ static int l_tensor(lua_State *L) {
   } else {
     int d;
     size_t numel = 1;
-    luaL_argexpected(L, lua_type(L, 1) == LUA_TTABLE, 1, "number or table");
+    if (lua_type(L, 1) != LUA_TTABLE)
+      l_error(L, "tensor: data must be a number or a nested table of numbers, got %s",
+              l_typename(L, 1));
     l_nestshape(L, &n);
     for (d = 0; d < n.ndim; d++)
       numel *= (size_t)n.shape[d];
@@ -438,8 +439,8 @@ static int l_tensor(lua_State *L) {
 static int l_newfilled(lua_State *L, int dtarg, int empty, double v, const char *op) {
   gcap_engine *e = l_engine(L);
   int64_t shape[GCAP_MAXDIM];
-  int ndim = l_checkshape(L, 1, shape);
-  gcap_dtype dt = l_optdtype(L, dtarg);
+  int ndim = l_checkshape(L, 1, shape, op);
+  gcap_dtype dt = l_optdtype(L, dtarg, op);
   LTensor *r = l_newtensor(L);
   l_check(L, e,
           empty ? gcap_tensor_empty(e, dt, ndim, shape, &r->t)
@@ -459,14 +460,16 @@ static int l_ones(lua_State *L) {
 }
 
 static int l_full(lua_State *L) {
-  return l_newfilled(L, 3, 0, luaL_checknumber(L, 2), "full");
+  if (lua_type(L, 2) != LUA_TNUMBER)
+    l_error(L, "full: the fill value must be a number, got %s", l_typename(L, 2));
+  return l_newfilled(L, 3, 0, lua_tonumber(L, 2), "full");
 }
 
 static int l_newrand(lua_State *L, int normal, const char *op) {
   gcap_engine *e = l_engine(L);
   int64_t shape[GCAP_MAXDIM];
-  int ndim = l_checkshape(L, 1, shape);
-  gcap_dtype dt = l_optdtype(L, 2);
+  int ndim = l_checkshape(L, 1, shape, op);
+  gcap_dtype dt = l_optdtype(L, 2, op);
   LTensor *r = l_newtensor(L);
   l_check(L, e, gcap_tensor_rand(e, dt, ndim, shape, normal, &r->t), op);
   return 1;
@@ -580,7 +583,7 @@ static int l_item(lua_State *L) {
 static int l_view(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   int64_t shape[GCAP_MAXDIM];
-  int ndim = l_checkshape(L, 2, shape);
+  int ndim = l_checkshape(L, 2, shape, "view");
   LTensor *r = l_newtensor(L);
   l_check(L, gcap_tensor_engine(t), gcap_tensor_view(t, ndim, shape, &r->t), "view");
   return 1;
@@ -776,14 +779,6 @@ static void l_raisecb(lua_State *L) {
   lua_pop(L, 1);
 }
 
-/* Message handler of callbacks: append a traceback to a string message
-** that has none; keep any other error object as it is. */
-static int l_msghandler(lua_State *L) {
-  if (lua_type(L, 1) == LUA_TSTRING && strstr(lua_tostring(L, 1), "\nstack traceback:\n") == NULL)
-    luaL_traceback(L, L, lua_tostring(L, 1), 1);
-  return 1;
-}
-
 /* The start of the context of a callback's protected part */
 typedef struct LCall {
   int nargs; /* how many Lua arguments of a direct call follow the context */
@@ -806,12 +801,11 @@ static gcap_status l_callback(LEngine *le, const char *key, LCall *ctx, const gc
   ctx->nargs = (m != NULL && f->m == m) ? f->nargs : 0;
   if (!lua_checkstack(L, 4 + ctx->nargs)) return GCAP_ENOMEM;
   top = lua_gettop(L);
-  lua_pushcfunction(L, l_msghandler);
   lua_rawgetp(L, LUA_REGISTRYINDEX, key);
   lua_pushlightuserdata(L, ctx);
   for (i = 0; i < ctx->nargs; i++)
     lua_pushvalue(L, f->args + i);
-  st = lua_pcall(L, 1 + ctx->nargs, 0, top + 1);
+  st = lua_pcall(L, 1 + ctx->nargs, 0, 0);
   if (st != LUA_OK) {
     LErr *h;
     lua_rawgetp(L, LUA_REGISTRYINDEX, &l_errkey);
@@ -1696,7 +1690,7 @@ static int l_module_to(lua_State *L) {
   LModule *p = l_checkmodule(L, 1);
   gcap_dtype dt;
   luaL_checkstring(L, 2);
-  dt = l_optdtype(L, 2);
+  dt = l_optdtype(L, 2, "to");
   l_check(L, l_engine(L), gcap_module_to(p->m, dt), "to");
   lua_settop(L, 1);
   return 1;
@@ -2440,6 +2434,13 @@ static int l_is_captured(lua_State *L) {
   return 1;
 }
 
+/* g:debug_dump(path): the captured graph as Graphviz DOT */
+static int l_graph_debug_dump(lua_State *L) {
+  LGraph *p = l_checkgraph(L, 1);
+  l_check(L, p->e, gcap_graph_debug_dump(p->g, luaL_checkstring(L, 2)), "debug_dump");
+  return 0;
+}
+
 static const luaL_Reg l_graph_meta[] = {{"__gc", l_graph_close},
                                         {"__close", l_graph_close},
                                         {"__tostring", l_graph_tostring},
@@ -2454,6 +2455,7 @@ static const luaL_Reg l_graph_methods[] = {{"capture_begin", l_capture_begin},
                                            {"set_name", l_set_name},
                                            {"name", l_name},
                                            {"is_captured", l_is_captured},
+                                           {"debug_dump", l_graph_debug_dump},
                                            {"close", l_graph_close},
                                            {NULL, NULL}};
 
@@ -2618,16 +2620,19 @@ static const char *const l_groups[4] = {"forward_pre_hooks", "forward_hooks", "b
                                         "backward_hooks"};
 
 /* The protected part: hooks[callable].group[index](callable's value), or
-** hooks.pre_warmup_hook(); a hook must return nothing or nil. */
+** hooks.pre_warmup_hook(); a hook must return nothing or nil. The error
+** says where the hook is defined (the call site is the user's line). */
 static int l_pcaphook(lua_State *L) {
   LCapCall *c = (LCapCall *)lua_touserdata(L, 1);
   const char *name;
-  int base, n, i;
+  lua_Debug ar;
+  int fn, i;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &l_mgckey);
   if (c->h->group < 0) {
     name = (c->h->group == -1) ? "pre_warmup_hook" : "post_warmup_hook";
     lua_getfield(L, -1, name);
-    base = lua_gettop(L);
+    fn = lua_gettop(L);
+    lua_pushvalue(L, fn);
     lua_call(L, 0, LUA_MULTRET);
   } else {
     name = l_groups[c->h->group];
@@ -2635,20 +2640,24 @@ static int l_pcaphook(lua_State *L) {
     lua_rawgeti(L, -1, c->h->callable + 1); /* {callable = v, group = {...}} */
     lua_getfield(L, -1, name);
     lua_rawgeti(L, -1, c->h->index + 1);
-    base = lua_gettop(L);
-    lua_getfield(L, -3, "callable");
+    fn = lua_gettop(L);
+    lua_pushvalue(L, fn);
+    lua_getfield(L, fn - 2, "callable");
     lua_call(L, 1, LUA_MULTRET);
   }
-  n = lua_gettop(L) - base + 1;
-  for (i = 0; i < n; i++)
-    if (!lua_isnil(L, base + i) && c->h->group < 0)
-      return l_error(L, "%s must not return a value (it returned %s)", name,
-                     l_typename(L, base + i));
-    else if (!lua_isnil(L, base + i))
+  for (i = fn + 1; i <= lua_gettop(L); i++)
+    if (!lua_isnil(L, i)) {
+      lua_pushvalue(L, fn);
+      lua_getinfo(L, ">S", &ar);
+      if (c->h->group < 0)
+        return l_error(L, "%s must not return a value (it returned %s; defined at %s:%d)", name,
+                       l_typename(L, i), ar.short_src, ar.linedefined);
       return l_error(L,
-                     "capture_time_hooks %s must not return a value "
-                     "(callable %d, hook #%d returned %s)",
-                     name, c->h->callable + 1, c->h->index + 1, l_typename(L, base + i));
+                     "capture_time_hooks %s must not return a value (callable %d, hook #%d "
+                     "defined at %s:%d, returned %s)",
+                     name, c->h->callable + 1, c->h->index + 1, ar.short_src, ar.linedefined,
+                     l_typename(L, i));
+    }
   return 0;
 }
 
@@ -2663,8 +2672,60 @@ static gcap_status l_warmhook(void *ud) {
   return l_caphook(ud, NULL);
 }
 
-/* Progress: a C function the graphcap program registers (on a terminal). */
+/*
+** Progress of make_graphed_callables. Option progress = true: one line on
+** stderr, rewritten in place; a function: progress(phase, done, total),
+** whose error stops the call as a hook's does. Without the option, the
+** registry's PROGRESS_KEY (the graphcap program sets it true on a terminal)
+** decides.
+*/
 #define PROGRESS_KEY "graphcap.progress"
+
+static gcap_status l_progress_line(void *ud, const char *phase, int done, int total) {
+  (void)ud;
+  fprintf(stderr, "\rgraphcap: %s %d/%d", phase, done, total);
+  if (done == total) fputs("\n", stderr);
+  fflush(stderr);
+  return GCAP_OK;
+}
+
+typedef struct LProgress {
+  LCall c;
+  const char *phase;
+  int done, total;
+} LProgress;
+
+/* The protected part: opts.progress(phase, done, total) */
+static int l_pprogress(lua_State *L) {
+  LProgress *p = (LProgress *)lua_touserdata(L, 1);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &l_mgckey);
+  lua_getfield(L, -1, "progress");
+  lua_pushstring(L, p->phase);
+  lua_pushinteger(L, p->done);
+  lua_pushinteger(L, p->total);
+  lua_call(L, 3, 0);
+  return 0;
+}
+
+static gcap_status l_progress_fn(void *ud, const char *phase, int done, int total) {
+  LProgress p = {{0}, phase, done, total};
+  return l_callback((LEngine *)ud, &l_progkey, &p.c, NULL);
+}
+
+/* Set o's progress from option 'progress' of the table at index t. */
+static void l_optprogress(lua_State *L, int t, gcap_graphed_opts *o) {
+  int kind = lua_getfield(L, t, "progress");
+  if (kind == LUA_TNIL) {
+    lua_pop(L, 1);
+    kind = lua_getfield(L, LUA_REGISTRYINDEX, PROGRESS_KEY);
+  }
+  if (kind == LUA_TFUNCTION) {
+    o->progress = l_progress_fn;
+    o->progress_ud = lua_touserdata(L, ENGINEIDX);
+  } else if (lua_toboolean(L, -1))
+    o->progress = l_progress_line;
+  lua_pop(L, 1);
+}
 
 static double l_optnumber(lua_State *L, int t, const char *k, double def) {
   double v;
@@ -2698,6 +2759,20 @@ static int l_clock(lua_State *L) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);
   return 1;
+}
+
+/* gc.trace.start(path): trace the engine's work into path (Chrome JSON) */
+static int l_trace_start(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  l_check(L, e, gcap_trace_start(e, luaL_checkstring(L, 1)), "trace.start");
+  return 0;
+}
+
+/* gc.trace.stop(): finish the file (also done when the engine goes) */
+static int l_trace_stop(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  l_check(L, e, gcap_trace_stop(e), "trace.stop");
+  return 0;
 }
 
 static int l_make_graphed(lua_State *L) {
@@ -2860,10 +2935,7 @@ static int l_make_graphed(lua_State *L) {
     o.post_warmup_hook = l_warmhook;
     o.post_warmup_ud = &warm[1];
   }
-  if (lua_getfield(L, LUA_REGISTRYINDEX, PROGRESS_KEY) == LUA_TLIGHTUSERDATA) {
-    void *fp = lua_touserdata(L, -1);
-    memcpy(&o.progress, &fp, sizeof o.progress);
-  }
+  l_optprogress(L, 3, &o);
   r = (LGraphed *)l_newbox(L, sizeof *r, 1, GRAPHED_MT);
   r->g = NULL;
   r->e = e;
@@ -2965,6 +3037,29 @@ static int l_graphed_reset(lua_State *L) {
   return 0;
 }
 
+/* G:debug_dump(entry, prefix) -> {paths written}: prefix.fwd.dot, and
+** prefix.bwd.dot and prefix.bwd_dw.dot for the graphs the entry has */
+static int l_graphed_debug_dump(lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  int entry = l_checkentry(L, p, 2), n = 0;
+  const char *prefix = luaL_checkstring(L, 3);
+  gcap_graphed_stats s;
+  l_check(L, p->e, gcap_graphed_debug_dump(p->g, entry, prefix), "debug_dump");
+  l_check(L, p->e, gcap_graphed_get_stats(p->g, entry, &s), "debug_dump");
+  lua_createtable(L, 3, 0);
+  lua_pushfstring(L, "%s.fwd.dot", prefix);
+  lua_rawseti(L, -2, ++n);
+  if (s.has_bwd) {
+    lua_pushfstring(L, "%s.bwd.dot", prefix);
+    lua_rawseti(L, -2, ++n);
+  }
+  if (s.has_dw) {
+    lua_pushfstring(L, "%s.bwd_dw.dot", prefix);
+    lua_rawseti(L, -2, ++n);
+  }
+  return 1;
+}
+
 static void l_pushgstats(lua_State *L, const gcap_graph_stats *s) {
   lua_createtable(L, 0, 5);
   lua_pushinteger(L, (lua_Integer)s->nodes);
@@ -3005,10 +3100,13 @@ static const luaL_Reg l_graphed_meta[] = {{"__gc", l_graphed_close},
                                           {"__len", l_graphed_len},
                                           {NULL, NULL}};
 
-static const luaL_Reg l_graphed_methods[] = {
-    {"call", l_graphed_call},   {"backward_dw", l_graphed_backward_dw},
-    {"reset", l_graphed_reset}, {"stats", l_graphed_stats},
-    {"close", l_graphed_close}, {NULL, NULL}};
+static const luaL_Reg l_graphed_methods[] = {{"call", l_graphed_call},
+                                             {"backward_dw", l_graphed_backward_dw},
+                                             {"reset", l_graphed_reset},
+                                             {"stats", l_graphed_stats},
+                                             {"debug_dump", l_graphed_debug_dump},
+                                             {"close", l_graphed_close},
+                                             {NULL, NULL}};
 
 /* }====================================================== */
 
@@ -3040,6 +3138,8 @@ static const luaL_Reg l_funcs[] = {{"device", l_device},
                                    {"matmul", l_matmul},
                                    {"make_graphed_callables", l_make_graphed},
                                    {"clock", l_clock},
+                                   {"trace_start", l_trace_start},
+                                   {"trace_stop", l_trace_stop},
                                    {NULL, NULL}};
 
 static const struct {
@@ -3115,6 +3215,8 @@ static void l_callbacks(lua_State *L, int eng) {
   lua_pushvalue(L, eng);
   lua_pushcclosure(L, l_pcaphook, 1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &l_capkey);
+  lua_pushcfunction(L, l_pprogress);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_progkey);
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &l_errkey) != LUA_TUSERDATA) {
     LErr *h = (LErr *)lua_newuserdatauv(L, sizeof *h, 1);
     h->set = 0;

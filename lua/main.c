@@ -63,6 +63,8 @@ static void print_usage(FILE *f) {
              "  -i             enter interactive mode after executing 'script'\n"
              "  -l mod         require library 'mod' into global 'mod'\n"
              "  -l g=mod       require library 'mod' into global 'g'\n"
+             "  --trace FILE   write a trace of warmup, captures, hooks and replays to FILE\n"
+             "                 (Chrome trace-event JSON: open it in Perfetto)\n"
              "  -v, --version  show version information\n"
              "  -E             ignore environment variables (LUA_INIT, LUA_PATH, LUA_CPATH)\n"
              "  -W             turn warnings on\n"
@@ -90,8 +92,7 @@ static int report(lua_State *L, int status) {
 
 /*
 ** Message handler of every chunk: append a traceback, unless the message
-** has one already (Graph:capture and with_stream add the traceback of
-** where the error was raised, which shows the whole stack).
+** has one already (a script's own debug.traceback): one traceback, always.
 */
 static int msghandler(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
@@ -248,14 +249,15 @@ static void preload(lua_State *L) {
 ** or for a one-letter option the rest of its own (-ecode, -lmod).
 */
 enum {
-  has_e = 1 << 0,     /* -e stat */
-  has_l = 1 << 1,     /* -l mod */
-  has_i = 1 << 2,     /* -i */
-  has_v = 1 << 3,     /* -v, --version */
-  has_h = 1 << 4,     /* -h, --help */
-  has_E = 1 << 5,     /* -E */
-  has_W = 1 << 6,     /* -W */
-  has_device = 1 << 7 /* --device D */
+  has_e = 1 << 0,      /* -e stat */
+  has_l = 1 << 1,      /* -l mod */
+  has_i = 1 << 2,      /* -i */
+  has_v = 1 << 3,      /* -v, --version */
+  has_h = 1 << 4,      /* -h, --help */
+  has_E = 1 << 5,      /* -E */
+  has_W = 1 << 6,      /* -W */
+  has_device = 1 << 7, /* --device D */
+  has_trace = 1 << 8   /* --trace FILE */
 };
 
 static const struct gc_option {
@@ -273,6 +275,7 @@ static const struct gc_option {
     {"-E", has_E, NULL},
     {"-W", has_W, NULL},
     {"--device", has_device, "host or cuda"},
+    {"--trace", has_trace, "the JSON file to write"},
     {NULL, 0, NULL},
 };
 
@@ -306,10 +309,11 @@ static const struct gc_option *findopt(char **argv, int *i, const char **val) {
 
 /*
 ** Read the options before the script, whose index goes to '*script' (0:
-** none) and the --device value to '*device'. Return the mask of the
-** options found, or -1 after reporting a bad one.
+** none), the --device value to '*device' and the --trace file to
+** '*trace'. Return the mask of the options found, or -1 after reporting a
+** bad one.
 */
-static int collectargs(char **argv, int *script, const char **device) {
+static int collectargs(char **argv, int *script, const char **device, const char **trace) {
   int args = 0;
   int i;
   *script = 0;
@@ -332,7 +336,8 @@ static int collectargs(char **argv, int *script, const char **device) {
         return -1;
       }
       *device = val;
-    }
+    } else if (o->bit == has_trace)
+      *trace = val;
   }
   return args;
 }
@@ -468,23 +473,48 @@ static void doREPL(lua_State *L) {
 }
 
 /*
-** Progress of long make_graphed_callables calls, as one line rewritten in
-** place on a terminal (the binding calls it through the registry).
+** Progress of long make_graphed_callables calls: on a terminal, the
+** binding's one line rewritten in place (as the option progress = true).
 */
-static void progress_line(void *ud, const char *phase, int done, int total) {
-  (void)ud;
-  fprintf(stderr, "\rgraphcap: %s %d/%d", phase, done, total);
-  if (done == total) fputs("\n", stderr);
-  fflush(stderr);
+static void install_progress(lua_State *L) {
+  if (!isatty(fileno(stderr))) return; /* nothing at all when not a terminal */
+  lua_pushboolean(L, 1);
+  lua_setfield(L, LUA_REGISTRYINDEX, "graphcap.progress");
 }
 
-static void install_progress(lua_State *L) {
-  void (*fn)(void *, const char *, int, int) = progress_line;
-  void *p;
-  if (!isatty(fileno(stderr))) return; /* nothing at all when not a terminal */
-  memcpy(&p, &fn, sizeof p);           /* a function pointer as light userdata */
-  lua_pushlightuserdata(L, p);
-  lua_setfield(L, LUA_REGISTRYINDEX, "graphcap.progress");
+/* os.exit(code) that always closes the state (os.exit(code, true)), so
+** that finalizers run: the engine's then finishes the trace file. */
+static int exit_closing(lua_State *L) {
+  lua_settop(L, 1);
+  lua_pushboolean(L, 1);
+  lua_pushvalue(L, lua_upvalueindex(1)); /* the original os.exit */
+  lua_insert(L, 1);
+  lua_call(L, 2, 0);
+  return 0;
+}
+
+/* --trace FILE: trace the engine's work from the start; the engine closes
+** the file when the state closes, whatever the script did (an error, or
+** os.exit, which then closes the state). */
+static int start_trace(lua_State *L, const char *path) {
+  int top = lua_gettop(L), status;
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "graphcap");
+  if ((status = lua_pcall(L, 1, 1, 0)) == LUA_OK) {
+    lua_getfield(L, -1, "trace");
+    lua_getfield(L, -1, "start");
+    lua_pushstring(L, path);
+    status = lua_pcall(L, 1, 0, 0);
+  }
+  if (status == LUA_OK) {
+    lua_getglobal(L, "os");
+    lua_getfield(L, -1, "exit");
+    lua_pushcclosure(L, exit_closing, 1);
+    lua_setfield(L, -2, "exit");
+  }
+  lua_copy(L, -1, top + 1); /* the error message, if any */
+  lua_settop(L, top + (status != LUA_OK));
+  return report(L, status);
 }
 
 /*
@@ -494,9 +524,9 @@ static void install_progress(lua_State *L) {
 static int pmain(lua_State *L) {
   int argc = (int)lua_tointeger(L, 1);
   char **argv = (char **)lua_touserdata(L, 2);
-  const char *device = NULL;
+  const char *device = NULL, *trace = NULL;
   int script;
-  int args = collectargs(argv, &script, &device);
+  int args = collectargs(argv, &script, &device, &trace);
   luaL_checkversion(L);
   if (args < 0) { /* bad option */
     print_usage(stderr);
@@ -520,6 +550,7 @@ static int pmain(lua_State *L) {
   luaL_openlibs(L);
   preload(L);
   install_progress(L);
+  if (trace != NULL && start_trace(L, trace) != LUA_OK) return 0;
   createargtable(L, argv, argc, script);
   if (!(args & has_E) && handle_luainit(L) != LUA_OK) return 0;
   if (!runargs(L, argv, (script > 0) ? script : argc)) return 0;

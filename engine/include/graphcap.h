@@ -451,8 +451,9 @@ typedef struct gcap_capture_hooks {
 } gcap_capture_hooks;
 
 /* Progress of long work: `done` of `total` passes of `phase` ("warmup",
-** "capture"). */
-typedef void (*gcap_progress_fn)(void *ud, const char *phase, int done, int total);
+** "capture"), after each pass. A non-OK status stops the work, as a failing
+** hook does (everything is rolled back). */
+typedef gcap_status (*gcap_progress_fn)(void *ud, const char *phase, int done, int total);
 
 typedef struct gcap_graphed_opts {
   int num_warmup_iters;   /* 3 */
@@ -511,6 +512,41 @@ typedef struct gcap_graphed_stats {
   size_t pool_reserved_bytes;
 } gcap_graphed_stats;
 gcap_status gcap_graphed_get_stats(gcap_graphed *g, int entry, gcap_graphed_stats *out);
+
+/* ------------------------------------------------------------------------ */
+/* Seeing what was captured and what ran                                     */
+
+/* Write the captured graph g as Graphviz DOT to the file `path` (replaced).
+** cuda: CUDA's own description of the graph (cudaGraphDebugDotPrint, every
+** node with its parameters); host: the recorded launches in order, each with
+** its kernel, sizes and constants and the memory it reads and writes (pool
+** blocks and offsets), edges in stream order plus the forks and joins of
+** streams. GCAP_ESTATE when g is not captured (never, reset, or capturing);
+** GCAP_EINVAL naming the path and the system's reason when it cannot be
+** written. Render with `dot -Tsvg file.dot -o file.svg`. */
+gcap_status gcap_graph_debug_dump(gcap_graph *g, const char *path);
+
+/* Dump every graph entry i of g has, as gcap_graph_debug_dump does, to
+** "<prefix>.fwd.dot", "<prefix>.bwd.dot" and "<prefix>.bwd_dw.dot" (the
+** backward and delayed-wgrad graphs only when the entry has them). */
+gcap_status gcap_graphed_debug_dump(gcap_graphed *g, int entry, const char *prefix);
+
+/* Trace the engine's work into the file `path` as Chrome trace-event JSON
+** (open it in Perfetto, ui.perfetto.dev, or chrome://tracing): one span per
+** make_graphed_callables, warmup, warmup iteration, warmup forward and
+** backward of each entry, capture and instantiate of each graph, call of a
+** capture-time hook (named by its group, index and callable) and of the
+** pre/post warmup hooks, graph replay, and graphed forward, backward and
+** backward_dw call. Times are microseconds of a monotonic clock. Events are
+** written as they happen (constant memory). GCAP_ESTATE when a trace is
+** already open; GCAP_EINVAL naming the path and the reason when the file
+** cannot be written. */
+gcap_status gcap_trace_start(gcap_engine *e, const char *path);
+
+/* Finish the trace: close the JSON and the file. GCAP_OK when no trace is
+** open; GCAP_EINVAL when writing the file failed. gcap_engine_free stops an
+** open trace, so the file is complete whenever the engine is released. */
+gcap_status gcap_trace_stop(gcap_engine *e);
 
 #ifdef __cplusplus
 }

@@ -255,6 +255,28 @@ void gc_pool_trim_since(gcap_pool *p, const gc_seg *since) {
   }
 }
 
+const char *gc_describe_ptr(gcap_engine *e, const void *ptr, char *buf, size_t n) {
+  const char *c = (const char *)ptr;
+  const gcap_pool *p;
+  const gc_seg *s;
+  const gc_blk *b;
+  for (p = e->pools; p != NULL; p = p->next)
+    for (s = p->segs; s != NULL; s = s->next) {
+      if (c < s->base || c >= s->base + s->size) continue;
+      for (b = s->first; b != NULL && b->ptr + b->size <= c; b = b->next)
+        ;
+      if (b != NULL)
+        snprintf(buf, n, "%s block %p + %zu of %zu B", p->is_heap ? "heap" : "pool", (void *)b->ptr,
+                 (size_t)(c - b->ptr), b->size);
+      else
+        snprintf(buf, n, "%s segment %p + %zu", p->is_heap ? "heap" : "pool", (void *)s->base,
+                 (size_t)(c - s->base));
+      return buf;
+    }
+  snprintf(buf, n, "%p (not engine memory)", ptr);
+  return buf;
+}
+
 void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out) {
   out->reserved_bytes = p->reserved;
   out->in_use_bytes = p->in_use;
@@ -310,6 +332,7 @@ void gcap_pool_free(gcap_pool *p) {
 
 gcap_status gcap_pool_get_stats(gcap_pool *p, gcap_mem_stats *out) {
   if (p == NULL || out == NULL) return GCAP_EINVAL;
+  gc_clear(p->e);
   gc_pool_stats_of(p, out);
   return GCAP_OK;
 }

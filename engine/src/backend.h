@@ -113,6 +113,10 @@ typedef struct gc_kargs {
 /* The name of a kernel, for error messages ("add", "sum", ...). */
 const char *gc_kernel_name(int k);
 
+/* What device address p is, for a dump: "pool block 0x... + 64 of 512 B",
+** "heap block ...", or "0x... (not engine memory)", into buf. */
+const char *gc_describe_ptr(gcap_engine *e, const void *p, char *buf, size_t n);
+
 /* Set the engine's error message (printf-style) and return st. */
 gcap_status gc_fail(gcap_engine *e, gcap_status st, const char *fmt, ...)
 #ifdef __GNUC__
@@ -165,6 +169,11 @@ typedef struct gc_backend {
   gcap_status (*graph_launch)(gcap_engine *e, void *bs, void *exec, void *s);
   /* Free a graph and/or its exec; either may be NULL. */
   void (*graph_free)(void *bs, void *graph, void *exec);
+  /* Write a captured graph (and its exec, which the host's graph is) as
+  ** Graphviz DOT titled `name` to the file `path`, which the core has found
+  ** writable. */
+  gcap_status (*debug_dump)(gcap_engine *e, void *bs, void *graph, const char *name,
+                            const char *path);
 } gc_backend;
 
 /* The backends built in; gc_cuda_backend() is NULL in a CUDA=0 build. */

@@ -12,6 +12,7 @@
 ** itself, or by eager work) means a graph captured in between has reused
 ** that memory: the replay is refused.
 */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,7 @@ gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out) {
 
 gcap_status gcap_graph_set_name(gcap_graph *g, const char *name) {
   if (g == NULL || name == NULL) return GCAP_EINVAL;
+  gc_clear(g->e);
   snprintf(g->name, sizeof g->name, "%s", name);
   return GCAP_OK;
 }
@@ -254,6 +256,7 @@ gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
   cap->origin = s;
   cap->prev_current = e->current;
   cap->t0 = gc_now_ms();
+  cap->trace_t0 = gc_trace_clock(e);
   e->cap = cap;
   e->cap_epoch++;
   e->current = s;
@@ -297,7 +300,7 @@ gcap_status gcap_capture_end(gcap_graph *g) {
   gcap_stream *s;
   gcap_status st;
   void *bgraph = NULL;
-  double t1;
+  double t1, tr1;
   if (g == NULL) return GCAP_EINVAL;
   e = g->e;
   gc_clear(e);
@@ -313,6 +316,9 @@ gcap_status gcap_capture_end(gcap_graph *g) {
                            "last work)");
   st = e->be->capture_end(e, e->bs, cap->origin->bs, &bgraph);
   t1 = gc_now_ms();
+  gc_trace_span(e, cap->trace_t0, "capture", "capture %s%s", g->name,
+                cap->invalid || st != GCAP_OK ? " (failed)" : "");
+  tr1 = gc_trace_clock(e);
   for (s = e->streams; s != NULL; s = s->next)
     s->in_capture = 0;
   e->current = cap->prev_current;
@@ -330,6 +336,7 @@ gcap_status gcap_capture_end(gcap_graph *g) {
   g->stats.capture_ms = t1 - cap->t0;
   st = e->be->instantiate(e, e->bs, g->bgraph, &g->bexec, &g->stats.nodes);
   g->stats.instantiate_ms = gc_now_ms() - t1;
+  gc_trace_span(e, tr1, "capture", "instantiate %s", g->name);
   g->stats.pool_bytes = g->pool->reserved;
   cap_free(cap, st != GCAP_OK);
   if (st != GCAP_OK) {
@@ -392,18 +399,24 @@ static gcap_status replay_check(gcap_graph *g) {
   return GCAP_OK;
 }
 
+/* Why g cannot be replayed or dumped: it holds no captured graph. */
+static gcap_status not_captured(gcap_graph *g, const char *op) {
+  return gc_fail(g->e, GCAP_ESTATE, "%s: %s is not captured (%s)", op, g->name,
+                 g->state == GC_GRAPH_CAPTURING ? "its capture is still open"
+                                                : "never captured, or reset");
+}
+
 gcap_status gcap_graph_replay(gcap_graph *g) {
   gcap_engine *e;
   gcap_stream *s;
   gcap_status st;
+  double t0;
   int i;
   if (g == NULL) return GCAP_EINVAL;
   e = g->e;
   gc_clear(e);
-  if (g->state != GC_GRAPH_READY)
-    return gc_fail(e, GCAP_ESTATE, "replay: %s is not captured (%s)", g->name,
-                   g->state == GC_GRAPH_CAPTURING ? "its capture is still open"
-                                                  : "never captured, or reset");
+  t0 = gc_trace_clock(e);
+  if (g->state != GC_GRAPH_READY) return not_captured(g, "replay");
   if ((st = gc_check_not_capturing(e, "graph replay")) != GCAP_OK) return st;
   s = e->current;
   if ((st = gc_check_stream(e, s, "replay")) != GCAP_OK) return st;
@@ -413,7 +426,27 @@ gcap_status gcap_graph_replay(gcap_graph *g) {
   for (i = 0; i < g->writes.n; i++)
     gc_ivmap_set(&g->pool->writers, g->writes.v[i].lo, g->writes.v[i].hi, g->id);
   g->stats.replays++;
+  gc_trace_span(e, t0, "replay", "replay %s", g->name);
   return GCAP_OK;
+}
+
+gcap_status gcap_graph_debug_dump(gcap_graph *g, const char *path) {
+  gcap_engine *e;
+  char why[GC_ERRLEN];
+  gcap_status st;
+  FILE *f;
+  if (g == NULL) return GCAP_EINVAL;
+  e = g->e;
+  gc_clear(e);
+  if (path == NULL || *path == '\0')
+    return gc_fail(e, GCAP_EINVAL, "debug_dump: the path is empty");
+  if (g->state != GC_GRAPH_READY) return not_captured(g, "debug_dump");
+  if ((f = fopen(path, "w")) == NULL)
+    return gc_fail(e, GCAP_EINVAL, "debug_dump: cannot write '%s': %s", path, strerror(errno));
+  fclose(f);
+  if ((st = e->be->debug_dump(e, e->bs, g->bgraph, g->name, path)) == GCAP_OK) return GCAP_OK;
+  snprintf(why, sizeof why, "%s", e->err);
+  return gc_fail(e, st, "debug_dump of %s: %s", g->name, why);
 }
 
 gcap_status gcap_graph_reset(gcap_graph *g) {
@@ -432,6 +465,7 @@ gcap_status gcap_graph_reset(gcap_graph *g) {
 
 gcap_status gcap_graph_get_stats(gcap_graph *g, gcap_graph_stats *out) {
   if (g == NULL || out == NULL) return GCAP_EINVAL;
+  gc_clear(g->e);
   *out = g->stats;
   return GCAP_OK;
 }

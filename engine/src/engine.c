@@ -143,6 +143,7 @@ void gc_engine_unref(gcap_engine *e) {
 
 void gcap_engine_free(gcap_engine *e) {
   if (e == NULL || e->closed) return;
+  gcap_trace_stop(e);
   e->closed = 1;
   gc_engine_unref(e);
 }
@@ -215,6 +216,7 @@ gcap_status gcap_manual_seed(gcap_engine *e, uint64_t seed) {
 
 gcap_status gcap_engine_mem_stats(gcap_engine *e, gcap_mem_stats *out) {
   if (e == NULL || out == NULL) return GCAP_EINVAL;
+  gc_clear(e);
   gc_pool_stats_of(e->heap, out);
   return GCAP_OK;
 }

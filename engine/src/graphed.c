@@ -143,8 +143,12 @@ static gcap_status run_hooks(ge_build *b, int c, int group) {
     }
   for (j = 0; j < h->n[group]; j++) {
     gcap_status st;
+    double t0 = gc_trace_clock(b->e);
     gc_clear(b->e);
-    if ((st = h->fn[group][j](h->ud[group] ? h->ud[group][j] : NULL, m)) != GCAP_OK) {
+    st = h->fn[group][j](h->ud[group] ? h->ud[group][j] : NULL, m);
+    gc_trace_span(b->e, t0, "hook", "%s #%d of callable %d (%s)", group_names[group], j + 1, c + 1,
+                  gcap_module_type(m));
+    if (st != GCAP_OK) {
       if (gcap_errmsg(b->e)[0] == '\0') /* the hook said nothing itself */
         gc_fail(b->e, st, "capture_time_hooks %s #%d of callable %d failed (%s)",
                 group_names[group], j + 1, c + 1, gcap_status_str(st));
@@ -154,9 +158,18 @@ static gcap_status run_hooks(ge_build *b, int c, int group) {
   return GCAP_OK;
 }
 
-static void progress(ge_build *b) {
+/* After a pass that ended with st: count it and tell the progress callback,
+** whose non-OK status stops the work. */
+static gcap_status progress(ge_build *b, gcap_status st) {
+  if (st != GCAP_OK) return st;
   b->done++;
-  if (b->o->progress) b->o->progress(b->o->progress_ud, b->phase, b->done, b->total);
+  if (b->o->progress == NULL) return GCAP_OK;
+  gc_clear(b->e);
+  st = b->o->progress(b->o->progress_ud, b->phase, b->done, b->total);
+  if (st != GCAP_OK && gcap_errmsg(b->e)[0] == '\0') /* the callback said nothing itself */
+    gc_fail(b->e, st, "make_graphed_callables: the progress callback stopped the %s at %d of %d",
+            b->phase, b->done, b->total);
+  return st;
 }
 
 /* Prefix the engine's message with the phase, entry and callable. */
@@ -196,9 +209,12 @@ static gcap_status warm_fwd(ge_build *b, int i) {
   ge_entry *x = &b->G->v[i];
   gcap_tensor *y = NULL;
   gcap_status st;
+  double t0;
   if ((st = run_hooks(b, x->callable, GCAP_FORWARD_PRE_HOOKS)) != GCAP_OK) return st;
-  if ((st = gc_module_forward(x->m, x->nargs, x->args, &y)) != GCAP_OK)
-    return where(b, st, i, "warmup forward");
+  t0 = gc_trace_clock(b->e);
+  st = gc_module_forward(x->m, x->nargs, x->args, &y);
+  gc_trace_span(b->e, t0, "warmup", "warmup forward of entry %d", i + 1);
+  if (st != GCAP_OK) return where(b, st, i, "warmup forward");
   gcap_tensor_free(b->warm_out[i]);
   b->warm_out[i] = y;
   return run_hooks(b, x->callable, GCAP_FORWARD_HOOKS);
@@ -245,9 +261,11 @@ static gcap_status warm_bwd(ge_build *b, int i, int it) {
   gcap_status st;
   if ((st = run_hooks(b, x->callable, GCAP_BACKWARD_PRE_HOOKS)) != GCAP_OK) goto done;
   if (b->warm_out[i] && b->warm_out[i]->requires_grad) {
+    double t0 = gc_trace_clock(b->e);
     if ((st = zeros_like(b->warm_out[i], &gout)) == GCAP_OK)
       st = gcap_backward(b->warm_out[i], gout, 0);
     if (st == GCAP_OK && x->need_dw) st = gcap_module_backward_dw(x->m);
+    gc_trace_span(b->e, t0, "warmup", "warmup backward of entry %d", i + 1);
     if (st != GCAP_OK) {
       st = where(b, st, i, "warmup backward");
       goto done;
@@ -661,12 +679,21 @@ static gcap_status share_inputs(ge_build *b) {
   return GCAP_OK;
 }
 
+/* The pre or post warmup hook, traced. */
+static gcap_status warm_hook(ge_build *b, const char *name, gcap_status (*fn)(void *), void *ud) {
+  double t0 = gc_trace_clock(b->e);
+  gcap_status st = fn(ud);
+  gc_trace_span(b->e, t0, "hook", "%s", name);
+  return st;
+}
+
 static gcap_status warmup(ge_build *b) {
   const gcap_graphed_opts *o = b->o;
   gcap_graphed *G = b->G;
   gcap_stream *side = NULL;
   gcap_event *ready = NULL;
   gcap_status st;
+  double t0 = gc_trace_clock(b->e), ti;
   int it, i;
   if ((st = gcap_stream_new(b->e, &side)) != GCAP_OK) return st;
   /* the side stream starts after the caller's pending work (inputs, weights) */
@@ -681,29 +708,34 @@ static gcap_status warmup(ge_build *b) {
   b->e->warm_prev = b->e->current; /* a hook may free it: stream.c redirects this */
   b->e->current = side;
   b->phase = "warmup";
-  if (o->pre_warmup_hook && (st = o->pre_warmup_hook(o->pre_warmup_ud)) != GCAP_OK) goto done;
+  if (o->pre_warmup_hook &&
+      (st = warm_hook(b, "pre_warmup_hook", o->pre_warmup_hook, o->pre_warmup_ud)) != GCAP_OK)
+    goto done;
   for (it = 0; it < o->num_warmup_iters && st == GCAP_OK; it++) {
+    ti = gc_trace_clock(b->e);
     if (o->order == NULL) {
-      for (i = 0; i < G->n && st == GCAP_OK; i++, progress(b))
+      for (i = 0; i < G->n && st == GCAP_OK; i++, st = progress(b, st))
         st = warm_fwd(b, i);
-      for (i = G->n - 1; G->training && i >= 0 && st == GCAP_OK; i--, progress(b))
+      for (i = G->n - 1; G->training && i >= 0 && st == GCAP_OK; i--, st = progress(b, st))
         st = warm_bwd(b, i, it);
-      continue;
-    }
-    for (i = 0; i < b->sched.n && st == GCAP_OK; i++, progress(b)) {
-      gc_pass *p = &b->sched.v[i];
-      if (p->kind == GC_PASS_FWD)
-        st = warm_fwd(b, p->entry);
-      else if (p->kind == GC_PASS_BWD)
-        st = warm_bwd(b, p->entry, it);
-    }
+    } else
+      for (i = 0; i < b->sched.n && st == GCAP_OK; i++, st = progress(b, st)) {
+        gc_pass *p = &b->sched.v[i];
+        if (p->kind == GC_PASS_FWD)
+          st = warm_fwd(b, p->entry);
+        else if (p->kind == GC_PASS_BWD)
+          st = warm_bwd(b, p->entry, it);
+      }
+    gc_trace_span(b->e, ti, "warmup", "warmup iteration %d", it + 1);
   }
-  if (st == GCAP_OK && o->post_warmup_hook) st = o->post_warmup_hook(o->post_warmup_ud);
+  if (st == GCAP_OK && o->post_warmup_hook)
+    st = warm_hook(b, "post_warmup_hook", o->post_warmup_hook, o->post_warmup_ud);
   if (st == GCAP_OK) st = gcap_stream_synchronize(side);
 done:
   b->e->current = b->e->warm_prev;
   b->e->warm_prev = NULL;
   gcap_stream_free(side);
+  gc_trace_span(b->e, t0, "warmup", "warmup");
   return st;
 }
 
@@ -713,7 +745,7 @@ static gcap_status capture_all(ge_build *b) {
   int i;
   b->phase = "capture";
   b->prev_bwd = b->last_l0 = -1;
-  for (i = 0; i < b->sched.n && st == GCAP_OK; i++, progress(b)) {
+  for (i = 0; i < b->sched.n && st == GCAP_OK; i++, st = progress(b, st)) {
     gc_pass *p = &b->sched.v[i];
     b->pass = i;
     if (p->kind == GC_PASS_FWD)
@@ -732,10 +764,9 @@ static gcap_status capture_all(ge_build *b) {
   return st;
 }
 
-gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
-                                        gcap_module *const *callables, int nentries,
-                                        const int *nargs, gcap_tensor *const *const *args,
-                                        const gcap_graphed_opts *opts, gcap_graphed **out) {
+static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *const *callables,
+                                int nentries, const int *nargs, gcap_tensor *const *const *args,
+                                const gcap_graphed_opts *opts, gcap_graphed **out) {
   gcap_graphed_opts defaults;
   gc_seg *segs_before = opts && opts->pool ? opts->pool->segs : NULL;
   ge_build b;
@@ -836,6 +867,16 @@ fail0:
   return st;
 }
 
+gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
+                                        gcap_module *const *callables, int nentries,
+                                        const int *nargs, gcap_tensor *const *const *args,
+                                        const gcap_graphed_opts *opts, gcap_graphed **out) {
+  double t0 = e ? gc_trace_clock(e) : 0.0;
+  gcap_status st = make_graphed(e, ncallables, callables, nentries, nargs, args, opts, out);
+  if (e) gc_trace_span(e, t0, "graphed", "make_graphed_callables%s", st ? " (failed)" : "");
+  return st;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Replay                                                                    */
 
@@ -871,6 +912,7 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_graphed *G = r->G;
   ge_entry *x = &G->v[r->entry];
   gcap_status st;
+  double t0 = gc_trace_clock(G->e);
   int k;
   if (x->reset)
     return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
@@ -881,6 +923,7 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
       (st = gcap_copy_(x->grad_out, g)) != GCAP_OK)
     return st;
   if ((st = gcap_graph_replay(x->bwd)) != GCAP_OK) return st;
+  gc_trace_span(G->e, t0, "replay", "graphed backward of entry %d", r->entry + 1);
   if (r->pending) {
     r->pending = 0;
     x->fwd_pending--;
@@ -920,8 +963,8 @@ static gcap_status check_shared_inputs(gcap_graphed *G, int entry) {
   return GCAP_OK;
 }
 
-gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
-                              gcap_tensor **out) {
+static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
+                                gcap_tensor **out) {
   ge_entry *x;
   gcap_tensor **surf = NULL, *small[16];
   gcap_status st;
@@ -993,14 +1036,24 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
   return GCAP_OK;
 }
 
+gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
+                              gcap_tensor **out) {
+  double t0 = G ? gc_trace_clock(G->e) : 0.0;
+  gcap_status st = graphed_call(G, entry, nin, in, out);
+  if (G) gc_trace_span(G->e, t0, "replay", "graphed forward of entry %d", entry + 1);
+  return st;
+}
+
 gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
   ge_entry *x;
   gc_acc_run run;
   gcap_status st, st2;
+  double t0;
   int k, was;
   if ((st = entry_ok(G, entry, "backward_dw")) != GCAP_OK) return st;
   x = &G->v[entry];
   if (x->dw == NULL) return GCAP_OK;
+  t0 = gc_trace_clock(G->e);
   if ((st = gcap_graph_replay(x->dw)) != GCAP_OK) return st;
   was = gcap_set_grad_enabled(G->e, 0);
   run.n = 0;
@@ -1008,6 +1061,7 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
     if (x->dw_grad[k]) st = gc_acc_grad_run(&run, x->params[k], x->dw_grad[k], 0);
   if ((st2 = gc_acc_end(&run)) != GCAP_OK && st == GCAP_OK) st = st2;
   gcap_set_grad_enabled(G->e, was);
+  gc_trace_span(G->e, t0, "replay", "graphed backward_dw of entry %d", entry + 1);
   return st;
 }
 
@@ -1024,6 +1078,26 @@ gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
   gcap_graph_free(x->dw);
   x->fwd = x->bwd = x->dw = NULL;
   x->reset = 1;
+  return GCAP_OK;
+}
+
+gcap_status gcap_graphed_debug_dump(gcap_graphed *G, int entry, const char *prefix) {
+  static const char *const suffix[3] = {"fwd", "bwd", "bwd_dw"};
+  gcap_graph *gs[3];
+  gcap_status st;
+  int k;
+  if ((st = entry_ok(G, entry, "debug_dump")) != GCAP_OK) return st;
+  if (prefix == NULL) return gc_fail(G->e, GCAP_EINVAL, "debug_dump: the prefix is NULL");
+  gs[0] = G->v[entry].fwd;
+  gs[1] = G->v[entry].bwd;
+  gs[2] = G->v[entry].dw;
+  for (k = 0; k < 3; k++) {
+    char path[4096];
+    if (gs[k] == NULL) continue;
+    if (snprintf(path, sizeof path, "%s.%s.dot", prefix, suffix[k]) >= (int)sizeof path)
+      return gc_fail(G->e, GCAP_EINVAL, "debug_dump: the prefix is too long");
+    if ((st = gcap_graph_debug_dump(gs[k], path)) != GCAP_OK) return st;
+  }
   return GCAP_OK;
 }
 

@@ -260,8 +260,9 @@ typedef struct gc_capture {
   int invalid;
   char why[GC_ERRLEN];
   double t0;
-  gc_ranges undo; /* what the capture overwrote in the pool's capture-order map, in order,
-                     for a failure to put back */
+  double trace_t0; /* gc_trace_clock at begin */
+  gc_ranges undo;  /* what the capture overwrote in the pool's capture-order map, in order,
+                      for a failure to put back */
 } gc_capture;
 
 /* Note that the launch about to happen reads (write = 0) or writes t:
@@ -298,6 +299,7 @@ struct gcap_engine {
   gcap_pool *dead_pools;
   void **dead_ptrs;
   int ndead_ptrs, capdead_ptrs;
+  struct gc_trace *trace; /* the open trace (trace.c), or NULL */
 };
 
 void gc_engine_ref(gcap_engine *e);
@@ -321,6 +323,24 @@ static inline void gc_clear(gcap_engine *e) {
   e->err[0] = '\0';
 }
 double gc_now_ms(void);
+
+/* ------------------------------------------------------------------------ */
+/* Trace (trace.c)                                                           */
+
+typedef struct gc_trace gc_trace;
+
+/* The start of a span: now in microseconds while a trace is open, else 0
+** (inline: replays ask it, and pay a NULL test when nothing is traced). */
+static inline double gc_trace_clock(const gcap_engine *e) {
+  return e->trace ? gc_now_ms() * 1e3 : 0.0;
+}
+/* Write the span of category cat begun at t0 (from gc_trace_clock), ending
+** now, named by fmt; nothing when t0 is 0 or no trace is open. */
+void gc_trace_span(gcap_engine *e, double t0, const char *cat, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
 
 /* ------------------------------------------------------------------------ */
 /* Kernel dispatch (ops.c)                                                   */

@@ -381,6 +381,7 @@ gcap_status gcap_module_register_hook(gcap_module *m, gcap_hook_kind kind, gcap_
 gcap_status gcap_module_remove_hook(gcap_module *m, int id) {
   int i;
   if (m == NULL) return GCAP_EINVAL;
+  gc_clear(m->e);
   for (i = 0; i < m->nhooks; i++)
     if (m->hooks[i].id == id) {
       if (m->hooks[i].ud_free) m->hooks[i].ud_free(m->hooks[i].ud);

@@ -31,9 +31,10 @@ static gcap_status count_hook(void *ud, gcap_module *m) {
   return GCAP_OK;
 }
 
-static void progress(void *ud, const char *phase, int done, int total) {
+static gcap_status progress(void *ud, const char *phase, int done, int total) {
   (void)ud;
   if (done == total) printf("  %s: %d passes\n", phase, total);
+  return GCAP_OK;
 }
 
 int main(void) {

@@ -34,7 +34,7 @@ local known_options = {
   pool = "userdata", retain_graph_in_backward = "boolean",
   reuse_graph_input_output_buffers = "boolean",
   clone_param_grads_on_return = "boolean", pre_warmup_hook = "function",
-  post_warmup_hook = "function", capture_time_hooks = "table",
+  post_warmup_hook = "function", capture_time_hooks = "table", progress = true,
 }
 
 local groups = {"forward_pre_hooks", "forward_hooks", "backward_pre_hooks",
@@ -151,6 +151,7 @@ end
 function Entry:backward_dw () return self.G:backward_dw(self.i) end
 function Entry:reset () return self.G:reset(self.i) end
 function Entry:stats () return self.G:stats(self.i) end
+function Entry:debug_dump (prefix) return self.G:debug_dump(self.i, prefix) end
 function Entry:__tostring ()
   return string.format("graphcap.GraphedEntry(%d)", self.i)
 end
@@ -180,6 +181,10 @@ local function make_graphed_callables (callables, sample_args, opts)
     end
   end
   if opts.num_warmup_iters ~= nil then c_int("num_warmup_iters", opts.num_warmup_iters) end
+  if opts.progress ~= nil and type(opts.progress) ~= "function"
+     and type(opts.progress) ~= "boolean" then
+    fail("option progress must be a function or a boolean, got %s", type(opts.progress))
+  end
   for p, v in ipairs(opts.order or {}) do
     if type(v) ~= "number" then fail("order[%d] must be a number, got %s", p, type(v)) end
   end
@@ -275,6 +280,7 @@ local function make_graphed_callables (callables, sample_args, opts)
       m.backward_dw = function () return G:backward_dw(i) end
       m.reset = function () return G:reset(i) end
       m.stats = function () return G:stats(i) end
+      m.debug_dump = function (_, prefix) return G:debug_dump(i, prefix) end
       out[i] = m
     else
       out[i] = setmetatable({G = G, i = i, mods = mods}, Entry) -- keeps the callables' Lua values (their graphed_kwargs)

@@ -5,7 +5,8 @@
 local core = require "graphcap.core"
 local util = require "graphcap.util"
 
-local error, ipairs, pairs, pcall, table, type = error, ipairs, pairs, pcall, table, type
+local error, getmetatable, ipairs, pairs, pcall, table, type =
+      error, getmetatable, ipairs, pairs, pcall, table, type
 
 local gc = {}
 
@@ -16,9 +17,24 @@ end
 gc.nn = require "graphcap.nn"
 gc.optim = require "graphcap.optim"
 gc.make_graphed_callables = require "graphcap.graphed"
+-- gc.trace.start(path), gc.trace.stop(): Chrome trace-event JSON of warmup,
+-- captures, capture-time hooks and replays (open it in Perfetto)
+gc.trace = {start = core.trace_start, stop = core.trace_stop}
+gc.trace_start, gc.trace_stop = nil, nil
 _ENV = nil
 
 local options, check, run = util.options, util.check, util.run
+local mts = core._metatables
+
+-- Check that v (argument or option 'what' of 'where') is nil (when
+-- optional) or an object of class 'class' ("Tensor", "Stream", ...); the
+-- error is raised at the caller of the function calling this.
+local function check_object (where, what, v, class, optional)
+  if (v == nil and optional) or getmetatable(v) == mts[class] then return v end
+  local got = type(v)
+  if type(v) == "userdata" and getmetatable(v) then got = getmetatable(v).__name or got end
+  error(where .. ": " .. what .. " must be a " .. class .. ", got " .. got, 3)
+end
 
 
 -- Tensor constructors: the last argument is nil, a dtype name or
@@ -70,6 +86,7 @@ local backward_options = {retain_graph = true}
 function Tensor.backward (self, grad, opts)
   if opts == nil and type(grad) == "table" then grad, opts = nil, grad end
   opts = options("backward", opts, backward_options, 2)
+  check_object("backward", "grad", grad, "Tensor", true)
   return backward(self, grad, check("backward", "retain_graph",
                                     opts.retain_graph, "boolean", false, 2))
 end
@@ -77,8 +94,8 @@ end
 -- Run fn(...) with grad recording set to 'on' and return its results;
 -- the previous setting comes back, also when fn raises.
 local function with_grad (where, on, fn, ...)
-  if type(fn) ~= "function" then
-    error(where .. ": fn must be a function, got " .. type(fn), 3)
+  if type(fn) ~= "function" then  -- level 2: the callers' tail calls left theirs out
+    error(where .. ": fn must be a function, got " .. type(fn), 2)
   end
   local prev = core.set_grad_enabled(on)
   local r = run(fn, ...)
@@ -100,6 +117,10 @@ end
 -- return fn's results; the previous current stream comes back, also when
 -- fn raises.
 function gc.with_stream (s, fn, ...)
+  check_object("with_stream", "s", s, "Stream")
+  if type(fn) ~= "function" then
+    error("with_stream: fn must be a function, got " .. type(fn), 2)
+  end
   local prev = core.current_stream()
   core.set_current_stream(s)
   local r = run(fn, ...)
@@ -115,13 +136,14 @@ local capture_options = {pool = true, stream = true, name = true}
 -- g:capture(fn [, {pool = p, stream = s, name = str}]): capture the work fn
 -- launches into g and return fn's results. The capture always ends, also
 -- when fn raises; then g is reset (it would hold part of fn's work) and
--- fn's error, with the traceback of where it was raised, wins over
--- capture_end's.
+-- fn's error, as raised, wins over capture_end's.
 function Graph:capture (fn, opts)
   opts = options("Graph:capture", opts, capture_options, 2)
   if type(fn) ~= "function" then
     error("Graph:capture: fn must be a function, got " .. type(fn), 2)
   end
+  check_object("Graph:capture", "option pool", opts.pool, "Pool", true)
+  check_object("Graph:capture", "option stream", opts.stream, "Stream", true)
   if opts.name ~= nil then self:set_name(opts.name) end
   self:capture_begin(opts.pool, opts.stream)
   local r = run(fn)

@@ -1,8 +1,8 @@
 -- graphcap.util: helpers shared by the facade's modules (option tables,
--- tracebacks, protected calls).
+-- protected calls).
 
-local debug, error, math, pairs, string, table, tostring, type, xpcall =
-      debug, error, math, pairs, string, table, tostring, type, xpcall
+local error, math, pairs, pcall, string, table, tostring, type =
+      error, math, pairs, pcall, string, table, tostring, type
 _ENV = nil
 
 local util = {}
@@ -58,18 +58,11 @@ function util.zero_grad (czero)
   end
 end
 
--- Append a traceback to an error message unless it has one (from a nested
--- capture); called where the error was raised, it shows the whole stack.
-function util.traceback (msg)
-  if type(msg) == "string" and not msg:find("\nstack traceback:\n", 1, true) then
-    return debug.traceback(msg, 2)
-  end
-  return msg
-end
-
--- xpcall(fn, traceback, ...) with its results packed.
+-- pcall(fn, ...) with its results packed. The error, re-raised as it is
+-- (error(r[2], 0)), keeps the position where it was raised; the
+-- interpreter then adds the one traceback.
 function util.run (fn, ...)
-  return table.pack(xpcall(fn, util.traceback, ...))
+  return table.pack(pcall(fn, ...))
 end
 
 return util

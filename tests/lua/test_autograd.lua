@@ -477,7 +477,7 @@ function TestAutograd:test_backward_bad_arguments ()
              "backward", "unknown option 'retain'")
   assert_err(function () y:backward(gc.ones({2}), {retain_graph = 1}) end,
              "retain_graph must be a boolean")
-  assert_err(function () y:backward(5) end, "Tensor expected")
+  assert_err(function () y:backward(5) end, "backward: grad must be a Tensor", HERE)
   assert_err(function () gc.ones({2}):sum():backward() end, "does not require grad")
   lu.assertNil(x.grad)
   y:backward(gc.ones({2}))                               -- the graph was never spent
@@ -538,7 +538,7 @@ function TestAutograd:test_no_grad_restores_mode_when_fn_errors ()
   local ok, e = pcall(gc.no_grad, function () error("boom in no_grad") end)
   lu.assertFalse(ok)
   lu.assertStrContains(e, "boom in no_grad")
-  lu.assertStrContains(e, "stack traceback:")
+  lu.assertNotStrContains(e, "stack traceback:")
   lu.assertStrContains(e, HERE)
   lu.assertTrue(gc.is_grad_enabled())
   -- an error object that is not a string comes back as it is

@@ -3,7 +3,7 @@
 -- with gc.nn.Module (init/forward, parameters in assignment order, children,
 -- gc.nn.Parameter, buffers, dotted names, train/eval), the four module hook
 -- kinds (order, arguments, removal), hooks and forwards that raise (the error
--- reaches the caller with a traceback, the module keeps working and its grads
+-- reaches the caller as raised, the module keeps working and its grads
 -- are right), bad inputs (errors that name the op and the shapes), delayed
 -- wgrad, zero_grad, closed modules.
 --   build/graphcap tests/lua/test_nn.lua -o tap
@@ -746,7 +746,7 @@ function TestHooks:test_hook_lives_without_handle ()
   lu.assertEquals(n, 1)
 end
 
--- A hook of kind k that raises: its message and traceback reach the caller;
+-- A hook of kind k that raises: its message reaches the caller as raised;
 -- nothing is left half done: with the hook removed the module trains as a
 -- hook-free one would, bit for bit.
 local function check_raising_hook (k)
@@ -768,7 +768,7 @@ local function check_raising_hook (k)
                                 or "forward_pre forward backward_pre backward")
   end
   lu.assertStrContains(msg, HERE)                       -- where it was raised
-  lu.assertStrContains(msg, "stack traceback:")
+  lu.assertNotStrContains(msg, "stack traceback:")      -- the interpreter adds the one traceback
   lu.assertNil(x.grad)                                  -- x's grad comes after all hooks
   if k <= 3 then
     lu.assertNil(m.weight.grad)                         -- nothing reached the leaves
@@ -811,7 +811,8 @@ function TestHooks:test_raising_hook_in_child_and_error_object ()
   lu.assertIs(e, obj)
   h:remove()
   h = g:register_forward_hook(function () error("child hook") end)
-  assert_err(function () s(input({1, 2})) end, "child hook", "stack traceback:")
+  lu.assertNotStrContains(assert_err(function () s(input({1, 2})) end, "child hook", HERE),
+                          "stack traceback:")
   h:remove()
   lu.assertEquals(s(input({1, 2})):shape(), {1, 2})
 end
@@ -826,7 +827,7 @@ function TestErrors:setUp ()
 end
 
 -- A Lua forward that raises midway (after recording ops on its input and
--- parameters): the message reaches the caller with a traceback; the next
+-- parameters): the message reaches the caller as raised; the next
 -- call and backward give exactly one step's grads.
 function TestErrors:test_raising_forward_leaves_clean_state ()
   local M = gc.nn.Module("Flaky")
@@ -841,9 +842,8 @@ function TestErrors:test_raising_forward_leaves_clean_state ()
   copy_params(ref, m.lin)
   local x = input({2, 3}, 0.6, true)
   m.fail = true
-  local msg = assert_err(function () return m(x) end, "flaky forward failed",
-                         "stack traceback:", HERE)
-  lu.assertNotNil(msg)
+  local msg = assert_err(function () return m(x) end, "flaky forward failed", HERE)
+  lu.assertNotStrContains(msg, "stack traceback:")
   lu.assertNil(x.grad)
   lu.assertNil(m.lin.weight.grad)
   lu.assertTrue(gc.is_grad_enabled())

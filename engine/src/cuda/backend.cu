@@ -304,6 +304,15 @@ static void cu_graph_free(void *, void *graph, void *exec) {
   if (graph) cu_drop(cudaGraphDestroy((cudaGraph_t)graph));
 }
 
+/* CUDA's own DOT description of the graph, every node's parameters
+** included; the graph's name is the core's (CUDA's dump has none). */
+static gcap_status cu_debug_dump(gcap_engine *e, void *, void *graph, const char *,
+                                 const char *path) {
+  cudaError_t err = cudaGraphDebugDotPrint((cudaGraph_t)graph, path, cudaGraphDebugDotFlagsVerbose);
+  if (err != cudaSuccess) return cu_fail(e, err, "cudaGraphDebugDotPrint");
+  return GCAP_OK;
+}
+
 /* ------------------------------------------------------------------------ */
 
 /* In gc_backend's field order (C++17 has no designated initializers). */
@@ -330,6 +339,7 @@ static const gc_backend cu_backend = {
     cu_instantiate,   /* instantiate */
     cu_graph_launch,  /* graph_launch */
     cu_graph_free,    /* graph_free */
+    cu_debug_dump,    /* debug_dump */
 };
 
 extern "C" const gc_backend *gc_cuda_backend(void) {

@@ -5,7 +5,14 @@
 ** are recorded as (kernel, arguments by value) and not run; instantiate
 ** freezes the record; a replay runs it. Raw pointers are baked at capture,
 ** exactly as in a CUDA graph.
+**
+** The record also keeps the dependencies CUDA would build, for dumps: each
+** node follows the previous node of its stream, and the node an event was
+** recorded after, for a stream that waited on the event (forks and joins).
+** Replay needs none of it: the record's order is a valid order of the graph.
 */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,23 +20,35 @@
 
 typedef struct hb_node {
   int k;
+  int stream; /* which stream of the capture recorded it: 0 the origin, i the i-th forked */
   gc_kargs a;
 } hb_node;
+
+typedef struct hb_edge {
+  int64_t from, to;
+} hb_edge;
 
 /* A capture in progress, then a captured graph, then an exec: one list. */
 typedef struct hb_rec {
   hb_node *v;
   int64_t n, cap;
-  struct hb_stream **members; /* streams recording into it while open */
+  hb_edge *edges; /* dependencies, for dumps */
+  int64_t nedges, capedges;
+  struct hb_stream **members; /* streams forked into it while open */
   int nmembers, capmembers;
 } hb_rec;
 
 typedef struct hb_stream {
-  hb_rec *rec; /* the capture this stream records into, or NULL */
+  hb_rec *rec;   /* the capture this stream records into, or NULL */
+  int idx;       /* its number in that capture (hb_node.stream) */
+  int64_t tail;  /* its last node in that capture, -1 if none */
+  int64_t *wait; /* nodes its next node must follow (events it waited on) */
+  int nwait, capwait;
 } hb_stream;
 
 typedef struct hb_event {
   uint64_t epoch; /* the capture it was recorded in, 0 if none */
+  int64_t node;   /* the tail of its stream then, -1 if none */
 } hb_event;
 
 typedef struct hb_state {
@@ -69,7 +88,16 @@ static gcap_status hb_stream_new(gcap_engine *e, void *bs, void **s) {
 
 static void hb_stream_free(void *bs, void *s) {
   (void)bs;
+  free(((hb_stream *)s)->wait);
   free(s);
+}
+
+/* Start stream s in capture rec as its stream number idx. */
+static void hb_join_rec(hb_stream *s, hb_rec *rec, int idx) {
+  s->rec = rec;
+  s->idx = idx;
+  s->tail = -1;
+  s->nwait = 0;
 }
 
 /* Work is synchronous: nothing is ever pending. */
@@ -98,25 +126,54 @@ static void hb_event_free(void *bs, void *ev) {
 static gcap_status hb_event_record(gcap_engine *e, void *bs, void *ev, void *s) {
   (void)e;
   ((hb_event *)ev)->epoch = ((hb_stream *)s)->rec ? ((hb_state *)bs)->epoch : 0;
+  ((hb_event *)ev)->node = ((hb_stream *)s)->rec ? ((hb_stream *)s)->tail : -1;
   return GCAP_OK;
 }
 
-/* Waiting on an event recorded in the open capture forks s into it. */
+/* Waiting on an event recorded in the open capture forks s into it (or,
+** for a stream already in it, joins the event's stream into s). */
 static gcap_status hb_stream_wait(gcap_engine *e, void *bs, void *s, void *ev) {
   hb_state *hs = (hb_state *)bs;
   hb_stream *st = (hb_stream *)s;
   hb_rec *rec = hs->open;
-  if (rec == NULL || ((hb_event *)ev)->epoch != hs->epoch || st->rec == rec) return GCAP_OK;
-  if (rec->nmembers == rec->capmembers) {
-    int cap = rec->capmembers ? 2 * rec->capmembers : 4;
-    hb_stream **v = (hb_stream **)realloc(rec->members, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
-    rec->members = v;
-    rec->capmembers = cap;
+  int64_t node = ((hb_event *)ev)->node;
+  if (rec == NULL || ((hb_event *)ev)->epoch != hs->epoch) return GCAP_OK;
+  if (st->rec != rec) {
+    if (rec->nmembers == rec->capmembers) {
+      int cap = rec->capmembers ? 2 * rec->capmembers : 4;
+      hb_stream **v = (hb_stream **)realloc(rec->members, (size_t)cap * sizeof *v);
+      if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
+      rec->members = v;
+      rec->capmembers = cap;
+    }
+    rec->members[rec->nmembers++] = st;
+    hb_join_rec(st, rec, rec->nmembers);
   }
-  rec->members[rec->nmembers++] = st;
-  st->rec = rec;
+  if (node < 0 || node == st->tail) return GCAP_OK;
+  if (st->nwait == st->capwait) {
+    int cap = st->capwait ? 2 * st->capwait : 4;
+    int64_t *v = (int64_t *)realloc(st->wait, (size_t)cap * sizeof *v);
+    if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
+    st->wait = v;
+    st->capwait = cap;
+  }
+  st->wait[st->nwait++] = node;
   return GCAP_OK;
+}
+
+/* Note that node `to` follows node `from`. */
+static int hb_edge_add(hb_rec *rec, int64_t from, int64_t to) {
+  if (rec->nedges == rec->capedges) {
+    int64_t cap = rec->capedges ? 2 * rec->capedges : 64;
+    hb_edge *v = (hb_edge *)realloc(rec->edges, (size_t)cap * sizeof *v);
+    if (v == NULL) return 0;
+    rec->edges = v;
+    rec->capedges = cap;
+  }
+  rec->edges[rec->nedges].from = from;
+  rec->edges[rec->nedges].to = to;
+  rec->nedges++;
+  return 1;
 }
 
 static gcap_status hb_copy(gcap_engine *e, void *bs, void *s, void *dst, const void *src,
@@ -127,8 +184,10 @@ static gcap_status hb_copy(gcap_engine *e, void *bs, void *s, void *dst, const v
 }
 
 static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_kargs *a) {
-  hb_rec *rec = ((hb_stream *)s)->rec;
+  hb_stream *st = (hb_stream *)s;
+  hb_rec *rec = st->rec;
   hk_fn fn = hk_kernel(k);
+  int i;
   (void)bs;
   if (fn == NULL) return gc_fail(e, GCAP_EINVAL, "host backend: unknown kernel %d", k);
   if (rec == NULL) {
@@ -143,7 +202,15 @@ static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_
     rec->v = v;
     rec->cap = cap;
   }
+  if (st->tail >= 0 && !hb_edge_add(rec, st->tail, rec->n))
+    return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording a capture");
+  for (i = 0; i < st->nwait; i++)
+    if (!hb_edge_add(rec, st->wait[i], rec->n))
+      return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording a capture");
+  st->nwait = 0;
+  st->tail = rec->n;
   rec->v[rec->n].k = k;
+  rec->v[rec->n].stream = st->idx;
   rec->v[rec->n].a = *a;
   rec->n++;
   return GCAP_OK;
@@ -153,7 +220,7 @@ static gcap_status hb_capture_begin(gcap_engine *e, void *bs, void *s) {
   hb_state *hs = (hb_state *)bs;
   hb_rec *rec = (hb_rec *)calloc(1, sizeof(hb_rec));
   if (rec == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
-  ((hb_stream *)s)->rec = rec;
+  hb_join_rec((hb_stream *)s, rec, 0);
   hs->open = rec;
   hs->epoch++;
   return GCAP_OK;
@@ -166,11 +233,11 @@ static gcap_status hb_capture_end(gcap_engine *e, void *bs, void *s, void **grap
   int i;
   (void)e;
   for (i = 0; i < rec->nmembers; i++)
-    rec->members[i]->rec = NULL;
+    hb_join_rec(rec->members[i], NULL, 0);
   free(rec->members);
   rec->members = NULL;
   rec->nmembers = rec->capmembers = 0;
-  ((hb_stream *)s)->rec = NULL;
+  hb_join_rec((hb_stream *)s, NULL, 0);
   hs->open = NULL;
   *graph = rec;
   return GCAP_OK;
@@ -200,7 +267,103 @@ static void hb_graph_free(void *bs, void *graph, void *exec) {
   (void)bs;
   if (rec == NULL) return;
   free(rec->v);
+  free(rec->edges);
   free(rec);
+}
+
+/* Which pointer arguments each kernel writes (bit i: p[i]), as the
+** catalogue in backend.h says; the others it reads. */
+static const unsigned hb_writes[GC_K_COUNT] = {[GC_K_FILL] = 0x01,
+                                               [GC_K_COPY] = 0x01,
+                                               [GC_K_ADD] = 0x01,
+                                               [GC_K_SUB] = 0x01,
+                                               [GC_K_MUL] = 0x01,
+                                               [GC_K_SCALE] = 0x01,
+                                               [GC_K_SUM] = 0x05,
+                                               [GC_K_RAND] = 0x01,
+                                               [GC_K_RNG_ADVANCE] = 0x01,
+                                               [GC_K_EXPAND] = 0x01,
+                                               [GC_K_SUM_ROWS] = 0x05,
+                                               [GC_K_MATMUL] = 0x31,
+                                               [GC_K_RELU] = 0x01,
+                                               [GC_K_RELU_BWD] = 0x01,
+                                               [GC_K_GELU] = 0x01,
+                                               [GC_K_GELU_BWD] = 0x19,
+                                               [GC_K_LAYERNORM] = 0x31,
+                                               [GC_K_LAYERNORM_BWD] = 0x01,
+                                               [GC_K_LAYERNORM_BWD_PARAMS] = 0x03,
+                                               [GC_K_SOFTMAX] = 0x01,
+                                               [GC_K_SOFTMAX_BWD] = 0x01,
+                                               [GC_K_DROPOUT] = 0x05,
+                                               [GC_K_XENT] = 0x09,
+                                               [GC_K_XENT_BWD] = 0x01,
+                                               [GC_K_SGD] = 0x05,
+                                               [GC_K_ADAM] = 0x0d,
+                                               [GC_K_COUNTER_INC] = 0x01,
+                                               [GC_K_FOREACH_ADD] = 0x55};
+
+/* Write s as the inside of a DOT string. */
+static void hb_dot_escape(FILE *f, const char *s) {
+  for (; *s; s++)
+    if (*s == '"' || *s == '\\')
+      fprintf(f, "\\%c", *s);
+    else
+      fputc(*s, f);
+}
+
+/* One node: its kernel, its sizes and constants (up to the last non-zero),
+** and each pointer it reads or writes. */
+static void hb_dot_node(gcap_engine *e, FILE *f, int64_t i, const hb_node *nd) {
+  char where[160];
+  int j, last;
+  fprintf(f, "  n%lld [label=\"#%lld %s", (long long)i, (long long)i, gc_kernel_name(nd->k));
+  if (nd->stream > 0) fprintf(f, " (stream %d)", nd->stream);
+  fputs("\\n", f); /* the head line centred, the others left-aligned (\l ends each) */
+  for (last = GC_KINTS - 1; last >= 0 && nd->a.n[last] == 0; last--)
+    ;
+  if (last >= 0) fputs("n:", f);
+  for (j = 0; j <= last; j++)
+    fprintf(f, " %lld%s", (long long)nd->a.n[j], j == last ? "\\l" : "");
+  for (last = GC_KFLOATS - 1; last >= 0 && nd->a.f[last] == 0.0f; last--)
+    ;
+  if (last >= 0) fputs("f:", f);
+  for (j = 0; j <= last; j++)
+    fprintf(f, " %g%s", (double)nd->a.f[j], j == last ? "\\l" : "");
+  for (j = 0; j < GC_KPTRS; j++) {
+    if (nd->a.p[j] == NULL) continue;
+    fprintf(f, "%s p%d: ", hb_writes[nd->k] >> j & 1 ? "writes" : "reads ", j);
+    hb_dot_escape(f, gc_describe_ptr(e, nd->a.p[j], where, sizeof where));
+    fputs("\\l", f);
+  }
+  fprintf(f, "\"%s];\n", nd->stream > 0 ? ", style=filled, fillcolor=lightyellow" : "");
+}
+
+static gcap_status hb_debug_dump(gcap_engine *e, void *bs, void *graph, const char *name,
+                                 const char *path) {
+  const hb_rec *rec = (const hb_rec *)graph;
+  FILE *f = fopen(path, "w");
+  int64_t i;
+  int bad;
+  (void)bs;
+  if (f == NULL) return gc_fail(e, GCAP_EINVAL, "cannot write '%s': %s", path, strerror(errno));
+  fputs("digraph graphcap {\n  labelloc=t;\n  label=\"", f);
+  hb_dot_escape(f, name);
+  fprintf(f,
+          " (host, %lld nodes)\";\n"
+          "  node [shape=box, fontname=\"monospace\", fontsize=10];\n",
+          (long long)rec->n);
+  for (i = 0; i < rec->n; i++)
+    hb_dot_node(e, f, i, &rec->v[i]);
+  for (i = 0; i < rec->nedges; i++) {
+    const hb_edge *d = &rec->edges[i];
+    fprintf(f, "  n%lld -> n%lld%s;\n", (long long)d->from, (long long)d->to,
+            rec->v[d->from].stream != rec->v[d->to].stream ? " [style=dashed]" : "");
+  }
+  fputs("}\n", f);
+  bad = ferror(f);
+  bad |= fclose(f) != 0;
+  if (bad) return gc_fail(e, GCAP_EINVAL, "writing '%s' failed: %s", path, strerror(errno));
+  return GCAP_OK;
 }
 
 static gcap_status hb_event_sync(gcap_engine *e, void *bs, void *ev) {
@@ -209,10 +372,10 @@ static gcap_status hb_event_sync(gcap_engine *e, void *bs, void *ev) {
 }
 
 static const gc_backend hb_backend = {
-    "host",         hb_init,        hb_shutdown,     hb_malloc,    hb_free,       hb_stream_new,
-    hb_stream_free, hb_sync,        hb_device_sync,  hb_event_new, hb_event_free, hb_event_record,
-    hb_stream_wait, hb_event_sync,  hb_copy,         hb_copy,      hb_launch,     hb_capture_begin,
-    hb_capture_end, hb_instantiate, hb_graph_launch, hb_graph_free};
+    "host",         hb_init,        hb_shutdown,     hb_malloc,     hb_free,       hb_stream_new,
+    hb_stream_free, hb_sync,        hb_device_sync,  hb_event_new,  hb_event_free, hb_event_record,
+    hb_stream_wait, hb_event_sync,  hb_copy,         hb_copy,       hb_launch,     hb_capture_begin,
+    hb_capture_end, hb_instantiate, hb_graph_launch, hb_graph_free, hb_debug_dump};
 
 const gc_backend *gc_host_backend(void) {
   return &hb_backend;
