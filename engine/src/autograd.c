@@ -422,7 +422,10 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
       goto done;
     }
     memset(gin, 0, (size_t)n->nin * sizeof *gin);
-    if ((st = bw_check_grad(n, g)) == GCAP_OK) st = n->backward(n, g, gin);
+    /* no grad reached n (its consumers gave none to this input, as a graphed
+    ** callable does for an input that needed none at capture): like
+    ** PyTorch's undefined grad, n runs not and passes none on */
+    if (g != NULL && (st = bw_check_grad(n, g)) == GCAP_OK) st = n->backward(n, g, gin);
     gcap_tensor_free(g);
     for (i = 0; i < n->nin; i++) {
       if (st == GCAP_OK && gin[i] != NULL) {
