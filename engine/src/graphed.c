@@ -920,31 +920,54 @@ static gcap_status check_shared_inputs(gcap_graphed *G, int entry) {
   return GCAP_OK;
 }
 
+/* The arguments of a call of entry i: tensors of this engine, and for a
+** replay (`replay`) as many as captured, each of its static input's shape
+** and dtype (a copy-in of another shape would be read as the captured one). */
+static gcap_status check_call_args(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
+                                   int replay) {
+  const ge_entry *x = &G->v[entry];
+  int k;
+  if (nin < 0 || (nin > 0 && in == NULL))
+    return gc_fail(G->e, GCAP_EINVAL, "graphed call of entry %d: %d arguments %s", entry + 1, nin,
+                   nin < 0 ? "(a negative count)" : "but the argument array is NULL");
+  for (k = 0; k < nin; k++)
+    if (in[k] == NULL || in[k]->e != G->e)
+      return gc_fail(G->e, GCAP_EINVAL, "graphed call of entry %d: argument #%d is %s", entry + 1,
+                     k + 1, in[k] == NULL ? "NULL" : "a tensor of another engine");
+  if (!replay) return GCAP_OK;
+  if (nin != x->nargs)
+    return gc_fail(G->e, GCAP_EINVAL,
+                   "graphed call of entry %d: expected %d tensor arguments, got %d", entry + 1,
+                   x->nargs, nin);
+  for (k = 0; k < nin; k++)
+    if (!same_shape(in[k], x->args[k])) {
+      char b1[64], b2[64];
+      return gc_fail(G->e, GCAP_EINVAL,
+                     "graphed call of entry %d (callable %d, %s), argument #%d: shape %s %s does "
+                     "not match the captured %s %s",
+                     entry + 1, x->callable + 1, gcap_module_type(x->m), k + 1,
+                     gc_shape_str(in[k], b1, sizeof b1), gc_dtype_name(in[k]->dt),
+                     gc_shape_str(x->args[k], b2, sizeof b2), gc_dtype_name(x->args[k]->dt));
+    }
+  return GCAP_OK;
+}
+
 gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
                               gcap_tensor **out) {
   ge_entry *x;
   gcap_tensor **surf = NULL, *small[16];
   gcap_status st;
-  int k, was;
+  int k, was, replay;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if ((st = entry_ok(G, entry, "graphed call")) != GCAP_OK) return st;
   x = &G->v[entry];
-  if (gcap_module_training(x->m) != G->training) /* another mode than captured: eager */
-    return gc_module_forward(x->m, nin, in, out);
-  if (nin != x->nargs)
-    return gc_fail(G->e, GCAP_EINVAL,
-                   "graphed call of entry %d: expected %d tensor arguments, got %d", entry + 1,
-                   x->nargs, nin);
+  replay = gcap_module_training(x->m) == G->training; /* else: eager, as in another mode */
+  if ((st = check_call_args(G, entry, nin, in, replay)) != GCAP_OK) return st;
+  if (!replay) return gc_module_forward(x->m, nin, in, out);
   if (G->reuse && (st = check_shared_inputs(G, entry)) != GCAP_OK) return st;
   was = gcap_set_grad_enabled(G->e, 0);
   for (k = 0; k < nin; k++) {
-    if (in[k] == NULL || in[k]->e != G->e) {
-      gcap_set_grad_enabled(G->e, was);
-      return gc_fail(G->e, GCAP_EINVAL,
-                     "graphed call of entry %d: argument #%d is not a tensor of this engine",
-                     entry + 1, k + 1);
-    }
     if (gc_tensor_ptr(in[k]) != gc_tensor_ptr(x->args[k]) &&
         (st = gcap_copy_(x->args[k], in[k])) != GCAP_OK) {
       gcap_set_grad_enabled(G->e, was);
