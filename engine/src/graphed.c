@@ -283,9 +283,14 @@ static gcap_status capture(ge_build *b, int i, const char *kind, gcap_graph **g,
   if ((st = new_graph(b, i, kind, g)) != GCAP_OK) return st;
   if ((st = gcap_capture_begin(*g, b->G->pool, NULL)) != GCAP_OK) return where(b, st, i, kind);
   st = fn(b, x);
-  st2 = gcap_capture_end(*g); /* always ends, also after an error */
-  if (st == GCAP_OK) st = st2;
-  if (st != GCAP_OK) return where(b, st, i, kind);
+  if (st != GCAP_OK) { /* capture_end clears the message: keep the op's reason */
+    char why[GC_ERRLEN];
+    snprintf(why, sizeof why, "%s", b->e->err);
+    gcap_capture_end(*g); /* always ends, also after an error */
+    gc_fail(b->e, st, "%s", why);
+    return where(b, st, i, kind);
+  }
+  if ((st2 = gcap_capture_end(*g)) != GCAP_OK) return where(b, st2, i, kind);
   return GCAP_OK;
 }
 
