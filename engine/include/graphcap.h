@@ -73,7 +73,9 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out);
 const char *gcap_last_open_error(void);
 
 /* Release the caller's reference. NULL is fine. The engine lives on, closed
-** to new work, until its last tensor, stream, event, pool and graph is freed. */
+** to new work, until its last tensor, stream, event, pool and graph is freed:
+** meanwhile every constructor on it (tensors, graphs, pools, streams, events,
+** modules, optimizers, make_graphed_callables) fails with GCAP_ESTATE. */
 void gcap_engine_free(gcap_engine *e);
 
 /* Text of the engine's last error; owned by the engine, valid until its next

@@ -285,10 +285,11 @@ gcap_status gc_tensor_weaken(gcap_tensor *t) {
 
 gcap_status gcap_pool_new(gcap_engine *e, gcap_pool **out) {
   gcap_pool *p;
+  gcap_status st;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, "graph_pool_handle")) != GCAP_OK) return st;
   if ((p = gc_pool_create(e, 0)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "graph_pool_handle: out of host memory");
   p->handles = 1;

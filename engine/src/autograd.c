@@ -206,10 +206,11 @@ gcap_status gc_check_inplace(gcap_tensor *t, const char *op) {
 }
 
 gcap_status gcap_tensor_detach(gcap_tensor *t, gcap_tensor **out) {
+  gcap_status st;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (t == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
+  if ((st = gc_check_open(t->e, "detach")) != GCAP_OK) return st;
   if ((*out = gc_tensor_alias(t, t->ndim, t->shape)) == NULL)
     return gc_fail(t->e, GCAP_ENOMEM, "detach: out of host memory");
   return GCAP_OK;

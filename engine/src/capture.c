@@ -38,7 +38,7 @@ gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out) {
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, "graph")) != GCAP_OK) return st;
   if ((g = (gcap_graph *)calloc(1, sizeof *g)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
   if ((st = graph_register(e, g)) != GCAP_OK) {

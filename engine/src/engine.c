@@ -181,6 +181,14 @@ gcap_status gc_check_not_capturing(gcap_engine *e, const char *what) {
   return gc_capture_refuse(e, "%s is not allowed while a capture is open", what);
 }
 
+gcap_status gc_check_open(gcap_engine *e, const char *what) {
+  gc_clear(e);
+  if (e->closed)
+    return gc_fail(e, GCAP_ESTATE, "%s: the engine is closed (its objects can only be freed)",
+                   what);
+  return GCAP_OK;
+}
+
 gcap_status gc_check_stream(gcap_engine *e, gcap_stream *s, const char *what) {
   if (e->closed)
     return gc_fail(e, GCAP_ESTATE, "%s: the engine is closed (its objects can only be freed)",

@@ -751,7 +751,7 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, "make_graphed_callables")) != GCAP_OK) return st;
   if (opts == NULL) {
     gcap_graphed_opts_init(&defaults);
     opts = &defaults;

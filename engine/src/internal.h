@@ -316,6 +316,10 @@ gcap_status gc_capture_refuse(gcap_engine *e, const char *fmt, ...)
 gcap_status gc_check_not_capturing(gcap_engine *e, const char *what);
 /* Check that work may go to stream s now (capture membership rules). */
 gcap_status gc_check_stream(gcap_engine *e, gcap_stream *s, const char *what);
+/* The start of every constructor: clear the message, and refuse to make
+** anything on a closed engine (gcap_engine_free ran; live objects keep it
+** only so that they can be freed). `what` names the object. */
+gcap_status gc_check_open(gcap_engine *e, const char *what);
 /* Clear the error message (start of a public call). */
 static inline void gc_clear(gcap_engine *e) {
   e->err[0] = '\0';

@@ -68,10 +68,11 @@ static void flat_free(mod_flat *f);
 gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fwd, void *ud,
                             void (*ud_free)(void *), gcap_module **out) {
   gcap_module *m;
+  gcap_status st;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, type ? type : "module")) != GCAP_OK) return st;
   if (fwd == NULL) return gc_fail(e, GCAP_EINVAL, "module: forward function is NULL");
   if ((m = (gcap_module *)calloc(1, sizeof *m)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "module: out of host memory");
@@ -794,7 +795,7 @@ gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, un
   if (m == NULL) return GCAP_EINVAL;
   *m = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, "Linear")) != GCAP_OK) return st;
   if (in <= 0 || out <= 0)
     return gc_fail(e, GCAP_EINVAL,
                    "Linear: in and out features must be positive, got %lld and %lld", (long long)in,
