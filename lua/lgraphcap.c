@@ -2334,8 +2334,12 @@ static int l_graph_new(lua_State *L) {
 
 static int l_graph_close(lua_State *L) {
   LGraph *p = (LGraph *)luaL_checkudata(L, 1, GRAPH_MT);
-  gcap_graph_free(p->g); /* during a capture, the core defers it */
+  gcap_graph_free(p->g); /* during a capture, the core defers it; during its own, ends it */
   p->g = NULL;
+  if (p->e != NULL && !gcap_is_capturing(p->e)) { /* no capture: drop its stream */
+    lua_pushnil(L);
+    lua_setiuservalue(L, ENGINEIDX, UV_CAPTURE);
+  }
   return 0;
 }
 

@@ -201,10 +201,14 @@ void gc_graph_destroy(gcap_graph *g) {
   gc_engine_unref(e);
 }
 
+static void capture_abandon(gcap_graph *g);
+
 void gcap_graph_free(gcap_graph *g) {
   gcap_engine *e;
   if (g == NULL) return;
   e = g->e;
+  if (e->cap != NULL && e->cap->g == g) /* its own capture cannot end later: it ends now */
+    capture_abandon(g);
   if (e->cap != NULL) { /* e.g. the Lua collector, mid-capture: after the capture */
     g->next_dead = e->dead_graphs;
     e->dead_graphs = g;
@@ -291,6 +295,42 @@ static void cap_free(gc_capture *cap, int restore) {
   free(cap);
 }
 
+/* End the open capture on the backend (its graph in *bgraph) and take it
+** off the engine: no stream is in a capture, the stream current before it
+** is current again. The backend's status. */
+static gcap_status capture_detach(gcap_engine *e, void **bgraph) {
+  gc_capture *cap = e->cap;
+  gcap_stream *s;
+  gcap_status st = e->be->capture_end(e, e->bs, cap->origin->bs, bgraph);
+  for (s = e->streams; s != NULL; s = s->next)
+    s->in_capture = 0;
+  e->current = cap->prev_current;
+  e->cap = NULL;
+  return st;
+}
+
+/* Drop what a failed capture made: its backend graph, its record (the
+** pool's capture-order map as before), g's gatherings; then run what was
+** deferred while it was open. */
+static void capture_discard(gcap_graph *g, gc_capture *cap, void *bgraph) {
+  gcap_engine *e = g->e;
+  if (bgraph) e->be->graph_free(e->bs, bgraph, NULL);
+  cap_free(cap, 1);
+  graph_clear(g);
+  gc_run_deferred(e);
+}
+
+/* g is freed during its own capture (a <close> variable on an error, a
+** collector): the capture ends, as a failed one, so that the engine is not
+** left capturing. */
+static void capture_abandon(gcap_graph *g) {
+  gcap_engine *e = g->e;
+  gc_capture *cap = e->cap;
+  void *bgraph = NULL;
+  capture_detach(e, &bgraph);
+  capture_discard(g, cap, bgraph);
+}
+
 gcap_status gcap_capture_end(gcap_graph *g) {
   gcap_engine *e;
   gc_capture *cap;
@@ -311,19 +351,12 @@ gcap_status gcap_capture_end(gcap_graph *g) {
       gc_capture_refuse(e, "capture_end: a stream forked into the capture was not joined back "
                            "(the capture stream must wait on an event recorded on it after its "
                            "last work)");
-  st = e->be->capture_end(e, e->bs, cap->origin->bs, &bgraph);
+  st = capture_detach(e, &bgraph);
   t1 = gc_now_ms();
-  for (s = e->streams; s != NULL; s = s->next)
-    s->in_capture = 0;
-  e->current = cap->prev_current;
-  e->cap = NULL;
   if (cap->invalid || st != GCAP_OK) {
     char why[GC_ERRLEN];
     snprintf(why, sizeof why, "%s", cap->invalid ? cap->why : e->err);
-    if (bgraph) e->be->graph_free(e->bs, bgraph, NULL);
-    cap_free(cap, 1);
-    graph_clear(g);
-    gc_run_deferred(e);
+    capture_discard(g, cap, bgraph);
     return gc_fail(e, GCAP_ECAPTURE, "capture of %s failed: %s", g->name, why);
   }
   g->bgraph = bgraph;
