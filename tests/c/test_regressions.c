@@ -99,15 +99,211 @@ static void test_graphed_call_checks_shape(void) {
   fx_close(&f);
 }
 
+/* A forward whose op fails only at the capture (its second call). */
+static gcap_status late_bad_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                    gcap_tensor **out) {
+  int *calls = (int *)ud;
+  const int64_t s5[1] = {5};
+  gcap_tensor *odd = NULL;
+  gcap_status st;
+  (void)m, (void)nin;
+  if (++*calls < 2) return gcap_scale(in[0], 2.0, out);
+  if ((st = gcap_tensor_full(gcap_tensor_engine(in[0]), GCAP_F32, 1, s5, 1.0, &odd)) != GCAP_OK)
+    return st;
+  st = gcap_add(in[0], odd, out); /* [2, 3] + [5]: refused */
+  gcap_tensor_free(odd);
+  return st;
+}
+
+/* An op error inside a make_graphed_callables capture keeps its reason
+** after the entry and phase. */
+static void test_capture_op_error_keeps_reason(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[2] = {2, 3};
+  int calls = 0;
+  gcap_module *m = NULL;
+  gcap_tensor *x = NULL;
+  gcap_graphed *G = NULL;
+  gcap_graphed_opts o;
+  T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 2, s, 1.0, &x));
+  T_CHECK_OK(e, gcap_module_new(e, "LateBad", late_bad_forward, &calls, NULL, &m));
+  gcap_tensor *const a0[1] = {x};
+  gcap_tensor *const *args[1] = {a0};
+  const int nargs[1] = {1};
+  gcap_graphed_opts_init(&o);
+  o.num_warmup_iters = 1;
+  T_CHECK_ST(e, gcap_make_graphed_callables(e, 1, &m, 1, nargs, args, &o, &G), GCAP_EINVAL);
+  T_CHECK(calls == 2 && G == NULL);
+  T_CHECK(t_msg_has(e, "forward of entry 1 (callable 1, LateBad): "));
+  T_CHECK(t_msg_has(e, "add") && t_msg_has(e, "[5]"));
+  T_CHECK(!gcap_is_capturing(e));
+  gcap_tensor_free(x);
+  gcap_module_free(m);
+  gcap_engine_free(e);
+}
+
+static gcap_status id_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                              gcap_tensor **out) {
+  (void)ud, (void)m, (void)nin;
+  return gcap_scale(in[0], 1.0, out);
+}
+
+/* After gcap_engine_free with a live object, every constructor refuses
+** with a message; what is alive can still be freed. */
+static void test_closed_engine_refuses_constructors(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[1] = {4};
+  const float d[4] = {1, 2, 3, 4};
+  gcap_tensor *x = t_from(e, 1, s, d), *t = NULL;
+  gcap_graph *g = NULL;
+  gcap_pool *p = NULL;
+  gcap_stream *st = NULL;
+  gcap_event *ev = NULL;
+  gcap_module *m = NULL;
+  gcap_optim *o = NULL;
+  gcap_graphed *G = NULL;
+  T_REQUIRE(x != NULL);
+  gcap_engine_free(e); /* x keeps it alive, closed */
+#define T_REFUSES(call, obj)                                                                       \
+  do {                                                                                             \
+    T_CHECK_ST(e, call, GCAP_ESTATE);                                                              \
+    T_CHECK((obj) == NULL && t_msg_has(e, "closed"));                                              \
+  } while (0)
+  T_REFUSES(gcap_graph_new(e, &g), g);
+  T_REFUSES(gcap_pool_new(e, &p), p);
+  T_REFUSES(gcap_stream_new(e, &st), st);
+  T_REFUSES(gcap_event_new(e, &ev), ev);
+  T_REFUSES(gcap_module_new(e, "Id", id_forward, NULL, NULL, &m), m);
+  T_REFUSES(gcap_nn_linear(e, 2, 2, 1, 0, &m), m);
+  T_REFUSES(gcap_nn_relu(e, &m), m);
+  T_REFUSES(gcap_nn_gelu(e, &m), m);
+  T_REFUSES(gcap_nn_layer_norm(e, 4, 1e-5, &m), m);
+  T_REFUSES(gcap_nn_dropout(e, 0.5, &m), m);
+  T_REFUSES(gcap_nn_sequential(e, 0, NULL, &m), m);
+  T_REFUSES(gcap_optim_sgd(e, 1, &x, 0.1, 0, 0, &o), o);
+  T_REFUSES(gcap_optim_adam(e, 1, &x, 0.1, 0.9, 0.999, 1e-8, 0, &o), o);
+  T_REFUSES(gcap_tensor_empty(e, GCAP_F32, 1, s, &t), t);
+  T_REFUSES(gcap_tensor_full(e, GCAP_F32, 1, s, 1.0, &t), t);
+  T_REFUSES(gcap_tensor_from_f32(e, GCAP_F32, 1, s, d, &t), t);
+  T_REFUSES(gcap_tensor_rand(e, GCAP_F32, 1, s, 0, &t), t);
+  {
+    gcap_tensor *const a0[1] = {x};
+    gcap_tensor *const *args[1] = {a0};
+    const int nargs[1] = {1};
+    gcap_module *none = NULL;
+    T_REFUSES(gcap_make_graphed_callables(e, 1, &none, 1, nargs, args, NULL, &G), G);
+  }
+#undef T_REFUSES
+  gcap_tensor_free(x); /* the last object: the engine goes */
+}
+
+/* Sum of in[0..nin). */
+static gcap_status sum_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                               gcap_tensor **out) {
+  gcap_tensor *acc = NULL, *next = NULL;
+  gcap_status st;
+  (void)ud, (void)m;
+  if ((st = gcap_scale(in[0], 1.0, &acc)) != GCAP_OK) return st;
+  for (int k = 1; k < nin; k++) {
+    if ((st = gcap_add(acc, in[k], &next)) != GCAP_OK) break;
+    gcap_tensor_free(acc);
+    acc = next;
+  }
+  if (st != GCAP_OK) {
+    gcap_tensor_free(acc);
+    return st;
+  }
+  *out = acc;
+  return GCAP_OK;
+}
+
+/* A callable of 11 tensor arguments: called directly, graphed, replayed
+** and backpropagated through. */
+static void test_many_tensor_arguments(void) {
+  enum { N = 11 };
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[1] = {3};
+  gcap_tensor *in[N] = {0}, *y = NULL;
+  gcap_module *m = NULL;
+  gcap_graphed *G = NULL;
+  gcap_graphed_opts o;
+  float r[3];
+  for (int k = 0; k < N; k++) {
+    T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, s, (double)(k + 1), &in[k]));
+    T_CHECK_OK(e, gcap_tensor_set_requires_grad(in[k], 1));
+  }
+  T_CHECK_OK(e, gcap_module_new(e, "SumAll", sum_forward, NULL, NULL, &m));
+  T_CHECK_OK(e, gcap_module_call(m, N, in, &y));
+  if (t_read(y, r, 3)) T_CHECK(r[0] == 66 && r[2] == 66);
+  gcap_tensor_free(y), y = NULL;
+  gcap_tensor *const *args[1] = {in};
+  const int nargs[1] = {N};
+  gcap_graphed_opts_init(&o);
+  o.num_warmup_iters = 1;
+  T_CHECK_OK(e, gcap_make_graphed_callables(e, 1, &m, 1, nargs, args, &o, &G));
+  T_CHECK_OK(e, gcap_graphed_call(G, 0, N, in, &y));
+  if (t_read(y, r, 3)) T_CHECK(r[0] == 66 && r[2] == 66);
+  gcap_tensor_free(y), y = NULL;
+  T_CHECK_OK(e, gcap_module_call(m, N, in, &y)); /* routed to the replay */
+  if (t_read(y, r, 3)) T_CHECK(r[1] == 66);
+  T_CHECK_OK(e, gcap_backward(y, y, 0));
+  T_CHECK(gcap_tensor_grad(in[N - 1]) != NULL);
+  if (gcap_tensor_grad(in[N - 1]) && t_read(gcap_tensor_grad(in[N - 1]), r, 3)) T_CHECK(r[0] == 66);
+  gcap_tensor_free(y);
+  gcap_graphed_free(G);
+  for (int k = 0; k < N; k++)
+    gcap_tensor_free(in[k]);
+  gcap_module_free(m);
+  gcap_engine_free(e);
+}
+
+/* A graph freed during its own capture ends that capture: the engine is
+** not left capturing, and the next capture works. */
+static void test_graph_freed_during_its_capture(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[1] = {4};
+  gcap_tensor *x = NULL, *y = NULL;
+  gcap_graph *g = NULL, *g2 = NULL;
+  gcap_pool *p = NULL;
+  gcap_mem_stats ms;
+  float r[4];
+  T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, s, 2.0, &x));
+  T_CHECK_OK(e, gcap_pool_new(e, &p));
+  T_CHECK_OK(e, gcap_graph_new(e, &g));
+  T_CHECK_OK(e, gcap_capture_begin(g, p, NULL));
+  T_CHECK_OK(e, gcap_scale(x, 3.0, &y));
+  gcap_graph_free(g); /* as a collector would, or a <close> variable on an error */
+  T_CHECK(!gcap_is_capturing(e));
+  gcap_tensor_free(y), y = NULL;
+  T_CHECK_OK(e, gcap_pool_get_stats(p, &ms));
+  T_CHECK(ms.graphs == 0 && ms.in_use_bytes == 0);
+  T_CHECK_OK(e, gcap_graph_new(e, &g2));
+  T_CHECK_OK(e, gcap_capture_begin(g2, p, NULL));
+  T_CHECK_OK(e, gcap_scale(x, 3.0, &y));
+  T_CHECK_OK(e, gcap_capture_end(g2));
+  T_CHECK_OK(e, gcap_graph_replay(g2));
+  if (t_read(y, r, 4)) T_CHECK(r[0] == 6 && r[3] == 6);
+  T_CHECK_OK(e, gcap_synchronize(e));
+  gcap_tensor_free(x), gcap_tensor_free(y);
+  gcap_graph_free(g2);
+  gcap_pool_free(p);
+  gcap_engine_free(e);
+}
+
 static const struct {
   const char *name;
   void (*fn)(void);
 } tests[] = {
 #define T_ENTRY(fn)                                                                                \
   { #fn, fn }
-    T_ENTRY(test_graphed_call_null_inputs),
-    T_ENTRY(test_graphed_eager_fallback_messages),
-    T_ENTRY(test_graphed_call_checks_shape),
+    T_ENTRY(test_graphed_call_null_inputs),           T_ENTRY(test_graphed_eager_fallback_messages),
+    T_ENTRY(test_graphed_call_checks_shape),          T_ENTRY(test_capture_op_error_keeps_reason),
+    T_ENTRY(test_closed_engine_refuses_constructors), T_ENTRY(test_many_tensor_arguments),
+    T_ENTRY(test_graph_freed_during_its_capture),
 };
 
 int main(int argc, char **argv) {

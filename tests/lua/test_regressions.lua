@@ -27,4 +27,65 @@ function TestRegressions:test_input_needing_grad_only_at_replay ()
   H.assert_same(lin.bias.grad:tolist(), {2, 2, 2}, "bias grad")
 end
 
+-- A Lua function of 9 tensor arguments is graphed, called and
+-- backpropagated through; so is a module called with 9 tensors.
+function TestRegressions:test_nine_tensor_arguments ()
+  local function sum (...)
+    local s = ...
+    for i = 2, select("#", ...) do s = s + select(i, ...) end
+    return s
+  end
+  local a = {}
+  for i = 1, 9 do a[i] = gc.full({2}, i, {requires_grad = true}) end
+  local g = gc.make_graphed_callables(sum, a, {num_warmup_iters = 1})
+  local y = g(table.unpack(a))
+  H.assert_same(y:tolist(), {45, 45}, "graphed sum")
+  y:sum():backward()
+  H.assert_same(a[9].grad:tolist(), {1, 1}, "grad of argument 9")
+  local M = gc.nn.Module("Sum9")
+  function M:forward (...) return sum(...) end
+  local m = M()
+  H.assert_same(m(table.unpack(a)):tolist(), {45, 45}, "module call")
+  local seq = gc.nn.Linear(2, 2)
+  H.assert_err(function () return seq(table.unpack(a)) end, "Linear")
+end
+
+-- A graphed callable called with a tensor of another shape (same element
+-- count) is refused, naming the argument and both shapes.
+function TestRegressions:test_graphed_call_new_shape ()
+  local lin = gc.nn.Linear(3, 4)
+  local g = gc.make_graphed_callables(lin, {gc.randn({2, 3})}, {num_warmup_iters = 1})
+  local msg = H.assert_err(function () return g(gc.randn({3, 2})) end,
+                           "argument #1", "[3, 2]", "[2, 3]", "Linear")
+  lu.assertStrContains(msg, "test_regressions.lua:")
+  H.assert_err(function () return g(gc.randn({6})) end, "[6]", "[2, 3]")
+  lu.assertEquals(g(gc.randn({2, 3})):shape(), {2, 4})
+end
+
+-- A graph closed during its own capture ends it: by a <close> variable
+-- when an error leaves a manual capture, and by g:close() inside
+-- g:capture(fn). The engine is not left capturing; the next capture and
+-- make_graphed_callables work.
+function TestRegressions:test_graph_closed_during_its_capture ()
+  local x = gc.full({4}, 2)
+  local ok, err = pcall(function ()
+    local g <close> = gc.Graph()
+    g:capture_begin()
+    local _ = x * 3
+    error("boom")
+  end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(err, "boom")
+  lu.assertFalse(gc.is_capturing())
+  local g2 = gc.Graph()
+  lu.assertError(function () return g2:capture(function () g2:close(); return x * 3 end) end)
+  lu.assertFalse(gc.is_capturing())
+  local g3 = gc.Graph()
+  local y = g3:capture(function () return x * 3 end)
+  g3:replay()
+  H.assert_same(y:tolist(), {6, 6, 6, 6}, "a later capture")
+  local m = gc.make_graphed_callables(gc.nn.Linear(4, 2), {gc.randn({1, 4})}, {num_warmup_iters = 1})
+  lu.assertEquals(m(gc.randn({1, 4})):shape(), {1, 2})
+end
+
 os.exit(lu.LuaUnit.run())
