@@ -24,6 +24,8 @@ typedef struct ge_entry {
   int nparams;
   gcap_tensor **params;  /* parameters fed to the graphs (pruned in warmup) */
   int params_known;      /* pruning done (warmup iteration 0) */
+  int trainable;         /* a parameter requires grad (pruned or not: a fused-wgrad weight's
+                            grad goes to main_grad, never to .grad) */
   gcap_tensor *out;      /* static output */
   gcap_tensor *grad_out; /* static grad of the output */
   gcap_tensor **grad_in; /* [nargs + nparams] static grads, or NULL */
@@ -588,6 +590,7 @@ static gcap_status build_entries(ge_build *b, gcap_module *const *callables, con
     }
     for (k = 0; k < x->nparams; k++) {
       x->params[k] = gcap_tensor_retain(gcap_module_parameter(x->m, k, NULL, 0));
+      x->trainable |= x->params[k]->requires_grad;
       if ((st = snap_add(b->e, snap, x->params[k])) != GCAP_OK) return st;
     }
   }
@@ -985,7 +988,7 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
   if ((*out = gc_tensor_alias(x->out, x->out->ndim, x->out->shape)) == NULL)
     return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
   if (x->bwd != NULL && G->e->grad_enabled) {
-    int ns = x->nargs + x->nparams, any = x->nparams > 0;
+    int ns = x->nargs + x->nparams, any = x->trainable;
     for (k = 0; k < nin; k++)
       any |= in[k]->requires_grad;
     if (any) {
