@@ -39,6 +39,8 @@ struct gc_seg {
   size_t size;
   gc_seg *next;
   gc_blk *first; /* its blocks, by address (merges keep the leftmost) */
+  int trim;      /* goes back to the device once entirely free, unless something allocates
+                    from it first: a dead stream's leftover, a failed call's growth */
 };
 
 /* Last writer of each byte range of a pool: sorted, disjoint intervals. */
@@ -215,7 +217,8 @@ gcap_status gc_module_check_graphable(gcap_module *m, const char *where);
 ** bring the user's back (0). */
 void gc_module_wgrad_aside(gcap_module *m, int aside);
 /* Give back to the device the segments p gained after `since` (its segment
-** list head then) that are entirely free again. */
+** list head then): now those entirely free, later the others, once blocks
+** still held (by a collector's tensors) are freed. */
 void gc_pool_trim_since(gcap_pool *p, const gc_seg *since);
 /* Route m's calls to entry `entry` of g (g NULL: back to m's forward). */
 void gc_module_set_graphed(gcap_module *m, gcap_graphed *g, int entry);

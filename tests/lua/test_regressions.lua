@@ -108,4 +108,67 @@ function TestRegressions:test_fused_wgrad_without_input_grad ()
   lu.assertNotEquals(eager.main_grad:tolist()[1][1], 0)
 end
 
+-- 2,000 make_graphed_callables of a Lua function and of a Lua module keep
+-- the ordinary allocator's reserved bytes flat (each used to strand the
+-- 2 MiB segment of its warmup stream, held by a collectable tensor).
+function TestRegressions:test_graphing_lua_callables_keeps_reserved_flat ()
+  local x = gc.randn({2, 4})
+  local M = gc.nn.Module("Twice")
+  function M:forward (v) return v * 2 end
+  local callables = {function (v) return v * 2 end, M()}
+  local first
+  for i = 1, 2000 do
+    local g = gc.make_graphed_callables(callables[i % 2 + 1], {x}, {num_warmup_iters = 1})
+    g(x)
+    g = nil
+    if i % 100 == 0 then
+      collectgarbage()
+      collectgarbage()
+      local r = gc.memory_stats().reserved_bytes
+      first = first or r
+      lu.assertEquals(r, first, "reserved bytes after " .. i .. " graphings")
+    end
+  end
+end
+
+-- A tensor that outlives the stream it was made on gives its memory back
+-- once it goes.
+function TestRegressions:test_tensor_outliving_its_stream ()
+  collectgarbage()
+  local before = gc.memory_stats().reserved_bytes
+  for _ = 1, 20 do
+    local s = gc.Stream()
+    local t = gc.with_stream(s, function () return gc.randn({1024}) end)
+    s:close()
+    lu.assertEquals(#t:tolist(), 1024)
+    t:close()
+  end
+  lu.assertEquals(gc.memory_stats().reserved_bytes, before)
+end
+
+-- A failed make_graphed_callables of a Lua callable leaves the caller's
+-- pool as before once the collector has the tensors the callable made.
+function TestRegressions:test_failed_graphing_leaves_pool_as_before ()
+  local pool = gc.graph_pool_handle()
+  local before = pool:stats()
+  local n = 0
+  local function late (v)
+    n = n + 1
+    local y = v * 2
+    if n == 2 then error("late failure") end
+    return y
+  end
+  local ok, err = pcall(gc.make_graphed_callables, late, {gc.randn({2, 4})},
+                        {num_warmup_iters = 1, pool = pool})
+  lu.assertFalse(ok)
+  lu.assertStrContains(tostring(err), "late failure")
+  collectgarbage()
+  collectgarbage()
+  local after = pool:stats()
+  lu.assertEquals(after.reserved_bytes, before.reserved_bytes)
+  lu.assertEquals(after.in_use_bytes, before.in_use_bytes)
+  lu.assertEquals(after.blocks, before.blocks)
+  lu.assertEquals(after.graphs, 0)
+end
+
 os.exit(lu.LuaUnit.run())
