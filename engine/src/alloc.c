@@ -352,7 +352,7 @@ static int iv_reserve(gc_ivmap *m, int extra) {
   return 1;
 }
 
-void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer) {
+void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, gc_gid writer) {
   int i, j, nkeep = 0;
   gc_ivl left = {0, 0, 0}, right = {0, 0, 0};
   int hasl = 0, hasr = 0;
@@ -389,7 +389,7 @@ void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer) {
 }
 
 int gc_ivmap_each(const gc_ivmap *m, uintptr_t lo, uintptr_t hi,
-                  int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, int writer), void *ud) {
+                  int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer), void *ud) {
   int i = iv_lower(m, lo), r;
   uintptr_t at = lo;
   for (; at < hi; i++) {

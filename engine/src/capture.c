@@ -18,17 +18,26 @@
 
 #include "internal.h"
 
+/* A slot for g in the registry (a destroyed graph's, if any) and a new id. */
 static gcap_status graph_register(gcap_engine *e, gcap_graph *g) {
-  if (e->next_graph_id >= e->graphs_cap) {
-    int cap = e->graphs_cap ? 2 * e->graphs_cap : 64;
+  if (e->nfree_slots == 0) { /* every slot is taken: twice as many */
+    int cap = e->graphs_cap ? 2 * e->graphs_cap : 64, k;
     gcap_graph **v = (gcap_graph **)realloc(e->graphs, (size_t)cap * sizeof *v);
+    int *f;
     if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
-    memset(v + e->graphs_cap, 0, (size_t)(cap - e->graphs_cap) * sizeof *v);
     e->graphs = v;
+    if ((f = (int *)realloc(e->free_slots, (size_t)cap * sizeof *f)) == NULL)
+      return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
+    e->free_slots = f;
+    for (k = cap - 1; k >= e->graphs_cap; k--) { /* lowest slots first */
+      v[k] = NULL;
+      f[e->nfree_slots++] = k;
+    }
     e->graphs_cap = cap;
   }
-  g->id = e->next_graph_id++;
-  e->graphs[g->id] = g;
+  g->slot = e->free_slots[--e->nfree_slots];
+  g->id = ++e->last_graph_id;
+  e->graphs[g->slot] = g;
   return GCAP_OK;
 }
 
@@ -46,7 +55,7 @@ gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out) {
     return st;
   }
   g->e = e;
-  snprintf(g->name, sizeof g->name, "graph #%d", g->id);
+  snprintf(g->name, sizeof g->name, "graph #%lld", (long long)g->id);
   gc_engine_ref(e);
   *out = g;
   return GCAP_OK;
@@ -73,7 +82,7 @@ gcap_pool *gcap_graph_pool(gcap_graph *g) {
 /* ------------------------------------------------------------------------ */
 /* Access sets                                                               */
 
-static int ranges_push(gc_ranges *r, uintptr_t lo, uintptr_t hi, int producer) {
+static int ranges_push(gc_ranges *r, uintptr_t lo, uintptr_t hi, gc_gid producer) {
   if (r->n == r->cap) {
     int cap = r->cap ? 2 * r->cap : 16;
     gc_range *v = (gc_range *)realloc(r->v, (size_t)cap * sizeof *v);
@@ -102,7 +111,7 @@ static int ranges_cover(const gc_ranges *r, uintptr_t lo, uintptr_t hi) {
   return 0;
 }
 
-static int ranges_has(const gc_ranges *r, uintptr_t lo, uintptr_t hi, int producer) {
+static int ranges_has(const gc_ranges *r, uintptr_t lo, uintptr_t hi, gc_gid producer) {
   int i;
   for (i = r->n - 1; i >= 0; i--)
     if (r->v[i].lo == lo && r->v[i].hi == hi && r->v[i].producer == producer) return 1;
@@ -114,7 +123,7 @@ typedef struct read_ctx {
   int ok;
 } read_ctx;
 
-static int note_read_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
+static int note_read_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
   read_ctx *rc = (read_ctx *)ud;
   if (!ranges_has(&rc->g->reads, lo, hi, writer) && !ranges_push(&rc->g->reads, lo, hi, writer))
     rc->ok = 0;
@@ -138,7 +147,7 @@ static gcap_status graph_hold(gcap_graph *g, gc_blk *b) {
 }
 
 /* Log a piece of the capture-order map about to be overwritten. */
-static int undo_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
+static int undo_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
   return !ranges_push((gc_ranges *)ud, lo, hi, writer);
 }
 
@@ -196,7 +205,8 @@ static void graph_clear(gcap_graph *g) {
 void gc_graph_destroy(gcap_graph *g) {
   gcap_engine *e = g->e;
   graph_clear(g);
-  e->graphs[g->id] = NULL;
+  e->graphs[g->slot] = NULL;
+  e->free_slots[e->nfree_slots++] = g->slot; /* room: one per slot */
   free(g);
   gc_engine_unref(e);
 }
@@ -382,12 +392,12 @@ gcap_status gcap_capture_end(gcap_graph *g) {
 
 typedef struct check_ctx {
   gcap_graph *g;
-  int producer;
+  gc_gid producer;
   uintptr_t lo, hi;
-  int culprit;
+  gc_gid culprit;
 } check_ctx;
 
-static int check_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
+static int check_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
   check_ctx *cc = (check_ctx *)ud;
   if (writer == cc->producer || writer == GC_WRITER_OUTSIDE || writer == cc->g->id) return 0;
   cc->lo = lo;
@@ -396,13 +406,22 @@ static int check_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
   return 1;
 }
 
-static const char *graph_label(gcap_engine *e, int id, char *buf, size_t n) {
+/* The live graph of id `id`, or NULL (destroyed): a scan, for messages. */
+static const gcap_graph *graph_of(const gcap_engine *e, gc_gid id) {
+  int k;
+  for (k = 0; k < e->graphs_cap; k++)
+    if (e->graphs[k] != NULL && e->graphs[k]->id == id) return e->graphs[k];
+  return NULL;
+}
+
+static const char *graph_label(gcap_engine *e, gc_gid id, char *buf, size_t n) {
+  const gcap_graph *g = id == GC_WRITER_OUTSIDE ? NULL : graph_of(e, id);
   if (id == GC_WRITER_OUTSIDE)
     snprintf(buf, n, "eager work");
-  else if (id < e->graphs_cap && e->graphs[id] != NULL)
-    snprintf(buf, n, "'%s'", e->graphs[id]->name);
+  else if (g != NULL)
+    snprintf(buf, n, "'%s'", g->name);
   else
-    snprintf(buf, n, "graph #%d (destroyed)", id);
+    snprintf(buf, n, "graph #%lld (destroyed)", (long long)id);
   return buf;
 }
 

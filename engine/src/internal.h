@@ -15,6 +15,10 @@
 #define GC_NAMELEN 64
 #define GC_WRITER_OUTSIDE 0 /* "written by eager work or copy-in", not by a graph */
 
+/* A graph's id: 1, 2, ... in creation order, never reused (the pools' maps
+** of who wrote what may name a destroyed graph); 64 bits, so never spent. */
+typedef int64_t gc_gid;
+
 /* ------------------------------------------------------------------------ */
 /* Allocator (alloc.c)                                                       */
 
@@ -46,7 +50,7 @@ struct gc_seg {
 /* Last writer of each byte range of a pool: sorted, disjoint intervals. */
 typedef struct gc_ivl {
   uintptr_t lo, hi;
-  int writer; /* graph id, or GC_WRITER_OUTSIDE */
+  gc_gid writer; /* graph id, or GC_WRITER_OUTSIDE */
 } gc_ivl;
 
 typedef struct gc_ivmap {
@@ -87,11 +91,11 @@ void gc_pool_maybe_release(gcap_pool *p);
 void gc_pool_destroy(gcap_pool *p);
 void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out);
 
-void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer);
+void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, gc_gid writer);
 /* Calls fn for each piece of [lo, hi) with its writer (gaps: OUTSIDE);
 ** stops and returns the first non-zero result. */
 int gc_ivmap_each(const gc_ivmap *m, uintptr_t lo, uintptr_t hi,
-                  int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, int writer), void *ud);
+                  int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer), void *ud);
 void gc_ivmap_free(gc_ivmap *m);
 
 /* ------------------------------------------------------------------------ */
@@ -231,7 +235,7 @@ void gc_module_unroute(gcap_module *m, const gcap_graphed *g, int entry);
 
 typedef struct gc_range {
   uintptr_t lo, hi;
-  int producer; /* reads: the writer expected at replay */
+  gc_gid producer; /* reads: the writer expected at replay */
 } gc_range;
 
 typedef struct gc_ranges {
@@ -243,7 +247,8 @@ typedef enum { GC_GRAPH_EMPTY, GC_GRAPH_CAPTURING, GC_GRAPH_READY } gc_graph_sta
 
 struct gcap_graph {
   gcap_engine *e;
-  int id;
+  gc_gid id;
+  int slot; /* its place in the engine's registry */
   char name[GC_NAMELEN];
   gc_graph_state state;
   gcap_pool *pool; /* holds pool->graphs while capturing or ready */
@@ -293,9 +298,12 @@ struct gcap_engine {
   uint64_t module_gen; /* bumped whenever a module registers something */
   uint64_t bw_mark;    /* backward pass counter (node marks) */
   gc_blk *rng;         /* device u64[2] {seed, offset} */
-  int next_graph_id;
-  gcap_graph **graphs; /* by id, NULL once destroyed: names for messages */
+  gc_gid last_graph_id;
+  gcap_graph **graphs; /* live graphs, by slot (names for messages); NULL: a free slot */
   int graphs_cap;
+  int *free_slots; /* slots of destroyed graphs, reused first: the registry stays as large
+                      as the most graphs alive at once */
+  int nfree_slots;
   /* destruction deferred while a capture is open */
   gcap_graph *dead_graphs;
   gcap_pool *dead_pools;

@@ -6,6 +6,19 @@
 */
 #include "t.h"
 
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+#include <malloc.h>
+/* Bytes of host memory in use by malloc (-1: not known here). */
+static long long t_heap_bytes(void) {
+  struct mallinfo2 mi = mallinfo2();
+  return (long long)mi.uordblks + (long long)mi.hblkhd;
+}
+#else
+static long long t_heap_bytes(void) {
+  return -1;
+}
+#endif
+
 /* A Linear(3, 4) graphed from a [2, 3] sample that requires grad. */
 typedef struct fixture {
   gcap_engine *e;
@@ -294,6 +307,47 @@ static void test_graph_freed_during_its_capture(void) {
   gcap_engine_free(e);
 }
 
+/* One capture of y = x * 2 into g (a private pool), one replay, freed. */
+static int capture_cycle(gcap_engine *e, gcap_tensor *x) {
+  gcap_graph *g = NULL;
+  gcap_tensor *y = NULL;
+  int ok = gcap_graph_new(e, &g) == GCAP_OK && gcap_capture_begin(g, NULL, NULL) == GCAP_OK &&
+           gcap_scale(x, 2.0, &y) == GCAP_OK && gcap_capture_end(g) == GCAP_OK &&
+           gcap_graph_replay(g) == GCAP_OK;
+  gcap_tensor_free(y);
+  gcap_graph_free(g);
+  return ok;
+}
+
+/* 10,000 capture/free cycles grow neither the graph registry nor the host
+** heap (measured by malloc's statistics where glibc gives them); two graphs
+** alive at once have distinct default names. */
+static void test_graph_registry_stays_small(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[1] = {4};
+  gcap_tensor *x = NULL;
+  gcap_graph *a = NULL, *b = NULL;
+  long long before, after;
+  int i, ok = 1;
+  T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, s, 1.0, &x));
+  for (i = 0; i < 100 && ok; i++) /* the steady state: caches, maps */
+    ok = capture_cycle(e, x);
+  before = t_heap_bytes();
+  for (i = 0; i < 10000 && ok; i++)
+    ok = capture_cycle(e, x);
+  after = t_heap_bytes();
+  T_REQUIRE(ok);
+  if (before >= 0 && after - before > 16384) /* 10,000 cycles: < 2 B each */
+    T_FAILF("heap growth", "%lld bytes after 10,000 capture/free cycles", after - before);
+  T_CHECK_OK(e, gcap_graph_new(e, &a));
+  T_CHECK_OK(e, gcap_graph_new(e, &b));
+  T_CHECK(strcmp(gcap_graph_name(a), gcap_graph_name(b)) != 0);
+  gcap_graph_free(a), gcap_graph_free(b);
+  gcap_tensor_free(x);
+  gcap_engine_free(e);
+}
+
 static const struct {
   const char *name;
   void (*fn)(void);
@@ -303,7 +357,7 @@ static const struct {
     T_ENTRY(test_graphed_call_null_inputs),           T_ENTRY(test_graphed_eager_fallback_messages),
     T_ENTRY(test_graphed_call_checks_shape),          T_ENTRY(test_capture_op_error_keeps_reason),
     T_ENTRY(test_closed_engine_refuses_constructors), T_ENTRY(test_many_tensor_arguments),
-    T_ENTRY(test_graph_freed_during_its_capture),
+    T_ENTRY(test_graph_freed_during_its_capture),     T_ENTRY(test_graph_registry_stays_small),
 };
 
 int main(int argc, char **argv) {
