@@ -197,7 +197,10 @@ gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **o
 /* mean((input - target)^2) into a 0-D tensor. */
 gcap_status gcap_mse_loss(gcap_tensor *input, gcap_tensor *target, gcap_tensor **out);
 /* Mean cross entropy of logits [N, C] against target [N] (class indices
-** held as floats) into a 0-D tensor. */
+** held as floats) into a 0-D tensor. A target that is not an integer in
+** 0..C-1 (1.5, NaN, -1, C) is refused (GCAP_EINVAL, naming it): outside
+** capture the targets are read back and checked, which waits for them;
+** inside a capture they cannot be, and such a row's loss and grads are NaN. */
 gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_tensor **out);
 
 /* ------------------------------------------------------------------------ */

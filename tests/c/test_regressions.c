@@ -348,6 +348,54 @@ static void test_graph_registry_stays_small(void) {
   gcap_engine_free(e);
 }
 
+/* cross_entropy refuses targets that are no class id (non-integer, NaN,
+** negative, too large), naming the row; inside a capture (no read-back)
+** such a row's loss and grads come out NaN, the others' as eagerly. */
+static void test_cross_entropy_checks_targets(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t sl[2] = {2, 3}, st[1] = {2};
+  const float dl[6] = {0.5f, -1.0f, 2.0f, 0.25f, -0.75f, 1.5f};
+  const float bad[4][2] = {{0, 1.5f}, {0, NAN}, {0, 3}, {-1, 0}};
+  const float good[2] = {2, 1};
+  float r[6];
+  gcap_tensor *logits = t_from(e, 2, sl, dl), *t = NULL, *loss = NULL, *tg = NULL;
+  gcap_graph *g = NULL;
+  T_REQUIRE(logits != NULL);
+  T_CHECK_OK(e, gcap_tensor_set_requires_grad(logits, 1));
+  for (int k = 0; k < 4; k++) {
+    T_REQUIRE((t = t_from(e, 1, st, bad[k])) != NULL);
+    T_CHECK_ST(e, gcap_cross_entropy(logits, t, &loss), GCAP_EINVAL);
+    T_CHECK(loss == NULL && t_msg_has(e, k == 3 ? "target[0]" : "target[1]") &&
+            t_msg_has(e, "class id"));
+    if (k == 1) T_CHECK(t_msg_has(e, "NaN"));
+    gcap_tensor_free(t);
+  }
+  T_REQUIRE((tg = t_from(e, 1, st, good)) != NULL);
+  T_CHECK_OK(e, gcap_cross_entropy(logits, tg, &loss));
+  gcap_tensor_free(loss), loss = NULL;
+  /* captured: a target turned 1.5 after capture gives NaN in its row only */
+  T_REQUIRE((t = t_from(e, 1, st, good)) != NULL);
+  T_CHECK_OK(e, gcap_graph_new(e, &g));
+  T_CHECK_OK(e, gcap_capture_begin(g, NULL, NULL));
+  T_CHECK_OK(e, gcap_cross_entropy(logits, t, &loss));
+  T_CHECK_OK(e, gcap_backward(loss, NULL, 0));
+  T_CHECK_OK(e, gcap_capture_end(g));
+  {
+    const float half[2] = {2, 1.5f};
+    gcap_tensor *h = t_from(e, 1, st, half);
+    T_CHECK_OK(e, gcap_copy_(t, h));
+    gcap_tensor_free(h);
+  }
+  T_CHECK_OK(e, gcap_graph_replay(g));
+  T_CHECK(isnan(t_value(loss)));
+  if (gcap_tensor_grad(logits) && t_read(gcap_tensor_grad(logits), r, 6))
+    T_CHECK(!isnan(r[0]) && !isnan(r[2]) && isnan(r[3]) && isnan(r[5]));
+  gcap_graph_free(g);
+  gcap_tensor_free(logits), gcap_tensor_free(t), gcap_tensor_free(tg), gcap_tensor_free(loss);
+  gcap_engine_free(e);
+}
+
 static const struct {
   const char *name;
   void (*fn)(void);
@@ -358,6 +406,7 @@ static const struct {
     T_ENTRY(test_graphed_call_checks_shape),          T_ENTRY(test_capture_op_error_keeps_reason),
     T_ENTRY(test_closed_engine_refuses_constructors), T_ENTRY(test_many_tensor_arguments),
     T_ENTRY(test_graph_freed_during_its_capture),     T_ENTRY(test_graph_registry_stays_small),
+    T_ENTRY(test_cross_entropy_checks_targets),
 };
 
 int main(int argc, char **argv) {
