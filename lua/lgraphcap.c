@@ -879,6 +879,8 @@ static int l_tensor_index(lua_State *L) {
     lua_pushstring(L, gcap_tensor_grad_fn_name(l_checktensor(L, 1)));
   else if (strcmp(k, "is_leaf") == 0)
     lua_pushboolean(L, gcap_tensor_is_leaf(l_checktensor(L, 1)));
+  else if (strcmp(k, "_version") == 0)
+    lua_pushinteger(L, (lua_Integer)gcap_tensor_version(l_checktensor(L, 1)));
   return 1; /* nil for other names, as a table would */
 }
 

@@ -147,6 +147,13 @@ int64_t gcap_tensor_numel(const gcap_tensor *t);
 gcap_dtype gcap_tensor_dtype(const gcap_tensor *t);
 /* The device address of the first element, for identity checks. */
 uintptr_t gcap_tensor_data_ptr(const gcap_tensor *t);
+/* The version of t's storage (PyTorch's _version), shared by its views and
+** detached copies: every write into it counts, in-place ops (copy_, zero_,
+** fill_, optimizer steps, .grad accumulation) included. Autograd notes it
+** for each tensor it saves; a backward finding a saved tensor at another
+** version fails with GCAP_ESTATE ("modified by an inplace operation").
+** Graph replays do not count (their outputs are overwritten by design). */
+uint64_t gcap_tensor_version(const gcap_tensor *t);
 
 /* Copy the tensor to host memory as n = numel floats; waits for the data.
 ** Refused while capturing (a read-back synchronizes). */

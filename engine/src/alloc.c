@@ -281,6 +281,7 @@ gcap_status gc_tensor_weaken(gcap_tensor *t) {
   w->stream = t->blk->stream;
   w->refs = 1;
   w->weak = 1;
+  w->version = t->blk->version;
   w->pool->weak++;        /* the address must stay valid: the pool stays */
   gc_blk_release(t->blk); /* other holders of the block keep it; this tensor no longer does */
   t->blk = w;

@@ -156,6 +156,7 @@ gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
   uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
   uintptr_t hi = lo + (uintptr_t)t->numel * gc_dtype_size(t->dt);
   gcap_graph *g;
+  if (write) t->blk->version++;
   if (lo == hi) return GCAP_OK;
   if (e->cap == NULL) { /* eager: only pool memory is tracked */
     if (write && !p->is_heap) {

@@ -31,6 +31,7 @@ typedef struct gc_blk {
   size_t size;
   int refs;            /* 0: free */
   int weak;            /* a detached copy: the memory went back to the pool */
+  uint64_t version;    /* writes to the storage so far (every tensor over it shares it) */
   gcap_pool *pool;     /* the pool (or the engine heap) it belongs to */
   gcap_stream *stream; /* blocks are reused on the stream they were freed on */
   gc_seg *seg;
@@ -180,6 +181,7 @@ struct gc_node {
   gc_node **next;     /* [nin]: producer of input i, or NULL */
   gcap_tensor **leaf; /* [nin]: input i when it is a leaf that requires grad */
   gcap_tensor *saved[GC_NODE_MAXSAVED];
+  uint64_t saved_version[GC_NODE_MAXSAVED]; /* their storage's version when saved */
   int nsaved;
   int released; /* saved tensors freed by a backward without retain_graph */
   int ndim;     /* the output's shape and dtype, to check incoming grads */
@@ -273,7 +275,9 @@ typedef struct gc_capture {
 } gc_capture;
 
 /* Note that the launch about to happen reads (write = 0) or writes t:
-** feeds the capture's access sets or, outside capture, the pool's writers. */
+** feeds the capture's access sets or, outside capture, the pool's writers;
+** a write bumps the version of t's storage (every write of the engine's
+** kernels comes here, so the in-place ones are counted). */
 gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write);
 void gc_graph_destroy(gcap_graph *g);
 

@@ -234,6 +234,10 @@ uintptr_t gcap_tensor_data_ptr(const gcap_tensor *t) {
   return t ? (uintptr_t)gc_tensor_ptr(t) : 0;
 }
 
+uint64_t gcap_tensor_version(const gcap_tensor *t) {
+  return t ? t->blk->version : 0;
+}
+
 gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
   gcap_engine *e;
   gcap_tensor *f = NULL;

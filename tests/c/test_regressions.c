@@ -396,17 +396,124 @@ static void test_cross_entropy_checks_targets(void) {
   gcap_engine_free(e);
 }
 
+/* Storage versions: each in-place op bumps one counter shared by views;
+** a backward through a tensor changed in place since it was saved fails
+** with PyTorch's message (the op and both versions); a training loop
+** (backward, step, again) and graphed replays see no false alarm. */
+static void test_inplace_after_save_is_detected(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[2] = {2, 3}, flat[1] = {6};
+  const float d[6] = {1, 2, 3, 4, 5, 6};
+  gcap_tensor *a = t_from(e, 2, s, d), *h = NULL, *y = NULL, *loss = NULL, *v = NULL, *z = NULL;
+  uint64_t v0;
+  T_REQUIRE(a != NULL);
+  /* every in-place op counts, on the storage */
+  v0 = gcap_tensor_version(a);
+  T_CHECK_OK(e, gcap_tensor_view(a, 1, flat, &v));
+  T_CHECK(gcap_tensor_version(v) == v0);
+  T_CHECK_OK(e, gcap_fill_(a, 1.0));
+  T_CHECK(gcap_tensor_version(a) == v0 + 1 && gcap_tensor_version(v) == v0 + 1);
+  T_CHECK_OK(e, gcap_zero_(v));
+  T_CHECK(gcap_tensor_version(a) == v0 + 2);
+  T_CHECK_OK(e, gcap_copy_(a, a));
+  T_CHECK(gcap_tensor_version(a) == v0 + 3);
+  T_CHECK_OK(e, gcap_scale(a, 2.0, &z)); /* reading does not count */
+  T_CHECK(gcap_tensor_version(a) == v0 + 3);
+  gcap_tensor_free(z), z = NULL;
+  /* a saved non-leaf changed in place, then backward */
+  T_CHECK_OK(e, gcap_tensor_set_requires_grad(a, 1));
+  T_CHECK_OK(e, gcap_scale(a, 2.0, &h));
+  T_CHECK_OK(e, gcap_mul(h, h, &y)); /* saves h */
+  T_CHECK_OK(e, gcap_sum(y, &loss));
+  T_CHECK_OK(e, gcap_fill_(h, 3.0));
+  T_CHECK_ST(e, gcap_backward(loss, NULL, 0), GCAP_ESTATE);
+  T_CHECK(t_msg_has(e, "modified by an inplace operation") && t_msg_has(e, "'mul'") &&
+          t_msg_has(e, "version") && t_msg_has(e, "[2, 3]"));
+  T_CHECK(gcap_tensor_grad(a) == NULL);
+  gcap_tensor_free(h), gcap_tensor_free(y), gcap_tensor_free(loss), gcap_tensor_free(v);
+  gcap_tensor_free(a);
+  gcap_engine_free(e);
+}
+
+/* A leaf parameter changed by an optimizer step after its use was saved:
+** a second backward (retain_graph) fails; the ordinary loop does not. */
+static void test_optimizer_step_versions(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[2] = {2, 3};
+  const float d[6] = {1, 2, 3, 4, 5, 6};
+  gcap_module *m = NULL;
+  gcap_optim *o = NULL;
+  gcap_tensor *x = t_from(e, 2, s, d), *y = NULL, *loss = NULL, *w;
+  T_REQUIRE(x != NULL);
+  T_CHECK_OK(e, gcap_nn_linear(e, 3, 2, 1, 0, &m));
+  w = gcap_module_parameter(m, 0, NULL, 0);
+  T_CHECK_OK(e, gcap_optim_sgd(e, 1, &w, 0.1, 0, 0, &o));
+  for (int it = 0; it < 3; it++) { /* forward, backward, step: no alarm */
+    uint64_t before = gcap_tensor_version(w);
+    T_CHECK_OK(e, gcap_module_call(m, 1, &x, &y));
+    T_CHECK_OK(e, gcap_sum(y, &loss));
+    T_CHECK_OK(e, gcap_backward(loss, NULL, 0));
+    T_CHECK_OK(e, gcap_optim_step(o));
+    T_CHECK(gcap_tensor_version(w) > before); /* the step wrote w in place */
+    T_CHECK_OK(e, gcap_optim_zero_grad(o, 1));
+    gcap_tensor_free(y), gcap_tensor_free(loss);
+  }
+  T_CHECK_OK(e, gcap_module_call(m, 1, &x, &y));
+  T_CHECK_OK(e, gcap_sum(y, &loss));
+  T_CHECK_OK(e, gcap_backward(loss, NULL, 1)); /* keeps what linear saved */
+  T_CHECK_OK(e, gcap_optim_step(o));
+  T_CHECK_ST(e, gcap_backward(loss, NULL, 0), GCAP_ESTATE);
+  T_CHECK(t_msg_has(e, "inplace") && t_msg_has(e, "'linear'"));
+  gcap_tensor_free(y), gcap_tensor_free(loss), gcap_tensor_free(x);
+  gcap_optim_free(o);
+  gcap_module_free(m);
+  gcap_engine_free(e);
+}
+
+/* A graphed Linear trained with its optimizer: replays, copy-ins and steps
+** bump versions, and no backward raises. */
+static void test_graphed_training_no_false_alarm(void) {
+  fixture f;
+  gcap_optim *o = NULL;
+  gcap_tensor *y = NULL, *loss = NULL, *p[2];
+  T_SETUP(fx_open(&f), fx_close(&f));
+  p[0] = gcap_module_parameter(f.m, 0, NULL, 0);
+  p[1] = gcap_module_parameter(f.m, 1, NULL, 0);
+  T_CHECK_OK(f.e, gcap_optim_adam(f.e, 2, p, 0.01, 0.9, 0.999, 1e-8, 0, &o));
+  for (int it = 0; it < 4; it++) {
+    gcap_tensor *xi = NULL;
+    T_CHECK_OK(f.e, gcap_tensor_clone(f.x, &xi)); /* another address: a copy-in */
+    T_CHECK_OK(f.e, gcap_graphed_call(f.G, 0, 1, it % 2 ? &xi : &f.x, &y));
+    T_CHECK_OK(f.e, gcap_sum(y, &loss));
+    T_CHECK_OK(f.e, gcap_backward(loss, NULL, 0));
+    T_CHECK_OK(f.e, gcap_optim_step(o));
+    T_CHECK_OK(f.e, gcap_optim_zero_grad(o, 0));
+    gcap_tensor_free(y), gcap_tensor_free(loss), gcap_tensor_free(xi);
+  }
+  gcap_optim_free(o);
+  fx_close(&f);
+}
+
 static const struct {
   const char *name;
   void (*fn)(void);
 } tests[] = {
 #define T_ENTRY(fn)                                                                                \
   { #fn, fn }
-    T_ENTRY(test_graphed_call_null_inputs),           T_ENTRY(test_graphed_eager_fallback_messages),
-    T_ENTRY(test_graphed_call_checks_shape),          T_ENTRY(test_capture_op_error_keeps_reason),
-    T_ENTRY(test_closed_engine_refuses_constructors), T_ENTRY(test_many_tensor_arguments),
-    T_ENTRY(test_graph_freed_during_its_capture),     T_ENTRY(test_graph_registry_stays_small),
+    T_ENTRY(test_graphed_call_null_inputs),
+    T_ENTRY(test_graphed_eager_fallback_messages),
+    T_ENTRY(test_graphed_call_checks_shape),
+    T_ENTRY(test_capture_op_error_keeps_reason),
+    T_ENTRY(test_closed_engine_refuses_constructors),
+    T_ENTRY(test_many_tensor_arguments),
+    T_ENTRY(test_graph_freed_during_its_capture),
+    T_ENTRY(test_graph_registry_stays_small),
     T_ENTRY(test_cross_entropy_checks_targets),
+    T_ENTRY(test_inplace_after_save_is_detected),
+    T_ENTRY(test_optimizer_step_versions),
+    T_ENTRY(test_graphed_training_no_false_alarm),
 };
 
 int main(int argc, char **argv) {

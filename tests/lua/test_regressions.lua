@@ -183,4 +183,32 @@ function TestRegressions:test_cross_entropy_refuses_bad_targets ()
   lu.assertEquals(x.grad:shape(), {3, 4})
 end
 
+-- A tensor autograd saved, changed in place before backward: the backward
+-- raises PyTorch's error (naming the op and the versions) instead of a
+-- wrong gradient; copy_, zero_ and fill_ each bump the storage's version,
+-- which views share.
+function TestRegressions:test_inplace_change_of_saved_tensor ()
+  local a = gc.tensor({{1, 2}, {3, 4}}, {requires_grad = true})
+  for _, change in ipairs({function (t) t:fill_(3) end, function (t) t:zero_() end,
+                           function (t) t:copy_(gc.ones({2, 2})) end}) do
+    local h = a * 2
+    local y = (h * h):sum()
+    local v = h._version
+    change(h)
+    lu.assertEquals(h._version, v + 1)
+    local msg = H.assert_err(function () y:backward() end,
+                             "modified by an inplace operation", "'mul'", "version")
+    lu.assertStrContains(msg, "test_regressions.lua:")
+  end
+  lu.assertNil(a.grad)
+  local h = a * 2
+  local y = (h * h):sum()
+  y:backward()  -- untouched: 8 a
+  H.assert_same(a.grad:tolist(), {{8, 16}, {24, 32}}, "grad")
+  local w = gc.ones({2})
+  local view = w:view({1, 2})
+  view:fill_(2)
+  lu.assertEquals(w._version, view._version)
+end
+
 os.exit(lu.LuaUnit.run())
