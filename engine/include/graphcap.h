@@ -409,7 +409,8 @@ typedef struct gcap_graph_stats {
 
 /* A new, empty graph. */
 gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out);
-/* Destroy the graph. While a capture is open this is deferred until it ends.
+/* Destroy the graph. While a capture is open this is deferred until it ends;
+** freeing the graph that is capturing ends that capture (as a failed one).
 ** NULL is fine. */
 void gcap_graph_free(gcap_graph *g);
 /* A name used in error messages (copied; at most 63 bytes kept). */
@@ -507,8 +508,11 @@ int gcap_graphed_num_entries(const gcap_graphed *g);
 gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry);
 /* Replay entry i's forward: copy inputs whose address differs from the
 ** static ones, launch, and return a view of the static output (valid until
-** the next replay) whose backward replays the backward graph. A module whose
-** training flag differs from capture time runs eagerly instead. */
+** the next replay) whose backward replays the backward graph. The inputs
+** must have the captured count, shapes and dtypes (GCAP_EINVAL names the
+** argument and both shapes otherwise); an input that needed no grad at
+** capture gets none from that backward, as in TE. A module whose training
+** flag differs from capture time runs eagerly instead. */
 gcap_status gcap_graphed_call(gcap_graphed *g, int entry, int nin, gcap_tensor *const *in,
                               gcap_tensor **out);
 /* Replay entry i's delayed-wgrad graph and accumulate into .grad (no-op
