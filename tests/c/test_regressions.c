@@ -201,6 +201,9 @@ static void test_closed_engine_refuses_constructors(void) {
   T_REFUSES(gcap_tensor_full(e, GCAP_F32, 1, s, 1.0, &t), t);
   T_REFUSES(gcap_tensor_from_f32(e, GCAP_F32, 1, s, d, &t), t);
   T_REFUSES(gcap_tensor_rand(e, GCAP_F32, 1, s, 0, &t), t);
+  T_REFUSES(gcap_tensor_view(x, 1, s, &t), t);
+  T_REFUSES(gcap_tensor_detach(x, &t), t);
+  T_REFUSES(gcap_tensor_clone(x, &t), t);
   {
     gcap_tensor *const a0[1] = {x};
     gcap_tensor *const *args[1] = {a0};
