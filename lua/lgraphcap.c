@@ -72,9 +72,6 @@
 #define UV_HOOKFN 2  /* the hook function */
 #define UV_HOOKMOD 3 /* the Module box it was registered on */
 
-/* one module call takes at most this many tensors (graphcap.h) */
-#define MAXIN 8
-
 /* a tensor's bytes must fit an int64 */
 #define MAXNUMEL (INT64_MAX / (int64_t)sizeof(float))
 
@@ -876,6 +873,8 @@ static int l_tensor_index(lua_State *L) {
     lua_pushstring(L, gcap_tensor_grad_fn_name(l_checktensor(L, 1)));
   else if (strcmp(k, "is_leaf") == 0)
     lua_pushboolean(L, gcap_tensor_is_leaf(l_checktensor(L, 1)));
+  else if (strcmp(k, "_version") == 0)
+    lua_pushinteger(L, (lua_Integer)gcap_tensor_version(l_checktensor(L, 1)));
   return 1; /* nil for other names, as a table would */
 }
 
@@ -1382,9 +1381,23 @@ static gcap_status l_hook(void *ud, gcap_module *m, const gcap_hook_args *a) {
   return l_callback(h->le, &l_hookkey, &c.c, fwd ? m : NULL);
 }
 
-/* m(...) (muted = 0) and, for built-ins, m:forward(...) (muted = 1) */
+/* How many tensors a call of the module at mi passes, with n arguments:
+** n, plus its kwargs when it was graphed with sample_kwargs. */
+static int l_maxin(lua_State *L, int mi, int n) {
+  lua_getiuservalue(L, mi, UV_FIELDS);
+  if (lua_getfield(L, -1, "graphed_kwargs") == LUA_TTABLE) n += (int)lua_rawlen(L, -1);
+  lua_pop(L, 2);
+  return n;
+}
+
+/* Room for n tensor pointers, on the stack (collected with the call) */
+static gcap_tensor **l_inbuf(lua_State *L, int n) {
+  return (gcap_tensor **)lua_newuserdatauv(L, sizeof(gcap_tensor *) * (size_t)(n + 1), 0);
+}
+
 /* A module graphed with sample_kwargs: the kwargs map (its last argument)
-** adds its tensors to in[], in the sample's sorted key order. */
+** adds its tensors to in[] (room from l_maxin), in the sample's sorted key
+** order. */
 static int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin,
                         const char *type) {
   int nk, i;
@@ -1403,11 +1416,10 @@ static int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin
     lua_rawget(L, kwi); /* raw: no Lua code runs while in[] fills */
     t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
     if (t == NULL || t->t == NULL)
-      l_error(L,
-              "%s was graphed with kwarg '%s', but it was not given "
-              "(as a tensor) in this call",
-              type, lua_tostring(L, -2));
-    if (nin == MAXIN) l_error(L, "%s: a module takes 0 to %d tensor inputs", type, MAXIN);
+      return l_error(L,
+                     "%s was graphed with kwarg '%s', but it was not given "
+                     "(as a tensor) in this call",
+                     type, lua_tostring(L, -2));
     in[nin++] = t->t;
     lua_pop(L, 2);
   }
@@ -1415,13 +1427,14 @@ static int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin
   return nin;
 }
 
+/* m(...) (muted = 0) and, for built-ins, m:forward(...) (muted = 1) */
 static int l_modcall(lua_State *L, int muted) {
   LModule *p = l_checkmodule(L, 1);
   gcap_module *m = p->m;
   gcap_engine *e = l_engine(L);
   int islua = (gcap_module_userdata(m) == lua_touserdata(L, ENGINEIDX));
   int i, nargs = lua_gettop(L) - 1, nin = 0;
-  gcap_tensor *in[MAXIN];
+  gcap_tensor **in = l_inbuf(L, l_maxin(L, 1, nargs));
   char msg[1024], op[256];
   LFrame f;
   LEngine *le;
@@ -1436,8 +1449,6 @@ static int l_modcall(lua_State *L, int muted) {
       continue;
     }
     luaL_argcheck(L, t->t != NULL, i, "tensor is closed");
-    if (nin == MAXIN)
-      return l_error(L, "%s: a module takes 0 to %d tensor inputs", gcap_module_type(m), MAXIN);
     in[nin++] = t->t;
     l_keeptensor(L, i); /* children and hooks see this same value */
   }
@@ -2319,8 +2330,12 @@ static int l_graph_new(lua_State *L) {
 
 static int l_graph_close(lua_State *L) {
   LGraph *p = (LGraph *)luaL_checkudata(L, 1, GRAPH_MT);
-  gcap_graph_free(p->g); /* during a capture, the core defers it */
+  gcap_graph_free(p->g); /* during a capture, the core defers it; during its own, ends it */
   p->g = NULL;
+  if (p->e != NULL && !gcap_is_capturing(p->e)) { /* no capture: drop its stream */
+    lua_pushnil(L);
+    lua_setiuservalue(L, ENGINEIDX, UV_CAPTURE);
+  }
   return 0;
 }
 
@@ -2980,8 +2995,8 @@ static int l_checkentry(lua_State *L, LGraphed *p, int i) {
 /* G:call(entry, tensors...) -> output (replays; eager in another mode) */
 static int l_graphed_call(lua_State *L) {
   LGraphed *p = l_checkgraphed(L, 1);
-  int entry = l_checkentry(L, p, 2), nin = lua_gettop(L) - 2, i;
-  gcap_tensor *in[MAXIN];
+  int entry = l_checkentry(L, p, 2), nin = lua_gettop(L) - 2, i, mi;
+  gcap_tensor **in;
   gcap_graphed *g;
   gcap_module *m;
   char msg[1024];
@@ -2991,7 +3006,10 @@ static int l_graphed_call(lua_State *L) {
   gcap_status st;
   int kwi = 0;
   if (nin > 0 && lua_type(L, nin + 2) == LUA_TTABLE) kwi = 2 + nin--; /* a kwargs map, last */
-  if (nin > MAXIN) return l_error(L, "graphed call: at most %d tensor arguments", MAXIN);
+  m = gcap_graphed_module(p->g, entry);
+  l_pushmodule(L, m); /* its graphed_kwargs say how a kwargs map flattens */
+  mi = lua_gettop(L);
+  in = l_inbuf(L, l_maxin(L, mi, nin));
   for (i = 0; i < nin; i++) {
     LTensor *t = (LTensor *)luaL_testudata(L, i + 3, TENSOR_MT);
     if (t == NULL)
@@ -3002,10 +3020,7 @@ static int l_graphed_call(lua_State *L) {
     luaL_argcheck(L, t->t != NULL, i + 3, "tensor is closed");
     in[i] = t->t;
   }
-  m = gcap_graphed_module(p->g, entry);
-  l_pushmodule(L, m); /* its graphed_kwargs say how a kwargs map flattens */
-  nin = l_flatkwargs(L, lua_gettop(L), kwi, in, nin, gcap_module_type(m));
-  lua_pop(L, 1);
+  nin = l_flatkwargs(L, mi, kwi, in, nin, gcap_module_type(m));
   r = l_newtensor(L);
   g = gcap_graphed_retain(p->g); /* callbacks may close the boxes of g, its module and in */
   m = gcap_module_retain(gcap_graphed_module(g, entry));

@@ -73,7 +73,9 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out);
 const char *gcap_last_open_error(void);
 
 /* Release the caller's reference. NULL is fine. The engine lives on, closed
-** to new work, until its last tensor, stream, event, pool and graph is freed. */
+** to new work, until its last tensor, stream, event, pool and graph is freed:
+** meanwhile every constructor on it (tensors, graphs, pools, streams, events,
+** modules, optimizers, make_graphed_callables) fails with GCAP_ESTATE. */
 void gcap_engine_free(gcap_engine *e);
 
 /* Text of the engine's last error; owned by the engine, valid until its next
@@ -145,6 +147,13 @@ int64_t gcap_tensor_numel(const gcap_tensor *t);
 gcap_dtype gcap_tensor_dtype(const gcap_tensor *t);
 /* The device address of the first element, for identity checks. */
 uintptr_t gcap_tensor_data_ptr(const gcap_tensor *t);
+/* The version of t's storage (PyTorch's _version), shared by its views and
+** detached copies: every write into it counts, in-place ops (copy_, zero_,
+** fill_, optimizer steps, .grad accumulation) included. Autograd notes it
+** for each tensor it saves; a backward finding a saved tensor at another
+** version fails with GCAP_ESTATE ("modified by an inplace operation").
+** Graph replays do not count (their outputs are overwritten by design). */
+uint64_t gcap_tensor_version(const gcap_tensor *t);
 
 /* Copy the tensor to host memory as n = numel floats; waits for the data.
 ** Refused while capturing (a read-back synchronizes). */
@@ -195,7 +204,10 @@ gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **o
 /* mean((input - target)^2) into a 0-D tensor. */
 gcap_status gcap_mse_loss(gcap_tensor *input, gcap_tensor *target, gcap_tensor **out);
 /* Mean cross entropy of logits [N, C] against target [N] (class indices
-** held as floats) into a 0-D tensor. */
+** held as floats) into a 0-D tensor. A target that is not an integer in
+** 0..C-1 (1.5, NaN, -1, C) is refused (GCAP_EINVAL, naming it): outside
+** capture the targets are read back and checked, which waits for them;
+** inside a capture they cannot be, and such a row's loss and grads are NaN. */
 gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_tensor **out);
 
 /* ------------------------------------------------------------------------ */
@@ -397,7 +409,8 @@ typedef struct gcap_graph_stats {
 
 /* A new, empty graph. */
 gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out);
-/* Destroy the graph. While a capture is open this is deferred until it ends.
+/* Destroy the graph. While a capture is open this is deferred until it ends;
+** freeing the graph that is capturing ends that capture (as a failed one).
 ** NULL is fine. */
 void gcap_graph_free(gcap_graph *g);
 /* A name used in error messages (copied; at most 63 bytes kept). */
@@ -496,8 +509,11 @@ int gcap_graphed_num_entries(const gcap_graphed *g);
 gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry);
 /* Replay entry i's forward: copy inputs whose address differs from the
 ** static ones, launch, and return a view of the static output (valid until
-** the next replay) whose backward replays the backward graph. A module whose
-** training flag differs from capture time runs eagerly instead. */
+** the next replay) whose backward replays the backward graph. The inputs
+** must have the captured count, shapes and dtypes (GCAP_EINVAL names the
+** argument and both shapes otherwise); an input that needed no grad at
+** capture gets none from that backward, as in TE. A module whose training
+** flag differs from capture time runs eagerly instead. */
 gcap_status gcap_graphed_call(gcap_graphed *g, int entry, int nin, gcap_tensor *const *in,
                               gcap_tensor **out);
 /* Replay entry i's delayed-wgrad graph and accumulate into .grad (no-op

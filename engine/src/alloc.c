@@ -102,6 +102,7 @@ gcap_status gc_pool_alloc(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **out) 
     if (st != GCAP_OK) return st;
   }
   fl_remove(p, best);
+  best->seg->trim = 0;                 /* in use again: it follows the pool's own life */
   if (best->size - n >= ALLOC_ROUND) { /* split off the tail as a free block */
     gc_blk *rest = (gc_blk *)calloc(1, sizeof *rest);
     if (rest != NULL) {
@@ -141,17 +142,43 @@ static void blk_merge_next(gcap_pool *p, gc_blk *b) {
   free(n);
 }
 
+/* Give seg (entirely free: one free block) back to the device. */
+static void seg_release(gcap_pool *p, gc_seg *seg) {
+  gc_seg **link = &p->segs;
+  while (*link != seg)
+    link = &(*link)->next;
+  *link = seg->next;
+  fl_remove(p, seg->first);
+  free(seg->first);
+  p->reserved -= seg->size;
+  gc_raw_free(p->e, seg->base);
+  free(seg);
+}
+
+/* Release the segments flagged trim that are entirely free; not while a
+** weak reference may still point into one. */
+static void pool_trim(gcap_pool *p) {
+  gc_seg *seg = p->segs, *next;
+  if (p->weak > 0) return;
+  for (; seg != NULL; seg = next) {
+    next = seg->next;
+    if (seg->trim && seg->first->refs == 0 && seg->first->next == NULL) seg_release(p, seg);
+  }
+}
+
 void gc_blk_release(gc_blk *b) {
   gcap_pool *p;
+  gc_seg *seg;
   if (b == NULL || --b->refs > 0) return;
   if (b->weak) { /* its memory was given back already; the pool may go now */
     p = b->pool;
     free(b);
-    p->weak--;
+    if (--p->weak == 0) pool_trim(p);
     gc_pool_maybe_release(p);
     return;
   }
   p = b->pool;
+  seg = b->seg; /* b may merge away below */
   p->in_use -= b->size;
   p->blocks--;
   if (b->next && b->next->refs == 0 && b->next->stream == b->stream) blk_merge_next(p, b);
@@ -162,6 +189,8 @@ void gc_blk_release(gc_blk *b) {
   } else {
     fl_push(p, b);
   }
+  if (seg->trim && p->weak == 0 && seg->first->refs == 0 && seg->first->next == NULL)
+    seg_release(p, seg);
   gc_pool_maybe_release(p);
 }
 
@@ -208,9 +237,8 @@ void gc_pool_destroy(gcap_pool *p) {
 void gc_pools_retag(gcap_engine *e, const gcap_stream *s, gcap_stream *to) {
   gcap_pool *p;
   for (p = e->pools; p != NULL; p = p->next) {
-    gc_seg **link = &p->segs;
-    while (*link != NULL) {
-      gc_seg *seg = *link;
+    gc_seg *seg;
+    for (seg = p->segs; seg != NULL; seg = seg->next) {
       gc_blk *b;
       int had = 0;
       for (b = seg->first; b != NULL; b = b->next)
@@ -218,41 +246,20 @@ void gc_pools_retag(gcap_engine *e, const gcap_stream *s, gcap_stream *to) {
       for (b = seg->first; b != NULL; b = b->next) /* neighbours free on one stream now merge */
         while (b->refs == 0 && b->next && b->next->refs == 0 && b->next->stream == b->stream)
           blk_merge_next(p, b);
-      b = seg->first;
-      if (had && p->is_heap && b->refs == 0 && b->next == NULL) {
-        /* ordinary memory the stream left entirely free goes back: streams come
-        ** and go (a warmup's), their caches must not pile up */
-        *link = seg->next;
-        fl_remove(p, b);
-        free(b);
-        p->reserved -= seg->size;
-        gc_raw_free(e, seg->base);
-        free(seg);
-        continue;
-      }
-      link = &seg->next;
+      /* ordinary memory a stream leaves goes back once entirely free (now, or
+      ** when its last tensor goes): streams come and go (a warmup's), their
+      ** caches must not pile up */
+      if (had && p->is_heap) seg->trim = 1;
     }
+    pool_trim(p);
   }
 }
 
 void gc_pool_trim_since(gcap_pool *p, const gc_seg *since) {
-  gc_seg **link = &p->segs;
-  while (*link != NULL && *link != since) {
-    gc_seg *s = *link;
-    gc_blk *b;
-    for (b = p->freelist; b != NULL; b = b->fnext) /* one free block spanning it? */
-      if (b->seg == s && b->size == s->size) break;
-    if (b == NULL) {
-      link = &s->next;
-      continue;
-    }
-    fl_remove(p, b);
-    free(b);
-    *link = s->next;
-    p->reserved -= s->size;
-    gc_raw_free(p->e, s->base);
-    free(s);
-  }
+  gc_seg *s;
+  for (s = p->segs; s != NULL && s != since; s = s->next)
+    s->trim = 1;
+  pool_trim(p);
 }
 
 const char *gc_describe_ptr(gcap_engine *e, const void *ptr, char *buf, size_t n) {
@@ -296,6 +303,7 @@ gcap_status gc_tensor_weaken(gcap_tensor *t) {
   w->stream = t->blk->stream;
   w->refs = 1;
   w->weak = 1;
+  w->version = t->blk->version;
   w->pool->weak++;        /* the address must stay valid: the pool stays */
   gc_blk_release(t->blk); /* other holders of the block keep it; this tensor no longer does */
   t->blk = w;
@@ -307,10 +315,11 @@ gcap_status gc_tensor_weaken(gcap_tensor *t) {
 
 gcap_status gcap_pool_new(gcap_engine *e, gcap_pool **out) {
   gcap_pool *p;
+  gcap_status st;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, "graph_pool_handle")) != GCAP_OK) return st;
   if ((p = gc_pool_create(e, 0)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "graph_pool_handle: out of host memory");
   p->handles = 1;
@@ -367,7 +376,7 @@ static int iv_reserve(gc_ivmap *m, int extra) {
   return 1;
 }
 
-void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer) {
+void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, gc_gid writer) {
   int i, j, nkeep = 0;
   gc_ivl left = {0, 0, 0}, right = {0, 0, 0};
   int hasl = 0, hasr = 0;
@@ -404,7 +413,7 @@ void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer) {
 }
 
 int gc_ivmap_each(const gc_ivmap *m, uintptr_t lo, uintptr_t hi,
-                  int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, int writer), void *ud) {
+                  int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer), void *ud) {
   int i = iv_lower(m, lo), r;
   uintptr_t at = lo;
   for (; at < hi; i++) {

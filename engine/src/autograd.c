@@ -98,6 +98,7 @@ gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gca
       gc_node_release(n);
       return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", name);
     }
+    n->saved_version[i] = save[i]->blk->version;
   }
   n->nsaved = nsave;
   n->ndim = out->ndim;
@@ -206,10 +207,11 @@ gcap_status gc_check_inplace(gcap_tensor *t, const char *op) {
 }
 
 gcap_status gcap_tensor_detach(gcap_tensor *t, gcap_tensor **out) {
+  gcap_status st;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (t == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
+  if ((st = gc_check_open(t->e, "detach")) != GCAP_OK) return st;
   if ((*out = gc_tensor_alias(t, t->ndim, t->shape)) == NULL)
     return gc_fail(t->e, GCAP_ENOMEM, "detach: out of host memory");
   return GCAP_OK;
@@ -399,6 +401,25 @@ static gcap_status bw_check_grad(gc_node *n, gcap_tensor *g) {
   return GCAP_OK;
 }
 
+/* PyTorch's check: a tensor n saved must not have been written since (an
+** in-place op, an optimizer step, a copy_ into it): its backward would
+** compute a wrong grad from the new values. */
+static gcap_status bw_check_saved(gc_node *n) {
+  int i;
+  for (i = 0; i < n->nsaved; i++) {
+    const gcap_tensor *t = n->saved[i];
+    char b[64];
+    if (t == NULL || t->blk->version == n->saved_version[i]) continue;
+    return gc_fail(t->e, GCAP_ESTATE,
+                   "backward: one of the variables needed for gradient computation has been "
+                   "modified by an inplace operation: the %s %s tensor saved by '%s' (#%d) is at "
+                   "version %llu; expected version %llu instead",
+                   gc_shape_str(t, b, sizeof b), gc_dtype_name(t->dt), n->name, i + 1,
+                   (unsigned long long)t->blk->version, (unsigned long long)n->saved_version[i]);
+  }
+  return GCAP_OK;
+}
+
 static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int retain) {
   bw_stack all = {NULL, 0, 0}, ready = {NULL, 0, 0};
   gc_acc_run run; /* a node's leaf grads, accumulated in as few launches as may be */
@@ -422,7 +443,11 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
       goto done;
     }
     memset(gin, 0, (size_t)n->nin * sizeof *gin);
-    if ((st = bw_check_grad(n, g)) == GCAP_OK) st = n->backward(n, g, gin);
+    /* no grad reached n (its consumers gave none to this input, as a graphed
+    ** callable does for an input that needed none at capture): like
+    ** PyTorch's undefined grad, n runs not and passes none on */
+    if (g != NULL && (st = bw_check_grad(n, g)) == GCAP_OK && (st = bw_check_saved(n)) == GCAP_OK)
+      st = n->backward(n, g, gin);
     gcap_tensor_free(g);
     for (i = 0; i < n->nin; i++) {
       if (st == GCAP_OK && gin[i] != NULL) {

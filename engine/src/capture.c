@@ -19,17 +19,26 @@
 
 #include "internal.h"
 
+/* A slot for g in the registry (a destroyed graph's, if any) and a new id. */
 static gcap_status graph_register(gcap_engine *e, gcap_graph *g) {
-  if (e->next_graph_id >= e->graphs_cap) {
-    int cap = e->graphs_cap ? 2 * e->graphs_cap : 64;
+  if (e->nfree_slots == 0) { /* every slot is taken: twice as many */
+    int cap = e->graphs_cap ? 2 * e->graphs_cap : 64, k;
     gcap_graph **v = (gcap_graph **)realloc(e->graphs, (size_t)cap * sizeof *v);
+    int *f;
     if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
-    memset(v + e->graphs_cap, 0, (size_t)(cap - e->graphs_cap) * sizeof *v);
     e->graphs = v;
+    if ((f = (int *)realloc(e->free_slots, (size_t)cap * sizeof *f)) == NULL)
+      return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
+    e->free_slots = f;
+    for (k = cap - 1; k >= e->graphs_cap; k--) { /* lowest slots first */
+      v[k] = NULL;
+      f[e->nfree_slots++] = k;
+    }
     e->graphs_cap = cap;
   }
-  g->id = e->next_graph_id++;
-  e->graphs[g->id] = g;
+  g->slot = e->free_slots[--e->nfree_slots];
+  g->id = ++e->last_graph_id;
+  e->graphs[g->slot] = g;
   return GCAP_OK;
 }
 
@@ -39,7 +48,7 @@ gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out) {
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, "graph")) != GCAP_OK) return st;
   if ((g = (gcap_graph *)calloc(1, sizeof *g)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
   if ((st = graph_register(e, g)) != GCAP_OK) {
@@ -47,7 +56,7 @@ gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out) {
     return st;
   }
   g->e = e;
-  snprintf(g->name, sizeof g->name, "graph #%d", g->id);
+  snprintf(g->name, sizeof g->name, "graph #%lld", (long long)g->id);
   gc_engine_ref(e);
   *out = g;
   return GCAP_OK;
@@ -75,7 +84,7 @@ gcap_pool *gcap_graph_pool(gcap_graph *g) {
 /* ------------------------------------------------------------------------ */
 /* Access sets                                                               */
 
-static int ranges_push(gc_ranges *r, uintptr_t lo, uintptr_t hi, int producer) {
+static int ranges_push(gc_ranges *r, uintptr_t lo, uintptr_t hi, gc_gid producer) {
   if (r->n == r->cap) {
     int cap = r->cap ? 2 * r->cap : 16;
     gc_range *v = (gc_range *)realloc(r->v, (size_t)cap * sizeof *v);
@@ -104,7 +113,7 @@ static int ranges_cover(const gc_ranges *r, uintptr_t lo, uintptr_t hi) {
   return 0;
 }
 
-static int ranges_has(const gc_ranges *r, uintptr_t lo, uintptr_t hi, int producer) {
+static int ranges_has(const gc_ranges *r, uintptr_t lo, uintptr_t hi, gc_gid producer) {
   int i;
   for (i = r->n - 1; i >= 0; i--)
     if (r->v[i].lo == lo && r->v[i].hi == hi && r->v[i].producer == producer) return 1;
@@ -116,7 +125,7 @@ typedef struct read_ctx {
   int ok;
 } read_ctx;
 
-static int note_read_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
+static int note_read_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
   read_ctx *rc = (read_ctx *)ud;
   if (!ranges_has(&rc->g->reads, lo, hi, writer) && !ranges_push(&rc->g->reads, lo, hi, writer))
     rc->ok = 0;
@@ -140,7 +149,7 @@ static gcap_status graph_hold(gcap_graph *g, gc_blk *b) {
 }
 
 /* Log a piece of the capture-order map about to be overwritten. */
-static int undo_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
+static int undo_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
   return !ranges_push((gc_ranges *)ud, lo, hi, writer);
 }
 
@@ -149,6 +158,7 @@ gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
   uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
   uintptr_t hi = lo + (uintptr_t)t->numel * gc_dtype_size(t->dt);
   gcap_graph *g;
+  if (write) t->blk->version++;
   if (lo == hi) return GCAP_OK;
   if (e->cap == NULL) { /* eager: only pool memory is tracked */
     if (write && !p->is_heap) {
@@ -198,15 +208,20 @@ static void graph_clear(gcap_graph *g) {
 void gc_graph_destroy(gcap_graph *g) {
   gcap_engine *e = g->e;
   graph_clear(g);
-  e->graphs[g->id] = NULL;
+  e->graphs[g->slot] = NULL;
+  e->free_slots[e->nfree_slots++] = g->slot; /* room: one per slot */
   free(g);
   gc_engine_unref(e);
 }
+
+static void capture_abandon(gcap_graph *g);
 
 void gcap_graph_free(gcap_graph *g) {
   gcap_engine *e;
   if (g == NULL) return;
   e = g->e;
+  if (e->cap != NULL && e->cap->g == g) /* its own capture cannot end later: it ends now */
+    capture_abandon(g);
   if (e->cap != NULL) { /* e.g. the Lua collector, mid-capture: after the capture */
     g->next_dead = e->dead_graphs;
     e->dead_graphs = g;
@@ -294,6 +309,42 @@ static void cap_free(gc_capture *cap, int restore) {
   free(cap);
 }
 
+/* End the open capture on the backend (its graph in *bgraph) and take it
+** off the engine: no stream is in a capture, the stream current before it
+** is current again. The backend's status. */
+static gcap_status capture_detach(gcap_engine *e, void **bgraph) {
+  gc_capture *cap = e->cap;
+  gcap_stream *s;
+  gcap_status st = e->be->capture_end(e, e->bs, cap->origin->bs, bgraph);
+  for (s = e->streams; s != NULL; s = s->next)
+    s->in_capture = 0;
+  e->current = cap->prev_current;
+  e->cap = NULL;
+  return st;
+}
+
+/* Drop what a failed capture made: its backend graph, its record (the
+** pool's capture-order map as before), g's gatherings; then run what was
+** deferred while it was open. */
+static void capture_discard(gcap_graph *g, gc_capture *cap, void *bgraph) {
+  gcap_engine *e = g->e;
+  if (bgraph) e->be->graph_free(e->bs, bgraph, NULL);
+  cap_free(cap, 1);
+  graph_clear(g);
+  gc_run_deferred(e);
+}
+
+/* g is freed during its own capture (a <close> variable on an error, a
+** collector): the capture ends, as a failed one, so that the engine is not
+** left capturing. */
+static void capture_abandon(gcap_graph *g) {
+  gcap_engine *e = g->e;
+  gc_capture *cap = e->cap;
+  void *bgraph = NULL;
+  capture_detach(e, &bgraph);
+  capture_discard(g, cap, bgraph);
+}
+
 gcap_status gcap_capture_end(gcap_graph *g) {
   gcap_engine *e;
   gc_capture *cap;
@@ -314,22 +365,15 @@ gcap_status gcap_capture_end(gcap_graph *g) {
       gc_capture_refuse(e, "capture_end: a stream forked into the capture was not joined back "
                            "(the capture stream must wait on an event recorded on it after its "
                            "last work)");
-  st = e->be->capture_end(e, e->bs, cap->origin->bs, &bgraph);
+  st = capture_detach(e, &bgraph);
   t1 = gc_now_ms();
   gc_trace_span(e, cap->trace_t0, "capture", "capture %s%s", g->name,
                 cap->invalid || st != GCAP_OK ? " (failed)" : "");
   tr1 = gc_trace_clock(e);
-  for (s = e->streams; s != NULL; s = s->next)
-    s->in_capture = 0;
-  e->current = cap->prev_current;
-  e->cap = NULL;
   if (cap->invalid || st != GCAP_OK) {
     char why[GC_ERRLEN];
     snprintf(why, sizeof why, "%s", cap->invalid ? cap->why : e->err);
-    if (bgraph) e->be->graph_free(e->bs, bgraph, NULL);
-    cap_free(cap, 1);
-    graph_clear(g);
-    gc_run_deferred(e);
+    capture_discard(g, cap, bgraph);
     return gc_fail(e, GCAP_ECAPTURE, "capture of %s failed: %s", g->name, why);
   }
   g->bgraph = bgraph;
@@ -356,12 +400,12 @@ gcap_status gcap_capture_end(gcap_graph *g) {
 
 typedef struct check_ctx {
   gcap_graph *g;
-  int producer;
+  gc_gid producer;
   uintptr_t lo, hi;
-  int culprit;
+  gc_gid culprit;
 } check_ctx;
 
-static int check_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
+static int check_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
   check_ctx *cc = (check_ctx *)ud;
   if (writer == cc->producer || writer == GC_WRITER_OUTSIDE || writer == cc->g->id) return 0;
   cc->lo = lo;
@@ -370,13 +414,22 @@ static int check_piece(void *ud, uintptr_t lo, uintptr_t hi, int writer) {
   return 1;
 }
 
-static const char *graph_label(gcap_engine *e, int id, char *buf, size_t n) {
+/* The live graph of id `id`, or NULL (destroyed): a scan, for messages. */
+static const gcap_graph *graph_of(const gcap_engine *e, gc_gid id) {
+  int k;
+  for (k = 0; k < e->graphs_cap; k++)
+    if (e->graphs[k] != NULL && e->graphs[k]->id == id) return e->graphs[k];
+  return NULL;
+}
+
+static const char *graph_label(gcap_engine *e, gc_gid id, char *buf, size_t n) {
+  const gcap_graph *g = id == GC_WRITER_OUTSIDE ? NULL : graph_of(e, id);
   if (id == GC_WRITER_OUTSIDE)
     snprintf(buf, n, "eager work");
-  else if (id < e->graphs_cap && e->graphs[id] != NULL)
-    snprintf(buf, n, "'%s'", e->graphs[id]->name);
+  else if (g != NULL)
+    snprintf(buf, n, "'%s'", g->name);
   else
-    snprintf(buf, n, "graph #%d (destroyed)", id);
+    snprintf(buf, n, "graph #%lld (destroyed)", (long long)id);
   return buf;
 }
 

@@ -100,7 +100,6 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
   e->replay_check = 1;
   e->grad_enabled = 1;
   e->module_gen = 1;
-  e->next_graph_id = 1;
   if ((st = be->init(e, &e->bs)) != GCAP_OK) goto fail;
   if ((e->heap = gc_pool_create(e, 1)) == NULL) {
     st = gc_fail(e, GCAP_ENOMEM, "gcap_engine_new: out of host memory");
@@ -129,6 +128,7 @@ static void eng_destroy(gcap_engine *e) {
   if (e->heap) gc_pool_destroy(e->heap);
   if (e->bs) e->be->shutdown(e->bs);
   free(e->graphs);
+  free(e->free_slots);
   free(e->dead_ptrs);
   free(e);
 }
@@ -180,6 +180,14 @@ gcap_status gc_capture_refuse(gcap_engine *e, const char *fmt, ...) {
 gcap_status gc_check_not_capturing(gcap_engine *e, const char *what) {
   if (e->cap == NULL) return GCAP_OK;
   return gc_capture_refuse(e, "%s is not allowed while a capture is open", what);
+}
+
+gcap_status gc_check_open(gcap_engine *e, const char *what) {
+  gc_clear(e);
+  if (e->closed)
+    return gc_fail(e, GCAP_ESTATE, "%s: the engine is closed (its objects can only be freed)",
+                   what);
+  return GCAP_OK;
 }
 
 gcap_status gc_check_stream(gcap_engine *e, gcap_stream *s, const char *what) {

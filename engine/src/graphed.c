@@ -24,6 +24,8 @@ typedef struct ge_entry {
   int nparams;
   gcap_tensor **params;  /* parameters fed to the graphs (pruned in warmup) */
   int params_known;      /* pruning done (warmup iteration 0) */
+  int trainable;         /* a parameter requires grad (pruned or not: a fused-wgrad weight's
+                            grad goes to main_grad, never to .grad) */
   gcap_tensor *out;      /* static output */
   gcap_tensor *grad_out; /* static grad of the output */
   gcap_tensor **grad_in; /* [nargs + nparams] static grads, or NULL */
@@ -301,9 +303,14 @@ static gcap_status capture(ge_build *b, int i, const char *kind, gcap_graph **g,
   if ((st = new_graph(b, i, kind, g)) != GCAP_OK) return st;
   if ((st = gcap_capture_begin(*g, b->G->pool, NULL)) != GCAP_OK) return where(b, st, i, kind);
   st = fn(b, x);
-  st2 = gcap_capture_end(*g); /* always ends, also after an error */
-  if (st == GCAP_OK) st = st2;
-  if (st != GCAP_OK) return where(b, st, i, kind);
+  if (st != GCAP_OK) { /* capture_end clears the message: keep the op's reason */
+    char why[GC_ERRLEN];
+    snprintf(why, sizeof why, "%s", b->e->err);
+    gcap_capture_end(*g); /* always ends, also after an error */
+    gc_fail(b->e, st, "%s", why);
+    return where(b, st, i, kind);
+  }
+  if ((st2 = gcap_capture_end(*g)) != GCAP_OK) return where(b, st2, i, kind);
   return GCAP_OK;
 }
 
@@ -601,6 +608,7 @@ static gcap_status build_entries(ge_build *b, gcap_module *const *callables, con
     }
     for (k = 0; k < x->nparams; k++) {
       x->params[k] = gcap_tensor_retain(gcap_module_parameter(x->m, k, NULL, 0));
+      x->trainable |= x->params[k]->requires_grad;
       if ((st = snap_add(b->e, snap, x->params[k])) != GCAP_OK) return st;
     }
   }
@@ -777,7 +785,7 @@ static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *con
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, "make_graphed_callables")) != GCAP_OK) return st;
   if (opts == NULL) {
     gcap_graphed_opts_init(&defaults);
     opts = &defaults;
@@ -963,31 +971,54 @@ static gcap_status check_shared_inputs(gcap_graphed *G, int entry) {
   return GCAP_OK;
 }
 
+/* The arguments of a call of entry i: tensors of this engine, and for a
+** replay (`replay`) as many as captured, each of its static input's shape
+** and dtype (a copy-in of another shape would be read as the captured one). */
+static gcap_status check_call_args(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
+                                   int replay) {
+  const ge_entry *x = &G->v[entry];
+  int k;
+  if (nin < 0 || (nin > 0 && in == NULL))
+    return gc_fail(G->e, GCAP_EINVAL, "graphed call of entry %d: %d arguments %s", entry + 1, nin,
+                   nin < 0 ? "(a negative count)" : "but the argument array is NULL");
+  for (k = 0; k < nin; k++)
+    if (in[k] == NULL || in[k]->e != G->e)
+      return gc_fail(G->e, GCAP_EINVAL, "graphed call of entry %d: argument #%d is %s", entry + 1,
+                     k + 1, in[k] == NULL ? "NULL" : "a tensor of another engine");
+  if (!replay) return GCAP_OK;
+  if (nin != x->nargs)
+    return gc_fail(G->e, GCAP_EINVAL,
+                   "graphed call of entry %d: expected %d tensor arguments, got %d", entry + 1,
+                   x->nargs, nin);
+  for (k = 0; k < nin; k++)
+    if (!same_shape(in[k], x->args[k])) {
+      char b1[64], b2[64];
+      return gc_fail(G->e, GCAP_EINVAL,
+                     "graphed call of entry %d (callable %d, %s), argument #%d: shape %s %s does "
+                     "not match the captured %s %s",
+                     entry + 1, x->callable + 1, gcap_module_type(x->m), k + 1,
+                     gc_shape_str(in[k], b1, sizeof b1), gc_dtype_name(in[k]->dt),
+                     gc_shape_str(x->args[k], b2, sizeof b2), gc_dtype_name(x->args[k]->dt));
+    }
+  return GCAP_OK;
+}
+
 static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
                                 gcap_tensor **out) {
   ge_entry *x;
   gcap_tensor **surf = NULL, *small[16];
   gcap_status st;
-  int k, was;
+  int k, was, replay;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if ((st = entry_ok(G, entry, "graphed call")) != GCAP_OK) return st;
   x = &G->v[entry];
-  if (gcap_module_training(x->m) != G->training) /* another mode than captured: eager */
-    return gc_module_forward(x->m, nin, in, out);
-  if (nin != x->nargs)
-    return gc_fail(G->e, GCAP_EINVAL,
-                   "graphed call of entry %d: expected %d tensor arguments, got %d", entry + 1,
-                   x->nargs, nin);
+  replay = gcap_module_training(x->m) == G->training; /* else: eager, as in another mode */
+  if ((st = check_call_args(G, entry, nin, in, replay)) != GCAP_OK) return st;
+  if (!replay) return gc_module_forward(x->m, nin, in, out);
   if (G->reuse && (st = check_shared_inputs(G, entry)) != GCAP_OK) return st;
   was = gcap_set_grad_enabled(G->e, 0);
   for (k = 0; k < nin; k++) {
-    if (in[k] == NULL || in[k]->e != G->e) {
-      gcap_set_grad_enabled(G->e, was);
-      return gc_fail(G->e, GCAP_EINVAL,
-                     "graphed call of entry %d: argument #%d is not a tensor of this engine",
-                     entry + 1, k + 1);
-    }
     if (gc_tensor_ptr(in[k]) != gc_tensor_ptr(x->args[k]) &&
         (st = gcap_copy_(x->args[k], in[k])) != GCAP_OK) {
       gcap_set_grad_enabled(G->e, was);
@@ -1000,7 +1031,7 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
   if ((*out = gc_tensor_alias(x->out, x->out->ndim, x->out->shape)) == NULL)
     return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
   if (x->bwd != NULL && G->e->grad_enabled) {
-    int ns = x->nargs + x->nparams, any = x->nparams > 0;
+    int ns = x->nargs + x->nparams, any = x->trainable;
     for (k = 0; k < nin; k++)
       any |= in[k]->requires_grad;
     if (any) {

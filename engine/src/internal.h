@@ -15,6 +15,10 @@
 #define GC_NAMELEN 64
 #define GC_WRITER_OUTSIDE 0 /* "written by eager work or copy-in", not by a graph */
 
+/* A graph's id: 1, 2, ... in creation order, never reused (the pools' maps
+** of who wrote what may name a destroyed graph); 64 bits, so never spent. */
+typedef int64_t gc_gid;
+
 /* ------------------------------------------------------------------------ */
 /* Allocator (alloc.c)                                                       */
 
@@ -27,6 +31,7 @@ typedef struct gc_blk {
   size_t size;
   int refs;            /* 0: free */
   int weak;            /* a detached copy: the memory went back to the pool */
+  uint64_t version;    /* writes to the storage so far (every tensor over it shares it) */
   gcap_pool *pool;     /* the pool (or the engine heap) it belongs to */
   gcap_stream *stream; /* blocks are reused on the stream they were freed on */
   gc_seg *seg;
@@ -39,12 +44,14 @@ struct gc_seg {
   size_t size;
   gc_seg *next;
   gc_blk *first; /* its blocks, by address (merges keep the leftmost) */
+  int trim;      /* goes back to the device once entirely free, unless something allocates
+                    from it first: a dead stream's leftover, a failed call's growth */
 };
 
 /* Last writer of each byte range of a pool: sorted, disjoint intervals. */
 typedef struct gc_ivl {
   uintptr_t lo, hi;
-  int writer; /* graph id, or GC_WRITER_OUTSIDE */
+  gc_gid writer; /* graph id, or GC_WRITER_OUTSIDE */
 } gc_ivl;
 
 typedef struct gc_ivmap {
@@ -85,11 +92,11 @@ void gc_pool_maybe_release(gcap_pool *p);
 void gc_pool_destroy(gcap_pool *p);
 void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out);
 
-void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer);
+void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, gc_gid writer);
 /* Calls fn for each piece of [lo, hi) with its writer (gaps: OUTSIDE);
 ** stops and returns the first non-zero result. */
 int gc_ivmap_each(const gc_ivmap *m, uintptr_t lo, uintptr_t hi,
-                  int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, int writer), void *ud);
+                  int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer), void *ud);
 void gc_ivmap_free(gc_ivmap *m);
 
 /* ------------------------------------------------------------------------ */
@@ -174,6 +181,7 @@ struct gc_node {
   gc_node **next;     /* [nin]: producer of input i, or NULL */
   gcap_tensor **leaf; /* [nin]: input i when it is a leaf that requires grad */
   gcap_tensor *saved[GC_NODE_MAXSAVED];
+  uint64_t saved_version[GC_NODE_MAXSAVED]; /* their storage's version when saved */
   int nsaved;
   int released; /* saved tensors freed by a backward without retain_graph */
   int ndim;     /* the output's shape and dtype, to check incoming grads */
@@ -215,7 +223,8 @@ gcap_status gc_module_check_graphable(gcap_module *m, const char *where);
 ** bring the user's back (0). */
 void gc_module_wgrad_aside(gcap_module *m, int aside);
 /* Give back to the device the segments p gained after `since` (its segment
-** list head then) that are entirely free again. */
+** list head then): now those entirely free, later the others, once blocks
+** still held (by a collector's tensors) are freed. */
 void gc_pool_trim_since(gcap_pool *p, const gc_seg *since);
 /* Route m's calls to entry `entry` of g (g NULL: back to m's forward). */
 void gc_module_set_graphed(gcap_module *m, gcap_graphed *g, int entry);
@@ -228,7 +237,7 @@ void gc_module_unroute(gcap_module *m, const gcap_graphed *g, int entry);
 
 typedef struct gc_range {
   uintptr_t lo, hi;
-  int producer; /* reads: the writer expected at replay */
+  gc_gid producer; /* reads: the writer expected at replay */
 } gc_range;
 
 typedef struct gc_ranges {
@@ -240,7 +249,8 @@ typedef enum { GC_GRAPH_EMPTY, GC_GRAPH_CAPTURING, GC_GRAPH_READY } gc_graph_sta
 
 struct gcap_graph {
   gcap_engine *e;
-  int id;
+  gc_gid id;
+  int slot; /* its place in the engine's registry */
   char name[GC_NAMELEN];
   gc_graph_state state;
   gcap_pool *pool; /* holds pool->graphs while capturing or ready */
@@ -266,7 +276,9 @@ typedef struct gc_capture {
 } gc_capture;
 
 /* Note that the launch about to happen reads (write = 0) or writes t:
-** feeds the capture's access sets or, outside capture, the pool's writers. */
+** feeds the capture's access sets or, outside capture, the pool's writers;
+** a write bumps the version of t's storage (every write of the engine's
+** kernels comes here, so the in-place ones are counted). */
 gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write);
 void gc_graph_destroy(gcap_graph *g);
 
@@ -291,9 +303,12 @@ struct gcap_engine {
   uint64_t module_gen; /* bumped whenever a module registers something */
   uint64_t bw_mark;    /* backward pass counter (node marks) */
   gc_blk *rng;         /* device u64[2] {seed, offset} */
-  int next_graph_id;
-  gcap_graph **graphs; /* by id, NULL once destroyed: names for messages */
+  gc_gid last_graph_id;
+  gcap_graph **graphs; /* live graphs, by slot (names for messages); NULL: a free slot */
   int graphs_cap;
+  int *free_slots; /* slots of destroyed graphs, reused first: the registry stays as large
+                      as the most graphs alive at once */
+  int nfree_slots;
   /* destruction deferred while a capture is open */
   gcap_graph *dead_graphs;
   gcap_pool *dead_pools;
@@ -318,6 +333,10 @@ gcap_status gc_capture_refuse(gcap_engine *e, const char *fmt, ...)
 gcap_status gc_check_not_capturing(gcap_engine *e, const char *what);
 /* Check that work may go to stream s now (capture membership rules). */
 gcap_status gc_check_stream(gcap_engine *e, gcap_stream *s, const char *what);
+/* The start of every constructor: clear the message, and refuse to make
+** anything on a closed engine (gcap_engine_free ran; live objects keep it
+** only so that they can be freed). `what` names the object. */
+gcap_status gc_check_open(gcap_engine *e, const char *what);
 /* Clear the error message (start of a public call). */
 static inline void gc_clear(gcap_engine *e) {
   e->err[0] = '\0';

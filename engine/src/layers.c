@@ -4,6 +4,7 @@
 */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -365,6 +366,34 @@ static gcap_status xent_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) 
   return GCAP_OK;
 }
 
+/* Outside capture, every target must be a class id, an integer in 0..C-1:
+** read back and checked on the host (a capture cannot read back; there the
+** kernels give such a row a NaN loss and NaN grads). */
+static gcap_status xent_check_targets(gcap_tensor *target, int64_t classes) {
+  gcap_engine *e = target->e;
+  float *v;
+  int64_t i;
+  gcap_status st;
+  if (e->cap != NULL || target->numel == 0) return GCAP_OK;
+  if ((v = (float *)malloc((size_t)target->numel * sizeof *v)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "cross_entropy: out of host memory");
+  if ((st = gcap_tensor_read(target, v, (size_t)target->numel)) != GCAP_OK) {
+    free(v);
+    return st;
+  }
+  for (i = 0; i < target->numel; i++)
+    if (!(v[i] >= 0.0f && v[i] < (float)classes && v[i] == floorf(v[i]))) {
+      char val[32];
+      snprintf(val, sizeof val, v[i] != v[i] ? "NaN" : "%g", (double)v[i]);
+      st = gc_fail(e, GCAP_EINVAL,
+                   "cross_entropy: target[%lld] = %s is not a class id (an integer in 0..%lld)",
+                   (long long)i, val, (long long)classes - 1);
+      break;
+    }
+  free(v);
+  return st;
+}
+
 /* logits [N, C]; target [N] of class indices stored as floats; mean over N. */
 gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_tensor **out) {
   gcap_tensor *probs = NULL, *rows = NULL, *in[2];
@@ -383,6 +412,7 @@ gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_te
                    "dtype; got %s and %s",
                    gc_shape_str(logits, b1, sizeof b1), gc_shape_str(target, b2, sizeof b2));
   }
+  if ((st = xent_check_targets(target, logits->shape[1])) != GCAP_OK) return st;
   if ((st = gc_tensor_alloc(e, "cross_entropy", logits->dt, 2, logits->shape, &probs)) != GCAP_OK ||
       (st = gc_tensor_alloc(e, "cross_entropy", logits->dt, 1, logits->shape, &rows)) != GCAP_OK)
     goto done;

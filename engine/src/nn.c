@@ -68,10 +68,11 @@ static void flat_free(mod_flat *f);
 gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fwd, void *ud,
                             void (*ud_free)(void *), gcap_module **out) {
   gcap_module *m;
+  gcap_status st;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, type ? type : "module")) != GCAP_OK) return st;
   if (fwd == NULL) return gc_fail(e, GCAP_EINVAL, "module: forward function is NULL");
   if ((m = (gcap_module *)calloc(1, sizeof *m)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "module: out of host memory");
@@ -490,7 +491,7 @@ static gcap_status hook_alias(gcap_tensor *t, gc_backward_fn bw, hook_call *hc, 
 }
 
 gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
-  gcap_tensor *args[8], *y = NULL, *in0 = NULL;
+  gcap_tensor *small[8], **args = small, *y = NULL, *in0 = NULL;
   hook_call *hc = NULL;
   gcap_hook_args a;
   gcap_status st;
@@ -499,25 +500,31 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
   *out = NULL;
   if (m == NULL) return GCAP_EINVAL;
   gc_clear(m->e);
-  if (nin < 0 || nin > 8 || (nin > 0 && in == NULL))
-    return gc_fail(m->e, GCAP_EINVAL, "%s: a module takes 0 to 8 tensor inputs, got %d", m->type,
-                   nin);
+  if (nin < 0 || (nin > 0 && in == NULL))
+    return gc_fail(m->e, GCAP_EINVAL, "%s: %d inputs %s", m->type, nin,
+                   nin < 0 ? "(a negative count)" : "but the input array is NULL");
   for (i = 0; i < nin; i++) {
     if (in[i] == NULL) return gc_fail(m->e, GCAP_EINVAL, "%s: input #%d is NULL", m->type, i + 1);
     if (in[i]->e != m->e)
       return gc_fail(m->e, GCAP_EINVAL, "%s: input #%d belongs to another engine", m->type, i + 1);
-    args[i] = in[i];
   }
+  /* a copy: a backward hook may put an alias in place of the first input */
+  if (nin > 8 && (args = (gcap_tensor **)malloc((size_t)nin * sizeof *args)) == NULL)
+    return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
+  for (i = 0; i < nin; i++)
+    args[i] = in[i];
   memset(&a, 0, sizeof a);
   a.kind = GCAP_HOOK_FORWARD_PRE;
   a.nin = nin;
   a.in = args;
-  if ((st = run_hooks(m, &a)) != GCAP_OK) return st;
+  if ((st = run_hooks(m, &a)) != GCAP_OK) goto done;
   bwhooks = m->e->grad_enabled && (gcap_module_num_hooks(m, GCAP_HOOK_BACKWARD_PRE) +
                                    gcap_module_num_hooks(m, GCAP_HOOK_BACKWARD)) > 0;
   if (bwhooks) {
-    if ((hc = (hook_call *)calloc(1, sizeof *hc)) == NULL)
-      return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
+    if ((hc = (hook_call *)calloc(1, sizeof *hc)) == NULL) {
+      st = gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
+      goto done;
+    }
     hc->refs = 1;
     hc->m = gcap_module_retain(m);
     if (nin > 0 && args[0]->requires_grad) {
@@ -548,6 +555,7 @@ done:
   gcap_tensor_free(y);
   gcap_tensor_free(in0);
   if (hc) hook_call_release(hc);
+  if (args != small) free(args);
   return st;
 }
 
@@ -795,7 +803,7 @@ gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, un
   if (m == NULL) return GCAP_EINVAL;
   *m = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, "Linear")) != GCAP_OK) return st;
   if (in <= 0 || out <= 0)
     return gc_fail(e, GCAP_EINVAL,
                    "Linear: in and out features must be positive, got %lld and %lld", (long long)in,

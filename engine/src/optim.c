@@ -23,11 +23,12 @@ struct gcap_optim {
 static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const *params,
                              gcap_optim **out) {
   gcap_optim *o;
+  gcap_status st;
   int i;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, adam ? "Adam" : "SGD")) != GCAP_OK) return st;
   if (n < 0 || (n > 0 && params == NULL))
     return gc_fail(e, GCAP_EINVAL, "%s: bad parameter list", adam ? "Adam" : "SGD");
   for (i = 0; i < n; i++) {

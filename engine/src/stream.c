@@ -47,7 +47,7 @@ gcap_status gcap_stream_new(gcap_engine *e, gcap_stream **out) {
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, "stream")) != GCAP_OK) return st;
   if ((st = gc_stream_create(e, 0, out)) == GCAP_OK) gc_engine_ref(e);
   return st;
 }
@@ -104,7 +104,7 @@ gcap_status gcap_event_new(gcap_engine *e, gcap_event **out) {
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  if ((st = gc_check_open(e, "event")) != GCAP_OK) return st;
   if ((ev = (gcap_event *)calloc(1, sizeof *ev)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "event: out of host memory");
   if ((st = e->be->event_new(e, e->bs, &ev->bs)) != GCAP_OK) {

@@ -73,8 +73,7 @@ gcap_status gc_tensor_alloc(gcap_engine *e, const char *op, gcap_dtype dt, int n
   if (dt != GCAP_F32 && dt != GCAP_BF16)
     return gc_fail(e, GCAP_EINVAL, "%s: unknown dtype %d", op, (int)dt);
   if ((st = gc_check_shape(e, op, ndim, shape, &numel)) != GCAP_OK) return st;
-  if (e->closed)
-    return gc_fail(e, GCAP_ESTATE, "%s: the engine is closed (its objects can only be freed)", op);
+  if (e->closed) return gc_check_open(e, op);
   if (e->cap != NULL) {
     if (e->cap->invalid)
       return gc_fail(e, GCAP_ECAPTURE, "%s: the open capture was invalidated earlier: %s", op,
@@ -235,6 +234,10 @@ uintptr_t gcap_tensor_data_ptr(const gcap_tensor *t) {
   return t ? (uintptr_t)gc_tensor_ptr(t) : 0;
 }
 
+uint64_t gcap_tensor_version(const gcap_tensor *t) {
+  return t ? t->blk->version : 0;
+}
+
 gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
   gcap_engine *e;
   gcap_tensor *f = NULL;
@@ -271,7 +274,7 @@ gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gca
   *out = NULL;
   if (t == NULL) return GCAP_EINVAL;
   e = t->e;
-  gc_clear(e);
+  if ((st = gc_check_open(e, "view")) != GCAP_OK) return st;
   if ((st = gc_check_shape(e, "view", ndim, shape, &numel)) != GCAP_OK) return st;
   if (numel != t->numel) {
     char buf[64];

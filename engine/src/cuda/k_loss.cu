@@ -29,15 +29,13 @@ static __global__ void k_dropout(void *y, const void *x, void *mask, const uint6
   }
 }
 
-/* The class id of row r (a float truncated toward zero, as the host's cast),
-** or -1 when it is no column of the row: NaN, negative or too large. The host
-** leaves that case undefined; here the loss is NaN and no one-hot is set,
-** rather than a read out of bounds. */
+/* The class id of row r, or -1 when it is no column of the row: not an
+** integer (1.5, NaN), negative or too large (the host's class_id); the loss
+** and grads of such a row are NaN, rather than a read out of bounds. */
 __device__ __forceinline__ int64_t cu_target(const void *target, int64_t r, int dt, int64_t cols) {
   float t = cu_load(target, r, dt);
-  if (!(t > -1.0f && t < (float)cols)) return -1;
-  int64_t c = (int64_t)t;
-  return c < cols ? c : -1;
+  if (!(t >= 0.0f && t < (float)cols && t == floorf(t))) return -1;
+  return (int64_t)t;
 }
 
 /* probs = softmax(logits); loss[r] = log(sum) + max - logits[r][target]. */
@@ -65,9 +63,9 @@ static __global__ void k_xent_bwd(void *dx, const void *probs, const void *targe
                                   int dt, int64_t rows, int64_t cols, float f) {
   float g = __fmul_rn(cu_load(up, 0, dt), f);
   CU_GRID_LOOP(i, rows * cols) {
-    int64_t r = i / cols, c = i - r * cols;
-    float hot = c == cu_target(target, r, dt, cols) ? 1.0f : 0.0f;
-    cu_store(dx, i, dt, __fmul_rn(__fsub_rn(cu_load(probs, i, dt), hot), g));
+    int64_t r = i / cols, c = i - r * cols, t = cu_target(target, r, dt, cols);
+    float hot = c == t ? 1.0f : 0.0f;
+    cu_store(dx, i, dt, t < 0 ? NAN : __fmul_rn(__fsub_rn(cu_load(probs, i, dt), hot), g));
   }
 }
 

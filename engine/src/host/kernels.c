@@ -296,13 +296,21 @@ static void hk_dropout(const gc_kargs *a) {
   }
 }
 
+/* The class id of row r, or -1 when the target is no column of the row:
+** not an integer (1.5, NaN), negative or too large. Checked before the cast
+** (a NaN or huge float cast to an integer is undefined). */
+static int64_t class_id(const gc_kargs *a, int64_t r, int64_t cols) {
+  float t = ld(a->p[2], a->dt, r);
+  return t >= 0.0f && t < (float)cols && t == floorf(t) ? (int64_t)t : -1;
+}
+
 static void hk_xent(const gc_kargs *a) {
   int64_t r, rows = a->n[0], cols = a->n[1];
   for (r = 0; r < rows; r++) {
-    int64_t t = (int64_t)ld(a->p[2], a->dt, r);
+    int64_t t = class_id(a, r, cols);
     float lse = row_softmax(a->p[3], a->p[1], a->dt, r, cols);
-    /* a class id outside 0..cols-1 gives NaN, never an out-of-bounds read */
-    st(a->p[0], a->dt, r, t >= 0 && t < cols ? lse - ld(a->p[1], a->dt, r * cols + t) : NAN);
+    /* no class id: NaN, never an out-of-bounds read */
+    st(a->p[0], a->dt, r, t >= 0 ? lse - ld(a->p[1], a->dt, r * cols + t) : NAN);
   }
 }
 
@@ -310,10 +318,10 @@ static void hk_xent_bwd(const gc_kargs *a) {
   int64_t r, c, rows = a->n[0], cols = a->n[1];
   float g = ld(a->p[3], a->dt, 0) * a->f[0];
   for (r = 0; r < rows; r++) {
-    int64_t t = (int64_t)ld(a->p[2], a->dt, r);
-    for (c = 0; c < cols; c++)
+    int64_t t = class_id(a, r, cols);
+    for (c = 0; c < cols; c++) /* no class id: NaN grads, as the loss */
       st(a->p[0], a->dt, r * cols + c,
-         (ld(a->p[1], a->dt, r * cols + c) - (c == t ? 1.0f : 0.0f)) * g);
+         t < 0 ? NAN : (ld(a->p[1], a->dt, r * cols + c) - (c == t ? 1.0f : 0.0f)) * g);
   }
 }
 
