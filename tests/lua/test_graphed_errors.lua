@@ -287,9 +287,10 @@ function TestGraphedErrors:test_unknown_option ()
   expect_error(linears(2), samples(2), {num_warmup_iter = 2}, "num_warmup_iter", "option")
 end
 
-function TestGraphedErrors:test_unknown_option_te_spelling ()
-  -- TE's private spelling is not ours
-  expect_error(linears(2), samples(2), {_order = {1, 2, -2, -1}}, "_order", "option")
+function TestGraphedErrors:test_option_in_both_spellings ()
+  -- TE's spelling _order is order (test_te_names.lua); both at once is an error
+  expect_error(linears(2), samples(2), {_order = {1, 2, -2, -1}, order = {1, 2, -2, -1}},
+               "'_order'", "'order'", "one of them")
 end
 
 function TestGraphedErrors:test_options_not_a_table ()
