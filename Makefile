@@ -42,7 +42,7 @@ TEST_C := $(patsubst tests/c/%.c,$(B)/tests/%,$(wildcard tests/c/test_*.c))
 # cuda runs too where the backend is built and a GPU answers.
 BACKENDS := host $(if $(filter 1,$(WITH_CUDA)),$(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda))
 
-.PHONY: all setup test test-c test-lua run examples bench asan lint clean
+.PHONY: all setup test test-c test-lua run examples bench bench-torch asan lint clean
 all: setup $(B)/libgraphcap.a $(B)/graphcap $(B)/lua/graphcap/core.so $(TEST_C) $(B)/embed
 
 setup:
@@ -125,6 +125,13 @@ lint:
 bench: all
 	$(B)/graphcap scripts/bench.lua configs
 	$(B)/graphcap scripts/bench.lua scaling
+	@$(MAKE) --no-print-directory bench-torch
+
+# PyTorch's side of the benchmark, where python3 has torch.
+bench-torch:
+	@if python3 -c 'import torch' 2>/dev/null; then \
+	  python3 bench/torch_graphed.py && python3 bench/torch_scaling.py; \
+	else echo "bench: python3 has no torch; PyTorch's side (bench/torch_*.py) not run" >&2; fi
 
 clean:
 	rm -rf $(B)
