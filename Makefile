@@ -69,7 +69,7 @@ else
   say := @printf '  %-5s %s\n'
 endif
 
-.PHONY: all setup lua-module test test-c test-lua run examples bench asan lint clean \
+.PHONY: all setup lua-module test test-c test-lua run examples bench bench-torch asan lint clean \
         install install-lib install-lua install-bin uninstall
 all: setup $(B)/libgraphcap.a $(SHLIB) $(B)/graphcap $(B)/lua/graphcap/core.so $(TEST_C) $(B)/embed
 
@@ -176,12 +176,19 @@ ifeq ($(filter cuda,$(BACKENDS)),cuda)
 bench: all
 	$(B)/graphcap --device cuda scripts/bench.lua configs
 	$(B)/graphcap --device cuda scripts/bench.lua scaling
+	@$(MAKE) --no-print-directory bench-torch
 else
 bench:
 	@echo "bench: the benchmark measures the cuda backend on a GPU, and" \
 	  "$(if $(filter cuda,$(BUILT)),no GPU is visible here (nvidia-smi -L lists none),this build has no cuda backend (nvcc not found, or CUDA=0))" >&2
 	@exit 1
 endif
+
+# PyTorch's side of the benchmark, where python3 has torch.
+bench-torch:
+	@if python3 -c 'import torch' 2>/dev/null; then \
+	  python3 bench/torch_graphed.py && python3 bench/torch_scaling.py; \
+	else echo "bench: python3 has no torch; PyTorch's side (bench/torch_*.py) not run" >&2; fi
 
 # Install: the header, the static and the shared library, graphcap.pc, the Lua
 # module in Lua 5.4's default paths under PREFIX, and the program.

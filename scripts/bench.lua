@@ -1,7 +1,8 @@
--- bench.lua: graphcap's side of reference/bench/torch_graphed.py, run on a
--- GPU by `make bench`. A stack of L x (Linear(H, H) + GELU), batch B,
--- forward + backward of the sum; one JSON line per configuration with the
--- reference's fields, then the scaling runs (one JSON line each).
+-- bench.lua: graphcap's side of bench/torch_graphed.py (PyTorch's
+-- make_graphed_callables on the same model), run on a GPU by `make bench`.
+-- A stack of L x (Linear(H, H) + GELU), batch B, forward + backward of the
+-- sum; one JSON line per configuration with the same fields as that script,
+-- then the scaling runs (one JSON line each).
 -- Usage: graphcap scripts/bench.lua [configs|scaling|all]
 local gc = require "graphcap"
 

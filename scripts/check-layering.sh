@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Check the #include rules of DESIGN.md §1; print each violation as file:line.
+# Check the #include rules of docs/ARCHITECTURE.md, "Layers"; print each violation as file:line.
 #
 #   engine/ never includes Lua headers;
 #   engine/src/host never includes CUDA headers or files of engine/src/cuda, and
@@ -102,6 +102,6 @@ while IFS= read -r entry; do
 done < <(list_includes)
 
 if [ "$violations" -gt 0 ]; then
-  echo "check-layering: $violations violation(s) of the rules in DESIGN.md §1"
+  echo "check-layering: $violations violation(s) of the layering rules in docs/ARCHITECTURE.md"
   exit 1
 fi

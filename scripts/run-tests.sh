@@ -6,7 +6,8 @@
 # Per backend, the suites are: each C test BUILD_DIR/tests/test_* (run with
 # GRAPHCAP_DEVICE=BACKEND), each tests/lua/test_*.lua (run as
 # BUILD_DIR/graphcap --device BACKEND FILE -o tap), and BUILD_DIR/embed when it
-# was built (one test, passed when it exits 0).
+# was built (one test, passed when it exits 0); and scripts/test-readme.sh,
+# which runs every lua and c block of README.md (not with TEST_ONLY=c).
 #
 # Lines "ok N ..." and "not ok N ..." are counted ("ok N # SKIP" as skipped).
 # A suite that exits non-zero without a "not ok" line (a crash, a load error),
@@ -167,6 +168,9 @@ for be in "$@"; do
   for t in "${lua_tests[@]}"; do
     run_suite "$be" "$(basename "$t")" tap "$build/graphcap" --device "$be" "$t" -o tap
   done
+  if [ "$only" != c ]; then
+    run_suite "$be" README.md tap scripts/test-readme.sh "$build"
+  fi
   embed=$build/embed
   [ -d "$embed" ] && embed=$build/embed/embed
   if [ "$only" != lua ] && [ -f "$embed" ] && [ -x "$embed" ]; then

@@ -495,9 +495,9 @@ void gcap_graphed_opts_init(gcap_graphed_opts *o);
 /* Graph `callables` (modules; all in training or all in eval mode, with no
 ** module hooks registered) from sample arguments: entry i takes nargs[i]
 ** tensors args[i][0..nargs[i]). Without an order there is one entry per
-** callable; with one, chunks x microbatches x layers (DESIGN §5). On success
-** *out holds one replayable entry per sample_args entry; on failure modules,
-** .grad values, the generator and pools are as before. */
+** callable; with one, chunks x microbatches x layers (docs/semantics.md,
+** "order"). On success *out holds one replayable entry per sample_args entry;
+** on failure modules, .grad values, the generator and pools are as before. */
 gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
                                         gcap_module *const *callables, int nentries,
                                         const int *nargs, gcap_tensor *const *const *args,

@@ -2,15 +2,15 @@
 ** capture.c: graph objects. Begin/end capture into a pool, instantiate,
 ** replay, reset; and the replay-order check for graphs sharing a pool.
 **
-** The check (DESIGN §3): at capture, each graph records the pool bytes it
-** reads before writing them itself (its read set), each with the graph that
-** last wrote them in capture order (its producer, from the pool's
-** capture-order map), and the bytes it writes. At replay a second map says
-** who really wrote each range last (replays and eager work only: a capture
-** that failed, or a graph never replayed, wrote nothing); a read whose range
-** was last written by another graph than its producer (and not by the reader
-** itself, or by eager work) means a graph captured in between has reused
-** that memory: the replay is refused.
+** The check (docs/semantics.md, "Pools and the replay-order check"): at
+** capture, each graph records the pool bytes it reads before writing them
+** itself (its read set), each with the graph that last wrote them in capture
+** order (its producer, from the pool's capture-order map), and the bytes it
+** writes. At replay a second map says who really wrote each range last (replays
+** and eager work only: a capture that failed, or a graph never replayed, wrote
+** nothing); a read whose range was last written by another graph than its
+** producer (and not by the reader itself, or by eager work) means a graph
+** captured in between has reused that memory: the replay is refused.
 */
 #include <errno.h>
 #include <stdio.h>

@@ -144,9 +144,9 @@ gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src) {
   return gc_run(dst->e, GC_K_COPY, &a, &src, 1, dst);
 }
 
-/* Broadcast rule of DESIGN §4: equal shapes, a one-element operand, or a
-** row matching the other's last dimension. *big is the operand whose shape
-** the result takes. */
+/* The broadcast rule (docs/semantics.md, "Tensors, broadcasting and autograd"):
+** equal shapes, a one-element operand, or a row matching the other's last
+** dimension. *big is the operand whose shape the result takes. */
 static gcap_status bcast(gcap_tensor *a, gcap_tensor *b, const char *op, gcap_tensor **big) {
   char b1[64], b2[64];
   int i, same = a->ndim == b->ndim;

@@ -37,6 +37,12 @@ local known_options = {
   post_warmup_hook = "function", capture_time_hooks = "table", progress = true,
 }
 
+-- TransformerEngine's spellings of the options it marks private.
+local te_aliases = {
+  _order = "order", _num_layers_per_chunk = "num_layers_per_chunk",
+  _reuse_graph_input_output_buffers = "reuse_graph_input_output_buffers",
+}
+
 local groups = {"forward_pre_hooks", "forward_hooks", "backward_pre_hooks",
                 "backward_hooks"}
 local is_group = {}
@@ -172,7 +178,7 @@ local function make_graphed_callables (callables, sample_args, opts)
   caller = info and info.currentline > 0 and (info.short_src .. ":" .. info.currentline .. ": ")
            or ""
   local undo <close> = setmetatable({}, {__close = function () caller = outer end})
-  opts = util.options(W, opts, known_options, 2)
+  opts = util.options(W, util.aliases(W, opts, te_aliases, 2), known_options, 2)
   for k, kind in pairs(known_options) do
     local v = opts[k]
     if v ~= nil and kind ~= true and not (kind == "integer" and math.type(v) == "integer")

@@ -37,15 +37,18 @@ local function builtin (name, ctor)
 end
 
 local linear_options = {bias = true, delay_wgrad = true, fuse_wgrad_accumulation = true}
+local linear_aliases = {delay_wgrad_compute = "delay_wgrad"}  -- TE's names
 
 -- gc.nn.Linear(in, out [, {bias = true, delay_wgrad = false,
 --                          fuse_wgrad_accumulation = false}])
+-- delay_wgrad_compute (TransformerEngine's name) is delay_wgrad.
 -- With fuse_wgrad_accumulation the weight grad accumulates into the
 -- buffer m.main_grad (zeroed by m:zero_grad()), not into m.weight.grad.
 nn.Linear = builtin("Linear", function (cls, i, o, opts)
   check("Linear", "in_features", i, "integer", nil, 2)
   check("Linear", "out_features", o, "integer", nil, 2)
-  opts = options("Linear", opts, linear_options, 2)
+  opts = options("Linear", util.aliases("Linear", opts, linear_aliases, 2),
+                 linear_options, 2)
   return cnn.linear(cls, i, o,
                     check("Linear", "bias", opts.bias, "boolean", true, 2),
                     check("Linear", "delay_wgrad", opts.delay_wgrad, "boolean",

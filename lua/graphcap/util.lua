@@ -26,6 +26,30 @@ function util.options (where, opts, known, level)
   return opts
 end
 
+-- opts with each name of 'aliases' (another spelling, such as
+-- TransformerEngine's) renamed to the name it stands for, in a new table
+-- when there is one to rename; giving both spellings is an error, raised at
+-- 'level' of the function calling this.
+function util.aliases (where, opts, aliases, level)
+  if type(opts) ~= "table" then return opts end
+  local out = opts
+  for alias, name in pairs(aliases) do
+    if opts[alias] ~= nil then
+      if opts[name] ~= nil then
+        error(string.format("%s: options '%s' and '%s' are one option (%s is "
+                            .. "TransformerEngine's name); give one of them",
+                            where, name, alias, alias), level + 1)
+      end
+      if out == opts then
+        out = {}
+        for k, v in pairs(opts) do out[k] = v end
+      end
+      out[name], out[alias] = opts[alias], nil
+    end
+  end
+  return out
+end
+
 -- The value v of option or argument 'what' of 'where', checked to be of
 -- Lua type 'kind' ("boolean", "number", "integer", "string"), or 'default'
 -- when v is nil; errors are raised at 'level' of the function calling this.

@@ -1,11 +1,10 @@
 /*
-** test_autograd.c: backward scheduling and autograd state (DESIGN §4;
-** graphcap.h "Autograd"): a node runs once after all its grads arrived
-** (diamonds), deep chains need no recursion, leaves accumulate, retain_graph,
-** the errors of backward (non-scalar without grad, wrong grad, second
-** backward), requires_grad only on leaves, grad mode, detach, in-place writes
-** to leaves, and a backward captured into a graph replaying bitwise equal to
-** eager.
+** test_autograd.c: backward scheduling and autograd state (graphcap.h
+** "Autograd"): a node runs once after all its grads arrived (diamonds), deep
+** chains need no recursion, leaves accumulate, retain_graph, the errors of
+** backward (non-scalar without grad, wrong grad, second backward),
+** requires_grad only on leaves, grad mode, detach, in-place writes to leaves,
+** and a backward captured into a graph replaying bitwise equal to eager.
 */
 #include <pthread.h>
 #include <stdint.h>

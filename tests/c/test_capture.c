@@ -1,5 +1,5 @@
 /*
-** test_capture.c: capture and replay of one graph at a time (DESIGN §2, §3;
+** test_capture.c: capture and replay of one graph at a time (docs/semantics.md;
 ** graphcap.h "Pools and graphs"): replay equals eager bitwise, capture records
 ** and does not run, pointers and scalars are baked at capture while replay
 ** reads the current contents of its inputs, streams (capture stream, user

@@ -1,5 +1,5 @@
 /*
-** test_errors.c: what capture forbids (DESIGN §2; cuda-graph-tech.md §1.3),
+** test_errors.c: what capture forbids (docs/semantics.md, "Capture rules"),
 ** each giving GCAP_ECAPTURE, invalidating the capture (sticky until
 ** gcap_capture_end, which then fails and leaves the graph empty) and leaving
 ** the engine usable; wrong states; bad arguments; objects of two engines.

@@ -1,12 +1,12 @@
 /*
-** test_grad.c: the analytic gradient of every differentiable op (DESIGN §4;
-** graphcap.h "Autograd") against central finite differences. For each case
-** the loss is L = sum(op(inputs) * r) for a fixed random r of op's output
-** shape; gcap_backward gives dL/dx, and dL/dx[j] is also estimated on the host
-** as (L(x + h e_j) - L(x - h e_j)) / 2h, one element at a time, with L summed
-** in double from the op's output read back. Dropout runs from a fixed seed
-** (re-seeded before every evaluation, so the mask is fixed) and its grad is
-** also checked against the mask implied by its output.
+** test_grad.c: the analytic gradient of every differentiable op (graphcap.h
+** "Autograd") against central finite differences. For each case the loss is L =
+** sum(op(inputs) * r) for a fixed random r of op's output shape; gcap_backward
+** gives dL/dx, and dL/dx[j] is also estimated on the host as (L(x + h e_j) -
+** L(x - h e_j)) / 2h, one element at a time, with L summed in double from the
+** op's output read back. Dropout runs from a fixed seed (re-seeded before every
+** evaluation, so the mask is fixed) and its grad is also checked against the
+** mask implied by its output.
 **
 ** Finite differences are the host backend's job (the cuda backend is held to
 ** the host's results by test_parity); under GRAPHCAP_DEVICE=cuda this suite

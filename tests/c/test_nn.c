@@ -1,9 +1,8 @@
 /*
-** test_nn.c: modules (DESIGN §4; graphcap.h "Modules"): parameters in a
-** deterministic order with dotted names, buffers, children, train/eval,
-** Dropout in eval, the four hook kinds (order, arguments, removal, a hook
-** that fails), delayed-wgrad Linear and backward_dw, C-defined modules, and
-** the errors of a bad call.
+** test_nn.c: modules (graphcap.h "Modules"): parameters in a deterministic
+** order with dotted names, buffers, children, train/eval, Dropout in eval, the
+** four hook kinds (order, arguments, removal, a hook that fails), delayed-wgrad
+** Linear and backward_dw, C-defined modules, and the errors of a bad call.
 */
 #include <stdint.h>
 

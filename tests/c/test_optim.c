@@ -1,10 +1,10 @@
 /*
-** test_optim.c: optimizers (DESIGN §4; graphcap.h "Optimizers"): SGD with
-** and without momentum and weight decay, and Adam, one and several steps,
-** against references computed in double on the host (PyTorch's update
-** rules); parameters without .grad are skipped; zero_grad; and a whole
-** training step (forward, backward, optimizer step, with Dropout) captured
-** into one graph and replayed N times, bitwise equal to N eager steps.
+** test_optim.c: optimizers (graphcap.h "Optimizers"): SGD with and without
+** momentum and weight decay, and Adam, one and several steps, against
+** references computed in double on the host (PyTorch's update rules);
+** parameters without .grad are skipped; zero_grad; and a whole training step
+** (forward, backward, optimizer step, with Dropout) captured into one graph and
+** replayed N times, bitwise equal to N eager steps.
 */
 #include <stdint.h>
 

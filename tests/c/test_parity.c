@@ -1,14 +1,14 @@
 /*
 ** test_parity.c: every kernel-backed op on the cuda backend against the host
-** backend (DESIGN §2: "every op has a parity test, cuda vs host,
-** |d| <= atol + rtol*|ref|"). Two engines live in one process; the same
+** backend (docs/semantics.md, "Backends": every op has a parity test, cuda vs
+** host, |d| <= atol + rtol*|ref|). Two engines live in one process; the same
 ** inputs are uploaded to both; each op runs forward and, where it has one,
 ** backward (loss = sum(op(x) * r) for a fixed r), and the output and every
-** input grad are read back and compared, the host's value the reference.
-** f32: atol 1e-5, rtol 1e-4. bf16 (elementwise ops and matmul): looser.
-** Without a GPU (or a cuda build) the suite is skipped (exit 77).
-** GRAPHCAP_PARITY_VERBOSE=1 prints each comparison's worst error as a
-** fraction of its tolerance.
+** input grad are read back and compared, the host's value the reference. f32:
+** atol 1e-5, rtol 1e-4. bf16 (elementwise ops and matmul): looser. Without a
+** GPU (or a cuda build) the suite is skipped (exit 77).
+** GRAPHCAP_PARITY_VERBOSE=1 prints each comparison's worst error as a fraction
+** of its tolerance.
 */
 #include <stdint.h>
 

@@ -1,9 +1,9 @@
 /*
-** test_pool.c: private pools and sharing (DESIGN §3): capture allocations come
-** from the pool, freed blocks are reused at once, a shared pool reserves less
-** than separate ones, the replay-order check refuses exactly the orders that
-** would read overwritten memory, pool statistics, and graphs and pools
-** destroyed during a capture.
+** test_pool.c: private pools and sharing (docs/semantics.md, "Pools and the
+** replay-order check"): capture allocations come from the pool, freed blocks
+** are reused at once, a shared pool reserves less than separate ones, the
+** replay-order check refuses exactly the orders that would read overwritten
+** memory, pool statistics, and graphs and pools destroyed during a capture.
 */
 #include "t.h"
 

@@ -1,8 +1,8 @@
 /*
-** test_tensor.c: tensors outside capture (DESIGN §4, graphcap.h "Tensors"):
-** shapes 0-D to 4-D, host round trips, views and clones, in-place ops,
-** elementwise ops and their broadcasting rules, reductions, random numbers,
-** reference counts and the ordinary allocator's statistics.
+** test_tensor.c: tensors outside capture (docs/semantics.md; graphcap.h
+** "Tensors"): shapes 0-D to 4-D, host round trips, views and clones, in-place
+** ops, elementwise ops and their broadcasting rules, reductions, random
+** numbers, reference counts and the ordinary allocator's statistics.
 */
 #include <float.h>
 
@@ -177,9 +177,9 @@ static void test_elementwise_values(void) {
   gcap_engine_free(e);
 }
 
-/* DESIGN §4: a 0-D or one-element operand, or a row matching the other's last
-** dimension, broadcast (on either side); other mismatches are errors (those are
-** in test_errors.c). */
+/* docs/semantics.md, "Tensors, broadcasting and autograd": a 0-D or one-element
+** operand, or a row matching the other's last dimension, broadcast (on either
+** side); other mismatches are errors (those are in test_errors.c). */
 static void test_broadcast(void) {
   gcap_engine *e = t_engine();
   T_REQUIRE(e != NULL);

@@ -156,11 +156,11 @@ end
 -- Walk one schedule: fwd(entry, callable) for every forward pass,
 -- bwd(entry, callable) for every backward pass, dw(entry, callable) for
 -- every delayed wgrad, in the order make_graphed_callables warms up and
--- captures them (DESIGN §5, TE §2.3/§2.6): without an order, forwards
--- 1..n then backwards n..1; with one, entry of (chunk k, microbatch b,
--- layer l) = prefix[k]*M + b*n[k] + l (+1), layers 0..n-1 forward and
--- n-1..0 backward. spec = {n = callables, order = ..., layers = {...},
--- training = bool (default true)}; dw may be nil.
+-- captures them (docs/semantics.md, "order"): without an order, forwards 1..n
+-- then backwards n..1; with one, entry of (chunk k, microbatch b, layer l) =
+-- prefix[k]*M + b*n[k] + l (+1), layers 0..n-1 forward and n-1..0 backward.
+-- spec = {n = callables, order = ..., layers = {...}, training = bool (default
+-- true)}; dw may be nil.
 function H.walk (spec, fwd, bwd, dw)
   local training = spec.training ~= false
   if spec.order == nil then

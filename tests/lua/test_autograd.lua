@@ -1,10 +1,11 @@
--- test_autograd.lua: autograd from Lua (DESIGN §4, §6): t.requires_grad
--- (assignable on leaves only), t.grad (nil, then a tensor that keeps its Lua
--- value; assignable), t.grad_fn, t.is_leaf, t:detach(), t:backward() with and
--- without a grad and with {retain_graph = true}, its errors; gc.no_grad; the
--- gradients of every gc.F op and of matmul against values worked out by hand
--- or by central differences of a double-precision Lua reference; a backward
--- captured in a gc.Graph replays to the eager .grad bit for bit.
+-- test_autograd.lua: autograd from Lua (docs/lua-api.md, "Autograd"):
+-- t.requires_grad (assignable on leaves only), t.grad (nil, then a tensor that
+-- keeps its Lua value; assignable), t.grad_fn, t.is_leaf, t:detach(),
+-- t:backward() with and without a grad and with {retain_graph = true}, its
+-- errors; gc.no_grad; the gradients of every gc.F op and of matmul against
+-- values worked out by hand or by central differences of a double-precision Lua
+-- reference; a backward captured in a gc.Graph replays to the eager .grad bit
+-- for bit.
 --   build/graphcap tests/lua/test_autograd.lua -o tap
 
 local lu = require "luaunit"

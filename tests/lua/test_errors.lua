@@ -1,8 +1,7 @@
 -- test_errors.lua: every error is a Lua error, never a crash, and leaves the
--- engine usable. What capture forbids (DESIGN §2; cuda-graph-tech.md §1.3);
--- a capture function that raises; wrong states; closed objects; bad
--- arguments: wrong types, negative, huge and 5-D shapes, ragged tables,
--- shape mismatches.
+-- engine usable. What capture forbids (docs/semantics.md, "Capture rules"); a
+-- capture function that raises; wrong states; closed objects; bad arguments:
+-- wrong types, negative, huge and 5-D shapes, ragged tables, shape mismatches.
 --   build/graphcap tests/lua/test_errors.lua -o tap
 
 local lu = require "luaunit"

@@ -1,9 +1,9 @@
--- test_graph.lua: capture and replay of one graph at a time (DESIGN §2, §3,
--- §6): replay equals eager bitwise (also for 1,000 ops), capture records and
--- does not run, static outputs are rewritten, inputs are read at replay,
--- host values and pointers are baked at capture, streams (capture on a given
--- stream, replay on another, fork/join), random numbers in graphs, stats,
--- reset and close.
+-- test_graph.lua: capture and replay of one graph at a time (docs/semantics.md,
+-- "Capture rules"; docs/lua-api.md, "Graphs"): replay equals eager bitwise
+-- (also for 1,000 ops), capture records and does not run, static outputs are
+-- rewritten, inputs are read at replay, host values and pointers are baked at
+-- capture, streams (capture on a given stream, replay on another, fork/join),
+-- random numbers in graphs, stats, reset and close.
 --   build/graphcap tests/lua/test_graph.lua -o tap
 
 local lu = require "luaunit"
@@ -116,8 +116,8 @@ function TestGraph:test_outputs_rewritten_inputs_read_at_replay ()
   lu.assertEquals(y:tolist(), {-2, 0, 2, 4})
 end
 
--- cuda-graph-tech.md §6.3, "late binding hides bugs": a host value used at
--- capture is baked into the graph; changing it later changes nothing.
+-- "Late binding hides bugs" (docs/semantics.md, "Capture rules"): a host value
+-- used at capture is baked into the graph; changing it later changes nothing.
 function TestGraph:test_host_scalar_baked ()
   local x = gc.tensor{1, 2, 3, 4}
   local s = 3
@@ -182,8 +182,9 @@ function TestGraph:test_capture_on_stream_and_replay_on_another ()
   lu.assertEquals(y:tolist(), {-7, -7, -7, -7})
 end
 
--- The fork/join of DESIGN §6's brief: a second stream joins the capture by
--- waiting on an event recorded in it, and is joined back before the end.
+-- Fork/join (docs/semantics.md, "Capture rules"): a second stream joins the
+-- capture by waiting on an event recorded in it, and is joined back before the
+-- end.
 function TestGraph:test_fork_join ()
   local x = gc.tensor{1, 2, 3, 4}
   local s2 = gc.Stream()

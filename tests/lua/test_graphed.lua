@@ -1,13 +1,13 @@
--- test_graphed.lua: make_graphed_callables (DESIGN §5, §6; TE's tests,
--- te-make-graphed-callables.md §4). Graphed training equals eager training
--- bit for bit (parameters, grads, outputs; 3 SGD steps of 2 accumulation
+-- test_graphed.lua: make_graphed_callables (docs/semantics.md; the cases of
+-- TransformerEngine's own tests). Graphed training equals eager training bit
+-- for bit (parameters, grads, outputs; 3 SGD steps of 2 accumulation
 -- microbatches): per-callable and whole-model graphing, without an order and
--- with pipeline orders (returned entries), with input/output buffer reuse,
--- with delayed wgrad (backward_dw). Parameter grads: cloned on return (TE
--- tests 6, 7), aliases when clone_param_grads_on_return = false (test 9), the
--- policy fixed at the call (test 10). One pool for all graphs of a call;
--- stats(); reset(); eager fallback when the training flag differs; kwargs;
--- Lua function callables; eval mode; hooks registered after graphing.
+-- with pipeline orders (returned entries), with input/output buffer reuse, with
+-- delayed wgrad (backward_dw). Parameter grads: cloned on return (TE tests 6,
+-- 7), aliases when clone_param_grads_on_return = false (test 9), the policy
+-- fixed at the call (test 10). One pool for all graphs of a call; stats();
+-- reset(); eager fallback when the training flag differs; kwargs; Lua function
+-- callables; eval mode; hooks registered after graphing.
 --   build/graphcap tests/lua/test_graphed.lua -o tap
 
 local lu = require "luaunit"

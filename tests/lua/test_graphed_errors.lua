@@ -1,12 +1,12 @@
--- test_graphed_errors.lua: the error paths of make_graphed_callables (DESIGN
--- §5, §6; te-make-graphed-callables.md §2.16, beyond TE where DESIGN says
--- so), each its own test, each checking what the message names: hook tables,
--- module hooks of the four kinds (on the callable and on a submodule),
--- buffers that require grad, sample arguments, train/eval mixes, unused
--- inputs, buffer reuse, option names, and every rule of `order` (the error
--- names the position). Every failing call must leave no live graph and no
--- block in use in the pool it was given; a failed call also leaves .grad
--- values, parameters and the generator as they were.
+-- test_graphed_errors.lua: the error paths of make_graphed_callables
+-- (docs/semantics.md; TransformerEngine's checks, and more where "Differences
+-- from TransformerEngine and PyTorch" says so), each its own test, each
+-- checking what the message names: hook tables, module hooks of the four kinds
+-- (on the callable and on a submodule), buffers that require grad, sample
+-- arguments, train/eval mixes, unused inputs, buffer reuse, option names, and
+-- every rule of `order` (the error names the position). Every failing call must
+-- leave no live graph and no block in use in the pool it was given; a failed
+-- call also leaves .grad values, parameters and the generator as they were.
 --   build/graphcap tests/lua/test_graphed_errors.lua -o tap
 
 local lu = require "luaunit"
@@ -287,9 +287,10 @@ function TestGraphedErrors:test_unknown_option ()
   expect_error(linears(2), samples(2), {num_warmup_iter = 2}, "num_warmup_iter", "option")
 end
 
-function TestGraphedErrors:test_unknown_option_te_spelling ()
-  -- TE's private spelling is not ours
-  expect_error(linears(2), samples(2), {_order = {1, 2, -2, -1}}, "_order", "option")
+function TestGraphedErrors:test_option_in_both_spellings ()
+  -- TE's spelling _order is order (test_te_names.lua); both at once is an error
+  expect_error(linears(2), samples(2), {_order = {1, 2, -2, -1}, order = {1, 2, -2, -1}},
+               "'_order'", "'order'", "one of them")
 end
 
 function TestGraphedErrors:test_options_not_a_table ()
@@ -612,8 +613,9 @@ function TestGraphedErrors:test_rollback_after_hook_return ()
   end, "capture_time_hooks forward_hooks must not return a value")
 end
 
--- "pools (all but their peak) as before" (DESIGN §5): also what a fresh
--- pool holds reserved after a call that failed at capture.
+-- "pools (all but their peak) as before" (docs/semantics.md, "Rollback on
+-- failure"): also what a fresh pool holds reserved after a call that failed at
+-- capture.
 function TestGraphedErrors:test_failed_call_pool_reserved_as_before ()
   local mods = dropout_models(2)
   local pool = gc.graph_pool_handle()

@@ -1,14 +1,13 @@
--- test_hooks.lua: capture_time_hooks of make_graphed_callables (DESIGN §5,
--- te-make-graphed-callables.md §2.14; the TE test in
--- reference/seed-capture-time-hooks.txt). For order = nil and
--- order = {1, 2, -2, -1}, and for three callables, two chunks x three
--- microbatches, chunks of several layers, delayed wgrad and eval mode: the
--- exact sequence of (callable, group) events, the original module passed
--- (same Lua value), is_capturing() false inside every hook,
--- (num_warmup_iters + 1) calls per group and pass, none on replay. Map-form
--- groups run in sorted id order; pre/post warmup hooks run once; a hook
--- that raises aborts cleanly and the modules still train eagerly; a hook
--- returning anything but nothing/nil is rejected.
+-- test_hooks.lua: capture_time_hooks of make_graphed_callables
+-- (docs/semantics.md, "capture_time_hooks"; the cases of TransformerEngine's
+-- own test of them, and more). For order = nil and order = {1, 2, -2, -1}, and
+-- for three callables, two chunks x three microbatches, chunks of several
+-- layers, delayed wgrad and eval mode: the exact sequence of (callable, group)
+-- events, the original module passed (same Lua value), is_capturing() false
+-- inside every hook, (num_warmup_iters + 1) calls per group and pass, none on
+-- replay. Map-form groups run in sorted id order; pre/post warmup hooks run
+-- once; a hook that raises aborts cleanly and the modules still train eagerly;
+-- a hook returning anything but nothing/nil is rejected.
 --   build/graphcap tests/lua/test_hooks.lua -o tap
 
 local lu = require "luaunit"

@@ -1,11 +1,11 @@
--- test_nn.lua: modules from Lua (DESIGN §4, §6): the built-ins (Linear with
--- and without bias, ReLU, GELU, LayerNorm, Dropout, Sequential), classes made
--- with gc.nn.Module (init/forward, parameters in assignment order, children,
--- gc.nn.Parameter, buffers, dotted names, train/eval), the four module hook
--- kinds (order, arguments, removal), hooks and forwards that raise (the error
--- reaches the caller as raised, the module keeps working and its grads
--- are right), bad inputs (errors that name the op and the shapes), delayed
--- wgrad, zero_grad, closed modules.
+-- test_nn.lua: modules from Lua (docs/lua-api.md, "Modules"): the built-ins
+-- (Linear with and without bias, ReLU, GELU, LayerNorm, Dropout, Sequential),
+-- classes made with gc.nn.Module (init/forward, parameters in assignment order,
+-- children, gc.nn.Parameter, buffers, dotted names, train/eval), the four
+-- module hook kinds (order, arguments, removal), hooks and forwards that raise
+-- (the error reaches the caller as raised, the module keeps working and
+-- its grads are right), bad inputs (errors that name the op and the shapes),
+-- delayed wgrad, zero_grad, closed modules.
 --   build/graphcap tests/lua/test_nn.lua -o tap
 
 local lu = require "luaunit"

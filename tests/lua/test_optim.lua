@@ -1,9 +1,9 @@
--- test_optim.lua: optimizers from Lua (DESIGN §4, §6): SGD (plain, momentum,
--- weight_decay) and Adam (betas, eps, weight_decay) over one and several
--- steps against the same updates done in Lua double precision; parameters
--- without .grad are skipped (their state too); zero_grad variants; unknown
--- options and bad values are errors; a whole training step (forward with
--- Dropout, backward, step) captured in a gc.Graph and replayed equals the
+-- test_optim.lua: optimizers from Lua (docs/lua-api.md, "Optimizers"): SGD
+-- (plain, momentum, weight_decay) and Adam (betas, eps, weight_decay) over one
+-- and several steps against the same updates done in Lua double precision;
+-- parameters without .grad are skipped (their state too); zero_grad variants;
+-- unknown options and bad values are errors; a whole training step (forward
+-- with Dropout, backward, step) captured in a gc.Graph and replayed equals the
 -- same steps run eagerly, bit for bit; a small version of
 -- examples/train_mlp.lua lowers its loss at least 10x in 200 steps.
 --   build/graphcap tests/lua/test_optim.lua -o tap

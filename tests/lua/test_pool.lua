@@ -1,8 +1,8 @@
--- test_pool.lua: pools shared by graphs (DESIGN §3, §6): a shared pool
--- reserves less than separate ones and each graph still computes the right
--- thing; the replay-order check (the canonical G1/G3/G4 case); pool stats
--- and the count of live graphs; graphs and pools collected during a capture;
--- a closed pool used again.
+-- test_pool.lua: pools shared by graphs (docs/semantics.md, "Pools and the
+-- replay-order check"): a shared pool reserves less than separate ones and each
+-- graph still computes the right thing; the replay-order check (the canonical
+-- G1/G3/G4 case); pool stats and the count of live graphs; graphs and pools
+-- collected during a capture; a closed pool used again.
 --   build/graphcap tests/lua/test_pool.lua -o tap
 
 local lu = require "luaunit"

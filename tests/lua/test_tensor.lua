@@ -1,5 +1,5 @@
--- test_tensor.lua: tensors outside capture (DESIGN §4, §6): shapes 0-D to
--- 4-D, tolist/tensor round trips, item, broadcasting, sum/mean, clone,
+-- test_tensor.lua: tensors outside capture (docs/lua-api.md, "Tensors"): shapes
+-- 0-D to 4-D, tolist/tensor round trips, item, broadcasting, sum/mean, clone,
 -- copy_, zero_, fill_, data_ptr identity, random numbers, close, memory
 -- statistics.
 --   build/graphcap tests/lua/test_tensor.lua -o tap
@@ -118,8 +118,9 @@ function TestTensor:test_elementwise_and_scalars ()
   lu.assertEquals((a * 0.1):tolist()[1][1], f32(f32(1) * f32(0.1)))
 end
 
--- DESIGN §4: a 0-D or one-element operand, or a trailing-dimension row,
--- broadcast (either side); other mismatches are errors (test_errors.lua).
+-- docs/semantics.md, "Tensors, broadcasting and autograd": a 0-D or one-element
+-- operand, or a trailing-dimension row, broadcast (either side); other
+-- mismatches are errors (test_errors.lua).
 function TestTensor:test_broadcast ()
   local m = gc.tensor{{1, 2, 3}, {4, 5, 6}}
   local row = gc.tensor{10, 20, 30}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Run both sides of the benchmark RUNS times on this GPU and report them
+# together, with the spread over the runs (scripts/bench_report.lua).
+#
+#   scripts/bench-runs.sh [RUNS [OUT_DIR]]      defaults: 3, build/bench
+#
+# Run i writes OUT_DIR/graphcap-i.jsonl (scripts/bench.lua configs, then
+# scaling, each in a process of its own) and OUT_DIR/torch-i.jsonl
+# (bench/torch_graphed.py, then bench/torch_scaling.py); the two sides of a
+# run follow each other, so that their ratio compares one state of the
+# machine. Then OUT_DIR/report.md and OUT_DIR/ratios.svg are written from
+# all runs. Needs a CUDA GPU, build/graphcap (make) and python3 with torch.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+runs=${1:-3}
+out=${2:-build/bench}
+mkdir -p "$out"
+if ! python3 -c 'import torch' 2>/dev/null; then
+  echo "bench-runs: python3 has no torch; PyTorch's side cannot run" >&2
+  exit 1
+fi
+gfiles=() tfiles=()
+for i in $(seq 1 "$runs"); do
+  echo "bench-runs: run $i of $runs" >&2
+  g=$out/graphcap-$i.jsonl t=$out/torch-$i.jsonl
+  build/graphcap --device cuda scripts/bench.lua configs >"$g"
+  build/graphcap --device cuda scripts/bench.lua scaling >>"$g"
+  python3 bench/torch_graphed.py >"$t"
+  python3 bench/torch_scaling.py >>"$t"
+  gfiles+=("$g")
+  tfiles+=("$t")
+done
+lua5.4 scripts/bench_report.lua --svg "$out/ratios.svg" --graphcap "${gfiles[@]}" \
+  --torch "${tfiles[@]}" >"$out/report.md"
+echo "bench-runs: $out/report.md, $out/ratios.svg" >&2

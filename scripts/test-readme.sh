@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Run every code block of README.md as a reader would copy it, as TAP.
+#
+#   scripts/test-readme.sh BUILD_DIR
+#
+# Each ```lua block runs on its own under BUILD_DIR/graphcap (the backend of
+# GRAPHCAP_DEVICE, host when unset); it passes when it exits 0 with nothing
+# on stderr. Each ```c block is compiled against BUILD_DIR/libgraphcap.a
+# with the libraries the Makefile links (LDLIBS from the environment, else
+# asked of make) and run; it passes when it exits 0 and, where the block has
+# a comment listing its results ("/* 12, 24, 36 */" after a printf), prints
+# exactly those numbers in that order.
+set -uo pipefail
+
+if [ $# -ne 1 ] || [ ! -d "$1" ]; then
+  echo "usage: $0 BUILD_DIR" >&2
+  exit 2
+fi
+build=$(cd "$1" && pwd)
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+device=${GRAPHCAP_DEVICE:-host}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Split README.md into tmp/N.lang files, N counting blocks of the languages
+# run here; tmp/N.line holds the line where the block starts.
+awk -v dir="$tmp" '
+  /^```(lua|c)$/ && !inb { inb = 1; n++; lang = substr($0, 4); f = dir "/" n "." lang
+                           print NR > (dir "/" n ".line"); close(dir "/" n ".line"); next }
+  /^```/ && inb          { inb = 0; close(f); next }
+  inb                    { print > f }
+' README.md
+
+blocks=$(find "$tmp" -name '*.lua' -o -name '*.c' | wc -l)
+if [ "$blocks" -eq 0 ]; then
+  echo "not ok 1 README.md has no lua or c block"
+  exit 1
+fi
+echo "1..$blocks"
+
+# The link flags: the Makefile's LDLIBS, plus the sanitizers' runtimes when
+# the archive was built with them (make asan).
+ldlibs=${LDLIBS:-$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s --no-print-directory \
+  --eval='print-ldlibs: ; @echo $(LDLIBS)' print-ldlibs 2>/dev/null)}
+# (grep reads to the end: with -q, nm could die of SIGPIPE and pipefail
+# would turn the match into a failure)
+if nm "$build/libgraphcap.a" 2>/dev/null | grep '__asan_report' >/dev/null; then
+  ldlibs="$ldlibs -fsanitize=address,undefined"
+fi
+
+# run_lua N: block N under the program; its output on failure as comments.
+run_lua() {
+  "$build/graphcap" --device "$device" "$tmp/$1.lua" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  [ $rc -eq 0 ] && [ ! -s "$tmp/err" ]
+}
+
+# run_c N: compile block N, run it, and check the numbers its result comment
+# lists (the first "/* a, b, c */" made only of numbers) against its output.
+run_c() {
+  # shellcheck disable=SC2086
+  if ! ${CC:-cc} -std=c11 -Wall -Werror -Iengine/include -o "$tmp/$1.bin" "$tmp/$1.c" \
+    "$build/libgraphcap.a" $ldlibs >"$tmp/out" 2>"$tmp/err"; then
+    return 1
+  fi
+  GRAPHCAP_DEVICE=$device "$tmp/$1.bin" >"$tmp/out" 2>"$tmp/err" || return 1
+  [ -s "$tmp/err" ] && return 1
+  local want got
+  want=$(grep -oE '/\* *-?[0-9.]+(, *-?[0-9.]+)+ *\*/' "$tmp/$1.c" | head -1 | tr -dc '0-9.,-' | tr ',' ' ')
+  [ -z "$want" ] && return 0
+  got=$(grep -oE -- '-?[0-9.]+$' "$tmp/out" | tr '\n' ' ')
+  if [ "$(echo $got)" != "$(echo $want)" ]; then
+    echo "printed '$(echo $got)', the README says '$(echo $want)'" >>"$tmp/err"
+    return 1
+  fi
+}
+
+i=0
+failed=0
+for f in $(find "$tmp" \( -name '*.lua' -o -name '*.c' \) -printf '%f\n' | sort -n); do
+  i=$((i + 1))
+  n=${f%.*}
+  lang=${f##*.}
+  what="README.md line $(cat "$tmp/$n.line"): the $lang block"
+  if "run_$lang" "$n"; then
+    echo "ok $i $what"
+  else
+    echo "not ok $i $what"
+    sed 's/^/# /' "$tmp/out" "$tmp/err"
+    failed=$((failed + 1))
+  fi
+done
+[ "$failed" -eq 0 ]
