@@ -2275,6 +2275,34 @@ static int l_memory_stats(lua_State *L) {
   return 1;
 }
 
+/* gc._test: for the library's own tests only. fail_alloc(n) makes the n-th
+** allocation from now fail (0: off) and tells whether the previous one was
+** injected; live() gives what the engine still holds (gcap_engine_stats). */
+static int l_test_fail_alloc(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  lua_pushboolean(L, gcap_test_fail_alloc(n < 0 ? 0 : (long)n) != 0);
+  return 1;
+}
+
+static int l_test_live(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  gcap_engine_stats s;
+  l_check(L, e, gcap_engine_get_stats(e, &s), "live");
+  lua_createtable(L, 0, 4);
+  lua_pushinteger(L, (lua_Integer)s.objects);
+  lua_setfield(L, -2, "objects");
+  lua_pushinteger(L, (lua_Integer)s.blocks);
+  lua_setfield(L, -2, "blocks");
+  lua_pushinteger(L, (lua_Integer)s.in_use_bytes);
+  lua_setfield(L, -2, "in_use_bytes");
+  lua_pushinteger(L, (lua_Integer)s.pool_reserved_bytes);
+  lua_setfield(L, -2, "pool_reserved_bytes");
+  return 1;
+}
+
+static const luaL_Reg l_test_funcs[] = {
+    {"fail_alloc", l_test_fail_alloc}, {"live", l_test_live}, {NULL, NULL}};
+
 static int l_pool_new(lua_State *L) {
   gcap_engine *e = l_engine(L);
   LPool *p = (LPool *)l_newbox(L, sizeof *p, 1, POOL_MT);
@@ -3147,6 +3175,7 @@ LUAMOD_API int luaopen_graphcap_core(lua_State *L) {
   l_subtable(L, "F", l_F_funcs, eng);
   l_subtable(L, "_nn", l_nn_funcs, eng);
   l_subtable(L, "_optim", l_optim_funcs, eng);
+  l_subtable(L, "_test", l_test_funcs, eng);
   lua_getiuservalue(L, eng, UV_CLASSES);
   lua_setfield(L, -2, "_classes");
   lua_pushvalue(L, mts);

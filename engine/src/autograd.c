@@ -71,7 +71,7 @@ gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gca
                       int nin, gcap_tensor *const *save, int nsave, gc_node **node) {
   gcap_engine *e = out->e;
   /* one block: the node, then its next[] and leaf[] arrays */
-  gc_node *n = (gc_node *)calloc(1, sizeof *n + 2 * (size_t)nin * sizeof(void *));
+  gc_node *n = (gc_node *)gc_calloc(1, sizeof *n + 2 * (size_t)nin * sizeof(void *));
   int i;
   if (node) *node = NULL;
   if (n == NULL) return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", name);
@@ -123,7 +123,7 @@ gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view) {
   int64_t *shape;
   gcap_status st;
   if (!gc_grad_needed(src->e, &src, 1)) return GCAP_OK;
-  if ((shape = (int64_t *)malloc(sizeof(int64_t) * GCAP_MAXDIM)) == NULL)
+  if ((shape = (int64_t *)gc_malloc(sizeof(int64_t) * GCAP_MAXDIM)) == NULL)
     return gc_fail(src->e, GCAP_ENOMEM, "view: out of host memory");
   memcpy(shape, src->shape, sizeof(int64_t) * GCAP_MAXDIM);
   if ((st = gc_record(view, "view", view_backward, &src, 1, NULL, 0, &n)) != GCAP_OK) {
@@ -331,7 +331,7 @@ typedef struct bw_stack {
 static int stack_push(bw_stack *s, gc_node *n) {
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 64;
-    gc_node **v = (gc_node **)realloc(s->v, (size_t)cap * sizeof *v);
+    gc_node **v = (gc_node **)gc_realloc(s->v, (size_t)cap * sizeof *v);
     if (v == NULL) return 0;
     s->v = v;
     s->cap = cap;
@@ -416,7 +416,7 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
     gc_node *n = ready.v[--ready.n];
     gcap_tensor *g = n->acc, *small[8], **gin = small;
     n->acc = NULL;
-    if (n->nin > 8 && (gin = (gcap_tensor **)malloc((size_t)n->nin * sizeof *gin)) == NULL) {
+    if (n->nin > 8 && (gin = (gcap_tensor **)gc_malloc((size_t)n->nin * sizeof *gin)) == NULL) {
       gcap_tensor_free(g);
       st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
       goto done;

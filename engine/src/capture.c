@@ -21,7 +21,7 @@
 static gcap_status graph_register(gcap_engine *e, gcap_graph *g) {
   if (e->next_graph_id >= e->graphs_cap) {
     int cap = e->graphs_cap ? 2 * e->graphs_cap : 64;
-    gcap_graph **v = (gcap_graph **)realloc(e->graphs, (size_t)cap * sizeof *v);
+    gcap_graph **v = (gcap_graph **)gc_realloc(e->graphs, (size_t)cap * sizeof *v);
     if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
     memset(v + e->graphs_cap, 0, (size_t)(cap - e->graphs_cap) * sizeof *v);
     e->graphs = v;
@@ -39,7 +39,7 @@ gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out) {
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
-  if ((g = (gcap_graph *)calloc(1, sizeof *g)) == NULL)
+  if ((g = (gcap_graph *)gc_calloc(1, sizeof *g)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
   if ((st = graph_register(e, g)) != GCAP_OK) {
     free(g);
@@ -76,7 +76,7 @@ gcap_pool *gcap_graph_pool(gcap_graph *g) {
 static int ranges_push(gc_ranges *r, uintptr_t lo, uintptr_t hi, int producer) {
   if (r->n == r->cap) {
     int cap = r->cap ? 2 * r->cap : 16;
-    gc_range *v = (gc_range *)realloc(r->v, (size_t)cap * sizeof *v);
+    gc_range *v = (gc_range *)gc_realloc(r->v, (size_t)cap * sizeof *v);
     if (v == NULL) return 0;
     r->v = v;
     r->cap = cap;
@@ -127,7 +127,7 @@ static gcap_status graph_hold(gcap_graph *g, gc_blk *b) {
     if (g->held[i] == b) return GCAP_OK;
   if (g->nheld == g->capheld) {
     int cap = g->capheld ? 2 * g->capheld : 16;
-    gc_blk **v = (gc_blk **)realloc(g->held, (size_t)cap * sizeof *v);
+    gc_blk **v = (gc_blk **)gc_realloc(g->held, (size_t)cap * sizeof *v);
     if (v == NULL) return gc_fail(g->e, GCAP_ENOMEM, "capture: out of host memory");
     g->held = v;
     g->capheld = cap;
@@ -240,7 +240,7 @@ gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
     gc_engine_ref(e);
     private_pool = 1;
   }
-  if ((cap = (gc_capture *)calloc(1, sizeof *cap)) == NULL) {
+  if ((cap = (gc_capture *)gc_calloc(1, sizeof *cap)) == NULL) {
     st = gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
     goto fail;
   }

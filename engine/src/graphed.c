@@ -318,7 +318,7 @@ static gcap_status cap_fwd(ge_build *b, int i) {
 ** buffers (they live in the pool); the user's grads come back at the end. */
 static gcap_status take_grads(ge_build *b, ge_entry *x, gcap_tensor ***dst, int from, int n) {
   int k;
-  if ((*dst = (gcap_tensor **)calloc((size_t)n + 1, sizeof **dst)) == NULL)
+  if ((*dst = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof **dst)) == NULL)
     return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
   for (k = 0; k < n; k++) {
     gcap_tensor *t = surface(x, from + k);
@@ -511,10 +511,10 @@ typedef struct grad_snap {
 static gcap_status snap_add(gcap_engine *e, grad_snap *s, gcap_tensor *t) {
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 32;
-    gcap_tensor **a = (gcap_tensor **)realloc(s->t, (size_t)cap * sizeof *a);
+    gcap_tensor **a = (gcap_tensor **)gc_realloc(s->t, (size_t)cap * sizeof *a);
     if (a == NULL) return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
     s->t = a;
-    if ((a = (gcap_tensor **)realloc(s->grad, (size_t)cap * sizeof *a)) == NULL)
+    if ((a = (gcap_tensor **)gc_realloc(s->grad, (size_t)cap * sizeof *a)) == NULL)
       return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
     s->grad = a;
     s->cap = cap;
@@ -573,8 +573,8 @@ static gcap_status build_entries(ge_build *b, gcap_module *const *callables, con
     x->nargs = nargs[i];
     x->nparams = gcap_module_num_parameters(x->m);
     x->need_dw = G->training && gcap_module_has_delayed_wgrad(x->m);
-    x->args = (gcap_tensor **)calloc((size_t)x->nargs + 1, sizeof *x->args);
-    x->params = (gcap_tensor **)calloc((size_t)x->nparams + 1, sizeof *x->params);
+    x->args = (gcap_tensor **)gc_calloc((size_t)x->nargs + 1, sizeof *x->args);
+    x->params = (gcap_tensor **)gc_calloc((size_t)x->nparams + 1, sizeof *x->params);
     if (x->args == NULL || x->params == NULL)
       return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
     for (k = 0; k < x->nargs; k++) {
@@ -610,7 +610,7 @@ static int same_inputs(const ge_entry *a, const ge_entry *c) {
 ** backward is done (same shapes and dtypes), oldest first. */
 static gcap_status share_inputs(ge_build *b) {
   gcap_graphed *G = b->G;
-  int *fq = (int *)malloc(sizeof(int) * (size_t)G->n * 3 + sizeof(int)), *done, *chunk;
+  int *fq = (int *)gc_malloc(sizeof(int) * (size_t)G->n * 3 + sizeof(int)), *done, *chunk;
   int nfq = 0, ndone = 0, i, j, k;
   if (fq == NULL) return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
   done = fq + G->n;
@@ -653,7 +653,7 @@ static gcap_status share_inputs(ge_build *b) {
           shared = x->args[k] == G->v[j].args[kk];
       if (!shared) continue;
       if (x->sharers == NULL &&
-          (x->sharers = (int *)malloc((size_t)G->n * sizeof *x->sharers)) == NULL)
+          (x->sharers = (int *)gc_malloc((size_t)G->n * sizeof *x->sharers)) == NULL)
         return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
       x->sharers[x->nsharers++] = j;
     }
@@ -767,9 +767,9 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
       GCAP_OK)
     goto fail0;
   /* the replay object, empty until everything worked */
-  if ((b.G = (gcap_graphed *)calloc(1, sizeof *b.G)) == NULL ||
-      (b.G->v = (ge_entry *)calloc((size_t)nentries, sizeof *b.G->v)) == NULL ||
-      (b.warm_out = (gcap_tensor **)calloc((size_t)nentries, sizeof *b.warm_out)) == NULL) {
+  if ((b.G = (gcap_graphed *)gc_calloc(1, sizeof *b.G)) == NULL ||
+      (b.G->v = (ge_entry *)gc_calloc((size_t)nentries, sizeof *b.G->v)) == NULL ||
+      (b.warm_out = (gcap_tensor **)gc_calloc((size_t)nentries, sizeof *b.warm_out)) == NULL) {
     if (b.G) free(b.G->v);
     free(b.G);
     b.G = NULL;
@@ -963,8 +963,8 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
     if (any) {
       ge_ref *r;
       gc_node *n;
-      surf = ns <= 16 ? small : (gcap_tensor **)malloc((size_t)ns * sizeof *surf);
-      r = (ge_ref *)malloc(sizeof *r);
+      surf = ns <= 16 ? small : (gcap_tensor **)gc_malloc((size_t)ns * sizeof *surf);
+      r = (ge_ref *)gc_malloc(sizeof *r);
       if (surf == NULL || r == NULL) {
         if (surf != small) free(surf);
         free(r);
