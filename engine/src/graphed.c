@@ -54,13 +54,15 @@ void gcap_graphed_opts_init(gcap_graphed_opts *o) {
   o->clone_param_grads_on_return = 1;
 }
 
+/* Also for an entry left half-built by a failed allocation (args or params
+** NULL while their counts are set). */
 static void entry_clear(ge_entry *x) {
   int k;
-  for (k = 0; k < x->nargs; k++)
+  for (k = 0; x->args && k < x->nargs; k++)
     gcap_tensor_free(x->args[k]);
   for (k = 0; x->grad_in && k < x->nargs + x->nparams; k++)
     gcap_tensor_free(x->grad_in[k]);
-  for (k = 0; k < x->nparams; k++) {
+  for (k = 0; x->params && k < x->nparams; k++) {
     gcap_tensor_free(x->params[k]);
     if (x->dw_grad) gcap_tensor_free(x->dw_grad[k]);
   }
