@@ -271,8 +271,12 @@ gcap_status gc_acc_end(gc_acc_run *r) {
     st = gc_foreach_add(r->dst[0]->e, r->n, r->dst, r->src, r->add);
   else if (r->add[0]) /* alone: the very kernels of gc_acc_grad */
     st = gc_binary_inplace(r->dst[0], r->src[0], GC_K_ADD, "backward");
-  else
-    st = gcap_copy_(r->dst[0], r->src[0]);
+  else { /* gcap_copy_ clears the message: an earlier failure's must stay */
+    gcap_engine *e = r->dst[0]->e;
+    char why[GC_ERRLEN];
+    memcpy(why, e->err, sizeof why);
+    if ((st = gcap_copy_(r->dst[0], r->src[0])) == GCAP_OK) memcpy(e->err, why, sizeof why);
+  }
   for (j = 0; j < r->n; j++) {
     if (st != GCAP_OK && !r->add[j]) { /* as gc_acc_grad: no .grad without its copy */
       gcap_tensor_free(r->leaf[j]->grad);
