@@ -106,6 +106,35 @@ function H.assert_err (f, ...)
   return msg
 end
 
+-- What the engine holds after a full collection: objects, blocks, bytes.
+function H.live ()
+  collectgarbage()
+  collectgarbage()
+  return gc._test.live()
+end
+
+-- Every test of a suite that loads these helpers leaves nothing alive: after
+-- the test function returns and a full collection, the engine holds as many
+-- objects, blocks and bytes as before it (what setUp made is in both).
+local run_one = lu.LuaUnit.execOneFunction
+function lu.LuaUnit:execOneFunction (class, name, instance, method)
+  local test = method
+  if type(test) == "function" then
+    method = function (...)
+      local was = H.live()
+      test(...)
+      local now = H.live()
+      if now.objects ~= was.objects or now.blocks ~= was.blocks
+         or now.in_use_bytes ~= was.in_use_bytes then
+        lu.fail(string.format("left alive: objects %d -> %d, blocks %d -> %d, bytes %d -> %d",
+                              was.objects, now.objects, was.blocks, now.blocks,
+                              was.in_use_bytes, now.in_use_bytes))
+      end
+    end
+  end
+  return run_one(self, class, name, instance, method)
+end
+
 -- A tearDown: no capture was left open.
 function H.no_capture_left ()
   lu.assertFalse(gc.is_capturing())
