@@ -111,10 +111,12 @@ test-c: all
 test-lua: all
 	@TEST_ONLY=lua scripts/run-tests.sh $(B) host
 
-# Host suites under AddressSanitizer and UBSan, in a build tree of their own.
+# Host suites under AddressSanitizer, LeakSanitizer and UBSan (with float-to-integer overflow),
+# in a build tree of their own.
+SAN := -fsanitize=address,undefined,float-cast-overflow
 asan:
-	$(MAKE) B=build/asan CUDA=0 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
-	  LDLIBS="-lm -ldl -lpthread -fsanitize=address,undefined" all
+	$(MAKE) B=build/asan CUDA=0 OPT="-O1 -g $(SAN) -fno-omit-frame-pointer" \
+	  LDLIBS="-lm -ldl -lpthread $(SAN)" all
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  scripts/run-tests.sh build/asan host
 
