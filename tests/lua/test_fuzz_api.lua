@@ -2,7 +2,7 @@
 -- shapes, closed objects, options, orders, hook tables, callbacks that raise
 -- or call back in): every call succeeds or raises an error with a non-empty
 -- message; nothing crashes; afterwards the engine holds nothing the fuzzer
--- dropped. Seeded and bounded (tests/lua/fuzz.lua): default 1,500 calls.
+-- dropped. Seeded and bounded (tests/lua/fuzz.lua): default 4,000 calls.
 --   GRAPHCAP_FUZZ_SEED=7 GRAPHCAP_FUZZ_ITERS=100000 build/graphcap tests/lua/test_fuzz_api.lua
 
 local lu = require "luaunit"
@@ -254,7 +254,7 @@ TestFuzzApi = {}
 
 function TestFuzzApi:test_random_calls ()
   r, objs, graphed, calls, errors, log = F.rng(1), {}, {}, 0, 0, {}
-  local n = F.budget(1500)
+  local n = F.budget(4000)
   local ok, err = pcall(function () for _ = 1, n do call_random() end end)
   -- leave the engine usable: no capture, grad mode on, the default stream
   for _, o in ipairs(objs) do
