@@ -42,7 +42,7 @@ TEST_C := $(patsubst tests/c/%.c,$(B)/tests/%,$(wildcard tests/c/test_*.c))
 # cuda runs too where the backend is built and a GPU answers.
 BACKENDS := host $(if $(filter 1,$(WITH_CUDA)),$(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda))
 
-.PHONY: all setup test test-c test-lua run examples bench asan lint clean
+.PHONY: all setup test test-c test-lua run examples bench asan fuzz soak lint clean
 all: setup $(B)/libgraphcap.a $(B)/graphcap $(B)/lua/graphcap/core.so $(TEST_C) $(B)/embed
 
 setup:
@@ -119,6 +119,17 @@ asan:
 	  LDLIBS="-lm -ldl -lpthread $(SAN)" all
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  scripts/run-tests.sh build/asan host
+
+# The fuzzers with a new seed (printed; FUZZ_SEED=s repeats a run) and a long budget, and
+# the soak tests at 5x (15,000 graph/free cycles, 100,000 replays, 1,500 graphings).
+FUZZ_SEED ?= $(shell date +%s)
+fuzz: all
+	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=200000 $(B)/graphcap tests/lua/test_fuzz_api.lua
+	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=5000 $(B)/graphcap tests/lua/test_fuzz_diff.lua
+
+soak: all
+	GRAPHCAP_SOAK=5 $(B)/tests/test_soak
+	GRAPHCAP_SOAK=5 $(B)/graphcap tests/lua/test_soak.lua
 
 lint:
 	@scripts/lint.sh
