@@ -113,10 +113,10 @@ gcap_status gcap_engine_mem_stats(gcap_engine *e, gcap_mem_stats *out);
 ** everything it made, every field is 0 (the engine's own streams and state
 ** are not counted). */
 typedef struct gcap_engine_stats {
-  int64_t objects;       /* live objects holding the engine: tensors, modules, graphs, pools,
-                            streams, events, optimizers, graphed sets */
-  int64_t blocks;        /* live allocator blocks, every pool */
-  size_t in_use_bytes;   /* their bytes */
+  int64_t objects;            /* live objects holding the engine: tensors, modules, graphs, pools,
+                                 streams, events, optimizers, graphed sets */
+  int64_t blocks;             /* live allocator blocks, every pool */
+  size_t in_use_bytes;        /* their bytes */
   size_t pool_reserved_bytes; /* device memory held by private pools */
 } gcap_engine_stats;
 gcap_status gcap_engine_get_stats(gcap_engine *e, gcap_engine_stats *out);
