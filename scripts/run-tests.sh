@@ -18,6 +18,8 @@
 #   TEST_LOG_DIR   also write each suite's output to TEST_LOG_DIR/BACKEND-SUITE.log
 #   TEST_TIMEOUT   seconds a suite may run (default 600; 0: no limit)
 #   TEST_ONLY      "c" (the C tests and the embed example) or "lua" (the Lua tests)
+#   TEST_WRAPPER   a command (words split on spaces) every suite runs under, e.g.
+#                  "compute-sanitizer --tool memcheck" (scripts/gpu-sanitize.sh)
 # When .deps/ exists (the GPU machine's luaunit.lua), it goes first in LUA_PATH.
 set -uo pipefail
 
@@ -61,6 +63,9 @@ if [ "$limit" != 0 ] && command -v timeout >/dev/null; then
   timeout_cmd=(timeout -k 10 "$limit")
 fi
 
+wrapper=()
+if [ -n "${TEST_WRAPPER:-}" ]; then read -ra wrapper <<<"$TEST_WRAPPER"; fi
+
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -80,7 +85,7 @@ run_suite() {
   # A subshell that cannot exec the command waits for it, so bash's own report
   # of a crash ("Segmentation fault ...") goes to /dev/null; ours follows.
   (
-    GRAPHCAP_DEVICE=$be "${timeout_cmd[@]}" "$@" </dev/null >"$outf" 2>"$err"
+    GRAPHCAP_DEVICE=$be "${timeout_cmd[@]}" "${wrapper[@]}" "$@" </dev/null >"$outf" 2>"$err"
     exit $?
   ) 2>/dev/null
   rc=$?
