@@ -28,14 +28,16 @@ typedef struct fx {
   gcap_graph *g;    /* what a successful manual capture made */
   gcap_tensor *out; /* ... and its output */
   int hook_calls;
-  char why[600];     /* the message of the call's failure */
-  const char *phase; /* the API function the call is in */
+  char why[600];       /* the message of the call's failure */
+  const char *phase;   /* the API function the call is in */
+  struct fx_snap *ref; /* what a successful call leaves, when it is always the same */
 } fx;
 
 /* What must not change across a failed call. */
 typedef struct fx_snap {
   float pv[FX_MAXP][FX_MAXV], gv[FX_MAXP][FX_MAXV];
   int has_grad[FX_MAXP];
+  float out; /* the value of f->out, when there is one */
   gcap_engine_stats live;
   gcap_mem_stats heap, pool;
 } fx_snap;
@@ -99,6 +101,7 @@ static int fx_take(fx *f, fx_snap *s) {
     s->has_grad[i] = g != NULL;
     if (g && !fx_read(g, s->gv[i])) return 0;
   }
+  if (f->out && !fx_read(f->out, &s->out)) return 0;
   return gcap_engine_get_stats(f->e, &s->live) == GCAP_OK &&
          gcap_engine_mem_stats(f->e, &s->heap) == GCAP_OK &&
          gcap_pool_get_stats(f->pool, &s->pool) == GCAP_OK;
@@ -107,6 +110,28 @@ static int fx_take(fx *f, fx_snap *s) {
 /* Compare the state now with `was`; report the first difference, naming
 ** the case and N. */
 static long fx_partial; /* failures inside a backward, which leave .grad partly summed */
+static long fx_checked; /* successful calls whose results were compared */
+
+/* After a successful call: its results (parameters, .grad, output) are the
+** reference's, when the case has one. */
+static void fx_result(fx *f, const char *name, long n, const char *when) {
+  fx_snap now;
+  if (f->ref == NULL) return;
+  fx_checked++;
+  if (!fx_take(f, &now)) {
+    T_FAILF("fx_take", "%s, N=%ld: cannot read the results: %s", name, n, gcap_errmsg(f->e));
+    return;
+  }
+  for (int i = 0; i < f->np; i++)
+    if (memcmp(now.pv[i], f->ref->pv[i], sizeof now.pv[i]) != 0 ||
+        now.has_grad[i] != f->ref->has_grad[i] ||
+        memcmp(now.gv[i], f->ref->gv[i], sizeof now.gv[i]) != 0) {
+      T_FAILF(name, "N=%ld, %s: parameter %d or its .grad differs from a clean call's", n, when, i);
+      return;
+    }
+  if (memcmp(&now.out, &f->ref->out, sizeof now.out) != 0)
+    T_FAILF(name, "N=%ld, %s: the output differs from a clean call's", n, when);
+}
 
 static void fx_same(fx *f, const fx_snap *was, const char *name, long n) {
   fx_snap now;
@@ -175,10 +200,12 @@ static long fx_walk(fx *f, const char *name, fx_call call, fx_undo undo) {
       snprintf(f->why, sizeof f->why, "%s", gcap_errmsg(f->e));
     if (!injected) { /* past the last allocation: the walk is over */
       if (st != GCAP_OK) T_FAILF(name, "N=%ld, nothing injected: %s", n, gcap_errmsg(f->e));
+      if (st == GCAP_OK) fx_result(f, name, n, "with nothing injected");
       undo(f);
       return n - 1;
     }
     if (st == GCAP_OK) { /* the failure was absorbed (a cache, a fallback) */
+      fx_result(f, name, n, "a failure absorbed");
       undo(f);
       continue;
     }
@@ -199,6 +226,7 @@ static long fx_walk(fx *f, const char *name, fx_call call, fx_undo undo) {
       T_FAILF(name, "N=%ld: the call without injection failed: %s", n, gcap_errmsg(f->e));
       return n;
     }
+    fx_result(f, name, n, "the call again");
     undo(f);
   }
   return n;
@@ -206,13 +234,25 @@ static long fx_walk(fx *f, const char *name, fx_call call, fx_undo undo) {
 
 static long fx_total; /* failures injected over all walks */
 
-/* Open a model, walk call through it, close it. */
-static void fx_run(const char *name, fx_call call, fx_undo undo) {
+/* Open a model, walk call through it, close it. stable: every successful
+** call leaves the same results (no optimizer step): a clean call's are the
+** reference that every successful call of the walk must give. */
+static void fx_run(const char *name, fx_call call, fx_undo undo, int stable) {
   fx f;
+  fx_snap ref;
   if (!fx_open(&f)) {
     T_FAILF("fx_open", "%s: %s", name, f.e ? gcap_errmsg(f.e) : gcap_last_open_error());
     if (f.e) fx_close(&f);
     return;
+  }
+  if (stable) {
+    if (gcap_manual_seed(f.e, 42) != GCAP_OK || call(&f) != GCAP_OK || !fx_take(&f, &ref)) {
+      T_FAILF(name, "the clean call failed: %s", gcap_errmsg(f.e));
+      fx_close(&f);
+      return;
+    }
+    f.ref = &ref;
+    undo(&f);
   }
   long k = fx_walk(&f, name, call, undo);
   T_CHECK(k > 0);
@@ -254,7 +294,7 @@ static void capture_undo(fx *f) {
 }
 
 static void test_fault_manual_capture(void) {
-  fx_run("manual capture", capture_call, capture_undo);
+  fx_run("manual capture", capture_call, capture_undo, 1);
 }
 
 /* ---- make_graphed_callables ------------------------------------------- */
@@ -341,16 +381,30 @@ static gcap_status graphed_reuse(fx *f) {
 }
 
 static void test_fault_graphed(void) {
-  fx_run("make_graphed_callables", graphed_plain, graphed_undo);
+  fx_run("make_graphed_callables", graphed_plain, graphed_undo, 1);
 }
 static void test_fault_graphed_order(void) {
-  fx_run("make_graphed_callables with order", graphed_order, graphed_undo);
+  fx_run("make_graphed_callables with order", graphed_order, graphed_undo, 1);
 }
 static void test_fault_graphed_hooks(void) {
-  fx_run("make_graphed_callables with capture_time_hooks", graphed_hooks, graphed_undo);
+  fx_run("make_graphed_callables with capture_time_hooks", graphed_hooks, graphed_undo, 1);
 }
+/* Parameter grads that are the static grad buffers themselves (as TE's). */
+static gcap_status graphed_noclone(fx *f) {
+  gcap_graphed_opts o;
+  gcap_graphed_opts_init(&o);
+  o.num_warmup_iters = 1;
+  o.clone_param_grads_on_return = 0;
+  o.pool = f->pool;
+  return graphed_call(f, &o);
+}
+
+static void test_fault_graphed_noclone(void) {
+  fx_run("make_graphed_callables without cloned grads", graphed_noclone, graphed_undo, 1);
+}
+
 static void test_fault_graphed_reuse(void) {
-  fx_run("make_graphed_callables reusing buffers", graphed_reuse, graphed_undo);
+  fx_run("make_graphed_callables reusing buffers", graphed_reuse, graphed_undo, 1);
 }
 
 /* ---- a training step: forward, backward, Adam ------------------------- */
@@ -374,14 +428,15 @@ static void train_undo(fx *f) {
 }
 
 static void test_fault_training_step(void) {
-  fx_run("training step", train_call, train_undo);
+  fx_run("training step", train_call, train_undo, 0);
 }
 
 /* Teardown of the whole file: report how many failures were injected. */
 static void test_fault_total(void) {
   printf("# %ld allocation failures injected; %ld inside a backward, which leaves the .grad "
-         "of the leaves it reached summed (not checked)\n",
-         fx_total, fx_partial);
+         "of the leaves it reached summed (not checked); %ld successful calls' results "
+         "compared with a clean call's\n",
+         fx_total, fx_partial, fx_checked);
   T_CHECK(fx_total > 0);
 }
 
@@ -391,6 +446,7 @@ int main(void) {
   T_RUN(test_fault_graphed_order);
   T_RUN(test_fault_graphed_hooks);
   T_RUN(test_fault_graphed_reuse);
+  T_RUN(test_fault_graphed_noclone);
   T_RUN(test_fault_training_step);
   T_RUN(test_fault_total);
   return t_done();
