@@ -894,6 +894,8 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
         !s->blk->weak) {
       n->leaf[k]->grad =
           gc_tensor_alias(s, s->ndim, s->shape); /* the static buffer itself, as TE */
+      if (n->leaf[k]->grad == NULL)
+        return gc_fail(G->e, GCAP_ENOMEM, "graphed backward: out of host memory");
       continue;
     }
     if (n->leaf[k] != NULL) { /* only read, into .grad: no alias needed */
