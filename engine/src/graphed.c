@@ -535,7 +535,7 @@ static int cmp_addr(const void *a, const void *b) {
 ** several callables is added once per callable): sorted, so in n log n. */
 static void snap_take(grad_snap *s) {
   int k, n = 0;
-  qsort(s->t, (size_t)s->n, sizeof *s->t, cmp_addr);
+  if (s->n > 1) qsort(s->t, (size_t)s->n, sizeof *s->t, cmp_addr); /* t is NULL when n is 0 */
   for (k = 0; k < s->n; k++) {
     if (n > 0 && s->t[n - 1] == s->t[k]) {
       gcap_tensor_free(s->t[k]);
