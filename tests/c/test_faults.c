@@ -431,6 +431,69 @@ static void test_fault_training_step(void) {
   fx_run("training step", train_call, train_undo, 0);
 }
 
+/* ---- the replay-order check's record of who wrote what ------------------ */
+
+/* In one pool: w writes v, r reads v (expecting w's values), o overwrites
+** v; nothing replayed yet, so the record of real writes is empty. */
+typedef struct rc {
+  gcap_engine *e;
+  gcap_pool *p;
+  gcap_graph *w, *o, *r;
+  gcap_tensor *x, *v, *z;
+} rc;
+
+static int rc_open(rc *c) {
+  const int64_t s[1] = {4};
+  memset(c, 0, sizeof *c);
+  if ((c->e = t_engine()) == NULL) return 0;
+  gcap_engine *e = c->e;
+  return gcap_tensor_rand(e, GCAP_F32, 1, s, 1, &c->x) == GCAP_OK &&
+         gcap_pool_new(e, &c->p) == GCAP_OK && gcap_graph_new(e, &c->w) == GCAP_OK &&
+         gcap_graph_new(e, &c->o) == GCAP_OK && gcap_graph_new(e, &c->r) == GCAP_OK &&
+         gcap_capture_begin(c->w, c->p, NULL) == GCAP_OK &&
+         gcap_scale(c->x, 2.0, &c->v) == GCAP_OK && gcap_capture_end(c->w) == GCAP_OK &&
+         gcap_capture_begin(c->r, c->p, NULL) == GCAP_OK &&
+         gcap_scale(c->v, 2.0, &c->z) == GCAP_OK && gcap_capture_end(c->r) == GCAP_OK &&
+         gcap_capture_begin(c->o, c->p, NULL) == GCAP_OK && gcap_fill_(c->v, 0.0) == GCAP_OK &&
+         gcap_capture_end(c->o) == GCAP_OK;
+}
+
+static void rc_close(rc *c) {
+  gcap_tensor_free(c->x), gcap_tensor_free(c->v), gcap_tensor_free(c->z);
+  gcap_graph_free(c->w), gcap_graph_free(c->o), gcap_graph_free(c->r);
+  gcap_pool_free(c->p);
+  gcap_engine_free(c->e);
+}
+
+/* o's first replay, with the N-th allocation failing: it either fails and
+** then works, or works; either way o overwrote what r reads, and r's replay
+** is refused. */
+static void test_fault_replay_record(void) {
+  long n;
+  for (n = 1; n < 1000; n++) {
+    rc c;
+    if (!rc_open(&c)) {
+      T_FAILF("rc_open", "N=%ld: %s", n, c.e ? gcap_errmsg(c.e) : gcap_last_open_error());
+      if (c.e) rc_close(&c);
+      return;
+    }
+    gcap_test_fail_alloc(n);
+    gcap_status st = gcap_graph_replay(c.o);
+    int injected = (int)gcap_test_fail_alloc(0);
+    if (st != GCAP_OK) {
+      T_CHECK(gcap_errmsg(c.e)[0] != '\0');
+      T_CHECK_ST(c.e, gcap_graph_replay(c.o), GCAP_OK);
+    }
+    if (gcap_graph_replay(c.r) != GCAP_EREPLAY)
+      T_FAILF("replay of r", "N=%ld (%s): r replayed over what o overwrote", n,
+              injected ? "a failure injected" : "nothing injected");
+    rc_close(&c);
+    fx_total += injected;
+    if (!injected) break;
+  }
+  T_CHECK(n > 1);
+}
+
 /* Teardown of the whole file: report how many failures were injected. */
 static void test_fault_total(void) {
   printf("# %ld allocation failures injected; %ld inside a backward, which leaves the .grad "
@@ -448,6 +511,7 @@ int main(void) {
   T_RUN(test_fault_graphed_reuse);
   T_RUN(test_fault_graphed_noclone);
   T_RUN(test_fault_training_step);
+  T_RUN(test_fault_replay_record);
   T_RUN(test_fault_total);
   return t_done();
 }
