@@ -344,6 +344,11 @@ static int iv_reserve(gc_ivmap *m, int extra) {
   return 1;
 }
 
+/* A set adds at most two intervals and asks for room for three. */
+int gc_ivmap_reserve(gc_ivmap *m, int n) {
+  return iv_reserve(m, 2 * n + 1);
+}
+
 void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, int writer) {
   int i, j, nkeep = 0;
   gc_ivl left = {0, 0, 0}, right = {0, 0, 0};

@@ -150,6 +150,8 @@ gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
   if (lo == hi) return GCAP_OK;
   if (e->cap == NULL) { /* eager: only pool memory is tracked */
     if (write && !p->is_heap) {
+      if (!gc_ivmap_reserve(&p->writers, 1) || !gc_ivmap_reserve(&p->cap_writers, 1))
+        return gc_fail(e, GCAP_ENOMEM, "out of host memory recording a write to a pool");
       gc_ivmap_set(&p->writers, lo, hi, GC_WRITER_OUTSIDE);
       gc_ivmap_set(&p->cap_writers, lo, hi, GC_WRITER_OUTSIDE);
     }
@@ -158,8 +160,11 @@ gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
   g = e->cap->g;
   if (p != e->cap->pool) return graph_hold(g, t->blk); /* memory the graph uses, kept alive */
   if (write) {
+    /* room for this write and for putting back every logged piece, should
+    ** the capture fail (cap_free) */
     if ((!ranges_cover(&g->writes, lo, hi) && !ranges_push(&g->writes, lo, hi, g->id)) ||
-        gc_ivmap_each(&p->cap_writers, lo, hi, undo_piece, &e->cap->undo))
+        gc_ivmap_each(&p->cap_writers, lo, hi, undo_piece, &e->cap->undo) ||
+        !gc_ivmap_reserve(&p->cap_writers, 1 + e->cap->undo.n))
       return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
     gc_ivmap_set(&p->cap_writers, lo, hi, g->id);
   } else if (!ranges_cover(&g->writes, lo, hi)) {
@@ -408,6 +413,9 @@ gcap_status gcap_graph_replay(gcap_graph *g) {
   s = e->current;
   if ((st = gc_check_stream(e, s, "replay")) != GCAP_OK) return st;
   if (e->replay_check && (st = replay_check(g)) != GCAP_OK) return st;
+  if (!gc_ivmap_reserve(&g->pool->writers, g->writes.n)) /* before the launch: all or nothing */
+    return gc_fail(e, GCAP_ENOMEM, "replay of %s: out of host memory recording its writes",
+                   g->name);
   if ((st = e->be->graph_launch(e, e->bs, g->bexec, s->bs)) != GCAP_OK) return st;
   s->seq++;
   for (i = 0; i < g->writes.n; i++)
