@@ -27,12 +27,28 @@ local function model ()
   return m, params, sample, gc.randn({2, 4}), gc.randn({2, 4})
 end
 
-local injected_total, in_backward = 0, 0
+local injected_total, in_backward, compared = 0, 0, 0
 
 -- Walk the injection through call (which sets phase[1] to where it is);
--- undo frees what a successful call made. Returns the failures injected.
-local function walk (name, params, pool, call, undo)
-  local phase = {}
+-- undo frees what a successful call made. stable: every successful call
+-- leaves the same parameters and .grad (no optimizer step), which must then
+-- be a clean call's, also when a failure was absorbed. Returns the failures
+-- injected.
+local function walk (name, params, pool, call, undo, stable)
+  local phase, ref = {}, nil
+  local function check (what)
+    if not ref then return end
+    local now = H.state(params)
+    compared = compared + 1
+    lu.assertEquals(now.params, ref.params, what .. ": parameters differ from a clean call's")
+    lu.assertEquals(now.grads, ref.grads, what .. ": .grad differs from a clean call's")
+  end
+  if stable then
+    gc.manual_seed(42)
+    call(phase)
+    ref = H.state(params)
+    undo()
+  end
   for n = 1, 100000 do
     local was = H.state(params, pool)
     gc.manual_seed(42)
@@ -43,6 +59,7 @@ local function walk (name, params, pool, call, undo)
     local what = string.format("%s, N=%d, in %s", name, n, phase[1])
     if not hit then
       lu.assertTrue(ok, what .. ": failed with nothing injected: " .. tostring(err))
+      check(what)
       undo()
       injected_total = injected_total + n - 1
       return n - 1
@@ -62,6 +79,7 @@ local function walk (name, params, pool, call, undo)
       local ok2, err2 = pcall(call, phase)
       lu.assertTrue(ok2, what .. ": the call without injection failed: " .. tostring(err2))
     end
+    check(what .. (ok and " (a failure absorbed)" or " (the call again)"))
     undo()
   end
   lu.fail(name .. ": the walk did not end")
@@ -91,7 +109,7 @@ local function graphed_case (name, opts)
     for _, s in ipairs(sample) do s[1].grad = nil end
     collectgarbage()
   end
-  lu.assertTrue(walk(name, params, pool, call, undo) > 0)
+  lu.assertTrue(walk(name, params, pool, call, undo, true) > 0)
 end
 
 TestFaults = {tearDown = H.no_capture_left}
@@ -137,8 +155,9 @@ end
 
 function TestFaults:test_zz_report ()
   print(string.format("# %d allocation failures injected; %d inside a backward, which leaves "
-                      .. "the .grad of the leaves it reached summed (not compared)",
-                      injected_total, in_backward))
+                      .. "the .grad of the leaves it reached summed (not compared); %d "
+                      .. "successful calls' results compared with a clean call's",
+                      injected_total, in_backward, compared))
   lu.assertTrue(injected_total > 0)
 end
 
