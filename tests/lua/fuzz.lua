@@ -25,6 +25,12 @@ function F.rng (salt)
   end
 end
 
+-- Print the seed before the run, so that a crash's log has it too.
+function F.announce (what)
+  io.stdout:write(string.format("# GRAPHCAP_FUZZ_SEED=%d GRAPHCAP_FUZZ_ITERS: %s\n", F.seed, what))
+  io.stdout:flush()
+end
+
 -- One entry of the list t.
 function F.pick (r, t)
   return t[r(#t)]

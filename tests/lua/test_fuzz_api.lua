@@ -309,6 +309,7 @@ TestFuzzApi = {}
 function TestFuzzApi:test_random_calls ()
   r, objs, graphed, calls, errors, log = F.rng(1), {}, {}, 0, 0, {}
   local n = F.budget(4000)
+  F.announce(n .. " calls")
   local ok, err = pcall(function () for _ = 1, n do call_random() end end)
   -- leave the engine usable: no capture, grad mode on, the default stream
   for _, o in ipairs(objs) do

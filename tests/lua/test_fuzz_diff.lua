@@ -186,8 +186,9 @@ end
 TestFuzzDiff = {tearDown = H.no_capture_left}
 
 function TestFuzzDiff:test_graphed_equals_eager ()
-  local r = F.rng(2)
-  for n = 1, F.budget(60) do run_case(r, n) end
+  local r, budget = F.rng(2), F.budget(60)
+  F.announce(budget .. " cases")
+  for n = 1, budget do run_case(r, n) end
   print(string.format("# seed %d: %d cases, %d tensors compared bitwise", F.seed, cases, compared))
 end
 
