@@ -263,9 +263,9 @@ static void fx_run(const char *name, fx_call call, fx_undo undo, int stable) {
 /* ---- a manual capture, replayed once ---------------------------------- */
 
 static gcap_status capture_call(fx *f) {
-  f->phase = "capture";
   gcap_status st;
   gcap_tensor *h = NULL, *y = NULL, *w = f->p[0];
+  f->phase = "capture";
   if ((st = gcap_graph_new(f->e, &f->g)) != GCAP_OK) return st;
   if ((st = gcap_capture_begin(f->g, f->pool, NULL)) != GCAP_OK) goto fail;
   st = gcap_linear(f->x, w, NULL, &h);
