@@ -119,6 +119,7 @@ typedef struct gcap_engine_stats {
   size_t in_use_bytes;        /* their bytes */
   size_t pool_reserved_bytes; /* device memory held by private pools */
 } gcap_engine_stats;
+/* e's stats into *out (a closed engine's too); GCAP_EINVAL when either is NULL. */
 gcap_status gcap_engine_get_stats(gcap_engine *e, gcap_engine_stats *out);
 /* Engines alive in the process: a closed engine (gcap_engine_free) lives
 ** on until the last object holding it is freed. */
