@@ -404,17 +404,19 @@ static gcap_status bw_check_grad(gc_node *n, gcap_tensor *g) {
 }
 
 /* The leaves of the pass's nodes that have no .grad yet, into *fresh (*n
-** of them; duplicates allowed): a failed pass takes back the .grad it gave
-** them. A .grad that existed and was summed into in place keeps what the
-** pass added, as in PyTorch. */
-static gcap_status bw_fresh_leaves(gcap_engine *e, const bw_stack *all, gcap_tensor ***fresh,
-                                   int *n) {
+** of them; duplicates allowed; *fresh is `few` when they fit in
+** BW_SMALL): a failed pass takes back the .grad it gave them. A .grad that
+** existed and was summed into in place keeps what the pass added, as in
+** PyTorch. */
+#define BW_SMALL 16
+static gcap_status bw_fresh_leaves(gcap_engine *e, const bw_stack *all, gcap_tensor **few,
+                                   gcap_tensor ***fresh, int *n) {
   int i, k, c = 0;
   for (i = 0; i < all->n; i++)
     for (k = 0; k < all->v[i]->nin; k++)
       c += all->v[i]->leaf[k] != NULL && all->v[i]->leaf[k]->grad == NULL;
-  if (c == 0) return GCAP_OK;
-  if ((*fresh = (gcap_tensor **)gc_malloc((size_t)c * sizeof **fresh)) == NULL)
+  *fresh = few;
+  if (c > BW_SMALL && (*fresh = (gcap_tensor **)gc_malloc((size_t)c * sizeof **fresh)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
   for (i = 0; i < all->n; i++)
     for (k = 0; k < all->v[i]->nin; k++)
@@ -426,13 +428,13 @@ static gcap_status bw_fresh_leaves(gcap_engine *e, const bw_stack *all, gcap_ten
 static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int retain) {
   bw_stack all = {NULL, 0, 0}, ready = {NULL, 0, 0};
   gc_acc_run run; /* a node's leaf grads, accumulated in as few launches as may be */
-  gcap_tensor **fresh = NULL;
+  gcap_tensor *few[BW_SMALL], **fresh = few;
   uint64_t mark = ++e->bw_mark;
   gcap_status st, st2;
   int i, nfresh = 0;
   run.n = 0;
   if ((st = bw_collect(e, root, mark, &all)) != GCAP_OK ||
-      (st = bw_fresh_leaves(e, &all, &fresh, &nfresh)) != GCAP_OK)
+      (st = bw_fresh_leaves(e, &all, few, &fresh, &nfresh)) != GCAP_OK)
     goto done;
   root->acc = gcap_tensor_retain(grad);
   if (!stack_push(&ready, root)) {
@@ -479,7 +481,7 @@ done:
     gcap_tensor_free(fresh[i]->grad);
     fresh[i]->grad = NULL;
   }
-  free(fresh);
+  if (fresh != few) free(fresh);
   free(all.v);
   free(ready.v);
   return st;
