@@ -69,7 +69,7 @@ else
   say := @printf '  %-5s %s\n'
 endif
 
-.PHONY: all setup lua-module test test-c test-lua run examples bench bench-torch asan lint clean \
+.PHONY: all setup lua-module test test-c test-lua run examples bench bench-torch asan fuzz soak lint clean \
         install install-lib install-lua install-bin uninstall
 all: setup $(B)/libgraphcap.a $(SHLIB) $(B)/graphcap $(B)/lua/graphcap/core.so $(TEST_C) $(B)/embed
 
@@ -161,12 +161,25 @@ test-c: all
 test-lua: all
 	@TEST_ONLY=lua scripts/run-tests.sh $(B) host
 
-# Host suites under AddressSanitizer and UBSan, in a build tree of their own.
+# Host suites under AddressSanitizer, LeakSanitizer and UBSan (with float-to-integer overflow),
+# in a build tree of their own.
+SAN := -fsanitize=address,undefined,float-cast-overflow
 asan:
-	$(MAKE) B=build/asan CUDA=0 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
-	  LDLIBS="-lm -ldl -lpthread -fsanitize=address,undefined" all
+	$(MAKE) B=build/asan CUDA=0 OPT="-O1 -g $(SAN) -fno-omit-frame-pointer" \
+	  LDLIBS="-lm -ldl -lpthread $(SAN)" all
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  scripts/run-tests.sh build/asan host
+
+# The fuzzers with a new seed (printed; FUZZ_SEED=s repeats a run) and a long budget, and
+# the soak tests at 5x (15,000 graph/free cycles, 100,000 replays, 1,500 graphings).
+FUZZ_SEED ?= $(shell date +%s)
+fuzz: all
+	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=200000 $(B)/graphcap tests/lua/test_fuzz_api.lua
+	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=5000 $(B)/graphcap tests/lua/test_fuzz_diff.lua
+
+soak: all
+	GRAPHCAP_SOAK=5 $(B)/tests/test_soak
+	GRAPHCAP_SOAK=5 $(B)/graphcap tests/lua/test_soak.lua
 
 lint:
 	@scripts/lint.sh

@@ -761,8 +761,11 @@ static void l_leave(LEngine *le, LFrame *f) {
   le->cur = f->prev;
 }
 
-/* Raise the error object a callback left, if any, as it is. */
-static void l_raisecb(lua_State *L) {
+/* Raise the error object a callback left, if any, as it is; a message
+** (a string) gets 'ctx', the core's account of where the callback ran
+** ("warmup forward of entry 1 (callable 1, function)"), appended in
+** parentheses. */
+static void l_raisecb(lua_State *L, const char *ctx) {
   LErr *h;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &l_errkey);
   h = (LErr *)lua_touserdata(L, -1);
@@ -771,6 +774,10 @@ static void l_raisecb(lua_State *L) {
     lua_getiuservalue(L, -1, 1);
     lua_pushnil(L);
     lua_setiuservalue(L, -3, 1);
+    if (ctx != NULL && *ctx != '\0' && lua_type(L, -1) == LUA_TSTRING) {
+      lua_pushfstring(L, " (%s)", ctx);
+      lua_concat(L, 2);
+    }
     lua_error(L);
   }
   lua_pop(L, 1);
@@ -848,7 +855,7 @@ static int l_backward(lua_State *L) {
   if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
   gcap_tensor_free(g);
   gcap_tensor_free(t);
-  l_raisecb(L);
+  l_raisecb(L, NULL);
   if (st != GCAP_OK) l_fail(L, st, msg, "backward");
   return 0;
 }
@@ -1467,7 +1474,7 @@ static int l_modcall(lua_State *L, int muted) {
   for (i = 0; i < nin; i++)
     gcap_tensor_free(in[i]);
   gcap_module_free(m);
-  l_raisecb(L);
+  l_raisecb(L, NULL);
   if (st != GCAP_OK) l_fail(L, st, msg, op);
   l_knownresult(L);
   return 1;
@@ -1721,7 +1728,7 @@ static int l_backward_dw(lua_State *L) {
   l_leave(le, &f);
   if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
   gcap_module_free(m);
-  l_raisecb(L);
+  l_raisecb(L, NULL);
   if (st != GCAP_OK) l_fail(L, st, msg, "backward_dw");
   return 0;
 }
@@ -2279,6 +2286,34 @@ static int l_memory_stats(lua_State *L) {
   l_pushmemstats(L, &m);
   return 1;
 }
+
+/* gc._test: for the library's own tests only. fail_alloc(n) makes the n-th
+** allocation from now fail (0: off) and tells whether the previous one was
+** injected; live() gives what the engine still holds (gcap_engine_stats). */
+static int l_test_fail_alloc(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  lua_pushboolean(L, gcap_test_fail_alloc(n < 0 ? 0 : (long)n) != 0);
+  return 1;
+}
+
+static int l_test_live(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  gcap_engine_stats s;
+  l_check(L, e, gcap_engine_get_stats(e, &s), "live");
+  lua_createtable(L, 0, 4);
+  lua_pushinteger(L, (lua_Integer)s.objects);
+  lua_setfield(L, -2, "objects");
+  lua_pushinteger(L, (lua_Integer)s.blocks);
+  lua_setfield(L, -2, "blocks");
+  lua_pushinteger(L, (lua_Integer)s.in_use_bytes);
+  lua_setfield(L, -2, "in_use_bytes");
+  lua_pushinteger(L, (lua_Integer)s.pool_reserved_bytes);
+  lua_setfield(L, -2, "pool_reserved_bytes");
+  return 1;
+}
+
+static const luaL_Reg l_test_funcs[] = {
+    {"fail_alloc", l_test_fail_alloc}, {"live", l_test_live}, {NULL, NULL}};
 
 static int l_pool_new(lua_State *L) {
   gcap_engine *e = l_engine(L);
@@ -2966,7 +3001,7 @@ static int l_make_graphed(lua_State *L) {
   lua_pushvalue(L, prev);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &l_mgckey);
   if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
-  l_raisecb(L);
+  l_raisecb(L, msg);
   if (st != GCAP_OK) l_fail(L, st, msg, "make_graphed_callables");
   lua_pushvalue(L, prev - 1); /* the Graphed box */
   return 1;
@@ -3034,7 +3069,7 @@ static int l_graphed_call(lua_State *L) {
     gcap_tensor_free(in[i]);
   gcap_module_free(m);
   gcap_graphed_free(g);
-  l_raisecb(L);
+  l_raisecb(L, NULL);
   if (st != GCAP_OK) l_fail(L, st, msg, "graphed call");
   l_knownresult(L);
   return 1;
@@ -3264,6 +3299,7 @@ LUAMOD_API int luaopen_graphcap_core(lua_State *L) {
   l_subtable(L, "F", l_F_funcs, eng);
   l_subtable(L, "_nn", l_nn_funcs, eng);
   l_subtable(L, "_optim", l_optim_funcs, eng);
+  l_subtable(L, "_test", l_test_funcs, eng);
   lua_getiuservalue(L, eng, UV_CLASSES);
   lua_setfield(L, -2, "_classes");
   lua_pushvalue(L, mts);

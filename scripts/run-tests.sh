@@ -20,6 +20,8 @@
 #   TEST_TIMEOUT   seconds a suite may run (default 600; 0: no limit)
 #   TEST_ONLY      "c" (the C tests and the embed example) or "lua" (the Lua tests)
 #   TEST_NOT_RUN   backends built but not run here (no GPU), named in the summary
+#   TEST_WRAPPER   a command (words split on spaces) every suite runs under, e.g.
+#                  "compute-sanitizer --tool memcheck" (scripts/gpu-sanitize.sh)
 # When .deps/ exists (the GPU machine's luaunit.lua), it goes first in LUA_PATH.
 set -uo pipefail
 
@@ -63,6 +65,9 @@ if [ "$limit" != 0 ] && command -v timeout >/dev/null; then
   timeout_cmd=(timeout -k 10 "$limit")
 fi
 
+wrapper=()
+if [ -n "${TEST_WRAPPER:-}" ]; then read -ra wrapper <<<"$TEST_WRAPPER"; fi
+
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -82,7 +87,7 @@ run_suite() {
   # A subshell that cannot exec the command waits for it, so bash's own report
   # of a crash ("Segmentation fault ...") goes to /dev/null; ours follows.
   (
-    GRAPHCAP_DEVICE=$be "${timeout_cmd[@]}" "$@" </dev/null >"$outf" 2>"$err"
+    GRAPHCAP_DEVICE=$be "${timeout_cmd[@]}" "${wrapper[@]}" "$@" </dev/null >"$outf" 2>"$err"
     exit $?
   ) 2>/dev/null
   rc=$?

@@ -111,6 +111,22 @@ typedef struct gcap_mem_stats {
 /* Statistics of the engine's ordinary (non-graph) allocator. */
 gcap_status gcap_engine_mem_stats(gcap_engine *e, gcap_mem_stats *out);
 
+/* What an engine still holds, for leak checks: after a program has freed
+** everything it made, every field is 0 (the engine's own streams and state
+** are not counted). */
+typedef struct gcap_engine_stats {
+  int64_t objects;            /* live objects holding the engine: tensors, modules, graphs, pools,
+                                 streams, events, optimizers, graphed sets */
+  int64_t blocks;             /* live allocator blocks, every pool */
+  size_t in_use_bytes;        /* their bytes */
+  size_t pool_reserved_bytes; /* device memory held by private pools */
+} gcap_engine_stats;
+/* e's stats into *out (a closed engine's too); GCAP_EINVAL when either is NULL. */
+gcap_status gcap_engine_get_stats(gcap_engine *e, gcap_engine_stats *out);
+/* Engines alive in the process: a closed engine (gcap_engine_free) lives
+** on until the last object holding it is freed. */
+int64_t gcap_live_engines(void);
+
 /* ------------------------------------------------------------------------ */
 /* Tensors: contiguous, 0-D to 4-D, refcounted storage; views share storage. */
 
@@ -563,6 +579,17 @@ gcap_status gcap_trace_start(gcap_engine *e, const char *path);
 ** open; GCAP_EINVAL when writing the file failed. gcap_engine_free stops an
 ** open trace, so the file is complete whenever the engine is released. */
 gcap_status gcap_trace_stop(gcap_engine *e);
+
+/* ------------------------------------------------------------------------ */
+/* Testing only: for the library's own tests, not for programs.              */
+
+/* Allocation-failure injection in the calling thread: the n-th allocation
+** from now (n >= 1) fails as if memory had run out. Counted are host memory
+** of the engine and its backend, device memory, and the backend objects
+** that can fail to be made (streams, events, graph instantiation); n = 0
+** turns injection off. Returns 1 when the failure the previous call asked
+** for was injected, 0 when fewer allocations happened since. */
+long gcap_test_fail_alloc(long n);
 
 #ifdef __cplusplus
 }

@@ -23,7 +23,7 @@
 #define ALLOC_LARGE_ROUND (2u << 20) /* larger ones get whole 2 MiB multiples */
 
 gcap_pool *gc_pool_create(gcap_engine *e, int is_heap) {
-  gcap_pool *p = (gcap_pool *)calloc(1, sizeof *p);
+  gcap_pool *p = (gcap_pool *)gc_calloc(1, sizeof *p);
   if (p == NULL) return NULL;
   p->e = e;
   p->is_heap = is_heap;
@@ -54,8 +54,8 @@ static gcap_status pool_grow(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **ou
   size_t segsize = n <= ALLOC_SMALL
                        ? ALLOC_SMALL_SEG
                        : (n + ALLOC_LARGE_ROUND - 1) / ALLOC_LARGE_ROUND * ALLOC_LARGE_ROUND;
-  gc_seg *seg = (gc_seg *)calloc(1, sizeof *seg);
-  gc_blk *b = (gc_blk *)calloc(1, sizeof *b);
+  gc_seg *seg = (gc_seg *)gc_calloc(1, sizeof *seg);
+  gc_blk *b = (gc_blk *)gc_calloc(1, sizeof *b);
   void *mem = NULL;
   gcap_status st;
   if (seg == NULL || b == NULL) {
@@ -104,7 +104,7 @@ gcap_status gc_pool_alloc(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **out) 
   fl_remove(p, best);
   best->seg->trim = 0;                 /* in use again: it follows the pool's own life */
   if (best->size - n >= ALLOC_ROUND) { /* split off the tail as a free block */
-    gc_blk *rest = (gc_blk *)calloc(1, sizeof *rest);
+    gc_blk *rest = (gc_blk *)gc_calloc(1, sizeof *rest);
     if (rest != NULL) {
       rest->ptr = best->ptr + n;
       rest->size = best->size - n;
@@ -295,7 +295,7 @@ void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out) {
 gcap_status gc_tensor_weaken(gcap_tensor *t) {
   gc_blk *w;
   if (t->blk->weak) return GCAP_OK;
-  if ((w = (gc_blk *)calloc(1, sizeof *w)) == NULL)
+  if ((w = (gc_blk *)gc_calloc(1, sizeof *w)) == NULL)
     return gc_fail(t->e, GCAP_ENOMEM, "out of host memory");
   w->ptr = t->blk->ptr;
   w->size = t->blk->size;
@@ -368,12 +368,17 @@ static int iv_reserve(gc_ivmap *m, int extra) {
     gc_ivl *v;
     while (cap < m->n + extra)
       cap *= 2;
-    v = (gc_ivl *)realloc(m->v, (size_t)cap * sizeof *v);
+    v = (gc_ivl *)gc_realloc(m->v, (size_t)cap * sizeof *v);
     if (v == NULL) return 0;
     m->v = v;
     m->cap = cap;
   }
   return 1;
+}
+
+/* A set adds at most two intervals and asks for room for three. */
+int gc_ivmap_reserve(gc_ivmap *m, int n) {
+  return iv_reserve(m, 2 * n + 1);
 }
 
 void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, gc_gid writer) {

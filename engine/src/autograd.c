@@ -71,7 +71,7 @@ gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gca
                       int nin, gcap_tensor *const *save, int nsave, gc_node **node) {
   gcap_engine *e = out->e;
   /* one block: the node, then its next[] and leaf[] arrays */
-  gc_node *n = (gc_node *)calloc(1, sizeof *n + 2 * (size_t)nin * sizeof(void *));
+  gc_node *n = (gc_node *)gc_calloc(1, sizeof *n + 2 * (size_t)nin * sizeof(void *));
   int i;
   if (node) *node = NULL;
   if (n == NULL) return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", name);
@@ -124,7 +124,7 @@ gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view) {
   int64_t *shape;
   gcap_status st;
   if (!gc_grad_needed(src->e, &src, 1)) return GCAP_OK;
-  if ((shape = (int64_t *)malloc(sizeof(int64_t) * GCAP_MAXDIM)) == NULL)
+  if ((shape = (int64_t *)gc_malloc(sizeof(int64_t) * GCAP_MAXDIM)) == NULL)
     return gc_fail(src->e, GCAP_ENOMEM, "view: out of host memory");
   memcpy(shape, src->shape, sizeof(int64_t) * GCAP_MAXDIM);
   if ((st = gc_record(view, "view", view_backward, &src, 1, NULL, 0, &n)) != GCAP_OK) {
@@ -273,8 +273,12 @@ gcap_status gc_acc_end(gc_acc_run *r) {
     st = gc_foreach_add(r->dst[0]->e, r->n, r->dst, r->src, r->add);
   else if (r->add[0]) /* alone: the very kernels of gc_acc_grad */
     st = gc_binary_inplace(r->dst[0], r->src[0], GC_K_ADD, "backward");
-  else
-    st = gcap_copy_(r->dst[0], r->src[0]);
+  else { /* gcap_copy_ clears the message: an earlier failure's must stay */
+    gcap_engine *e = r->dst[0]->e;
+    char why[GC_ERRLEN];
+    memcpy(why, e->err, sizeof why);
+    if ((st = gcap_copy_(r->dst[0], r->src[0])) == GCAP_OK) memcpy(e->err, why, sizeof why);
+  }
   for (j = 0; j < r->n; j++) {
     if (st != GCAP_OK && !r->add[j]) { /* as gc_acc_grad: no .grad without its copy */
       gcap_tensor_free(r->leaf[j]->grad);
@@ -333,7 +337,7 @@ typedef struct bw_stack {
 static int stack_push(bw_stack *s, gc_node *n) {
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 64;
-    gc_node **v = (gc_node **)realloc(s->v, (size_t)cap * sizeof *v);
+    gc_node **v = (gc_node **)gc_realloc(s->v, (size_t)cap * sizeof *v);
     if (v == NULL) return 0;
     s->v = v;
     s->cap = cap;
@@ -420,14 +424,39 @@ static gcap_status bw_check_saved(gc_node *n) {
   return GCAP_OK;
 }
 
+/* The leaves of the pass's nodes that have no .grad yet, into *fresh (*n
+** of them; duplicates allowed; *fresh is `few` when they fit in
+** BW_SMALL): a failed pass takes back the .grad it gave them. A .grad that
+** existed and was summed into in place keeps what the pass added, as in
+** PyTorch. */
+#define BW_SMALL 16
+static gcap_status bw_fresh_leaves(gcap_engine *e, const bw_stack *all, gcap_tensor **few,
+                                   gcap_tensor ***fresh, int *n) {
+  int i, k, c = 0;
+  for (i = 0; i < all->n; i++)
+    for (k = 0; k < all->v[i]->nin; k++)
+      c += all->v[i]->leaf[k] != NULL && all->v[i]->leaf[k]->grad == NULL;
+  *fresh = few;
+  if (c > BW_SMALL && (*fresh = (gcap_tensor **)gc_malloc((size_t)c * sizeof **fresh)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
+  for (i = 0; i < all->n; i++)
+    for (k = 0; k < all->v[i]->nin; k++)
+      if (all->v[i]->leaf[k] != NULL && all->v[i]->leaf[k]->grad == NULL)
+        (*fresh)[(*n)++] = all->v[i]->leaf[k];
+  return GCAP_OK;
+}
+
 static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int retain) {
   bw_stack all = {NULL, 0, 0}, ready = {NULL, 0, 0};
   gc_acc_run run; /* a node's leaf grads, accumulated in as few launches as may be */
+  gcap_tensor *few[BW_SMALL], **fresh = few;
   uint64_t mark = ++e->bw_mark;
   gcap_status st, st2;
-  int i;
+  int i, nfresh = 0;
   run.n = 0;
-  if ((st = bw_collect(e, root, mark, &all)) != GCAP_OK) goto done;
+  if ((st = bw_collect(e, root, mark, &all)) != GCAP_OK ||
+      (st = bw_fresh_leaves(e, &all, few, &fresh, &nfresh)) != GCAP_OK)
+    goto done;
   root->acc = gcap_tensor_retain(grad);
   if (!stack_push(&ready, root)) {
     st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
@@ -437,7 +466,7 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
     gc_node *n = ready.v[--ready.n];
     gcap_tensor *g = n->acc, *small[8], **gin = small;
     n->acc = NULL;
-    if (n->nin > 8 && (gin = (gcap_tensor **)malloc((size_t)n->nin * sizeof *gin)) == NULL) {
+    if (n->nin > 8 && (gin = (gcap_tensor **)gc_malloc((size_t)n->nin * sizeof *gin)) == NULL) {
       gcap_tensor_free(g);
       st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
       goto done;
@@ -473,6 +502,11 @@ done:
     gcap_tensor_free(all.v[i]->acc);
     all.v[i]->acc = NULL;
   }
+  for (i = 0; st != GCAP_OK && i < nfresh; i++) { /* and the .grad it made */
+    gcap_tensor_free(fresh[i]->grad);
+    fresh[i]->grad = NULL;
+  }
+  if (fresh != few) free(fresh);
   free(all.v);
   free(ready.v);
   return st;

@@ -13,6 +13,7 @@
 #ifndef GC_BACKEND_H
 #define GC_BACKEND_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "graphcap.h"
@@ -175,6 +176,16 @@ typedef struct gc_backend {
   gcap_status (*debug_dump)(gcap_engine *e, void *bs, void *graph, const char *name,
                             const char *path);
 } gc_backend;
+
+/* Host memory for the core and the backends: malloc, calloc and realloc,
+** save that a test may make any one of them fail (gcap_test_fail_alloc). */
+void *gc_malloc(size_t n);
+void *gc_calloc(size_t n, size_t size);
+void *gc_realloc(void *p, size_t n);
+/* 1 when the allocation about to happen is the one a test asked to fail: a
+** backend asks before it makes device memory or an object (stream, event,
+** graph, exec) and then fails as if the device had run out of resources. */
+int gc_fault(void);
 
 /* The backends built in; gc_cuda_backend() is NULL in a CUDA=0 build. */
 const gc_backend *gc_host_backend(void);

@@ -23,11 +23,11 @@
 static gcap_status graph_register(gcap_engine *e, gcap_graph *g) {
   if (e->nfree_slots == 0) { /* every slot is taken: twice as many */
     int cap = e->graphs_cap ? 2 * e->graphs_cap : 64, k;
-    gcap_graph **v = (gcap_graph **)realloc(e->graphs, (size_t)cap * sizeof *v);
+    gcap_graph **v = (gcap_graph **)gc_realloc(e->graphs, (size_t)cap * sizeof *v);
     int *f;
     if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
     e->graphs = v;
-    if ((f = (int *)realloc(e->free_slots, (size_t)cap * sizeof *f)) == NULL)
+    if ((f = (int *)gc_realloc(e->free_slots, (size_t)cap * sizeof *f)) == NULL)
       return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
     e->free_slots = f;
     for (k = cap - 1; k >= e->graphs_cap; k--) { /* lowest slots first */
@@ -49,7 +49,7 @@ gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out) {
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   if ((st = gc_check_open(e, "graph")) != GCAP_OK) return st;
-  if ((g = (gcap_graph *)calloc(1, sizeof *g)) == NULL)
+  if ((g = (gcap_graph *)gc_calloc(1, sizeof *g)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
   if ((st = graph_register(e, g)) != GCAP_OK) {
     free(g);
@@ -87,7 +87,7 @@ gcap_pool *gcap_graph_pool(gcap_graph *g) {
 static int ranges_push(gc_ranges *r, uintptr_t lo, uintptr_t hi, gc_gid producer) {
   if (r->n == r->cap) {
     int cap = r->cap ? 2 * r->cap : 16;
-    gc_range *v = (gc_range *)realloc(r->v, (size_t)cap * sizeof *v);
+    gc_range *v = (gc_range *)gc_realloc(r->v, (size_t)cap * sizeof *v);
     if (v == NULL) return 0;
     r->v = v;
     r->cap = cap;
@@ -138,7 +138,7 @@ static gcap_status graph_hold(gcap_graph *g, gc_blk *b) {
     if (g->held[i] == b) return GCAP_OK;
   if (g->nheld == g->capheld) {
     int cap = g->capheld ? 2 * g->capheld : 16;
-    gc_blk **v = (gc_blk **)realloc(g->held, (size_t)cap * sizeof *v);
+    gc_blk **v = (gc_blk **)gc_realloc(g->held, (size_t)cap * sizeof *v);
     if (v == NULL) return gc_fail(g->e, GCAP_ENOMEM, "capture: out of host memory");
     g->held = v;
     g->capheld = cap;
@@ -162,6 +162,8 @@ gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
   if (lo == hi) return GCAP_OK;
   if (e->cap == NULL) { /* eager: only pool memory is tracked */
     if (write && !p->is_heap) {
+      if (!gc_ivmap_reserve(&p->writers, 1) || !gc_ivmap_reserve(&p->cap_writers, 1))
+        return gc_fail(e, GCAP_ENOMEM, "out of host memory recording a write to a pool");
       gc_ivmap_set(&p->writers, lo, hi, GC_WRITER_OUTSIDE);
       gc_ivmap_set(&p->cap_writers, lo, hi, GC_WRITER_OUTSIDE);
     }
@@ -170,8 +172,11 @@ gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
   g = e->cap->g;
   if (p != e->cap->pool) return graph_hold(g, t->blk); /* memory the graph uses, kept alive */
   if (write) {
+    /* room for this write and for putting back every logged piece, should
+    ** the capture fail (cap_free) */
     if ((!ranges_cover(&g->writes, lo, hi) && !ranges_push(&g->writes, lo, hi, g->id)) ||
-        gc_ivmap_each(&p->cap_writers, lo, hi, undo_piece, &e->cap->undo))
+        gc_ivmap_each(&p->cap_writers, lo, hi, undo_piece, &e->cap->undo) ||
+        !gc_ivmap_reserve(&p->cap_writers, 1 + e->cap->undo.n))
       return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
     gc_ivmap_set(&p->cap_writers, lo, hi, g->id);
   } else if (!ranges_cover(&g->writes, lo, hi)) {
@@ -257,7 +262,7 @@ gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
     gc_engine_ref(e);
     private_pool = 1;
   }
-  if ((cap = (gc_capture *)calloc(1, sizeof *cap)) == NULL) {
+  if ((cap = (gc_capture *)gc_calloc(1, sizeof *cap)) == NULL) {
     st = gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
     goto fail;
   }
@@ -474,6 +479,9 @@ gcap_status gcap_graph_replay(gcap_graph *g) {
   s = e->current;
   if ((st = gc_check_stream(e, s, "replay")) != GCAP_OK) return st;
   if (e->replay_check && (st = replay_check(g)) != GCAP_OK) return st;
+  if (!gc_ivmap_reserve(&g->pool->writers, g->writes.n)) /* before the launch: all or nothing */
+    return gc_fail(e, GCAP_ENOMEM, "replay of %s: out of host memory recording its writes",
+                   g->name);
   if ((st = e->be->graph_launch(e, e->bs, g->bexec, s->bs)) != GCAP_OK) return st;
   s->seq++;
   for (i = 0; i < g->writes.n; i++)

@@ -11,6 +11,7 @@
 #include "internal.h"
 
 static _Thread_local char open_err[GC_ERRLEN];
+static _Atomic long long live_engines; /* built and not yet destroyed */
 
 const char *gcap_version(void) {
   return GCAP_VERSION;
@@ -93,13 +94,14 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
     default:
       return gc_fail(NULL, GCAP_EINVAL, "gcap_engine_new: unknown device %d", (int)dev);
   }
-  e = (gcap_engine *)calloc(1, sizeof *e);
+  e = (gcap_engine *)gc_calloc(1, sizeof *e);
   if (e == NULL) return gc_fail(NULL, GCAP_ENOMEM, "gcap_engine_new: out of host memory");
   e->be = be;
   e->refs = 1;
   e->replay_check = 1;
   e->grad_enabled = 1;
   e->module_gen = 1;
+  live_engines++;
   if ((st = be->init(e, &e->bs)) != GCAP_OK) goto fail;
   if ((e->heap = gc_pool_create(e, 1)) == NULL) {
     st = gc_fail(e, GCAP_ENOMEM, "gcap_engine_new: out of host memory");
@@ -131,6 +133,7 @@ static void eng_destroy(gcap_engine *e) {
   free(e->free_slots);
   free(e->dead_ptrs);
   free(e);
+  live_engines--;
 }
 
 void gc_engine_ref(gcap_engine *e) {
@@ -229,6 +232,25 @@ gcap_status gcap_engine_mem_stats(gcap_engine *e, gcap_mem_stats *out) {
   return GCAP_OK;
 }
 
+gcap_status gcap_engine_get_stats(gcap_engine *e, gcap_engine_stats *out) {
+  const gcap_pool *p;
+  if (e == NULL || out == NULL) return GCAP_EINVAL;
+  memset(out, 0, sizeof *out);
+  out->objects = e->refs - !e->closed;
+  for (p = e->pools; p != NULL; p = p->next) {
+    out->blocks += p->blocks + p->weak;
+    out->in_use_bytes += p->in_use;
+    if (!p->is_heap) out->pool_reserved_bytes += p->reserved;
+  }
+  out->blocks--; /* the engine's random state */
+  out->in_use_bytes -= e->rng->size;
+  return GCAP_OK;
+}
+
+int64_t gcap_live_engines(void) {
+  return live_engines;
+}
+
 void gc_raw_free(gcap_engine *e, void *p) {
   if (e->cap == NULL) {
     e->be->free(e->bs, p);
@@ -236,7 +258,7 @@ void gc_raw_free(gcap_engine *e, void *p) {
   }
   if (e->ndead_ptrs == e->capdead_ptrs) {
     int n = e->capdead_ptrs ? 2 * e->capdead_ptrs : 16;
-    void **v = (void **)realloc(e->dead_ptrs, (size_t)n * sizeof *v);
+    void **v = (void **)gc_realloc(e->dead_ptrs, (size_t)n * sizeof *v);
     if (v == NULL) return; /* leak rather than free inside a capture */
     e->dead_ptrs = v;
     e->capdead_ptrs = n;

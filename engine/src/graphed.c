@@ -56,13 +56,15 @@ void gcap_graphed_opts_init(gcap_graphed_opts *o) {
   o->clone_param_grads_on_return = 1;
 }
 
+/* Also for an entry left half-built by a failed allocation (args or params
+** NULL while their counts are set). */
 static void entry_clear(ge_entry *x) {
   int k;
-  for (k = 0; k < x->nargs; k++)
+  for (k = 0; x->args && k < x->nargs; k++)
     gcap_tensor_free(x->args[k]);
   for (k = 0; x->grad_in && k < x->nargs + x->nparams; k++)
     gcap_tensor_free(x->grad_in[k]);
-  for (k = 0; k < x->nparams; k++) {
+  for (k = 0; x->params && k < x->nparams; k++) {
     gcap_tensor_free(x->params[k]);
     if (x->dw_grad) gcap_tensor_free(x->dw_grad[k]);
   }
@@ -152,8 +154,11 @@ static gcap_status run_hooks(ge_build *b, int c, int group) {
                   gcap_module_type(m));
     if (st != GCAP_OK) {
       if (gcap_errmsg(b->e)[0] == '\0') /* the hook said nothing itself */
-        gc_fail(b->e, st, "capture_time_hooks %s #%d of callable %d failed (%s)",
-                group_names[group], j + 1, c + 1, gcap_status_str(st));
+        gc_fail(b->e, st,
+                "make_graphed_callables: capture_time_hooks %s #%d of callable %d (%s) failed in "
+                "the %s (%s)",
+                group_names[group], j + 1, c + 1, gcap_module_type(m), b->phase,
+                gcap_status_str(st));
       return st;
     }
   }
@@ -174,14 +179,15 @@ static gcap_status progress(ge_build *b, gcap_status st) {
   return st;
 }
 
-/* Prefix the engine's message with the phase, entry and callable. */
+/* Prefix the engine's message with the phase, entry and callable (the
+** bare place when a callback stopped the pass without a message). */
 static gcap_status where(ge_build *b, gcap_status st, int entry, const char *phase) {
-  char msg[GC_ERRLEN];
+  char msg[GC_ERRLEN + 2];
   const char *head = "make_graphed_callables: ";
   const char *text = b->e->err;
   if (strncmp(text, head, strlen(head)) == 0) text += strlen(head);
-  snprintf(msg, sizeof msg, "%s", text);
-  return gc_fail(b->e, st, "make_graphed_callables: %s of entry %d (callable %d, %s): %s", phase,
+  snprintf(msg, sizeof msg, "%s%s", *text ? ": " : "", text);
+  return gc_fail(b->e, st, "make_graphed_callables: %s of entry %d (callable %d, %s)%s", phase,
                  entry + 1, b->G->v[entry].callable + 1, gcap_module_type(b->G->v[entry].m), msg);
 }
 
@@ -295,22 +301,25 @@ static gcap_status new_graph(ge_build *b, int i, const char *kind, gcap_graph **
   return gcap_graph_set_name(*g, name);
 }
 
-/* Capture fn(b, x) into a new graph of the call's pool. */
+/* Capture fn(b, x) into a new graph of the call's pool; an error names the
+** phase as "<kind> capture". */
 static gcap_status capture(ge_build *b, int i, const char *kind, gcap_graph **g,
                            gcap_status (*fn)(ge_build *, ge_entry *)) {
   ge_entry *x = &b->G->v[i];
   gcap_status st, st2;
+  char phase[32];
+  snprintf(phase, sizeof phase, "%s capture", kind);
   if ((st = new_graph(b, i, kind, g)) != GCAP_OK) return st;
-  if ((st = gcap_capture_begin(*g, b->G->pool, NULL)) != GCAP_OK) return where(b, st, i, kind);
+  if ((st = gcap_capture_begin(*g, b->G->pool, NULL)) != GCAP_OK) return where(b, st, i, phase);
   st = fn(b, x);
   if (st != GCAP_OK) { /* capture_end clears the message: keep the op's reason */
     char why[GC_ERRLEN];
     snprintf(why, sizeof why, "%s", b->e->err);
     gcap_capture_end(*g); /* always ends, also after an error */
     gc_fail(b->e, st, "%s", why);
-    return where(b, st, i, kind);
+    return where(b, st, i, phase);
   }
-  if ((st2 = gcap_capture_end(*g)) != GCAP_OK) return where(b, st2, i, kind);
+  if ((st2 = gcap_capture_end(*g)) != GCAP_OK) return where(b, st2, i, phase);
   return GCAP_OK;
 }
 
@@ -343,7 +352,7 @@ static gcap_status cap_fwd(ge_build *b, int i) {
 ** buffers (they live in the pool); the user's grads come back at the end. */
 static gcap_status take_grads(ge_build *b, ge_entry *x, gcap_tensor ***dst, int from, int n) {
   int k;
-  if ((*dst = (gcap_tensor **)calloc((size_t)n + 1, sizeof **dst)) == NULL)
+  if ((*dst = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof **dst)) == NULL)
     return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
   for (k = 0; k < n; k++) {
     gcap_tensor *t = surface(x, from + k);
@@ -424,7 +433,7 @@ static gcap_status cap_bwd(ge_build *b, int i) {
   if (x->out->requires_grad) { /* the static grad output: allocated outside capture */
     if (b->o->reuse_graph_input_output_buffers) x->grad_out = shared_grad_out(b, x->out);
     if (x->grad_out == NULL && (st = zeros_like(x->out, &x->grad_out)) != GCAP_OK)
-      return where(b, st, i, "backward");
+      return where(b, st, i, "backward capture");
     if ((st = run_hooks(b, x->callable, GCAP_BACKWARD_PRE_HOOKS)) != GCAP_OK ||
         (st = capture(b, i, "backward", &x->bwd, cap_bwd_body)) != GCAP_OK)
       return st;
@@ -536,10 +545,10 @@ typedef struct grad_snap {
 static gcap_status snap_add(gcap_engine *e, grad_snap *s, gcap_tensor *t) {
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 32;
-    gcap_tensor **a = (gcap_tensor **)realloc(s->t, (size_t)cap * sizeof *a);
+    gcap_tensor **a = (gcap_tensor **)gc_realloc(s->t, (size_t)cap * sizeof *a);
     if (a == NULL) return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
     s->t = a;
-    if ((a = (gcap_tensor **)realloc(s->grad, (size_t)cap * sizeof *a)) == NULL)
+    if ((a = (gcap_tensor **)gc_realloc(s->grad, (size_t)cap * sizeof *a)) == NULL)
       return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
     s->grad = a;
     s->cap = cap;
@@ -558,7 +567,7 @@ static int cmp_addr(const void *a, const void *b) {
 ** several callables is added once per callable): sorted, so in n log n. */
 static void snap_take(grad_snap *s) {
   int k, n = 0;
-  qsort(s->t, (size_t)s->n, sizeof *s->t, cmp_addr);
+  if (s->n > 1) qsort(s->t, (size_t)s->n, sizeof *s->t, cmp_addr); /* t is NULL when n is 0 */
   for (k = 0; k < s->n; k++) {
     if (n > 0 && s->t[n - 1] == s->t[k]) {
       gcap_tensor_free(s->t[k]);
@@ -598,8 +607,8 @@ static gcap_status build_entries(ge_build *b, gcap_module *const *callables, con
     x->nargs = nargs[i];
     x->nparams = gcap_module_num_parameters(x->m);
     x->need_dw = G->training && gcap_module_has_delayed_wgrad(x->m);
-    x->args = (gcap_tensor **)calloc((size_t)x->nargs + 1, sizeof *x->args);
-    x->params = (gcap_tensor **)calloc((size_t)x->nparams + 1, sizeof *x->params);
+    x->args = (gcap_tensor **)gc_calloc((size_t)x->nargs + 1, sizeof *x->args);
+    x->params = (gcap_tensor **)gc_calloc((size_t)x->nparams + 1, sizeof *x->params);
     if (x->args == NULL || x->params == NULL)
       return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
     for (k = 0; k < x->nargs; k++) {
@@ -636,7 +645,7 @@ static int same_inputs(const ge_entry *a, const ge_entry *c) {
 ** backward is done (same shapes and dtypes), oldest first. */
 static gcap_status share_inputs(ge_build *b) {
   gcap_graphed *G = b->G;
-  int *fq = (int *)malloc(sizeof(int) * (size_t)G->n * 3 + sizeof(int)), *done, *chunk;
+  int *fq = (int *)gc_malloc(sizeof(int) * (size_t)G->n * 3 + sizeof(int)), *done, *chunk;
   int nfq = 0, ndone = 0, i, j, k;
   if (fq == NULL) return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
   done = fq + G->n;
@@ -679,7 +688,7 @@ static gcap_status share_inputs(ge_build *b) {
           shared = x->args[k] == G->v[j].args[kk];
       if (!shared) continue;
       if (x->sharers == NULL &&
-          (x->sharers = (int *)malloc((size_t)G->n * sizeof *x->sharers)) == NULL)
+          (x->sharers = (int *)gc_malloc((size_t)G->n * sizeof *x->sharers)) == NULL)
         return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
       x->sharers[x->nsharers++] = j;
     }
@@ -806,9 +815,9 @@ static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *con
       GCAP_OK)
     goto fail0;
   /* the replay object, empty until everything worked */
-  if ((b.G = (gcap_graphed *)calloc(1, sizeof *b.G)) == NULL ||
-      (b.G->v = (ge_entry *)calloc((size_t)nentries, sizeof *b.G->v)) == NULL ||
-      (b.warm_out = (gcap_tensor **)calloc((size_t)nentries, sizeof *b.warm_out)) == NULL) {
+  if ((b.G = (gcap_graphed *)gc_calloc(1, sizeof *b.G)) == NULL ||
+      (b.G->v = (ge_entry *)gc_calloc((size_t)nentries, sizeof *b.G->v)) == NULL ||
+      (b.warm_out = (gcap_tensor **)gc_calloc((size_t)nentries, sizeof *b.warm_out)) == NULL) {
     if (b.G) free(b.G->v);
     free(b.G);
     b.G = NULL;
@@ -943,6 +952,8 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
         !s->blk->weak) {
       n->leaf[k]->grad =
           gc_tensor_alias(s, s->ndim, s->shape); /* the static buffer itself, as TE */
+      if (n->leaf[k]->grad == NULL)
+        return gc_fail(G->e, GCAP_ENOMEM, "graphed backward: out of host memory");
       continue;
     }
     if (n->leaf[k] != NULL) { /* only read, into .grad: no alias needed */
@@ -1037,8 +1048,8 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
     if (any) {
       ge_ref *r;
       gc_node *n;
-      surf = ns <= 16 ? small : (gcap_tensor **)malloc((size_t)ns * sizeof *surf);
-      r = (ge_ref *)malloc(sizeof *r);
+      surf = ns <= 16 ? small : (gcap_tensor **)gc_malloc((size_t)ns * sizeof *surf);
+      r = (ge_ref *)gc_malloc(sizeof *r);
       if (surf == NULL || r == NULL) {
         if (surf != small) free(surf);
         free(r);

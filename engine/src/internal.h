@@ -92,6 +92,9 @@ void gc_pool_maybe_release(gcap_pool *p);
 void gc_pool_destroy(gcap_pool *p);
 void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out);
 
+/* Make room for n more gc_ivmap_set calls; 0 when out of memory. A set
+** without room may need memory, and is dropped when there is none. */
+int gc_ivmap_reserve(gc_ivmap *m, int n);
 void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, gc_gid writer);
 /* Calls fn for each piece of [lo, hi) with its writer (gaps: OUTSIDE);
 ** stops and returns the first non-zero result. */

@@ -375,7 +375,7 @@ static gcap_status xent_check_targets(gcap_tensor *target, int64_t classes) {
   int64_t i;
   gcap_status st;
   if (e->cap != NULL || target->numel == 0) return GCAP_OK;
-  if ((v = (float *)malloc((size_t)target->numel * sizeof *v)) == NULL)
+  if ((v = (float *)gc_malloc((size_t)target->numel * sizeof *v)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "cross_entropy: out of host memory");
   if ((st = gcap_tensor_read(target, v, (size_t)target->numel)) != GCAP_OK) {
     free(v);

@@ -74,7 +74,7 @@ gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fw
   if (e == NULL) return GCAP_EINVAL;
   if ((st = gc_check_open(e, type ? type : "module")) != GCAP_OK) return st;
   if (fwd == NULL) return gc_fail(e, GCAP_EINVAL, "module: forward function is NULL");
-  if ((m = (gcap_module *)calloc(1, sizeof *m)) == NULL)
+  if ((m = (gcap_module *)gc_calloc(1, sizeof *m)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "module: out of host memory");
   m->refs = 1;
   m->e = e;
@@ -150,12 +150,12 @@ static gcap_status list_add(gcap_module *m, mod_list *l, const char *what, const
     return gc_fail(m->e, GCAP_EINVAL, "%s: '%s' is already registered", m->type, name);
   if (l->n == l->cap) {
     int cap = l->cap ? 2 * l->cap : 4;
-    mod_entry *v = (mod_entry *)realloc(l->v, (size_t)cap * sizeof *v);
+    mod_entry *v = (mod_entry *)gc_realloc(l->v, (size_t)cap * sizeof *v);
     if (v == NULL) return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
     l->v = v;
     l->cap = cap;
   }
-  if ((copy = (char *)malloc(strlen(name) + 1)) == NULL)
+  if ((copy = (char *)gc_malloc(strlen(name) + 1)) == NULL)
     return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
   strcpy(copy, name);
   l->v[l->n].name = copy;
@@ -240,7 +240,7 @@ static int walk(const gcap_module *m, walk_state *w, size_t at) {
   if (seen_in(w->seen, w->nseen, m)) return 1;
   if (w->nseen == w->capseen) {
     int cap = w->capseen ? 2 * w->capseen : 16;
-    const void **v = (const void **)realloc((void *)w->seen, (size_t)cap * sizeof *v);
+    const void **v = (const void **)gc_realloc((void *)w->seen, (size_t)cap * sizeof *v);
     if (v == NULL) return 0;
     w->seen = v;
     w->capseen = cap;
@@ -250,16 +250,16 @@ static int walk(const gcap_module *m, walk_state *w, size_t at) {
     if (seen_in((const void *const *)f->t, f->n, l->v[j].t)) continue;
     if (f->n == f->cap) {
       int cap = f->cap ? 2 * f->cap : 16;
-      gcap_tensor **t = (gcap_tensor **)realloc(f->t, (size_t)cap * sizeof *t);
+      gcap_tensor **t = (gcap_tensor **)gc_realloc(f->t, (size_t)cap * sizeof *t);
       char **nm;
       if (t == NULL) return 0;
       f->t = t;
-      if ((nm = (char **)realloc(f->name, (size_t)cap * sizeof *nm)) == NULL) return 0;
+      if ((nm = (char **)gc_realloc(f->name, (size_t)cap * sizeof *nm)) == NULL) return 0;
       f->name = nm;
       f->cap = cap;
     }
     snprintf(w->path + at, sizeof w->path - at, "%s", l->v[j].name);
-    if ((f->name[f->n] = (char *)malloc(strlen(w->path) + 1)) == NULL) return 0;
+    if ((f->name[f->n] = (char *)gc_malloc(strlen(w->path) + 1)) == NULL) return 0;
     strcpy(f->name[f->n], w->path);
     f->t[f->n++] = l->v[j].t;
   }
@@ -363,7 +363,7 @@ gcap_status gcap_module_register_hook(gcap_module *m, gcap_hook_kind kind, gcap_
     return gc_fail(m->e, GCAP_EINVAL, "%s: register hook: bad kind or NULL function", m->type);
   if (m->nhooks == m->caphooks) {
     int cap = m->caphooks ? 2 * m->caphooks : 4;
-    mod_hook *v = (mod_hook *)realloc(m->hooks, (size_t)cap * sizeof *v);
+    mod_hook *v = (mod_hook *)gc_realloc(m->hooks, (size_t)cap * sizeof *v);
     if (v == NULL) return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
     m->hooks = v;
     m->caphooks = cap;
@@ -509,7 +509,7 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
       return gc_fail(m->e, GCAP_EINVAL, "%s: input #%d belongs to another engine", m->type, i + 1);
   }
   /* a copy: a backward hook may put an alias in place of the first input */
-  if (nin > 8 && (args = (gcap_tensor **)malloc((size_t)nin * sizeof *args)) == NULL)
+  if (nin > 8 && (args = (gcap_tensor **)gc_malloc((size_t)nin * sizeof *args)) == NULL)
     return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
   for (i = 0; i < nin; i++)
     args[i] = in[i];
@@ -521,7 +521,7 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
   bwhooks = m->e->grad_enabled && (gcap_module_num_hooks(m, GCAP_HOOK_BACKWARD_PRE) +
                                    gcap_module_num_hooks(m, GCAP_HOOK_BACKWARD)) > 0;
   if (bwhooks) {
-    if ((hc = (hook_call *)calloc(1, sizeof *hc)) == NULL) {
+    if ((hc = (hook_call *)gc_calloc(1, sizeof *hc)) == NULL) {
       st = gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
       goto done;
     }
@@ -646,7 +646,7 @@ gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x, gcap_tenso
   gcap_module *m = (gcap_module *)mod;
   if (m->nwq + 3 > m->capwq) {
     int cap = m->capwq ? 2 * m->capwq : 8;
-    gcap_tensor **v = (gcap_tensor **)realloc(m->wq, (size_t)cap * sizeof *v);
+    gcap_tensor **v = (gcap_tensor **)gc_realloc(m->wq, (size_t)cap * sizeof *v);
     if (v == NULL) return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
     m->wq = v;
     m->capwq = cap;

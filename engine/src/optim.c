@@ -39,11 +39,11 @@ static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const
       return gc_fail(e, GCAP_EINVAL, "%s: parameter #%d is not a leaf (made by '%s')",
                      adam ? "Adam" : "SGD", i + 1, params[i]->grad_fn->name);
   }
-  if ((o = (gcap_optim *)calloc(1, sizeof *o)) == NULL ||
-      (o->params = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->params)) == NULL ||
-      (o->s1 = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->s1)) == NULL ||
-      (o->s2 = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->s2)) == NULL ||
-      (o->step = (gcap_tensor **)calloc((size_t)n + 1, sizeof *o->step)) == NULL) {
+  if ((o = (gcap_optim *)gc_calloc(1, sizeof *o)) == NULL ||
+      (o->params = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->params)) == NULL ||
+      (o->s1 = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->s1)) == NULL ||
+      (o->s2 = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->s2)) == NULL ||
+      (o->step = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->step)) == NULL) {
     if (o) {
       free(o->params);
       free(o->s1);

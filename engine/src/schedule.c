@@ -21,7 +21,7 @@ static gcap_status sched_push(gcap_engine *e, gc_schedule *s, int kind, int entr
                               int chunk, int pos) {
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 32;
-    gc_pass *v = (gc_pass *)realloc(s->v, (size_t)cap * sizeof *v);
+    gc_pass *v = (gc_pass *)gc_realloc(s->v, (size_t)cap * sizeof *v);
     if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
     s->v = v;
     s->cap = cap;
@@ -97,7 +97,7 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
   memset(s, 0, sizeof *s);
   if (nentries <= 0 || ncallables <= 0)
     return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: no callables or no sample_args");
-  if ((s->entry_callable = (int *)calloc((size_t)nentries, sizeof(int))) == NULL)
+  if ((s->entry_callable = (int *)gc_calloc((size_t)nentries, sizeof(int))) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
   if (order == NULL) {
     if (nlpc != NULL)
@@ -125,12 +125,12 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
   for (p = 0; p < len; p++)
     if ((int)floor(fabs(order[p])) > K)
       return order_fail(e, p, order[p], "|entry| must be in 1..%d (the largest forward entry)", K);
-  fwd = (int *)calloc((size_t)K, sizeof(int));
-  bwd = (int *)calloc((size_t)K, sizeof(int));
-  prefix = (int *)calloc((size_t)K + 1, sizeof(int));
-  layers = (int *)calloc((size_t)K, sizeof(int));
-  last_bwd_pos = (int *)calloc((size_t)K, sizeof(int));
-  dw_done = (int *)calloc((size_t)K, sizeof(int));
+  fwd = (int *)gc_calloc((size_t)K, sizeof(int));
+  bwd = (int *)gc_calloc((size_t)K, sizeof(int));
+  prefix = (int *)gc_calloc((size_t)K + 1, sizeof(int));
+  layers = (int *)gc_calloc((size_t)K, sizeof(int));
+  last_bwd_pos = (int *)gc_calloc((size_t)K, sizeof(int));
+  dw_done = (int *)gc_calloc((size_t)K, sizeof(int));
   if (!fwd || !bwd || !prefix || !layers || !last_bwd_pos || !dw_done) {
     st = gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
     goto done;

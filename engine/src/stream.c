@@ -10,7 +10,7 @@
 #include "internal.h"
 
 gcap_status gc_stream_create(gcap_engine *e, int owned, gcap_stream **out) {
-  gcap_stream *s = (gcap_stream *)calloc(1, sizeof *s);
+  gcap_stream *s = (gcap_stream *)gc_calloc(1, sizeof *s);
   gcap_status st;
   *out = NULL;
   if (s == NULL) return gc_fail(e, GCAP_ENOMEM, "stream: out of host memory");
@@ -105,7 +105,7 @@ gcap_status gcap_event_new(gcap_engine *e, gcap_event **out) {
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   if ((st = gc_check_open(e, "event")) != GCAP_OK) return st;
-  if ((ev = (gcap_event *)calloc(1, sizeof *ev)) == NULL)
+  if ((ev = (gcap_event *)gc_calloc(1, sizeof *ev)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "event: out of host memory");
   if ((st = e->be->event_new(e, e->bs, &ev->bs)) != GCAP_OK) {
     free(ev);

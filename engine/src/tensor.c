@@ -48,7 +48,7 @@ gcap_status gc_check_shape(gcap_engine *e, const char *op, int ndim, const int64
 
 static gcap_tensor *tensor_wrap(gcap_engine *e, gc_blk *b, size_t off, gcap_dtype dt, int ndim,
                                 const int64_t *shape, int64_t numel) {
-  gcap_tensor *t = (gcap_tensor *)calloc(1, sizeof *t);
+  gcap_tensor *t = (gcap_tensor *)gc_calloc(1, sizeof *t);
   if (t == NULL) return NULL;
   t->refs = 1;
   t->e = e;

@@ -46,7 +46,7 @@ gcap_status gcap_trace_start(gcap_engine *e, const char *path) {
   if (e->trace != NULL)
     return gc_fail(e, GCAP_ESTATE, "trace: already tracing into '%s'; stop that trace first",
                    e->trace->path);
-  if ((t = (gc_trace *)calloc(1, sizeof *t)) == NULL)
+  if ((t = (gc_trace *)gc_calloc(1, sizeof *t)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "trace: out of host memory");
   if ((t->f = fopen(path, "w")) == NULL) {
     int err = errno;

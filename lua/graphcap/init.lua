@@ -14,6 +14,7 @@ for k, v in pairs(core) do  -- the core's functions; its _fields stay there
   if k:sub(1, 1) ~= "_" then gc[k] = v end
 end
 
+gc._test = core._test  -- internal: hooks for the library's own tests only
 gc.nn = require "graphcap.nn"
 gc.optim = require "graphcap.optim"
 gc.make_graphed_callables = require "graphcap.graphed"

@@ -91,9 +91,15 @@ static void t_fail_(const char *file, int line, const char *expr, const char *ms
   } while (0)
 
 #define T_RUN(fn) t_run_(#fn, fn)
+/* After each test function, no engine it opened may be left alive: a
+** leaked object (tensor, module, graph, ...) keeps its closed engine alive. */
 static void t_run_(const char *name, void (*fn)(void)) {
+  int64_t engines = gcap_live_engines();
   t_bad = 0, t_why[0] = '\0';
   fn();
+  if (gcap_live_engines() > engines)
+    t_fail_(__FILE__, __LINE__, "gcap_live_engines() == before",
+            "an engine was left alive: an object of it was not freed");
   ++t_num;
   if (t_bad)
     ++t_nfail, printf("not ok %d - %s (%s)\n", t_num, name, t_why);

@@ -148,7 +148,7 @@ static void test_capture_op_error_keeps_reason(void) {
   o.num_warmup_iters = 1;
   T_CHECK_ST(e, gcap_make_graphed_callables(e, 1, &m, 1, nargs, args, &o, &G), GCAP_EINVAL);
   T_CHECK(calls == 2 && G == NULL);
-  T_CHECK(t_msg_has(e, "forward of entry 1 (callable 1, LateBad): "));
+  T_CHECK(t_msg_has(e, "forward capture of entry 1 (callable 1, LateBad): "));
   T_CHECK(t_msg_has(e, "add") && t_msg_has(e, "[5]"));
   T_CHECK(!gcap_is_capturing(e));
   gcap_tensor_free(x);

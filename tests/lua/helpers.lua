@@ -106,6 +106,74 @@ function H.assert_err (f, ...)
   return msg
 end
 
+-- What the engine holds after a full collection: objects, blocks, bytes.
+function H.live ()
+  collectgarbage()
+  collectgarbage()
+  return gc._test.live()
+end
+
+-- Every test of a suite that loads these helpers leaves nothing alive: after
+-- the test function returns and a full collection, the engine holds as many
+-- objects, blocks and bytes as before it (what setUp made is in both).
+local run_one = lu.LuaUnit.execOneFunction
+function lu.LuaUnit:execOneFunction (class, name, instance, method)
+  local test = method
+  if type(test) == "function" then
+    method = function (...)
+      local was = H.live()
+      test(...)
+      local now = H.live()
+      if now.objects ~= was.objects or now.blocks ~= was.blocks
+         or now.in_use_bytes ~= was.in_use_bytes then
+        lu.fail(string.format("left alive: objects %d -> %d, blocks %d -> %d, bytes %d -> %d",
+                              was.objects, now.objects, was.blocks, now.blocks,
+                              was.in_use_bytes, now.in_use_bytes))
+      end
+    end
+  end
+  return run_one(self, class, name, instance, method)
+end
+
+-- ---------------------------------------------------------------------------
+-- State that a failed call must leave as it was
+
+-- The values and .grad of params, what the engine holds, the ordinary
+-- allocator's and pool's stats (peak aside; the ordinary allocator keeps
+-- what it reserved, a cache as PyTorch's).
+function H.state (params, pool)
+  local s = {live = H.live(), heap = gc.memory_stats(), pool = pool and pool:stats(),
+             params = {}, grads = {}}
+  s.heap.peak_bytes, s.heap.reserved_bytes = nil, nil
+  if s.pool then s.pool.peak_bytes = nil end
+  for i, p in ipairs(params) do
+    s.params[i] = p:tolist()
+    s.grads[i] = p.grad and p.grad:tolist() or false
+  end
+  return s
+end
+
+-- The state now equals was; skip names parts not compared ({grads = true}).
+-- what names the call (and the failure) in the message.
+function H.assert_state (was, params, pool, what, skip)
+  local now = H.state(params, pool)
+  skip = skip or {}
+  for _, k in ipairs{"live", "heap", "pool", "params", "grads"} do
+    if not skip[k] then
+      local ok, e = pcall(lu.assertEquals, now[k], was[k])
+      if not ok then lu.fail(string.format("%s: %s not as before: %s", what, k, tostring(e))) end
+    end
+  end
+end
+
+-- Call this with the generator seeded 42 before the failed call: the
+-- generator drew nothing since.
+function H.assert_rng_untouched (what)
+  local a = gc.rand({4}):tolist()
+  gc.manual_seed(42)
+  lu.assertEquals(a, gc.rand({4}):tolist(), what .. ": the random generator moved")
+end
+
 -- A tearDown: no capture was left open.
 function H.no_capture_left ()
   lu.assertFalse(gc.is_capturing())

@@ -7,6 +7,8 @@
 
 local lu = require "luaunit"
 local gc = require "graphcap"
+-- The shared helpers: also the check that no test leaves an object alive.
+dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
 
 -- Capture out = sum((x * k) * x) into pool p, through two temporaries that
 -- go back to the pool as soon as they are closed.

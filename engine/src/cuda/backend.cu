@@ -66,6 +66,8 @@ static gcap_status cu_init(gcap_engine *e, void **bs) {
 static gcap_status cu_malloc(gcap_engine *e, void *, size_t n, void **p) {
   cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
   *p = NULL;
+  if (gc_fault())
+    return gc_fail(e, GCAP_ENOMEM, "cudaMalloc(%zu bytes): out of memory (injected)", n);
   CUDA_TRY(e, cudaThreadExchangeStreamCaptureMode(&m));
   cudaError_t err = cudaMalloc(p, n);
   cu_drop(cudaThreadExchangeStreamCaptureMode(&m)); /* restore this thread's mode */
@@ -88,6 +90,8 @@ static void cu_free(void *, void *p) {
 static gcap_status cu_stream_new(gcap_engine *e, void *, void **s) {
   cudaStream_t cs = NULL;
   *s = NULL;
+  if (gc_fault())
+    return gc_fail(e, GCAP_EDEVICE, "cudaStreamCreateWithFlags: out of resources (injected)");
   CUDA_TRY(e, cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
   *s = cs;
   return GCAP_OK;
@@ -110,6 +114,8 @@ static gcap_status cu_device_sync(gcap_engine *e, void *) {
 static gcap_status cu_event_new(gcap_engine *e, void *, void **ev) {
   cudaEvent_t ce = NULL;
   *ev = NULL;
+  if (gc_fault())
+    return gc_fail(e, GCAP_EDEVICE, "cudaEventCreateWithFlags: out of resources (injected)");
   CUDA_TRY(e, cudaEventCreateWithFlags(&ce, cudaEventDisableTiming));
   *ev = ce;
   return GCAP_OK;
@@ -281,6 +287,8 @@ static gcap_status cu_instantiate(gcap_engine *e, void *bs, void *graph, void **
   size_t n = 0;
   *exec = NULL;
   *nodes = 0;
+  if (gc_fault())
+    return gc_fail(e, GCAP_EDEVICE, "cudaGraphInstantiate: out of resources (injected)");
   CUDA_TRY(e, cudaGraphGetNodes(g, NULL, &n));
   CUDA_TRY(e, cudaGraphInstantiate(&x, g, 0));
   cudaError_t err = cudaGraphUpload(x, st->upload);

@@ -57,7 +57,7 @@ typedef struct hb_state {
 } hb_state;
 
 static gcap_status hb_init(gcap_engine *e, void **bs) {
-  if ((*bs = calloc(1, sizeof(hb_state))) == NULL)
+  if ((*bs = gc_calloc(1, sizeof(hb_state))) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
   return GCAP_OK;
 }
@@ -68,7 +68,7 @@ static void hb_shutdown(void *bs) {
 
 static gcap_status hb_malloc(gcap_engine *e, void *bs, size_t n, void **p) {
   (void)bs;
-  *p = aligned_alloc(256, (n + 255) / 256 * 256);
+  *p = gc_fault() ? NULL : aligned_alloc(256, (n + 255) / 256 * 256);
   if (*p == NULL)
     return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory allocating %zu bytes", n);
   return GCAP_OK;
@@ -81,7 +81,7 @@ static void hb_free(void *bs, void *p) {
 
 static gcap_status hb_stream_new(gcap_engine *e, void *bs, void **s) {
   (void)bs;
-  if ((*s = calloc(1, sizeof(hb_stream))) == NULL)
+  if ((*s = gc_calloc(1, sizeof(hb_stream))) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
   return GCAP_OK;
 }
@@ -113,7 +113,7 @@ static gcap_status hb_device_sync(gcap_engine *e, void *bs) {
 
 static gcap_status hb_event_new(gcap_engine *e, void *bs, void **ev) {
   (void)bs;
-  if ((*ev = calloc(1, sizeof(hb_event))) == NULL)
+  if ((*ev = gc_calloc(1, sizeof(hb_event))) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
   return GCAP_OK;
 }
@@ -141,7 +141,7 @@ static gcap_status hb_stream_wait(gcap_engine *e, void *bs, void *s, void *ev) {
   if (st->rec != rec) {
     if (rec->nmembers == rec->capmembers) {
       int cap = rec->capmembers ? 2 * rec->capmembers : 4;
-      hb_stream **v = (hb_stream **)realloc(rec->members, (size_t)cap * sizeof *v);
+      hb_stream **v = (hb_stream **)gc_realloc(rec->members, (size_t)cap * sizeof *v);
       if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
       rec->members = v;
       rec->capmembers = cap;
@@ -152,7 +152,7 @@ static gcap_status hb_stream_wait(gcap_engine *e, void *bs, void *s, void *ev) {
   if (node < 0 || node == st->tail) return GCAP_OK;
   if (st->nwait == st->capwait) {
     int cap = st->capwait ? 2 * st->capwait : 4;
-    int64_t *v = (int64_t *)realloc(st->wait, (size_t)cap * sizeof *v);
+    int64_t *v = (int64_t *)gc_realloc(st->wait, (size_t)cap * sizeof *v);
     if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
     st->wait = v;
     st->capwait = cap;
@@ -165,7 +165,7 @@ static gcap_status hb_stream_wait(gcap_engine *e, void *bs, void *s, void *ev) {
 static int hb_edge_add(hb_rec *rec, int64_t from, int64_t to) {
   if (rec->nedges == rec->capedges) {
     int64_t cap = rec->capedges ? 2 * rec->capedges : 64;
-    hb_edge *v = (hb_edge *)realloc(rec->edges, (size_t)cap * sizeof *v);
+    hb_edge *v = (hb_edge *)gc_realloc(rec->edges, (size_t)cap * sizeof *v);
     if (v == NULL) return 0;
     rec->edges = v;
     rec->capedges = cap;
@@ -196,7 +196,7 @@ static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_
   }
   if (rec->n == rec->cap) {
     int64_t cap = rec->cap ? 2 * rec->cap : 64;
-    hb_node *v = (hb_node *)realloc(rec->v, (size_t)cap * sizeof *v);
+    hb_node *v = (hb_node *)gc_realloc(rec->v, (size_t)cap * sizeof *v);
     if (v == NULL)
       return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording a capture");
     rec->v = v;
@@ -218,7 +218,7 @@ static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_
 
 static gcap_status hb_capture_begin(gcap_engine *e, void *bs, void *s) {
   hb_state *hs = (hb_state *)bs;
-  hb_rec *rec = (hb_rec *)calloc(1, sizeof(hb_rec));
+  hb_rec *rec = (hb_rec *)gc_calloc(1, sizeof(hb_rec));
   if (rec == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
   hb_join_rec((hb_stream *)s, rec, 0);
   hs->open = rec;
@@ -245,7 +245,9 @@ static gcap_status hb_capture_end(gcap_engine *e, void *bs, void *s, void **grap
 
 static gcap_status hb_instantiate(gcap_engine *e, void *bs, void *graph, void **exec,
                                   int64_t *nodes) {
-  (void)e, (void)bs;
+  (void)bs;
+  *exec = NULL;
+  if (gc_fault()) return gc_fail(e, GCAP_EDEVICE, "host backend: instantiate: out of resources");
   *exec = graph; /* the record is immutable from here on */
   *nodes = ((hb_rec *)graph)->n;
   return GCAP_OK;

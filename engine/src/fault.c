@@ -1,0 +1,38 @@
+/*
+** fault.c: every host allocation of the engine and its backends goes through
+** gc_malloc, gc_calloc and gc_realloc, and the backends ask gc_fault before
+** making device memory or objects, so that a test can make any one of them
+** fail (gcap_test_fail_alloc, graphcap.h) and check that the failure is handled.
+*/
+#include <stdlib.h>
+
+#include "internal.h"
+
+/* Allocations still to go before the injected failure (0: off). */
+static _Thread_local long fault_left;
+static _Thread_local int fault_hit;
+
+long gcap_test_fail_alloc(long n) {
+  long hit = fault_hit;
+  fault_left = n > 0 ? n : 0;
+  fault_hit = 0;
+  return hit;
+}
+
+int gc_fault(void) {
+  if (fault_left == 0 || --fault_left > 0) return 0;
+  fault_hit = 1;
+  return 1;
+}
+
+void *gc_malloc(size_t n) {
+  return gc_fault() ? NULL : malloc(n);
+}
+
+void *gc_calloc(size_t n, size_t size) {
+  return gc_fault() ? NULL : calloc(n, size);
+}
+
+void *gc_realloc(void *p, size_t n) {
+  return gc_fault() ? NULL : realloc(p, n);
+}

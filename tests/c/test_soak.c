@@ -1,0 +1,145 @@
+/*
+** test_soak.c: repeated work keeps memory flat. Graph/free cycles (a graph
+** captured into its own pool, replayed once, freed) and replays of one
+** graph must not grow the process's resident memory (/proc/self/statm), the
+** engine's reserved bytes or its live objects: the growth between a point
+** early in the run and its end, per cycle, must stay under a few bytes.
+** GRAPHCAP_SOAK scales the counts (default 1: 3,000 cycles and 20,000
+** replays; `make soak`: 15,000 and 100,000).
+*/
+#include <unistd.h>
+
+#include "t.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SOAK_RSS 0 /* ASan's quarantine holds freed memory: RSS is not a measure */
+#else
+#define SOAK_RSS 1
+#endif
+
+static long soak_scale(void) {
+  const char *s = getenv("GRAPHCAP_SOAK");
+  long k = s ? atol(s) : 1;
+  return k > 0 ? k : 1;
+}
+
+/* Resident bytes of the process. */
+static double soak_rss(void) {
+  long size = 0, resident = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (f == NULL) return 0;
+  if (fscanf(f, "%ld %ld", &size, &resident) != 2) resident = 0;
+  fclose(f);
+  return (double)resident * (double)sysconf(_SC_PAGESIZE);
+}
+
+typedef struct soak_mark {
+  double rss;
+  size_t reserved;
+  int64_t objects;
+} soak_mark;
+
+static soak_mark soak_take(gcap_engine *e) {
+  soak_mark m = {soak_rss(), 0, 0};
+  gcap_engine_stats s;
+  gcap_mem_stats h;
+  if (gcap_engine_get_stats(e, &s) == GCAP_OK && gcap_engine_mem_stats(e, &h) == GCAP_OK) {
+    m.reserved = h.reserved_bytes + s.pool_reserved_bytes;
+    m.objects = s.objects;
+  }
+  return m;
+}
+
+/* Growth from a to b over n iterations: reserved bytes and objects not at
+** all, resident memory under max_per bytes per iteration beyond one step of
+** malloc's heap (glibc grows and trims its top by 128 KiB), which is not a
+** leak. */
+#define SOAK_HEAP_STEP (128.0 * 1024)
+static void soak_check(const char *what, soak_mark a, soak_mark b, long n, double max_per) {
+  double per = (b.rss - a.rss - SOAK_HEAP_STEP) / (double)n;
+  printf("# %s: %ld iterations, resident %+.1f bytes each beyond one heap step, reserved %zu -> "
+         "%zu, objects %lld "
+         "-> %lld\n",
+         what, n, per, a.reserved, b.reserved, (long long)a.objects, (long long)b.objects);
+  if (b.reserved != a.reserved || b.objects != a.objects)
+    T_FAILF(what, "reserved %zu -> %zu bytes, objects %lld -> %lld over %ld iterations", a.reserved,
+            b.reserved, (long long)a.objects, (long long)b.objects, n);
+  if (SOAK_RSS && per > max_per)
+    T_FAILF(what, "resident memory grew %.1f bytes per iteration (%.0f -> %.0f)", per, a.rss,
+            b.rss);
+}
+
+/* One cycle: a graph of a few ops on x into a pool of its own, one replay,
+** then everything freed. */
+static gcap_status soak_cycle(gcap_engine *e, gcap_tensor *x) {
+  gcap_graph *g = NULL;
+  gcap_tensor *h = NULL, *y = NULL;
+  gcap_status st = gcap_graph_new(e, &g);
+  if (st == GCAP_OK) st = gcap_capture_begin(g, NULL, NULL);
+  if (st == GCAP_OK) {
+    gcap_status op = gcap_relu(x, &h);
+    if (op == GCAP_OK) op = gcap_mul(h, x, &y);
+    st = gcap_capture_end(g);
+    if (op != GCAP_OK) st = op;
+  }
+  if (st == GCAP_OK) st = gcap_graph_replay(g);
+  gcap_tensor_free(h);
+  gcap_tensor_free(y);
+  gcap_graph_free(g);
+  return st;
+}
+
+static void test_soak_graph_free_cycles(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[2] = {16, 16};
+  gcap_tensor *x = NULL;
+  long n = 3000 * soak_scale(), from = n / 3;
+  soak_mark a = {0, 0, 0};
+  T_CHECK_OK(e, gcap_tensor_rand(e, GCAP_F32, 2, s, 1, &x));
+  for (long i = 0; i < n; i++) {
+    if (i == from) a = soak_take(e);
+    gcap_status st = soak_cycle(e, x);
+    if (st != GCAP_OK) {
+      T_FAILF("soak_cycle", "cycle %ld: %s", i, gcap_errmsg(e));
+      break;
+    }
+  }
+  /* ids and registry slots of freed graphs are reused: nothing grows */
+  soak_check("graph/free cycles", a, soak_take(e), n - from, 16.0);
+  gcap_tensor_free(x);
+  gcap_engine_free(e);
+}
+
+static void test_soak_replays(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[2] = {16, 16};
+  gcap_tensor *x = NULL, *h = NULL, *y = NULL;
+  gcap_graph *g = NULL;
+  long n = 20000 * soak_scale(), from = n / 5;
+  soak_mark a = {0, 0, 0};
+  T_CHECK_OK(e, gcap_tensor_rand(e, GCAP_F32, 2, s, 1, &x));
+  T_CHECK_OK(e, gcap_graph_new(e, &g));
+  T_CHECK_OK(e, gcap_capture_begin(g, NULL, NULL));
+  T_CHECK_OK(e, gcap_relu(x, &h));
+  T_CHECK_OK(e, gcap_mul(h, x, &y));
+  T_CHECK_OK(e, gcap_capture_end(g));
+  for (long i = 0; i < n; i++) {
+    if (i == from) a = soak_take(e);
+    if (gcap_graph_replay(g) != GCAP_OK) {
+      T_FAILF("gcap_graph_replay", "replay %ld: %s", i, gcap_errmsg(e));
+      break;
+    }
+  }
+  soak_check("replays", a, soak_take(e), n - from, 1.0);
+  gcap_tensor_free(h), gcap_tensor_free(y), gcap_tensor_free(x);
+  gcap_graph_free(g);
+  gcap_engine_free(e);
+}
+
+int main(void) {
+  T_RUN(test_soak_graph_free_cycles);
+  T_RUN(test_soak_replays);
+  return t_done();
+}

@@ -1,0 +1,156 @@
+-- test_faults.lua: allocation-failure injection through the Lua paths
+-- (gc._test.fail_alloc, internal): for N = 1, 2, ... the N-th allocation of
+-- the engine in a call fails. Every such call raises an error with a message
+-- (never a crash), leaves parameters, .grad, the generator, live objects and
+-- memory as they were, and then succeeds without injection. The walk ends
+-- when the call makes fewer than N allocations. Cases: make_graphed_callables
+-- on a Lua module and a built-in (plain, with order, with hooks, reusing
+-- buffers, with pre/post warmup hooks) then a graphed step, and an eager
+-- training step with Adam.
+--   build/graphcap tests/lua/test_faults.lua -o tap
+
+local lu = require "luaunit"
+local gc = require "graphcap"
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+
+-- A Lua module (Linear then GELU) and a built-in Linear, their parameters
+-- and sample inputs.
+local function model ()
+  gc.manual_seed(5)
+  local Block = gc.nn.Module("Block")
+  function Block:init () self.lin = gc.nn.Linear(4, 8); self.act = gc.nn.GELU() end
+  function Block:forward (x) return self.act(self.lin(x)) end
+  local m = {Block(), gc.nn.Linear(8, 4)}
+  local params = H.all_params(m)
+  local sample = {{gc.randn({2, 4}, {requires_grad = true})},
+                  {gc.randn({2, 8}, {requires_grad = true})}}
+  return m, params, sample, gc.randn({2, 4}), gc.randn({2, 4})
+end
+
+local injected_total, compared = 0, 0
+
+-- Walk the injection through call (which sets phase[1] to where it is);
+-- undo frees what a successful call made. stable: every successful call
+-- leaves the same parameters and .grad (no optimizer step), which must then
+-- be a clean call's, also when a failure was absorbed. Returns the failures
+-- injected.
+local function walk (name, params, pool, call, undo, stable)
+  local phase, ref = {}, nil
+  local function check (what)
+    if not ref then return end
+    local now = H.state(params)
+    compared = compared + 1
+    lu.assertEquals(now.params, ref.params, what .. ": parameters differ from a clean call's")
+    lu.assertEquals(now.grads, ref.grads, what .. ": .grad differs from a clean call's")
+  end
+  if stable then
+    gc.manual_seed(42)
+    call(phase)
+    ref = H.state(params)
+    undo()
+  end
+  for n = 1, 100000 do
+    local was = H.state(params, pool)
+    gc.manual_seed(42)
+    phase[1] = "call"
+    gc._test.fail_alloc(n)
+    local ok, err = pcall(call, phase)
+    local hit = gc._test.fail_alloc(0)
+    local what = string.format("%s, N=%d, in %s", name, n, phase[1])
+    if not hit then
+      lu.assertTrue(ok, what .. ": failed with nothing injected: " .. tostring(err))
+      check(what)
+      undo()
+      injected_total = injected_total + n - 1
+      return n - 1
+    end
+    if not ok then
+      lu.assertTrue(type(err) == "string" and #err > 0, what .. ": an error without a message")
+      lu.assertFalse(gc.is_capturing(), what .. ": a capture was left open")
+      H.assert_state(was, params, pool, what .. " (" .. err .. ")")
+      H.assert_rng_untouched(what)
+      gc.manual_seed(42)
+      local ok2, err2 = pcall(call, phase)
+      lu.assertTrue(ok2, what .. ": the call without injection failed: " .. tostring(err2))
+    end
+    check(what .. (ok and " (a failure absorbed)" or " (the call again)"))
+    undo()
+  end
+  lu.fail(name .. ": the walk did not end")
+end
+
+-- make_graphed_callables with opts, then a forward and backward through
+-- the graphed callables.
+local function graphed_case (name, opts)
+  local m, params, sample, x, target = model()
+  local pool = gc.graph_pool_handle()
+  opts.pool = pool
+  local kept -- what a successful call made, until undo
+  local function call (phase)
+    phase[1] = "make_graphed_callables"
+    local G = gc.make_graphed_callables(m, sample, opts)
+    phase[1] = "graphed forward"
+    local y = G[2](G[1](x))
+    phase[1] = "loss"
+    local l = gc.F.mse_loss(y, target)
+    phase[1] = "backward"
+    l:backward()
+    kept = G
+  end
+  local function undo ()
+    kept = nil
+    for _, p in ipairs(params) do p.grad = nil end
+    for _, s in ipairs(sample) do s[1].grad = nil end
+    collectgarbage()
+  end
+  lu.assertTrue(walk(name, params, pool, call, undo, true) > 0)
+end
+
+TestFaults = {tearDown = H.no_capture_left}
+
+function TestFaults:test_graphed ()
+  graphed_case("make_graphed_callables", {num_warmup_iters = 2})
+end
+
+function TestFaults:test_graphed_order ()
+  graphed_case("make_graphed_callables with order", {num_warmup_iters = 1, order = {1, 2, -2, -1}})
+end
+
+function TestFaults:test_graphed_hooks ()
+  local calls = 0
+  local function hook () calls = calls + 1 end
+  local per = {forward_pre_hooks = {hook}, forward_hooks = {hook},
+               backward_pre_hooks = {hook}, backward_hooks = {hook}}
+  graphed_case("make_graphed_callables with hooks", {
+    num_warmup_iters = 1, capture_time_hooks = {per, per},
+    pre_warmup_hook = hook, post_warmup_hook = hook})
+  lu.assertTrue(calls > 0)
+end
+
+function TestFaults:test_graphed_reuse ()
+  graphed_case("make_graphed_callables reusing buffers", {
+    num_warmup_iters = 1, order = {1, 2, -2, -1}, reuse_graph_input_output_buffers = true})
+end
+
+function TestFaults:test_training_step ()
+  local m, params, _, x, target = model()
+  local opt = gc.optim.Adam(params, {lr = 1e-2})
+  local function call (phase)
+    phase[1] = "forward"
+    local l = gc.F.mse_loss(m[2](m[1](x)), target)
+    phase[1] = "backward"
+    l:backward()
+    phase[1] = "step"
+    opt:step()
+  end
+  local function undo () opt:zero_grad() end
+  lu.assertTrue(walk("training step", params, nil, call, undo) > 0)
+end
+
+function TestFaults:test_zz_report ()
+  print(string.format("# %d allocation failures injected; %d successful calls' results "
+                      .. "compared with a clean call's", injected_total, compared))
+  lu.assertTrue(injected_total > 0)
+end
+
+os.exit(lu.LuaUnit.run())

@@ -1,0 +1,63 @@
+-- test_soak.lua: make_graphed_callables over and over keeps memory flat:
+-- reserved bytes, live objects and resident memory (/proc/self/statm) at the
+-- end equal those a third of the way in. GRAPHCAP_SOAK scales the count
+-- (default 1: 300 graphings; `make soak`: 1,500).
+--   build/graphcap tests/lua/test_soak.lua -o tap
+
+local lu = require "luaunit"
+local gc = require "graphcap"
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+
+local SCALE = math.tointeger(tonumber(os.getenv("GRAPHCAP_SOAK") or "1")) or 1
+
+local function resident ()
+  local f = io.open("/proc/self/statm")
+  if not f then return 0 end
+  local _, pages = f:read("n", "n")
+  f:close()
+  return (pages or 0) * 4096
+end
+
+local function mark ()
+  local live = H.live()
+  return {reserved = gc.memory_stats().reserved_bytes + live.pool_reserved_bytes,
+          objects = live.objects, rss = resident()}
+end
+
+-- Graph make() (a fresh callable each time) n times, one forward and
+-- backward through each result; compare the end with a third of the way in.
+local function soak (what, make)
+  local n = 300 * SCALE
+  local a
+  for i = 1, n do
+    if i == n // 3 then a = mark() end
+    local m = make()
+    local G = gc.make_graphed_callables({m}, {{gc.randn({4, 8}, {requires_grad = true})}},
+                                        {num_warmup_iters = 1})
+    G[1](gc.randn({4, 8})):sum():backward()
+  end
+  local b = mark()
+  local per = (b.rss - a.rss) / (n - n // 3)
+  print(string.format("# %s: %d graphings, reserved %d -> %d, objects %d -> %d, resident %+.0f "
+                      .. "bytes each", what, n, a.reserved, b.reserved, a.objects, b.objects, per))
+  lu.assertEquals(b.reserved, a.reserved, what .. ": reserved bytes grew")
+  lu.assertEquals(b.objects, a.objects, what .. ": live objects grew")
+  -- resident memory: loose (the C allocator's own growth, ASan's quarantine); a stranded
+  -- segment is 2 MiB
+  lu.assertTrue(per < 65536, what .. ": resident memory grew " .. per .. " bytes per graphing")
+end
+
+TestSoak = {tearDown = H.no_capture_left}
+
+function TestSoak:test_graphing_builtin_module ()
+  soak("built-in Linear", function () return gc.nn.Linear(8, 8) end)
+end
+
+function TestSoak:test_graphing_lua_module ()
+  local M = gc.nn.Module("Soaked")
+  function M:init () self.lin = gc.nn.Linear(8, 8) end
+  function M:forward (x) return gc.F.relu(self.lin(x)) end
+  soak("Lua module", function () return M() end)
+end
+
+os.exit(lu.LuaUnit.run())
