@@ -9,7 +9,9 @@
 # (bench/torch_graphed.py, then bench/torch_scaling.py); the two sides of a
 # run follow each other, so that their ratio compares one state of the
 # machine. Then OUT_DIR/report.md and OUT_DIR/ratios.svg are written from
-# all runs. Needs a CUDA GPU, build/graphcap (make) and python3 with torch.
+# all runs (by build/graphcap, which is a Lua interpreter: the GPU machine
+# may have no lua5.4). Needs a CUDA GPU, build/graphcap (make) and python3
+# with torch.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 runs=${1:-3}
@@ -30,6 +32,6 @@ for i in $(seq 1 "$runs"); do
   gfiles+=("$g")
   tfiles+=("$t")
 done
-lua5.4 scripts/bench_report.lua --svg "$out/ratios.svg" --graphcap "${gfiles[@]}" \
+build/graphcap scripts/bench_report.lua --svg "$out/ratios.svg" --graphcap "${gfiles[@]}" \
   --torch "${tfiles[@]}" >"$out/report.md"
 echo "bench-runs: $out/report.md, $out/ratios.svg" >&2
