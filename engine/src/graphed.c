@@ -156,9 +156,10 @@ static gcap_status run_hooks(ge_build *b, int c, int group) {
       if (gcap_errmsg(b->e)[0] == '\0') /* the hook said nothing itself */
         gc_fail(b->e, st,
                 "make_graphed_callables: capture_time_hooks %s #%d of callable %d (%s) failed in "
-                "the %s (%s)",
+                "the %s%s%s%s",
                 group_names[group], j + 1, c + 1, gcap_module_type(m), b->phase,
-                gcap_status_str(st));
+                st == GCAP_EABORTED ? "" : " (", st == GCAP_EABORTED ? "" : gcap_status_str(st),
+                st == GCAP_EABORTED ? "" : ")"); /* aborted: the hook's own error says why */
       return st;
     }
   }
