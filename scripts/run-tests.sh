@@ -7,7 +7,8 @@
 # GRAPHCAP_DEVICE=BACKEND), each tests/lua/test_*.lua (run as
 # BUILD_DIR/graphcap --device BACKEND FILE -o tap), and BUILD_DIR/embed when it
 # was built (one test, passed when it exits 0); and scripts/test-readme.sh,
-# which runs every lua and c block of README.md (not with TEST_ONLY=c).
+# which runs every lua and c block of README.md and the blocks of docs/*.md
+# marked runnable (not with TEST_ONLY=c).
 #
 # Lines "ok N ..." and "not ok N ..." are counted ("ok N # SKIP" as skipped).
 # A suite that exits non-zero without a "not ok" line (a crash, a load error),

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Run every code block of README.md as a reader would copy it, as TAP.
+# Run every code block of README.md, and the blocks of docs/*.md marked
+# runnable, as a reader would copy them, as TAP.
 #
 #   scripts/test-readme.sh BUILD_DIR
 #
+# In docs/*.md, a ```lua block runs when the line before it is exactly
+# "<!-- runnable -->" (other blocks there are fragments).
 # Each ```lua block runs on its own under BUILD_DIR/graphcap (the backend of
 # GRAPHCAP_DEVICE, host when unset); it passes when it exits 0 with nothing
 # on stderr. Each ```c block is compiled against BUILD_DIR/libgraphcap.a
@@ -23,20 +26,29 @@ device=${GRAPHCAP_DEVICE:-host}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# Split README.md into tmp/N.lang files, N counting blocks of the languages
-# run here; tmp/N.line holds the line where the block starts.
-awk -v dir="$tmp" '
-  /^```(lua|c)$/ && !inb { inb = 1; n++; lang = substr($0, 4); f = dir "/" n "." lang
-                           print NR > (dir "/" n ".line"); close(dir "/" n ".line"); next }
-  /^```/ && inb          { inb = 0; close(f); next }
-  inb                    { print > f }
-' README.md
-
-blocks=$(find "$tmp" -name '*.lua' -o -name '*.c' | wc -l)
-if [ "$blocks" -eq 0 ]; then
+# Split the files into tmp/N.lang files, N counting blocks of the languages
+# run here; tmp/N.line holds "FILE line L", where the block starts. With
+# marked=1, only blocks after a "<!-- runnable -->" line count.
+split_blocks() {
+  awk -v dir="$tmp" -v marked="$1" -v n="$(find "$tmp" -name '*.line' | wc -l)" '
+    FNR == 1                       { prev = "" }
+    /^```(lua|c)$/ && !inb && (!marked || prev == "<!-- runnable -->") {
+                                     inb = 1; n++; lang = substr($0, 4); f = dir "/" n "." lang
+                                     print FILENAME " line " FNR > (dir "/" n ".line")
+                                     close(dir "/" n ".line"); prev = $0; next }
+    /^```/ && inb                  { inb = 0; close(f); prev = $0; next }
+    inb                            { print > f }
+                                   { prev = $0 }
+  ' "${@:2}"
+}
+split_blocks 0 README.md
+readme_blocks=$(find "$tmp" -name '*.line' | wc -l)
+if [ "$readme_blocks" -eq 0 ]; then
   echo "not ok 1 README.md has no lua or c block"
   exit 1
 fi
+split_blocks 1 docs/*.md
+blocks=$(find "$tmp" -name '*.line' | wc -l)
 echo "1..$blocks"
 
 # The link flags: the Makefile's LDLIBS, plus the sanitizers' runtimes when
@@ -71,7 +83,7 @@ run_c() {
   [ -z "$want" ] && return 0
   got=$(grep -oE -- '-?[0-9.]+$' "$tmp/out" | tr '\n' ' ')
   if [ "$(echo $got)" != "$(echo $want)" ]; then
-    echo "printed '$(echo $got)', the README says '$(echo $want)'" >>"$tmp/err"
+    echo "printed '$(echo $got)', the block says '$(echo $want)'" >>"$tmp/err"
     return 1
   fi
 }
@@ -82,7 +94,7 @@ for f in $(find "$tmp" \( -name '*.lua' -o -name '*.c' \) -printf '%f\n' | sort 
   i=$((i + 1))
   n=${f%.*}
   lang=${f##*.}
-  what="README.md line $(cat "$tmp/$n.line"): the $lang block"
+  what="$(cat "$tmp/$n.line"): the $lang block"
   if "run_$lang" "$n"; then
     echo "ok $i $what"
   else
