@@ -1,0 +1,509 @@
+/*
+** lgraphed.c: make_graphed_callables and the calls of graphed callables.
+*/
+
+#include <stdio.h>
+#include <string.h>
+
+#include "lgc.h"
+
+/*
+** {======================================================
+** make_graphed_callables
+** =======================================================
+*/
+
+static LGraphed *l_checkgraphed(lua_State *L, int i) {
+  LGraphed *p = (LGraphed *)luaL_checkudata(L, i, GRAPHED_MT);
+  luaL_argcheck(L, p->g != NULL, i, "graphed callables are closed");
+  return p;
+}
+
+/* A capture-time hook (or the pre/post warmup hook: group < 0), as the
+** core sees it: its place in the hook table of the call in progress. */
+typedef struct LCapHook {
+  LEngine *le;
+  int callable, group, index;
+} LCapHook;
+
+typedef struct LCapCall {
+  LCall c;
+  const LCapHook *h;
+} LCapCall;
+
+static const char *const l_groups[4] = {"forward_pre_hooks", "forward_hooks", "backward_pre_hooks",
+                                        "backward_hooks"};
+
+/* The protected part: hooks[callable].group[index](callable's value), or
+** hooks.pre_warmup_hook(); a hook must return nothing or nil. The error
+** says where the hook is defined (the call site is the user's line). */
+int l_pcaphook(lua_State *L) {
+  LCapCall *c = (LCapCall *)lua_touserdata(L, 1);
+  const char *name;
+  lua_Debug ar;
+  int fn, i;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &l_mgckey);
+  if (c->h->group < 0) {
+    name = (c->h->group == -1) ? "pre_warmup_hook" : "post_warmup_hook";
+    lua_getfield(L, -1, name);
+    fn = lua_gettop(L);
+    lua_pushvalue(L, fn);
+    lua_call(L, 0, LUA_MULTRET);
+  } else {
+    name = l_groups[c->h->group];
+    lua_getfield(L, -1, "capture_time_hooks");
+    lua_rawgeti(L, -1, c->h->callable + 1); /* {callable = v, group = {...}} */
+    lua_getfield(L, -1, name);
+    lua_rawgeti(L, -1, c->h->index + 1);
+    fn = lua_gettop(L);
+    lua_pushvalue(L, fn);
+    lua_getfield(L, fn - 2, "callable");
+    lua_call(L, 1, LUA_MULTRET);
+  }
+  for (i = fn + 1; i <= lua_gettop(L); i++)
+    if (!lua_isnil(L, i)) {
+      lua_pushvalue(L, fn);
+      lua_getinfo(L, ">S", &ar);
+      if (c->h->group < 0)
+        return l_error(L, "%s must not return a value (it returned %s; defined at %s:%d)", name,
+                       l_typename(L, i), ar.short_src, ar.linedefined);
+      return l_error(L,
+                     "capture_time_hooks %s must not return a value (callable %d, hook #%d "
+                     "defined at %s:%d, returned %s)",
+                     name, c->h->callable + 1, c->h->index + 1, ar.short_src, ar.linedefined,
+                     l_typename(L, i));
+    }
+  return 0;
+}
+
+static gcap_status l_caphook(void *ud, gcap_module *m) {
+  LCapCall c;
+  (void)m;
+  c.h = (const LCapHook *)ud;
+  return l_callback(c.h->le, &l_capkey, &c.c, NULL);
+}
+
+static gcap_status l_warmhook(void *ud) {
+  return l_caphook(ud, NULL);
+}
+
+/*
+** Progress of make_graphed_callables. Option progress = true: one line on
+** stderr, rewritten in place; a function: progress(phase, done, total),
+** whose error stops the call as a hook's does. Without the option, the
+** registry's PROGRESS_KEY (the graphcap program sets it true on a terminal)
+** decides.
+*/
+#define PROGRESS_KEY "graphcap.progress"
+
+static gcap_status l_progress_line(void *ud, const char *phase, int done, int total) {
+  (void)ud;
+  fprintf(stderr, "\rgraphcap: %s %d/%d", phase, done, total);
+  if (done == total) fputs("\n", stderr);
+  fflush(stderr);
+  return GCAP_OK;
+}
+
+typedef struct LProgress {
+  LCall c;
+  const char *phase;
+  int done, total;
+} LProgress;
+
+/* The protected part: opts.progress(phase, done, total) */
+int l_pprogress(lua_State *L) {
+  LProgress *p = (LProgress *)lua_touserdata(L, 1);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &l_mgckey);
+  lua_getfield(L, -1, "progress");
+  lua_pushstring(L, p->phase);
+  lua_pushinteger(L, p->done);
+  lua_pushinteger(L, p->total);
+  lua_call(L, 3, 0);
+  return 0;
+}
+
+static gcap_status l_progress_fn(void *ud, const char *phase, int done, int total) {
+  LProgress p = {{0}, phase, done, total};
+  return l_callback((LEngine *)ud, &l_progkey, &p.c, NULL);
+}
+
+/* Set o's progress from option 'progress' of the table at index t. */
+static void l_optprogress(lua_State *L, int t, gcap_graphed_opts *o) {
+  int kind = lua_getfield(L, t, "progress");
+  if (kind == LUA_TNIL) {
+    lua_pop(L, 1);
+    kind = lua_getfield(L, LUA_REGISTRYINDEX, PROGRESS_KEY);
+  }
+  if (kind == LUA_TFUNCTION) {
+    o->progress = l_progress_fn;
+    o->progress_ud = lua_touserdata(L, ENGINEIDX);
+  } else if (lua_toboolean(L, -1))
+    o->progress = l_progress_line;
+  lua_pop(L, 1);
+}
+
+static double l_optnumber(lua_State *L, int t, const char *k, double def) {
+  double v;
+  if (lua_getfield(L, t, k) == LUA_TNIL)
+    v = def;
+  else
+    v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static int l_optflag(lua_State *L, int t, const char *k, int def) {
+  int v;
+  if (lua_getfield(L, t, k) == LUA_TNIL)
+    v = def;
+  else
+    v = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/*
+** core.make_graphed_callables(modules, args, opts): modules a sequence of
+** Module boxes; args a sequence (one per entry) of sequences of tensors;
+** opts as the facade normalized them (hooks: per callable {callable = v,
+** forward_pre_hooks = {f, ...}, ...}). Returns a Graphed box.
+*/
+
+static int l_make_graphed(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  int nmod, nent, i, k, total = 0, nhooks = 0, hooksi, prev;
+  gcap_module **mods;
+  int *nargs;
+  gcap_tensor ***args, **flat;
+  double *order = NULL;
+  int *nlpc = NULL;
+  gcap_capture_hooks *hooks = NULL;
+  gcap_capture_hook *fns;
+  void **uds;
+  LCapHook *cap, warm[2];
+  gcap_graphed_opts o;
+  LGraphed *r;
+  LFrame f;
+  LEngine *le;
+  gcap_status st;
+  char msg[1024];
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  nmod = (int)lua_rawlen(L, 1);
+  nent = (int)lua_rawlen(L, 2);
+  gcap_graphed_opts_init(&o);
+  /* all C arrays live in one userdata, collected with the call's stack */
+  for (i = 1; i <= nent; i++) {
+    lua_rawgeti(L, 2, i);
+    luaL_checktype(L, -1, LUA_TTABLE);
+    total += (int)lua_rawlen(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_getfield(L, 3, "capture_time_hooks");
+  hooksi = lua_gettop(L);
+  if (lua_istable(L, hooksi))
+    for (i = 1; i <= nmod; i++) {
+      int g;
+      lua_rawgeti(L, hooksi, i);
+      for (g = 0; g < 4; g++) {
+        lua_getfield(L, -1, l_groups[g]);
+        nhooks += lua_istable(L, -1) ? (int)lua_rawlen(L, -1) : 0;
+        lua_pop(L, 1);
+      }
+      lua_pop(L, 1);
+    }
+  {
+    size_t sz =
+        sizeof(gcap_module *) * (size_t)(nmod + 1) + sizeof(int) * (size_t)(nent + 1) +
+        sizeof(gcap_tensor **) * (size_t)(nent + 1) + sizeof(gcap_tensor *) * (size_t)(total + 1) +
+        sizeof(gcap_capture_hooks) * (size_t)(nmod + 1) +
+        (sizeof(gcap_capture_hook) + sizeof(void *) + sizeof(LCapHook)) * (size_t)(nhooks + 1);
+    char *mem = (char *)lua_newuserdatauv(L, sz, 0);
+    memset(mem, 0, sz);
+    mods = (gcap_module **)mem;
+    hooks = (gcap_capture_hooks *)(mods + nmod + 1);
+    args = (gcap_tensor ***)(hooks + nmod + 1);
+    flat = (gcap_tensor **)(args + nent + 1);
+    fns = (gcap_capture_hook *)(flat + total + 1);
+    uds = (void **)(fns + nhooks + 1);
+    cap = (LCapHook *)(uds + nhooks + 1);
+    nargs = (int *)(cap + nhooks + 1);
+  }
+  for (i = 0; i < nmod; i++) {
+    lua_rawgeti(L, 1, i + 1);
+    mods[i] = l_checkmodule(L, -1)->m;
+    lua_pop(L, 1);
+  }
+  for (i = 0, total = 0; i < nent; i++) {
+    lua_rawgeti(L, 2, i + 1);
+    nargs[i] = (int)lua_rawlen(L, -1);
+    args[i] = flat + total;
+    for (k = 0; k < nargs[i]; k++) {
+      LTensor *t;
+      lua_rawgeti(L, -1, k + 1);
+      t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
+      if (t == NULL)
+        return l_error(L,
+                       "make_graphed_callables: sample_args[%d][%d] must "
+                       "be a tensor, got %s (sample_args hold only tensors)",
+                       i + 1, k + 1, l_typename(L, -1));
+      if (t->t == NULL)
+        return l_error(L,
+                       "make_graphed_callables: sample_args[%d][%d] is a "
+                       "closed tensor",
+                       i + 1, k + 1);
+      flat[total++] = t->t;
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  if (lua_istable(L, hooksi)) {
+    int j = 0;
+    for (i = 0; i < nmod; i++) {
+      int g;
+      lua_rawgeti(L, hooksi, i + 1);
+      for (g = 0; g < 4; g++) {
+        int n;
+        lua_getfield(L, -1, l_groups[g]);
+        n = lua_istable(L, -1) ? (int)lua_rawlen(L, -1) : 0;
+        hooks[i].n[g] = n;
+        hooks[i].fn[g] = fns + j;
+        hooks[i].ud[g] = uds + j;
+        for (k = 0; k < n; k++, j++) {
+          cap[j].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
+          cap[j].callable = i;
+          cap[j].group = g;
+          cap[j].index = k;
+          fns[j] = l_caphook;
+          uds[j] = &cap[j];
+        }
+        lua_pop(L, 1);
+      }
+      lua_pop(L, 1);
+    }
+    o.capture_time_hooks = hooks;
+    o.num_capture_time_hooks = nmod;
+  }
+  o.num_warmup_iters = (int)l_optnumber(L, 3, "num_warmup_iters", 3);
+  o.allow_unused_input = l_optflag(L, 3, "allow_unused_input", 0);
+  o.retain_graph_in_backward = l_optflag(L, 3, "retain_graph_in_backward", 0);
+  o.reuse_graph_input_output_buffers = l_optflag(L, 3, "reuse_graph_input_output_buffers", 0);
+  o.clone_param_grads_on_return = l_optflag(L, 3, "clone_param_grads_on_return", 1);
+  if (lua_getfield(L, 3, "order") == LUA_TTABLE) {
+    o.order_len = (int)lua_rawlen(L, -1);
+    order = (double *)lua_newuserdatauv(L, sizeof(double) * (size_t)(o.order_len + 1), 0);
+    for (k = 0; k < o.order_len; k++) {
+      lua_rawgeti(L, -2, k + 1);
+      order[k] = lua_tonumber(L, -1);
+      lua_pop(L, 1);
+    }
+    o.order = order;
+  }
+  if (lua_getfield(L, 3, "num_layers_per_chunk") == LUA_TTABLE) {
+    o.num_chunks = (int)lua_rawlen(L, -1);
+    nlpc = (int *)lua_newuserdatauv(L, sizeof(int) * (size_t)(o.num_chunks + 1), 0);
+    for (k = 0; k < o.num_chunks; k++) {
+      lua_rawgeti(L, -2, k + 1);
+      nlpc[k] = (int)lua_tointeger(L, -1);
+      lua_pop(L, 1);
+    }
+    o.num_layers_per_chunk = nlpc;
+  }
+  if (lua_getfield(L, 3, "pool") != LUA_TNIL) {
+    LPool *pl = (LPool *)luaL_testudata(L, -1, POOL_MT);
+    if (pl == NULL || pl->p == NULL)
+      return l_error(L, "make_graphed_callables: option pool must be an open graph pool, got %s",
+                     pl ? "a closed pool" : l_typename(L, -1));
+    o.pool = pl->p;
+  }
+  memset(warm, 0, sizeof warm);
+  warm[0].le = warm[1].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
+  warm[0].group = -1;
+  warm[1].group = -2;
+  if (lua_getfield(L, 3, "pre_warmup_hook") == LUA_TFUNCTION) {
+    o.pre_warmup_hook = l_warmhook;
+    o.pre_warmup_ud = &warm[0];
+  }
+  if (lua_getfield(L, 3, "post_warmup_hook") == LUA_TFUNCTION) {
+    o.post_warmup_hook = l_warmhook;
+    o.post_warmup_ud = &warm[1];
+  }
+  l_optprogress(L, 3, &o);
+  r = (LGraphed *)l_newbox(L, sizeof *r, 1, GRAPHED_MT);
+  r->g = NULL;
+  r->e = e;
+  /* the hooks of this call, for l_pcaphook (calls may nest through hooks) */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &l_mgckey);
+  prev = lua_gettop(L);
+  lua_pushvalue(L, 3);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_mgckey);
+  le = l_enter(L, &f, NULL, 0, 0, 0);
+  st = gcap_make_graphed_callables(e, nmod, mods, nent, nargs, (gcap_tensor *const *const *)args,
+                                   &o, &r->g);
+  l_leave(le, &f);
+  lua_pushvalue(L, prev);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_mgckey);
+  if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
+  l_raisecb(L, msg);
+  if (st != GCAP_OK) l_fail(L, st, msg, "make_graphed_callables");
+  lua_pushvalue(L, prev - 1); /* the Graphed box */
+  return 1;
+}
+
+static int l_graphed_close(lua_State *L) {
+  LGraphed *p = (LGraphed *)luaL_checkudata(L, 1, GRAPHED_MT);
+  if (p->g != NULL) {
+    gcap_graphed_free(p->g);
+    p->g = NULL;
+  }
+  return 0;
+}
+
+static int l_graphed_len(lua_State *L) {
+  lua_pushinteger(L, gcap_graphed_num_entries(l_checkgraphed(L, 1)->g));
+  return 1;
+}
+
+static int l_checkentry(lua_State *L, LGraphed *p, int i) {
+  lua_Integer k = luaL_checkinteger(L, i);
+  luaL_argcheck(L, k >= 1 && k <= gcap_graphed_num_entries(p->g), i, "entry out of range");
+  return (int)k - 1;
+}
+
+/* G:call(entry, tensors...) -> output (replays; eager in another mode) */
+static int l_graphed_call(lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  int entry = l_checkentry(L, p, 2), nin = lua_gettop(L) - 2, i, mi;
+  gcap_tensor **in;
+  gcap_graphed *g;
+  gcap_module *m;
+  char msg[1024];
+  LFrame f;
+  LEngine *le;
+  LTensor *r;
+  gcap_status st;
+  int kwi = 0;
+  if (nin > 0 && lua_type(L, nin + 2) == LUA_TTABLE) kwi = 2 + nin--; /* a kwargs map, last */
+  m = gcap_graphed_module(p->g, entry);
+  l_pushmodule(L, m); /* its graphed_kwargs say how a kwargs map flattens */
+  mi = lua_gettop(L);
+  in = l_inbuf(L, l_maxin(L, mi, nin));
+  for (i = 0; i < nin; i++) {
+    LTensor *t = (LTensor *)luaL_testudata(L, i + 3, TENSOR_MT);
+    if (t == NULL)
+      return l_error(L,
+                     "graphed call of entry %d: argument #%d must be a "
+                     "tensor, got %s",
+                     entry + 1, i + 1, l_typename(L, i + 3));
+    luaL_argcheck(L, t->t != NULL, i + 3, "tensor is closed");
+    in[i] = t->t;
+  }
+  nin = l_flatkwargs(L, mi, kwi, in, nin, gcap_module_type(m));
+  r = l_newtensor(L);
+  g = gcap_graphed_retain(p->g); /* callbacks may close the boxes of g, its module and in */
+  m = gcap_module_retain(gcap_graphed_module(g, entry));
+  for (i = 0; i < nin; i++)
+    gcap_tensor_retain(in[i]);
+  le = l_enter(L, &f, NULL, 0, 0, 0);
+  st = gcap_graphed_call(g, entry, nin, in, &r->t);
+  l_leave(le, &f);
+  if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(p->e));
+  for (i = 0; i < nin; i++)
+    gcap_tensor_free(in[i]);
+  gcap_module_free(m);
+  gcap_graphed_free(g);
+  l_raisecb(L, NULL);
+  if (st != GCAP_OK) l_fail(L, st, msg, "graphed call");
+  l_knownresult(L);
+  return 1;
+}
+
+static int l_graphed_backward_dw(lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  l_check(L, p->e, gcap_graphed_backward_dw(p->g, l_checkentry(L, p, 2)), "backward_dw");
+  return 0;
+}
+
+static int l_graphed_reset(lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  l_check(L, p->e, gcap_graphed_reset(p->g, l_checkentry(L, p, 2)), "reset");
+  return 0;
+}
+
+/* G:debug_dump(entry, prefix) -> {paths written}: prefix.fwd.dot, and
+** prefix.bwd.dot and prefix.bwd_dw.dot for the graphs the entry has */
+static int l_graphed_debug_dump(lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  int entry = l_checkentry(L, p, 2), n = 0;
+  const char *prefix = luaL_checkstring(L, 3);
+  gcap_graphed_stats s;
+  l_check(L, p->e, gcap_graphed_debug_dump(p->g, entry, prefix), "debug_dump");
+  l_check(L, p->e, gcap_graphed_get_stats(p->g, entry, &s), "debug_dump");
+  lua_createtable(L, 3, 0);
+  lua_pushfstring(L, "%s.fwd.dot", prefix);
+  lua_rawseti(L, -2, ++n);
+  if (s.has_bwd) {
+    lua_pushfstring(L, "%s.bwd.dot", prefix);
+    lua_rawseti(L, -2, ++n);
+  }
+  if (s.has_dw) {
+    lua_pushfstring(L, "%s.bwd_dw.dot", prefix);
+    lua_rawseti(L, -2, ++n);
+  }
+  return 1;
+}
+
+static void l_pushgstats(lua_State *L, const gcap_graph_stats *s) {
+  lua_createtable(L, 0, 5);
+  lua_pushinteger(L, (lua_Integer)s->nodes);
+  lua_setfield(L, -2, "nodes");
+  lua_pushnumber(L, s->capture_ms);
+  lua_setfield(L, -2, "capture_ms");
+  lua_pushnumber(L, s->instantiate_ms);
+  lua_setfield(L, -2, "instantiate_ms");
+  lua_pushinteger(L, (lua_Integer)s->pool_bytes);
+  lua_setfield(L, -2, "pool_bytes");
+  lua_pushinteger(L, (lua_Integer)s->replays);
+  lua_setfield(L, -2, "replays");
+}
+
+/* G:stats(entry) -> {fwd, bwd (or nil), bwd_dw (or nil), pool_reserved_bytes} */
+static int l_graphed_stats(lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  gcap_graphed_stats s;
+  l_check(L, p->e, gcap_graphed_get_stats(p->g, l_checkentry(L, p, 2), &s), "stats");
+  lua_createtable(L, 0, 4);
+  l_pushgstats(L, &s.fwd);
+  lua_setfield(L, -2, "fwd");
+  if (s.has_bwd) {
+    l_pushgstats(L, &s.bwd);
+    lua_setfield(L, -2, "bwd");
+  }
+  if (s.has_dw) {
+    l_pushgstats(L, &s.dw);
+    lua_setfield(L, -2, "bwd_dw");
+  }
+  lua_pushinteger(L, (lua_Integer)s.pool_reserved_bytes);
+  lua_setfield(L, -2, "pool_reserved_bytes");
+  return 1;
+}
+
+LUAI_DDEF const luaL_Reg l_graphed_meta[] = {{"__gc", l_graphed_close},
+                                             {"__close", l_graphed_close},
+                                             {"__len", l_graphed_len},
+                                             {NULL, NULL}};
+
+LUAI_DDEF const luaL_Reg l_graphed_methods[] = {{"call", l_graphed_call},
+                                                {"backward_dw", l_graphed_backward_dw},
+                                                {"reset", l_graphed_reset},
+                                                {"stats", l_graphed_stats},
+                                                {"debug_dump", l_graphed_debug_dump},
+                                                {"close", l_graphed_close},
+                                                {NULL, NULL}};
+
+/* }====================================================== */
+
+/* functions of the module */
+LUAI_DDEF const luaL_Reg l_graphed_funcs[] = {{"make_graphed_callables", l_make_graphed},
+                                              {NULL, NULL}};
