@@ -10,6 +10,8 @@
 ** error unwinds through the engine.
 */
 
+#include <stdio.h>
+
 #include "lgc.h"
 
 /* Holder of the error of a failed callback (its uservalue 1) */
@@ -26,36 +28,24 @@ LUAI_DDEF const char l_mgckey = 'm';  /* the hooks of the make_graphed_callables
 LUAI_DDEF const char l_progkey = 'p'; /* the protected part of a progress function */
 
 /*
-** {======================================================
-** Autograd
-** =======================================================
+** The engine calls that may run Lua, each made through l_run (the others
+** run no Lua and raise through l_check):
+**
+**   gcap_backward                 t:backward()        module hooks, Lua forwards (none)
+**   gcap_module_call              m(...), m:forward() a Lua forward, module hooks
+**   gcap_module_backward_dw       m:backward_dw()     backward hooks
+**   gcap_make_graphed_callables   make_graphed_...    forwards, module and capture-time
+**                                                     hooks, warmup hooks, progress
+**   gcap_graphed_call             G:call()            module hooks (eager modes)
+**
+** A callback reaches Lua through l_callback, the one caller of lua_pcall.
 */
-
-/*
-** Frames. Between l_enter and l_leave only the core call runs (nothing
-** that can raise), so a frame never outlives its C function.
-*/
-LEngine *l_enter(lua_State *L, LFrame *f, gcap_module *m, int args, int nargs, int muted) {
-  LEngine *le = (LEngine *)lua_touserdata(L, ENGINEIDX);
-  f->L = L;
-  f->m = m;
-  f->args = args;
-  f->nargs = nargs;
-  f->muted = muted;
-  f->prev = le->cur;
-  le->cur = f;
-  return le;
-}
-
-void l_leave(LEngine *le, LFrame *f) {
-  le->cur = f->prev;
-}
 
 /* Raise the error object a callback left, if any, as it is; a message
 ** (a string) gets 'ctx', the core's account of where the callback ran
 ** ("warmup forward of entry 1 (callable 1, function)"), appended in
 ** parentheses. */
-void l_raisecb(lua_State *L, const char *ctx) {
+static void l_raisecb(lua_State *L, const char *ctx) {
   LErr *h;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &l_errkey);
   h = (LErr *)lua_touserdata(L, -1);
@@ -71,6 +61,47 @@ void l_raisecb(lua_State *L, const char *ctx) {
     lua_error(L);
   }
   lua_pop(L, 1);
+}
+
+/*
+** Run r->call(r->ud), an engine call that may call back into Lua: keep its
+** objects alive (a callback may close their boxes), make the call inside a
+** frame, copy the engine's message while its objects live, release them,
+** then raise: a callback's error object as it is (a message gets the
+** engine's account of where it ran appended, with r->ctx), else the
+** engine's message naming r->op (NULL: the type of module r->m). Between
+** entering and leaving the frame only the engine call runs (nothing that
+** can raise), so a frame never outlives its C function.
+*/
+void l_run(lua_State *L, const LRun *r) {
+  LEngine *le = (LEngine *)lua_touserdata(L, ENGINEIDX);
+  char msg[1024], op[256];
+  LFrame f;
+  gcap_status st;
+  int i;
+  gcap_module_retain(r->m);
+  if (r->g != NULL) gcap_graphed_retain(r->g);
+  for (i = 0; i < r->nin; i++)
+    gcap_tensor_retain(r->in[i]);
+  f.L = L;
+  f.m = r->subject;
+  f.args = r->args;
+  f.nargs = r->nargs;
+  f.muted = r->muted;
+  f.prev = le->cur;
+  le->cur = &f;
+  st = r->call(r, r->ud);
+  le->cur = f.prev;
+  if (st != GCAP_OK) {
+    snprintf(msg, sizeof msg, "%s", gcap_errmsg(r->e));
+    snprintf(op, sizeof op, "%s", (r->op != NULL) ? r->op : gcap_module_type(r->m));
+  }
+  for (i = 0; i < r->nin; i++)
+    gcap_tensor_free(r->in[i]);
+  if (r->g != NULL) gcap_graphed_free(r->g);
+  gcap_module_free(r->m);
+  l_raisecb(L, (r->ctx && st != GCAP_OK) ? msg : NULL);
+  if (st != GCAP_OK) l_fail(L, st, msg, op);
 }
 
 /*

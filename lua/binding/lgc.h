@@ -16,6 +16,7 @@
 #define LGC_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "lua.h"
 #include "lauxlib.h"
@@ -139,10 +140,46 @@ typedef struct LGraphed {
   gcap_engine *e;
 } LGraphed;
 
+/*
+** A class of boxes, its boilerplate driven by this descriptor: check
+** (l_checkbox), __gc, __close and :close() (one idempotent close, where
+** close != NULL), __tostring ("<tname> (<gone>)" once closed, describe's
+** string while open, the default where describe is NULL).
+*/
+typedef struct LClass {
+  const char *name;   /* its key in core._metatables */
+  const char *tname;  /* its metatable's name */
+  const char *closed; /* the argument error of a closed box */
+  const char *gone;   /* what tostring says of a closed box */
+  int (*isopen)(const void *box);
+  void (*close)(lua_State *L, void *box);    /* release the handle of an open box (at index 1) */
+  void (*describe)(lua_State *L, void *box); /* push what tostring says of an open box */
+  const luaL_Reg *meta, *methods;            /* the class's own metamethods and methods */
+} LClass;
+
 /* The start of the context of a callback's protected part */
 typedef struct LCall {
   int nargs; /* how many Lua arguments of a direct call follow the context */
 } LCall;
+
+/* An engine call that may call back into Lua, for l_run */
+typedef struct LRun LRun;
+struct LRun {
+  gcap_status (*call)(const LRun *r, void *ud); /* the engine call */
+  void *ud;
+  gcap_engine *e; /* whose message its error is */
+  const char *op; /* the op its error names; NULL: the type of module m */
+  /* kept alive during the call (a callback may close their boxes) */
+  gcap_module *m;
+  gcap_graphed *g;
+  int nin;
+  gcap_tensor *const *in;
+  /* the frame: m(...) or m:forward(...) of module 'subject' (NULL: none),
+  ** its Lua values at args..args+nargs-1 */
+  gcap_module *subject;
+  int args, nargs, muted;
+  int ctx; /* a callback's error message gets the engine's account appended */
+};
 
 typedef gcap_status (*l_unop)(gcap_tensor *a, gcap_tensor **out);
 typedef gcap_status (*l_binop)(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
@@ -162,18 +199,33 @@ LUAI_FUNC void l_check(lua_State *L, const gcap_engine *e, gcap_status st, const
 LUAI_FUNC const char *l_typename(lua_State *L, int i);
 
 /* lcall.c: engine calls that may call back into Lua */
-LUAI_FUNC LEngine *l_enter(lua_State *L, LFrame *f, gcap_module *m, int args, int nargs, int muted);
-LUAI_FUNC void l_leave(LEngine *le, LFrame *f);
-LUAI_FUNC void l_raisecb(lua_State *L, const char *ctx);
+LUAI_FUNC void l_run(lua_State *L, const LRun *r);
 LUAI_FUNC gcap_status l_callback(LEngine *le, const char *key, LCall *ctx, const gcap_module *m);
 LUAI_FUNC void l_errholder(lua_State *L);
 
 /* lgraphcap.c: boxes */
-LUAI_FUNC gcap_engine *l_engine(lua_State *L);
-LUAI_FUNC void *l_newbox(lua_State *L, size_t size, int nuv, const char *mt);
+LUAI_FUNC void *l_checkbox(lua_State *L, int i, const LClass *c);
+
+/* The engine of the running function (upvalue 1), which must be open */
+static inline gcap_engine *l_engine(lua_State *L) {
+  gcap_engine *e = ((LEngine *)lua_touserdata(L, ENGINEIDX))->e;
+  if (e == NULL) luaL_error(L, "graphcap engine is closed");
+  return e;
+}
+
+/* A new box in its closed state, linked to the engine box. */
+static inline void *l_newbox(lua_State *L, size_t size, int nuv, const char *mt) {
+  void *p = lua_newuserdatauv(L, size, nuv);
+  memset(p, 0, size); /* NULL handle: closed */
+  luaL_setmetatable(L, mt);
+  lua_pushvalue(L, ENGINEIDX);
+  lua_setiuservalue(L, -2, UV_ENGINE);
+  return p;
+}
 #define l_newtensor(L) ((LTensor *)l_newbox(L, sizeof(LTensor), 1, TENSOR_MT))
 
 /* ltensor.c */
+LUAI_DDEC(const LClass l_tensor_class);
 LUAI_FUNC gcap_tensor *l_checktensor(lua_State *L, int i);
 LUAI_FUNC gcap_dtype l_optdtype(lua_State *L, int i, const char *op);
 LUAI_FUNC int l_optboolean(lua_State *L, int i, int def, const char *what);
@@ -184,8 +236,6 @@ LUAI_FUNC int l_unary(lua_State *L, l_unop f, const char *op);
 LUAI_FUNC int l_tensor_index(lua_State *L);
 LUAI_FUNC int l_tensor_newindex(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_tensor_funcs[]);
-LUAI_DDEC(const luaL_Reg l_tensor_meta[]);
-LUAI_DDEC(const luaL_Reg l_tensor_methods[]);
 
 /* lops.c */
 LUAI_FUNC int l_matmul(lua_State *L);
@@ -196,6 +246,7 @@ LUAI_DDEC(const luaL_Reg l_ops_funcs[]);
 LUAI_DDEC(const luaL_Reg l_F_funcs[]);
 
 /* lmodule.c */
+LUAI_DDEC(const LClass l_module_class);
 LUAI_FUNC LModule *l_checkmodule(lua_State *L, int i);
 LUAI_FUNC LModule *l_newmodule(lua_State *L, int cls);
 LUAI_FUNC void l_keepmodule(lua_State *L);
@@ -212,48 +263,38 @@ LUAI_FUNC int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int 
                            const char *type);
 LUAI_FUNC int l_module_index(lua_State *L);
 LUAI_FUNC int l_module_newindex(lua_State *L);
-LUAI_DDEC(const luaL_Reg l_module_meta[]);
-LUAI_DDEC(const luaL_Reg l_module_methods[]);
 
 /* lhook.c */
+LUAI_DDEC(const LClass l_handle_class);
 LUAI_FUNC int l_phook(lua_State *L);
 LUAI_FUNC int l_register_forward_pre_hook(lua_State *L);
 LUAI_FUNC int l_register_forward_hook(lua_State *L);
 LUAI_FUNC int l_register_full_backward_pre_hook(lua_State *L);
 LUAI_FUNC int l_register_full_backward_hook(lua_State *L);
-LUAI_DDEC(const luaL_Reg l_handle_meta[]);
-LUAI_DDEC(const luaL_Reg l_handle_methods[]);
 
 /* lnn.c */
 LUAI_DDEC(const luaL_Reg l_nn_funcs[]);
 
 /* lruntime.c: the engine, streams, events, pools, graphs */
+LUAI_DDEC(const LClass l_graph_class);
+LUAI_DDEC(const LClass l_pool_class);
+LUAI_DDEC(const LClass l_event_class);
+LUAI_DDEC(const LClass l_stream_class);
+LUAI_DDEC(const LClass l_engine_class);
 LUAI_FUNC LStream *l_checkstream(lua_State *L, int i);
 LUAI_FUNC LPool *l_checkpool(lua_State *L, int i);
 LUAI_FUNC void l_pushengine(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_runtime_funcs[]);
 LUAI_DDEC(const luaL_Reg l_test_funcs[]);
-LUAI_DDEC(const luaL_Reg l_engine_meta[]);
-LUAI_DDEC(const luaL_Reg l_engine_methods[]);
-LUAI_DDEC(const luaL_Reg l_stream_meta[]);
-LUAI_DDEC(const luaL_Reg l_stream_methods[]);
-LUAI_DDEC(const luaL_Reg l_event_meta[]);
-LUAI_DDEC(const luaL_Reg l_event_methods[]);
-LUAI_DDEC(const luaL_Reg l_pool_meta[]);
-LUAI_DDEC(const luaL_Reg l_pool_methods[]);
-LUAI_DDEC(const luaL_Reg l_graph_meta[]);
-LUAI_DDEC(const luaL_Reg l_graph_methods[]);
 
 /* loptim.c */
+LUAI_DDEC(const LClass l_optim_class);
 LUAI_DDEC(const luaL_Reg l_optim_funcs[]);
-LUAI_DDEC(const luaL_Reg l_optim_meta[]);
-LUAI_DDEC(const luaL_Reg l_optim_methods[]);
 
 /* lgraphed.c */
+LUAI_DDEC(const LClass l_graphed_class);
 LUAI_FUNC int l_pcaphook(lua_State *L);
 LUAI_FUNC int l_pprogress(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_graphed_funcs[]);
-LUAI_DDEC(const luaL_Reg l_graphed_meta[]);
-LUAI_DDEC(const luaL_Reg l_graphed_methods[]);
 
 #endif

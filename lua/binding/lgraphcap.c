@@ -10,54 +10,82 @@
 
 #include "lgc.h"
 
-gcap_engine *l_engine(lua_State *L) {
-  gcap_engine *e = ((LEngine *)lua_touserdata(L, ENGINEIDX))->e;
-  if (e == NULL) luaL_error(L, "graphcap engine is closed");
-  return e;
-}
-
-/* A new box in its closed state, linked to the engine box. */
-void *l_newbox(lua_State *L, size_t size, int nuv, const char *mt) {
-  void *p = lua_newuserdatauv(L, size, nuv);
-  memset(p, 0, size); /* NULL handle: closed */
-  luaL_setmetatable(L, mt);
-  lua_pushvalue(L, ENGINEIDX);
-  lua_setiuservalue(L, -2, UV_ENGINE);
-  return p;
-}
-
 /* The module's functions, by the family that holds them */
 static const luaL_Reg *const l_funcs[] = {l_runtime_funcs, l_tensor_funcs, l_ops_funcs,
                                           l_graphed_funcs, NULL};
 
-static const struct {
-  const char *key, *tname;
-  const luaL_Reg *meta, *methods;
-} l_classes[] = {{"Tensor", TENSOR_MT, l_tensor_meta, l_tensor_methods},
-                 {"Stream", STREAM_MT, l_stream_meta, l_stream_methods},
-                 {"Event", EVENT_MT, l_event_meta, l_event_methods},
-                 {"Pool", POOL_MT, l_pool_meta, l_pool_methods},
-                 {"Graph", GRAPH_MT, l_graph_meta, l_graph_methods},
-                 {"Module", MODULE_MT, l_module_meta, l_module_methods},
-                 {"HookHandle", HANDLE_MT, l_handle_meta, l_handle_methods},
-                 {"Optimizer", OPTIM_MT, l_optim_meta, l_optim_methods},
-                 {"Graphed", GRAPHED_MT, l_graphed_meta, l_graphed_methods},
-                 {NULL, NULL, NULL, NULL}};
+/* The classes of boxes, the engine's first */
+static const LClass *const l_classes[] = {&l_engine_class,
+                                          &l_tensor_class,
+                                          &l_stream_class,
+                                          &l_event_class,
+                                          &l_pool_class,
+                                          &l_graph_class,
+                                          &l_module_class,
+                                          &l_handle_class,
+                                          &l_optim_class,
+                                          &l_graphed_class,
+                                          NULL};
+
+/* The class of the box at 1: upvalue 2 of its generic methods */
+#define l_class(L) ((const LClass *)lua_touserdata(L, lua_upvalueindex(2)))
+
+void *l_checkbox(lua_State *L, int i, const LClass *c) {
+  void *p = luaL_checkudata(L, i, c->tname);
+  luaL_argcheck(L, c->isopen(p), i, c->closed);
+  return p;
+}
+
+/* __gc, __close and :close(), idempotent */
+static int l_box_close(lua_State *L) {
+  const LClass *c = l_class(L);
+  void *p = luaL_checkudata(L, 1, c->tname);
+  if (c->isopen(p)) c->close(L, p);
+  return 0;
+}
+
+static int l_box_tostring(lua_State *L) {
+  const LClass *c = l_class(L);
+  void *p = luaL_checkudata(L, 1, c->tname);
+  if (c->isopen(p))
+    c->describe(L, p);
+  else
+    lua_pushfstring(L, "%s (%s)", c->tname, c->gone);
+  return 1;
+}
+
+/* Set field k of the table on top to function f with upvalues the value
+** at index up (nil when up is 0) and class c. */
+static void l_setgeneric(lua_State *L, const char *k, lua_CFunction f, int up, const LClass *c) {
+  if (up != 0)
+    lua_pushvalue(L, up);
+  else
+    lua_pushnil(L);
+  lua_pushlightuserdata(L, (void *)c);
+  lua_pushcclosure(L, f, 2);
+  lua_setfield(L, -2, k);
+}
 
 /*
-** Create (or refill) metatable 'tname' and leave it on the stack: the
-** metamethods, and the methods as __index. With up != 0, the value at
-** index 'up' is the upvalue of all of them.
+** Create metatable c->tname and leave it on the stack: the class's
+** metamethods, its methods as __index, and the generic ones its descriptor
+** asks for. With up != 0, the value at index 'up' is the upvalue of all of
+** them (the first one of the generic ones).
 */
-static void l_newclass(lua_State *L, const char *tname, const luaL_Reg *meta,
-                       const luaL_Reg *methods, int up) {
+static void l_newclass(lua_State *L, const LClass *c, int up) {
   int nup = (up != 0);
-  luaL_newmetatable(L, tname); /* also sets __name */
+  luaL_newmetatable(L, c->tname); /* also sets __name */
   if (nup) lua_pushvalue(L, up);
-  luaL_setfuncs(L, meta, nup);
+  luaL_setfuncs(L, c->meta, nup);
+  if (c->close != NULL) {
+    l_setgeneric(L, "__gc", l_box_close, up, c);
+    l_setgeneric(L, "__close", l_box_close, up, c);
+  }
+  if (c->describe != NULL) l_setgeneric(L, "__tostring", l_box_tostring, up, c);
   lua_newtable(L);
   if (nup) lua_pushvalue(L, up);
-  luaL_setfuncs(L, methods, nup);
+  luaL_setfuncs(L, c->methods, nup);
+  if (c->close != NULL) l_setgeneric(L, "close", l_box_close, up, c);
   lua_setfield(L, -2, "__index");
 }
 
@@ -115,13 +143,13 @@ LUAMOD_API int luaopen_graphcap_core(lua_State *L) {
   luaL_checkversion(L);
   lua_newtable(L); /* _metatables */
   mts = lua_gettop(L);
-  l_newclass(L, ENGINE_MT, l_engine_meta, l_engine_methods, 0);
-  lua_setfield(L, mts, "Engine");
+  l_newclass(L, l_classes[0], 0); /* the engine's, before its box */
+  lua_setfield(L, mts, l_classes[0]->name);
   l_pushengine(L);
   eng = lua_gettop(L);
-  for (i = 0; l_classes[i].key != NULL; i++) {
-    l_newclass(L, l_classes[i].tname, l_classes[i].meta, l_classes[i].methods, eng);
-    lua_setfield(L, mts, l_classes[i].key);
+  for (i = 1; l_classes[i] != NULL; i++) {
+    l_newclass(L, l_classes[i], eng);
+    lua_setfield(L, mts, l_classes[i]->name);
   }
   l_fieldaccess(L, TENSOR_MT, eng, l_tensor_index, l_tensor_newindex);
   l_fieldaccess(L, MODULE_MT, eng, l_module_index, l_module_newindex);

@@ -14,9 +14,7 @@
 */
 
 static LGraphed *l_checkgraphed(lua_State *L, int i) {
-  LGraphed *p = (LGraphed *)luaL_checkudata(L, i, GRAPHED_MT);
-  luaL_argcheck(L, p->g != NULL, i, "graphed callables are closed");
-  return p;
+  return (LGraphed *)l_checkbox(L, i, &l_graphed_class);
 }
 
 /* A capture-time hook (or the pre/post warmup hook: group < 0), as the
@@ -169,9 +167,29 @@ static int l_optflag(lua_State *L, int t, const char *k, int def) {
 ** forward_pre_hooks = {f, ...}, ...}). Returns a Graphed box.
 */
 
+typedef struct LMake {
+  lua_State *L;
+  int prev; /* stack index of the registry's previous l_mgckey value */
+  int nmod, nent, *nargs;
+  gcap_module **mods;
+  gcap_tensor ***args;
+  const gcap_graphed_opts *o;
+  gcap_graphed **out;
+} LMake;
+
+static gcap_status l_callmake(const LRun *r, void *ud) {
+  LMake *mk = (LMake *)ud;
+  gcap_status st =
+      gcap_make_graphed_callables(r->e, mk->nmod, mk->mods, mk->nent, mk->nargs,
+                                  (gcap_tensor *const *const *)mk->args, mk->o, mk->out);
+  lua_pushvalue(mk->L, mk->prev); /* its slot exists: no allocation */
+  lua_rawsetp(mk->L, LUA_REGISTRYINDEX, &l_mgckey);
+  return st;
+}
+
 static int l_make_graphed(lua_State *L) {
   gcap_engine *e = l_engine(L);
-  int nmod, nent, i, k, total = 0, nhooks = 0, hooksi, prev;
+  int nmod, nent, i, k, total = 0, nhooks = 0, hooksi;
   gcap_module **mods;
   int *nargs;
   gcap_tensor ***args, **flat;
@@ -183,10 +201,9 @@ static int l_make_graphed(lua_State *L) {
   LCapHook *cap, warm[2];
   gcap_graphed_opts o;
   LGraphed *r;
-  LFrame f;
-  LEngine *le;
-  gcap_status st;
-  char msg[1024];
+  LMake mk;
+  LRun run = {l_callmake, NULL, NULL, "make_graphed_callables", NULL, NULL, 0, NULL, NULL, 0,
+              0,          0,    1};
   luaL_checktype(L, 1, LUA_TTABLE);
   luaL_checktype(L, 2, LUA_TTABLE);
   luaL_checktype(L, 3, LUA_TTABLE);
@@ -335,29 +352,33 @@ static int l_make_graphed(lua_State *L) {
   r->e = e;
   /* the hooks of this call, for l_pcaphook (calls may nest through hooks) */
   lua_rawgetp(L, LUA_REGISTRYINDEX, &l_mgckey);
-  prev = lua_gettop(L);
+  mk.L = L;
+  mk.prev = lua_gettop(L);
   lua_pushvalue(L, 3);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &l_mgckey);
-  le = l_enter(L, &f, NULL, 0, 0, 0);
-  st = gcap_make_graphed_callables(e, nmod, mods, nent, nargs, (gcap_tensor *const *const *)args,
-                                   &o, &r->g);
-  l_leave(le, &f);
-  lua_pushvalue(L, prev);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_mgckey);
-  if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
-  l_raisecb(L, msg);
-  if (st != GCAP_OK) l_fail(L, st, msg, "make_graphed_callables");
-  lua_pushvalue(L, prev - 1); /* the Graphed box */
+  mk.nmod = nmod;
+  mk.mods = mods;
+  mk.nent = nent;
+  mk.nargs = nargs;
+  mk.args = args;
+  mk.o = &o;
+  mk.out = &r->g;
+  run.ud = &mk;
+  run.e = e;
+  l_run(L, &run);
+  lua_pushvalue(L, mk.prev - 1); /* the Graphed box */
   return 1;
 }
 
-static int l_graphed_close(lua_State *L) {
-  LGraphed *p = (LGraphed *)luaL_checkudata(L, 1, GRAPHED_MT);
-  if (p->g != NULL) {
-    gcap_graphed_free(p->g);
-    p->g = NULL;
-  }
-  return 0;
+static void l_graphed_close(lua_State *L, void *box) {
+  LGraphed *p = (LGraphed *)box;
+  (void)L;
+  gcap_graphed_free(p->g);
+  p->g = NULL;
+}
+
+static int l_graphed_isopen(const void *box) {
+  return ((const LGraphed *)box)->g != NULL;
 }
 
 static int l_graphed_len(lua_State *L) {
@@ -371,18 +392,25 @@ static int l_checkentry(lua_State *L, LGraphed *p, int i) {
   return (int)k - 1;
 }
 
+typedef struct LGraphedCall {
+  int entry;
+  gcap_tensor **out;
+} LGraphedCall;
+
+static gcap_status l_callgraphed(const LRun *r, void *ud) {
+  LGraphedCall *c = (LGraphedCall *)ud;
+  return gcap_graphed_call(r->g, c->entry, r->nin, r->in, c->out);
+}
+
 /* G:call(entry, tensors...) -> output (replays; eager in another mode) */
 static int l_graphed_call(lua_State *L) {
   LGraphed *p = l_checkgraphed(L, 1);
   int entry = l_checkentry(L, p, 2), nin = lua_gettop(L) - 2, i, mi;
   gcap_tensor **in;
-  gcap_graphed *g;
   gcap_module *m;
-  char msg[1024];
-  LFrame f;
-  LEngine *le;
-  LTensor *r;
-  gcap_status st;
+  LTensor *out;
+  LGraphedCall c;
+  LRun r = {l_callgraphed, NULL, NULL, "graphed call", NULL, NULL, 0, NULL, NULL, 0, 0, 0, 0};
   int kwi = 0;
   if (nin > 0 && lua_type(L, nin + 2) == LUA_TTABLE) kwi = 2 + nin--; /* a kwargs map, last */
   m = gcap_graphed_module(p->g, entry);
@@ -400,21 +428,16 @@ static int l_graphed_call(lua_State *L) {
     in[i] = t->t;
   }
   nin = l_flatkwargs(L, mi, kwi, in, nin, gcap_module_type(m));
-  r = l_newtensor(L);
-  g = gcap_graphed_retain(p->g); /* callbacks may close the boxes of g, its module and in */
-  m = gcap_module_retain(gcap_graphed_module(g, entry));
-  for (i = 0; i < nin; i++)
-    gcap_tensor_retain(in[i]);
-  le = l_enter(L, &f, NULL, 0, 0, 0);
-  st = gcap_graphed_call(g, entry, nin, in, &r->t);
-  l_leave(le, &f);
-  if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(p->e));
-  for (i = 0; i < nin; i++)
-    gcap_tensor_free(in[i]);
-  gcap_module_free(m);
-  gcap_graphed_free(g);
-  l_raisecb(L, NULL);
-  if (st != GCAP_OK) l_fail(L, st, msg, "graphed call");
+  out = l_newtensor(L);
+  c.entry = entry;
+  c.out = &out->t;
+  r.ud = &c;
+  r.e = p->e;
+  r.g = p->g;
+  r.m = m;
+  r.nin = nin;
+  r.in = in;
+  l_run(L, &r);
   l_knownresult(L);
   return 1;
 }
@@ -489,18 +512,16 @@ static int l_graphed_stats(lua_State *L) {
   return 1;
 }
 
-LUAI_DDEF const luaL_Reg l_graphed_meta[] = {{"__gc", l_graphed_close},
-                                             {"__close", l_graphed_close},
-                                             {"__len", l_graphed_len},
-                                             {NULL, NULL}};
+static const luaL_Reg l_graphed_meta[] = {{"__len", l_graphed_len}, {NULL, NULL}};
 
-LUAI_DDEF const luaL_Reg l_graphed_methods[] = {{"call", l_graphed_call},
-                                                {"backward_dw", l_graphed_backward_dw},
-                                                {"reset", l_graphed_reset},
-                                                {"stats", l_graphed_stats},
-                                                {"debug_dump", l_graphed_debug_dump},
-                                                {"close", l_graphed_close},
-                                                {NULL, NULL}};
+static const luaL_Reg l_graphed_methods[] = {
+    {"call", l_graphed_call},   {"backward_dw", l_graphed_backward_dw}, {"reset", l_graphed_reset},
+    {"stats", l_graphed_stats}, {"debug_dump", l_graphed_debug_dump},   {NULL, NULL}};
+
+LUAI_DDEF const LClass l_graphed_class = {
+    "Graphed", GRAPHED_MT,       "graphed callables are closed",
+    "closed",  l_graphed_isopen, l_graphed_close,
+    NULL,      l_graphed_meta,   l_graphed_methods};
 
 /* }====================================================== */
 

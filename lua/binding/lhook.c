@@ -139,15 +139,19 @@ static int l_handle_remove(lua_State *L) {
   return 0;
 }
 
-static int l_handle_tostring(lua_State *L) {
-  LHandle *h = (LHandle *)luaL_checkudata(L, 1, HANDLE_MT);
-  if (h->m == NULL)
-    lua_pushliteral(L, HANDLE_MT " (removed)");
-  else
-    lua_pushfstring(L, HANDLE_MT "(%d)", h->id);
-  return 1;
+static void l_handle_describe(lua_State *L, void *box) {
+  lua_pushfstring(L, HANDLE_MT "(%d)", ((LHandle *)box)->id);
 }
 
-LUAI_DDEF const luaL_Reg l_handle_meta[] = {{"__tostring", l_handle_tostring}, {NULL, NULL}};
+static int l_handle_isopen(const void *box) {
+  return ((const LHandle *)box)->m != NULL;
+}
 
-LUAI_DDEF const luaL_Reg l_handle_methods[] = {{"remove", l_handle_remove}, {NULL, NULL}};
+static const luaL_Reg l_handle_meta[] = {{NULL, NULL}};
+
+static const luaL_Reg l_handle_methods[] = {{"remove", l_handle_remove}, {NULL, NULL}};
+
+/* removed by remove() alone: no close */
+LUAI_DDEF const LClass l_handle_class = {
+    "HookHandle",      HANDLE_MT,     "hook handle is removed", "removed", l_handle_isopen, NULL,
+    l_handle_describe, l_handle_meta, l_handle_methods};

@@ -17,9 +17,7 @@
 static int l_module_forward(lua_State *L);
 
 LModule *l_checkmodule(lua_State *L, int i) {
-  LModule *p = (LModule *)luaL_checkudata(L, i, MODULE_MT);
-  luaL_argcheck(L, p->m != NULL, i, "module is closed");
-  return p;
+  return (LModule *)l_checkbox(L, i, &l_module_class);
 }
 
 /* A new Module box in its closed state, of the class at index 'cls' (0:
@@ -121,34 +119,31 @@ void l_adoptfields(lua_State *L, int i) {
   }
 }
 
-static int l_module_close(lua_State *L) {
-  LModule *p = (LModule *)luaL_checkudata(L, 1, MODULE_MT);
-  if (p->m != NULL) {
-    /* its hooks live in its uservalue: they go with it */
-    if (lua_getiuservalue(L, 1, MV_HOOKS) == LUA_TTABLE) {
-      lua_pushnil(L);
-      while (lua_next(L, -2) != 0) {
-        LHandle *h = (LHandle *)lua_touserdata(L, -1);
-        if (h != NULL && h->m != NULL) {
-          gcap_module_remove_hook(h->m, h->id);
-          h->m = NULL;
-        }
-        lua_pop(L, 1);
+static void l_module_close(lua_State *L, void *box) {
+  LModule *p = (LModule *)box;
+  /* its hooks live in its uservalue: they go with it */
+  if (lua_getiuservalue(L, 1, MV_HOOKS) == LUA_TTABLE) {
+    lua_pushnil(L);
+    while (lua_next(L, -2) != 0) {
+      LHandle *h = (LHandle *)lua_touserdata(L, -1);
+      if (h != NULL && h->m != NULL) {
+        gcap_module_remove_hook(h->m, h->id);
+        h->m = NULL;
       }
+      lua_pop(L, 1);
     }
-    gcap_module_free(p->m);
-    p->m = NULL;
   }
-  return 0;
+  gcap_module_free(p->m);
+  p->m = NULL;
 }
 
-static int l_module_tostring(lua_State *L) {
-  LModule *p = (LModule *)luaL_checkudata(L, 1, MODULE_MT);
-  if (p->m == NULL)
-    lua_pushliteral(L, MODULE_MT " (closed)");
-  else
-    lua_pushstring(L, gcap_module_type(p->m));
-  return 1;
+static void l_module_describe(lua_State *L, void *box) {
+  LModule *p = (LModule *)box;
+  lua_pushstring(L, gcap_module_type(p->m));
+}
+
+static int l_module_isopen(const void *box) {
+  return ((const LModule *)box)->m != NULL;
 }
 
 /*
@@ -300,19 +295,19 @@ int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin, const
   return nin;
 }
 
+static gcap_status l_callmodule(const LRun *r, void *ud) {
+  return gcap_module_call(r->m, r->nin, r->in, (gcap_tensor **)ud);
+}
+
 /* m(...) (muted = 0) and, for built-ins, m:forward(...) (muted = 1) */
 static int l_modcall(lua_State *L, int muted) {
   LModule *p = l_checkmodule(L, 1);
   gcap_module *m = p->m;
-  gcap_engine *e = l_engine(L);
   int islua = (gcap_module_userdata(m) == lua_touserdata(L, ENGINEIDX));
   int i, nargs = lua_gettop(L) - 1, nin = 0;
   gcap_tensor **in = l_inbuf(L, l_maxin(L, 1, nargs));
-  char msg[1024], op[256];
-  LFrame f;
-  LEngine *le;
-  LTensor *r;
-  gcap_status st;
+  LTensor *out;
+  LRun r = {l_callmodule, NULL, NULL, NULL, m, NULL, 0, in, m, 2, 0, 0, 0};
   for (i = 2; i <= nargs + 1; i++) {
     LTensor *t = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
     if (t == NULL) {
@@ -326,22 +321,13 @@ static int l_modcall(lua_State *L, int muted) {
     l_keeptensor(L, i); /* children and hooks see this same value */
   }
   nin = l_flatkwargs(L, 1, nargs > 0 ? nargs + 1 : 0, in, nin, gcap_module_type(m));
-  r = l_newtensor(L);
-  gcap_module_retain(m); /* callbacks may close the boxes of m and 'in' */
-  for (i = 0; i < nin; i++)
-    gcap_tensor_retain(in[i]);
-  le = l_enter(L, &f, m, 2, nargs, muted);
-  st = gcap_module_call(m, nin, in, &r->t);
-  l_leave(le, &f);
-  if (st != GCAP_OK) { /* m may go with its retain: copy what the message needs */
-    snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
-    snprintf(op, sizeof op, "%s", gcap_module_type(m));
-  }
-  for (i = 0; i < nin; i++)
-    gcap_tensor_free(in[i]);
-  gcap_module_free(m);
-  l_raisecb(L, NULL);
-  if (st != GCAP_OK) l_fail(L, st, msg, op);
+  out = l_newtensor(L);
+  r.ud = &out->t;
+  r.e = l_engine(L);
+  r.nin = nin;
+  r.nargs = nargs;
+  r.muted = muted;
+  l_run(L, &r);
   l_knownresult(L);
   return 1;
 }
@@ -580,22 +566,16 @@ static int l_module_to(lua_State *L) {
   return 1;
 }
 
+static gcap_status l_callbackward_dw(const LRun *r, void *ud) {
+  (void)ud;
+  return gcap_module_backward_dw(r->m);
+}
+
 static int l_backward_dw(lua_State *L) {
-  LModule *p = l_checkmodule(L, 1);
-  gcap_module *m = p->m;
-  gcap_engine *e = l_engine(L);
-  char msg[1024];
-  LFrame f;
-  LEngine *le;
-  gcap_status st;
-  gcap_module_retain(m);
-  le = l_enter(L, &f, NULL, 0, 0, 0);
-  st = gcap_module_backward_dw(m);
-  l_leave(le, &f);
-  if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
-  gcap_module_free(m);
-  l_raisecb(L, NULL);
-  if (st != GCAP_OK) l_fail(L, st, msg, "backward_dw");
+  LRun r = {l_callbackward_dw, NULL, NULL, "backward_dw", NULL, NULL, 0, NULL, NULL, 0, 0, 0, 0};
+  r.m = l_checkmodule(L, 1)->m;
+  r.e = l_engine(L);
+  l_run(L, &r);
   return 0;
 }
 
@@ -604,13 +584,9 @@ static int l_module_type(lua_State *L) {
   return 1;
 }
 
-LUAI_DDEF const luaL_Reg l_module_meta[] = {{"__gc", l_module_close},
-                                            {"__close", l_module_close},
-                                            {"__tostring", l_module_tostring},
-                                            {"__call", l_module_call},
-                                            {NULL, NULL}};
+static const luaL_Reg l_module_meta[] = {{"__call", l_module_call}, {NULL, NULL}};
 
-LUAI_DDEF const luaL_Reg l_module_methods[] = {
+static const luaL_Reg l_module_methods[] = {
     {"forward", l_module_forward},
     {"parameters", l_parameters},
     {"named_parameters", l_named_parameters},
@@ -629,5 +605,8 @@ LUAI_DDEF const luaL_Reg l_module_methods[] = {
     {"register_full_backward_pre_hook", l_register_full_backward_pre_hook},
     {"register_full_backward_hook", l_register_full_backward_hook},
     {"type", l_module_type},
-    {"close", l_module_close},
     {NULL, NULL}};
+
+LUAI_DDEF const LClass l_module_class = {"Module",          MODULE_MT,       "module is closed",
+                                         "closed",          l_module_isopen, l_module_close,
+                                         l_module_describe, l_module_meta,   l_module_methods};

@@ -69,25 +69,23 @@ static int l_optim_adam(lua_State *L) {
 }
 
 static LOptim *l_checkoptim(lua_State *L, int i) {
-  LOptim *p = (LOptim *)luaL_checkudata(L, i, OPTIM_MT);
-  luaL_argcheck(L, p->o != NULL, i, "optimizer is closed");
-  return p;
+  return (LOptim *)l_checkbox(L, i, &l_optim_class);
 }
 
-static int l_optim_close(lua_State *L) {
-  LOptim *p = (LOptim *)luaL_checkudata(L, 1, OPTIM_MT);
+static void l_optim_close(lua_State *L, void *box) {
+  LOptim *p = (LOptim *)box;
+  (void)L;
   gcap_optim_free(p->o);
   p->o = NULL;
-  return 0;
 }
 
-static int l_optim_tostring(lua_State *L) {
-  LOptim *p = (LOptim *)luaL_checkudata(L, 1, OPTIM_MT);
-  if (p->o == NULL)
-    lua_pushliteral(L, OPTIM_MT " (closed)");
-  else
-    lua_pushfstring(L, OPTIM_MT "(%s)", p->adam ? "Adam" : "SGD");
-  return 1;
+static void l_optim_describe(lua_State *L, void *box) {
+  LOptim *p = (LOptim *)box;
+  lua_pushfstring(L, OPTIM_MT "(%s)", p->adam ? "Adam" : "SGD");
+}
+
+static int l_optim_isopen(const void *box) {
+  return ((const LOptim *)box)->o != NULL;
 }
 
 static int l_optim_step(lua_State *L) {
@@ -104,15 +102,14 @@ static int l_optim_zero_grad(lua_State *L) {
   return 0;
 }
 
-LUAI_DDEF const luaL_Reg l_optim_meta[] = {{"__gc", l_optim_close},
-                                           {"__close", l_optim_close},
-                                           {"__tostring", l_optim_tostring},
-                                           {NULL, NULL}};
+static const luaL_Reg l_optim_meta[] = {{NULL, NULL}};
 
-LUAI_DDEF const luaL_Reg l_optim_methods[] = {{"step", l_optim_step},
-                                              {"zero_grad", l_optim_zero_grad},
-                                              {"close", l_optim_close},
-                                              {NULL, NULL}};
+static const luaL_Reg l_optim_methods[] = {
+    {"step", l_optim_step}, {"zero_grad", l_optim_zero_grad}, {NULL, NULL}};
+
+LUAI_DDEF const LClass l_optim_class = {"Optimizer",      OPTIM_MT,       "optimizer is closed",
+                                        "closed",         l_optim_isopen, l_optim_close,
+                                        l_optim_describe, l_optim_meta,   l_optim_methods};
 
 LUAI_DDEF const luaL_Reg l_optim_funcs[] = {
     {"sgd", l_optim_sgd}, {"adam", l_optim_adam}, {NULL, NULL}};

@@ -11,27 +11,19 @@
 #include "lgc.h"
 
 LStream *l_checkstream(lua_State *L, int i) {
-  LStream *p = (LStream *)luaL_checkudata(L, i, STREAM_MT);
-  luaL_argcheck(L, p->s != NULL, i, "stream is closed");
-  return p;
+  return (LStream *)l_checkbox(L, i, &l_stream_class);
 }
 
 static LEvent *l_checkevent(lua_State *L, int i) {
-  LEvent *p = (LEvent *)luaL_checkudata(L, i, EVENT_MT);
-  luaL_argcheck(L, p->ev != NULL, i, "event is closed");
-  return p;
+  return (LEvent *)l_checkbox(L, i, &l_event_class);
 }
 
 LPool *l_checkpool(lua_State *L, int i) {
-  LPool *p = (LPool *)luaL_checkudata(L, i, POOL_MT);
-  luaL_argcheck(L, p->p != NULL, i, "pool is closed");
-  return p;
+  return (LPool *)l_checkbox(L, i, &l_pool_class);
 }
 
 static LGraph *l_checkgraph(lua_State *L, int i) {
-  LGraph *p = (LGraph *)luaL_checkudata(L, i, GRAPH_MT);
-  luaL_argcheck(L, p->g != NULL, i, "graph is closed");
-  return p;
+  return (LGraph *)l_checkbox(L, i, &l_graph_class);
 }
 
 /*
@@ -106,24 +98,25 @@ static int l_set_current_stream(lua_State *L) {
   return 0;
 }
 
-static int l_stream_close(lua_State *L) {
-  LStream *p = (LStream *)luaL_checkudata(L, 1, STREAM_MT);
+static void l_stream_close(lua_State *L, void *box) {
+  LStream *p = (LStream *)box;
+  (void)L;
   if (p->own) gcap_stream_free(p->s); /* the default becomes current */
   p->s = NULL;
-  return 0;
 }
 
-static int l_stream_tostring(lua_State *L) {
-  LStream *p = (LStream *)luaL_checkudata(L, 1, STREAM_MT);
-  if (p->s == NULL)
-    lua_pushliteral(L, STREAM_MT " (closed)");
-  else if (p->s == gcap_default_stream(p->e))
+static void l_stream_describe(lua_State *L, void *box) {
+  LStream *p = (LStream *)box;
+  if (p->s == gcap_default_stream(p->e))
     lua_pushliteral(L, STREAM_MT "(default)");
   else if (p->s == gcap_capture_stream(p->e))
     lua_pushliteral(L, STREAM_MT "(capture)");
   else
     lua_pushfstring(L, STREAM_MT "(%p)", (void *)p->s);
-  return 1;
+}
+
+static int l_stream_isopen(const void *box) {
+  return ((const LStream *)box)->s != NULL;
 }
 
 static int l_stream_synchronize(lua_State *L) {
@@ -139,15 +132,14 @@ static int l_stream_wait_event(lua_State *L) {
   return 0;
 }
 
-LUAI_DDEF const luaL_Reg l_stream_meta[] = {{"__gc", l_stream_close},
-                                            {"__close", l_stream_close},
-                                            {"__tostring", l_stream_tostring},
-                                            {NULL, NULL}};
+static const luaL_Reg l_stream_meta[] = {{NULL, NULL}};
 
-LUAI_DDEF const luaL_Reg l_stream_methods[] = {{"synchronize", l_stream_synchronize},
-                                               {"wait_event", l_stream_wait_event},
-                                               {"close", l_stream_close},
-                                               {NULL, NULL}};
+static const luaL_Reg l_stream_methods[] = {
+    {"synchronize", l_stream_synchronize}, {"wait_event", l_stream_wait_event}, {NULL, NULL}};
+
+LUAI_DDEF const LClass l_stream_class = {"Stream",          STREAM_MT,       "stream is closed",
+                                         "closed",          l_stream_isopen, l_stream_close,
+                                         l_stream_describe, l_stream_meta,   l_stream_methods};
 
 static int l_event_new(lua_State *L) {
   gcap_engine *e = l_engine(L);
@@ -157,20 +149,20 @@ static int l_event_new(lua_State *L) {
   return 1;
 }
 
-static int l_event_close(lua_State *L) {
-  LEvent *p = (LEvent *)luaL_checkudata(L, 1, EVENT_MT);
+static void l_event_close(lua_State *L, void *box) {
+  LEvent *p = (LEvent *)box;
+  (void)L;
   gcap_event_free(p->ev);
   p->ev = NULL;
-  return 0;
 }
 
-static int l_event_tostring(lua_State *L) {
-  LEvent *p = (LEvent *)luaL_checkudata(L, 1, EVENT_MT);
-  if (p->ev == NULL)
-    lua_pushliteral(L, EVENT_MT " (closed)");
-  else
-    lua_pushfstring(L, EVENT_MT "(%p)", (void *)p->ev);
-  return 1;
+static void l_event_describe(lua_State *L, void *box) {
+  LEvent *p = (LEvent *)box;
+  lua_pushfstring(L, EVENT_MT "(%p)", (void *)p->ev);
+}
+
+static int l_event_isopen(const void *box) {
+  return ((const LEvent *)box)->ev != NULL;
 }
 
 /* ev:record([s]): at the end of s, by default the current stream */
@@ -187,15 +179,14 @@ static int l_event_synchronize(lua_State *L) {
   return 0;
 }
 
-LUAI_DDEF const luaL_Reg l_event_meta[] = {{"__gc", l_event_close},
-                                           {"__close", l_event_close},
-                                           {"__tostring", l_event_tostring},
-                                           {NULL, NULL}};
+static const luaL_Reg l_event_meta[] = {{NULL, NULL}};
 
-LUAI_DDEF const luaL_Reg l_event_methods[] = {{"record", l_event_record},
-                                              {"synchronize", l_event_synchronize},
-                                              {"close", l_event_close},
-                                              {NULL, NULL}};
+static const luaL_Reg l_event_methods[] = {
+    {"record", l_event_record}, {"synchronize", l_event_synchronize}, {NULL, NULL}};
+
+LUAI_DDEF const LClass l_event_class = {"Event",          EVENT_MT,       "event is closed",
+                                        "closed",         l_event_isopen, l_event_close,
+                                        l_event_describe, l_event_meta,   l_event_methods};
 
 /* }====================================================== */
 
@@ -263,20 +254,20 @@ static int l_pool_new(lua_State *L) {
   return 1;
 }
 
-static int l_pool_close(lua_State *L) {
-  LPool *p = (LPool *)luaL_checkudata(L, 1, POOL_MT);
+static void l_pool_close(lua_State *L, void *box) {
+  (void)L;
+  LPool *p = (LPool *)box;
   gcap_pool_free(p->p); /* during a capture, the core defers the release */
   p->p = NULL;
-  return 0;
 }
 
-static int l_pool_tostring(lua_State *L) {
-  LPool *p = (LPool *)luaL_checkudata(L, 1, POOL_MT);
-  if (p->p == NULL)
-    lua_pushliteral(L, POOL_MT " (closed)");
-  else
-    lua_pushfstring(L, POOL_MT "(%p)", (void *)p->p);
-  return 1;
+static void l_pool_describe(lua_State *L, void *box) {
+  LPool *p = (LPool *)box;
+  lua_pushfstring(L, POOL_MT "(%p)", (void *)p->p);
+}
+
+static int l_pool_isopen(const void *box) {
+  return ((const LPool *)box)->p != NULL;
 }
 
 static int l_pool_stats(lua_State *L) {
@@ -287,13 +278,13 @@ static int l_pool_stats(lua_State *L) {
   return 1;
 }
 
-LUAI_DDEF const luaL_Reg l_pool_meta[] = {{"__gc", l_pool_close},
-                                          {"__close", l_pool_close},
-                                          {"__tostring", l_pool_tostring},
-                                          {NULL, NULL}};
+static const luaL_Reg l_pool_meta[] = {{NULL, NULL}};
 
-LUAI_DDEF const luaL_Reg l_pool_methods[] = {
-    {"stats", l_pool_stats}, {"close", l_pool_close}, {NULL, NULL}};
+static const luaL_Reg l_pool_methods[] = {{"stats", l_pool_stats}, {NULL, NULL}};
+
+LUAI_DDEF const LClass l_pool_class = {"Pool",          POOL_MT,       "pool is closed",
+                                       "closed",        l_pool_isopen, l_pool_close,
+                                       l_pool_describe, l_pool_meta,   l_pool_methods};
 
 static int l_graph_new(lua_State *L) {
   gcap_engine *e = l_engine(L);
@@ -303,25 +294,24 @@ static int l_graph_new(lua_State *L) {
   return 1;
 }
 
-static int l_graph_close(lua_State *L) {
-  LGraph *p = (LGraph *)luaL_checkudata(L, 1, GRAPH_MT);
+static void l_graph_close(lua_State *L, void *box) {
+  LGraph *p = (LGraph *)box;
   gcap_graph_free(p->g); /* during a capture, the core defers it; during its own, ends it */
   p->g = NULL;
   if (p->e != NULL && !gcap_is_capturing(p->e)) { /* no capture: drop its stream */
     lua_pushnil(L);
     lua_setiuservalue(L, ENGINEIDX, EV_CAPTURE);
   }
-  return 0;
 }
 
-static int l_graph_tostring(lua_State *L) {
-  LGraph *p = (LGraph *)luaL_checkudata(L, 1, GRAPH_MT);
-  if (p->g == NULL)
-    lua_pushliteral(L, GRAPH_MT " (closed)");
-  else
-    lua_pushfstring(L, GRAPH_MT "(name='%s', captured=%s)", gcap_graph_name(p->g),
-                    gcap_graph_is_captured(p->g) ? "true" : "false");
-  return 1;
+static void l_graph_describe(lua_State *L, void *box) {
+  LGraph *p = (LGraph *)box;
+  lua_pushfstring(L, GRAPH_MT "(name='%s', captured=%s)", gcap_graph_name(p->g),
+                  gcap_graph_is_captured(p->g) ? "true" : "false");
+}
+
+static int l_graph_isopen(const void *box) {
+  return ((const LGraph *)box)->g != NULL;
 }
 
 static LGraph *l_checkcaptured(lua_State *L, const char *op) {
@@ -431,23 +421,23 @@ static int l_graph_debug_dump(lua_State *L) {
   return 0;
 }
 
-LUAI_DDEF const luaL_Reg l_graph_meta[] = {{"__gc", l_graph_close},
-                                           {"__close", l_graph_close},
-                                           {"__tostring", l_graph_tostring},
+static const luaL_Reg l_graph_meta[] = {{NULL, NULL}};
+
+static const luaL_Reg l_graph_methods[] = {{"capture_begin", l_capture_begin},
+                                           {"capture_end", l_capture_end},
+                                           {"replay", l_replay},
+                                           {"reset", l_reset},
+                                           {"stats", l_graph_stats},
+                                           {"pool", l_graph_pool},
+                                           {"set_name", l_set_name},
+                                           {"name", l_name},
+                                           {"is_captured", l_is_captured},
+                                           {"debug_dump", l_graph_debug_dump},
                                            {NULL, NULL}};
 
-LUAI_DDEF const luaL_Reg l_graph_methods[] = {{"capture_begin", l_capture_begin},
-                                              {"capture_end", l_capture_end},
-                                              {"replay", l_replay},
-                                              {"reset", l_reset},
-                                              {"stats", l_graph_stats},
-                                              {"pool", l_graph_pool},
-                                              {"set_name", l_set_name},
-                                              {"name", l_name},
-                                              {"is_captured", l_is_captured},
-                                              {"debug_dump", l_graph_debug_dump},
-                                              {"close", l_graph_close},
-                                              {NULL, NULL}};
+LUAI_DDEF const LClass l_graph_class = {"Graph",          GRAPH_MT,       "graph is closed",
+                                        "closed",         l_graph_isopen, l_graph_close,
+                                        l_graph_describe, l_graph_meta,   l_graph_methods};
 
 /* }====================================================== */
 
@@ -457,38 +447,37 @@ LUAI_DDEF const luaL_Reg l_graph_methods[] = {{"capture_begin", l_capture_begin}
 ** =======================================================
 */
 
-static int l_engine_close(lua_State *L) {
-  LEngine *p = (LEngine *)luaL_checkudata(L, 1, ENGINE_MT);
-  if (p->e != NULL) {
-    /* boxes of the engine's own streams must not outlive them */
-    lua_getiuservalue(L, 1, EV_STREAMS);
-    lua_pushnil(L);
-    while (lua_next(L, -2) != 0) {
-      LStream *s = (LStream *)lua_touserdata(L, -1);
-      if (!s->own) s->s = NULL;
-      lua_pop(L, 1);
-    }
-    gcap_engine_free(p->e); /* the core keeps it while objects live */
-    p->e = NULL;
+static void l_engine_close(lua_State *L, void *box) {
+  LEngine *p = (LEngine *)box;
+  /* boxes of the engine's own streams must not outlive them */
+  lua_getiuservalue(L, 1, EV_STREAMS);
+  lua_pushnil(L);
+  while (lua_next(L, -2) != 0) {
+    LStream *s = (LStream *)lua_touserdata(L, -1);
+    if (!s->own) s->s = NULL;
+    lua_pop(L, 1);
   }
-  return 0;
+  gcap_engine_free(p->e); /* the core keeps it while objects live */
+  p->e = NULL;
 }
 
-static int l_engine_tostring(lua_State *L) {
-  LEngine *p = (LEngine *)luaL_checkudata(L, 1, ENGINE_MT);
-  if (p->e == NULL)
-    lua_pushliteral(L, ENGINE_MT " (closed)");
-  else
-    lua_pushfstring(L, ENGINE_MT "(device=%s)", gcap_engine_device(p->e));
-  return 1;
+static void l_engine_describe(lua_State *L, void *box) {
+  LEngine *p = (LEngine *)box;
+  lua_pushfstring(L, ENGINE_MT "(device=%s)", gcap_engine_device(p->e));
 }
 
-LUAI_DDEF const luaL_Reg l_engine_meta[] = {{"__gc", l_engine_close},
-                                            {"__close", l_engine_close},
-                                            {"__tostring", l_engine_tostring},
-                                            {NULL, NULL}};
+static int l_engine_isopen(const void *box) {
+  return ((const LEngine *)box)->e != NULL;
+}
 
-LUAI_DDEF const luaL_Reg l_engine_methods[] = {{"close", l_engine_close}, {NULL, NULL}};
+static const luaL_Reg l_engine_meta[] = {{NULL, NULL}};
+
+static const luaL_Reg l_engine_methods[] = {{NULL, NULL}};
+
+LUAI_DDEF const LClass l_engine_class = {
+    "Engine",          ENGINE_MT,       "graphcap engine is closed",
+    "closed",          l_engine_isopen, l_engine_close,
+    l_engine_describe, l_engine_meta,   l_engine_methods};
 
 /* Push a new table with weak keys or values (mode "k" or "v"). */
 static void l_weaktable(lua_State *L, const char *mode) {

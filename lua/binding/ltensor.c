@@ -11,9 +11,7 @@
 static const int64_t l_noshape[1] = {0}; /* shape of a 0-D tensor (unread) */
 
 gcap_tensor *l_checktensor(lua_State *L, int i) {
-  LTensor *p = (LTensor *)luaL_checkudata(L, i, TENSOR_MT);
-  luaL_argcheck(L, p->t != NULL, i, "tensor is closed");
-  return p->t;
+  return ((LTensor *)l_checkbox(L, i, &l_tensor_class))->t;
 }
 
 /* The dtype named at i (absent or nil: f32); errors name op. */
@@ -210,32 +208,31 @@ static int l_randn(lua_State *L) {
   return l_newrand(L, 1, "randn");
 }
 
-static int l_tensor_close(lua_State *L) {
-  LTensor *p = (LTensor *)luaL_checkudata(L, 1, TENSOR_MT);
+static void l_tensor_close(lua_State *L, void *box) {
+  LTensor *p = (LTensor *)box;
+  (void)L;
   gcap_tensor_free(p->t);
   p->t = NULL;
-  return 0;
 }
 
-static int l_tensor_tostring(lua_State *L) {
-  LTensor *p = (LTensor *)luaL_checkudata(L, 1, TENSOR_MT);
-  if (p->t == NULL)
-    lua_pushliteral(L, TENSOR_MT " (closed)");
-  else {
-    luaL_Buffer b;
-    int i, n = gcap_tensor_ndim(p->t);
-    const int64_t *shape = gcap_tensor_shape(p->t);
-    luaL_buffinit(L, &b);
-    luaL_addstring(&b, TENSOR_MT "(shape={");
-    for (i = 0; i < n; i++) {
-      lua_pushfstring(L, (i > 0) ? ",%I" : "%I", (LUAI_UACINT)shape[i]);
-      luaL_addvalue(&b);
-    }
-    lua_pushfstring(L, "}, dtype=%s)", l_dtypename(gcap_tensor_dtype(p->t)));
+static void l_tensor_describe(lua_State *L, void *box) {
+  LTensor *p = (LTensor *)box;
+  luaL_Buffer b;
+  int i, n = gcap_tensor_ndim(p->t);
+  const int64_t *shape = gcap_tensor_shape(p->t);
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, TENSOR_MT "(shape={");
+  for (i = 0; i < n; i++) {
+    lua_pushfstring(L, (i > 0) ? ",%I" : "%I", (LUAI_UACINT)shape[i]);
     luaL_addvalue(&b);
-    luaL_pushresult(&b);
   }
-  return 1;
+  lua_pushfstring(L, "}, dtype=%s)", l_dtypename(gcap_tensor_dtype(p->t)));
+  luaL_addvalue(&b);
+  luaL_pushresult(&b);
+}
+
+static int l_tensor_isopen(const void *box) {
+  return ((const LTensor *)box)->t != NULL;
 }
 
 static int l_shape(lua_State *L) {
@@ -485,26 +482,27 @@ static int l_detach(lua_State *L) {
   return l_unary(L, gcap_tensor_detach, "detach");
 }
 
+typedef struct LBackward {
+  gcap_tensor *tg[2]; /* the tensor and its gradient (or NULL) */
+  int retain;
+} LBackward;
+
+static gcap_status l_callbackward(const LRun *r, void *ud) {
+  LBackward *b = (LBackward *)ud;
+  (void)r;
+  return gcap_backward(b->tg[0], b->tg[1], b->retain);
+}
+
 /* t:backward([grad [, retain_graph]]) (the facade takes an options table) */
 static int l_backward(lua_State *L) {
-  gcap_tensor *t = l_checktensor(L, 1);
-  gcap_tensor *g = lua_isnoneornil(L, 2) ? NULL : l_checktensor(L, 2);
-  int retain = lua_toboolean(L, 3);
-  gcap_engine *e = gcap_tensor_engine(t);
-  char msg[1024];
-  LFrame f;
-  LEngine *le;
-  gcap_status st;
-  gcap_tensor_retain(t); /* a hook may close their boxes */
-  gcap_tensor_retain(g);
-  le = l_enter(L, &f, NULL, 0, 0, 0);
-  st = gcap_backward(t, g, retain);
-  l_leave(le, &f);
-  if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", gcap_errmsg(e));
-  gcap_tensor_free(g);
-  gcap_tensor_free(t);
-  l_raisecb(L, NULL);
-  if (st != GCAP_OK) l_fail(L, st, msg, "backward");
+  LBackward b;
+  LRun r = {l_callbackward, &b, NULL, "backward", NULL, NULL, 0, b.tg, NULL, 0, 0, 0, 0};
+  b.tg[0] = l_checktensor(L, 1);
+  b.tg[1] = lua_isnoneornil(L, 2) ? NULL : l_checktensor(L, 2);
+  b.retain = lua_toboolean(L, 3);
+  r.e = gcap_tensor_engine(b.tg[0]);
+  r.nin = (b.tg[1] != NULL) ? 2 : 1;
+  l_run(L, &r);
   return 0;
 }
 
@@ -563,38 +561,35 @@ int l_tensor_newindex(lua_State *L) {
 
 /* The Tensor metatable; l_tensor_index and l_tensor_newindex replace its
 ** __index by a function over these methods (luaopen_graphcap_core). */
-LUAI_DDEF const luaL_Reg l_tensor_meta[] = {{"__gc", l_tensor_close},
-                                            {"__close", l_tensor_close},
-                                            {"__tostring", l_tensor_tostring},
-                                            {"__add", l_add},
-                                            {"__sub", l_sub},
-                                            {"__mul", l_mul},
-                                            {"__unm", l_unm},
+static const luaL_Reg l_tensor_meta[] = {
+    {"__add", l_add}, {"__sub", l_sub}, {"__mul", l_mul}, {"__unm", l_unm}, {NULL, NULL}};
+
+static const luaL_Reg l_tensor_methods[] = {{"shape", l_shape},
+                                            {"numel", l_numel},
+                                            {"dim", l_dim},
+                                            {"dtype", l_dtype},
+                                            {"tolist", l_tolist},
+                                            {"item", l_item},
+                                            {"data_ptr", l_data_ptr},
+                                            {"clone", l_clone},
+                                            {"view", l_view},
+                                            {"copy_", l_copy_},
+                                            {"zero_", l_zero_},
+                                            {"fill_", l_fill_},
+                                            {"sum", l_sum},
+                                            {"mean", l_mean},
+                                            {"requires_grad_", l_requires_grad_},
+                                            {"detach", l_detach},
+                                            {"backward", l_backward},
+                                            {"matmul", l_matmul},
+                                            {"relu", l_relu},
+                                            {"gelu", l_gelu},
+                                            {"softmax", l_softmax},
                                             {NULL, NULL}};
 
-LUAI_DDEF const luaL_Reg l_tensor_methods[] = {{"shape", l_shape},
-                                               {"numel", l_numel},
-                                               {"dim", l_dim},
-                                               {"dtype", l_dtype},
-                                               {"tolist", l_tolist},
-                                               {"item", l_item},
-                                               {"data_ptr", l_data_ptr},
-                                               {"clone", l_clone},
-                                               {"view", l_view},
-                                               {"copy_", l_copy_},
-                                               {"zero_", l_zero_},
-                                               {"fill_", l_fill_},
-                                               {"sum", l_sum},
-                                               {"mean", l_mean},
-                                               {"requires_grad_", l_requires_grad_},
-                                               {"detach", l_detach},
-                                               {"backward", l_backward},
-                                               {"matmul", l_matmul},
-                                               {"relu", l_relu},
-                                               {"gelu", l_gelu},
-                                               {"softmax", l_softmax},
-                                               {"close", l_tensor_close},
-                                               {NULL, NULL}};
+LUAI_DDEF const LClass l_tensor_class = {"Tensor",          TENSOR_MT,       "tensor is closed",
+                                         "closed",          l_tensor_isopen, l_tensor_close,
+                                         l_tensor_describe, l_tensor_meta,   l_tensor_methods};
 
 /* }====================================================== */
 
