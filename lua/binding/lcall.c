@@ -24,8 +24,6 @@ LUAI_DDEF const char l_errkey = 'e';  /* the LErr holder */
 LUAI_DDEF const char l_fwdkey = 'f';  /* the protected part of a Lua forward */
 LUAI_DDEF const char l_hookkey = 'h'; /* the protected part of a hook */
 LUAI_DDEF const char l_capkey = 'c';  /* the protected part of a capture-time hook */
-LUAI_DDEF const char l_mgckey = 'm';  /* the hooks of the make_graphed_callables in progress */
-LUAI_DDEF const char l_progkey = 'p'; /* the protected part of a progress function */
 
 /*
 ** The engine calls that may run Lua, each made through l_run (the others
@@ -108,7 +106,9 @@ void l_run(lua_State *L, const LRun *r) {
 ** Call, from a core callback about module m (NULL: none), the protected
 ** function kept in the registry at 'key' with 'ctx', on the state of the
 ** engine's current frame, the C function of which is running on it. When
-** that frame is a direct call of m, its Lua arguments follow ctx. On a Lua
+** that frame is about m (a direct call of m, or, m NULL, a call about no
+** module), its Lua values follow ctx: m's arguments, or the Graphed box of
+** make_graphed_callables. On a Lua
 ** error, keep the error object (the first one) for l_raisecb and tell the
 ** core to stop. Nothing here can raise.
 */
@@ -118,7 +118,7 @@ gcap_status l_callback(LEngine *le, const char *key, LCall *ctx, const gcap_modu
   int i, top, st;
   if (f == NULL) return GCAP_EABORTED; /* no Lua call in progress */
   L = f->L;
-  ctx->nargs = (m != NULL && f->m == m) ? f->nargs : 0;
+  ctx->nargs = (f->m == m) ? f->nargs : 0; /* about the frame's module, or both none */
   if (!lua_checkstack(L, 4 + ctx->nargs)) return GCAP_ENOMEM;
   top = lua_gettop(L);
   lua_rawgetp(L, LUA_REGISTRYINDEX, key);

@@ -66,6 +66,7 @@ enum {
   MV_CLASS,  /* its class table (methods, forward), or nil */
   MV_HOOKS,  /* key -> HookHandle box, for every hook registered */
   MV_REG,    /* registered name -> "parameter" | "buffer" | "child" */
+  MV_KWARGS, /* the sorted kwargs keys it was graphed with, or nil */
   NMV
 };
 
@@ -157,6 +158,13 @@ typedef struct LClass {
   const luaL_Reg *meta, *methods;            /* the class's own metamethods and methods */
 } LClass;
 
+/* uservalues of a Graphed box */
+enum {
+  GDV_ENGINE = UV_ENGINE,
+  GDV_HOOKS, /* the Lua functions its make_graphed_callables could run */
+  NGDV
+};
+
 /* The start of the context of a callback's protected part */
 typedef struct LCall {
   int nargs; /* how many Lua arguments of a direct call follow the context */
@@ -189,8 +197,6 @@ LUAI_DDEC(const char l_errkey);  /* the LErr holder */
 LUAI_DDEC(const char l_fwdkey);  /* the protected part of a Lua forward */
 LUAI_DDEC(const char l_hookkey); /* the protected part of a hook */
 LUAI_DDEC(const char l_capkey);  /* the protected part of a capture-time hook */
-LUAI_DDEC(const char l_mgckey);  /* the hooks of the make_graphed_callables in progress */
-LUAI_DDEC(const char l_progkey); /* the protected part of a progress function */
 
 /* lerror.c: errors that name the user's line */
 LUAI_FUNC int l_error(lua_State *L, const char *fmt, ...);
@@ -294,7 +300,6 @@ LUAI_DDEC(const luaL_Reg l_optim_funcs[]);
 /* lgraphed.c */
 LUAI_DDEC(const LClass l_graphed_class);
 LUAI_FUNC int l_pcaphook(lua_State *L);
-LUAI_FUNC int l_pprogress(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_graphed_funcs[]);
 
 #endif

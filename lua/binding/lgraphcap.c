@@ -131,8 +131,6 @@ static void l_callbacks(lua_State *L, int eng) {
   lua_pushvalue(L, eng);
   lua_pushcclosure(L, l_pcaphook, 1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &l_capkey);
-  lua_pushcfunction(L, l_pprogress);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_progkey);
   l_errholder(L);
 }
 

@@ -17,72 +17,59 @@ static LGraphed *l_checkgraphed(lua_State *L, int i) {
   return (LGraphed *)l_checkbox(L, i, &l_graphed_class);
 }
 
-/* A capture-time hook (or the pre/post warmup hook: group < 0), as the
-** core sees it: its place in the hook table of the call in progress. */
+/*
+** The Lua functions a make_graphed_callables call may run (capture-time
+** hooks, the warmup hooks, a progress function) cross as one flat sequence,
+** kept by the Graphed box (GDV_HOOKS); the core holds each one's ud, its
+** index there. The facade wraps each function: a hook gets its callable and
+** its return value is checked there.
+*/
 typedef struct LCapHook {
   LEngine *le;
-  int callable, group, index;
+  int index; /* in the Graphed box's GDV_HOOKS */
 } LCapHook;
 
 typedef struct LCapCall {
   LCall c;
-  const LCapHook *h;
+  int index;
+  const char *phase; /* progress(phase, done, total); NULL: a hook, no arguments */
+  int done, total;
 } LCapCall;
 
-static const char *const l_groups[4] = {"forward_pre_hooks", "forward_hooks", "backward_pre_hooks",
-                                        "backward_hooks"};
-
-/* The protected part: hooks[callable].group[index](callable's value), or
-** hooks.pre_warmup_hook(); a hook must return nothing or nil. The error
-** says where the hook is defined (the call site is the user's line). */
+/* The protected part: hooks[index](...) of the Graphed box that the frame
+** of make_graphed_callables passes (at 2) */
 int l_pcaphook(lua_State *L) {
   LCapCall *c = (LCapCall *)lua_touserdata(L, 1);
-  const char *name;
-  lua_Debug ar;
-  int fn, i;
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &l_mgckey);
-  if (c->h->group < 0) {
-    name = (c->h->group == -1) ? "pre_warmup_hook" : "post_warmup_hook";
-    lua_getfield(L, -1, name);
-    fn = lua_gettop(L);
-    lua_pushvalue(L, fn);
-    lua_call(L, 0, LUA_MULTRET);
-  } else {
-    name = l_groups[c->h->group];
-    lua_getfield(L, -1, "capture_time_hooks");
-    lua_rawgeti(L, -1, c->h->callable + 1); /* {callable = v, group = {...}} */
-    lua_getfield(L, -1, name);
-    lua_rawgeti(L, -1, c->h->index + 1);
-    fn = lua_gettop(L);
-    lua_pushvalue(L, fn);
-    lua_getfield(L, fn - 2, "callable");
-    lua_call(L, 1, LUA_MULTRET);
+  if (c->c.nargs != 1) return luaL_error(L, "capture-time hook outside make_graphed_callables");
+  lua_getiuservalue(L, 2, GDV_HOOKS);
+  lua_rawgeti(L, -1, c->index);
+  if (c->phase == NULL)
+    lua_call(L, 0, 0);
+  else {
+    lua_pushstring(L, c->phase);
+    lua_pushinteger(L, c->done);
+    lua_pushinteger(L, c->total);
+    lua_call(L, 3, 0);
   }
-  for (i = fn + 1; i <= lua_gettop(L); i++)
-    if (!lua_isnil(L, i)) {
-      lua_pushvalue(L, fn);
-      lua_getinfo(L, ">S", &ar);
-      if (c->h->group < 0)
-        return l_error(L, "%s must not return a value (it returned %s; defined at %s:%d)", name,
-                       l_typename(L, i), ar.short_src, ar.linedefined);
-      return l_error(L,
-                     "capture_time_hooks %s must not return a value (callable %d, hook #%d "
-                     "defined at %s:%d, returned %s)",
-                     name, c->h->callable + 1, c->h->index + 1, ar.short_src, ar.linedefined,
-                     l_typename(L, i));
-    }
   return 0;
 }
 
+static gcap_status l_runhook(const LCapHook *h, const char *phase, int done, int total) {
+  LCapCall c = {{0}, h->index, phase, done, total};
+  return l_callback(h->le, &l_capkey, &c.c, NULL);
+}
+
 static gcap_status l_caphook(void *ud, gcap_module *m) {
-  LCapCall c;
   (void)m;
-  c.h = (const LCapHook *)ud;
-  return l_callback(c.h->le, &l_capkey, &c.c, NULL);
+  return l_runhook((const LCapHook *)ud, NULL, 0, 0);
 }
 
 static gcap_status l_warmhook(void *ud) {
-  return l_caphook(ud, NULL);
+  return l_runhook((const LCapHook *)ud, NULL, 0, 0);
+}
+
+static gcap_status l_progress_fn(void *ud, const char *phase, int done, int total) {
+  return l_runhook((const LCapHook *)ud, phase, done, total);
 }
 
 /*
@@ -102,44 +89,8 @@ static gcap_status l_progress_line(void *ud, const char *phase, int done, int to
   return GCAP_OK;
 }
 
-typedef struct LProgress {
-  LCall c;
-  const char *phase;
-  int done, total;
-} LProgress;
-
-/* The protected part: opts.progress(phase, done, total) */
-int l_pprogress(lua_State *L) {
-  LProgress *p = (LProgress *)lua_touserdata(L, 1);
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &l_mgckey);
-  lua_getfield(L, -1, "progress");
-  lua_pushstring(L, p->phase);
-  lua_pushinteger(L, p->done);
-  lua_pushinteger(L, p->total);
-  lua_call(L, 3, 0);
-  return 0;
-}
-
-static gcap_status l_progress_fn(void *ud, const char *phase, int done, int total) {
-  LProgress p = {{0}, phase, done, total};
-  return l_callback((LEngine *)ud, &l_progkey, &p.c, NULL);
-}
-
-/* Set o's progress from option 'progress' of the table at index t. */
-static void l_optprogress(lua_State *L, int t, gcap_graphed_opts *o) {
-  int kind = lua_getfield(L, t, "progress");
-  if (kind == LUA_TNIL) {
-    lua_pop(L, 1);
-    kind = lua_getfield(L, LUA_REGISTRYINDEX, PROGRESS_KEY);
-  }
-  if (kind == LUA_TFUNCTION) {
-    o->progress = l_progress_fn;
-    o->progress_ud = lua_touserdata(L, ENGINEIDX);
-  } else if (lua_toboolean(L, -1))
-    o->progress = l_progress_line;
-  lua_pop(L, 1);
-}
-
+/* Option k of the table at t as a number (nil: def), a flag, or an index
+** into the hooks (nil: 0). */
 static double l_optnumber(lua_State *L, int t, const char *k, double def) {
   double v;
   if (lua_getfield(L, t, k) == LUA_TNIL)
@@ -160,45 +111,105 @@ static int l_optflag(lua_State *L, int t, const char *k, int def) {
   return v;
 }
 
-/*
-** core.make_graphed_callables(modules, args, opts): modules a sequence of
-** Module boxes; args a sequence (one per entry) of sequences of tensors;
-** opts as the facade normalized them (hooks: per callable {callable = v,
-** forward_pre_hooks = {f, ...}, ...}). Returns a Graphed box.
-*/
+static int l_optindex(lua_State *L, int t, const char *k) {
+  int v = (lua_getfield(L, t, k) == LUA_TNUMBER) ? (int)lua_tointeger(L, -1) : 0;
+  lua_pop(L, 1);
+  return v;
+}
 
+/* Set o's progress from the options at t: a function (its index in the
+** hooks, its LCapHook in *h), a boolean, or nil (the registry's default). */
+static void l_optprogress(lua_State *L, int t, gcap_graphed_opts *o, LCapHook *h) {
+  int kind = lua_getfield(L, t, "progress");
+  if (kind == LUA_TNIL) {
+    lua_pop(L, 1);
+    kind = lua_getfield(L, LUA_REGISTRYINDEX, PROGRESS_KEY);
+  }
+  if (kind == LUA_TNUMBER) {
+    h->index = (int)lua_tointeger(L, -1);
+    o->progress = l_progress_fn;
+    o->progress_ud = h;
+  } else if (lua_toboolean(L, -1))
+    o->progress = l_progress_line;
+  lua_pop(L, 1);
+}
+
+/* The arrays of one call, in one userdata collected with the call's stack */
 typedef struct LMake {
   lua_State *L;
-  int prev; /* stack index of the registry's previous l_mgckey value */
   int nmod, nent, *nargs;
   gcap_module **mods;
   gcap_tensor ***args;
+  int oldkw; /* stack index: the modules' MV_KWARGS before the call */
   const gcap_graphed_opts *o;
   gcap_graphed **out;
 } LMake;
+
+/* Set each module's MV_KWARGS from opts.kwargs (at kw), keeping the old
+** ones in a table left on the stack (mk->oldkw). */
+static void l_setkwargs(lua_State *L, LMake *mk, int kw) {
+  int i;
+  lua_createtable(L, mk->nmod, 0);
+  mk->oldkw = lua_gettop(L);
+  for (i = 1; i <= mk->nmod; i++) {
+    lua_rawgeti(L, 1, i);
+    lua_getiuservalue(L, -1, MV_KWARGS);
+    lua_rawseti(L, mk->oldkw, i);
+    if (lua_rawgeti(L, kw, i) != LUA_TTABLE) {
+      lua_pop(L, 1);
+      lua_pushnil(L);
+    }
+    lua_setiuservalue(L, -2, MV_KWARGS);
+    lua_pop(L, 1);
+  }
+}
+
+/* The call failed: the modules' MV_KWARGS as they were (in reverse, for a
+** module given twice). Nothing here allocates. */
+static void l_restorekwargs(lua_State *L, const LMake *mk) {
+  int i;
+  for (i = mk->nmod; i >= 1; i--) {
+    lua_rawgeti(L, 1, i);
+    lua_rawgeti(L, mk->oldkw, i);
+    lua_setiuservalue(L, -2, MV_KWARGS);
+    lua_pop(L, 1);
+  }
+}
 
 static gcap_status l_callmake(const LRun *r, void *ud) {
   LMake *mk = (LMake *)ud;
   gcap_status st =
       gcap_make_graphed_callables(r->e, mk->nmod, mk->mods, mk->nent, mk->nargs,
                                   (gcap_tensor *const *const *)mk->args, mk->o, mk->out);
-  lua_pushvalue(mk->L, mk->prev); /* its slot exists: no allocation */
-  lua_rawsetp(mk->L, LUA_REGISTRYINDEX, &l_mgckey);
+  if (st != GCAP_OK) l_restorekwargs(mk->L, mk);
   return st;
 }
 
+/*
+** core.make_graphed_callables(modules, args, opts): modules a sequence of
+** Module boxes, one per callable; args a sequence (one per entry) of
+** sequences of tensors (kwargs appended). opts, as the facade normalized
+** them: num_warmup_iters, allow_unused_input, retain_graph_in_backward,
+** reuse_graph_input_output_buffers, clone_param_grads_on_return; order (a
+** sequence of numbers) and num_layers_per_chunk (of integers); pool; hooks,
+** the flat sequence of the Lua functions the call may run; capture_time_hooks,
+** per callable the counts {forward_pre, forward, backward_pre, backward} of
+** its hooks, which are hooks[1..] in that order, callable after callable;
+** pre_warmup_hook, post_warmup_hook and progress, an index into hooks
+** (progress may be a boolean); kwargs, per callable its sorted kwargs keys
+** or false. Returns a Graphed box.
+*/
 static int l_make_graphed(lua_State *L) {
   gcap_engine *e = l_engine(L);
-  int nmod, nent, i, k, total = 0, nhooks = 0, hooksi;
-  gcap_module **mods;
+  int nmod, nent, i, k, total = 0, nhooks = 0, hooksi, j, box;
   int *nargs;
   gcap_tensor ***args, **flat;
   double *order = NULL;
   int *nlpc = NULL;
-  gcap_capture_hooks *hooks = NULL;
+  gcap_capture_hooks *hooks;
   gcap_capture_hook *fns;
   void **uds;
-  LCapHook *cap, warm[2];
+  LCapHook *cap, other[3];
   gcap_graphed_opts o;
   LGraphed *r;
   LMake mk;
@@ -210,7 +221,6 @@ static int l_make_graphed(lua_State *L) {
   nmod = (int)lua_rawlen(L, 1);
   nent = (int)lua_rawlen(L, 2);
   gcap_graphed_opts_init(&o);
-  /* all C arrays live in one userdata, collected with the call's stack */
   for (i = 1; i <= nent; i++) {
     lua_rawgeti(L, 2, i);
     luaL_checktype(L, -1, LUA_TTABLE);
@@ -221,11 +231,10 @@ static int l_make_graphed(lua_State *L) {
   hooksi = lua_gettop(L);
   if (lua_istable(L, hooksi))
     for (i = 1; i <= nmod; i++) {
-      int g;
       lua_rawgeti(L, hooksi, i);
-      for (g = 0; g < 4; g++) {
-        lua_getfield(L, -1, l_groups[g]);
-        nhooks += lua_istable(L, -1) ? (int)lua_rawlen(L, -1) : 0;
+      for (k = 1; k <= 4; k++) {
+        lua_rawgeti(L, -1, k);
+        nhooks += (int)lua_tointeger(L, -1);
         lua_pop(L, 1);
       }
       lua_pop(L, 1);
@@ -238,8 +247,8 @@ static int l_make_graphed(lua_State *L) {
         (sizeof(gcap_capture_hook) + sizeof(void *) + sizeof(LCapHook)) * (size_t)(nhooks + 1);
     char *mem = (char *)lua_newuserdatauv(L, sz, 0);
     memset(mem, 0, sz);
-    mods = (gcap_module **)mem;
-    hooks = (gcap_capture_hooks *)(mods + nmod + 1);
+    mk.mods = (gcap_module **)mem;
+    hooks = (gcap_capture_hooks *)(mk.mods + nmod + 1);
     args = (gcap_tensor ***)(hooks + nmod + 1);
     flat = (gcap_tensor **)(args + nent + 1);
     fns = (gcap_capture_hook *)(flat + total + 1);
@@ -249,7 +258,7 @@ static int l_make_graphed(lua_State *L) {
   }
   for (i = 0; i < nmod; i++) {
     lua_rawgeti(L, 1, i + 1);
-    mods[i] = l_checkmodule(L, -1)->m;
+    mk.mods[i] = l_checkmodule(L, -1)->m;
     lua_pop(L, 1);
   }
   for (i = 0, total = 0; i < nent; i++) {
@@ -260,42 +269,31 @@ static int l_make_graphed(lua_State *L) {
       LTensor *t;
       lua_rawgeti(L, -1, k + 1);
       t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
-      if (t == NULL)
-        return l_error(L,
-                       "make_graphed_callables: sample_args[%d][%d] must "
-                       "be a tensor, got %s (sample_args hold only tensors)",
-                       i + 1, k + 1, l_typename(L, -1));
-      if (t->t == NULL)
-        return l_error(L,
-                       "make_graphed_callables: sample_args[%d][%d] is a "
-                       "closed tensor",
-                       i + 1, k + 1);
+      if (t == NULL || t->t == NULL)
+        return l_error(L, "make_graphed_callables: sample_args[%d][%d] is %s", i + 1, k + 1,
+                       (t == NULL) ? "not a tensor" : "a closed tensor");
       flat[total++] = t->t;
       lua_pop(L, 1);
     }
     lua_pop(L, 1);
   }
   if (lua_istable(L, hooksi)) {
-    int j = 0;
-    for (i = 0; i < nmod; i++) {
-      int g;
+    for (i = 0, j = 0; i < nmod; i++) {
       lua_rawgeti(L, hooksi, i + 1);
-      for (g = 0; g < 4; g++) {
-        int n;
-        lua_getfield(L, -1, l_groups[g]);
-        n = lua_istable(L, -1) ? (int)lua_rawlen(L, -1) : 0;
-        hooks[i].n[g] = n;
-        hooks[i].fn[g] = fns + j;
-        hooks[i].ud[g] = uds + j;
-        for (k = 0; k < n; k++, j++) {
+      for (k = 0; k < 4; k++) {
+        int n, h;
+        lua_rawgeti(L, -1, k + 1);
+        n = (int)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+        hooks[i].n[k] = n;
+        hooks[i].fn[k] = fns + j;
+        hooks[i].ud[k] = uds + j;
+        for (h = 0; h < n; h++, j++) {
           cap[j].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
-          cap[j].callable = i;
-          cap[j].group = g;
-          cap[j].index = k;
+          cap[j].index = j + 1;
           fns[j] = l_caphook;
           uds[j] = &cap[j];
         }
-        lua_pop(L, 1);
       }
       lua_pop(L, 1);
     }
@@ -334,39 +332,37 @@ static int l_make_graphed(lua_State *L) {
                      pl ? "a closed pool" : l_typename(L, -1));
     o.pool = pl->p;
   }
-  memset(warm, 0, sizeof warm);
-  warm[0].le = warm[1].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
-  warm[0].group = -1;
-  warm[1].group = -2;
-  if (lua_getfield(L, 3, "pre_warmup_hook") == LUA_TFUNCTION) {
+  for (k = 0; k < 3; k++)
+    other[k].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
+  if ((other[0].index = l_optindex(L, 3, "pre_warmup_hook")) > 0) {
     o.pre_warmup_hook = l_warmhook;
-    o.pre_warmup_ud = &warm[0];
+    o.pre_warmup_ud = &other[0];
   }
-  if (lua_getfield(L, 3, "post_warmup_hook") == LUA_TFUNCTION) {
+  if ((other[1].index = l_optindex(L, 3, "post_warmup_hook")) > 0) {
     o.post_warmup_hook = l_warmhook;
-    o.post_warmup_ud = &warm[1];
+    o.post_warmup_ud = &other[1];
   }
-  l_optprogress(L, 3, &o);
-  r = (LGraphed *)l_newbox(L, sizeof *r, 1, GRAPHED_MT);
-  r->g = NULL;
+  l_optprogress(L, 3, &o, &other[2]);
+  r = (LGraphed *)l_newbox(L, sizeof *r, NGDV, GRAPHED_MT);
   r->e = e;
-  /* the hooks of this call, for l_pcaphook (calls may nest through hooks) */
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &l_mgckey);
+  box = lua_gettop(L);
+  lua_getfield(L, 3, "hooks");
+  lua_setiuservalue(L, box, GDV_HOOKS);
   mk.L = L;
-  mk.prev = lua_gettop(L);
-  lua_pushvalue(L, 3);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_mgckey);
   mk.nmod = nmod;
-  mk.mods = mods;
   mk.nent = nent;
   mk.nargs = nargs;
   mk.args = args;
   mk.o = &o;
   mk.out = &r->g;
+  lua_getfield(L, 3, "kwargs");
+  l_setkwargs(L, &mk, lua_gettop(L));
   run.ud = &mk;
   run.e = e;
+  run.args = box; /* the hooks' callbacks find the Graphed box here */
+  run.nargs = 1;
   l_run(L, &run);
-  lua_pushvalue(L, mk.prev - 1); /* the Graphed box */
+  lua_pushvalue(L, box);
   return 1;
 }
 
@@ -414,7 +410,7 @@ static int l_graphed_call(lua_State *L) {
   int kwi = 0;
   if (nin > 0 && lua_type(L, nin + 2) == LUA_TTABLE) kwi = 2 + nin--; /* a kwargs map, last */
   m = gcap_graphed_module(p->g, entry);
-  l_pushmodule(L, m); /* its graphed_kwargs say how a kwargs map flattens */
+  l_pushmodule(L, m); /* its MV_KWARGS say how a kwargs map flattens */
   mi = lua_gettop(L);
   in = l_inbuf(L, l_maxin(L, mi, nin));
   for (i = 0; i < nin; i++) {

@@ -186,18 +186,16 @@ typedef struct LFwdCall {
   gcap_tensor **out;
 } LFwdCall;
 
-/* A module graphed with sample_kwargs (field graphed_kwargs: its sorted
-** keys) called by the core gets its trailing tensors back as the kwargs map,
-** as its Lua caller passed it. Returns the new argument count. */
+/* A module graphed with sample_kwargs (MV_KWARGS: its sorted keys) called
+** by the core gets its trailing tensors back as the kwargs map, as its Lua
+** caller passed it. Returns the new argument count. */
 static int l_packkwargs(lua_State *L, int mi, int n) {
   int nk, i;
-  lua_getiuservalue(L, mi, MV_FIELDS);
-  if (lua_getfield(L, -1, "graphed_kwargs") != LUA_TTABLE) {
-    lua_pop(L, 2);
+  if (lua_getiuservalue(L, mi, MV_KWARGS) != LUA_TTABLE) {
+    lua_pop(L, 1);
     return n;
   }
-  nk = (int)lua_rawlen(L, -1);
-  lua_replace(L, -2); /* keys */
+  nk = (int)lua_rawlen(L, -1); /* keys */
   if (nk == 0 || nk > n) {
     lua_pop(L, 1);
     return n;
@@ -253,9 +251,8 @@ gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const 
 /* How many tensors a call of the module at mi passes, with n arguments:
 ** n, plus its kwargs when it was graphed with sample_kwargs. */
 int l_maxin(lua_State *L, int mi, int n) {
-  lua_getiuservalue(L, mi, MV_FIELDS);
-  if (lua_getfield(L, -1, "graphed_kwargs") == LUA_TTABLE) n += (int)lua_rawlen(L, -1);
-  lua_pop(L, 2);
+  if (lua_getiuservalue(L, mi, MV_KWARGS) == LUA_TTABLE) n += (int)lua_rawlen(L, -1);
+  lua_pop(L, 1);
   return n;
 }
 
@@ -269,9 +266,8 @@ gcap_tensor **l_inbuf(lua_State *L, int n) {
 ** order. */
 int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin, const char *type) {
   int nk, i;
-  lua_getiuservalue(L, mi, MV_FIELDS);
-  if (lua_getfield(L, -1, "graphed_kwargs") != LUA_TTABLE) {
-    lua_pop(L, 2);
+  if (lua_getiuservalue(L, mi, MV_KWARGS) != LUA_TTABLE) {
+    lua_pop(L, 1);
     return nin;
   }
   if (kwi == 0 || lua_type(L, kwi) != LUA_TTABLE || luaL_testudata(L, kwi, TENSOR_MT))
@@ -291,7 +287,7 @@ int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin, const
     in[nin++] = t->t;
     lua_pop(L, 2);
   }
-  lua_pop(L, 2);
+  lua_pop(L, 1);
   return nin;
 }
 
