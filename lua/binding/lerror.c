@@ -9,6 +9,9 @@
 
 #include "lgc.h"
 
+/* The registry's set of the facade's chunk sources (core._facade) */
+static const char l_facadekey = 'F';
+
 /* Does 'msg' start with the name of an op ("linear: ...", "set grad: ")? */
 static int l_hasop(const char *msg) {
   const char *s = msg;
@@ -18,35 +21,58 @@ static int l_hasop(const char *msg) {
   return s[0] == ':' && s[1] == ' ';
 }
 
-/* Is 'src' the source of a chunk of the facade (embedded: "=graphcap",
-** "=graphcap.nn"; from files: ".../graphcap/nn.lua")? */
-static int l_isfacade(const char *src) {
-  const char *slash = strrchr(src, '/');
-  size_t n;
-  if (strncmp(src, "=graphcap", 9) == 0) return src[9] == '\0' || src[9] == '.';
-  if (src[0] != '@' || slash == NULL || strchr(slash, '.') == NULL ||
-      strcmp(strchr(slash, '.'), ".lua") != 0)
-    return 0;
-  n = (size_t)(slash - src);
-  return n >= 9 && strncmp(slash - 8, "graphcap", 8) == 0 && (n == 9 || slash[-9] == '/');
-}
-
-/* Push "chunk:line: " of the caller, as luaL_where(L, 1) does, but of the
+/*
+** Push "chunk:line: " of the caller, as luaL_where(L, 1) does, but of the
 ** first Lua caller outside the facade, so that an error names the user's
-** line (also from a callback, whose caller is the binding's C function). */
+** line (also from a callback, whose caller is the binding's C function).
+** This is the one way the user's line is found: the facade's errors take
+** it from core._where.
+*/
 static void l_where(lua_State *L) {
   lua_Debug ar;
-  int level;
+  int level, set, facade;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &l_facadekey);
+  set = lua_gettop(L);
   for (level = 1; lua_getstack(L, level, &ar); level++) {
     lua_getinfo(L, "Sl", &ar);
     if (ar.currentline <= 0) continue; /* a C function (pcall, a callback's caller) */
-    if (!l_isfacade(ar.source)) {
+    facade = lua_istable(L, set) && lua_getfield(L, set, ar.source) != LUA_TNIL;
+    lua_settop(L, set);
+    if (!facade) {
       lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
+      lua_remove(L, set);
       return;
     }
   }
+  lua_pop(L, 1);
   lua_pushliteral(L, "");
 }
+
+/* core._where() -> "chunk:line: " of the user's line, for the facade's errors */
+static int l_where_fn(lua_State *L) {
+  l_where(L);
+  return 1;
+}
+
+/* core._facade(): the chunk calling it is part of the facade, whose lines an
+** error never names */
+static int l_facade(lua_State *L) {
+  lua_Debug ar;
+  if (!lua_getstack(L, 1, &ar)) return 0;
+  lua_getinfo(L, "S", &ar);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &l_facadekey) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &l_facadekey);
+  }
+  lua_pushboolean(L, 1);
+  lua_setfield(L, -2, ar.source);
+  return 0;
+}
+
+LUAI_DDEF const luaL_Reg l_error_funcs[] = {
+    {"_where", l_where_fn}, {"_facade", l_facade}, {NULL, NULL}};
 
 /* luaL_error, with the position of l_where */
 int l_error(lua_State *L, const char *fmt, ...) {

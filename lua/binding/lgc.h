@@ -203,6 +203,7 @@ LUAI_FUNC int l_error(lua_State *L, const char *fmt, ...);
 LUAI_FUNC void l_fail(lua_State *L, gcap_status st, const char *msg, const char *op);
 LUAI_FUNC void l_check(lua_State *L, const gcap_engine *e, gcap_status st, const char *op);
 LUAI_FUNC const char *l_typename(lua_State *L, int i);
+LUAI_DDEC(const luaL_Reg l_error_funcs[]);
 
 /* lcall.c: engine calls that may call back into Lua */
 LUAI_FUNC void l_run(lua_State *L, const LRun *r);

@@ -5,23 +5,22 @@
 
 local core = require "graphcap.core"
 local util = require "graphcap.util"
+core._facade()
 local nn = require "graphcap.nn"
 
-local debug, error, getmetatable, ipairs, math, pairs, select, setmetatable, string,
-      table, tostring, type = debug, error, getmetatable, ipairs, math, pairs, select,
-      setmetatable, string, table, tostring, type
+local debug, getmetatable, ipairs, math, pairs, select, setmetatable, string, table,
+      tostring, type = debug, getmetatable, ipairs, math, pairs, select, setmetatable, string,
+      table, tostring, type
 _ENV = nil
 
 local Tensor = core._metatables.Tensor
 local is_module = nn.is_module
 local W = "make_graphed_callables"
 
--- Where the user called make_graphed_callables: every argument error
--- names that line, however deep in this file it is found.
-local caller = ""
-
+-- Every argument error names the user's line, however deep in the facade
+-- it is found.
 local function fail (fmt, ...)
-  error(caller .. string.format(W .. ": " .. fmt, ...), 0)
+  util.raise(W .. ": " .. fmt, ...)
 end
 
 local function is_tensor (v)
@@ -99,7 +98,7 @@ local function returns_nothing (f, detail, ...)
     local v = select(i, ...)
     if v ~= nil then
       local info = debug.getinfo(f, "S")
-      error(caller .. detail(info.short_src .. ":" .. info.linedefined, typename(v)), 0)
+      util.raise("%s", detail(info.short_src .. ":" .. info.linedefined, typename(v)))
     end
   end
 end
@@ -211,12 +210,7 @@ local function c_int (what, v)
 end
 
 local function make_graphed_callables (callables, sample_args, opts)
-  local info = debug.getinfo(2, "Sl")
-  local outer = caller
-  caller = info and info.currentline > 0 and (info.short_src .. ":" .. info.currentline .. ": ")
-           or ""
-  local undo <close> = setmetatable({}, {__close = function () caller = outer end})
-  opts = util.options(W, util.aliases(W, opts, te_aliases, 2), known_options, 2)
+  opts = util.options(W, util.aliases(W, opts, te_aliases), known_options)
   for k, kind in pairs(known_options) do
     local v = opts[k]
     if v ~= nil and kind ~= true and not (kind == "integer" and math.type(v) == "integer")
