@@ -78,6 +78,13 @@ enum {
   NHV
 };
 
+/* uservalues of a Graphed box */
+enum {
+  GDV_ENGINE = UV_ENGINE,
+  GDV_HOOKS, /* the Lua functions its make_graphed_callables could run */
+  NGDV
+};
+
 /* a tensor's bytes must fit an int64 */
 #define MAXNUMEL (INT64_MAX / (int64_t)sizeof(float))
 
@@ -158,16 +165,9 @@ typedef struct LClass {
   const luaL_Reg *meta, *methods;            /* the class's own metamethods and methods */
 } LClass;
 
-/* uservalues of a Graphed box */
-enum {
-  GDV_ENGINE = UV_ENGINE,
-  GDV_HOOKS, /* the Lua functions its make_graphed_callables could run */
-  NGDV
-};
-
 /* The start of the context of a callback's protected part */
 typedef struct LCall {
-  int nargs; /* how many Lua arguments of a direct call follow the context */
+  int nargs; /* how many Lua values of the frame follow the context (l_callback) */
 } LCall;
 
 /* An engine call that may call back into Lua, for l_run */
@@ -211,7 +211,13 @@ LUAI_FUNC gcap_status l_callback(LEngine *le, const char *key, LCall *ctx, const
 LUAI_FUNC void l_errholder(lua_State *L);
 
 /* lgraphcap.c: boxes */
-LUAI_FUNC void *l_checkbox(lua_State *L, int i, const LClass *c);
+
+/* The open box of class c at i */
+static inline void *l_checkbox(lua_State *L, int i, const LClass *c) {
+  void *p = luaL_checkudata(L, i, c->tname);
+  luaL_argcheck(L, c->isopen(p), i, c->closed);
+  return p;
+}
 
 /* The engine of the running function (upvalue 1), which must be open */
 static inline gcap_engine *l_engine(lua_State *L) {

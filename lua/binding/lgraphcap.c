@@ -30,12 +30,6 @@ static const LClass *const l_classes[] = {&l_engine_class,
 /* The class of the box at 1: upvalue 2 of its generic methods */
 #define l_class(L) ((const LClass *)lua_touserdata(L, lua_upvalueindex(2)))
 
-void *l_checkbox(lua_State *L, int i, const LClass *c) {
-  void *p = luaL_checkudata(L, i, c->tname);
-  luaL_argcheck(L, c->isopen(p), i, c->closed);
-  return p;
-}
-
 /* __gc, __close and :close(), idempotent */
 static int l_box_close(lua_State *L) {
   const LClass *c = l_class(L);

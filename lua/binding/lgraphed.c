@@ -213,8 +213,7 @@ static int l_make_graphed(lua_State *L) {
   gcap_graphed_opts o;
   LGraphed *r;
   LMake mk;
-  LRun run = {l_callmake, NULL, NULL, "make_graphed_callables", NULL, NULL, 0, NULL, NULL, 0,
-              0,          0,    1};
+  LRun run = {.call = l_callmake, .op = "make_graphed_callables", .ctx = 1};
   luaL_checktype(L, 1, LUA_TTABLE);
   luaL_checktype(L, 2, LUA_TTABLE);
   luaL_checktype(L, 3, LUA_TTABLE);
@@ -406,7 +405,7 @@ static int l_graphed_call(lua_State *L) {
   gcap_module *m;
   LTensor *out;
   LGraphedCall c;
-  LRun r = {l_callgraphed, NULL, NULL, "graphed call", NULL, NULL, 0, NULL, NULL, 0, 0, 0, 0};
+  LRun r = {.call = l_callgraphed, .op = "graphed call"};
   int kwi = 0;
   if (nin > 0 && lua_type(L, nin + 2) == LUA_TTABLE) kwi = 2 + nin--; /* a kwargs map, last */
   m = gcap_graphed_module(p->g, entry);

@@ -303,7 +303,7 @@ static int l_modcall(lua_State *L, int muted) {
   int i, nargs = lua_gettop(L) - 1, nin = 0;
   gcap_tensor **in = l_inbuf(L, l_maxin(L, 1, nargs));
   LTensor *out;
-  LRun r = {l_callmodule, NULL, NULL, NULL, m, NULL, 0, in, m, 2, 0, 0, 0};
+  LRun r = {.call = l_callmodule, .m = m, .in = in, .subject = m, .args = 2};
   for (i = 2; i <= nargs + 1; i++) {
     LTensor *t = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
     if (t == NULL) {
@@ -568,7 +568,7 @@ static gcap_status l_callbackward_dw(const LRun *r, void *ud) {
 }
 
 static int l_backward_dw(lua_State *L) {
-  LRun r = {l_callbackward_dw, NULL, NULL, "backward_dw", NULL, NULL, 0, NULL, NULL, 0, 0, 0, 0};
+  LRun r = {.call = l_callbackward_dw, .op = "backward_dw"};
   r.m = l_checkmodule(L, 1)->m;
   r.e = l_engine(L);
   l_run(L, &r);

@@ -496,7 +496,7 @@ static gcap_status l_callbackward(const LRun *r, void *ud) {
 /* t:backward([grad [, retain_graph]]) (the facade takes an options table) */
 static int l_backward(lua_State *L) {
   LBackward b;
-  LRun r = {l_callbackward, &b, NULL, "backward", NULL, NULL, 0, b.tg, NULL, 0, 0, 0, 0};
+  LRun r = {.call = l_callbackward, .ud = &b, .op = "backward", .in = b.tg};
   b.tg[0] = l_checktensor(L, 1);
   b.tg[1] = lua_isnoneornil(L, 2) ? NULL : l_checktensor(L, 2);
   b.retain = lua_toboolean(L, 3);
