@@ -54,6 +54,7 @@ else
 endif
 
 LUA_FACADE := $(wildcard lua/graphcap/*.lua)
+BINDING_OBJ := $(patsubst %.c,$(B)/%.o,$(wildcard lua/binding/*.c))
 TEST_C := $(patsubst tests/c/%.c,$(B)/tests/%,$(wildcard tests/c/test_*.c))
 SHLIB := $(B)/libgraphcap.so.$(VERSION)
 # The backends built, and those run: cuda where the backend is built and a GPU answers.
@@ -122,12 +123,12 @@ $(B)/lua_embed.o: $(B)/lua_embed.c
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 # The program links Lua statically, so it runs where no Lua is installed.
-$(B)/graphcap: $(B)/lua/main.o $(B)/lua/lgraphcap.o $(B)/lua_embed.o $(B)/libgraphcap.a | setup
+$(B)/graphcap: $(B)/lua/main.o $(BINDING_OBJ) $(B)/lua_embed.o $(B)/libgraphcap.a | setup
 	$(say) LD $@
 	$(Q)$(CC) -o $@ $^ $(LUA_A) $(LDLIBS) -Wl,-E
 
 # For a stock lua5.4: require "graphcap.core" with LUA_CPATH='build/lua/?.so'.
-$(B)/lua/graphcap/core.so: $(B)/lua/lgraphcap.o $(B)/libgraphcap.a
+$(B)/lua/graphcap/core.so: $(BINDING_OBJ) $(B)/libgraphcap.a
 	$(say) LD $@
 	@mkdir -p $(@D)
 	$(Q)$(CC) -shared -o $@ $^ $(LDLIBS)

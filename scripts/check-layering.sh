@@ -6,7 +6,8 @@
 #   engine/src/cuda never includes files of engine/src/host;
 #   the core (engine/src outside host/ and cuda/) includes no CUDA header and
 #   nothing from host/ or cuda/: it reaches a backend only through backend.h;
-#   lua/ includes graphcap.h and nothing else of the engine, and no CUDA header.
+#   lua/ includes graphcap.h and nothing else of the engine, and no CUDA header;
+#   the binding's own rules: see binding_rules below.
 #
 # An include counts as a file of a directory when its path names the directory
 # (host/x.h, ../cuda/x.h) or when its bare name exists there and not beside the
@@ -100,6 +101,48 @@ while IFS= read -r entry; do
       ;;
   esac
 done < <(list_includes)
+
+# ---------------------------------------------------------------------------
+# The Lua binding (lua/binding/, docs/ARCHITECTURE.md "The binding"):
+#   only the call-path file, lcall.c, calls lua_pcall (every engine call that
+#   may run Lua goes through its l_run, every callback through l_callback);
+#   a binding file includes only its private header lgc.h, graphcap.h, Lua's
+#   headers and the C library's.
+binding_rules() {
+  local f inc where
+  [ -d lua/binding ] || return 0
+  while IFS= read -r where; do
+    f=${where%%:*}
+    [ "$f" = lua/binding/lcall.c ] ||
+      report "${where%:*}" "lua_pcall outside lua/binding/lcall.c (run engine calls through l_run)"
+  done < <(grep -HnE '\blua_pcallk?[[:space:]]*\(' lua/binding/*.[ch] | cut -d: -f1,2 | sed 's/$/:/')
+  while IFS= read -r entry; do
+    inc=${entry#*:*:}
+    where=${entry%:"$inc"}
+    case "$inc" in
+      lgc.h | graphcap.h | lua.h | lauxlib.h | lualib.h | luaconf.h) ;;
+      *)
+        if ! is_libc_header "$inc"; then
+          report "$where" "binding includes \"$inc\" (only lgc.h, graphcap.h, Lua's and libc headers)"
+        fi
+        ;;
+    esac
+  done < <(find lua/binding -type f \( -name '*.c' -o -name '*.h' \) -print0 | sort -z |
+    xargs -0 -r grep -HnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"][^">]+[">]' |
+    sed -E 's/^([^:]+:[0-9]+):[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^">]+)[">].*/\1:\2/')
+}
+
+# The C library's headers (C11 and POSIX ones a binding may need).
+is_libc_header() {
+  case "$1" in
+    assert.h | ctype.h | errno.h | float.h | inttypes.h | limits.h | math.h | stdarg.h | \
+      stdbool.h | stddef.h | stdint.h | stdio.h | stdlib.h | string.h | time.h) return 0 ;;
+  esac
+  return 1
+}
+
+binding_rules
+# ---------------------------------------------------------------------------
 
 if [ "$violations" -gt 0 ]; then
   echo "check-layering: $violations violation(s) of the layering rules in docs/ARCHITECTURE.md"

@@ -5,23 +5,22 @@
 
 local core = require "graphcap.core"
 local util = require "graphcap.util"
+core._facade()
 local nn = require "graphcap.nn"
 
-local debug, error, getmetatable, ipairs, math, pairs, select, setmetatable, string,
-      table, tostring, type = debug, error, getmetatable, ipairs, math, pairs, select,
-      setmetatable, string, table, tostring, type
+local debug, getmetatable, ipairs, math, pairs, select, setmetatable, string, table,
+      tostring, type = debug, getmetatable, ipairs, math, pairs, select, setmetatable, string,
+      table, tostring, type
 _ENV = nil
 
 local Tensor = core._metatables.Tensor
 local is_module = nn.is_module
 local W = "make_graphed_callables"
 
--- Where the user called make_graphed_callables: every argument error
--- names that line, however deep in this file it is found.
-local caller = ""
-
+-- Every argument error names the user's line, however deep in the facade
+-- it is found.
 local function fail (fmt, ...)
-  error(caller .. string.format(W .. ": " .. fmt, ...), 0)
+  util.raise(W .. ": " .. fmt, ...)
 end
 
 local function is_tensor (v)
@@ -83,6 +82,44 @@ local function group_list (c, name, grp)
     end
   end
   return list
+end
+
+-- The type of v for messages: the __name of a userdata's metatable.
+local function typename (v)
+  local mt = type(v) == "userdata" and getmetatable(v)
+  local name = type(mt) == "table" and mt.__name
+  return type(name) == "string" and name or type(v)
+end
+
+-- Raise "<what> must not return a value (<detail>)" if any of ... is not
+-- nil; detail(f, returned) says where hook f is defined.
+local function returns_nothing (f, detail, ...)
+  for i = 1, select("#", ...) do
+    local v = select(i, ...)
+    if v ~= nil then
+      local info = debug.getinfo(f, "S")
+      util.raise("%s", detail(info.short_src .. ":" .. info.linedefined, typename(v)))
+    end
+  end
+end
+
+-- Hook f of group g of callable c (the hook #k), as the core calls it: with
+-- the callable, returning nothing.
+local function capture_hook (f, g, c, k, callable)
+  local function detail (at, got)
+    return string.format("capture_time_hooks %s must not return a value (callable %d, hook "
+                         .. "#%d defined at %s, returned %s)", g, c, k, at, got)
+  end
+  return function () returns_nothing(f, detail, f(callable)) end
+end
+
+-- pre_warmup_hook or post_warmup_hook f, as the core calls it.
+local function warmup_hook (f, name)
+  local function detail (at, got)
+    return string.format("%s must not return a value (it returned %s; defined at %s)", name,
+                          got, at)
+  end
+  return function () returns_nothing(f, detail, f()) end
 end
 
 -- One entry per callable: {callable = original, <group> = {f, ...}, ...}.
@@ -173,12 +210,7 @@ local function c_int (what, v)
 end
 
 local function make_graphed_callables (callables, sample_args, opts)
-  local info = debug.getinfo(2, "Sl")
-  local outer = caller
-  caller = info and info.currentline > 0 and (info.short_src .. ":" .. info.currentline .. ": ")
-           or ""
-  local undo <close> = setmetatable({}, {__close = function () caller = outer end})
-  opts = util.options(W, util.aliases(W, opts, te_aliases, 2), known_options, 2)
+  opts = util.options(W, util.aliases(W, opts, te_aliases), known_options)
   for k, kind in pairs(known_options) do
     local v = opts[k]
     if v ~= nil and kind ~= true and not (kind == "integer" and math.type(v) == "integer")
@@ -247,10 +279,33 @@ local function make_graphed_callables (callables, sample_args, opts)
     fail("num_layers_per_chunk must be an integer or a sequence, got %s", type(nlpc))
   end
   for m, v in ipairs(nlpc or {}) do c_int("num_layers_per_chunk[" .. m .. "]", v) end
-  local norm = {}
+  -- the core's options: the Lua functions it may run in one flat sequence,
+  -- where the options name them by index
+  local norm, fns = {}, {}
   for k, v in pairs(opts) do norm[k] = v end
-  norm.num_layers_per_chunk = nlpc
-  norm.capture_time_hooks = normalize_hooks(opts.capture_time_hooks, originals)
+  norm.num_layers_per_chunk, norm.hooks, norm.sample_kwargs = nlpc, fns, nil
+  local hooks = normalize_hooks(opts.capture_time_hooks, originals)
+  if hooks then
+    local counts = {}
+    for c, e in ipairs(hooks) do
+      counts[c] = {}
+      for gi, g in ipairs(groups) do
+        counts[c][gi] = #(e[g] or {})
+        for k, f in ipairs(e[g] or {}) do fns[#fns + 1] = capture_hook(f, g, c, k, e.callable) end
+      end
+    end
+    norm.capture_time_hooks = counts
+  end
+  for _, name in ipairs({"pre_warmup_hook", "post_warmup_hook"}) do
+    if opts[name] then
+      fns[#fns + 1] = warmup_hook(opts[name], name)
+      norm[name] = #fns
+    end
+  end
+  if type(opts.progress) == "function" then
+    fns[#fns + 1] = opts.progress
+    norm.progress = #fns
+  end
   -- a callable graphed with kwargs gets them back as a map when the core
   -- calls it (warmup, capture), and flattens its map when it is called
   local kw = {}  -- the kwargs keys of each callable
@@ -266,18 +321,9 @@ local function make_graphed_callables (callables, sample_args, opts)
     end
     for c = 1, #mods do kw[c] = keys[1] end
   end
-  local old = {}  -- put back if the call fails; its error passes unchanged
-  for c, m in ipairs(mods) do
-    old[c] = m.graphed_kwargs
-    m.graphed_kwargs = kw[c]
-  end
-  local G
-  do
-    local restore <close> = setmetatable({}, {__close = function ()
-      if G == nil then for c, m in ipairs(mods) do m.graphed_kwargs = old[c] end end
-    end})
-    G = core.make_graphed_callables(mods, args, norm)
-  end
+  norm.kwargs = {}
+  for c = 1, #mods do norm.kwargs[c] = kw[c] or false end
+  local G = core.make_graphed_callables(mods, args, norm)
   local out = {}
   for i = 1, #G do
     local m = opts.order == nil and mods[i] == originals[i] and mods[i] or nil
@@ -289,7 +335,7 @@ local function make_graphed_callables (callables, sample_args, opts)
       m.debug_dump = function (_, prefix) return G:debug_dump(i, prefix) end
       out[i] = m
     else
-      out[i] = setmetatable({G = G, i = i, mods = mods}, Entry) -- keeps the callables' Lua values (their graphed_kwargs)
+      out[i] = setmetatable({G = G, i = i, mods = mods}, Entry) -- keeps the callables' Lua values (their kwargs keys)
     end
   end
   if single then return out[1] end

@@ -4,6 +4,7 @@
 
 local core = require "graphcap.core"
 local util = require "graphcap.util"
+core._facade()
 
 local error, getmetatable, ipairs, pairs, pcall, table, type =
       error, getmetatable, ipairs, pairs, pcall, table, type
@@ -24,17 +25,17 @@ gc.trace = {start = core.trace_start, stop = core.trace_stop}
 gc.trace_start, gc.trace_stop = nil, nil
 _ENV = nil
 
-local options, check, run = util.options, util.check, util.run
+local options, check, run, raise = util.options, util.check, util.run, util.raise
 local mts = core._metatables
 
 -- Check that v (argument or option 'what' of 'where') is nil (when
 -- optional) or an object of class 'class' ("Tensor", "Stream", ...); the
--- error is raised at the caller of the function calling this.
+-- error names the user's line.
 local function check_object (where, what, v, class, optional)
   if (v == nil and optional) or getmetatable(v) == mts[class] then return v end
   local got = type(v)
   if type(v) == "userdata" and getmetatable(v) then got = getmetatable(v).__name or got end
-  error(where .. ": " .. what .. " must be a " .. class .. ", got " .. got, 3)
+  raise("%s: %s must be a %s, got %s", where, what, class, got)
 end
 
 
@@ -46,9 +47,9 @@ local tensor_options = {dtype = true, requires_grad = true}
 -- The dtype and requires_grad of the options of 'where'.
 local function tensor_opts (where, opts)
   if opts == nil or type(opts) == "string" then return opts, false end
-  options(where, opts, tensor_options, 3)
+  options(where, opts, tensor_options)
   return opts.dtype, check(where, "requires_grad", opts.requires_grad,
-                           "boolean", false, 3)
+                           "boolean", false)
 end
 
 local function leaf (t, requires_grad)
@@ -86,17 +87,17 @@ local backward_options = {retain_graph = true}
 -- works when there is no grad to give.
 function Tensor.backward (self, grad, opts)
   if opts == nil and type(grad) == "table" then grad, opts = nil, grad end
-  opts = options("backward", opts, backward_options, 2)
+  opts = options("backward", opts, backward_options)
   check_object("backward", "grad", grad, "Tensor", true)
   return backward(self, grad, check("backward", "retain_graph",
-                                    opts.retain_graph, "boolean", false, 2))
+                                    opts.retain_graph, "boolean", false))
 end
 
 -- Run fn(...) with grad recording set to 'on' and return its results;
 -- the previous setting comes back, also when fn raises.
 local function with_grad (where, on, fn, ...)
-  if type(fn) ~= "function" then  -- level 2: the callers' tail calls left theirs out
-    error(where .. ": fn must be a function, got " .. type(fn), 2)
+  if type(fn) ~= "function" then
+    raise("%s: fn must be a function, got %s", where, type(fn))
   end
   local prev = core.set_grad_enabled(on)
   local r = run(fn, ...)
@@ -120,7 +121,7 @@ end
 function gc.with_stream (s, fn, ...)
   check_object("with_stream", "s", s, "Stream")
   if type(fn) ~= "function" then
-    error("with_stream: fn must be a function, got " .. type(fn), 2)
+    raise("with_stream: fn must be a function, got %s", type(fn))
   end
   local prev = core.current_stream()
   core.set_current_stream(s)
@@ -139,9 +140,9 @@ local capture_options = {pool = true, stream = true, name = true}
 -- when fn raises; then g is reset (it would hold part of fn's work) and
 -- fn's error, as raised, wins over capture_end's.
 function Graph:capture (fn, opts)
-  opts = options("Graph:capture", opts, capture_options, 2)
+  opts = options("Graph:capture", opts, capture_options)
   if type(fn) ~= "function" then
-    error("Graph:capture: fn must be a function, got " .. type(fn), 2)
+    raise("Graph:capture: fn must be a function, got %s", type(fn))
   end
   check_object("Graph:capture", "option pool", opts.pool, "Pool", true)
   check_object("Graph:capture", "option stream", opts.stream, "Stream", true)
@@ -153,7 +154,7 @@ function Graph:capture (fn, opts)
     if ok then self:reset() end
     error(r[2], 0)
   end
-  if not ok then error(err, 2) end
+  if not ok then error(err, 0) end  -- it names the user's line already
   return table.unpack(r, 2, r.n)
 end
 

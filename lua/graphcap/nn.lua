@@ -6,6 +6,7 @@
 
 local core = require "graphcap.core"
 local util = require "graphcap.util"
+core._facade()
 
 local select, setmetatable, type = select, setmetatable, type
 _ENV = nil
@@ -45,16 +46,16 @@ local linear_aliases = {delay_wgrad_compute = "delay_wgrad"}  -- TE's names
 -- With fuse_wgrad_accumulation the weight grad accumulates into the
 -- buffer m.main_grad (zeroed by m:zero_grad()), not into m.weight.grad.
 nn.Linear = builtin("Linear", function (cls, i, o, opts)
-  check("Linear", "in_features", i, "integer", nil, 2)
-  check("Linear", "out_features", o, "integer", nil, 2)
-  opts = options("Linear", util.aliases("Linear", opts, linear_aliases, 2),
-                 linear_options, 2)
+  check("Linear", "in_features", i, "integer", nil)
+  check("Linear", "out_features", o, "integer", nil)
+  opts = options("Linear", util.aliases("Linear", opts, linear_aliases),
+                 linear_options)
   return cnn.linear(cls, i, o,
-                    check("Linear", "bias", opts.bias, "boolean", true, 2),
+                    check("Linear", "bias", opts.bias, "boolean", true),
                     check("Linear", "delay_wgrad", opts.delay_wgrad, "boolean",
-                          false, 2),
+                          false),
                     check("Linear", "fuse_wgrad_accumulation", opts.fuse_wgrad_accumulation,
-                          "boolean", false, 2))
+                          "boolean", false))
 end)
 
 nn.ReLU = builtin("ReLU", function (cls) return cnn.relu(cls) end)
@@ -64,15 +65,15 @@ local layer_norm_options = {eps = true}
 
 -- gc.nn.LayerNorm(n [, {eps = 1e-5}])
 nn.LayerNorm = builtin("LayerNorm", function (cls, n, opts)
-  check("LayerNorm", "normalized_shape", n, "integer", nil, 2)
-  opts = options("LayerNorm", opts, layer_norm_options, 2)
+  check("LayerNorm", "normalized_shape", n, "integer", nil)
+  opts = options("LayerNorm", opts, layer_norm_options)
   return cnn.layer_norm(cls, n, check("LayerNorm", "eps", opts.eps, "number",
-                                      1e-5, 2))
+                                      1e-5))
 end)
 
 -- gc.nn.Dropout([p = 0.5])
 nn.Dropout = builtin("Dropout", function (cls, p)
-  return cnn.dropout(cls, check("Dropout", "p", p, "number", 0.5, 2))
+  return cnn.dropout(cls, check("Dropout", "p", p, "number", 0.5))
 end)
 
 -- gc.nn.Sequential(m1, m2, ...) or gc.nn.Sequential({m1, m2, ...})
@@ -90,7 +91,7 @@ end)
 -- Assigning a module or a tensor that requires grad (or gc.nn.Parameter(t))
 -- to a field of an instance registers a child or a parameter, in order.
 function nn.Module (name)
-  name = check("Module", "name", name, "string", "Module", 2)
+  name = check("Module", "name", name, "string", "Module")
   return class(name, function (cls, ...)
     local self = cnn.module(cls, name)
     local init = cls.init

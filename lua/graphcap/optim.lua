@@ -3,8 +3,9 @@
 
 local core = require "graphcap.core"
 local util = require "graphcap.util"
+core._facade()
 
-local error, type = error, type
+local type = type
 _ENV = nil
 
 local coptim = core._optim
@@ -20,11 +21,11 @@ local sgd_options = {lr = true, momentum = true, weight_decay = true}
 
 -- gc.optim.SGD(params, {lr = ..., momentum = 0, weight_decay = 0})
 function optim.SGD (params, opts)
-  opts = options("SGD", opts, sgd_options, 2)
-  return coptim.sgd(params, check("SGD", "lr", opts.lr, "number", nil, 2),
-                    check("SGD", "momentum", opts.momentum, "number", 0, 2),
+  opts = options("SGD", opts, sgd_options)
+  return coptim.sgd(params, check("SGD", "lr", opts.lr, "number", nil),
+                    check("SGD", "momentum", opts.momentum, "number", 0),
                     check("SGD", "weight_decay", opts.weight_decay, "number",
-                          0, 2))
+                          0))
 end
 
 local adam_options = {lr = true, betas = true, eps = true, weight_decay = true}
@@ -32,17 +33,17 @@ local adam_options = {lr = true, betas = true, eps = true, weight_decay = true}
 -- gc.optim.Adam(params, {lr = 1e-3, betas = {0.9, 0.999}, eps = 1e-8,
 -- weight_decay = 0})
 function optim.Adam (params, opts)
-  opts = options("Adam", opts, adam_options, 2)
+  opts = options("Adam", opts, adam_options)
   local betas = opts.betas or {0.9, 0.999}
   if type(betas) ~= "table" or type(betas[1]) ~= "number"
      or type(betas[2]) ~= "number" or #betas ~= 2 then
-    error("Adam: betas must be a sequence of two numbers", 2)
+    util.raise("Adam: betas must be a sequence of two numbers")
   end
-  return coptim.adam(params, check("Adam", "lr", opts.lr, "number", 1e-3, 2),
+  return coptim.adam(params, check("Adam", "lr", opts.lr, "number", 1e-3),
                      betas[1], betas[2],
-                     check("Adam", "eps", opts.eps, "number", 1e-8, 2),
+                     check("Adam", "eps", opts.eps, "number", 1e-8),
                      check("Adam", "weight_decay", opts.weight_decay, "number",
-                           0, 2))
+                           0))
 end
 
 return optim

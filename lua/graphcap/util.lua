@@ -1,26 +1,34 @@
 -- graphcap.util: helpers shared by the facade's modules (option tables,
 -- protected calls).
 
+local core = require "graphcap.core"
+
 local error, math, pairs, pcall, string, table, tostring, type =
       error, math, pairs, pcall, string, table, tostring, type
 _ENV = nil
 
+core._facade()
+
 local util = {}
+
+-- Raise msg (string.format(fmt, ...)) at the user's line: the first caller
+-- outside the facade, as the binding finds it for its own errors.
+function util.raise (fmt, ...)
+  error(core._where() .. string.format(fmt, ...), 0)
+end
+local raise = util.raise
 
 util.none = {}  -- the options of a call given none (never written)
 
--- Check the options table 'opts' of 'where' against the names in 'known';
--- errors are raised at 'level' (as error's) of the function calling this.
-function util.options (where, opts, known, level)
+-- Check the options table 'opts' of 'where' against the names in 'known'.
+function util.options (where, opts, known)
   if opts == nil then return util.none end
   if type(opts) ~= "table" then
-    error(string.format("%s: options must be a table, got %s",
-                        where, type(opts)), level + 1)
+    raise("%s: options must be a table, got %s", where, type(opts))
   end
   for k in pairs(opts) do
     if not known[k] then
-      error(string.format("%s: unknown option '%s'", where, tostring(k)),
-            level + 1)
+      raise("%s: unknown option '%s'", where, tostring(k))
     end
   end
   return opts
@@ -28,17 +36,15 @@ end
 
 -- opts with each name of 'aliases' (another spelling, such as
 -- TransformerEngine's) renamed to the name it stands for, in a new table
--- when there is one to rename; giving both spellings is an error, raised at
--- 'level' of the function calling this.
-function util.aliases (where, opts, aliases, level)
+-- when there is one to rename; giving both spellings is an error.
+function util.aliases (where, opts, aliases)
   if type(opts) ~= "table" then return opts end
   local out = opts
   for alias, name in pairs(aliases) do
     if opts[alias] ~= nil then
       if opts[name] ~= nil then
-        error(string.format("%s: options '%s' and '%s' are one option (%s is "
-                            .. "TransformerEngine's name); give one of them",
-                            where, name, alias, alias), level + 1)
+        raise("%s: options '%s' and '%s' are one option (%s is TransformerEngine's name); "
+              .. "give one of them", where, name, alias, alias)
       end
       if out == opts then
         out = {}
@@ -52,11 +58,11 @@ end
 
 -- The value v of option or argument 'what' of 'where', checked to be of
 -- Lua type 'kind' ("boolean", "number", "integer", "string"), or 'default'
--- when v is nil; errors are raised at 'level' of the function calling this.
-function util.check (where, what, v, kind, default, level)
+-- when v is nil.
+function util.check (where, what, v, kind, default)
   if v == nil then
     if default == nil then
-      error(string.format("%s: %s is required", where, what), level + 1)
+      raise("%s: %s is required", where, what)
     end
     return default
   end
@@ -64,9 +70,8 @@ function util.check (where, what, v, kind, default, level)
   if kind == "integer" then ok = math.type(v) == "integer"
   else ok = type(v) == kind end
   if not ok then
-    error(string.format("%s: %s must be %s %s, got %s", where, what,
-                        kind == "integer" and "an" or "a", kind,
-                        math.type(v) or type(v)), level + 1)
+    raise("%s: %s must be %s %s, got %s", where, what, kind == "integer" and "an" or "a",
+          kind, math.type(v) or type(v))
   end
   return v
 end
@@ -76,9 +81,9 @@ end
 local zero_grad_options = {set_to_none = true}
 function util.zero_grad (czero)
   return function (self, opts)
-    opts = util.options("zero_grad", opts, zero_grad_options, 2)
+    opts = util.options("zero_grad", opts, zero_grad_options)
     return czero(self, util.check("zero_grad", "set_to_none", opts.set_to_none,
-                                  "boolean", true, 2))
+                                  "boolean", true))
   end
 end
 

@@ -1,0 +1,117 @@
+/*
+** lerror.c: the binding's errors: a message names the user's line (the first
+** Lua caller outside the facade), the op, and the core's account.
+*/
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "lgc.h"
+
+/* The registry's set of the facade's chunk sources (core._facade) */
+static const char l_facadekey = 'F';
+
+/* Does 'msg' start with the name of an op ("linear: ...", "set grad: ")? */
+static int l_hasop(const char *msg) {
+  const char *s = msg;
+  if (!isalpha((unsigned char)*s) && *s != '_') return 0;
+  while (s - msg < 32 && (isalnum((unsigned char)*s) || *s == '_' || *s == '.' || *s == ' '))
+    s++;
+  return s[0] == ':' && s[1] == ' ';
+}
+
+/*
+** Push "chunk:line: " of the caller, as luaL_where(L, 1) does, but of the
+** first Lua caller outside the facade, so that an error names the user's
+** line (also from a callback, whose caller is the binding's C function).
+** This is the one way the user's line is found: the facade's errors take
+** it from core._where.
+*/
+static void l_where(lua_State *L) {
+  lua_Debug ar;
+  int level, set, facade;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &l_facadekey);
+  set = lua_gettop(L);
+  for (level = 1; lua_getstack(L, level, &ar); level++) {
+    lua_getinfo(L, "Sl", &ar);
+    if (ar.currentline <= 0) continue; /* a C function (pcall, a callback's caller) */
+    facade = lua_istable(L, set) && lua_getfield(L, set, ar.source) != LUA_TNIL;
+    lua_settop(L, set);
+    if (!facade) {
+      lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
+      lua_remove(L, set);
+      return;
+    }
+  }
+  lua_pop(L, 1);
+  lua_pushliteral(L, "");
+}
+
+/* core._where() -> "chunk:line: " of the user's line, for the facade's errors */
+static int l_where_fn(lua_State *L) {
+  l_where(L);
+  return 1;
+}
+
+/* core._facade(): the chunk calling it is part of the facade, whose lines an
+** error never names */
+static int l_facade(lua_State *L) {
+  lua_Debug ar;
+  if (!lua_getstack(L, 1, &ar)) return 0;
+  lua_getinfo(L, "S", &ar);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &l_facadekey) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &l_facadekey);
+  }
+  lua_pushboolean(L, 1);
+  lua_setfield(L, -2, ar.source);
+  return 0;
+}
+
+LUAI_DDEF const luaL_Reg l_error_funcs[] = {
+    {"_where", l_where_fn}, {"_facade", l_facade}, {NULL, NULL}};
+
+/* luaL_error, with the position of l_where */
+int l_error(lua_State *L, const char *fmt, ...) {
+  va_list argp;
+  va_start(argp, fmt);
+  l_where(L);
+  lua_pushvfstring(L, fmt, argp);
+  va_end(argp);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+/* Raise the core's message 'msg' of status 'st', prefixed by "op: " unless
+** it names an op already. */
+void l_fail(lua_State *L, gcap_status st, const char *msg, const char *op) {
+  size_t n = strlen(op);
+  if (msg == NULL || *msg == '\0') msg = gcap_status_str(st);
+  l_where(L);
+  if ((strncmp(msg, op, n) == 0 && msg[n] == ':') || l_hasop(msg))
+    lua_pushstring(L, msg);
+  else
+    lua_pushfstring(L, "%s: %s", op, msg);
+  lua_concat(L, 2);
+  lua_error(L);
+}
+
+/* Raise "op: message" when a core call returned 'st' != GCAP_OK. */
+void l_check(lua_State *L, const gcap_engine *e, gcap_status st, const char *op) {
+  if (st != GCAP_OK) l_fail(L, st, gcap_errmsg(e), op);
+}
+
+/* The type of the value at i for messages: __name of userdata. */
+const char *l_typename(lua_State *L, int i) {
+  int t = (lua_type(L, i) == LUA_TUSERDATA) ? luaL_getmetafield(L, i, "__name") : LUA_TNIL;
+  if (t == LUA_TSTRING) {
+    const char *s = lua_tostring(L, -1); /* kept alive by the metatable */
+    lua_pop(L, 1);
+    return s;
+  }
+  if (t != LUA_TNIL) lua_pop(L, 1);
+  return luaL_typename(L, i);
+}

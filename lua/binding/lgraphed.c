@@ -1,0 +1,525 @@
+/*
+** lgraphed.c: make_graphed_callables and the calls of graphed callables.
+*/
+
+#include <stdio.h>
+#include <string.h>
+
+#include "lgc.h"
+
+/*
+** {======================================================
+** make_graphed_callables
+** =======================================================
+*/
+
+static LGraphed *l_checkgraphed(lua_State *L, int i) {
+  return (LGraphed *)l_checkbox(L, i, &l_graphed_class);
+}
+
+/*
+** The Lua functions a make_graphed_callables call may run (capture-time
+** hooks, the warmup hooks, a progress function) cross as one flat sequence,
+** kept by the Graphed box (GDV_HOOKS); the core holds each one's ud, its
+** index there. The facade wraps each function: a hook gets its callable and
+** its return value is checked there.
+*/
+typedef struct LCapHook {
+  LEngine *le;
+  int index; /* in the Graphed box's GDV_HOOKS */
+} LCapHook;
+
+typedef struct LCapCall {
+  LCall c;
+  int index;
+  const char *phase; /* progress(phase, done, total); NULL: a hook, no arguments */
+  int done, total;
+} LCapCall;
+
+/* The protected part: hooks[index](...) of the Graphed box that the frame
+** of make_graphed_callables passes (at 2) */
+int l_pcaphook(lua_State *L) {
+  LCapCall *c = (LCapCall *)lua_touserdata(L, 1);
+  if (c->c.nargs != 1) return luaL_error(L, "capture-time hook outside make_graphed_callables");
+  lua_getiuservalue(L, 2, GDV_HOOKS);
+  lua_rawgeti(L, -1, c->index);
+  if (c->phase == NULL)
+    lua_call(L, 0, 0);
+  else {
+    lua_pushstring(L, c->phase);
+    lua_pushinteger(L, c->done);
+    lua_pushinteger(L, c->total);
+    lua_call(L, 3, 0);
+  }
+  return 0;
+}
+
+static gcap_status l_runhook(const LCapHook *h, const char *phase, int done, int total) {
+  LCapCall c = {{0}, h->index, phase, done, total};
+  return l_callback(h->le, &l_capkey, &c.c, NULL);
+}
+
+static gcap_status l_caphook(void *ud, gcap_module *m) {
+  (void)m;
+  return l_runhook((const LCapHook *)ud, NULL, 0, 0);
+}
+
+static gcap_status l_warmhook(void *ud) {
+  return l_runhook((const LCapHook *)ud, NULL, 0, 0);
+}
+
+static gcap_status l_progress_fn(void *ud, const char *phase, int done, int total) {
+  return l_runhook((const LCapHook *)ud, phase, done, total);
+}
+
+/*
+** Progress of make_graphed_callables. Option progress = true: one line on
+** stderr, rewritten in place; a function: progress(phase, done, total),
+** whose error stops the call as a hook's does. Without the option, the
+** registry's PROGRESS_KEY (the graphcap program sets it true on a terminal)
+** decides.
+*/
+#define PROGRESS_KEY "graphcap.progress"
+
+static gcap_status l_progress_line(void *ud, const char *phase, int done, int total) {
+  (void)ud;
+  fprintf(stderr, "\rgraphcap: %s %d/%d", phase, done, total);
+  if (done == total) fputs("\n", stderr);
+  fflush(stderr);
+  return GCAP_OK;
+}
+
+/* Option k of the table at t as a number (nil: def), a flag, or an index
+** into the hooks (nil: 0). */
+static double l_optnumber(lua_State *L, int t, const char *k, double def) {
+  double v;
+  if (lua_getfield(L, t, k) == LUA_TNIL)
+    v = def;
+  else
+    v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static int l_optflag(lua_State *L, int t, const char *k, int def) {
+  int v;
+  if (lua_getfield(L, t, k) == LUA_TNIL)
+    v = def;
+  else
+    v = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static int l_optindex(lua_State *L, int t, const char *k) {
+  int v = (lua_getfield(L, t, k) == LUA_TNUMBER) ? (int)lua_tointeger(L, -1) : 0;
+  lua_pop(L, 1);
+  return v;
+}
+
+/* Set o's progress from the options at t: a function (its index in the
+** hooks, its LCapHook in *h), a boolean, or nil (the registry's default). */
+static void l_optprogress(lua_State *L, int t, gcap_graphed_opts *o, LCapHook *h) {
+  int kind = lua_getfield(L, t, "progress");
+  if (kind == LUA_TNIL) {
+    lua_pop(L, 1);
+    kind = lua_getfield(L, LUA_REGISTRYINDEX, PROGRESS_KEY);
+  }
+  if (kind == LUA_TNUMBER) {
+    h->index = (int)lua_tointeger(L, -1);
+    o->progress = l_progress_fn;
+    o->progress_ud = h;
+  } else if (lua_toboolean(L, -1))
+    o->progress = l_progress_line;
+  lua_pop(L, 1);
+}
+
+/* The arrays of one call, in one userdata collected with the call's stack */
+typedef struct LMake {
+  lua_State *L;
+  int nmod, nent, *nargs;
+  gcap_module **mods;
+  gcap_tensor ***args;
+  int oldkw; /* stack index: the modules' MV_KWARGS before the call */
+  const gcap_graphed_opts *o;
+  gcap_graphed **out;
+} LMake;
+
+/* Set each module's MV_KWARGS from opts.kwargs (at kw), keeping the old
+** ones in a table left on the stack (mk->oldkw). */
+static void l_setkwargs(lua_State *L, LMake *mk, int kw) {
+  int i;
+  lua_createtable(L, mk->nmod, 0);
+  mk->oldkw = lua_gettop(L);
+  for (i = 1; i <= mk->nmod; i++) {
+    lua_rawgeti(L, 1, i);
+    lua_getiuservalue(L, -1, MV_KWARGS);
+    lua_rawseti(L, mk->oldkw, i);
+    if (lua_rawgeti(L, kw, i) != LUA_TTABLE) {
+      lua_pop(L, 1);
+      lua_pushnil(L);
+    }
+    lua_setiuservalue(L, -2, MV_KWARGS);
+    lua_pop(L, 1);
+  }
+}
+
+/* The call failed: the modules' MV_KWARGS as they were (in reverse, for a
+** module given twice). Nothing here allocates. */
+static void l_restorekwargs(lua_State *L, const LMake *mk) {
+  int i;
+  for (i = mk->nmod; i >= 1; i--) {
+    lua_rawgeti(L, 1, i);
+    lua_rawgeti(L, mk->oldkw, i);
+    lua_setiuservalue(L, -2, MV_KWARGS);
+    lua_pop(L, 1);
+  }
+}
+
+static gcap_status l_callmake(const LRun *r, void *ud) {
+  LMake *mk = (LMake *)ud;
+  gcap_status st =
+      gcap_make_graphed_callables(r->e, mk->nmod, mk->mods, mk->nent, mk->nargs,
+                                  (gcap_tensor *const *const *)mk->args, mk->o, mk->out);
+  if (st != GCAP_OK) l_restorekwargs(mk->L, mk);
+  return st;
+}
+
+/*
+** core.make_graphed_callables(modules, args, opts): modules a sequence of
+** Module boxes, one per callable; args a sequence (one per entry) of
+** sequences of tensors (kwargs appended). opts, as the facade normalized
+** them: num_warmup_iters, allow_unused_input, retain_graph_in_backward,
+** reuse_graph_input_output_buffers, clone_param_grads_on_return; order (a
+** sequence of numbers) and num_layers_per_chunk (of integers); pool; hooks,
+** the flat sequence of the Lua functions the call may run; capture_time_hooks,
+** per callable the counts {forward_pre, forward, backward_pre, backward} of
+** its hooks, which are hooks[1..] in that order, callable after callable;
+** pre_warmup_hook, post_warmup_hook and progress, an index into hooks
+** (progress may be a boolean); kwargs, per callable its sorted kwargs keys
+** or false. Returns a Graphed box.
+*/
+static int l_make_graphed(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  int nmod, nent, i, k, total = 0, nhooks = 0, hooksi, j, box;
+  int *nargs;
+  gcap_tensor ***args, **flat;
+  double *order = NULL;
+  int *nlpc = NULL;
+  gcap_capture_hooks *hooks;
+  gcap_capture_hook *fns;
+  void **uds;
+  LCapHook *cap, other[3];
+  gcap_graphed_opts o;
+  LGraphed *r;
+  LMake mk;
+  LRun run = {.call = l_callmake, .op = "make_graphed_callables", .ctx = 1};
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  nmod = (int)lua_rawlen(L, 1);
+  nent = (int)lua_rawlen(L, 2);
+  gcap_graphed_opts_init(&o);
+  for (i = 1; i <= nent; i++) {
+    lua_rawgeti(L, 2, i);
+    luaL_checktype(L, -1, LUA_TTABLE);
+    total += (int)lua_rawlen(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_getfield(L, 3, "capture_time_hooks");
+  hooksi = lua_gettop(L);
+  if (lua_istable(L, hooksi))
+    for (i = 1; i <= nmod; i++) {
+      lua_rawgeti(L, hooksi, i);
+      for (k = 1; k <= 4; k++) {
+        lua_rawgeti(L, -1, k);
+        nhooks += (int)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+      }
+      lua_pop(L, 1);
+    }
+  {
+    size_t sz =
+        sizeof(gcap_module *) * (size_t)(nmod + 1) + sizeof(int) * (size_t)(nent + 1) +
+        sizeof(gcap_tensor **) * (size_t)(nent + 1) + sizeof(gcap_tensor *) * (size_t)(total + 1) +
+        sizeof(gcap_capture_hooks) * (size_t)(nmod + 1) +
+        (sizeof(gcap_capture_hook) + sizeof(void *) + sizeof(LCapHook)) * (size_t)(nhooks + 1);
+    char *mem = (char *)lua_newuserdatauv(L, sz, 0);
+    memset(mem, 0, sz);
+    mk.mods = (gcap_module **)mem;
+    hooks = (gcap_capture_hooks *)(mk.mods + nmod + 1);
+    args = (gcap_tensor ***)(hooks + nmod + 1);
+    flat = (gcap_tensor **)(args + nent + 1);
+    fns = (gcap_capture_hook *)(flat + total + 1);
+    uds = (void **)(fns + nhooks + 1);
+    cap = (LCapHook *)(uds + nhooks + 1);
+    nargs = (int *)(cap + nhooks + 1);
+  }
+  for (i = 0; i < nmod; i++) {
+    lua_rawgeti(L, 1, i + 1);
+    mk.mods[i] = l_checkmodule(L, -1)->m;
+    lua_pop(L, 1);
+  }
+  for (i = 0, total = 0; i < nent; i++) {
+    lua_rawgeti(L, 2, i + 1);
+    nargs[i] = (int)lua_rawlen(L, -1);
+    args[i] = flat + total;
+    for (k = 0; k < nargs[i]; k++) {
+      LTensor *t;
+      lua_rawgeti(L, -1, k + 1);
+      t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
+      if (t == NULL || t->t == NULL)
+        return l_error(L, "make_graphed_callables: sample_args[%d][%d] is %s", i + 1, k + 1,
+                       (t == NULL) ? "not a tensor" : "a closed tensor");
+      flat[total++] = t->t;
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  if (lua_istable(L, hooksi)) {
+    for (i = 0, j = 0; i < nmod; i++) {
+      lua_rawgeti(L, hooksi, i + 1);
+      for (k = 0; k < 4; k++) {
+        int n, h;
+        lua_rawgeti(L, -1, k + 1);
+        n = (int)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+        hooks[i].n[k] = n;
+        hooks[i].fn[k] = fns + j;
+        hooks[i].ud[k] = uds + j;
+        for (h = 0; h < n; h++, j++) {
+          cap[j].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
+          cap[j].index = j + 1;
+          fns[j] = l_caphook;
+          uds[j] = &cap[j];
+        }
+      }
+      lua_pop(L, 1);
+    }
+    o.capture_time_hooks = hooks;
+    o.num_capture_time_hooks = nmod;
+  }
+  o.num_warmup_iters = (int)l_optnumber(L, 3, "num_warmup_iters", 3);
+  o.allow_unused_input = l_optflag(L, 3, "allow_unused_input", 0);
+  o.retain_graph_in_backward = l_optflag(L, 3, "retain_graph_in_backward", 0);
+  o.reuse_graph_input_output_buffers = l_optflag(L, 3, "reuse_graph_input_output_buffers", 0);
+  o.clone_param_grads_on_return = l_optflag(L, 3, "clone_param_grads_on_return", 1);
+  if (lua_getfield(L, 3, "order") == LUA_TTABLE) {
+    o.order_len = (int)lua_rawlen(L, -1);
+    order = (double *)lua_newuserdatauv(L, sizeof(double) * (size_t)(o.order_len + 1), 0);
+    for (k = 0; k < o.order_len; k++) {
+      lua_rawgeti(L, -2, k + 1);
+      order[k] = lua_tonumber(L, -1);
+      lua_pop(L, 1);
+    }
+    o.order = order;
+  }
+  if (lua_getfield(L, 3, "num_layers_per_chunk") == LUA_TTABLE) {
+    o.num_chunks = (int)lua_rawlen(L, -1);
+    nlpc = (int *)lua_newuserdatauv(L, sizeof(int) * (size_t)(o.num_chunks + 1), 0);
+    for (k = 0; k < o.num_chunks; k++) {
+      lua_rawgeti(L, -2, k + 1);
+      nlpc[k] = (int)lua_tointeger(L, -1);
+      lua_pop(L, 1);
+    }
+    o.num_layers_per_chunk = nlpc;
+  }
+  if (lua_getfield(L, 3, "pool") != LUA_TNIL) {
+    LPool *pl = (LPool *)luaL_testudata(L, -1, POOL_MT);
+    if (pl == NULL || pl->p == NULL)
+      return l_error(L, "make_graphed_callables: option pool must be an open graph pool, got %s",
+                     pl ? "a closed pool" : l_typename(L, -1));
+    o.pool = pl->p;
+  }
+  for (k = 0; k < 3; k++)
+    other[k].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
+  if ((other[0].index = l_optindex(L, 3, "pre_warmup_hook")) > 0) {
+    o.pre_warmup_hook = l_warmhook;
+    o.pre_warmup_ud = &other[0];
+  }
+  if ((other[1].index = l_optindex(L, 3, "post_warmup_hook")) > 0) {
+    o.post_warmup_hook = l_warmhook;
+    o.post_warmup_ud = &other[1];
+  }
+  l_optprogress(L, 3, &o, &other[2]);
+  r = (LGraphed *)l_newbox(L, sizeof *r, NGDV, GRAPHED_MT);
+  r->e = e;
+  box = lua_gettop(L);
+  lua_getfield(L, 3, "hooks");
+  lua_setiuservalue(L, box, GDV_HOOKS);
+  mk.L = L;
+  mk.nmod = nmod;
+  mk.nent = nent;
+  mk.nargs = nargs;
+  mk.args = args;
+  mk.o = &o;
+  mk.out = &r->g;
+  lua_getfield(L, 3, "kwargs");
+  l_setkwargs(L, &mk, lua_gettop(L));
+  run.ud = &mk;
+  run.e = e;
+  run.args = box; /* the hooks' callbacks find the Graphed box here */
+  run.nargs = 1;
+  l_run(L, &run);
+  lua_pushvalue(L, box);
+  return 1;
+}
+
+static void l_graphed_close(lua_State *L, void *box) {
+  LGraphed *p = (LGraphed *)box;
+  (void)L;
+  gcap_graphed_free(p->g);
+  p->g = NULL;
+}
+
+static int l_graphed_isopen(const void *box) {
+  return ((const LGraphed *)box)->g != NULL;
+}
+
+static int l_graphed_len(lua_State *L) {
+  lua_pushinteger(L, gcap_graphed_num_entries(l_checkgraphed(L, 1)->g));
+  return 1;
+}
+
+static int l_checkentry(lua_State *L, LGraphed *p, int i) {
+  lua_Integer k = luaL_checkinteger(L, i);
+  luaL_argcheck(L, k >= 1 && k <= gcap_graphed_num_entries(p->g), i, "entry out of range");
+  return (int)k - 1;
+}
+
+typedef struct LGraphedCall {
+  int entry;
+  gcap_tensor **out;
+} LGraphedCall;
+
+static gcap_status l_callgraphed(const LRun *r, void *ud) {
+  LGraphedCall *c = (LGraphedCall *)ud;
+  return gcap_graphed_call(r->g, c->entry, r->nin, r->in, c->out);
+}
+
+/* G:call(entry, tensors...) -> output (replays; eager in another mode) */
+static int l_graphed_call(lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  int entry = l_checkentry(L, p, 2), nin = lua_gettop(L) - 2, i, mi;
+  gcap_tensor **in;
+  gcap_module *m;
+  LTensor *out;
+  LGraphedCall c;
+  LRun r = {.call = l_callgraphed, .op = "graphed call"};
+  int kwi = 0;
+  if (nin > 0 && lua_type(L, nin + 2) == LUA_TTABLE) kwi = 2 + nin--; /* a kwargs map, last */
+  m = gcap_graphed_module(p->g, entry);
+  l_pushmodule(L, m); /* its MV_KWARGS say how a kwargs map flattens */
+  mi = lua_gettop(L);
+  in = l_inbuf(L, l_maxin(L, mi, nin));
+  for (i = 0; i < nin; i++) {
+    LTensor *t = (LTensor *)luaL_testudata(L, i + 3, TENSOR_MT);
+    if (t == NULL)
+      return l_error(L,
+                     "graphed call of entry %d: argument #%d must be a "
+                     "tensor, got %s",
+                     entry + 1, i + 1, l_typename(L, i + 3));
+    luaL_argcheck(L, t->t != NULL, i + 3, "tensor is closed");
+    in[i] = t->t;
+  }
+  nin = l_flatkwargs(L, mi, kwi, in, nin, gcap_module_type(m));
+  out = l_newtensor(L);
+  c.entry = entry;
+  c.out = &out->t;
+  r.ud = &c;
+  r.e = p->e;
+  r.g = p->g;
+  r.m = m;
+  r.nin = nin;
+  r.in = in;
+  l_run(L, &r);
+  l_knownresult(L);
+  return 1;
+}
+
+static int l_graphed_backward_dw(lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  l_check(L, p->e, gcap_graphed_backward_dw(p->g, l_checkentry(L, p, 2)), "backward_dw");
+  return 0;
+}
+
+static int l_graphed_reset(lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  l_check(L, p->e, gcap_graphed_reset(p->g, l_checkentry(L, p, 2)), "reset");
+  return 0;
+}
+
+/* G:debug_dump(entry, prefix) -> {paths written}: prefix.fwd.dot, and
+** prefix.bwd.dot and prefix.bwd_dw.dot for the graphs the entry has */
+static int l_graphed_debug_dump(lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  int entry = l_checkentry(L, p, 2), n = 0;
+  const char *prefix = luaL_checkstring(L, 3);
+  gcap_graphed_stats s;
+  l_check(L, p->e, gcap_graphed_debug_dump(p->g, entry, prefix), "debug_dump");
+  l_check(L, p->e, gcap_graphed_get_stats(p->g, entry, &s), "debug_dump");
+  lua_createtable(L, 3, 0);
+  lua_pushfstring(L, "%s.fwd.dot", prefix);
+  lua_rawseti(L, -2, ++n);
+  if (s.has_bwd) {
+    lua_pushfstring(L, "%s.bwd.dot", prefix);
+    lua_rawseti(L, -2, ++n);
+  }
+  if (s.has_dw) {
+    lua_pushfstring(L, "%s.bwd_dw.dot", prefix);
+    lua_rawseti(L, -2, ++n);
+  }
+  return 1;
+}
+
+static void l_pushgstats(lua_State *L, const gcap_graph_stats *s) {
+  lua_createtable(L, 0, 5);
+  lua_pushinteger(L, (lua_Integer)s->nodes);
+  lua_setfield(L, -2, "nodes");
+  lua_pushnumber(L, s->capture_ms);
+  lua_setfield(L, -2, "capture_ms");
+  lua_pushnumber(L, s->instantiate_ms);
+  lua_setfield(L, -2, "instantiate_ms");
+  lua_pushinteger(L, (lua_Integer)s->pool_bytes);
+  lua_setfield(L, -2, "pool_bytes");
+  lua_pushinteger(L, (lua_Integer)s->replays);
+  lua_setfield(L, -2, "replays");
+}
+
+/* G:stats(entry) -> {fwd, bwd (or nil), bwd_dw (or nil), pool_reserved_bytes} */
+static int l_graphed_stats(lua_State *L) {
+  LGraphed *p = l_checkgraphed(L, 1);
+  gcap_graphed_stats s;
+  l_check(L, p->e, gcap_graphed_get_stats(p->g, l_checkentry(L, p, 2), &s), "stats");
+  lua_createtable(L, 0, 4);
+  l_pushgstats(L, &s.fwd);
+  lua_setfield(L, -2, "fwd");
+  if (s.has_bwd) {
+    l_pushgstats(L, &s.bwd);
+    lua_setfield(L, -2, "bwd");
+  }
+  if (s.has_dw) {
+    l_pushgstats(L, &s.dw);
+    lua_setfield(L, -2, "bwd_dw");
+  }
+  lua_pushinteger(L, (lua_Integer)s.pool_reserved_bytes);
+  lua_setfield(L, -2, "pool_reserved_bytes");
+  return 1;
+}
+
+static const luaL_Reg l_graphed_meta[] = {{"__len", l_graphed_len}, {NULL, NULL}};
+
+static const luaL_Reg l_graphed_methods[] = {
+    {"call", l_graphed_call},   {"backward_dw", l_graphed_backward_dw}, {"reset", l_graphed_reset},
+    {"stats", l_graphed_stats}, {"debug_dump", l_graphed_debug_dump},   {NULL, NULL}};
+
+LUAI_DDEF const LClass l_graphed_class = {
+    "Graphed", GRAPHED_MT,       "graphed callables are closed",
+    "closed",  l_graphed_isopen, l_graphed_close,
+    NULL,      l_graphed_meta,   l_graphed_methods};
+
+/* }====================================================== */
+
+/* functions of the module */
+LUAI_DDEF const luaL_Reg l_graphed_funcs[] = {{"make_graphed_callables", l_make_graphed},
+                                              {NULL, NULL}};

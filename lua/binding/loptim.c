@@ -1,0 +1,117 @@
+/*
+** loptim.c: the optimizers (_optim, for graphcap.optim).
+*/
+
+#include <limits.h>
+
+#include "lgc.h"
+
+/*
+** {======================================================
+** Optimizers
+** =======================================================
+*/
+
+/* The tensors of the sequence at 1, in a GC-owned array left on the stack */
+static gcap_tensor **l_checkparams(lua_State *L, const char *op, int *n) {
+  lua_Integer i, len;
+  gcap_tensor **v;
+  if (!lua_istable(L, 1))
+    l_error(L, "%s: params must be a sequence of tensors, got %s", op, l_typename(L, 1));
+  len = luaL_len(L, 1);
+  if (len > INT_MAX / (lua_Integer)sizeof *v) l_error(L, "%s: too many params", op);
+  v = (gcap_tensor **)lua_newuserdatauv(L, (size_t)(len + 1) * sizeof *v, 0);
+  for (i = 1; i <= len; i++) {
+    LTensor *p;
+    lua_geti(L, 1, i);
+    p = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
+    if (p == NULL)
+      l_error(L, "%s: params[%I] must be a tensor, got %s", op, (LUAI_UACINT)i, l_typename(L, -1));
+    else if (p->t == NULL)
+      l_error(L, "%s: params[%I] is a closed tensor", op, (LUAI_UACINT)i);
+    else
+      v[i - 1] = p->t;
+    lua_pop(L, 1);
+  }
+  *n = (int)len;
+  return v;
+}
+
+/* _optim.sgd(params, lr, momentum, weight_decay) */
+static int l_optim_sgd(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  double lr = (double)luaL_checknumber(L, 2);
+  double momentum = (double)luaL_checknumber(L, 3);
+  double wd = (double)luaL_checknumber(L, 4);
+  int n;
+  gcap_tensor **v = l_checkparams(L, "SGD", &n);
+  LOptim *p = (LOptim *)l_newbox(L, sizeof *p, 1, OPTIM_MT);
+  p->e = e;
+  l_check(L, e, gcap_optim_sgd(e, n, v, lr, momentum, wd, &p->o), "SGD");
+  return 1;
+}
+
+/* _optim.adam(params, lr, beta1, beta2, eps, weight_decay) */
+static int l_optim_adam(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  double lr = (double)luaL_checknumber(L, 2);
+  double b1 = (double)luaL_checknumber(L, 3);
+  double b2 = (double)luaL_checknumber(L, 4);
+  double eps = (double)luaL_checknumber(L, 5);
+  double wd = (double)luaL_checknumber(L, 6);
+  int n;
+  gcap_tensor **v = l_checkparams(L, "Adam", &n);
+  LOptim *p = (LOptim *)l_newbox(L, sizeof *p, 1, OPTIM_MT);
+  p->e = e;
+  p->adam = 1;
+  l_check(L, e, gcap_optim_adam(e, n, v, lr, b1, b2, eps, wd, &p->o), "Adam");
+  return 1;
+}
+
+static LOptim *l_checkoptim(lua_State *L, int i) {
+  return (LOptim *)l_checkbox(L, i, &l_optim_class);
+}
+
+static void l_optim_close(lua_State *L, void *box) {
+  LOptim *p = (LOptim *)box;
+  (void)L;
+  gcap_optim_free(p->o);
+  p->o = NULL;
+}
+
+static void l_optim_describe(lua_State *L, void *box) {
+  LOptim *p = (LOptim *)box;
+  lua_pushfstring(L, OPTIM_MT "(%s)", p->adam ? "Adam" : "SGD");
+}
+
+static int l_optim_isopen(const void *box) {
+  return ((const LOptim *)box)->o != NULL;
+}
+
+static int l_optim_step(lua_State *L) {
+  LOptim *p = l_checkoptim(L, 1);
+  l_check(L, p->e, gcap_optim_step(p->o), "step");
+  return 0;
+}
+
+/* opt:zero_grad([set_to_none = true]) (the facade takes an options table) */
+static int l_optim_zero_grad(lua_State *L) {
+  LOptim *p = l_checkoptim(L, 1);
+  int none = lua_isnoneornil(L, 2) || lua_toboolean(L, 2);
+  l_check(L, p->e, gcap_optim_zero_grad(p->o, none), "zero_grad");
+  return 0;
+}
+
+static const luaL_Reg l_optim_meta[] = {{NULL, NULL}};
+
+static const luaL_Reg l_optim_methods[] = {
+    {"step", l_optim_step}, {"zero_grad", l_optim_zero_grad}, {NULL, NULL}};
+
+LUAI_DDEF const LClass l_optim_class = {"Optimizer",      OPTIM_MT,       "optimizer is closed",
+                                        "closed",         l_optim_isopen, l_optim_close,
+                                        l_optim_describe, l_optim_meta,   l_optim_methods};
+
+LUAI_DDEF const luaL_Reg l_optim_funcs[] = {
+    {"sgd", l_optim_sgd}, {"adam", l_optim_adam}, {NULL, NULL}};
+
+/* }====================================================== */
