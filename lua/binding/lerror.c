@@ -85,6 +85,17 @@ int l_error(lua_State *L, const char *fmt, ...) {
   return lua_error(L);
 }
 
+/* luaL_argerror, with the position of l_where: a closed box passed on by
+** the facade is named at the user's line, not at the facade's. */
+int l_argerror(lua_State *L, int arg, const char *extramsg) {
+  lua_Debug ar;
+  if (!lua_getstack(L, 0, &ar)) return l_error(L, "bad argument #%d (%s)", arg, extramsg);
+  lua_getinfo(L, "n", &ar);
+  if (ar.namewhat != NULL && strcmp(ar.namewhat, "method") == 0 && --arg == 0)
+    return l_error(L, "calling '%s' on bad self (%s)", ar.name ? ar.name : "?", extramsg);
+  return l_error(L, "bad argument #%d to '%s' (%s)", arg, ar.name ? ar.name : "?", extramsg);
+}
+
 /* Raise the core's message 'msg' of status 'st', prefixed by "op: " unless
 ** it names an op already. */
 void l_fail(lua_State *L, gcap_status st, const char *msg, const char *op) {

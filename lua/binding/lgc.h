@@ -200,6 +200,7 @@ LUAI_DDEC(const char l_capkey);  /* the protected part of a capture-time hook */
 
 /* lerror.c: errors that name the user's line */
 LUAI_FUNC int l_error(lua_State *L, const char *fmt, ...);
+LUAI_FUNC int l_argerror(lua_State *L, int arg, const char *extramsg);
 LUAI_FUNC void l_fail(lua_State *L, gcap_status st, const char *msg, const char *op);
 LUAI_FUNC void l_check(lua_State *L, const gcap_engine *e, gcap_status st, const char *op);
 LUAI_FUNC const char *l_typename(lua_State *L, int i);
@@ -215,7 +216,7 @@ LUAI_FUNC void l_errholder(lua_State *L);
 /* The open box of class c at i */
 static inline void *l_checkbox(lua_State *L, int i, const LClass *c) {
   void *p = luaL_checkudata(L, i, c->tname);
-  luaL_argcheck(L, c->isopen(p), i, c->closed);
+  if (!c->isopen(p)) l_argerror(L, i, c->closed);
   return p;
 }
 

@@ -345,11 +345,19 @@ int l_unary(lua_State *L, l_unop f, const char *op) {
 static int l_clone(lua_State *L) {
   return l_unary(L, gcap_tensor_clone, "clone");
 }
+/* sum and mean reduce every element: a dim argument (PyTorch's sum(dim))
+** is refused rather than ignored. */
+static int l_reduce(lua_State *L, l_unop f, const char *op) {
+  if (!lua_isnoneornil(L, 2))
+    return l_error(L, "%s: reduces every element (a dim argument is not supported), got a %s", op,
+                   luaL_typename(L, 2));
+  return l_unary(L, f, op);
+}
 static int l_sum(lua_State *L) {
-  return l_unary(L, gcap_sum, "sum");
+  return l_reduce(L, gcap_sum, "sum");
 }
 static int l_mean(lua_State *L) {
-  return l_unary(L, gcap_mean, "mean");
+  return l_reduce(L, gcap_mean, "mean");
 }
 static int l_unm(lua_State *L) {
   return l_unary(L, gcap_neg, "neg");

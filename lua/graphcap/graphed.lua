@@ -215,7 +215,8 @@ local function make_graphed_callables (callables, sample_args, opts)
     local v = opts[k]
     if v ~= nil and kind ~= true and not (kind == "integer" and math.type(v) == "integer")
        and type(v) ~= kind then
-      fail("option %s must be a %s, got %s", k, kind, math.type(v) or type(v))
+      fail("option %s must be %s %s, got %s", k, kind == "integer" and "an" or "a", kind,
+           math.type(v) or type(v))
     end
   end
   if opts.num_warmup_iters ~= nil then c_int("num_warmup_iters", opts.num_warmup_iters) end
@@ -275,6 +276,8 @@ local function make_graphed_callables (callables, sample_args, opts)
     local t = {}
     for m = 1, K do t[m] = nlpc end
     nlpc = t
+  elseif math.type(nlpc) == "integer" then
+    fail("num_layers_per_chunk needs order")
   elseif nlpc ~= nil and type(nlpc) ~= "table" then
     fail("num_layers_per_chunk must be an integer or a sequence, got %s", type(nlpc))
   end

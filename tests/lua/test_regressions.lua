@@ -211,4 +211,28 @@ function TestRegressions:test_inplace_change_of_saved_tensor ()
   lu.assertEquals(w._version, view._version)
 end
 
+-- Found by reading the docs against the tree: a dim given to sum/mean was
+-- ignored; an integer num_layers_per_chunk without order, an option of the
+-- wrong type and a closed pool passed through Graph:capture were named in
+-- the wrong words or at the facade's line.
+function TestRegressions:test_docs_review_findings ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local msg = H.assert_err(function () return gc.ones({2, 3}):sum(1) end,
+                           "sum: reduces every element", "a dim argument is not supported")
+  lu.assertStrContains(msg, here)
+  H.assert_err(function () return gc.ones({2, 3}):mean(2) end, "mean: reduces every element")
+  lu.assertEquals(gc.ones({2, 3}):sum():item(), 6)
+  H.assert_err(function ()
+    gc.make_graphed_callables(gc.nn.Linear(2, 2), {gc.randn({1, 2})}, {num_layers_per_chunk = 1})
+  end, "num_layers_per_chunk needs order")
+  H.assert_err(function ()
+    gc.make_graphed_callables(gc.nn.Linear(2, 2), {gc.randn({1, 2})}, {num_warmup_iters = "x"})
+  end, "option num_warmup_iters must be an integer, got string")
+  local p = gc.graph_pool_handle()
+  p:close()
+  msg = H.assert_err(function () gc.Graph():capture(function () end, {pool = p}) end,
+                     "pool is closed")
+  lu.assertStrContains(msg, here)
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
