@@ -47,38 +47,34 @@ local groups = {"forward_pre_hooks", "forward_hooks", "backward_pre_hooks",
 local is_group = {}
 for _, g in ipairs(groups) do is_group[g] = true end
 
--- A group: a sequence of functions (index order) or a map from string ids
--- to functions (sorted id order); never both.
+-- A group: a table of hooks keyed by id, as TransformerEngine's {hook_id:
+-- fn} dicts. Ids are integers (a sequence is ids 1..n; ids from 0, as
+-- PyTorch's handles count, work too) or strings. A Lua table keeps no
+-- insertion order, so the order is the ids': integer ids ascending, then
+-- string ids in sorted (byte) order.
 local function group_list (c, name, grp)
   if type(grp) ~= "table" then
     fail("capture_time_hooks[%d].%s must be a table of functions, got %s", c,
          name, type(grp))
   end
-  local n, ints, strs = #grp, 0, {}
+  local ints, strs = {}, {}
   for k in pairs(grp) do
-    if math.type(k) == "integer" and k >= 1 and k <= n then ints = ints + 1
+    if math.type(k) == "integer" then ints[#ints + 1] = k
     elseif type(k) == "string" then strs[#strs + 1] = k
-    else fail("capture_time_hooks[%d].%s has a key %s that is neither a "
-              .. "sequence index nor a string id", c, name, tostring(k)) end
+    else fail("capture_time_hooks[%d].%s has an id %s that is neither an "
+              .. "integer nor a string", c, name, tostring(k)) end
   end
-  if ints > 0 and #strs > 0 then
-    fail("capture_time_hooks[%d].%s mixes a sequence and a map of string "
-         .. "ids; use one or the other", c, name)
-  end
-  if #strs == 0 and ints ~= n then
-    fail("capture_time_hooks[%d].%s has a hole (a nil among its hooks)", c, name)
-  end
+  table.sort(ints)
+  table.sort(strs)
   local list = {}
-  if #strs > 0 then
-    table.sort(strs)
-    for i, k in ipairs(strs) do list[i] = grp[k] end
-  else
-    for i = 1, n do list[i] = grp[i] end
-  end
-  for i, f in ipairs(list) do
-    if type(f) ~= "function" then
-      fail("capture_time_hooks[%d].%s #%d must be a function, got %s", c,
-           name, i, type(f))
+  for _, ids in ipairs({ints, strs}) do
+    for _, k in ipairs(ids) do
+      local f = grp[k]
+      if type(f) ~= "function" then
+        fail("capture_time_hooks[%d].%s[%s] must be a function, got %s", c,
+             name, type(k) == "string" and string.format("%q", k) or k, type(f))
+      end
+      list[#list + 1] = f
     end
   end
   return list

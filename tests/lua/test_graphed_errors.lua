@@ -84,13 +84,31 @@ function TestGraphedErrors:test_hooks_unknown_group ()
 end
 
 -- A group is a sequence or a map, not both; checked before any hook runs.
-function TestGraphedErrors:test_hooks_mixed_group ()
+-- Hook ids are integers or strings (TransformerEngine's {hook_id: fn}):
+-- another kind of key is refused before any work.
+function TestGraphedErrors:test_hooks_bad_id ()
   local ran = 0
   local function h () ran = ran + 1 end
   expect_error(linears(2), samples(2),
-               {capture_time_hooks = {{forward_pre_hooks = {h, second = h}}, false}},
-               "capture_time_hooks", "forward_pre_hooks")
+               {capture_time_hooks = {{forward_pre_hooks = {h, [true] = h}}, false}},
+               "capture_time_hooks[1].forward_pre_hooks has an id true that is neither an integer "
+               .. "nor a string")
+  expect_error(linears(2), samples(2),
+               {capture_time_hooks = {{forward_pre_hooks = {[0] = h, second = 42}}, false}},
+               'capture_time_hooks[1].forward_pre_hooks["second"] must be a function, got number')
   lu.assertEquals(ran, 0)
+end
+
+-- The order of a group: integer ids ascending (from 0 as TE users number
+-- them, or a sequence), then string ids sorted; a mix is one group.
+function TestGraphedErrors:test_hooks_id_order ()
+  local seen = {}
+  local function tag (t) return function () seen[#seen + 1] = t end end
+  local grp = {[2] = tag("2"), [0] = tag("0"), zeta = tag("zeta"), alpha = tag("alpha"),
+               [1] = tag("1")}
+  gc.make_graphed_callables(linears(1), samples(1),
+                            {num_warmup_iters = 1, capture_time_hooks = {{forward_pre_hooks = grp}}})
+  lu.assertEquals(seen, {"0", "1", "2", "alpha", "zeta", "0", "1", "2", "alpha", "zeta"})
 end
 
 function TestGraphedErrors:test_hooks_entry_not_a_table ()
