@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../rng.h"
+#include "runtime/rng.h"
 #include "kernels.h"
 
 static float ld(const void *p, int dt, int64_t i) {

@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "tensor.h"
 
 const char *gc_kernel_name(int k) {
   static const char *const names[GC_K_COUNT] = {"fill",

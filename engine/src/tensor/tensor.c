@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "tensor.h"
 
 size_t gc_dtype_size(gcap_dtype dt) {
   return dt == GCAP_BF16 ? 2 : 4;

@@ -15,7 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "runtime.h"
+#include "tensor/tensor.h"
 
 #define ALLOC_ROUND 512              /* block sizes: multiples of 512 (256-aligned) */
 #define ALLOC_SMALL (1u << 20)       /* requests up to 1 MiB share ... */

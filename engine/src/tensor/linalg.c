@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "tensor.h"
+#include "train/train.h"
 
 /* C[m x n] = alpha op(A) op(B) + beta C (+ bias row); C allocated as `shape`
 ** when *c is NULL; bgrad (may be NULL): the sums over k of op(A)'s rows;

@@ -17,7 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "runtime.h"
+#include "tensor/tensor.h"
 
 /* A slot for g in the registry (a destroyed graph's, if any) and a new id. */
 static gcap_status graph_register(gcap_engine *e, gcap_graph *g) {

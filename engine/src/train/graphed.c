@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "train.h"
 #include "schedule.h"
 
 typedef struct ge_entry {

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 static _Thread_local char open_err[GC_ERRLEN];
 static _Atomic long long live_engines; /* built and not yet destroyed */

@@ -1,9 +1,11 @@
 /*
-** internal.h: the engine's own structures, shared by the core's files.
-** Backends do not include this (they see backend.h only).
+** runtime.h: the runtime layer's structures (engine, pools, streams,
+** capture and graphs, trace), shared by the files of runtime/ and by the
+** layers above (tensor/tensor.h includes it). Backends do not include this
+** (they see backend.h only).
 */
-#ifndef GC_INTERNAL_H
-#define GC_INTERNAL_H
+#ifndef GC_RUNTIME_H
+#define GC_RUNTIME_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -91,6 +93,10 @@ void gc_pool_maybe_release(gcap_pool *p);
 /* Release every segment of p to the device and free p. */
 void gc_pool_destroy(gcap_pool *p);
 void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out);
+/* Give back to the device the segments p gained after `since` (its segment
+** list head then): now those entirely free, later the others, once blocks
+** still held (by a collector's tensors) are freed. */
+void gc_pool_trim_since(gcap_pool *p, const gc_seg *since);
 
 /* Make room for n more gc_ivmap_set calls; 0 when out of memory. A set
 ** without room may need memory, and is dropped when there is none. */
@@ -127,113 +133,6 @@ struct gcap_event {
 
 gcap_status gc_stream_create(gcap_engine *e, int owned, gcap_stream **out);
 void gc_stream_destroy(gcap_stream *s);
-
-/* ------------------------------------------------------------------------ */
-/* Tensors (tensor.c)                                                        */
-
-typedef struct gc_node gc_node;
-
-struct gcap_tensor {
-  int refs;
-  gcap_engine *e;
-  gc_blk *blk;
-  size_t off; /* bytes from blk->ptr to element 0 */
-  gcap_dtype dt;
-  int ndim;
-  int64_t shape[GCAP_MAXDIM];
-  int64_t numel;
-  int requires_grad;
-  gcap_tensor *grad; /* leaves: accumulated gradient, or NULL */
-  gc_node *grad_fn;  /* non-leaves: the node that made it */
-};
-
-/* Change t's dtype in place: new storage holding the converted values (the
-** same tensor object, so modules and optimizers keep it). */
-gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt);
-/* A new tensor struct over t's storage with another shape: no grad, no grad_fn. */
-gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape);
-
-size_t gc_dtype_size(gcap_dtype dt);
-const char *gc_dtype_name(gcap_dtype dt);
-/* Validate a shape; on success *numel is its element count. */
-gcap_status gc_check_shape(gcap_engine *e, const char *op, int ndim, const int64_t *shape,
-                           int64_t *numel);
-/* A new tensor on the current stream, uninitialised. */
-gcap_status gc_tensor_alloc(gcap_engine *e, const char *op, gcap_dtype dt, int ndim,
-                            const int64_t *shape, gcap_tensor **out);
-static inline void *gc_tensor_ptr(const gcap_tensor *t) {
-  return t->blk->ptr + t->off;
-}
-/* "[2, 3]" into buf. */
-const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n);
-
-/* ------------------------------------------------------------------------ */
-/* Autograd (autograd.c)                                                     */
-
-#define GC_NODE_MAXSAVED 6
-
-/* Computes the grads of a node's inputs from the grad of its output; sets
-** gin[i] (a new reference) only for inputs that need one (gc_node_needs). */
-typedef gcap_status (*gc_backward_fn)(gc_node *n, gcap_tensor *g, gcap_tensor **gin);
-
-struct gc_node {
-  int refs;
-  const char *name;
-  gc_backward_fn backward;
-  int nin;
-  gc_node **next;     /* [nin]: producer of input i, or NULL */
-  gcap_tensor **leaf; /* [nin]: input i when it is a leaf that requires grad */
-  gcap_tensor *saved[GC_NODE_MAXSAVED];
-  uint64_t saved_version[GC_NODE_MAXSAVED]; /* their storage's version when saved */
-  int nsaved;
-  int released; /* saved tensors freed by a backward without retain_graph */
-  int ndim;     /* the output's shape and dtype, to check incoming grads */
-  int64_t shape[GCAP_MAXDIM];
-  gcap_dtype dt;
-  float f[4]; /* op constants */
-  int64_t k[4];
-  void *ud; /* op state (e.g. a module for delayed wgrad) */
-  void (*ud_free)(void *ud);
-  gc_node *free_next; /* release worklist */
-  uint64_t mark;      /* scheduling scratch */
-  int deps;
-  gcap_tensor *acc;
-};
-
-/* Should the op producing a tensor from these inputs record a node? */
-int gc_grad_needed(gcap_engine *e, gcap_tensor *const *in, int nin);
-/* Record node `name` as out's grad_fn, its inputs in[], saving save[]
-** (as aliases, so saved outputs make no cycle). */
-gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gcap_tensor *const *in,
-                      int nin, gcap_tensor *const *save, int nsave, gc_node **node);
-static inline int gc_node_needs(const gc_node *n, int i) {
-  return n->next[i] != NULL || n->leaf[i] != NULL;
-}
-void gc_node_release(gc_node *n);
-/* Record `view` as a view of src (grads flow back reshaped). */
-gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view);
-
-/* ------------------------------------------------------------------------ */
-/* Modules (nn.c) for make_graphed_callables (graphed.c)                     */
-
-/* Run m's forward itself: no hooks, no graphed replay. */
-gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out);
-/* GCAP_OK when neither m nor a submodule has module hooks or a buffer that
-** requires grad; otherwise an error naming the module and the problem. */
-gcap_status gc_module_check_graphable(gcap_module *m, const char *where);
-/* Put the delayed-wgrad queues of m's Linears aside (aside = 1) for the
-** length of a make_graphed_callables, or drop what the call left in them and
-** bring the user's back (0). */
-void gc_module_wgrad_aside(gcap_module *m, int aside);
-/* Give back to the device the segments p gained after `since` (its segment
-** list head then): now those entirely free, later the others, once blocks
-** still held (by a collector's tensors) are freed. */
-void gc_pool_trim_since(gcap_pool *p, const gc_seg *since);
-/* Route m's calls to entry `entry` of g (g NULL: back to m's forward). */
-void gc_module_set_graphed(gcap_module *m, gcap_graphed *g, int entry);
-/* Back to m's own forward, if m is still routed to entry `entry` of g (a
-** later make_graphed_callables may have routed it elsewhere). */
-void gc_module_unroute(gcap_module *m, const gcap_graphed *g, int entry);
 
 /* ------------------------------------------------------------------------ */
 /* Capture and graphs (capture.c)                                            */
@@ -363,82 +262,5 @@ void gc_trace_span(gcap_engine *e, double t0, const char *cat, const char *fmt, 
     __attribute__((format(printf, 4, 5)))
 #endif
     ;
-
-/* ------------------------------------------------------------------------ */
-/* Kernel dispatch (ops.c)                                                   */
-
-/* Launch kernel k on the current stream: capture checks, then the backend. */
-gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a);
-/* Note the reads of in[] and the write of out (may be NULL), set a->dt from
-** out (or in[0]), then gc_launch. */
-gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, int nin,
-                   gcap_tensor *out);
-/* Non-recording building blocks shared by forward and backward code. */
-gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out);
-gcap_status gc_binary_inplace(gcap_tensor *dst, gcap_tensor *y, int k, const char *op);
-gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
-                     gcap_tensor **out);
-gcap_status gc_expand(gcap_tensor *x, int ndim, const int64_t *shape, float f, gcap_tensor **out);
-gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out);
-/* Scratch of n floats (none when n <= 0) for a reduction that a backend may
-** run in chunks (GC_SUM_CHUNKS, GC_SUM_ROWS_CHUNKS): from the current pool,
-** noted as written; *p gets its address or NULL. The caller frees *t right
-** after its launch, as later work on the stream runs after it. */
-gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **t, void **p);
-/* linear. A linear node whose ud is a Linear module leaves the parameter
-** grads to its backward_dw (delayed wgrad), or adds the weight grad into its
-** main_grad (fused wgrad). */
-gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
-/* gelu(linear(x, w, b)) in one GEMM (a Linear followed by a GELU): the same
-** values as the two ops, one node, the pre-activation saved for backward. */
-gcap_status gc_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
-/* dx = g gelu'(x) (not recorded); colsum (may be NULL) receives dx's column
-** sums over its rows of `cols` elements, in the same launch. */
-gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_tensor **dx,
-                             gcap_tensor **colsum);
-/* A linear's parameter grads from its output grad g and input x, for the
-** ones asked for (gw, gb; NULL: not wanted): the weight's added into
-** main_grad when there is one (a fused-wgrad Linear; *gw stays NULL), else
-** in *gw; the bias's in *gb, an alias of db when the gelu's backward already
-** summed it. Both from one GEMM when both are computed. */
-gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
-                                  gcap_tensor *main_grad, gcap_tensor *db, gcap_tensor **gw,
-                                  gcap_tensor **gb);
-/* Of the Linear module `mod` a linear node's ud points to: does it delay
-** wgrad, and its main_grad when it fuses wgrad accumulation (else NULL). */
-int gc_linear_delays_wgrad(void *mod);
-gcap_tensor *gc_linear_main_grad(void *mod);
-/* Queue (g, x) for a later backward_dw of the delayed-wgrad Linear `mod`,
-** with its bias grad when already computed (gb; NULL: backward_dw does it). */
-gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb);
-/* Clear (set_to_none) or zero t's .grad. */
-gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none);
-/* leaf.grad += g. On first use .grad is a copy of g, or g itself when
-** `steal` and nothing else can see g (the caller holds the only reference). */
-gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g, int steal);
-/* dst[j] += src[j] (add[j]) or dst[j] = src[j], j < n <= GC_FOREACH_MAX, in one
-** launch: same dtype and size per pair, no memory shared between pairs. */
-gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_tensor *const *src,
-                           const int *add);
-
-/* A run of .grad accumulations (gc_acc_grad) that go out as one foreach_add
-** launch: those that add into a .grad, or copy into a new one when stealing
-** was never possible. The run ends (is launched) when it is full, when the
-** next accumulation is of another kind or touches memory the run writes or
-** reads, and at gc_acc_end, which the owner must call before any other work;
-** so the launches happen in the order gc_acc_grad would make them. */
-typedef struct gc_acc_run {
-  gcap_tensor *leaf[GC_FOREACH_MAX], *dst[GC_FOREACH_MAX], *src[GC_FOREACH_MAX];
-  int add[GC_FOREACH_MAX];
-  int n;
-} gc_acc_run;
-
-/* gc_acc_grad(leaf, g, steal), joining run r where it may. */
-gcap_status gc_acc_grad_run(gc_acc_run *r, gcap_tensor *leaf, gcap_tensor *g, int steal);
-/* Launch what r holds; r is empty afterwards, also on failure (then the
-** .grad tensors its copies would have made are gone again). */
-gcap_status gc_acc_end(gc_acc_run *r);
-/* Refuse in-place writes to a leaf that requires grad while recording. */
-gcap_status gc_check_inplace(gcap_tensor *t, const char *op);
 
 #endif

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "train.h"
 
 typedef struct mod_entry {
   char *name;
