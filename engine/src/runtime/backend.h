@@ -8,7 +8,7 @@
 ** host/kernels.c and a CUDA version in cuda/; parity tests compare them.
 **
 ** Backends never include each other and never see the engine's layout; they
-** report errors through gc_fail (which sets the engine's message).
+** report errors through gc_fail (error.h, which sets the engine's message).
 */
 #ifndef GC_BACKEND_H
 #define GC_BACKEND_H
@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "error.h"
 #include "graphcap.h"
 
 /* C linkage for the C++ of the cuda backend (cuda/common.cuh). */
@@ -117,13 +118,6 @@ const char *gc_kernel_name(int k);
 /* What device address p is, for a dump: "pool block 0x... + 64 of 512 B",
 ** "heap block ...", or "0x... (not engine memory)", into buf. */
 const char *gc_describe_ptr(gcap_engine *e, const void *p, char *buf, size_t n);
-
-/* Set the engine's error message (printf-style) and return st. */
-gcap_status gc_fail(gcap_engine *e, gcap_status st, const char *fmt, ...)
-#ifdef __GNUC__
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
 
 /*
 ** The backend table. `bs` is the backend's state from init. Streams, events,

@@ -13,7 +13,6 @@
 #include "backend.h"
 #include "graphcap.h"
 
-#define GC_ERRLEN 1024
 #define GC_NAMELEN 64
 #define GC_WRITER_OUTSIDE 0 /* "written by eager work or copy-in", not by a graph */
 
@@ -239,7 +238,8 @@ gcap_status gc_check_stream(gcap_engine *e, gcap_stream *s, const char *what);
 ** anything on a closed engine (gcap_engine_free ran; live objects keep it
 ** only so that they can be freed). `what` names the object. */
 gcap_status gc_check_open(gcap_engine *e, const char *what);
-/* Clear the error message (start of a public call). */
+/* Clear the error message (start of a public call; inline, as every call
+** pays it, beside error.c's gc_fail that sets it). */
 static inline void gc_clear(gcap_engine *e) {
   e->err[0] = '\0';
 }
