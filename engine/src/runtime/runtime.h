@@ -81,9 +81,6 @@ gcap_pool *gc_pool_create(gcap_engine *e, int is_heap);
 gcap_status gc_pool_alloc(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **out);
 void gc_blk_retain(gc_blk *b);
 void gc_blk_release(gc_blk *b);
-/* Give t's block back to its pool but keep t's address valid for graphs
-** already captured (a weak reference, for reused graph buffers). */
-gcap_status gc_tensor_weaken(gcap_tensor *t);
 /* The free blocks of stream s, in every pool, go to stream to (s is going
 ** away: its work must be finished); in-use ones will return to `to`. */
 void gc_pools_retag(gcap_engine *e, const gcap_stream *s, gcap_stream *to);
@@ -176,11 +173,12 @@ typedef struct gc_capture {
                       for a failure to put back */
 } gc_capture;
 
-/* Note that the launch about to happen reads (write = 0) or writes t:
-** feeds the capture's access sets or, outside capture, the pool's writers;
-** a write bumps the version of t's storage (every write of the engine's
-** kernels comes here, so the in-place ones are counted). */
-gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write);
+/* Note that the launch about to happen reads (write = 0) or writes the
+** bytes [lo, hi) of block b: feeds the capture's access sets or, outside
+** capture, the pool's writers; a write bumps the version of b's storage
+** (gc_note_access, tensor.h, brings every write of the engine's kernels
+** here, so the in-place ones are counted). */
+gcap_status gc_note_range(gcap_engine *e, gc_blk *b, uintptr_t lo, uintptr_t hi, int write);
 void gc_graph_destroy(gcap_graph *g);
 
 /* ------------------------------------------------------------------------ */

@@ -204,6 +204,24 @@ gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt) {
   return GCAP_OK;
 }
 
+gcap_status gc_tensor_weaken(gcap_tensor *t) {
+  gc_blk *w;
+  if (t->blk->weak) return GCAP_OK;
+  if ((w = (gc_blk *)gc_calloc(1, sizeof *w)) == NULL)
+    return gc_fail(t->e, GCAP_ENOMEM, "out of host memory");
+  w->ptr = t->blk->ptr;
+  w->size = t->blk->size;
+  w->pool = t->blk->pool;
+  w->stream = t->blk->stream;
+  w->refs = 1;
+  w->weak = 1;
+  w->version = t->blk->version;
+  w->pool->weak++;        /* the address must stay valid: the pool stays */
+  gc_blk_release(t->blk); /* other holders of the block keep it; this tensor no longer does */
+  t->blk = w;
+  return GCAP_OK;
+}
+
 gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape) {
   gcap_tensor *a = tensor_wrap(t->e, t->blk, t->off, t->dt, ndim, shape, t->numel);
   if (a != NULL) gc_blk_retain(t->blk);

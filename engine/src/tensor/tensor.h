@@ -46,6 +46,15 @@ gcap_status gc_tensor_alloc(gcap_engine *e, const char *op, gcap_dtype dt, int n
 static inline void *gc_tensor_ptr(const gcap_tensor *t) {
   return t->blk->ptr + t->off;
 }
+/* Give t's block back to its pool but keep t's address valid for graphs
+** already captured (a weak reference, for reused graph buffers). */
+gcap_status gc_tensor_weaken(gcap_tensor *t);
+/* Note that the launch about to happen reads (write = 0) or writes t's
+** elements (gc_note_range on t's bytes). */
+static inline gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
+  uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
+  return gc_note_range(e, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt), write);
+}
 /* "[2, 3]" into buf. */
 const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n);
 
@@ -74,10 +83,11 @@ struct gc_node {
   gcap_dtype dt;
   float f[4]; /* op constants */
   int64_t k[4];
-  void *ud; /* op state (e.g. a module for delayed wgrad) */
+  void *ud; /* op state (e.g. a view's shape) */
   void (*ud_free)(void *ud);
-  gc_node *free_next; /* release worklist */
-  uint64_t mark;      /* scheduling scratch */
+  struct gc_wgrad_sink *wgrad; /* linear nodes: where the parameter grads go (NULL: .grad) */
+  gc_node *free_next;          /* release worklist */
+  uint64_t mark;               /* scheduling scratch */
   int deps;
   gcap_tensor *acc;
 };
@@ -135,6 +145,33 @@ gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_
 gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
                                   gcap_tensor *main_grad, gcap_tensor *db, gcap_tensor **gw,
                                   gcap_tensor **gb);
+/* A Linear's wgrad sink: where the backward of a linear node sends the
+** parameter grads instead of .grad. The Linear module (train/nn.c) owns it,
+** sets it on the nodes it records (gc_node.wgrad) and drains its queue in
+** backward_dw; the op fills it: the weight grad added into main_grad (fused
+** wgrad), or (g, x, bias grad) queued (delayed wgrad). Counted references:
+** a node keeps its sink after the module is gone. */
+typedef struct gc_wgrad_queue {
+  gcap_tensor **v; /* (g, x, bias grad or NULL) triples, oldest first */
+  int n, cap;
+} gc_wgrad_queue;
+
+typedef struct gc_wgrad_sink {
+  int refs;
+  int delay;              /* queue the grads for backward_dw */
+  gcap_tensor *main_grad; /* fused: the weight grad accumulates here (a reference), or NULL */
+  gc_wgrad_queue q;       /* delayed: the grads still to compute */
+} gc_wgrad_sink;
+
+/* A sink with one reference, delaying wgrad or not, fusing into main_grad
+** (NULL: not fused). */
+gcap_status gc_wgrad_sink_new(gcap_engine *e, int delay, gcap_tensor *main_grad,
+                              gc_wgrad_sink **out);
+gc_wgrad_sink *gc_wgrad_sink_retain(gc_wgrad_sink *s);
+/* Drop a reference (NULL: nothing); the last frees the queue and main_grad's reference. */
+void gc_wgrad_sink_release(gc_wgrad_sink *s);
+/* Free the triples of q and its array; q is empty afterwards. */
+void gc_wgrad_queue_free(gc_wgrad_queue *q);
 /* Clear (set_to_none) or zero t's .grad. */
 gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none);
 /* leaf.grad += g. On first use .grad is a copy of g, or g itself when

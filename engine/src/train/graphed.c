@@ -781,6 +781,13 @@ static gcap_status capture_all(ge_build *b) {
   return st;
 }
 
+/* The route a graphed module's calls take (gc_module_set_route): the replay
+** of entry `entry` of the graphed object ud. */
+static gcap_status route_call(void *ud, int entry, int nin, gcap_tensor *const *in,
+                              gcap_tensor **out) {
+  return gcap_graphed_call((gcap_graphed *)ud, entry, nin, in, out);
+}
+
 static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *const *callables,
                                 int nentries, const int *nargs, gcap_tensor *const *const *args,
                                 const gcap_graphed_opts *opts, gcap_graphed **out) {
@@ -862,7 +869,7 @@ static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *con
   }
   if (opts->order == NULL)
     for (i = 0; i < nentries; i++)
-      gc_module_set_graphed(b.G->v[i].m, b.G, i);
+      gc_module_set_route(b.G->v[i].m, route_call, b.G, i);
   *out = b.G;
   return GCAP_OK;
 fail : {

@@ -19,18 +19,15 @@ gcap_status gc_module_check_graphable(gcap_module *m, const char *where);
 ** length of a make_graphed_callables, or drop what the call left in them and
 ** bring the user's back (0). */
 void gc_module_wgrad_aside(gcap_module *m, int aside);
-/* Route m's calls to entry `entry` of g (g NULL: back to m's forward). */
-void gc_module_set_graphed(gcap_module *m, gcap_graphed *g, int entry);
-/* Back to m's own forward, if m is still routed to entry `entry` of g (a
+/* Where a routed module's calls go instead of its forward: graphing sets
+** it (a graphed replay of entry `entry` of the graphed object ud), so that
+** modules know a function and its state, not graphing. */
+typedef gcap_status (*gc_route_fn)(void *ud, int entry, int nin, gcap_tensor *const *in,
+                                   gcap_tensor **out);
+/* Route m's calls to fn(ud, entry, ...) (fn NULL: back to m's forward). */
+void gc_module_set_route(gcap_module *m, gc_route_fn fn, void *ud, int entry);
+/* Back to m's own forward, if m is still routed to entry `entry` of ud (a
 ** later make_graphed_callables may have routed it elsewhere). */
-void gc_module_unroute(gcap_module *m, const gcap_graphed *g, int entry);
-
-/* Of the Linear module `mod` a linear node's ud points to: does it delay
-** wgrad, and its main_grad when it fuses wgrad accumulation (else NULL). */
-int gc_linear_delays_wgrad(void *mod);
-gcap_tensor *gc_linear_main_grad(void *mod);
-/* Queue (g, x) for a later backward_dw of the delayed-wgrad Linear `mod`,
-** with its bias grad when already computed (gb; NULL: backward_dw does it). */
-gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb);
+void gc_module_unroute(gcap_module *m, const void *ud, int entry);
 
 #endif
