@@ -1,5 +1,6 @@
 /*
-** backend.h: the one table a backend implements, and the kernel catalogue.
+** backend.h: the one table a backend implements, and the kernel catalogue
+** (its names in catalogue.c).
 **
 ** The core reaches a backend only through gc_backend. A kernel launch is a
 ** kernel id plus a gc_kargs taken by value: the host backend records exactly
@@ -24,72 +25,104 @@
 extern "C" {
 #endif
 
-/* Kernel catalogue. Element counts are int64; pointers are device addresses;
-** dt is the gcap_dtype of the tensors (all operands of one launch share it). */
-typedef enum gc_kernel {
-  GC_K_FILL,        /* p[0][i] = f[0]                        i < n[0] */
-  GC_K_COPY,        /* p[0][i] = p[1][i], i < n[0]; dt: destination dtype, n[1]: source dtype */
-  GC_K_ADD,         /* p[0][i] = p[1][i % n[1]] + p[2][i % n[2]], i < n[0] */
-  GC_K_SUB,         /* p[0][i] = p[1][i % n[1]] - p[2][i % n[2]] */
-  GC_K_MUL,         /* p[0][i] = p[1][i % n[1]] * p[2][i % n[2]] */
-  GC_K_SCALE,       /* p[0][i] = p[1][i] * f[0]              i < n[0] */
-  GC_K_SUM,         /* p[0][0] = f[0] * sum(p[1][0 .. n[0]))  (mean: f[0] = 1/n); p[2]: NULL,
-                       or f32 scratch of GC_SUM_CHUNKS(n[0]) floats for a backend that sums
-                       chunks of the elements, then the chunks */
-  GC_K_RAND,        /* p[0][i] = draw(seed, offset + i), i < n[0]; p[1] = u64
-                       state {seed, offset}; n[1] = 1 for normal, 0 uniform */
-  GC_K_RNG_ADVANCE, /* state p[0] = {seed, offset}: offset += n[0] */
-  /* Autograd, layers and optimizers. Row-major matrices; "rows x cols". */
-  GC_K_EXPAND,        /* p[0][i] = f[0] * p[1][i % n[1]], i < n[0] (grad of sum/mean/broadcast) */
-  GC_K_SUM_ROWS,      /* p[0][j] = sum_i p[1][i*n[1] + j], i < n[0], j < n[1] (grad of a bias row);
-                         p[2]: NULL, or f32 scratch of GC_SUM_ROWS_CHUNKS(n[0]) * n[1] floats
-                         for a backend that sums chunks of rows, then the chunks in order */
-  GC_K_MATMUL,        /* C = f[0] * op(A) op(B) + f[1] * C (+ bias); p[0] = C [n[0] x n[1]],
-                         p[1] = A, p[2] = B, n[2] = k; n[3] = 1: op(A) = A^T (A stored k x m),
-                         n[4] = 1: op(B) = B^T (B stored n x k). Float accumulation.
-                         p[3]: NULL, or a bias row of n added to every row of C (with f[1] = 0);
-                         p[4]: NULL, or a vector of m receiving the sums over k of op(A)'s rows
-                         (the bias grad of a linear's weight-grad GEMM; only with n[3] = 1);
-                         p[5]: NULL, or a matrix like C receiving op(A) op(B) + bias while C
-                         receives its gelu_tanh (a Linear followed by a GELU; with f[1] = 0):
-                         the host applies it to the value as stored, cuBLASLt's epilogue to
-                         the float before rounding (bf16 results differ within tolerance) */
-  GC_K_RELU,          /* p[0][i] = max(p[1][i], 0) */
-  GC_K_RELU_BWD,      /* p[0][i] = p[2][i] > 0 ? p[1][i] : 0       (p[1] = dy, p[2] = x) */
-  GC_K_GELU,          /* p[0][i] = gelu_tanh(p[1][i]) */
-  GC_K_GELU_BWD,      /* p[0][i] = p[1][i] * gelu_tanh'(p[2][i])    (p[1] = dy, p[2] = x);
-                         p[3]: NULL, or the sums of the stored p[0] seen as rows of n[1]
-                         columns, p[3][j] = sum_i p[0][i*n[1] + j] (the bias grad of the
-                         linear before the gelu); p[4]: NULL, or f32 scratch as sum_rows's */
-  GC_K_LAYERNORM,     /* rows n[0] x cols n[1], eps f[0]: p[0] = y, p[1] = x, p[2] = weight or
-                         NULL, p[3] = bias or NULL, p[4] = mean [rows] (f32), p[5] = rstd [rows] (f32)
-                       */
-  GC_K_LAYERNORM_BWD, /* p[0] = dx, p[1] = dy, p[2] = x, p[3] = weight or NULL, p[4] = mean,
-                         p[5] = rstd; rows n[0], cols n[1] */
-  GC_K_LAYERNORM_BWD_PARAMS, /* p[0] = dweight, p[1] = dbias (either may be NULL), p[2] = dy,
-                                p[3] = x, p[4] = mean, p[5] = rstd; rows n[0], cols n[1] */
-  GC_K_SOFTMAX,     /* softmax over the last dim: p[0] = y, p[1] = x; rows n[0], cols n[1] */
-  GC_K_SOFTMAX_BWD, /* p[0] = dx = y * (dy - sum_row(dy * y)); p[1] = dy, p[2] = y */
-  GC_K_DROPOUT,     /* p[0] = y, p[1] = x, p[2] = mask (same dtype: 0 or 1/(1-f[0])),
-                       p[3] = rng state {seed, offset}; keep element i when
-                       gc_rng_uniform(seed, offset + i) >= f[0]; n[0] elements */
-  GC_K_XENT,        /* cross entropy: logits p[1] [n[0] x n[1]], targets p[2] (class ids as
-                       floats, n[0]); p[3] = probs out [n[0] x n[1]]; p[0] = loss per row [n[0]] */
-  GC_K_XENT_BWD,    /* p[0] = dlogits = (probs - onehot(target)) * p[3][0] * f[0]; p[1] = probs,
-                       p[2] = targets, p[3] = upstream grad (one element); rows n[0], cols n[1] */
-  GC_K_SGD,         /* param p[0] -= f[0] * d, d = grad p[1] (+ f[2] * param); with momentum
-                       (p[2] != NULL): buf = f[1] * buf + d, d = buf; n[0] elements */
-  GC_K_ADAM,        /* p[0] param, p[1] grad, p[2] m, p[3] v, p[4] step count (f32, one element,
-                       already incremented); lr f[0], beta1 f[1], beta2 f[2], eps f[3], weight
-                       decay f[4] (L2, added to the grad); bias-corrected; n[0] elements */
-  GC_K_COUNTER_INC, /* p[0][0] += 1 (f32 counter) */
-  GC_K_FOREACH_ADD, /* .grad accumulation of several tensors in one launch: for each pair
-                       j < GC_FOREACH_MAX with n[j] > 0 elements (the used pairs come first),
-                       p[2j][i] = p[2j][i] + p[2j+1][i] when n[GC_FOREACH_MAX + j] = 1, or
-                       p[2j][i] = p[2j+1][i] (a copy, same dtype) when it is 0; one pair's
-                       memory never overlaps another's, so the pairs may run in any order */
-  GC_K_COUNT
-} gc_kernel;
+/* The kernel catalogue: one row per kernel, X(ID, name, family, writes), the
+** one list that the enum, the names, the host table and the cuda dispatch are
+** made from (a new kernel: a row here, its host reference, its case in its cuda family):
+**   ID      the kernel's id, GC_K_<ID>;
+**   name    its name in messages ("add"), and its host reference hk_<name>
+**           (host/kernels.c);
+**   family  the cuda launcher cu_<family> that runs it (cuda/k_<family>.cu);
+**   writes  the pointer arguments it writes, bit i for p[i]; it reads the others.
+** Element counts are int64; pointers are device addresses; dt is the gcap_dtype
+** of the tensors (all operands of one launch share it). */
+#define GC_KERNELS(X)                                                                              \
+  /* p[0][i] = f[0], i < n[0] */                                                                   \
+  X(FILL, fill, elementwise, 0x01)                                                                 \
+  /* p[0][i] = p[1][i], i < n[0]; dt: destination dtype, n[1]: source dtype */                     \
+  X(COPY, copy, elementwise, 0x01)                                                                 \
+  /* p[0][i] = p[1][i % n[1]] + p[2][i % n[2]], i < n[0] */                                        \
+  X(ADD, add, elementwise, 0x01)                                                                   \
+  /* p[0][i] = p[1][i % n[1]] - p[2][i % n[2]] */                                                  \
+  X(SUB, sub, elementwise, 0x01)                                                                   \
+  /* p[0][i] = p[1][i % n[1]] * p[2][i % n[2]] */                                                  \
+  X(MUL, mul, elementwise, 0x01)                                                                   \
+  /* p[0][i] = p[1][i] * f[0], i < n[0] */                                                         \
+  X(SCALE, scale, elementwise, 0x01)                                                               \
+  /* p[0][0] = f[0] * sum(p[1][0 .. n[0]))  (mean: f[0] = 1/n); p[2]: NULL, or f32 scratch of      \
+     GC_SUM_CHUNKS(n[0]) floats for a backend that sums chunks of the elements, then the           \
+     chunks */                                                                                     \
+  X(SUM, sum, reduce, 0x05)                                                                        \
+  /* p[0][i] = draw(seed, offset + i), i < n[0]; p[1] = u64 state {seed, offset}; n[1] = 1         \
+     for normal, 0 uniform */                                                                      \
+  X(RAND, rand, rand, 0x01)                                                                        \
+  /* state p[0] = {seed, offset}: offset += n[0] */                                                \
+  X(RNG_ADVANCE, rng_advance, rand, 0x01)                                                          \
+  /* -- autograd, layers and optimizers (row-major matrices, "rows x cols") -- */                  \
+  /* p[0][i] = f[0] * p[1][i % n[1]], i < n[0] (grad of sum/mean/broadcast) */                     \
+  X(EXPAND, expand, linalg, 0x01)                                                                  \
+  /* p[0][j] = sum_i p[1][i*n[1] + j], i < n[0], j < n[1] (grad of a bias row); p[2]: NULL,        \
+     or f32 scratch of GC_SUM_ROWS_CHUNKS(n[0]) * n[1] floats for a backend that sums chunks       \
+     of rows, then the chunks in order */                                                          \
+  X(SUM_ROWS, sum_rows, linalg, 0x05)                                                              \
+  /* C = f[0] * op(A) op(B) + f[1] * C (+ bias); p[0] = C [n[0] x n[1]], p[1] = A, p[2] = B,       \
+     n[2] = k; n[3] = 1: op(A) = A^T (A stored k x m), n[4] = 1: op(B) = B^T (B stored n x         \
+     k). Float accumulation. p[3]: NULL, or a bias row of n added to every row of C (with          \
+     f[1] = 0); p[4]: NULL, or a vector of m receiving the sums over k of op(A)'s rows (the        \
+     bias grad of a linear's weight-grad GEMM; only with n[3] = 1); p[5]: NULL, or a matrix        \
+     like C receiving op(A) op(B) + bias while C receives its gelu_tanh (a Linear followed by      \
+     a GELU; with f[1] = 0): the host applies it to the value as stored, cuBLASLt's epilogue       \
+     to the float before rounding (bf16 results differ within tolerance) */                        \
+  X(MATMUL, matmul, linalg, 0x31)                                                                  \
+  /* p[0][i] = max(p[1][i], 0) */                                                                  \
+  X(RELU, relu, activation, 0x01)                                                                  \
+  /* p[0][i] = p[2][i] > 0 ? p[1][i] : 0  (p[1] = dy, p[2] = x) */                                 \
+  X(RELU_BWD, relu_bwd, activation, 0x01)                                                          \
+  /* p[0][i] = gelu_tanh(p[1][i]) */                                                               \
+  X(GELU, gelu, activation, 0x01)                                                                  \
+  /* p[0][i] = p[1][i] * gelu_tanh'(p[2][i])  (p[1] = dy, p[2] = x); p[3]: NULL, or the sums       \
+     of the stored p[0] seen as rows of n[1] columns, p[3][j] = sum_i p[0][i*n[1] + j] (the        \
+     bias grad of the linear before the gelu); p[4]: NULL, or f32 scratch as sum_rows's */         \
+  X(GELU_BWD, gelu_bwd, activation, 0x19)                                                          \
+  /* rows n[0] x cols n[1], eps f[0]: p[0] = y, p[1] = x, p[2] = weight or NULL, p[3] = bias       \
+     or NULL, p[4] = mean [rows] (f32), p[5] = rstd [rows] (f32) */                                \
+  X(LAYERNORM, layer_norm, norm, 0x31)                                                             \
+  /* p[0] = dx, p[1] = dy, p[2] = x, p[3] = weight or NULL, p[4] = mean, p[5] = rstd; rows         \
+     n[0], cols n[1] */                                                                            \
+  X(LAYERNORM_BWD, layer_norm_bwd, norm, 0x01)                                                     \
+  /* p[0] = dweight, p[1] = dbias (either may be NULL), p[2] = dy, p[3] = x, p[4] = mean,          \
+     p[5] = rstd; rows n[0], cols n[1] */                                                          \
+  X(LAYERNORM_BWD_PARAMS, layer_norm_bwd_params, norm, 0x03)                                       \
+  /* softmax over the last dim: p[0] = y, p[1] = x; rows n[0], cols n[1] */                        \
+  X(SOFTMAX, softmax, norm, 0x01)                                                                  \
+  /* p[0] = dx = y * (dy - sum_row(dy * y)); p[1] = dy, p[2] = y */                                \
+  X(SOFTMAX_BWD, softmax_bwd, norm, 0x01)                                                          \
+  /* p[0] = y, p[1] = x, p[2] = mask (same dtype: 0 or 1/(1-f[0])), p[3] = rng state {seed,        \
+     offset}; keep element i when gc_rng_uniform(seed, offset + i) >= f[0]; n[0] elements */       \
+  X(DROPOUT, dropout, loss, 0x05)                                                                  \
+  /* cross entropy: logits p[1] [n[0] x n[1]], targets p[2] (class ids as floats, n[0]); p[3]      \
+     = probs out [n[0] x n[1]]; p[0] = loss per row [n[0]] */                                      \
+  X(XENT, cross_entropy, loss, 0x09)                                                               \
+  /* p[0] = dlogits = (probs - onehot(target)) * p[3][0] * f[0]; p[1] = probs, p[2] =              \
+     targets, p[3] = upstream grad (one element); rows n[0], cols n[1] */                          \
+  X(XENT_BWD, cross_entropy_bwd, loss, 0x01)                                                       \
+  /* param p[0] -= f[0] * d, d = grad p[1] (+ f[2] * param); with momentum (p[2] != NULL):         \
+     buf = f[1] * buf + d, d = buf; n[0] elements */                                               \
+  X(SGD, sgd, optim, 0x05)                                                                         \
+  /* p[0] param, p[1] grad, p[2] m, p[3] v, p[4] step count (f32, one element, already             \
+     incremented); lr f[0], beta1 f[1], beta2 f[2], eps f[3], weight decay f[4] (L2, added to      \
+     the grad); bias-corrected; n[0] elements */                                                   \
+  X(ADAM, adam, optim, 0x0d)                                                                       \
+  /* p[0][0] += 1 (f32 counter) */                                                                 \
+  X(COUNTER_INC, counter_inc, optim, 0x01)                                                         \
+  /* .grad accumulation of several tensors in one launch: for each pair j < GC_FOREACH_MAX         \
+     with n[j] > 0 elements (the used pairs come first), p[2j][i] = p[2j][i] + p[2j+1][i]          \
+     when n[GC_FOREACH_MAX + j] = 1, or p[2j][i] = p[2j+1][i] (a copy, same dtype) when it is      \
+     0; one pair's memory never overlaps another's, so the pairs may run in any order */           \
+  X(FOREACH_ADD, foreach_add, elementwise, 0x55)
+
+#define GC_K_ID(id, name, family, writes) GC_K_##id,
+typedef enum gc_kernel { GC_KERNELS(GC_K_ID) GC_K_COUNT } gc_kernel;
+#undef GC_K_ID
 
 /* How many chunks a sum of n elements may use its scratch for (1: none). */
 #define GC_SUM_CHUNKS(n) ((n) >= (1 << 20) ? 256 : 1)
@@ -112,8 +145,12 @@ typedef struct gc_kargs {
   int dt;
 } gc_kargs;
 
-/* The name of a kernel, for error messages ("add", "sum", ...). */
-const char *gc_kernel_name(int k);
+/* The name of kernel k, for messages ("add", "sum", ...; "?" when k is no
+** kernel id): inline, as every launch names its kernel to the capture checks. */
+extern const char *const gc_kernel_names[GC_K_COUNT];
+static inline const char *gc_kernel_name(int k) {
+  return k >= 0 && k < GC_K_COUNT ? gc_kernel_names[k] : "?";
+}
 
 /* What device address p is, for a dump: "pool block 0x... + 64 of 512 B",
 ** "heap block ...", or "0x... (not engine memory)", into buf. */
