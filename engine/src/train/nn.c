@@ -350,6 +350,24 @@ int gcap_module_training(const gcap_module *m) {
 /* ------------------------------------------------------------------------ */
 /* Hooks                                                                     */
 
+/* The one table of the hook kinds' names, by gcap_hook_kind. */
+static const struct {
+  const char *name, *group_key;
+} hook_kinds[GCAP_HOOK_KINDS] = {
+    {"forward pre-hook", "forward_pre_hooks"},
+    {"forward hook", "forward_hooks"},
+    {"backward pre-hook", "backward_pre_hooks"},
+    {"backward hook", "backward_hooks"},
+};
+
+const char *gcap_hook_kind_name(gcap_hook_kind kind) {
+  return kind >= 0 && kind < GCAP_HOOK_KINDS ? hook_kinds[kind].name : "";
+}
+
+const char *gcap_hook_group_key(gcap_hook_kind kind) {
+  return kind >= 0 && kind < GCAP_HOOK_KINDS ? hook_kinds[kind].group_key : "";
+}
+
 gcap_status gcap_module_register_hook(gcap_module *m, gcap_hook_kind kind, gcap_module_hook fn,
                                       void *ud, void (*ud_free)(void *), int *id) {
   if (id) *id = 0;
@@ -411,11 +429,7 @@ static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a) {
     last = m->hooks[next].id;
     if ((st = m->hooks[next].fn(m->hooks[next].ud, m, a)) != GCAP_OK) {
       if (m->e->err[0] == '\0')
-        gc_fail(m->e, st, "%s: a %s hook failed (%s)", m->type,
-                a->kind == GCAP_HOOK_FORWARD_PRE    ? "forward pre"
-                : a->kind == GCAP_HOOK_FORWARD      ? "forward"
-                : a->kind == GCAP_HOOK_BACKWARD_PRE ? "backward pre"
-                                                    : "backward",
+        gc_fail(m->e, st, "%s: a %s failed (%s)", m->type, gcap_hook_kind_name(a->kind),
                 gcap_status_str(st));
       return st;
     }
@@ -573,9 +587,6 @@ void gc_module_unroute(gcap_module *m, const void *ud, int entry) {
   if (m->route != NULL && m->route_ud == ud && m->route_entry == entry) m->route = NULL;
 }
 
-static const char *const hook_kind_names[4] = {"forward pre-hook", "forward hook",
-                                               "backward pre-hook", "backward hook"};
-
 static gcap_status check_graphable(gcap_module *m, const char *where, const char *path) {
   int i, j;
   if (m->nhooks > 0)
@@ -585,7 +596,7 @@ static gcap_status check_graphable(gcap_module *m, const char *where, const char
                    "never replayed). Register hooks after graphing (they then run eagerly around "
                    "each replay), or pass them in capture_time_hooks",
                    where, path[0] ? "'" : "", path, path[0] ? "'" : "", m->type,
-                   hook_kind_names[m->hooks[0].kind]);
+                   gcap_hook_kind_name(m->hooks[0].kind));
   for (i = 0; i < m->buffers.n; i++)
     if (m->buffers.v[i].t->requires_grad)
       return gc_fail(m->e, GCAP_EINVAL,
