@@ -8,10 +8,6 @@
 
 #include "tensor.h"
 
-size_t gc_dtype_size(gcap_dtype dt) {
-  return dt == GCAP_BF16 ? 2 : 4;
-}
-
 const char *gc_dtype_name(gcap_dtype dt) {
   return dt == GCAP_BF16 ? "bf16" : "f32";
 }

@@ -35,7 +35,10 @@ gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt);
 /* A new tensor struct over t's storage with another shape: no grad, no grad_fn. */
 gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape);
 
-size_t gc_dtype_size(gcap_dtype dt);
+/* Bytes per element (inline: every launch notes its operands' byte ranges). */
+static inline size_t gc_dtype_size(gcap_dtype dt) {
+  return dt == GCAP_BF16 ? 2 : 4;
+}
 const char *gc_dtype_name(gcap_dtype dt);
 /* Validate a shape; on success *numel is its element count. */
 gcap_status gc_check_shape(gcap_engine *e, const char *op, int ndim, const int64_t *shape,
