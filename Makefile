@@ -44,7 +44,8 @@ NVFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=comp
 LDLIBS := -lm -ldl -lpthread
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -lrt -lstdc++
 
-CORE_SRC := $(wildcard engine/src/*.c) $(wildcard engine/src/host/*.c)
+# The layers (runtime <- tensor <- train) and the host backend; the cuda backend below.
+CORE_SRC := $(wildcard $(patsubst %,engine/src/%/*.c,runtime tensor train host))
 OBJ := $(CORE_SRC:%.c=$(B)/%.o)
 ifeq ($(WITH_CUDA),1)
   OBJ += $(patsubst %.cu,$(B)/%.o,$(wildcard engine/src/cuda/*.cu))

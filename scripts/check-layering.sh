@@ -7,7 +7,11 @@
 #   the core (engine/src outside host/ and cuda/) includes no CUDA header and
 #   nothing from host/ or cuda/: it reaches a backend only through backend.h;
 #   lua/ includes graphcap.h and nothing else of the engine, and no CUDA header;
-#   the binding's own rules: see binding_rules below.
+#   the binding's own rules (binding_rules below): only lua/binding/lcall.c calls
+#   lua_pcall; binding files include only lgc.h, graphcap.h, Lua's and libc headers;
+#   the engine's layers (engine_layer_rules below): runtime <- tensor <- train,
+#   no include of, or call into, a higher layer; the backends include only
+#   runtime/backend.h and runtime/rng.h of the core and call only the runtime.
 #
 # An include counts as a file of a directory when its path names the directory
 # (host/x.h, ../cuda/x.h) or when its bare name exists there and not beside the
@@ -143,6 +147,94 @@ is_libc_header() {
 
 binding_rules
 # ---------------------------------------------------------------------------
+# The engine's layers: engine/src/runtime (0) <- engine/src/tensor (1) <-
+# engine/src/train (2), and the backends engine/src/host and engine/src/cuda
+# beside the runtime.
+#   - a layer's file includes no header of a higher layer;
+#   - a backend includes, of the core, only runtime/backend.h and runtime/rng.h;
+#   - a layer's file calls no function defined in a higher layer (gc_* and the
+#     public gcap_* alike), and a backend calls only the runtime's.
+# Calls are found by name in the code (comments and strings left out); a function is
+# a layer's when one of its .c files defines it without `static`.
+layer_rank() {
+  case "$1" in
+    runtime) echo 0 ;;
+    tensor) echo 1 ;;
+    train) echo 2 ;;
+    host | cuda) echo B ;;
+    *) echo - ;;
+  esac
+}
+
+# The folder under engine/src of the file that INC of FILE names ("" when it
+# is no file of engine/src: a system or public header).
+include_folder() {
+  local file=$1 inc=$2 path
+  if [ -e "$(dirname "$file")/$inc" ]; then
+    path=$(realpath -m --relative-to=engine/src "$(dirname "$file")/$inc")
+  elif [ -e "engine/src/$inc" ]; then
+    path=$inc
+  else
+    return 0
+  fi
+  [[ $path == */* ]] && echo "${path%%/*}"
+}
+
+# The non-static functions (gc_*, gcap_*) that the .c files of a folder define.
+defined_in() {
+  [ -d "engine/src/$1" ] || return 0
+  find "engine/src/$1" -name '*.c' -print0 | xargs -0 -r grep -hoE \
+    '^[A-Za-z_][A-Za-z0-9_ *]*[ *](gc|gcap)_[a-z0-9_]+\(' |
+    grep -v '^static' | sed -E 's/.*[ *]((gc|gcap)_[a-z0-9_]+)\($/\1/' | sort -u
+}
+
+# FILE without its comments and string literals, line for line.
+code_of() {
+  perl -0pe 's{/\*.*?\*/}{(my $c = $&) =~ s/[^\n]//g; $c}gse; s{//[^\n]*}{}g; s{"(?:\\.|[^"\\\n])*"}{""}g' "$1"
+}
+
+engine_layer_rules() {
+  local entry inc where file folder rank target trank
+  while IFS= read -r entry; do
+    inc=${entry#*:*:}
+    where=${entry%:"$inc"}
+    file=${where%:*}
+    [[ $file == engine/src/*/* ]] || continue
+    folder=${file#engine/src/}
+    folder=${folder%%/*}
+    rank=$(layer_rank "$folder")
+    target=$(include_folder "$file" "$inc")
+    [ -n "$target" ] && [ "$target" != "$folder" ] || continue
+    trank=$(layer_rank "$target")
+    if [ "$rank" = B ]; then
+      case "$inc" in
+        runtime/backend.h | runtime/rng.h) ;;
+        *) [ "$trank" = B ] || report "$where" "backend includes \"$inc\" (of the core, only runtime/backend.h and runtime/rng.h)" ;;
+      esac
+    elif [ "$rank" != - ] && [ "$trank" != - ] && [ "$trank" != B ] && [ "$trank" -gt "$rank" ]; then
+      report "$where" "$folder/ includes \"$inc\" of the higher layer $target/"
+    fi
+  done < <(list_includes)
+
+  local upper lower sym hits
+  for upper in tensor train; do
+    mapfile -t syms < <(defined_in "$upper")
+    [ ${#syms[@]} -gt 0 ] || continue
+    for lower in runtime tensor host cuda; do
+      [ "$(layer_rank "$lower")" = B ] || [ "$(layer_rank "$lower")" -lt "$(layer_rank "$upper")" ] ||
+        continue
+      [ -d "engine/src/$lower" ] || continue
+      while IFS= read -r -d '' f; do
+        while IFS= read -r hits; do
+          report "$f:${hits%%:*}" "$lower/ calls ${hits#*:} of the higher layer $upper/"
+        done < <(code_of "$f" | grep -nowF -f <(printf '%s\n' "${syms[@]}") || true)
+      done < <(find "engine/src/$lower" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \
+        -o -name '*.cuh' \) -print0 | sort -z)
+    done
+  done
+}
+
+engine_layer_rules
 
 if [ "$violations" -gt 0 ]; then
   echo "check-layering: $violations violation(s) of the layering rules in docs/ARCHITECTURE.md"

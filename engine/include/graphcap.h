@@ -265,12 +265,22 @@ typedef struct gcap_module gcap_module;
 typedef gcap_status (*gcap_forward_fn)(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
                                        gcap_tensor **out);
 
+/* The four kinds of hooks, of modules and of capture_time_hooks alike. */
 typedef enum gcap_hook_kind {
   GCAP_HOOK_FORWARD_PRE = 0, /* before forward: inputs */
   GCAP_HOOK_FORWARD,         /* after forward: inputs and output */
   GCAP_HOOK_BACKWARD_PRE,    /* when the grad of the output arrives */
   GCAP_HOOK_BACKWARD         /* when the grad of the first input is computed */
 } gcap_hook_kind;
+#define GCAP_HOOK_KINDS 4
+
+/* The name of a hook kind as messages write it: "forward pre-hook",
+** "forward hook", "backward pre-hook", "backward hook"; "" for a value that is
+** no kind. */
+const char *gcap_hook_kind_name(gcap_hook_kind kind);
+/* The key of a kind's group in capture_time_hooks: "forward_pre_hooks",
+** "forward_hooks", "backward_pre_hooks", "backward_hooks"; "" for no kind. */
+const char *gcap_hook_group_key(gcap_hook_kind kind);
 
 typedef struct gcap_hook_args {
   gcap_hook_kind kind;
@@ -469,14 +479,13 @@ typedef struct gcap_graphed gcap_graphed;
 ** non-OK status aborts graph construction (everything is rolled back). */
 typedef gcap_status (*gcap_capture_hook)(void *ud, gcap_module *m);
 
-/* The four groups of capture_time_hooks, in call order around a pass. */
-enum { GCAP_FORWARD_PRE_HOOKS, GCAP_FORWARD_HOOKS, GCAP_BACKWARD_PRE_HOOKS, GCAP_BACKWARD_HOOKS };
-
-/* The hooks of one callable: n[g] functions per group g, run in index order. */
+/* The hooks of one callable: n[k] functions in the group of hook kind k
+** (gcap_hook_kind, which is also their call order around a pass), run in
+** index order. */
 typedef struct gcap_capture_hooks {
-  int n[4];
-  const gcap_capture_hook *fn[4];
-  void *const *ud[4];
+  int n[GCAP_HOOK_KINDS];
+  const gcap_capture_hook *fn[GCAP_HOOK_KINDS];
+  void *const *ud[GCAP_HOOK_KINDS];
 } gcap_capture_hooks;
 
 /* Progress of long work: `done` of `total` passes of `phase` ("warmup",

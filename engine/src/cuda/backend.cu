@@ -163,58 +163,19 @@ static gcap_status cu_download(gcap_engine *e, void *, void *s, void *dst, const
 /* ------------------------------------------------------------------------ */
 /* Kernels                                                                   */
 
+/* The launcher of each kernel's family, from the catalogue (backend.h). */
+typedef gcap_status (*cu_family_fn)(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                                    const gc_kargs *a);
+#define CU_FAMILY(id, name, family, writes) cu_##family,
+static const cu_family_fn cu_families[GC_K_COUNT] = {GC_KERNELS(CU_FAMILY)};
+#undef CU_FAMILY
+
 static gcap_status cu_launch(gcap_engine *e, void *bs, void *s, int k, const gc_kargs *a) {
   cu_state *st = (cu_state *)bs;
   cudaStream_t cs = (cudaStream_t)s;
   gcap_status r;
-  switch (k) {
-    case GC_K_FILL:
-    case GC_K_COPY:
-    case GC_K_ADD:
-    case GC_K_SUB:
-    case GC_K_MUL:
-    case GC_K_SCALE:
-    case GC_K_FOREACH_ADD:
-      r = cu_elementwise(e, st, cs, k, a);
-      break;
-    case GC_K_SUM:
-      r = cu_reduce(e, st, cs, k, a);
-      break;
-    case GC_K_RAND:
-    case GC_K_RNG_ADVANCE:
-      r = cu_rand(e, st, cs, k, a);
-      break;
-    case GC_K_EXPAND:
-    case GC_K_SUM_ROWS:
-    case GC_K_MATMUL:
-      r = cu_linalg(e, st, cs, k, a);
-      break;
-    case GC_K_RELU:
-    case GC_K_RELU_BWD:
-    case GC_K_GELU:
-    case GC_K_GELU_BWD:
-      r = cu_activation(e, st, cs, k, a);
-      break;
-    case GC_K_LAYERNORM:
-    case GC_K_LAYERNORM_BWD:
-    case GC_K_LAYERNORM_BWD_PARAMS:
-    case GC_K_SOFTMAX:
-    case GC_K_SOFTMAX_BWD:
-      r = cu_norm(e, st, cs, k, a);
-      break;
-    case GC_K_DROPOUT:
-    case GC_K_XENT:
-    case GC_K_XENT_BWD:
-      r = cu_loss(e, st, cs, k, a);
-      break;
-    case GC_K_SGD:
-    case GC_K_ADAM:
-    case GC_K_COUNTER_INC:
-      r = cu_optim(e, st, cs, k, a);
-      break;
-    default:
-      return gc_fail(e, GCAP_EINVAL, "cuda: no kernel with id %d", k);
-  }
+  if (k < 0 || k >= GC_K_COUNT) return gc_fail(e, GCAP_EINVAL, "cuda: no kernel with id %d", k);
+  r = cu_families[k](e, st, cs, k, a);
   if (r != GCAP_OK) return r;
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)

@@ -15,7 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "graphcap.h"
-#include "backend.h" /* C linkage through its own __cplusplus guard */
+#include "runtime/backend.h" /* C linkage through its own __cplusplus guard */
 
 /* Return a device error through gc_fail, naming the call; never abort.
 ** cudaGetLastError consumes the error, so that a later launch check does not

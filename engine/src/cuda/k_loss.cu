@@ -15,7 +15,7 @@
 #include <math.h>
 
 #include "common.cuh"
-#include "rng.h"
+#include "runtime/rng.h"
 
 /* mask[i] = u(seed, offset + i) >= p ? scale : 0; y[i] = x[i] * mask[i], the
 ** product taken with the unrounded float mask (as the host). */

@@ -4,7 +4,7 @@
 ** graph draws from the current state, as eager code does (rng.h).
 */
 #include "common.cuh"
-#include "rng.h"
+#include "runtime/rng.h"
 
 /* y[i] = draw(seed, offset + i); the state is not changed. */
 static __global__ void k_rand(void *y, const uint64_t *state, int dt, int64_t n, int normal) {

@@ -3,7 +3,7 @@
 */
 #include <stddef.h>
 
-#include "backend.h"
+#include "runtime/backend.h"
 
 const gc_backend *gc_cuda_backend(void) {
   return NULL;

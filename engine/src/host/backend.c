@@ -275,34 +275,9 @@ static void hb_graph_free(void *bs, void *graph, void *exec) {
 
 /* Which pointer arguments each kernel writes (bit i: p[i]), as the
 ** catalogue in backend.h says; the others it reads. */
-static const unsigned hb_writes[GC_K_COUNT] = {[GC_K_FILL] = 0x01,
-                                               [GC_K_COPY] = 0x01,
-                                               [GC_K_ADD] = 0x01,
-                                               [GC_K_SUB] = 0x01,
-                                               [GC_K_MUL] = 0x01,
-                                               [GC_K_SCALE] = 0x01,
-                                               [GC_K_SUM] = 0x05,
-                                               [GC_K_RAND] = 0x01,
-                                               [GC_K_RNG_ADVANCE] = 0x01,
-                                               [GC_K_EXPAND] = 0x01,
-                                               [GC_K_SUM_ROWS] = 0x05,
-                                               [GC_K_MATMUL] = 0x31,
-                                               [GC_K_RELU] = 0x01,
-                                               [GC_K_RELU_BWD] = 0x01,
-                                               [GC_K_GELU] = 0x01,
-                                               [GC_K_GELU_BWD] = 0x19,
-                                               [GC_K_LAYERNORM] = 0x31,
-                                               [GC_K_LAYERNORM_BWD] = 0x01,
-                                               [GC_K_LAYERNORM_BWD_PARAMS] = 0x03,
-                                               [GC_K_SOFTMAX] = 0x01,
-                                               [GC_K_SOFTMAX_BWD] = 0x01,
-                                               [GC_K_DROPOUT] = 0x05,
-                                               [GC_K_XENT] = 0x09,
-                                               [GC_K_XENT_BWD] = 0x01,
-                                               [GC_K_SGD] = 0x05,
-                                               [GC_K_ADAM] = 0x0d,
-                                               [GC_K_COUNTER_INC] = 0x01,
-                                               [GC_K_FOREACH_ADD] = 0x55};
+#define HB_WRITES(id, name, family, writes) [GC_K_##id] = writes,
+static const unsigned hb_writes[GC_K_COUNT] = {GC_KERNELS(HB_WRITES)};
+#undef HB_WRITES
 
 /* Write s as the inside of a DOT string. */
 static void hb_dot_escape(FILE *f, const char *s) {

@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../rng.h"
+#include "runtime/rng.h"
 #include "kernels.h"
 
 static float ld(const void *p, int dt, int64_t i) {
@@ -191,7 +191,7 @@ static void hk_gelu_bwd(const gc_kargs *a) {
   }
 }
 
-static void hk_layernorm(const gc_kargs *a) {
+static void hk_layer_norm(const gc_kargs *a) {
   int64_t r, c, rows = a->n[0], cols = a->n[1];
   for (r = 0; r < rows; r++) {
     float mean = 0.0f, var = 0.0f, rstd;
@@ -215,7 +215,7 @@ static void hk_layernorm(const gc_kargs *a) {
   }
 }
 
-static void hk_layernorm_bwd(const gc_kargs *a) {
+static void hk_layer_norm_bwd(const gc_kargs *a) {
   int64_t r, c, rows = a->n[0], cols = a->n[1];
   for (r = 0; r < rows; r++) {
     float mean = ((const float *)a->p[4])[r], rstd = ((const float *)a->p[5])[r];
@@ -236,7 +236,7 @@ static void hk_layernorm_bwd(const gc_kargs *a) {
   }
 }
 
-static void hk_layernorm_bwd_params(const gc_kargs *a) {
+static void hk_layer_norm_bwd_params(const gc_kargs *a) {
   int64_t r, c, rows = a->n[0], cols = a->n[1];
   for (c = 0; c < cols; c++) {
     float dw = 0.0f, db = 0.0f;
@@ -304,7 +304,7 @@ static int64_t class_id(const gc_kargs *a, int64_t r, int64_t cols) {
   return t >= 0.0f && t < (float)cols && t == floorf(t) ? (int64_t)t : -1;
 }
 
-static void hk_xent(const gc_kargs *a) {
+static void hk_cross_entropy(const gc_kargs *a) {
   int64_t r, rows = a->n[0], cols = a->n[1];
   for (r = 0; r < rows; r++) {
     int64_t t = class_id(a, r, cols);
@@ -314,7 +314,7 @@ static void hk_xent(const gc_kargs *a) {
   }
 }
 
-static void hk_xent_bwd(const gc_kargs *a) {
+static void hk_cross_entropy_bwd(const gc_kargs *a) {
   int64_t r, c, rows = a->n[0], cols = a->n[1];
   float g = ld(a->p[3], a->dt, 0) * a->f[0];
   for (r = 0; r < rows; r++) {
@@ -376,33 +376,8 @@ static void hk_foreach_add(const gc_kargs *a) {
 }
 
 hk_fn hk_kernel(int k) {
-  static const hk_fn table[GC_K_COUNT] = {hk_fill,
-                                          hk_copy,
-                                          hk_add,
-                                          hk_sub,
-                                          hk_mul,
-                                          hk_scale,
-                                          hk_sum,
-                                          hk_rand,
-                                          hk_rng_advance,
-                                          hk_expand,
-                                          hk_sum_rows,
-                                          hk_matmul,
-                                          hk_relu,
-                                          hk_relu_bwd,
-                                          hk_gelu,
-                                          hk_gelu_bwd,
-                                          hk_layernorm,
-                                          hk_layernorm_bwd,
-                                          hk_layernorm_bwd_params,
-                                          hk_softmax,
-                                          hk_softmax_bwd,
-                                          hk_dropout,
-                                          hk_xent,
-                                          hk_xent_bwd,
-                                          hk_sgd,
-                                          hk_adam,
-                                          hk_counter_inc,
-                                          hk_foreach_add};
+#define HK_ROW(id, name, family, writes) [GC_K_##id] = hk_##name,
+  static const hk_fn table[GC_K_COUNT] = {GC_KERNELS(HK_ROW)};
+#undef HK_ROW
   return k >= 0 && k < GC_K_COUNT ? table[k] : NULL;
 }

@@ -4,7 +4,7 @@
 #ifndef GC_HOST_KERNELS_H
 #define GC_HOST_KERNELS_H
 
-#include "backend.h"
+#include "runtime/backend.h"
 
 typedef void (*hk_fn)(const gc_kargs *a);
 

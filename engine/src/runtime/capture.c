@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 /* A slot for g in the registry (a destroyed graph's, if any) and a new id. */
 static gcap_status graph_register(gcap_engine *e, gcap_graph *g) {
@@ -153,12 +153,10 @@ static int undo_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
   return !ranges_push((gc_ranges *)ud, lo, hi, writer);
 }
 
-gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
-  gcap_pool *p = t->blk->pool;
-  uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
-  uintptr_t hi = lo + (uintptr_t)t->numel * gc_dtype_size(t->dt);
+gcap_status gc_note_range(gcap_engine *e, gc_blk *b, uintptr_t lo, uintptr_t hi, int write) {
+  gcap_pool *p = b->pool;
   gcap_graph *g;
-  if (write) t->blk->version++;
+  if (write) b->version++;
   if (lo == hi) return GCAP_OK;
   if (e->cap == NULL) { /* eager: only pool memory is tracked */
     if (write && !p->is_heap) {
@@ -170,7 +168,7 @@ gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
     return GCAP_OK;
   }
   g = e->cap->g;
-  if (p != e->cap->pool) return graph_hold(g, t->blk); /* memory the graph uses, kept alive */
+  if (p != e->cap->pool) return graph_hold(g, b); /* memory the graph uses, kept alive */
   if (write) {
     /* room for this write and for putting back every logged piece, should
     ** the capture fail (cap_free) */

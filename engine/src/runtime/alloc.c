@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 #define ALLOC_ROUND 512              /* block sizes: multiples of 512 (256-aligned) */
 #define ALLOC_SMALL (1u << 20)       /* requests up to 1 MiB share ... */
@@ -290,24 +290,6 @@ void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out) {
   out->peak_bytes = p->peak;
   out->blocks = p->blocks;
   out->graphs = p->graphs;
-}
-
-gcap_status gc_tensor_weaken(gcap_tensor *t) {
-  gc_blk *w;
-  if (t->blk->weak) return GCAP_OK;
-  if ((w = (gc_blk *)gc_calloc(1, sizeof *w)) == NULL)
-    return gc_fail(t->e, GCAP_ENOMEM, "out of host memory");
-  w->ptr = t->blk->ptr;
-  w->size = t->blk->size;
-  w->pool = t->blk->pool;
-  w->stream = t->blk->stream;
-  w->refs = 1;
-  w->weak = 1;
-  w->version = t->blk->version;
-  w->pool->weak++;        /* the address must stay valid: the pool stays */
-  gc_blk_release(t->blk); /* other holders of the block keep it; this tensor no longer does */
-  t->blk = w;
-  return GCAP_OK;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 struct gc_trace {
   FILE *f;

@@ -6,11 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-
-size_t gc_dtype_size(gcap_dtype dt) {
-  return dt == GCAP_BF16 ? 2 : 4;
-}
+#include "tensor.h"
 
 const char *gc_dtype_name(gcap_dtype dt) {
   return dt == GCAP_BF16 ? "bf16" : "f32";
@@ -201,6 +197,24 @@ gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt) {
   t->blk = b;
   t->off = 0;
   t->dt = dt;
+  return GCAP_OK;
+}
+
+gcap_status gc_tensor_weaken(gcap_tensor *t) {
+  gc_blk *w;
+  if (t->blk->weak) return GCAP_OK;
+  if ((w = (gc_blk *)gc_calloc(1, sizeof *w)) == NULL)
+    return gc_fail(t->e, GCAP_ENOMEM, "out of host memory");
+  w->ptr = t->blk->ptr;
+  w->size = t->blk->size;
+  w->pool = t->blk->pool;
+  w->stream = t->blk->stream;
+  w->refs = 1;
+  w->weak = 1;
+  w->version = t->blk->version;
+  w->pool->weak++;        /* the address must stay valid: the pool stays */
+  gc_blk_release(t->blk); /* other holders of the block keep it; this tensor no longer does */
+  t->blk = w;
   return GCAP_OK;
 }
 

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "tensor.h"
 
 int gcap_set_grad_enabled(gcap_engine *e, int on) {
   int was;
@@ -63,6 +63,7 @@ void gc_node_release(gc_node *n) {
     node_free_saved(x);
     gcap_tensor_free(x->acc);
     if (x->ud_free) x->ud_free(x->ud);
+    if (x->wgrad) gc_wgrad_sink_release(x->wgrad);
     free(x);
   }
 }
@@ -217,7 +218,7 @@ gcap_status gcap_tensor_detach(gcap_tensor *t, gcap_tensor **out) {
   return GCAP_OK;
 }
 
-/* leaf.grad += g; on first use a copy of g, or g itself (see internal.h). */
+/* leaf.grad += g; on first use a copy of g, or g itself (see tensor.h). */
 gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g, int steal) {
   gcap_engine *e = leaf->e;
   gcap_status st;

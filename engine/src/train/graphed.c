@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "train.h"
 #include "schedule.h"
 
 typedef struct ge_entry {
@@ -131,10 +131,7 @@ typedef struct ge_build {
   int last_l0; /* reuse: the l == 0 entry of the previous backward order value */
 } ge_build;
 
-static const char *const group_names[4] = {"forward_pre_hooks", "forward_hooks",
-                                           "backward_pre_hooks", "backward_hooks"};
-
-static gcap_status run_hooks(ge_build *b, int c, int group) {
+static gcap_status run_hooks(ge_build *b, int c, gcap_hook_kind group) {
   const gcap_capture_hooks *h;
   gcap_module *m = b->G->v[0].m;
   int j;
@@ -150,14 +147,14 @@ static gcap_status run_hooks(ge_build *b, int c, int group) {
     double t0 = gc_trace_clock(b->e);
     gc_clear(b->e);
     st = h->fn[group][j](h->ud[group] ? h->ud[group][j] : NULL, m);
-    gc_trace_span(b->e, t0, "hook", "%s #%d of callable %d (%s)", group_names[group], j + 1, c + 1,
-                  gcap_module_type(m));
+    gc_trace_span(b->e, t0, "hook", "%s #%d of callable %d (%s)", gcap_hook_group_key(group), j + 1,
+                  c + 1, gcap_module_type(m));
     if (st != GCAP_OK) {
       if (gcap_errmsg(b->e)[0] == '\0') /* the hook said nothing itself */
         gc_fail(b->e, st,
                 "make_graphed_callables: capture_time_hooks %s #%d of callable %d (%s) failed in "
                 "the %s%s%s%s",
-                group_names[group], j + 1, c + 1, gcap_module_type(m), b->phase,
+                gcap_hook_group_key(group), j + 1, c + 1, gcap_module_type(m), b->phase,
                 st == GCAP_EABORTED ? "" : " (", st == GCAP_EABORTED ? "" : gcap_status_str(st),
                 st == GCAP_EABORTED ? "" : ")"); /* aborted: the hook's own error says why */
       return st;
@@ -219,14 +216,14 @@ static gcap_status warm_fwd(ge_build *b, int i) {
   gcap_tensor *y = NULL;
   gcap_status st;
   double t0;
-  if ((st = run_hooks(b, x->callable, GCAP_FORWARD_PRE_HOOKS)) != GCAP_OK) return st;
+  if ((st = run_hooks(b, x->callable, GCAP_HOOK_FORWARD_PRE)) != GCAP_OK) return st;
   t0 = gc_trace_clock(b->e);
   st = gc_module_forward(x->m, x->nargs, x->args, &y);
   gc_trace_span(b->e, t0, "warmup", "warmup forward of entry %d", i + 1);
   if (st != GCAP_OK) return where(b, st, i, "warmup forward");
   gcap_tensor_free(b->warm_out[i]);
   b->warm_out[i] = y;
-  return run_hooks(b, x->callable, GCAP_FORWARD_HOOKS);
+  return run_hooks(b, x->callable, GCAP_HOOK_FORWARD);
 }
 
 /* Keep only the params that got a grad (iteration 0); later iterations must
@@ -268,7 +265,7 @@ static gcap_status warm_bwd(ge_build *b, int i, int it) {
   ge_entry *x = &b->G->v[i];
   gcap_tensor *gout = NULL;
   gcap_status st;
-  if ((st = run_hooks(b, x->callable, GCAP_BACKWARD_PRE_HOOKS)) != GCAP_OK) goto done;
+  if ((st = run_hooks(b, x->callable, GCAP_HOOK_BACKWARD_PRE)) != GCAP_OK) goto done;
   if (b->warm_out[i] && b->warm_out[i]->requires_grad) {
     double t0 = gc_trace_clock(b->e);
     if ((st = zeros_like(b->warm_out[i], &gout)) == GCAP_OK)
@@ -282,7 +279,7 @@ static gcap_status warm_bwd(ge_build *b, int i, int it) {
   }
   if ((st = prune_params(b, i, it)) != GCAP_OK) goto done;
   clear_grads(x);
-  st = run_hooks(b, x->callable, GCAP_BACKWARD_HOOKS);
+  st = run_hooks(b, x->callable, GCAP_HOOK_BACKWARD);
 done:
   clear_grads(x);
   gcap_tensor_free(gout);
@@ -342,9 +339,9 @@ static gcap_status cap_fwd(ge_build *b, int i) {
   ge_entry *x = &b->G->v[i];
   gcap_status st;
   int was = gcap_set_grad_enabled(b->e, b->G->training);
-  if ((st = run_hooks(b, x->callable, GCAP_FORWARD_PRE_HOOKS)) == GCAP_OK &&
+  if ((st = run_hooks(b, x->callable, GCAP_HOOK_FORWARD_PRE)) == GCAP_OK &&
       (st = capture(b, i, "forward", &x->fwd, cap_fwd_body)) == GCAP_OK)
-    st = run_hooks(b, x->callable, GCAP_FORWARD_HOOKS);
+    st = run_hooks(b, x->callable, GCAP_HOOK_FORWARD);
   gcap_set_grad_enabled(b->e, was);
   return st;
 }
@@ -435,11 +432,11 @@ static gcap_status cap_bwd(ge_build *b, int i) {
     if (b->o->reuse_graph_input_output_buffers) x->grad_out = shared_grad_out(b, x->out);
     if (x->grad_out == NULL && (st = zeros_like(x->out, &x->grad_out)) != GCAP_OK)
       return where(b, st, i, "backward capture");
-    if ((st = run_hooks(b, x->callable, GCAP_BACKWARD_PRE_HOOKS)) != GCAP_OK ||
+    if ((st = run_hooks(b, x->callable, GCAP_HOOK_BACKWARD_PRE)) != GCAP_OK ||
         (st = capture(b, i, "backward", &x->bwd, cap_bwd_body)) != GCAP_OK)
       return st;
     if ((st = take_grads(b, x, &x->grad_in, 0, x->nargs + x->nparams)) != GCAP_OK) return st;
-    if ((st = run_hooks(b, x->callable, GCAP_BACKWARD_HOOKS)) != GCAP_OK) return st;
+    if ((st = run_hooks(b, x->callable, GCAP_HOOK_BACKWARD)) != GCAP_OK) return st;
   }
   /* the static output keeps its memory but no longer the captured graph */
   if ((alias = gc_tensor_alias(x->out, x->out->ndim, x->out->shape)) == NULL)
@@ -463,17 +460,17 @@ static gcap_status check_hooks(gcap_engine *e, int ncallables, const gcap_graphe
                    "callables (one entry per callable, not per sample_args entry)",
                    o->num_capture_time_hooks, ncallables);
   for (c = 0; c < ncallables; c++)
-    for (g = 0; g < 4; g++) {
+    for (g = 0; g < GCAP_HOOK_KINDS; g++) {
       const gcap_capture_hooks *h = &o->capture_time_hooks[c];
       if (h->n[g] < 0 || (h->n[g] > 0 && h->fn[g] == NULL))
         return gc_fail(e, GCAP_EINVAL,
                        "make_graphed_callables: capture_time_hooks[%d].%s is malformed", c + 1,
-                       group_names[g]);
+                       gcap_hook_group_key(g));
       for (j = 0; j < h->n[g]; j++)
         if (h->fn[g][j] == NULL)
           return gc_fail(e, GCAP_EINVAL,
                          "make_graphed_callables: capture_time_hooks[%d].%s #%d is NULL", c + 1,
-                         group_names[g], j + 1);
+                         gcap_hook_group_key(g), j + 1);
     }
   return GCAP_OK;
 }
@@ -782,6 +779,13 @@ static gcap_status capture_all(ge_build *b) {
   return st;
 }
 
+/* The route a graphed module's calls take (gc_module_set_route): the replay
+** of entry `entry` of the graphed object ud. */
+static gcap_status route_call(void *ud, int entry, int nin, gcap_tensor *const *in,
+                              gcap_tensor **out) {
+  return gcap_graphed_call((gcap_graphed *)ud, entry, nin, in, out);
+}
+
 static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *const *callables,
                                 int nentries, const int *nargs, gcap_tensor *const *const *args,
                                 const gcap_graphed_opts *opts, gcap_graphed **out) {
@@ -863,7 +867,7 @@ static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *con
   }
   if (opts->order == NULL)
     for (i = 0; i < nentries; i++)
-      gc_module_set_graphed(b.G->v[i].m, b.G, i);
+      gc_module_set_route(b.G->v[i].m, route_call, b.G, i);
   *out = b.G;
   return GCAP_OK;
 fail : {

@@ -6,7 +6,7 @@
 */
 #include <stdlib.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 /* Allocations still to go before the injected failure (0: off). */
 static _Thread_local long fault_left;

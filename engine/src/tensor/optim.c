@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "tensor.h"
 
 struct gcap_optim {
   gcap_engine *e;

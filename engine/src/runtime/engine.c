@@ -1,6 +1,6 @@
 /*
-** engine.c: engine lifecycle, the last-error message, capture-rule checks
-** shared by every file, and destruction deferred past an open capture.
+** engine.c: engine lifecycle, capture-rule checks shared by every file, and
+** destruction deferred past an open capture (the messages are error.c's).
 */
 #include <stdarg.h>
 #include <stdio.h>
@@ -8,46 +8,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "runtime.h"
 
-static _Thread_local char open_err[GC_ERRLEN];
 static _Atomic long long live_engines; /* built and not yet destroyed */
 
 const char *gcap_version(void) {
   return GCAP_VERSION;
-}
-
-const char *gcap_status_str(gcap_status st) {
-  switch (st) {
-    case GCAP_OK:
-      return "ok";
-    case GCAP_EINVAL:
-      return "invalid argument";
-    case GCAP_ENOMEM:
-      return "out of memory";
-    case GCAP_EDEVICE:
-      return "device error";
-    case GCAP_ECAPTURE:
-      return "not allowed during capture";
-    case GCAP_ESTATE:
-      return "wrong state";
-    case GCAP_EREPLAY:
-      return "replay order refused";
-    case GCAP_EUNSUPPORTED:
-      return "unsupported";
-    case GCAP_EABORTED:
-      return "aborted";
-  }
-  return "unknown status";
-}
-
-gcap_status gc_fail(gcap_engine *e, gcap_status st, const char *fmt, ...) {
-  va_list ap;
-  char *buf = e ? e->err : open_err;
-  va_start(ap, fmt);
-  vsnprintf(buf, GC_ERRLEN, fmt, ap);
-  va_end(ap);
-  return st;
 }
 
 double gc_now_ms(void) {
@@ -58,10 +24,6 @@ double gc_now_ms(void) {
 
 int gcap_cuda_available(void) {
   return gc_cuda_backend() != NULL && gc_cuda_probe();
-}
-
-const char *gcap_last_open_error(void) {
-  return open_err;
 }
 
 static gcap_status eng_seed(gcap_engine *e, uint64_t seed) {
@@ -75,7 +37,7 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
   gcap_status st;
   if (out == NULL) return gc_fail(NULL, GCAP_EINVAL, "gcap_engine_new: out is NULL");
   *out = NULL;
-  open_err[0] = '\0';
+  gc_set_open_error(NULL);
   switch (dev) {
     case GCAP_DEVICE_DEFAULT:
       be = gcap_cuda_available() ? gc_cuda_backend() : gc_host_backend();
@@ -116,7 +78,7 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
   *out = e;
   return GCAP_OK;
 fail:
-  snprintf(open_err, sizeof open_err, "%s", e->err);
+  gc_set_open_error(e->err);
   e->refs = 0;
   gc_engine_unref(e); /* refs 0 -> destroy what was built */
   return st;
@@ -149,10 +111,6 @@ void gcap_engine_free(gcap_engine *e) {
   gcap_trace_stop(e);
   e->closed = 1;
   gc_engine_unref(e);
-}
-
-const char *gcap_errmsg(const gcap_engine *e) {
-  return e ? e->err : open_err;
 }
 
 const char *gcap_engine_device(const gcap_engine *e) {

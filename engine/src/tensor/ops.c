@@ -8,39 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
-
-const char *gc_kernel_name(int k) {
-  static const char *const names[GC_K_COUNT] = {"fill",
-                                                "copy",
-                                                "add",
-                                                "sub",
-                                                "mul",
-                                                "scale",
-                                                "sum",
-                                                "rand",
-                                                "rng_advance",
-                                                "expand",
-                                                "sum_rows",
-                                                "matmul",
-                                                "relu",
-                                                "relu_bwd",
-                                                "gelu",
-                                                "gelu_bwd",
-                                                "layer_norm",
-                                                "layer_norm_bwd",
-                                                "layer_norm_bwd_params",
-                                                "softmax",
-                                                "softmax_bwd",
-                                                "dropout",
-                                                "cross_entropy",
-                                                "cross_entropy_bwd",
-                                                "sgd",
-                                                "adam",
-                                                "counter_inc",
-                                                "foreach_add"};
-  return k >= 0 && k < GC_K_COUNT ? names[k] : "?";
-}
+#include "tensor.h"
 
 /* Launch k on the current stream, its capture rules already checked. */
 static gcap_status launch(gcap_engine *e, int k, const gc_kargs *a) {

@@ -7,7 +7,7 @@
 */
 #include <stdlib.h>
 
-#include "internal.h"
+#include "runtime.h"
 
 gcap_status gc_stream_create(gcap_engine *e, int owned, gcap_stream **out) {
   gcap_stream *s = (gcap_stream *)gc_calloc(1, sizeof *s);

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "tensor.h"
 
 static gcap_status fail_free(gcap_tensor **out, gcap_status st) {
   gcap_tensor_free(*out);

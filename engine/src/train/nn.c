@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "train.h"
 
 typedef struct mod_entry {
   char *name;
@@ -52,14 +52,12 @@ struct gcap_module {
   int nhooks, caphooks, next_hook_id;
   /* built-ins */
   double eps, p;
-  int delay_wgrad;
-  gcap_tensor *main_grad; /* a Linear's fused wgrad accumulator (its buffer), or NULL */
-  gcap_tensor **wq;       /* delayed wgrad queue: (g, x, bias grad or NULL), oldest first */
-  int nwq, capwq;
-  gcap_tensor **wq_aside; /* the user's queue while make_graphed_callables runs */
-  int nwq_aside, capwq_aside, aside;
-  gcap_graphed *graphed; /* calls replay this entry (weak: the graphed object owns m) */
-  int graphed_entry;
+  gc_wgrad_sink *wgrad;    /* a Linear that delays or fuses wgrad: its sink, else NULL */
+  gc_wgrad_queue wq_aside; /* the user's delayed wgrads while make_graphed_callables runs */
+  int aside;
+  gc_route_fn route; /* where calls go instead of forward (a graphed replay), or NULL */
+  void *route_ud;    /* its state (weak: the graphed object owns m) */
+  int route_entry;
   mod_flat flat[2]; /* parameters, buffers: see flat_of */
 };
 
@@ -115,9 +113,7 @@ void gcap_module_free(gcap_module *m) {
   for (i = 0; i < m->nhooks; i++)
     if (m->hooks[i].ud_free) m->hooks[i].ud_free(m->hooks[i].ud);
   free(m->hooks);
-  for (i = 0; i < m->nwq; i++)
-    gcap_tensor_free(m->wq[i]);
-  free(m->wq);
+  gc_wgrad_sink_release(m->wgrad);
   flat_free(&m->flat[0]);
   flat_free(&m->flat[1]);
   if (m->ud_free) m->ud_free(m->ud);
@@ -354,6 +350,24 @@ int gcap_module_training(const gcap_module *m) {
 /* ------------------------------------------------------------------------ */
 /* Hooks                                                                     */
 
+/* The one table of the hook kinds' names, by gcap_hook_kind. */
+static const struct {
+  const char *name, *group_key;
+} hook_kinds[GCAP_HOOK_KINDS] = {
+    {"forward pre-hook", "forward_pre_hooks"},
+    {"forward hook", "forward_hooks"},
+    {"backward pre-hook", "backward_pre_hooks"},
+    {"backward hook", "backward_hooks"},
+};
+
+const char *gcap_hook_kind_name(gcap_hook_kind kind) {
+  return kind >= 0 && kind < GCAP_HOOK_KINDS ? hook_kinds[kind].name : "";
+}
+
+const char *gcap_hook_group_key(gcap_hook_kind kind) {
+  return kind >= 0 && kind < GCAP_HOOK_KINDS ? hook_kinds[kind].group_key : "";
+}
+
 gcap_status gcap_module_register_hook(gcap_module *m, gcap_hook_kind kind, gcap_module_hook fn,
                                       void *ud, void (*ud_free)(void *), int *id) {
   if (id) *id = 0;
@@ -415,11 +429,7 @@ static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a) {
     last = m->hooks[next].id;
     if ((st = m->hooks[next].fn(m->hooks[next].ud, m, a)) != GCAP_OK) {
       if (m->e->err[0] == '\0')
-        gc_fail(m->e, st, "%s: a %s hook failed (%s)", m->type,
-                a->kind == GCAP_HOOK_FORWARD_PRE    ? "forward pre"
-                : a->kind == GCAP_HOOK_FORWARD      ? "forward"
-                : a->kind == GCAP_HOOK_BACKWARD_PRE ? "backward pre"
-                                                    : "backward",
+        gc_fail(m->e, st, "%s: a %s failed (%s)", m->type, gcap_hook_kind_name(a->kind),
                 gcap_status_str(st));
       return st;
     }
@@ -533,8 +543,8 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
       hc->input_tracked = 1;
     }
   }
-  st = m->graphed ? gcap_graphed_call(m->graphed, m->graphed_entry, nin, args, &y)
-                  : m->forward(m->ud, m, nin, args, &y);
+  st = m->route ? m->route(m->route_ud, m->route_entry, nin, args, &y)
+                : m->forward(m->ud, m, nin, args, &y);
   if (st != GCAP_OK) goto done;
   if (y == NULL) {
     st = gc_fail(m->e, GCAP_EINVAL, "%s: forward returned no tensor", m->type);
@@ -567,17 +577,15 @@ gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, g
   return GCAP_OK;
 }
 
-void gc_module_set_graphed(gcap_module *m, gcap_graphed *g, int entry) {
-  m->graphed = g;
-  m->graphed_entry = entry;
+void gc_module_set_route(gcap_module *m, gc_route_fn fn, void *ud, int entry) {
+  m->route = fn;
+  m->route_ud = ud;
+  m->route_entry = entry;
 }
 
-void gc_module_unroute(gcap_module *m, const gcap_graphed *g, int entry) {
-  if (m->graphed == g && m->graphed_entry == entry) m->graphed = NULL;
+void gc_module_unroute(gcap_module *m, const void *ud, int entry) {
+  if (m->route != NULL && m->route_ud == ud && m->route_entry == entry) m->route = NULL;
 }
-
-static const char *const hook_kind_names[4] = {"forward pre-hook", "forward hook",
-                                               "backward pre-hook", "backward hook"};
 
 static gcap_status check_graphable(gcap_module *m, const char *where, const char *path) {
   int i, j;
@@ -588,7 +596,7 @@ static gcap_status check_graphable(gcap_module *m, const char *where, const char
                    "never replayed). Register hooks after graphing (they then run eagerly around "
                    "each replay), or pass them in capture_time_hooks",
                    where, path[0] ? "'" : "", path, path[0] ? "'" : "", m->type,
-                   hook_kind_names[m->hooks[0].kind]);
+                   gcap_hook_kind_name(m->hooks[0].kind));
   for (i = 0; i < m->buffers.n; i++)
     if (m->buffers.v[i].t->requires_grad)
       return gc_fail(m->e, GCAP_EINVAL,
@@ -615,7 +623,9 @@ gcap_status gc_module_check_graphable(gcap_module *m, const char *where) {
 static gcap_status zero_main_grads(gcap_module *m) {
   gcap_status st;
   int j;
-  if (m->main_grad != NULL && (st = gcap_fill_(m->main_grad, 0.0)) != GCAP_OK) return st;
+  if (m->wgrad != NULL && m->wgrad->main_grad != NULL &&
+      (st = gcap_fill_(m->wgrad->main_grad, 0.0)) != GCAP_OK)
+    return st;
   for (j = 0; j < m->children.n; j++)
     if ((st = zero_main_grads(m->children.v[j].m)) != GCAP_OK) return st;
   return GCAP_OK;
@@ -634,37 +644,22 @@ gcap_status gcap_module_zero_grad(gcap_module *m, int set_to_none) {
   return zero_main_grads(m);
 }
 
-int gc_linear_delays_wgrad(void *mod) {
-  return ((gcap_module *)mod)->delay_wgrad;
+/* Is m a Linear that delays its wgrad? */
+static int linear_delays(const gcap_module *m) {
+  return m->wgrad != NULL && m->wgrad->delay;
 }
 
-gcap_tensor *gc_linear_main_grad(void *mod) {
-  return ((gcap_module *)mod)->main_grad;
-}
-
-gcap_status gc_wgrad_defer(void *mod, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb) {
-  gcap_module *m = (gcap_module *)mod;
-  if (m->nwq + 3 > m->capwq) {
-    int cap = m->capwq ? 2 * m->capwq : 8;
-    gcap_tensor **v = (gcap_tensor **)gc_realloc(m->wq, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
-    m->wq = v;
-    m->capwq = cap;
-  }
-  m->wq[m->nwq++] = gcap_tensor_retain(g);
-  m->wq[m->nwq++] = gcap_tensor_retain(x);
-  m->wq[m->nwq++] = gcap_tensor_retain(gb);
-  return GCAP_OK;
-}
-
+/* The delayed wgrads of m's sink, oldest first. */
 static gcap_status linear_dw(gcap_module *m) {
   gcap_tensor *w = m->params.v[0].t, *b = m->params.n > 1 ? m->params.v[1].t : NULL;
   gcap_status st = GCAP_OK;
   int was = gcap_set_grad_enabled(m->e, 0);
-  while (st == GCAP_OK && m->nwq > 0) {
-    gcap_tensor *g = m->wq[0], *x = m->wq[1], *done_gb = m->wq[2], *gw = NULL, *gb = NULL;
+  gc_wgrad_queue *q = &m->wgrad->q;
+  while (st == GCAP_OK && q->n > 0) {
+    gcap_tensor *g = q->v[0], *x = q->v[1], *done_gb = q->v[2], *gw = NULL, *gb = NULL;
     /* frozen parameters get nothing, as in the ordinary backward */
-    st = gc_linear_param_grads(g, x, w, b, m->main_grad, done_gb, w->requires_grad ? &gw : NULL,
+    st = gc_linear_param_grads(g, x, w, b, m->wgrad->main_grad, done_gb,
+                               w->requires_grad ? &gw : NULL,
                                b != NULL && b->requires_grad ? &gb : NULL);
     if (st == GCAP_OK && gw != NULL) st = gc_acc_grad(w, gw, 1);
     if (st == GCAP_OK && gb != NULL) st = gc_acc_grad(b, gb, 1);
@@ -674,8 +669,8 @@ static gcap_status linear_dw(gcap_module *m) {
     gcap_tensor_free(g);
     gcap_tensor_free(x);
     gcap_tensor_free(done_gb);
-    memmove(m->wq, m->wq + 3, (size_t)(m->nwq - 3) * sizeof *m->wq);
-    m->nwq -= 3;
+    memmove(q->v, q->v + 3, (size_t)(q->n - 3) * sizeof *q->v);
+    q->n -= 3;
   }
   gcap_set_grad_enabled(m->e, was);
   return st;
@@ -683,21 +678,15 @@ static gcap_status linear_dw(gcap_module *m) {
 
 void gc_module_wgrad_aside(gcap_module *m, int aside) {
   int j;
-  if (m->delay_wgrad && m->aside != aside) {
+  if (linear_delays(m) && m->aside != aside) {
+    gc_wgrad_queue *q = &m->wgrad->q;
     if (aside) { /* the user's pending wgrads wait; the call starts empty */
-      m->wq_aside = m->wq;
-      m->nwq_aside = m->nwq;
-      m->capwq_aside = m->capwq;
-      m->wq = NULL;
-      m->nwq = m->capwq = 0;
+      m->wq_aside = *q;
+      memset(q, 0, sizeof *q);
     } else { /* whatever the call left is dropped; the user's come back */
-      for (j = 0; j < m->nwq; j++)
-        gcap_tensor_free(m->wq[j]);
-      free(m->wq);
-      m->wq = m->wq_aside;
-      m->nwq = m->nwq_aside;
-      m->capwq = m->capwq_aside;
-      m->wq_aside = NULL;
+      gc_wgrad_queue_free(q);
+      *q = m->wq_aside;
+      memset(&m->wq_aside, 0, sizeof m->wq_aside);
     }
     m->aside = aside;
   }
@@ -710,7 +699,7 @@ gcap_status gcap_module_backward_dw(gcap_module *m) {
   int j;
   if (m == NULL) return GCAP_EINVAL;
   gc_clear(m->e);
-  if (m->delay_wgrad && (st = linear_dw(m)) != GCAP_OK) return st;
+  if (linear_delays(m) && (st = linear_dw(m)) != GCAP_OK) return st;
   for (j = 0; j < m->children.n; j++)
     if ((st = gcap_module_backward_dw(m->children.v[j].m)) != GCAP_OK) return st;
   return GCAP_OK;
@@ -737,7 +726,7 @@ gcap_status gcap_module_to(gcap_module *m, gcap_dtype dt) {
 int gcap_module_has_delayed_wgrad(const gcap_module *m) {
   int j;
   if (m == NULL) return 0;
-  if (m->delay_wgrad) return 1;
+  if (linear_delays(m)) return 1;
   for (j = 0; j < m->children.n; j++)
     if (gcap_module_has_delayed_wgrad(m->children.v[j].m)) return 1;
   return 0;
@@ -757,10 +746,8 @@ static gcap_status linear_run(gcap_module *m, gcap_tensor *x, int gelu, gcap_ten
   gcap_status st =
       gelu ? gc_linear_gelu(x, m->params.v[0].t, b, out) : gc_linear(x, m->params.v[0].t, b, out);
   if (st != GCAP_OK) return st;
-  if ((m->delay_wgrad || m->main_grad) && (*out)->grad_fn != NULL) { /* wgrad needs m */
-    (*out)->grad_fn->ud = gcap_module_retain(m);
-    (*out)->grad_fn->ud_free = (void (*)(void *))gcap_module_free;
-  }
+  if (m->wgrad != NULL && (*out)->grad_fn != NULL) /* its parameter grads go to the sink */
+    (*out)->grad_fn->wgrad = gc_wgrad_sink_retain(m->wgrad);
   return GCAP_OK;
 }
 
@@ -815,12 +802,14 @@ gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, un
   bs[0] = out;
   bound = 1.0 / sqrt((double)in);
   if ((st = gcap_module_new(e, "Linear", linear_forward, NULL, NULL, m)) != GCAP_OK) return st;
-  (*m)->delay_wgrad = (flags & GCAP_LINEAR_DELAY_WGRAD) != 0;
   if ((flags & GCAP_LINEAR_FUSE_WGRAD) &&
       ((st = gcap_tensor_full(e, GCAP_F32, 2, ws, 0.0, &mg)) != GCAP_OK ||
        (st = gcap_module_add_buffer(*m, "main_grad", mg)) != GCAP_OK))
     goto fail;
-  (*m)->main_grad = mg; /* the buffer list holds it */
+  if ((flags & (GCAP_LINEAR_DELAY_WGRAD | GCAP_LINEAR_FUSE_WGRAD)) &&
+      (st = gc_wgrad_sink_new(e, (flags & GCAP_LINEAR_DELAY_WGRAD) != 0, mg, &(*m)->wgrad)) !=
+          GCAP_OK)
+    goto fail;
   if ((st = uniform(e, 2, ws, bound, &w)) != GCAP_OK ||
       (st = gcap_module_add_parameter(*m, "weight", w)) != GCAP_OK)
     goto fail;
@@ -871,7 +860,7 @@ static gcap_status dropout_forward(void *ud, gcap_module *m, int nin, gcap_tenso
 
 /* A module whose call is its bare forward: no hooks, not graphed. */
 static int bare(const gcap_module *m) {
-  return m->nhooks == 0 && m->graphed == NULL;
+  return m->nhooks == 0 && m->route == NULL;
 }
 
 /* Children j and j + 1 are a bare Linear then a bare GELU: nothing can see

@@ -1,0 +1,231 @@
+/*
+** backend.h: the one table a backend implements, and the kernel catalogue
+** (its names in catalogue.c).
+**
+** The core reaches a backend only through gc_backend. A kernel launch is a
+** kernel id plus a gc_kargs taken by value: the host backend records exactly
+** that during capture and replays it; the cuda backend launches the matching
+** CUDA kernel on the stream. Every kernel has a readable host reference in
+** host/kernels.c and a CUDA version in cuda/; parity tests compare them.
+**
+** Backends never include each other and never see the engine's layout; they
+** report errors through gc_fail (error.h, which sets the engine's message).
+*/
+#ifndef GC_BACKEND_H
+#define GC_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "graphcap.h"
+
+/* C linkage for the C++ of the cuda backend (cuda/common.cuh). */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The kernel catalogue: one row per kernel, X(ID, name, family, writes), the
+** one list that the enum, the names, the host table and the cuda dispatch are
+** made from (a new kernel: a row here, its host reference, its case in its cuda family):
+**   ID      the kernel's id, GC_K_<ID>;
+**   name    its name in messages ("add"), and its host reference hk_<name>
+**           (host/kernels.c);
+**   family  the cuda launcher cu_<family> that runs it (cuda/k_<family>.cu);
+**   writes  the pointer arguments it writes, bit i for p[i]; it reads the others.
+** Element counts are int64; pointers are device addresses; dt is the gcap_dtype
+** of the tensors (all operands of one launch share it). */
+#define GC_KERNELS(X)                                                                              \
+  /* p[0][i] = f[0], i < n[0] */                                                                   \
+  X(FILL, fill, elementwise, 0x01)                                                                 \
+  /* p[0][i] = p[1][i], i < n[0]; dt: destination dtype, n[1]: source dtype */                     \
+  X(COPY, copy, elementwise, 0x01)                                                                 \
+  /* p[0][i] = p[1][i % n[1]] + p[2][i % n[2]], i < n[0] */                                        \
+  X(ADD, add, elementwise, 0x01)                                                                   \
+  /* p[0][i] = p[1][i % n[1]] - p[2][i % n[2]] */                                                  \
+  X(SUB, sub, elementwise, 0x01)                                                                   \
+  /* p[0][i] = p[1][i % n[1]] * p[2][i % n[2]] */                                                  \
+  X(MUL, mul, elementwise, 0x01)                                                                   \
+  /* p[0][i] = p[1][i] * f[0], i < n[0] */                                                         \
+  X(SCALE, scale, elementwise, 0x01)                                                               \
+  /* p[0][0] = f[0] * sum(p[1][0 .. n[0]))  (mean: f[0] = 1/n); p[2]: NULL, or f32 scratch of      \
+     GC_SUM_CHUNKS(n[0]) floats for a backend that sums chunks of the elements, then the           \
+     chunks */                                                                                     \
+  X(SUM, sum, reduce, 0x05)                                                                        \
+  /* p[0][i] = draw(seed, offset + i), i < n[0]; p[1] = u64 state {seed, offset}; n[1] = 1         \
+     for normal, 0 uniform */                                                                      \
+  X(RAND, rand, rand, 0x01)                                                                        \
+  /* state p[0] = {seed, offset}: offset += n[0] */                                                \
+  X(RNG_ADVANCE, rng_advance, rand, 0x01)                                                          \
+  /* -- autograd, layers and optimizers (row-major matrices, "rows x cols") -- */                  \
+  /* p[0][i] = f[0] * p[1][i % n[1]], i < n[0] (grad of sum/mean/broadcast) */                     \
+  X(EXPAND, expand, linalg, 0x01)                                                                  \
+  /* p[0][j] = sum_i p[1][i*n[1] + j], i < n[0], j < n[1] (grad of a bias row); p[2]: NULL,        \
+     or f32 scratch of GC_SUM_ROWS_CHUNKS(n[0]) * n[1] floats for a backend that sums chunks       \
+     of rows, then the chunks in order */                                                          \
+  X(SUM_ROWS, sum_rows, linalg, 0x05)                                                              \
+  /* C = f[0] * op(A) op(B) + f[1] * C (+ bias); p[0] = C [n[0] x n[1]], p[1] = A, p[2] = B,       \
+     n[2] = k; n[3] = 1: op(A) = A^T (A stored k x m), n[4] = 1: op(B) = B^T (B stored n x         \
+     k). Float accumulation. p[3]: NULL, or a bias row of n added to every row of C (with          \
+     f[1] = 0); p[4]: NULL, or a vector of m receiving the sums over k of op(A)'s rows (the        \
+     bias grad of a linear's weight-grad GEMM; only with n[3] = 1); p[5]: NULL, or a matrix        \
+     like C receiving op(A) op(B) + bias while C receives its gelu_tanh (a Linear followed by      \
+     a GELU; with f[1] = 0): the host applies it to the value as stored, cuBLASLt's epilogue       \
+     to the float before rounding (bf16 results differ within tolerance) */                        \
+  X(MATMUL, matmul, linalg, 0x31)                                                                  \
+  /* p[0][i] = max(p[1][i], 0) */                                                                  \
+  X(RELU, relu, activation, 0x01)                                                                  \
+  /* p[0][i] = p[2][i] > 0 ? p[1][i] : 0  (p[1] = dy, p[2] = x) */                                 \
+  X(RELU_BWD, relu_bwd, activation, 0x01)                                                          \
+  /* p[0][i] = gelu_tanh(p[1][i]) */                                                               \
+  X(GELU, gelu, activation, 0x01)                                                                  \
+  /* p[0][i] = p[1][i] * gelu_tanh'(p[2][i])  (p[1] = dy, p[2] = x); p[3]: NULL, or the sums       \
+     of the stored p[0] seen as rows of n[1] columns, p[3][j] = sum_i p[0][i*n[1] + j] (the        \
+     bias grad of the linear before the gelu); p[4]: NULL, or f32 scratch as sum_rows's */         \
+  X(GELU_BWD, gelu_bwd, activation, 0x19)                                                          \
+  /* rows n[0] x cols n[1], eps f[0]: p[0] = y, p[1] = x, p[2] = weight or NULL, p[3] = bias       \
+     or NULL, p[4] = mean [rows] (f32), p[5] = rstd [rows] (f32) */                                \
+  X(LAYERNORM, layer_norm, norm, 0x31)                                                             \
+  /* p[0] = dx, p[1] = dy, p[2] = x, p[3] = weight or NULL, p[4] = mean, p[5] = rstd; rows         \
+     n[0], cols n[1] */                                                                            \
+  X(LAYERNORM_BWD, layer_norm_bwd, norm, 0x01)                                                     \
+  /* p[0] = dweight, p[1] = dbias (either may be NULL), p[2] = dy, p[3] = x, p[4] = mean,          \
+     p[5] = rstd; rows n[0], cols n[1] */                                                          \
+  X(LAYERNORM_BWD_PARAMS, layer_norm_bwd_params, norm, 0x03)                                       \
+  /* softmax over the last dim: p[0] = y, p[1] = x; rows n[0], cols n[1] */                        \
+  X(SOFTMAX, softmax, norm, 0x01)                                                                  \
+  /* p[0] = dx = y * (dy - sum_row(dy * y)); p[1] = dy, p[2] = y */                                \
+  X(SOFTMAX_BWD, softmax_bwd, norm, 0x01)                                                          \
+  /* p[0] = y, p[1] = x, p[2] = mask (same dtype: 0 or 1/(1-f[0])), p[3] = rng state {seed,        \
+     offset}; keep element i when gc_rng_uniform(seed, offset + i) >= f[0]; n[0] elements */       \
+  X(DROPOUT, dropout, loss, 0x05)                                                                  \
+  /* cross entropy: logits p[1] [n[0] x n[1]], targets p[2] (class ids as floats, n[0]); p[3]      \
+     = probs out [n[0] x n[1]]; p[0] = loss per row [n[0]] */                                      \
+  X(XENT, cross_entropy, loss, 0x09)                                                               \
+  /* p[0] = dlogits = (probs - onehot(target)) * p[3][0] * f[0]; p[1] = probs, p[2] =              \
+     targets, p[3] = upstream grad (one element); rows n[0], cols n[1] */                          \
+  X(XENT_BWD, cross_entropy_bwd, loss, 0x01)                                                       \
+  /* param p[0] -= f[0] * d, d = grad p[1] (+ f[2] * param); with momentum (p[2] != NULL):         \
+     buf = f[1] * buf + d, d = buf; n[0] elements */                                               \
+  X(SGD, sgd, optim, 0x05)                                                                         \
+  /* p[0] param, p[1] grad, p[2] m, p[3] v, p[4] step count (f32, one element, already             \
+     incremented); lr f[0], beta1 f[1], beta2 f[2], eps f[3], weight decay f[4] (L2, added to      \
+     the grad); bias-corrected; n[0] elements */                                                   \
+  X(ADAM, adam, optim, 0x0d)                                                                       \
+  /* p[0][0] += 1 (f32 counter) */                                                                 \
+  X(COUNTER_INC, counter_inc, optim, 0x01)                                                         \
+  /* .grad accumulation of several tensors in one launch: for each pair j < GC_FOREACH_MAX         \
+     with n[j] > 0 elements (the used pairs come first), p[2j][i] = p[2j][i] + p[2j+1][i]          \
+     when n[GC_FOREACH_MAX + j] = 1, or p[2j][i] = p[2j+1][i] (a copy, same dtype) when it is      \
+     0; one pair's memory never overlaps another's, so the pairs may run in any order */           \
+  X(FOREACH_ADD, foreach_add, elementwise, 0x55)
+
+#define GC_K_ID(id, name, family, writes) GC_K_##id,
+typedef enum gc_kernel { GC_KERNELS(GC_K_ID) GC_K_COUNT } gc_kernel;
+#undef GC_K_ID
+
+/* How many chunks a sum of n elements may use its scratch for (1: none). */
+#define GC_SUM_CHUNKS(n) ((n) >= (1 << 20) ? 256 : 1)
+
+/* Pairs of one GC_K_FOREACH_ADD launch: two pointers and two ints each. */
+#define GC_FOREACH_MAX 4
+
+/* How many chunks of rows a sum_rows may use its scratch for (1: none). */
+#define GC_SUM_ROWS_CHUNKS(rows) ((rows) >= 1024 ? 64 : 1)
+
+#define GC_KPTRS 8
+#define GC_KINTS 8
+#define GC_KFLOATS 8
+
+/* The arguments of one launch, taken by value (baked at capture). */
+typedef struct gc_kargs {
+  void *p[GC_KPTRS];
+  int64_t n[GC_KINTS];
+  float f[GC_KFLOATS];
+  int dt;
+} gc_kargs;
+
+/* The name of kernel k, for messages ("add", "sum", ...; "?" when k is no
+** kernel id): inline, as every launch names its kernel to the capture checks. */
+extern const char *const gc_kernel_names[GC_K_COUNT];
+static inline const char *gc_kernel_name(int k) {
+  return k >= 0 && k < GC_K_COUNT ? gc_kernel_names[k] : "?";
+}
+
+/* What device address p is, for a dump: "pool block 0x... + 64 of 512 B",
+** "heap block ...", or "0x... (not engine memory)", into buf. */
+const char *gc_describe_ptr(gcap_engine *e, const void *p, char *buf, size_t n);
+
+/*
+** The backend table. `bs` is the backend's state from init. Streams, events,
+** graphs and execs are the backend's own opaque pointers. Every function that
+** can fail returns a status and sets the engine's message through gc_fail.
+** The core has already checked capture rules before calling in; the backend
+** only does the work (and reports what the device itself refuses).
+*/
+typedef struct gc_backend {
+  const char *name;
+  gcap_status (*init)(gcap_engine *e, void **bs);
+  void (*shutdown)(void *bs);
+
+  /* Raw device memory, 256-byte aligned at least. malloc must work while a
+  ** capture is open (cuda: under the relaxed capture mode). */
+  gcap_status (*malloc)(gcap_engine *e, void *bs, size_t n, void **p);
+  void (*free)(void *bs, void *p);
+
+  gcap_status (*stream_new)(gcap_engine *e, void *bs, void **s);
+  void (*stream_free)(void *bs, void *s);
+  gcap_status (*stream_sync)(gcap_engine *e, void *bs, void *s);
+  gcap_status (*device_sync)(gcap_engine *e, void *bs);
+
+  gcap_status (*event_new)(gcap_engine *e, void *bs, void **ev);
+  void (*event_free)(void *bs, void *ev);
+  gcap_status (*event_record)(gcap_engine *e, void *bs, void *ev, void *s);
+  gcap_status (*stream_wait)(gcap_engine *e, void *bs, void *s, void *ev);
+  gcap_status (*event_sync)(gcap_engine *e, void *bs, void *ev);
+
+  /* Synchronous host<->device copies of n bytes, ordered after work on s. */
+  gcap_status (*upload)(gcap_engine *e, void *bs, void *s, void *dst, const void *src, size_t n);
+  gcap_status (*download)(gcap_engine *e, void *bs, void *s, void *dst, const void *src, size_t n);
+
+  /* Launch (or, on a capturing stream, record) kernel k. */
+  gcap_status (*launch)(gcap_engine *e, void *bs, void *s, int k, const gc_kargs *a);
+
+  /* Capture: begin on s; end on s, giving the captured graph (NULL and an
+  ** error when the device refused it). Streams forked in by waiting on an
+  ** event recorded during the capture leave it at end. */
+  gcap_status (*capture_begin)(gcap_engine *e, void *bs, void *s);
+  gcap_status (*capture_end)(gcap_engine *e, void *bs, void *s, void **graph);
+  /* Instantiate (and upload) a captured graph; nodes = its node count. */
+  gcap_status (*instantiate)(gcap_engine *e, void *bs, void *graph, void **exec, int64_t *nodes);
+  gcap_status (*graph_launch)(gcap_engine *e, void *bs, void *exec, void *s);
+  /* Free a graph and/or its exec; either may be NULL. */
+  void (*graph_free)(void *bs, void *graph, void *exec);
+  /* Write a captured graph (and its exec, which the host's graph is) as
+  ** Graphviz DOT titled `name` to the file `path`, which the core has found
+  ** writable. */
+  gcap_status (*debug_dump)(gcap_engine *e, void *bs, void *graph, const char *name,
+                            const char *path);
+} gc_backend;
+
+/* Host memory for the core and the backends: malloc, calloc and realloc,
+** save that a test may make any one of them fail (gcap_test_fail_alloc). */
+void *gc_malloc(size_t n);
+void *gc_calloc(size_t n, size_t size);
+void *gc_realloc(void *p, size_t n);
+/* 1 when the allocation about to happen is the one a test asked to fail: a
+** backend asks before it makes device memory or an object (stream, event,
+** graph, exec) and then fails as if the device had run out of resources. */
+int gc_fault(void);
+
+/* The backends built in; gc_cuda_backend() is NULL in a CUDA=0 build. */
+const gc_backend *gc_host_backend(void);
+const gc_backend *gc_cuda_backend(void);
+/* 1 when the cuda backend is built and a device is visible. */
+int gc_cuda_probe(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,264 @@
+/*
+** runtime.h: the runtime layer's structures (engine, pools, streams,
+** capture and graphs, trace), shared by the files of runtime/ and by the
+** layers above (tensor/tensor.h includes it). Backends do not include this
+** (they see backend.h only).
+*/
+#ifndef GC_RUNTIME_H
+#define GC_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "graphcap.h"
+
+#define GC_NAMELEN 64
+#define GC_WRITER_OUTSIDE 0 /* "written by eager work or copy-in", not by a graph */
+
+/* A graph's id: 1, 2, ... in creation order, never reused (the pools' maps
+** of who wrote what may name a destroyed graph); 64 bits, so never spent. */
+typedef int64_t gc_gid;
+
+/* ------------------------------------------------------------------------ */
+/* Allocator (alloc.c)                                                       */
+
+typedef struct gc_seg gc_seg;
+
+/* A block of a segment: a tensor storage while in use, a free-list entry
+** otherwise. Views share a block through its refcount. */
+typedef struct gc_blk {
+  char *ptr;
+  size_t size;
+  int refs;            /* 0: free */
+  int weak;            /* a detached copy: the memory went back to the pool */
+  uint64_t version;    /* writes to the storage so far (every tensor over it shares it) */
+  gcap_pool *pool;     /* the pool (or the engine heap) it belongs to */
+  gcap_stream *stream; /* blocks are reused on the stream they were freed on */
+  gc_seg *seg;
+  struct gc_blk *prev, *next;   /* neighbours in the segment, by address */
+  struct gc_blk *fprev, *fnext; /* free list */
+} gc_blk;
+
+struct gc_seg {
+  char *base;
+  size_t size;
+  gc_seg *next;
+  gc_blk *first; /* its blocks, by address (merges keep the leftmost) */
+  int trim;      /* goes back to the device once entirely free, unless something allocates
+                    from it first: a dead stream's leftover, a failed call's growth */
+};
+
+/* Last writer of each byte range of a pool: sorted, disjoint intervals. */
+typedef struct gc_ivl {
+  uintptr_t lo, hi;
+  gc_gid writer; /* graph id, or GC_WRITER_OUTSIDE */
+} gc_ivl;
+
+typedef struct gc_ivmap {
+  gc_ivl *v;
+  int n, cap;
+} gc_ivmap;
+
+struct gcap_pool {
+  gcap_engine *e;
+  int handles;    /* user references (gcap_pool_new, retain) */
+  int graphs;     /* graphs holding the pool: captured or capturing */
+  int64_t blocks; /* live blocks */
+  int64_t weak;   /* weak references to its memory (gc_tensor_weaken) */
+  int is_heap;    /* the engine's ordinary allocator */
+  gc_seg *segs;
+  gc_blk *freelist;
+  size_t reserved, in_use, peak;
+  gc_ivmap writers;              /* replay check: who really wrote what last (replays, eager) */
+  gc_ivmap cap_writers;          /* the same in capture order: the producers of reads */
+  struct gcap_pool *next_dead;   /* deferred release list */
+  struct gcap_pool *prev, *next; /* the engine's pools */
+};
+
+gcap_pool *gc_pool_create(gcap_engine *e, int is_heap);
+/* Allocate n bytes for stream s from pool p: a block with refs = 1. */
+gcap_status gc_pool_alloc(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **out);
+void gc_blk_retain(gc_blk *b);
+void gc_blk_release(gc_blk *b);
+/* The free blocks of stream s, in every pool, go to stream to (s is going
+** away: its work must be finished); in-use ones will return to `to`. */
+void gc_pools_retag(gcap_engine *e, const gcap_stream *s, gcap_stream *to);
+/* Free p once nothing holds it (no handle, graph or block). */
+void gc_pool_maybe_release(gcap_pool *p);
+/* Release every segment of p to the device and free p. */
+void gc_pool_destroy(gcap_pool *p);
+void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out);
+/* Give back to the device the segments p gained after `since` (its segment
+** list head then): now those entirely free, later the others, once blocks
+** still held (by a collector's tensors) are freed. */
+void gc_pool_trim_since(gcap_pool *p, const gc_seg *since);
+
+/* Make room for n more gc_ivmap_set calls; 0 when out of memory. A set
+** without room may need memory, and is dropped when there is none. */
+int gc_ivmap_reserve(gc_ivmap *m, int n);
+void gc_ivmap_set(gc_ivmap *m, uintptr_t lo, uintptr_t hi, gc_gid writer);
+/* Calls fn for each piece of [lo, hi) with its writer (gaps: OUTSIDE);
+** stops and returns the first non-zero result. */
+int gc_ivmap_each(const gc_ivmap *m, uintptr_t lo, uintptr_t hi,
+                  int (*fn)(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer), void *ud);
+void gc_ivmap_free(gc_ivmap *m);
+
+/* ------------------------------------------------------------------------ */
+/* Streams and events (stream.c)                                             */
+
+struct gcap_stream {
+  gcap_engine *e;
+  void *bs;                     /* the backend's stream */
+  int owned_by_engine;          /* default and capture streams */
+  int dead;                     /* freed during a capture: destroyed when it ends */
+  int in_capture;               /* origin of, or forked into, the open capture */
+  uint64_t seq;                 /* work items queued so far */
+  uint64_t joined_seq;          /* seq when another capture stream last waited for all its work */
+  struct gcap_stream *absorber; /* that stream (joined when it is, or is the origin) */
+  gcap_stream *prev, *next;     /* the engine's list of streams */
+};
+
+struct gcap_event {
+  gcap_engine *e;
+  void *bs;
+  gcap_stream *stream; /* where it was last recorded, NULL if never */
+  uint64_t seq;        /* that stream's seq at the record */
+  uint64_t epoch;      /* capture epoch of the record, 0 outside capture */
+};
+
+gcap_status gc_stream_create(gcap_engine *e, int owned, gcap_stream **out);
+void gc_stream_destroy(gcap_stream *s);
+
+/* ------------------------------------------------------------------------ */
+/* Capture and graphs (capture.c)                                            */
+
+typedef struct gc_range {
+  uintptr_t lo, hi;
+  gc_gid producer; /* reads: the writer expected at replay */
+} gc_range;
+
+typedef struct gc_ranges {
+  gc_range *v;
+  int n, cap;
+} gc_ranges;
+
+typedef enum { GC_GRAPH_EMPTY, GC_GRAPH_CAPTURING, GC_GRAPH_READY } gc_graph_state;
+
+struct gcap_graph {
+  gcap_engine *e;
+  gc_gid id;
+  int slot; /* its place in the engine's registry */
+  char name[GC_NAMELEN];
+  gc_graph_state state;
+  gcap_pool *pool; /* holds pool->graphs while capturing or ready */
+  void *bgraph, *bexec;
+  gc_ranges reads, writes; /* pool bytes read before written; bytes written */
+  gc_blk **held;           /* blocks outside the pool the graph touches, kept alive */
+  int nheld, capheld;
+  gcap_graph_stats stats;
+  struct gcap_graph *next_dead;
+};
+
+typedef struct gc_capture {
+  gcap_graph *g;
+  gcap_pool *pool;
+  gcap_stream *origin;
+  gcap_stream *prev_current;
+  int invalid;
+  char why[GC_ERRLEN];
+  double t0;
+  double trace_t0; /* gc_trace_clock at begin */
+  gc_ranges undo;  /* what the capture overwrote in the pool's capture-order map, in order,
+                      for a failure to put back */
+} gc_capture;
+
+/* Note that the launch about to happen reads (write = 0) or writes the
+** bytes [lo, hi) of block b: feeds the capture's access sets or, outside
+** capture, the pool's writers; a write bumps the version of b's storage
+** (gc_note_access, tensor.h, brings every write of the engine's kernels
+** here, so the in-place ones are counted). */
+gcap_status gc_note_range(gcap_engine *e, gc_blk *b, uintptr_t lo, uintptr_t hi, int write);
+void gc_graph_destroy(gcap_graph *g);
+
+/* ------------------------------------------------------------------------ */
+/* The engine (engine.c)                                                     */
+
+struct gcap_engine {
+  const gc_backend *be;
+  void *bs;
+  int refs; /* live objects + 1 while the user holds it */
+  int closed;
+  char err[GC_ERRLEN];
+  gcap_stream *streams; /* every live stream */
+  gcap_stream *default_stream, *capture_stream, *current;
+  gcap_stream *warm_prev; /* the current stream to restore after a warmup */
+  gcap_pool *pools;       /* every pool, the heap included */
+  gcap_pool *heap;
+  gc_capture *cap; /* the open capture, or NULL */
+  uint64_t cap_epoch;
+  int replay_check;
+  int grad_enabled;
+  uint64_t module_gen; /* bumped whenever a module registers something */
+  uint64_t bw_mark;    /* backward pass counter (node marks) */
+  gc_blk *rng;         /* device u64[2] {seed, offset} */
+  gc_gid last_graph_id;
+  gcap_graph **graphs; /* live graphs, by slot (names for messages); NULL: a free slot */
+  int graphs_cap;
+  int *free_slots; /* slots of destroyed graphs, reused first: the registry stays as large
+                      as the most graphs alive at once */
+  int nfree_slots;
+  /* destruction deferred while a capture is open */
+  gcap_graph *dead_graphs;
+  gcap_pool *dead_pools;
+  void **dead_ptrs;
+  int ndead_ptrs, capdead_ptrs;
+  struct gc_trace *trace; /* the open trace (trace.c), or NULL */
+};
+
+void gc_engine_ref(gcap_engine *e);
+void gc_engine_unref(gcap_engine *e);
+/* Free raw device memory now, or after the open capture ends. */
+void gc_raw_free(gcap_engine *e, void *p);
+/* Run the destructions deferred during a capture. */
+void gc_run_deferred(gcap_engine *e);
+/* Refuse an action forbidden during capture: invalidates the capture. */
+gcap_status gc_capture_refuse(gcap_engine *e, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* OK outside capture; otherwise refuse `what` (a sync, a read-back). */
+gcap_status gc_check_not_capturing(gcap_engine *e, const char *what);
+/* Check that work may go to stream s now (capture membership rules). */
+gcap_status gc_check_stream(gcap_engine *e, gcap_stream *s, const char *what);
+/* The start of every constructor: clear the message, and refuse to make
+** anything on a closed engine (gcap_engine_free ran; live objects keep it
+** only so that they can be freed). `what` names the object. */
+gcap_status gc_check_open(gcap_engine *e, const char *what);
+/* Clear the error message (start of a public call; inline, as every call
+** pays it, beside error.c's gc_fail that sets it). */
+static inline void gc_clear(gcap_engine *e) {
+  e->err[0] = '\0';
+}
+double gc_now_ms(void);
+
+/* ------------------------------------------------------------------------ */
+/* Trace (trace.c)                                                           */
+
+typedef struct gc_trace gc_trace;
+
+/* The start of a span: now in microseconds while a trace is open, else 0
+** (inline: replays ask it, and pay a NULL test when nothing is traced). */
+static inline double gc_trace_clock(const gcap_engine *e) {
+  return e->trace ? gc_now_ms() * 1e3 : 0.0;
+}
+/* Write the span of category cat begun at t0 (from gc_trace_clock), ending
+** now, named by fmt; nothing when t0 is 0 or no trace is open. */
+void gc_trace_span(gcap_engine *e, double t0, const char *cat, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+#endif

@@ -1,0 +1,208 @@
+/*
+** tensor.h: the tensor layer's structures (tensors, autograd nodes) and the
+** ops' shared building blocks, for the files of tensor/ and the layer above
+** (train/train.h includes it).
+*/
+#ifndef GC_TENSOR_H
+#define GC_TENSOR_H
+
+#include <stdint.h>
+
+#include "runtime/runtime.h"
+
+/* ------------------------------------------------------------------------ */
+/* Tensors (tensor.c)                                                        */
+
+typedef struct gc_node gc_node;
+
+struct gcap_tensor {
+  int refs;
+  gcap_engine *e;
+  gc_blk *blk;
+  size_t off; /* bytes from blk->ptr to element 0 */
+  gcap_dtype dt;
+  int ndim;
+  int64_t shape[GCAP_MAXDIM];
+  int64_t numel;
+  int requires_grad;
+  gcap_tensor *grad; /* leaves: accumulated gradient, or NULL */
+  gc_node *grad_fn;  /* non-leaves: the node that made it */
+};
+
+/* Change t's dtype in place: new storage holding the converted values (the
+** same tensor object, so modules and optimizers keep it). */
+gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt);
+/* A new tensor struct over t's storage with another shape: no grad, no grad_fn. */
+gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape);
+
+/* Bytes per element (inline: every launch notes its operands' byte ranges). */
+static inline size_t gc_dtype_size(gcap_dtype dt) {
+  return dt == GCAP_BF16 ? 2 : 4;
+}
+const char *gc_dtype_name(gcap_dtype dt);
+/* Validate a shape; on success *numel is its element count. */
+gcap_status gc_check_shape(gcap_engine *e, const char *op, int ndim, const int64_t *shape,
+                           int64_t *numel);
+/* A new tensor on the current stream, uninitialised. */
+gcap_status gc_tensor_alloc(gcap_engine *e, const char *op, gcap_dtype dt, int ndim,
+                            const int64_t *shape, gcap_tensor **out);
+static inline void *gc_tensor_ptr(const gcap_tensor *t) {
+  return t->blk->ptr + t->off;
+}
+/* Give t's block back to its pool but keep t's address valid for graphs
+** already captured (a weak reference, for reused graph buffers). */
+gcap_status gc_tensor_weaken(gcap_tensor *t);
+/* Note that the launch about to happen reads (write = 0) or writes t's
+** elements (gc_note_range on t's bytes). */
+static inline gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
+  uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
+  return gc_note_range(e, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt), write);
+}
+/* "[2, 3]" into buf. */
+const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Autograd (autograd.c)                                                     */
+
+#define GC_NODE_MAXSAVED 6
+
+/* Computes the grads of a node's inputs from the grad of its output; sets
+** gin[i] (a new reference) only for inputs that need one (gc_node_needs). */
+typedef gcap_status (*gc_backward_fn)(gc_node *n, gcap_tensor *g, gcap_tensor **gin);
+
+struct gc_node {
+  int refs;
+  const char *name;
+  gc_backward_fn backward;
+  int nin;
+  gc_node **next;     /* [nin]: producer of input i, or NULL */
+  gcap_tensor **leaf; /* [nin]: input i when it is a leaf that requires grad */
+  gcap_tensor *saved[GC_NODE_MAXSAVED];
+  uint64_t saved_version[GC_NODE_MAXSAVED]; /* their storage's version when saved */
+  int nsaved;
+  int released; /* saved tensors freed by a backward without retain_graph */
+  int ndim;     /* the output's shape and dtype, to check incoming grads */
+  int64_t shape[GCAP_MAXDIM];
+  gcap_dtype dt;
+  float f[4]; /* op constants */
+  int64_t k[4];
+  void *ud; /* op state (e.g. a view's shape) */
+  void (*ud_free)(void *ud);
+  struct gc_wgrad_sink *wgrad; /* linear nodes: where the parameter grads go (NULL: .grad) */
+  gc_node *free_next;          /* release worklist */
+  uint64_t mark;               /* scheduling scratch */
+  int deps;
+  gcap_tensor *acc;
+};
+
+/* Should the op producing a tensor from these inputs record a node? */
+int gc_grad_needed(gcap_engine *e, gcap_tensor *const *in, int nin);
+/* Record node `name` as out's grad_fn, its inputs in[], saving save[]
+** (as aliases, so saved outputs make no cycle). */
+gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gcap_tensor *const *in,
+                      int nin, gcap_tensor *const *save, int nsave, gc_node **node);
+static inline int gc_node_needs(const gc_node *n, int i) {
+  return n->next[i] != NULL || n->leaf[i] != NULL;
+}
+void gc_node_release(gc_node *n);
+/* Record `view` as a view of src (grads flow back reshaped). */
+gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view);
+
+/* ------------------------------------------------------------------------ */
+/* Kernel dispatch (ops.c)                                                   */
+
+/* Launch kernel k on the current stream: capture checks, then the backend. */
+gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a);
+/* Note the reads of in[] and the write of out (may be NULL), set a->dt from
+** out (or in[0]), then gc_launch. */
+gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, int nin,
+                   gcap_tensor *out);
+/* Non-recording building blocks shared by forward and backward code. */
+gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out);
+gcap_status gc_binary_inplace(gcap_tensor *dst, gcap_tensor *y, int k, const char *op);
+gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
+                     gcap_tensor **out);
+gcap_status gc_expand(gcap_tensor *x, int ndim, const int64_t *shape, float f, gcap_tensor **out);
+gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out);
+/* Scratch of n floats (none when n <= 0) for a reduction that a backend may
+** run in chunks (GC_SUM_CHUNKS, GC_SUM_ROWS_CHUNKS): from the current pool,
+** noted as written; *p gets its address or NULL. The caller frees *t right
+** after its launch, as later work on the stream runs after it. */
+gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **t, void **p);
+/* linear. A linear node whose ud is a Linear module leaves the parameter
+** grads to its backward_dw (delayed wgrad), or adds the weight grad into its
+** main_grad (fused wgrad). */
+gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
+/* gelu(linear(x, w, b)) in one GEMM (a Linear followed by a GELU): the same
+** values as the two ops, one node, the pre-activation saved for backward. */
+gcap_status gc_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
+/* dx = g gelu'(x) (not recorded); colsum (may be NULL) receives dx's column
+** sums over its rows of `cols` elements, in the same launch. */
+gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_tensor **dx,
+                             gcap_tensor **colsum);
+/* A linear's parameter grads from its output grad g and input x, for the
+** ones asked for (gw, gb; NULL: not wanted): the weight's added into
+** main_grad when there is one (a fused-wgrad Linear; *gw stays NULL), else
+** in *gw; the bias's in *gb, an alias of db when the gelu's backward already
+** summed it. Both from one GEMM when both are computed. */
+gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
+                                  gcap_tensor *main_grad, gcap_tensor *db, gcap_tensor **gw,
+                                  gcap_tensor **gb);
+/* A Linear's wgrad sink: where the backward of a linear node sends the
+** parameter grads instead of .grad. The Linear module (train/nn.c) owns it,
+** sets it on the nodes it records (gc_node.wgrad) and drains its queue in
+** backward_dw; the op fills it: the weight grad added into main_grad (fused
+** wgrad), or (g, x, bias grad) queued (delayed wgrad). Counted references:
+** a node keeps its sink after the module is gone. */
+typedef struct gc_wgrad_queue {
+  gcap_tensor **v; /* (g, x, bias grad or NULL) triples, oldest first */
+  int n, cap;
+} gc_wgrad_queue;
+
+typedef struct gc_wgrad_sink {
+  int refs;
+  int delay;              /* queue the grads for backward_dw */
+  gcap_tensor *main_grad; /* fused: the weight grad accumulates here (a reference), or NULL */
+  gc_wgrad_queue q;       /* delayed: the grads still to compute */
+} gc_wgrad_sink;
+
+/* A sink with one reference, delaying wgrad or not, fusing into main_grad
+** (NULL: not fused). */
+gcap_status gc_wgrad_sink_new(gcap_engine *e, int delay, gcap_tensor *main_grad,
+                              gc_wgrad_sink **out);
+gc_wgrad_sink *gc_wgrad_sink_retain(gc_wgrad_sink *s);
+/* Drop a reference (NULL: nothing); the last frees the queue and main_grad's reference. */
+void gc_wgrad_sink_release(gc_wgrad_sink *s);
+/* Free the triples of q and its array; q is empty afterwards. */
+void gc_wgrad_queue_free(gc_wgrad_queue *q);
+/* Clear (set_to_none) or zero t's .grad. */
+gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none);
+/* leaf.grad += g. On first use .grad is a copy of g, or g itself when
+** `steal` and nothing else can see g (the caller holds the only reference). */
+gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g, int steal);
+/* dst[j] += src[j] (add[j]) or dst[j] = src[j], j < n <= GC_FOREACH_MAX, in one
+** launch: same dtype and size per pair, no memory shared between pairs. */
+gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_tensor *const *src,
+                           const int *add);
+
+/* A run of .grad accumulations (gc_acc_grad) that go out as one foreach_add
+** launch: those that add into a .grad, or copy into a new one when stealing
+** was never possible. The run ends (is launched) when it is full, when the
+** next accumulation is of another kind or touches memory the run writes or
+** reads, and at gc_acc_end, which the owner must call before any other work;
+** so the launches happen in the order gc_acc_grad would make them. */
+typedef struct gc_acc_run {
+  gcap_tensor *leaf[GC_FOREACH_MAX], *dst[GC_FOREACH_MAX], *src[GC_FOREACH_MAX];
+  int add[GC_FOREACH_MAX];
+  int n;
+} gc_acc_run;
+
+/* gc_acc_grad(leaf, g, steal), joining run r where it may. */
+gcap_status gc_acc_grad_run(gc_acc_run *r, gcap_tensor *leaf, gcap_tensor *g, int steal);
+/* Launch what r holds; r is empty afterwards, also on failure (then the
+** .grad tensors its copies would have made are gone again). */
+gcap_status gc_acc_end(gc_acc_run *r);
+/* Refuse in-place writes to a leaf that requires grad while recording. */
+gcap_status gc_check_inplace(gcap_tensor *t, const char *op);
+
+#endif

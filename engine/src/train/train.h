@@ -1,0 +1,33 @@
+/*
+** train.h: the training layer's shared declarations: modules (nn.c) as
+** make_graphed_callables (graphed.c) uses them.
+*/
+#ifndef GC_TRAIN_H
+#define GC_TRAIN_H
+
+#include "tensor/tensor.h"
+
+/* ------------------------------------------------------------------------ */
+/* Modules (nn.c) for make_graphed_callables (graphed.c)                     */
+
+/* Run m's forward itself: no hooks, no graphed replay. */
+gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out);
+/* GCAP_OK when neither m nor a submodule has module hooks or a buffer that
+** requires grad; otherwise an error naming the module and the problem. */
+gcap_status gc_module_check_graphable(gcap_module *m, const char *where);
+/* Put the delayed-wgrad queues of m's Linears aside (aside = 1) for the
+** length of a make_graphed_callables, or drop what the call left in them and
+** bring the user's back (0). */
+void gc_module_wgrad_aside(gcap_module *m, int aside);
+/* Where a routed module's calls go instead of its forward: graphing sets
+** it (a graphed replay of entry `entry` of the graphed object ud), so that
+** modules know a function and its state, not graphing. */
+typedef gcap_status (*gc_route_fn)(void *ud, int entry, int nin, gcap_tensor *const *in,
+                                   gcap_tensor **out);
+/* Route m's calls to fn(ud, entry, ...) (fn NULL: back to m's forward). */
+void gc_module_set_route(gcap_module *m, gc_route_fn fn, void *ud, int entry);
+/* Back to m's own forward, if m is still routed to entry `entry` of ud (a
+** later make_graphed_callables may have routed it elsewhere). */
+void gc_module_unroute(gcap_module *m, const void *ud, int entry);
+
+#endif

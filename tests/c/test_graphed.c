@@ -1,0 +1,360 @@
+/*
+** test_graphed.c: gcap_make_graphed_callables through the C API, with a
+** pipeline `order` (2 chunks x 2 microbatches), capture-time hooks written
+** in C and reuse_graph_input_output_buffers. A graphed model trains step for
+** step beside an eager copy of it, in the schedule's order, and both must
+** agree bit for bit: losses, grads of the pipeline's boundary, parameters.
+*/
+#include "t.h"
+
+#define CHUNKS 2
+#define MBS 2
+#define ROWS 2
+#define WARMUP 2
+#define STEPS 3
+
+/* The schedule: a forward of chunk k is +k, its backward -k (1-based). */
+static const double sched[] = {1, 2, -2, 1, -1, 2, -2, -1};
+#define SCHED_LEN ((int)(sizeof sched / sizeof sched[0]))
+
+/* Chunk 0: Linear(4, 6) + GELU; chunk 1: Linear(6, 3). */
+static const int64_t width[CHUNKS + 1] = {4, 6, 3};
+
+/* Capture-time hooks: how often each ran, per callable and kind, and how
+** often one ran while a capture was open (never allowed). */
+typedef struct hook_log {
+  gcap_engine *e;
+  int calls[CHUNKS][GCAP_HOOK_KINDS];
+  int while_capturing;
+} hook_log;
+
+typedef struct hook_ud {
+  hook_log *log;
+  int callable;
+  gcap_hook_kind kind;
+  gcap_module *m; /* the callable the hook must be given */
+} hook_ud;
+
+static gcap_status count_hook(void *ud, gcap_module *m) {
+  hook_ud *h = (hook_ud *)ud;
+  if (m != h->m) return GCAP_EINVAL; /* another module than the callable's */
+  h->log->calls[h->callable][h->kind]++;
+  if (gcap_is_capturing(h->log->e)) h->log->while_capturing++;
+  return GCAP_OK;
+}
+
+/* One model: its two chunk modules, graphed (G) or eager (G NULL), an SGD
+** optimizer over all their parameters. */
+typedef struct model {
+  gcap_engine *e;
+  gcap_module *chunk[CHUNKS];
+  gcap_graphed *G;
+  gcap_optim *opt;
+  gcap_tensor *params[8];
+  int nparams;
+} model;
+
+static gcap_status model_new(gcap_engine *e, model *md) {
+  gcap_module *lin = NULL, *act = NULL;
+  gcap_status st;
+  int k, i;
+  memset(md, 0, sizeof *md);
+  md->e = e;
+  if ((st = gcap_nn_linear(e, width[0], width[1], 1, 0, &lin)) != GCAP_OK ||
+      (st = gcap_nn_gelu(e, &act)) != GCAP_OK) {
+    gcap_module_free(lin);
+    return st;
+  }
+  {
+    gcap_module *const seq[2] = {lin, act};
+    st = gcap_nn_sequential(e, 2, seq, &md->chunk[0]);
+  }
+  gcap_module_free(lin);
+  gcap_module_free(act);
+  if (st != GCAP_OK) return st;
+  if ((st = gcap_nn_linear(e, width[1], width[2], 1, 0, &md->chunk[1])) != GCAP_OK) return st;
+  for (k = 0; k < CHUNKS; k++)
+    for (i = 0; i < gcap_module_num_parameters(md->chunk[k]); i++)
+      md->params[md->nparams++] = gcap_module_parameter(md->chunk[k], i, NULL, 0);
+  return gcap_optim_sgd(e, md->nparams, md->params, 0.1, 0.0, 0.0, &md->opt);
+}
+
+static void model_free(model *md) {
+  int k;
+  gcap_optim_free(md->opt);
+  gcap_graphed_free(md->G);
+  for (k = 0; k < CHUNKS; k++)
+    gcap_module_free(md->chunk[k]);
+}
+
+/* dst's parameters take src's values (same architecture). */
+static gcap_status model_copy(model *dst, const model *src) {
+  gcap_status st = GCAP_OK;
+  int was = gcap_set_grad_enabled(dst->e, 0), i;
+  for (i = 0; i < dst->nparams && st == GCAP_OK; i++)
+    st = gcap_copy_(dst->params[i], src->params[i]);
+  gcap_set_grad_enabled(dst->e, was);
+  return st;
+}
+
+/* The entry of chunk k, microbatch b (one layer per chunk: k * MBS + b). */
+static gcap_status chunk_forward(model *md, int k, int b, gcap_tensor *x, gcap_tensor **y) {
+  if (md->G) return gcap_graphed_call(md->G, k * MBS + b, 1, &x, y);
+  return gcap_module_call(md->chunk[k], 1, &x, y);
+}
+
+/* The data of one training step. */
+typedef struct batch {
+  gcap_tensor *x[MBS], *target[MBS];
+} batch;
+
+/* What one step leaves to compare: the losses and the grads that crossed
+** from chunk 1 back to chunk 0, per microbatch. */
+typedef struct step_out {
+  float loss[MBS];
+  float boundary_grad[MBS][ROWS * 6];
+} step_out;
+
+/* One training step in the schedule's order: chunk 0's output is cut from
+** the autograd graph (a leaf that requires grad) before chunk 1, as a
+** pipeline stage boundary is, and chunk 0's backward takes that leaf's
+** grad; then the optimizer steps and the grads are cleared. */
+static gcap_status train_step(model *md, const batch *bt, step_out *so) {
+  gcap_tensor *h[MBS] = {NULL}, *cut[MBS] = {NULL}, *loss[MBS] = {NULL}, *gcut[MBS] = {NULL};
+  gcap_status st = GCAP_OK;
+  int nf[CHUNKS] = {0}, nb[CHUNKS] = {0}, i, b;
+  for (i = 0; i < SCHED_LEN && st == GCAP_OK; i++) {
+    int k = (int)(sched[i] > 0 ? sched[i] : -sched[i]) - 1;
+    if (sched[i] > 0 && k == 0) { /* chunk 0 forward */
+      b = nf[0]++;
+      if ((st = chunk_forward(md, 0, b, bt->x[b], &h[b])) == GCAP_OK &&
+          (st = gcap_tensor_detach(h[b], &cut[b])) == GCAP_OK)
+        st = gcap_tensor_set_requires_grad(cut[b], 1);
+    } else if (sched[i] > 0) { /* chunk 1 forward and the loss */
+      gcap_tensor *y = NULL;
+      b = nf[1]++;
+      if ((st = chunk_forward(md, 1, b, cut[b], &y)) == GCAP_OK)
+        st = gcap_mse_loss(y, bt->target[b], &loss[b]);
+      gcap_tensor_free(y);
+    } else if (k == 1) { /* chunk 1 backward: the boundary's grad */
+      b = nb[1]++;
+      if ((st = gcap_backward(loss[b], NULL, 0)) == GCAP_OK &&
+          (st = gcap_tensor_read(loss[b], &so->loss[b], 1)) == GCAP_OK &&
+          (st = gcap_tensor_clone(gcap_tensor_grad(cut[b]), &gcut[b])) == GCAP_OK)
+        st = gcap_tensor_read(gcut[b], so->boundary_grad[b], ROWS * (size_t)width[1]);
+    } else { /* chunk 0 backward */
+      b = nb[0]++;
+      st = gcap_backward(h[b], gcut[b], 0);
+    }
+  }
+  if (st == GCAP_OK) st = gcap_optim_step(md->opt);
+  if (st == GCAP_OK) st = gcap_optim_zero_grad(md->opt, 1);
+  for (b = 0; b < MBS; b++) {
+    gcap_tensor_free(h[b]);
+    gcap_tensor_free(cut[b]);
+    gcap_tensor_free(loss[b]);
+    gcap_tensor_free(gcut[b]);
+  }
+  return st;
+}
+
+/* Random inputs and targets for a step. */
+static gcap_status batch_new(gcap_engine *e, batch *bt) {
+  const int64_t xs[2] = {ROWS, width[0]}, ts[2] = {ROWS, width[2]};
+  gcap_status st = GCAP_OK;
+  int b;
+  memset(bt, 0, sizeof *bt);
+  for (b = 0; b < MBS && st == GCAP_OK; b++)
+    if ((st = gcap_tensor_rand(e, GCAP_F32, 2, xs, 1, &bt->x[b])) == GCAP_OK)
+      st = gcap_tensor_rand(e, GCAP_F32, 2, ts, 1, &bt->target[b]);
+  return st;
+}
+
+static void batch_free(batch *bt) {
+  int b;
+  for (b = 0; b < MBS; b++) {
+    gcap_tensor_free(bt->x[b]);
+    gcap_tensor_free(bt->target[b]);
+  }
+}
+
+/* 1 when the parameters of a and b are equal bit for bit. */
+static int params_equal(const model *a, const model *b) {
+  float va[64], vb[64];
+  int i;
+  for (i = 0; i < a->nparams; i++) {
+    size_t n = (size_t)gcap_tensor_numel(a->params[i]);
+    if (n > 64 || gcap_tensor_read(a->params[i], va, n) != GCAP_OK ||
+        gcap_tensor_read(b->params[i], vb, n) != GCAP_OK || memcmp(va, vb, n * sizeof *va) != 0)
+      return 0;
+  }
+  return 1;
+}
+
+/* The set-up both tests share: an eager model, a graphed copy of it graphed
+** with the schedule, C hooks in all four groups of both callables, and
+** `reuse` as reuse_graph_input_output_buffers. */
+typedef struct bench {
+  gcap_engine *e;
+  model eager, graphed;
+  hook_log log;
+  hook_ud ud[CHUNKS][GCAP_HOOK_KINDS];
+  gcap_tensor *sample[CHUNKS * MBS];
+} bench;
+
+static void bench_free(bench *bn) {
+  int i;
+  model_free(&bn->eager);
+  model_free(&bn->graphed);
+  for (i = 0; i < CHUNKS * MBS; i++)
+    gcap_tensor_free(bn->sample[i]);
+  gcap_engine_free(bn->e);
+}
+
+static gcap_status bench_open(bench *bn, int reuse) {
+  static const gcap_capture_hook fns[1] = {count_hook};
+  void *uds[CHUNKS][GCAP_HOOK_KINDS][1];
+  gcap_capture_hooks hooks[CHUNKS];
+  gcap_tensor *const *args[CHUNKS * MBS];
+  int nargs[CHUNKS * MBS];
+  gcap_graphed_opts o;
+  gcap_status st;
+  int k, g, i;
+  memset(bn, 0, sizeof *bn);
+  if ((bn->e = t_engine()) == NULL) return GCAP_EINVAL;
+  bn->log.e = bn->e;
+  if ((st = gcap_manual_seed(bn->e, 11)) != GCAP_OK ||
+      (st = model_new(bn->e, &bn->eager)) != GCAP_OK ||
+      (st = model_new(bn->e, &bn->graphed)) != GCAP_OK ||
+      (st = model_copy(&bn->graphed, &bn->eager)) != GCAP_OK)
+    return st;
+  for (i = 0; i < CHUNKS * MBS; i++) { /* entry i: chunk i / MBS */
+    int k0 = i / MBS;
+    const int64_t s[2] = {ROWS, width[k0]};
+    if ((st = gcap_tensor_rand(bn->e, GCAP_F32, 2, s, 1, &bn->sample[i])) != GCAP_OK ||
+        (k0 > 0 && (st = gcap_tensor_set_requires_grad(bn->sample[i], 1)) != GCAP_OK))
+      return st;
+    args[i] = &bn->sample[i];
+    nargs[i] = 1;
+  }
+  memset(hooks, 0, sizeof hooks);
+  for (k = 0; k < CHUNKS; k++)
+    for (g = 0; g < GCAP_HOOK_KINDS; g++) {
+      bn->ud[k][g] = (hook_ud){&bn->log, k, (gcap_hook_kind)g, bn->graphed.chunk[k]};
+      uds[k][g][0] = &bn->ud[k][g];
+      hooks[k].n[g] = 1;
+      hooks[k].fn[g] = fns;
+      hooks[k].ud[g] = uds[k][g];
+    }
+  gcap_graphed_opts_init(&o);
+  o.num_warmup_iters = WARMUP;
+  o.order = sched;
+  o.order_len = SCHED_LEN;
+  o.capture_time_hooks = hooks;
+  o.num_capture_time_hooks = CHUNKS;
+  o.reuse_graph_input_output_buffers = reuse;
+  return gcap_make_graphed_callables(bn->e, CHUNKS, bn->graphed.chunk, CHUNKS * MBS, nargs, args,
+                                     &o, &bn->graphed.G);
+}
+
+/* Every hook ran once per warmup iteration and once around the capture, for
+** each of the callable's MBS entries; none while a capture was open. */
+static void check_hooks(const hook_log *log) {
+  int k, g;
+  for (k = 0; k < CHUNKS; k++)
+    for (g = 0; g < GCAP_HOOK_KINDS; g++)
+      if (log->calls[k][g] != (WARMUP + 1) * MBS)
+        T_FAILF("hook count", "callable %d, %s: %d calls, want %d", k + 1,
+                gcap_hook_kind_name((gcap_hook_kind)g), log->calls[k][g], (WARMUP + 1) * MBS);
+  T_CHECK(log->while_capturing == 0);
+}
+
+/* Train both models STEPS steps on the same data; every step's losses and
+** boundary grads, and the parameters after it, must be equal bit for bit. */
+static void train_both(bench *bn) {
+  hook_log before = bn->log;
+  int s;
+  for (s = 0; s < STEPS; s++) {
+    batch bt;
+    step_out eo, go;
+    memset(&eo, 0, sizeof eo);
+    memset(&go, 0, sizeof go);
+    T_CHECK_OK(bn->e, batch_new(bn->e, &bt));
+    T_CHECK_ST(bn->e, train_step(&bn->eager, &bt, &eo), GCAP_OK);
+    T_CHECK_ST(bn->e, train_step(&bn->graphed, &bt, &go), GCAP_OK);
+    batch_free(&bt);
+    if (memcmp(eo.loss, go.loss, sizeof eo.loss) != 0)
+      T_FAILF("losses", "step %d: eager %.9g %.9g, graphed %.9g %.9g", s + 1, (double)eo.loss[0],
+              (double)eo.loss[1], (double)go.loss[0], (double)go.loss[1]);
+    T_CHECK(memcmp(eo.boundary_grad, go.boundary_grad, sizeof eo.boundary_grad) == 0);
+    if (!params_equal(&bn->eager, &bn->graphed)) T_FAILF("params", "differ after step %d", s + 1);
+  }
+  /* the replays ran no capture-time hook */
+  T_CHECK(memcmp(before.calls, bn->log.calls, sizeof before.calls) == 0);
+  /* and training changed the parameters at all (the comparison means something) */
+  {
+    model fresh;
+    gcap_manual_seed(bn->e, 11);
+    T_CHECK_OK(bn->e, model_new(bn->e, &fresh));
+    T_CHECK(!params_equal(&fresh, &bn->graphed));
+    model_free(&fresh);
+  }
+}
+
+static void test_order_hooks_train_bitwise(void) {
+  bench bn;
+  gcap_status st = bench_open(&bn, 0);
+  if (st != GCAP_OK) {
+    T_FAILF("bench_open", "%s (%s)", gcap_status_str(st), bn.e ? gcap_errmsg(bn.e) : "");
+    bench_free(&bn);
+    return;
+  }
+  T_CHECK(gcap_graphed_num_entries(bn.graphed.G) == CHUNKS * MBS);
+  T_CHECK(gcap_graphed_module(bn.graphed.G, 3) == bn.graphed.chunk[1]);
+  check_hooks(&bn.log);
+  train_both(&bn);
+  bench_free(&bn);
+}
+
+/* With reuse, the same training bit for bit; entry 4 (chunk 2, microbatch
+** 2) takes entry 3's static input, so calling it before entry 3's backward
+** is refused, naming both, and the schedule still trains afterwards. */
+static void test_reuse_buffers(void) {
+  bench bn;
+  gcap_tensor *y = NULL, *y2 = NULL, *in = NULL;
+  const int64_t s[2] = {ROWS, 6};
+  gcap_status st = bench_open(&bn, 1);
+  if (st != GCAP_OK) {
+    T_FAILF("bench_open", "%s (%s)", gcap_status_str(st), bn.e ? gcap_errmsg(bn.e) : "");
+    bench_free(&bn);
+    return;
+  }
+  check_hooks(&bn.log);
+  train_both(&bn);
+  if (gcap_tensor_rand(bn.e, GCAP_F32, 2, s, 1, &in) == GCAP_OK &&
+      gcap_tensor_set_requires_grad(in, 1) == GCAP_OK) {
+    T_CHECK_ST(bn.e, gcap_graphed_call(bn.graphed.G, 2, 1, &in, &y), GCAP_OK);
+    st = gcap_graphed_call(bn.graphed.G, 3, 1, &in, &y2);
+    T_CHECK(st != GCAP_OK && y2 == NULL);
+    T_CHECK(t_msg_has(bn.e, "entry 4 refused") && t_msg_has(bn.e, "with entry 3"));
+    if (y != NULL) { /* entry 3's backward runs: entry 4 may go */
+      gcap_tensor *l = NULL;
+      T_CHECK_ST(bn.e, gcap_sum(y, &l), GCAP_OK);
+      T_CHECK_ST(bn.e, gcap_backward(l, NULL, 0), GCAP_OK);
+      gcap_tensor_free(l);
+      T_CHECK_ST(bn.e, gcap_graphed_call(bn.graphed.G, 3, 1, &in, &y2), GCAP_OK);
+    }
+  } else {
+    T_FAILF("set-up", "%s", gcap_errmsg(bn.e));
+  }
+  gcap_tensor_free(y);
+  gcap_tensor_free(y2);
+  gcap_tensor_free(in);
+  bench_free(&bn);
+}
+
+int main(void) {
+  T_RUN(test_order_hooks_train_bitwise);
+  T_RUN(test_reuse_buffers);
+  return t_done();
+}
