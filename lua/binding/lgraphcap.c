@@ -161,5 +161,11 @@ LUAMOD_API int luaopen_graphcap_core(lua_State *L) {
   lua_setfield(L, -2, "_metatables");
   lua_pushvalue(L, eng);
   lua_setfield(L, -2, "_engine");
+  lua_createtable(L, GCAP_HOOK_KINDS, 0); /* the capture_time_hooks groups, in call order */
+  for (i = 0; i < GCAP_HOOK_KINDS; i++) {
+    lua_pushstring(L, gcap_hook_group_key((gcap_hook_kind)i));
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, -2, "hook_groups");
   return 1;
 }

@@ -42,8 +42,7 @@ local te_aliases = {
   _reuse_graph_input_output_buffers = "reuse_graph_input_output_buffers",
 }
 
-local groups = {"forward_pre_hooks", "forward_hooks", "backward_pre_hooks",
-                "backward_hooks"}
+local groups = core.hook_groups -- the engine's names, in call order
 local is_group = {}
 for _, g in ipairs(groups) do is_group[g] = true end
 
