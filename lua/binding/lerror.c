@@ -3,7 +3,6 @@
 ** Lua caller outside the facade), the op, and the core's account.
 */
 
-#include <ctype.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -11,15 +10,6 @@
 
 /* The registry's set of the facade's chunk sources (core._facade) */
 static const char l_facadekey = 'F';
-
-/* Does 'msg' start with the name of an op ("linear: ...", "set grad: ")? */
-static int l_hasop(const char *msg) {
-  const char *s = msg;
-  if (!isalpha((unsigned char)*s) && *s != '_') return 0;
-  while (s - msg < 32 && (isalnum((unsigned char)*s) || *s == '_' || *s == '.' || *s == ' '))
-    s++;
-  return s[0] == ':' && s[1] == ' ';
-}
 
 /*
 ** Push "chunk:line: " of the caller, as luaL_where(L, 1) does, but of the
@@ -96,21 +86,20 @@ int l_argerror(lua_State *L, int arg, const char *extramsg) {
   return l_error(L, "bad argument #%d to '%s' (%s)", arg, ar.name ? ar.name : "?", extramsg);
 }
 
-/* Raise the core's message 'msg' of status 'st', prefixed by "op: " unless
-** it names an op already. */
+/* Raise the core's message 'msg' of status 'st' as it is: the engine names
+** the op where it raises the error. Only a call that left no message is
+** named here, by 'op' and the status. */
 void l_fail(lua_State *L, gcap_status st, const char *msg, const char *op) {
-  size_t n = strlen(op);
-  if (msg == NULL || *msg == '\0') msg = gcap_status_str(st);
   l_where(L);
-  if ((strncmp(msg, op, n) == 0 && msg[n] == ':') || l_hasop(msg))
-    lua_pushstring(L, msg);
+  if (msg == NULL || *msg == '\0')
+    lua_pushfstring(L, "%s: %s", op, gcap_status_str(st));
   else
-    lua_pushfstring(L, "%s: %s", op, msg);
+    lua_pushstring(L, msg);
   lua_concat(L, 2);
   lua_error(L);
 }
 
-/* Raise "op: message" when a core call returned 'st' != GCAP_OK. */
+/* Raise the core's message when a call returned 'st' != GCAP_OK. */
 void l_check(lua_State *L, const gcap_engine *e, gcap_status st, const char *op) {
   if (st != GCAP_OK) l_fail(L, st, gcap_errmsg(e), op);
 }

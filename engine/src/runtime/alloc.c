@@ -49,7 +49,7 @@ static void fl_remove(gcap_pool *p, gc_blk *b) {
   b->fprev = b->fnext = NULL;
 }
 
-static gcap_status pool_grow(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **out) {
+static gcap_status pool_grow(gcap_pool *p, gcap_stream *s, size_t n, const char *op, gc_blk **out) {
   gcap_engine *e = p->e;
   size_t segsize = n <= ALLOC_SMALL
                        ? ALLOC_SMALL_SEG
@@ -61,20 +61,20 @@ static gcap_status pool_grow(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **ou
   if (seg == NULL || b == NULL) {
     free(seg);
     free(b);
-    return gc_fail(e, GCAP_ENOMEM, "out of host memory");
+    return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", op);
   }
   if ((st = e->be->malloc(e, e->bs, segsize, &mem)) != GCAP_OK) {
     gcap_mem_stats ms;
-    size_t len = strlen(e->err);
+    char why[GC_ERRLEN]; /* the backend's reason */
+    snprintf(why, sizeof why, "%s", e->err);
     gc_pool_stats_of(p, &ms);
-    if (len < GC_ERRLEN)
-      snprintf(e->err + len, GC_ERRLEN - len,
-               " [asking for %zu bytes; %s: reserved %zu, in use %zu, peak %zu, blocks %lld]",
-               segsize, p->is_heap ? "ordinary allocator" : "pool", ms.reserved_bytes,
-               ms.in_use_bytes, ms.peak_bytes, (long long)ms.blocks);
     free(seg);
     free(b);
-    return st;
+    return gc_fail(e, st,
+                   "%s: %s [asking for %zu bytes; %s: reserved %zu, in use %zu, peak %zu, "
+                   "blocks %lld]",
+                   op, why, segsize, p->is_heap ? "ordinary allocator" : "pool", ms.reserved_bytes,
+                   ms.in_use_bytes, ms.peak_bytes, (long long)ms.blocks);
   }
   seg->base = (char *)mem;
   seg->size = segsize;
@@ -92,13 +92,13 @@ static gcap_status pool_grow(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **ou
   return GCAP_OK;
 }
 
-gcap_status gc_pool_alloc(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **out) {
+gcap_status gc_pool_alloc(gcap_pool *p, gcap_stream *s, size_t n, const char *op, gc_blk **out) {
   gc_blk *b, *best = NULL;
   n = n == 0 ? ALLOC_ROUND : (n + ALLOC_ROUND - 1) / ALLOC_ROUND * ALLOC_ROUND;
   for (b = p->freelist; b != NULL; b = b->fnext) /* best fit on this stream */
     if (b->stream == s && b->size >= n && (best == NULL || b->size < best->size)) best = b;
   if (best == NULL) {
-    gcap_status st = pool_grow(p, s, n, &best);
+    gcap_status st = pool_grow(p, s, n, op, &best);
     if (st != GCAP_OK) return st;
   }
   fl_remove(p, best);

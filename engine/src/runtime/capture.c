@@ -161,7 +161,8 @@ gcap_status gc_note_range(gcap_engine *e, gc_blk *b, uintptr_t lo, uintptr_t hi,
   if (e->cap == NULL) { /* eager: only pool memory is tracked */
     if (write && !p->is_heap) {
       if (!gc_ivmap_reserve(&p->writers, 1) || !gc_ivmap_reserve(&p->cap_writers, 1))
-        return gc_fail(e, GCAP_ENOMEM, "out of host memory recording a write to a pool");
+        return gc_fail(e, GCAP_ENOMEM,
+                       "recording a write: out of host memory (the pool's map of writers)");
       gc_ivmap_set(&p->writers, lo, hi, GC_WRITER_OUTSIDE);
       gc_ivmap_set(&p->cap_writers, lo, hi, GC_WRITER_OUTSIDE);
     }

@@ -72,7 +72,8 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
   if ((st = gc_stream_create(e, 1, &e->default_stream)) != GCAP_OK) goto fail;
   if ((st = gc_stream_create(e, 1, &e->capture_stream)) != GCAP_OK) goto fail;
   e->current = e->default_stream;
-  if ((st = gc_pool_alloc(e->heap, e->default_stream, 2 * sizeof(uint64_t), &e->rng)) != GCAP_OK)
+  if ((st = gc_pool_alloc(e->heap, e->default_stream, 2 * sizeof(uint64_t), "gcap_engine_new",
+                          &e->rng)) != GCAP_OK)
     goto fail;
   if ((st = eng_seed(e, 0)) != GCAP_OK) goto fail;
   *out = e;

@@ -77,8 +77,9 @@ struct gcap_pool {
 };
 
 gcap_pool *gc_pool_create(gcap_engine *e, int is_heap);
-/* Allocate n bytes for stream s from pool p: a block with refs = 1. */
-gcap_status gc_pool_alloc(gcap_pool *p, gcap_stream *s, size_t n, gc_blk **out);
+/* Allocate n bytes for stream s from pool p: a block with refs = 1. A
+** failure's message starts with op, the call that asked. */
+gcap_status gc_pool_alloc(gcap_pool *p, gcap_stream *s, size_t n, const char *op, gc_blk **out);
 void gc_blk_retain(gc_blk *b);
 void gc_blk_release(gc_blk *b);
 /* The free blocks of stream s, in every pool, go to stream to (s is going

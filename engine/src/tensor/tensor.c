@@ -81,16 +81,8 @@ gcap_status gc_tensor_alloc(gcap_engine *e, const char *op, gcap_dtype dt, int n
                                op);
     pool = e->cap->pool;
   }
-  if ((st = gc_pool_alloc(pool, s, (size_t)numel * gc_dtype_size(dt), &b)) != GCAP_OK) {
-    size_t len = strlen(e->err);
-    char head[GC_ERRLEN];
-    snprintf(head, sizeof head, "%s: ", op);
-    if (len + strlen(head) < GC_ERRLEN) {
-      memmove(e->err + strlen(head), e->err, len + 1);
-      memcpy(e->err, head, strlen(head));
-    }
+  if ((st = gc_pool_alloc(pool, s, (size_t)numel * gc_dtype_size(dt), op, &b)) != GCAP_OK)
     return st;
-  }
   if ((*out = tensor_wrap(e, b, 0, dt, ndim, shape, numel)) == NULL) {
     gc_blk_release(b);
     return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", op);
@@ -180,7 +172,7 @@ gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt) {
   gcap_status st;
   if (t->dt == dt) return GCAP_OK;
   if ((st = gc_check_not_capturing(e, "converting a tensor's dtype")) != GCAP_OK) return st;
-  if ((st = gc_pool_alloc(e->heap, e->current, (size_t)t->numel * gc_dtype_size(dt), &b)) !=
+  if ((st = gc_pool_alloc(e->heap, e->current, (size_t)t->numel * gc_dtype_size(dt), "to", &b)) !=
       GCAP_OK)
     return st;
   memset(&a, 0, sizeof a);
@@ -204,7 +196,7 @@ gcap_status gc_tensor_weaken(gcap_tensor *t) {
   gc_blk *w;
   if (t->blk->weak) return GCAP_OK;
   if ((w = (gc_blk *)gc_calloc(1, sizeof *w)) == NULL)
-    return gc_fail(t->e, GCAP_ENOMEM, "out of host memory");
+    return gc_fail(t->e, GCAP_ENOMEM, "reuse_graph_input_output_buffers: out of host memory");
   w->ptr = t->blk->ptr;
   w->size = t->blk->size;
   w->pool = t->blk->pool;
