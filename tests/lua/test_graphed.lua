@@ -709,6 +709,14 @@ function TestGraphed:test_reset_module_entry ()
   lu.assertEquals(pool:stats().graphs, 2)
   G[1]:reset()
   lu.assertEquals(pool:stats().graphs, 0)
+  -- a call of a reset module is an error, as TransformerEngine's, not an
+  -- eager forward; graphed again, it replays again
+  local x = gc.randn({4, DIMS2[1]})
+  H.assert_err(function () return b[1](x) end,
+               "entry 1 (callable 1, Sequential) was reset; its graphs are gone")
+  local G2 = gc.make_graphed_callables(b, samples_of(DIMS2), {pool = pool})
+  lu.assertEquals(pool:stats().graphs, 4)
+  lu.assertEquals(G2[1](x):tolist(), b[1](x):tolist())
 end
 
 -- ---------------------------------------------------------------------------

@@ -923,8 +923,10 @@ static gcap_status entry_ok(gcap_graphed *G, int entry, const char *what) {
   if (entry < 0 || entry >= G->n)
     return gc_fail(G->e, GCAP_EINVAL, "%s: entry %d out of range 1..%d", what, entry + 1, G->n);
   if (G->v[entry].reset)
-    return gc_fail(G->e, GCAP_ESTATE, "%s: entry %d was reset; its graphs are gone", what,
-                   entry + 1);
+    return gc_fail(G->e, GCAP_ESTATE,
+                   "%s: entry %d (callable %d, %s) was reset; its graphs are gone (graph it "
+                   "again with make_graphed_callables)",
+                   what, entry + 1, G->v[entry].callable + 1, gcap_module_type(G->v[entry].m));
   return GCAP_OK;
 }
 
@@ -1119,7 +1121,8 @@ gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
   x = &G->v[entry];
   if (G->e->cap != NULL)
     return gc_fail(G->e, GCAP_ESTATE, "reset: not allowed while a capture is open");
-  gc_module_unroute(x->m, G, entry);
+  /* the module keeps its route: a call of it is then an error that says it
+  ** was reset (as TransformerEngine's), not a silent eager forward */
   gcap_graph_free(x->fwd);
   gcap_graph_free(x->bwd);
   gcap_graph_free(x->dw);
