@@ -317,7 +317,7 @@ function TestDump:test_graphed_entries_dump ()
   lu.assertEquals(paths, {prefix .. ".fwd.dot", prefix .. ".bwd.dot"})
   for _, p in ipairs(paths) do os.remove(p) end
   g[2]:reset()
-  H.assert_err(function () g[2]:debug_dump(prefix) end, "entry 2 was reset")
+  H.assert_err(function () g[2]:debug_dump(prefix) end, "entry 2 (callable 2, Linear) was reset")
 end
 
 -- Run a Lua script (the text src) with the graphcap program, or with a stock
