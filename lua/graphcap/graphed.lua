@@ -243,6 +243,15 @@ local function make_graphed_callables (callables, sample_args, opts)
     else fail("callable #%d is a %s; expected a module or a function", c, type(v)) end
   end
   if #mods ~= #callables then fail("callables must be a sequence (no holes)") end
+  -- a function has no training flag: it takes the modules' mode, and no side
+  -- in the check that they share one
+  local mode
+  for c = 1, #mods do
+    if mode == nil and mods[c] == originals[c] then mode = mods[c].training end
+  end
+  for c = 1, #mods do
+    if mods[c] ~= originals[c] and mode ~= nil then mods[c]:train(mode) end
+  end
   local args, keys = {}, {}
   for i = 1, #sample_args do
     local a = sample_args[i]

@@ -719,6 +719,22 @@ function TestGraphed:test_reset_module_entry ()
   lu.assertEquals(G2[1](x):tolist(), b[1](x):tolist())
 end
 
+-- A plain function has no training flag: beside eval-mode modules it is
+-- graphed in eval mode too (forward only), not refused as a mode mix; beside
+-- training-mode modules it gets a backward graph.
+function TestGraphed:test_function_takes_the_modules_mode ()
+  local m = gc.nn.Linear(4, 4)
+  m:eval()
+  local G = gc.make_graphed_callables({m, function (x) return x * 2 end},
+                                      {{gc.randn({2, 4})}, {gc.randn({2, 4})}})
+  lu.assertEquals(G[2](gc.ones({2, 4})):tolist(), {{2, 2, 2, 2}, {2, 2, 2, 2}})
+  lu.assertNil(G[2]:stats().bwd)
+  local G2 = gc.make_graphed_callables({function (x) return x * 2 end, gc.nn.Linear(4, 4)},
+                                       {{gc.randn({2, 4}, {requires_grad = true})},
+                                        {gc.randn({2, 4}, {requires_grad = true})}})
+  lu.assertNotNil(G2[1]:stats().bwd)
+end
+
 -- ---------------------------------------------------------------------------
 -- Training flag, kwargs, hooks after graphing
 
