@@ -317,7 +317,7 @@ static int l_graph_isopen(const void *box) {
 static LGraph *l_checkcaptured(lua_State *L, const char *op) {
   LGraph *p = l_checkgraph(L, 1);
   if (!gcap_graph_is_captured(p->g))
-    luaL_error(L, "%s: graph is not captured (reset or never captured)", op);
+    l_error(L, "%s: %s is not captured (reset or never captured)", op, gcap_graph_name(p->g));
   return p;
 }
 

@@ -386,8 +386,9 @@ static gcap_status xent_check_targets(gcap_tensor *target, int64_t classes) {
       char val[32];
       snprintf(val, sizeof val, v[i] != v[i] ? "NaN" : "%g", (double)v[i]);
       st = gc_fail(e, GCAP_EINVAL,
-                   "cross_entropy: target[%lld] = %s is not a class id (an integer in 0..%lld)",
-                   (long long)i, val, (long long)classes - 1);
+                   "cross_entropy: the target of row %lld (counting from 1) is %s, not a class "
+                   "id (an integer in 0..%lld)",
+                   (long long)i + 1, val, (long long)classes - 1);
       break;
     }
   free(v);

@@ -74,10 +74,11 @@ static gcap_status same_engine(gcap_tensor *a, gcap_tensor *b, const char *op) {
   return GCAP_OK;
 }
 
-gcap_status gcap_fill_(gcap_tensor *t, double v) {
+/* t[:] = v, as the in-place op `op` (fill_ or zero_, named in its errors) */
+static gcap_status fill(gcap_tensor *t, double v, const char *op) {
   gc_kargs a;
   gcap_status st;
-  if ((st = op_begin(t)) != GCAP_OK || (st = gc_check_inplace(t, "fill_")) != GCAP_OK) return st;
+  if ((st = op_begin(t)) != GCAP_OK || (st = gc_check_inplace(t, op)) != GCAP_OK) return st;
   memset(&a, 0, sizeof a);
   a.p[0] = gc_tensor_ptr(t);
   a.n[0] = t->numel;
@@ -85,8 +86,12 @@ gcap_status gcap_fill_(gcap_tensor *t, double v) {
   return gc_run(t->e, GC_K_FILL, &a, NULL, 0, t);
 }
 
+gcap_status gcap_fill_(gcap_tensor *t, double v) {
+  return fill(t, v, "fill_");
+}
+
 gcap_status gcap_zero_(gcap_tensor *t) {
-  return gcap_fill_(t, 0.0);
+  return fill(t, 0.0, "zero_");
 }
 
 gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src) {

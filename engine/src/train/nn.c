@@ -591,11 +591,11 @@ static gcap_status check_graphable(gcap_module *m, const char *where, const char
   int i, j;
   if (m->nhooks > 0)
     return gc_fail(m->e, GCAP_EINVAL,
-                   "%s: module %s%s%s (%s) has a registered %s; modules must not have hooks when "
+                   "%s: %s%s%s (%s) has a registered %s; modules must not have hooks when "
                    "they are graphed (their work would be captured once and their Lua side effects "
                    "never replayed). Register hooks after graphing (they then run eagerly around "
                    "each replay), or pass them in capture_time_hooks",
-                   where, path[0] ? "'" : "", path, path[0] ? "'" : "", m->type,
+                   where, path[0] ? "module '" : "the callable", path, path[0] ? "'" : "", m->type,
                    gcap_hook_kind_name(m->hooks[0].kind));
   for (i = 0; i < m->buffers.n; i++)
     if (m->buffers.v[i].t->requires_grad)
