@@ -369,8 +369,7 @@ static void test_cross_entropy_checks_targets(void) {
   for (int k = 0; k < 4; k++) {
     T_REQUIRE((t = t_from(e, 1, st, bad[k])) != NULL);
     T_CHECK_ST(e, gcap_cross_entropy(logits, t, &loss), GCAP_EINVAL);
-    T_CHECK(loss == NULL && t_msg_has(e, k == 3 ? "row 1 " : "row 2 ") &&
-            t_msg_has(e, "class id"));
+    T_CHECK(loss == NULL && t_msg_has(e, k == 3 ? "row 1 " : "row 2 ") && t_msg_has(e, "class id"));
     if (k == 1) T_CHECK(t_msg_has(e, "NaN"));
     gcap_tensor_free(t);
   }
