@@ -235,4 +235,15 @@ function TestRegressions:test_docs_review_findings ()
   lu.assertStrContains(msg, here)
 end
 
+-- An in-place write through a view of a leaf that requires grad is refused,
+-- as on the leaf itself (PyTorch's rule); under no_grad it goes through.
+function TestRegressions:test_inplace_through_a_view_of_a_leaf ()
+  local w = gc.ones({2, 2}, {requires_grad = true})
+  H.assert_err(function () w:view({4}):fill_(5) end, "fill_: a leaf that requires grad, or a view of one,")
+  H.assert_err(function () w:view({4}):view({2, 2}):zero_() end, "zero_:", "a view of one")
+  lu.assertEquals(w:tolist(), {{1, 1}, {1, 1}})
+  gc.no_grad(function () w:view({4}):fill_(3) end)
+  lu.assertEquals(w:tolist(), {{3, 3}, {3, 3}})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

@@ -198,12 +198,21 @@ gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none) {
   return GCAP_OK;
 }
 
+/* Is t a view (through views only) of a leaf that requires grad? */
+static int view_of_leaf(const gcap_tensor *t) {
+  const gc_node *n;
+  for (n = t->grad_fn; n != NULL && n->backward == view_backward; n = n->next[0])
+    if (n->leaf[0] != NULL) return 1;
+  return 0;
+}
+
 gcap_status gc_check_inplace(gcap_tensor *t, const char *op) {
-  if (t->requires_grad && t->grad_fn == NULL && t->e->grad_enabled)
+  if (!t->requires_grad || !t->e->grad_enabled) return GCAP_OK;
+  if (t->grad_fn == NULL || view_of_leaf(t)) /* as PyTorch: the leaf would change unseen */
     return gc_fail(t->e, GCAP_EINVAL,
-                   "%s: a leaf that requires grad cannot be modified in place while grad is "
+                   "%s: a leaf that requires grad%s cannot be modified in place while grad is "
                    "recorded (wrap it in no_grad)",
-                   op);
+                   op, t->grad_fn == NULL ? "" : ", or a view of one,");
   return GCAP_OK;
 }
 
