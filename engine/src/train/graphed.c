@@ -177,12 +177,13 @@ static gcap_status progress(ge_build *b, gcap_status st) {
   return st;
 }
 
-/* Prefix the engine's message with the phase, entry and callable (the
-** bare place when a callback stopped the pass without a message). */
+/* Prefix the engine's message with the phase, entry and callable; only the
+** place when a callback stopped the pass (GCAP_EABORTED: the callback's own
+** error says why, and the engine's message may be an older one). */
 static gcap_status where(ge_build *b, gcap_status st, int entry, const char *phase) {
   char msg[GC_ERRLEN + 2];
   const char *head = "make_graphed_callables: ";
-  const char *text = b->e->err;
+  const char *text = st == GCAP_EABORTED ? "" : b->e->err;
   if (strncmp(text, head, strlen(head)) == 0) text += strlen(head);
   snprintf(msg, sizeof msg, "%s%s", *text ? ": " : "", text);
   return gc_fail(b->e, st, "make_graphed_callables: %s of entry %d (callable %d, %s)%s", phase,
