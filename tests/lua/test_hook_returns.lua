@@ -6,7 +6,8 @@
 -- without hooks (scaling by 2 is exact), the replaced grads also with central
 -- differences; returns of the wrong kind, count, shape or dtype raise errors
 -- naming the module, the hook kind and the user's line, after which the
--- module works as before.
+-- module works as before. Hooks registered on a graphed module after
+-- graphing replace values around its replay as well.
 --   build/graphcap tests/lua/test_hook_returns.lua -o tap
 
 local lu = require "luaunit"
@@ -253,6 +254,29 @@ function TestHookReturns:test_backward_without_grad_input ()
   m:register_full_backward_hook(function () return nil end)
   loss(m(x)):backward()
   lu.assertNotNil(m[1].weight.grad)
+end
+
+-- A module graphed without an order replays when called; hooks registered
+-- after graphing run eagerly around the replay, and what they return takes
+-- effect there too: the pre-hook's doubled input is copied into the static
+-- input, the backward hook's doubled grad reaches x.
+function TestHookReturns:test_graphed_module ()
+  local m, ref = model(), model()
+  local sample = input({2, 4}, 0.1, true)
+  local G = gc.make_graphed_callables({m}, {{sample}})
+  lu.assertIs(G[1], m)
+  m:register_forward_pre_hook(function (_, a) return a * 2 end)
+  m:register_full_backward_hook(function (_, gi) return gi * 2 end)
+  local x, xr = input({2, 4}, 0.3, true), input({2, 4}, 0.3, true)
+  local y = m(x)
+  local xr2 = xr * 2
+  local yr = ref(xr2)
+  assert_bitwise(y:tolist(), yr:tolist(), "replayed output")
+  loss(y):backward()
+  loss(yr):backward()
+  -- xr.grad is d loss / d (2 xr) times 2; the hook doubles it once more
+  assert_bitwise(x.grad:tolist(), scaled(xr.grad:tolist(), 2), "x.grad")
+  assert_bitwise(m[1].weight.grad:tolist(), ref[1].weight.grad:tolist(), "weight grad")
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine
