@@ -28,15 +28,17 @@ static int l_hookerror(lua_State *L, const LHookCall *c, int fi, const char *msg
 static gcap_tensor *l_rettensor(lua_State *L, const LHookCall *c, int fi, int i, int k,
                                 const char *what) {
   LTensor *p = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
-  if (p == NULL || p->t == NULL) {
-    const char *got = (p == NULL) ? l_typename(L, i) : "a closed tensor";
-    l_hookerror(L, c, fi,
-                k == 0 ? lua_pushfstring(L, "must return %s, got %s", what, got)
-                       : lua_pushfstring(L, "must return %s, got %s as element #%d of its sequence",
-                                         what, got, k));
+  const char *got;
+  if (p != NULL && p->t != NULL) {
+    l_keeptensor(L, i); /* who is given it sees this same value */
+    return p->t;
   }
-  l_keeptensor(L, i); /* who is given it sees this same value */
-  return p->t;
+  got = (p == NULL) ? l_typename(L, i) : "a closed tensor";
+  l_hookerror(L, c, fi,
+              k == 0 ? lua_pushfstring(L, "must return %s, got %s", what, got)
+                     : lua_pushfstring(L, "must return %s, got %s as element #%d of its sequence",
+                                       what, got, k));
+  return NULL; /* not reached: l_hookerror raises */
 }
 
 /*

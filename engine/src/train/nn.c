@@ -422,12 +422,15 @@ struct gcap_hook_ret {
   gcap_tensor **t;
 };
 
-/* The values hooks of one kind returned, the last accepted (references;
-** the hook arguments point into t). */
+/* What the hooks of one kind returned: the last values accepted
+** (references; the hook arguments point into t), and the running hook's. */
 typedef struct hook_vals {
   int n;
   gcap_tensor **t;
+  gcap_hook_ret ret;
 } hook_vals;
+
+static void ret_free(gcap_hook_ret *r);
 
 static void vals_free(hook_vals *v) {
   int i;
@@ -436,6 +439,7 @@ static void vals_free(hook_vals *v) {
   free(v->t);
   v->n = 0;
   v->t = NULL;
+  ret_free(&v->ret);
 }
 
 gcap_status gcap_hook_return(const gcap_hook_args *a, int n, gcap_tensor *const *t) {
@@ -464,6 +468,7 @@ static void ret_free(gcap_hook_ret *r) {
   for (i = 0; i < r->n; i++)
     gcap_tensor_free(r->t[i]);
   free(r->t);
+  memset(r, 0, sizeof *r);
 }
 
 /* Is what a hook of a->kind returned (r) what that kind may return? */
@@ -499,13 +504,15 @@ static gcap_status check_return(gcap_module *m, const gcap_hook_args *a, const g
   return GCAP_OK;
 }
 
-/* Make r's values the current ones of a (kept in v). */
-static void accept_return(gcap_hook_args *a, gcap_hook_ret *r, hook_vals *v) {
-  vals_free(v);
-  v->n = r->n;
-  v->t = r->t;
-  r->n = r->cap = 0;
-  r->t = NULL;
+/* Make what the hook returned (v->ret) the current values of a. */
+static void accept_return(gcap_hook_args *a, hook_vals *v) {
+  int i;
+  for (i = 0; i < v->n; i++)
+    gcap_tensor_free(v->t[i]);
+  free(v->t);
+  v->n = v->ret.n;
+  v->t = v->ret.t;
+  memset(&v->ret, 0, sizeof v->ret);
   switch (a->kind) {
     case GCAP_HOOK_FORWARD_PRE:
       a->nin = v->n;
@@ -528,11 +535,9 @@ static void accept_return(gcap_hook_args *a, gcap_hook_ret *r, hook_vals *v) {
 ** replace those in a for the next hooks and the caller; v keeps them (the
 ** caller frees it with vals_free, after its last use of a). */
 static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a, hook_vals *v) {
-  gcap_hook_ret r;
   gcap_status st = GCAP_OK;
   int last = 0;
-  memset(&r, 0, sizeof r);
-  a->ret = &r;
+  a->ret = &v->ret;
   for (;;) {
     int i, next = -1;
     for (i = 0; i < m->nhooks; i++)
@@ -541,19 +546,19 @@ static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a, hook_vals *v) {
         next = i;
     if (next < 0) break;
     last = m->hooks[next].id;
-    r.set = 0;
+    v->ret.set = 0;
     if ((st = m->hooks[next].fn(m->hooks[next].ud, m, a)) != GCAP_OK) {
       if (m->e->err[0] == '\0')
         gc_fail(m->e, st, "%s: a %s failed (%s)", m->type, gcap_hook_kind_name(a->kind),
                 gcap_status_str(st));
       break;
     }
-    if (r.set) {
-      if ((st = check_return(m, a, &r)) != GCAP_OK) break;
-      accept_return(a, &r, v);
+    if (a->ret->set) { /* the hook called gcap_hook_return */
+      if ((st = check_return(m, a, &v->ret)) != GCAP_OK) break;
+      accept_return(a, v);
     }
   }
-  ret_free(&r); /* a return refused */
+  ret_free(&v->ret); /* a return refused */
   a->ret = NULL;
   return st;
 }
@@ -576,9 +581,11 @@ static void hook_call_release(void *ud) {
 
 static gcap_status out_hook_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   hook_call *hc = (hook_call *)n->ud;
-  hook_vals pre = {0, NULL}, post = {0, NULL};
+  hook_vals pre, post;
   gcap_hook_args a;
   gcap_status st;
+  memset(&pre, 0, sizeof pre);
+  memset(&post, 0, sizeof post);
   memset(&a, 0, sizeof a);
   a.kind = GCAP_HOOK_BACKWARD_PRE;
   a.grad_out = g;
@@ -598,9 +605,10 @@ done:
 
 static gcap_status in_hook_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   hook_call *hc = (hook_call *)n->ud;
-  hook_vals v = {0, NULL};
+  hook_vals v;
   gcap_hook_args a;
   gcap_status st;
+  memset(&v, 0, sizeof v);
   memset(&a, 0, sizeof a);
   a.kind = GCAP_HOOK_BACKWARD;
   a.grad_in = g;
@@ -629,11 +637,13 @@ static gcap_status hook_alias(gcap_tensor *t, gc_backward_fn bw, hook_call *hc, 
 
 gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
   gcap_tensor *small[8], **args = small, *y = NULL, *in0 = NULL;
-  hook_vals pre = {0, NULL}, post = {0, NULL};
+  hook_vals pre, post;
   hook_call *hc = NULL;
   gcap_hook_args a;
   gcap_status st;
   int bwhooks, i;
+  memset(&pre, 0, sizeof pre);
+  memset(&post, 0, sizeof post);
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (m == NULL) return GCAP_EINVAL;
