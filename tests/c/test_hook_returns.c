@@ -282,6 +282,63 @@ static void test_misuse(void) {
   fx_close(&f);
 }
 
+/* Are y and the grads of x and the weight those given, bit for bit? */
+static int same_as(fx *f, gcap_tensor *y, gcap_tensor *want_y, gcap_tensor *want_gx,
+                   gcap_tensor *want_gw) {
+  gcap_tensor *w = gcap_module_parameter(f->lin, 0, NULL, 0);
+  return scaled_bits(y, want_y, 1.0f, ROWS * OUT) &&
+         scaled_bits(gcap_tensor_grad(f->x), want_gx, 1.0f, ROWS * IN) &&
+         scaled_bits(gcap_tensor_grad(w), want_gw, 1.0f, OUT * IN);
+}
+
+/* Hooks of all four kinds doubling what they are given, under allocation
+** failure: for N = 1, 2, ... the N-th allocation of a call and its backward
+** fails; the failure is an error with a message (or, absorbed, the call
+** gives the right values), and a clean call after it gives the output and
+** grads of a call that never failed, bit for bit. */
+static void test_allocation_failures(void) {
+  fx f;
+  ret_hook h[4] = {{2.0, 1, 0, NULL, NULL, 0},
+                   {2.0, 1, 0, NULL, NULL, 0},
+                   {2.0, 1, 0, NULL, NULL, 0},
+                   {2.0, 1, 0, NULL, NULL, 0}};
+  gcap_tensor *y = NULL, *want_y = NULL, *want_gx = NULL, *want_gw = NULL, *w;
+  long n;
+  int k, injected = 1;
+  T_SETUP(fx_open(&f, 1), fx_close(&f));
+  w = gcap_module_parameter(f.lin, 0, NULL, 0);
+  for (k = 0; k < 4; k++)
+    T_CHECK_OK(f.e, add(f.lin, (gcap_hook_kind)k, &h[k], NULL));
+  T_CHECK_OK(f.e, call_bwd(&f, &want_y));
+  T_CHECK_OK(f.e, gcap_tensor_clone(gcap_tensor_grad(f.x), &want_gx));
+  T_CHECK_OK(f.e, gcap_tensor_clone(gcap_tensor_grad(w), &want_gw));
+  for (n = 1; injected && n < 10000 && !t_bad; n++) {
+    gcap_status st;
+    T_CHECK_OK(f.e, gcap_module_zero_grad(f.lin, 1));
+    T_CHECK_OK(f.e, gcap_tensor_set_grad(f.x, NULL));
+    gcap_test_fail_alloc(n);
+    st = call_bwd(&f, &y);
+    injected = (int)gcap_test_fail_alloc(0);
+    if (st != GCAP_OK && gcap_errmsg(f.e)[0] == '\0')
+      T_FAILF("failure", "allocation %ld failed: %s without a message", n, gcap_status_str(st));
+    if (st == GCAP_OK && !same_as(&f, y, want_y, want_gx, want_gw)) /* a failure absorbed */
+      T_FAILF("absorbed", "the call that absorbed allocation failure %ld differs", n);
+    gcap_tensor_free(y), y = NULL;
+    T_CHECK_OK(f.e, gcap_module_zero_grad(f.lin, 1));
+    T_CHECK_OK(f.e, gcap_tensor_set_grad(f.x, NULL));
+    T_CHECK_OK(f.e, call_bwd(&f, &y));
+    if (!same_as(&f, y, want_y, want_gx, want_gw))
+      T_FAILF("after failure", "a clean call after allocation %ld failed differs", n);
+    gcap_tensor_free(y), y = NULL;
+  }
+  T_CHECK(!injected); /* the walk ended: the call makes fewer than n allocations */
+  T_CHECK(n > 5);
+  gcap_tensor_free(want_y);
+  gcap_tensor_free(want_gx);
+  gcap_tensor_free(want_gw);
+  fx_close(&f);
+}
+
 int main(void) {
   T_RUN(test_forward_pre_replaces_inputs);
   T_RUN(test_forward_replaces_output);
@@ -290,5 +347,6 @@ int main(void) {
   T_RUN(test_wrong_returns);
   T_RUN(test_backward_without_grad_in);
   T_RUN(test_misuse);
+  T_RUN(test_allocation_failures);
   return t_done();
 }
