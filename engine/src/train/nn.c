@@ -430,13 +430,21 @@ typedef struct hook_vals {
   gcap_hook_ret ret;
 } hook_vals;
 
-static void ret_free(gcap_hook_ret *r);
+/* Drop n references and their array. */
+static void refs_free(gcap_tensor **t, int n) {
+  int i;
+  for (i = 0; i < n; i++)
+    gcap_tensor_free(t[i]);
+  free(t);
+}
+
+static void ret_free(gcap_hook_ret *r) {
+  refs_free(r->t, r->n);
+  memset(r, 0, sizeof *r);
+}
 
 static void vals_free(hook_vals *v) {
-  int i;
-  for (i = 0; i < v->n; i++)
-    gcap_tensor_free(v->t[i]);
-  free(v->t);
+  refs_free(v->t, v->n);
   v->n = 0;
   v->t = NULL;
   ret_free(&v->ret);
@@ -461,14 +469,6 @@ gcap_status gcap_hook_return(const gcap_hook_args *a, int n, gcap_tensor *const 
   r->n = n;
   r->set = 1;
   return GCAP_OK;
-}
-
-static void ret_free(gcap_hook_ret *r) {
-  int i;
-  for (i = 0; i < r->n; i++)
-    gcap_tensor_free(r->t[i]);
-  free(r->t);
-  memset(r, 0, sizeof *r);
 }
 
 /* Is what a hook of a->kind returned (r) what that kind may return? */
@@ -506,10 +506,7 @@ static gcap_status check_return(gcap_module *m, const gcap_hook_args *a, const g
 
 /* Make what the hook returned (v->ret) the current values of a. */
 static void accept_return(gcap_hook_args *a, hook_vals *v) {
-  int i;
-  for (i = 0; i < v->n; i++)
-    gcap_tensor_free(v->t[i]);
-  free(v->t);
+  refs_free(v->t, v->n);
   v->n = v->ret.n;
   v->t = v->ret.t;
   memset(&v->ret, 0, sizeof v->ret);
