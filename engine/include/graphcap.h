@@ -282,6 +282,11 @@ const char *gcap_hook_kind_name(gcap_hook_kind kind);
 ** "forward_hooks", "backward_pre_hooks", "backward_hooks"; "" for no kind. */
 const char *gcap_hook_group_key(gcap_hook_kind kind);
 
+/* Where a running hook's gcap_hook_return puts its values (the engine's). */
+typedef struct gcap_hook_ret gcap_hook_ret;
+
+/* What a module hook sees: the current values, which an earlier hook of the
+** same kind may have replaced (gcap_hook_return). */
 typedef struct gcap_hook_args {
   gcap_hook_kind kind;
   int nin;
@@ -289,10 +294,37 @@ typedef struct gcap_hook_args {
   gcap_tensor *out;       /* forward hook: the output */
   gcap_tensor *grad_out;  /* backward hooks: grad of the output */
   gcap_tensor *grad_in;   /* backward hook: grad of the first input (NULL if it needs none) */
+  gcap_hook_ret *ret;     /* for gcap_hook_return; not for the hook to touch */
 } gcap_hook_args;
 
-/* A module hook; a non-OK status stops the call (or the backward). */
+/* A module hook; a non-OK status stops the call (or the backward). It
+** observes, or replaces values by calling gcap_hook_return before it
+** returns GCAP_OK (what a PyTorch hook does by returning them). */
 typedef gcap_status (*gcap_module_hook)(void *ud, gcap_module *m, const gcap_hook_args *a);
+
+/*
+** Return values from a running module hook, as a PyTorch hook returns them:
+** call it inside the hook with the hook's own `a`; the n tensors t[0..n)
+** are retained (the caller keeps its references), and a second call in the
+** same hook replaces the first. A hook that does not call it keeps the
+** values. By a->kind, the tensors replace:
+**   GCAP_HOOK_FORWARD_PRE   the inputs: n >= 0 tensors, what the forward
+**                           (and the later hooks) get in their place;
+**   GCAP_HOOK_FORWARD       the output: n = 1, what the call returns;
+**   GCAP_HOOK_BACKWARD_PRE  grad_out: n = 1, its shape and dtype, the grad
+**                           the module's backward (and its backward hooks)
+**                           get;
+**   GCAP_HOOK_BACKWARD      grad_in: n = 1, its shape and dtype, the grad the
+**                           first input gets; when grad_in is NULL (no input
+**                           needs a grad) nothing may be returned.
+** Each later hook of the same kind sees the values the one before returned.
+** They are checked when the hook returns: a wrong count, a NULL, a tensor of
+** another engine, or a grad of another shape or dtype fails the call (or
+** the backward) with GCAP_EINVAL and a message naming the module type, the
+** hook kind, what was expected and what was returned; the module is left as
+** it was. Returns GCAP_EINVAL when `a` is not the argument of a running hook
+** (NULL, or a->ret NULL), n < 0, or t is NULL with n > 0; GCAP_ENOMEM. */
+gcap_status gcap_hook_return(const gcap_hook_args *a, int n, gcap_tensor *const *t);
 
 /* A module of type name `type` whose forward is fwd(ud, ...). ud_free (may be
 ** NULL) is called on ud when the module is freed. */

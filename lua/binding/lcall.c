@@ -86,6 +86,7 @@ void l_run(lua_State *L, const LRun *r) {
   f.args = r->args;
   f.nargs = r->nargs;
   f.muted = r->muted;
+  f.replaced = 0;
   f.prev = le->cur;
   le->cur = &f;
   st = r->call(r, r->ud);
@@ -118,7 +119,8 @@ gcap_status l_callback(LEngine *le, const char *key, LCall *ctx, const gcap_modu
   int i, top, st;
   if (f == NULL) return GCAP_EABORTED; /* no Lua call in progress */
   L = f->L;
-  ctx->nargs = (f->m == m) ? f->nargs : 0; /* about the frame's module, or both none */
+  /* about the frame's module (while its call's Lua values are its inputs), or both none */
+  ctx->nargs = (f->m == m && !f->replaced) ? f->nargs : 0;
   if (!lua_checkstack(L, 4 + ctx->nargs)) return GCAP_ENOMEM;
   top = lua_gettop(L);
   lua_rawgetp(L, LUA_REGISTRYINDEX, key);

@@ -98,7 +98,8 @@ typedef struct LFrame {
   lua_State *L;
   gcap_module *m; /* the module of m(...) or m:forward(...), or NULL */
   int args, nargs;
-  int muted; /* m:forward(...): m's own forward hooks are skipped */
+  int muted;    /* m:forward(...): m's own forward hooks are skipped */
+  int replaced; /* a forward pre-hook replaced m's inputs: m's callbacks get the core's tensors */
   struct LFrame *prev;
 } LFrame;
 

@@ -13,16 +13,84 @@ typedef struct LHookCall {
   const gcap_hook_args *a;
 } LHookCall;
 
+/* Raise "<type>: a <kind> <msg> (hook defined at <where>)" about the hook
+** function at fi. */
+static int l_hookerror(lua_State *L, const LHookCall *c, int fi, const char *msg) {
+  lua_Debug ar;
+  lua_pushvalue(L, fi);
+  lua_getinfo(L, ">S", &ar);
+  return l_error(L, "%s: a %s %s (hook defined at %s:%d)", gcap_module_type(c->m),
+                 gcap_hook_kind_name(c->a->kind), msg, ar.short_src, ar.linedefined);
+}
+
+/* The open tensor at i, else an error naming what the hook returned: the
+** value (k = 0) or element #k of its sequence; `what`, what it may return. */
+static gcap_tensor *l_rettensor(lua_State *L, const LHookCall *c, int fi, int i, int k,
+                                const char *what) {
+  LTensor *p = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
+  const char *got;
+  if (p != NULL && p->t != NULL) {
+    l_keeptensor(L, i); /* who is given it sees this same value */
+    return p->t;
+  }
+  got = (p == NULL) ? l_typename(L, i) : "a closed tensor";
+  l_hookerror(L, c, fi,
+              k == 0 ? lua_pushfstring(L, "must return %s, got %s", what, got)
+                     : lua_pushfstring(L, "must return %s, got %s as element #%d of its sequence",
+                                       what, got, k));
+  return NULL; /* not reached: l_hookerror raises */
+}
+
+/*
+** What the hook at fi returned, the values from fi + 1 on: nothing or nil
+** keeps the values; a tensor, or (but for a forward hook, whose return is
+** the output) a sequence of tensors, goes to the core, which checks count,
+** shape and dtype when the hook returns. A forward pre-hook's return is the
+** call's new arguments: from then on the module's hooks and Lua forward get
+** the core's tensors, not the call's Lua values.
+*/
+static void l_hookreturn(lua_State *L, LHookCall *c, int fi) {
+  int nres = lua_gettop(L) - fi, n, i;
+  const char *what = (c->a->kind == GCAP_HOOK_FORWARD)
+                         ? "a tensor or nothing"
+                         : "a tensor, a sequence of tensors or nothing";
+  gcap_tensor **t;
+  gcap_status st;
+  if (nres == 0 || (nres == 1 && lua_isnil(L, fi + 1))) return;
+  if (nres > 1)
+    l_hookerror(L, c, fi, lua_pushfstring(L, "must return %s, got %d values", what, nres));
+  if (lua_type(L, fi + 1) == LUA_TTABLE && c->a->kind != GCAP_HOOK_FORWARD) {
+    n = (int)lua_rawlen(L, fi + 1);
+    t = l_inbuf(L, n);
+    for (i = 1; i <= n; i++) {
+      lua_rawgeti(L, fi + 1, i);
+      t[i - 1] = l_rettensor(L, c, fi, -1, i, what);
+      lua_pop(L, 1);
+    }
+  } else {
+    n = 1;
+    t = l_inbuf(L, 1);
+    t[0] = l_rettensor(L, c, fi, fi + 1, 0, what);
+  }
+  if ((st = gcap_hook_return(c->a, n, t)) != GCAP_OK)
+    l_hookerror(L, c, fi,
+                lua_pushfstring(L, "could not return its values (%s)", gcap_status_str(st)));
+  if (c->a->kind == GCAP_HOOK_FORWARD_PRE && c->h->le->cur != NULL && c->h->le->cur->m == c->m)
+    c->h->le->cur->replaced = 1;
+}
+
 /* The protected part: f(module, ...) by kind */
 int l_phook(lua_State *L) {
   LHookCall *c = (LHookCall *)lua_touserdata(L, 1);
   const gcap_hook_args *a = c->a;
-  int mi, n = 1;
+  int mi, fi, n = 1;
   if (!l_findmodule(L, c->m)) return 0; /* gone, and its hooks with it */
   mi = lua_gettop(L);
   lua_getiuservalue(L, mi, MV_HOOKS);
   if (lua_rawgeti(L, -1, c->h->key) != LUA_TUSERDATA) return 0;
   lua_getiuservalue(L, -1, HV_FN);
+  fi = lua_gettop(L);
+  lua_pushvalue(L, fi); /* the function stays at fi, for messages */
   lua_pushvalue(L, mi);
   switch (a->kind) {
     case GCAP_HOOK_FORWARD_PRE:
@@ -60,7 +128,8 @@ int l_phook(lua_State *L) {
       n += 2;
       break;
   }
-  lua_call(L, n, 0); /* what it returns is ignored */
+  lua_call(L, n, LUA_MULTRET);
+  l_hookreturn(L, c, fi);
   return 0;
 }
 

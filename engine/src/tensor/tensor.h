@@ -60,6 +60,14 @@ static inline gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, i
 }
 /* "[2, 3]" into buf. */
 const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n);
+/* Do a and b have the same shape and dtype? */
+static inline int gc_same_layout(const gcap_tensor *a, const gcap_tensor *b) {
+  int d;
+  if (a->ndim != b->ndim || a->dt != b->dt) return 0;
+  for (d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
 
 /* ------------------------------------------------------------------------ */
 /* Autograd (autograd.c)                                                     */

@@ -4,7 +4,8 @@
 ** (Linear, ReLU, GELU, LayerNorm, Dropout, Sequential) are modules whose
 ** forward is C. Backward hooks ride on the autograd graph: calling a module
 ** with backward hooks wraps its output (and its first input) in identity
-** nodes whose backward runs them.
+** nodes whose backward runs them. A hook may replace what it is given
+** (gcap_hook_return): the inputs, the output, grad_out or grad_in.
 */
 #include <math.h>
 #include <stdio.h>
@@ -414,26 +415,149 @@ int gcap_module_num_hooks(const gcap_module *m, gcap_hook_kind kind) {
   return c;
 }
 
+/* What the running hook returned through gcap_hook_return (references). */
+struct gcap_hook_ret {
+  int set; /* it called gcap_hook_return */
+  int n, cap;
+  gcap_tensor **t;
+};
+
+/* What the hooks of one kind returned: the last values accepted
+** (references; the hook arguments point into t), and the running hook's. */
+typedef struct hook_vals {
+  int n;
+  gcap_tensor **t;
+  gcap_hook_ret ret;
+} hook_vals;
+
+/* Drop n references and their array. */
+static void refs_free(gcap_tensor **t, int n) {
+  int i;
+  for (i = 0; i < n; i++)
+    gcap_tensor_free(t[i]);
+  free(t);
+}
+
+static void ret_free(gcap_hook_ret *r) {
+  refs_free(r->t, r->n);
+  memset(r, 0, sizeof *r);
+}
+
+static void vals_free(hook_vals *v) {
+  refs_free(v->t, v->n);
+  v->n = 0;
+  v->t = NULL;
+  ret_free(&v->ret);
+}
+
+gcap_status gcap_hook_return(const gcap_hook_args *a, int n, gcap_tensor *const *t) {
+  gcap_hook_ret *r;
+  int i;
+  if (a == NULL || (r = a->ret) == NULL || n < 0 || (n > 0 && t == NULL)) return GCAP_EINVAL;
+  if (n > r->cap) {
+    gcap_tensor **v = (gcap_tensor **)gc_realloc(r->t, (size_t)n * sizeof *v);
+    if (v == NULL) return GCAP_ENOMEM;
+    r->t = v;
+    r->cap = n;
+  }
+  for (i = 0; i < n; i++) /* first: t may hold what the hook returned before */
+    gcap_tensor_retain(t[i]);
+  for (i = 0; i < r->n; i++)
+    gcap_tensor_free(r->t[i]);
+  for (i = 0; i < n; i++)
+    r->t[i] = t[i];
+  r->n = n;
+  r->set = 1;
+  return GCAP_OK;
+}
+
+/* Is what a hook of a->kind returned (r) what that kind may return? */
+static gcap_status check_return(gcap_module *m, const gcap_hook_args *a, const gcap_hook_ret *r) {
+  static const char *const what[GCAP_HOOK_KINDS] = {"inputs", "output", "grad_output",
+                                                    "grad_input"};
+  const char *kind = gcap_hook_kind_name(a->kind);
+  const gcap_tensor *was = a->kind == GCAP_HOOK_BACKWARD_PRE ? a->grad_out
+                           : a->kind == GCAP_HOOK_BACKWARD   ? a->grad_in
+                                                             : NULL;
+  char b1[64], b2[64];
+  int i;
+  if (a->kind == GCAP_HOOK_BACKWARD && a->grad_in == NULL)
+    return gc_fail(m->e, GCAP_EINVAL,
+                   "%s: a %s returned %d tensor%s, but no input of the call requires grad, so "
+                   "there is no grad_input to replace: it must return nothing",
+                   m->type, kind, r->n, r->n == 1 ? "" : "s");
+  if (a->kind != GCAP_HOOK_FORWARD_PRE && r->n != 1)
+    return gc_fail(m->e, GCAP_EINVAL, "%s: a %s must return one tensor (the %s) or nothing, got %d",
+                   m->type, kind, what[a->kind], r->n);
+  for (i = 0; i < r->n; i++)
+    if (r->t[i] == NULL || r->t[i]->e != m->e)
+      return gc_fail(m->e, GCAP_EINVAL, "%s: a %s returned %s as %s #%d; expected a tensor",
+                     m->type, kind, r->t[i] == NULL ? "NULL" : "a tensor of another engine",
+                     what[a->kind], i + 1);
+  if (was != NULL && !gc_same_layout(r->t[0], was))
+    return gc_fail(m->e, GCAP_EINVAL,
+                   "%s: a %s returned a %s of shape %s %s; expected shape %s %s, as the grad it "
+                   "replaces",
+                   m->type, kind, what[a->kind], gc_shape_str(r->t[0], b1, sizeof b1),
+                   gc_dtype_name(r->t[0]->dt), gc_shape_str(was, b2, sizeof b2),
+                   gc_dtype_name(was->dt));
+  return GCAP_OK;
+}
+
+/* Make what the hook returned (v->ret) the current values of a. */
+static void accept_return(gcap_hook_args *a, hook_vals *v) {
+  refs_free(v->t, v->n);
+  v->n = v->ret.n;
+  v->t = v->ret.t;
+  memset(&v->ret, 0, sizeof v->ret);
+  switch (a->kind) {
+    case GCAP_HOOK_FORWARD_PRE:
+      a->nin = v->n;
+      a->in = v->t;
+      break;
+    case GCAP_HOOK_FORWARD:
+      a->out = v->t[0];
+      break;
+    case GCAP_HOOK_BACKWARD_PRE:
+      a->grad_out = v->t[0];
+      break;
+    case GCAP_HOOK_BACKWARD:
+      a->grad_in = v->t[0];
+      break;
+  }
+}
+
 /* Run m's hooks of one kind in registration order; a hook may remove hooks,
-** so the list is walked by id. */
-static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a) {
+** so the list is walked by id. A hook's returned values, once checked,
+** replace those in a for the next hooks and the caller; v keeps them (the
+** caller frees it with vals_free, after its last use of a). */
+static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a, hook_vals *v) {
+  gcap_status st = GCAP_OK;
   int last = 0;
+  a->ret = &v->ret;
   for (;;) {
     int i, next = -1;
-    gcap_status st;
     for (i = 0; i < m->nhooks; i++)
       if (m->hooks[i].kind == a->kind && m->hooks[i].id > last &&
           (next < 0 || m->hooks[i].id < m->hooks[next].id))
         next = i;
-    if (next < 0) return GCAP_OK;
+    if (next < 0) break;
     last = m->hooks[next].id;
+    v->ret.set = 0;
     if ((st = m->hooks[next].fn(m->hooks[next].ud, m, a)) != GCAP_OK) {
       if (m->e->err[0] == '\0')
         gc_fail(m->e, st, "%s: a %s failed (%s)", m->type, gcap_hook_kind_name(a->kind),
                 gcap_status_str(st));
-      return st;
+      break;
+    }
+    if (a->ret->set) { /* the hook called gcap_hook_return */
+      if ((st = check_return(m, a, &v->ret)) != GCAP_OK) break;
+      accept_return(a, v);
     }
   }
+  ret_free(&v->ret); /* a return refused */
+  a->ret = NULL;
+  return st;
 }
 
 /* Shared by the two identity nodes of one call with backward hooks. */
@@ -454,33 +578,41 @@ static void hook_call_release(void *ud) {
 
 static gcap_status out_hook_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   hook_call *hc = (hook_call *)n->ud;
+  hook_vals pre, post;
   gcap_hook_args a;
   gcap_status st;
+  memset(&pre, 0, sizeof pre);
+  memset(&post, 0, sizeof post);
   memset(&a, 0, sizeof a);
   a.kind = GCAP_HOOK_BACKWARD_PRE;
   a.grad_out = g;
-  if ((st = run_hooks(hc->m, &a)) != GCAP_OK) return st;
-  gcap_tensor_free(hc->grad_out);
-  hc->grad_out = gcap_tensor_retain(g);
+  if ((st = run_hooks(hc->m, &a, &pre)) != GCAP_OK) goto done;
+  gcap_tensor_free(hc->grad_out); /* the backward hooks see the grad_out the pre-hooks left */
+  hc->grad_out = gcap_tensor_retain(a.grad_out);
   if (!hc->input_tracked) { /* no input needs a grad: the backward hooks run now */
     a.kind = GCAP_HOOK_BACKWARD;
-    if ((st = run_hooks(hc->m, &a)) != GCAP_OK) return st;
+    if ((st = run_hooks(hc->m, &a, &post)) != GCAP_OK) goto done;
   }
-  gin[0] = gcap_tensor_retain(g);
-  return GCAP_OK;
+  gin[0] = gcap_tensor_retain(hc->grad_out);
+done:
+  vals_free(&pre);
+  vals_free(&post);
+  return st;
 }
 
 static gcap_status in_hook_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   hook_call *hc = (hook_call *)n->ud;
+  hook_vals v;
   gcap_hook_args a;
   gcap_status st;
+  memset(&v, 0, sizeof v);
   memset(&a, 0, sizeof a);
   a.kind = GCAP_HOOK_BACKWARD;
   a.grad_in = g;
   a.grad_out = hc->grad_out;
-  if ((st = run_hooks(hc->m, &a)) != GCAP_OK) return st;
-  gin[0] = gcap_tensor_retain(g);
-  return GCAP_OK;
+  if ((st = run_hooks(hc->m, &a, &v)) == GCAP_OK) gin[0] = gcap_tensor_retain(a.grad_in);
+  vals_free(&v);
+  return st;
 }
 
 /* An alias of t whose node runs bw with hc; t must require grad. */
@@ -502,10 +634,13 @@ static gcap_status hook_alias(gcap_tensor *t, gc_backward_fn bw, hook_call *hc, 
 
 gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
   gcap_tensor *small[8], **args = small, *y = NULL, *in0 = NULL;
+  hook_vals pre, post;
   hook_call *hc = NULL;
   gcap_hook_args a;
   gcap_status st;
   int bwhooks, i;
+  memset(&pre, 0, sizeof pre);
+  memset(&post, 0, sizeof post);
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (m == NULL) return GCAP_EINVAL;
@@ -518,16 +653,19 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
     if (in[i]->e != m->e)
       return gc_fail(m->e, GCAP_EINVAL, "%s: input #%d belongs to another engine", m->type, i + 1);
   }
-  /* a copy: a backward hook may put an alias in place of the first input */
-  if (nin > 8 && (args = (gcap_tensor **)gc_malloc((size_t)nin * sizeof *args)) == NULL)
-    return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
-  for (i = 0; i < nin; i++)
-    args[i] = in[i];
   memset(&a, 0, sizeof a);
   a.kind = GCAP_HOOK_FORWARD_PRE;
   a.nin = nin;
-  a.in = args;
-  if ((st = run_hooks(m, &a)) != GCAP_OK) goto done;
+  a.in = in;
+  if ((st = run_hooks(m, &a, &pre)) != GCAP_OK) goto done;
+  nin = a.nin; /* the inputs the pre-hooks left */
+  /* a copy: a backward hook may put an alias in place of the first input */
+  if (nin > 8 && (args = (gcap_tensor **)gc_malloc((size_t)nin * sizeof *args)) == NULL) {
+    st = gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
+    goto done;
+  }
+  for (i = 0; i < nin; i++)
+    args[i] = a.in[i];
   bwhooks = m->e->grad_enabled && (gcap_module_num_hooks(m, GCAP_HOOK_BACKWARD_PRE) +
                                    gcap_module_num_hooks(m, GCAP_HOOK_BACKWARD)) > 0;
   if (bwhooks) {
@@ -551,8 +689,13 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
     goto done;
   }
   a.kind = GCAP_HOOK_FORWARD;
+  a.in = args;
   a.out = y;
-  if ((st = run_hooks(m, &a)) != GCAP_OK) goto done;
+  if ((st = run_hooks(m, &a, &post)) != GCAP_OK) goto done;
+  if (a.out != y) { /* a forward hook replaced the output */
+    gcap_tensor_free(y);
+    y = gcap_tensor_retain(a.out);
+  }
   if (bwhooks && y->requires_grad) {
     gcap_tensor *wrapped;
     if ((st = hook_alias(y, out_hook_backward, hc, &wrapped)) != GCAP_OK) goto done;
@@ -566,6 +709,8 @@ done:
   gcap_tensor_free(in0);
   if (hc) hook_call_release(hc);
   if (args != small) free(args);
+  vals_free(&pre);
+  vals_free(&post);
   return st;
 }
 
