@@ -372,21 +372,13 @@ static gcap_status cap_dw(ge_build *b, int i) {
   return take_grads(b, x, &x->dw_grad, x->nargs, x->nparams);
 }
 
-static int same_shape(const gcap_tensor *a, const gcap_tensor *c) {
-  int d;
-  if (a->ndim != c->ndim || a->dt != c->dt) return 0;
-  for (d = 0; d < a->ndim; d++)
-    if (a->shape[d] != c->shape[d]) return 0;
-  return 1;
-}
-
 /* Reuse: grad outputs are read only inside a backward replay, after their
 ** copy-in, so entries whose outputs look alike share one buffer. */
 static gcap_tensor *shared_grad_out(ge_build *b, const gcap_tensor *out) {
   int j;
   for (j = 0; j < b->G->n; j++) {
     gcap_tensor *g = b->G->v[j].grad_out;
-    if (g != NULL && same_shape(g, out)) return gcap_tensor_retain(g);
+    if (g != NULL && gc_same_layout(g, out)) return gcap_tensor_retain(g);
   }
   return NULL;
 }
@@ -636,7 +628,7 @@ static int same_inputs(const ge_entry *a, const ge_entry *c) {
   int k;
   if (a->nargs != c->nargs) return 0;
   for (k = 0; k < a->nargs; k++)
-    if (!same_shape(a->args[k], c->args[k])) return 0;
+    if (!gc_same_layout(a->args[k], c->args[k])) return 0;
   return 1;
 }
 
@@ -1010,7 +1002,7 @@ static gcap_status check_call_args(gcap_graphed *G, int entry, int nin, gcap_ten
                    "graphed call of entry %d: expected %d tensor arguments, got %d", entry + 1,
                    x->nargs, nin);
   for (k = 0; k < nin; k++)
-    if (!same_shape(in[k], x->args[k])) {
+    if (!gc_same_layout(in[k], x->args[k])) {
       char b1[64], b2[64];
       return gc_fail(G->e, GCAP_EINVAL,
                      "graphed call of entry %d (callable %d, %s), argument #%d: shape %s %s does "
