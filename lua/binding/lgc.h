@@ -100,6 +100,7 @@ typedef struct LFrame {
   int args, nargs;
   int muted;    /* m:forward(...): m's own forward hooks are skipped */
   int replaced; /* a forward pre-hook replaced m's inputs: m's callbacks get the core's tensors */
+  int results;  /* a table where m's Lua forward leaves results other than one tensor, or 0 */
   struct LFrame *prev;
 } LFrame;
 
@@ -168,7 +169,8 @@ typedef struct LClass {
 
 /* The start of the context of a callback's protected part */
 typedef struct LCall {
-  int nargs; /* how many Lua values of the frame follow the context (l_callback) */
+  int nargs;   /* how many Lua values of the frame follow the context (l_callback) */
+  int results; /* in: push the frame's results table after them, if it has one; out: pushed */
 } LCall;
 
 /* An engine call that may call back into Lua, for l_run */
@@ -187,7 +189,8 @@ struct LRun {
   ** its Lua values at args..args+nargs-1 */
   gcap_module *subject;
   int args, nargs, muted;
-  int ctx; /* a callback's error message gets the engine's account appended */
+  int results; /* the frame's results table (LFrame), or 0 */
+  int ctx;     /* a callback's error message gets the engine's account appended */
 };
 
 typedef gcap_status (*l_unop)(gcap_tensor *a, gcap_tensor **out);

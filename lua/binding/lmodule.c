@@ -211,11 +211,71 @@ static int l_packkwargs(lua_State *L, int mi, int n) {
   return n - nk + 1;
 }
 
-/* The protected part: out = Class.forward(self, args...) */
+/* Check the results of m's Lua forward at i..i+n-1 (several values, nil or
+** a table: a direct call's) as leaves: tensors, nil, or tables (sequences
+** and maps, nested) of them. Returns the first tensor, or NULL. */
+static gcap_tensor *l_checkleaves(lua_State *L, int i, int n, int depth, const char *type) {
+  gcap_tensor *first = NULL;
+  int k;
+  if (depth > 16) l_error(L, "%s:forward returned tables nested deeper than 16", type);
+  luaL_checkstack(L, 3, "results too deep");
+  for (k = i; k < i + n; k++) {
+    LTensor *t = (LTensor *)luaL_testudata(L, k, TENSOR_MT);
+    gcap_tensor *leaf = NULL;
+    if (t != NULL) {
+      if (t->t == NULL) l_error(L, "%s:forward returned a closed tensor", type);
+      leaf = t->t;
+    } else if (lua_type(L, k) == LUA_TTABLE) {
+      lua_pushnil(L);
+      while (lua_next(L, k) != 0) {
+        gcap_tensor *sub;
+        if (lua_type(L, -2) != LUA_TSTRING && !lua_isinteger(L, -2))
+          l_error(L, "%s:forward returned a table with a %s key (keys are strings or integers)",
+                  type, l_typename(L, -2));
+        sub = l_checkleaves(L, lua_gettop(L), 1, depth + 1, type);
+        if (leaf == NULL) leaf = sub;
+        lua_pop(L, 1);
+      }
+    } else if (!lua_isnil(L, k))
+      l_error(L, "%s:forward must return tensors, nil or tables of them, got %s", type,
+              l_typename(L, k));
+    if (first == NULL) first = leaf;
+  }
+  return first;
+}
+
+/* Several results (or nil, or a table) of the frame's own module at fi..:
+** checked, kept in the frame's results table (rt) for m(...) to return; the
+** core gets a stand-in output (the first tensor leaf, else the first input),
+** which m(...) drops. Hooks that see the output take one tensor. */
+static void l_keepresults(lua_State *L, LFwdCall *c, int fi, int n, int rt, const char *type) {
+  gcap_tensor *first = l_checkleaves(L, fi, n, 0, type);
+  int i;
+  if (gcap_module_num_hooks(c->m, GCAP_HOOK_FORWARD) > 0 ||
+      gcap_module_num_hooks(c->m, GCAP_HOOK_BACKWARD_PRE) > 0 ||
+      gcap_module_num_hooks(c->m, GCAP_HOOK_BACKWARD) > 0)
+    l_error(L,
+            "%s:forward must return one tensor: the module has forward or backward hooks, "
+            "which take one output",
+            type);
+  if (first == NULL && c->nin > 0) first = c->in[0];
+  if (first == NULL) l_error(L, "%s:forward returned no tensor and took none", type);
+  for (i = 0; i < n; i++) {
+    lua_pushvalue(L, fi + i);
+    lua_rawseti(L, rt, i + 1);
+  }
+  lua_pushinteger(L, n);
+  lua_setfield(L, rt, "n");
+  *c->out = gcap_tensor_retain(first);
+}
+
+/* The protected part: out = Class.forward(self, args...); a direct call
+** m(...) may return several values (c->c.results: its table follows the
+** arguments) */
 int l_pforward(lua_State *L) {
   LFwdCall *c = (LFwdCall *)lua_touserdata(L, 1);
   const char *type = gcap_module_type(c->m);
-  int mi, fi, n;
+  int mi, fi, n, rt = c->c.results ? 2 + c->c.nargs : 0;
   LTensor *r;
   if (!l_findmodule(L, c->m))
     return l_error(L, "%s: the module's Lua value was closed or collected", type);
@@ -229,10 +289,14 @@ int l_pforward(lua_State *L) {
   if (c->c.nargs == 0) n = l_packkwargs(L, mi, n);
   lua_call(L, n + 1, LUA_MULTRET);
   n = lua_gettop(L) - fi + 1; /* results */
+  r = (n == 1) ? (LTensor *)luaL_testudata(L, fi, TENSOR_MT) : NULL;
+  if (r == NULL && rt != 0) {
+    l_keepresults(L, c, fi, n, rt, type);
+    return 0;
+  }
   if (n != 1)
     return l_error(L, "%s:forward must return a tensor, got %s", type,
                    (n == 0) ? "no value" : lua_pushfstring(L, "%d values", n));
-  r = (LTensor *)luaL_testudata(L, fi, TENSOR_MT);
   if (r == NULL || r->t == NULL)
     return l_error(L, "%s:forward must return a tensor, got %s", type,
                    (r == NULL) ? l_typename(L, fi) : "a closed tensor");
@@ -244,7 +308,7 @@ int l_pforward(lua_State *L) {
 /* gcap_forward_fn of Lua modules; ud is the engine box's LEngine */
 gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
                           gcap_tensor **out) {
-  LFwdCall c = {{0}, m, nin, in, out};
+  LFwdCall c = {{0, 1}, m, nin, in, out};
   return l_callback((LEngine *)ud, &l_fwdkey, &c.c, m);
 }
 
@@ -317,6 +381,10 @@ static int l_modcall(lua_State *L, int muted) {
     l_keeptensor(L, i); /* children and hooks see this same value */
   }
   nin = l_flatkwargs(L, 1, nargs > 0 ? nargs + 1 : 0, in, nin, gcap_module_type(m));
+  if (islua) { /* where its forward leaves results other than one tensor */
+    lua_createtable(L, 0, 0);
+    r.results = lua_gettop(L);
+  }
   out = l_newtensor(L);
   r.ud = &out->t;
   r.e = l_engine(L);
@@ -324,6 +392,16 @@ static int l_modcall(lua_State *L, int muted) {
   r.nargs = nargs;
   r.muted = muted;
   l_run(L, &r);
+  if (islua && lua_getfield(L, r.results, "n") == LUA_TNUMBER) {
+    int k, n = (int)lua_tointeger(L, -1);
+    gcap_tensor_free(out->t); /* the core's stand-in */
+    out->t = NULL;
+    luaL_checkstack(L, n, "too many results");
+    for (k = 1; k <= n; k++)
+      lua_rawgeti(L, r.results, k);
+    return n;
+  }
+  if (islua) lua_pop(L, 1); /* not a number: the forward returned one tensor */
   l_knownresult(L);
   return 1;
 }
