@@ -270,7 +270,8 @@ typedef gcap_status (*gcap_forward_fn)(void *ud, gcap_module *m, int nin, gcap_t
 
 /* A forward of several outputs: it sets *nout (0..GCAP_MAX_OUTPUTS) and
 ** out[0..*nout-1], each a new reference or NULL (an absent output, as a
-** Python callable's None); out has room for GCAP_MAX_OUTPUTS. */
+** Python callable's None); out has room for GCAP_MAX_OUTPUTS. A forward
+** that fails holds no references in out (whatever *nout says). */
 typedef gcap_status (*gcap_forward_n_fn)(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
                                          int *nout, gcap_tensor **out);
 

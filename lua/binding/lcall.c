@@ -88,6 +88,7 @@ void l_run(lua_State *L, const LRun *r) {
   f.muted = r->muted;
   f.replaced = 0;
   f.results = r->results;
+  f.graphing = r->graphing;
   f.prev = le->cur;
   le->cur = &f;
   st = r->call(r, r->ud);

@@ -183,7 +183,9 @@ typedef struct LFwdCall {
   gcap_module *m;
   int nin;
   gcap_tensor *const *in;
-  gcap_tensor **out;
+  int *nout;
+  gcap_tensor **out; /* room for GCAP_MAX_OUTPUTS */
+  int graphing;      /* record the structure of the outputs (MV_OUTS) */
 } LFwdCall;
 
 /* A module graphed with sample_kwargs (MV_KWARGS: its sorted keys) called
@@ -211,67 +213,69 @@ static int l_packkwargs(lua_State *L, int mi, int n) {
   return n - nk + 1;
 }
 
-/* Check the results of m's Lua forward at i..i+n-1 (several values, nil or
-** a table: a direct call's) as leaves: tensors, nil, or tables (sequences
-** and maps, nested) of them. Returns the first tensor, or NULL. */
-static gcap_tensor *l_checkleaves(lua_State *L, int i, int n, int depth, const char *type) {
-  gcap_tensor *first = NULL;
-  int k;
-  if (depth > 16) l_error(L, "%s:forward returned tables nested deeper than 16", type);
-  luaL_checkstack(L, 3, "results too deep");
-  for (k = i; k < i + n; k++) {
-    LTensor *t = (LTensor *)luaL_testudata(L, k, TENSOR_MT);
-    gcap_tensor *leaf = NULL;
-    if (t != NULL) {
-      if (t->t == NULL) l_error(L, "%s:forward returned a closed tensor", type);
-      leaf = t->t;
-    } else if (lua_type(L, k) == LUA_TTABLE) {
-      lua_pushnil(L);
-      while (lua_next(L, k) != 0) {
-        gcap_tensor *sub;
-        if (lua_type(L, -2) != LUA_TSTRING && !lua_isinteger(L, -2))
-          l_error(L, "%s:forward returned a table with a %s key (keys are strings or integers)",
-                  type, l_typename(L, -2));
-        sub = l_checkleaves(L, lua_gettop(L), 1, depth + 1, type);
-        if (leaf == NULL) leaf = sub;
-        lua_pop(L, 1);
-      }
-    } else if (!lua_isnil(L, k))
-      l_error(L, "%s:forward must return tensors, nil or tables of them, got %s", type,
-              l_typename(L, k));
-    if (first == NULL) first = leaf;
-  }
-  return first;
+/*
+** The results of a Lua forward cross to the core as its outputs: every
+** tensor (a leaf), in order, a nil result as an absent output, and the
+** tensors inside tables (sequences and maps, nested), table by table. The
+** structure is a template: the results with each tensor replaced by its
+** output number, and n (the count of results) and leaves (of outputs) set;
+** a forward that returns one tensor has none.
+*/
+
+/* Flatten the value at i (a result when top, else a table's value) into
+** c->out (borrowed: references are taken once all is checked); push its
+** template. */
+static void l_flatten(lua_State *L, LFwdCall *c, int i, int top, int depth, const char *type) {
+  LTensor *t = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
+  luaL_checkstack(L, 4, "results too deep");
+  if (t != NULL || (top && lua_isnil(L, i))) {
+    if (*c->nout == GCAP_MAX_OUTPUTS)
+      l_error(L, "%s:forward returned more than %d tensors", type, GCAP_MAX_OUTPUTS);
+    if (t != NULL && t->t == NULL) l_error(L, "%s:forward returned a closed tensor", type);
+    if (t != NULL) l_keeptensor(L, i); /* a replay gives this same value back */
+    c->out[(*c->nout)++] = t ? t->t : NULL;
+    lua_pushinteger(L, *c->nout);
+  } else if (lua_type(L, i) == LUA_TTABLE) {
+    if (depth > 16) l_error(L, "%s:forward returned tables nested deeper than 16", type);
+    lua_newtable(L);
+    lua_pushnil(L);
+    while (lua_next(L, i) != 0) {
+      if (lua_type(L, -2) != LUA_TSTRING && !lua_isinteger(L, -2))
+        l_error(L, "%s:forward returned a table with a %s key (keys are strings or integers)", type,
+                l_typename(L, -2));
+      l_flatten(L, c, lua_gettop(L), 0, depth + 1, type);
+      lua_pushvalue(L, -3); /* key */
+      lua_insert(L, -2);
+      lua_rawset(L, -5);
+      lua_pop(L, 1); /* the value */
+    }
+  } else
+    l_error(L, "%s:forward must return tensors, nil or tables of them, got %s", type,
+            l_typename(L, i));
 }
 
-/* Several results (or nil, or a table) of the frame's own module at fi..:
-** checked, kept in the frame's results table (rt) for m(...) to return; the
-** core gets a stand-in output (the first tensor leaf, else the first input),
-** which m(...) drops. Hooks that see the output take one tensor. */
-static void l_keepresults(lua_State *L, LFwdCall *c, int fi, int n, int rt, const char *type) {
-  gcap_tensor *first = l_checkleaves(L, fi, n, 0, type);
+/* The results of m's forward at fi..fi+n-1 (not one tensor) as outputs:
+** flattened, their references taken; the template on top. */
+static void l_flatresults(lua_State *L, LFwdCall *c, int fi, int n, const char *type) {
   int i;
-  if (gcap_module_num_hooks(c->m, GCAP_HOOK_FORWARD) > 0 ||
-      gcap_module_num_hooks(c->m, GCAP_HOOK_BACKWARD_PRE) > 0 ||
-      gcap_module_num_hooks(c->m, GCAP_HOOK_BACKWARD) > 0)
-    l_error(L,
-            "%s:forward must return one tensor: the module has forward or backward hooks, "
-            "which take one output",
-            type);
-  if (first == NULL && c->nin > 0) first = c->in[0];
-  if (first == NULL) l_error(L, "%s:forward returned no tensor and took none", type);
+  *c->nout = 0;
+  lua_createtable(L, n, 2);
   for (i = 0; i < n; i++) {
-    lua_pushvalue(L, fi + i);
-    lua_rawseti(L, rt, i + 1);
+    l_flatten(L, c, fi + i, 1, 0, type);
+    lua_rawseti(L, -2, i + 1);
   }
   lua_pushinteger(L, n);
-  lua_setfield(L, rt, "n");
-  *c->out = gcap_tensor_retain(first);
+  lua_setfield(L, -2, "n");
+  lua_pushinteger(L, *c->nout);
+  lua_setfield(L, -2, "leaves");
+  for (i = 0; i < *c->nout; i++)
+    gcap_tensor_retain(c->out[i]);
 }
 
-/* The protected part: out = Class.forward(self, args...); a direct call
-** m(...) may return several values (c->c.results: its table follows the
-** arguments) */
+/* The protected part: Class.forward(self, args...), its results into the
+** core's outputs; a direct call m(...) also gets them as they are (its
+** results table, c->c.results, follows the arguments), and under
+** make_graphed_callables the module keeps their structure (MV_OUTS) */
 int l_pforward(lua_State *L) {
   LFwdCall *c = (LFwdCall *)lua_touserdata(L, 1);
   const char *type = gcap_module_type(c->m);
@@ -290,26 +294,104 @@ int l_pforward(lua_State *L) {
   lua_call(L, n + 1, LUA_MULTRET);
   n = lua_gettop(L) - fi + 1; /* results */
   r = (n == 1) ? (LTensor *)luaL_testudata(L, fi, TENSOR_MT) : NULL;
-  if (r == NULL && rt != 0) {
-    l_keepresults(L, c, fi, n, rt, type);
-    return 0;
+  if (r != NULL) { /* one tensor */
+    if (r->t == NULL) return l_error(L, "%s:forward returned a closed tensor", type);
+    l_keeptensor(L, fi); /* m(...) returns this same value */
+    lua_pushnil(L);      /* no structure */
+    c->out[0] = gcap_tensor_retain(r->t);
+    *c->nout = 1;
+  } else {
+    int i;
+    l_flatresults(L, c, fi, n, type);
+    for (i = 0; rt != 0 && i < n; i++) { /* m(...) returns them as they are */
+      lua_pushvalue(L, fi + i);
+      lua_rawseti(L, rt, i + 1);
+    }
+    if (rt != 0) {
+      lua_pushinteger(L, n);
+      lua_setfield(L, rt, "n");
+    }
   }
-  if (n != 1)
-    return l_error(L, "%s:forward must return a tensor, got %s", type,
-                   (n == 0) ? "no value" : lua_pushfstring(L, "%d values", n));
-  if (r == NULL || r->t == NULL)
-    return l_error(L, "%s:forward must return a tensor, got %s", type,
-                   (r == NULL) ? l_typename(L, fi) : "a closed tensor");
-  l_keeptensor(L, fi); /* m(...) returns this same value */
-  *c->out = gcap_tensor_retain(r->t);
+  if (c->graphing) lua_setiuservalue(L, mi, MV_OUTS);
   return 0;
 }
 
-/* gcap_forward_fn of Lua modules; ud is the engine box's LEngine */
-gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+/* gcap_forward_n_fn of Lua modules; ud is the engine box's LEngine */
+gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
                           gcap_tensor **out) {
-  LFwdCall c = {{0, 1}, m, nin, in, out};
-  return l_callback((LEngine *)ud, &l_fwdkey, &c.c, m);
+  LEngine *le = (LEngine *)ud;
+  LFwdCall c = {{0, 1}, m, nin, in, nout, out, le->cur != NULL && le->cur->graphing};
+  gcap_status st;
+  *nout = 0;
+  if ((st = l_callback(le, &l_fwdkey, &c.c, m)) != GCAP_OK) *nout = 0; /* none taken */
+  return st;
+}
+
+/* Push the copy of template value i with each output number k replaced by
+** the value at base + k - 1. */
+static void l_unflatten(lua_State *L, int i, int base) {
+  luaL_checkstack(L, 4, "outputs too deep");
+  if (lua_isinteger(L, i)) {
+    lua_pushvalue(L, base + (int)lua_tointeger(L, i) - 1);
+    return;
+  }
+  if (lua_type(L, i) != LUA_TTABLE) {
+    lua_pushnil(L);
+    return;
+  }
+  lua_newtable(L);
+  lua_pushnil(L);
+  while (lua_next(L, i) != 0) {
+    l_unflatten(L, lua_gettop(L), base);
+    lua_pushvalue(L, -3); /* key */
+    lua_insert(L, -2);
+    lua_rawset(L, -5);
+    lua_pop(L, 1);
+  }
+}
+
+/*
+** Push the n outputs t[] of a call of the module at mi (references, taken
+** over) as Lua values: in the structure its forward returned when it was
+** graphed (MV_OUTS), else as they come (nil where absent). Returns the
+** count of values pushed. 'what' names the call in an error.
+*/
+int l_pushouts(lua_State *L, int mi, int n, gcap_tensor **t, const char *what) {
+  int i, base, tmpl, nres;
+  luaL_checkstack(L, n + 4, "too many outputs");
+  base = lua_gettop(L) + 1;
+  for (i = 0; i < n; i++) {
+    if (t[i] == NULL) {
+      lua_pushnil(L);
+      continue;
+    }
+    l_newtensor(L)->t = t[i];
+    l_knownresult(L);
+  }
+  if (lua_getiuservalue(L, mi, MV_OUTS) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return n;
+  }
+  tmpl = lua_gettop(L);
+  lua_getfield(L, tmpl, "leaves");
+  if (lua_tointeger(L, -1) != n)
+    return l_error(L, "%s: %s gave %d outputs, but %d when it was graphed", what,
+                   gcap_module_type(((LModule *)lua_touserdata(L, mi))->m), n,
+                   (int)lua_tointeger(L, -1));
+  lua_getfield(L, tmpl, "n");
+  nres = (int)lua_tointeger(L, -1);
+  lua_pop(L, 2);
+  luaL_checkstack(L, nres + 4, "too many outputs");
+  for (i = 1; i <= nres; i++) {
+    lua_rawgeti(L, tmpl, i);
+    l_unflatten(L, lua_gettop(L), base);
+    lua_remove(L, -2);
+  }
+  /* the results in place of the outputs */
+  for (i = 0; i < nres; i++)
+    lua_copy(L, tmpl + 1 + i, base + i);
+  lua_settop(L, base + nres - 1);
+  return nres;
 }
 
 /* How many tensors a call of the module at mi passes, with n arguments:
@@ -355,8 +437,15 @@ int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin, const
   return nin;
 }
 
+/* The outputs of a module call */
+typedef struct LOuts {
+  int n;
+  gcap_tensor *t[GCAP_MAX_OUTPUTS];
+} LOuts;
+
 static gcap_status l_callmodule(const LRun *r, void *ud) {
-  return gcap_module_call(r->m, r->nin, r->in, (gcap_tensor **)ud);
+  LOuts *o = (LOuts *)ud;
+  return gcap_module_call_n(r->m, r->nin, r->in, GCAP_MAX_OUTPUTS, &o->n, o->t);
 }
 
 /* m(...) (muted = 0) and, for built-ins, m:forward(...) (muted = 1) */
@@ -366,7 +455,7 @@ static int l_modcall(lua_State *L, int muted) {
   int islua = (gcap_module_userdata(m) == lua_touserdata(L, ENGINEIDX));
   int i, nargs = lua_gettop(L) - 1, nin = 0;
   gcap_tensor **in = l_inbuf(L, l_maxin(L, 1, nargs));
-  LTensor *out;
+  LOuts o;
   LRun r = {.call = l_callmodule, .m = m, .in = in, .subject = m, .args = 2};
   for (i = 2; i <= nargs + 1; i++) {
     LTensor *t = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
@@ -385,25 +474,23 @@ static int l_modcall(lua_State *L, int muted) {
     lua_createtable(L, 0, 0);
     r.results = lua_gettop(L);
   }
-  out = l_newtensor(L);
-  r.ud = &out->t;
+  o.n = 0;
+  r.ud = &o;
   r.e = l_engine(L);
   r.nin = nin;
   r.nargs = nargs;
   r.muted = muted;
   l_run(L, &r);
   if (islua && lua_getfield(L, r.results, "n") == LUA_TNUMBER) {
-    int k, n = (int)lua_tointeger(L, -1);
-    gcap_tensor_free(out->t); /* the core's stand-in */
-    out->t = NULL;
+    int k, n = (int)lua_tointeger(L, -1); /* its forward ran: what it returned */
+    for (k = 0; k < o.n; k++)
+      gcap_tensor_free(o.t[k]);
     luaL_checkstack(L, n, "too many results");
     for (k = 1; k <= n; k++)
       lua_rawgeti(L, r.results, k);
     return n;
   }
-  if (islua) lua_pop(L, 1); /* not a number: the forward returned one tensor */
-  l_knownresult(L);
-  return 1;
+  return l_pushouts(L, 1, o.n, o.t, "call");
 }
 
 static int l_module_call(lua_State *L) {

@@ -894,10 +894,12 @@ function TestErrors:test_forward_returning_non_tensor ()
   -- inside a Sequential the module passes one tensor on
   local s = gc.nn.Sequential(r)
   r.what = nil
-  for what, got in pairs{["nil"] = "got nil", two = "got 2 values", none = "got no value"} do
+  for what, got in pairs{["nil"] = "gave 1 outputs (absent)", two = "gave 2 outputs",
+                         none = "gave 0 outputs"} do
     function R.forward (_, y) if what == "two" then return y, y elseif what == "nil" then
       return nil end end
-    assert_err(function () return s(x) end, "Returner:forward must return a tensor", got)
+    assert_err(function () return s(x) end, "Sequential: module #1 (Returner) " .. got,
+               "a Sequential passes one tensor from module to module")
   end
   R.forward = function (_, y) return y end
   lu.assertIs(r(x), x)                               -- still usable

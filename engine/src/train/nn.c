@@ -665,7 +665,10 @@ gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, i
     *nout = 1;
     return GCAP_OK;
   }
-  if ((st = m->forward_n(m->ud, m, nin, in, nout, out)) != GCAP_OK) return st;
+  if ((st = m->forward_n(m->ud, m, nin, in, nout, out)) != GCAP_OK) {
+    *nout = 0; /* a failed forward gives no references */
+    return st;
+  }
   if (*nout < 0 || *nout > GCAP_MAX_OUTPUTS) {
     int n = *nout;
     *nout = 0;
@@ -1085,6 +1088,25 @@ static int linear_gelu_at(gcap_module *m, int j) {
   return b->forward == gelu_forward && bare(a) && bare(b);
 }
 
+/* Child j of Sequential m on x: one tensor out, passed on as PyTorch's. */
+static gcap_status seq_call(gcap_module *m, int j, gcap_tensor *x, gcap_tensor **y) {
+  gcap_module *c = m->children.v[j].m;
+  gcap_tensor *ys[GCAP_MAX_OUTPUTS];
+  gcap_status st;
+  int n;
+  *y = NULL;
+  if ((st = gcap_module_call_n(c, 1, &x, GCAP_MAX_OUTPUTS, &n, ys)) != GCAP_OK) return st;
+  if (n == 1 && ys[0] != NULL) {
+    *y = ys[0];
+    return GCAP_OK;
+  }
+  outs_free(n, ys);
+  return gc_fail(m->e, GCAP_EINVAL,
+                 "%s: module #%d (%s) gave %d outputs%s; a Sequential passes one tensor from "
+                 "module to module",
+                 m->type, j + 1, c->type, n, n == 1 ? " (absent)" : "");
+}
+
 static gcap_status seq_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
                                gcap_tensor **out) {
   gcap_tensor *x;
@@ -1099,7 +1121,7 @@ static gcap_status seq_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
       gc_clear(m->e);
       st = linear_run(m->children.v[j++].m, x, 1, &y);
     } else {
-      st = gcap_module_call(m->children.v[j].m, 1, &x, &y);
+      st = seq_call(m, j, x, &y);
     }
     gcap_tensor_free(x);
     if (st != GCAP_OK) return st;
