@@ -278,6 +278,7 @@ LUAI_FUNC int l_pushargs(lua_State *L, const LCall *c, int nin, gcap_tensor *con
 LUAI_FUNC gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
                                     int *nout, gcap_tensor **out);
 LUAI_FUNC int l_pushouts(lua_State *L, int mi, int n, gcap_tensor **t, const char *what);
+LUAI_FUNC int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t);
 LUAI_FUNC int l_pforward(lua_State *L);
 LUAI_FUNC int l_maxin(lua_State *L, int mi, int n);
 LUAI_FUNC gcap_tensor **l_inbuf(lua_State *L, int n);

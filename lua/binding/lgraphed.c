@@ -403,7 +403,7 @@ static gcap_status l_callgraphed(const LRun *r, void *ud) {
 ** at capture (replays; eager in another mode) */
 static int l_graphed_call(lua_State *L) {
   LGraphed *p = l_checkgraphed(L, 1);
-  int entry = l_checkentry(L, p, 2), nin = lua_gettop(L) - 2, i, mi;
+  int entry = l_checkentry(L, p, 2), nin = lua_gettop(L) - 2, nargs = nin, i, mi;
   gcap_tensor **in;
   gcap_module *m;
   LGraphedCall c;
@@ -425,6 +425,7 @@ static int l_graphed_call(lua_State *L) {
     in[i] = t->t;
   }
   nin = l_flatkwargs(L, mi, kwi, in, nin, gcap_module_type(m));
+  lua_createtable(L, 0, 0); /* an eager call (another mode) leaves its results here */
   c.entry = entry;
   c.nout = 0;
   r.ud = &c;
@@ -433,7 +434,12 @@ static int l_graphed_call(lua_State *L) {
   r.m = m;
   r.nin = nin;
   r.in = in;
+  r.subject = m; /* its forward gets the call's own Lua values */
+  r.args = 3;
+  r.nargs = nargs;
+  r.results = lua_gettop(L);
   l_run(L, &r);
+  if ((i = l_pushresults(L, r.results, c.nout, c.out)) >= 0) return i;
   return l_pushouts(L, mi, c.nout, c.out, "graphed call");
 }
 

@@ -350,6 +350,25 @@ static void l_unflatten(lua_State *L, int i, int base) {
   }
 }
 
+/* When the Lua forward of a call left its results in the call's results
+** table rt (it ran eagerly), push them and return their count, dropping the
+** core's n outputs t[]; else return -1. */
+int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t) {
+  int i, nres;
+  if (lua_getfield(L, rt, "n") != LUA_TNUMBER) {
+    lua_pop(L, 1);
+    return -1;
+  }
+  nres = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  for (i = 0; i < n; i++)
+    gcap_tensor_free(t[i]);
+  luaL_checkstack(L, nres, "too many results");
+  for (i = 1; i <= nres; i++)
+    lua_rawgeti(L, rt, i);
+  return nres;
+}
+
 /*
 ** Push the n outputs t[] of a call of the module at mi (references, taken
 ** over) as Lua values: in the structure its forward returned when it was
@@ -481,15 +500,7 @@ static int l_modcall(lua_State *L, int muted) {
   r.nargs = nargs;
   r.muted = muted;
   l_run(L, &r);
-  if (islua && lua_getfield(L, r.results, "n") == LUA_TNUMBER) {
-    int k, n = (int)lua_tointeger(L, -1); /* its forward ran: what it returned */
-    for (k = 0; k < o.n; k++)
-      gcap_tensor_free(o.t[k]);
-    luaL_checkstack(L, n, "too many results");
-    for (k = 1; k <= n; k++)
-      lua_rawgeti(L, r.results, k);
-    return n;
-  }
+  if (islua && (i = l_pushresults(L, r.results, o.n, o.t)) >= 0) return i;
   if (!islua && o.n == 1 && o.t[0] != NULL) { /* a built-in's one tensor: no structure */
     l_newtensor(L)->t = o.t[0];
     l_knownresult(L);

@@ -290,4 +290,26 @@ function TestGraphedMultiOut:test_single_output_unchanged ()
   lu.assertEquals(g:stats().grad_outputs, 1)
 end
 
+-- An entry of a module in another mode than at capture runs its forward
+-- eagerly and returns what that forward returned (here another structure).
+function TestGraphedMultiOut:test_other_mode_returns_eager_structure ()
+  local M = gc.nn.Module("Moded")
+  function M:init () gc.manual_seed(3) self.lin = gc.nn.Linear(4, 4) end
+  function M:forward (x)
+    local h = self.lin(x)
+    if self.training then return {main = h, aux = h * 2} end
+    return h, nil, h * 3
+  end
+  local a, b = M(), M()
+  local G = gc.make_graphed_callables({a, b}, {{input(1)}, {input(2)}}, {order = {1, 2, -2, -1}})
+  local x = input(3)
+  local t = G[1](x)
+  assert_bitwise(t.aux:tolist(), (a.lin(x) * 2):tolist(), "aux")
+  a:eval()
+  local r = table.pack(G[1](x))
+  lu.assertEquals(r.n, 3)
+  lu.assertNil(r[2])
+  assert_bitwise(r[3]:tolist(), (a.lin(x) * 3):tolist(), "eval output 3")
+end
+
 os.exit(lu.LuaUnit.run(), true)
