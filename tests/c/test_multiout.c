@@ -115,6 +115,49 @@ static void outs_free(gcap_tensor **o, int n) {
   }
 }
 
+/* A forward that claims more outputs than there may be. */
+static gcap_status too_many(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
+                            gcap_tensor **out) {
+  (void)ud, (void)m, (void)nin, (void)in, (void)out;
+  *nout = GCAP_MAX_OUTPUTS + 1;
+  return GCAP_OK;
+}
+
+/* A forward that fails after writing a count: the count is not trusted. */
+static gcap_status fails(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
+                         gcap_tensor **out) {
+  (void)ud, (void)m, (void)nin, (void)in, (void)out;
+  *nout = 3;
+  return GCAP_EABORTED;
+}
+
+/* Bad forwards and bad arguments: errors, nothing returned. */
+static void test_bad_forwards(void) {
+  gcap_engine *e = t_engine();
+  gcap_module *a = NULL, *b = NULL;
+  gcap_tensor *x = NULL, *o[4] = {NULL};
+  int n = -1;
+  if (e == NULL) return;
+  T_SETUP(gcap_module_new_n(e, "TooMany", too_many, NULL, NULL, &a) == GCAP_OK &&
+              gcap_module_new_n(e, "Fails", fails, NULL, NULL, &b) == GCAP_OK &&
+              (x = input(e, 0)) != NULL,
+          (gcap_module_free(a), gcap_module_free(b), gcap_engine_free(e)));
+  T_CHECK_ST(e, gcap_module_call_n(a, 1, &x, 4, &n, o), GCAP_EINVAL);
+  T_CHECK(n == 0 && t_msg_has(e, "TooMany: forward gave 65 outputs; expected 0..64"));
+  T_CHECK_ST(e, gcap_module_call_n(b, 1, &x, 4, &n, o), GCAP_EABORTED);
+  T_CHECK(n == 0);
+  T_CHECK_ST(e, gcap_module_call_n(b, 1, &x, 4, NULL, o), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_module_call_n(b, 1, &x, 4, &n, NULL), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_module_call_n(NULL, 1, &x, 4, &n, o), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_module_call_n(b, 1, &x, -1, &n, o), GCAP_EINVAL);
+  gcap_module_free(a);
+  T_CHECK_ST(e, gcap_module_new_n(e, "NoForward", NULL, NULL, NULL, &a), GCAP_EINVAL);
+  T_CHECK(a == NULL);
+  gcap_tensor_free(x);
+  gcap_module_free(b);
+  gcap_engine_free(e);
+}
+
 static gcap_status no_hook(void *ud, gcap_module *m, const gcap_hook_args *a) {
   (void)ud, (void)m, (void)a;
   return GCAP_OK;
@@ -340,6 +383,7 @@ static void test_one_output_call_refused(void) {
 
 int main(void) {
   T_RUN(test_eager_outputs);
+  T_RUN(test_bad_forwards);
   T_RUN(test_graphed_equals_eager);
   T_RUN(test_one_grad_arrives);
   T_RUN(test_order_reuse);
