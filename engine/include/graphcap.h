@@ -265,6 +265,16 @@ typedef struct gcap_module gcap_module;
 typedef gcap_status (*gcap_forward_fn)(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
                                        gcap_tensor **out);
 
+/* The most outputs one call of a module may have. */
+#define GCAP_MAX_OUTPUTS 64
+
+/* A forward of several outputs: it sets *nout (0..GCAP_MAX_OUTPUTS) and
+** out[0..*nout-1], each a new reference or NULL (an absent output, as a
+** Python callable's None); out has room for GCAP_MAX_OUTPUTS. A forward
+** that fails holds no references in out (whatever *nout says). */
+typedef gcap_status (*gcap_forward_n_fn)(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                         int *nout, gcap_tensor **out);
+
 /* The four kinds of hooks, of modules and of capture_time_hooks alike. */
 typedef enum gcap_hook_kind {
   GCAP_HOOK_FORWARD_PRE = 0, /* before forward: inputs */
@@ -330,6 +340,9 @@ gcap_status gcap_hook_return(const gcap_hook_args *a, int n, gcap_tensor *const 
 ** NULL) is called on ud when the module is freed. */
 gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fwd, void *ud,
                             void (*ud_free)(void *), gcap_module **out);
+/* The same, for a forward of several outputs (gcap_forward_n_fn). */
+gcap_status gcap_module_new_n(gcap_engine *e, const char *type, gcap_forward_n_fn fwd, void *ud,
+                              void (*ud_free)(void *), gcap_module **out);
 gcap_module *gcap_module_retain(gcap_module *m);
 void gcap_module_free(gcap_module *m);
 const char *gcap_module_type(const gcap_module *m);
@@ -365,8 +378,16 @@ gcap_status gcap_module_remove_hook(gcap_module *m, int id);
 int gcap_module_num_hooks(const gcap_module *m, gcap_hook_kind kind);
 
 /* Call m: forward-pre hooks, forward, forward hooks; backward hooks are
-** attached to the autograd graph. */
+** attached to the autograd graph. The forward must give one tensor: a module
+** of several outputs (or an absent one) is refused with GCAP_EINVAL. */
 gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out);
+/* Call m as gcap_module_call does, for any number of outputs: *nout is set
+** to their count and out[0..*nout-1] to new references, NULL where an
+** output is absent. More outputs than maxout (the room in out) is
+** GCAP_EINVAL, and so is a module with forward or backward hooks giving
+** other than one output (those hooks see one output tensor). */
+gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, int maxout,
+                               int *nout, gcap_tensor **out);
 /* Clear (set_to_none) or zero the .grad of every parameter. */
 gcap_status gcap_module_zero_grad(gcap_module *m, int set_to_none);
 /* Compute the weight grads that delayed-wgrad Linears (in m or below) left
@@ -573,6 +594,20 @@ gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry);
 ** flag differs from capture time runs eagerly instead. */
 gcap_status gcap_graphed_call(gcap_graphed *g, int entry, int nin, gcap_tensor *const *in,
                               gcap_tensor **out);
+/* How many outputs entry i's callable gave at capture (absent ones
+** included); -1 for a bad g or entry. */
+int gcap_graphed_num_outputs(const gcap_graphed *g, int entry);
+/* Replay entry i's forward as gcap_graphed_call does, for any number of
+** outputs: out[0..n-1] (n = gcap_graphed_num_outputs, *nout set to it) are
+** views of the static outputs, NULL where the capture's output was absent.
+** Each output that required grad at capture has its own static grad buffer;
+** one backward takes the grads of all of them (zeros for those whose grad did
+** not arrive), as TE's; an output that required none gets no grad buffer and
+** passes no grad back. n > maxout (the room in out) is GCAP_EINVAL.
+** gcap_graphed_call is this call for an entry of one output (an entry of
+** several is refused with GCAP_EINVAL). */
+gcap_status gcap_graphed_call_n(gcap_graphed *g, int entry, int nin, gcap_tensor *const *in,
+                                int maxout, int *nout, gcap_tensor **out);
 /* Replay entry i's delayed-wgrad graph and accumulate into .grad (no-op
 ** when the entry has none). */
 gcap_status gcap_graphed_backward_dw(gcap_graphed *g, int entry);
@@ -583,6 +618,8 @@ typedef struct gcap_graphed_stats {
   gcap_graph_stats fwd, bwd, dw;
   int has_bwd, has_dw;
   size_t pool_reserved_bytes;
+  int num_outputs;      /* the callable's outputs at capture, absent ones included */
+  int num_grad_outputs; /* those with a static grad buffer (they required grad) */
 } gcap_graphed_stats;
 gcap_status gcap_graphed_get_stats(gcap_graphed *g, int entry, gcap_graphed_stats *out);
 

@@ -87,6 +87,8 @@ void l_run(lua_State *L, const LRun *r) {
   f.nargs = r->nargs;
   f.muted = r->muted;
   f.replaced = 0;
+  f.results = r->results;
+  f.graphing = r->graphing;
   f.prev = le->cur;
   le->cur = &f;
   st = r->call(r, r->ud);
@@ -121,13 +123,15 @@ gcap_status l_callback(LEngine *le, const char *key, LCall *ctx, const gcap_modu
   L = f->L;
   /* about the frame's module (while its call's Lua values are its inputs), or both none */
   ctx->nargs = (f->m == m && !f->replaced) ? f->nargs : 0;
-  if (!lua_checkstack(L, 4 + ctx->nargs)) return GCAP_ENOMEM;
+  ctx->results = ctx->results && f->m == m && f->results != 0;
+  if (!lua_checkstack(L, 5 + ctx->nargs)) return GCAP_ENOMEM;
   top = lua_gettop(L);
   lua_rawgetp(L, LUA_REGISTRYINDEX, key);
   lua_pushlightuserdata(L, ctx);
   for (i = 0; i < ctx->nargs; i++)
     lua_pushvalue(L, f->args + i);
-  st = lua_pcall(L, 1 + ctx->nargs, 0, 0);
+  if (ctx->results) lua_pushvalue(L, f->results);
+  st = lua_pcall(L, 1 + ctx->nargs + ctx->results, 0, 0);
   if (st != LUA_OK) {
     LErr *h;
     lua_rawgetp(L, LUA_REGISTRYINDEX, &l_errkey);

@@ -67,6 +67,7 @@ enum {
   MV_HOOKS,  /* key -> HookHandle box, for every hook registered */
   MV_REG,    /* registered name -> "parameter" | "buffer" | "child" */
   MV_KWARGS, /* the sorted kwargs keys it was graphed with, or nil */
+  MV_OUTS,   /* the structure of its outputs when last graphed (l_pushouts), or nil: one tensor */
   NMV
 };
 
@@ -100,6 +101,8 @@ typedef struct LFrame {
   int args, nargs;
   int muted;    /* m:forward(...): m's own forward hooks are skipped */
   int replaced; /* a forward pre-hook replaced m's inputs: m's callbacks get the core's tensors */
+  int results;  /* a table where m's Lua forward leaves results other than one tensor, or 0 */
+  int graphing; /* make_graphed_callables: Lua forwards record their outputs' structure */
   struct LFrame *prev;
 } LFrame;
 
@@ -168,7 +171,8 @@ typedef struct LClass {
 
 /* The start of the context of a callback's protected part */
 typedef struct LCall {
-  int nargs; /* how many Lua values of the frame follow the context (l_callback) */
+  int nargs;   /* how many Lua values of the frame follow the context (l_callback) */
+  int results; /* in: push the frame's results table after them, if it has one; out: pushed */
 } LCall;
 
 /* An engine call that may call back into Lua, for l_run */
@@ -187,7 +191,9 @@ struct LRun {
   ** its Lua values at args..args+nargs-1 */
   gcap_module *subject;
   int args, nargs, muted;
-  int ctx; /* a callback's error message gets the engine's account appended */
+  int results;  /* the frame's results table (LFrame), or 0 */
+  int graphing; /* the frame's flag (LFrame) */
+  int ctx;      /* a callback's error message gets the engine's account appended */
 };
 
 typedef gcap_status (*l_unop)(gcap_tensor *a, gcap_tensor **out);
@@ -270,7 +276,9 @@ LUAI_FUNC void l_pushmodule(lua_State *L, gcap_module *m);
 LUAI_FUNC void l_adoptfields(lua_State *L, int i);
 LUAI_FUNC int l_pushargs(lua_State *L, const LCall *c, int nin, gcap_tensor *const *in);
 LUAI_FUNC gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
-                                    gcap_tensor **out);
+                                    int *nout, gcap_tensor **out);
+LUAI_FUNC int l_pushouts(lua_State *L, int mi, int n, gcap_tensor **t, const char *what);
+LUAI_FUNC int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t);
 LUAI_FUNC int l_pforward(lua_State *L);
 LUAI_FUNC int l_maxin(lua_State *L, int mi, int n);
 LUAI_FUNC gcap_tensor **l_inbuf(lua_State *L, int n);

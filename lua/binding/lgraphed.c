@@ -360,6 +360,7 @@ static int l_make_graphed(lua_State *L) {
   run.e = e;
   run.args = box; /* the hooks' callbacks find the Graphed box here */
   run.nargs = 1;
+  run.graphing = 1;
   l_run(L, &run);
   lua_pushvalue(L, box);
   return 1;
@@ -389,21 +390,22 @@ static int l_checkentry(lua_State *L, LGraphed *p, int i) {
 
 typedef struct LGraphedCall {
   int entry;
-  gcap_tensor **out;
+  int nout;
+  gcap_tensor *out[GCAP_MAX_OUTPUTS];
 } LGraphedCall;
 
 static gcap_status l_callgraphed(const LRun *r, void *ud) {
   LGraphedCall *c = (LGraphedCall *)ud;
-  return gcap_graphed_call(r->g, c->entry, r->nin, r->in, c->out);
+  return gcap_graphed_call_n(r->g, c->entry, r->nin, r->in, GCAP_MAX_OUTPUTS, &c->nout, c->out);
 }
 
-/* G:call(entry, tensors...) -> output (replays; eager in another mode) */
+/* G:call(entry, tensors...) -> the outputs, as the callable returned them
+** at capture (replays; eager in another mode) */
 static int l_graphed_call(lua_State *L) {
   LGraphed *p = l_checkgraphed(L, 1);
-  int entry = l_checkentry(L, p, 2), nin = lua_gettop(L) - 2, i, mi;
+  int entry = l_checkentry(L, p, 2), nin = lua_gettop(L) - 2, nargs = nin, i, mi;
   gcap_tensor **in;
   gcap_module *m;
-  LTensor *out;
   LGraphedCall c;
   LRun r = {.call = l_callgraphed, .op = "graphed call"};
   int kwi = 0;
@@ -423,18 +425,22 @@ static int l_graphed_call(lua_State *L) {
     in[i] = t->t;
   }
   nin = l_flatkwargs(L, mi, kwi, in, nin, gcap_module_type(m));
-  out = l_newtensor(L);
+  lua_createtable(L, 0, 0); /* an eager call (another mode) leaves its results here */
   c.entry = entry;
-  c.out = &out->t;
+  c.nout = 0;
   r.ud = &c;
   r.e = p->e;
   r.g = p->g;
   r.m = m;
   r.nin = nin;
   r.in = in;
+  r.subject = m; /* its forward gets the call's own Lua values */
+  r.args = 3;
+  r.nargs = nargs;
+  r.results = lua_gettop(L);
   l_run(L, &r);
-  l_knownresult(L);
-  return 1;
+  if ((i = l_pushresults(L, r.results, c.nout, c.out)) >= 0) return i;
+  return l_pushouts(L, mi, c.nout, c.out, "graphed call");
 }
 
 static int l_graphed_backward_dw(lua_State *L) {
@@ -486,7 +492,8 @@ static void l_pushgstats(lua_State *L, const gcap_graph_stats *s) {
   lua_setfield(L, -2, "replays");
 }
 
-/* G:stats(entry) -> {fwd, bwd (or nil), bwd_dw (or nil), pool_reserved_bytes} */
+/* G:stats(entry) -> {fwd, bwd (or nil), bwd_dw (or nil), pool_reserved_bytes, outputs,
+** grad_outputs} */
 static int l_graphed_stats(lua_State *L) {
   LGraphed *p = l_checkgraphed(L, 1);
   gcap_graphed_stats s;
@@ -504,6 +511,10 @@ static int l_graphed_stats(lua_State *L) {
   }
   lua_pushinteger(L, (lua_Integer)s.pool_reserved_bytes);
   lua_setfield(L, -2, "pool_reserved_bytes");
+  lua_pushinteger(L, s.num_outputs);
+  lua_setfield(L, -2, "outputs");
+  lua_pushinteger(L, s.num_grad_outputs);
+  lua_setfield(L, -2, "grad_outputs");
   return 1;
 }
 

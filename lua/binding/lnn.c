@@ -22,7 +22,8 @@ static int l_nn_module(lua_State *L) {
   LModule *p;
   luaL_checktype(L, 1, LUA_TTABLE);
   p = l_newmodule(L, 1);
-  l_check(L, e, gcap_module_new(e, name, l_lua_forward, lua_touserdata(L, ENGINEIDX), NULL, &p->m),
+  l_check(L, e,
+          gcap_module_new_n(e, name, l_lua_forward, lua_touserdata(L, ENGINEIDX), NULL, &p->m),
           name);
   l_keepmodule(L);
   return 1;

@@ -886,12 +886,22 @@ function TestErrors:test_forward_returning_non_tensor ()
   end
   local r = R()
   local x = gc.ones({2}, {requires_grad = true})
-  for what, got in pairs{["nil"] = "got nil", number = "got number", two = "got 2 values",
-                         none = "got no value", string = "got string",
-                         closed = "closed tensor"} do
-    assert_err(function () return r(x, what) end,
-               "Returner:forward must return a tensor", got)
+  -- a direct call may return several values, nil or tables (test_multiout.lua); not these
+  for what, got in pairs{number = "must return tensors, nil or tables of them, got number",
+                         string = "got string", closed = "closed tensor"} do
+    assert_err(function () return r(x, what) end, "Returner:forward", got)
   end
+  -- inside a Sequential the module passes one tensor on
+  local s = gc.nn.Sequential(r)
+  r.what = nil
+  for what, got in pairs{["nil"] = "gave 1 outputs (absent)", two = "gave 2 outputs",
+                         none = "gave 0 outputs"} do
+    function R.forward (_, y) if what == "two" then return y, y elseif what == "nil" then
+      return nil end end
+    assert_err(function () return s(x) end, "Sequential: module #1 (Returner) " .. got,
+               "a Sequential passes one tensor from module to module")
+  end
+  R.forward = function (_, y) return y end
   lu.assertIs(r(x), x)                               -- still usable
   local N = gc.nn.Module("NoForward")
   assert_err(function () return N()(x) end, "NoForward:forward is not defined")

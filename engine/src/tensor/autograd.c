@@ -558,3 +558,45 @@ gcap_status gcap_backward(gcap_tensor *t, gcap_tensor *grad, int retain_graph) {
   gcap_tensor_free(ones);
   return st;
 }
+
+/* The root of a backward from several tensors: its inputs are the tensors,
+** and it hands each its grad (ud: the grads). */
+static gcap_status roots_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  gcap_tensor *const *grads = (gcap_tensor *const *)n->ud;
+  int i;
+  (void)g;
+  for (i = 0; i < n->nin; i++)
+    if (gc_node_needs(n, i)) gin[i] = gcap_tensor_retain(grads[i]);
+  return GCAP_OK;
+}
+
+gcap_status gc_backward_many(int n, gcap_tensor *const *t, gcap_tensor *const *grad, int retain) {
+  gcap_engine *e = t[0]->e;
+  gcap_tensor *root;
+  gcap_status st;
+  int was, i;
+  if (n == 1) return gcap_backward(t[0], grad[0], retain);
+  gc_clear(e);
+  for (i = 0; i < n; i++)
+    if (!gc_same_layout(t[i], grad[i])) {
+      char b1[64], b2[64];
+      return gc_fail(e, GCAP_EINVAL, "backward: grad %s %s does not match output #%d %s %s",
+                     gc_shape_str(grad[i], b1, sizeof b1), gc_dtype_name(grad[i]->dt), i + 1,
+                     gc_shape_str(t[i], b2, sizeof b2), gc_dtype_name(t[i]->dt));
+    }
+  /* a stand-in tensor (t[0]'s shape) whose node is the root */
+  if ((root = gc_tensor_alias(t[0], t[0]->ndim, t[0]->shape)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
+  if ((st = gc_record(root, "backward roots", roots_backward, t, n, NULL, 0, NULL)) == GCAP_OK) {
+    root->grad_fn->ud = (void *)grad;
+    was = gcap_set_grad_enabled(e, 0);
+    st = bw_run(e, root->grad_fn, grad[0], retain);
+    gcap_set_grad_enabled(e, was);
+  }
+  gcap_tensor_free(root);
+  return st;
+}
+
+int gc_node_last_delivery(const gc_node *n) {
+  return n->deps == 1;
+}

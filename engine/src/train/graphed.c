@@ -16,20 +16,27 @@
 #include "train.h"
 #include "schedule.h"
 
+/* The outputs of one call: n of them, NULL where absent. */
+typedef struct ge_outs {
+  int n;
+  gcap_tensor **t;
+} ge_outs;
+
 typedef struct ge_entry {
   int callable;
   gcap_module *m;
   int nargs;
   gcap_tensor **args; /* static inputs: the sample tensors */
   int nparams;
-  gcap_tensor **params;  /* parameters fed to the graphs (pruned in warmup) */
-  int params_known;      /* pruning done (warmup iteration 0) */
-  int trainable;         /* a parameter requires grad (pruned or not: a fused-wgrad weight's
-                            grad goes to main_grad, never to .grad) */
-  gcap_tensor *out;      /* static output */
-  gcap_tensor *grad_out; /* static grad of the output */
-  gcap_tensor **grad_in; /* [nargs + nparams] static grads, or NULL */
-  gcap_tensor **dw_grad; /* [nparams] static wgrads of the delayed-wgrad graph */
+  gcap_tensor **params;   /* parameters fed to the graphs (pruned in warmup) */
+  int params_known;       /* pruning done (warmup iteration 0) */
+  int trainable;          /* a parameter requires grad (pruned or not: a fused-wgrad weight's
+                             grad goes to main_grad, never to .grad) */
+  ge_outs out;            /* static outputs */
+  gcap_tensor **grad_out; /* [out.n] static grads of the outputs that require grad, else NULL */
+  int ngrad, grad1;       /* how many have one; the first that has */
+  gcap_tensor **grad_in;  /* [nargs + nparams] static grads, or NULL */
+  gcap_tensor **dw_grad;  /* [nparams] static wgrads of the delayed-wgrad graph */
   gcap_graph *fwd, *bwd, *dw;
   int need_dw;
   int reset;
@@ -56,6 +63,15 @@ void gcap_graphed_opts_init(gcap_graphed_opts *o) {
   o->clone_param_grads_on_return = 1;
 }
 
+static void outs_clear(ge_outs *o) {
+  int k;
+  for (k = 0; k < o->n; k++)
+    gcap_tensor_free(o->t[k]);
+  free(o->t);
+  o->n = 0;
+  o->t = NULL;
+}
+
 /* Also for an entry left half-built by a failed allocation (args or params
 ** NULL while their counts are set). */
 static void entry_clear(ge_entry *x) {
@@ -73,8 +89,10 @@ static void entry_clear(ge_entry *x) {
   free(x->grad_in);
   free(x->dw_grad);
   free(x->sharers);
-  gcap_tensor_free(x->out);
-  gcap_tensor_free(x->grad_out);
+  for (k = 0; x->grad_out && k < x->out.n; k++)
+    gcap_tensor_free(x->grad_out[k]);
+  free(x->grad_out);
+  outs_clear(&x->out);
   gcap_graph_free(x->fwd);
   gcap_graph_free(x->bwd);
   gcap_graph_free(x->dw);
@@ -122,8 +140,8 @@ typedef struct ge_build {
   gcap_graphed *G;
   const gcap_graphed_opts *o;
   gc_schedule sched;
-  gcap_tensor **warm_out; /* [n] warmup outputs */
-  int done, total;        /* progress within the phase */
+  ge_outs *warm_out; /* [n] warmup outputs */
+  int done, total;   /* progress within the phase */
   const char *phase;
   int pass;     /* index of the pass being captured */
   int prev_bwd; /* reuse: last backward entry captured, and its order position */
@@ -212,18 +230,46 @@ static gcap_status zeros_like(gcap_tensor *t, gcap_tensor **out) {
 /* ------------------------------------------------------------------------ */
 /* Warmup                                                                    */
 
+/* Entry x's forward itself, its outputs into o (cleared first). */
+static gcap_status forward_outs(ge_build *b, ge_entry *x, ge_outs *o) {
+  gcap_tensor *ys[GCAP_MAX_OUTPUTS];
+  gcap_status st;
+  int n, k;
+  outs_clear(o);
+  if ((st = gc_module_forward(x->m, x->nargs, x->args, &n, ys)) != GCAP_OK) return st;
+  if ((o->t = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->t)) == NULL) {
+    for (k = 0; k < n; k++)
+      gcap_tensor_free(ys[k]);
+    return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+  }
+  for (k = 0; k < n; k++)
+    o->t[k] = ys[k];
+  o->n = n;
+  return GCAP_OK;
+}
+
+/* Backpropagate from the outputs of o that require grad, grads[k] output
+** k's. */
+static gcap_status outs_backward(const ge_outs *o, gcap_tensor *const *grads, int retain) {
+  gcap_tensor *t[GCAP_MAX_OUTPUTS], *g[GCAP_MAX_OUTPUTS];
+  int k, n = 0;
+  for (k = 0; k < o->n; k++)
+    if (o->t[k] != NULL && o->t[k]->requires_grad) {
+      t[n] = o->t[k];
+      g[n++] = grads[k];
+    }
+  return n > 0 ? gc_backward_many(n, t, g, retain) : GCAP_OK;
+}
+
 static gcap_status warm_fwd(ge_build *b, int i) {
   ge_entry *x = &b->G->v[i];
-  gcap_tensor *y = NULL;
   gcap_status st;
   double t0;
   if ((st = run_hooks(b, x->callable, GCAP_HOOK_FORWARD_PRE)) != GCAP_OK) return st;
   t0 = gc_trace_clock(b->e);
-  st = gc_module_forward(x->m, x->nargs, x->args, &y);
+  st = forward_outs(b, x, &b->warm_out[i]);
   gc_trace_span(b->e, t0, "warmup", "warmup forward of entry %d", i + 1);
   if (st != GCAP_OK) return where(b, st, i, "warmup forward");
-  gcap_tensor_free(b->warm_out[i]);
-  b->warm_out[i] = y;
   return run_hooks(b, x->callable, GCAP_HOOK_FORWARD);
 }
 
@@ -264,13 +310,20 @@ static gcap_status prune_params(ge_build *b, int i, int it) {
 
 static gcap_status warm_bwd(ge_build *b, int i, int it) {
   ge_entry *x = &b->G->v[i];
-  gcap_tensor *gout = NULL;
+  ge_outs *o = &b->warm_out[i], gout = {0, NULL};
   gcap_status st;
+  int k, any = 0;
   if ((st = run_hooks(b, x->callable, GCAP_HOOK_BACKWARD_PRE)) != GCAP_OK) goto done;
-  if (b->warm_out[i] && b->warm_out[i]->requires_grad) {
+  for (k = 0; k < o->n; k++)
+    any |= o->t[k] != NULL && o->t[k]->requires_grad;
+  if (any) {
     double t0 = gc_trace_clock(b->e);
-    if ((st = zeros_like(b->warm_out[i], &gout)) == GCAP_OK)
-      st = gcap_backward(b->warm_out[i], gout, 0);
+    if ((gout.t = (gcap_tensor **)gc_calloc((size_t)o->n, sizeof *gout.t)) == NULL)
+      st = gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+    gout.n = gout.t ? o->n : 0;
+    for (k = 0; st == GCAP_OK && k < o->n; k++)
+      if (o->t[k] != NULL && o->t[k]->requires_grad) st = zeros_like(o->t[k], &gout.t[k]);
+    if (st == GCAP_OK) st = outs_backward(o, gout.t, 0);
     if (st == GCAP_OK && x->need_dw) st = gcap_module_backward_dw(x->m);
     gc_trace_span(b->e, t0, "warmup", "warmup backward of entry %d", i + 1);
     if (st != GCAP_OK) {
@@ -283,9 +336,8 @@ static gcap_status warm_bwd(ge_build *b, int i, int it) {
   st = run_hooks(b, x->callable, GCAP_HOOK_BACKWARD);
 done:
   clear_grads(x);
-  gcap_tensor_free(gout);
-  gcap_tensor_free(b->warm_out[i]);
-  b->warm_out[i] = NULL;
+  outs_clear(&gout);
+  outs_clear(o);
   return st;
 }
 
@@ -323,12 +375,11 @@ static gcap_status capture(ge_build *b, int i, const char *kind, gcap_graph **g,
 }
 
 static gcap_status cap_fwd_body(ge_build *b, ge_entry *x) {
-  (void)b;
-  return gc_module_forward(x->m, x->nargs, x->args, &x->out);
+  return forward_outs(b, x, &x->out);
 }
 
 static gcap_status cap_bwd_body(ge_build *b, ge_entry *x) {
-  return gcap_backward(x->out, x->grad_out, b->o->retain_graph_in_backward);
+  return outs_backward(&x->out, x->grad_out, b->o->retain_graph_in_backward);
 }
 
 static gcap_status cap_dw_body(ge_build *b, ge_entry *x) {
@@ -373,12 +424,20 @@ static gcap_status cap_dw(ge_build *b, int i) {
 }
 
 /* Reuse: grad outputs are read only inside a backward replay, after their
-** copy-in, so entries whose outputs look alike share one buffer. */
-static gcap_tensor *shared_grad_out(ge_build *b, const gcap_tensor *out) {
-  int j;
+** copy-in, so entries whose outputs look alike share buffers (output k of x
+** one that x's other outputs do not use). */
+static gcap_tensor *shared_grad_out(ge_build *b, const ge_entry *x, int k) {
+  int j, l, m;
   for (j = 0; j < b->G->n; j++) {
-    gcap_tensor *g = b->G->v[j].grad_out;
-    if (g != NULL && gc_same_layout(g, out)) return gcap_tensor_retain(g);
+    const ge_entry *y = &b->G->v[j];
+    for (l = 0; y != x && y->grad_out && l < y->out.n; l++) {
+      gcap_tensor *g = y->grad_out[l];
+      int taken = 0;
+      if (g == NULL || !gc_same_layout(g, x->out.t[k])) continue;
+      for (m = 0; m < k; m++)
+        taken |= x->grad_out[m] == g;
+      if (!taken) return gcap_tensor_retain(g);
+    }
   }
   return NULL;
 }
@@ -403,7 +462,9 @@ static gcap_status release_dead(ge_build *b, int i) {
   int last_layer = b->pass + 1 >= b->sched.n || b->sched.v[b->pass + 1].kind != GC_PASS_BWD ||
                    b->sched.v[b->pass + 1].pos != p->pos;
   gcap_status st;
-  if ((st = gc_tensor_weaken(x->out)) != GCAP_OK) return st;
+  int k;
+  for (k = 0; k < x->out.n; k++)
+    if (x->out.t[k] && (st = gc_tensor_weaken(x->out.t[k])) != GCAP_OK) return st;
   if (b->G->clone && (st = weaken_grads(x, x->nargs)) != GCAP_OK) return st;
   if (b->prev_bwd >= 0 && b->prev_bwd_pos == p->pos &&
       (st = weaken_grads(&b->G->v[b->prev_bwd], 0)) != GCAP_OK)
@@ -417,25 +478,44 @@ static gcap_status release_dead(ge_build *b, int i) {
   return GCAP_OK;
 }
 
+/* The static grads of x's outputs that require grad: allocated outside
+** capture (or shared, with reuse). */
+static gcap_status grad_outs(ge_build *b, ge_entry *x) {
+  int k;
+  if ((x->grad_out = (gcap_tensor **)gc_calloc((size_t)x->out.n + 1, sizeof *x->grad_out)) == NULL)
+    return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+  for (k = 0; k < x->out.n; k++) {
+    gcap_status st;
+    if (x->out.t[k] == NULL || !x->out.t[k]->requires_grad) continue;
+    if (x->ngrad++ == 0) x->grad1 = k;
+    if (b->o->reuse_graph_input_output_buffers) x->grad_out[k] = shared_grad_out(b, x, k);
+    if (x->grad_out[k] == NULL && (st = zeros_like(x->out.t[k], &x->grad_out[k])) != GCAP_OK)
+      return st;
+  }
+  return GCAP_OK;
+}
+
 static gcap_status cap_bwd(ge_build *b, int i) {
   ge_entry *x = &b->G->v[i];
-  gcap_tensor *alias;
   gcap_status st;
-  if (x->out->requires_grad) { /* the static grad output: allocated outside capture */
-    if (b->o->reuse_graph_input_output_buffers) x->grad_out = shared_grad_out(b, x->out);
-    if (x->grad_out == NULL && (st = zeros_like(x->out, &x->grad_out)) != GCAP_OK)
-      return where(b, st, i, "backward capture");
+  int k;
+  if ((st = grad_outs(b, x)) != GCAP_OK) return where(b, st, i, "backward capture");
+  if (x->ngrad > 0) {
     if ((st = run_hooks(b, x->callable, GCAP_HOOK_BACKWARD_PRE)) != GCAP_OK ||
         (st = capture(b, i, "backward", &x->bwd, cap_bwd_body)) != GCAP_OK)
       return st;
     if ((st = take_grads(b, x, &x->grad_in, 0, x->nargs + x->nparams)) != GCAP_OK) return st;
     if ((st = run_hooks(b, x->callable, GCAP_HOOK_BACKWARD)) != GCAP_OK) return st;
   }
-  /* the static output keeps its memory but no longer the captured graph */
-  if ((alias = gc_tensor_alias(x->out, x->out->ndim, x->out->shape)) == NULL)
-    return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
-  gcap_tensor_free(x->out);
-  x->out = alias;
+  /* the static outputs keep their memory but no longer the captured graph */
+  for (k = 0; k < x->out.n; k++) {
+    gcap_tensor *t = x->out.t[k], *alias;
+    if (t == NULL) continue;
+    if ((alias = gc_tensor_alias(t, t->ndim, t->shape)) == NULL)
+      return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+    gcap_tensor_free(t);
+    x->out.t[k] = alias;
+  }
   if (x->need_dw && b->sched.delayed_wgrad == 0 && (st = cap_dw(b, i)) != GCAP_OK)
     return st; /* right after, as TE */
   return b->o->reuse_graph_input_output_buffers ? release_dead(b, i) : GCAP_OK;
@@ -774,9 +854,9 @@ static gcap_status capture_all(ge_build *b) {
 
 /* The route a graphed module's calls take (gc_module_set_route): the replay
 ** of entry `entry` of the graphed object ud. */
-static gcap_status route_call(void *ud, int entry, int nin, gcap_tensor *const *in,
+static gcap_status route_call(void *ud, int entry, int nin, gcap_tensor *const *in, int *nout,
                               gcap_tensor **out) {
-  return gcap_graphed_call((gcap_graphed *)ud, entry, nin, in, out);
+  return gcap_graphed_call_n((gcap_graphed *)ud, entry, nin, in, GCAP_MAX_OUTPUTS, nout, out);
 }
 
 static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *const *callables,
@@ -815,7 +895,7 @@ static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *con
   /* the replay object, empty until everything worked */
   if ((b.G = (gcap_graphed *)gc_calloc(1, sizeof *b.G)) == NULL ||
       (b.G->v = (ge_entry *)gc_calloc((size_t)nentries, sizeof *b.G->v)) == NULL ||
-      (b.warm_out = (gcap_tensor **)gc_calloc((size_t)nentries, sizeof *b.warm_out)) == NULL) {
+      (b.warm_out = (ge_outs *)gc_calloc((size_t)nentries, sizeof *b.warm_out)) == NULL) {
     if (b.G) free(b.G->v);
     free(b.G);
     b.G = NULL;
@@ -851,7 +931,7 @@ static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *con
   st = e->be->upload(e, e->bs, e->current->bs, e->rng->ptr, rng,
                      sizeof rng); /* warmup drew nothing */
   for (i = 0; i < nentries; i++)
-    gcap_tensor_free(b.warm_out[i]);
+    outs_clear(&b.warm_out[i]);
   free(b.warm_out);
   gc_schedule_free(&b.sched);
   if (st != GCAP_OK) {
@@ -870,7 +950,7 @@ fail : {
   for (i = 0; i < ncallables; i++)
     gc_module_wgrad_aside(callables[i], 0);
   for (i = 0; i < nentries; i++)
-    gcap_tensor_free(b.warm_out[i]);
+    outs_clear(&b.warm_out[i]);
   free(b.warm_out);
   graphed_destroy(b.G);
   if (opts->pool) gc_pool_trim_since(opts->pool, segs_before);
@@ -896,16 +976,24 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
 /* Replay                                                                    */
 
 /* The autograd node of a replayed forward: its backward is pending until it
-** runs, or until the node is dropped (then it never will). */
+** runs, or until the node is dropped (then it never will). With several
+** outputs that require grad, each output's node keeps its grad in got[]
+** until the replay's node runs. */
 typedef struct ge_ref {
   gcap_graphed *G;
   int entry;
   int pending;
+  gcap_tensor **got; /* [out.n] grads arrived, or NULL (one grad output) */
 } ge_ref;
 
 static void ge_ref_free(void *ud) {
   ge_ref *r = (ge_ref *)ud;
-  if (r->pending) r->G->v[r->entry].fwd_pending--;
+  ge_entry *x = &r->G->v[r->entry];
+  int k;
+  if (r->pending) x->fwd_pending--;
+  for (k = 0; r->got && k < x->out.n; k++)
+    gcap_tensor_free(r->got[k]);
+  free(r->got);
   gcap_graphed_free(r->G);
   free(r);
 }
@@ -923,7 +1011,29 @@ static gcap_status entry_ok(gcap_graphed *G, int entry, const char *what) {
   return GCAP_OK;
 }
 
-/* Backward of a replayed forward: grad in, backward graph, grads out. */
+/* The grads of the outputs into their static buffers: g (one grad output),
+** or what each output's node kept, zeros where none arrived (as TE's). */
+static gcap_status grads_in(ge_entry *x, ge_ref *r, gcap_tensor *g) {
+  gcap_status st = GCAP_OK;
+  int k;
+  if (r->got == NULL)
+    return gc_tensor_ptr(g) != gc_tensor_ptr(x->grad_out[x->grad1])
+               ? gcap_copy_(x->grad_out[x->grad1], g)
+               : GCAP_OK;
+  for (k = 0; k < x->out.n && st == GCAP_OK; k++) {
+    gcap_tensor *s = x->grad_out[k], *got = r->got[k];
+    if (s == NULL) continue;
+    r->got[k] = NULL;
+    if (got == NULL)
+      st = gcap_zero_(s);
+    else if (gc_tensor_ptr(got) != gc_tensor_ptr(s))
+      st = gcap_copy_(s, got);
+    gcap_tensor_free(got);
+  }
+  return st;
+}
+
+/* Backward of a replayed forward: grads in, backward graph, grads out. */
 static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   ge_ref *r = (ge_ref *)n->ud;
   gcap_graphed *G = r->G;
@@ -936,9 +1046,7 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   if (x->bwd == NULL)
     return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
                    r->entry + 1);
-  if (gc_tensor_ptr(g) != gc_tensor_ptr(x->grad_out) &&
-      (st = gcap_copy_(x->grad_out, g)) != GCAP_OK)
-    return st;
+  if ((st = grads_in(x, r, g)) != GCAP_OK) return st;
   if ((st = gcap_graph_replay(x->bwd)) != GCAP_OK) return st;
   gc_trace_span(G->e, t0, "replay", "graphed backward of entry %d", r->entry + 1);
   if (r->pending) {
@@ -963,6 +1071,21 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
     if ((gin[k] = gc_tensor_alias(s, s->ndim, s->shape)) == NULL)
       return gc_fail(G->e, GCAP_ENOMEM, "graphed backward: out of host memory");
   }
+  return GCAP_OK;
+}
+
+/* Backward of output k (n->k[0]) of a replay of several grad outputs: its
+** input is the replay's stand-in tensor, whose node (ge_backward) runs once
+** after the last output's node this backward reaches; that one passes it a
+** grad (of the stand-in's shape), the others none. */
+static gcap_status ge_out_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  gc_node *join = n->next[0];
+  ge_ref *r = (ge_ref *)join->ud;
+  ge_entry *x = &r->G->v[r->entry];
+  int k = (int)n->k[0];
+  gcap_tensor_free(r->got[k]);
+  r->got[k] = gcap_tensor_retain(g);
+  if (gc_node_last_delivery(join)) gin[0] = gcap_tensor_retain(x->grad_out[x->grad1]);
   return GCAP_OK;
 }
 
@@ -1014,19 +1137,106 @@ static gcap_status check_call_args(gcap_graphed *G, int entry, int nin, gcap_ten
   return GCAP_OK;
 }
 
+/* Record the replay's node on y (its inputs: the call's, then the
+** parameters) with state r, which the node owns from then on (freed here
+** if the node could not be made). */
+static gcap_status record_replay(gcap_graphed *G, ge_entry *x, int nin, gcap_tensor *const *in,
+                                 gcap_tensor *y, ge_ref *r) {
+  gcap_tensor **surf, *small[16] = {NULL};
+  gc_node *n;
+  gcap_status st;
+  int k, ns = x->nargs + x->nparams;
+  surf = ns <= 16 ? small : (gcap_tensor **)gc_malloc((size_t)ns * sizeof *surf);
+  if (surf == NULL) {
+    ge_ref_free(r);
+    return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
+  }
+  for (k = 0; k < ns; k++)
+    surf[k] = k < nin ? in[k] : x->params[k - nin];
+  st = gc_record(y, "graphed", ge_backward, surf, ns, NULL, 0, &n);
+  if (surf != small) free(surf);
+  if (st != GCAP_OK) {
+    ge_ref_free(r);
+    return st;
+  }
+  n->ud = r;
+  n->ud_free = ge_ref_free;
+  return GCAP_OK;
+}
+
+/* Several outputs that require grad: the replay's node goes on a stand-in
+** tensor, and each such output gets a node passing its grad on to it. r as
+** for record_replay. */
+static gcap_status record_outputs(gcap_graphed *G, ge_entry *x, int nin, gcap_tensor *const *in,
+                                  gcap_tensor **out, ge_ref *r) {
+  gcap_tensor *base = x->out.t[x->grad1], *join;
+  gcap_status st;
+  int k;
+  if ((r->got = (gcap_tensor **)gc_calloc((size_t)x->out.n, sizeof *r->got)) == NULL ||
+      (join = gc_tensor_alias(base, base->ndim, base->shape)) == NULL) {
+    ge_ref_free(r);
+    return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
+  }
+  if ((st = record_replay(G, x, nin, in, join, r)) != GCAP_OK) {
+    gcap_tensor_free(join);
+    return st;
+  }
+  for (k = 0; k < x->out.n && st == GCAP_OK; k++) {
+    gc_node *n;
+    if (x->grad_out[k] == NULL) continue;
+    if ((st = gc_record(out[k], "graphed output", ge_out_backward, &join, 1, NULL, 0, &n)) ==
+        GCAP_OK)
+      n->k[0] = k;
+  }
+  gcap_tensor_free(join); /* the outputs' nodes hold its node (and r) */
+  return st;
+}
+
+/* The eager call of a module in another mode than at capture: its own
+** forward, its outputs into out (room for maxout). */
+static gcap_status eager_call(gcap_graphed *G, ge_entry *x, int nin, gcap_tensor *const *in,
+                              int maxout, int *nout, gcap_tensor **out) {
+  gcap_tensor *ys[GCAP_MAX_OUTPUTS];
+  gcap_status st;
+  int n, k;
+  if ((st = gc_module_forward(x->m, nin, in, &n, ys)) != GCAP_OK) return st;
+  if (n > maxout) {
+    for (k = 0; k < n; k++)
+      gcap_tensor_free(ys[k]);
+    return gc_fail(G->e, GCAP_EINVAL, "graphed call: %s gave %d outputs, room for %d",
+                   gcap_module_type(x->m), n, maxout);
+  }
+  for (k = 0; k < n; k++)
+    out[k] = ys[k];
+  *nout = n;
+  return GCAP_OK;
+}
+
+static void drop_outs(int n, gcap_tensor **out) {
+  int k;
+  for (k = 0; k < n; k++) {
+    gcap_tensor_free(out[k]);
+    out[k] = NULL;
+  }
+}
+
 static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
-                                gcap_tensor **out) {
+                                int maxout, int *nout, gcap_tensor **out) {
   ge_entry *x;
-  gcap_tensor **surf = NULL, *small[16];
   gcap_status st;
   int k, was, replay;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out == NULL || nout == NULL) return GCAP_EINVAL;
+  *nout = 0;
   if ((st = entry_ok(G, entry, "graphed call")) != GCAP_OK) return st;
   x = &G->v[entry];
   replay = gcap_module_training(x->m) == G->training; /* else: eager, as in another mode */
   if ((st = check_call_args(G, entry, nin, in, replay)) != GCAP_OK) return st;
-  if (!replay) return gc_module_forward(x->m, nin, in, out);
+  if (!replay) return eager_call(G, x, nin, in, maxout, nout, out);
+  if (x->out.n > maxout)
+    return gc_fail(G->e, GCAP_EINVAL,
+                   "graphed call of entry %d (callable %d, %s): it has %d outputs, room for %d%s",
+                   entry + 1, x->callable + 1, gcap_module_type(x->m), x->out.n, maxout,
+                   maxout == 1 ? " (gcap_graphed_call_n takes several)" : "");
   if (G->reuse && (st = check_shared_inputs(G, entry)) != GCAP_OK) return st;
   was = gcap_set_grad_enabled(G->e, 0);
   for (k = 0; k < nin; k++) {
@@ -1039,51 +1249,65 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
   gcap_set_grad_enabled(G->e, was);
   if ((st = gcap_graph_replay(x->fwd)) != GCAP_OK) return st;
 
-  if ((*out = gc_tensor_alias(x->out, x->out->ndim, x->out->shape)) == NULL)
-    return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
+  for (k = 0; k < x->out.n; k++) {
+    gcap_tensor *t = x->out.t[k];
+    out[k] = NULL;
+    if (t != NULL && (out[k] = gc_tensor_alias(t, t->ndim, t->shape)) == NULL) {
+      drop_outs(k, out);
+      return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
+    }
+  }
   if (x->bwd != NULL && G->e->grad_enabled) {
-    int ns = x->nargs + x->nparams, any = x->trainable;
+    int any = x->trainable;
     for (k = 0; k < nin; k++)
       any |= in[k]->requires_grad;
     if (any) {
-      ge_ref *r;
-      gc_node *n;
-      surf = ns <= 16 ? small : (gcap_tensor **)gc_malloc((size_t)ns * sizeof *surf);
-      r = (ge_ref *)gc_malloc(sizeof *r);
-      if (surf == NULL || r == NULL) {
-        if (surf != small) free(surf);
-        free(r);
-        gcap_tensor_free(*out);
-        *out = NULL;
+      ge_ref *r = (ge_ref *)gc_calloc(1, sizeof *r);
+      if (r == NULL) {
+        drop_outs(x->out.n, out);
         return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
-      }
-      for (k = 0; k < ns; k++)
-        surf[k] = k < nin ? in[k] : x->params[k - nin];
-      st = gc_record(*out, "graphed", ge_backward, surf, ns, NULL, 0, &n);
-      if (surf != small) free(surf);
-      if (st != GCAP_OK) {
-        free(r);
-        gcap_tensor_free(*out);
-        *out = NULL;
-        return st;
       }
       r->G = gcap_graphed_retain(G);
       r->entry = entry;
+      st = x->ngrad == 1 ? record_replay(G, x, nin, in, out[x->grad1], r)
+                         : record_outputs(G, x, nin, in, out, r);
+      if (st != GCAP_OK) { /* r went with its node, or was freed */
+        drop_outs(x->out.n, out);
+        return st;
+      }
       r->pending = 1;
       x->fwd_pending++;
-      n->ud = r;
-      n->ud_free = ge_ref_free;
     }
   }
+  *nout = x->out.n;
   return GCAP_OK;
+}
+
+gcap_status gcap_graphed_call_n(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
+                                int maxout, int *nout, gcap_tensor **out) {
+  double t0 = G ? gc_trace_clock(G->e) : 0.0;
+  gcap_status st = graphed_call(G, entry, nin, in, maxout, nout, out);
+  if (G) gc_trace_span(G->e, t0, "replay", "graphed forward of entry %d", entry + 1);
+  return st;
 }
 
 gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
                               gcap_tensor **out) {
-  double t0 = G ? gc_trace_clock(G->e) : 0.0;
-  gcap_status st = graphed_call(G, entry, nin, in, out);
-  if (G) gc_trace_span(G->e, t0, "replay", "graphed forward of entry %d", entry + 1);
-  return st;
+  gcap_status st;
+  int n;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if ((st = gcap_graphed_call_n(G, entry, nin, in, 1, &n, out)) != GCAP_OK) return st;
+  if (n == 1 && *out != NULL) return GCAP_OK;
+  drop_outs(n, out);
+  return gc_fail(G->e, GCAP_EINVAL,
+                 "graphed call of entry %d: its output is absent; gcap_graphed_call takes one "
+                 "tensor",
+                 entry + 1);
+}
+
+int gcap_graphed_num_outputs(const gcap_graphed *g, int entry) {
+  return g && entry >= 0 && entry < g->n ? g->v[entry].out.n : -1;
 }
 
 gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
@@ -1157,5 +1381,7 @@ gcap_status gcap_graphed_get_stats(gcap_graphed *G, int entry, gcap_graphed_stat
   if ((out->has_dw = x->dw != NULL)) gcap_graph_get_stats(x->dw, &out->dw);
   gcap_pool_get_stats(G->pool, &ms);
   out->pool_reserved_bytes = ms.reserved_bytes;
+  out->num_outputs = x->out.n;
+  out->num_grad_outputs = x->ngrad;
   return GCAP_OK;
 }

@@ -44,7 +44,8 @@ struct gcap_module {
   int refs;
   gcap_engine *e;
   char type[GC_NAMELEN];
-  gcap_forward_fn forward;
+  gcap_forward_fn forward;     /* one output, or NULL */
+  gcap_forward_n_fn forward_n; /* several outputs, or NULL */
   void *ud;
   void (*ud_free)(void *);
   mod_list params, buffers, children;
@@ -64,21 +65,24 @@ struct gcap_module {
 
 static void flat_free(mod_flat *f);
 
-gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fwd, void *ud,
-                            void (*ud_free)(void *), gcap_module **out) {
+static gcap_status module_new(gcap_engine *e, const char *type, gcap_forward_fn fwd,
+                              gcap_forward_n_fn fwd_n, void *ud, void (*ud_free)(void *),
+                              gcap_module **out) {
   gcap_module *m;
   gcap_status st;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   if ((st = gc_check_open(e, type ? type : "module")) != GCAP_OK) return st;
-  if (fwd == NULL) return gc_fail(e, GCAP_EINVAL, "module: forward function is NULL");
+  if (fwd == NULL && fwd_n == NULL)
+    return gc_fail(e, GCAP_EINVAL, "module: forward function is NULL");
   if ((m = (gcap_module *)gc_calloc(1, sizeof *m)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "module: out of host memory");
   m->refs = 1;
   m->e = e;
   snprintf(m->type, sizeof m->type, "%s", type ? type : "Module");
   m->forward = fwd;
+  m->forward_n = fwd_n;
   m->ud = ud;
   m->ud_free = ud_free;
   m->training = 1;
@@ -86,6 +90,16 @@ gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fw
   gc_engine_ref(e);
   *out = m;
   return GCAP_OK;
+}
+
+gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fwd, void *ud,
+                            void (*ud_free)(void *), gcap_module **out) {
+  return module_new(e, type, fwd, NULL, ud, ud_free, out);
+}
+
+gcap_status gcap_module_new_n(gcap_engine *e, const char *type, gcap_forward_n_fn fwd, void *ud,
+                              void (*ud_free)(void *), gcap_module **out) {
+  return module_new(e, type, NULL, fwd, ud, ud_free, out);
 }
 
 gcap_module *gcap_module_retain(gcap_module *m) {
@@ -632,19 +646,53 @@ static gcap_status hook_alias(gcap_tensor *t, gc_backward_fn bw, hook_call *hc, 
   return GCAP_OK;
 }
 
-gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
-  gcap_tensor *small[8], **args = small, *y = NULL, *in0 = NULL;
+/* Drop n outputs (NULL ones included). */
+static void outs_free(int n, gcap_tensor **t) {
+  int i;
+  for (i = 0; i < n; i++)
+    gcap_tensor_free(t[i]);
+}
+
+gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
+                              gcap_tensor **out) {
+  gcap_status st;
+  *nout = 0;
+  if (m->forward != NULL) {
+    out[0] = NULL;
+    if ((st = m->forward(m->ud, m, nin, in, out)) != GCAP_OK) return st;
+    if (out[0] == NULL)
+      return gc_fail(m->e, GCAP_EINVAL, "%s: forward returned no tensor", m->type);
+    *nout = 1;
+    return GCAP_OK;
+  }
+  if ((st = m->forward_n(m->ud, m, nin, in, nout, out)) != GCAP_OK) {
+    *nout = 0; /* a failed forward gives no references */
+    return st;
+  }
+  if (*nout < 0 || *nout > GCAP_MAX_OUTPUTS) {
+    int n = *nout;
+    *nout = 0;
+    return gc_fail(m->e, GCAP_EINVAL, "%s: forward gave %d outputs; expected 0..%d", m->type, n,
+                   GCAP_MAX_OUTPUTS);
+  }
+  return GCAP_OK;
+}
+
+gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, int maxout,
+                               int *nout, gcap_tensor **out) {
+  gcap_tensor *small[8], **args = small, *ys[GCAP_MAX_OUTPUTS], *y, *in0 = NULL;
   hook_vals pre, post;
   hook_call *hc = NULL;
   gcap_hook_args a;
   gcap_status st;
-  int bwhooks, i;
+  int bwhooks, i, ny = 0;
   memset(&pre, 0, sizeof pre);
   memset(&post, 0, sizeof post);
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out == NULL || nout == NULL) return GCAP_EINVAL;
+  *nout = 0;
   if (m == NULL) return GCAP_EINVAL;
   gc_clear(m->e);
+  if (maxout < 0) return gc_fail(m->e, GCAP_EINVAL, "%s: room for %d outputs", m->type, maxout);
   if (nin < 0 || (nin > 0 && in == NULL))
     return gc_fail(m->e, GCAP_EINVAL, "%s: %d inputs %s", m->type, nin,
                    nin < 0 ? "(a negative count)" : "but the input array is NULL");
@@ -681,31 +729,44 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
       hc->input_tracked = 1;
     }
   }
-  st = m->route ? m->route(m->route_ud, m->route_entry, nin, args, &y)
-                : m->forward(m->ud, m, nin, args, &y);
+  st = m->route ? m->route(m->route_ud, m->route_entry, nin, args, &ny, ys)
+                : gc_module_forward(m, nin, args, &ny, ys);
   if (st != GCAP_OK) goto done;
-  if (y == NULL) {
-    st = gc_fail(m->e, GCAP_EINVAL, "%s: forward returned no tensor", m->type);
+  if (ny > maxout) {
+    st =
+        gc_fail(m->e, GCAP_EINVAL, "%s: forward gave %d outputs, room for %d", m->type, ny, maxout);
     goto done;
   }
-  a.kind = GCAP_HOOK_FORWARD;
-  a.in = args;
-  a.out = y;
-  if ((st = run_hooks(m, &a, &post)) != GCAP_OK) goto done;
-  if (a.out != y) { /* a forward hook replaced the output */
-    gcap_tensor_free(y);
-    y = gcap_tensor_retain(a.out);
+  if ((ny != 1 || ys[0] == NULL) && (bwhooks || gcap_module_num_hooks(m, GCAP_HOOK_FORWARD) > 0)) {
+    st = gc_fail(m->e, GCAP_EINVAL,
+                 "%s: forward gave %d outputs%s, but the module has forward or backward hooks, "
+                 "which take one output tensor",
+                 m->type, ny, ny == 1 ? " (absent)" : "");
+    goto done;
   }
-  if (bwhooks && y->requires_grad) {
-    gcap_tensor *wrapped;
-    if ((st = hook_alias(y, out_hook_backward, hc, &wrapped)) != GCAP_OK) goto done;
-    gcap_tensor_free(y);
-    y = wrapped;
+  if (ny == 1 && ys[0] != NULL) {
+    y = ys[0];
+    a.kind = GCAP_HOOK_FORWARD;
+    a.in = args;
+    a.out = y;
+    if ((st = run_hooks(m, &a, &post)) != GCAP_OK) goto done;
+    if (a.out != y) { /* a forward hook replaced the output */
+      gcap_tensor_free(y);
+      ys[0] = y = gcap_tensor_retain(a.out);
+    }
+    if (bwhooks && y->requires_grad) {
+      gcap_tensor *wrapped;
+      if ((st = hook_alias(y, out_hook_backward, hc, &wrapped)) != GCAP_OK) goto done;
+      gcap_tensor_free(y);
+      ys[0] = wrapped;
+    }
   }
-  *out = y;
-  y = NULL;
+  for (i = 0; i < ny; i++)
+    out[i] = ys[i];
+  *nout = ny;
+  ny = 0;
 done:
-  gcap_tensor_free(y);
+  outs_free(ny, ys);
   gcap_tensor_free(in0);
   if (hc) hook_call_release(hc);
   if (args != small) free(args);
@@ -714,12 +775,22 @@ done:
   return st;
 }
 
-gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out) {
+  gcap_tensor *ys[GCAP_MAX_OUTPUTS];
   gcap_status st;
+  int n;
+  if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
-  if ((st = m->forward(m->ud, m, nin, in, out)) != GCAP_OK) return st;
-  if (*out == NULL) return gc_fail(m->e, GCAP_EINVAL, "%s: forward returned no tensor", m->type);
-  return GCAP_OK;
+  if ((st = gcap_module_call_n(m, nin, in, GCAP_MAX_OUTPUTS, &n, ys)) != GCAP_OK) return st;
+  if (n == 1 && ys[0] != NULL) {
+    *out = ys[0];
+    return GCAP_OK;
+  }
+  outs_free(n, ys);
+  return gc_fail(m->e, GCAP_EINVAL,
+                 "%s: forward gave %d outputs%s; this call takes one tensor (gcap_module_call_n "
+                 "takes several)",
+                 m->type, n, n == 1 ? " (absent)" : "");
 }
 
 void gc_module_set_route(gcap_module *m, gc_route_fn fn, void *ud, int entry) {
@@ -1017,6 +1088,25 @@ static int linear_gelu_at(gcap_module *m, int j) {
   return b->forward == gelu_forward && bare(a) && bare(b);
 }
 
+/* Child j of Sequential m on x: one tensor out, passed on as PyTorch's. */
+static gcap_status seq_call(gcap_module *m, int j, gcap_tensor *x, gcap_tensor **y) {
+  gcap_module *c = m->children.v[j].m;
+  gcap_tensor *ys[GCAP_MAX_OUTPUTS];
+  gcap_status st;
+  int n;
+  *y = NULL;
+  if ((st = gcap_module_call_n(c, 1, &x, GCAP_MAX_OUTPUTS, &n, ys)) != GCAP_OK) return st;
+  if (n == 1 && ys[0] != NULL) {
+    *y = ys[0];
+    return GCAP_OK;
+  }
+  outs_free(n, ys);
+  return gc_fail(m->e, GCAP_EINVAL,
+                 "%s: module #%d (%s) gave %d outputs%s; a Sequential passes one tensor from "
+                 "module to module",
+                 m->type, j + 1, c->type, n, n == 1 ? " (absent)" : "");
+}
+
 static gcap_status seq_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
                                gcap_tensor **out) {
   gcap_tensor *x;
@@ -1031,7 +1121,7 @@ static gcap_status seq_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
       gc_clear(m->e);
       st = linear_run(m->children.v[j++].m, x, 1, &y);
     } else {
-      st = gcap_module_call(m->children.v[j].m, 1, &x, &y);
+      st = seq_call(m, j, x, &y);
     }
     gcap_tensor_free(x);
     if (st != GCAP_OK) return st;

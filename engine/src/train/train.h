@@ -10,8 +10,11 @@
 /* ------------------------------------------------------------------------ */
 /* Modules (nn.c) for make_graphed_callables (graphed.c)                     */
 
-/* Run m's forward itself: no hooks, no graphed replay. */
-gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out);
+/* Run m's forward itself: no hooks, no graphed replay. Sets *nout and
+** out[0..*nout-1] (new references, NULL for an absent output; room for
+** GCAP_MAX_OUTPUTS); a one-output forward that gave none is an error. */
+gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
+                              gcap_tensor **out);
 /* GCAP_OK when neither m nor a submodule has module hooks or a buffer that
 ** requires grad; otherwise an error naming the module and the problem. */
 gcap_status gc_module_check_graphable(gcap_module *m, const char *where);
@@ -22,7 +25,7 @@ void gc_module_wgrad_aside(gcap_module *m, int aside);
 /* Where a routed module's calls go instead of its forward: graphing sets
 ** it (a graphed replay of entry `entry` of the graphed object ud), so that
 ** modules know a function and its state, not graphing. */
-typedef gcap_status (*gc_route_fn)(void *ud, int entry, int nin, gcap_tensor *const *in,
+typedef gcap_status (*gc_route_fn)(void *ud, int entry, int nin, gcap_tensor *const *in, int *nout,
                                    gcap_tensor **out);
 /* Route m's calls to fn(ud, entry, ...) (fn NULL: back to m's forward). */
 void gc_module_set_route(gcap_module *m, gc_route_fn fn, void *ud, int entry);
