@@ -280,6 +280,7 @@ LUAI_FUNC gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tens
 LUAI_FUNC int l_pushouts(lua_State *L, int mi, int n, gcap_tensor **t, const char *what);
 LUAI_FUNC int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t);
 LUAI_FUNC int l_pforward(lua_State *L);
+LUAI_FUNC int l_module_forward(lua_State *L); /* m:forward of a class with none of its own */
 LUAI_FUNC int l_maxin(lua_State *L, int mi, int n);
 LUAI_FUNC gcap_tensor **l_inbuf(lua_State *L, int n);
 LUAI_FUNC int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin,

@@ -1,0 +1,290 @@
+/*
+** lforward.c: a Lua module's forward as the core calls it, and what crosses
+** with it: the kwargs map rebuilt from trailing tensors, and the results
+** flattened into the core's outputs (their structure kept for replays and
+** rebuilt around the outputs of a call).
+*/
+
+#include <stdio.h>
+#include <string.h>
+
+#include "lgc.h"
+
+/* A Lua module's forward, called by the core */
+typedef struct LFwdCall {
+  LCall c;
+  gcap_module *m;
+  int nin;
+  gcap_tensor *const *in;
+  int *nout;
+  gcap_tensor **out; /* room for GCAP_MAX_OUTPUTS */
+  int graphing;      /* record the structure of the outputs (MV_OUTS) */
+} LFwdCall;
+
+/* A module graphed with sample_kwargs (MV_KWARGS: its sorted keys) called
+** by the core gets its trailing tensors back as the kwargs map, as its Lua
+** caller passed it. Returns the new argument count. */
+static int l_packkwargs(lua_State *L, int mi, int n) {
+  int nk, i;
+  if (lua_getiuservalue(L, mi, MV_KWARGS) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return n;
+  }
+  nk = (int)lua_rawlen(L, -1); /* keys */
+  if (nk == 0 || nk > n) {
+    lua_pop(L, 1);
+    return n;
+  }
+  lua_createtable(L, 0, nk); /* map */
+  for (i = nk; i >= 1; i--) {
+    lua_rawgeti(L, -2, i);                 /* key */
+    lua_pushvalue(L, -(3 + (nk - i) + 1)); /* the i-th trailing tensor */
+    lua_settable(L, -3);
+  }
+  lua_replace(L, -(nk + 2)); /* the map where the first kwarg tensor was */
+  lua_pop(L, nk);            /* keys and the other kwarg tensors */
+  return n - nk + 1;
+}
+
+/*
+** The results of a Lua forward cross to the core as its outputs: every
+** tensor (a leaf), in order, a nil result as an absent output, and the
+** tensors inside tables (sequences and maps, nested), table by table. The
+** structure is a template: the results with each tensor replaced by its
+** output number, and n (the count of results) and leaves (of outputs) set;
+** a forward that returns one tensor has none.
+*/
+
+/* Flatten the value at i (a result when top, else a table's value) into
+** c->out (borrowed: references are taken once all is checked); push its
+** template. */
+static void l_flatten(lua_State *L, LFwdCall *c, int i, int top, int depth, const char *type) {
+  LTensor *t = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
+  luaL_checkstack(L, 4, "results too deep");
+  if (t != NULL || (top && lua_isnil(L, i))) {
+    if (*c->nout == GCAP_MAX_OUTPUTS)
+      l_error(L, "%s:forward returned more than %d tensors", type, GCAP_MAX_OUTPUTS);
+    if (t != NULL && t->t == NULL) l_error(L, "%s:forward returned a closed tensor", type);
+    if (t != NULL) l_keeptensor(L, i); /* a replay gives this same value back */
+    c->out[(*c->nout)++] = t ? t->t : NULL;
+    lua_pushinteger(L, *c->nout);
+  } else if (lua_type(L, i) == LUA_TTABLE) {
+    if (depth > 16) l_error(L, "%s:forward returned tables nested deeper than 16", type);
+    lua_newtable(L);
+    lua_pushnil(L);
+    while (lua_next(L, i) != 0) {
+      if (lua_type(L, -2) != LUA_TSTRING && !lua_isinteger(L, -2))
+        l_error(L, "%s:forward returned a table with a %s key (keys are strings or integers)", type,
+                l_typename(L, -2));
+      l_flatten(L, c, lua_gettop(L), 0, depth + 1, type);
+      lua_pushvalue(L, -3); /* key */
+      lua_insert(L, -2);
+      lua_rawset(L, -5);
+      lua_pop(L, 1); /* the value */
+    }
+  } else
+    l_error(L, "%s:forward must return tensors, nil or tables of them, got %s", type,
+            l_typename(L, i));
+}
+
+/* The results of m's forward at fi..fi+n-1 (not one tensor) as outputs:
+** flattened, their references taken; the template on top. */
+static void l_flatresults(lua_State *L, LFwdCall *c, int fi, int n, const char *type) {
+  int i;
+  *c->nout = 0;
+  lua_createtable(L, n, 2);
+  for (i = 0; i < n; i++) {
+    l_flatten(L, c, fi + i, 1, 0, type);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_pushinteger(L, n);
+  lua_setfield(L, -2, "n");
+  lua_pushinteger(L, *c->nout);
+  lua_setfield(L, -2, "leaves");
+  for (i = 0; i < *c->nout; i++)
+    gcap_tensor_retain(c->out[i]);
+}
+
+/* The protected part: Class.forward(self, args...), its results into the
+** core's outputs; a direct call m(...) also gets them as they are (its
+** results table, c->c.results, follows the arguments), and under
+** make_graphed_callables the module keeps their structure (MV_OUTS) */
+int l_pforward(lua_State *L) {
+  LFwdCall *c = (LFwdCall *)lua_touserdata(L, 1);
+  const char *type = gcap_module_type(c->m);
+  int mi, fi, n, rt = c->c.results ? 2 + c->c.nargs : 0;
+  LTensor *r;
+  if (!l_findmodule(L, c->m))
+    return l_error(L, "%s: the module's Lua value was closed or collected", type);
+  mi = lua_gettop(L);
+  if (lua_getfield(L, mi, "forward") != LUA_TFUNCTION /* its class's */
+      || lua_tocfunction(L, -1) == l_module_forward)
+    return l_error(L, "%s:forward is not defined", type);
+  fi = lua_gettop(L);
+  lua_pushvalue(L, mi);
+  n = l_pushargs(L, &c->c, c->nin, c->in);
+  if (c->c.nargs == 0) n = l_packkwargs(L, mi, n);
+  lua_call(L, n + 1, LUA_MULTRET);
+  n = lua_gettop(L) - fi + 1; /* results */
+  r = (n == 1) ? (LTensor *)luaL_testudata(L, fi, TENSOR_MT) : NULL;
+  if (r != NULL) { /* one tensor */
+    if (r->t == NULL) return l_error(L, "%s:forward returned a closed tensor", type);
+    l_keeptensor(L, fi); /* m(...) returns this same value */
+    lua_pushnil(L);      /* no structure */
+    c->out[0] = gcap_tensor_retain(r->t);
+    *c->nout = 1;
+  } else {
+    int i;
+    l_flatresults(L, c, fi, n, type);
+    for (i = 0; rt != 0 && i < n; i++) { /* m(...) returns them as they are */
+      lua_pushvalue(L, fi + i);
+      lua_rawseti(L, rt, i + 1);
+    }
+    if (rt != 0) {
+      lua_pushinteger(L, n);
+      lua_setfield(L, rt, "n");
+    }
+  }
+  if (c->graphing) lua_setiuservalue(L, mi, MV_OUTS);
+  return 0;
+}
+
+/* gcap_forward_n_fn of Lua modules; ud is the engine box's LEngine */
+gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
+                          gcap_tensor **out) {
+  LEngine *le = (LEngine *)ud;
+  LFwdCall c = {{0, 1}, m, nin, in, nout, out, le->cur != NULL && le->cur->graphing};
+  gcap_status st;
+  *nout = 0;
+  if ((st = l_callback(le, &l_fwdkey, &c.c, m)) != GCAP_OK) *nout = 0; /* none taken */
+  return st;
+}
+
+/* Push the copy of template value i with each output number k replaced by
+** the value at base + k - 1. */
+static void l_unflatten(lua_State *L, int i, int base) {
+  luaL_checkstack(L, 4, "outputs too deep");
+  if (lua_isinteger(L, i)) {
+    lua_pushvalue(L, base + (int)lua_tointeger(L, i) - 1);
+    return;
+  }
+  if (lua_type(L, i) != LUA_TTABLE) {
+    lua_pushnil(L);
+    return;
+  }
+  lua_newtable(L);
+  lua_pushnil(L);
+  while (lua_next(L, i) != 0) {
+    l_unflatten(L, lua_gettop(L), base);
+    lua_pushvalue(L, -3); /* key */
+    lua_insert(L, -2);
+    lua_rawset(L, -5);
+    lua_pop(L, 1);
+  }
+}
+
+/* When the Lua forward of a call left its results in the call's results
+** table rt (it ran eagerly), push them and return their count, dropping the
+** core's n outputs t[]; else return -1. */
+int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t) {
+  int i, nres;
+  if (lua_getfield(L, rt, "n") != LUA_TNUMBER) {
+    lua_pop(L, 1);
+    return -1;
+  }
+  nres = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  for (i = 0; i < n; i++)
+    gcap_tensor_free(t[i]);
+  luaL_checkstack(L, nres, "too many results");
+  for (i = 1; i <= nres; i++)
+    lua_rawgeti(L, rt, i);
+  return nres;
+}
+
+/*
+** Push the n outputs t[] of a call of the module at mi (references, taken
+** over) as Lua values: in the structure its forward returned when it was
+** graphed (MV_OUTS), else as they come (nil where absent). Returns the
+** count of values pushed. 'what' names the call in an error.
+*/
+int l_pushouts(lua_State *L, int mi, int n, gcap_tensor **t, const char *what) {
+  int i, base, tmpl, nres;
+  luaL_checkstack(L, n + 4, "too many outputs");
+  base = lua_gettop(L) + 1;
+  for (i = 0; i < n; i++) {
+    if (t[i] == NULL) {
+      lua_pushnil(L);
+      continue;
+    }
+    l_newtensor(L)->t = t[i];
+    l_knownresult(L);
+  }
+  if (lua_getiuservalue(L, mi, MV_OUTS) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return n;
+  }
+  tmpl = lua_gettop(L);
+  lua_getfield(L, tmpl, "leaves");
+  if (lua_tointeger(L, -1) != n)
+    return l_error(L, "%s: %s gave %d outputs, but %d when it was graphed", what,
+                   gcap_module_type(((LModule *)lua_touserdata(L, mi))->m), n,
+                   (int)lua_tointeger(L, -1));
+  lua_getfield(L, tmpl, "n");
+  nres = (int)lua_tointeger(L, -1);
+  lua_pop(L, 2);
+  luaL_checkstack(L, nres + 4, "too many outputs");
+  for (i = 1; i <= nres; i++) {
+    lua_rawgeti(L, tmpl, i);
+    l_unflatten(L, lua_gettop(L), base);
+    lua_remove(L, -2);
+  }
+  /* the results in place of the outputs */
+  for (i = 0; i < nres; i++)
+    lua_copy(L, tmpl + 1 + i, base + i);
+  lua_settop(L, base + nres - 1);
+  return nres;
+}
+
+/* How many tensors a call of the module at mi passes, with n arguments:
+** n, plus its kwargs when it was graphed with sample_kwargs. */
+int l_maxin(lua_State *L, int mi, int n) {
+  if (lua_getiuservalue(L, mi, MV_KWARGS) == LUA_TTABLE) n += (int)lua_rawlen(L, -1);
+  lua_pop(L, 1);
+  return n;
+}
+
+/* Room for n tensor pointers, on the stack (collected with the call) */
+gcap_tensor **l_inbuf(lua_State *L, int n) {
+  return (gcap_tensor **)lua_newuserdatauv(L, sizeof(gcap_tensor *) * (size_t)(n + 1), 0);
+}
+
+/* A module graphed with sample_kwargs: the kwargs map (its last argument)
+** adds its tensors to in[] (room from l_maxin), in the sample's sorted key
+** order. */
+int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin, const char *type) {
+  int nk, i;
+  if (lua_getiuservalue(L, mi, MV_KWARGS) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return nin;
+  }
+  if (kwi == 0 || lua_type(L, kwi) != LUA_TTABLE || luaL_testudata(L, kwi, TENSOR_MT))
+    l_error(L, "%s was graphed with sample_kwargs: pass them as a table, its last argument", type);
+  nk = (int)lua_rawlen(L, -1);
+  for (i = 1; i <= nk; i++) {
+    LTensor *t;
+    lua_rawgeti(L, -1, i);
+    lua_pushvalue(L, -1);
+    lua_rawget(L, kwi); /* raw: no Lua code runs while in[] fills */
+    t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
+    if (t == NULL || t->t == NULL)
+      return l_error(L,
+                     "%s was graphed with kwarg '%s', but it was not given "
+                     "(as a tensor) in this call",
+                     type, lua_tostring(L, -2));
+    in[nin++] = t->t;
+    lua_pop(L, 2);
+  }
+  lua_pop(L, 1);
+  return nin;
+}
