@@ -275,18 +275,20 @@ LUAI_FUNC int l_findmodule(lua_State *L, gcap_module *m);
 LUAI_FUNC void l_pushmodule(lua_State *L, gcap_module *m);
 LUAI_FUNC void l_adoptfields(lua_State *L, int i);
 LUAI_FUNC int l_pushargs(lua_State *L, const LCall *c, int nin, gcap_tensor *const *in);
+LUAI_FUNC int l_module_forward(lua_State *L); /* m:forward of a class with none of its own */
+LUAI_FUNC int l_module_index(lua_State *L);
+LUAI_FUNC int l_module_newindex(lua_State *L);
+
+/* lforward.c: a Lua forward as the core calls it, kwargs, outputs */
 LUAI_FUNC gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
                                     int *nout, gcap_tensor **out);
+LUAI_FUNC int l_pforward(lua_State *L);
 LUAI_FUNC int l_pushouts(lua_State *L, int mi, int n, gcap_tensor **t, const char *what);
 LUAI_FUNC int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t);
-LUAI_FUNC int l_pforward(lua_State *L);
-LUAI_FUNC int l_module_forward(lua_State *L); /* m:forward of a class with none of its own */
 LUAI_FUNC int l_maxin(lua_State *L, int mi, int n);
 LUAI_FUNC gcap_tensor **l_inbuf(lua_State *L, int n);
 LUAI_FUNC int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin,
                            const char *type);
-LUAI_FUNC int l_module_index(lua_State *L);
-LUAI_FUNC int l_module_newindex(lua_State *L);
 
 /* lhook.c */
 LUAI_DDEC(const LClass l_handle_class);
