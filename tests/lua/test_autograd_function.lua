@@ -212,9 +212,10 @@ function TestFunctionErrors:test_grad_of_wrong_shape_or_dtype ()
   local F = with_backward("Shape", function (_, g) return g:sum() end)
   local x = t2x3(1, true)
   assert_err(function () F.apply(x):sum():backward() end, "backward of 'Shape'",
-             "grad of input #1 is []")
+             "grad of input #1 is [] f32; the input is [2, 3] f32")
   local D = with_backward("Dtype", function () return gc.zeros({2, 3}, "bf16") end)
-  assert_err(function () D.apply(x):sum():backward() end, "backward of 'Dtype'", "bf16")
+  assert_err(function () D.apply(x):sum():backward() end, "backward of 'Dtype'",
+             "is [2, 3] bf16; the input is [2, 3] f32")
   lu.assertNil(x.grad)
   assert_usable("after a grad of the wrong shape")
 end
@@ -254,6 +255,15 @@ function TestFunctionErrors:test_save_for_backward_of_non_tensors ()
   local line = debug.getinfo(1, "l").currentline - 4
   assert_err(function () F.apply(t2x3(1, true)) end, HERE .. line .. ":",
              "save_for_backward: argument #2 must be a Tensor, got number")
+  local Seven = gc.autograd.Function("SavesSeven")
+  function Seven.forward (ctx, x)
+    ctx:save_for_backward(x, x, x, x, x, x, x)
+    return x * 2
+  end
+  Seven.backward = F.backward
+  line = debug.getinfo(1, "l").currentline + 1
+  assert_err(function () Seven.apply(t2x3(1, true)) end, HERE .. line .. ":",
+             "SavesSeven: 7 tensors saved for backward; at most 6")
   assert_usable("after save_for_backward of a number")
 end
 

@@ -45,12 +45,12 @@ static gcap_status fn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   int i;
   st = f->bw(f->ud, n->nsaved, n->saved, g, n->nin, gin);
   for (i = 0; st == GCAP_OK && i < n->nin; i++) {
-    char b[64];
+    char b1[64], b2[64];
     if (gin[i] == NULL || fn_fits(f, i, gin[i])) continue;
-    st = gc_fail(g->e, GCAP_EINVAL,
-                 "backward of '%s': the grad of input #%d is %s %s; the input was %d-D %s", f->name,
-                 i + 1, gc_shape_str(gin[i], b, sizeof b), gc_dtype_name(gin[i]->dt), f->in[i].ndim,
-                 gc_dtype_name(f->in[i].dt));
+    st = gc_fail(
+        g->e, GCAP_EINVAL, "backward of '%s': the grad of input #%d is %s %s; the input is %s %s",
+        f->name, i + 1, gc_shape_str(gin[i], b1, sizeof b1), gc_dtype_name(gin[i]->dt),
+        gc_dims_str(f->in[i].ndim, f->in[i].shape, b2, sizeof b2), gc_dtype_name(f->in[i].dt));
   }
   for (i = 0; i < n->nin; i++) /* none for inputs that need none; all on failure */
     if (gin[i] != NULL && (st != GCAP_OK || !gc_node_needs(n, i))) {
