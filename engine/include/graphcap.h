@@ -254,6 +254,36 @@ gcap_status gcap_backward(gcap_tensor *t, gcap_tensor *grad, int retain_graph);
 int gcap_set_grad_enabled(gcap_engine *e, int on);
 int gcap_is_grad_enabled(const gcap_engine *e);
 
+/* Custom autograd nodes: an op the caller composed of graphcap calls, with a
+** backward of its own (PyTorch's autograd.Function). The caller runs the
+** forward with recording off (gcap_set_grad_enabled(e, 0)), then records
+** the node on its result.
+**
+** The backward gets the saved tensors (checked first: one written in place
+** since it was saved is an error naming the node, as for built-in ops), the
+** grad of the output, and grad_in[nin], all NULL: it sets grad_in[i] to a
+** new reference (the input's shape and dtype) or leaves it NULL (no grad).
+** It runs with recording off, in the capture when the backward is captured,
+** so it must launch its work through graphcap calls. Grads of inputs that
+** need none are dropped; a grad of another shape or dtype, or a status
+** other than GCAP_OK, fails the backward (the callback may set no message:
+** one naming the node is given). */
+typedef gcap_status (*gcap_autograd_backward)(void *ud, int nsaved, gcap_tensor *const *saved,
+                                              gcap_tensor *grad_out, int nin,
+                                              gcap_tensor **grad_in);
+
+/* Attach `result`, computed from in[nin] (NULL entries: inputs that are no
+** tensors), to the autograd graph as the output of node `name`: *out is a
+** new tensor sharing result's storage whose grad_fn is the node when grad
+** is enabled and an input requires grad (else a plain tensor). save[nsave]
+** (at most 6) are kept for bw with their storage's version. ud is handed to
+** bw; ud_free (may be NULL) is called on it once the node is gone, and at
+** once when no node is recorded or on failure. */
+gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
+                                 gcap_tensor *const *in, int nsave, gcap_tensor *const *save,
+                                 gcap_autograd_backward bw, void *ud, void (*ud_free)(void *ud),
+                                 gcap_tensor **out);
+
 /* ------------------------------------------------------------------------ */
 /* Modules: a forward function with named parameters (in registration
 ** order, then the children's, prefixed "child."), buffers, children, a

@@ -29,11 +29,12 @@ LUAI_DDEF const char l_capkey = 'c';  /* the protected part of a capture-time ho
 ** The engine calls that may run Lua, each made through l_run (the others
 ** run no Lua and raise through l_check):
 **
-**   gcap_backward                 t:backward()        module hooks, Lua forwards (none)
+**   gcap_backward                 t:backward()        module hooks, Function backwards
 **   gcap_module_call              m(...), m:forward() a Lua forward, module hooks
 **   gcap_module_backward_dw       m:backward_dw()     backward hooks
-**   gcap_make_graphed_callables   make_graphed_...    forwards, module and capture-time
-**                                                     hooks, warmup hooks, progress
+**   gcap_make_graphed_callables   make_graphed_...    forwards, Function backwards, module
+**                                                     and capture-time hooks, warmup hooks,
+**                                                     progress
 **   gcap_graphed_call             G:call()            module hooks (eager modes)
 **
 ** A callback reaches Lua through l_callback, the one caller of lua_pcall.

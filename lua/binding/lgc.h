@@ -204,6 +204,7 @@ LUAI_DDEC(const char l_errkey);  /* the LErr holder */
 LUAI_DDEC(const char l_fwdkey);  /* the protected part of a Lua forward */
 LUAI_DDEC(const char l_hookkey); /* the protected part of a hook */
 LUAI_DDEC(const char l_capkey);  /* the protected part of a capture-time hook */
+LUAI_DDEC(const char l_fnkey);   /* the protected part of a Function's backward (lfunction.c) */
 
 /* lerror.c: errors that name the user's line */
 LUAI_FUNC int l_error(lua_State *L, const char *fmt, ...);
@@ -312,6 +313,10 @@ LUAI_FUNC LPool *l_checkpool(lua_State *L, int i);
 LUAI_FUNC void l_pushengine(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_runtime_funcs[]);
 LUAI_DDEC(const luaL_Reg l_test_funcs[]);
+
+/* lfunction.c: gc.autograd.Function's nodes */
+LUAI_FUNC int l_pfnbackward(lua_State *L);
+LUAI_DDEC(const luaL_Reg l_function_funcs[]);
 
 /* loptim.c */
 LUAI_DDEC(const LClass l_optim_class);

@@ -11,8 +11,9 @@
 #include "lgc.h"
 
 /* The module's functions, by the family that holds them */
-static const luaL_Reg *const l_funcs[] = {l_runtime_funcs, l_tensor_funcs, l_ops_funcs,
-                                          l_graphed_funcs, l_error_funcs,  NULL};
+static const luaL_Reg *const l_funcs[] = {
+    l_runtime_funcs, l_tensor_funcs,   l_ops_funcs, l_graphed_funcs,
+    l_error_funcs,   l_function_funcs, NULL};
 
 /* The classes of boxes, the engine's first */
 static const LClass *const l_classes[] = {&l_engine_class,
@@ -125,6 +126,9 @@ static void l_callbacks(lua_State *L, int eng) {
   lua_pushvalue(L, eng);
   lua_pushcclosure(L, l_pcaphook, 1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &l_capkey);
+  lua_pushvalue(L, eng);
+  lua_pushcclosure(L, l_pfnbackward, 1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_fnkey);
   l_errholder(L);
 }
 

@@ -12,14 +12,18 @@ const char *gc_dtype_name(gcap_dtype dt) {
   return dt == GCAP_BF16 ? "bf16" : "f32";
 }
 
-const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n) {
+const char *gc_dims_str(int ndim, const int64_t *shape, char *buf, size_t n) {
   size_t at = 0;
   int i;
   at += (size_t)snprintf(buf, n, "[");
-  for (i = 0; i < t->ndim && at < n; i++)
-    at += (size_t)snprintf(buf + at, n - at, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+  for (i = 0; i < ndim && at < n; i++)
+    at += (size_t)snprintf(buf + at, n - at, i ? ", %lld" : "%lld", (long long)shape[i]);
   if (at < n) snprintf(buf + at, n - at, "]");
   return buf;
+}
+
+const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n) {
+  return gc_dims_str(t->ndim, t->shape, buf, n);
 }
 
 gcap_status gc_check_shape(gcap_engine *e, const char *op, int ndim, const int64_t *shape,

@@ -58,8 +58,9 @@ static inline gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, i
   uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
   return gc_note_range(e, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt), write);
 }
-/* "[2, 3]" into buf. */
+/* "[2, 3]" into buf: of t, or of a shape of ndim dims. */
 const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n);
+const char *gc_dims_str(int ndim, const int64_t *shape, char *buf, size_t n);
 /* Do a and b have the same shape and dtype? */
 static inline int gc_same_layout(const gcap_tensor *a, const gcap_tensor *b) {
   int d;

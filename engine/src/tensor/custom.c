@@ -1,0 +1,125 @@
+/*
+** custom.c: autograd nodes whose backward the caller supplies (a C host's
+** op, or a Lua autograd.Function). The node is an ordinary one: its saved
+** tensors get the version check, it runs once per backward with the sum of
+** its output's grads. Its ud (a fn_node) carries the caller's callback,
+** ud and destructor, the name, and the inputs' layouts, against which the
+** grads the callback returns are checked.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor.h"
+
+typedef struct fn_node {
+  gcap_autograd_backward bw;
+  void *ud;
+  void (*ud_free)(void *ud);
+  char name[64];
+  struct {
+    int ndim;
+    int64_t shape[GCAP_MAXDIM];
+    gcap_dtype dt;
+  } in[1]; /* [nin] */
+} fn_node;
+
+static void fn_free(void *p) {
+  fn_node *f = (fn_node *)p;
+  if (f->ud_free) f->ud_free(f->ud);
+  free(f);
+}
+
+/* Is g shaped as input i was? */
+static int fn_fits(const fn_node *f, int i, const gcap_tensor *g) {
+  int d;
+  if (g->ndim != f->in[i].ndim || g->dt != f->in[i].dt) return 0;
+  for (d = 0; d < g->ndim; d++)
+    if (g->shape[d] != f->in[i].shape[d]) return 0;
+  return 1;
+}
+
+static gcap_status fn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  fn_node *f = (fn_node *)n->ud;
+  gcap_status st;
+  int i;
+  st = f->bw(f->ud, n->nsaved, n->saved, g, n->nin, gin);
+  for (i = 0; st == GCAP_OK && i < n->nin; i++) {
+    char b1[64], b2[64];
+    if (gin[i] == NULL || fn_fits(f, i, gin[i])) continue;
+    st = gc_fail(
+        g->e, GCAP_EINVAL, "backward of '%s': the grad of input #%d is %s %s; the input is %s %s",
+        f->name, i + 1, gc_shape_str(gin[i], b1, sizeof b1), gc_dtype_name(gin[i]->dt),
+        gc_dims_str(f->in[i].ndim, f->in[i].shape, b2, sizeof b2), gc_dtype_name(f->in[i].dt));
+  }
+  for (i = 0; i < n->nin; i++) /* none for inputs that need none; all on failure */
+    if (gin[i] != NULL && (st != GCAP_OK || !gc_node_needs(n, i))) {
+      gcap_tensor_free(gin[i]);
+      gin[i] = NULL;
+    }
+  if (st != GCAP_OK && gcap_errmsg(g->e)[0] == '\0')
+    gc_fail(g->e, st, "backward of '%s' failed", f->name);
+  return st;
+}
+
+gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
+                                 gcap_tensor *const *in, int nsave, gcap_tensor *const *save,
+                                 gcap_autograd_backward bw, void *ud, void (*ud_free)(void *ud),
+                                 gcap_tensor **out) {
+  gcap_engine *e;
+  fn_node *f;
+  gcap_status st;
+  int i;
+  if (out != NULL) *out = NULL;
+  if (out == NULL || result == NULL || name == NULL || bw == NULL || nin < 0 || nsave < 0 ||
+      (nin > 0 && in == NULL) || (nsave > 0 && save == NULL)) {
+    if (ud_free) ud_free(ud);
+    return GCAP_EINVAL;
+  }
+  e = result->e;
+  gc_clear(e);
+  st = GCAP_OK;
+  for (i = 0; st == GCAP_OK && i < nin; i++)
+    if (in[i] != NULL && in[i]->e != e)
+      st = gc_fail(e, GCAP_EINVAL, "%s: input #%d belongs to another engine", name, i + 1);
+  for (i = 0; st == GCAP_OK && i < nsave; i++)
+    if (save[i] == NULL || save[i]->e != e)
+      st = gc_fail(e, GCAP_EINVAL, "%s: saved tensor #%d is %s", name, i + 1,
+                   save[i] == NULL ? "NULL" : "of another engine");
+  if (st == GCAP_OK && nsave > GC_NODE_MAXSAVED)
+    st = gc_fail(e, GCAP_EINVAL, "%s: %d tensors saved for backward; at most %d", name, nsave,
+                 GC_NODE_MAXSAVED);
+  if (st != GCAP_OK) {
+    if (ud_free) ud_free(ud);
+    return st;
+  }
+  f = (fn_node *)gc_calloc(1, sizeof *f + (size_t)(nin > 0 ? nin - 1 : 0) * sizeof f->in[0]);
+  if (f == NULL || (*out = gc_tensor_alias(result, result->ndim, result->shape)) == NULL) {
+    free(f);
+    if (ud_free) ud_free(ud);
+    return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", name);
+  }
+  f->bw = bw;
+  f->ud = ud;
+  f->ud_free = ud_free;
+  snprintf(f->name, sizeof f->name, "%s", name);
+  for (i = 0; i < nin; i++)
+    if (in[i] != NULL) {
+      f->in[i].ndim = in[i]->ndim;
+      memcpy(f->in[i].shape, in[i]->shape, sizeof f->in[i].shape);
+      f->in[i].dt = in[i]->dt;
+    }
+  if (!gc_grad_needed(e, in, nin)) { /* nothing to differentiate */
+    fn_free(f);
+    return GCAP_OK;
+  }
+  if ((st = gc_record(*out, f->name, fn_backward, in, nin, save, nsave, NULL)) != GCAP_OK) {
+    fn_free(f);
+    gcap_tensor_free(*out);
+    *out = NULL;
+    return st;
+  }
+  (*out)->grad_fn->ud = f;
+  (*out)->grad_fn->ud_free = fn_free;
+  return GCAP_OK;
+}
