@@ -246,4 +246,30 @@ function TestRegressions:test_inplace_through_a_view_of_a_leaf ()
   lu.assertEquals(w:tolist(), {{3, 3}, {3, 3}})
 end
 
+-- A Function whose forward returns or saves a closed tensor, closes its
+-- input, or whose backward returns a closed grad, is an error naming the
+-- Function and the tensor's role, not an argument of an internal call; the
+-- Function works afterwards.
+function TestRegressions:test_function_closed_tensors ()
+  local F = gc.autograd.Function("Cl")
+  F.backward = function (_, g) return g * 2 end
+  local function apply () return F.apply(gc.randn({2}, {requires_grad = true})) end
+  F.forward = function (_, x) local y = x * 2; y:close(); return y end
+  H.assert_err(apply, "Cl.forward returned a closed tensor")
+  F.forward = function (_, x) local y = x * 2; x:close(); return y end
+  H.assert_err(apply, "Cl: input #1 of forward was closed")
+  F.forward = function (ctx, x) local z = x * 1; ctx:save_for_backward(z); z:close(); return x * 2 end
+  H.assert_err(apply, "Cl: saved tensor #1 was closed")
+  F.forward = function (_, x) return x * 2 end
+  F.backward = function (_, g) local r = g * 2; r:close(); return r end
+  local x = gc.randn({2}, {requires_grad = true})
+  local msg = H.assert_err(function () F.apply(x):sum():backward() end,
+                           "Cl.backward: grad #1 is a closed tensor")
+  lu.assertStrContains(msg, "test_regressions.lua:")
+  lu.assertNil(x.grad)
+  F.backward = function (_, g) return g * 2 end
+  F.apply(x):sum():backward()
+  lu.assertEquals(x.grad:tolist(), {2, 2})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
