@@ -421,7 +421,9 @@ static int l_graphed_call(lua_State *L) {
                      "graphed call of entry %d: argument #%d must be a "
                      "tensor, got %s",
                      entry + 1, i + 1, l_typename(L, i + 3));
-    luaL_argcheck(L, t->t != NULL, i + 3, "tensor is closed");
+    if (t->t == NULL)
+      return l_error(L, "graphed call of entry %d: argument #%d is a closed tensor", entry + 1,
+                     i + 1);
     in[i] = t->t;
   }
   nin = l_flatkwargs(L, mi, kwi, in, nin, gcap_module_type(m));

@@ -272,4 +272,33 @@ function TestRegressions:test_function_closed_tensors ()
   lu.assertEquals(x.grad:tolist(), {2, 2})
 end
 
+-- A closed tensor passed to a module or to a graphed entry is an error
+-- naming the module (or entry) and the argument's position as the user
+-- counts it, at the user's line; it was "bad argument #2 to '?'" (self
+-- counted, no name) or named a line of graphed.lua.
+function TestRegressions:test_closed_tensor_argument_of_a_call ()
+  local c = gc.randn({2, 3})
+  c:close()
+  local M = gc.nn.Module("Two")
+  function M:forward (x) return x * 2, x end
+  local lin, two = gc.nn.Linear(3, 3), M()
+  local here = "test_regressions.lua:"
+  for _, m in ipairs{lin, two} do
+    local msg = H.assert_err(function () local y = m(gc.randn({2, 3}), c); return y end,
+                             m:type() .. ": argument #2 is a closed tensor")
+    lu.assertStrContains(msg, here)
+  end
+  gc.make_graphed_callables(lin, {gc.randn({2, 3}, {requires_grad = true})}, {num_warmup_iters = 1})
+  H.assert_err(function () local y = lin(c); return y end, "Linear: argument #1 is a closed tensor",
+               here)
+  local f = gc.make_graphed_callables(function (x) return x * 2, x * 3 end,
+                                      {gc.randn({2, 3}, {requires_grad = true})},
+                                      {num_warmup_iters = 1})
+  H.assert_err(function () local y = f(c); return y end,
+               "graphed call of entry 1: argument #1 is a closed tensor", here)
+  local a, b = f(gc.ones({2, 3}))
+  lu.assertEquals(b:tolist(), {{3, 3, 3}, {3, 3, 3}})
+  lu.assertEquals(lin(gc.ones({2, 3})):shape(), {2, 3})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
