@@ -301,4 +301,21 @@ function TestRegressions:test_closed_tensor_argument_of_a_call ()
   lu.assertEquals(lin(gc.ones({2, 3})):shape(), {2, 3})
 end
 
+-- A Function's backward that returns a grad for an argument that is not a
+-- tensor (a number): the grad is dropped, as for any input that needs none;
+-- it was checked against a shape the number never had ("the input is []
+-- f32"), an error for any grad but a scalar one.
+function TestRegressions:test_function_grad_for_a_number_argument ()
+  local F = gc.autograd.Function("Scale")
+  F.forward = function (_, s, x) return x * s end
+  F.backward = function (_, g) return g, g * 3 end
+  local x = gc.ones({2, 3}, {requires_grad = true})
+  local y = F.apply(3, x)
+  y:sum():backward()
+  lu.assertEquals(x.grad:tolist(), {{3, 3, 3}, {3, 3, 3}})
+  F.backward = function (_, g) return g:sum(), g * 3 end
+  F.apply(3, x):sum():backward()
+  lu.assertEquals(x.grad:tolist(), {{6, 6, 6}, {6, 6, 6}})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
