@@ -318,4 +318,24 @@ function TestRegressions:test_function_grad_for_a_number_argument ()
   lu.assertEquals(x.grad:tolist(), {{6, 6, 6}, {6, 6, 6}})
 end
 
+-- A hook that returns a table which is not a sequence (a map, or a
+-- sequence with other keys) is an error naming the key; a map was taken as
+-- no tensors ("Linear: expected 1 input, got 0") and other keys were
+-- dropped without a word.
+function TestRegressions:test_hook_returns_a_table_not_a_sequence ()
+  local m = gc.nn.Linear(4, 3)
+  local x = gc.randn({2, 4}, {requires_grad = true})
+  local h = m:register_forward_pre_hook(function (_, a) return {a = a} end)
+  H.assert_err(function () local y = m(x); return y end, "Linear: a forward pre-hook must return",
+               "got a table that is not a sequence (key 'a')", "test_regressions.lua:")
+  h:remove()
+  h = m:register_full_backward_hook(function (_, gi) return {gi, extra = gi} end)
+  H.assert_err(function () m(x):sum():backward() end, "Linear: a backward hook must return",
+               "got a table that is not a sequence (key 'extra')")
+  h:remove()
+  lu.assertNil(x.grad)
+  m(x):sum():backward()
+  lu.assertEquals(x.grad:shape(), {2, 4})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
