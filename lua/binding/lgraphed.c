@@ -426,6 +426,10 @@ static int l_graphed_call(lua_State *L) {
                      i + 1);
     in[i] = t->t;
   }
+  if (kwi != 0 && lua_getiuservalue(L, mi, MV_KWARGS) != LUA_TTABLE) /* no kwargs to take */
+    return l_error(L, "graphed call of entry %d: argument #%d must be a tensor, got table",
+                   entry + 1, kwi - 2);
+  if (kwi != 0) lua_pop(L, 1);
   nin = l_flatkwargs(L, mi, kwi, in, nin, gcap_module_type(m));
   lua_createtable(L, 0, 0); /* an eager call (another mode) leaves its results here */
   c.entry = entry;

@@ -338,4 +338,21 @@ function TestRegressions:test_hook_returns_a_table_not_a_sequence ()
   lu.assertEquals(x.grad:shape(), {2, 4})
 end
 
+-- A table given last to a graphed entry that was graphed without
+-- sample_kwargs is an argument of the wrong type, not a kwargs map: an
+-- extra {} was dropped without a word, and {x} in place of x was "expected
+-- 1 tensor arguments, got 0".
+function TestRegressions:test_graphed_entry_table_argument_without_kwargs ()
+  local f = gc.make_graphed_callables(function (x) return x * 2, {x * 3} end,
+                                      {gc.randn({2, 3}, {requires_grad = true})},
+                                      {num_warmup_iters = 1})
+  local x = gc.ones({2, 3})
+  H.assert_err(function () local y = f(x, {}); return y end,
+               "graphed call of entry 1: argument #2 must be a tensor, got table", "test_regressions.lua:")
+  H.assert_err(function () local y = f({x}); return y end,
+               "graphed call of entry 1: argument #1 must be a tensor, got table")
+  local a, b = f(x)
+  lu.assertEquals(b[1]:tolist(), {{3, 3, 3}, {3, 3, 3}})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
