@@ -355,4 +355,22 @@ function TestRegressions:test_graphed_entry_table_argument_without_kwargs ()
   lu.assertEquals(b[1]:tolist(), {{3, 3, 3}, {3, 3, 3}})
 end
 
+-- ctx:save_for_backward outside its Function's forward (in backward, or on
+-- a ctx kept after apply) is an error: it was accepted and never used.
+function TestRegressions:test_save_for_backward_outside_forward ()
+  local F = gc.autograd.Function("Late")
+  local kept
+  F.forward = function (ctx, x) kept = ctx; return x * 2 end
+  F.backward = function (ctx, g) ctx:save_for_backward(g); return g * 2 end
+  local x = gc.ones({2}, {requires_grad = true})
+  local y = F.apply(x)
+  H.assert_err(function () kept:save_for_backward(x) end,
+               "save_for_backward: only inside Late.forward", "test_regressions.lua:")
+  H.assert_err(function () y:sum():backward() end, "save_for_backward: only inside Late.forward")
+  lu.assertNil(x.grad)
+  F.backward = function (_, g) return g * 2 end
+  F.apply(x):sum():backward()
+  lu.assertEquals(x.grad:tolist(), {2, 2})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
