@@ -274,7 +274,8 @@ typedef gcap_status (*gcap_autograd_backward)(void *ud, int nsaved, gcap_tensor 
                                               gcap_tensor **grad_in);
 
 /* Attach `result`, computed from in[nin] (NULL entries: inputs that are no
-** tensors), to the autograd graph as the output of node `name`: *out is a
+** tensors), to the autograd graph as the output of node `name` (1 to 63
+** bytes, its grad_fn; a longer one is GCAP_EINVAL): *out is a
 ** new tensor sharing result's storage whose grad_fn is the node when grad
 ** is enabled and an input requires grad (else a plain tensor). save[nsave]
 ** (at most 6) are kept for bw with their storage's version. ud is handed to

@@ -113,6 +113,9 @@ function autograd.Function (name)
   if type(name) ~= "string" then
     raise("autograd.Function: name must be a string, got %s", typename(name))
   end
+  if #name < 1 or #name > 63 or name:find("\0", 1, true) then -- it is its node's grad_fn
+    raise("autograd.Function: name must be 1 to 63 bytes without a zero byte, got %d bytes", #name)
+  end
   local fn = {name = name}
   fn.apply = function (...) return apply(fn, ...) end
   return fn

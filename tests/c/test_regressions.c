@@ -537,6 +537,37 @@ out:
   gcap_engine_free(e);
 }
 
+static gcap_status never_backward(void *ud, int nsaved, gcap_tensor *const *saved, gcap_tensor *g,
+                                  int nin, gcap_tensor **gin) {
+  (void)ud, (void)nsaved, (void)saved, (void)g, (void)nin, (void)gin;
+  return GCAP_ESTATE;
+}
+
+/* A custom node's name that does not fit its grad_fn (64 bytes) is refused;
+** it was cut to 63 bytes. */
+static void test_custom_node_name_fits(void) {
+  const int64_t s[1] = {2};
+  const float d[2] = {1, 2};
+  char name[65];
+  gcap_engine *e = t_engine();
+  gcap_tensor *x = NULL, *y = NULL;
+  T_SETUP(e != NULL && (x = t_from(e, 1, s, d)) != NULL &&
+              gcap_tensor_set_requires_grad(x, 1) == GCAP_OK,
+          goto out);
+  memset(name, 'n', 64);
+  name[64] = '\0';
+  T_CHECK_ST(e, gcap_autograd_record(name, x, 1, &x, 0, NULL, never_backward, NULL, NULL, &y),
+             GCAP_EINVAL);
+  T_CHECK(y == NULL && t_msg_has(e, "name must be 1 to 63 bytes, got 64"));
+  name[63] = '\0';
+  T_CHECK_OK(e, gcap_autograd_record(name, x, 1, &x, 0, NULL, never_backward, NULL, NULL, &y));
+  T_CHECK(strcmp(gcap_tensor_grad_fn_name(y), name) == 0);
+out:
+  gcap_tensor_free(y);
+  gcap_tensor_free(x);
+  gcap_engine_free(e);
+}
+
 static const struct {
   const char *name;
   void (*fn)(void);
@@ -556,6 +587,7 @@ static const struct {
     T_ENTRY(test_optimizer_step_versions),
     T_ENTRY(test_graphed_training_no_false_alarm),
     T_ENTRY(test_silent_forward_failure_is_named),
+    T_ENTRY(test_custom_node_name_fits),
 };
 
 int main(int argc, char **argv) {

@@ -373,4 +373,20 @@ function TestRegressions:test_save_for_backward_outside_forward ()
   lu.assertEquals(x.grad:tolist(), {2, 2})
 end
 
+-- A Function's name is its node's grad_fn: one too long for the node (or
+-- with a zero byte) is refused when the Function is made; it was cut short
+-- in grad_fn and in the errors of its backward.
+function TestRegressions:test_function_name_fits_its_node ()
+  H.assert_err(function () gc.autograd.Function(string.rep("n", 64)) end,
+               "autograd.Function: name must be 1 to 63 bytes without a zero byte, got 64 bytes",
+               "test_regressions.lua:")
+  H.assert_err(function () gc.autograd.Function("a\0b") end, "without a zero byte")
+  H.assert_err(function () gc.autograd.Function("") end, "got 0 bytes")
+  local name = string.rep("n", 63)
+  local F = gc.autograd.Function(name)
+  F.forward = function (_, x) return x * 2 end
+  F.backward = function (_, g) return g * 2 end
+  lu.assertEquals(F.apply(gc.ones({2}, {requires_grad = true})).grad_fn, name)
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

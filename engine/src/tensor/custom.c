@@ -87,6 +87,9 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
     if (save[i] == NULL || save[i]->e != e)
       st = gc_fail(e, GCAP_EINVAL, "%s: saved tensor #%d is %s", name, i + 1,
                    save[i] == NULL ? "NULL" : "of another engine");
+  if (st == GCAP_OK && (name[0] == '\0' || strlen(name) >= sizeof f->name))
+    st = gc_fail(e, GCAP_EINVAL, "a custom node's name must be 1 to %d bytes, got %d",
+                 (int)sizeof f->name - 1, (int)strlen(name));
   if (st == GCAP_OK && nsave > GC_NODE_MAXSAVED)
     st = gc_fail(e, GCAP_EINVAL, "%s: %d tensors saved for backward; at most %d", name, nsave,
                  GC_NODE_MAXSAVED);
