@@ -16,6 +16,8 @@
 
 LUAI_DDEF const char l_fnkey = 'a'; /* the protected part of a Function's backward */
 
+#define LFN_MAXARGS 4096 /* arguments of a Function's forward */
+
 /* A custom node's ud */
 typedef struct LFn {
   lua_State *L; /* the main thread: the destructor may run from any of the state's */
@@ -112,7 +114,10 @@ static int l_fn_record(lua_State *L) {
   luaL_checktype(L, 5, LUA_TTABLE);
   luaL_checktype(L, 6, LUA_TFUNCTION);
   nsave = (int)luaL_len(L, 5);
-  luaL_argcheck(L, nin >= 0 && nsave >= 0 && nin <= 4096 && nsave <= 4096, 3, "out of range");
+  if (nin < 0 || nin > LFN_MAXARGS)
+    return l_error(L, "%s.apply: %d arguments; at most %d", name, nin, LFN_MAXARGS);
+  if (nsave > LFN_MAXARGS) /* the core refuses more than a few; this bounds the buffer */
+    return l_error(L, "%s: %d tensors saved for backward; too many", name, nsave);
   in = (gcap_tensor **)lua_newuserdatauv(L, sizeof *in * (size_t)(nin + nsave + 1), 0);
   l_tensorlist(L, 4, nin, in, name, ": input", "of forward was closed");
   l_tensorlist(L, 5, nsave, in + nin, name, ": saved tensor", "was closed");

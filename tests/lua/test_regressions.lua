@@ -389,4 +389,18 @@ function TestRegressions:test_function_name_fits_its_node ()
   lu.assertEquals(F.apply(gc.ones({2}, {requires_grad = true})).grad_fn, name)
 end
 
+-- A Function applied to more arguments than its node takes (4096) is an
+-- error naming the Function, at the caller's line; it was "bad argument #3
+-- to '_fn_record' (out of range)" at a line of graphcap.autograd.
+function TestRegressions:test_function_too_many_arguments ()
+  local F = gc.autograd.Function("Many")
+  F.forward = function (_, x) return x * 2 end
+  F.backward = function (_, g) return g end
+  local a = {gc.ones({2}, {requires_grad = true})}
+  for i = 2, 4097 do a[i] = i end
+  H.assert_err(function () local y = F.apply(table.unpack(a)); return y end,
+               "Many.apply: 4097 arguments; at most 4096", "test_regressions.lua:")
+  lu.assertEquals(F.apply(a[1]).grad_fn, "Many")
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
