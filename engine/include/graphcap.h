@@ -265,7 +265,8 @@ int gcap_is_grad_enabled(const gcap_engine *e);
 ** new reference (the input's shape and dtype) or leaves it NULL (no grad).
 ** It runs with recording off, in the capture when the backward is captured,
 ** so it must launch its work through graphcap calls. Grads of inputs that
-** need none are dropped; a grad of another shape or dtype, or a status
+** need none (NULL inputs included) are dropped; a grad of another shape or
+** dtype than a tensor input's, or a status
 ** other than GCAP_OK, fails the backward (the callback may set no message:
 ** one naming the node is given). */
 typedef gcap_status (*gcap_autograd_backward)(void *ud, int nsaved, gcap_tensor *const *saved,
@@ -273,7 +274,8 @@ typedef gcap_status (*gcap_autograd_backward)(void *ud, int nsaved, gcap_tensor 
                                               gcap_tensor **grad_in);
 
 /* Attach `result`, computed from in[nin] (NULL entries: inputs that are no
-** tensors), to the autograd graph as the output of node `name`: *out is a
+** tensors), to the autograd graph as the output of node `name` (1 to 63
+** bytes, its grad_fn; a longer one is GCAP_EINVAL): *out is a
 ** new tensor sharing result's storage whose grad_fn is the node when grad
 ** is enabled and an input requires grad (else a plain tensor). save[nsave]
 ** (at most 6) are kept for bw with their storage's version. ud is handed to

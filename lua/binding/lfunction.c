@@ -10,16 +10,20 @@
 */
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "lgc.h"
 
 LUAI_DDEF const char l_fnkey = 'a'; /* the protected part of a Function's backward */
 
+#define LFN_MAXARGS 4096 /* arguments of a Function's forward */
+
 /* A custom node's ud */
 typedef struct LFn {
   lua_State *L; /* the main thread: the destructor may run from any of the state's */
   LEngine *le;
-  int ref; /* the runner, in the registry */
+  int ref;      /* the runner, in the registry */
+  char name[1]; /* the Function's name, for errors (allocated to its length) */
 } LFn;
 
 /* A backward in progress, the context of l_pfnbackward */
@@ -41,6 +45,18 @@ static void l_fnfree(void *ud) {
   free(fn);
 }
 
+/* The tensor at i, or NULL for nil; a closed one is an error naming the
+** Function and the tensor ("F: saved tensor #2 was closed"), not an
+** argument of this internal call. */
+static gcap_tensor *l_fntensor(lua_State *L, int i, const char *name, const char *role, int k,
+                               const char *closed) {
+  LTensor *box;
+  if (lua_isnil(L, i)) return NULL;
+  box = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
+  if (box != NULL && box->t == NULL) l_error(L, "%s%s #%d %s", name, role, k, closed);
+  return l_checktensor(L, i);
+}
+
 /* The protected part: runner(grad, {saved...}) returns the table of the
 ** grads, one per input of forward (checked by the runner), taken into gin. */
 int l_pfnbackward(lua_State *L) {
@@ -55,7 +71,10 @@ int l_pfnbackward(lua_State *L) {
   }
   lua_call(L, 2, 1);
   for (i = 0; i < c->nin; i++) {
-    if (lua_rawgeti(L, -1, i + 1) != LUA_TNIL) c->gin[i] = gcap_tensor_retain(l_checktensor(L, -1));
+    gcap_tensor *t;
+    lua_rawgeti(L, -1, i + 1);
+    t = l_fntensor(L, -1, c->fn->name, ".backward: grad", i + 1, "is a closed tensor");
+    if (t != NULL) c->gin[i] = gcap_tensor_retain(t);
     lua_pop(L, 1);
   }
   return 0;
@@ -67,11 +86,14 @@ static gcap_status l_fnbackward(void *ud, int nsaved, gcap_tensor *const *saved,
   return l_callback(c.fn->le, &l_fnkey, &c.c, NULL);
 }
 
-/* The tensors (or nil) at t[1..n] into v (borrowed: t holds their boxes). */
-static void l_tensorlist(lua_State *L, int t, int n, gcap_tensor **v) {
+/* The tensors (or nil) at t[1..n] into v (borrowed: t holds their boxes);
+** errors name them as role #k. */
+static void l_tensorlist(lua_State *L, int t, int n, gcap_tensor **v, const char *name,
+                         const char *role, const char *closed) {
   int i;
   for (i = 0; i < n; i++) {
-    v[i] = (lua_rawgeti(L, t, i + 1) == LUA_TNIL) ? NULL : l_checktensor(L, -1);
+    lua_rawgeti(L, t, i + 1);
+    v[i] = l_fntensor(L, -1, name, role, i + 1, closed);
     lua_pop(L, 1);
   }
 }
@@ -83,31 +105,36 @@ static void l_tensorlist(lua_State *L, int t, int n, gcap_tensor **v) {
 static int l_fn_record(lua_State *L) {
   gcap_engine *e = l_engine(L);
   const char *name = luaL_checkstring(L, 1);
-  gcap_tensor *result = l_checktensor(L, 2), **in;
+  LTensor *rbox = (LTensor *)luaL_checkudata(L, 2, TENSOR_MT), *box;
+  gcap_tensor **in;
   int nin = (int)luaL_checkinteger(L, 3), nsave, ref;
-  LTensor *box;
   LFn *fn;
+  if (rbox->t == NULL) return l_error(L, "%s.forward returned a closed tensor", name);
   luaL_checktype(L, 4, LUA_TTABLE);
   luaL_checktype(L, 5, LUA_TTABLE);
   luaL_checktype(L, 6, LUA_TFUNCTION);
   nsave = (int)luaL_len(L, 5);
-  luaL_argcheck(L, nin >= 0 && nsave >= 0 && nin <= 4096 && nsave <= 4096, 3, "out of range");
+  if (nin < 0 || nin > LFN_MAXARGS)
+    return l_error(L, "%s.apply: %d arguments; at most %d", name, nin, LFN_MAXARGS);
+  if (nsave > LFN_MAXARGS) /* the core refuses more than a few; this bounds the buffer */
+    return l_error(L, "%s: %d tensors saved for backward; too many", name, nsave);
   in = (gcap_tensor **)lua_newuserdatauv(L, sizeof *in * (size_t)(nin + nsave + 1), 0);
-  l_tensorlist(L, 4, nin, in);
-  l_tensorlist(L, 5, nsave, in + nin);
+  l_tensorlist(L, 4, nin, in, name, ": input", "of forward was closed");
+  l_tensorlist(L, 5, nsave, in + nin, name, ": saved tensor", "was closed");
   box = l_newtensor(L);
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
   lua_pushvalue(L, 6);
   ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  if ((fn = (LFn *)malloc(sizeof *fn)) == NULL) {
+  if ((fn = (LFn *)malloc(sizeof *fn + strlen(name))) == NULL) {
     luaL_unref(L, LUA_REGISTRYINDEX, ref);
     return luaL_error(L, "%s: out of memory", name);
   }
   fn->ref = ref; /* from here on, gcap_autograd_record owns fn */
+  memcpy(fn->name, name, strlen(name) + 1);
   fn->L = lua_tothread(L, -1);
   fn->le = (LEngine *)lua_touserdata(L, ENGINEIDX);
   l_check(L, e,
-          gcap_autograd_record(name, result, nin, in, nsave, in + nin, l_fnbackward, fn, l_fnfree,
+          gcap_autograd_record(name, rbox->t, nin, in, nsave, in + nin, l_fnbackward, fn, l_fnfree,
                                &box->t),
           name);
   lua_pop(L, 1);

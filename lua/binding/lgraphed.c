@@ -421,9 +421,15 @@ static int l_graphed_call(lua_State *L) {
                      "graphed call of entry %d: argument #%d must be a "
                      "tensor, got %s",
                      entry + 1, i + 1, l_typename(L, i + 3));
-    luaL_argcheck(L, t->t != NULL, i + 3, "tensor is closed");
+    if (t->t == NULL)
+      return l_error(L, "graphed call of entry %d: argument #%d is a closed tensor", entry + 1,
+                     i + 1);
     in[i] = t->t;
   }
+  if (kwi != 0 && lua_getiuservalue(L, mi, MV_KWARGS) != LUA_TTABLE) /* no kwargs to take */
+    return l_error(L, "graphed call of entry %d: argument #%d must be a tensor, got table",
+                   entry + 1, kwi - 2);
+  if (kwi != 0) lua_pop(L, 1);
   nin = l_flatkwargs(L, mi, kwi, in, nin, gcap_module_type(m));
   lua_createtable(L, 0, 0); /* an eager call (another mode) leaves its results here */
   c.entry = entry;

@@ -41,6 +41,26 @@ static gcap_tensor *l_rettensor(lua_State *L, const LHookCall *c, int fi, int i,
   return NULL; /* not reached: l_hookerror raises */
 }
 
+/* The table at i (a hook's return) is a sequence 1..n, else an error
+** naming its first other key. */
+static void l_retsequence(lua_State *L, const LHookCall *c, int fi, int i, int n,
+                          const char *what) {
+  lua_pushnil(L);
+  while (lua_next(L, i)) {
+    lua_Integer k;
+    int isnum;
+    lua_pop(L, 1);
+    k = lua_tointegerx(L, -1, &isnum);
+    if (lua_type(L, -1) != LUA_TNUMBER || !isnum || k < 1 || k > n)
+      l_hookerror(L, c, fi,
+                  lua_pushfstring(L, "must return %s, got a table that is not a sequence (key %s)",
+                                  what,
+                                  lua_type(L, -1) == LUA_TSTRING
+                                      ? lua_pushfstring(L, "'%s'", lua_tostring(L, -1))
+                                      : luaL_tolstring(L, -1, NULL)));
+  }
+}
+
 /*
 ** What the hook at fi returned, the values from fi + 1 on: nothing or nil
 ** keeps the values; a tensor, or (but for a forward hook, whose return is
@@ -61,6 +81,7 @@ static void l_hookreturn(lua_State *L, LHookCall *c, int fi) {
     l_hookerror(L, c, fi, lua_pushfstring(L, "must return %s, got %d values", what, nres));
   if (lua_type(L, fi + 1) == LUA_TTABLE && c->a->kind != GCAP_HOOK_FORWARD) {
     n = (int)lua_rawlen(L, fi + 1);
+    l_retsequence(L, c, fi, fi + 1, n, what);
     t = l_inbuf(L, n);
     for (i = 1; i <= n; i++) {
       lua_rawgeti(L, fi + 1, i);

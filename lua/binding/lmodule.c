@@ -203,7 +203,8 @@ static int l_modcall(lua_State *L, int muted) {
                        l_typename(L, i));
       continue;
     }
-    luaL_argcheck(L, t->t != NULL, i, "tensor is closed");
+    if (t->t == NULL)
+      return l_error(L, "%s: argument #%d is a closed tensor", gcap_module_type(m), i - 1);
     in[nin++] = t->t;
     l_keeptensor(L, i); /* children and hooks see this same value */
   }

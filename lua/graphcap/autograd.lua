@@ -38,6 +38,9 @@ Ctx.__index = Ctx
 -- ctx:save_for_backward(t...): tensors backward reads as ctx.saved_tensors,
 -- checked then not to have been modified in place since.
 function Ctx:save_for_backward (...)
+  if not self._forward then
+    raise("save_for_backward: only inside %s.forward", self._fn.name)
+  end
   local n = select("#", ...)
   local t = {}
   for i = 1, n do
@@ -85,10 +88,11 @@ local function apply (fn, ...)
     needs[i] = grad and inputs[i] ~= nil and a.requires_grad or false
     any = any or needs[i]
   end
-  local ctx = setmetatable({needs_input_grad = needs}, Ctx)
+  local ctx = setmetatable({needs_input_grad = needs, _fn = fn, _forward = true}, Ctx)
   local prev = core.set_grad_enabled(false)
   local r = run(fn.forward, ctx, ...)
   core.set_grad_enabled(prev)
+  ctx._forward = nil
   if not r[1] then error(r[2], 0) end
   local out = r[2]
   if r.n ~= 2 or getmetatable(out) ~= TENSOR then
@@ -108,6 +112,9 @@ local autograd = {}
 function autograd.Function (name)
   if type(name) ~= "string" then
     raise("autograd.Function: name must be a string, got %s", typename(name))
+  end
+  if #name < 1 or #name > 63 or name:find("\0", 1, true) then -- it is its node's grad_fn
+    raise("autograd.Function: name must be 1 to 63 bytes without a zero byte, got %d bytes", #name)
   end
   local fn = {name = name}
   fn.apply = function (...) return apply(fn, ...) end

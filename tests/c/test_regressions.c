@@ -498,6 +498,76 @@ static void test_graphed_training_no_false_alarm(void) {
   fx_close(&f);
 }
 
+/* A forward that fails without setting a message (a status only). */
+static gcap_status silent_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                  gcap_tensor **out) {
+  (void)ud, (void)m, (void)nin, (void)in, (void)out;
+  return GCAP_EINVAL;
+}
+static gcap_status silent_forward_n(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                    int *nout, gcap_tensor **out) {
+  (void)ud, (void)m, (void)nin, (void)in, (void)nout, (void)out;
+  return GCAP_ESTATE;
+}
+
+/* A module whose forward fails with a status and no message: the call's
+** error names the module and the status (it was empty), with one output and
+** with several; the module is usable afterwards. */
+static void test_silent_forward_failure_is_named(void) {
+  const int64_t s[1] = {2};
+  const float d[2] = {1, 2};
+  gcap_engine *e = t_engine();
+  gcap_module *one = NULL, *many = NULL;
+  gcap_tensor *x = NULL, *y = NULL, *ys[4] = {NULL};
+  int n = -1;
+  T_SETUP(e != NULL && (x = t_from(e, 1, s, d)) != NULL &&
+              gcap_module_new(e, "Quiet", silent_forward, NULL, NULL, &one) == GCAP_OK &&
+              gcap_module_new_n(e, "QuietN", silent_forward_n, NULL, NULL, &many) == GCAP_OK,
+          goto out);
+  T_CHECK_ST(e, gcap_module_call(one, 1, &x, &y), GCAP_EINVAL);
+  T_CHECK(y == NULL && t_msg_has(e, "Quiet: forward failed (invalid argument)"));
+  T_CHECK_ST(e, gcap_module_call_n(many, 1, &x, 4, &n, ys), GCAP_ESTATE);
+  T_CHECK(n == 0 && ys[0] == NULL && t_msg_has(e, "QuietN: forward failed (wrong state)"));
+  T_CHECK_ST(e, gcap_module_call_n(many, 1, &x, 4, &n, ys), GCAP_ESTATE);
+  T_CHECK(t_msg_has(e, "QuietN: forward failed"));
+out:
+  gcap_module_free(one);
+  gcap_module_free(many);
+  gcap_tensor_free(x);
+  gcap_engine_free(e);
+}
+
+static gcap_status never_backward(void *ud, int nsaved, gcap_tensor *const *saved, gcap_tensor *g,
+                                  int nin, gcap_tensor **gin) {
+  (void)ud, (void)nsaved, (void)saved, (void)g, (void)nin, (void)gin;
+  return GCAP_ESTATE;
+}
+
+/* A custom node's name that does not fit its grad_fn (64 bytes) is refused;
+** it was cut to 63 bytes. */
+static void test_custom_node_name_fits(void) {
+  const int64_t s[1] = {2};
+  const float d[2] = {1, 2};
+  char name[65];
+  gcap_engine *e = t_engine();
+  gcap_tensor *x = NULL, *y = NULL;
+  T_SETUP(e != NULL && (x = t_from(e, 1, s, d)) != NULL &&
+              gcap_tensor_set_requires_grad(x, 1) == GCAP_OK,
+          goto out);
+  memset(name, 'n', 64);
+  name[64] = '\0';
+  T_CHECK_ST(e, gcap_autograd_record(name, x, 1, &x, 0, NULL, never_backward, NULL, NULL, &y),
+             GCAP_EINVAL);
+  T_CHECK(y == NULL && t_msg_has(e, "name must be 1 to 63 bytes, got 64"));
+  name[63] = '\0';
+  T_CHECK_OK(e, gcap_autograd_record(name, x, 1, &x, 0, NULL, never_backward, NULL, NULL, &y));
+  T_CHECK(strcmp(gcap_tensor_grad_fn_name(y), name) == 0);
+out:
+  gcap_tensor_free(y);
+  gcap_tensor_free(x);
+  gcap_engine_free(e);
+}
+
 static const struct {
   const char *name;
   void (*fn)(void);
@@ -516,6 +586,8 @@ static const struct {
     T_ENTRY(test_inplace_after_save_is_detected),
     T_ENTRY(test_optimizer_step_versions),
     T_ENTRY(test_graphed_training_no_false_alarm),
+    T_ENTRY(test_silent_forward_failure_is_named),
+    T_ENTRY(test_custom_node_name_fits),
 };
 
 int main(int argc, char **argv) {

@@ -246,4 +246,161 @@ function TestRegressions:test_inplace_through_a_view_of_a_leaf ()
   lu.assertEquals(w:tolist(), {{3, 3}, {3, 3}})
 end
 
+-- A Function whose forward returns or saves a closed tensor, closes its
+-- input, or whose backward returns a closed grad, is an error naming the
+-- Function and the tensor's role, not an argument of an internal call; the
+-- Function works afterwards.
+function TestRegressions:test_function_closed_tensors ()
+  local F = gc.autograd.Function("Cl")
+  F.backward = function (_, g) return g * 2 end
+  local function apply () return F.apply(gc.randn({2}, {requires_grad = true})) end
+  F.forward = function (_, x) local y = x * 2; y:close(); return y end
+  H.assert_err(apply, "Cl.forward returned a closed tensor")
+  F.forward = function (_, x) local y = x * 2; x:close(); return y end
+  H.assert_err(apply, "Cl: input #1 of forward was closed")
+  F.forward = function (ctx, x) local z = x * 1; ctx:save_for_backward(z); z:close(); return x * 2 end
+  H.assert_err(apply, "Cl: saved tensor #1 was closed")
+  F.forward = function (_, x) return x * 2 end
+  F.backward = function (_, g) local r = g * 2; r:close(); return r end
+  local x = gc.randn({2}, {requires_grad = true})
+  local msg = H.assert_err(function () F.apply(x):sum():backward() end,
+                           "Cl.backward: grad #1 is a closed tensor")
+  lu.assertStrContains(msg, "test_regressions.lua:")
+  lu.assertNil(x.grad)
+  F.backward = function (_, g) return g * 2 end
+  F.apply(x):sum():backward()
+  lu.assertEquals(x.grad:tolist(), {2, 2})
+end
+
+-- A closed tensor passed to a module or to a graphed entry is an error
+-- naming the module (or entry) and the argument's position as the user
+-- counts it, at the user's line; it was "bad argument #2 to '?'" (self
+-- counted, no name) or named a line of graphed.lua.
+function TestRegressions:test_closed_tensor_argument_of_a_call ()
+  local c = gc.randn({2, 3})
+  c:close()
+  local M = gc.nn.Module("Two")
+  function M:forward (x) return x * 2, x end
+  local lin, two = gc.nn.Linear(3, 3), M()
+  local here = "test_regressions.lua:"
+  for _, m in ipairs{lin, two} do
+    local msg = H.assert_err(function () local y = m(gc.randn({2, 3}), c); return y end,
+                             m:type() .. ": argument #2 is a closed tensor")
+    lu.assertStrContains(msg, here)
+  end
+  gc.make_graphed_callables(lin, {gc.randn({2, 3}, {requires_grad = true})}, {num_warmup_iters = 1})
+  H.assert_err(function () local y = lin(c); return y end, "Linear: argument #1 is a closed tensor",
+               here)
+  local f = gc.make_graphed_callables(function (x) return x * 2, x * 3 end,
+                                      {gc.randn({2, 3}, {requires_grad = true})},
+                                      {num_warmup_iters = 1})
+  H.assert_err(function () local y = f(c); return y end,
+               "graphed call of entry 1: argument #1 is a closed tensor", here)
+  local a, b = f(gc.ones({2, 3}))
+  lu.assertEquals(b:tolist(), {{3, 3, 3}, {3, 3, 3}})
+  lu.assertEquals(lin(gc.ones({2, 3})):shape(), {2, 3})
+end
+
+-- A Function's backward that returns a grad for an argument that is not a
+-- tensor (a number): the grad is dropped, as for any input that needs none;
+-- it was checked against a shape the number never had ("the input is []
+-- f32"), an error for any grad but a scalar one.
+function TestRegressions:test_function_grad_for_a_number_argument ()
+  local F = gc.autograd.Function("Scale")
+  F.forward = function (_, s, x) return x * s end
+  F.backward = function (_, g) return g, g * 3 end
+  local x = gc.ones({2, 3}, {requires_grad = true})
+  local y = F.apply(3, x)
+  y:sum():backward()
+  lu.assertEquals(x.grad:tolist(), {{3, 3, 3}, {3, 3, 3}})
+  F.backward = function (_, g) return g:sum(), g * 3 end
+  F.apply(3, x):sum():backward()
+  lu.assertEquals(x.grad:tolist(), {{6, 6, 6}, {6, 6, 6}})
+end
+
+-- A hook that returns a table which is not a sequence (a map, or a
+-- sequence with other keys) is an error naming the key; a map was taken as
+-- no tensors ("Linear: expected 1 input, got 0") and other keys were
+-- dropped without a word.
+function TestRegressions:test_hook_returns_a_table_not_a_sequence ()
+  local m = gc.nn.Linear(4, 3)
+  local x = gc.randn({2, 4}, {requires_grad = true})
+  local h = m:register_forward_pre_hook(function (_, a) return {a = a} end)
+  H.assert_err(function () local y = m(x); return y end, "Linear: a forward pre-hook must return",
+               "got a table that is not a sequence (key 'a')", "test_regressions.lua:")
+  h:remove()
+  h = m:register_full_backward_hook(function (_, gi) return {gi, extra = gi} end)
+  H.assert_err(function () m(x):sum():backward() end, "Linear: a backward hook must return",
+               "got a table that is not a sequence (key 'extra')")
+  h:remove()
+  lu.assertNil(x.grad)
+  m(x):sum():backward()
+  lu.assertEquals(x.grad:shape(), {2, 4})
+end
+
+-- A table given last to a graphed entry that was graphed without
+-- sample_kwargs is an argument of the wrong type, not a kwargs map: an
+-- extra {} was dropped without a word, and {x} in place of x was "expected
+-- 1 tensor arguments, got 0".
+function TestRegressions:test_graphed_entry_table_argument_without_kwargs ()
+  local f = gc.make_graphed_callables(function (x) return x * 2, {x * 3} end,
+                                      {gc.randn({2, 3}, {requires_grad = true})},
+                                      {num_warmup_iters = 1})
+  local x = gc.ones({2, 3})
+  H.assert_err(function () local y = f(x, {}); return y end,
+               "graphed call of entry 1: argument #2 must be a tensor, got table", "test_regressions.lua:")
+  H.assert_err(function () local y = f({x}); return y end,
+               "graphed call of entry 1: argument #1 must be a tensor, got table")
+  local a, b = f(x)
+  lu.assertEquals(b[1]:tolist(), {{3, 3, 3}, {3, 3, 3}})
+end
+
+-- ctx:save_for_backward outside its Function's forward (in backward, or on
+-- a ctx kept after apply) is an error: it was accepted and never used.
+function TestRegressions:test_save_for_backward_outside_forward ()
+  local F = gc.autograd.Function("Late")
+  local kept
+  F.forward = function (ctx, x) kept = ctx; return x * 2 end
+  F.backward = function (ctx, g) ctx:save_for_backward(g); return g * 2 end
+  local x = gc.ones({2}, {requires_grad = true})
+  local y = F.apply(x)
+  H.assert_err(function () kept:save_for_backward(x) end,
+               "save_for_backward: only inside Late.forward", "test_regressions.lua:")
+  H.assert_err(function () y:sum():backward() end, "save_for_backward: only inside Late.forward")
+  lu.assertNil(x.grad)
+  F.backward = function (_, g) return g * 2 end
+  F.apply(x):sum():backward()
+  lu.assertEquals(x.grad:tolist(), {2, 2})
+end
+
+-- A Function's name is its node's grad_fn: one too long for the node (or
+-- with a zero byte) is refused when the Function is made; it was cut short
+-- in grad_fn and in the errors of its backward.
+function TestRegressions:test_function_name_fits_its_node ()
+  H.assert_err(function () gc.autograd.Function(string.rep("n", 64)) end,
+               "autograd.Function: name must be 1 to 63 bytes without a zero byte, got 64 bytes",
+               "test_regressions.lua:")
+  H.assert_err(function () gc.autograd.Function("a\0b") end, "without a zero byte")
+  H.assert_err(function () gc.autograd.Function("") end, "got 0 bytes")
+  local name = string.rep("n", 63)
+  local F = gc.autograd.Function(name)
+  F.forward = function (_, x) return x * 2 end
+  F.backward = function (_, g) return g * 2 end
+  lu.assertEquals(F.apply(gc.ones({2}, {requires_grad = true})).grad_fn, name)
+end
+
+-- A Function applied to more arguments than its node takes (4096) is an
+-- error naming the Function, at the caller's line; it was "bad argument #3
+-- to '_fn_record' (out of range)" at a line of graphcap.autograd.
+function TestRegressions:test_function_too_many_arguments ()
+  local F = gc.autograd.Function("Many")
+  F.forward = function (_, x) return x * 2 end
+  F.backward = function (_, g) return g end
+  local a = {gc.ones({2}, {requires_grad = true})}
+  for i = 2, 4097 do a[i] = i end
+  H.assert_err(function () local y = F.apply(table.unpack(a)); return y end,
+               "Many.apply: 4097 arguments; at most 4096", "test_regressions.lua:")
+  lu.assertEquals(F.apply(a[1]).grad_fn, "Many")
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

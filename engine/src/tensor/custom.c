@@ -18,6 +18,7 @@ typedef struct fn_node {
   void (*ud_free)(void *ud);
   char name[64];
   struct {
+    int tensor; /* 0: not a tensor (a NULL input), whose grad is dropped unchecked */
     int ndim;
     int64_t shape[GCAP_MAXDIM];
     gcap_dtype dt;
@@ -46,7 +47,7 @@ static gcap_status fn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   st = f->bw(f->ud, n->nsaved, n->saved, g, n->nin, gin);
   for (i = 0; st == GCAP_OK && i < n->nin; i++) {
     char b1[64], b2[64];
-    if (gin[i] == NULL || fn_fits(f, i, gin[i])) continue;
+    if (gin[i] == NULL || !f->in[i].tensor || fn_fits(f, i, gin[i])) continue;
     st = gc_fail(
         g->e, GCAP_EINVAL, "backward of '%s': the grad of input #%d is %s %s; the input is %s %s",
         f->name, i + 1, gc_shape_str(gin[i], b1, sizeof b1), gc_dtype_name(gin[i]->dt),
@@ -86,6 +87,9 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
     if (save[i] == NULL || save[i]->e != e)
       st = gc_fail(e, GCAP_EINVAL, "%s: saved tensor #%d is %s", name, i + 1,
                    save[i] == NULL ? "NULL" : "of another engine");
+  if (st == GCAP_OK && (name[0] == '\0' || strlen(name) >= sizeof f->name))
+    st = gc_fail(e, GCAP_EINVAL, "a custom node's name must be 1 to %d bytes, got %d",
+                 (int)sizeof f->name - 1, (int)strlen(name));
   if (st == GCAP_OK && nsave > GC_NODE_MAXSAVED)
     st = gc_fail(e, GCAP_EINVAL, "%s: %d tensors saved for backward; at most %d", name, nsave,
                  GC_NODE_MAXSAVED);
@@ -105,6 +109,7 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
   snprintf(f->name, sizeof f->name, "%s", name);
   for (i = 0; i < nin; i++)
     if (in[i] != NULL) {
+      f->in[i].tensor = 1;
       f->in[i].ndim = in[i]->ndim;
       memcpy(f->in[i].shape, in[i]->shape, sizeof f->in[i].shape);
       f->in[i].dt = in[i]->dt;

@@ -653,13 +653,20 @@ static void outs_free(int n, gcap_tensor **t) {
     gcap_tensor_free(t[i]);
 }
 
+/* A forward that failed with a status and no message is named by its module. */
+static gcap_status forward_failed(gcap_module *m, gcap_status st) {
+  if (m->e->err[0] == '\0')
+    gc_fail(m->e, st, "%s: forward failed (%s)", m->type, gcap_status_str(st));
+  return st;
+}
+
 gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
                               gcap_tensor **out) {
   gcap_status st;
   *nout = 0;
   if (m->forward != NULL) {
     out[0] = NULL;
-    if ((st = m->forward(m->ud, m, nin, in, out)) != GCAP_OK) return st;
+    if ((st = m->forward(m->ud, m, nin, in, out)) != GCAP_OK) return forward_failed(m, st);
     if (out[0] == NULL)
       return gc_fail(m->e, GCAP_EINVAL, "%s: forward returned no tensor", m->type);
     *nout = 1;
@@ -667,7 +674,7 @@ gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, i
   }
   if ((st = m->forward_n(m->ud, m, nin, in, nout, out)) != GCAP_OK) {
     *nout = 0; /* a failed forward gives no references */
-    return st;
+    return forward_failed(m, st);
   }
   if (*nout < 0 || *nout > GCAP_MAX_OUTPUTS) {
     int n = *nout;
