@@ -80,6 +80,9 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
   e = result->e;
   gc_clear(e);
   st = GCAP_OK;
+  if (nsave > GC_NODE_MAXSAVED) /* before save[] is read */
+    st = gc_fail(e, GCAP_EINVAL, "%s: %d tensors saved for backward; at most %d", name, nsave,
+                 GC_NODE_MAXSAVED);
   for (i = 0; st == GCAP_OK && i < nin; i++)
     if (in[i] != NULL && in[i]->e != e)
       st = gc_fail(e, GCAP_EINVAL, "%s: input #%d belongs to another engine", name, i + 1);
@@ -90,9 +93,6 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
   if (st == GCAP_OK && (name[0] == '\0' || strlen(name) >= sizeof f->name))
     st = gc_fail(e, GCAP_EINVAL, "a custom node's name must be 1 to %d bytes, got %d",
                  (int)sizeof f->name - 1, (int)strlen(name));
-  if (st == GCAP_OK && nsave > GC_NODE_MAXSAVED)
-    st = gc_fail(e, GCAP_EINVAL, "%s: %d tensors saved for backward; at most %d", name, nsave,
-                 GC_NODE_MAXSAVED);
   if (st != GCAP_OK) {
     if (ud_free) ud_free(ud);
     return st;
