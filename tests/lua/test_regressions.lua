@@ -403,4 +403,25 @@ function TestRegressions:test_function_too_many_arguments ()
   lu.assertEquals(F.apply(a[1]).grad_fn, "Many")
 end
 
+-- A graphed function that reaches a module through a closure: the graphed
+-- backward gives grads to arguments and parameters only, so the closed-over
+-- weight would get grads in warmup and never again (lost after zero_grad).
+-- Refused, naming it; passing the module itself works.
+function TestRegressions:test_closure_parameters_refused ()
+  local lin = gc.nn.Linear(4, 4)
+  local msg = H.assert_err(function ()
+    gc.make_graphed_callables(function (a) return lin(a) end,
+                              {gc.randn({2, 4}, {requires_grad = true})})
+  end, "warmup forward of entry 1 (callable 1, function)", "neither an argument nor a parameter")
+  lu.assertStrContains(msg, debug.getinfo(1, "S").short_src .. ":")
+  lu.assertNil(lin.weight.grad)
+  -- work on the closed-over module under no_grad has no grad to lose
+  local G = gc.make_graphed_callables(function (a) return gc.no_grad(function () return lin(a) end) * a end,
+                                      {gc.randn({2, 4}, {requires_grad = true})})
+  lu.assertEquals(G(gc.ones({2, 4})):shape(), {2, 4})
+  local g = gc.make_graphed_callables(lin, {gc.randn({2, 4}, {requires_grad = true})})
+  g(gc.randn({2, 4})):sum():backward()
+  lu.assertNotNil(lin.weight.grad)
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

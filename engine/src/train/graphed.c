@@ -261,6 +261,70 @@ static gcap_status outs_backward(const ge_outs *o, gcap_tensor *const *grads, in
   return n > 0 ? gc_backward_many(n, t, g, retain) : GCAP_OK;
 }
 
+/* Is t on entry x's surface (an argument or a parameter)? */
+static int on_surface(const ge_entry *x, const gcap_tensor *t) {
+  int k;
+  for (k = 0; k < x->nargs + x->nparams; k++)
+    if (surface(x, k) == t) return 1;
+  return 0;
+}
+
+/* Every leaf that requires grad behind the outputs o of entry i must be on
+** its surface: a graphed backward gives grads to arguments and parameters
+** only, so a tensor reached another way (a module or tensor a function
+** closes over, a module not registered as a child) would get grads in
+** warmup and never again. Refused, naming it, rather than lost. */
+static gcap_status check_leaves(ge_build *b, int i, const ge_outs *o) {
+  ge_entry *x = &b->G->v[i];
+  uint64_t mark = ++b->e->bw_mark; /* the scheduler's marks, a fresh one */
+  gc_node **stack = NULL;
+  int n = 0, cap = 0, k;
+  gcap_status st = GCAP_OK;
+  for (k = 0; k < o->n; k++) {
+    gc_node *r = o->t[k] != NULL ? o->t[k]->grad_fn : NULL;
+    if (r == NULL || r->mark == mark) continue;
+    r->mark = mark;
+    for (stack = NULL, n = 0, cap = 0;;) {
+      int j;
+      for (j = 0; r != NULL && j < r->nin && st == GCAP_OK; j++) {
+        gcap_tensor *leaf = r->leaf[j];
+        gc_node *nx = r->next[j];
+        if (leaf != NULL && !on_surface(x, leaf)) {
+          char sh[64];
+          st = gc_fail(b->e, GCAP_EINVAL,
+                       "make_graphed_callables: warmup forward of entry %d (callable %d, %s): its "
+                       "output depends on a %s %s tensor that requires grad and is neither an "
+                       "argument nor a parameter of the callable (a module or tensor it reaches "
+                       "through a closure, or a module not registered as a child?); its grad would "
+                       "not be replayed: pass the module itself, register it as a child, pass the "
+                       "tensor as an argument, or detach it",
+                       i + 1, x->callable + 1, gcap_module_type(x->m),
+                       gc_shape_str(leaf, sh, sizeof sh), gc_dtype_name(leaf->dt));
+        }
+        if (nx != NULL && nx->mark != mark) {
+          nx->mark = mark;
+          if (n == cap) {
+            gc_node **v = (gc_node **)gc_realloc(stack, (size_t)(cap ? 2 * cap : 64) * sizeof *v);
+            if (v == NULL) {
+              st = gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+              break;
+            }
+            stack = v;
+            cap = cap ? 2 * cap : 64;
+          }
+          stack[n++] = nx;
+        }
+      }
+      if (st != GCAP_OK || n == 0) break;
+      r = stack[--n];
+    }
+    free(stack);
+    stack = NULL;
+    if (st != GCAP_OK) break;
+  }
+  return st;
+}
+
 static gcap_status warm_fwd(ge_build *b, int i) {
   ge_entry *x = &b->G->v[i];
   gcap_status st;
@@ -270,6 +334,10 @@ static gcap_status warm_fwd(ge_build *b, int i) {
   st = forward_outs(b, x, &b->warm_out[i]);
   gc_trace_span(b->e, t0, "warmup", "warmup forward of entry %d", i + 1);
   if (st != GCAP_OK) return where(b, st, i, "warmup forward");
+  /* once, while the parameters are all there (before those that get no
+  ** grad, such as a fused-wgrad weight, are pruned) */
+  if (b->G->training && !x->params_known && (st = check_leaves(b, i, &b->warm_out[i])) != GCAP_OK)
+    return st;
   return run_hooks(b, x->callable, GCAP_HOOK_FORWARD);
 }
 
