@@ -15,8 +15,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 runs=${1:-3}
-out=${2:-build/bench}
-mkdir -p "$out"
+dir=${2:-build/bench}
+mkdir -p "$dir"
 if ! python3 -c 'import torch' 2>/dev/null; then
   echo "bench-runs: python3 has no torch; PyTorch's side cannot run" >&2
   exit 1
@@ -24,7 +24,7 @@ fi
 gfiles=() tfiles=()
 for i in $(seq 1 "$runs"); do
   echo "bench-runs: run $i of $runs" >&2
-  g=$out/graphcap-$i.jsonl t=$out/torch-$i.jsonl
+  g=$dir/graphcap-$i.jsonl t=$dir/torch-$i.jsonl
   build/graphcap --device cuda scripts/bench.lua configs >"$g"
   build/graphcap --device cuda scripts/bench.lua scaling >>"$g"
   python3 bench/torch_graphed.py >"$t"
@@ -32,6 +32,6 @@ for i in $(seq 1 "$runs"); do
   gfiles+=("$g")
   tfiles+=("$t")
 done
-build/graphcap scripts/bench_report.lua --svg "$out/ratios.svg" --graphcap "${gfiles[@]}" \
-  --torch "${tfiles[@]}" >"$out/report.md"
-echo "bench-runs: $out/report.md, $out/ratios.svg" >&2
+build/graphcap scripts/bench_report.lua --svg "$dir/ratios.svg" --graphcap "${gfiles[@]}" \
+  --torch "${tfiles[@]}" >"$dir/report.md"
+echo "bench-runs: $dir/report.md, $dir/ratios.svg" >&2

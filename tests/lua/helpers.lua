@@ -106,6 +106,23 @@ function H.assert_err (f, ...)
   return msg
 end
 
+-- Central differences of the scalar function L() at the flat list xs (L
+-- reads xs; step h, 1e-5 unless given).
+function H.numgrad (L, xs, h)
+  h = h or 1e-5
+  local g = {}
+  for j = 1, #xs do
+    local keep = xs[j]
+    xs[j] = keep + h
+    local up = L()
+    xs[j] = keep - h
+    local down = L()
+    xs[j] = keep
+    g[j] = (up - down) / (2 * h)
+  end
+  return g
+end
+
 -- What the engine holds after a full collection: objects, blocks, bytes.
 function H.live ()
   collectgarbage()

@@ -20,22 +20,6 @@ local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's l
 -- ---------------------------------------------------------------------------
 -- Helpers
 
--- Central differences of the scalar function L at the flat list xs.
-local function numgrad (L, xs, h)
-  h = h or 1e-5
-  local g = {}
-  for j = 1, #xs do
-    local keep = xs[j]
-    xs[j] = keep + h
-    local up = L()
-    xs[j] = keep - h
-    local down = L()
-    xs[j] = keep
-    g[j] = (up - down) / (2 * h)
-  end
-  return g
-end
-
 local ATOL, RTOL = 2e-5, 2e-4  -- f32 kernels against double references
 
 --[[
@@ -70,7 +54,7 @@ local function gradcheck (what, inputs, op, ref, tol)
   end
   for i, inp in ipairs(inputs) do
     if inp.grad ~= false then
-      local want = numgrad(L, vals[i], tol.h)
+      local want = H.numgrad(L, vals[i], tol.h)
       lu.assertNotNil(ts[i].grad, what .. ": input " .. i .. " has no grad")
       lu.assertEquals(ts[i].grad:shape(), inp[1], what .. ": grad shape of input " .. i)
       assert_close(flat(ts[i].grad:tolist()), want, atol, rtol,
