@@ -117,18 +117,19 @@ static void l_subtable(lua_State *L, const char *name, const luaL_Reg *funcs, in
 ** the engine box) and the error holder, made before any callback runs so
 ** that a callback never allocates outside lua_pcall. */
 static void l_callbacks(lua_State *L, int eng) {
-  lua_pushvalue(L, eng);
-  lua_pushcclosure(L, l_pforward, 1);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_fwdkey);
-  lua_pushvalue(L, eng);
-  lua_pushcclosure(L, l_phook, 1);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_hookkey);
-  lua_pushvalue(L, eng);
-  lua_pushcclosure(L, l_pcaphook, 1);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_capkey);
-  lua_pushvalue(L, eng);
-  lua_pushcclosure(L, l_pfnbackward, 1);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &l_fnkey);
+  static const struct {
+    lua_CFunction fn;
+    const char *key;
+  } cb[] = {{l_pforward, &l_fwdkey},
+            {l_phook, &l_hookkey},
+            {l_pcaphook, &l_capkey},
+            {l_pfnbackward, &l_fnkey}};
+  size_t i;
+  for (i = 0; i < sizeof cb / sizeof cb[0]; i++) {
+    lua_pushvalue(L, eng);
+    lua_pushcclosure(L, cb[i].fn, 1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, cb[i].key);
+  }
   l_errholder(L);
 }
 
