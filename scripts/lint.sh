@@ -51,6 +51,15 @@ elif [ ${#c_srcs[@]} -gt 0 ]; then
   fi
 fi
 
+# A Lua suite closes its state on exit (os.exit(code, true)), so that the engine and its device
+# memory are freed and the sanitizers' leak checks see real leaks only.
+for f in tests/lua/test_*.lua; do
+  if ! tail -n 3 "$f" | grep -q 'os.exit(lu.LuaUnit.run(), true)'; then
+    echo "lint: $f must end with os.exit(lu.LuaUnit.run(), true)"
+    failed+=(lua-suites)
+  fi
+done
+
 if ! scripts/check-layering.sh; then
   failed+=(layering)
 fi
@@ -59,4 +68,4 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "lint: failed: ${failed[*]}"
   exit 1
 fi
-echo "lint: clean (clang-format, cppcheck, layering)"
+echo "lint: clean (clang-format, cppcheck, layering, Lua suites)"

@@ -350,4 +350,4 @@ function TestFunctionGraphed:test_error_in_backward_at_capture ()
   assert_usable("after a failed capture")
 end
 
-os.exit(lu.LuaUnit.run())
+os.exit(lu.LuaUnit.run(), true)
