@@ -86,9 +86,6 @@ enum {
   NGDV
 };
 
-/* a tensor's bytes must fit an int64 */
-#define MAXNUMEL (INT64_MAX / (int64_t)sizeof(float))
-
 /*
 ** A core call that may call back into Lua, in progress: the frames of the
 ** engine form a stack (callbacks can start core calls of their own). For a

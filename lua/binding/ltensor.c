@@ -53,7 +53,8 @@ static int l_checkshape(lua_State *L, int arg, int64_t *shape, const char *op) {
     if (lua_type(L, -1) != LUA_TNUMBER || !isint || v < 0)
       l_error(L, "%s: shape entry #%d must be a non-negative integer, got %s", op, i + 1,
               l_got(L, -1));
-    if (v > 0 && numel > MAXNUMEL / v) l_error(L, "%s: shape has too many elements", op);
+    if (v > 0 && numel > GCAP_MAXNUMEL / v)
+      l_error(L, "%s: shape is too large (more than 2^40 elements)", op);
     numel *= v;
     shape[i] = v;
     lua_pop(L, 1);
@@ -95,7 +96,8 @@ static void l_nestshape(lua_State *L, LNest *n) {
     if (n->ndim == GCAP_MAXDIM)
       l_error(L, "tensor: entry %s is a table: more than %d dimensions", l_pushpath(L, n, n->ndim),
               GCAP_MAXDIM);
-    if (len > 0 && numel > MAXNUMEL / len) l_error(L, "tensor: nested table has too many elements");
+    if (len > 0 && numel > GCAP_MAXNUMEL / len)
+      l_error(L, "tensor: nested table is too large (more than 2^40 elements)");
     numel *= len;
     n->shape[n->ndim] = len;
     n->pos[n->ndim++] = 1;

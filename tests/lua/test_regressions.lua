@@ -424,4 +424,15 @@ function TestRegressions:test_closure_parameters_refused ()
   lu.assertNotNil(lin.weight.grad)
 end
 
+-- gc.zeros and gc.ones of a shape too large were refused under the name 'full' (the engine
+-- call they share); the binding's own limit said 'shape has too many elements'.
+function TestRegressions:test_too_large_shape_names_the_constructor ()
+  for _, name in ipairs({"zeros", "ones", "empty", "rand"}) do
+    H.assert_err(function () gc[name]({1 << 30, 1 << 20}) end,
+                 name .. ": shape is too large (more than 2^40 elements)")
+  end
+  H.assert_err(function () gc.full({1 << 40, 2}, 3) end, "full: shape is too large")
+  lu.assertEquals(gc.zeros({2, 3}):shape(), {2, 3})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

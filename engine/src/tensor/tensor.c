@@ -38,7 +38,7 @@ gcap_status gc_check_shape(gcap_engine *e, const char *op, int ndim, const int64
     if (shape[i] < 0)
       return gc_fail(e, GCAP_EINVAL, "%s: shape entry #%d must be non-negative, got %lld", op,
                      i + 1, (long long)shape[i]);
-    if (shape[i] > 0 && n > (INT64_C(1) << 40) / shape[i])
+    if (shape[i] > 0 && n > GCAP_MAXNUMEL / shape[i])
       return gc_fail(e, GCAP_EINVAL, "%s: shape is too large (more than 2^40 elements)", op);
     n *= shape[i];
   }
