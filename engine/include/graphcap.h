@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 #define GCAP_VERSION "0.1.0"
-#define GCAP_MAXDIM 4 /* tensors have 0 to 4 dimensions */
+#define GCAP_MAXDIM 4                    /* tensors have 0 to 4 dimensions */
 #define GCAP_MAXNUMEL ((int64_t)1 << 40) /* and at most 2^40 elements */
 
 typedef struct gcap_engine gcap_engine;
