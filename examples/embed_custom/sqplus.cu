@@ -20,6 +20,6 @@ extern "C" gcap_status sqplus_cuda(void *, void *stream, int nin, const gcap_cus
   unsigned blocks = (unsigned)((n + 255) / 256);
   if (n == 0) return GCAP_OK;
   sqplus_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>((const float *)in[0].data,
-                                                         (float *)out[0].data, n);
+                                                          (float *)out[0].data, n);
   return cudaGetLastError() == cudaSuccess ? GCAP_OK : GCAP_EDEVICE;
 }
