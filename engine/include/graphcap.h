@@ -371,6 +371,60 @@ gcap_status gcap_stream_native(gcap_stream *s, void **out);
 gcap_status gcap_note_access(gcap_tensor *t, int write, const char *what);
 
 /* ------------------------------------------------------------------------ */
+/* Runtime-compiled kernels: CUDA C++ source compiled with NVRTC (found at
+** run time: libnvrtc from the CUDA toolkit; the driver, libcuda, only on a
+** cuda engine), launched as a custom op. Compilation needs no GPU, so a
+** host engine compiles too (its errors show everywhere); a host engine
+** runs the launch's host twin in the kernel's place.                       */
+
+typedef struct gcap_kernel gcap_kernel;
+
+/* Compile `source` and find its __global__ function `name` (an extern "C"
+** name, or a C++ name expression); opts[nopts] are NVRTC options. A
+** compile error is GCAP_EINVAL whose message holds NVRTC's log (lines as
+** "<name>.cu(LINE): error: ..."); no NVRTC is GCAP_EUNSUPPORTED. On a cuda
+** engine the kernel is loaded on its device at once. */
+gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name, int nopts,
+                            const char *const *opts, gcap_kernel **out);
+/* NULL is fine; graphs that recorded a launch keep the kernel. */
+void gcap_kernel_free(gcap_kernel *k);
+
+/* An argument of a launch, in the kernel's parameter order: a tensor (its
+** device address, a pointer parameter), an int or a float. */
+typedef enum gcap_karg_kind { GCAP_KARG_TENSOR = 0, GCAP_KARG_I32, GCAP_KARG_F32 } gcap_karg_kind;
+typedef struct gcap_karg {
+  gcap_karg_kind kind;
+  gcap_tensor *t;
+  int32_t i;
+  float f;
+} gcap_karg;
+
+typedef struct gcap_launch_desc {
+  unsigned grid[3], block[3]; /* each at least 1 */
+  unsigned shmem;             /* dynamic shared memory, bytes */
+  int nargs;
+  const gcap_karg *args;
+  /* What the kernel reads and writes: every tensor argument is in one of
+  ** them (a tensor written in place is in writes only). */
+  int nreads;
+  gcap_tensor *const *reads;
+  int nwrites;
+  gcap_tensor *const *writes;
+  /* The host twin, run by a host engine in the kernel's place (now, or at
+  ** each replay of a graph that recorded it) with in = reads, out =
+  ** writes; NULL: the launch fails on a host engine. host_ud_free (may be
+  ** NULL) is called once on host_ud when the launch is gone, at once on a
+  ** failure. */
+  gcap_custom_fn host;
+  void *host_ud;
+  void (*host_ud_free)(void *ud);
+} gcap_launch_desc;
+
+/* Launch k on the current stream as custom op k's name: captured as a
+** kernel node on cuda, its host twin recorded on the host backend. */
+gcap_status gcap_kernel_launch(gcap_kernel *k, const gcap_launch_desc *l);
+
+/* ------------------------------------------------------------------------ */
 /* Modules: a forward function with named parameters (in registration
 ** order, then the children's, prefixed "child."), buffers, children, a
 ** training flag, and four hook lists run around each call.                 */

@@ -76,7 +76,8 @@ static gcap_status co_backward(void *ud, int nsaved, gcap_tensor *const *saved, 
   return op->d.backward(op->d.ud, nsaved, saved, g, nin, gin);
 }
 
-/* Everything about a call that can be checked before anything happens. */
+/* Everything about a call that can be checked before its outputs are made
+** (gc_custom_launch checks the count of operands). */
 static gcap_status co_check(gcap_custom_op *op, int nin, gcap_tensor *const *in, int nout,
                             const gcap_custom_out *spec, int nsave, const int *save) {
   gcap_engine *e = op->e;
@@ -120,15 +121,17 @@ static void co_arg(gcap_custom_arg *a, const gcap_tensor *t) {
   a->numel = t->numel;
 }
 
-/* Note the op's accesses, keep it in the open capture's graph and launch it
-** on the current stream; a failure invalidates the open capture. */
-static gcap_status co_launch(gcap_custom_op *op, int nin, gcap_tensor *const *in, int nout,
+gcap_status gc_custom_launch(gcap_custom_op *op, int nin, gcap_tensor *const *in, int nout,
                              gcap_tensor *const *out) {
   gcap_engine *e = op->e;
   gcap_custom_arg arg[CO_MAXARGS];
   gc_custom c;
-  gcap_status st = GCAP_OK;
+  gcap_status st;
   int i;
+  if (nin + nout > CO_MAXARGS)
+    return gc_fail(e, GCAP_EINVAL, "custom op '%s': %d operands; at most %d", op->name, nin + nout,
+                   CO_MAXARGS);
+  if ((st = gc_check_stream(e, e->current, op->label)) != GCAP_OK) return st;
   e->note_what = op->label;
   for (i = 0; st == GCAP_OK && i < nin + nout; i++) {
     const gcap_tensor *t = i < nin ? in[i] : out[i - nin];
@@ -177,7 +180,7 @@ gcap_status gcap_custom_call(gcap_custom_op *op, int nin, gcap_tensor *const *in
   if ((st = co_check(op, nin, in, nout, spec, nsave, save)) != GCAP_OK) return st;
   for (i = 0; st == GCAP_OK && i < nout; i++)
     st = gc_tensor_alloc(e, op->name, spec[i].dtype, spec[i].ndim, spec[i].shape, &out[i]);
-  if (st == GCAP_OK) st = co_launch(op, nin, in, nout, out);
+  if (st == GCAP_OK) st = gc_custom_launch(op, nin, in, nout, out);
   if (st == GCAP_OK && op->d.backward && gc_grad_needed(e, in, nin)) {
     for (i = 0; i < nsave; i++)
       saved[i] = save[i] < nin ? in[save[i]] : out[save[i] - nin];
