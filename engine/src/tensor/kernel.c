@@ -171,7 +171,7 @@ static gcap_status kl_compile(gcap_kernel *k, const char *src, int nopts, const 
     st = gc_fail(e, GCAP_EINVAL, "kernel '%s' does not compile (%s):\n%s", k->name, a->errstr(r),
                  log ? log : "(no log)");
     free(log);
-  } else if ((r = a->lowered(p, k->name, &lowered)) != 0 || lowered == NULL)
+  } else if (a->lowered(p, k->name, &lowered) != 0 || lowered == NULL)
     st = gc_fail(e, GCAP_EINVAL, "kernel '%s': no __global__ function of that name", k->name);
   else if ((k->lowered = kl_strdup(lowered)) == NULL || a->ptx_size(p, &n) != 0 ||
            (k->ptx = (char *)gc_malloc(n)) == NULL || a->ptx(p, k->ptx) != 0)
