@@ -103,7 +103,7 @@ static gcap_status co_check(gcap_custom_op *op, int nin, gcap_tensor *const *in,
       return gc_fail(e, GCAP_EINVAL, "custom op '%s': input #%d is %s", op->name, i + 1,
                      in[i] == NULL ? "NULL" : "of another engine");
   for (i = 0; i < nout; i++) {
-    char what[GC_NAMELEN + 32];
+    char what[GC_NAMELEN + 48];
     snprintf(what, sizeof what, "custom op '%s': output #%d", op->name, i + 1);
     if ((unsigned)spec[i].dtype > GCAP_BF16)
       return gc_fail(e, GCAP_EINVAL, "%s: unknown dtype %d", what, (int)spec[i].dtype);
