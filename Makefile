@@ -73,7 +73,8 @@ endif
 
 .PHONY: all setup lua-module test test-c test-lua run examples bench bench-torch asan fuzz soak lint clean \
         install install-lib install-lua install-bin uninstall
-all: setup $(B)/libgraphcap.a $(SHLIB) $(B)/graphcap $(B)/lua/graphcap/core.so $(TEST_C) $(B)/embed
+all: setup $(B)/libgraphcap.a $(SHLIB) $(B)/graphcap $(B)/lua/graphcap/core.so $(TEST_C) $(B)/embed \
+     $(B)/embed_custom
 
 # Everything that needs Lua's headers, library or interpreter waits for this.
 setup:
@@ -123,6 +124,9 @@ $(B)/lua_embed.o: $(B)/lua_embed.c
 	$(say) CC $<
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
+# Where kernel.c looks for NVRTC when the loader's path has none: the toolkit found here.
+$(B)/engine/src/tensor/kernel.o: override CFLAGS += $(if $(CUDA_HOME),-DGC_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"')
+
 # The program links Lua statically, so it runs where no Lua is installed.
 $(B)/graphcap: $(B)/lua/main.o $(BINDING_OBJ) $(B)/lua_embed.o $(B)/libgraphcap.a | setup
 	$(say) LD $@
@@ -144,6 +148,21 @@ $(B)/tests/%: tests/c/%.c tests/c/t.h $(B)/libgraphcap.a
 $(B)/embed: $(wildcard examples/embed/*.c) $(B)/libgraphcap.a
 	$(say) CC examples/embed
 	$(Q)$(CC) $(CFLAGS) -o $@ $(wildcard examples/embed/*.c) $(B)/libgraphcap.a $(LDLIBS)
+
+# A C host's own kernel as a custom op: its .cu built by nvcc with the cuda backend, its host
+# twin in C always.
+EC_DIR := examples/embed_custom
+EC_OBJ := $(if $(filter 1,$(WITH_CUDA)),$(B)/$(EC_DIR)/sqplus.o)
+EC_DEF := $(if $(filter 1,$(WITH_CUDA)),-DSQPLUS_CUDA)
+$(B)/$(EC_DIR)/sqplus.o: $(EC_DIR)/sqplus.cu $(EC_DIR)/sqplus.h
+	$(say) NVCC $<
+	@mkdir -p $(@D)
+	$(Q)$(NVCC) $(NVFLAGS) $(EC_DEF) -c $< -o $@
+
+$(B)/embed_custom: $(wildcard $(EC_DIR)/*.c) $(EC_DIR)/sqplus.h $(EC_OBJ) $(B)/libgraphcap.a
+	$(say) CC $(EC_DIR)
+	$(Q)$(CC) $(CFLAGS) $(EC_DEF) -o $@ $(wildcard $(EC_DIR)/*.c) $(EC_OBJ) $(B)/libgraphcap.a \
+	  $(LDLIBS)
 
 run: all
 	$(B)/graphcap examples/train_mlp.lua

@@ -5,10 +5,10 @@
 #
 # Per backend, the suites are: each C test BUILD_DIR/tests/test_* (run with
 # GRAPHCAP_DEVICE=BACKEND), each tests/lua/test_*.lua (run as
-# BUILD_DIR/graphcap --device BACKEND FILE -o tap), and BUILD_DIR/embed when it
-# was built (one test, passed when it exits 0); and scripts/test-readme.sh,
-# which runs every lua and c block of README.md and the blocks of docs/*.md
-# marked runnable (not with TEST_ONLY=c).
+# BUILD_DIR/graphcap --device BACKEND FILE -o tap), BUILD_DIR/embed and
+# BUILD_DIR/embed_custom when they were built (one test each, passed when it
+# exits 0), and scripts/test-readme.sh, which runs every lua and c block of
+# README.md and the blocks of docs/*.md marked runnable (not with TEST_ONLY=c).
 #
 # Lines "ok N ..." and "not ok N ..." are counted ("ok N # SKIP" as skipped).
 # A suite that exits non-zero without a "not ok" line (a crash, a load error),
@@ -184,11 +184,13 @@ for be in "$@"; do
   if [ "$only" != c ]; then
     run_suite "$be" README.md tap scripts/test-readme.sh "$build"
   fi
-  embed=$build/embed
-  [ -d "$embed" ] && embed=$build/embed/embed
-  if [ "$only" != lua ] && [ -f "$embed" ] && [ -x "$embed" ]; then
-    run_suite "$be" embed single "$embed"
-  fi
+  for ex in embed embed_custom; do
+    embed=$build/$ex
+    [ -d "$embed" ] && embed=$build/$ex/$ex
+    if [ "$only" != lua ] && [ -f "$embed" ] && [ -x "$embed" ]; then
+      run_suite "$be" "$ex" single "$embed"
+    fi
+  done
 done
 
 echo "=="

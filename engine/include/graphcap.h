@@ -288,6 +288,144 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
                                  gcap_tensor **out);
 
 /* ------------------------------------------------------------------------ */
+/* Custom ops: a C host's own kernel (or library call) launched by the
+** engine like one of its own. The engine checks the capture rules,
+** allocates the outputs on the current stream (in the capture's pool while
+** a capture is open), notes what the op reads (its inputs) and writes (its
+** outputs) for the replay check, and hands the device pointers to one of the
+** op's callbacks: `cuda` on the cuda backend, `host` on the host backend.
+**
+** On cuda the callback runs at once and launches its work on `stream` (a
+** cudaStream_t): inside a capture, what it launches becomes nodes of the
+** graph, and a replay runs those nodes (the callback is not called again).
+** It must not synchronize, read back or allocate device memory while the
+** stream captures: CUDA refuses, the call fails with GCAP_ECAPTURE naming
+** the op and the capture is invalidated. On the host backend the callback
+** is the reference: it runs at once outside a capture; in a capture it is
+** recorded with its arguments and runs at each replay (so the op, and its
+** ud, live as long as a graph that recorded it).
+**
+** A callback returns GCAP_OK or a status, which fails the call (naming the
+** op) and invalidates an open capture; its outputs are then freed. An op
+** with a backward records an autograd node on its output (an op with a
+** backward has exactly one output); the backward is a gcap_autograd_backward
+** (composed of graphcap calls, or of calls of other custom ops) given the
+** op's ud and the tensors the call saved. */
+
+typedef struct gcap_custom_op gcap_custom_op;
+
+/* One operand as a callback sees it: device address, dtype and shape
+** (contiguous, row-major). */
+typedef struct gcap_custom_arg {
+  void *data;
+  gcap_dtype dtype;
+  int ndim;
+  int64_t shape[GCAP_MAXDIM];
+  int64_t numel;
+} gcap_custom_arg;
+
+/* A callback: launch the op on `stream` (the backend's native stream, see
+** gcap_stream_native), reading in[nin] and writing out[nout]. */
+typedef gcap_status (*gcap_custom_fn)(void *ud, void *stream, int nin, const gcap_custom_arg *in,
+                                      int nout, const gcap_custom_arg *out);
+
+typedef struct gcap_custom_desc {
+  const char *name;                /* 1 to 63 bytes: in errors, grad_fn and dumps */
+  gcap_custom_fn cuda;             /* the cuda launch; NULL: none (the op fails on cuda) */
+  gcap_custom_fn host;             /* the host reference; NULL: none (fails on host) */
+  gcap_autograd_backward backward; /* NULL: the op is not differentiable */
+  void *ud;                        /* handed to the callbacks and the backward */
+  void (*ud_free)(void *ud);       /* called once on ud when the op is gone (may be NULL) */
+} gcap_custom_desc;
+
+/* The shape and dtype of one output of a call. */
+typedef struct gcap_custom_out {
+  gcap_dtype dtype;
+  int ndim;
+  int64_t shape[GCAP_MAXDIM];
+} gcap_custom_out;
+
+/* A new op described by *d (copied; its name too). On failure ud_free is
+** called on d->ud at once. The op is reference-counted: graphs that
+** recorded it and autograd nodes keep it after gcap_custom_op_free. */
+gcap_status gcap_custom_op_new(gcap_engine *e, const gcap_custom_desc *d, gcap_custom_op **out);
+/* NULL is fine. */
+void gcap_custom_op_free(gcap_custom_op *op);
+/* Run op on in[nin] (tensors of its engine), giving out[nout] new tensors
+** shaped as spec[nout]. save[nsave] (at most 6) picks the tensors its
+** backward gets: i < nin is input i, nin + j is output j. */
+gcap_status gcap_custom_call(gcap_custom_op *op, int nin, gcap_tensor *const *in, int nout,
+                             const gcap_custom_out *spec, int nsave, const int *save,
+                             gcap_tensor **out);
+
+/* For a host that launches work of its own (a library call) on a graphcap
+** stream: the native handle of s (cuda: its cudaStream_t; host: the host
+** backend's queue, meaningful only to a custom op's callback). Work
+** launched on it directly is invisible to the engine: on the host backend
+** it runs now and is never replayed (use a custom op there). */
+gcap_status gcap_stream_native(gcap_stream *s, void **out);
+/* Declare that work about to be launched on the current stream, outside
+** graphcap, reads (write = 0) or writes t: the open capture's read and
+** write sets (and, eagerly, the pool's writers) take it, so the replay
+** check sees it and names `what` (1 to 63 bytes). Refused, as a launch is,
+** on a stream outside the open capture. */
+gcap_status gcap_note_access(gcap_tensor *t, int write, const char *what);
+
+/* ------------------------------------------------------------------------ */
+/* Runtime-compiled kernels: CUDA C++ source compiled with NVRTC (found at
+** run time: libnvrtc from the CUDA toolkit; the driver, libcuda, only on a
+** cuda engine), launched as a custom op. Compilation needs no GPU, so a
+** host engine compiles too (its errors show everywhere); a host engine
+** runs the launch's host twin in the kernel's place.                       */
+
+typedef struct gcap_kernel gcap_kernel;
+
+/* Compile `source` and find its __global__ function `name` (an extern "C"
+** name, or a C++ name expression); opts[nopts] are NVRTC options. A
+** compile error is GCAP_EINVAL whose message holds NVRTC's log (lines as
+** "<name>.cu(LINE): error: ..."); no NVRTC is GCAP_EUNSUPPORTED. On a cuda
+** engine the kernel is loaded on its device at once. */
+gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name, int nopts,
+                            const char *const *opts, gcap_kernel **out);
+/* NULL is fine; graphs that recorded a launch keep the kernel. */
+void gcap_kernel_free(gcap_kernel *k);
+
+/* An argument of a launch, in the kernel's parameter order: a tensor (its
+** device address, a pointer parameter), an int or a float. */
+typedef enum gcap_karg_kind { GCAP_KARG_TENSOR = 0, GCAP_KARG_I32, GCAP_KARG_F32 } gcap_karg_kind;
+typedef struct gcap_karg {
+  gcap_karg_kind kind;
+  gcap_tensor *t;
+  int32_t i;
+  float f;
+} gcap_karg;
+
+typedef struct gcap_launch_desc {
+  unsigned grid[3], block[3]; /* each at least 1 */
+  unsigned shmem;             /* dynamic shared memory, bytes */
+  int nargs;
+  const gcap_karg *args;
+  /* What the kernel reads and writes: every tensor argument is in one of
+  ** them (a tensor written in place is in writes only). */
+  int nreads;
+  gcap_tensor *const *reads;
+  int nwrites;
+  gcap_tensor *const *writes;
+  /* The host twin, run by a host engine in the kernel's place (now, or at
+  ** each replay of a graph that recorded it) with in = reads, out =
+  ** writes; NULL: the launch fails on a host engine. host_ud_free (may be
+  ** NULL) is called once on host_ud when the launch is gone, at once on a
+  ** failure. */
+  gcap_custom_fn host;
+  void *host_ud;
+  void (*host_ud_free)(void *ud);
+} gcap_launch_desc;
+
+/* Launch k on the current stream as custom op k's name: captured as a
+** kernel node on cuda, its host twin recorded on the host backend. */
+gcap_status gcap_kernel_launch(gcap_kernel *k, const gcap_launch_desc *l);
+
+/* ------------------------------------------------------------------------ */
 /* Modules: a forward function with named parameters (in registration
 ** order, then the children's, prefixed "child."), buffers, children, a
 ** training flag, and four hook lists run around each call.                 */

@@ -36,6 +36,8 @@ LUAI_DDEF const char l_capkey = 'c';  /* the protected part of a capture-time ho
 **                                                     and capture-time hooks, warmup hooks,
 **                                                     progress
 **   gcap_graphed_call             G:call()            module hooks (eager modes)
+**   gcap_graph_replay             g:replay()          kernels' host twins (host backend)
+**   gcap_kernel_launch            k:launch()          its host twin (host backend)
 **
 ** A callback reaches Lua through l_callback, the one caller of lua_pcall.
 */

@@ -33,6 +33,7 @@
 #define OPTIM_MT "graphcap.Optimizer"
 #define GRAPHED_MT "graphcap.Graphed"
 #define ENGINE_MT "graphcap.Engine"
+#define KERNEL_MT "graphcap.Kernel"
 
 #define ENGINE_KEY "graphcap.engine" /* registry slot of the engine box */
 #define ENGINEIDX lua_upvalueindex(1)
@@ -202,6 +203,7 @@ LUAI_DDEC(const char l_fwdkey);  /* the protected part of a Lua forward */
 LUAI_DDEC(const char l_hookkey); /* the protected part of a hook */
 LUAI_DDEC(const char l_capkey);  /* the protected part of a capture-time hook */
 LUAI_DDEC(const char l_fnkey);   /* the protected part of a Function's backward (lfunction.c) */
+LUAI_DDEC(const char l_twinkey); /* the protected part of a kernel's host twin (lkernel.c) */
 
 /* lerror.c: errors that name the user's line */
 LUAI_FUNC int l_error(lua_State *L, const char *fmt, ...);
@@ -314,6 +316,11 @@ LUAI_DDEC(const luaL_Reg l_test_funcs[]);
 /* lfunction.c: gc.autograd.Function's nodes */
 LUAI_FUNC int l_pfnbackward(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_function_funcs[]);
+
+/* lkernel.c: runtime-compiled kernels and their host twins */
+LUAI_FUNC int l_ptwin(lua_State *L);
+LUAI_DDEC(const LClass l_kernel_class);
+LUAI_DDEC(const luaL_Reg l_kernel_funcs[]);
 
 /* loptim.c */
 LUAI_DDEC(const LClass l_optim_class);

@@ -12,21 +12,14 @@
 
 /* The module's functions, by the family that holds them */
 static const luaL_Reg *const l_funcs[] = {
-    l_runtime_funcs, l_tensor_funcs,   l_ops_funcs, l_graphed_funcs,
-    l_error_funcs,   l_function_funcs, NULL};
+    l_runtime_funcs, l_tensor_funcs,   l_ops_funcs,    l_graphed_funcs,
+    l_error_funcs,   l_function_funcs, l_kernel_funcs, NULL};
 
 /* The classes of boxes, the engine's first */
-static const LClass *const l_classes[] = {&l_engine_class,
-                                          &l_tensor_class,
-                                          &l_stream_class,
-                                          &l_event_class,
-                                          &l_pool_class,
-                                          &l_graph_class,
-                                          &l_module_class,
-                                          &l_handle_class,
-                                          &l_optim_class,
-                                          &l_graphed_class,
-                                          NULL};
+static const LClass *const l_classes[] = {&l_engine_class,  &l_tensor_class, &l_stream_class,
+                                          &l_event_class,   &l_pool_class,   &l_graph_class,
+                                          &l_module_class,  &l_handle_class, &l_optim_class,
+                                          &l_graphed_class, &l_kernel_class, NULL};
 
 /* The class of the box at 1: upvalue 2 of its generic methods */
 #define l_class(L) ((const LClass *)lua_touserdata(L, lua_upvalueindex(2)))
@@ -123,7 +116,8 @@ static void l_callbacks(lua_State *L, int eng) {
   } cb[] = {{l_pforward, &l_fwdkey},
             {l_phook, &l_hookkey},
             {l_pcaphook, &l_capkey},
-            {l_pfnbackward, &l_fnkey}};
+            {l_pfnbackward, &l_fnkey},
+            {l_ptwin, &l_twinkey}};
   size_t i;
   for (i = 0; i < sizeof cb / sizeof cb[0]; i++) {
     lua_pushvalue(L, eng);

@@ -344,9 +344,16 @@ static int l_capture_end(lua_State *L) {
   return 0;
 }
 
+static gcap_status l_callreplay(const LRun *r, void *ud) {
+  (void)r;
+  return gcap_graph_replay((gcap_graph *)ud);
+}
+
+/* g:replay(): on the host backend a kernel's Lua twin may run */
 static int l_replay(lua_State *L) {
   LGraph *p = l_checkcaptured(L, "replay");
-  l_check(L, p->e, gcap_graph_replay(p->g), "replay");
+  LRun r = {.call = l_callreplay, .ud = p->g, .e = p->e, .op = "replay"};
+  l_run(L, &r);
   return 0;
 }
 

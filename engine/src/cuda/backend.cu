@@ -184,6 +184,35 @@ static gcap_status cu_launch(gcap_engine *e, void *bs, void *s, int k, const gc_
   return GCAP_OK;
 }
 
+/* A custom op's cuda callback, launching on s (capturing or not). What it
+** launches joins the capture; a sync, read-back or allocation in it makes
+** CUDA invalidate the capture, which is GCAP_ECAPTURE naming the op. */
+static gcap_status cu_custom(gcap_engine *e, void *, void *s, const gc_custom *c) {
+  cudaStream_t cs = (cudaStream_t)s;
+  cudaStreamCaptureStatus before = cudaStreamCaptureStatusNone, after;
+  if (c->cuda == NULL)
+    return gc_fail(e, GCAP_EUNSUPPORTED, "custom op '%s' has no cuda callback", c->name);
+  CUDA_TRY(e, cudaStreamIsCapturing(cs, &before));
+  gcap_status r = c->cuda(c->ud, s, c->nin, c->arg, c->nout, c->arg + c->nin);
+  cudaError_t err = cudaGetLastError();
+  cudaError_t cerr = cudaStreamIsCapturing(cs, &after);
+  if (before == cudaStreamCaptureStatusActive &&
+      (cerr != cudaSuccess || after != cudaStreamCaptureStatusActive)) {
+    (void)cudaGetLastError();
+    return gc_fail(e, GCAP_ECAPTURE,
+                   "custom op '%s': its cuda callback broke the capture (%s): it must not "
+                   "synchronize, read back or allocate device memory while the stream captures",
+                   c->name, cudaGetErrorString(err != cudaSuccess ? err : cerr));
+  }
+  if (r != GCAP_OK)
+    return gc_fail(e, r, "custom op '%s': its cuda callback failed (%s%s%s)", c->name,
+                   gcap_status_str(r), err != cudaSuccess ? ", " : "",
+                   err != cudaSuccess ? cudaGetErrorString(err) : "");
+  if (err != cudaSuccess)
+    return gc_fail(e, GCAP_EDEVICE, "custom op '%s': %s", c->name, cudaGetErrorString(err));
+  return GCAP_OK;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Graphs                                                                    */
 
@@ -303,6 +332,7 @@ static const gc_backend cu_backend = {
     cu_upload,        /* upload */
     cu_download,      /* download */
     cu_launch,        /* launch */
+    cu_custom,        /* custom */
     cu_capture_begin, /* capture_begin */
     cu_capture_end,   /* capture_end */
     cu_instantiate,   /* instantiate */

@@ -19,9 +19,10 @@
 #include "kernels.h"
 
 typedef struct hb_node {
-  int k;
+  int k;      /* a kernel id, or -1: a custom op, c */
   int stream; /* which stream of the capture recorded it: 0 the origin, i the i-th forked */
   gc_kargs a;
+  gc_custom *c; /* a copy owned by the record, its operands after it */
 } hb_node;
 
 typedef struct hb_edge {
@@ -183,17 +184,12 @@ static gcap_status hb_copy(gcap_engine *e, void *bs, void *s, void *dst, const v
   return GCAP_OK;
 }
 
-static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_kargs *a) {
-  hb_stream *st = (hb_stream *)s;
+/* Append a node to the capture stream s records into: kernel k with a, or
+** (k = -1) the custom op c, which the record then owns. */
+static gcap_status hb_record(gcap_engine *e, hb_stream *st, int k, const gc_kargs *a,
+                             gc_custom *c) {
   hb_rec *rec = st->rec;
-  hk_fn fn = hk_kernel(k);
   int i;
-  (void)bs;
-  if (fn == NULL) return gc_fail(e, GCAP_EINVAL, "host backend: unknown kernel %d", k);
-  if (rec == NULL) {
-    fn(a);
-    return GCAP_OK;
-  }
   if (rec->n == rec->cap) {
     int64_t cap = rec->cap ? 2 * rec->cap : 64;
     hb_node *v = (hb_node *)gc_realloc(rec->v, (size_t)cap * sizeof *v);
@@ -209,11 +205,56 @@ static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_
       return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording a capture");
   st->nwait = 0;
   st->tail = rec->n;
+  memset(&rec->v[rec->n], 0, sizeof rec->v[rec->n]);
   rec->v[rec->n].k = k;
   rec->v[rec->n].stream = st->idx;
-  rec->v[rec->n].a = *a;
+  if (a) rec->v[rec->n].a = *a;
+  rec->v[rec->n].c = c;
   rec->n++;
   return GCAP_OK;
+}
+
+static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_kargs *a) {
+  hb_stream *st = (hb_stream *)s;
+  hk_fn fn = hk_kernel(k);
+  (void)bs;
+  if (fn == NULL) return gc_fail(e, GCAP_EINVAL, "host backend: unknown kernel %d", k);
+  if (st->rec == NULL) {
+    fn(a);
+    return GCAP_OK;
+  }
+  return hb_record(e, st, k, a, NULL);
+}
+
+/* Call custom op c's host reference on queue s (now, or at a replay). */
+static gcap_status hb_custom_run(gcap_engine *e, void *s, const gc_custom *c, const char *when) {
+  gcap_status st;
+  if (c->host == NULL)
+    return gc_fail(e, GCAP_EUNSUPPORTED, "custom op '%s' has no host callback", c->name);
+  st = c->host(c->ud, s, c->nin, c->arg, c->nout, c->arg + c->nin);
+  if (st != GCAP_OK)
+    return gc_fail(e, st, "custom op '%s': its host callback failed%s (%s)", c->name, when,
+                   gcap_status_str(st));
+  return GCAP_OK;
+}
+
+/* Outside a capture the reference runs now; in one, a copy of c and its
+** operands is recorded, to run at each replay. */
+static gcap_status hb_custom(gcap_engine *e, void *bs, void *s, const gc_custom *c) {
+  hb_stream *st = (hb_stream *)s;
+  size_t nargs = (size_t)(c->nin + c->nout);
+  gc_custom *copy;
+  gcap_status r;
+  (void)bs;
+  if (st->rec == NULL || c->host == NULL) return hb_custom_run(e, s, c, "");
+  copy = (gc_custom *)gc_malloc(sizeof *copy + nargs * sizeof c->arg[0]);
+  if (copy == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording custom op '%s'", c->name);
+  *copy = *c;
+  copy->arg = (const gcap_custom_arg *)(copy + 1);
+  memcpy(copy + 1, c->arg, nargs * sizeof c->arg[0]);
+  if ((r = hb_record(e, st, -1, NULL, copy)) != GCAP_OK) free(copy);
+  return r;
 }
 
 static gcap_status hb_capture_begin(gcap_engine *e, void *bs, void *s) {
@@ -259,15 +300,23 @@ static gcap_status hb_graph_launch(gcap_engine *e, void *bs, void *exec, void *s
   (void)bs;
   if (((hb_stream *)s)->rec != NULL)
     return gc_fail(e, GCAP_ECAPTURE, "host backend: graph launch into a capturing stream");
-  for (i = 0; i < rec->n; i++)
-    hk_kernel(rec->v[i].k)(&rec->v[i].a);
+  for (i = 0; i < rec->n; i++) {
+    gcap_status r;
+    if (rec->v[i].c == NULL)
+      hk_kernel(rec->v[i].k)(&rec->v[i].a);
+    else if ((r = hb_custom_run(e, s, rec->v[i].c, " at replay")) != GCAP_OK)
+      return r;
+  }
   return GCAP_OK;
 }
 
 static void hb_graph_free(void *bs, void *graph, void *exec) {
   hb_rec *rec = (hb_rec *)(graph ? graph : exec);
+  int64_t i;
   (void)bs;
   if (rec == NULL) return;
+  for (i = 0; i < rec->n; i++)
+    free(rec->v[i].c);
   free(rec->v);
   free(rec->edges);
   free(rec);
@@ -293,9 +342,20 @@ static void hb_dot_escape(FILE *f, const char *s) {
 static void hb_dot_node(gcap_engine *e, FILE *f, int64_t i, const hb_node *nd) {
   char where[160];
   int j, last;
-  fprintf(f, "  n%lld [label=\"#%lld %s", (long long)i, (long long)i, gc_kernel_name(nd->k));
+  fprintf(f, "  n%lld [label=\"#%lld ", (long long)i, (long long)i);
+  if (nd->c) {
+    fputs("custom ", f);
+    hb_dot_escape(f, nd->c->name);
+  } else
+    fputs(gc_kernel_name(nd->k), f);
   if (nd->stream > 0) fprintf(f, " (stream %d)", nd->stream);
   fputs("\\n", f); /* the head line centred, the others left-aligned (\l ends each) */
+  for (j = 0; nd->c && j < nd->c->nin + nd->c->nout; j++) {
+    fprintf(f, "%s %s%d: ", j < nd->c->nin ? "reads " : "writes", j < nd->c->nin ? "in" : "out",
+            j < nd->c->nin ? j : j - nd->c->nin);
+    hb_dot_escape(f, gc_describe_ptr(e, nd->c->arg[j].data, where, sizeof where));
+    fputs("\\l", f);
+  }
   for (last = GC_KINTS - 1; last >= 0 && nd->a.n[last] == 0; last--)
     ;
   if (last >= 0) fputs("n:", f);
@@ -349,10 +409,11 @@ static gcap_status hb_event_sync(gcap_engine *e, void *bs, void *ev) {
 }
 
 static const gc_backend hb_backend = {
-    "host",         hb_init,        hb_shutdown,     hb_malloc,     hb_free,       hb_stream_new,
-    hb_stream_free, hb_sync,        hb_device_sync,  hb_event_new,  hb_event_free, hb_event_record,
-    hb_stream_wait, hb_event_sync,  hb_copy,         hb_copy,       hb_launch,     hb_capture_begin,
-    hb_capture_end, hb_instantiate, hb_graph_launch, hb_graph_free, hb_debug_dump};
+    "host",         hb_init,         hb_shutdown,    hb_malloc,        hb_free,
+    hb_stream_new,  hb_stream_free,  hb_sync,        hb_device_sync,   hb_event_new,
+    hb_event_free,  hb_event_record, hb_stream_wait, hb_event_sync,    hb_copy,
+    hb_copy,        hb_launch,       hb_custom,      hb_capture_begin, hb_capture_end,
+    hb_instantiate, hb_graph_launch, hb_graph_free,  hb_debug_dump};
 
 const gc_backend *gc_host_backend(void) {
   return &hb_backend;

@@ -145,6 +145,18 @@ typedef struct gc_kargs {
   int dt;
 } gc_kargs;
 
+/* A custom op's launch (graphcap.h, "Custom ops"): its callbacks and ud,
+** and its operands, inputs first. The host backend copies it when it
+** records it; name, ud and the callbacks stay valid while a graph holds it
+** (the core keeps the op alive for every graph that recorded it). */
+typedef struct gc_custom {
+  const char *name;
+  gcap_custom_fn host, cuda;
+  void *ud;
+  int nin, nout;
+  const gcap_custom_arg *arg; /* [nin + nout] */
+} gc_custom;
+
 /* The name of kernel k, for messages ("add", "sum", ...; "?" when k is no
 ** kernel id): inline, as every launch names its kernel to the capture checks. */
 extern const char *const gc_kernel_names[GC_K_COUNT];
@@ -190,6 +202,12 @@ typedef struct gc_backend {
 
   /* Launch (or, on a capturing stream, record) kernel k. */
   gcap_status (*launch)(gcap_engine *e, void *bs, void *s, int k, const gc_kargs *a);
+
+  /* Run (or, on a capturing stream, record) custom op c: the backend's
+  ** callback gets its native stream s; a status other than GCAP_OK comes
+  ** with the message set, GCAP_ECAPTURE when the device invalidated the
+  ** capture meanwhile. */
+  gcap_status (*custom)(gcap_engine *e, void *bs, void *s, const gc_custom *c);
 
   /* Capture: begin on s; end on s, giving the captured graph (NULL and an
   ** error when the device refused it). Streams forked in by waiting on an

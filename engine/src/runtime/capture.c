@@ -84,7 +84,8 @@ gcap_pool *gcap_graph_pool(gcap_graph *g) {
 /* ------------------------------------------------------------------------ */
 /* Access sets                                                               */
 
-static int ranges_push(gc_ranges *r, uintptr_t lo, uintptr_t hi, gc_gid producer) {
+static int ranges_push(gc_ranges *r, uintptr_t lo, uintptr_t hi, gc_gid producer,
+                       const char *what) {
   if (r->n == r->cap) {
     int cap = r->cap ? 2 * r->cap : 16;
     gc_range *v = (gc_range *)gc_realloc(r->v, (size_t)cap * sizeof *v);
@@ -95,6 +96,7 @@ static int ranges_push(gc_ranges *r, uintptr_t lo, uintptr_t hi, gc_gid producer
   r->v[r->n].lo = lo;
   r->v[r->n].hi = hi;
   r->v[r->n].producer = producer;
+  r->v[r->n].what = what;
   r->n++;
   return 1;
 }
@@ -122,12 +124,14 @@ static int ranges_has(const gc_ranges *r, uintptr_t lo, uintptr_t hi, gc_gid pro
 
 typedef struct read_ctx {
   gcap_graph *g;
+  const char *what;
   int ok;
 } read_ctx;
 
 static int note_read_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
   read_ctx *rc = (read_ctx *)ud;
-  if (!ranges_has(&rc->g->reads, lo, hi, writer) && !ranges_push(&rc->g->reads, lo, hi, writer))
+  if (!ranges_has(&rc->g->reads, lo, hi, writer) &&
+      !ranges_push(&rc->g->reads, lo, hi, writer, rc->what))
     rc->ok = 0;
   return 0;
 }
@@ -150,7 +154,7 @@ static gcap_status graph_hold(gcap_graph *g, gc_blk *b) {
 
 /* Log a piece of the capture-order map about to be overwritten. */
 static int undo_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
-  return !ranges_push((gc_ranges *)ud, lo, hi, writer);
+  return !ranges_push((gc_ranges *)ud, lo, hi, writer, NULL);
 }
 
 gcap_status gc_note_range(gcap_engine *e, gc_blk *b, uintptr_t lo, uintptr_t hi, int write) {
@@ -173,16 +177,33 @@ gcap_status gc_note_range(gcap_engine *e, gc_blk *b, uintptr_t lo, uintptr_t hi,
   if (write) {
     /* room for this write and for putting back every logged piece, should
     ** the capture fail (cap_free) */
-    if ((!ranges_cover(&g->writes, lo, hi) && !ranges_push(&g->writes, lo, hi, g->id)) ||
+    if ((!ranges_cover(&g->writes, lo, hi) && !ranges_push(&g->writes, lo, hi, g->id, NULL)) ||
         gc_ivmap_each(&p->cap_writers, lo, hi, undo_piece, &e->cap->undo) ||
         !gc_ivmap_reserve(&p->cap_writers, 1 + e->cap->undo.n))
       return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
     gc_ivmap_set(&p->cap_writers, lo, hi, g->id);
   } else if (!ranges_cover(&g->writes, lo, hi)) {
-    read_ctx rc = {g, 1};
+    read_ctx rc = {g, e->note_what, 1};
     gc_ivmap_each(&p->cap_writers, lo, hi, note_read_piece, &rc);
     if (!rc.ok) return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
   }
+  return GCAP_OK;
+}
+
+gcap_status gc_graph_keep(gcap_engine *e, void *obj, void (*release)(void *obj)) {
+  gcap_graph *g;
+  if (e->cap == NULL) return GCAP_OK;
+  g = e->cap->g;
+  if (g->nkept == g->capkept) {
+    int cap = g->capkept ? 2 * g->capkept : 4;
+    gc_kept *v = (gc_kept *)gc_realloc(g->kept, (size_t)cap * sizeof *v);
+    if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
+    g->kept = v;
+    g->capkept = cap;
+  }
+  g->kept[g->nkept].obj = obj;
+  g->kept[g->nkept].release = release;
+  g->nkept++;
   return GCAP_OK;
 }
 
@@ -198,6 +219,11 @@ static void graph_clear(gcap_graph *g) {
   free(g->held);
   g->held = NULL;
   g->nheld = g->capheld = 0;
+  for (i = 0; i < g->nkept; i++) /* after the backend's graph, whose nodes use them */
+    g->kept[i].release(g->kept[i].obj);
+  free(g->kept);
+  g->kept = NULL;
+  g->nkept = g->capkept = 0;
   ranges_free(&g->reads);
   ranges_free(&g->writes);
   memset(&g->stats, 0, sizeof g->stats);
@@ -444,12 +470,14 @@ static gcap_status replay_check(gcap_graph *g) {
     check_ctx cc = {g, g->reads.v[i].producer, 0, 0, 0};
     if (gc_ivmap_each(m, g->reads.v[i].lo, g->reads.v[i].hi, check_piece, &cc)) {
       char a[GC_NAMELEN + 32], b[GC_NAMELEN + 32], c[GC_NAMELEN + 32];
+      char by[GC_NAMELEN + 32] = "";
+      if (g->reads.v[i].what) snprintf(by, sizeof by, " (read by %s)", g->reads.v[i].what);
       return gc_fail(g->e, GCAP_EREPLAY,
-                     "replay: %s refused: it reads %zu bytes at 0x%llx that %s wrote at "
+                     "replay: %s refused: it reads %zu bytes at 0x%llx%s that %s wrote at "
                      "capture, but %s (sharing the pool) has overwritten them since; replay "
                      "graphs that share a pool in the order they were captured",
                      graph_label(g->e, g->id, c, sizeof c), (size_t)(cc.hi - cc.lo),
-                     (unsigned long long)cc.lo, graph_label(g->e, cc.producer, a, sizeof a),
+                     (unsigned long long)cc.lo, by, graph_label(g->e, cc.producer, a, sizeof a),
                      graph_label(g->e, cc.culprit, b, sizeof b));
     }
   }

@@ -136,8 +136,15 @@ void gc_stream_destroy(gcap_stream *s);
 
 typedef struct gc_range {
   uintptr_t lo, hi;
-  gc_gid producer; /* reads: the writer expected at replay */
+  gc_gid producer;  /* reads: the writer expected at replay */
+  const char *what; /* reads: the op that read them first (e->note_what then), or NULL */
 } gc_range;
+
+/* Something a graph keeps alive while it lives (a custom op it recorded). */
+typedef struct gc_kept {
+  void *obj;
+  void (*release)(void *obj);
+} gc_kept;
 
 typedef struct gc_ranges {
   gc_range *v;
@@ -157,6 +164,8 @@ struct gcap_graph {
   gc_ranges reads, writes; /* pool bytes read before written; bytes written */
   gc_blk **held;           /* blocks outside the pool the graph touches, kept alive */
   int nheld, capheld;
+  gc_kept *kept; /* objects its nodes use, released when it is cleared */
+  int nkept, capkept;
   gcap_graph_stats stats;
   struct gcap_graph *next_dead;
 };
@@ -180,6 +189,10 @@ typedef struct gc_capture {
 ** (gc_note_access, tensor.h, brings every write of the engine's kernels
 ** here, so the in-place ones are counted). */
 gcap_status gc_note_range(gcap_engine *e, gc_blk *b, uintptr_t lo, uintptr_t hi, int write);
+/* The open capture's graph keeps obj until it is cleared, then calls
+** release(obj); without a capture, or failing (out of memory), nothing is
+** kept and the caller keeps its reference. */
+gcap_status gc_graph_keep(gcap_engine *e, void *obj, void (*release)(void *obj));
 void gc_graph_destroy(gcap_graph *g);
 
 /* ------------------------------------------------------------------------ */
@@ -199,6 +212,8 @@ struct gcap_engine {
   gc_capture *cap; /* the open capture, or NULL */
   uint64_t cap_epoch;
   int replay_check;
+  const char *note_what; /* the op whose accesses are being noted, for the replay check's
+                            message (a kernel's name, or a name the open capture keeps) */
   int grad_enabled;
   uint64_t module_gen; /* bumped whenever a module registers something */
   uint64_t bw_mark;    /* backward pass counter (node marks) */

@@ -98,6 +98,14 @@ gcap_status gcap_stream_synchronize(gcap_stream *s) {
   return e->be->stream_sync(e, e->bs, s->bs);
 }
 
+gcap_status gcap_stream_native(gcap_stream *s, void **out) {
+  if (out != NULL) *out = NULL;
+  if (s == NULL || out == NULL) return GCAP_EINVAL;
+  gc_clear(s->e);
+  *out = s->bs;
+  return GCAP_OK;
+}
+
 gcap_status gcap_event_new(gcap_engine *e, gcap_event **out) {
   gcap_event *ev;
   gcap_status st;

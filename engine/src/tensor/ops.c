@@ -30,6 +30,7 @@ gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, i
   gcap_status st;
   int i;
   if ((st = gc_check_stream(e, e->current, gc_kernel_name(k))) != GCAP_OK) return st;
+  e->note_what = gc_kernel_name(k);
   for (i = 0; i < nin; i++)
     if ((st = gc_note_access(e, in[i], 0)) != GCAP_OK) return st;
   if (out && (st = gc_note_access(e, out, 1)) != GCAP_OK) return st;
@@ -44,6 +45,7 @@ gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_
   int j;
   if ((st = gc_check_stream(e, e->current, gc_kernel_name(GC_K_FOREACH_ADD))) != GCAP_OK) return st;
   memset(&a, 0, sizeof a);
+  e->note_what = gc_kernel_name(GC_K_FOREACH_ADD);
   for (j = 0; j < n; j++) { /* the notes of n in-place adds or copies, in order */
     if ((add[j] && (st = gc_note_access(e, dst[j], 0)) != GCAP_OK) ||
         (st = gc_note_access(e, src[j], 0)) != GCAP_OK ||

@@ -124,6 +124,16 @@ int gc_node_last_delivery(const gc_node *n);
 gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view);
 
 /* ------------------------------------------------------------------------ */
+/* Custom ops (custom_op.c)                                                  */
+
+/* Launch op on the current stream reading in[nin] and writing out[nout]
+** (existing tensors: new outputs, or tensors written in place): the capture
+** rules, the notes of its accesses, the op kept by the open capture's
+** graph; a failure invalidates the open capture. */
+gcap_status gc_custom_launch(gcap_custom_op *op, int nin, gcap_tensor *const *in, int nout,
+                             gcap_tensor *const *out);
+
+/* ------------------------------------------------------------------------ */
 /* Kernel dispatch (ops.c)                                                   */
 
 /* Launch kernel k on the current stream: capture checks, then the backend. */
