@@ -230,4 +230,4 @@ function TestKernel:test_swiglu_graphed_with_order_and_hooks ()
   lu.assertEquals(#log, 8) -- never on replay
 end
 
-os.exit(lu.LuaUnit.run())
+os.exit(lu.LuaUnit.run(), true)
