@@ -104,6 +104,7 @@ static int l_retlength(lua_State *L, const LHookCall *c, int fi, int i, const ch
 ** the core's tensors, not the call's Lua values. */
 static void l_rettensors(lua_State *L, LHookCall *c, int fi, int want) {
   int nres = lua_gettop(L) - fi, nils = c->a->kind != GCAP_HOOK_FORWARD_PRE, n, i;
+  int bw = c->a->kind == GCAP_HOOK_BACKWARD;
   const char *what = (!nils || want == 1) ? "a tensor, a sequence of tensors or nothing"
                                           : "a sequence of tensors (nil where none) or nothing";
   gcap_tensor **t;
@@ -113,13 +114,11 @@ static void l_rettensors(lua_State *L, LHookCall *c, int fi, int want) {
     l_hookerror(L, c, fi, lua_pushfstring(L, "must return %s, got %d values", what, nres));
   if (lua_type(L, fi + 1) == LUA_TTABLE) {
     n = l_retlength(L, c, fi, fi + 1, what);
-    if (nils && n != want)
+    if (nils && n != want) /* checked here too: n may be far too many to read */
       l_hookerror(L, c, fi,
-                  lua_pushfstring(L,
-                                  "must return %d grad%s (one per %s) or nothing, got a "
-                                  "sequence of %d",
-                                  want, want == 1 ? "" : "s",
-                                  c->a->kind == GCAP_HOOK_BACKWARD ? "input" : "tensor output", n));
+                  lua_pushfstring(L, "must return %d %s%s (one per %s) or nothing, got %d", want,
+                                  bw ? "grad_input" : "grad_output", want == 1 ? "" : "s",
+                                  bw ? "input" : "tensor output", n));
     t = l_inbuf(L, n);
     for (i = 1; i <= n; i++) {
       lua_rawgeti(L, fi + 1, i);

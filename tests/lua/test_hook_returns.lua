@@ -213,11 +213,10 @@ local WRONG = {
    "Sequential: a backward pre-hook returned grad_output #1 of shape [] f32; expected shape "
    .. "[2, 3] f32, as the grad it replaces (hook defined at "},
   {"register_full_backward_pre_hook", function (_, go) return {go, go} end,
-   "a backward pre-hook must return 1 grad (one per tensor output) or nothing, got a sequence "
-   .. "of 2 (hook defined at "},
+   "a backward pre-hook must return 1 grad_output (one per tensor output) or nothing, got 2 "
+   .. "(hook defined at "},
   {"register_full_backward_pre_hook", function () return {} end,
-   "a backward pre-hook must return 1 grad (one per tensor output) or nothing, got a sequence "
-   .. "of 0"},
+   "a backward pre-hook must return 1 grad_output (one per tensor output) or nothing, got 0"},
   {"register_full_backward_pre_hook", function (_, go) return {go, n = "x"} end,
    "a backward pre-hook must return a tensor, a sequence of tensors or nothing, got a table "
    .. "whose n is x"},
@@ -255,8 +254,8 @@ function TestHookReturns:test_backward_without_grad_input ()
     return go
   end)
   assert_err(function () loss(m(x)):backward() end, HERE,
-             "Sequential: a backward hook returned a tensor as grad_input #1, but input #1 needs no "
-             .. "grad: the entry must be absent (nil) (hook defined at " .. HERE)
+             "Sequential: a backward hook returned a tensor as grad_input #1, but input #1 needs "
+             .. "no grad: the entry must be absent (nil) (hook defined at " .. HERE)
   h:remove()
   m:zero_grad()
   m:register_full_backward_hook(function () return nil end)

@@ -2,8 +2,9 @@
 -- nil, and tables of them). A Lua module called directly returns what its
 -- forward returned, unchanged: the same Lua values in the same places, whose
 -- grads flow back as if the forward had been called as a plain function
--- (bit for bit); a module inside a Sequential, one with forward or backward
--- hooks, and a graphed callable still take one output tensor, and say so.
+-- (bit for bit); a module inside a Sequential still takes one output tensor,
+-- and says so; graphed callables return the structure they captured. Hooks
+-- on modules of several outputs: test_multi_hooks.lua.
 --   build/graphcap tests/lua/test_multiout.lua -o tap
 
 local lu = require "luaunit"

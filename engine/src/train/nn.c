@@ -855,8 +855,9 @@ gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, i
   return GCAP_OK;
 }
 
-/* The forward hooks of m on its outputs ys[0..*ny) (references), which
-** they may replace, and which must fit maxout. */
+/* The forward hooks of m on its outputs ys[0..*ny) (references, room for
+** GCAP_MAX_OUTPUTS), which they may replace, and which must then fit
+** maxout. */
 static gcap_status run_forward_hooks(gcap_module *m, gcap_hook_args *a, hook_vals *v, int maxout,
                                      int *ny, gcap_tensor **ys) {
   gcap_status st;
@@ -864,7 +865,12 @@ static gcap_status run_forward_hooks(gcap_module *m, gcap_hook_args *a, hook_val
   a->kind = GCAP_HOOK_FORWARD;
   a->nout = *ny;
   a->out = ys;
-  if ((st = run_hooks(m, a, v, NULL, 0)) != GCAP_OK || a->out == ys) return st;
+  if ((st = run_hooks(m, a, v, NULL, 0)) != GCAP_OK) return st;
+  if (a->out == ys) {
+    if (*ny <= maxout) return GCAP_OK;
+    return gc_fail(m->e, GCAP_EINVAL, "%s: forward gave %d outputs, room for %d", m->type, *ny,
+                   maxout);
+  }
   if (a->nout > maxout)
     return gc_fail(m->e, GCAP_EINVAL, "%s: a forward hook returned %d outputs, room for %d",
                    m->type, a->nout, maxout);
@@ -928,11 +934,6 @@ gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, 
   st = m->route ? m->route(m->route_ud, m->route_entry, nargs, args, &ny, ys)
                 : gc_module_forward(m, nargs, args, &ny, ys);
   if (st != GCAP_OK) goto done;
-  if (ny > maxout) {
-    st =
-        gc_fail(m->e, GCAP_EINVAL, "%s: forward gave %d outputs, room for %d", m->type, ny, maxout);
-    goto done;
-  }
   if ((st = run_forward_hooks(m, &a, &post, maxout, &ny, ys)) != GCAP_OK) goto done;
   if (hc != NULL) {
     if (!hook_slots(hc, 1, ny, ys)) {
