@@ -281,6 +281,11 @@ static int l_register(lua_State *L, gcap_hook_kind kind) {
   int id;
   gcap_status st;
   luaL_checktype(L, 2, LUA_TFUNCTION);
+  if (lua_gettop(L) > 3 || !lua_isnoneornil(L, 3)) /* not dropped without a word */
+    return l_error(L,
+                   "%s: a %s takes no options (PyTorch's prepend, with_kwargs, always_call are "
+                   "not supported), got %s after the function",
+                   gcap_module_type(p->m), gcap_hook_kind_name(kind), l_typename(L, 3));
   lua_settop(L, 2);
   h = (LHandle *)l_newbox(L, sizeof *h, NHV, HANDLE_MT); /* 3 */
   h->le = (LEngine *)lua_touserdata(L, ENGINEIDX);

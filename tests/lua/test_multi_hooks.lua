@@ -247,6 +247,21 @@ function TestMultiHooks:test_wrong_returns ()
   end
 end
 
+-- Registration takes the function alone: PyTorch's options are errors, not
+-- dropped without a word.
+function TestMultiHooks:test_register_options_refused ()
+  local m = Pair()
+  for _, reg in ipairs{"register_forward_pre_hook", "register_forward_hook",
+                       "register_full_backward_pre_hook", "register_full_backward_hook"} do
+    assert_err(function () m[reg](m, function () end, {prepend = true}) end, HERE,
+               "Pair: a ", " takes no options (PyTorch's prepend, with_kwargs, always_call are "
+               .. "not supported), got table after the function")
+  end
+  local x, z = inputs()
+  local o = m(x, z)                                     -- no hook was registered
+  lu.assertEquals(o.p.grad_fn, "mul")
+end
+
 -- Hooks registered on a graphed module run around its replay: the forward
 -- hook is given the outputs in the structure captured, and the backward
 -- pre-hook's doubled grads reach the inputs, as in the eager call.
