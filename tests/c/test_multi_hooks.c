@@ -376,6 +376,40 @@ static void test_two_backwards(void) {
   fx_close(&f);
 }
 
+/* Hooks registered on a graphed module run around its replay: the forward
+** hook sees the replayed outputs (NULL for the absent one), the backward
+** pre-hook's doubled grads reach both inputs, bit for bit as eagerly. */
+static void test_graphed_module(void) {
+  fx f;
+  rec_hook fw = {0}, pre = {0};
+  gcap_tensor *gx = NULL, *gz = NULL, *o[4] = {NULL}, *sx = NULL, *sz = NULL, *sample[2];
+  gcap_tensor *const *args[1];
+  gcap_graphed *G = NULL;
+  int n = 0, nargs = 2;
+  T_SETUP(fx_open(&f, 1), fx_close(&f));
+  T_CHECK(reference(&f, 1, &gx, &gz));
+  T_SETUP((sx = values(f.e, 0.7, 1)) != NULL && (sz = values(f.e, 0.1, 1)) != NULL,
+          (gcap_tensor_free(sx), gcap_tensor_free(gx), gcap_tensor_free(gz), fx_close(&f)));
+  sample[0] = sx, sample[1] = sz;
+  args[0] = sample;
+  T_CHECK_OK(f.e, gcap_make_graphed_callables(f.e, 1, &f.m, 1, &nargs, args, NULL, &G));
+  fw.nret = -1;
+  pre.scale = 1;
+  T_CHECK_OK(f.e, add(&f, GCAP_HOOK_FORWARD, &fw, NULL));
+  T_CHECK_OK(f.e, add(&f, GCAP_HOOK_BACKWARD_PRE, &pre, NULL));
+  T_CHECK_OK(f.e, call_bwd(&f, 1, o, &n));
+  T_CHECK(fw.calls == 1 && fw.n == 4 && fw.seen[0] && !fw.seen[1] && fw.seen[2]);
+  T_CHECK(pre.calls == 1 && pre.n == 3);
+  T_CHECK(scaled_bits(gcap_tensor_grad(f.x), gx, 2.0f));
+  T_CHECK(scaled_bits(gcap_tensor_grad(f.z), gz, 2.0f));
+  outs_free(o, n);
+  gcap_graphed_free(G);
+  gcap_tensor_free(sx), gcap_tensor_free(sz), gcap_tensor_free(gx), gcap_tensor_free(gz);
+  rec_free(&fw);
+  rec_free(&pre);
+  fx_close(&f);
+}
+
 int main(void) {
   T_RUN(test_forward_hook_outputs);
   T_RUN(test_backward_pre_hook);
@@ -383,5 +417,6 @@ int main(void) {
   T_RUN(test_input_without_grad);
   T_RUN(test_wrong_returns);
   T_RUN(test_two_backwards);
+  T_RUN(test_graphed_module);
   return t_done();
 }
