@@ -425,8 +425,8 @@ int gcap_module_num_hooks(const gcap_module *m, gcap_hook_kind kind);
 gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out);
 /* Call m as gcap_module_call does, for any number of outputs: *nout is set
 ** to their count and out[0..*nout-1] to new references, NULL where an
-** output is absent. More outputs than maxout (the room in out) is
-** GCAP_EINVAL. */
+** output is absent. More outputs than maxout (the room in out), as the
+** forward hooks leave them, is GCAP_EINVAL. */
 gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, int maxout,
                                int *nout, gcap_tensor **out);
 /* Clear (set_to_none) or zero the .grad of every parameter. */
