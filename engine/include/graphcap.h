@@ -449,9 +449,9 @@ typedef gcap_status (*gcap_forward_n_fn)(void *ud, gcap_module *m, int nin, gcap
 /* The four kinds of hooks, of modules and of capture_time_hooks alike. */
 typedef enum gcap_hook_kind {
   GCAP_HOOK_FORWARD_PRE = 0, /* before forward: inputs */
-  GCAP_HOOK_FORWARD,         /* after forward: inputs and output */
-  GCAP_HOOK_BACKWARD_PRE,    /* when the grad of the output arrives */
-  GCAP_HOOK_BACKWARD         /* when the grad of the first input is computed */
+  GCAP_HOOK_FORWARD,         /* after forward: inputs and outputs */
+  GCAP_HOOK_BACKWARD_PRE,    /* when the grads of the outputs arrive */
+  GCAP_HOOK_BACKWARD         /* when the grads of the inputs are computed */
 } gcap_hook_kind;
 #define GCAP_HOOK_KINDS 4
 
@@ -467,15 +467,22 @@ const char *gcap_hook_group_key(gcap_hook_kind kind);
 typedef struct gcap_hook_ret gcap_hook_ret;
 
 /* What a module hook sees: the current values, which an earlier hook of the
-** same kind may have replaced (gcap_hook_return). */
+** same kind may have replaced (gcap_hook_return). The "tensor outputs" of a
+** call are its outputs that are not absent, in order; its inputs are all
+** tensors. As PyTorch's full backward hooks, the backward hooks of one call
+** see the grads of all its tensor outputs at once, and the backward hooks
+** the grads of all its inputs at once. */
 typedef struct gcap_hook_args {
   gcap_hook_kind kind;
   int nin;
   gcap_tensor *const *in; /* forward hooks: the inputs */
-  gcap_tensor *out;       /* forward hook: the output */
-  gcap_tensor *grad_out;  /* backward hooks: grad of the output */
-  gcap_tensor *grad_in;   /* backward hook: grad of the first input (NULL if it needs none) */
-  gcap_hook_ret *ret;     /* for gcap_hook_return; not for the hook to touch */
+  int nout;
+  gcap_tensor *const *out; /* forward hook: the outputs, NULL where absent */
+  int ngrad_out;
+  gcap_tensor *const *grad_out; /* backward hooks: one per tensor output, NULL: no grad */
+  int ngrad_in;
+  gcap_tensor *const *grad_in; /* backward hook: one per input, NULL: no grad */
+  gcap_hook_ret *ret;          /* for gcap_hook_return; not for the hook to touch */
 } gcap_hook_args;
 
 /* A module hook; a non-OK status stops the call (or the backward). It
@@ -491,20 +498,23 @@ typedef gcap_status (*gcap_module_hook)(void *ud, gcap_module *m, const gcap_hoo
 ** values. By a->kind, the tensors replace:
 **   GCAP_HOOK_FORWARD_PRE   the inputs: n >= 0 tensors, what the forward
 **                           (and the later hooks) get in their place;
-**   GCAP_HOOK_FORWARD       the output: n = 1, what the call returns;
-**   GCAP_HOOK_BACKWARD_PRE  grad_out: n = 1, its shape and dtype, the grad
-**                           the module's backward (and its backward hooks)
-**                           get;
-**   GCAP_HOOK_BACKWARD      grad_in: n = 1, its shape and dtype, the grad the
-**                           first input gets; when grad_in is NULL (no input
-**                           needs a grad) nothing may be returned.
+**   GCAP_HOOK_FORWARD       the outputs, whole: 0..GCAP_MAX_OUTPUTS tensors,
+**                           NULL where absent, what the call returns;
+**   GCAP_HOOK_BACKWARD_PRE  grad_out: n = ngrad_out, each NULL (no grad) or
+**                           of its output's shape and dtype, the grads the
+**                           module's backward (and its backward hooks) get;
+**   GCAP_HOOK_BACKWARD      grad_in: n = ngrad_in, each NULL (no grad) or of
+**                           its input's shape and dtype, the grads the inputs
+**                           get; an input that needs no grad takes NULL only.
 ** Each later hook of the same kind sees the values the one before returned.
-** They are checked when the hook returns: a wrong count, a NULL, a tensor of
-** another engine, or a grad of another shape or dtype fails the call (or
-** the backward) with GCAP_EINVAL and a message naming the module type, the
-** hook kind, what was expected and what was returned; the module is left as
-** it was. Returns GCAP_EINVAL when `a` is not the argument of a running hook
-** (NULL, or a->ret NULL), n < 0, or t is NULL with n > 0; GCAP_ENOMEM. */
+** They are checked at once and again when the hook returns: a wrong count,
+** a NULL where a tensor is needed, a tensor of another engine, a grad of
+** another shape or dtype or for an input that needs none returns
+** GCAP_EINVAL with a message naming the module type, the hook kind, the
+** entry, what was expected and what was returned, and fails the call (or
+** the backward) even if the hook then returns GCAP_OK; the module is left
+** as it was. Returns GCAP_EINVAL when `a` is not the argument of a running
+** hook (NULL, or a->ret NULL), n < 0, or t is NULL with n > 0; GCAP_ENOMEM. */
 gcap_status gcap_hook_return(const gcap_hook_args *a, int n, gcap_tensor *const *t);
 
 /* A module of type name `type` whose forward is fwd(ud, ...). ud_free (may be
@@ -554,9 +564,8 @@ int gcap_module_num_hooks(const gcap_module *m, gcap_hook_kind kind);
 gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gcap_tensor **out);
 /* Call m as gcap_module_call does, for any number of outputs: *nout is set
 ** to their count and out[0..*nout-1] to new references, NULL where an
-** output is absent. More outputs than maxout (the room in out) is
-** GCAP_EINVAL, and so is a module with forward or backward hooks giving
-** other than one output (those hooks see one output tensor). */
+** output is absent. More outputs than maxout (the room in out), as the
+** forward hooks leave them, is GCAP_EINVAL. */
 gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, int maxout,
                                int *nout, gcap_tensor **out);
 /* Clear (set_to_none) or zero the .grad of every parameter. */

@@ -47,62 +47,129 @@ static int l_packkwargs(lua_State *L, int mi, int n) {
 }
 
 /*
-** The results of a Lua forward cross to the core as its outputs: every
-** tensor (a leaf), in order, a nil result as an absent output, and the
-** tensors inside tables (sequences and maps, nested), table by table. The
-** structure is a template: the results with each tensor replaced by its
-** output number, and n (the count of results) and leaves (of outputs) set;
-** a forward that returns one tensor has none.
+** The results of a Lua forward (or of a forward hook) cross to the core as
+** its outputs: every tensor (a leaf), in order, a nil result as an absent
+** output, and the tensors inside tables (sequences and maps, nested), table
+** by table, the keys of each in sorted order (integers ascending, then
+** strings), as kwargs are. The structure is a template: the results with
+** each tensor replaced by its output number, and n (the count of results)
+** and leaves (of outputs) set; one tensor alone has none.
 */
 
-/* Flatten the value at i (a result when top, else a table's value) into
-** c->out (borrowed: references are taken once all is checked); push its
-** template. */
-static void l_flatten(lua_State *L, LFwdCall *c, int i, int top, int depth, const char *type) {
-  LTensor *t = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
-  luaL_checkstack(L, 4, "results too deep");
-  if (t != NULL || (top && lua_isnil(L, i))) {
-    if (*c->nout == GCAP_MAX_OUTPUTS)
-      l_error(L, "%s:forward returned more than %d tensors", type, GCAP_MAX_OUTPUTS);
-    if (t != NULL && t->t == NULL) l_error(L, "%s:forward returned a closed tensor", type);
-    if (t != NULL) l_keeptensor(L, i); /* a replay gives this same value back */
-    c->out[(*c->nout)++] = t ? t->t : NULL;
-    lua_pushinteger(L, *c->nout);
-  } else if (lua_type(L, i) == LUA_TTABLE) {
-    if (depth > 16) l_error(L, "%s:forward returned tables nested deeper than 16", type);
-    lua_newtable(L);
-    lua_pushnil(L);
-    while (lua_next(L, i) != 0) {
-      if (lua_type(L, -2) != LUA_TSTRING && !lua_isinteger(L, -2))
-        l_error(L, "%s:forward returned a table with a %s key (keys are strings or integers)", type,
-                l_typename(L, -2));
-      l_flatten(L, c, lua_gettop(L), 0, depth + 1, type);
-      lua_pushvalue(L, -3); /* key */
-      lua_insert(L, -2);
-      lua_rawset(L, -5);
-      lua_pop(L, 1); /* the value */
+/* Push the keys of the table at i in sorted order, as a sequence; a key
+** other than a string or an integer is an error naming fl. */
+static void l_sortedkeys(lua_State *L, const LFlat *fl, int i) {
+  int n = 0, j, k;
+  lua_newtable(L);
+  lua_pushnil(L);
+  while (lua_next(L, i) != 0) {
+    lua_pop(L, 1);
+    if (lua_type(L, -1) != LUA_TSTRING && !lua_isinteger(L, -1))
+      l_error(L, "%s returned a table with a %s key (keys are strings or integers)%s", fl->who,
+              l_typename(L, -1), fl->where);
+    lua_pushvalue(L, -1);
+    lua_rawseti(L, -3, ++n);
+  }
+  /* insertion sort: integers before strings, each in its own order */
+  for (j = 2; j <= n; j++) {
+    lua_rawgeti(L, -1, j);
+    for (k = j - 1; k >= 1; k--) {
+      int before;
+      lua_rawgeti(L, -2, k);
+      if (lua_type(L, -1) != lua_type(L, -2))
+        before = lua_type(L, -2) == LUA_TNUMBER; /* the new key is an integer: it goes first */
+      else
+        before = lua_compare(L, -2, -1, LUA_OPLT);
+      if (!before) {
+        lua_pop(L, 1);
+        break;
+      }
+      lua_rawseti(L, -3, k + 1);
     }
-  } else
-    l_error(L, "%s:forward must return tensors, nil or tables of them, got %s", type,
-            l_typename(L, i));
+    lua_rawseti(L, -2, k + 1);
+  }
 }
 
-/* The results of m's forward at fi..fi+n-1 (not one tensor) as outputs:
-** flattened, their references taken; the template on top. */
-static void l_flatresults(lua_State *L, LFwdCall *c, int fi, int n, const char *type) {
+/* Flatten the value at i (a result when top, else a table's value) into
+** fl->out (borrowed: references are taken once all is checked); push its
+** template. */
+static void l_flatten(lua_State *L, LFlat *fl, int i, int top, int depth) {
+  LTensor *t = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
+  luaL_checkstack(L, 6, "results too deep");
+  if (t != NULL || (top && lua_isnil(L, i))) {
+    if (fl->n == GCAP_MAX_OUTPUTS)
+      l_error(L, "%s returned more than %d tensors%s", fl->who, GCAP_MAX_OUTPUTS, fl->where);
+    if (t != NULL && t->t == NULL) l_error(L, "%s returned a closed tensor%s", fl->who, fl->where);
+    if (t != NULL) l_keeptensor(L, i); /* a replay gives this same value back */
+    fl->out[fl->n++] = t ? t->t : NULL;
+    lua_pushinteger(L, fl->n);
+  } else if (lua_type(L, i) == LUA_TTABLE) {
+    int k, nk, keys;
+    if (depth > 16) l_error(L, "%s returned tables nested deeper than 16%s", fl->who, fl->where);
+    l_sortedkeys(L, fl, i);
+    keys = lua_gettop(L);
+    nk = (int)lua_rawlen(L, keys);
+    lua_newtable(L);
+    for (k = 1; k <= nk; k++) {
+      lua_rawgeti(L, keys, k);
+      lua_pushvalue(L, -1);
+      lua_rawget(L, i);
+      l_flatten(L, fl, lua_gettop(L), 0, depth + 1);
+      lua_remove(L, -2); /* the value */
+      lua_rawset(L, -3);
+    }
+    lua_remove(L, keys);
+  } else
+    l_error(L, "%s must return tensors, nil or tables of them, got %s%s", fl->who, l_typename(L, i),
+            fl->where);
+}
+
+/* Flatten the n results at fi.. into fl (no references taken); push their
+** template. */
+void l_flatresults(lua_State *L, LFlat *fl, int fi, int n) {
   int i;
-  *c->nout = 0;
+  fl->n = 0;
   lua_createtable(L, n, 2);
   for (i = 0; i < n; i++) {
-    l_flatten(L, c, fi + i, 1, 0, type);
+    l_flatten(L, fl, fi + i, 1, 0);
     lua_rawseti(L, -2, i + 1);
   }
   lua_pushinteger(L, n);
   lua_setfield(L, -2, "n");
-  lua_pushinteger(L, *c->nout);
+  lua_pushinteger(L, fl->n);
   lua_setfield(L, -2, "leaves");
-  for (i = 0; i < *c->nout; i++)
-    gcap_tensor_retain(c->out[i]);
+}
+
+/* Keep in a call's results table rt the n results at fi.., flattened into
+** fl, with their template (on top): n, tmpl, and leaves (the outputs'
+** addresses, false where absent) to tell whether the core's outputs are
+** still theirs. */
+void l_keepresults(lua_State *L, int rt, int fi, int n, const LFlat *fl) {
+  int i, old;
+  lua_getfield(L, rt, "n");
+  old = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  for (i = 1; i <= old; i++) { /* a forward hook's results replace the forward's */
+    lua_pushnil(L);
+    lua_rawseti(L, rt, i);
+  }
+  for (i = 0; i < n; i++) {
+    lua_pushvalue(L, fi + i);
+    lua_rawseti(L, rt, i + 1);
+  }
+  lua_pushinteger(L, n);
+  lua_setfield(L, rt, "n");
+  lua_pushvalue(L, -1); /* the template */
+  lua_setfield(L, rt, "tmpl");
+  lua_createtable(L, fl->n, 0);
+  for (i = 0; i < fl->n; i++) {
+    if (fl->out[i] != NULL)
+      lua_pushlightuserdata(L, fl->out[i]);
+    else
+      lua_pushboolean(L, 0);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, rt, "leaves");
 }
 
 /* The protected part: Class.forward(self, args...), its results into the
@@ -134,16 +201,18 @@ int l_pforward(lua_State *L) {
     c->out[0] = gcap_tensor_retain(r->t);
     *c->nout = 1;
   } else {
+    LFlat fl;
     int i;
-    l_flatresults(L, c, fi, n, type);
-    for (i = 0; rt != 0 && i < n; i++) { /* m(...) returns them as they are */
-      lua_pushvalue(L, fi + i);
-      lua_rawseti(L, rt, i + 1);
-    }
-    if (rt != 0) {
-      lua_pushinteger(L, n);
-      lua_setfield(L, rt, "n");
-    }
+    fl.out = c->out;
+    fl.where = "";
+    fl.who = lua_pushfstring(L, "%s:forward", type); /* on the stack while in use */
+    l_flatresults(L, &fl, fi, n);
+    if (rt != 0) l_keepresults(L, rt, fi, n, &fl); /* m(...) returns them as they are */
+    if (c->graphing) lua_setiuservalue(L, mi, MV_OUTS);
+    for (i = 0; i < fl.n; i++) /* nothing raises from here on */
+      gcap_tensor_retain(c->out[i]);
+    *c->nout = fl.n;
+    return 0;
   }
   if (c->graphing) lua_setiuservalue(L, mi, MV_OUTS);
   return 0;
@@ -183,17 +252,78 @@ static void l_unflatten(lua_State *L, int i, int base) {
   }
 }
 
-/* When the Lua forward of a call left its results in the call's results
-** table rt (it ran eagerly), push them and return their count, dropping the
-** core's n outputs t[]; else return -1. */
-int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t) {
+/* The n values at base.. (outputs) in the structure of the template at
+** tmpl: replaced by the results, whose count it returns. 'what' and 'type'
+** name the call in an error. */
+int l_structure(lua_State *L, int tmpl, int base, int n, const char *what, const char *type) {
   int i, nres;
+  lua_getfield(L, tmpl, "leaves");
+  if (lua_tointeger(L, -1) != n)
+    return l_error(L, "%s: %s gave %d outputs, but %d when it was graphed", what, type, n,
+                   (int)lua_tointeger(L, -1));
+  lua_getfield(L, tmpl, "n");
+  nres = (int)lua_tointeger(L, -1);
+  lua_pop(L, 2);
+  luaL_checkstack(L, nres + 4, "too many outputs");
+  for (i = 1; i <= nres; i++) {
+    lua_rawgeti(L, tmpl, i);
+    l_unflatten(L, lua_gettop(L), base);
+    lua_remove(L, -2);
+  }
+  /* the results in place of the outputs */
+  for (i = 0; i < nres; i++)
+    lua_copy(L, lua_gettop(L) - nres + 1 + i, base + i);
+  lua_settop(L, base + nres - 1);
+  return nres;
+}
+
+/* Push the n outputs t[] (references, taken over), nil where absent. */
+static void l_pushowned(lua_State *L, int n, gcap_tensor **t) {
+  int i;
+  luaL_checkstack(L, n + 4, "too many outputs");
+  for (i = 0; i < n; i++) {
+    if (t[i] == NULL) {
+      lua_pushnil(L);
+      continue;
+    }
+    l_newtensor(L)->t = t[i];
+    l_knownresult(L);
+  }
+}
+
+/* Are the core's n outputs t[] those of the results table rt (its leaves)? */
+int l_sameleaves(lua_State *L, int rt, int n, gcap_tensor *const *t) {
+  int i, same = 1;
+  lua_getfield(L, rt, "leaves");
+  for (i = 0; same && i < n; i++) {
+    lua_rawgeti(L, -1, i + 1);
+    same = lua_touserdata(L, -1) == (void *)t[i];
+    lua_pop(L, 1);
+  }
+  same = same && lua_rawlen(L, -1) == (lua_Unsigned)n;
+  lua_pop(L, 1);
+  return same;
+}
+
+/* When a call's Lua forward or forward hooks left results other than one
+** tensor in the call's results table rt, push them and return their
+** count: as they are when the core's n outputs t[] (references, taken over)
+** are theirs, else (backward hooks put aliases in their place) the outputs
+** in their structure; return -1 when rt holds none. */
+int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t, const char *type) {
+  int i, nres, base;
   if (lua_getfield(L, rt, "n") != LUA_TNUMBER) {
     lua_pop(L, 1);
     return -1;
   }
   nres = (int)lua_tointeger(L, -1);
   lua_pop(L, 1);
+  if (!l_sameleaves(L, rt, n, t)) {
+    base = lua_gettop(L) + 1;
+    l_pushowned(L, n, t);
+    lua_getfield(L, rt, "tmpl");
+    return l_structure(L, lua_gettop(L), base, n, "call", type);
+  }
   for (i = 0; i < n; i++)
     gcap_tensor_free(t[i]);
   luaL_checkstack(L, nres, "too many results");
@@ -209,41 +339,14 @@ int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t) {
 ** count of values pushed. 'what' names the call in an error.
 */
 int l_pushouts(lua_State *L, int mi, int n, gcap_tensor **t, const char *what) {
-  int i, base, tmpl, nres;
-  luaL_checkstack(L, n + 4, "too many outputs");
-  base = lua_gettop(L) + 1;
-  for (i = 0; i < n; i++) {
-    if (t[i] == NULL) {
-      lua_pushnil(L);
-      continue;
-    }
-    l_newtensor(L)->t = t[i];
-    l_knownresult(L);
-  }
+  int base = lua_gettop(L) + 1;
+  l_pushowned(L, n, t);
   if (lua_getiuservalue(L, mi, MV_OUTS) != LUA_TTABLE) {
     lua_pop(L, 1);
     return n;
   }
-  tmpl = lua_gettop(L);
-  lua_getfield(L, tmpl, "leaves");
-  if (lua_tointeger(L, -1) != n)
-    return l_error(L, "%s: %s gave %d outputs, but %d when it was graphed", what,
-                   gcap_module_type(((LModule *)lua_touserdata(L, mi))->m), n,
-                   (int)lua_tointeger(L, -1));
-  lua_getfield(L, tmpl, "n");
-  nres = (int)lua_tointeger(L, -1);
-  lua_pop(L, 2);
-  luaL_checkstack(L, nres + 4, "too many outputs");
-  for (i = 1; i <= nres; i++) {
-    lua_rawgeti(L, tmpl, i);
-    l_unflatten(L, lua_gettop(L), base);
-    lua_remove(L, -2);
-  }
-  /* the results in place of the outputs */
-  for (i = 0; i < nres; i++)
-    lua_copy(L, tmpl + 1 + i, base + i);
-  lua_settop(L, base + nres - 1);
-  return nres;
+  return l_structure(L, lua_gettop(L), base, n, what,
+                     gcap_module_type(((LModule *)lua_touserdata(L, mi))->m));
 }
 
 /* How many tensors a call of the module at mi passes, with n arguments:

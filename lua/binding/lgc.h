@@ -173,6 +173,14 @@ typedef struct LCall {
   int results; /* in: push the frame's results table after them, if it has one; out: pushed */
 } LCall;
 
+/* Values flattened into outputs (lforward.c): out[0..n), borrowed (room
+** for GCAP_MAX_OUTPUTS); an error reads "<who> returned ...<where>". */
+typedef struct LFlat {
+  gcap_tensor **out;
+  int n;
+  const char *who, *where;
+} LFlat;
+
 /* An engine call that may call back into Lua, for l_run */
 typedef struct LRun LRun;
 struct LRun {
@@ -284,7 +292,12 @@ LUAI_FUNC gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tens
                                     int *nout, gcap_tensor **out);
 LUAI_FUNC int l_pforward(lua_State *L);
 LUAI_FUNC int l_pushouts(lua_State *L, int mi, int n, gcap_tensor **t, const char *what);
-LUAI_FUNC int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t);
+LUAI_FUNC int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t, const char *type);
+LUAI_FUNC int l_structure(lua_State *L, int tmpl, int base, int n, const char *what,
+                          const char *type);
+LUAI_FUNC void l_flatresults(lua_State *L, LFlat *fl, int fi, int n);
+LUAI_FUNC void l_keepresults(lua_State *L, int rt, int fi, int n, const LFlat *fl);
+LUAI_FUNC int l_sameleaves(lua_State *L, int rt, int n, gcap_tensor *const *t);
 LUAI_FUNC int l_maxin(lua_State *L, int mi, int n);
 LUAI_FUNC gcap_tensor **l_inbuf(lua_State *L, int n);
 LUAI_FUNC int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin,

@@ -445,7 +445,7 @@ static int l_graphed_call(lua_State *L) {
   r.nargs = nargs;
   r.results = lua_gettop(L);
   l_run(L, &r);
-  if ((i = l_pushresults(L, r.results, c.nout, c.out)) >= 0) return i;
+  if ((i = l_pushresults(L, r.results, c.nout, c.out, gcap_module_type(m))) >= 0) return i;
   return l_pushouts(L, mi, c.nout, c.out, "graphed call");
 }
 

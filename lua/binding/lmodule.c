@@ -209,10 +209,8 @@ static int l_modcall(lua_State *L, int muted) {
     l_keeptensor(L, i); /* children and hooks see this same value */
   }
   nin = l_flatkwargs(L, 1, nargs > 0 ? nargs + 1 : 0, in, nin, gcap_module_type(m));
-  if (islua) { /* where its forward leaves results other than one tensor */
-    lua_createtable(L, 0, 0);
-    r.results = lua_gettop(L);
-  }
+  lua_createtable(L, 0, 0); /* where its forward or hooks leave results other than one tensor */
+  r.results = lua_gettop(L);
   o.n = 0;
   r.ud = &o;
   r.e = l_engine(L);
@@ -220,7 +218,7 @@ static int l_modcall(lua_State *L, int muted) {
   r.nargs = nargs;
   r.muted = muted;
   l_run(L, &r);
-  if (islua && (i = l_pushresults(L, r.results, o.n, o.t)) >= 0) return i;
+  if ((i = l_pushresults(L, r.results, o.n, o.t, gcap_module_type(m))) >= 0) return i;
   if (!islua && o.n == 1 && o.t[0] != NULL) { /* a built-in's one tensor: no structure */
     l_newtensor(L)->t = o.t[0];
     l_knownresult(L);

@@ -1,7 +1,7 @@
 /*
 ** test_hook_returns.c: module hooks that return values (gcap_hook_return), as
 ** PyTorch's hooks do: a forward pre-hook replaces the inputs, a forward hook
-** the output, a backward pre-hook grad_out, a backward hook grad_in. Each
+** the outputs, a backward pre-hook grad_out, a backward hook grad_in. Each
 ** replacement is checked bit for bit against the same computation done
 ** without hooks (scaling by 2 is exact); a hook that returns nothing keeps
 ** the values; returns of the wrong count, shape or kind fail with a message
@@ -31,11 +31,11 @@ static gcap_tensor *given(const gcap_hook_args *a) {
     case GCAP_HOOK_FORWARD_PRE:
       return a->nin > 0 ? a->in[0] : NULL;
     case GCAP_HOOK_FORWARD:
-      return a->out;
+      return a->nout > 0 ? a->out[0] : NULL;
     case GCAP_HOOK_BACKWARD_PRE:
-      return a->grad_out;
+      return a->grad_out[0];
     case GCAP_HOOK_BACKWARD:
-      return a->grad_in ? a->grad_in : a->grad_out;
+      return a->grad_in[0] ? a->grad_in[0] : a->grad_out[0];
   }
   return NULL;
 }
@@ -230,35 +230,41 @@ static void test_wrong_returns(void) {
   ret_hook two = {1.0, 2, 0, NULL, NULL, 0}, none = {1.0, 0, 0, NULL, NULL, 0},
            scalar = {1.0, 1, 1, NULL, NULL, 0};
   T_SETUP(fx_open(&f, 1), fx_close(&f));
-  refused(&f, GCAP_HOOK_FORWARD, &two, 1, "must return one tensor (the output) or nothing, got 2");
-  refused(&f, GCAP_HOOK_FORWARD, &none, 1, "got 0");
-  refused(&f, GCAP_HOOK_BACKWARD_PRE, &two, 1, "(the grad_output) or nothing, got 2");
+  /* a forward hook may change the count; gcap_module_call refuses other than one */
+  refused(&f, GCAP_HOOK_FORWARD, &two, 0, "gave 2 outputs; this call takes one tensor");
+  refused(&f, GCAP_HOOK_FORWARD, &none, 0, "gave 0 outputs");
+  refused(&f, GCAP_HOOK_BACKWARD_PRE, &two, 1,
+          "must return 1 grad_output (one per tensor output) or nothing, got 2");
   refused(&f, GCAP_HOOK_BACKWARD_PRE, &scalar, 1,
-          "grad_output of shape [] f32; expected shape [2, 3]");
-  refused(&f, GCAP_HOOK_BACKWARD, &scalar, 1, "grad_input of shape [] f32; expected shape [2, 4]");
-  refused(&f, GCAP_HOOK_BACKWARD, &two, 1, "(the grad_input) or nothing, got 2");
+          "grad_output #1 of shape [] f32; expected shape [2, 3]");
+  refused(&f, GCAP_HOOK_BACKWARD, &scalar, 1,
+          "grad_input #1 of shape [] f32; expected shape [2, 4]");
+  refused(&f, GCAP_HOOK_BACKWARD, &two, 1,
+          "must return 1 grad_input (one per input) or nothing, got 2");
   /* a pre-hook may change the count; Linear's forward refuses two inputs */
   refused(&f, GCAP_HOOK_FORWARD_PRE, &two, 0, "expected 1 input, got 2");
   fx_close(&f);
 }
 
-/* No input requires grad: a backward hook has no grad_in to replace. */
+/* No input requires grad: a backward hook's grad_in is NULL and stays so. */
 static void test_backward_without_grad_in(void) {
   fx f;
   ret_hook h = {2.0, 1, 0, NULL, NULL, 0};
   T_SETUP(fx_open(&f, 0), fx_close(&f));
-  refused(&f, GCAP_HOOK_BACKWARD, &h, 1, "there is no grad_input to replace");
+  refused(&f, GCAP_HOOK_BACKWARD, &h, 1,
+          "returned a tensor as grad_input #1, but input #1 needs no grad");
   fx_close(&f);
 }
 
-/* gcap_hook_return outside a hook, or with bad arguments. */
+/* gcap_hook_return outside a hook, or with bad arguments; a return refused
+** fails the call though the hook ignores the refusal. */
 static gcap_status misuse_hook(void *ud, gcap_module *m, const gcap_hook_args *a) {
   int *bad = (int *)ud;
   gcap_tensor *none[1] = {NULL};
   (void)m;
-  *bad =
-      gcap_hook_return(a, -1, none) != GCAP_EINVAL || gcap_hook_return(a, 1, NULL) != GCAP_EINVAL;
-  return gcap_hook_return(a, 1, none); /* accepted here, refused when the hook returns */
+  *bad = gcap_hook_return(a, -1, none) != GCAP_EINVAL ||
+         gcap_hook_return(a, 1, NULL) != GCAP_EINVAL || gcap_hook_return(a, 1, none) != GCAP_EINVAL;
+  return GCAP_OK;
 }
 
 static void test_misuse(void) {
@@ -271,10 +277,11 @@ static void test_misuse(void) {
   T_CHECK(gcap_hook_return(NULL, 0, NULL) == GCAP_EINVAL);
   T_CHECK(gcap_hook_return(&a, 1, &f.x) == GCAP_EINVAL); /* not a running hook's */
   T_CHECK_OK(f.e,
-             gcap_module_register_hook(f.lin, GCAP_HOOK_FORWARD, misuse_hook, &bad, NULL, &id));
+             gcap_module_register_hook(f.lin, GCAP_HOOK_FORWARD_PRE, misuse_hook, &bad, NULL, &id));
   T_CHECK_ST(f.e, gcap_module_call(f.lin, 1, &f.x, &y), GCAP_EINVAL);
   T_CHECK(bad == 0);
-  T_CHECK(t_msg_has(f.e, "Linear: a forward hook returned NULL as output #1; expected a tensor"));
+  T_CHECK(
+      t_msg_has(f.e, "Linear: a forward pre-hook returned NULL as input #1; expected a tensor"));
   T_CHECK(y == NULL);
   T_CHECK_OK(f.e, gcap_module_remove_hook(f.lin, id));
   T_CHECK_OK(f.e, gcap_module_call(f.lin, 1, &f.x, &y));

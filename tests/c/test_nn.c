@@ -397,13 +397,13 @@ static gcap_status log_hook(void *ud, gcap_module *m, const gcap_hook_args *a) {
       t = a->nin > 0 ? a->in[0] : NULL;
       break;
     case GCAP_HOOK_FORWARD:
-      t = a->out;
+      t = a->nout > 0 ? a->out[0] : NULL;
       break;
     case GCAP_HOOK_BACKWARD_PRE:
-      t = a->grad_out;
+      t = a->ngrad_out > 0 ? a->grad_out[0] : NULL;
       break;
     case GCAP_HOOK_BACKWARD:
-      t = a->grad_in;
+      t = a->ngrad_in > 0 ? a->grad_in[0] : NULL;
       break;
   }
   if (l->n < 32) {

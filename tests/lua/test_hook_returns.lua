@@ -194,11 +194,14 @@ end
 -- output and grads again.
 local WRONG = {
   {"register_forward_hook", function () return 3 end,
-   "Sequential: a forward hook must return a tensor or nothing, got number (hook defined at "},
-  {"register_forward_hook", function (_, _, y) return {y} end,
-   "a forward hook must return a tensor or nothing, got table"},
-  {"register_forward_hook", function (_, _, y) return y, y end,
-   "a forward hook must return a tensor or nothing, got 2 values"},
+   "Sequential: a forward hook must return tensors, nil or tables of them, got number (hook "
+   .. "defined at "},
+  {"register_forward_hook", function (_, _, y) return {y, {k = "s"}} end,
+   "Sequential: a forward hook must return tensors, nil or tables of them, got string (hook "
+   .. "defined at "},
+  {"register_forward_hook", function (_, _, y) return {[y] = y} end,
+   "Sequential: a forward hook returned a table with a graphcap.Tensor key (keys are strings or "
+   .. "integers) (hook defined at "},
   {"register_forward_pre_hook", function (_, a) return {a, "b"} end,
    "a forward pre-hook must return a tensor, a sequence of tensors or nothing, got string as "
    .. "element #2 of its sequence"},
@@ -207,14 +210,18 @@ local WRONG = {
   {"register_forward_pre_hook", function (_, a) return {a, a} end,
    "Sequential: expected 1 input, got 2"},
   {"register_full_backward_pre_hook", function (_, go) return go:sum() end,
-   "Sequential: a backward pre-hook returned a grad_output of shape [] f32; expected shape "
-   .. "[2, 3] f32, as the grad it replaces"},
+   "Sequential: a backward pre-hook returned grad_output #1 of shape [] f32; expected shape "
+   .. "[2, 3] f32, as the grad it replaces (hook defined at "},
   {"register_full_backward_pre_hook", function (_, go) return {go, go} end,
-   "a backward pre-hook must return one tensor (the grad_output) or nothing, got 2"},
+   "a backward pre-hook must return 1 grad_output (one per tensor output) or nothing, got 2 "
+   .. "(hook defined at "},
   {"register_full_backward_pre_hook", function () return {} end,
-   "a backward pre-hook must return one tensor (the grad_output) or nothing, got 0"},
+   "a backward pre-hook must return 1 grad_output (one per tensor output) or nothing, got 0"},
+  {"register_full_backward_pre_hook", function (_, go) return {go, n = "x"} end,
+   "a backward pre-hook must return a tensor, a sequence of tensors or nothing, got a table "
+   .. "whose n is x"},
   {"register_full_backward_hook", function (_, gi) return gc.zeros(gi:shape(), "bf16") end,
-   "a backward hook returned a grad_input of shape [2, 4] bf16; expected shape [2, 4] f32"},
+   "a backward hook returned grad_input #1 of shape [2, 4] bf16; expected shape [2, 4] f32"},
   {"register_full_backward_hook", function (_, gi) return gi, gi end,
    "a backward hook must return a tensor, a sequence of tensors or nothing, got 2 values"},
   {"register_full_backward_hook", function () return true end,
@@ -237,8 +244,8 @@ function TestHookReturns:test_wrong_returns ()
   end
 end
 
--- No input requires grad: a backward hook has no grad_input to replace, and
--- returning one is an error (as in PyTorch); returning nil is fine.
+-- No input requires grad: a backward hook is given nil as grad_input, and
+-- returning a grad for it is an error; returning nil is fine.
 function TestHookReturns:test_backward_without_grad_input ()
   local m = model()
   local x = input({2, 4}, 0.9)
@@ -247,8 +254,8 @@ function TestHookReturns:test_backward_without_grad_input ()
     return go
   end)
   assert_err(function () loss(m(x)):backward() end, HERE,
-             "Sequential: a backward hook returned 1 tensor, but no input of the call requires "
-             .. "grad, so there is no grad_input to replace: it must return nothing")
+             "Sequential: a backward hook returned a tensor as grad_input #1, but input #1 needs "
+             .. "no grad: the entry must be absent (nil) (hook defined at " .. HERE)
   h:remove()
   m:zero_grad()
   m:register_full_backward_hook(function () return nil end)

@@ -120,6 +120,8 @@ gcap_status gc_backward_many(int n, gcap_tensor *const *t, gcap_tensor *const *g
 /* Called from the backward of a consumer of n during a backward pass: is
 ** it the last of n's consumers that pass reaches (n runs after it)? */
 int gc_node_last_delivery(const gc_node *n);
+/* Likewise: has no grad reached n yet in this pass? */
+int gc_node_first_delivery(const gc_node *n);
 /* Record `view` as a view of src (grads flow back reshaped). */
 gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view);
 
