@@ -597,10 +597,6 @@ gcap_status gc_backward_many(int n, gcap_tensor *const *t, gcap_tensor *const *g
   return st;
 }
 
-int gc_node_last_delivery(const gc_node *n) {
-  return n->deps == 1;
-}
-
 int gc_node_first_delivery(const gc_node *n) {
   return n->acc == NULL;
 }

@@ -117,10 +117,8 @@ void gc_node_release(gc_node *n);
 /* Backpropagate from n tensors at once (each requires grad), grad[i] the
 ** grad of t[i], each node running once with the sum of what reached it. */
 gcap_status gc_backward_many(int n, gcap_tensor *const *t, gcap_tensor *const *grad, int retain);
-/* Called from the backward of a consumer of n during a backward pass: is
-** it the last of n's consumers that pass reaches (n runs after it)? */
-int gc_node_last_delivery(const gc_node *n);
-/* Likewise: has no grad reached n yet in this pass? */
+/* Called from the backward of a consumer of n during a backward pass: has
+** no grad reached n yet in this pass? */
 int gc_node_first_delivery(const gc_node *n);
 /* Record `view` as a view of src (grads flow back reshaped). */
 gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view);

@@ -1142,18 +1142,26 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   return GCAP_OK;
 }
 
-/* Backward of output k (n->k[0]) of a replay of several grad outputs: its
-** input is the replay's stand-in tensor, whose node (ge_backward) runs once
-** after the last output's node this backward reaches; that one passes it a
-** grad (of the stand-in's shape), the others none. */
+/* Backward of output k (n->k[0]) of a replay of several grad outputs: keep
+** its grad for the replay's stand-in node (ge_backward), which runs once
+** after every output node this backward reaches. The first output node that
+** gets a grad clears what an earlier pass left and passes the stand-in a
+** grad (of its shape; it reads none): an output node that gets none does not
+** run, so waiting for the last one would lose the others' grads. */
 static gcap_status ge_out_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gc_node *join = n->next[0];
   ge_ref *r = (ge_ref *)join->ud;
   ge_entry *x = &r->G->v[r->entry];
-  int k = (int)n->k[0];
+  int k = (int)n->k[0], i;
+  if (gc_node_first_delivery(join)) {
+    for (i = 0; i < x->out.n; i++) {
+      gcap_tensor_free(r->got[i]);
+      r->got[i] = NULL;
+    }
+    gin[0] = gcap_tensor_retain(x->grad_out[x->grad1]);
+  }
   gcap_tensor_free(r->got[k]);
   r->got[k] = gcap_tensor_retain(g);
-  if (gc_node_last_delivery(join)) gin[0] = gcap_tensor_retain(x->grad_out[x->grad1]);
   return GCAP_OK;
 }
 
