@@ -740,7 +740,8 @@ int gcap_dist_local_rank(void);
 /* Free every communicator, release the engine and finalize MPI when
 ** gcap_dist_init initialised it. Groups stay valid handles whose calls fail
 ** (GCAP_ESTATE), and so do graphs that recorded collectives, at replay.
-** Collective. GCAP_ESTATE when not initialised. */
+** Collective. GCAP_ESTATE when not initialised; GCAP_ECAPTURE (the
+** message on the bound engine) while a capture is open. */
 gcap_status gcap_dist_finalize(void);
 
 /* End the whole job now, from any rank, with exit status `code` (MPI_Abort

@@ -125,8 +125,9 @@ static int l_dist_local_rank(lua_State *L) {
 }
 
 static int l_dist_finalize(lua_State *L) {
-  if (gcap_dist_finalize() != GCAP_OK)
+  if (!gcap_dist_is_initialized())
     return l_error(L, "finalize: the distributed runtime is not initialised");
+  l_check(L, l_engine(L), gcap_dist_finalize(), "finalize");
   return 0;
 }
 

@@ -2,7 +2,7 @@
 -- (recorded as nodes, run at each replay): replays with new inputs equal
 -- the eager run bit for bit; send/recv between stages replay in step; the
 -- replay-order check sees a collective's write; what capture forbids
--- (barrier) is refused; the graph dump names the collectives.
+-- (barrier, new_group, finalize) is refused; the graph dump names the collectives.
 --   mpirun -np 2 build/graphcap --device host tests/dist/test_capture.lua
 
 local gc = require "graphcap"
@@ -85,11 +85,17 @@ T.test("the replay-order check sees a collective's write", function ()
   g2:replay(); g3:replay()
 end)
 
-T.test("barrier during a capture is refused; the capture is invalidated", function ()
-  local g = gc.Graph()
-  T.fails(function () g:capture(function () gc.dist.barrier() end) end,
-          {"barrier"}, "barrier in capture")
-  if gc.is_capturing() then error("the capture is still open") end
+T.test("barrier, new_group, finalize during a capture are refused", function ()
+  for _, call in ipairs({
+    {"barrier", function () gc.dist.barrier() end},
+    {"new_group", function () gc.dist.new_group({0}) end},
+    {"finalize", function () gc.dist.finalize() end},
+  }) do
+    local g = gc.Graph()
+    T.fails(function () g:capture(call[2]) end, {call[1]}, call[1] .. " in capture")
+    if gc.is_capturing() then error("the capture is still open") end
+    if not gc.dist.is_initialized() then error(call[1] .. " in capture finalized") end
+  end
 end)
 
 T.test("the dump of a captured graph names its collectives", function ()

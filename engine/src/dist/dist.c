@@ -165,7 +165,9 @@ fail:
 gcap_status gcap_dist_finalize(void) {
   gcap_dist_group *g;
   gcap_engine *e = D.e;
+  gcap_status st;
   if (!D.on) return GCAP_ESTATE;
+  if ((st = gc_check_not_capturing(e, "finalize")) != GCAP_OK) return st;
   (void)e->be->device_sync(e, e->bs); /* collectives in flight finish before their comms go */
   for (g = D.groups; g != NULL; g = g->next) {
     e->be->comm_free(e->bs, g->comm);
