@@ -456,7 +456,7 @@ static gcap_status collective(gcap_tensor *t, gcap_tensor *out, gc_coll_kind kin
   c.peer = gpeer;
   c.src = gc_tensor_ptr(t);
   c.dst = out ? gc_tensor_ptr(out) : gc_tensor_ptr(t);
-  c.count = kind == GC_COLL_REDUCE_SCATTER ? out->numel : t->numel;
+  c.count = out != NULL && kind == GC_COLL_REDUCE_SCATTER ? out->numel : t->numel;
   c.comm = g->comm;
   c.group = g;
   c.run = gc_mpi_collective;
