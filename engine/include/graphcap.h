@@ -721,8 +721,10 @@ int gcap_dist_available(void);
 /* Initialise MPI (unless the host already did), find this process's rank,
 ** the world size and the local rank (its number among the ranks of its
 ** machine), and bind the world to engine e (which it keeps alive until
-** finalize). On cuda the engine must run on GPU local rank mod the device
-** count; the world's NCCL communicator is made from a unique id that rank 0
+** finalize). On cuda the engine must run on GPU number local rank (an
+** engine picks it under mpirun), and a machine needs a GPU per rank
+** (GCAP_EUNSUPPORTED otherwise, as NCCL refuses two ranks on one GPU); the
+** world's NCCL communicator is made from a unique id that rank 0
 ** broadcasts over MPI. Collective: every rank calls it. GCAP_EUNSUPPORTED
 ** in a build without MPI; GCAP_ESTATE when already initialised, or after
 ** gcap_dist_finalize (MPI cannot start twice). */
