@@ -28,6 +28,11 @@ typedef struct gc_dist {
 
 static gc_dist D = {0, 0, 0, -1, -1, -1, 0, NULL, NULL, NULL};
 
+/* Calls that debug mode compares besides the collectives (gc_coll_kind). */
+enum { CALL_BARRIER = GC_COLL_RECV + 1, CALL_FINALIZE };
+
+static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind);
+
 int gcap_dist_available(void) {
   return gc_mpi_built();
 }
@@ -167,7 +172,9 @@ gcap_status gcap_dist_finalize(void) {
   gcap_engine *e = D.e;
   gcap_status st;
   if (!D.on) return GCAP_ESTATE;
-  if ((st = gc_check_not_capturing(e, "finalize")) != GCAP_OK) return st;
+  if ((st = gc_check_not_capturing(e, "finalize")) != GCAP_OK ||
+      (D.debug && (st = debug_call(e, D.world, CALL_FINALIZE)) != GCAP_OK))
+    return st;
   (void)e->be->device_sync(e, e->bs); /* collectives in flight finish before their comms go */
   for (g = D.groups; g != NULL; g = g->next) {
     e->be->comm_free(e->bs, g->comm);
@@ -244,7 +251,8 @@ gcap_status gcap_dist_barrier(gcap_engine *e, gcap_dist_group *g) {
   if ((st = dist_begin(e, "barrier")) != GCAP_OK ||
       (st = gc_check_not_capturing(e, "barrier")) != GCAP_OK ||
       (st = group_check(e, &g, "barrier")) != GCAP_OK ||
-      (st = e->be->stream_sync(e, e->bs, e->current->bs)) != GCAP_OK)
+      (st = e->be->stream_sync(e, e->bs, e->current->bs)) != GCAP_OK ||
+      (D.debug && (st = debug_call(e, g, CALL_BARRIER)) != GCAP_OK))
     return st;
   return gc_mpi_barrier(e, g->mpi, "barrier");
 }
@@ -281,12 +289,16 @@ static void desc_make(int64_t *d, const gc_coll *c, const gcap_tensor *t, const 
   d[DD_PEER] = c->kind == GC_COLL_BROADCAST ? peer : -1;
 }
 
-/* "all_reduce(sum) f32 [2, 3]", "broadcast f32 [4] root 1", into buf. */
+/* "all_reduce(sum) f32 [2, 3]", "broadcast f32 [4] root 1", "barrier", into buf. */
 static const char *desc_str(const int64_t *d, char *buf, size_t n) {
   char shape[96];
   int64_t dims[GCAP_MAXDIM];
   int i, nd = (int)d[DD_NDIM];
   size_t k;
+  if (d[DD_KIND] > GC_COLL_RECV) {
+    snprintf(buf, n, "%s", d[DD_KIND] == CALL_BARRIER ? "barrier" : "finalize");
+    return buf;
+  }
   for (i = 0; i < GCAP_MAXDIM; i++)
     dims[i] = d[DD_SHAPE + i];
   k = (size_t)snprintf(buf, n, "%s", gc_coll_name((int)d[DD_KIND]));
@@ -326,21 +338,47 @@ static gcap_status desc_mismatch(gcap_engine *e, const gcap_dist_group *g, const
   return gc_fail(e, GCAP_EINVAL, "%s: %s", op, msg);
 }
 
+/* Compare descriptor mine (of a call of op) across the ranks of g. */
+static gcap_status debug_agree(gcap_engine *e, const gcap_dist_group *g, const int64_t *mine,
+                               const char *op) {
+  size_t bytes = DD_N * sizeof *mine;
+  int64_t *all;
+  gcap_status st;
+  int i, bad = 0;
+  if ((all = (int64_t *)gc_malloc((size_t)g->size * bytes)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "%s: out of memory", op);
+  if ((st = gc_mpi_allgather(e, g->mpi, mine, all, (int)bytes, op)) == GCAP_OK) {
+    for (i = 1; i < g->size; i++)
+      bad |= memcmp(all, all + i * DD_N, bytes) != 0;
+    if (bad) st = desc_mismatch(e, g, all, op);
+  }
+  free(all);
+  return st;
+}
+
+/* Debug mode for barrier and finalize, which take no tensor: a rank that
+** calls one while another makes a collective is named, not left waiting. */
+static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind) {
+  int64_t mine[DD_N];
+  memset(mine, 0, sizeof mine);
+  mine[DD_KIND] = kind;
+  mine[DD_RED] = mine[DD_OUT] = mine[DD_PEER] = -1;
+  return debug_agree(e, g, mine, kind == CALL_BARRIER ? "barrier" : "finalize");
+}
+
 /* Compare this call with the other ranks': the whole group, or for
 ** send/recv the peer (whose call must be the matching recv/send of the
 ** same dtype and element count). */
 static gcap_status debug_check(gcap_engine *e, const gcap_dist_group *g, const gc_coll *c,
                                const gcap_tensor *t, const gcap_tensor *out, int peer) {
   const char *op = gc_coll_name(c->kind);
-  int64_t mine[DD_N], *all;
-  gcap_status st;
-  int i, bad = 0;
+  int64_t mine[DD_N];
   desc_make(mine, c, t, out, peer);
   if (c->kind == GC_COLL_SEND || c->kind == GC_COLL_RECV) {
     int64_t theirs[DD_N];
     char a[160], b[160];
-    if ((st = gc_mpi_exchange(e, g->mpi, mine, theirs, (int)sizeof mine, c->peer, op)) != GCAP_OK)
-      return st;
+    gcap_status st = gc_mpi_exchange(e, g->mpi, mine, theirs, (int)sizeof mine, c->peer, op);
+    if (st != GCAP_OK) return st;
     if (theirs[DD_KIND] == (c->kind == GC_COLL_SEND ? GC_COLL_RECV : GC_COLL_SEND) &&
         theirs[DD_DT] == mine[DD_DT] && theirs[DD_NUMEL] == mine[DD_NUMEL])
       return GCAP_OK;
@@ -348,15 +386,7 @@ static gcap_status debug_check(gcap_engine *e, const gcap_dist_group *g, const g
                    op, D.rank, desc_str(mine, a, sizeof a), g->ranks[c->peer],
                    desc_str(theirs, b, sizeof b));
   }
-  if ((all = (int64_t *)gc_malloc((size_t)g->size * sizeof mine)) == NULL)
-    return gc_fail(e, GCAP_ENOMEM, "%s: out of memory", op);
-  if ((st = gc_mpi_allgather(e, g->mpi, mine, all, (int)sizeof mine, op)) == GCAP_OK) {
-    for (i = 1; i < g->size; i++)
-      bad |= memcmp(all, all + i * DD_N, sizeof mine) != 0;
-    if (bad) st = desc_mismatch(e, g, all, op);
-  }
-  free(all);
-  return st;
+  return debug_agree(e, g, mine, op);
 }
 
 /* ------------------------------------------------------------------------ */
