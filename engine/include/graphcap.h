@@ -756,7 +756,8 @@ void gcap_dist_abort(int code);
 ** peers) and fail with GCAP_EINVAL naming the op and the ranks that
 ** disagree; barrier and finalize take part (a rank there while others make
 ** a collective is named; the refused finalize leaves the runtime as it
-** was). Checked when the call is made (eagerly, or while capturing), not at
+** was), and new_group compares its rank lists. Checked when the call is made (eagerly, or while
+*capturing), not at
 ** replay. Off by default; on, each call costs one more exchange. Local:
 ** each rank sets its own (set it alike on all). */
 gcap_status gcap_dist_set_debug(gcap_engine *e, int on);

@@ -32,6 +32,7 @@ static gc_dist D = {0, 0, 0, -1, -1, -1, 0, NULL, NULL, NULL};
 enum { CALL_BARRIER = GC_COLL_RECV + 1, CALL_FINALIZE };
 
 static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind);
+static gcap_status debug_group(gcap_engine *e, int n, const int *ranks);
 
 int gcap_dist_available(void) {
   return gc_mpi_built();
@@ -75,13 +76,13 @@ static gcap_status dist_begin(gcap_engine *e, const char *op) {
   return GCAP_OK;
 }
 
-/* "[0, 1, 3]": the world ranks of g, into buf. */
-static const char *ranks_str(const gcap_dist_group *g, char *buf, size_t n) {
+/* "[0, 1, 3]": the ranks v[0..nv), into buf. */
+static const char *ranks_str(const int *v, int nv, char *buf, size_t n) {
   size_t k = 0;
   int i;
   k += (size_t)snprintf(buf, n, "[");
-  for (i = 0; i < g->size && k < n; i++)
-    k += (size_t)snprintf(buf + k, n - k, "%s%d", i ? ", " : "", g->ranks[i]);
+  for (i = 0; i < nv && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, "%s%d", i ? ", " : "", v[i]);
   if (k < n) snprintf(buf + k, n - k, "]");
   return buf;
 }
@@ -217,6 +218,7 @@ gcap_status gcap_dist_new_group(gcap_engine *e, int n, const int *ranks, gcap_di
         return gc_fail(e, GCAP_EINVAL, "new_group: rank %d is given twice (ranks[%d], ranks[%d])",
                        ranks[i], j + 1, i + 1);
   }
+  if (D.debug && (st = debug_group(e, n, ranks)) != GCAP_OK) return st;
   return group_make(e, D.world->mpi, n, ranks, "new_group", out);
 }
 
@@ -241,7 +243,7 @@ static gcap_status group_check(gcap_engine *e, gcap_dist_group **g, const char *
   if (*g == NULL) *g = D.world;
   if ((*g)->rank < 0)
     return gc_fail(e, GCAP_EINVAL, "%s: rank %d is not in the group %s", op, D.rank,
-                   ranks_str(*g, buf, sizeof buf));
+                   ranks_str((*g)->ranks, (*g)->size, buf, sizeof buf));
   return GCAP_OK;
 }
 
@@ -366,6 +368,48 @@ static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind
   return debug_agree(e, g, mine, kind == CALL_BARRIER ? "barrier" : "finalize");
 }
 
+/* Debug mode for new_group: every rank must give the same list. The sizes
+** first (so that the lists' exchange has one size), then the lists; an
+** error names each rank that gave another list than rank 0. */
+static gcap_status debug_group(gcap_engine *e, int n, const int *ranks) {
+  char msg[GC_ERRLEN], buf[128];
+  int *ns, *all = NULL, r, k = 0;
+  gcap_status st;
+  if ((ns = (int *)gc_malloc((size_t)D.size * sizeof *ns)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "new_group: out of memory");
+  if ((st = gc_mpi_allgather(e, D.world->mpi, &n, ns, (int)sizeof n, "new_group")) != GCAP_OK)
+    goto done;
+  for (r = 1; r < D.size && ns[r] == ns[0]; r++)
+    ;
+  if (r < D.size) {
+    st = gc_fail(e, GCAP_EINVAL,
+                 "new_group: ranks disagree on the group (debug mode): rank 0 gave a list of %d, "
+                 "rank %d of %d",
+                 ns[0], r, ns[r]);
+    goto done;
+  }
+  if ((all = (int *)gc_malloc((size_t)D.size * (size_t)n * sizeof *all)) == NULL) {
+    st = gc_fail(e, GCAP_ENOMEM, "new_group: out of memory");
+    goto done;
+  }
+  if ((st = gc_mpi_allgather(e, D.world->mpi, ranks, all, n * (int)sizeof *all, "new_group")) !=
+      GCAP_OK)
+    goto done;
+  for (r = 1; r < D.size; r++)
+    if (memcmp(all, all + (size_t)r * (size_t)n, (size_t)n * sizeof *all) != 0 &&
+        k < (int)sizeof msg)
+      k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d gave %s", r,
+                    ranks_str(all + (size_t)r * (size_t)n, n, buf, sizeof buf));
+  if (k > 0)
+    st = gc_fail(e, GCAP_EINVAL,
+                 "new_group: ranks disagree on the group (debug mode): rank 0 gave %s%s",
+                 ranks_str(all, n, buf, sizeof buf), msg);
+done:
+  free(all);
+  free(ns);
+  return st;
+}
+
 /* Compare this call with the other ranks': the whole group, or for
 ** send/recv the peer (whose call must be the matching recv/send of the
 ** same dtype and element count). */
@@ -456,7 +500,7 @@ static gcap_status coll_check(gcap_tensor *t, gcap_tensor *out, gc_coll_kind kin
                      D.size);
     if ((*gpeer = group_index(*g, peer)) < 0)
       return gc_fail(e, GCAP_EINVAL, "%s: %s %d is not in the group %s", op, what, peer,
-                     ranks_str(*g, buf, sizeof buf));
+                     ranks_str((*g)->ranks, (*g)->size, buf, sizeof buf));
     if (kind != GC_COLL_BROADCAST && peer == D.rank)
       return gc_fail(e, GCAP_EINVAL, "%s: %s %d is this rank itself", op, what, peer);
   }
