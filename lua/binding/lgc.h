@@ -34,6 +34,7 @@
 #define GRAPHED_MT "graphcap.Graphed"
 #define ENGINE_MT "graphcap.Engine"
 #define KERNEL_MT "graphcap.Kernel"
+#define DISTGROUP_MT "graphcap.DistGroup"
 
 #define ENGINE_KEY "graphcap.engine" /* registry slot of the engine box */
 #define ENGINEIDX lua_upvalueindex(1)
@@ -338,6 +339,10 @@ LUAI_DDEC(const luaL_Reg l_kernel_funcs[]);
 /* loptim.c */
 LUAI_DDEC(const LClass l_optim_class);
 LUAI_DDEC(const luaL_Reg l_optim_funcs[]);
+
+/* ldist.c */
+LUAI_DDEC(const LClass l_group_class);
+LUAI_DDEC(const luaL_Reg l_dist_funcs[]);
 
 /* lgraphed.c */
 LUAI_DDEC(const LClass l_graphed_class);

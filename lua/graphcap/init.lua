@@ -21,6 +21,7 @@ gc.optim = require "graphcap.optim"
 gc.autograd = require "graphcap.autograd"
 gc.make_graphed_callables = require "graphcap.graphed"
 gc.cuda = require "graphcap.cuda"
+gc.dist = require "graphcap.dist"
 -- gc.trace.start(path), gc.trace.stop(): Chrome trace-event JSON of warmup,
 -- captures, capture-time hooks and replays (open it in Perfetto)
 gc.trace = {start = core.trace_start, stop = core.trace_stop}
