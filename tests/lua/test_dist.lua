@@ -118,4 +118,4 @@ function TestDist.test_a_failing_rank_ends_the_job ()
   lu.assertTrue(os.time() - t0 < 50)
 end
 
-os.exit(lu.LuaUnit.run())
+os.exit(lu.LuaUnit.run(), true)
