@@ -240,6 +240,21 @@ gcap_status gcap_layer_norm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, doub
                             gcap_tensor **out);
 /* Softmax over dimension dim, which must be the last (-1 or ndim - 1). */
 gcap_status gcap_softmax(gcap_tensor *x, int dim, gcap_tensor **out);
+/* How a mask of softmax or attention is read: added to the scores
+** (GCAP_MASK_ADD: 0 keeps, -inf masks out), or a boolean where nonzero masks
+** out (GCAP_MASK_BOOL, TransformerEngine's convention for attention masks). */
+typedef enum gcap_mask_kind { GCAP_MASK_ADD = 0, GCAP_MASK_BOOL = 1 } gcap_mask_kind;
+/* Softmax over the last dim of z = scale * x, then the mask (NULL: none)
+** read as `kind` and broadcast over x (at most x's dims, each equal or 1,
+** aligned at the last; f32 or bf16 whatever x's dtype), then, when causal,
+** column j > row i of each [.., i, j] matrix of the last two dims masked out
+** (the upper-left triangle kept, PyTorch's is_causal). A row with every
+** column masked out is all zeros (its grads too). The mask gets no grad. */
+gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
+                                gcap_mask_kind kind, int causal, gcap_tensor **out);
+/* out = t where the mask (broadcast over t as softmax's) is 0, `value`
+** where it is nonzero; the filled elements get no grad, the mask none. */
+gcap_status gcap_masked_fill(gcap_tensor *t, gcap_tensor *mask, double value, gcap_tensor **out);
 /* Zero each element with probability p and scale the rest by 1/(1-p) when
 ** training; the identity otherwise. Masks come from the engine's generator. */
 gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **out);

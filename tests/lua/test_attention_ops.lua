@@ -96,4 +96,135 @@ function TestAttentionOps:test_batched_matmul_errors ()
                HERE, "matmul: expected [..., m, k] x [..., k, n]")
 end
 
+-- The flat index into a mask of shape ms (right-aligned, dims 1 broadcast)
+-- of element idx (0-based entries) of shape xs.
+local function mask_offset (xs, ms, idx)
+  local o = 0
+  for d = 1, #ms do
+    local xd = #xs - #ms + d
+    o = o * ms[d] + (ms[d] == 1 and 0 or idx[xd])
+  end
+  return o
+end
+
+-- Every index of shape in row-major order, 0-based entries.
+local function indices (shape)
+  local out, idx = {}, {}
+  local function walk (d)
+    if d > #shape then out[#out + 1] = table.move(idx, 1, #shape, 1, {}); return end
+    for i = 0, shape[d] - 1 do idx[d] = i; walk(d + 1) end
+  end
+  walk(1)
+  return out
+end
+
+-- softmax over the last dim of scale * x (+ mask) in double; o: {scale,
+-- mask, mshape, bool, causal}. A row masked out everywhere is zeros.
+local function ref_softmax (x, xs, o)
+  local cols, z, y = xs[#xs], {}, {}
+  for k, idx in ipairs(indices(xs)) do
+    local v = (o.scale or 1) * x[k]
+    local out = o.causal and idx[#xs] > idx[#xs - 1]
+    if o.mask then
+      local m = o.mask[mask_offset(xs, o.mshape, idx) + 1]
+      if o.bool then out = out or m ~= 0 else v = v + m end
+    end
+    z[k] = out and -math.huge or v
+  end
+  for r = 0, #x // cols - 1 do
+    local mx = -math.huge
+    for c = 1, cols do mx = math.max(mx, z[r * cols + c]) end
+    local s = 0
+    for c = 1, cols do s = s + math.exp(z[r * cols + c] - mx) end
+    for c = 1, cols do
+      y[r * cols + c] = mx == -math.huge and 0 or math.exp(z[r * cols + c] - mx) / s
+    end
+  end
+  return y
+end
+
+-- 0/1 values, every third one set (a row of zeros where rows has them).
+local function bits (n, phase)
+  local v = {}
+  for i = 1, n do v[i] = (i + (phase or 0)) % 3 == 0 and 1 or 0 end
+  return v
+end
+
+function TestAttentionOps:test_softmax_scale_masks_causal ()
+  local xs = {2, 3, 4, 5}
+  local n = numel(xs)
+  local x = H.values(n, 0.3, 2)
+  -- an additive mask over batch and rows, some entries -inf
+  local ms = {2, 1, 4, 5}
+  local m = H.values(numel(ms), 1.7, 1.5)
+  for i = 1, #m, 7 do m[i] = -math.huge end
+  H.gradcheck("softmax additive mask", {{xs, x}, {ms, m, grad = false}},
+              function (t, mt) return gc.F.softmax(t, {scale = 0.5, mask = mt}) end,
+              function (t) return ref_softmax(t, xs, {scale = 0.5, mask = m, mshape = ms}) end)
+  -- a boolean mask over the last two dims, one row masked out everywhere
+  local bs = {4, 5}
+  local b = bits(20)
+  for c = 6, 10 do b[c] = 1 end
+  H.gradcheck("softmax boolean mask", {{xs, x}, {bs, b, grad = false}},
+              function (t, mt) return t:softmax{mask_bool = mt, dim = -1} end,
+              function (t) return ref_softmax(t, xs, {mask = b, mshape = bs, bool = true}) end)
+  -- causal, square and not; with a mask and a scale
+  H.gradcheck("softmax causal [2,4,4]", {{{2, 4, 4}, H.values(32, 0.9)}},
+              function (t) return gc.F.softmax(t, {causal = true}) end,
+              function (t) return ref_softmax(t, {2, 4, 4}, {causal = true}) end)
+  H.gradcheck("softmax causal [3,5] scaled, masked", {{{3, 5}, H.values(15, 0.4)},
+                                                      {{5}, bits(5, 1), grad = false}},
+              function (t, mt) return gc.F.softmax(t, {causal = true, scale = 2, mask_bool = mt}) end,
+              function (t)
+                return ref_softmax(t, {3, 5}, {causal = true, scale = 2, mask = bits(5, 1),
+                                               mshape = {5}, bool = true})
+              end)
+  -- a bf16 mask on f32 scores: read as its own dtype
+  local mb = gc.tensor(H.nest(bits(20), bs), "bf16")
+  local y = gc.F.softmax(gc.tensor(H.nest(x, xs)), {mask_bool = mb})
+  H.assert_close(H.flat(y:tolist()), ref_softmax(H.flat(gc.tensor(H.nest(x, xs)):tolist()), xs,
+                 {mask = bits(20), mshape = bs, bool = true}), 2e-6, 2e-5, "bf16 mask")
+end
+
+function TestAttentionOps:test_masked_fill_values_and_grads ()
+  local xs, ms = {2, 3, 4}, {3, 1}
+  local m = bits(3)
+  H.gradcheck("masked_fill", {{xs, H.values(24, 0.2)}, {ms, m, grad = false}},
+              function (t, mt) return gc.F.masked_fill(t, mt, -7) end,
+              function (t)
+                local y = {}
+                for k, idx in ipairs(indices(xs)) do
+                  y[k] = m[mask_offset(xs, ms, idx) + 1] ~= 0 and -7 or t[k]
+                end
+                return y
+              end)
+  local t = gc.tensor{{1, 2}, {3, 4}}
+  lu.assertEquals(t:masked_fill(gc.tensor{0, 1}, -math.huge):tolist(),
+                  {{1, -math.huge}, {3, -math.huge}})
+end
+
+function TestAttentionOps:test_softmax_and_masked_fill_errors ()
+  local x = gc.zeros{2, 3, 4}
+  H.assert_err(function () return gc.F.softmax(x, {mask = gc.zeros{3, 3}}) end,
+               HERE, "softmax: the mask [3, 3] does not broadcast to [2, 3, 4]")
+  H.assert_err(function () return gc.F.softmax(x, {mask = gc.zeros{4}, mask_bool = gc.zeros{4}}) end,
+               HERE, "softmax: options 'mask' and 'mask_bool' exclude each other")
+  H.assert_err(function () return gc.F.softmax(x, {scale = "2"}) end,
+               HERE, "softmax: option 'scale' must be a number, got string")
+  H.assert_err(function () return gc.F.softmax(x, {causal = 1}) end,
+               HERE, "softmax: option 'causal' must be a boolean, got number")
+  H.assert_err(function () return gc.F.softmax(x, {casual = true}) end,
+               HERE, "softmax: unknown option 'casual'")
+  H.assert_err(function () return gc.F.softmax(x, {dim = 1}) end,
+               HERE, "softmax: only the last dimension is supported (dim -1 or 3), got dim 1")
+  H.assert_err(function () return gc.F.softmax(gc.zeros{4}, {causal = true}) end,
+               HERE, "softmax: causal needs a tensor of at least 2 dims, got 1-D")
+  H.assert_err(function () return gc.F.softmax(x, {scale = math.huge}) end,
+               HERE, "softmax: the scale must be finite, got inf")
+  H.assert_err(function () return gc.F.masked_fill(x, gc.zeros{2, 1, 1, 4}, 0) end,
+               HERE, "masked_fill: the mask [2, 1, 1, 4] does not broadcast to [2, 3, 4]")
+  H.assert_err(function () return gc.F.masked_fill(x, gc.zeros{4}) end,
+               HERE, "bad argument #3 to 'masked_fill' (number expected, got no value)")
+end
+
 os.exit(lu.LuaUnit.run())

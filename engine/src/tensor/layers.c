@@ -223,30 +223,76 @@ fail:
 /* ------------------------------------------------------------------------ */
 /* softmax over the last dimension                                           */
 
-static gcap_status row_kernel(gcap_tensor *out, int k, gcap_tensor *x, gcap_tensor *y) {
+/* softmax of z = scale * x (+ mask, causal) over the last dim into y, not
+** recorded; flags: the mask's GC_MASK_* flags (with GC_MASK_CAUSAL). */
+static gcap_status softmax_run(gcap_tensor *y, gcap_tensor *x, float scale, gcap_tensor *mask,
+                               int64_t flags) {
   gcap_tensor *in[2];
-  int64_t cols = last_dim(out);
+  int64_t cols = last_dim(y);
   gc_kargs a;
   memset(&a, 0, sizeof a);
-  a.p[0] = gc_tensor_ptr(out);
+  a.p[0] = gc_tensor_ptr(y);
   a.p[1] = gc_tensor_ptr(x);
-  a.p[2] = y ? gc_tensor_ptr(y) : NULL;
-  a.n[0] = cols > 0 ? out->numel / cols : 0;
+  a.p[2] = mask ? gc_tensor_ptr(mask) : NULL;
+  a.n[0] = cols > 0 ? y->numel / cols : 0;
   a.n[1] = cols;
-  a.n[3] = a.n[4] = 1; /* no mask: the 4-D shape [rows, 1, 1, cols] */
-  a.f[0] = 1.0f;       /* no scale */
+  a.n[2] = flags;
+  a.n[3] = x->ndim >= 3 ? x->shape[x->ndim - 3] : 1; /* x as 4-D [.., n[3], n[4], cols] */
+  a.n[4] = x->ndim >= 2 ? x->shape[x->ndim - 2] : 1;
+  if (a.n[3] == 0 || a.n[4] == 0) return GCAP_OK; /* no rows */
+  a.f[0] = scale;
   in[0] = x;
-  in[1] = y;
-  return gc_run(out->e, k, &a, in, y ? 2 : 1, out);
+  in[1] = mask;
+  return gc_run(y->e, GC_K_SOFTMAX, &a, in, mask ? 2 : 1, y);
 }
 
+/* saved: y; f[0] = the scale */
 static gcap_status softmax_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
-  gcap_tensor *y = n->saved[0];
+  gcap_tensor *y = n->saved[0], *in[2];
+  int64_t cols = last_dim(y);
+  gc_kargs a;
   gcap_status st;
   if ((st = gc_tensor_alloc(g->e, "softmax backward", y->dt, y->ndim, y->shape, &gin[0])) !=
       GCAP_OK)
     return st;
-  if ((st = row_kernel(gin[0], GC_K_SOFTMAX_BWD, g, y)) != GCAP_OK) return fail_free(&gin[0], st);
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(gin[0]);
+  a.p[1] = gc_tensor_ptr(g);
+  a.p[2] = gc_tensor_ptr(y);
+  a.n[0] = cols > 0 ? y->numel / cols : 0;
+  a.n[1] = cols;
+  a.f[0] = n->f[0];
+  in[0] = g;
+  in[1] = y;
+  if ((st = gc_run(g->e, GC_K_SOFTMAX_BWD, &a, in, 2, gin[0])) != GCAP_OK)
+    return fail_free(&gin[0], st);
+  return GCAP_OK;
+}
+
+gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
+                                gcap_mask_kind kind, int causal, gcap_tensor **out) {
+  int64_t flags = 0;
+  gc_node *n;
+  gcap_status st;
+  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if (x->ndim < (causal ? 2 : 1))
+    return gc_fail(x->e, GCAP_EINVAL, "softmax: %s needs a tensor of at least %d dims, got %d-D",
+                   causal ? "causal" : "a softmax", causal ? 2 : 1, x->ndim);
+  if (!isfinite(scale))
+    return gc_fail(x->e, GCAP_EINVAL, "softmax: the scale must be finite, got %g", scale);
+  if (mask != NULL) {
+    if (kind != GCAP_MASK_ADD && kind != GCAP_MASK_BOOL)
+      return gc_fail(x->e, GCAP_EINVAL, "softmax: unknown mask kind %d", (int)kind);
+    if ((st = gc_mask_flags(x, mask, "softmax", "mask", &flags)) != GCAP_OK) return st;
+    if (kind == GCAP_MASK_BOOL) flags |= GC_MASK_BOOL;
+  }
+  if (causal) flags |= GC_MASK_CAUSAL;
+  if ((st = gc_tensor_alloc(x->e, "softmax", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;
+  if ((st = softmax_run(*out, x, (float)scale, mask, flags)) != GCAP_OK) return fail_free(out, st);
+  if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
+  if ((st = gc_record(*out, "softmax", softmax_backward, &x, 1, out, 1, &n)) != GCAP_OK)
+    return fail_free(out, st);
+  n->f[0] = (float)scale;
   return GCAP_OK;
 }
 
@@ -258,12 +304,7 @@ gcap_status gcap_softmax(gcap_tensor *x, int dim, gcap_tensor **out) {
                    "softmax: only the last dimension is supported (dim -1 or %d), got dim %d of a "
                    "%d-D tensor",
                    x->ndim - 1, dim, x->ndim);
-  if ((st = gc_tensor_alloc(x->e, "softmax", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;
-  if ((st = row_kernel(*out, GC_K_SOFTMAX, x, NULL)) != GCAP_OK) return fail_free(out, st);
-  if (gc_grad_needed(x->e, &x, 1) &&
-      (st = gc_record(*out, "softmax", softmax_backward, &x, 1, out, 1, NULL)) != GCAP_OK)
-    return fail_free(out, st);
-  return GCAP_OK;
+  return gcap_softmax_masked(x, 1.0, NULL, GCAP_MASK_ADD, 0, out);
 }
 
 /* ------------------------------------------------------------------------ */
