@@ -258,6 +258,14 @@ gcap_status gcap_masked_fill(gcap_tensor *t, gcap_tensor *mask, double value, gc
 /* Zero each element with probability p and scale the rest by 1/(1-p) when
 ** training; the identity otherwise. Masks come from the engine's generator. */
 gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **out);
+/* Rows of weight [rows, dim] looked up by ids (0-D to 3-D, integers held as
+** f32 numbers whatever weight's dtype) into ids' shape + [dim]. An id that is
+** no row (1.5, NaN, -1, rows) is refused (GCAP_EINVAL, naming it): outside
+** capture the ids are read back and checked, which waits for them; inside a
+** capture they cannot be, and such an id's row is NaN (its grad dropped).
+** The weight's grad adds each id's row grads in the order of the ids, with
+** no atomics: the same bits at every run. */
+gcap_status gcap_embedding(gcap_tensor *ids, gcap_tensor *weight, gcap_tensor **out);
 /* mean((input - target)^2) into a 0-D tensor. */
 gcap_status gcap_mse_loss(gcap_tensor *input, gcap_tensor *target, gcap_tensor **out);
 /* Mean cross entropy of logits [N, C] against target [N] (class indices

@@ -36,6 +36,11 @@ static int l_cross_entropy(lua_State *L) {
   return l_binary(L, gcap_cross_entropy, "cross_entropy");
 }
 
+/* embedding(ids, weight) */
+static int l_embedding(lua_State *L) {
+  return l_binary(L, gcap_embedding, "embedding");
+}
+
 /* linear(x, w [, b]) and linear_gelu(x, w [, b]) */
 static int l_linear_op(lua_State *L,
                        gcap_status (*op)(gcap_tensor *, gcap_tensor *, gcap_tensor *,
@@ -99,6 +104,7 @@ LUAI_DDEF const luaL_Reg l_F_funcs[] = {{"linear", l_linear},
                                         {"dropout", l_dropout},
                                         {"mse_loss", l_mse_loss},
                                         {"cross_entropy", l_cross_entropy},
+                                        {"embedding", l_embedding},
                                         {NULL, NULL}};
 
 /* functions of the module */

@@ -288,6 +288,17 @@ static gcap_status f_masked_fill(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_masked_fill(x[0], x[1], -3.5, y);
 }
 
+/* embedding of ids x[0] (class-id fill, converted to the f32 ids are held
+** in) into the table x[1] */
+static gcap_status f_embedding(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_tensor *ids = NULL;
+  gcap_status st = gcap_tensor_empty(gcap_tensor_engine(x[0]), GCAP_F32, gcap_tensor_ndim(x[0]),
+                                     gcap_tensor_shape(x[0]), &ids);
+  if (st == GCAP_OK && (st = gcap_copy_(ids, x[0])) == GCAP_OK) st = gcap_embedding(ids, x[1], y);
+  gcap_tensor_free(ids);
+  return st;
+}
+
 #define P0(f, g)                                                                                   \
   { 0, {0}, f, 0, g }
 #define P1(a, f, g)                                                                                \
@@ -300,6 +311,8 @@ static gcap_status f_masked_fill(gcap_tensor *const *x, gcap_tensor **y) {
   { 4, {a, b, c, d}, f, 0, g }
 #define PC(n, classes)                                                                             \
   { 1, {n}, FILL_CLASS, classes, 0 }
+#define PC2(a, b, classes)                                                                         \
+  { 2, {a, b}, FILL_CLASS, classes, 0 }
 /* 0/1 masks: (i * 7 + 3) % 2 */
 #define PM2(a, b)                                                                                  \
   { 2, {a, b}, FILL_CLASS, 2, 0 }
@@ -459,6 +472,20 @@ static const pcase cases[] = {
      2,
      {P4(2, 3, 17, 17, N, 1), PM2(17, 17)}},
     {"bf16 masked_fill", f_masked_fill, BF, 1, 0, 2, {P4(2, 3, 33, 70, N, 1), PM3(3, 1, 70)}},
+    {"embedding [4,33] ids into [50,70]",
+     f_embedding,
+     F32,
+     1,
+     0,
+     2,
+     {PC2(4, 33, 50), P2(50, 70, N, 1)}},
+    {"bf16 embedding [4,33] ids into [50,70]",
+     f_embedding,
+     BF,
+     1,
+     0,
+     2,
+     {PC2(4, 33, 50), P2(50, 70, N, 1)}},
     /* shapes */
     {"permute [3,4,5,6] (2,0,3,1)", f_permute, F32, 1, 0, 1, {P4(3, 4, 5, 6, N, 1)}},
     {"transpose [2,33,70] (-1,-2)", f_transpose, F32, 1, 0, 1, {P3(2, 33, 70, N, 1)}},

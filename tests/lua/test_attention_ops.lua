@@ -227,4 +227,90 @@ function TestAttentionOps:test_softmax_and_masked_fill_errors ()
                HERE, "bad argument #3 to 'masked_fill' (number expected, got no value)")
 end
 
+function TestAttentionOps:test_embedding_values_and_grads ()
+  local rows, dim = 5, 3
+  local ids = {{4, 0, 4}, {2, 4, 1}}   -- repeated ids: their grads add up
+  local flat_ids = H.flat(ids)
+  H.gradcheck("embedding", {{{rows, dim}, H.values(rows * dim, 0.6)}},
+              function (w) return gc.F.embedding(gc.tensor(ids), w) end,
+              function (w)
+                local y = {}
+                for _, id in ipairs(flat_ids) do
+                  for c = 1, dim do y[#y + 1] = w[id * dim + c] end
+                end
+                return y
+              end)
+  local w = gc.tensor(H.nest(H.values(rows * dim), {rows, dim}), "bf16")
+  local y = gc.F.embedding(gc.tensor(3), w)   -- a 0-D id: one row
+  lu.assertEquals(y:shape(), {dim})
+  lu.assertEquals(y:dtype(), "bf16")
+  lu.assertEquals(y:tolist(), w:tolist()[4])
+end
+
+-- The weight's grad is the same bits at every run, captured or not, with
+-- many ids on few rows (the order of the additions is fixed).
+function TestAttentionOps:test_embedding_backward_deterministic_and_replayed ()
+  local ids = {}
+  for i = 1, 64 do ids[i] = (i * 7) % 3 end
+  local idt = gc.tensor(H.nest(ids, {4, 16}))
+  local w = gc.tensor(H.nest(H.values(3 * 8, 0.1), {3, 8}), {requires_grad = true})
+  local r = gc.tensor(H.nest(H.values(4 * 16 * 8, 0.2), {4, 16, 8}))
+  local function step () (gc.F.embedding(idt, w) * r):sum():backward() end
+  step()
+  local want = w.grad:tolist()
+  for _ = 1, 3 do
+    w.grad = nil
+    step()
+    H.assert_bitwise(w.grad:tolist(), want, "eager again")
+  end
+  w.grad = nil
+  local g = gc.Graph()
+  g:capture(step)
+  g:replay()
+  H.assert_bitwise(w.grad:tolist(), want, "replayed")
+end
+
+function TestAttentionOps:test_embedding_errors ()
+  local w = gc.zeros{4, 2}
+  H.assert_err(function () return gc.F.embedding(gc.tensor{1, 4}, w) end,
+               HERE, "embedding: the id at 2 (counting from 1) is 4, not a row of the weight "
+                     .. "(an integer in 0..3)")
+  H.assert_err(function () return gc.F.embedding(gc.tensor{1.5}, w) end,
+               HERE, "embedding: the id at 1 (counting from 1) is 1.5")
+  H.assert_err(function () return gc.F.embedding(gc.tensor({1}, "bf16"), w) end,
+               HERE, "embedding: expected ids of 0 to 3 dims held as f32 numbers and a weight "
+                     .. "[rows, dim]; got ids bf16 [1] and weight [4, 2]")
+  H.assert_err(function () return gc.F.embedding(gc.zeros{1, 1, 1, 1}, w) end,
+               HERE, "embedding: expected ids of 0 to 3 dims")
+  H.assert_err(function () return gc.F.embedding(gc.zeros{2}, gc.zeros{4}) end,
+               HERE, "got ids f32 [2] and weight [4]")
+end
+
+-- dropout on 4-D attention weights: the mask of the flat elements, grads
+-- through it, and a captured forward and backward equal to eager.
+function TestAttentionOps:test_dropout_on_attention_weights ()
+  local x = gc.tensor(H.nest(H.values(2 * 2 * 4 * 4, 0.3, 1, 2), {2, 2, 4, 4}),
+                      {requires_grad = true})
+  local r = gc.tensor(H.nest(H.values(64, 0.8), {2, 2, 4, 4}))
+  gc.manual_seed(7)
+  local y = gc.F.dropout(gc.F.softmax(x, {causal = true}), 0.25)
+  lu.assertEquals(y:shape(), {2, 2, 4, 4})
+  ;(y * r):sum():backward()
+  local yv, gv = H.flat(y:tolist()), x.grad:tolist()
+  local zeros = 0
+  for _, v in ipairs(yv) do if v == 0 then zeros = zeros + 1 end end
+  lu.assertTrue(zeros > 24 and zeros < 56, "zeros " .. zeros)  -- 24 causal ones, a quarter of the rest
+  x.grad = nil
+  local g, yg = gc.Graph(), nil
+  gc.manual_seed(7)
+  g:capture(function ()
+    yg = gc.F.dropout(gc.F.softmax(x, {causal = true}), 0.25)
+    ;(yg * r):sum():backward()
+  end)
+  gc.manual_seed(7)
+  g:replay()
+  H.assert_bitwise(H.flat(yg:tolist()), yv, "replayed dropout of attention weights")
+  H.assert_bitwise(x.grad:tolist(), gv, "replayed grads")
+end
+
 os.exit(lu.LuaUnit.run())

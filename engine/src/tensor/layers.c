@@ -409,29 +409,26 @@ static gcap_status xent_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) 
   return GCAP_OK;
 }
 
-/* Outside capture, every target must be a class id, an integer in 0..C-1:
-** read back and checked on the host (a capture cannot read back; there the
-** kernels give such a row a NaN loss and NaN grads). */
-static gcap_status xent_check_targets(gcap_tensor *target, int64_t classes) {
-  gcap_engine *e = target->e;
+gcap_status gc_check_ids(gcap_tensor *ids, int64_t count, const char *op, const char *what,
+                         const char *want) {
+  gcap_engine *e = ids->e;
   float *v;
   int64_t i;
   gcap_status st;
-  if (e->cap != NULL || target->numel == 0) return GCAP_OK;
-  if ((v = (float *)gc_malloc((size_t)target->numel * sizeof *v)) == NULL)
-    return gc_fail(e, GCAP_ENOMEM, "cross_entropy: out of host memory");
-  if ((st = gcap_tensor_read(target, v, (size_t)target->numel)) != GCAP_OK) {
+  if (e->cap != NULL || ids->numel == 0) return GCAP_OK;
+  if ((v = (float *)gc_malloc((size_t)ids->numel * sizeof *v)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", op);
+  if ((st = gcap_tensor_read(ids, v, (size_t)ids->numel)) != GCAP_OK) {
     free(v);
     return st;
   }
-  for (i = 0; i < target->numel; i++)
-    if (!(v[i] >= 0.0f && v[i] < (float)classes && v[i] == floorf(v[i]))) {
+  for (i = 0; i < ids->numel; i++)
+    if (!(v[i] >= 0.0f && v[i] < (float)count && v[i] == floorf(v[i]))) {
       char val[32];
       snprintf(val, sizeof val, v[i] != v[i] ? "NaN" : "%g", (double)v[i]);
       st = gc_fail(e, GCAP_EINVAL,
-                   "cross_entropy: the target of row %lld (counting from 1) is %s, not a class "
-                   "id (an integer in 0..%lld)",
-                   (long long)i + 1, val, (long long)classes - 1);
+                   "%s: %s %lld (counting from 1) is %s, not %s (an integer in 0..%lld)", op, what,
+                   (long long)i + 1, val, want, (long long)count - 1);
       break;
     }
   free(v);
@@ -456,7 +453,9 @@ gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_te
                    "dtype; got %s and %s",
                    gc_shape_str(logits, b1, sizeof b1), gc_shape_str(target, b2, sizeof b2));
   }
-  if ((st = xent_check_targets(target, logits->shape[1])) != GCAP_OK) return st;
+  if ((st = gc_check_ids(target, logits->shape[1], "cross_entropy", "the target of row",
+                         "a class id")) != GCAP_OK)
+    return st;
   if ((st = gc_tensor_alloc(e, "cross_entropy", logits->dt, 2, logits->shape, &probs)) != GCAP_OK ||
       (st = gc_tensor_alloc(e, "cross_entropy", logits->dt, 1, logits->shape, &rows)) != GCAP_OK)
     goto done;
