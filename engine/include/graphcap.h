@@ -252,6 +252,21 @@ typedef enum gcap_mask_kind { GCAP_MASK_ADD = 0, GCAP_MASK_BOOL = 1 } gcap_mask_
 ** column masked out is all zeros (its grads too). The mask gets no grad. */
 gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
                                 gcap_mask_kind kind, int causal, gcap_tensor **out);
+/* The options of gcap_scaled_dot_product_attention; all zeros (or NULL
+** options) are the defaults. */
+typedef struct gcap_sdpa_opts {
+  gcap_tensor *attn_mask;   /* NULL, or a mask over the scores [..., Sq, Sk] as softmax's */
+  gcap_mask_kind mask_kind; /* how attn_mask is read */
+  int is_causal;            /* key j > query i masked out (the upper-left triangle kept) */
+  double dropout_p;         /* dropout on the attention weights, in [0, 1) */
+  double scale;             /* of the scores; 0: 1 / sqrt(D) */
+} gcap_sdpa_opts;
+/* Attention softmax(scale q k^T + mask, causal) v with dropout on the
+** weights: q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv] (2-D to 4-D, equal
+** batch dims) -> [..., Sq, Dv]. Grads for q, k and v. The dropout draws from
+** the engine's generator as gcap_dropout over the weights [..., Sq, Sk]. */
+gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
+                                              const gcap_sdpa_opts *opts, gcap_tensor **out);
 /* out = t where the mask (broadcast over t as softmax's) is 0, `value`
 ** where it is nonzero; the filled elements get no grad, the mask none. */
 gcap_status gcap_masked_fill(gcap_tensor *t, gcap_tensor *mask, double value, gcap_tensor **out);

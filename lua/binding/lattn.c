@@ -1,7 +1,10 @@
 /*
 ** lattn.c: the ops of attention with options: gc.F.softmax (dim or an
-** options table), gc.F.masked_fill, and their tensor methods.
+** options table), gc.F.masked_fill (and their tensor methods) and
+** gc.F.scaled_dot_product_attention.
 */
+
+#include <math.h>
 
 #include "lgc.h"
 
@@ -130,6 +133,33 @@ int l_masked_fill(lua_State *L) {
   double v = (double)luaL_checknumber(L, 3);
   LTensor *r = l_newtensor(L);
   l_check(L, gcap_tensor_engine(t), gcap_masked_fill(t, mask, v, &r->t), "masked_fill");
+  return 1;
+}
+
+/* scaled_dot_product_attention(q, k, v [, {attn_mask = m | attn_mask_bool = m,
+** is_causal = false, dropout_p = 0, scale = 1 / sqrt(D)}]) */
+int l_sdpa(lua_State *L) {
+  static const char op[] = "scaled_dot_product_attention";
+  static const char *const keys[] = {"attn_mask", "attn_mask_bool", "is_causal",
+                                     "dropout_p", "scale",          NULL};
+  gcap_tensor *q = l_checktensor(L, 1), *k = l_checktensor(L, 2), *v = l_checktensor(L, 3);
+  gcap_sdpa_opts o;
+  LTensor *r;
+  memset(&o, 0, sizeof o);
+  if (!lua_isnoneornil(L, 4)) {
+    luaL_checktype(L, 4, LUA_TTABLE);
+    l_checkkeys(L, 4, keys, op);
+    l_maskopt(L, 4, "attn_mask", "attn_mask_bool", op, &o.attn_mask, &o.mask_kind);
+    o.is_causal = l_boolopt(L, 4, "is_causal", 0, op);
+    o.dropout_p = l_numopt(L, 4, "dropout_p", 0.0, op);
+    o.scale = l_numopt(L, 4, "scale", 0.0, op);
+    if (lua_getfield(L, 4, "scale") != LUA_TNIL && !(o.scale > 0.0 && o.scale < HUGE_VAL))
+      return l_error(L, "%s: option 'scale' must be a positive finite number, got %f", op,
+                     (LUAI_UACNUMBER)o.scale);
+    lua_pop(L, 1);
+  }
+  r = l_newtensor(L);
+  l_check(L, gcap_tensor_engine(q), gcap_scaled_dot_product_attention(q, k, v, &o, &r->t), op);
   return 1;
 }
 

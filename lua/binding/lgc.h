@@ -268,6 +268,7 @@ LUAI_DDEC(const luaL_Reg l_shape_funcs[]);
 /* lattn.c */
 LUAI_FUNC int l_softmax(lua_State *L);
 LUAI_FUNC int l_masked_fill(lua_State *L);
+LUAI_FUNC int l_sdpa(lua_State *L);
 
 /* lops.c */
 LUAI_FUNC int l_matmul(lua_State *L);

@@ -105,6 +105,7 @@ LUAI_DDEF const luaL_Reg l_F_funcs[] = {{"linear", l_linear},
                                         {"mse_loss", l_mse_loss},
                                         {"cross_entropy", l_cross_entropy},
                                         {"embedding", l_embedding},
+                                        {"scaled_dot_product_attention", l_sdpa},
                                         {NULL, NULL}};
 
 /* functions of the module */

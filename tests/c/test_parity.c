@@ -299,6 +299,19 @@ static gcap_status f_embedding(gcap_tensor *const *x, gcap_tensor **y) {
   return st;
 }
 
+/* attention: plain; causal with dropout (seeded); with a boolean mask x[3] */
+static gcap_status f_sdpa(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], NULL, y);
+}
+static gcap_status f_sdpa_causal_dropout(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_sdpa_opts o = {.is_causal = 1, .dropout_p = 0.2};
+  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
+}
+static gcap_status f_sdpa_mask(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_sdpa_opts o = {.attn_mask = x[3], .mask_kind = GCAP_MASK_BOOL};
+  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
+}
+
 #define P0(f, g)                                                                                   \
   { 0, {0}, f, 0, g }
 #define P1(a, f, g)                                                                                \
@@ -486,6 +499,48 @@ static const pcase cases[] = {
      0,
      2,
      {PC2(4, 33, 50), P2(50, 70, N, 1)}},
+    {"sdpa [2,3,40,16]",
+     f_sdpa,
+     F32,
+     1,
+     0,
+     3,
+     {P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 16, N, 1)}},
+    {"sdpa causal dropout (seeded) [2,2,70,32]",
+     f_sdpa_causal_dropout,
+     F32,
+     1,
+     4242,
+     3,
+     {P4(2, 2, 70, 32, N, 1), P4(2, 2, 70, 32, N, 1), P4(2, 2, 70, 32, N, 1)}},
+    {"sdpa boolean mask, Sq 24 Sk 40",
+     f_sdpa_mask,
+     F32,
+     1,
+     0,
+     4,
+     {P4(2, 3, 24, 16, N, 1), P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 8, N, 1), PM2(24, 40)}},
+    {"bf16 sdpa [2,3,40,16]",
+     f_sdpa,
+     BF,
+     1,
+     0,
+     3,
+     {P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 16, N, 1)}},
+    {"bf16 sdpa causal dropout (seeded)",
+     f_sdpa_causal_dropout,
+     BF,
+     1,
+     4242,
+     3,
+     {P4(2, 2, 70, 32, N, 1), P4(2, 2, 70, 32, N, 1), P4(2, 2, 70, 32, N, 1)}},
+    {"bf16 sdpa boolean mask",
+     f_sdpa_mask,
+     BF,
+     1,
+     0,
+     4,
+     {P4(2, 3, 24, 16, N, 1), P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 8, N, 1), PM2(24, 40)}},
     /* shapes */
     {"permute [3,4,5,6] (2,0,3,1)", f_permute, F32, 1, 0, 1, {P4(3, 4, 5, 6, N, 1)}},
     {"transpose [2,33,70] (-1,-2)", f_transpose, F32, 1, 0, 1, {P3(2, 33, 70, N, 1)}},

@@ -313,4 +313,123 @@ function TestAttentionOps:test_dropout_on_attention_weights ()
   H.assert_bitwise(x.grad:tolist(), gv, "replayed grads")
 end
 
+-- Attention in double: q [B.., Sq, D], k [B.., Sk, D], v [B.., Sk, Dv] flat;
+-- o: {scale, mask, mshape, bool, causal} as ref_softmax's.
+local function ref_sdpa (q, k, v, qs, ks, vs, o)
+  local sq, d, sk, dv = qs[#qs - 1], qs[#qs], ks[#ks - 1], vs[#vs]
+  local batch = #q // (sq * d)
+  local ss = table.move(qs, 1, #qs - 1, 1, {})
+  ss[#ss + 1] = sk
+  local scores = {}
+  for b = 0, batch - 1 do
+    for i = 0, sq - 1 do
+      for j = 0, sk - 1 do
+        local s = 0
+        for l = 0, d - 1 do s = s + q[(b * sq + i) * d + l + 1] * k[(b * sk + j) * d + l + 1] end
+        scores[#scores + 1] = s
+      end
+    end
+  end
+  local p = ref_softmax(scores, ss, {scale = o.scale or 1 / math.sqrt(d), mask = o.mask,
+                                     mshape = o.mshape, bool = o.bool, causal = o.causal})
+  local y = {}
+  for b = 0, batch - 1 do
+    for i = 0, sq - 1 do
+      for c = 0, dv - 1 do
+        local s = 0
+        for j = 0, sk - 1 do s = s + p[(b * sq + i) * sk + j + 1] * v[(b * sk + j) * dv + c + 1] end
+        y[#y + 1] = s
+      end
+    end
+  end
+  return y
+end
+
+function TestAttentionOps:test_sdpa_values_and_grads ()
+  local qs, ks, vs = {2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 3}
+  local function inputs (extra)
+    local t = {{qs, H.values(numel(qs), 0.1)}, {ks, H.values(numel(ks), 0.5)},
+               {vs, H.values(numel(vs), 0.9)}}
+    if extra then t[4] = extra end
+    return t
+  end
+  H.gradcheck("sdpa", inputs(),
+              function (q, k, v) return gc.F.scaled_dot_product_attention(q, k, v) end,
+              function (q, k, v) return ref_sdpa(q, k, v, qs, ks, vs, {}) end)
+  H.gradcheck("sdpa causal, scale 0.3", inputs(),
+              function (q, k, v)
+                return gc.F.scaled_dot_product_attention(q, k, v, {is_causal = true, scale = 0.3})
+              end,
+              function (q, k, v) return ref_sdpa(q, k, v, qs, ks, vs, {causal = true, scale = 0.3}) end)
+  local ms = {2, 1, 3, 5}
+  local m = H.values(numel(ms), 0.7, 2)
+  H.gradcheck("sdpa additive mask", inputs{ms, m, grad = false},
+              function (q, k, v, mt)
+                return gc.F.scaled_dot_product_attention(q, k, v, {attn_mask = mt})
+              end,
+              function (q, k, v) return ref_sdpa(q, k, v, qs, ks, vs, {mask = m, mshape = ms}) end)
+  local b = bits(15)
+  H.gradcheck("sdpa boolean mask", inputs{{3, 5}, b, grad = false},
+              function (q, k, v, mt)
+                return gc.F.scaled_dot_product_attention(q, k, v, {attn_mask_bool = mt})
+              end,
+              function (q, k, v)
+                return ref_sdpa(q, k, v, qs, ks, vs, {mask = b, mshape = {3, 5}, bool = true})
+              end)
+end
+
+-- With dropout, the op is the composition of the ops it names: equal to
+-- matmul, softmax, dropout and matmul drawn from the same seed, bit for
+-- bit; captured with its backward, it replays to eager's values.
+function TestAttentionOps:test_sdpa_dropout_composition_and_replay ()
+  local function t (shape, ph) return gc.tensor(H.nest(H.values(numel(shape), ph), shape),
+                                                {requires_grad = true}) end
+  local q, k, v = t({2, 2, 6, 4}, 0.1), t({2, 2, 6, 4}, 0.2), t({2, 2, 6, 8}, 0.3)
+  local mask = gc.tensor(H.nest(bits(36), {6, 6}))
+  local opts = {dropout_p = 0.3, is_causal = true, attn_mask_bool = mask, scale = 0.4}
+  gc.manual_seed(11)
+  local y = gc.F.scaled_dot_product_attention(q, k, v, opts)
+  gc.manual_seed(11)
+  local s = gc.matmul(q, k:transpose(-1, -2))
+  local p = gc.F.dropout(gc.F.softmax(s, {scale = 0.4, causal = true, mask_bool = mask}), 0.3)
+  H.assert_bitwise(H.flat(y:tolist()), H.flat(gc.matmul(p, v):tolist()), "composed")
+  local r = gc.tensor(H.nest(H.values(2 * 2 * 6 * 8, 1.3), {2, 2, 6, 8}))
+  local function step ()
+    local o = gc.F.scaled_dot_product_attention(q, k, v, opts)
+    ;(o * r):sum():backward()
+    return o
+  end
+  gc.manual_seed(5)
+  local want_y = H.flat(step():tolist())
+  local want = {q.grad:tolist(), k.grad:tolist(), v.grad:tolist()}
+  q.grad, k.grad, v.grad = nil, nil, nil
+  local g, yg = gc.Graph(), nil
+  g:capture(function () yg = step() end)
+  gc.manual_seed(5)
+  g:replay()
+  H.assert_bitwise(H.flat(yg:tolist()), want_y, "replayed output")
+  for i, x in ipairs{q, k, v} do H.assert_bitwise(x.grad:tolist(), want[i], "replayed grad " .. i) end
+end
+
+function TestAttentionOps:test_sdpa_errors ()
+  local q, k, v = gc.zeros{2, 3, 4}, gc.zeros{2, 5, 4}, gc.zeros{2, 5, 6}
+  local F = gc.F
+  H.assert_err(function () return F.scaled_dot_product_attention(q, gc.zeros{2, 5, 3}, v) end,
+               HERE, "scaled_dot_product_attention: expected q [..., Sq, D], k [..., Sk, D], "
+                     .. "v [..., Sk, Dv] of one engine and dtype with equal batch dims; got q f32 "
+                     .. "[2, 3, 4], k f32 [2, 5, 3], v f32 [2, 5, 6]")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, gc.zeros{3, 5, 6}) end,
+               HERE, "got q f32 [2, 3, 4], k f32 [2, 5, 4], v f32 [3, 5, 6]")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {dropout_p = 1}) end,
+               HERE, "scaled_dot_product_attention: dropout_p must be in [0, 1), got 1")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {scale = 0}) end,
+               HERE, "scaled_dot_product_attention: option 'scale' must be a positive finite number")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {attn_mask = gc.zeros{4, 5}}) end,
+               HERE, "scaled_dot_product_attention: the attn_mask [4, 5] does not broadcast to [2, 3, 5]")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {causal = true}) end,
+               HERE, "scaled_dot_product_attention: unknown option 'causal'")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {attn_mask = 1}) end,
+               HERE, "scaled_dot_product_attention: option 'attn_mask' must be a tensor, got number")
+end
+
 os.exit(lu.LuaUnit.run())

@@ -90,3 +90,68 @@ gcap_status gcap_masked_fill(gcap_tensor *t, gcap_tensor *mask, double value, gc
   n->k[0] = flags;
   return GCAP_OK;
 }
+
+/* ------------------------------------------------------------------------ */
+/* scaled dot-product attention                                              */
+
+/* q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv]: 2-D to 4-D, one ndim, equal
+** batch dims, one engine and dtype. */
+static gcap_status sdpa_check(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v, double p) {
+  static const char op[] = "scaled_dot_product_attention";
+  int d, n = q->ndim,
+         ok = k->ndim == n && v->ndim == n && n >= 2 && k->e == q->e && v->e == q->e &&
+              k->dt == q->dt && v->dt == q->dt;
+  for (d = 0; ok && d < n - 2; d++)
+    ok = k->shape[d] == q->shape[d] && v->shape[d] == q->shape[d];
+  if (ok) ok = k->shape[n - 1] == q->shape[n - 1] && v->shape[n - 2] == k->shape[n - 2];
+  if (!ok) {
+    char b1[64], b2[64], b3[64];
+    return gc_fail(q->e, GCAP_EINVAL,
+                   "%s: expected q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv] of one engine and "
+                   "dtype with equal batch dims; got q %s %s, k %s %s, v %s %s",
+                   op, gc_dtype_name(q->dt), gc_shape_str(q, b1, sizeof b1), gc_dtype_name(k->dt),
+                   gc_shape_str(k, b2, sizeof b2), gc_dtype_name(v->dt),
+                   gc_shape_str(v, b3, sizeof b3));
+  }
+  if (!(p >= 0.0 && p < 1.0))
+    return gc_fail(q->e, GCAP_EINVAL, "%s: dropout_p must be in [0, 1), got %g", op, p);
+  return GCAP_OK;
+}
+
+/* The unfused composition, each op recording its own backward:
+** softmax(scale q k^T + mask, causal), dropout, times v. */
+static gcap_status sdpa_composed(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
+                                 const gcap_sdpa_opts *o, double scale, gcap_tensor **out) {
+  gcap_tensor *s = NULL, *p = NULL, *pd = NULL;
+  int64_t flags;
+  gcap_status st;
+  if ((st = gc_matmul(q, 0, k, 1, &s)) != GCAP_OK) return st;
+  if (o->attn_mask != NULL && (st = gc_mask_flags(s, o->attn_mask, "scaled_dot_product_attention",
+                                                  "attn_mask", &flags)) != GCAP_OK)
+    goto done;
+  if ((st = gcap_softmax_masked(s, scale, o->attn_mask, o->mask_kind, o->is_causal, &p)) != GCAP_OK)
+    goto done;
+  if (o->dropout_p > 0.0 && (st = gcap_dropout(p, o->dropout_p, 1, &pd)) != GCAP_OK) goto done;
+  st = gc_matmul(pd ? pd : p, 0, v, 0, out);
+done:
+  gcap_tensor_free(s);
+  gcap_tensor_free(p);
+  gcap_tensor_free(pd);
+  return st;
+}
+
+gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
+                                              const gcap_sdpa_opts *opts, gcap_tensor **out) {
+  gcap_sdpa_opts o;
+  double scale;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (q == NULL || k == NULL || v == NULL) return GCAP_EINVAL;
+  gc_clear(q->e);
+  memset(&o, 0, sizeof o);
+  if (opts != NULL) o = *opts;
+  if ((st = sdpa_check(q, k, v, o.dropout_p)) != GCAP_OK) return st;
+  scale = o.scale != 0.0 ? o.scale : 1.0 / sqrt((double)q->shape[q->ndim - 1]);
+  return sdpa_composed(q, k, v, &o, scale, out);
+}
