@@ -58,9 +58,12 @@ static gcap_tensor *l_tensoropt(lua_State *L, int t, const char *k, const char *
   int type = lua_getfield(L, t, k);
   if (type != LUA_TNIL) {
     LTensor *b = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
-    if (b == NULL) l_error(L, "%s: option '%s' must be a tensor, got %s", op, k, l_typename(L, -1));
-    if (b->t == NULL) l_error(L, "%s: option '%s' is a closed tensor", op, k);
-    v = b->t;
+    if (b == NULL)
+      l_error(L, "%s: option '%s' must be a tensor, got %s", op, k, l_typename(L, -1));
+    else if (b->t == NULL)
+      l_error(L, "%s: option '%s' is a closed tensor", op, k);
+    else
+      v = b->t;
   }
   lua_pop(L, 1);
   return v;

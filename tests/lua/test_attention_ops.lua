@@ -430,6 +430,12 @@ function TestAttentionOps:test_sdpa_errors ()
                HERE, "scaled_dot_product_attention: unknown option 'causal'")
   H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {attn_mask = 1}) end,
                HERE, "scaled_dot_product_attention: option 'attn_mask' must be a tensor, got number")
+  local closed = gc.zeros{3, 5}
+  closed:close()
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {attn_mask_bool = closed}) end,
+               HERE, "scaled_dot_product_attention: option 'attn_mask_bool' is a closed tensor")
+  -- after the errors the inputs are as they were and the op works
+  lu.assertEquals(F.scaled_dot_product_attention(q, k, v):shape(), {2, 3, 6})
 end
 
 os.exit(lu.LuaUnit.run())
