@@ -230,6 +230,56 @@ static void test_sdpa_capture_replay(void) {
   gcap_engine_free(e);
 }
 
+/* The fused kernels and the composition give the same f32 bits on the host
+** (output and the three grads), with a causal boolean mask and dropout. */
+static void test_sdpa_fused_equals_composed(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  enum { N = 2 * 3 * 7 * 8 };
+  static float d[3][N], got[2][4][N];
+  float mb[49];
+  const int64_t s[4] = {2, 3, 7, 8}, sm[2] = {7, 7};
+  gcap_tensor *in[3] = {0}, *r = NULL, *m = NULL;
+  for (int j = 0; j < 49; j++)
+    mb[j] = (float)(j % 5 == 0);
+  m = t_from(e, 2, sm, mb);
+  for (int i = 0; i < 3; i++) {
+    for (int j = 0; j < N; j++)
+      d[i][j] = cosf(0.21f * (float)j - (float)i);
+    in[i] = t_from(e, 4, s, d[i]);
+    T_REQUIRE(in[i] != NULL);
+    T_CHECK_OK(e, gcap_tensor_set_requires_grad(in[i], 1));
+  }
+  r = t_from(e, 4, s, d[1]);
+  T_REQUIRE(r && m);
+  for (int impl = 0; impl < 2; impl++) {
+    gcap_sdpa_opts o = {.attn_mask = m,
+                        .mask_kind = GCAP_MASK_BOOL,
+                        .is_causal = 1,
+                        .dropout_p = 0.2,
+                        .impl = impl ? GCAP_SDPA_FUSED : GCAP_SDPA_COMPOSED};
+    gcap_tensor *y = NULL, *p = NULL, *l = NULL;
+    T_CHECK_OK(e, gcap_manual_seed(e, 4));
+    T_CHECK_OK(e, gcap_scaled_dot_product_attention(in[0], in[1], in[2], &o, &y));
+    T_CHECK_OK(e, gcap_mul(y, r, &p));
+    T_CHECK_OK(e, gcap_sum(p, &l));
+    T_CHECK_OK(e, gcap_backward(l, NULL, 0));
+    T_CHECK(t_read(y, got[impl][0], N));
+    for (int i = 0; i < 3; i++) {
+      T_CHECK(t_read(gcap_tensor_grad(in[i]), got[impl][i + 1], N));
+      T_CHECK_OK(e, gcap_tensor_set_grad(in[i], NULL));
+    }
+    gcap_tensor_free(y), gcap_tensor_free(p), gcap_tensor_free(l);
+  }
+  for (int k = 0; k < 4; k++)
+    if (memcmp(got[0][k], got[1][k], sizeof got[0][k]) != 0)
+      T_FAILF("fused == composed", "part %d (output, then the grads of q, k, v) differs", k);
+  for (int i = 0; i < 3; i++)
+    gcap_tensor_free(in[i]);
+  gcap_tensor_free(r), gcap_tensor_free(m);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_permute_transpose_values);
   T_RUN(test_split_chunk_cat);
@@ -237,5 +287,6 @@ int main(void) {
   T_RUN(test_softmax_masks);
   T_RUN(test_embedding);
   T_RUN(test_sdpa_capture_replay);
+  T_RUN(test_sdpa_fused_equals_composed);
   return t_done();
 }
