@@ -1,6 +1,6 @@
 -- test_attention_ops.lua: the ops of attention (docs/lua-api.md, "Functions"):
 -- batched gc.matmul, gc.F.softmax with a scale, masks and causal,
--- gc.F.masked_fill, gc.F.embedding, gc.F.dropout on 4-D attention weights and
+-- gc.masked_fill, gc.F.embedding, gc.F.dropout on 4-D attention weights and
 -- gc.F.scaled_dot_product_attention: values and grads against double-precision
 -- references (central differences), a captured forward and backward replayed
 -- equal to eager bit for bit, and their errors.
@@ -190,7 +190,7 @@ function TestAttentionOps:test_masked_fill_values_and_grads ()
   local xs, ms = {2, 3, 4}, {3, 1}
   local m = bits(3)
   H.gradcheck("masked_fill", {{xs, H.values(24, 0.2)}, {ms, m, grad = false}},
-              function (t, mt) return gc.F.masked_fill(t, mt, -7) end,
+              function (t, mt) return gc.masked_fill(t, mt, -7) end,
               function (t)
                 local y = {}
                 for k, idx in ipairs(indices(xs)) do
@@ -221,9 +221,9 @@ function TestAttentionOps:test_softmax_and_masked_fill_errors ()
                HERE, "softmax: causal needs a tensor of at least 2 dims, got 1-D")
   H.assert_err(function () return gc.F.softmax(x, {scale = math.huge}) end,
                HERE, "softmax: the scale must be finite, got inf")
-  H.assert_err(function () return gc.F.masked_fill(x, gc.zeros{2, 1, 1, 4}, 0) end,
+  H.assert_err(function () return gc.masked_fill(x, gc.zeros{2, 1, 1, 4}, 0) end,
                HERE, "masked_fill: the mask [2, 1, 1, 4] does not broadcast to [2, 3, 4]")
-  H.assert_err(function () return gc.F.masked_fill(x, gc.zeros{4}) end,
+  H.assert_err(function () return gc.masked_fill(x, gc.zeros{4}) end,
                HERE, "bad argument #3 to 'masked_fill' (number expected, got no value)")
 end
 
@@ -519,7 +519,7 @@ local function every_op_step (p)
   local h = gc.matmul(x, p.w)                                   -- [2, 6, 8] x [8, 8]
   local s = gc.matmul(h, x:transpose(-1, -2))                   -- [2, 6, 6]
   local a = gc.F.softmax(s, {scale = 0.3, causal = true, mask = p.add})
-  local f = gc.F.masked_fill(a, p.drop, 0)
+  local f = gc.masked_fill(a, p.drop, 0)
   local q, k = table.unpack(gc.chunk(gc.matmul(f, h), 2, -1))  -- [2, 6, 4] each
   local o1 = gc.F.scaled_dot_product_attention(q, k, k, {impl = "composed", is_causal = true})
   local o2 = gc.F.scaled_dot_product_attention(q, k, q, {impl = "fused", attn_mask_bool = p.drop})
