@@ -78,7 +78,7 @@ __device__ __forceinline__ void att_row(float *v, const void *x, int dt, int64_t
 template <int DM>
 static __global__ void k_attn(void *o, const void *q, const void *k, const void *v, float *stats,
                               const void *mask, const uint64_t *rng, cu_att c) {
-  __shared__ float ks[ATT_T * DM], vs[ATT_T * DM];
+  __shared__ __align__(16) float ks[ATT_T * DM], vs[ATT_T * DM];
   const int64_t rows = c.bh * c.sq;
   uint64_t head[2] = {0, 0};
   if (rng) head[0] = rng[0], head[1] = rng[1];
@@ -144,7 +144,7 @@ template <int DM>
 static __global__ void k_attn_bwd_dq(void *dq, const void *dO, const void *q, const void *k,
                                      const void *v, float *stats, const void *mask, const void *o,
                                      cu_att c) {
-  __shared__ float ks[ATT_T * DM], vs[ATT_T * DM];
+  __shared__ __align__(16) float ks[ATT_T * DM], vs[ATT_T * DM];
   const int64_t rows = c.bh * c.sq;
   const uint64_t *head = (const uint64_t *)stats;
   for (int64_t bh = blockIdx.y; bh < c.bh; bh += gridDim.y) {
@@ -193,7 +193,7 @@ template <int DM>
 static __global__ void k_attn_bwd_dkv(void *dk, void *dv, const void *dO, const void *q,
                                       const void *k, const void *v, const float *stats,
                                       const void *mask, cu_att c) {
-  __shared__ float qs[ATT_T * DM], dos[ATT_T * DM], st3[3 * ATT_T];
+  __shared__ __align__(16) float qs[ATT_T * DM], dos[ATT_T * DM], st3[3 * ATT_T];
   const int64_t rows = c.bh * c.sq;
   const uint64_t *head = (const uint64_t *)stats;
   for (int64_t bh = blockIdx.y; bh < c.bh; bh += gridDim.y) {
