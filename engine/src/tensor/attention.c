@@ -144,19 +144,15 @@ done:
 ** stored. */
 static void attn_args(gc_kargs *a, gcap_tensor *q, gcap_tensor *k, gcap_tensor *v, float scale,
                       float p, int64_t flags, int64_t heads) {
-  int n = q->ndim;
+  int n = q->ndim, d;
   memset(a, 0, sizeof *a);
+  a->n[0] = 1; /* BH: the batch dims' product */
+  for (d = 0; d < n - 2; d++)
+    a->n[0] *= q->shape[d];
   a->n[1] = q->shape[n - 2];
   a->n[2] = k->shape[n - 2];
   a->n[3] = q->shape[n - 1];
   a->n[4] = v->shape[n - 1];
-  a->n[0] = a->n[1] * a->n[3] > 0 ? q->numel / (a->n[1] * a->n[3]) : 0;
-  if (a->n[0] == 0) { /* an empty batch: no rows */
-    int d;
-    a->n[0] = 1;
-    for (d = 0; d < n - 2; d++)
-      a->n[0] *= q->shape[d];
-  }
   a->n[5] = flags;
   a->n[6] = heads;
   a->f[0] = scale;
