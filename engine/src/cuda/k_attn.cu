@@ -139,7 +139,7 @@ __device__ __forceinline__ float att_p(float z, float mx, float sum) {
 }
 
 /* D_i = do_i . o_i (equal to sum_j dP_ij P_ij, which the host sums) into
-** stats, then dq_i = scale sum_j P (dP - D_i) k_j; dq may be NULL (D only). */
+** stats, then dq_i = scale sum_j P (dP - D_i) k_j. */
 template <int DM>
 static __global__ void k_attn_bwd_dq(void *dq, const void *dO, const void *q, const void *k,
                                      const void *v, float *stats, const void *mask, const void *o,
@@ -161,7 +161,7 @@ static __global__ void k_attn_bwd_dq(void *dq, const void *dO, const void *q, co
     att_row<DM>(qr, q, c.dt, bh, c.sq, c.d, i);
     float mx = i < c.sq ? stats[GC_ATTN_HEAD + row] : 0.0f;
     float sum = i < c.sq ? stats[GC_ATTN_HEAD + rows + row] : 1.0f;
-    for (int64_t j0 = 0; dq != NULL && j0 < c.sk; j0 += ATT_T) {
+    for (int64_t j0 = 0; j0 < c.sk; j0 += ATT_T) {
       __syncthreads();
       att_tile<DM>(ks, k, c.dt, bh, c.sk, c.d, j0);
       att_tile<DM>(vs, v, c.dt, bh, c.sk, c.dv, j0);
@@ -182,7 +182,7 @@ static __global__ void k_attn_bwd_dq(void *dq, const void *dO, const void *q, co
       stats[GC_ATTN_HEAD + 2 * rows + row] = dd;
 #pragma unroll
       for (int l = 0; l < DM; l++)
-        if (dq && l < c.d) cu_store(dq, row * c.d + l, c.dt, acc[l]);
+        if (l < c.d) cu_store(dq, row * c.d + l, c.dt, acc[l]);
     }
   }
 }
