@@ -267,11 +267,22 @@ LUAI_FUNC int l_tensor_index(lua_State *L);
 LUAI_FUNC int l_tensor_newindex(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_tensor_funcs[]);
 
+/* lshape.c */
+LUAI_FUNC int l_checkdim(lua_State *L, int arg, int ndim, const char *op);
+LUAI_FUNC int l_reshape(lua_State *L);
+LUAI_FUNC int l_transpose(lua_State *L);
+LUAI_FUNC int l_permute(lua_State *L);
+LUAI_DDEC(const luaL_Reg l_shape_funcs[]);
+
+/* lattn.c */
+LUAI_FUNC int l_softmax(lua_State *L);
+LUAI_FUNC int l_masked_fill(lua_State *L);
+LUAI_FUNC int l_sdpa(lua_State *L);
+
 /* lops.c */
 LUAI_FUNC int l_matmul(lua_State *L);
 LUAI_FUNC int l_relu(lua_State *L);
 LUAI_FUNC int l_gelu(lua_State *L);
-LUAI_FUNC int l_softmax(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_ops_funcs[]);
 LUAI_DDEC(const luaL_Reg l_F_funcs[]);
 

@@ -257,8 +257,17 @@ static gcap_status f_to_bf16(gcap_tensor *const *x, gcap_tensor **y) {
   { 2, {a, b}, f, 0, g }
 #define P3(a, b, c, f, g)                                                                          \
   { 3, {a, b, c}, f, 0, g }
+#define P4(a, b, c, d, f, g)                                                                       \
+  { 4, {a, b, c, d}, f, 0, g }
 #define PC(n, classes)                                                                             \
   { 1, {n}, FILL_CLASS, classes, 0 }
+#define PC2(a, b, classes)                                                                         \
+  { 2, {a, b}, FILL_CLASS, classes, 0 }
+/* 0/1 masks: (i * 7 + 3) % 2 */
+#define PM2(a, b)                                                                                  \
+  { 2, {a, b}, FILL_CLASS, 2, 0 }
+#define PM3(a, b, c)                                                                               \
+  { 3, {a, b, c}, FILL_CLASS, 2, 0 }
 #define N FILL_NORMAL
 #define F32 GCAP_F32
 #define BF GCAP_BF16
@@ -351,7 +360,112 @@ static const pcase cases[] = {
     {"cross_entropy [64,1000]", f_xent, F32, 1, 0, 2, {P2(64, 1000, N, 1), PC(64, 1000)}},
     {"rand uniform (seeded)", f_rand, F32, 0, 99, 1, {P1(10000, N, 0)}},
     {"rand normal (seeded)", f_randn, F32, 0, 99, 1, {P1(10000, N, 0)}},
+    /* batched matmul: one strided launch, a broadcast operand (stride 0), and a
+       broadcast along one batch dim each (one launch per first index) */
+    {"matmul [2,3,17,9]x[2,3,9,13]",
+     f_matmul,
+     F32,
+     1,
+     0,
+     2,
+     {P4(2, 3, 17, 9, N, 1), P4(2, 3, 9, 13, N, 1)}},
+    {"matmul [2,3,17,9]x[9,13]", f_matmul, F32, 1, 0, 2, {P4(2, 3, 17, 9, N, 1), P2(9, 13, N, 1)}},
+    {"matmul [2,1,17,9]x[1,3,9,13]",
+     f_matmul,
+     F32,
+     1,
+     0,
+     2,
+     {P4(2, 1, 17, 9, N, 1), P4(1, 3, 9, 13, N, 1)}},
+    {"matmul [4,64,32]x[4,32,64]",
+     f_matmul,
+     F32,
+     1,
+     0,
+     2,
+     {P3(4, 64, 32, N, 1), P3(4, 32, 64, N, 1)}},
+    /* masks */
+    {"softmax scaled, additive mask [2,1,33,70]",
+     f_softmax_add,
+     F32,
+     1,
+     0,
+     2,
+     {P4(2, 3, 33, 70, N, 1), P4(2, 1, 33, 70, N, 0)}},
+    {"softmax causal, boolean mask [17,17]",
+     f_softmax_bool_causal,
+     F32,
+     1,
+     0,
+     2,
+     {P4(2, 3, 17, 17, N, 1), PM2(17, 17)}},
+    {"softmax causal [4,300,300]", f_softmax_causal, F32, 1, 0, 1, {P3(4, 300, 300, N, 1)}},
+    {"masked_fill [3,1,70] over [2,3,33,70]",
+     f_masked_fill,
+     F32,
+     1,
+     0,
+     2,
+     {P4(2, 3, 33, 70, N, 1), PM3(3, 1, 70)}},
+    {"bf16 softmax scaled, additive mask",
+     f_softmax_add,
+     BF,
+     1,
+     0,
+     2,
+     {P4(2, 3, 33, 70, N, 1), P4(2, 1, 33, 70, N, 0)}},
+    {"bf16 softmax causal, boolean mask",
+     f_softmax_bool_causal,
+     BF,
+     1,
+     0,
+     2,
+     {P4(2, 3, 17, 17, N, 1), PM2(17, 17)}},
+    {"bf16 masked_fill", f_masked_fill, BF, 1, 0, 2, {P4(2, 3, 33, 70, N, 1), PM3(3, 1, 70)}},
+    {"embedding [4,33] ids into [50,70]",
+     f_embedding,
+     F32,
+     1,
+     0,
+     2,
+     {PC2(4, 33, 50), P2(50, 70, N, 1)}},
+    {"bf16 embedding [4,33] ids into [50,70]",
+     f_embedding,
+     BF,
+     1,
+     0,
+     2,
+     {PC2(4, 33, 50), P2(50, 70, N, 1)}},
+
+    /* shapes */
+    {"permute [3,4,5,6] (2,0,3,1)", f_permute, F32, 1, 0, 1, {P4(3, 4, 5, 6, N, 1)}},
+    {"transpose [2,33,70] (-1,-2)", f_transpose, F32, 1, 0, 1, {P3(2, 33, 70, N, 1)}},
+    {"split [2,7,5] dim 1 then cat", f_split_cat, F32, 1, 0, 1, {P3(2, 7, 5, N, 1)}},
     /* bf16 */
+    {"bf16 matmul [2,3,17,9]x[2,3,9,13]",
+     f_matmul,
+     BF,
+     1,
+     0,
+     2,
+     {P4(2, 3, 17, 9, N, 1), P4(2, 3, 9, 13, N, 1)}},
+    {"bf16 matmul [2,1,17,9]x[1,3,9,13]",
+     f_matmul,
+     BF,
+     1,
+     0,
+     2,
+     {P4(2, 1, 17, 9, N, 1), P4(1, 3, 9, 13, N, 1)}},
+    {"bf16 matmul [4,64,32]x[32,64]",
+     f_matmul,
+     BF,
+     1,
+     0,
+     2,
+     {P3(4, 64, 32, N, 1), P2(32, 64, N, 1)}},
+    {"bf16 permute [3,4,5,6] (2,0,3,1)", f_permute, BF, 1, 0, 1, {P4(3, 4, 5, 6, N, 1)}},
+    {"bf16 transpose [2,33,70]", f_transpose, BF, 1, 0, 1, {P3(2, 33, 70, N, 1)}},
+    {"bf16 split then cat", f_split_cat, BF, 1, 0, 1, {P3(2, 7, 5, N, 1)}},
     {"bf16 add", f_add, BF, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
     {"bf16 add row", f_add, BF, 1, 0, 2, {P2(33, 70, N, 1), P1(70, N, 1)}},
     {"bf16 sub 0-D", f_sub, BF, 1, 0, 2, {P2(33, 70, N, 1), P0(N, 1)}},
@@ -409,6 +523,86 @@ static void test_linear_gelu_many_rows(void) {
                           .nin = 3,
                           .in = {P2(2048, 32, N, 1), P2(64, 32, N, 1), P1(64, N, 1)}};
   parity_check_tol(&c, 2e-4, F32_RTOL);
+}
+
+/* Attention: the fused kernels on cuda against the composition on the host.
+** The softmax's sums run in another order (one pass over the keys) and the
+** composition rounds its scores and weights to the dtype (bf16): f32 atol
+** 1e-4, bf16 3e-2. */
+static const pcase attn_cases[] = {
+    {"sdpa [2,3,40,16]",
+     f_sdpa,
+     F32,
+     1,
+     0,
+     3,
+     {P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 16, N, 1)}},
+    {"sdpa causal dropout (seeded) [2,2,70,32]",
+     f_sdpa_causal_dropout,
+     F32,
+     1,
+     4242,
+     3,
+     {P4(2, 2, 70, 32, N, 1), P4(2, 2, 70, 32, N, 1), P4(2, 2, 70, 32, N, 1)}},
+    {"sdpa boolean mask, Sq 24 Sk 40",
+     f_sdpa_mask,
+     F32,
+     1,
+     0,
+     4,
+     {P4(2, 3, 24, 16, N, 1), P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 8, N, 1), PM2(24, 40)}},
+    {"sdpa [2,2,200,64] (tiles, blocks)",
+     f_sdpa,
+     F32,
+     1,
+     0,
+     3,
+     {P4(2, 2, 200, 64, N, 1), P4(2, 2, 200, 64, N, 1), P4(2, 2, 200, 64, N, 1)}},
+    {"sdpa causal dropout D 128, Sq 130 Sk 77",
+     f_sdpa_causal_dropout,
+     F32,
+     1,
+     77,
+     3,
+     {P3(3, 130, 128, N, 1), P3(3, 77, 128, N, 1), P3(3, 77, 100, N, 1)}},
+    {"bf16 sdpa [2,2,200,64]",
+     f_sdpa,
+     BF,
+     1,
+     0,
+     3,
+     {P4(2, 2, 200, 64, N, 1), P4(2, 2, 200, 64, N, 1), P4(2, 2, 200, 64, N, 1)}},
+    {"bf16 sdpa [2,3,40,16]",
+     f_sdpa,
+     BF,
+     1,
+     0,
+     3,
+     {P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 16, N, 1)}},
+    {"bf16 sdpa causal dropout (seeded)",
+     f_sdpa_causal_dropout,
+     BF,
+     1,
+     4242,
+     3,
+     {P4(2, 2, 70, 32, N, 1), P4(2, 2, 70, 32, N, 1), P4(2, 2, 70, 32, N, 1)}},
+    {"bf16 sdpa boolean mask",
+     f_sdpa_mask,
+     BF,
+     1,
+     0,
+     4,
+     {P4(2, 3, 24, 16, N, 1), P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 8, N, 1), PM2(24, 40)}},
+};
+
+static void test_attention_parity(void) {
+  for (size_t i = 0; i < sizeof attn_cases / sizeof attn_cases[0]; i++) {
+    const pcase *c = &attn_cases[i];
+    if (c->dt == GCAP_BF16)
+      parity_check_tol(c, 3e-2, 3e-2);
+    else
+      parity_check_tol(c, 1e-4, F32_RTOL);
+  }
 }
 
 /* Bitwise: the dropout masks of both backends are the same (a pure function
@@ -506,6 +700,7 @@ int main(void) {
     t_run_(name, run_cur_case);
   }
   T_RUN(test_linear_gelu_many_rows);
+  T_RUN(test_attention_parity);
   T_RUN(test_dropout_masks_identical);
   T_RUN(test_sgd_parity);
   T_RUN(test_adam_parity);

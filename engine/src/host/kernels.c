@@ -102,8 +102,9 @@ static float gelu(float x) {
   return 0.5f * x * (1.0f + t);
 }
 
-/* C[m x n] = alpha op(A) op(B) + beta C, the sum over k in ascending order. */
-static void hk_matmul(const gc_kargs *a) {
+/* One product C[m x n] = alpha op(A) op(B) + beta C, the sum over k in
+** ascending order. */
+static void matmul_one(const gc_kargs *a) {
   int64_t m = a->n[0], n = a->n[1], k = a->n[2], i, j, l;
   int ta = a->n[3] != 0, tb = a->n[4] != 0;
   for (i = 0; i < m; i++)
@@ -128,6 +129,19 @@ static void hk_matmul(const gc_kargs *a) {
     for (l = 0; l < k; l++)
       s += gc_load(a->p[1], a->dt, ta ? l * m + i : i * k + l);
     gc_store(a->p[4], a->dt, i, s);
+  }
+}
+
+/* Batched: one product after the other, at their strides. */
+static void hk_matmul(const gc_kargs *a) {
+  int64_t m = a->n[0], n = a->n[1], batch = a->n[5] > 1 ? a->n[5] : 1, b;
+  size_t es = a->dt == GCAP_BF16 ? 2 : 4;
+  for (b = 0; b < batch; b++) {
+    gc_kargs one = *a;
+    one.p[0] = (char *)a->p[0] + (size_t)(b * m * n) * es;
+    one.p[1] = (char *)a->p[1] + (size_t)(b * a->n[6]) * es;
+    one.p[2] = (char *)a->p[2] + (size_t)(b * a->n[7]) * es;
+    matmul_one(&one);
   }
 }
 
@@ -246,10 +260,37 @@ static float row_softmax(void *y, const void *x, int dt, int64_t r, int64_t cols
   return cols > 0 ? logf(s) + mx : -INFINITY; /* an empty row: log(0) */
 }
 
+/* The softmax's input z at row r, column c: f[0] * x, then the mask
+** (-INFINITY: masked out). */
+static float softmax_in(const gc_kargs *a, int64_t r, int64_t c) {
+  int64_t cols = a->n[1], flags = a->n[2];
+  float z = gc_load(a->p[1], a->dt, r * cols + c) * a->f[0];
+  if ((flags & GC_MASK_CAUSAL) && c > r % a->n[4]) return -INFINITY;
+  if (a->p[2]) {
+    int64_t s[4];
+    float m;
+    s[1] = a->n[3], s[2] = a->n[4], s[3] = cols;
+    s[0] = a->n[0] / (s[1] * s[2]);
+    m = gc_load(a->p[2], flags & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32,
+                gc_mask_index(r * cols + c, s, flags));
+    if (flags & GC_MASK_BOOL) return m != 0.0f ? -INFINITY : z;
+    z += m;
+  }
+  return z;
+}
+
 static void hk_softmax(const gc_kargs *a) {
-  int64_t r;
-  for (r = 0; r < a->n[0]; r++)
-    row_softmax(a->p[0], a->p[1], a->dt, r, a->n[1]);
+  int64_t r, c, cols = a->n[1];
+  for (r = 0; r < a->n[0]; r++) {
+    float mx = -INFINITY, s = 0.0f;
+    for (c = 0; c < cols; c++)
+      mx = fmaxf(mx, softmax_in(a, r, c));
+    for (c = 0; c < cols; c++)
+      s += expf(softmax_in(a, r, c) - mx);
+    for (c = 0; c < cols; c++) /* every column masked out: zeros */
+      gc_store(a->p[0], a->dt, r * cols + c,
+               mx == -INFINITY ? 0.0f : expf(softmax_in(a, r, c) - mx) / s);
+  }
 }
 
 static void hk_softmax_bwd(const gc_kargs *a) {
@@ -260,7 +301,8 @@ static void hk_softmax_bwd(const gc_kargs *a) {
       dot += gc_load(a->p[1], a->dt, r * cols + c) * gc_load(a->p[2], a->dt, r * cols + c);
     for (c = 0; c < cols; c++) {
       float y = gc_load(a->p[2], a->dt, r * cols + c);
-      gc_store(a->p[0], a->dt, r * cols + c, y * (gc_load(a->p[1], a->dt, r * cols + c) - dot));
+      gc_store(a->p[0], a->dt, r * cols + c,
+               a->f[0] * (y * (gc_load(a->p[1], a->dt, r * cols + c) - dot)));
     }
   }
 }
@@ -353,6 +395,223 @@ static void hk_foreach_add(const gc_kargs *a) {
       for (i = 0; i < a->n[j]; i++)
         gc_store(y, a->dt, i, gc_load(x, a->dt, i));
   }
+}
+
+/* y[i] = x at the 4-D index whose dim perm[d] is y's index in dim d. */
+static void hk_permute(const gc_kargs *a) {
+  const int64_t *s = a->n, *perm = a->n + 4;
+  int64_t xstride[4], ys[4], n = s[0] * s[1] * s[2] * s[3], i;
+  int d;
+  xstride[3] = 1;
+  for (d = 2; d >= 0; d--)
+    xstride[d] = xstride[d + 1] * s[d + 1];
+  for (d = 0; d < 4; d++)
+    ys[d] = s[perm[d]];
+  for (i = 0; i < n; i++) {
+    int64_t rest = i, x = 0;
+    for (d = 3; d >= 0; d--) {
+      x += (rest % ys[d]) * xstride[perm[d]];
+      rest /= ys[d];
+    }
+    gc_store(a->p[0], a->dt, i, gc_load(a->p[1], a->dt, x));
+  }
+}
+
+static void hk_narrow(const gc_kargs *a) {
+  int64_t outer = a->n[0], len = a->n[1], inner = a->n[2], full = a->n[3], off = a->n[4];
+  int64_t o, j, i;
+  for (o = 0; o < outer; o++)
+    for (j = 0; j < len; j++)
+      for (i = 0; i < inner; i++) {
+        int64_t part = (o * len + j) * inner + i, whole = (o * full + off + j) * inner + i;
+        if (a->n[5])
+          gc_store(a->p[0], a->dt, whole, gc_load(a->p[1], a->dt, part));
+        else
+          gc_store(a->p[0], a->dt, part, gc_load(a->p[1], a->dt, whole));
+      }
+}
+
+static void hk_sum_mid(const gc_kargs *a) {
+  int64_t outer = a->n[0], mid = a->n[1], inner = a->n[2], o, j, i;
+  for (o = 0; o < outer; o++)
+    for (i = 0; i < inner; i++) {
+      float s = 0.0f;
+      for (j = 0; j < mid; j++)
+        s += gc_load(a->p[1], a->dt, (o * mid + j) * inner + i);
+      gc_store(a->p[0], a->dt, o * inner + i, s);
+    }
+}
+
+static void hk_masked_fill(const gc_kargs *a) {
+  int mdt = a->n[5] & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32;
+  int64_t i;
+  for (i = 0; i < a->n[0]; i++) {
+    float m = gc_load(a->p[2], mdt, gc_mask_index(i, a->n + 1, a->n[5]));
+    gc_store(a->p[0], a->dt, i, m != 0.0f ? a->f[0] : gc_load(a->p[1], a->dt, i));
+  }
+}
+
+/* The row of a table of `rows` that id i names, or -1 (as class_id). */
+static int64_t row_id(const void *ids, int64_t i, int64_t rows) {
+  float t = ((const float *)ids)[i];
+  return t >= 0.0f && t < (float)rows && t == floorf(t) ? (int64_t)t : -1;
+}
+
+static void hk_embedding(const gc_kargs *a) {
+  int64_t n = a->n[0], cols = a->n[1], rows = a->n[2], i, c;
+  for (i = 0; i < n; i++) {
+    int64_t r = row_id(a->p[2], i, rows);
+    for (c = 0; c < cols; c++)
+      gc_store(a->p[0], a->dt, i * cols + c, r < 0 ? NAN : gc_load(a->p[1], a->dt, r * cols + c));
+  }
+}
+
+static void hk_embedding_bwd(const gc_kargs *a) {
+  int64_t n = a->n[0], cols = a->n[1], rows = a->n[2], i, c;
+  float *acc = (float *)a->p[3];
+  for (i = 0; i < rows * cols; i++)
+    acc[i] = 0.0f;
+  for (i = 0; i < n; i++) {
+    int64_t r = row_id(a->p[2], i, rows);
+    for (c = 0; r >= 0 && c < cols; c++)
+      acc[r * cols + c] += gc_load(a->p[1], a->dt, i * cols + c);
+  }
+  for (i = 0; i < rows * cols; i++)
+    gc_store(a->p[0], a->dt, i, acc[i]);
+}
+
+/* Fused attention, in the order of the composition it replaces (matmul,
+** softmax, dropout, matmul and their backward), so that f32 results equal
+** the composition's bit for bit on this backend. */
+
+/* The score z of query i and key j of slice bh: q.k summed in order, scaled,
+** then the mask and causal as softmax_in's (-INFINITY: masked out). */
+static float attn_z(const gc_kargs *a, const void *q, const void *k, const void *mask, int64_t bh,
+                    int64_t i, int64_t j) {
+  int64_t sq = a->n[1], sk = a->n[2], d = a->n[3], flags = a->n[5], l;
+  float s = 0.0f, z;
+  for (l = 0; l < d; l++)
+    s += gc_load(q, a->dt, (bh * sq + i) * d + l) * gc_load(k, a->dt, (bh * sk + j) * d + l);
+  z = s * a->f[0];
+  if ((flags & GC_MASK_CAUSAL) && j > i) return -INFINITY;
+  if (mask) {
+    int64_t sh4[4];
+    float m;
+    sh4[0] = a->n[0] / a->n[6], sh4[1] = a->n[6], sh4[2] = sq, sh4[3] = sk;
+    m = gc_load(mask, flags & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32,
+                gc_mask_index((bh * sq + i) * sk + j, sh4, flags));
+    if (flags & GC_MASK_BOOL) return m != 0.0f ? -INFINITY : z;
+    z += m;
+  }
+  return z;
+}
+
+/* The weight P of (i, j): exp(z - max) / sum with the row's stats. */
+static float attn_p(const float *stats, int64_t rows, int64_t row, float z) {
+  float mx = stats[GC_ATTN_HEAD + row], sum = stats[GC_ATTN_HEAD + rows + row];
+  return mx == -INFINITY ? 0.0f : expf(z - mx) / sum;
+}
+
+/* The dropout's factor of element e of the weights (1 without dropout). */
+static float attn_keep(const gc_kargs *a, const float *stats, int64_t e) {
+  uint64_t state[2];
+  float p = a->f[1];
+  if (p == 0.0f) return 1.0f;
+  memcpy(state, stats, sizeof state);
+  return gc_rng_uniform(state[0], state[1] + (uint64_t)e) >= p ? 1.0f / (1.0f - p) : 0.0f;
+}
+
+/* dP of (i, j): do_i . v_j (summed in order) times the dropout's factor. */
+static float attn_dp(const gc_kargs *a, const void *dO, const void *v, const float *stats,
+                     int64_t bh, int64_t i, int64_t j) {
+  int64_t sq = a->n[1], sk = a->n[2], dv = a->n[4], c;
+  float s = 0.0f;
+  for (c = 0; c < dv; c++)
+    s += gc_load(dO, a->dt, (bh * sq + i) * dv + c) * gc_load(v, a->dt, (bh * sk + j) * dv + c);
+  return a->f[1] == 0.0f ? s : s * attn_keep(a, stats, (bh * sq + i) * sk + j);
+}
+
+static void hk_attn(const gc_kargs *a) {
+  int64_t bh, i, j, c, sq = a->n[1], sk = a->n[2], dv = a->n[4], rows = a->n[0] * sq;
+  float *stats = (float *)a->p[4];
+  uint64_t head[2] = {0, 0};
+  if (a->p[6]) memcpy(head, a->p[6], sizeof head);
+  memcpy(stats, head, sizeof head);
+  for (bh = 0; bh < a->n[0]; bh++)
+    for (i = 0; i < sq; i++) {
+      int64_t row = bh * sq + i;
+      float mx = -INFINITY, sum = 0.0f;
+      for (j = 0; j < sk; j++)
+        mx = fmaxf(mx, attn_z(a, a->p[1], a->p[2], a->p[5], bh, i, j));
+      for (j = 0; j < sk; j++)
+        sum += expf(attn_z(a, a->p[1], a->p[2], a->p[5], bh, i, j) - mx);
+      stats[GC_ATTN_HEAD + row] = mx;
+      stats[GC_ATTN_HEAD + rows + row] = sum;
+      for (c = 0; c < dv; c++) {
+        float o = 0.0f;
+        for (j = 0; j < sk; j++) {
+          float w = attn_p(stats, rows, row, attn_z(a, a->p[1], a->p[2], a->p[5], bh, i, j));
+          if (a->f[1] != 0.0f) w *= attn_keep(a, stats, row * sk + j);
+          o += w * gc_load(a->p[3], a->dt, (bh * sk + j) * dv + c);
+        }
+        gc_store(a->p[0], a->dt, row * dv + c, o);
+      }
+    }
+}
+
+/* dz of (i, j) = scale * P (dP - D_i), as the softmax's backward */
+static float attn_dz(const gc_kargs *a, const void *dO, const void *q, const void *k, const void *v,
+                     const void *mask, const float *stats, int64_t bh, int64_t i, int64_t j) {
+  int64_t rows = a->n[0] * a->n[1], row = bh * a->n[1] + i;
+  float y = attn_p(stats, rows, row, attn_z(a, q, k, mask, bh, i, j));
+  return a->f[0] *
+         (y * (attn_dp(a, dO, v, stats, bh, i, j) - stats[GC_ATTN_HEAD + 2 * rows + row]));
+}
+
+static void hk_attn_bwd_dq(const gc_kargs *a) {
+  int64_t bh, i, j, l, sq = a->n[1], sk = a->n[2], d = a->n[3], rows = a->n[0] * sq;
+  float *stats = (float *)a->p[5];
+  for (bh = 0; bh < a->n[0]; bh++)
+    for (i = 0; i < sq; i++) {
+      int64_t row = bh * sq + i;
+      float dsum = 0.0f;
+      for (j = 0; j < sk; j++)
+        dsum += attn_dp(a, a->p[1], a->p[4], stats, bh, i, j) *
+                attn_p(stats, rows, row, attn_z(a, a->p[2], a->p[3], a->p[6], bh, i, j));
+      stats[GC_ATTN_HEAD + 2 * rows + row] = dsum;
+      for (l = 0; l < d; l++) {
+        float s = 0.0f;
+        for (j = 0; j < sk; j++)
+          s += attn_dz(a, a->p[1], a->p[2], a->p[3], a->p[4], a->p[6], stats, bh, i, j) *
+               gc_load(a->p[3], a->dt, (bh * sk + j) * d + l);
+        gc_store(a->p[0], a->dt, row * d + l, s);
+      }
+    }
+}
+
+static void hk_attn_bwd_dkv(const gc_kargs *a) {
+  int64_t bh, i, j, c, sq = a->n[1], sk = a->n[2], d = a->n[3], dv = a->n[4], rows = a->n[0] * sq;
+  const float *stats = (const float *)a->p[6];
+  for (bh = 0; bh < a->n[0]; bh++)
+    for (j = 0; j < sk; j++) {
+      for (c = 0; c < dv; c++) { /* dv_j = sum_i P_ij keep_ij do_i */
+        float s = 0.0f;
+        for (i = 0; i < sq; i++) {
+          int64_t row = bh * sq + i;
+          float w = attn_p(stats, rows, row, attn_z(a, a->p[3], a->p[4], a->p[7], bh, i, j));
+          if (a->f[1] != 0.0f) w *= attn_keep(a, stats, row * sk + j);
+          s += w * gc_load(a->p[2], a->dt, row * dv + c);
+        }
+        gc_store(a->p[1], a->dt, (bh * sk + j) * dv + c, s);
+      }
+      for (c = 0; c < d; c++) { /* dk_j = sum_i dz_ij q_i */
+        float s = 0.0f;
+        for (i = 0; i < sq; i++)
+          s += attn_dz(a, a->p[2], a->p[3], a->p[4], a->p[5], a->p[7], stats, bh, i, j) *
+               gc_load(a->p[3], a->dt, (bh * sq + i) * d + c);
+        gc_store(a->p[0], a->dt, (bh * sk + j) * d + c, s);
+      }
+    }
 }
 
 hk_fn hk_kernel(int k) {

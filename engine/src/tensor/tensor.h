@@ -61,6 +61,9 @@ static inline gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, i
 /* "[2, 3]" into buf: of t, or of a shape of ndim dims. */
 const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n);
 const char *gc_dims_str(int ndim, const int64_t *shape, char *buf, size_t n);
+/* Dim `dim` of an ndim-D tensor, counted from the end when negative, into
+** *out; out of range: GCAP_EINVAL naming op (shape.c). */
+gcap_status gc_dim(gcap_engine *e, const char *op, int dim, int ndim, int *out);
 /* Do a and b have the same shape and dtype? */
 static inline int gc_same_layout(const gcap_tensor *a, const gcap_tensor *b) {
   int d;
@@ -154,6 +157,20 @@ gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out);
 ** noted as written; *p gets its address or NULL. The caller frees *t right
 ** after its launch, as later work on the stream runs after it. */
 gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **t, void **p);
+/* op(a) op(b) (ta, tb: transposed), the batch dims broadcast, recorded as
+** "matmul" (gcap_matmul is ta = tb = 0). */
+gcap_status gc_matmul(gcap_tensor *a, int ta, gcap_tensor *b, int tb, gcap_tensor **out);
+/* The GC_MASK_* broadcast and dtype flags of `mask` read over a tensor of
+** shape [ndim] as 4-D (attention.c); a mask that does not broadcast to it
+** is an error naming op and what (the mask's role, "mask"). */
+gcap_status gc_mask_flags(gcap_engine *e, int ndim, const int64_t *shape, gcap_tensor *mask,
+                          const char *op, const char *what, int64_t *flags);
+/* Outside capture, every value of ids must be an integer in 0..count-1: read
+** back and checked on the host (a capture cannot read back; there the
+** kernels make such an entry NaN); else an error "op: what N (counting from
+** 1) is V, not want (an integer in 0..count-1)" (layers.c). */
+gcap_status gc_check_ids(gcap_tensor *ids, int64_t count, const char *op, const char *what,
+                         const char *want);
 /* linear. A linear node whose ud is a Linear module leaves the parameter
 ** grads to its backward_dw (delayed wgrad), or adds the weight grad into its
 ** main_grad (fused wgrad). */
