@@ -94,14 +94,13 @@ static int kp_is(const kp_tok *t, const char *word) {
 /* Skip a parenthesized group whose '(' is the next token; 0 when unbalanced. */
 static int kp_skipgroup(const char **pp) {
   int depth = 0;
-  kp_tok t;
   do {
-    t = kp_next(pp);
+    kp_tok t = kp_next(pp);
     if (t.c == '(')
       depth++;
-    else if (t.c == ')')
+    else if (t.c == ')' && depth > 0)
       depth--;
-    else if (t.c == 0 || (depth == 0 && t.c != '('))
+    else if (t.c == 0 || depth == 0)
       return 0;
   } while (depth > 0);
   return 1;
