@@ -6,7 +6,8 @@
 ** cannot tell: a macro, a template, a type of no gcap_kparam), and the
 ** launch arguments checked and converted against them (gcap_kernel_args),
 ** an integer for a float parameter giving the float result on every
-** backend. Without NVRTC the suite is skipped (exit 77).
+** backend; on cuda, given types checked against the driver's. Without
+** NVRTC the suite is skipped (exit 77).
 */
 #include "t.h"
 
@@ -108,6 +109,38 @@ static void test_explicit(void) {
   T_CHECK(gcap_kparam_name(GCAP_KPARAM_BOOL) != NULL &&
           strcmp(gcap_kparam_name(GCAP_KPARAM_BOOL), "bool") == 0);
   T_CHECK(gcap_kparam_name((gcap_kparam)8) == NULL);
+  gcap_engine_free(e);
+}
+
+/* On cuda (run there only), where the driver tells the compiled kernel's parameters (CUDA
+** 12.4 and later), given types that disagree with them are refused; with
+** an older driver they are taken as given. */
+static void test_driver_check(void) {
+  gcap_engine *e;
+  gcap_kernel *k = NULL;
+  gcap_status st;
+  static const gcap_kparam FEWER[] = {GCAP_KPARAM_PTR, GCAP_KPARAM_PTR, GCAP_KPARAM_F32};
+  static const gcap_kparam MORE[] = {GCAP_KPARAM_PTR, GCAP_KPARAM_PTR, GCAP_KPARAM_F32,
+                                     GCAP_KPARAM_I32, GCAP_KPARAM_I32};
+  static const gcap_kparam WIDER[] = {GCAP_KPARAM_PTR, GCAP_KPARAM_PTR, GCAP_KPARAM_F64,
+                                      GCAP_KPARAM_I32};
+  T_REQUIRE((e = t_engine()) != NULL);
+  st = gcap_kernel_new(e, SCALE, "scale", 0, NULL, 3, FEWER, &k);
+  T_CHECK(st == GCAP_OK ||
+          (st == GCAP_EINVAL && t_msg_has(e, "kernel 'scale': the compiled kernel has more than 3 "
+                                             "parameters, its signature 3")));
+  gcap_kernel_free(k);
+  k = NULL;
+  st = gcap_kernel_new(e, SCALE, "scale", 0, NULL, 5, MORE, &k);
+  T_CHECK(st == GCAP_OK || (st == GCAP_EINVAL && t_msg_has(e, "the compiled kernel has 4 "
+                                                              "parameters, its signature 5")));
+  gcap_kernel_free(k);
+  k = NULL;
+  st = gcap_kernel_new(e, SCALE, "scale", 0, NULL, 4, WIDER, &k);
+  T_CHECK(st == GCAP_OK || (st == GCAP_EINVAL && t_msg_has(e, "parameter 3 is 4 bytes in the "
+                                                              "compiled kernel, but its "
+                                                              "signature's f64 is 8")));
+  gcap_kernel_free(k);
   gcap_engine_free(e);
 }
 
@@ -273,6 +306,7 @@ int main(void) {
   gcap_engine_free(e);
   T_RUN(test_parsed);
   T_RUN(test_explicit);
+  if (t_device() == GCAP_DEVICE_CUDA) T_RUN(test_driver_check); /* host loads nothing */
   T_RUN(test_conversions);
   T_RUN(test_launch_converts);
   return t_done();

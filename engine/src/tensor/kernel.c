@@ -183,30 +183,29 @@ static gcap_status kl_compile(gcap_kernel *k, const char *src, int nopts, const 
   return st;
 }
 
+#define KL_EINVALID 1 /* CUDA_ERROR_INVALID_VALUE: no parameter of that index */
+
 /* Check k's parameter types against the compiled function's parameters,
-** where the driver tells them (cuFuncGetParamInfo: CUDA 12.4 and later). */
+** where the driver tells them (cuFuncGetParamInfo: CUDA 12.4 and later;
+** another error than an index out of range: it cannot tell). */
 static gcap_status kl_check_params(gcap_kernel *k) {
   size_t off, size;
-  int i;
+  int i, r = 0;
   if (kl_cuda.param_info == NULL) return GCAP_OK;
-  for (i = 0; i < k->nparams; i++) {
-    if (kl_cuda.param_info(k->fn, (size_t)i, &off, &size) != 0)
+  for (i = 0; i <= k->nparams; i++) {
+    if ((r = kl_cuda.param_info(k->fn, (size_t)i, &off, &size)) != 0) break;
+    if (i < k->nparams && size != gc_kparam_size(k->params[i]))
       return gc_fail(k->e, GCAP_EINVAL,
-                     "kernel '%s': the compiled kernel has %d parameters, its signature %d",
-                     k->name, i, k->nparams);
-    if (size != gc_kparam_size(k->params[i]))
-      return gc_fail(k->e, GCAP_EINVAL,
-                     "kernel '%s': parameter %d is %zu bytes in the compiled kernel, but "
-                     "its signature's %s is %zu",
+                     "kernel '%s': parameter %d is %zu bytes in the compiled kernel, but its "
+                     "signature's %s is %zu",
                      k->name, i + 1, size, gcap_kparam_name(k->params[i]),
                      gc_kparam_size(k->params[i]));
   }
-  if (kl_cuda.param_info(k->fn, (size_t)i, &off, &size) == 0)
-    return gc_fail(k->e, GCAP_EINVAL,
-                   "kernel '%s': the compiled kernel has more than the %d parameters of its "
-                   "signature",
-                   k->name, k->nparams);
-  return GCAP_OK;
+  if (r != 0 && (r != KL_EINVALID || i == k->nparams)) return GCAP_OK; /* as many, or no word */
+  return gc_fail(k->e, GCAP_EINVAL,
+                 "kernel '%s': the compiled kernel has %s%d parameters, its "
+                 "signature %d",
+                 k->name, r == 0 ? "more than " : "", r == 0 ? k->nparams : i, k->nparams);
 }
 
 /* Load k's PTX on the engine's device (the runtime's current context). */
