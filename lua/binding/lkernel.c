@@ -4,12 +4,11 @@
 ** core.kernel_launch launches it with its arguments and, for the host
 ** backend, a Lua host twin: the launch's host_ud, an LTwin, holds a
 ** registry reference to {twin, arg1, ..., argn}, the arguments as the
-** kernel sees them (numbers converted to their parameters' types, by
-** gcap_kernel_args; the tensors, which live as long as the launch, which a
-** graph keeps), released when the launch goes. The twin reaches Lua through l_callback, as every
-*callback
-** does: now, from the launch's l_run, or at a replay (g:replay(), a graphed
-** call, a backward), from theirs.
+** kernel sees them (numbers converted to their parameters' types by
+** gcap_kernel_args; the tensors, which so live as long as the launch, which
+** a graph keeps), released when the launch goes. The twin reaches Lua
+** through l_callback, as every callback does: now, from the launch's l_run,
+** or at a replay (g:replay(), a graphed call, a backward), from theirs.
 */
 
 #include <stdlib.h>
