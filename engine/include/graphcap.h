@@ -440,7 +440,7 @@ gcap_status gcap_kernel_args(gcap_kernel *k, int nargs, const gcap_karg *args, g
 typedef struct gcap_launch_desc {
   unsigned grid[3], block[3]; /* each at least 1 */
   unsigned shmem;             /* dynamic shared memory, bytes */
-  int nargs;
+  int nargs;                  /* one per parameter of the kernel */
   const gcap_karg *args;
   /* What the kernel reads and writes: every tensor argument is in one of
   ** them (a tensor written in place is in writes only). */
