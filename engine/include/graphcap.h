@@ -457,30 +457,67 @@ gcap_status gcap_note_access(gcap_tensor *t, int write, const char *what);
 
 typedef struct gcap_kernel gcap_kernel;
 
+/* The type of a kernel parameter: what a launch passes for it. */
+typedef enum gcap_kparam {
+  GCAP_KPARAM_PTR = 0, /* any pointer: a tensor's device address */
+  GCAP_KPARAM_I32,     /* int, int32_t */
+  GCAP_KPARAM_U32,     /* unsigned, uint32_t */
+  GCAP_KPARAM_I64,     /* long, long long, int64_t, ptrdiff_t */
+  GCAP_KPARAM_U64,     /* unsigned long (long), uint64_t, size_t */
+  GCAP_KPARAM_F32,     /* float */
+  GCAP_KPARAM_F64,     /* double */
+  GCAP_KPARAM_BOOL     /* bool: 0 or 1 */
+} gcap_kparam;
+
+/* The name of a parameter type ("ptr", "i32", "u32", "i64", "u64", "f32",
+** "f64", "bool"); NULL for a value out of the enum. */
+const char *gcap_kparam_name(gcap_kparam p);
+
 /* Compile `source` and find its __global__ function `name` (an extern "C"
-** name, or a C++ name expression); opts[nopts] are NVRTC options. A
-** compile error is GCAP_EINVAL whose message holds NVRTC's log (lines as
+** name, or a C++ name expression); opts[nopts] are NVRTC options. The
+** kernel's parameters are params[nparams] where params is not NULL; with
+** params NULL they are read from the parameter list of the __global__
+** function `name` in the source, and where that cannot be done (a macro, a
+** template, a type other than a pointer or one of gcap_kparam's) the call
+** fails with GCAP_EINVAL naming the parameter and asking for params. On a
+** cuda engine whose driver can tell (CUDA 12.4 and later) the compiled
+** kernel's parameter count and sizes are checked against them. A compile
+** error is GCAP_EINVAL whose message holds NVRTC's log (lines as
 ** "<name>.cu(LINE): error: ..."); no NVRTC is GCAP_EUNSUPPORTED. On a cuda
 ** engine the kernel is loaded on its device at once. */
 gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name, int nopts,
-                            const char *const *opts, gcap_kernel **out);
+                            const char *const *opts, int nparams, const gcap_kparam *params,
+                            gcap_kernel **out);
 /* NULL is fine; graphs that recorded a launch keep the kernel. */
 void gcap_kernel_free(gcap_kernel *k);
+/* k's parameters: *nparams of them, in *params (owned by k). */
+gcap_status gcap_kernel_params(const gcap_kernel *k, int *nparams, const gcap_kparam **params);
 
-/* An argument of a launch, in the kernel's parameter order: a tensor (its
-** device address, a pointer parameter), an int or a float. */
-typedef enum gcap_karg_kind { GCAP_KARG_TENSOR = 0, GCAP_KARG_I32, GCAP_KARG_F32 } gcap_karg_kind;
+/* An argument of a launch, in the kernel's parameter order: a tensor (for a
+** pointer parameter, its device address), an integer or a float (for a
+** number parameter, converted to its type). */
+typedef enum gcap_karg_kind { GCAP_KARG_TENSOR = 0, GCAP_KARG_INT, GCAP_KARG_FLOAT } gcap_karg_kind;
 typedef struct gcap_karg {
   gcap_karg_kind kind;
   gcap_tensor *t;
-  int32_t i;
-  float f;
+  int64_t i;
+  double f;
 } gcap_karg;
+
+/* Check args[nargs] against k's parameters and write in out[nargs] what
+** the kernel receives: tensors as they are, integer parameters as
+** GCAP_KARG_INT, float parameters as GCAP_KARG_FLOAT (an f32's value
+** rounded to float). A count other than k's, a number for a pointer, a
+** tensor for a number, a non-integral number for an integer parameter and
+** a value out of the parameter's range are GCAP_EINVAL naming the kernel
+** and the argument. gcap_kernel_launch converts so; this tells a host twin
+** the values the kernel sees. */
+gcap_status gcap_kernel_args(gcap_kernel *k, int nargs, const gcap_karg *args, gcap_karg *out);
 
 typedef struct gcap_launch_desc {
   unsigned grid[3], block[3]; /* each at least 1 */
   unsigned shmem;             /* dynamic shared memory, bytes */
-  int nargs;
+  int nargs;                  /* one per parameter of the kernel */
   const gcap_karg *args;
   /* What the kernel reads and writes: every tensor argument is in one of
   ** them (a tensor written in place is in writes only). */
@@ -499,7 +536,8 @@ typedef struct gcap_launch_desc {
 } gcap_launch_desc;
 
 /* Launch k on the current stream as custom op k's name: captured as a
-** kernel node on cuda, its host twin recorded on the host backend. */
+** kernel node on cuda, its host twin recorded on the host backend. The
+** arguments are checked and converted as gcap_kernel_args does. */
 gcap_status gcap_kernel_launch(gcap_kernel *k, const gcap_launch_desc *l);
 
 /* ------------------------------------------------------------------------ */

@@ -3,11 +3,12 @@
 ** gc.cuda.kernel). core.cuda_kernel compiles a Kernel box;
 ** core.kernel_launch launches it with its arguments and, for the host
 ** backend, a Lua host twin: the launch's host_ud, an LTwin, holds a
-** registry reference to {twin, arg1, ..., argn} (so the tensors it passes
-** live as long as the launch, which a graph keeps), released when the
-** launch goes. The twin reaches Lua through l_callback, as every callback
-** does: now, from the launch's l_run, or at a replay (g:replay(), a graphed
-** call, a backward), from theirs.
+** registry reference to {twin, arg1, ..., argn}, the arguments as the
+** kernel sees them (numbers converted to their parameters' types by
+** gcap_kernel_args; the tensors, which so live as long as the launch, which
+** a graph keeps), released when the launch goes. The twin reaches Lua
+** through l_callback, as every callback does: now, from the launch's l_run,
+** or at a replay (g:replay(), a graphed call, a backward), from theirs.
 */
 
 #include <stdlib.h>
@@ -68,14 +69,43 @@ static LKernel *l_checkkernel(lua_State *L, int i) {
   return (LKernel *)l_checkbox(L, i, &l_kernel_class);
 }
 
-/* core.cuda_kernel(source, name, {options...}) -> Kernel */
+/* The parameter types of the sequence of names at t (nil: none) into
+** sig[LK_MAXARGS]; their count, or -1 for nil. */
+static int l_signature(lua_State *L, int t, gcap_kparam *sig) {
+  int i, n;
+  if (lua_isnil(L, t)) return -1;
+  n = (int)luaL_len(L, t);
+  if (n > LK_MAXARGS) return l_error(L, "gc.cuda.kernel: %d parameters; at most %d", n, LK_MAXARGS);
+  for (i = 0; i < n; i++) {
+    const char *s;
+    int k;
+    lua_rawgeti(L, t, i + 1);
+    s = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    for (k = 0; s != NULL && gcap_kparam_name((gcap_kparam)k) != NULL; k++)
+      if (strcmp(s, gcap_kparam_name((gcap_kparam)k)) == 0) break;
+    if (s == NULL || gcap_kparam_name((gcap_kparam)k) == NULL)
+      return l_error(L,
+                     "gc.cuda.kernel: signature[%d] must be one of \"ptr\", \"i32\", \"u32\", "
+                     "\"i64\", \"u64\", \"f32\", \"f64\", \"bool\", got %s",
+                     i + 1, s != NULL ? s : luaL_typename(L, -1));
+    sig[i] = (gcap_kparam)k;
+    lua_pop(L, 1);
+  }
+  return n;
+}
+
+/* core.cuda_kernel(source, name, {options...}, signature) -> Kernel, where
+** signature is a sequence of parameter type names or nil (read from the
+** source). */
 static int l_cuda_kernel(lua_State *L) {
   gcap_engine *e = l_engine(L);
   const char *src = luaL_checkstring(L, 1), *name = luaL_checkstring(L, 2);
   const char **opts;
-  int i, n;
+  gcap_kparam sig[LK_MAXARGS];
+  int i, n, nsig;
   LKernel *p;
   luaL_checktype(L, 3, LUA_TTABLE);
+  nsig = l_signature(L, 4, sig);
   n = (int)luaL_len(L, 3);
   if (n < 0 || n > LK_MAXARGS)
     return l_error(L, "gc.cuda.kernel: %d options; at most %d", n, LK_MAXARGS);
@@ -90,7 +120,8 @@ static int l_cuda_kernel(lua_State *L) {
   }
   p = (LKernel *)l_newbox(L, sizeof *p, 1, KERNEL_MT);
   p->e = e;
-  l_check(L, e, gcap_kernel_new(e, src, name, n, opts, &p->k), "gc.cuda.kernel");
+  l_check(L, e, gcap_kernel_new(e, src, name, n, opts, nsig, nsig < 0 ? NULL : sig, &p->k),
+          "gc.cuda.kernel");
   return 1;
 }
 
@@ -116,14 +147,14 @@ static gcap_status l_calllaunch(const LRun *r, void *ud) {
 }
 
 /* core.kernel_launch(k, {gx, gy, gz}, {bx, by, bz}, shmem, args, reads,
-** writes, twin) where args is {n = count, ...} (tensors, integers: int,
-** floats: float), reads and writes sequences of tensors, twin a function
-** or nil. */
+** writes, twin) where args is {n = count, ...} (tensors and numbers,
+** converted to the kernel's parameter types), reads and writes sequences
+** of tensors, twin a function or nil. */
 static int l_kernel_launch(lua_State *L) {
   LKernel *p = l_checkkernel(L, 1);
   LLaunch ll;
   gcap_launch_desc *d = &ll.d;
-  gcap_karg *args;
+  gcap_karg *args, *conv;
   gcap_tensor **tv;
   LRun r = {.call = l_calllaunch, .ud = &ll};
   int i, nargs, nr, nw;
@@ -153,20 +184,18 @@ static int l_kernel_launch(lua_State *L) {
   if (nargs < 0 || nargs > LK_MAXARGS || nr + nw > LK_MAXARGS)
     return l_error(L, "kernel launch: at most %d arguments and %d tensors read or written",
                    LK_MAXARGS, LK_MAXARGS);
-  args = (gcap_karg *)lua_newuserdatauv(L, (size_t)(nargs + 1) * sizeof *args, 0);
+  args = (gcap_karg *)lua_newuserdatauv(L, (size_t)(2 * nargs + 1) * sizeof *args, 0);
+  conv = args + nargs;
   tv = (gcap_tensor **)lua_newuserdatauv(L, (size_t)(nr + nw + 1) * sizeof *tv, 0);
-  memset(args, 0, (size_t)(nargs + 1) * sizeof *args);
+  memset(args, 0, (size_t)(2 * nargs + 1) * sizeof *args);
   for (i = 0; i < nargs; i++) {
     lua_rawgeti(L, 5, i + 1);
     if (lua_isinteger(L, -1)) {
-      lua_Integer v = lua_tointeger(L, -1);
-      if (v < INT32_MIN || v > INT32_MAX)
-        return l_error(L, "kernel launch: argument #%d (%I) does not fit an int", i + 1, v);
-      args[i].kind = GCAP_KARG_I32;
-      args[i].i = (int32_t)v;
+      args[i].kind = GCAP_KARG_INT;
+      args[i].i = (int64_t)lua_tointeger(L, -1);
     } else if (lua_type(L, -1) == LUA_TNUMBER) {
-      args[i].kind = GCAP_KARG_F32;
-      args[i].f = (float)lua_tonumber(L, -1);
+      args[i].kind = GCAP_KARG_FLOAT;
+      args[i].f = (double)lua_tonumber(L, -1);
     } else if (luaL_testudata(L, -1, TENSOR_MT)) {
       args[i].kind = GCAP_KARG_TENSOR;
       args[i].t = l_checktensor(L, -1);
@@ -175,6 +204,7 @@ static int l_kernel_launch(lua_State *L) {
                      l_typename(L, -1));
     lua_pop(L, 1);
   }
+  l_check(L, p->e, gcap_kernel_args(p->k, nargs, args, conv), "kernel launch");
   l_tensorseq(L, 6, nr, tv);
   l_tensorseq(L, 7, nw, tv + nr);
   d->nargs = nargs, d->args = args;
@@ -183,11 +213,16 @@ static int l_kernel_launch(lua_State *L) {
   if (!lua_isnoneornil(L, 8)) {
     LTwin *tw;
     luaL_checktype(L, 8, LUA_TFUNCTION);
-    lua_createtable(L, nargs + 1, 0); /* {twin, args...} */
+    lua_createtable(L, nargs + 1, 0); /* {twin, args as the kernel sees them...} */
     lua_pushvalue(L, 8);
     lua_rawseti(L, -2, 1);
     for (i = 0; i < nargs; i++) {
-      lua_rawgeti(L, 5, i + 1);
+      if (conv[i].kind == GCAP_KARG_TENSOR)
+        lua_rawgeti(L, 5, i + 1);
+      else if (conv[i].kind == GCAP_KARG_INT)
+        lua_pushinteger(L, (lua_Integer)conv[i].i);
+      else
+        lua_pushnumber(L, (lua_Number)conv[i].f);
       lua_rawseti(L, -2, i + 2);
     }
     if ((tw = (LTwin *)malloc(sizeof *tw)) == NULL) return luaL_error(L, "out of memory");

@@ -21,12 +21,14 @@ local cuda = {}
 local Kernel = {}
 Kernel.__index = Kernel
 
-local kernel_options = {host = true, options = true}
+local kernel_options = {host = true, options = true, signature = true}
 
--- gc.cuda.kernel(source, name [, {host = twin, options = {nvrtc options}}]):
--- compile the __global__ function `name` (extern "C", or a C++ name
--- expression) of `source`. twin(args...) runs on the host backend in the
--- kernel's place with the launch's arguments, now and at each replay.
+-- gc.cuda.kernel(source, name [, {host = twin, options = {nvrtc options},
+-- signature = {"ptr", "f32", ...}}]): compile the __global__ function
+-- `name` (extern "C", or a C++ name expression) of `source`. Its parameter
+-- types are the signature, or else read from its parameter list in the
+-- source. twin(args...) runs on the host backend in the kernel's place with
+-- the launch's arguments as the kernel sees them, now and at each replay.
 function cuda.kernel (source, name, opts)
   check("gc.cuda.kernel", "source", source, "string")
   check("gc.cuda.kernel", "name", name, "string")
@@ -39,8 +41,12 @@ function cuda.kernel (source, name, opts)
   if type(nv) ~= "table" then
     raise("gc.cuda.kernel: option options must be a table of strings, got %s", type(nv))
   end
+  local sig = opts.signature
+  if sig ~= nil and type(sig) ~= "table" then
+    raise("gc.cuda.kernel: option signature must be a table of type names, got %s", type(sig))
+  end
   return setmetatable({name = name, host = opts.host,
-                       _k = core.cuda_kernel(source, name, nv)}, Kernel)
+                       _k = core.cuda_kernel(source, name, nv, sig)}, Kernel)
 end
 
 -- {x, y, z} from an integer or a table of 1 to 3 integers.
@@ -71,8 +77,9 @@ local launch_options = {grid = true, block = true, args = true, reads = true, wr
                         shmem = true}
 
 -- k:launch{grid =, block =, args = {tensors and numbers}, reads = {...},
--- writes = {...} [, shmem = bytes]}: on the current stream. Integers are
--- passed as int, other numbers as float, tensors as their device address.
+-- writes = {...} [, shmem = bytes]}: on the current stream. Tensors are
+-- passed as their device address, numbers converted to their parameters'
+-- types (checked: integral and in range for an integer parameter).
 -- writes names the tensors the kernel writes; reads defaults to the other
 -- tensor arguments.
 function Kernel:launch (t)

@@ -39,8 +39,8 @@ static gcap_status launch(gcap_kernel *k, gcap_tensor *x, gcap_tensor *y, float 
   memset(&l, 0, sizeof l);
   args[0].kind = GCAP_KARG_TENSOR, args[0].t = x;
   args[1].kind = GCAP_KARG_TENSOR, args[1].t = y;
-  args[2].kind = GCAP_KARG_F32, args[2].f = *a;
-  args[3].kind = GCAP_KARG_I32, args[3].i = (int32_t)gcap_tensor_numel(x);
+  args[2].kind = GCAP_KARG_FLOAT, args[2].f = *a;
+  args[3].kind = GCAP_KARG_INT, args[3].i = (int32_t)gcap_tensor_numel(x);
   l.grid[0] = l.grid[1] = l.grid[2] = 1;
   l.block[0] = 256, l.block[1] = l.block[2] = 1;
   l.nargs = 4, l.args = args;
@@ -63,7 +63,7 @@ static void test_eager_and_captured(void) {
   T_REQUIRE(e != NULL);
   x = t_from(e, 1, S, X);
   x2 = t_from(e, 1, S, x2d);
-  T_CHECK_OK(e, gcap_kernel_new(e, SRC, "scale", 0, NULL, &k));
+  T_CHECK_OK(e, gcap_kernel_new(e, SRC, "scale", 0, NULL, 0, NULL, &k));
   T_CHECK_OK(e, gcap_tensor_empty(e, GCAP_F32, 1, S, &y));
   twin_frees = 0;
   T_CHECK_OK(e, launch(k, x, y, &a));
@@ -97,12 +97,12 @@ static void test_compile_error(void) {
                     "  y[0] = undefined_thing;\n"
                     "}\n";
   T_REQUIRE(e != NULL);
-  T_CHECK_ST(e, gcap_kernel_new(e, bad, "oops", 0, NULL, &k), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_kernel_new(e, bad, "oops", 0, NULL, 0, NULL, &k), GCAP_EINVAL);
   T_CHECK(k == NULL);
   if (!t_msg_has(e, "kernel 'oops' does not compile") || !t_msg_has(e, "oops.cu(2)") ||
       !t_msg_has(e, "undefined_thing"))
     T_FAILF("message", "%s", gcap_errmsg(e));
-  T_CHECK_ST(e, gcap_kernel_new(e, SRC, "nothere", 0, NULL, &k), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_kernel_new(e, SRC, "nothere", 0, NULL, 0, NULL, &k), GCAP_EINVAL);
   T_CHECK(k == NULL && t_msg_has(e, "nothere"));
   gcap_engine_free(e);
 }
@@ -117,7 +117,7 @@ static void test_bad_launch(void) {
   float a = 2;
   T_REQUIRE(e != NULL);
   x = t_from(e, 1, S, X);
-  T_CHECK_OK(e, gcap_kernel_new(e, SRC, "scale", 0, NULL, &k));
+  T_CHECK_OK(e, gcap_kernel_new(e, SRC, "scale", 0, NULL, 0, NULL, &k));
   T_CHECK_OK(e, gcap_tensor_empty(e, GCAP_F32, 1, S, &y));
   memset(&l, 0, sizeof l);
   memset(&arg, 0, sizeof arg);
@@ -143,7 +143,7 @@ static void test_bad_launch(void) {
 int main(void) {
   gcap_engine *e = t_engine();
   gcap_kernel *k = NULL;
-  gcap_status st = e ? gcap_kernel_new(e, SRC, "scale", 0, NULL, &k) : GCAP_EINVAL;
+  gcap_status st = e ? gcap_kernel_new(e, SRC, "scale", 0, NULL, 0, NULL, &k) : GCAP_EINVAL;
   gcap_kernel_free(k);
   if (st == GCAP_EUNSUPPORTED) {
     printf("# skipped: %s\n", gcap_errmsg(e));

@@ -96,7 +96,8 @@ function TestKernel:test_bad_launches ()
   assert_err(function () scale:launch{grid = 1, block = 1, stream = 2} end, HERE,
              "unknown option 'stream'")
   assert_err(function () scale:launch{grid = 1, block = 1, args = {x, y, 1.0, 1 << 40},
-                                      writes = {y}} end, HERE, "does not fit an int")
+                                      writes = {y}} end, HERE,
+             "kernel 'scale': argument #4 (1099511627776) is out of the range of i32")
   run_scale(x, y, 2) -- still usable
   lu.assertEquals(y:tolist(), {2, 4})
 end

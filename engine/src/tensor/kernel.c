@@ -3,8 +3,9 @@
 ** ops. NVRTC and the driver (libcuda) are opened with dlopen on first use,
 ** so that the library loads where neither exists (a machine without a GPU
 ** still compiles, when the toolkit is there); the few entry points are
-** declared here with plain C types. A launch is a custom op made for it,
-** whose ud holds the kernel's parameters by value: its cuda callback calls
+** declared here with plain C types. The kernel's parameter types come
+** from kparams.c; a launch is a custom op made for it, whose ud holds the
+** arguments converted to those types, by value: its cuda callback calls
 ** cuLaunchKernel on the stream it is given (a kernel node inside a
 ** capture), its host callback is the launch's host twin.
 */
@@ -18,8 +19,6 @@
 #ifndef GC_CUDA_LIBDIR
 #define GC_CUDA_LIBDIR "/usr/local/cuda/lib64"
 #endif
-
-#define KL_MAXARGS 64 /* parameters of one launch */
 
 typedef void *kl_prog;
 typedef struct kl_api {
@@ -49,6 +48,7 @@ typedef struct kl_drv {
   int (*launch)(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                 unsigned bz, unsigned shmem, void *stream, void **params, void **extra);
   int (*errstr)(int r, const char **s);
+  int (*param_info)(void *fn, size_t i, size_t *offset, size_t *size); /* NULL before 12.4 */
 } kl_drv;
 
 static kl_api kl_nvrtc;
@@ -104,6 +104,7 @@ static int kl_load_driver(void) {
           kl_sym(h, "cuModuleUnload", &d->unload) &&
           kl_sym(h, "cuModuleGetFunction", &d->function) &&
           kl_sym(h, "cuLaunchKernel", &d->launch) && kl_sym(h, "cuGetErrorString", &d->errstr);
+  if (d->ok && !kl_sym(h, "cuFuncGetParamInfo", &d->param_info)) d->param_info = NULL;
   if (!d->ok)
     snprintf(d->why, sizeof d->why, "libcuda lacks an entry point");
   else if (d->init(0) != 0) {
@@ -126,6 +127,8 @@ struct gcap_kernel {
   char *lowered; /* the function's name in the PTX */
   char *ptx;
   void *mod, *fn; /* loaded on a cuda engine */
+  int nparams;
+  gcap_kparam params[GC_KMAXPARAMS];
 };
 
 static void kl_release(gcap_kernel *k) {
@@ -180,6 +183,31 @@ static gcap_status kl_compile(gcap_kernel *k, const char *src, int nopts, const 
   return st;
 }
 
+#define KL_EINVALID 1 /* CUDA_ERROR_INVALID_VALUE: no parameter of that index */
+
+/* Check k's parameter types against the compiled function's parameters,
+** where the driver tells them (cuFuncGetParamInfo: CUDA 12.4 and later;
+** another error than an index out of range: it cannot tell). */
+static gcap_status kl_check_params(gcap_kernel *k) {
+  size_t off, size;
+  int i, r = 0;
+  if (kl_cuda.param_info == NULL) return GCAP_OK;
+  for (i = 0; i <= k->nparams; i++) {
+    if ((r = kl_cuda.param_info(k->fn, (size_t)i, &off, &size)) != 0) break;
+    if (i < k->nparams && size != gc_kparam_size(k->params[i]))
+      return gc_fail(k->e, GCAP_EINVAL,
+                     "kernel '%s': parameter %d is %zu bytes in the compiled kernel, but its "
+                     "signature's %s is %zu",
+                     k->name, i + 1, size, gcap_kparam_name(k->params[i]),
+                     gc_kparam_size(k->params[i]));
+  }
+  if (r != 0 && (r != KL_EINVALID || i == k->nparams)) return GCAP_OK; /* as many, or no word */
+  return gc_fail(k->e, GCAP_EINVAL,
+                 "kernel '%s': the compiled kernel has %s%d parameters, its "
+                 "signature %d",
+                 k->name, r == 0 ? "more than " : "", r == 0 ? k->nparams : i, k->nparams);
+}
+
 /* Load k's PTX on the engine's device (the runtime's current context). */
 static gcap_status kl_load(gcap_kernel *k) {
   int r;
@@ -193,17 +221,18 @@ static gcap_status kl_load(gcap_kernel *k) {
   if ((r = kl_cuda.function(&k->fn, k->mod, k->lowered)) != 0)
     return gc_fail(k->e, GCAP_EDEVICE, "kernel '%s': cuModuleGetFunction: %s", k->name,
                    kl_drverr(r));
-  return GCAP_OK;
+  return kl_check_params(k);
 }
 
 gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name, int nopts,
-                            const char *const *opts, gcap_kernel **out) {
+                            const char *const *opts, int nparams, const gcap_kparam *params,
+                            gcap_kernel **out) {
   gcap_kernel *k;
   gcap_status st;
   int i;
   if (out != NULL) *out = NULL;
   if (e == NULL || source == NULL || name == NULL || out == NULL || nopts < 0 ||
-      (nopts > 0 && opts == NULL))
+      (nopts > 0 && opts == NULL) || (params != NULL && nparams < 0))
     return GCAP_EINVAL;
   if ((st = gc_check_open(e, "gcap_kernel_new")) != GCAP_OK) return st;
   if (name[0] == '\0' || strlen(name) >= GC_NAMELEN)
@@ -212,6 +241,13 @@ gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name
   for (i = 0; i < nopts; i++)
     if (opts[i] == NULL)
       return gc_fail(e, GCAP_EINVAL, "kernel '%s': option #%d is NULL", name, i + 1);
+  if (params != NULL && nparams > GC_KMAXPARAMS)
+    return gc_fail(e, GCAP_EINVAL, "kernel '%s': %d parameters; at most %d", name, nparams,
+                   GC_KMAXPARAMS);
+  for (i = 0; params != NULL && i < nparams; i++)
+    if (gcap_kparam_name(params[i]) == NULL)
+      return gc_fail(e, GCAP_EINVAL, "kernel '%s': parameter %d has no type (%d)", name, i + 1,
+                     (int)params[i]);
   if (!kl_load_nvrtc())
     return gc_fail(e, GCAP_EUNSUPPORTED, "kernel '%s': NVRTC is not available (%s)", name,
                    kl_nvrtc.why);
@@ -222,6 +258,11 @@ gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name
   gc_engine_ref(e);
   snprintf(k->name, sizeof k->name, "%s", name);
   st = kl_compile(k, source, nopts, opts);
+  if (st == GCAP_OK && params != NULL) {
+    k->nparams = nparams;
+    memcpy(k->params, params, (size_t)nparams * sizeof *params);
+  } else if (st == GCAP_OK)
+    st = gc_kparams_parse(e, source, name, &k->nparams, k->params);
   if (st == GCAP_OK && strcmp(e->be->name, "cuda") == 0) st = kl_load(k);
   if (st != GCAP_OK) {
     kl_release(k);
@@ -231,17 +272,43 @@ gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name
   return GCAP_OK;
 }
 
-/* One launch: the kernel, its dimensions and its parameters by value. */
+gcap_status gcap_kernel_params(const gcap_kernel *k, int *nparams, const gcap_kparam **params) {
+  if (k == NULL || nparams == NULL || params == NULL) return GCAP_EINVAL;
+  *nparams = k->nparams;
+  *params = k->params;
+  return GCAP_OK;
+}
+
+/* Convert args[nargs] for k's parameters into val and out (may be NULL). */
+static gcap_status kl_convert(gcap_kernel *k, int nargs, const gcap_karg *args, gc_kval *val,
+                              gcap_karg *out) {
+  gcap_karg conv;
+  gcap_status st;
+  int i;
+  if (nargs != k->nparams)
+    return gc_fail(k->e, GCAP_EINVAL, "kernel '%s' takes %d arguments, got %d", k->name, k->nparams,
+                   nargs);
+  for (i = 0; i < nargs; i++) {
+    if ((st = gc_karg_convert(k->e, k->name, i, k->params[i], &args[i], &val[i], &conv)) != GCAP_OK)
+      return st;
+    if (out != NULL) out[i] = conv;
+  }
+  return GCAP_OK;
+}
+
+gcap_status gcap_kernel_args(gcap_kernel *k, int nargs, const gcap_karg *args, gcap_karg *out) {
+  gc_kval val[GC_KMAXPARAMS];
+  if (k == NULL || nargs < 0 || (nargs > 0 && (args == NULL || out == NULL))) return GCAP_EINVAL;
+  gc_clear(k->e);
+  return kl_convert(k, nargs, args, val, out);
+}
+
+/* One launch: the kernel, its dimensions and its arguments by value. */
 typedef struct kl_launch {
   gcap_kernel *k;
   unsigned grid[3], block[3], shmem;
-  int nargs;
-  union {
-    void *p;
-    int32_t i;
-    float f;
-  } val[KL_MAXARGS];
-  void *params[KL_MAXARGS]; /* &val[i] */
+  gc_kval val[GC_KMAXPARAMS];
+  void *params[GC_KMAXPARAMS]; /* &val[i] */
   gcap_custom_fn host;
   void *host_ud;
   void (*host_ud_free)(void *ud);
@@ -287,9 +354,9 @@ static gcap_status kl_check(gcap_kernel *k, const gcap_launch_desc *l) {
     if (l->grid[i] < 1 || l->block[i] < 1)
       return gc_fail(e, GCAP_EINVAL, "kernel '%s': grid and block sizes must be at least 1",
                      k->name);
-  if (l->nargs < 0 || l->nargs > KL_MAXARGS || (l->nargs > 0 && l->args == NULL))
-    return gc_fail(e, GCAP_EINVAL, "kernel '%s': %d arguments; 0 to %d", k->name, l->nargs,
-                   KL_MAXARGS);
+  if (l->nargs < 0 || (l->nargs > 0 && l->args == NULL))
+    return gc_fail(e, GCAP_EINVAL, "kernel '%s': %d arguments and args %s", k->name, l->nargs,
+                   l->args ? "given" : "NULL");
   if (l->nreads < 0 || l->nwrites < 0 || (l->nreads > 0 && l->reads == NULL) ||
       (l->nwrites > 0 && l->writes == NULL))
     return gc_fail(e, GCAP_EINVAL, "kernel '%s': bad reads or writes", k->name);
@@ -302,8 +369,6 @@ static gcap_status kl_check(gcap_kernel *k, const gcap_launch_desc *l) {
   }
   for (i = 0; i < l->nargs; i++) {
     const gcap_karg *a = &l->args[i];
-    if ((unsigned)a->kind > GCAP_KARG_F32)
-      return gc_fail(e, GCAP_EINVAL, "kernel '%s': argument #%d has no kind", k->name, i + 1);
     if (a->kind == GCAP_KARG_TENSOR && !kl_among(a->t, l->nreads, l->reads) &&
         !kl_among(a->t, l->nwrites, l->writes))
       return gc_fail(e, GCAP_EINVAL,
@@ -327,12 +392,14 @@ gcap_status gcap_kernel_launch(gcap_kernel *k, const gcap_launch_desc *l) {
   e = k->e;
   gc_clear(e);
   kl = NULL;
-  if ((st = kl_check(k, l)) == GCAP_OK && l->host == NULL && strcmp(e->be->name, "host") == 0)
+  if ((st = kl_check(k, l)) == GCAP_OK && (kl = (kl_launch *)gc_calloc(1, sizeof *kl)) == NULL)
+    st = gc_fail(e, GCAP_ENOMEM, "kernel '%s': out of host memory", k->name);
+  if (st == GCAP_OK) st = kl_convert(k, l->nargs, l->args, kl->val, NULL);
+  if (st == GCAP_OK && l->host == NULL && strcmp(e->be->name, "host") == 0)
     st = gc_fail(e, GCAP_EUNSUPPORTED,
                  "kernel '%s': a launch on the host backend needs a host twin", k->name);
-  if (st == GCAP_OK && (kl = (kl_launch *)gc_calloc(1, sizeof *kl)) == NULL)
-    st = gc_fail(e, GCAP_ENOMEM, "kernel '%s': out of host memory", k->name);
   if (st != GCAP_OK) {
+    free(kl);
     if (l->host_ud_free) l->host_ud_free(l->host_ud);
     return st;
   }
@@ -341,17 +408,8 @@ gcap_status gcap_kernel_launch(gcap_kernel *k, const gcap_launch_desc *l) {
   memcpy(kl->grid, l->grid, sizeof kl->grid);
   memcpy(kl->block, l->block, sizeof kl->block);
   kl->shmem = l->shmem;
-  kl->nargs = l->nargs;
-  for (i = 0; i < l->nargs; i++) {
-    const gcap_karg *a = &l->args[i];
-    if (a->kind == GCAP_KARG_TENSOR)
-      kl->val[i].p = gc_tensor_ptr(a->t);
-    else if (a->kind == GCAP_KARG_I32)
-      kl->val[i].i = a->i;
-    else
-      kl->val[i].f = a->f;
+  for (i = 0; i < l->nargs; i++)
     kl->params[i] = &kl->val[i];
-  }
   kl->host = l->host;
   kl->host_ud = l->host_ud;
   kl->host_ud_free = l->host_ud_free;

@@ -137,6 +137,35 @@ gcap_status gc_custom_launch(gcap_custom_op *op, int nin, gcap_tensor *const *in
                              gcap_tensor *const *out);
 
 /* ------------------------------------------------------------------------ */
+/* Runtime-compiled kernels' parameters (kparams.c)                          */
+
+#define GC_KMAXPARAMS 64 /* parameters of one kernel */
+
+/* A parameter's value as the kernel reads it */
+typedef union gc_kval {
+  void *p;
+  int32_t i32;
+  uint32_t u32;
+  int64_t i64;
+  uint64_t u64;
+  float f32;
+  double f64;
+  unsigned char b;
+} gc_kval;
+
+/* Bytes of a parameter of type p. */
+size_t gc_kparam_size(gcap_kparam p);
+/* Read the parameter types of __global__ function `name` in src into
+** out[GC_KMAXPARAMS], their count into *n; a failure names the kernel and
+** the parameter, and asks for the types. */
+gcap_status gc_kparams_parse(gcap_engine *e, const char *src, const char *name, int *n,
+                             gcap_kparam *out);
+/* Check argument #i (from 0) `a` of kernel kname against parameter type p:
+** the bytes the kernel reads into *v, the value it sees into *out. */
+gcap_status gc_karg_convert(gcap_engine *e, const char *kname, int i, gcap_kparam p,
+                            const gcap_karg *a, gc_kval *v, gcap_karg *out);
+
+/* ------------------------------------------------------------------------ */
 /* Kernel dispatch (ops.c)                                                   */
 
 /* Launch kernel k on the current stream: capture checks, then the backend. */
