@@ -19,6 +19,7 @@ gc._test = core._test  -- internal: hooks for the library's own tests only
 gc.nn = require "graphcap.nn"
 gc.optim = require "graphcap.optim"
 gc.autograd = require "graphcap.autograd"
+gc.pipeline = require "graphcap.pipeline"
 gc.make_graphed_callables = require "graphcap.graphed"
 -- gc.trace.start(path), gc.trace.stop(): Chrome trace-event JSON of warmup,
 -- captures, capture-time hooks and replays (open it in Perfetto)
