@@ -197,7 +197,7 @@ function TestPipeline:test_errors ()
   assert_err(o{stages = 4, stage = 0, microbatches = 6, chunks = 2, group_size = 4},
              "the last group of microbatches holds 2")
   assert_err(o{stages = 2, stage = 0, microbatches = 4, chunk = 2}, "unknown option 'chunk'")
-  assert_err(function () return pipeline.steps({1, 0}) end, "order%[2%]")
+  assert_err(function () return pipeline.steps({1, 0}) end, "order[2] must be a non-zero number")
   assert_err(function () return pipeline.entry(1, 4, 3) end, "microbatch 4 of 3")
 end
 
