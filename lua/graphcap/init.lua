@@ -20,6 +20,8 @@ gc.nn = require "graphcap.nn"
 gc.optim = require "graphcap.optim"
 gc.autograd = require "graphcap.autograd"
 gc.pipeline = require "graphcap.pipeline"
+gc.ddp = require "graphcap.ddp"
+gc.fsdp = require "graphcap.fsdp"
 gc.make_graphed_callables = require "graphcap.graphed"
 -- gc.trace.start(path), gc.trace.stop(): Chrome trace-event JSON of warmup,
 -- captures, capture-time hooks and replays (open it in Perfetto)

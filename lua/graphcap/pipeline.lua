@@ -19,7 +19,7 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 core._facade()
 
-local math, type = math, type
+local ipairs, math, require, type = ipairs, math, require, type
 _ENV = nil
 
 local raise, options = util.raise, util.options
@@ -181,6 +181,71 @@ function pipeline.entry (chunk, microbatch, microbatches, layer, num_layers_per_
   local prefix = 0
   for k = 1, c - 1 do prefix = prefix + n[k] end
   return prefix * M + (b - 1) * n[c] + l
+end
+
+local run_options = {order = true, stages = true, stage = true, microbatches = true,
+                     chunks = true, call = true, input = true, loss = true, shape = true,
+                     groups = true}
+
+-- pipeline.run{order, stages = P, stage = r, microbatches = M, chunks = V,
+--   call = function (chunk, microbatch, x) -> y, input = function (b) -> x,
+--   loss = function (b, y) -> 0-D tensor, shape = activation shape,
+--   groups = {act = g, grad = g'}} -> the losses by microbatch (last stage)
+-- One training step of stage r: walks its order, running each chunk's
+-- forward and backward with call (a module or a graphed entry); the first
+-- virtual stage reads input(b), the last one backpropagates loss(b, y);
+-- activations go to the next virtual stage and input grads to the one
+-- before with gc.dist.send/recv (on the groups act and grad, so that the two
+-- streams of messages never match each other's receives), or stay local
+-- when that stage is on this rank. Every stage's forwards and backwards run
+-- in the schedule table's order, so each stream's sends and receives pair
+-- up in order.
+function pipeline.run (opts)
+  if type(opts) ~= "table" then
+    raise("pipeline.run: expected an options table, got %s", type(opts))
+  end
+  options("pipeline.run", opts, run_options)
+  local P = count("pipeline.run", "stages", opts.stages)
+  local r, M = opts.stage, count("pipeline.run", "microbatches", opts.microbatches)
+  local V = count("pipeline.run", "chunks", opts.chunks, 1)
+  local call, input, loss, shape = opts.call, opts.input, opts.loss, opts.shape
+  if type(call) ~= "function" or type(input) ~= "function" or type(loss) ~= "function" then
+    raise("pipeline.run: call, input and loss must be functions")
+  end
+  local gc = require "graphcap"
+  local S, groups = P * V, opts.groups or {}
+  local here, xs, ys, losses = {}, {}, {}, {}
+  -- send t (this rank's virtual stage v) to virtual stage w on 'channel'
+  local function put (channel, t, w, b)
+    if w % P == r then here[channel .. w .. ":" .. b] = t:detach()
+    else gc.dist.send(t, w % P, {group = groups[channel]}) end
+  end
+  local function get (channel, w, b)
+    local key = channel .. w .. ":" .. b
+    local t = here[key]
+    here[key] = nil
+    if t ~= nil then return t end
+    t = gc.empty(shape)
+    gc.dist.recv(t, (channel == "act" and w - 1 or w + 1) % P, {group = groups[channel]})
+    return t
+  end
+  for _, s in ipairs(pipeline.steps(opts.order)) do
+    local c, b = s.chunk, s.microbatch
+    local v, key = (c - 1) * P + r, c .. ":" .. b
+    if s.kind == "forward" then
+      local x = v == 0 and input(b) or get("act", v, b):requires_grad_(true)
+      local y = call(c, b, x)
+      xs[key] = x
+      if v == S - 1 then losses[b] = loss(b, y); ys[key] = losses[b]
+      else ys[key] = y; put("act", y, v + 1, b) end
+    elseif s.kind == "backward" then
+      local y = ys[key]
+      if v == S - 1 then y:backward() else y:backward(get("grad", v, b)) end
+      if v > 0 then put("grad", xs[key].grad, v - 1, b) end
+      xs[key], ys[key] = nil, nil
+    end
+  end
+  return losses
 end
 
 return pipeline
