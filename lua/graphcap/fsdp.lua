@@ -47,7 +47,9 @@ function FSDP:unshard (i)
   local u = self._u[i]
   if u.full then return end
   local dist, opts = self._dist, {group = self.group}
-  for k, p in ipairs(u.params) do dist.all_gather(u.flat[k], u.shards[k], opts) end
+  self._gc.no_grad(function ()  -- a parameter's values, not an op of the model
+    for k in ipairs(u.params) do dist.all_gather(u.flat[k], u.shards[k], opts) end
+  end)
   u.full = true
 end
 
@@ -70,6 +72,18 @@ function FSDP:reduce_grads (i)
       s.grad = s.grad and s.grad + part or part
       p.grad = nil
     end
+  end
+end
+
+-- F:finish_grads(): reduce-scatter the full grads that no unit's backward
+-- reduced (a graphed unit whose sample input needed no grad: its graph
+-- gives its input no grad, so the node after its backward never runs) and
+-- re-shard every unit. Call it after backward, before the optimizer step.
+function FSDP:finish_grads ()
+  for i, u in ipairs(self._u) do
+    self:reduce_grads(i)
+    u.pending = 0
+    self:reshard(i)
   end
 end
 
