@@ -1,6 +1,7 @@
 # graphcap: `make` builds the library, the program and the Lua module;
 # `make test` runs every suite on every backend present.
 #   CUDA=auto (default) builds the cuda backend when nvcc is found, CUDA=0 never, CUDA=1 always.
+#   MPI=auto (default) builds the distributed layer on MPI when mpicc is found, MPI=0 never.
 #   V=1 prints whole command lines; SETUP=0 leaves the system's packages alone.
 #   make install PREFIX=... (default /usr/local) DESTDIR=...; make uninstall.
 
@@ -42,10 +43,18 @@ unexport CFLAGS
 NVFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
            -Xcompiler -fPIC,-Wall,-Wextra -Iengine/include -Iengine/src -MMD -MP
 LDLIBS := -lm -ldl -lpthread
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -lrt -lstdc++
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart_static -lrt -lstdc++
+
+# MPI, for the distributed layer (engine/src/dist): deferred ('='), as Lua's paths are, so that
+# an OpenMPI that `setup` installs during this make is found by the recipes that need it.
+MPI ?= auto
+MPICC ?= mpicc
+MPI_FOUND = $(if $(filter 0,$(MPI)),,$(shell command -v $(MPICC) 2>/dev/null))
+MPI_CFLAGS = $(if $(MPI_FOUND),$(shell $(MPICC) --showme:compile) -DGC_WITH_MPI)
+MPI_LIBS = $(if $(MPI_FOUND),$(shell $(MPICC) --showme:link))
 
 # The layers (runtime <- tensor <- train) and the host backend; the cuda backend below.
-CORE_SRC := $(wildcard $(patsubst %,engine/src/%/*.c,runtime tensor train host))
+CORE_SRC := $(wildcard $(patsubst %,engine/src/%/*.c,runtime tensor train dist host))
 OBJ := $(CORE_SRC:%.c=$(B)/%.o)
 ifeq ($(WITH_CUDA),1)
   OBJ += $(patsubst %.cu,$(B)/%.o,$(wildcard engine/src/cuda/*.cu))
@@ -103,6 +112,19 @@ $(STAMP):
 	@rm -f $(B)/.cuda-*
 	@touch $@
 
+# Likewise for MPI, as this make found it when it started.
+MPI_STAMP := $(B)/.mpi-$(if $(MPI_FOUND),1,0)
+$(MPI_STAMP):
+	@mkdir -p $(B)
+	@rm -f $(B)/.mpi-*
+	@touch $@
+
+# The distributed layer sees MPI's headers; built after `setup`, which installs them.
+$(B)/engine/src/dist/%.o: engine/src/dist/%.c $(MPI_STAMP) | setup
+	$(say) CC $<
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
+
 $(B)/libgraphcap.a: $(OBJ) $(STAMP)
 	$(say) AR $@
 	@rm -f $@
@@ -112,7 +134,7 @@ $(B)/libgraphcap.a: $(OBJ) $(STAMP)
 $(SHLIB): $(OBJ) $(STAMP) engine/libgraphcap.map
 	$(say) LD $@
 	$(Q)$(CC) -shared -o $@ -Wl,-soname,libgraphcap.so.$(SOMAJOR) \
-	  -Wl,--version-script,engine/libgraphcap.map $(OBJ) $(LDLIBS)
+	  -Wl,--version-script,engine/libgraphcap.map $(OBJ) $(LDLIBS) $(MPI_LIBS)
 
 $(B)/lua_embed.c: scripts/embed.lua $(LUA_FACADE) | setup
 	$(say) GEN $@
@@ -126,24 +148,24 @@ $(B)/lua_embed.o: $(B)/lua_embed.c
 # The program links Lua statically, so it runs where no Lua is installed.
 $(B)/graphcap: $(B)/lua/main.o $(BINDING_OBJ) $(B)/lua_embed.o $(B)/libgraphcap.a | setup
 	$(say) LD $@
-	$(Q)$(CC) -o $@ $^ $(LUA_A) $(LDLIBS) -Wl,-E
+	$(Q)$(CC) -o $@ $^ $(LUA_A) $(LDLIBS) $(MPI_LIBS) -Wl,-E
 
 # For a stock lua5.4: require "graphcap.core" with LUA_CPATH='build/lua/?.so'.
 $(B)/lua/graphcap/core.so: $(BINDING_OBJ) $(B)/libgraphcap.a
 	$(say) LD $@
 	@mkdir -p $(@D)
-	$(Q)$(CC) -shared -o $@ $^ $(LDLIBS)
+	$(Q)$(CC) -shared -o $@ $^ $(LDLIBS) $(MPI_LIBS)
 
 lua-module: $(B)/lua/graphcap/core.so
 
 $(B)/tests/%: tests/c/%.c tests/c/t.h $(B)/libgraphcap.a
 	$(say) CC $<
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(CFLAGS) -o $@ $< $(B)/libgraphcap.a $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) -o $@ $< $(B)/libgraphcap.a $(LDLIBS) $(MPI_LIBS)
 
 $(B)/embed: $(wildcard examples/embed/*.c) $(B)/libgraphcap.a
 	$(say) CC examples/embed
-	$(Q)$(CC) $(CFLAGS) -o $@ $(wildcard examples/embed/*.c) $(B)/libgraphcap.a $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) -o $@ $(wildcard examples/embed/*.c) $(B)/libgraphcap.a $(LDLIBS) $(MPI_LIBS)
 
 run: all
 	$(B)/graphcap examples/train_mlp.lua
@@ -232,7 +254,7 @@ install-lib: $(B)/libgraphcap.a $(SHLIB) engine/graphcap.pc.in
 	ln -sf libgraphcap.so.$(SOMAJOR) $(D)$(LIBDIR)/libgraphcap.so
 	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(call under_prefix,$(LIBDIR))|' \
 	  -e 's|@INCLUDEDIR@|$(call under_prefix,$(INCLUDEDIR))|' \
-	  -e 's|@VERSION@|$(VERSION)|; s|@LIBS_PRIVATE@|$(strip $(filter-out -Wl%,$(LDLIBS)))|' \
+	  -e 's|@VERSION@|$(VERSION)|; s|@LIBS_PRIVATE@|$(strip $(filter-out -Wl%,$(LDLIBS) $(MPI_LIBS)))|' \
 	  engine/graphcap.pc.in >$(D)$(PKGCONFIGDIR)/graphcap.pc
 	@$(LDCONFIG)
 

@@ -83,11 +83,24 @@ static void l_message(const char *msg) {
 ** OK (a string: Lua made it or 'msghandler' did).
 */
 static int report(lua_State *L, int status) {
+  if (status != LUA_OK && gcap_dist_is_initialized()) {
+    /* one of several ranks: name it, and end the job, so that no other
+    ** rank is left waiting for it in a collective */
+    fprintf(stderr, PROGNAME ": rank %d: %s\n", gcap_dist_rank(), lua_tostring(L, -1));
+    fflush(stderr);
+    gcap_dist_abort(EXIT_FAILURE);
+  }
   if (status != LUA_OK) {
     l_message(lua_tostring(L, -1));
     lua_pop(L, 1);
   }
   return status;
+}
+
+/* At exit (the script's end, or os.exit): finalize the distributed
+** runtime when the script initialised it and left it so, as MPI asks. */
+static void dist_atexit(void) {
+  if (gcap_dist_is_initialized()) (void)gcap_dist_finalize();
 }
 
 /*
@@ -575,6 +588,7 @@ int main(int argc, char **argv) {
     l_message("cannot create state: not enough memory");
     return EXIT_FAILURE;
   }
+  atexit(dist_atexit);
   lua_pushcfunction(L, &pmain); /* to call 'pmain' in protected mode */
   lua_pushinteger(L, argc);
   lua_pushlightuserdata(L, argv);

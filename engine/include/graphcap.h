@@ -691,6 +691,117 @@ gcap_status gcap_trace_start(gcap_engine *e, const char *path);
 gcap_status gcap_trace_stop(gcap_engine *e);
 
 /* ------------------------------------------------------------------------ */
+/* Distributed: several processes on MPI (and NCCL on cuda)                  */
+/*
+** One process per rank, launched by mpirun. gcap_dist_init binds the
+** process's ranks to one engine; collectives then run on that engine's
+** tensors, on its current stream, asynchronously like kernels: on cuda they
+** are NCCL calls (recorded into a graph when the stream is capturing), on
+** host MPI transfers with a fixed reduction order (the host backend records
+** them as nodes at capture and runs them at each replay). Every rank of a
+** group must make the same collectives in the same order. Ranks given as
+** `root` or `peer` are global ranks (of the world), as in PyTorch.
+**
+** Errors set the message of the engine (gcap_errmsg) and name the op. A
+** failed collective on one rank leaves the others waiting in it: a program
+** ends the job then (gcap_dist_abort), as the graphcap program does.
+*/
+
+typedef struct gcap_dist_group gcap_dist_group;
+
+typedef enum gcap_reduce_op {
+  GCAP_REDUCE_SUM = 0,
+  GCAP_REDUCE_AVG, /* the sum divided by the group's size */
+  GCAP_REDUCE_MAX
+} gcap_reduce_op;
+
+/* 1 when the library was built with MPI. */
+int gcap_dist_available(void);
+
+/* Initialise MPI (unless the host already did), find this process's rank,
+** the world size and the local rank (its number among the ranks of its
+** machine), and bind the world to engine e (which it keeps alive until
+** finalize). On cuda the engine must run on GPU local rank mod the device
+** count; the world's NCCL communicator is made from a unique id that rank 0
+** broadcasts over MPI. Collective: every rank calls it. GCAP_EUNSUPPORTED
+** in a build without MPI; GCAP_ESTATE when already initialised, or after
+** gcap_dist_finalize (MPI cannot start twice). */
+gcap_status gcap_dist_init(gcap_engine *e);
+
+/* 1 between gcap_dist_init and gcap_dist_finalize. */
+int gcap_dist_is_initialized(void);
+
+/* This process's rank, the world size, the local rank; -1 when not
+** initialised. */
+int gcap_dist_rank(void);
+int gcap_dist_world_size(void);
+int gcap_dist_local_rank(void);
+
+/* Free every communicator, release the engine and finalize MPI when
+** gcap_dist_init initialised it. Groups stay valid handles whose calls fail
+** (GCAP_ESTATE), and so do graphs that recorded collectives, at replay.
+** Collective. GCAP_ESTATE when not initialised. */
+gcap_status gcap_dist_finalize(void);
+
+/* End the whole job now, from any rank, with exit status `code` (MPI_Abort
+** of the world), so that no rank is left waiting in a collective. Not
+** initialised: exit(code). Never returns. */
+void gcap_dist_abort(int code);
+
+/* Debug mode: before each collective, the ranks of its group exchange a
+** descriptor (op, reduction, dtype, shapes, root; for send/recv the two
+** peers) and fail with GCAP_EINVAL naming the op and the ranks that
+** disagree. Checked when the call is made (eagerly, or while capturing),
+** not at replay. Off by default; on, each collective costs one more
+** exchange. Local: each rank sets its own (set it alike on all). */
+gcap_status gcap_dist_set_debug(gcap_engine *e, int on);
+
+/* The group of the world ranks ranks[0..n) (distinct, in range), group rank
+** i being ranks[i]. Collective over the world: every rank calls it with the
+** same list, members or not; a rank not in it gets a group whose
+** gcap_dist_group_rank is -1 and whose collectives are errors. Groups live
+** until gcap_dist_finalize (there is no free). */
+gcap_status gcap_dist_new_group(gcap_engine *e, int n, const int *ranks, gcap_dist_group **out);
+
+/* The world group (NULL before init). */
+gcap_dist_group *gcap_dist_world(void);
+
+/* The caller's rank in g (-1: not a member), g's size, and its world ranks
+** (size entries, in group-rank order). g NULL: the world. */
+int gcap_dist_group_rank(const gcap_dist_group *g);
+int gcap_dist_group_size(const gcap_dist_group *g);
+const int *gcap_dist_group_ranks(const gcap_dist_group *g);
+
+/* Wait until every rank of g (NULL: the world) has called it, after the
+** work already queued on e's current stream is done. Not during capture. */
+gcap_status gcap_dist_barrier(gcap_engine *e, gcap_dist_group *g);
+
+/* In the collectives below, g NULL is the world, and tensors are those of
+** the engine gcap_dist_init was given, contiguous, f32 or bf16 alike. */
+
+/* t = op over the ranks of g of t, in place. Host: summed (or maxed) in
+** rank order, in float, so every rank gets the same bits. */
+gcap_status gcap_dist_all_reduce(gcap_tensor *t, gcap_reduce_op op, gcap_dist_group *g);
+
+/* out = the t of each rank of g, concatenated in group-rank order: out has
+** size(g) x numel(t) elements of t's dtype (any shape). */
+gcap_status gcap_dist_all_gather(gcap_tensor *out, gcap_tensor *t, gcap_dist_group *g);
+
+/* out = op over the ranks of g of this rank's chunk of t: t has size(g) x
+** numel(out) elements, chunk i (rank-major) going to group rank i. */
+gcap_status gcap_dist_reduce_scatter(gcap_tensor *out, gcap_tensor *t, gcap_reduce_op op,
+                                     gcap_dist_group *g);
+
+/* t = root's t, on every rank of g; root is a world rank in g. */
+gcap_status gcap_dist_broadcast(gcap_tensor *t, int root, gcap_dist_group *g);
+
+/* Send t to world rank peer of g, which receives it with gcap_dist_recv
+** into a tensor of the same dtype and element count. Blocking on host
+** (MPI_Send), stream-ordered on cuda. */
+gcap_status gcap_dist_send(gcap_tensor *t, int peer, gcap_dist_group *g);
+gcap_status gcap_dist_recv(gcap_tensor *t, int peer, gcap_dist_group *g);
+
+/* ------------------------------------------------------------------------ */
 /* Testing only: for the library's own tests, not for programs.              */
 
 /* Allocation-failure injection in the calling thread: the n-th allocation

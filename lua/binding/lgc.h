@@ -33,6 +33,7 @@
 #define OPTIM_MT "graphcap.Optimizer"
 #define GRAPHED_MT "graphcap.Graphed"
 #define ENGINE_MT "graphcap.Engine"
+#define DISTGROUP_MT "graphcap.DistGroup"
 
 #define ENGINE_KEY "graphcap.engine" /* registry slot of the engine box */
 #define ENGINEIDX lua_upvalueindex(1)
@@ -321,6 +322,10 @@ LUAI_DDEC(const luaL_Reg l_function_funcs[]);
 /* loptim.c */
 LUAI_DDEC(const LClass l_optim_class);
 LUAI_DDEC(const luaL_Reg l_optim_funcs[]);
+
+/* ldist.c */
+LUAI_DDEC(const LClass l_group_class);
+LUAI_DDEC(const luaL_Reg l_dist_funcs[]);
 
 /* lgraphed.c */
 LUAI_DDEC(const LClass l_graphed_class);

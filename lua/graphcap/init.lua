@@ -23,6 +23,7 @@ gc.pipeline = require "graphcap.pipeline"
 gc.ddp = require "graphcap.ddp"
 gc.fsdp = require "graphcap.fsdp"
 gc.make_graphed_callables = require "graphcap.graphed"
+gc.dist = require "graphcap.dist"
 -- gc.trace.start(path), gc.trace.stop(): Chrome trace-event JSON of warmup,
 -- captures, capture-time hooks and replays (open it in Perfetto)
 gc.trace = {start = core.trace_start, stop = core.trace_stop}

@@ -22,11 +22,25 @@ static void cu_shutdown(void *bs) {
   free(st);
 }
 
-/* Device 0, its cuBLAS handles and workspace (before any capture: creating
-** them during one would invalidate it), and the upload stream. The handle
-** gets the workspace at once, so that it never allocates one of its own. */
+/* The device of this process: 0, or under mpirun one GPU per rank of a
+** machine, the launcher's local rank mod the device count (gcap_dist_init
+** checks that it is the local rank MPI reports). */
+static int cu_pick_device(void) {
+  const char *v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  int n = 0;
+  if (v == NULL || cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return atoi(v) % n;
+}
+
+/* The device (cu_pick_device), its cuBLAS handles and workspace (before any
+** capture: creating them during one would invalidate it), and the upload
+** stream. The handle gets the workspace at once, so that it never allocates
+** one of its own. */
 static gcap_status cu_setup(gcap_engine *e, cu_state *st) {
-  st->dev = 0;
+  st->dev = cu_pick_device();
   CUDA_TRY(e, cudaSetDevice(st->dev));
   CUDA_TRY(e, cudaStreamCreateWithFlags(&st->upload, cudaStreamNonBlocking));
   CUDA_TRY(e, cudaMalloc(&st->ws, CU_WORKSPACE));
@@ -309,6 +323,10 @@ static const gc_backend cu_backend = {
     cu_graph_launch,  /* graph_launch */
     cu_graph_free,    /* graph_free */
     cu_debug_dump,    /* debug_dump */
+    cu_comm_id,       /* comm_id */
+    cu_comm_new,      /* comm_new */
+    cu_comm_free,     /* comm_free */
+    cu_collective,    /* collective */
 };
 
 extern "C" const gc_backend *gc_cuda_backend(void) {

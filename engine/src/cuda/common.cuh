@@ -199,4 +199,11 @@ gcap_status cu_loss(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
 gcap_status cu_optim(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
                      const gc_kargs *a); /* k_optim.cu */
 
+/* The backend table's communicators and collectives (nccl.cu). */
+gcap_status cu_comm_id(gcap_engine *e, void *bs, unsigned char id[GC_COMM_ID_BYTES]);
+gcap_status cu_comm_new(gcap_engine *e, void *bs, const unsigned char id[GC_COMM_ID_BYTES],
+                        int nranks, int rank, int local_rank, void **comm);
+void cu_comm_free(void *bs, void *comm);
+gcap_status cu_collective(gcap_engine *e, void *bs, void *s, const gc_coll *c);
+
 #endif

@@ -10,6 +10,10 @@
 ** node follows the previous node of its stream, and the node an event was
 ** recorded after, for a stream that waited on the event (forks and joins).
 ** Replay needs none of it: the record's order is a valid order of the graph.
+**
+** A collective of the distributed layer is a node like a kernel: its
+** descriptor (with the layer's function that does the transfer) is recorded
+** by value and run at each replay, in record order.
 */
 #include <errno.h>
 #include <stdio.h>
@@ -19,10 +23,13 @@
 #include "kernels.h"
 
 typedef struct hb_node {
-  int k;
-  int stream; /* which stream of the capture recorded it: 0 the origin, i the i-th forked */
-  gc_kargs a;
+  int k;         /* kernel id, or HB_COLL */
+  int stream;    /* which stream of the capture recorded it: 0 the origin, i the i-th forked */
+  gc_kargs a;    /* a kernel's arguments */
+  gc_coll *coll; /* a collective's descriptor (owned), NULL for a kernel */
 } hb_node;
+
+#define HB_COLL (-1) /* hb_node.k of a collective */
 
 typedef struct hb_edge {
   int64_t from, to;
@@ -183,17 +190,11 @@ static gcap_status hb_copy(gcap_engine *e, void *bs, void *s, void *dst, const v
   return GCAP_OK;
 }
 
-static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_kargs *a) {
-  hb_stream *st = (hb_stream *)s;
+/* Append a node to the capture st records into, after st's last node and
+** the events st waited on; *nd is the new node, zeroed. */
+static gcap_status hb_record(gcap_engine *e, hb_stream *st, hb_node **nd) {
   hb_rec *rec = st->rec;
-  hk_fn fn = hk_kernel(k);
   int i;
-  (void)bs;
-  if (fn == NULL) return gc_fail(e, GCAP_EINVAL, "host backend: unknown kernel %d", k);
-  if (rec == NULL) {
-    fn(a);
-    return GCAP_OK;
-  }
   if (rec->n == rec->cap) {
     int64_t cap = rec->cap ? 2 * rec->cap : 64;
     hb_node *v = (hb_node *)gc_realloc(rec->v, (size_t)cap * sizeof *v);
@@ -209,11 +210,65 @@ static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_
       return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording a capture");
   st->nwait = 0;
   st->tail = rec->n;
-  rec->v[rec->n].k = k;
-  rec->v[rec->n].stream = st->idx;
-  rec->v[rec->n].a = *a;
-  rec->n++;
+  *nd = &rec->v[rec->n++];
+  memset(*nd, 0, sizeof **nd);
+  (*nd)->stream = st->idx;
   return GCAP_OK;
+}
+
+static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_kargs *a) {
+  hb_stream *st = (hb_stream *)s;
+  hk_fn fn = hk_kernel(k);
+  hb_node *nd;
+  gcap_status r;
+  (void)bs;
+  if (fn == NULL) return gc_fail(e, GCAP_EINVAL, "host backend: unknown kernel %d", k);
+  if (st->rec == NULL) {
+    fn(a);
+    return GCAP_OK;
+  }
+  if ((r = hb_record(e, st, &nd)) != GCAP_OK) return r;
+  nd->k = k;
+  nd->a = *a;
+  return GCAP_OK;
+}
+
+/* A collective runs at once, or is recorded with its descriptor. */
+static gcap_status hb_collective(gcap_engine *e, void *bs, void *s, const gc_coll *c) {
+  hb_stream *st = (hb_stream *)s;
+  gc_coll *copy;
+  hb_node *nd;
+  gcap_status r;
+  (void)bs;
+  if (st->rec == NULL) return c->run(e, c);
+  if ((copy = (gc_coll *)gc_malloc(sizeof *copy)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording a capture");
+  if ((r = hb_record(e, st, &nd)) != GCAP_OK) {
+    free(copy);
+    return r;
+  }
+  *copy = *c;
+  nd->k = HB_COLL;
+  nd->coll = copy;
+  return GCAP_OK;
+}
+
+/* No communicators: the collectives' own run functions do the transfers. */
+static gcap_status hb_comm_id(gcap_engine *e, void *bs, unsigned char id[GC_COMM_ID_BYTES]) {
+  (void)e, (void)bs;
+  memset(id, 0, GC_COMM_ID_BYTES);
+  return GCAP_OK;
+}
+
+static gcap_status hb_comm_new(gcap_engine *e, void *bs, const unsigned char id[GC_COMM_ID_BYTES],
+                               int nranks, int rank, int local_rank, void **comm) {
+  (void)e, (void)bs, (void)id, (void)nranks, (void)rank, (void)local_rank;
+  *comm = NULL;
+  return GCAP_OK;
+}
+
+static void hb_comm_free(void *bs, void *comm) {
+  (void)bs, (void)comm;
 }
 
 static gcap_status hb_capture_begin(gcap_engine *e, void *bs, void *s) {
@@ -259,15 +314,24 @@ static gcap_status hb_graph_launch(gcap_engine *e, void *bs, void *exec, void *s
   (void)bs;
   if (((hb_stream *)s)->rec != NULL)
     return gc_fail(e, GCAP_ECAPTURE, "host backend: graph launch into a capturing stream");
-  for (i = 0; i < rec->n; i++)
-    hk_kernel(rec->v[i].k)(&rec->v[i].a);
+  for (i = 0; i < rec->n; i++) {
+    const hb_node *nd = &rec->v[i];
+    gcap_status r;
+    if (nd->coll == NULL)
+      hk_kernel(nd->k)(&nd->a);
+    else if ((r = nd->coll->run(e, nd->coll)) != GCAP_OK)
+      return r;
+  }
   return GCAP_OK;
 }
 
 static void hb_graph_free(void *bs, void *graph, void *exec) {
   hb_rec *rec = (hb_rec *)(graph ? graph : exec);
+  int64_t i;
   (void)bs;
   if (rec == NULL) return;
+  for (i = 0; i < rec->n; i++)
+    free(rec->v[i].coll);
   free(rec->v);
   free(rec->edges);
   free(rec);
@@ -290,12 +354,35 @@ static void hb_dot_escape(FILE *f, const char *s) {
 
 /* One node: its kernel, its sizes and constants (up to the last non-zero),
 ** and each pointer it reads or writes. */
-static void hb_dot_node(gcap_engine *e, FILE *f, int64_t i, const hb_node *nd) {
+/* A pointer argument: whether it is read or written, and what it is. */
+static void hb_dot_ptr(gcap_engine *e, FILE *f, const char *name, int write, const void *p) {
   char where[160];
+  fprintf(f, "%s %s: ", write ? "writes" : "reads ", name);
+  hb_dot_escape(f, gc_describe_ptr(e, p, where, sizeof where));
+  fputs("\\l", f);
+}
+
+/* A collective's node: its kind, count, the peer or root it names, and its buffers. */
+static void hb_dot_coll(gcap_engine *e, FILE *f, const gc_coll *c) {
+  if (c->kind == GC_COLL_ALL_REDUCE || c->kind == GC_COLL_REDUCE_SCATTER)
+    fprintf(f, "op: %s\\l", gc_red_name(c->red));
+  fprintf(f, "count: %lld\\l", (long long)c->count);
+  if (c->kind >= GC_COLL_BROADCAST) fprintf(f, "peer: %d\\l", c->peer);
+  if (c->kind != GC_COLL_RECV) hb_dot_ptr(e, f, "src", 0, c->src);
+  if (c->kind != GC_COLL_SEND && c->dst != c->src) hb_dot_ptr(e, f, "dst", 1, c->dst);
+}
+
+static void hb_dot_node(gcap_engine *e, FILE *f, int64_t i, const hb_node *nd) {
   int j, last;
-  fprintf(f, "  n%lld [label=\"#%lld %s", (long long)i, (long long)i, gc_kernel_name(nd->k));
+  fprintf(f, "  n%lld [label=\"#%lld %s", (long long)i, (long long)i,
+          nd->coll ? gc_coll_name(nd->coll->kind) : gc_kernel_name(nd->k));
   if (nd->stream > 0) fprintf(f, " (stream %d)", nd->stream);
   fputs("\\n", f); /* the head line centred, the others left-aligned (\l ends each) */
+  if (nd->coll) {
+    hb_dot_coll(e, f, nd->coll);
+    fputs("\", shape=hexagon];\n", f);
+    return;
+  }
   for (last = GC_KINTS - 1; last >= 0 && nd->a.n[last] == 0; last--)
     ;
   if (last >= 0) fputs("n:", f);
@@ -307,10 +394,10 @@ static void hb_dot_node(gcap_engine *e, FILE *f, int64_t i, const hb_node *nd) {
   for (j = 0; j <= last; j++)
     fprintf(f, " %g%s", (double)nd->a.f[j], j == last ? "\\l" : "");
   for (j = 0; j < GC_KPTRS; j++) {
+    char name[8];
     if (nd->a.p[j] == NULL) continue;
-    fprintf(f, "%s p%d: ", hb_writes[nd->k] >> j & 1 ? "writes" : "reads ", j);
-    hb_dot_escape(f, gc_describe_ptr(e, nd->a.p[j], where, sizeof where));
-    fputs("\\l", f);
+    snprintf(name, sizeof name, "p%d", j);
+    hb_dot_ptr(e, f, name, hb_writes[nd->k] >> j & 1, nd->a.p[j]);
   }
   fprintf(f, "\"%s];\n", nd->stream > 0 ? ", style=filled, fillcolor=lightyellow" : "");
 }
@@ -352,7 +439,8 @@ static const gc_backend hb_backend = {
     "host",         hb_init,        hb_shutdown,     hb_malloc,     hb_free,       hb_stream_new,
     hb_stream_free, hb_sync,        hb_device_sync,  hb_event_new,  hb_event_free, hb_event_record,
     hb_stream_wait, hb_event_sync,  hb_copy,         hb_copy,       hb_launch,     hb_capture_begin,
-    hb_capture_end, hb_instantiate, hb_graph_launch, hb_graph_free, hb_debug_dump};
+    hb_capture_end, hb_instantiate, hb_graph_launch, hb_graph_free, hb_debug_dump, hb_comm_id,
+    hb_comm_new,    hb_comm_free,   hb_collective};
 
 const gc_backend *gc_host_backend(void) {
   return &hb_backend;

@@ -10,34 +10,10 @@
 #include "runtime/rng.h"
 #include "kernels.h"
 
-static float ld(const void *p, int dt, int64_t i) {
-  if (dt == GCAP_BF16) {
-    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-  }
-  return ((const float *)p)[i];
-}
-
-static void st(void *p, int dt, int64_t i, float v) {
-  if (dt == GCAP_BF16) {
-    uint32_t u;
-    memcpy(&u, &v, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-      u = 0x7fc00000u; /* NaN stays a quiet NaN */
-    else
-      u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
-    ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
-    return;
-  }
-  ((float *)p)[i] = v;
-}
-
 static void hk_fill(const gc_kargs *a) {
   int64_t i;
   for (i = 0; i < a->n[0]; i++)
-    st(a->p[0], a->dt, i, a->f[0]);
+    gc_store(a->p[0], a->dt, i, a->f[0]);
 }
 
 /* dt is the destination's dtype, n[1] the source's. */
@@ -45,7 +21,7 @@ static void hk_copy(const gc_kargs *a) {
   int64_t i;
   if (a->p[0] == a->p[1]) return;
   for (i = 0; i < a->n[0]; i++)
-    st(a->p[0], a->dt, i, ld(a->p[1], (int)a->n[1], i));
+    gc_store(a->p[0], a->dt, i, gc_load(a->p[1], (int)a->n[1], i));
 }
 
 /* out[i] = x[i % nx] OP y[i % ny]: equal shapes, one element, or a row. */
@@ -53,8 +29,8 @@ static void hk_copy(const gc_kargs *a) {
   static void name(const gc_kargs *a) {                                                            \
     int64_t i;                                                                                     \
     for (i = 0; i < a->n[0]; i++) {                                                                \
-      float x = ld(a->p[1], a->dt, i % a->n[1]), y = ld(a->p[2], a->dt, i % a->n[2]);              \
-      st(a->p[0], a->dt, i, x OP y);                                                               \
+      float x = gc_load(a->p[1], a->dt, i % a->n[1]), y = gc_load(a->p[2], a->dt, i % a->n[2]);    \
+      gc_store(a->p[0], a->dt, i, x OP y);                                                         \
     }                                                                                              \
   }
 HK_BINARY(hk_add, +)
@@ -64,7 +40,7 @@ HK_BINARY(hk_mul, *)
 static void hk_scale(const gc_kargs *a) {
   int64_t i;
   for (i = 0; i < a->n[0]; i++)
-    st(a->p[0], a->dt, i, ld(a->p[1], a->dt, i) * a->f[0]);
+    gc_store(a->p[0], a->dt, i, gc_load(a->p[1], a->dt, i) * a->f[0]);
 }
 
 /* A float sum in the order of a binary tree over 256-element leaves, so that
@@ -74,7 +50,7 @@ static float tree_sum(const void *p, int dt, int64_t lo, int64_t hi) {
     float s = 0.0f;
     int64_t i;
     for (i = lo; i < hi; i++)
-      s += ld(p, dt, i);
+      s += gc_load(p, dt, i);
     return s;
   }
   {
@@ -84,7 +60,7 @@ static float tree_sum(const void *p, int dt, int64_t lo, int64_t hi) {
 }
 
 static void hk_sum(const gc_kargs *a) {
-  st(a->p[0], a->dt, 0, a->f[0] * tree_sum(a->p[1], a->dt, 0, a->n[0]));
+  gc_store(a->p[0], a->dt, 0, a->f[0] * tree_sum(a->p[1], a->dt, 0, a->n[0]));
 }
 
 static void hk_rand(const gc_kargs *a) {
@@ -92,8 +68,9 @@ static void hk_rand(const gc_kargs *a) {
   uint64_t seed = state[0], off = state[1];
   int64_t i;
   for (i = 0; i < a->n[0]; i++)
-    st(a->p[0], a->dt, i,
-       a->n[1] ? gc_rng_normal(seed, off + (uint64_t)i) : gc_rng_uniform(seed, off + (uint64_t)i));
+    gc_store(a->p[0], a->dt, i,
+             a->n[1] ? gc_rng_normal(seed, off + (uint64_t)i)
+                     : gc_rng_uniform(seed, off + (uint64_t)i));
 }
 
 static void hk_rng_advance(const gc_kargs *a) {
@@ -103,7 +80,7 @@ static void hk_rng_advance(const gc_kargs *a) {
 static void hk_expand(const gc_kargs *a) {
   int64_t i;
   for (i = 0; i < a->n[0]; i++)
-    st(a->p[0], a->dt, i, a->f[0] * ld(a->p[1], a->dt, i % a->n[1]));
+    gc_store(a->p[0], a->dt, i, a->f[0] * gc_load(a->p[1], a->dt, i % a->n[1]));
 }
 
 /* (The scratch of p[2] is for backends that sum chunks in parallel.) */
@@ -112,8 +89,8 @@ static void hk_sum_rows(const gc_kargs *a) {
   for (j = 0; j < cols; j++) {
     float s = 0.0f;
     for (i = 0; i < rows; i++)
-      s += ld(a->p[1], a->dt, i * cols + j);
-    st(a->p[0], a->dt, j, s);
+      s += gc_load(a->p[1], a->dt, i * cols + j);
+    gc_store(a->p[0], a->dt, j, s);
   }
 }
 
@@ -133,61 +110,62 @@ static void hk_matmul(const gc_kargs *a) {
     for (j = 0; j < n; j++) {
       float s = 0.0f;
       for (l = 0; l < k; l++) {
-        float x = ld(a->p[1], a->dt, ta ? l * m + i : i * k + l);
-        float y = ld(a->p[2], a->dt, tb ? j * k + l : l * n + j);
+        float x = gc_load(a->p[1], a->dt, ta ? l * m + i : i * k + l);
+        float y = gc_load(a->p[2], a->dt, tb ? j * k + l : l * n + j);
         s += x * y;
       }
       s *= a->f[0];
-      if (a->f[1] != 0.0f) s += a->f[1] * ld(a->p[0], a->dt, i * n + j);
-      if (a->p[3]) s += ld(a->p[3], a->dt, j);
+      if (a->f[1] != 0.0f) s += a->f[1] * gc_load(a->p[0], a->dt, i * n + j);
+      if (a->p[3]) s += gc_load(a->p[3], a->dt, j);
       if (a->p[5]) { /* the pre-activation as stored, then its gelu */
-        st(a->p[5], a->dt, i * n + j, s);
-        s = gelu(ld(a->p[5], a->dt, i * n + j));
+        gc_store(a->p[5], a->dt, i * n + j, s);
+        s = gelu(gc_load(a->p[5], a->dt, i * n + j));
       }
-      st(a->p[0], a->dt, i * n + j, s);
+      gc_store(a->p[0], a->dt, i * n + j, s);
     }
   for (i = 0; a->p[4] && i < m; i++) { /* bias grad: the rows of op(A) summed over k */
     float s = 0.0f;
     for (l = 0; l < k; l++)
-      s += ld(a->p[1], a->dt, ta ? l * m + i : i * k + l);
-    st(a->p[4], a->dt, i, s);
+      s += gc_load(a->p[1], a->dt, ta ? l * m + i : i * k + l);
+    gc_store(a->p[4], a->dt, i, s);
   }
 }
 
 static void hk_relu(const gc_kargs *a) {
   int64_t i;
   for (i = 0; i < a->n[0]; i++) {
-    float x = ld(a->p[1], a->dt, i);
-    st(a->p[0], a->dt, i, x > 0.0f ? x : 0.0f);
+    float x = gc_load(a->p[1], a->dt, i);
+    gc_store(a->p[0], a->dt, i, x > 0.0f ? x : 0.0f);
   }
 }
 
 static void hk_relu_bwd(const gc_kargs *a) {
   int64_t i;
   for (i = 0; i < a->n[0]; i++)
-    st(a->p[0], a->dt, i, ld(a->p[2], a->dt, i) > 0.0f ? ld(a->p[1], a->dt, i) : 0.0f);
+    gc_store(a->p[0], a->dt, i,
+             gc_load(a->p[2], a->dt, i) > 0.0f ? gc_load(a->p[1], a->dt, i) : 0.0f);
 }
 
 static void hk_gelu(const gc_kargs *a) {
   int64_t i;
   for (i = 0; i < a->n[0]; i++)
-    st(a->p[0], a->dt, i, gelu(ld(a->p[1], a->dt, i)));
+    gc_store(a->p[0], a->dt, i, gelu(gc_load(a->p[1], a->dt, i)));
 }
 
 static void hk_gelu_bwd(const gc_kargs *a) {
   int64_t i, j, cols = a->n[1];
   for (i = 0; i < a->n[0]; i++) {
-    float x = ld(a->p[2], a->dt, i);
+    float x = gc_load(a->p[2], a->dt, i);
     float t = tanhf(GELU_C * (x + GELU_K * x * x * x));
     float d =
         0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_K * x * x);
-    st(a->p[0], a->dt, i, ld(a->p[1], a->dt, i) * d);
+    gc_store(a->p[0], a->dt, i, gc_load(a->p[1], a->dt, i) * d);
   }
   for (j = 0; a->p[3] && j < cols; j++) { /* column sums, rows in order */
     float s = 0.0f;
     for (i = j; i < a->n[0]; i += cols)
-      s += ld(a->p[0], a->dt, i);
-    st(a->p[3], a->dt, j, s);
+      s += gc_load(a->p[0], a->dt, i);
+    gc_store(a->p[3], a->dt, j, s);
   }
 }
 
@@ -196,19 +174,19 @@ static void hk_layer_norm(const gc_kargs *a) {
   for (r = 0; r < rows; r++) {
     float mean = 0.0f, var = 0.0f, rstd;
     for (c = 0; c < cols; c++)
-      mean += ld(a->p[1], a->dt, r * cols + c);
+      mean += gc_load(a->p[1], a->dt, r * cols + c);
     mean /= (float)cols;
     for (c = 0; c < cols; c++) {
-      float d = ld(a->p[1], a->dt, r * cols + c) - mean;
+      float d = gc_load(a->p[1], a->dt, r * cols + c) - mean;
       var += d * d;
     }
     var /= (float)cols;
     rstd = 1.0f / sqrtf(var + a->f[0]);
     for (c = 0; c < cols; c++) {
-      float y = (ld(a->p[1], a->dt, r * cols + c) - mean) * rstd;
-      if (a->p[2]) y *= ld(a->p[2], a->dt, c);
-      if (a->p[3]) y += ld(a->p[3], a->dt, c);
-      st(a->p[0], a->dt, r * cols + c, y);
+      float y = (gc_load(a->p[1], a->dt, r * cols + c) - mean) * rstd;
+      if (a->p[2]) y *= gc_load(a->p[2], a->dt, c);
+      if (a->p[3]) y += gc_load(a->p[3], a->dt, c);
+      gc_store(a->p[0], a->dt, r * cols + c, y);
     }
     ((float *)a->p[4])[r] = mean;
     ((float *)a->p[5])[r] = rstd;
@@ -221,17 +199,19 @@ static void hk_layer_norm_bwd(const gc_kargs *a) {
     float mean = ((const float *)a->p[4])[r], rstd = ((const float *)a->p[5])[r];
     float sg = 0.0f, sgx = 0.0f; /* sums of dxhat and dxhat * xhat over the row */
     for (c = 0; c < cols; c++) {
-      float xh = (ld(a->p[2], a->dt, r * cols + c) - mean) * rstd;
-      float g = ld(a->p[1], a->dt, r * cols + c) * (a->p[3] ? ld(a->p[3], a->dt, c) : 1.0f);
+      float xh = (gc_load(a->p[2], a->dt, r * cols + c) - mean) * rstd;
+      float g =
+          gc_load(a->p[1], a->dt, r * cols + c) * (a->p[3] ? gc_load(a->p[3], a->dt, c) : 1.0f);
       sg += g;
       sgx += g * xh;
     }
     sg /= (float)cols;
     sgx /= (float)cols;
     for (c = 0; c < cols; c++) {
-      float xh = (ld(a->p[2], a->dt, r * cols + c) - mean) * rstd;
-      float g = ld(a->p[1], a->dt, r * cols + c) * (a->p[3] ? ld(a->p[3], a->dt, c) : 1.0f);
-      st(a->p[0], a->dt, r * cols + c, rstd * (g - sg - xh * sgx));
+      float xh = (gc_load(a->p[2], a->dt, r * cols + c) - mean) * rstd;
+      float g =
+          gc_load(a->p[1], a->dt, r * cols + c) * (a->p[3] ? gc_load(a->p[3], a->dt, c) : 1.0f);
+      gc_store(a->p[0], a->dt, r * cols + c, rstd * (g - sg - xh * sgx));
     }
   }
 }
@@ -241,14 +221,14 @@ static void hk_layer_norm_bwd_params(const gc_kargs *a) {
   for (c = 0; c < cols; c++) {
     float dw = 0.0f, db = 0.0f;
     for (r = 0; r < rows; r++) {
-      float dy = ld(a->p[2], a->dt, r * cols + c);
-      float xh = (ld(a->p[3], a->dt, r * cols + c) - ((const float *)a->p[4])[r]) *
+      float dy = gc_load(a->p[2], a->dt, r * cols + c);
+      float xh = (gc_load(a->p[3], a->dt, r * cols + c) - ((const float *)a->p[4])[r]) *
                  ((const float *)a->p[5])[r];
       dw += dy * xh;
       db += dy;
     }
-    if (a->p[0]) st(a->p[0], a->dt, c, dw);
-    if (a->p[1]) st(a->p[1], a->dt, c, db);
+    if (a->p[0]) gc_store(a->p[0], a->dt, c, dw);
+    if (a->p[1]) gc_store(a->p[1], a->dt, c, db);
   }
 }
 
@@ -258,11 +238,11 @@ static float row_softmax(void *y, const void *x, int dt, int64_t r, int64_t cols
   float mx = -INFINITY, s = 0.0f;
   int64_t c;
   for (c = 0; c < cols; c++)
-    mx = fmaxf(mx, ld(x, dt, r * cols + c));
+    mx = fmaxf(mx, gc_load(x, dt, r * cols + c));
   for (c = 0; c < cols; c++)
-    s += expf(ld(x, dt, r * cols + c) - mx);
+    s += expf(gc_load(x, dt, r * cols + c) - mx);
   for (c = 0; c < cols; c++)
-    st(y, dt, r * cols + c, expf(ld(x, dt, r * cols + c) - mx) / s);
+    gc_store(y, dt, r * cols + c, expf(gc_load(x, dt, r * cols + c) - mx) / s);
   return cols > 0 ? logf(s) + mx : -INFINITY; /* an empty row: log(0) */
 }
 
@@ -277,10 +257,10 @@ static void hk_softmax_bwd(const gc_kargs *a) {
   for (r = 0; r < rows; r++) {
     float dot = 0.0f;
     for (c = 0; c < cols; c++)
-      dot += ld(a->p[1], a->dt, r * cols + c) * ld(a->p[2], a->dt, r * cols + c);
+      dot += gc_load(a->p[1], a->dt, r * cols + c) * gc_load(a->p[2], a->dt, r * cols + c);
     for (c = 0; c < cols; c++) {
-      float y = ld(a->p[2], a->dt, r * cols + c);
-      st(a->p[0], a->dt, r * cols + c, y * (ld(a->p[1], a->dt, r * cols + c) - dot));
+      float y = gc_load(a->p[2], a->dt, r * cols + c);
+      gc_store(a->p[0], a->dt, r * cols + c, y * (gc_load(a->p[1], a->dt, r * cols + c) - dot));
     }
   }
 }
@@ -291,8 +271,8 @@ static void hk_dropout(const gc_kargs *a) {
   int64_t i;
   for (i = 0; i < a->n[0]; i++) {
     float m = gc_rng_uniform(state[0], state[1] + (uint64_t)i) >= p ? scale : 0.0f;
-    st(a->p[2], a->dt, i, m);
-    st(a->p[0], a->dt, i, ld(a->p[1], a->dt, i) * m);
+    gc_store(a->p[2], a->dt, i, m);
+    gc_store(a->p[0], a->dt, i, gc_load(a->p[1], a->dt, i) * m);
   }
 }
 
@@ -300,7 +280,7 @@ static void hk_dropout(const gc_kargs *a) {
 ** not an integer (1.5, NaN), negative or too large. Checked before the cast
 ** (a NaN or huge float cast to an integer is undefined). */
 static int64_t class_id(const gc_kargs *a, int64_t r, int64_t cols) {
-  float t = ld(a->p[2], a->dt, r);
+  float t = gc_load(a->p[2], a->dt, r);
   return t >= 0.0f && t < (float)cols && t == floorf(t) ? (int64_t)t : -1;
 }
 
@@ -310,32 +290,32 @@ static void hk_cross_entropy(const gc_kargs *a) {
     int64_t t = class_id(a, r, cols);
     float lse = row_softmax(a->p[3], a->p[1], a->dt, r, cols);
     /* no class id: NaN, never an out-of-bounds read */
-    st(a->p[0], a->dt, r, t >= 0 ? lse - ld(a->p[1], a->dt, r * cols + t) : NAN);
+    gc_store(a->p[0], a->dt, r, t >= 0 ? lse - gc_load(a->p[1], a->dt, r * cols + t) : NAN);
   }
 }
 
 static void hk_cross_entropy_bwd(const gc_kargs *a) {
   int64_t r, c, rows = a->n[0], cols = a->n[1];
-  float g = ld(a->p[3], a->dt, 0) * a->f[0];
+  float g = gc_load(a->p[3], a->dt, 0) * a->f[0];
   for (r = 0; r < rows; r++) {
     int64_t t = class_id(a, r, cols);
     for (c = 0; c < cols; c++) /* no class id: NaN grads, as the loss */
-      st(a->p[0], a->dt, r * cols + c,
-         t < 0 ? NAN : (ld(a->p[1], a->dt, r * cols + c) - (c == t ? 1.0f : 0.0f)) * g);
+      gc_store(a->p[0], a->dt, r * cols + c,
+               t < 0 ? NAN : (gc_load(a->p[1], a->dt, r * cols + c) - (c == t ? 1.0f : 0.0f)) * g);
   }
 }
 
 static void hk_sgd(const gc_kargs *a) {
   int64_t i;
   for (i = 0; i < a->n[0]; i++) {
-    float p = ld(a->p[0], a->dt, i), d = ld(a->p[1], a->dt, i);
+    float p = gc_load(a->p[0], a->dt, i), d = gc_load(a->p[1], a->dt, i);
     if (a->f[2] != 0.0f) d += a->f[2] * p;
     if (a->p[2]) {
-      float b = a->f[1] * ld(a->p[2], a->dt, i) + d;
-      st(a->p[2], a->dt, i, b);
+      float b = a->f[1] * gc_load(a->p[2], a->dt, i) + d;
+      gc_store(a->p[2], a->dt, i, b);
       d = b;
     }
-    st(a->p[0], a->dt, i, p - a->f[0] * d);
+    gc_store(a->p[0], a->dt, i, p - a->f[0] * d);
   }
 }
 
@@ -345,14 +325,14 @@ static void hk_adam(const gc_kargs *a) {
   float bc1 = 1.0f - powf(a->f[1], t), bc2 = 1.0f - powf(a->f[2], t);
   int64_t i;
   for (i = 0; i < a->n[0]; i++) {
-    float p = ld(a->p[0], a->dt, i), g = ld(a->p[1], a->dt, i);
+    float p = gc_load(a->p[0], a->dt, i), g = gc_load(a->p[1], a->dt, i);
     float m, v;
     if (a->f[4] != 0.0f) g += a->f[4] * p;
-    m = a->f[1] * ld(a->p[2], a->dt, i) + (1.0f - a->f[1]) * g;
-    v = a->f[2] * ld(a->p[3], a->dt, i) + (1.0f - a->f[2]) * g * g;
-    st(a->p[2], a->dt, i, m);
-    st(a->p[3], a->dt, i, v);
-    st(a->p[0], a->dt, i, p - (a->f[0] / bc1) * m / (sqrtf(v) / sqrtf(bc2) + a->f[3]));
+    m = a->f[1] * gc_load(a->p[2], a->dt, i) + (1.0f - a->f[1]) * g;
+    v = a->f[2] * gc_load(a->p[3], a->dt, i) + (1.0f - a->f[2]) * g * g;
+    gc_store(a->p[2], a->dt, i, m);
+    gc_store(a->p[3], a->dt, i, v);
+    gc_store(a->p[0], a->dt, i, p - (a->f[0] / bc1) * m / (sqrtf(v) / sqrtf(bc2) + a->f[3]));
   }
 }
 
@@ -368,10 +348,10 @@ static void hk_foreach_add(const gc_kargs *a) {
     const void *x = a->p[2 * j + 1];
     if (a->n[GC_FOREACH_MAX + j])
       for (i = 0; i < a->n[j]; i++)
-        st(y, a->dt, i, ld(y, a->dt, i) + ld(x, a->dt, i));
+        gc_store(y, a->dt, i, gc_load(y, a->dt, i) + gc_load(x, a->dt, i));
     else
       for (i = 0; i < a->n[j]; i++)
-        st(y, a->dt, i, ld(x, a->dt, i));
+        gc_store(y, a->dt, i, gc_load(x, a->dt, i));
   }
 }
 

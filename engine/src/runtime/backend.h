@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "error.h"
 #include "graphcap.h"
@@ -133,6 +134,33 @@ typedef enum gc_kernel { GC_KERNELS(GC_K_ID) GC_K_COUNT } gc_kernel;
 /* How many chunks of rows a sum_rows may use its scratch for (1: none). */
 #define GC_SUM_ROWS_CHUNKS(rows) ((rows) >= 1024 ? 64 : 1)
 
+/* Element i of storage p of dtype dt as a float, and v stored there: f32, or
+** bf16 as the upper half of an f32, rounded to nearest even (NaN stays a
+** quiet NaN). Host code's one way to read and write elements. */
+static inline float gc_load(const void *p, int dt, int64_t i) {
+  if (dt == GCAP_BF16) {
+    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+  }
+  return ((const float *)p)[i];
+}
+
+static inline void gc_store(void *p, int dt, int64_t i, float v) {
+  if (dt == GCAP_BF16) {
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+      u = 0x7fc00000u;
+    else
+      u += 0x7fffu + ((u >> 16) & 1u);
+    ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+    return;
+  }
+  ((float *)p)[i] = v;
+}
+
 #define GC_KPTRS 8
 #define GC_KINTS 8
 #define GC_KFLOATS 8
@@ -151,6 +179,55 @@ extern const char *const gc_kernel_names[GC_K_COUNT];
 static inline const char *gc_kernel_name(int k) {
   return k >= 0 && k < GC_K_COUNT ? gc_kernel_names[k] : "?";
 }
+
+/* A collective of the distributed layer (dist/), launched like a kernel on a
+** stream. src and dst are device addresses of `count` elements of dtype dt per
+** rank (all_gather: dst holds nranks x count; reduce_scatter: src holds
+** nranks x count); peer is the root of a broadcast or the other side of a
+** send/recv, as a rank of the group. comm is the backend's communicator of
+** the group (comm_new; NULL on host); `run` does the transfer on the host
+** (MPI) with `group` for its state: the host backend calls it at launch, or
+** records the descriptor by value during a capture and calls it at each
+** replay. */
+typedef enum gc_coll_kind {
+  GC_COLL_ALL_REDUCE,
+  GC_COLL_ALL_GATHER,
+  GC_COLL_REDUCE_SCATTER,
+  GC_COLL_BROADCAST,
+  GC_COLL_SEND,
+  GC_COLL_RECV
+} gc_coll_kind;
+
+typedef enum gc_red { GC_RED_SUM, GC_RED_AVG, GC_RED_MAX } gc_red;
+
+typedef struct gc_coll gc_coll;
+struct gc_coll {
+  gc_coll_kind kind;
+  gc_red red;
+  int dt;
+  int peer;
+  const void *src;
+  void *dst;
+  int64_t count;
+  void *comm;
+  void *group;
+  gcap_status (*run)(gcap_engine *e, const gc_coll *c);
+};
+
+/* The name of collective kind k and of reduction r, for messages. */
+static inline const char *gc_coll_name(int k) {
+  static const char *const names[] = {"all_reduce", "all_gather", "reduce_scatter",
+                                      "broadcast",  "send",       "recv"};
+  return k >= 0 && k <= GC_COLL_RECV ? names[k] : "?";
+}
+static inline const char *gc_red_name(int r) {
+  static const char *const names[] = {"sum", "avg", "max"};
+  return r >= 0 && r <= GC_RED_MAX ? names[r] : "?";
+}
+
+/* Bytes of a communicator's unique id (NCCL's), made by one rank and
+** broadcast by the distributed layer to the others. */
+#define GC_COMM_ID_BYTES 128
 
 /* What device address p is, for a dump: "pool block 0x... + 64 of 512 B",
 ** "heap block ...", or "0x... (not engine memory)", into buf. */
@@ -206,6 +283,19 @@ typedef struct gc_backend {
   ** writable. */
   gcap_status (*debug_dump)(gcap_engine *e, void *bs, void *graph, const char *name,
                             const char *path);
+
+  /* Communicators of the distributed layer. comm_id makes a unique id on
+  ** one rank; comm_new joins rank `rank` of `nranks` to the communicator of
+  ** that id (every rank of the group calls it, collectively); local_rank is
+  ** the rank's number among those on its machine (cuda: it must run on GPU
+  ** local_rank mod the device count). A backend that needs none (host) gives
+  ** NULL; comm_free accepts NULL. */
+  gcap_status (*comm_id)(gcap_engine *e, void *bs, unsigned char id[GC_COMM_ID_BYTES]);
+  gcap_status (*comm_new)(gcap_engine *e, void *bs, const unsigned char id[GC_COMM_ID_BYTES],
+                          int nranks, int rank, int local_rank, void **comm);
+  void (*comm_free)(void *bs, void *comm);
+  /* Launch (or, on a capturing stream, record) collective c on s. */
+  gcap_status (*collective)(gcap_engine *e, void *bs, void *s, const gc_coll *c);
 } gc_backend;
 
 /* Host memory for the core and the backends: malloc, calloc and realloc,
