@@ -72,26 +72,25 @@ local wrap_options = {group = true, broadcast = true}
 function ddp.wrap (modules, opts)
   opts = options("ddp.wrap", opts, wrap_options)
   local gc = require "graphcap"
-  local dist = gc.dist
-  if dist == nil or not dist.is_initialized() then
-    raise("ddp.wrap: call gc.dist.init() first")
-  end
+  local dist, group, _, root = util.dist_group("ddp.wrap", opts.group)
   local one = nn.is_module(modules)
   local list = one and {modules} or modules
   if type(list) ~= "table" or #list == 0 then
     raise("ddp.wrap: expected a module or a non-empty sequence of modules, got %s",
           type(modules))
   end
+  local bcast = util.check("ddp.wrap", "broadcast", opts.broadcast, "boolean", true)
+  for i, m in ipairs(list) do  -- all checked before any parameter changes
+    if not nn.is_module(m) then raise("ddp.wrap: entry %d is not a module", i) end
+  end
   local out = {}
   for i, m in ipairs(list) do
-    if not nn.is_module(m) then raise("ddp.wrap: entry %d is not a module", i) end
-    if opts.broadcast ~= false then
-      local root = opts.group and opts.group:ranks()[1] or 0
+    if bcast then
       gc.no_grad(function ()
-        for _, p in ipairs(m:parameters()) do dist.broadcast(p, root, {group = opts.group}) end
+        for _, p in ipairs(m:parameters()) do dist.broadcast(p, root, {group = group}) end
       end)
     end
-    out[i] = DDP(m, opts.group)
+    out[i] = DDP(m, group)
   end
   return one and out[1] or out
 end

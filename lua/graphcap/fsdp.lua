@@ -30,7 +30,8 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 core._facade()
 
-local ipairs, require, setmetatable, type = ipairs, require, setmetatable, type
+local ipairs, require, setmetatable, tostring, type =
+      ipairs, require, setmetatable, tostring, type
 _ENV = nil
 
 local raise, options = util.raise, util.options
@@ -178,25 +179,25 @@ local shard_options = {group = true}
 function fsdp.shard (modules, opts)
   opts = options("fsdp.shard", opts, shard_options)
   local gc = require "graphcap"
-  local dist = gc.dist
-  if dist == nil or not dist.is_initialized() then raise("fsdp.shard: call gc.dist.init() first") end
+  local dist, group, N, root = util.dist_group("fsdp.shard", opts.group)
   if type(modules) ~= "table" or #modules == 0 then
     raise("fsdp.shard: expected a non-empty sequence of modules, got %s", type(modules))
   end
-  local group = opts.group
-  local N = group and group:size() or dist.world_size()
-  local root = group and group:ranks()[1] or 0
+  for i, m in ipairs(modules) do  -- all checked before any parameter changes
+    if not nn.is_module(m) then raise("fsdp.shard: entry %d is not a module", i) end
+    for _, np in ipairs(m:named_parameters()) do
+      if np[2]:numel() % N ~= 0 then
+        raise("fsdp.shard: parameter '%s' of module %d (%s) has %d elements, not a multiple of "
+              .. "the %d ranks", np[1], i, tostring(m), np[2]:numel(), N)
+      end
+    end
+  end
   local F = setmetatable({modules = modules, units = {}, group = group, _u = {}, _dist = dist,
                           _gc = gc}, FSDP)
   for i, m in ipairs(modules) do
-    if not nn.is_module(m) then raise("fsdp.shard: entry %d is not a module", i) end
     local u = {params = m:parameters(), shards = {}, flat = {}, full = true, pending = 0}
     for k, p in ipairs(u.params) do
       local n = p:numel()
-      if n % N ~= 0 then
-        raise("fsdp.shard: module %d's parameter %d has %d elements, not a multiple of the %d "
-              .. "ranks", i, k, n, N)
-      end
       u.flat[k] = p:view({n})
       gc.no_grad(function ()
         dist.broadcast(p, root, {group = group})
