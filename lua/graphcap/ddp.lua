@@ -33,18 +33,6 @@ local autograd = require "graphcap.autograd"
 
 local ddp = {}
 
--- The grad-sync node: identity forward; its backward runs sync (all-reduce
--- of the bucket's grads) before passing the grad on.
-local Sync = autograd.Function("DDPGradSync")
-function Sync.forward (ctx, x, _, sync)
-  ctx.sync = sync
-  return x:detach()
-end
-function Sync.backward (ctx, g)
-  ctx.sync()
-  return ctx.needs_input_grad[1] and g or nil, nil, nil
-end
-
 local DDP = nn.Module("DDP")
 
 function DDP:init (module, group)
@@ -62,7 +50,8 @@ end
 function DDP:forward (x, ...)
   local bucket = self._bucket
   if #bucket == 0 or not core.is_grad_enabled() then return self.module(x, ...) end
-  return self.module(Sync.apply(x, not x.requires_grad and bucket[1] or nil, self._sync), ...)
+  local anchor = not x.requires_grad and bucket[1] or nil
+  return self.module(autograd.on_backward("DDPGradSync", x, self._sync, anchor), ...)
 end
 
 local wrap_options = {group = true, broadcast = true}

@@ -99,18 +99,6 @@ local function end_bwd (self, i)
   end
 end
 
--- Identity nodes whose backward runs ctx.fn: before the module's backward
--- (on its output) and after it (on its input).
-local Around = autograd.Function("FSDPBackward")
-function Around.forward (ctx, x, _, fn)
-  ctx.fn = fn
-  return x:detach()
-end
-function Around.backward (ctx, g)
-  ctx.fn()
-  return ctx.needs_input_grad[1] and g or nil, nil, nil
-end
-
 local Unit = nn.Module("FSDPUnit")
 
 function Unit:init (module) self.module = module end
@@ -125,8 +113,11 @@ function Unit:forward (x, ...)
   end
   begin_fwd(F, i)
   local u = self._u
-  local y = m(Around.apply(x, not x.requires_grad and u.params[1] or nil, u.post), ...)
-  return Around.apply(y, nil, u.pre)
+  -- before the module's backward (on its output) un-shard; after it (on its
+  -- input) reduce-scatter the grads
+  local anchor = not x.requires_grad and u.params[1] or nil
+  local y = m(autograd.on_backward("FSDPPostBackward", x, u.post, anchor), ...)
+  return autograd.on_backward("FSDPPreBackward", y, u.pre)
 end
 
 -- F:parameters() -> the shards, unit by unit (what the optimizer steps on)
