@@ -7,10 +7,12 @@
 #   the core (engine/src outside host/ and cuda/) includes no CUDA header and
 #   nothing from host/ or cuda/: it reaches a backend only through backend.h;
 #   lua/ includes graphcap.h and nothing else of the engine, and no CUDA header;
+#   only engine/src/dist includes MPI's header (mpi.h), and only the cuda
+#   backend NCCL's (nccl.h, a CUDA header);
 #   the binding's own rules (binding_rules below): only lua/binding/lcall.c calls
 #   lua_pcall; binding files include only lgc.h, graphcap.h, Lua's and libc headers;
-#   the engine's layers (engine_layer_rules below): runtime <- tensor <- train,
-#   no include of, or call into, a higher layer; the backends include only
+#   the engine's layers (engine_layer_rules below): runtime <- tensor <- train
+#   and dist (beside train), no include of, or call into, a higher layer; the backends include only
 #   runtime/backend.h and runtime/rng.h of the core and call only the runtime.
 #
 # An include counts as a file of a directory when its path names the directory
@@ -64,6 +66,9 @@ while IFS= read -r entry; do
   inc=${entry#*:*:}
   where=${entry%:"$inc"}
   file=${where%:*}
+  if [[ $inc =~ ^(.*/)?mpi\.h$ ]] && [[ $file != engine/src/dist/* ]]; then
+    report "$where" "includes MPI's header <$inc> (only engine/src/dist does)"
+  fi
   case "$file" in
     engine/*)
       if [[ $inc =~ $lua_re ]]; then
@@ -148,7 +153,7 @@ is_libc_header() {
 binding_rules
 # ---------------------------------------------------------------------------
 # The engine's layers: engine/src/runtime (0) <- engine/src/tensor (1) <-
-# engine/src/train (2), and the backends engine/src/host and engine/src/cuda
+# engine/src/train and engine/src/dist (2), and the backends engine/src/host and engine/src/cuda
 # beside the runtime.
 #   - a layer's file includes no header of a higher layer;
 #   - a backend includes, of the core, only runtime/backend.h and runtime/rng.h;
@@ -160,7 +165,7 @@ layer_rank() {
   case "$1" in
     runtime) echo 0 ;;
     tensor) echo 1 ;;
-    train) echo 2 ;;
+    train | dist) echo 2 ;;
     host | cuda) echo B ;;
     *) echo - ;;
   esac
@@ -217,7 +222,7 @@ engine_layer_rules() {
   done < <(list_includes)
 
   local upper lower sym hits
-  for upper in tensor train; do
+  for upper in tensor train dist; do
     mapfile -t syms < <(defined_in "$upper")
     [ ${#syms[@]} -gt 0 ] || continue
     for lower in runtime tensor host cuda; do

@@ -8,7 +8,10 @@
 # BUILD_DIR/graphcap --device BACKEND FILE -o tap), and BUILD_DIR/embed when it
 # was built (one test, passed when it exits 0); and scripts/test-readme.sh,
 # which runs every lua and c block of README.md and the blocks of docs/*.md
-# marked runnable (not with TEST_ONLY=c).
+# marked runnable (not with TEST_ONLY=c). With the host backend, when the program
+# was built with MPI and mpirun is found, each tests/dist/test_*.lua also runs
+# under `mpirun -np 2` and `mpirun -np 4 --oversubscribe` (as root with
+# --allow-run-as-root), rank 0 printing the results (not with TEST_ONLY=c).
 #
 # Lines "ok N ..." and "not ok N ..." are counted ("ok N # SKIP" as skipped).
 # A suite that exits non-zero without a "not ok" line (a crash, a load error),
@@ -165,6 +168,25 @@ run_suite() {
   fi
 }
 
+# The multi-rank suites: each tests/dist/test_*.lua on 2 and 4 ranks of the
+# host backend, when the program has MPI and mpirun is here; else one skip.
+run_dist_suites() {
+  local t np
+  local -a mpirun=(mpirun)
+  if ! "$build/graphcap" -e 'os.exit(require("graphcap").dist.is_available() and 0 or 1)' \
+    </dev/null >/dev/null 2>&1 || ! command -v mpirun >/dev/null; then
+    skips+=("host: tests/dist (built without MPI, or no mpirun)")
+    return
+  fi
+  [ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
+  for t in tests/dist/test_*.lua; do
+    for np in 2 4; do
+      run_suite host "np$np-$(basename "$t")" tap "${mpirun[@]}" --oversubscribe -np "$np" \
+        "$build/graphcap" --device host "$t"
+    done
+  done
+}
+
 shopt -s nullglob
 c_tests=("$build"/tests/test_*)
 lua_tests=(tests/lua/test_*.lua)
@@ -184,6 +206,7 @@ for be in "$@"; do
   if [ "$only" != c ]; then
     run_suite "$be" README.md tap scripts/test-readme.sh "$build"
   fi
+  if [ "$be" = host ] && [ "$only" != c ]; then run_dist_suites; fi
   embed=$build/embed
   [ -d "$embed" ] && embed=$build/embed/embed
   if [ "$only" != lua ] && [ -f "$embed" ] && [ -x "$embed" ]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian packages graphcap needs, when they are missing.
 #
-#   scripts/setup.sh          lua5.4, liblua5.4-dev, lua-unit
+#   scripts/setup.sh          lua5.4, liblua5.4-dev, lua-unit, and OpenMPI (openmpi-bin,
+#                             libopenmpi-dev) for the distributed layer
 #   scripts/setup.sh --lint   the same, and clang-format and cppcheck
 #   scripts/setup.sh --list   print the first list, one package a line
 #
@@ -9,7 +10,7 @@
 # installed something. Runs apt-get through sudo when not root.
 set -euo pipefail
 
-pkgs=(lua5.4 liblua5.4-dev lua-unit)
+pkgs=(lua5.4 liblua5.4-dev lua-unit openmpi-bin libopenmpi-dev)
 case "${1-}" in
   "") ;;
   --lint) pkgs+=(clang-format cppcheck) ;;

@@ -54,7 +54,7 @@ echo "1..$blocks"
 # The link flags: the Makefile's LDLIBS, plus the sanitizers' runtimes when
 # the archive was built with them (make asan).
 ldlibs=${LDLIBS:-$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s --no-print-directory \
-  --eval='print-ldlibs: ; @echo $(LDLIBS)' print-ldlibs 2>/dev/null)}
+  --eval='print-ldlibs: ; @echo $(LDLIBS) $(MPI_LIBS)' print-ldlibs 2>/dev/null)}
 # (grep reads to the end: with -q, nm could die of SIGPIPE and pipefail
 # would turn the match into a failure)
 if nm "$build/libgraphcap.a" 2>/dev/null | grep '__asan_report' >/dev/null; then

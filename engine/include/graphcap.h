@@ -721,8 +721,10 @@ int gcap_dist_available(void);
 /* Initialise MPI (unless the host already did), find this process's rank,
 ** the world size and the local rank (its number among the ranks of its
 ** machine), and bind the world to engine e (which it keeps alive until
-** finalize). On cuda the engine must run on GPU local rank mod the device
-** count; the world's NCCL communicator is made from a unique id that rank 0
+** finalize). On cuda the engine must run on GPU number local rank (an
+** engine picks it under mpirun), and a machine needs a GPU per rank
+** (GCAP_EUNSUPPORTED otherwise, as NCCL refuses two ranks on one GPU); the
+** world's NCCL communicator is made from a unique id that rank 0
 ** broadcasts over MPI. Collective: every rank calls it. GCAP_EUNSUPPORTED
 ** in a build without MPI; GCAP_ESTATE when already initialised, or after
 ** gcap_dist_finalize (MPI cannot start twice). */
@@ -740,7 +742,8 @@ int gcap_dist_local_rank(void);
 /* Free every communicator, release the engine and finalize MPI when
 ** gcap_dist_init initialised it. Groups stay valid handles whose calls fail
 ** (GCAP_ESTATE), and so do graphs that recorded collectives, at replay.
-** Collective. GCAP_ESTATE when not initialised. */
+** Collective. GCAP_ESTATE when not initialised; GCAP_ECAPTURE (the
+** message on the bound engine) while a capture is open. */
 gcap_status gcap_dist_finalize(void);
 
 /* End the whole job now, from any rank, with exit status `code` (MPI_Abort

@@ -125,8 +125,9 @@ static int l_dist_local_rank(lua_State *L) {
 }
 
 static int l_dist_finalize(lua_State *L) {
-  if (gcap_dist_finalize() != GCAP_OK)
+  if (!gcap_dist_is_initialized())
     return l_error(L, "finalize: the distributed runtime is not initialised");
+  l_check(L, l_engine(L), gcap_dist_finalize(), "finalize");
   return 0;
 }
 
@@ -150,10 +151,9 @@ static int l_dist_new_group(lua_State *L) {
   v = (int *)lua_newuserdatauv(L, (size_t)n * sizeof *v, 0);
   for (i = 1; i <= n; i++) {
     lua_Integer r;
-    int isint;
     lua_geti(L, 1, i);
-    r = lua_tointegerx(L, -1, &isint);
-    if (!isint || r < 0 || r > 1 << 30)
+    r = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : -1;
+    if (r < 0 || r > 1 << 30)
       return l_error(L, "new_group: ranks[%I] must be a rank (an integer >= 0), got %s",
                      (LUAI_UACINT)i, l_typename(L, -1));
     v[i - 1] = (int)r;
@@ -223,9 +223,8 @@ static int l_dist_reduce_scatter(lua_State *L) {
 
 /* The rank argument at i of op (a root or a peer): an integer */
 static int l_checkrank(lua_State *L, int i, const char *op, const char *what) {
-  int isint;
-  lua_Integer r = lua_tointegerx(L, i, &isint);
-  if (!isint || r < INT32_MIN || r > INT32_MAX)
+  lua_Integer r = lua_isinteger(L, i) ? lua_tointeger(L, i) : INT64_MIN;
+  if (r < INT32_MIN || r > INT32_MAX)
     l_error(L, "%s: %s must be a rank (an integer), got %s", op, what, l_typename(L, i));
   return (int)r;
 }

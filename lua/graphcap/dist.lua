@@ -33,8 +33,12 @@ function dist.init (opts)
   cdist.init()
 end
 
--- gc.dist.world() -> the group of every rank
-dist.world = cdist.world
+-- gc.dist.world() -> the group of every rank (one value, as torch's WORLD)
+local world
+function dist.world ()
+  world = world or cdist.world()
+  return world
+end
 
 -- gc.dist.barrier([group])
 function dist.barrier (group)

@@ -2,7 +2,7 @@
 ** nccl.cu: the cuda backend's communicators and collectives, on NCCL. A
 ** collective is one NCCL call on the stream, so inside a capture it becomes
 ** nodes of the graph and runs at every replay. NCCL needs one GPU per rank:
-** the engine's device must be local rank mod the device count.
+** the engine's device must be the one numbered by the local rank.
 */
 #include <nccl.h>
 
@@ -32,11 +32,15 @@ gcap_status cu_comm_new(gcap_engine *e, void *bs, const unsigned char id[GC_COMM
   int ndev = 0;
   *comm = NULL;
   CUDA_TRY(e, cudaGetDeviceCount(&ndev));
-  if (ndev > 0 && st->dev != local_rank % ndev)
+  if (local_rank >= ndev)
+    return gc_fail(e, GCAP_EUNSUPPORTED,
+                   "init: local rank %d has no GPU of its own (%d here): NCCL needs one GPU per "
+                   "rank; start fewer ranks per machine, or use --device host",
+                   local_rank, ndev);
+  if (st->dev != local_rank)
     return gc_fail(e, GCAP_EINVAL,
-                   "init: local rank %d should run on GPU %d (of %d), but the engine runs on GPU "
-                   "%d",
-                   local_rank, local_rank % ndev, ndev, st->dev);
+                   "init: local rank %d should run on GPU %d, but the engine runs on GPU %d",
+                   local_rank, local_rank, st->dev);
   memcpy(&u, id, sizeof u);
   CUDA_TRY(e, cudaSetDevice(st->dev));
   NCCL_TRY(e, ncclCommInitRank(&c, nranks, u, rank));

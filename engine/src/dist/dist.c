@@ -165,7 +165,9 @@ fail:
 gcap_status gcap_dist_finalize(void) {
   gcap_dist_group *g;
   gcap_engine *e = D.e;
+  gcap_status st;
   if (!D.on) return GCAP_ESTATE;
+  if ((st = gc_check_not_capturing(e, "finalize")) != GCAP_OK) return st;
   (void)e->be->device_sync(e, e->bs); /* collectives in flight finish before their comms go */
   for (g = D.groups; g != NULL; g = g->next) {
     e->be->comm_free(e->bs, g->comm);
@@ -300,29 +302,27 @@ static const char *desc_str(const int64_t *d, char *buf, size_t n) {
   return buf;
 }
 
-/* The ranks of g, grouped by what they called: "rank 0: ...; ranks 1, 2: ...". */
+/* The ranks of g, grouped by what they called: "rank 0 called ...; ranks
+** 1, 2 called ...". */
 static gcap_status desc_mismatch(gcap_engine *e, const gcap_dist_group *g, const int64_t *all,
                                  const char *op) {
-  char msg[GC_ERRLEN], what[160];
+  char msg[GC_ERRLEN], who[128], what[160];
   size_t k = 0;
   int i, j;
   k += (size_t)snprintf(msg, sizeof msg, "ranks of the group disagree (debug mode):");
   for (i = 0; i < g->size && k < sizeof msg; i++) {
-    int first = 1, seen = 0;
+    size_t w = 0;
+    int seen = 0, count = 0;
     for (j = 0; j < i && !seen; j++)
       seen = memcmp(all + j * DD_N, all + i * DD_N, DD_N * sizeof *all) == 0;
     if (seen) continue;
-    for (j = i; j < g->size && k < sizeof msg; j++)
-      if (memcmp(all + j * DD_N, all + i * DD_N, DD_N * sizeof *all) == 0) {
-        k +=
-            (size_t)snprintf(msg + k, sizeof msg - k, "%s%d", first ? " rank " : ", ", g->ranks[j]);
-        first = 0;
-      }
-    if (k < sizeof msg)
-      k += (size_t)snprintf(msg + k, sizeof msg - k, " called %s;",
-                            desc_str(all + i * DD_N, what, sizeof what));
+    for (j = i; j < g->size && w < sizeof who; j++)
+      if (memcmp(all + j * DD_N, all + i * DD_N, DD_N * sizeof *all) == 0)
+        w += (size_t)snprintf(who + w, sizeof who - w, "%s%d", count++ ? ", " : "", g->ranks[j]);
+    k += (size_t)snprintf(msg + k, sizeof msg - k, "%s %s %s called %s", i ? ";" : "",
+                          count > 1 ? "ranks" : "rank", who,
+                          desc_str(all + i * DD_N, what, sizeof what));
   }
-  if (k > 0 && k < sizeof msg && msg[k - 1] == ';') msg[k - 1] = '\0';
   return gc_fail(e, GCAP_EINVAL, "%s: %s", op, msg);
 }
 
@@ -456,7 +456,7 @@ static gcap_status collective(gcap_tensor *t, gcap_tensor *out, gc_coll_kind kin
   c.peer = gpeer;
   c.src = gc_tensor_ptr(t);
   c.dst = out ? gc_tensor_ptr(out) : gc_tensor_ptr(t);
-  c.count = kind == GC_COLL_REDUCE_SCATTER ? out->numel : t->numel;
+  c.count = out != NULL && kind == GC_COLL_REDUCE_SCATTER ? out->numel : t->numel;
   c.comm = g->comm;
   c.group = g;
   c.run = gc_mpi_collective;

@@ -288,7 +288,7 @@ typedef struct gc_backend {
   ** one rank; comm_new joins rank `rank` of `nranks` to the communicator of
   ** that id (every rank of the group calls it, collectively); local_rank is
   ** the rank's number among those on its machine (cuda: it must run on GPU
-  ** local_rank mod the device count). A backend that needs none (host) gives
+  ** local_rank, and fails when there is none). A backend that needs none (host) gives
   ** NULL; comm_free accepts NULL. */
   gcap_status (*comm_id)(gcap_engine *e, void *bs, unsigned char id[GC_COMM_ID_BYTES]);
   gcap_status (*comm_new)(gcap_engine *e, void *bs, const unsigned char id[GC_COMM_ID_BYTES],

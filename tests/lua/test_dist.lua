@@ -1,0 +1,121 @@
+-- test_dist.lua: gc.dist as whole programs: a script at world size 1 without
+-- mpirun (on this run's backend: on cuda, NCCL with one rank), a script that
+-- never calls gc.dist needing no MPI, and a job where one rank fails while
+-- the other waits in a collective: it ends with a non-zero status and that
+-- rank's message, never hangs (a time limit makes a hang a failure). In a
+-- build without MPI, init's error says so.
+--   build/graphcap tests/lua/test_dist.lua -o tap
+
+local lu = require "luaunit"
+local gc = require "graphcap"
+
+-- The program running this file: the lowest index of 'arg'.
+local prog
+do
+  local i = 0
+  while arg[i - 1] ~= nil do i = i - 1 end
+  prog = arg[i]
+end
+
+local function quote (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local function slurp (path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("a")
+  f:close()
+  os.remove(path)
+  return s
+end
+
+-- Run the shell command line 'cmd' with the Lua source 'src' as its script
+-- (the word SCRIPT in cmd), at most 'limit' seconds; stdout, stderr, status.
+local function run (cmd, src, limit)
+  local script, outf, errf = os.tmpname(), os.tmpname(), os.tmpname()
+  local f = assert(io.open(script, "wb"))
+  f:write(src)
+  f:close()
+  cmd = cmd:gsub("SCRIPT", quote(script))
+  local _, _, code = os.execute(string.format("timeout -k 5 %d %s </dev/null >%s 2>%s",
+                                              limit, cmd, outf, errf))
+  os.remove(script)
+  return slurp(outf), slurp(errf), code
+end
+
+-- mpirun with the flags a test job needs (as root: --allow-run-as-root), or
+-- nil when there is none.
+local function mpirun ()
+  if not os.execute("command -v mpirun >/dev/null 2>&1") then return nil end
+  local p = io.popen("id -u")
+  local root = p:read("l") == "0"
+  p:close()
+  return "mpirun --oversubscribe" .. (root and " --allow-run-as-root" or "")
+end
+
+local device = gc.device()
+local program = quote(prog) .. " --device " .. device .. " SCRIPT"
+
+TestDist = {}
+
+function TestDist.test_world_size_one_without_mpirun ()
+  if not gc.dist.is_available() then
+    local out, err, code = run(program, [[
+      local gc = require "graphcap"
+      gc.dist.init()]], 60)
+    lu.assertNotEquals(code, 0)
+    lu.assertStrContains(err, "init: graphcap was built without MPI")
+    return
+  end
+  local out, err, code = run(program, [[
+    local gc = require "graphcap"
+    assert(not gc.dist.is_initialized())
+    gc.dist.init()
+    assert(gc.dist.rank() == 0 and gc.dist.world_size() == 1 and gc.dist.local_rank() == 0)
+    local t = gc.tensor({1.5, -2, 3})
+    gc.dist.all_reduce(t, {op = "avg"})
+    local out = gc.zeros({3})
+    gc.dist.all_gather(out, t)
+    local rs = gc.zeros({3})
+    gc.dist.reduce_scatter(rs, out, {op = "max"})
+    gc.dist.broadcast(rs, 0)
+    local x, y = gc.ones({3}), nil
+    local g = gc.Graph()
+    g:capture(function () y = x * 2; gc.dist.all_reduce(y) end)
+    x:fill_(4)
+    g:replay()
+    gc.dist.barrier()
+    print(table.concat(rs:tolist(), " "), table.concat(y:tolist(), " "))
+  ]], 60)
+  lu.assertEquals({out, err, code}, {"1.5 -2.0 3.0\t8.0 8.0 8.0\n", "", 0})
+end
+
+function TestDist.test_no_dist_no_mpi ()
+  local out, err, code = run(program, [[
+    local gc = require "graphcap"
+    print(gc.dist.is_initialized(), (gc.ones({2}) * 3):sum():item())
+  ]], 60)
+  lu.assertEquals({out, err, code}, {"false\t6.0\n", "", 0})
+end
+
+function TestDist.test_a_failing_rank_ends_the_job ()
+  local mr = mpirun()
+  if not gc.dist.is_available() or mr == nil then lu.skip("built without MPI, or no mpirun") end
+  local t0 = os.time()
+  local out, err, code = run(mr .. " -np 2 " .. quote(prog) .. " --device host SCRIPT", [[
+    local gc = require "graphcap"
+    gc.dist.init()
+    local t = gc.ones({4})
+    if gc.dist.rank() == 1 then
+      gc.dist.all_gather(gc.zeros({3}), t)  -- wrong size: rank 1 fails
+    end
+    gc.dist.all_reduce(t)                   -- rank 0 waits here for rank 1
+    print("not reached")
+  ]], 60)
+  lu.assertNotEquals(code, 0)
+  lu.assertNotEquals(code, 124, "the job hung until the time limit")
+  lu.assertStrContains(err, "graphcap: rank 1: ")
+  lu.assertStrContains(err, "all_gather: out has 3 elements, expected 8")
+  lu.assertNotStrContains(out, "not reached")
+  lu.assertTrue(os.time() - t0 < 50)
+end
+
+os.exit(lu.LuaUnit.run())
