@@ -12,10 +12,8 @@ local gc = require "graphcap"
 gc.dist.init()
 local rank, P = gc.dist.rank(), gc.dist.world_size()
 local V, M, B, W, STEPS = 2, 4, 2, 8, 3
-local order = gc.pipeline.order{stages = P, stage = rank, microbatches = M, chunks = V}
-local all = {}
-for r = 0, P - 1 do all[r + 1] = r end
-local groups = {act = gc.dist.new_group(all), grad = gc.dist.new_group(all)}
+local schedule = {stages = P, stage = rank, microbatches = M, chunks = V}
+local order = gc.pipeline.order(schedule)
 
 -- all P * V layers, alike on every rank; stage r keeps layers r + 1, P + r + 1
 local function model ()
@@ -58,10 +56,9 @@ local function train (chunks, call)
   local opt = gc.optim.SGD(params(chunks), {lr = 0.1})
   for _ = 1, STEPS do
     opt:zero_grad()
-    gc.pipeline.run{order = order, stages = P, stage = rank, microbatches = M, chunks = V,
-                    call = call, input = function (b) return xs[b] end, shape = {B, W},
-                    loss = function (b, y) return gc.F.mse_loss(y, ts[b]) * inv_m end,
-                    groups = groups}
+    gc.pipeline.run{stages = P, stage = rank, microbatches = M, chunks = V, call = call,
+                    input = function (b) return xs[b] end, shape = {B, W},
+                    loss = function (b, y) return gc.F.mse_loss(y, ts[b]) * inv_m end}
     opt:step()
   end
   return flat(params(chunks))

@@ -108,16 +108,13 @@ end
 do
   local V, M = 2, 4
   local order = gc.pipeline.order{stages = N, stage = rank, microbatches = M, chunks = V}
-  local all = {}
-  for r = 0, N - 1 do all[r + 1] = r end
-  local groups = {act = gc.dist.new_group(all), grad = gc.dist.new_group(all)}
   local function pp (cs, call)
     local opt = gc.optim.SGD(params(cs), {lr = 1e-3})
     return function ()
       opt:zero_grad()
-      gc.pipeline.run{order = order, stages = N, stage = rank, microbatches = M, chunks = V,
-                      call = call, input = function () return x end, shape = {B, H},
-                      loss = function (_, h) return gc.F.mse_loss(h, y) end, groups = groups}
+      gc.pipeline.run{stages = N, stage = rank, microbatches = M, chunks = V, call = call,
+                      input = function () return x end, shape = {B, H},
+                      loss = function (_, h) return gc.F.mse_loss(h, y) end}
       opt:step()
     end
   end

@@ -183,53 +183,145 @@ function pipeline.entry (chunk, microbatch, microbatches, layer, num_layers_per_
   return prefix * M + (b - 1) * n[c] + l
 end
 
-local run_options = {order = true, stages = true, stage = true, microbatches = true,
-                     chunks = true, call = true, input = true, loss = true, shape = true,
-                     groups = true}
+-- The transfers of one training step between the stages of a pipeline
+-- whose stage r runs orders[r] (0-based), in one order that every rank
+-- computes alike: the order in which their receives happen when the stages
+-- run side by side, each step waiting for its input (a forward for the
+-- activation from the virtual stage before, a backward for its own forward
+-- and the grad from the virtual stage after). Each {channel ("act" or
+-- "grad"), from, to (stages), key}. A stage that does its sends and receives
+-- in this order, sending no earlier than it has the data and receiving when
+-- it needs it, never waits forever, also where a send waits for its
+-- receive: the first unfinished transfer always finds both stages at it.
+local function transfers (P, V, orders)
+  local S, done, pos, steps, out = P * V, {}, {}, {}, {}
+  for r = 0, P - 1 do steps[r], pos[r] = pipeline.steps(orders[r]), 1 end
+  local left = true
+  while left do
+    local progress
+    left, progress = false, false
+    for r = 0, P - 1 do
+      local s = steps[r][pos[r]]
+      if s ~= nil then
+        left = true
+        local v, b, ready, from, channel = (s.chunk - 1) * P + r, s.microbatch, true, nil, nil
+        if s.kind == "forward" then
+          if v > 0 then ready, from, channel = done["F" .. (v - 1) .. ":" .. b], (v - 1) % P, "act" end
+        elseif s.kind == "backward" then
+          ready = done["F" .. v .. ":" .. b]
+          if v < S - 1 then
+            ready = ready and done["B" .. (v + 1) .. ":" .. b]
+            from, channel = (v + 1) % P, "grad"
+          end
+        end
+        if ready then
+          if from ~= nil and from ~= r then
+            out[#out + 1] = {channel = channel, from = from, to = r, key = channel .. v .. ":" .. b}
+          end
+          if s.kind ~= "wgrad" then done[(s.kind == "forward" and "F" or "B") .. v .. ":" .. b] = true end
+          pos[r], progress = pos[r] + 1, true
+        end
+      end
+    end
+    if left and not progress then
+      raise("pipeline.run: the stages' orders wait on each other (no stage can take its next step)")
+    end
+  end
+  return out
+end
 
--- pipeline.run{order, stages = P, stage = r, microbatches = M, chunks = V,
---   call = function (chunk, microbatch, x) -> y, input = function (b) -> x,
---   loss = function (b, y) -> 0-D tensor, shape = activation shape,
---   groups = {act = g, grad = g'}} -> the losses by microbatch (last stage)
--- One training step of stage r: walks its order, running each chunk's
--- forward and backward with call (a module or a graphed entry); the first
+local run_options = {stages = true, stage = true, microbatches = true, chunks = true,
+                     group_size = true, interleaved = true, call = true, input = true,
+                     loss = true, shape = true, group = true}
+
+-- pipeline.run{stages = P, stage = r, microbatches = M [, chunks = 1]
+--   [, group_size] [, interleaved], call = function (chunk, microbatch, x) -> y,
+--   input = function (b) -> x, loss = function (b, y) -> 0-D tensor,
+--   shape = activation shape [, group = the pipeline's gc.dist group]}
+--   -> the losses by microbatch (on the stage of the last virtual stage)
+-- One training step of stage r in the order pipeline.order gives for these
+-- options (graph the chunks with that order): each chunk's forward and
+-- backward run with call (an eager module or the graphed entry); the first
 -- virtual stage reads input(b), the last one backpropagates loss(b, y);
 -- activations go to the next virtual stage and input grads to the one
--- before with gc.dist.send/recv (on the groups act and grad, so that the two
--- streams of messages never match each other's receives), or stay local
--- when that stage is on this rank. Every stage's forwards and backwards run
--- in the schedule table's order, so each stream's sends and receives pair
--- up in order.
+-- before, kept when that virtual stage is on this stage, else sent with
+-- gc.dist.send/recv to the group's rank of that stage (the world's without
+-- a group). Every stage does its transfers in one order computed from every
+-- stage's order (see transfers), so blocking sends cannot wait on each
+-- other; a send may wait until the data is needed there.
 function pipeline.run (opts)
   if type(opts) ~= "table" then
     raise("pipeline.run: expected an options table, got %s", type(opts))
   end
   options("pipeline.run", opts, run_options)
-  local P = count("pipeline.run", "stages", opts.stages)
-  local r, M = opts.stage, count("pipeline.run", "microbatches", opts.microbatches)
-  local V = count("pipeline.run", "chunks", opts.chunks, 1)
   local call, input, loss, shape = opts.call, opts.input, opts.loss, opts.shape
   if type(call) ~= "function" or type(input) ~= "function" or type(loss) ~= "function" then
     raise("pipeline.run: call, input and loss must be functions")
   end
+  local sched = {stages = opts.stages, microbatches = opts.microbatches, chunks = opts.chunks,
+                 group_size = opts.group_size, interleaved = opts.interleaved}
+  local P, r, orders = count("pipeline.run", "stages", opts.stages), opts.stage, {}
+  for q = 0, P - 1 do
+    sched.stage = q
+    orders[q] = pipeline.order(sched)
+  end
+  if math.type(r) ~= "integer" or r < 0 or r >= P then
+    raise("pipeline.run: stage must be an integer in 0..%d (stages - 1), got %s", P - 1,
+          math.type(r) and r or type(r))
+  end
+  local V, S = opts.chunks or 1, P * (opts.chunks or 1)
   local gc = require "graphcap"
-  local S, groups = P * V, opts.groups or {}
-  local here, xs, ys, losses = {}, {}, {}, {}
-  -- send t (this rank's virtual stage v) to virtual stage w on 'channel'
+  local group = opts.group
+  local ranks = group and group:ranks()
+  if group and #ranks ~= P then
+    raise("pipeline.run: the group has %d ranks for %d stages", #ranks, P)
+  end
+  -- this stage's transfers, in the common order; outgoing data waits in
+  -- outbox, incoming in inbox, until their turn
+  local mine, at, index = {}, 1, {}
+  for _, t in ipairs(transfers(P, V, orders)) do
+    if t.from == r or t.to == r then
+      mine[#mine + 1] = t
+      index[t.key] = #mine
+    end
+  end
+  local outbox, inbox, here = {}, {}, {}
+  local function upto (k)
+    while at <= k do
+      local t = mine[at]
+      local peer = t.from == r and t.to or t.from
+      local o = {group = group}
+      if ranks then peer = ranks[peer + 1] end
+      if t.from == r then
+        if outbox[t.key] == nil then  -- the order of transfers promises it
+          raise("pipeline.run: stage %d has no %s to send yet", r, t.key)
+        end
+        gc.dist.send(outbox[t.key], peer, o)
+        outbox[t.key] = nil
+      else
+        local buf = gc.empty(shape)
+        gc.dist.recv(buf, peer, o)
+        inbox[t.key] = buf
+      end
+      at = at + 1
+    end
+  end
+  -- hand t to virtual stage w (microbatch b) on channel
   local function put (channel, t, w, b)
-    if w % P == r then here[channel .. w .. ":" .. b] = t:detach()
-    else gc.dist.send(t, w % P, {group = groups[channel]}) end
+    local key = channel .. w .. ":" .. b
+    if w % P == r then here[key] = t:detach() else outbox[key] = t end
   end
   local function get (channel, w, b)
     local key = channel .. w .. ":" .. b
     local t = here[key]
     here[key] = nil
     if t ~= nil then return t end
-    t = gc.empty(shape)
-    gc.dist.recv(t, (channel == "act" and w - 1 or w + 1) % P, {group = groups[channel]})
+    upto(index[key])
+    t, inbox[key] = inbox[key], nil
     return t
   end
-  for _, s in ipairs(pipeline.steps(opts.order)) do
+  local xs, ys, losses = {}, {}, {}
+  for _, s in ipairs(pipeline.steps(orders[r])) do
     local c, b = s.chunk, s.microbatch
     local v, key = (c - 1) * P + r, c .. ":" .. b
     if s.kind == "forward" then
@@ -245,6 +337,7 @@ function pipeline.run (opts)
       xs[key], ys[key] = nil, nil
     end
   end
+  upto(#mine)
   return losses
 end
 

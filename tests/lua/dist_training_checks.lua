@@ -10,6 +10,8 @@
 --   average in rank order); the full grads are dropped; un-shard after a
 --   step gathers every rank's updated shard; errors for a parameter that
 --   cannot be split evenly and for a group without this rank.
+--   Pipeline: 64 KB activations (sends that wait for their receive) run to
+--   the end; on 4 ranks, two pipelines of a 2 x 2 grid train alike.
 local gc = require "graphcap"
 
 gc.dist.init()
@@ -109,6 +111,37 @@ for k, p in ipairs(params({F.modules[1]})) do
   same(flat(p), flat(all), "un-sharded parameter " .. k)
 end
 ok("fsdp un-shard after a step gathers every rank's updated shard")
+
+-- Pipeline: activations of 64 KB (past MPI's eager sends: a send waits for
+-- its receive) on every rank as one pipeline, and on 4 ranks as a 2 x 2
+-- grid: pipelines {0, 1} and {2, 3} (gc.dist groups) fed alike train alike,
+-- which the data-parallel groups {0, 2} and {1, 3} compare.
+local function pipeline_step (P, stage, group)
+  local B, H = 64, 256
+  gc.manual_seed(8)
+  local cs = {gc.nn.Linear(H, H), gc.nn.Linear(H, H)}
+  local x, y = gc.randn({B, H}), gc.randn({B, H})
+  local opt = gc.optim.SGD(params(cs), {lr = 0.1})
+  gc.pipeline.run{stages = P, stage = stage, microbatches = 4, chunks = 2, group = group,
+                  call = function (c, _, h) return cs[c](h) end, input = function () return x end,
+                  loss = function (_, h) return gc.F.mse_loss(h, y) end, shape = {B, H}}
+  opt:step()
+  return cs
+end
+pipeline_step(N, rank)
+ok("pipeline of 64 KB activations ran")
+if N == 4 then
+  local pp = {gc.dist.new_group({0, 1}), gc.dist.new_group({2, 3})}
+  local dp = {gc.dist.new_group({0, 2}), gc.dist.new_group({1, 3})}
+  local cs = pipeline_step(2, rank % 2, pp[rank // 2 + 1])
+  for k, p in ipairs(params(cs)) do
+    local both = gc.empty({2 * p:numel()})
+    gc.dist.all_gather(both, p:view({p:numel()}), {group = dp[rank % 2 + 1]})
+    local v, n = flat(both), p:numel()
+    for i = 1, n do check(v[i] == v[n + i], "grid: parameter %d differs between the pipelines", k) end
+  end
+  ok("pipelines as groups of a 2 x 2 grid")
+end
 
 if N > 1 then
   local e1 = select(2, pcall(gc.fsdp.shard, {gc.nn.Linear(3, 3, {bias = false})}))

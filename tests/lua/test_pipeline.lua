@@ -230,9 +230,9 @@ for b = 1, M do
 end
 local function loss (b, y) return gc.F.mse_loss(y, ts[b]) end
 
-local function pipeline_step (order, call, opt)
+local function pipeline_step (call, opt)
   opt:zero_grad()
-  pipeline.run{order = order, stages = 1, stage = 0, microbatches = M, chunks = V, call = call,
+  pipeline.run{stages = 1, stage = 0, microbatches = M, chunks = V, call = call,
                input = function (b) return xs[b] end, loss = loss, shape = {B, W}}
   opt:step()
 end
@@ -255,9 +255,8 @@ function TestPipeline:test_run_one_stage ()
     opts[1][3]:zero_grad()
     for b = 1, M do loss(b, ref[2](ref[1](xs[b]))):backward() end
     opts[1][3]:step()
-    pipeline_step(order, function (c, _, x) return eager[c](x) end, opts[2][3])
-    pipeline_step(order, function (c, b, x) return entries[pipeline.entry(c, b, M)](x) end,
-                  opts[3][3])
+    pipeline_step(function (c, _, x) return eager[c](x) end, opts[2][3])
+    pipeline_step(function (c, b, x) return entries[pipeline.entry(c, b, M)](x) end, opts[3][3])
   end
   H.assert_bitwise(step_values(eager), step_values(ref), "eager pipeline vs the whole model")
   H.assert_bitwise(step_values(graphed), step_values(eager), "graphed vs eager pipeline")
