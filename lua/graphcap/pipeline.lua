@@ -248,7 +248,8 @@ local run_options = {stages = true, stage = true, microbatches = true, chunks = 
 -- gc.dist.send/recv to the group's rank of that stage (the world's without
 -- a group). Every stage does its transfers in one order computed from every
 -- stage's order (see transfers), so blocking sends cannot wait on each
--- other; a send may wait until the data is needed there.
+-- other: a send goes once its data exists and the transfers before it are
+-- done, a receive when its data is needed.
 function pipeline.run (opts)
   if type(opts) ~= "table" then
     raise("pipeline.run: expected an options table, got %s", type(opts))
@@ -306,10 +307,16 @@ function pipeline.run (opts)
       at = at + 1
     end
   end
-  -- hand t to virtual stage w (microbatch b) on channel
+  -- hand t to virtual stage w (microbatch b) on channel; sends go as soon
+  -- as the order lets them (the transfers before them done)
   local function put (channel, t, w, b)
     local key = channel .. w .. ":" .. b
-    if w % P == r then here[key] = t:detach() else outbox[key] = t end
+    if w % P == r then
+      here[key] = t:detach()
+      return
+    end
+    outbox[key] = t
+    while mine[at] and mine[at].from == r and outbox[mine[at].key] ~= nil do upto(at) end
   end
   local function get (channel, w, b)
     local key = channel .. w .. ":" .. b
