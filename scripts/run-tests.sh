@@ -22,6 +22,7 @@
 # Environment:
 #   TEST_LOG_DIR   also write each suite's output to TEST_LOG_DIR/BACKEND-SUITE.log
 #   TEST_TIMEOUT   seconds a suite may run (default 600; 0: no limit)
+#   TEST_DIST_TIMEOUT  seconds an mpirun job of tests/dist may run (default 120)
 #   TEST_ONLY      "c" (the C tests and the embed example) or "lua" (the Lua tests)
 #   TEST_NOT_RUN   backends built but not run here (no GPU), named in the summary
 #   TEST_WRAPPER   a command (words split on spaces) every suite runs under, e.g.
@@ -179,10 +180,13 @@ run_dist_suites() {
     return
   fi
   [ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
+  # a job that hangs (a rank left waiting) fails in this time, not TEST_TIMEOUT's (run_suite
+  # names this one, through bash's dynamic scope)
+  local limit=${TEST_DIST_TIMEOUT:-120}
   for t in tests/dist/test_*.lua; do
     for np in 2 4; do
-      run_suite host "np$np-$(basename "$t")" tap "${mpirun[@]}" --oversubscribe -np "$np" \
-        "$build/graphcap" --device host "$t"
+      run_suite host "np$np-$(basename "$t")" tap timeout -k 5 "$limit" "${mpirun[@]}" \
+        --oversubscribe -np "$np" "$build/graphcap" --device host "$t"
     done
   done
 }

@@ -754,9 +754,12 @@ void gcap_dist_abort(int code);
 /* Debug mode: before each collective, the ranks of its group exchange a
 ** descriptor (op, reduction, dtype, shapes, root; for send/recv the two
 ** peers) and fail with GCAP_EINVAL naming the op and the ranks that
-** disagree. Checked when the call is made (eagerly, or while capturing),
-** not at replay. Off by default; on, each collective costs one more
-** exchange. Local: each rank sets its own (set it alike on all). */
+** disagree; barrier and finalize take part (a rank there while others make
+** a collective is named; the refused finalize leaves the runtime as it
+** was), and new_group compares its rank lists. Checked when the call is made (eagerly, or while
+*capturing), not at
+** replay. Off by default; on, each call costs one more exchange. Local:
+** each rank sets its own (set it alike on all). */
 gcap_status gcap_dist_set_debug(gcap_engine *e, int on);
 
 /* The group of the world ranks ranks[0..n) (distinct, in range), group rank

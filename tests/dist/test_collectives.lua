@@ -127,6 +127,7 @@ end)
 T.test("rank, world_size, local_rank, the world group", function ()
   local w = gc.dist.world()
   if w:size() ~= n or w:rank() ~= rank then error("the world group is not the world") end
+  if gc.dist.world() ~= w then error("gc.dist.world() is not one value") end
   local lr = gc.dist.local_rank()
   if lr < 0 or lr >= n then error("local rank " .. lr .. " out of range") end
   for i, r in ipairs(w:ranks()) do

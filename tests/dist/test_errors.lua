@@ -1,7 +1,7 @@
 -- test_errors.lua: the errors of gc.dist that every rank raises alike (so
--- no rank is left waiting): calls before init, init twice, wrong dtypes,
--- and sizes, bad options, closed tensors; debug mode naming the op
--- and the ranks that disagree (collectives and send/recv); everything still
+-- no rank is left waiting): calls before init, init twice, wrong dtypes
+-- and sizes, bad options, closed tensors; debug mode naming the op and the
+-- ranks that disagree (collectives, barrier and finalize, send/recv); everything still
 -- usable afterwards; and after finalize, calls and replays of captured
 -- collectives fail.
 --   mpirun -np 2 build/graphcap --device host tests/dist/test_errors.lua
@@ -79,6 +79,17 @@ T.test("debug mode names the op and the ranks that disagree", function ()
   end)
   if ok or not e2:find("rank " .. (n - 1) .. " called broadcast f32 [4] root 0", 1, true) then
     error("op mismatch: " .. tostring(e2))
+  end
+  -- barrier and finalize take part: a rank there is named, and finalize fails (still initialised)
+  for _, call in ipairs({"barrier", "finalize"}) do
+    local okc, ec = pcall(function ()
+      if rank == n - 1 then gc.dist[call]() else gc.dist.all_reduce(gc.ones({4})) end
+    end)
+    if okc or not ec:find("rank " .. (n - 1) .. " called " .. call, 1, true)
+       or not ec:find("called all_reduce(sum) f32 [4]", 1, true) then
+      error(call .. " against all_reduce: " .. tostring(ec))
+    end
+    if not gc.dist.is_initialized() then error("a refused finalize finalized") end
   end
   -- send/recv: the pair disagrees on the element count
   if rank < 2 then

@@ -1,7 +1,8 @@
 -- test_groups.lua: sub-groups as a data x pipeline grid (2 x 2 at 4 ranks,
 -- 1 x 2 at 2): collectives within rows and columns, global roots and peers,
 -- group ranks in the order given, and the errors of non-members, of roots
--- and peers outside the group, and of bad rank lists.
+-- and peers outside the group, of bad rank lists, and (debug mode) of ranks
+-- that give new_group different lists.
 --   mpirun -np 4 --oversubscribe build/graphcap --device host tests/dist/test_groups.lua
 
 local gc = require "graphcap"
@@ -95,6 +96,19 @@ T.test("errors: non-member, root/peer outside the group, bad rank lists", functi
   local t = gc.ones({1})
   gc.dist.all_reduce(t, {group = mine_row})
   T.eq(t, {2}, "row sum after errors")
+end)
+
+T.test("debug mode: ranks giving new_group different lists are named", function ()
+  gc.dist.set_debug(true)
+  T.fails(function () gc.dist.new_group(rank == 0 and {0, 1} or {1, 0}) end,
+          {"new_group: ranks disagree on the group (debug mode): rank 0 gave [0, 1]; rank 1 gave [1, 0]"},
+          "order")
+  T.fails(function () gc.dist.new_group(rank == 0 and {0} or {0, 1}) end,
+          {"new_group: ranks disagree on the group (debug mode): rank 0 gave a list of 1, rank 1 of 2"},
+          "size")
+  local g = gc.dist.new_group({1, 0})
+  if g:rank() ~= (rank == 1 and 0 or rank == 0 and 1 or -1) then error("agreed group in debug mode") end
+  gc.dist.set_debug(false)
 end)
 
 T.done()

@@ -28,6 +28,12 @@ typedef struct gc_dist {
 
 static gc_dist D = {0, 0, 0, -1, -1, -1, 0, NULL, NULL, NULL};
 
+/* Calls that debug mode compares besides the collectives (gc_coll_kind). */
+enum { CALL_BARRIER = GC_COLL_RECV + 1, CALL_FINALIZE };
+
+static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind);
+static gcap_status debug_group(gcap_engine *e, int n, const int *ranks);
+
 int gcap_dist_available(void) {
   return gc_mpi_built();
 }
@@ -70,13 +76,13 @@ static gcap_status dist_begin(gcap_engine *e, const char *op) {
   return GCAP_OK;
 }
 
-/* "[0, 1, 3]": the world ranks of g, into buf. */
-static const char *ranks_str(const gcap_dist_group *g, char *buf, size_t n) {
+/* "[0, 1, 3]": the ranks v[0..nv), into buf. */
+static const char *ranks_str(const int *v, int nv, char *buf, size_t n) {
   size_t k = 0;
   int i;
   k += (size_t)snprintf(buf, n, "[");
-  for (i = 0; i < g->size && k < n; i++)
-    k += (size_t)snprintf(buf + k, n - k, "%s%d", i ? ", " : "", g->ranks[i]);
+  for (i = 0; i < nv && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, "%s%d", i ? ", " : "", v[i]);
   if (k < n) snprintf(buf + k, n - k, "]");
   return buf;
 }
@@ -167,7 +173,9 @@ gcap_status gcap_dist_finalize(void) {
   gcap_engine *e = D.e;
   gcap_status st;
   if (!D.on) return GCAP_ESTATE;
-  if ((st = gc_check_not_capturing(e, "finalize")) != GCAP_OK) return st;
+  if ((st = gc_check_not_capturing(e, "finalize")) != GCAP_OK ||
+      (D.debug && (st = debug_call(e, D.world, CALL_FINALIZE)) != GCAP_OK))
+    return st;
   (void)e->be->device_sync(e, e->bs); /* collectives in flight finish before their comms go */
   for (g = D.groups; g != NULL; g = g->next) {
     e->be->comm_free(e->bs, g->comm);
@@ -210,6 +218,7 @@ gcap_status gcap_dist_new_group(gcap_engine *e, int n, const int *ranks, gcap_di
         return gc_fail(e, GCAP_EINVAL, "new_group: rank %d is given twice (ranks[%d], ranks[%d])",
                        ranks[i], j + 1, i + 1);
   }
+  if (D.debug && (st = debug_group(e, n, ranks)) != GCAP_OK) return st;
   return group_make(e, D.world->mpi, n, ranks, "new_group", out);
 }
 
@@ -234,7 +243,7 @@ static gcap_status group_check(gcap_engine *e, gcap_dist_group **g, const char *
   if (*g == NULL) *g = D.world;
   if ((*g)->rank < 0)
     return gc_fail(e, GCAP_EINVAL, "%s: rank %d is not in the group %s", op, D.rank,
-                   ranks_str(*g, buf, sizeof buf));
+                   ranks_str((*g)->ranks, (*g)->size, buf, sizeof buf));
   return GCAP_OK;
 }
 
@@ -244,7 +253,8 @@ gcap_status gcap_dist_barrier(gcap_engine *e, gcap_dist_group *g) {
   if ((st = dist_begin(e, "barrier")) != GCAP_OK ||
       (st = gc_check_not_capturing(e, "barrier")) != GCAP_OK ||
       (st = group_check(e, &g, "barrier")) != GCAP_OK ||
-      (st = e->be->stream_sync(e, e->bs, e->current->bs)) != GCAP_OK)
+      (st = e->be->stream_sync(e, e->bs, e->current->bs)) != GCAP_OK ||
+      (D.debug && (st = debug_call(e, g, CALL_BARRIER)) != GCAP_OK))
     return st;
   return gc_mpi_barrier(e, g->mpi, "barrier");
 }
@@ -281,12 +291,16 @@ static void desc_make(int64_t *d, const gc_coll *c, const gcap_tensor *t, const 
   d[DD_PEER] = c->kind == GC_COLL_BROADCAST ? peer : -1;
 }
 
-/* "all_reduce(sum) f32 [2, 3]", "broadcast f32 [4] root 1", into buf. */
+/* "all_reduce(sum) f32 [2, 3]", "broadcast f32 [4] root 1", "barrier", into buf. */
 static const char *desc_str(const int64_t *d, char *buf, size_t n) {
   char shape[96];
   int64_t dims[GCAP_MAXDIM];
   int i, nd = (int)d[DD_NDIM];
   size_t k;
+  if (d[DD_KIND] > GC_COLL_RECV) {
+    snprintf(buf, n, "%s", d[DD_KIND] == CALL_BARRIER ? "barrier" : "finalize");
+    return buf;
+  }
   for (i = 0; i < GCAP_MAXDIM; i++)
     dims[i] = d[DD_SHAPE + i];
   k = (size_t)snprintf(buf, n, "%s", gc_coll_name((int)d[DD_KIND]));
@@ -326,21 +340,89 @@ static gcap_status desc_mismatch(gcap_engine *e, const gcap_dist_group *g, const
   return gc_fail(e, GCAP_EINVAL, "%s: %s", op, msg);
 }
 
+/* Compare descriptor mine (of a call of op) across the ranks of g. */
+static gcap_status debug_agree(gcap_engine *e, const gcap_dist_group *g, const int64_t *mine,
+                               const char *op) {
+  size_t bytes = DD_N * sizeof *mine;
+  int64_t *all;
+  gcap_status st;
+  int i, bad = 0;
+  if ((all = (int64_t *)gc_malloc((size_t)g->size * bytes)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "%s: out of memory", op);
+  if ((st = gc_mpi_allgather(e, g->mpi, mine, all, (int)bytes, op)) == GCAP_OK) {
+    for (i = 1; i < g->size; i++)
+      bad |= memcmp(all, all + i * DD_N, bytes) != 0;
+    if (bad) st = desc_mismatch(e, g, all, op);
+  }
+  free(all);
+  return st;
+}
+
+/* Debug mode for barrier and finalize, which take no tensor: a rank that
+** calls one while another makes a collective is named, not left waiting. */
+static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind) {
+  int64_t mine[DD_N];
+  memset(mine, 0, sizeof mine);
+  mine[DD_KIND] = kind;
+  mine[DD_RED] = mine[DD_OUT] = mine[DD_PEER] = -1;
+  return debug_agree(e, g, mine, kind == CALL_BARRIER ? "barrier" : "finalize");
+}
+
+/* Debug mode for new_group: every rank must give the same list. The sizes
+** first (so that the lists' exchange has one size), then the lists; an
+** error names each rank that gave another list than rank 0. */
+static gcap_status debug_group(gcap_engine *e, int n, const int *ranks) {
+  char msg[GC_ERRLEN], buf[128];
+  int *ns, *all = NULL, r, k = 0;
+  gcap_status st;
+  if ((ns = (int *)gc_malloc((size_t)D.size * sizeof *ns)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "new_group: out of memory");
+  if ((st = gc_mpi_allgather(e, D.world->mpi, &n, ns, (int)sizeof n, "new_group")) != GCAP_OK)
+    goto done;
+  for (r = 1; r < D.size && ns[r] == ns[0]; r++)
+    ;
+  if (r < D.size) {
+    st = gc_fail(e, GCAP_EINVAL,
+                 "new_group: ranks disagree on the group (debug mode): rank 0 gave a list of %d, "
+                 "rank %d of %d",
+                 ns[0], r, ns[r]);
+    goto done;
+  }
+  if ((all = (int *)gc_malloc((size_t)D.size * (size_t)n * sizeof *all)) == NULL) {
+    st = gc_fail(e, GCAP_ENOMEM, "new_group: out of memory");
+    goto done;
+  }
+  if ((st = gc_mpi_allgather(e, D.world->mpi, ranks, all, n * (int)sizeof *all, "new_group")) !=
+      GCAP_OK)
+    goto done;
+  for (r = 1; r < D.size; r++)
+    if (memcmp(all, all + (size_t)r * (size_t)n, (size_t)n * sizeof *all) != 0 &&
+        k < (int)sizeof msg)
+      k += snprintf(msg + k, sizeof msg - (size_t)k, "; rank %d gave %s", r,
+                    ranks_str(all + (size_t)r * (size_t)n, n, buf, sizeof buf));
+  if (k > 0)
+    st = gc_fail(e, GCAP_EINVAL,
+                 "new_group: ranks disagree on the group (debug mode): rank 0 gave %s%s",
+                 ranks_str(all, n, buf, sizeof buf), msg);
+done:
+  free(all);
+  free(ns);
+  return st;
+}
+
 /* Compare this call with the other ranks': the whole group, or for
 ** send/recv the peer (whose call must be the matching recv/send of the
 ** same dtype and element count). */
 static gcap_status debug_check(gcap_engine *e, const gcap_dist_group *g, const gc_coll *c,
                                const gcap_tensor *t, const gcap_tensor *out, int peer) {
   const char *op = gc_coll_name(c->kind);
-  int64_t mine[DD_N], *all;
-  gcap_status st;
-  int i, bad = 0;
+  int64_t mine[DD_N];
   desc_make(mine, c, t, out, peer);
   if (c->kind == GC_COLL_SEND || c->kind == GC_COLL_RECV) {
     int64_t theirs[DD_N];
     char a[160], b[160];
-    if ((st = gc_mpi_exchange(e, g->mpi, mine, theirs, (int)sizeof mine, c->peer, op)) != GCAP_OK)
-      return st;
+    gcap_status st = gc_mpi_exchange(e, g->mpi, mine, theirs, (int)sizeof mine, c->peer, op);
+    if (st != GCAP_OK) return st;
     if (theirs[DD_KIND] == (c->kind == GC_COLL_SEND ? GC_COLL_RECV : GC_COLL_SEND) &&
         theirs[DD_DT] == mine[DD_DT] && theirs[DD_NUMEL] == mine[DD_NUMEL])
       return GCAP_OK;
@@ -348,15 +430,7 @@ static gcap_status debug_check(gcap_engine *e, const gcap_dist_group *g, const g
                    op, D.rank, desc_str(mine, a, sizeof a), g->ranks[c->peer],
                    desc_str(theirs, b, sizeof b));
   }
-  if ((all = (int64_t *)gc_malloc((size_t)g->size * sizeof mine)) == NULL)
-    return gc_fail(e, GCAP_ENOMEM, "%s: out of memory", op);
-  if ((st = gc_mpi_allgather(e, g->mpi, mine, all, (int)sizeof mine, op)) == GCAP_OK) {
-    for (i = 1; i < g->size; i++)
-      bad |= memcmp(all, all + i * DD_N, sizeof mine) != 0;
-    if (bad) st = desc_mismatch(e, g, all, op);
-  }
-  free(all);
-  return st;
+  return debug_agree(e, g, mine, op);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -426,7 +500,7 @@ static gcap_status coll_check(gcap_tensor *t, gcap_tensor *out, gc_coll_kind kin
                      D.size);
     if ((*gpeer = group_index(*g, peer)) < 0)
       return gc_fail(e, GCAP_EINVAL, "%s: %s %d is not in the group %s", op, what, peer,
-                     ranks_str(*g, buf, sizeof buf));
+                     ranks_str((*g)->ranks, (*g)->size, buf, sizeof buf));
     if (kind != GC_COLL_BROADCAST && peer == D.rank)
       return gc_fail(e, GCAP_EINVAL, "%s: %s %d is this rank itself", op, what, peer);
   }
