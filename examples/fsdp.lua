@@ -14,6 +14,10 @@
 -- multiples of 512 bytes: at most 512 for each of its 3 tensors a parameter).
 local gc = require "graphcap"
 
+if not gc.dist.is_available() then  -- a build without MPI
+  print("fsdp: graphcap was built without MPI")
+  return
+end
 gc.dist.init()
 local rank, N = gc.dist.rank(), gc.dist.world_size()
 local ROWS, IN, HID, OUT, STEPS = 8, 64, 64, 32, 3

@@ -13,6 +13,10 @@
 -- configs (1: the communication is hidden, at a fixed batch per rank).
 local gc = require "graphcap"
 
+if not gc.dist.is_available() then  -- a build without MPI
+  print("bench_dist: graphcap was built without MPI")
+  return
+end
 gc.dist.init()
 local rank, N = gc.dist.rank(), gc.dist.world_size()
 local L, H, B, ITERS = tonumber(arg[1] or 4), tonumber(arg[2] or 256), tonumber(arg[3] or 32),

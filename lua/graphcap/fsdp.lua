@@ -4,6 +4,7 @@
 --   local F = gc.fsdp.shard({l1, l2, l3} [, {group = g}])
 --   local opt = gc.optim.Adam(F:parameters())   -- the shards
 --   local y = F.units[3](F.units[2](F.units[1](x)))
+--   loss:backward(); F:finish_grads(); opt:step()
 --
 -- Each parameter p of a unit's module is kept as its 1/N shard (N ranks in
 -- the group; shard r holds elements r*n/N .. (r+1)*n/N - 1 of p flattened,
@@ -22,7 +23,9 @@
 --
 -- Graphing: graph the modules (F.modules) with
 -- capture_time_hooks = F:capture_time_hooks(): un-shard before each forward
--- and backward capture, re-shard after each backward. Then call the units
+-- and backward capture, re-shard once every forward has had its backward
+-- (warmup passes alike; no reduce-scatter: the grads of graphing are
+-- make_graphed_callables' own). Then call the units
 -- as before: the same un-shard, reduce-scatter and re-shard run around each
 -- replay.
 
