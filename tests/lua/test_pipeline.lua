@@ -199,6 +199,14 @@ function TestPipeline:test_errors ()
   assert_err(o{stages = 2, stage = 0, microbatches = 4, chunk = 2}, "unknown option 'chunk'")
   assert_err(function () return pipeline.steps({1, 0}) end, "order[2] must be a non-zero number")
   assert_err(function () return pipeline.entry(1, 4, 3) end, "microbatch 4 of 3")
+  local function run (t) return function () return pipeline.run(t) end end
+  local f = function () end
+  assert_err(run{stages = 2, stage = 2, microbatches = 2, call = f, input = f, loss = f},
+             "pipeline.run: stage must be an integer in 0..1")
+  assert_err(run{stages = 2, stage = 0, microbatches = 2, call = f, input = f},
+             "pipeline.run: call, input and loss must be functions")
+  assert_err(run{stages = 1, stage = 0, microbatches = 2, call = f, input = f, loss = f,
+                 delay_wgrad = true}, "pipeline.run: unknown option 'delay_wgrad'")
 end
 
 -- pipeline.run on one stage (every hand-off local): 2 chunks x 4
