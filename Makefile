@@ -83,7 +83,7 @@ endif
 .PHONY: all setup lua-module test test-c test-lua run examples bench bench-torch asan fuzz soak lint clean \
         install install-lib install-lua install-bin uninstall
 all: setup $(B)/libgraphcap.a $(SHLIB) $(B)/graphcap $(B)/lua/graphcap/core.so $(TEST_C) $(B)/embed \
-     $(B)/embed_custom
+     $(B)/embed_custom $(B)/embed_dist
 
 # Everything that needs Lua's headers, library or interpreter waits for this.
 setup:
@@ -185,6 +185,12 @@ $(B)/embed_custom: $(wildcard $(EC_DIR)/*.c) $(EC_DIR)/sqplus.h $(EC_OBJ) $(B)/l
 	$(say) CC $(EC_DIR)
 	$(Q)$(CC) $(CFLAGS) $(EC_DEF) -o $@ $(wildcard $(EC_DIR)/*.c) $(EC_OBJ) $(B)/libgraphcap.a \
 	  $(LDLIBS)
+
+# The distributed C host (run under mpirun by tests/lua/test_dist_training.lua).
+$(B)/embed_dist: $(wildcard examples/embed_dist/*.c) $(B)/libgraphcap.a
+	$(say) CC examples/embed_dist
+	$(Q)$(CC) $(CFLAGS) -o $@ $(wildcard examples/embed_dist/*.c) $(B)/libgraphcap.a $(LDLIBS) \
+	  $(MPI_LIBS)
 
 run: all
 	$(B)/graphcap examples/train_mlp.lua

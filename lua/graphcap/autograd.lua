@@ -121,4 +121,30 @@ function autograd.Function (name)
   return fn
 end
 
+-- The identity nodes of autograd.on_backward, one Function per name.
+local callbacks = {}
+
+-- autograd.on_backward(name, x, fn [, anchor]) -> y, x's values as a node
+-- named 'name': when backward reaches it (after the backward of everything
+-- computed from y), it runs fn() and passes y's grad on to x. anchor, a
+-- tensor that requires grad (a parameter), makes the node record when x
+-- needs no grad; it gets no grad from it. (gc.ddp and gc.fsdp run their
+-- collectives so, after a module's backward.)
+function autograd.on_backward (name, x, fn, anchor)
+  local f = callbacks[name]
+  if f == nil then
+    f = autograd.Function(name)
+    function f.forward (ctx, t, _, cb)
+      ctx.cb = cb
+      return t:detach()
+    end
+    function f.backward (ctx, g)
+      ctx.cb()
+      return ctx.needs_input_grad[1] and g or nil, nil, nil
+    end
+    callbacks[name] = f
+  end
+  return f.apply(x, anchor, fn)
+end
+
 return autograd

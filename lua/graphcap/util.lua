@@ -3,8 +3,8 @@
 
 local core = require "graphcap.core"
 
-local error, math, pairs, pcall, string, table, tostring, type =
-      error, math, pairs, pcall, string, table, tostring, type
+local error, getmetatable, math, pairs, pcall, require, string, table, tostring, type =
+      error, getmetatable, math, pairs, pcall, require, string, table, tostring, type
 _ENV = nil
 
 core._facade()
@@ -85,6 +85,23 @@ function util.zero_grad (czero)
     return czero(self, util.check("zero_grad", "set_to_none", opts.set_to_none,
                                   "boolean", true))
   end
+end
+
+-- The option 'group' of 'where' (ddp, fsdp): gc.dist initialised, and g nil
+-- (the world) or a gc.dist group holding this rank. Returns gc.dist, g, the
+-- group's size and its first world rank.
+function util.dist_group (where, g)
+  local dist = require("graphcap").dist
+  if not dist.is_initialized() then raise("%s: call gc.dist.init() first", where) end
+  if g == nil then return dist, nil, dist.world_size(), 0 end
+  if getmetatable(g) ~= core._metatables.DistGroup then
+    raise("%s: option group must be a gc.dist group, got %s", where, type(g))
+  end
+  if g:rank() < 0 then
+    raise("%s: rank %d is not in the group (world ranks %s)", where, dist.rank(),
+          table.concat(g:ranks(), ", "))
+  end
+  return dist, g, g:size(), g:ranks()[1]
 end
 
 -- pcall(fn, ...) with its results packed. The error, re-raised as it is

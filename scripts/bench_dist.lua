@@ -1,0 +1,138 @@
+-- bench_dist.lua: step times of distributed training, one JSON line per
+-- configuration (printed by rank 0):
+--   mpirun -np N build/graphcap [--device cuda] scripts/bench_dist.lua [L H B ITERS]
+-- (alone it runs at world size 1). A stack of L x (Linear(H, H) + GELU),
+-- batch B per rank, forward + backward of the mean square + SGD step:
+--   local        no distribution (the baseline of the efficiency)
+--   dp_eager     gc.ddp, eagerly
+--   dp_graphed   gc.ddp graphed: each layer's all-reduces inside its backward graph
+--   dp_outside   the plain layers graphed, the grads all-reduced after backward
+--   fsdp_eager / fsdp_graphed   gc.fsdp (graphed with its capture-time hooks)
+--   pp_eager / pp_graphed       2 chunks a stage, interleaved 1F1B, 4 microbatches
+-- efficiency = local / config step time for the data-parallel and sharded
+-- configs (1: the communication is hidden, at a fixed batch per rank).
+local gc = require "graphcap"
+
+if not gc.dist.is_available() then  -- a build without MPI
+  print("bench_dist: graphcap was built without MPI")
+  return
+end
+gc.dist.init()
+local rank, N = gc.dist.rank(), gc.dist.world_size()
+local L, H, B, ITERS = tonumber(arg[1] or 4), tonumber(arg[2] or 256), tonumber(arg[3] or 32),
+                       tonumber(arg[4] or 20)
+
+local function stack (n)
+  gc.manual_seed(1)
+  local ms = {}
+  for i = 1, n do ms[i] = gc.nn.Sequential(gc.nn.Linear(H, H), gc.nn.GELU()) end
+  return ms
+end
+local function params (ms)
+  local ps = {}
+  for _, m in ipairs(ms) do for _, p in ipairs(m:parameters()) do ps[#ps + 1] = p end end
+  return ps
+end
+local function samples (n, first_grad)
+  local s = {}
+  for i = 1, n do s[i] = {gc.zeros({B, H}, {requires_grad = i > 1 or first_grad})} end
+  return s
+end
+
+local x, y = gc.randn({B, H}), gc.randn({B, H})
+
+-- microseconds per call of step, after 3 untimed calls; the same on all ranks
+local function time_us (step)
+  for _ = 1, 3 do step() end
+  gc.dist.barrier()
+  gc.synchronize()
+  local t0 = gc.clock()
+  for _ = 1, ITERS do step() end
+  gc.synchronize()
+  local t = gc.full({}, (gc.clock() - t0) * 1e6 / ITERS)
+  gc.dist.all_reduce(t, {op = "max"})
+  return t:item()
+end
+
+-- a training step of the calls cs over ps (finish: after backward)
+local function trainer (cs, ps, finish)
+  local opt = gc.optim.SGD(ps, {lr = 1e-3})
+  return function ()
+    opt:zero_grad()
+    local h = x
+    for _, c in ipairs(cs) do h = c(h) end
+    gc.F.mse_loss(h, y):backward()
+    if finish then finish() end
+    opt:step()
+  end
+end
+
+-- one JSON line; efficiency against 'local' for the configs that train the
+-- same model on the same batch (not the pipeline's)
+local base
+local function report (name, us, no_efficiency)
+  base = base or us
+  if rank == 0 then
+    print(('{"config": "%s", "world_size": %d, "device": "%s", "L": %d, "H": %d, "B": %d, '
+           .. '"step_us": %.1f, "efficiency": %s}'):format(name, N, gc.device(), L, H, B, us,
+           no_efficiency and "null" or ("%.3f"):format(base / us)))
+    io.stdout:flush()
+  end
+end
+
+do
+  local ms = stack(L)
+  report("local", time_us(trainer(gc.make_graphed_callables(ms, samples(L)), params(ms))))
+end
+do
+  local ms = stack(L)
+  report("dp_eager", time_us(trainer(gc.ddp.wrap(ms), params(ms))))
+end
+do
+  local ms = stack(L)
+  local g = gc.make_graphed_callables(gc.ddp.wrap(ms), samples(L))
+  report("dp_graphed", time_us(trainer(g, params(ms))))
+end
+do
+  local ms = stack(L)
+  local ps = params(ms)
+  report("dp_outside", time_us(trainer(gc.make_graphed_callables(ms, samples(L)), ps, function ()
+    for _, p in ipairs(ps) do gc.dist.all_reduce(p.grad, {op = "avg"}) end
+  end)))
+end
+if (H * H) % N == 0 and H % N == 0 then
+  local F = gc.fsdp.shard(stack(L))
+  report("fsdp_eager", time_us(trainer(F.units, F:parameters(), function () F:finish_grads() end)))
+  local G = gc.fsdp.shard(stack(L))
+  gc.make_graphed_callables(G.modules, samples(L, true),
+                            {capture_time_hooks = G:capture_time_hooks()})
+  report("fsdp_graphed", time_us(trainer(G.units, G:parameters(),
+                                         function () G:finish_grads() end)))
+end
+do
+  local V, M = 2, 4
+  local order = gc.pipeline.order{stages = N, stage = rank, microbatches = M, chunks = V}
+  local function pp (cs, call)
+    local opt = gc.optim.SGD(params(cs), {lr = 1e-3})
+    return function ()
+      opt:zero_grad()
+      gc.pipeline.run{stages = N, stage = rank, microbatches = M, chunks = V, call = call,
+                      input = function () return x end, shape = {B, H},
+                      loss = function (_, h) return gc.F.mse_loss(h, y) end}
+      opt:step()
+    end
+  end
+  local cs = stack(V)
+  report("pp_eager", time_us(pp(cs, function (c, _, h) return cs[c](h) end)), true)
+  local gs, sample = stack(V), {}
+  for c = 1, V do
+    for b = 1, M do
+      sample[gc.pipeline.entry(c, b, M)] = {gc.zeros({B, H}, {requires_grad = rank + c > 1})}
+    end
+  end
+  local entries = gc.make_graphed_callables(gs, sample, {order = order})
+  report("pp_graphed", time_us(pp(gs, function (c, b, h)
+    return entries[gc.pipeline.entry(c, b, M)](h)
+  end)), true)
+end
+gc.dist.finalize()

@@ -1,0 +1,158 @@
+-- dist_training_checks.lua: checks of gc.ddp and gc.fsdp on N ranks, run by
+-- test_dist_training.lua under mpirun (not a suite of its own). Each check
+-- raises on failure, which ends the job with the rank's message; rank 0
+-- prints one "ok <name>" line per check passed.
+--   DDP: after an eager backward every rank holds the same grads, the average
+--   of the grads each rank's rows give one process (as summed in rank order);
+--   graphed, a backward replay calls no all_reduce from Lua and gives the
+--   eager grads bit for bit (the all-reduces are nodes of the graphs).
+--   FSDP: a shard's grad is its chunk of the DDP grad (bit for bit: both
+--   average in rank order); the full grads are dropped; un-shard after a
+--   step gathers every rank's updated shard; errors for a parameter that
+--   cannot be split evenly and for a group without this rank.
+--   Pipeline: 64 KB activations (sends that wait for their receive) run to
+--   the end; on 4 ranks, two pipelines of a 2 x 2 grid train alike.
+local gc = require "graphcap"
+
+gc.dist.init()
+local rank, N = gc.dist.rank(), gc.dist.world_size()
+local ROWS, W = 8, 8
+
+local function check (cond, fmt, ...)
+  if not cond then error(("rank %d: " .. fmt):format(rank, ...), 2) end
+end
+local function ok (name)
+  if rank == 0 then print("ok " .. name) end
+end
+local function flat (t) return t:view({t:numel()}):tolist() end
+local function same (a, b, what)
+  check(#a == #b, "%s: %d values, want %d", what, #a, #b)
+  for i = 1, #b do check(a[i] == b[i], "%s[%d]: %.9g, want %.9g", what, i, a[i], b[i]) end
+end
+
+local function layers ()
+  gc.manual_seed(4)
+  return {gc.nn.Sequential(gc.nn.Linear(W, W), gc.nn.GELU()), gc.nn.Linear(W, W)}
+end
+local function params (ls)
+  local ps = {}
+  for _, l in ipairs(ls) do for _, p in ipairs(l:parameters()) do ps[#ps + 1] = p end end
+  return ps
+end
+local function rows (phase, first, last)
+  local t = {}
+  for i = first, last do
+    t[#t + 1] = {}
+    for j = 1, W do t[#t][j] = math.cos(0.53 * (i * W + j) + phase) end
+  end
+  return gc.tensor(t)
+end
+local per = ROWS // N
+local function mine (phase, r) return rows(phase, r * per + 1, (r + 1) * per) end
+local function backward (ls, x, y) gc.F.mse_loss(ls[2](ls[1](x)), y):backward() end
+
+-- DDP eager: the average over the ranks of each rank's own grads
+local ddp = gc.ddp.wrap(layers())
+backward(ddp, mine(0, rank), mine(1, rank))
+local want = {}
+for r = 0, N - 1 do  -- what each rank's rows give, summed in rank order
+  local ls = layers()
+  backward(ls, mine(0, r), mine(1, r))
+  for k, p in ipairs(params(ls)) do want[k] = want[k] and want[k] + p.grad or p.grad end
+end
+for k, p in ipairs(params(ddp)) do
+  local avg = want[k] * gc.full({}, 1 / N)
+  local got, exp = flat(p.grad), flat(avg)
+  for i = 1, #exp do
+    check(math.abs(got[i] - exp[i]) <= 1e-7 * (1 + math.abs(exp[i])),
+          "ddp grad %d[%d]: %.9g, want the ranks' average %.9g", k, i, got[i], exp[i])
+  end
+  local all = gc.empty({N * p:numel()})
+  gc.dist.all_gather(all, p.grad)
+  local v = flat(all)
+  for i = 1, #v do check(v[i] == v[(i - 1) % p:numel() + 1], "ddp grad %d differs across ranks", k) end
+end
+ok("ddp eager grads are the ranks' average, the same on every rank")
+
+-- DDP graphed: the all-reduces are in the backward graphs: at replay no
+-- all_reduce is called from Lua, yet the grads are the eager (averaged) ones
+local sample = {{gc.zeros({per, W})}, {gc.zeros({per, W}, {requires_grad = true})}}
+local G = gc.make_graphed_callables(gc.ddp.wrap(layers()), sample)
+local all_reduce, calls = gc.dist.all_reduce, 0
+gc.dist.all_reduce = function (...) calls = calls + 1; return all_reduce(...) end
+backward(G, mine(0, rank), mine(1, rank))
+gc.dist.all_reduce = all_reduce
+check(calls == 0, "%d all_reduce calls from Lua during a replayed backward", calls)
+local gp = params(G)
+for k, p in ipairs(params(ddp)) do same(flat(gp[k].grad), flat(p.grad), "graphed ddp grad " .. k) end
+ok("ddp graphed: the all-reduces replay inside the backward graphs, grads = eager")
+
+-- FSDP: shard grads are chunks of the DDP grads; full grads dropped
+local F = gc.fsdp.shard(layers())
+backward(F.units, mine(0, rank), mine(1, rank))
+F:finish_grads()
+local shards = F:parameters()
+for k, p in ipairs(params(ddp)) do
+  local g, n = flat(p.grad), p:numel() // N
+  local chunk = {}
+  for i = rank * n + 1, (rank + 1) * n do chunk[#chunk + 1] = g[i] end
+  same(flat(shards[k].grad), chunk, "fsdp shard grad " .. k)
+end
+for k, p in ipairs(params(F.modules)) do check(p.grad == nil, "fsdp full grad %d kept", k) end
+ok("fsdp shard grads are this rank's chunks of the averaged grads; full grads dropped")
+
+-- a step changes the shards; the next forward gathers them all
+local opt = gc.optim.SGD(shards, {lr = 0.5})
+opt:step()
+F.units[1](mine(0, rank))
+for k, p in ipairs(params({F.modules[1]})) do
+  local all = gc.empty({p:numel()})
+  gc.dist.all_gather(all, shards[k])
+  same(flat(p), flat(all), "un-sharded parameter " .. k)
+end
+ok("fsdp un-shard after a step gathers every rank's updated shard")
+
+-- Pipeline: activations of 64 KB (past MPI's eager sends: a send waits for
+-- its receive) on every rank as one pipeline, and on 4 ranks as a 2 x 2
+-- grid: pipelines {0, 1} and {2, 3} (gc.dist groups) fed alike train alike,
+-- which the data-parallel groups {0, 2} and {1, 3} compare.
+local function pipeline_step (P, stage, group)
+  local B, H = 64, 256
+  gc.manual_seed(8)
+  local cs = {gc.nn.Linear(H, H), gc.nn.Linear(H, H)}
+  local x, y = gc.randn({B, H}), gc.randn({B, H})
+  local opt = gc.optim.SGD(params(cs), {lr = 0.1})
+  gc.pipeline.run{stages = P, stage = stage, microbatches = 4, chunks = 2, group = group,
+                  call = function (c, _, h) return cs[c](h) end, input = function () return x end,
+                  loss = function (_, h) return gc.F.mse_loss(h, y) end, shape = {B, H}}
+  opt:step()
+  return cs
+end
+pipeline_step(N, rank)
+ok("pipeline of 64 KB activations ran")
+if N == 4 then
+  local pp = {gc.dist.new_group({0, 1}), gc.dist.new_group({2, 3})}
+  local dp = {gc.dist.new_group({0, 2}), gc.dist.new_group({1, 3})}
+  local cs = pipeline_step(2, rank % 2, pp[rank // 2 + 1])
+  for k, p in ipairs(params(cs)) do
+    local both = gc.empty({2 * p:numel()})
+    gc.dist.all_gather(both, p:view({p:numel()}), {group = dp[rank % 2 + 1]})
+    local v, n = flat(both), p:numel()
+    for i = 1, n do check(v[i] == v[n + i], "grid: parameter %d differs between the pipelines", k) end
+  end
+  ok("pipelines as groups of a 2 x 2 grid")
+end
+
+if N > 1 then
+  local e1 = select(2, pcall(gc.fsdp.shard, {gc.nn.Linear(3, 3, {bias = false})}))
+  check(tostring(e1):find("parameter 'weight' of module 1 (Linear) has 9 elements, not a "
+                          .. "multiple of the " .. N .. " ranks", 1, true), "got %s", e1)
+  local g = gc.dist.new_group({0})
+  if rank ~= 0 then
+    local e2 = select(2, pcall(gc.ddp.wrap, layers(), {group = g}))
+    check(tostring(e2):find("ddp.wrap: rank " .. rank .. " is not in the group (world ranks 0)",
+                            1, true), "got %s", e2)
+  end
+  ok("fsdp and ddp errors name the parameter and the group")
+end
+gc.dist.finalize()

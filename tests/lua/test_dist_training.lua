@@ -1,0 +1,120 @@
+-- test_dist_training.lua: training across ranks (docs/distributed.md,
+-- "Training across ranks"), on 1, 2 and 4 ranks: examples/ddp.lua,
+-- examples/fsdp.lua, examples/pipeline_parallel.lua and build/embed_dist
+-- (each checks graphed = eager bit for bit and N ranks = one process on the
+-- global batch within its stated tolerance; fsdp also its bytes per rank)
+-- and dist_training_checks.lua, each run with mpirun (world size 1: alone)
+-- and passed when it exits 0 having printed what it checks. Skipped in a
+-- build without MPI.
+--   build/graphcap tests/lua/test_dist_training.lua -o tap
+
+local lu = require "luaunit"
+local gc = require "graphcap"
+
+if not gc.dist.is_available() then
+  print("1..0 # SKIP the distributed layer was not built (no MPI)")
+  os.exit(77)
+end
+
+local HERE = debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$")
+local ROOT = HERE .. "../../"
+local PROG = arg[-1]  -- the graphcap program: the first word of the command line
+for i = -1, -100, -1 do
+  if arg[i] == nil then break end
+  PROG = arg[i]
+end
+local BUILD = PROG:match("^(.-)[^/]*$")
+local AS_ROOT = io.popen("id -u"):read("l") == "0"
+
+-- Run cmd (a list of words after mpirun's) on n ranks (n = 1: alone);
+-- returns its output and whether it exited 0. Each run is limited to 120 s,
+-- so that a hang fails.
+local function launch (n, cmd)
+  local words = {"timeout", "120"}
+  if n > 1 then
+    words[#words + 1] = "mpirun"
+    if AS_ROOT then words[#words + 1] = "--allow-run-as-root" end
+    words[#words + 1] = "--oversubscribe"
+    words[#words + 1] = "-np " .. n
+  end
+  for _, w in ipairs(cmd) do words[#words + 1] = ("%q"):format(w) end
+  local p = io.popen(table.concat(words, " ") .. " 2>&1")
+  local out = p:read("a")
+  local ok = p:close()
+  return out, ok
+end
+
+local function script (n, path)
+  return launch(n, {PROG, "--device", gc.device(), ROOT .. path})
+end
+
+-- out holds each of the strings, count times (one per rank, or once)
+local function expect (out, ok, count, ...)
+  lu.assertTrue(ok, "exited non-zero:\n" .. out)
+  for _, s in ipairs{...} do
+    local seen, at = 0, 1
+    while true do
+      local i, j = out:find(s, at, true)
+      if not i then break end
+      seen, at = seen + 1, j + 1
+    end
+    lu.assertEquals(seen, count, ("'%s' in:\n%s"):format(s, out))
+  end
+end
+
+TestDistTraining = {}
+
+for _, n in ipairs{1, 2, 4} do
+  TestDistTraining["test_ddp_" .. n] = function ()
+    local out, ok = script(n, "examples/ddp.lua")
+    expect(out, ok, 1, "graphed parameters equal the eager ones bit for bit",
+           ("ddp: %d ranks vs one process on the global batch"):format(n),
+           "within 1e-6 + 1e-5|ref|")
+  end
+  TestDistTraining["test_fsdp_" .. n] = function ()
+    local out, ok = script(n, "examples/fsdp.lua")
+    expect(out, ok, 1, "graphed shards equal the eager ones bit for bit", "within 1e-5 + 1e-4|ref|")
+    expect(out, ok, n, ("(1/%d: "):format(n))
+  end
+  TestDistTraining["test_pipeline_" .. n] = function ()
+    local out, ok = script(n, "examples/pipeline_parallel.lua")
+    expect(out, ok, n, "graphed chunks equal the eager ones bit for bit", "within 1e-6 + 1e-5|ref|")
+  end
+  TestDistTraining["test_checks_" .. n] = function ()
+    local out, ok = script(n, "tests/lua/dist_training_checks.lua")
+    expect(out, ok, 1, "ok ddp eager grads", "ok ddp graphed", "ok fsdp shard grads",
+           "ok fsdp un-shard")
+    expect(out, ok, 1, "ok pipeline of 64 KB activations ran")
+    if n > 1 then expect(out, ok, 1, "ok fsdp and ddp errors") end
+    if n == 4 then expect(out, ok, 1, "ok pipelines as groups of a 2 x 2 grid") end
+  end
+  TestDistTraining["test_embed_dist_" .. n] = function ()
+    local prog = BUILD .. "embed_dist"
+    if not io.open(prog) then lu.skip("no " .. prog) end
+    local out, ok = launch(n, {prog})
+    expect(out, ok, n, "graphed shards equal the eager ones bit for bit", "within 1e-6 + 1e-5|ref|")
+  end
+end
+
+-- The examples fail (exit non-zero, naming what differs) when a check fails:
+-- fsdp with its all-gathers turned into sums breaks every check.
+function TestDistTraining:test_failures_are_reported ()
+  local f = os.tmpname()
+  local h = io.open(f, "w")
+  h:write(([[
+local gc = require "graphcap"
+local all_gather = gc.dist.all_gather
+gc.dist.all_gather = function (out, t, o)
+  all_gather(out, t, o)
+  gc.no_grad(function () out:copy_(out + out) end)
+end
+dofile(%q)
+]]):format(ROOT .. "examples/fsdp.lua"))
+  h:close()
+  local out, ok = launch(2, {PROG, "--device", gc.device(), f})
+  os.remove(f)
+  lu.assertTrue(not ok, "exited 0:\n" .. out)
+  lu.assertStrContains(out, "OUT OF TOLERANCE")
+end
+
+os.exit(lu.LuaUnit.run(), true)
