@@ -231,10 +231,23 @@ template <int DM_> struct att_tc : att_patch<DM_> {
 };
 
 /* Rows [r0, r0 + T) of x [.., n, w] of slice bh into the [T, DM] tile sh
-** (zeros past n and w); every thread of the block calls it. */
+** (zeros past n and w); every thread of the block calls it. bf16 rows as
+** wide as the tile, 16-byte aligned, are copied 16 bytes at a time. */
 template <class P>
 __device__ __forceinline__ void att_load(typename P::E *sh, const void *x, int dt, int64_t bh,
                                          int64_t n, int64_t w, int64_t r0) {
+  if constexpr (sizeof(typename P::E) == 2) { /* att_tc: bf16 data */
+    if (w == P::DM && (uintptr_t)x % 16 == 0) {
+      constexpr int PR = P::DM / 8; /* packs of a row */
+      for (int t = threadIdx.x; t < P::T * PR; t += ATT_THREADS) {
+        int r = t / PR, c8 = t % PR;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r0 + r < n) v = ((const uint4 *)x)[(bh * n + r0 + r) * PR + c8];
+        *(uint4 *)(sh + r * P::LD + c8 * 8) = v;
+      }
+      return;
+    }
+  }
   for (int t = threadIdx.x; t < P::T * P::DM; t += ATT_THREADS) {
     int r = t / P::DM, col = t % P::DM;
     att_put(sh + r * P::LD + col,
