@@ -253,12 +253,14 @@ typedef enum gcap_mask_kind { GCAP_MASK_ADD = 0, GCAP_MASK_BOOL = 1 } gcap_mask_
 ** column masked out is all zeros (its grads too). The mask gets no grad. */
 gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
                                 gcap_mask_kind kind, int causal, gcap_tensor **out);
-/* How attention runs: GCAP_SDPA_AUTO is the fused kernels on cuda (head dims
-** up to GCAP_SDPA_FUSED_DMAX) and the composition elsewhere. The composition
-** (matmul, softmax, dropout, matmul, each its own op and node) keeps the
-** weights [..., Sq, Sk] for its backward; the fused kernels keep two floats
-** a row and recompute the weights, and on the host equal the composition
-** bit for bit in f32. */
+/* How attention runs: GCAP_SDPA_AUTO is the composition on every backend
+** (on cuda, cuBLAS's batched GEMMs ran several times faster than earlier
+** fused kernels; docs/lua-api.md has the figures), GCAP_SDPA_FUSED is asked
+** for by name. The composition (matmul, softmax, dropout, matmul, each its
+** own op and node) keeps the weights [..., Sq, Sk] for its backward; the
+** fused kernels (head dims up to GCAP_SDPA_FUSED_DMAX) keep two floats a row
+** and recompute the weights tile by tile, and on the host equal the
+** composition bit for bit in f32. */
 typedef enum gcap_sdpa_impl {
   GCAP_SDPA_AUTO = 0,
   GCAP_SDPA_COMPOSED = 1,

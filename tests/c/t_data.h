@@ -144,26 +144,39 @@ static inline gcap_status f_embedding(gcap_tensor *const *x, gcap_tensor **y) {
   return st;
 }
 
-/* attention: plain; causal with dropout (seeded); with a boolean mask x[3] */
+/* attention by impl: plain, or causal with dropout (seeded), with a boolean
+** mask when given */
+static inline gcap_status t_sdpa(gcap_tensor *const *x, int causal_dropout, gcap_tensor *mask,
+                                 gcap_sdpa_impl impl, gcap_tensor **y) {
+  gcap_sdpa_opts o = {.attn_mask = mask,
+                      .mask_kind = GCAP_MASK_BOOL,
+                      .is_causal = causal_dropout,
+                      .dropout_p = causal_dropout ? 0.2 : 0.0,
+                      .impl = impl};
+  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
+}
+/* the default impl: plain; causal with dropout; with a boolean mask x[3] */
 static inline gcap_status f_sdpa(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], NULL, y);
+  return t_sdpa(x, 0, NULL, GCAP_SDPA_AUTO, y);
 }
 static inline gcap_status f_sdpa_causal_dropout(gcap_tensor *const *x, gcap_tensor **y) {
-  gcap_sdpa_opts o = {.is_causal = 1, .dropout_p = 0.2};
-  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
+  return t_sdpa(x, 1, NULL, GCAP_SDPA_AUTO, y);
 }
 static inline gcap_status f_sdpa_mask(gcap_tensor *const *x, gcap_tensor **y) {
-  gcap_sdpa_opts o = {.attn_mask = x[3], .mask_kind = GCAP_MASK_BOOL};
-  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
+  return t_sdpa(x, 0, x[3], GCAP_SDPA_AUTO, y);
 }
-/* the fused kernels, with a boolean mask x[3], causal and dropout (seeded) */
+/* the fused kernels: the same three, and all at once (mask x[3]) */
+static inline gcap_status f_sdpa_fz(gcap_tensor *const *x, gcap_tensor **y) {
+  return t_sdpa(x, 0, NULL, GCAP_SDPA_FUSED, y);
+}
+static inline gcap_status f_sdpa_fz_causal_dropout(gcap_tensor *const *x, gcap_tensor **y) {
+  return t_sdpa(x, 1, NULL, GCAP_SDPA_FUSED, y);
+}
+static inline gcap_status f_sdpa_fz_mask(gcap_tensor *const *x, gcap_tensor **y) {
+  return t_sdpa(x, 0, x[3], GCAP_SDPA_FUSED, y);
+}
 static inline gcap_status f_sdpa_fused(gcap_tensor *const *x, gcap_tensor **y) {
-  gcap_sdpa_opts o = {.attn_mask = x[3],
-                      .mask_kind = GCAP_MASK_BOOL,
-                      .is_causal = 1,
-                      .dropout_p = 0.2,
-                      .impl = GCAP_SDPA_FUSED};
-  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
+  return t_sdpa(x, 1, x[3], GCAP_SDPA_FUSED, y);
 }
 
 #endif

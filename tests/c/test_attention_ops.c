@@ -231,7 +231,8 @@ static void test_sdpa_capture_replay(void) {
 }
 
 /* The fused kernels and the composition give the same f32 bits on the host
-** (output and the three grads), with a causal boolean mask and dropout. */
+** (output and the three grads), with a causal boolean mask and dropout; on
+** cuda they agree within a tolerance. */
 static void test_sdpa_fused_equals_composed(void) {
   gcap_engine *e = t_engine();
   T_REQUIRE(e != NULL);
@@ -271,9 +272,22 @@ static void test_sdpa_fused_equals_composed(void) {
     }
     gcap_tensor_free(y), gcap_tensor_free(p), gcap_tensor_free(l);
   }
-  for (int k = 0; k < 4; k++)
-    if (memcmp(got[0][k], got[1][k], sizeof got[0][k]) != 0)
-      T_FAILF("fused == composed", "part %d (output, then the grads of q, k, v) differs", k);
+  for (int k = 0; k < 4; k++) {
+    if (t_device() == GCAP_DEVICE_HOST) {
+      if (memcmp(got[0][k], got[1][k], sizeof got[0][k]) != 0)
+        T_FAILF("fused == composed", "part %d (output, then the grads of q, k, v) differs", k);
+      continue;
+    }
+    /* cuda's fused kernels sum the keys in another order than its GEMMs: within
+    ** the parity rows' f32 tolerance */
+    for (int j = 0; j < N; j++)
+      if (!(fabsf(got[1][k][j] - got[0][k][j]) <= 1e-4f + 1e-4f * fabsf(got[0][k][j]))) {
+        T_FAILF("fused ~ composed",
+                "part %d (output, then the grads of q, k, v) [%d]: %.9g vs %.9g", k, j,
+                (double)got[1][k][j], (double)got[0][k][j]);
+        break;
+      }
+  }
   for (int i = 0; i < 3; i++)
     gcap_tensor_free(in[i]);
   gcap_tensor_free(r), gcap_tensor_free(m);

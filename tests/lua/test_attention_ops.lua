@@ -379,8 +379,9 @@ function TestAttentionOps:test_sdpa_values_and_grads ()
 end
 
 -- With dropout, the op is the composition of the ops it names: equal to
--- matmul, softmax, dropout and matmul drawn from the same seed, bit for
--- bit; captured with its backward, it replays to eager's values.
+-- matmul, softmax, dropout and matmul drawn from the same seed, bit for bit
+-- on the host; captured with its backward, it replays to eager's values bit
+-- for bit on every backend.
 function TestAttentionOps:test_sdpa_dropout_composition_and_replay ()
   local function t (shape, ph) return gc.tensor(H.nest(H.values(numel(shape), ph), shape),
                                                 {requires_grad = true}) end
@@ -392,7 +393,12 @@ function TestAttentionOps:test_sdpa_dropout_composition_and_replay ()
   gc.manual_seed(11)
   local s = gc.matmul(q, k:transpose(-1, -2))
   local p = gc.F.dropout(gc.F.softmax(s, {scale = 0.4, causal = true, mask_bool = mask}), 0.3)
-  H.assert_bitwise(H.flat(y:tolist()), H.flat(gc.matmul(p, v):tolist()), "composed")
+  if gc.device() == "host" then
+    H.assert_bitwise(H.flat(y:tolist()), H.flat(gc.matmul(p, v):tolist()), "composed")
+  else  -- the op multiplies by k transposed in the GEMM, this by a transposed copy of k:
+    -- cuBLAS picks another algorithm for each layout, summing in another order
+    H.assert_close(H.flat(y:tolist()), H.flat(gc.matmul(p, v):tolist()), 1e-5, 1e-4, "composed")
+  end
   local r = gc.tensor(H.nest(H.values(2 * 2 * 6 * 8, 1.3), {2, 2, 6, 8}))
   local function step ()
     local o = gc.F.scaled_dot_product_attention(q, k, v, opts)
@@ -411,8 +417,9 @@ function TestAttentionOps:test_sdpa_dropout_composition_and_replay ()
   for i, x in ipairs{q, k, v} do H.assert_bitwise(x.grad:tolist(), want[i], "replayed grad " .. i) end
 end
 
--- The fused kernels (the host's references here) against the composition:
--- f32 outputs and the grads of q, k and v equal bit for bit, with masks,
+-- The fused kernels against the composition: f32 outputs and the grads of
+-- q, k and v equal bit for bit on the host (within the parity tolerance on
+-- cuda, whose fused kernels sum in another order than its GEMMs), with masks,
 -- causal, dropout, a scale, Sq /= Sk and D /= Dv; bf16 within its rounding.
 function TestAttentionOps:test_sdpa_fused_equals_composed ()
   local function t (shape, ph, dt)
@@ -456,8 +463,10 @@ function TestAttentionOps:test_sdpa_fused_equals_composed ()
       end
       for i, what in ipairs{"output", "grad q", "grad k", "grad v"} do
         local name = string.format("case %d %s %s", ci, dt, what)
-        if dt == "f32" then
+        if dt == "f32" and gc.device() == "host" then
           H.assert_bitwise(res.fused[i], res.composed[i], name)
+        elseif dt == "f32" then
+          H.assert_close(res.fused[i], res.composed[i], 1e-4, 1e-4, name)
         else  -- the composition rounds its scores and weights to bf16
           H.assert_close(res.fused[i], res.composed[i], 0.05, 0.05, name)
         end

@@ -1,25 +1,37 @@
 /*
 ** k_attn.cu: GC_K_ATTN, GC_K_ATTN_BWD_DQ and GC_K_ATTN_BWD_DKV: attention in
-** three kernels that never store the weights [BH, Sq, Sk].
+** three kernels that never store the weights [BH, Sq, Sk] (flash attention:
+** the forward keeps a row's max and sum, the backward recomputes the
+** weights from them, tile by tile).
 **
-** One thread per query row (forward, dq) or key row (dk, dv), its vectors in
-** registers (head dims up to DM, a template of 32, 64 or 128); the other
-** side's rows go through shared memory in tiles of ATT_T. The forward makes
-** the row's max, sum of exp(z - max) and output in one pass over the keys
-** (the output rescaled when the max grows); the backward recomputes the
-** weights from those two floats, with D_i = do_i . o_i. Every sum runs in a fixed order and no
-*atomics are used: a replay
-** computes what an eager call does, bit for bit. The sums' order differs from
-** the host's (the composition's), so results match within tolerance.
-** Dropout draws what GC_K_DROPOUT draws for the same element of the weights.
+** A block of ATT_THREADS threads takes one tile of T rows of one (batch,
+** head): query rows (forward, dq) or key rows (dk, dv). The other side's rows
+** go through shared memory in tiles of T as well. The threads form a 16 x 8
+** grid, thread (ty, tx) owning rows ty + 16 r and columns tx + 8 c of every
+** [T, T] and [T, DM] tile: the element-wise work (masks, softmax, dropout,
+** dS) is done on these patches, held in registers. The tile products
+** (scores q k^T, dP = do v^T, then weights times v, dS times k, ...) are
+** made by the threads in f32 on f32 data (att_simt), on the tensor cores on
+** bf16 data (att_tc: bf16 operands, the weights and dS rounded to bf16 as the
+** composition rounds them, f32 sums). The softmax is online: a tile's row
+** max and sum are combined over the 8 threads of a row by shuffles (lanes of
+** one warp), and what was summed is rescaled when the max grows. Head dims
+** up to DM (32, 64 or 128).
+**
+** Every sum runs in a fixed order and no atomics are used (dq and dk, dv
+** are separate kernels): a run, and a replay, gives the same bits every
+** time. The order differs from the host's (the composition's), so results
+** match within tolerance. Dropout draws what GC_K_DROPOUT draws for the same
+** element of the weights.
 */
 #include <math.h>
+#include <mma.h>
 
 #include "common.cuh"
 #include "runtime/rng.h"
 
-#define ATT_ROWS 64 /* threads (rows) per block */
-#define ATT_T 32    /* rows of the other side per shared tile */
+#define ATT_THREADS 128 /* a block: 16 x 8 threads */
+#define ATT_FULL 0xffffffffu
 
 /* The problem, as the kernels read it from gc_kargs. */
 struct cu_att {
@@ -28,17 +40,11 @@ struct cu_att {
   int dt;
 };
 
-/* z = scale q.k_j (q in registers, k_j in shared memory), then the mask and
-** causal (-INFINITY: masked out). */
-template <int DM>
-__device__ __forceinline__ float att_z(const cu_att &c, const float *q, const float *kj,
-                                       const void *mask, int64_t bh, int64_t i, int64_t j) {
-  float s = 0.0f;
-#pragma unroll
-  for (int l = 0; l < DM; l++)
-    if (l < c.d) s += q[l] * kj[l];
-  float z = s * c.scale;
-  if ((c.flags & GC_MASK_CAUSAL) && j > i) return -INFINITY;
+/* z, the scaled score of query i and key j, with causal and the mask:
+** -INFINITY where masked out, and past the rows (i >= Sq or j >= Sk). */
+__device__ __forceinline__ float att_mask(const cu_att &c, float z, const void *mask, int64_t bh,
+                                          int64_t i, int64_t j) {
+  if (i >= c.sq || j >= c.sk || ((c.flags & GC_MASK_CAUSAL) && j > i)) return -INFINITY;
   if (mask) {
     const int64_t sh4[4] = {c.bh / c.heads, c.heads, c.sq, c.sk};
     float m = cu_load(mask, gc_mask_index((bh * c.sq + i) * c.sk + j, sh4, c.flags),
@@ -55,31 +61,240 @@ __device__ __forceinline__ float att_keep(const cu_att &c, const uint64_t *head,
   return gc_rng_uniform(head[0], head[1] + (uint64_t)e) >= c.p ? 1.0f / (1.0f - c.p) : 0.0f;
 }
 
-/* rows [r0, r0 + ATT_T) of x [.., n, w] of slice bh into sh [ATT_T][DM] as
-** floats (zeros past n and w); every thread of the block calls it. */
-template <int DM>
-__device__ __forceinline__ void att_tile(float *sh, const void *x, int dt, int64_t bh, int64_t n,
-                                         int64_t w, int64_t r0) {
-  for (int t = threadIdx.x; t < ATT_T * DM; t += blockDim.x) {
-    int64_t r = r0 + t / DM, col = t % DM;
-    sh[t] = r < n && col < w ? cu_load(x, (bh * n + r) * w + col, dt) : 0.0f;
+/* The weight of z in a row with stats (mx, sum). */
+__device__ __forceinline__ float att_p(float z, float mx, float sum) {
+  return mx == -INFINITY || z == -INFINITY ? 0.0f : expf(z - mx) / sum;
+}
+
+/* v combined over the 8 threads of a patch row (lanes tx = 0..7 of one
+** warp): the same butterfly, so the same bits, in each of them. */
+__device__ __forceinline__ float att_row_sum(float v) {
+  for (int w = 1; w < 8; w *= 2)
+    v += __shfl_xor_sync(ATT_FULL, v, w);
+  return v;
+}
+__device__ __forceinline__ float att_row_max(float v) {
+  for (int w = 1; w < 8; w *= 2)
+    v = fmaxf(v, __shfl_xor_sync(ATT_FULL, v, w));
+  return v;
+}
+
+/* A tile element as a float, and a float stored as one. */
+__device__ __forceinline__ float att_get(float x) {
+  return x;
+}
+__device__ __forceinline__ float att_get(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ void att_put(float *p, float v) {
+  *p = v;
+}
+__device__ __forceinline__ void att_put(__nv_bfloat16 *p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
+
+/* The tiles of head dim DM: T rows (64, 32 at DM 128, for registers and
+** shared memory); a thread's patch is R rows by C columns of a [T, T] tile,
+** R by CD of a [T, DM] one. */
+template <int DM_> struct att_patch {
+  static constexpr int DM = DM_, T = DM > 64 ? 32 : 64, R = T / 16, C = T / 8, CD = DM / 8;
+};
+
+/* The tile products in f32 by the threads, each computing its own patch:
+** rows of [T, DM] tiles are LD floats apart, of [T, T] tiles PL (odd: a
+** column's rows fall in distinct banks). */
+template <int DM_> struct att_simt : att_patch<DM_> {
+  typedef att_patch<DM_> B;
+  typedef float E;
+  static constexpr int LD = DM_ + 1, PL = B::T + 1, SCR = 0;
+
+  /* s = a_i . b_j over DM for the thread's (i, j) of a [T, T] product: a and
+  ** b [T, DM] tiles, both read along their rows */
+  static __device__ __forceinline__ void nt(float (&s)[B::R][B::C], const E *a, const E *b,
+                                            float *) {
+    const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
+#pragma unroll
+    for (int r = 0; r < B::R; r++)
+#pragma unroll
+      for (int c = 0; c < B::C; c++)
+        s[r][c] = 0.0f;
+#pragma unroll 4
+    for (int l = 0; l < B::DM; l++) {
+      float av[B::R], bv[B::C];
+#pragma unroll
+      for (int r = 0; r < B::R; r++)
+        av[r] = a[(ty + 16 * r) * LD + l];
+#pragma unroll
+      for (int c = 0; c < B::C; c++)
+        bv[c] = b[(tx + 8 * c) * LD + l];
+#pragma unroll
+      for (int r = 0; r < B::R; r++)
+#pragma unroll
+        for (int c = 0; c < B::C; c++)
+          s[r][c] += av[r] * bv[c];
+    }
+  }
+
+  /* acc += sum_k p[i][k] b[k][l] for the thread's (i, l) of a [T, DM]
+  ** product: p a [T, T] tile, b a [T, DM] one */
+  static __device__ __forceinline__ void nn(float (&acc)[B::R][B::CD], const E *p, const E *b,
+                                            float *) {
+    const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
+#pragma unroll 4
+    for (int k = 0; k < B::T; k++) {
+      float pv[B::R], bv[B::CD];
+#pragma unroll
+      for (int r = 0; r < B::R; r++)
+        pv[r] = p[(ty + 16 * r) * PL + k];
+#pragma unroll
+      for (int c = 0; c < B::CD; c++)
+        bv[c] = b[k * LD + tx + 8 * c];
+#pragma unroll
+      for (int r = 0; r < B::R; r++)
+#pragma unroll
+        for (int c = 0; c < B::CD; c++)
+          acc[r][c] += pv[r] * bv[c];
+    }
+  }
+};
+
+/* The tile products of bf16 data on the tensor cores (16 x 16 x 16
+** fragments, f32 sums): the warps share out the result's fragments and
+** store them to the f32 scratch scr, from which each thread takes its patch.
+** Rows of bf16 tiles are LD or PL elements apart, of the scratch SL or SD
+** floats (multiples of 8: the fragments' rows stay 32-byte aligned). */
+template <int DM_> struct att_tc : att_patch<DM_> {
+  typedef att_patch<DM_> B;
+  typedef __nv_bfloat16 E;
+  static constexpr int LD = DM_ + 8, PL = B::T + 8, SL = B::T + 8, SD = DM_ + 8;
+  static constexpr int SCR = B::T * (SL > SD ? SL : SD), WARPS = ATT_THREADS / 32;
+  typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc_frag;
+  typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, E, nvcuda::wmma::row_major>
+      a_frag;
+
+  /* s = a_i . b_j: the fragment products of a and b [T, DM], b read as
+  ** b^T (column-major) */
+  static __device__ __forceinline__ void nt(float (&s)[B::R][B::C], const E *a, const E *b,
+                                            float *scr) {
+    using namespace nvcuda;
+    const int ty = threadIdx.x / 8, tx = threadIdx.x % 8, n = B::T / 16;
+    for (int f = threadIdx.x / 32; f < n * n; f += WARPS) {
+      const int fi = f / n, fj = f % n;
+      acc_frag fc;
+      a_frag fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major> fb;
+      wmma::fill_fragment(fc, 0.0f);
+#pragma unroll
+      for (int k0 = 0; k0 < B::DM; k0 += 16) {
+        wmma::load_matrix_sync(fa, a + fi * 16 * LD + k0, LD);
+        wmma::load_matrix_sync(fb, b + fj * 16 * LD + k0, LD);
+        wmma::mma_sync(fc, fa, fb, fc);
+      }
+      wmma::store_matrix_sync(scr + fi * 16 * SL + fj * 16, fc, SL, wmma::mem_row_major);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < B::R; r++)
+#pragma unroll
+      for (int c = 0; c < B::C; c++)
+        s[r][c] = scr[(ty + 16 * r) * SL + tx + 8 * c];
+    __syncthreads(); /* scr free again */
+  }
+
+  /* acc += p b: the fragment products of p [T, T] and b [T, DM] */
+  static __device__ __forceinline__ void nn(float (&acc)[B::R][B::CD], const E *p, const E *b,
+                                            float *scr) {
+    using namespace nvcuda;
+    const int ty = threadIdx.x / 8, tx = threadIdx.x % 8, n = B::DM / 16;
+    for (int f = threadIdx.x / 32; f < B::T / 16 * n; f += WARPS) {
+      const int fi = f / n, fj = f % n;
+      acc_frag fc;
+      a_frag fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major> fb;
+      wmma::fill_fragment(fc, 0.0f);
+#pragma unroll
+      for (int k0 = 0; k0 < B::T; k0 += 16) {
+        wmma::load_matrix_sync(fa, p + fi * 16 * PL + k0, PL);
+        wmma::load_matrix_sync(fb, b + k0 * LD + fj * 16, LD);
+        wmma::mma_sync(fc, fa, fb, fc);
+      }
+      wmma::store_matrix_sync(scr + fi * 16 * SD + fj * 16, fc, SD, wmma::mem_row_major);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < B::R; r++)
+#pragma unroll
+      for (int c = 0; c < B::CD; c++)
+        acc[r][c] += scr[(ty + 16 * r) * SD + tx + 8 * c];
+    __syncthreads();
+  }
+};
+
+/* Rows [r0, r0 + T) of x [.., n, w] of slice bh into the [T, DM] tile sh
+** (zeros past n and w); every thread of the block calls it. bf16 rows as
+** wide as the tile, 16-byte aligned, are copied 16 bytes at a time. */
+template <class P>
+__device__ __forceinline__ void att_load(typename P::E *sh, const void *x, int dt, int64_t bh,
+                                         int64_t n, int64_t w, int64_t r0) {
+  if constexpr (sizeof(typename P::E) == 2) { /* att_tc: bf16 data */
+    if (w == P::DM && (uintptr_t)x % 16 == 0) {
+      constexpr int PR = P::DM / 8; /* packs of a row */
+      for (int t = threadIdx.x; t < P::T * PR; t += ATT_THREADS) {
+        int r = t / PR, c8 = t % PR;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r0 + r < n) v = ((const uint4 *)x)[(bh * n + r0 + r) * PR + c8];
+        *(uint4 *)(sh + r * P::LD + c8 * 8) = v;
+      }
+      return;
+    }
+  }
+  for (int t = threadIdx.x; t < P::T * P::DM; t += ATT_THREADS) {
+    int r = t / P::DM, col = t % P::DM;
+    att_put(sh + r * P::LD + col,
+            r0 + r < n && col < w ? cu_load(x, (bh * n + r0 + r) * w + col, dt) : 0.0f);
   }
 }
 
-/* this thread's row r of x [.., n, w] of slice bh into v[DM] */
-template <int DM>
-__device__ __forceinline__ void att_row(float *v, const void *x, int dt, int64_t bh, int64_t n,
-                                        int64_t w, int64_t r) {
+/* The thread's patch of a [T, DM] result, rows [r0, ..) of slice bh of x
+** [.., n, w], stored where inside n and w. */
+template <class P>
+__device__ __forceinline__ void att_store(void *x, int dt, int64_t bh, int64_t n, int64_t w,
+                                          int64_t r0, const float (&acc)[P::R][P::CD]) {
+  const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
 #pragma unroll
-  for (int l = 0; l < DM; l++)
-    v[l] = r < n && l < w ? cu_load(x, (bh * n + r) * w + l, dt) : 0.0f;
+  for (int r = 0; r < P::R; r++) {
+    int64_t i = r0 + ty + 16 * r;
+#pragma unroll
+    for (int c = 0; c < P::CD; c++)
+      if (i < n && tx + 8 * c < w) cu_store(x, (bh * n + i) * w + tx + 8 * c, dt, acc[r][c]);
+  }
 }
 
-template <int DM>
-static __global__ void k_attn(void *o, const void *q, const void *k, const void *v, float *stats,
-                              const void *mask, const uint64_t *rng, cu_att c) {
-  __shared__ __align__(16) float ks[ATT_T * DM], vs[ATT_T * DM];
-  const int64_t rows = c.bh * c.sq;
+/* Shared memory of kernel k in bytes: [T, DM] tiles, [T, T] tiles, the
+** scratch, and (dk, dv) the query rows' stats. Every part's size is a
+** multiple of 32 bytes, so each starts aligned as the fragments need. */
+template <class P> static constexpr size_t att_smem(int k) {
+  return ((k == GC_K_ATTN ? 3 : 4) * P::T * P::LD +
+          (k == GC_K_ATTN_BWD_DKV ? 2 : 1) * P::T * P::PL) *
+             sizeof(typename P::E) +
+         (P::SCR + (k == GC_K_ATTN_BWD_DKV ? 3 * P::T : 0)) * sizeof(float);
+}
+
+/* The forward: the block's query tile against every key tile up to the
+** last one causal leaves unmasked; per row its max m, sum l and output,
+** rescaled by exp(m_old - m_new) when a tile raises the max. */
+template <class P>
+static __global__ void __launch_bounds__(ATT_THREADS)
+    k_attn(void *o, const void *q, const void *k, const void *v, float *stats, const void *mask,
+           const uint64_t *rng, cu_att c) {
+  typedef typename P::E E;
+  constexpr int T = P::T;
+  extern __shared__ __align__(128) unsigned char att_sm[];
+  E *qs = (E *)att_sm, *ks = qs + T * P::LD, *vs = ks + T * P::LD, *ps = vs + T * P::LD;
+  float *scr = (float *)(ps + T * P::PL);
+  const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
+  const int64_t rows = c.bh * c.sq, i0 = (int64_t)blockIdx.x * T;
+  const int64_t jend = (c.flags & GC_MASK_CAUSAL) && i0 + T < c.sk ? i0 + T : c.sk;
   uint64_t head[2] = {0, 0};
   if (rng) head[0] = rng[0], head[1] = rng[1];
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
@@ -87,179 +302,236 @@ static __global__ void k_attn(void *o, const void *q, const void *k, const void 
     h[0] = head[0], h[1] = head[1];
   }
   for (int64_t bh = blockIdx.y; bh < c.bh; bh += gridDim.y) {
-    const int64_t i = (int64_t)blockIdx.x * ATT_ROWS + threadIdx.x;
-    float qr[DM], acc[DM];
-    att_row<DM>(qr, q, c.dt, bh, c.sq, c.d, i);
-    float mx = -INFINITY, sum = 0.0f;
+    float acc[P::R][P::CD], mx[P::R], sum[P::R];
 #pragma unroll
-    for (int l = 0; l < DM; l++)
-      acc[l] = 0.0f;
-    for (int64_t j0 = 0; j0 < c.sk; j0 += ATT_T) { /* one pass: the max, sum and output online */
-      __syncthreads();
-      att_tile<DM>(ks, k, c.dt, bh, c.sk, c.d, j0);
-      att_tile<DM>(vs, v, c.dt, bh, c.sk, c.dv, j0);
-      __syncthreads();
-      for (int jj = 0; jj < ATT_T && j0 + jj < c.sk && i < c.sq; jj++) {
-        float z = att_z<DM>(c, qr, ks + jj * DM, mask, bh, i, j0 + jj), w;
-        if (z == -INFINITY) continue;
-        if (z > mx) { /* a new max: what was summed so far is rescaled */
-          float corr = expf(mx - z);
-          sum = sum * corr + 1.0f;
+    for (int r = 0; r < P::R; r++) {
+      mx[r] = -INFINITY, sum[r] = 0.0f;
 #pragma unroll
-          for (int l = 0; l < DM; l++)
-            acc[l] *= corr;
-          mx = z;
-          w = 1.0f;
-        } else {
-          w = expf(z - mx);
-          sum += w;
+      for (int l = 0; l < P::CD; l++)
+        acc[r][l] = 0.0f;
+    }
+    __syncthreads(); /* the last slice's readers are done */
+    att_load<P>(qs, q, c.dt, bh, c.sq, c.d, i0);
+    for (int64_t j0 = 0; j0 < jend; j0 += T) {
+      float s[P::R][P::C];
+      __syncthreads();
+      att_load<P>(ks, k, c.dt, bh, c.sk, c.d, j0);
+      att_load<P>(vs, v, c.dt, bh, c.sk, c.dv, j0);
+      __syncthreads();
+      P::nt(s, qs, ks, scr);
+#pragma unroll
+      for (int r = 0; r < P::R; r++) {
+        const int64_t i = i0 + ty + 16 * r;
+        float tmax = -INFINITY, part = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < P::C; cc++) {
+          s[r][cc] = att_mask(c, s[r][cc] * c.scale, mask, bh, i, j0 + tx + 8 * cc);
+          tmax = fmaxf(tmax, s[r][cc]);
         }
-        w *= att_keep(c, head, (bh * c.sq + i) * c.sk + j0 + jj);
+        const float m = fmaxf(mx[r], att_row_max(tmax));
+        const float corr = m == -INFINITY ? 1.0f : expf(mx[r] - m);
 #pragma unroll
-        for (int l = 0; l < DM; l++)
-          acc[l] += w * vs[jj * DM + l];
+        for (int cc = 0; cc < P::C; cc++) {
+          const int64_t j = j0 + tx + 8 * cc;
+          float w = s[r][cc] == -INFINITY ? 0.0f : expf(s[r][cc] - m);
+          part += w;
+          if (w != 0.0f) w *= att_keep(c, head, (bh * c.sq + i) * c.sk + j);
+          att_put(ps + (ty + 16 * r) * P::PL + tx + 8 * cc, w);
+        }
+        sum[r] = sum[r] * corr + att_row_sum(part);
+        mx[r] = m;
+#pragma unroll
+        for (int l = 0; l < P::CD; l++)
+          acc[r][l] *= corr;
+      }
+      __syncthreads();
+      P::nn(acc, ps, vs, scr);
+    }
+#pragma unroll
+    for (int r = 0; r < P::R; r++) {
+      const int64_t i = i0 + ty + 16 * r;
+#pragma unroll
+      for (int l = 0; l < P::CD; l++)
+        acc[r][l] = mx[r] == -INFINITY ? 0.0f : acc[r][l] / sum[r];
+      if (tx == 0 && i < c.sq) {
+        stats[GC_ATTN_HEAD + bh * c.sq + i] = mx[r];
+        stats[GC_ATTN_HEAD + rows + bh * c.sq + i] = sum[r];
       }
     }
-#pragma unroll
-    for (int l = 0; l < DM; l++)
-      acc[l] = mx == -INFINITY ? 0.0f : acc[l] / sum;
-    if (i < c.sq) {
-#pragma unroll
-      for (int l = 0; l < DM; l++) /* constant indices: acc stays in registers */
-        if (l < c.dv) cu_store(o, (bh * c.sq + i) * c.dv + l, c.dt, acc[l]);
-      stats[GC_ATTN_HEAD + bh * c.sq + i] = mx;
-      stats[GC_ATTN_HEAD + rows + bh * c.sq + i] = sum;
-    }
+    att_store<P>(o, c.dt, bh, c.sq, c.dv, i0, acc);
   }
-}
-
-/* The weight of z in a row with stats (mx, sum). */
-__device__ __forceinline__ float att_p(float z, float mx, float sum) {
-  return mx == -INFINITY ? 0.0f : expf(z - mx) / sum;
 }
 
 /* D_i = do_i . o_i (equal to sum_j dP_ij P_ij, which the host sums) into
-** stats, then dq_i = scale sum_j P (dP - D_i) k_j. */
-template <int DM>
-static __global__ void k_attn_bwd_dq(void *dq, const void *dO, const void *q, const void *k,
-                                     const void *v, float *stats, const void *mask, const void *o,
-                                     cu_att c) {
-  __shared__ __align__(16) float ks[ATT_T * DM], vs[ATT_T * DM];
-  const int64_t rows = c.bh * c.sq;
+** stats, then dq_i = scale sum_j P (dP keep - D_i) k_j over the key tiles. */
+template <class P>
+static __global__ void __launch_bounds__(ATT_THREADS)
+    k_attn_bwd_dq(void *dq, const void *dO, const void *q, const void *k, const void *v,
+                  float *stats, const void *mask, const void *o, cu_att c) {
+  typedef typename P::E E;
+  constexpr int T = P::T;
+  extern __shared__ __align__(128) unsigned char att_sm[];
+  E *qs = (E *)att_sm, *dos = qs + T * P::LD, *ks = dos + T * P::LD, *vs = ks + T * P::LD;
+  E *ps = vs + T * P::LD;
+  float *scr = (float *)(ps + T * P::PL);
+  const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
+  const int64_t rows = c.bh * c.sq, i0 = (int64_t)blockIdx.x * T;
+  const int64_t jend = (c.flags & GC_MASK_CAUSAL) && i0 + T < c.sk ? i0 + T : c.sk;
   const uint64_t *head = (const uint64_t *)stats;
   for (int64_t bh = blockIdx.y; bh < c.bh; bh += gridDim.y) {
-    const int64_t i = (int64_t)blockIdx.x * ATT_ROWS + threadIdx.x, row = bh * c.sq + i;
-    float qr[DM], dor[DM], acc[DM];
-    att_row<DM>(qr, o, c.dt, bh, c.sq, c.dv, i); /* o first, for D */
-    att_row<DM>(dor, dO, c.dt, bh, c.sq, c.dv, i);
-    float dd = 0.0f;
+    float acc[P::R][P::CD], mx[P::R], sum[P::R], dd[P::R];
+    __syncthreads();
+    att_load<P>(qs, q, c.dt, bh, c.sq, c.d, i0);
+    att_load<P>(dos, dO, c.dt, bh, c.sq, c.dv, i0);
+    __syncthreads();
 #pragma unroll
-    for (int l = 0; l < DM; l++) {
-      dd += dor[l] * qr[l];
-      acc[l] = 0.0f;
-    }
-    att_row<DM>(qr, q, c.dt, bh, c.sq, c.d, i);
-    float mx = i < c.sq ? stats[GC_ATTN_HEAD + row] : 0.0f;
-    float sum = i < c.sq ? stats[GC_ATTN_HEAD + rows + row] : 1.0f;
-    for (int64_t j0 = 0; j0 < c.sk; j0 += ATT_T) {
-      __syncthreads();
-      att_tile<DM>(ks, k, c.dt, bh, c.sk, c.d, j0);
-      att_tile<DM>(vs, v, c.dt, bh, c.sk, c.dv, j0);
-      __syncthreads();
-      for (int jj = 0; jj < ATT_T && j0 + jj < c.sk && i < c.sq; jj++) {
-        float p = att_p(att_z<DM>(c, qr, ks + jj * DM, mask, bh, i, j0 + jj), mx, sum);
-        float dp = 0.0f;
+    for (int r = 0; r < P::R; r++) {
+      const int64_t i = i0 + ty + 16 * r, row = bh * c.sq + i;
+      float part = 0.0f;
 #pragma unroll
-        for (int l = 0; l < DM; l++)
-          dp += dor[l] * vs[jj * DM + l];
-        float dz = c.scale * (p * (dp * att_keep(c, head, row * c.sk + j0 + jj) - dd));
-#pragma unroll
-        for (int l = 0; l < DM; l++)
-          acc[l] += dz * ks[jj * DM + l];
+      for (int l = 0; l < P::CD; l++) {
+        const int col = tx + 8 * l;
+        if (i < c.sq && col < c.dv)
+          part += att_get(dos[(ty + 16 * r) * P::LD + col]) * cu_load(o, row * c.dv + col, c.dt);
+        acc[r][l] = 0.0f;
       }
+      dd[r] = att_row_sum(part);
+      mx[r] = i < c.sq ? stats[GC_ATTN_HEAD + row] : 0.0f;
+      sum[r] = i < c.sq ? stats[GC_ATTN_HEAD + rows + row] : 1.0f;
+      if (tx == 0 && i < c.sq) stats[GC_ATTN_HEAD + 2 * rows + row] = dd[r];
     }
-    if (i < c.sq) {
-      stats[GC_ATTN_HEAD + 2 * rows + row] = dd;
-#pragma unroll
-      for (int l = 0; l < DM; l++)
-        if (l < c.d) cu_store(dq, row * c.d + l, c.dt, acc[l]);
-    }
-  }
-}
-
-/* dv_j = sum_i P_ij keep_ij do_i, dk_j = scale sum_i P (dP - D_i) q_i:
-** one thread per key row, the queries in tiles. */
-template <int DM>
-static __global__ void k_attn_bwd_dkv(void *dk, void *dv, const void *dO, const void *q,
-                                      const void *k, const void *v, const float *stats,
-                                      const void *mask, cu_att c) {
-  __shared__ __align__(16) float qs[ATT_T * DM], dos[ATT_T * DM], st3[3 * ATT_T];
-  const int64_t rows = c.bh * c.sq;
-  const uint64_t *head = (const uint64_t *)stats;
-  for (int64_t bh = blockIdx.y; bh < c.bh; bh += gridDim.y) {
-    const int64_t j = (int64_t)blockIdx.x * ATT_ROWS + threadIdx.x;
-    float kr[DM], vr[DM], dka[DM], dva[DM];
-    att_row<DM>(kr, k, c.dt, bh, c.sk, c.d, j);
-    att_row<DM>(vr, v, c.dt, bh, c.sk, c.dv, j);
-#pragma unroll
-    for (int l = 0; l < DM; l++)
-      dka[l] = dva[l] = 0.0f;
-    for (int64_t i0 = 0; i0 < c.sq; i0 += ATT_T) {
+    for (int64_t j0 = 0; j0 < jend; j0 += T) {
+      float s[P::R][P::C], dp[P::R][P::C];
       __syncthreads();
-      att_tile<DM>(qs, q, c.dt, bh, c.sq, c.d, i0);
-      att_tile<DM>(dos, dO, c.dt, bh, c.sq, c.dv, i0);
-      for (int t = threadIdx.x; t < 3 * ATT_T; t += blockDim.x) { /* max, sum, D of the rows */
-        int64_t r = i0 + t % ATT_T;
-        st3[t] = r < c.sq ? stats[GC_ATTN_HEAD + (t / ATT_T) * rows + bh * c.sq + r] : 0.0f;
-      }
+      att_load<P>(ks, k, c.dt, bh, c.sk, c.d, j0);
+      att_load<P>(vs, v, c.dt, bh, c.sk, c.dv, j0);
       __syncthreads();
-      for (int ii = 0; ii < ATT_T && i0 + ii < c.sq && j < c.sk; ii++) {
-        const int64_t i = i0 + ii;
-        /* the score with q_i from shared memory and k_j from registers */
-        float z = att_z<DM>(c, kr, qs + ii * DM, mask, bh, i, j);
-        float p = att_p(z, st3[ii], st3[ATT_T + ii]);
-        float keep = att_keep(c, head, (bh * c.sq + i) * c.sk + j), dp = 0.0f;
+      P::nt(s, qs, ks, scr);
+      P::nt(dp, dos, vs, scr);
 #pragma unroll
-        for (int l = 0; l < DM; l++) {
-          dva[l] += p * keep * dos[ii * DM + l];
-          dp += dos[ii * DM + l] * vr[l];
+      for (int r = 0; r < P::R; r++) {
+        const int64_t i = i0 + ty + 16 * r;
+#pragma unroll
+        for (int cc = 0; cc < P::C; cc++) {
+          const int64_t j = j0 + tx + 8 * cc;
+          float p = att_p(att_mask(c, s[r][cc] * c.scale, mask, bh, i, j), mx[r], sum[r]),
+                ds = 0.0f;
+          if (p != 0.0f)
+            ds =
+                c.scale * (p * (dp[r][cc] * att_keep(c, head, (bh * c.sq + i) * c.sk + j) - dd[r]));
+          att_put(ps + (ty + 16 * r) * P::PL + tx + 8 * cc, ds);
         }
-        float dz = c.scale * (p * (dp * keep - st3[2 * ATT_T + ii]));
-#pragma unroll
-        for (int l = 0; l < DM; l++)
-          dka[l] += dz * qs[ii * DM + l];
       }
+      __syncthreads();
+      P::nn(acc, ps, ks, scr);
     }
-    if (j < c.sk) {
-#pragma unroll
-      for (int l = 0; l < DM; l++) {
-        if (l < c.d) cu_store(dk, (bh * c.sk + j) * c.d + l, c.dt, dka[l]);
-        if (l < c.dv) cu_store(dv, (bh * c.sk + j) * c.dv + l, c.dt, dva[l]);
-      }
-    }
+    att_store<P>(dq, c.dt, bh, c.sq, c.d, i0, acc);
   }
 }
 
-/* Launch kernel k with head dims up to DM. */
-template <int DM>
-static void att_launch(cudaStream_t s, int k, const gc_kargs *a, const cu_att &c) {
-  int64_t n = k == GC_K_ATTN_BWD_DKV ? c.sk : c.sq;
-  dim3 grid((unsigned)((n + ATT_ROWS - 1) / ATT_ROWS),
+/* dv_j = sum_i P_ij keep_ij do_i, dk_j = scale sum_i P (dP keep - D_i) q_i:
+** the block's key tile against every query tile from the first one causal
+** leaves unmasked; the weights' tiles are transposed, [keys, queries]. */
+template <class P>
+static __global__ void __launch_bounds__(ATT_THREADS)
+    k_attn_bwd_dkv(void *dk, void *dv, const void *dO, const void *q, const void *k, const void *v,
+                   const float *stats, const void *mask, cu_att c) {
+  typedef typename P::E E;
+  constexpr int T = P::T;
+  extern __shared__ __align__(128) unsigned char att_sm[];
+  E *ks = (E *)att_sm, *vs = ks + T * P::LD, *qs = vs + T * P::LD, *dos = qs + T * P::LD;
+  E *pt = dos + T * P::LD, *dst = pt + T * P::PL;
+  float *scr = (float *)(dst + T * P::PL), *st3 = scr + P::SCR;
+  const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
+  const int64_t rows = c.bh * c.sq, j0 = (int64_t)blockIdx.x * T;
+  const int64_t ibeg = (c.flags & GC_MASK_CAUSAL) ? j0 : 0;
+  const uint64_t *head = (const uint64_t *)stats;
+  for (int64_t bh = blockIdx.y; bh < c.bh; bh += gridDim.y) {
+    float dka[P::R][P::CD], dva[P::R][P::CD];
+#pragma unroll
+    for (int r = 0; r < P::R; r++)
+#pragma unroll
+      for (int l = 0; l < P::CD; l++)
+        dka[r][l] = dva[r][l] = 0.0f;
+    __syncthreads();
+    att_load<P>(ks, k, c.dt, bh, c.sk, c.d, j0);
+    att_load<P>(vs, v, c.dt, bh, c.sk, c.dv, j0);
+    for (int64_t i0 = ibeg; i0 < c.sq; i0 += T) {
+      float s[P::R][P::C], dp[P::R][P::C];
+      __syncthreads();
+      att_load<P>(qs, q, c.dt, bh, c.sq, c.d, i0);
+      att_load<P>(dos, dO, c.dt, bh, c.sq, c.dv, i0);
+      for (int t = threadIdx.x; t < 3 * T; t += ATT_THREADS) { /* max, sum, D of the rows */
+        int64_t i = i0 + t % T;
+        st3[t] = i < c.sq ? stats[GC_ATTN_HEAD + (t / T) * rows + bh * c.sq + i] : 0.0f;
+      }
+      __syncthreads();
+      P::nt(s, ks, qs, scr);
+      P::nt(dp, vs, dos, scr);
+#pragma unroll
+      for (int r = 0; r < P::R; r++) {
+        const int64_t j = j0 + ty + 16 * r;
+#pragma unroll
+        for (int cc = 0; cc < P::C; cc++) {
+          const int ii = tx + 8 * cc;
+          const int64_t i = i0 + ii;
+          float p = att_p(att_mask(c, s[r][cc] * c.scale, mask, bh, i, j), st3[ii], st3[T + ii]);
+          float keep = p != 0.0f ? att_keep(c, head, (bh * c.sq + i) * c.sk + j) : 0.0f;
+          att_put(pt + (ty + 16 * r) * P::PL + ii, p * keep);
+          att_put(dst + (ty + 16 * r) * P::PL + ii,
+                  c.scale * (p * (dp[r][cc] * keep - st3[2 * T + ii])));
+        }
+      }
+      __syncthreads();
+      P::nn(dva, pt, dos, scr);
+      P::nn(dka, dst, qs, scr);
+    }
+    att_store<P>(dk, c.dt, bh, c.sk, c.d, j0, dka);
+    att_store<P>(dv, c.dt, bh, c.sk, c.dv, j0, dva);
+  }
+}
+
+/* Let kernel f take `bytes` of dynamic shared memory (past the 48 KiB
+** default). Not a stream operation: allowed while capturing. */
+template <typename F> static cudaError_t att_smem_limit(F *f, size_t bytes) {
+  return cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+/* Launch kernel k with the tiles and products of P. */
+template <class P>
+static gcap_status att_launch(gcap_engine *e, cudaStream_t s, int k, const gc_kargs *a,
+                              const cu_att &c) {
+  const int64_t n = k == GC_K_ATTN_BWD_DKV ? c.sk : c.sq;
+  const size_t bytes = att_smem<P>(k);
+  dim3 grid((unsigned)((n + P::T - 1) / P::T),
             (unsigned)(c.bh < CU_MAX_BLOCKS ? c.bh : CU_MAX_BLOCKS));
   switch (k) {
     case GC_K_ATTN:
-      k_attn<DM><<<grid, ATT_ROWS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3], (float *)a->p[4],
-                                           a->p[5], (const uint64_t *)a->p[6], c);
+      CUDA_TRY(e, att_smem_limit(k_attn<P>, bytes));
+      k_attn<P><<<grid, ATT_THREADS, bytes, s>>>(a->p[0], a->p[1], a->p[2], a->p[3],
+                                                 (float *)a->p[4], a->p[5],
+                                                 (const uint64_t *)a->p[6], c);
       break;
     case GC_K_ATTN_BWD_DQ:
-      k_attn_bwd_dq<DM><<<grid, ATT_ROWS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3], a->p[4],
-                                                  (float *)a->p[5], a->p[6], a->p[7], c);
+      CUDA_TRY(e, att_smem_limit(k_attn_bwd_dq<P>, bytes));
+      k_attn_bwd_dq<P><<<grid, ATT_THREADS, bytes, s>>>(a->p[0], a->p[1], a->p[2], a->p[3], a->p[4],
+                                                        (float *)a->p[5], a->p[6], a->p[7], c);
       break;
     default: /* GC_K_ATTN_BWD_DKV */
-      k_attn_bwd_dkv<DM><<<grid, ATT_ROWS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3], a->p[4],
-                                                   a->p[5], (const float *)a->p[6], a->p[7], c);
+      CUDA_TRY(e, att_smem_limit(k_attn_bwd_dkv<P>, bytes));
+      k_attn_bwd_dkv<P><<<grid, ATT_THREADS, bytes, s>>>(
+          a->p[0], a->p[1], a->p[2], a->p[3], a->p[4], a->p[5], (const float *)a->p[6], a->p[7], c);
       break;
   }
+  return GCAP_OK;
+}
+
+/* bf16 on the tensor cores, f32 by the threads. */
+template <int DM>
+static gcap_status att_dispatch(gcap_engine *e, cudaStream_t s, int k, const gc_kargs *a,
+                                const cu_att &c) {
+  if (c.dt == GCAP_BF16) return att_launch<att_tc<DM>>(e, s, k, a, c);
+  return att_launch<att_simt<DM>>(e, s, k, a, c);
 }
 
 gcap_status cu_attn(gcap_engine *e, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
@@ -277,11 +549,7 @@ gcap_status cu_attn(gcap_engine *e, cu_state *, cudaStream_t s, int k, const gc_
           e, cudaMemcpyAsync(a->p[4], a->p[6], 2 * sizeof(uint64_t), cudaMemcpyDeviceToDevice, s));
     return GCAP_OK;
   }
-  if (dm <= 32)
-    att_launch<32>(s, k, a, c);
-  else if (dm <= 64)
-    att_launch<64>(s, k, a, c);
-  else
-    att_launch<128>(s, k, a, c);
-  return GCAP_OK;
+  if (dm <= 32) return att_dispatch<32>(e, s, k, a, c);
+  if (dm <= 64) return att_dispatch<64>(e, s, k, a, c);
+  return att_dispatch<128>(e, s, k, a, c);
 }

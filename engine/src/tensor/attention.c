@@ -277,10 +277,7 @@ gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gc
   if (o.is_causal) flags |= GC_MASK_CAUSAL;
   fusable = d <= GCAP_SDPA_FUSED_DMAX && dv <= GCAP_SDPA_FUSED_DMAX;
   switch (o.impl) {
-    case GCAP_SDPA_AUTO:
-      if (fusable && strcmp(gcap_engine_device(q->e), "cuda") == 0)
-        return sdpa_fused(q, k, v, &o, scale, flags, out);
-      return sdpa_composed(q, k, v, &o, scale, out);
+    case GCAP_SDPA_AUTO: /* the composition (docs/lua-api.md says why) */
     case GCAP_SDPA_COMPOSED:
       return sdpa_composed(q, k, v, &o, scale, out);
     case GCAP_SDPA_FUSED:
