@@ -452,6 +452,26 @@ gcap_status gcap_nn_dropout(gcap_engine *e, double p, gcap_module **m);
 /* Children named "0", "1", ... (as in PyTorch); each takes the previous output. */
 gcap_status gcap_nn_sequential(gcap_engine *e, int n, gcap_module *const *mods, gcap_module **m);
 
+/* Transformer modules, with TransformerEngine's names and parameter names.
+** Inputs are [..., hidden] (TE's default layout [seq, batch, hidden] in
+** particular); layer norms start at weight 1, bias 0; linear weights and
+** biases are drawn as Linear's.
+**
+** LayerNormLinear: linear(layer_norm(x)). Parameters layer_norm_weight,
+** layer_norm_bias [in], weight [out, in], bias [out] (when `bias`). With
+** return_layernorm_output, a call gives two outputs: y, then the layer
+** norm's output (gcap_module_call_n). */
+gcap_status gcap_nn_layer_norm_linear(gcap_engine *e, int64_t in, int64_t out, double eps, int bias,
+                                      int return_layernorm_output, gcap_module **m);
+/* LayerNormMLP: fc2(gelu(fc1(layer_norm(x)))), gelu's tanh approximation.
+** Parameters layer_norm_weight, layer_norm_bias [hidden], fc1_weight
+** [ffn_hidden, hidden], fc1_bias, fc2_weight [hidden, ffn_hidden], fc2_bias
+** (biases when `bias`). With checkpoint, a call keeps only its input for
+** backward (one node, "LayerNormMLP"), which runs the forward again to
+** backpropagate through it; the parameters' values at backward are used. */
+gcap_status gcap_nn_layer_norm_mlp(gcap_engine *e, int64_t hidden, int64_t ffn_hidden, double eps,
+                                   int bias, int checkpoint, gcap_module **m);
+
 /* ------------------------------------------------------------------------ */
 /* Optimizers: update parameters in place with device-side state, so a step
 ** can be captured and replayed.                                             */

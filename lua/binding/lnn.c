@@ -69,6 +69,29 @@ static int l_nn_dropout(lua_State *L) {
   return l_newbuiltin(L, e, gcap_nn_dropout(e, prob, &p->m), "Dropout");
 }
 
+/* _nn.layer_norm_linear(class, in, out, eps, bias, return_layernorm_output) */
+static int l_nn_layer_norm_linear(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  lua_Integer in = luaL_checkinteger(L, 2), out = luaL_checkinteger(L, 3);
+  double eps = (double)luaL_checknumber(L, 4);
+  LModule *p = l_newmodule(L, 1);
+  return l_newbuiltin(
+      L, e,
+      gcap_nn_layer_norm_linear(e, in, out, eps, lua_toboolean(L, 5), lua_toboolean(L, 6), &p->m),
+      "LayerNormLinear");
+}
+
+/* _nn.layer_norm_mlp(class, hidden, ffn_hidden, eps, bias, checkpoint) */
+static int l_nn_layer_norm_mlp(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  lua_Integer h = luaL_checkinteger(L, 2), f = luaL_checkinteger(L, 3);
+  double eps = (double)luaL_checknumber(L, 4);
+  LModule *p = l_newmodule(L, 1);
+  return l_newbuiltin(
+      L, e, gcap_nn_layer_norm_mlp(e, h, f, eps, lua_toboolean(L, 5), lua_toboolean(L, 6), &p->m),
+      "LayerNormMLP");
+}
+
 /* _nn.sequential(class, modules, n): modules[1..n] are open modules */
 static int l_nn_sequential(lua_State *L) {
   gcap_engine *e = l_engine(L);
@@ -137,6 +160,8 @@ LUAI_DDEF const luaL_Reg l_nn_funcs[] = {{"module", l_nn_module},
                                          {"layer_norm", l_nn_layer_norm},
                                          {"dropout", l_nn_dropout},
                                          {"sequential", l_nn_sequential},
+                                         {"layer_norm_linear", l_nn_layer_norm_linear},
+                                         {"layer_norm_mlp", l_nn_layer_norm_mlp},
                                          {"parameter", l_nn_parameter},
                                          {"is_module", l_nn_is_module},
                                          {"class_of", l_nn_class_of},

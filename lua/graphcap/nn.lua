@@ -86,6 +86,42 @@ nn.Sequential = builtin("Sequential", function (cls, ...)
   return cnn.sequential(cls, mods, n)
 end)
 
+-- Transformer modules (TransformerEngine's names and options). Inputs are
+-- [..., hidden]; TE's default layout is [seq, batch, hidden].
+
+-- gc.nn.LayerNormLinear(in, out [, {eps = 1e-5, bias = true,
+--                                    return_layernorm_output = false}])
+-- linear(layer_norm(x)); with return_layernorm_output a call returns the
+-- output and the layer norm's output.
+nn.LayerNormLinear = builtin("LayerNormLinear", function (cls, i, o, opts)
+  local T = "LayerNormLinear"
+  check(T, "in_features", i, "integer", nil)
+  check(T, "out_features", o, "integer", nil)
+  opts = options(T, opts, {eps = true, bias = true, return_layernorm_output = true})
+  return cnn.layer_norm_linear(cls, i, o, check(T, "eps", opts.eps, "number", 1e-5),
+                               check(T, "bias", opts.bias, "boolean", true),
+                               check(T, "return_layernorm_output", opts.return_layernorm_output,
+                                     "boolean", false))
+end)
+
+-- gc.nn.LayerNormMLP(hidden, ffn_hidden [, {eps = 1e-5, bias = true,
+--                                          activation = "gelu", checkpoint = false}])
+-- fc2(gelu(fc1(layer_norm(x)))); checkpoint recomputes the activations in
+-- backward instead of keeping them.
+nn.LayerNormMLP = builtin("LayerNormMLP", function (cls, h, f, opts)
+  local T = "LayerNormMLP"
+  check(T, "hidden_size", h, "integer", nil)
+  check(T, "ffn_hidden_size", f, "integer", nil)
+  opts = options(T, opts, {eps = true, bias = true, activation = true, checkpoint = true})
+  local act = check(T, "activation", opts.activation, "string", "gelu")
+  if act ~= "gelu" then
+    util.raise("%s: activation must be \"gelu\", got \"%s\"", T, act)
+  end
+  return cnn.layer_norm_mlp(cls, h, f, check(T, "eps", opts.eps, "number", 1e-5),
+                            check(T, "bias", opts.bias, "boolean", true),
+                            check(T, "checkpoint", opts.checkpoint, "boolean", false))
+end)
+
 -- gc.nn.Module(name) -> a class: define class:init(...) and
 -- class:forward(...); class(...) makes an instance and runs init on it.
 -- Assigning a module or a tensor that requires grad (or gc.nn.Parameter(t))
