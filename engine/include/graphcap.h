@@ -181,6 +181,30 @@ gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gca
 /* A new tensor with a copy of t's data. */
 gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out);
 
+/* Shape ops. Tensors have no strides: each result is a contiguous copy, and
+** its grad flows back through the inverse copy. Dims count from 0; a negative
+** dim counts from the end (-1 is the last). */
+
+/* out's dim d is t's dim perm[d] (perm: t's ndim entries, each dim once). */
+gcap_status gcap_permute(gcap_tensor *t, const int *perm, gcap_tensor **out);
+/* t with dims d0 and d1 swapped. */
+gcap_status gcap_transpose(gcap_tensor *t, int d0, int d1, gcap_tensor **out);
+/* Entries start .. start + length - 1 of dim `dim`. */
+gcap_status gcap_narrow(gcap_tensor *t, int dim, int64_t start, int64_t length, gcap_tensor **out);
+/* Split dim `dim` into pieces of `size` entries (the last may be shorter):
+** *n pieces (ceil(size of dim / size); none for a dim of size 0) into
+** outs[0 .. *n - 1], each a narrow of t. cap is the room in outs; too little
+** room is GCAP_EINVAL, with nothing made. */
+gcap_status gcap_split(gcap_tensor *t, int64_t size, int dim, int cap, gcap_tensor **outs, int *n);
+/* Split dim `dim` into at most `chunks` pieces of ceil(size / chunks) entries
+** (PyTorch's chunk: fewer when the sizes do not fill them), as gcap_split. */
+gcap_status gcap_chunk(gcap_tensor *t, int chunks, int dim, int cap, gcap_tensor **outs, int *n);
+/* The most tensors one gcap_cat joins. */
+#define GCAP_CAT_MAX 64
+/* ts[0 .. n - 1] joined along dim `dim`: one engine and dtype, equal sizes
+** in every other dim. */
+gcap_status gcap_cat(int n, gcap_tensor *const *ts, int dim, gcap_tensor **out);
+
 /* In place: dst = src (same numel), t = 0, t = v. */
 gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src);
 gcap_status gcap_zero_(gcap_tensor *t);

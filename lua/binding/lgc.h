@@ -259,6 +259,12 @@ LUAI_FUNC int l_tensor_index(lua_State *L);
 LUAI_FUNC int l_tensor_newindex(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_tensor_funcs[]);
 
+/* lshape.c */
+LUAI_FUNC int l_checkdim(lua_State *L, int arg, int ndim, const char *op);
+LUAI_FUNC int l_transpose(lua_State *L);
+LUAI_FUNC int l_permute(lua_State *L);
+LUAI_DDEC(const luaL_Reg l_shape_funcs[]);
+
 /* lops.c */
 LUAI_FUNC int l_matmul(lua_State *L);
 LUAI_FUNC int l_relu(lua_State *L);

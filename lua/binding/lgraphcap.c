@@ -12,8 +12,8 @@
 
 /* The module's functions, by the family that holds them */
 static const luaL_Reg *const l_funcs[] = {
-    l_runtime_funcs, l_tensor_funcs,   l_ops_funcs, l_graphed_funcs,
-    l_error_funcs,   l_function_funcs, NULL};
+    l_runtime_funcs, l_tensor_funcs, l_ops_funcs,      l_shape_funcs,
+    l_graphed_funcs, l_error_funcs,  l_function_funcs, NULL};
 
 /* The classes of boxes, the engine's first */
 static const LClass *const l_classes[] = {&l_engine_class,

@@ -249,6 +249,30 @@ static gcap_status f_to_bf16(gcap_tensor *const *x, gcap_tensor **y) {
   return st;
 }
 
+/* The shape ops: copies, so the two backends agree bit for bit (within any
+** tolerance). */
+static gcap_status f_permute(gcap_tensor *const *x, gcap_tensor **y) {
+  static const int perm[4] = {2, 0, 3, 1};
+  return gcap_permute(x[0], perm, y);
+}
+static gcap_status f_transpose(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_transpose(x[0], -1, -2, y);
+}
+/* cat of x's pieces (3 + 3 + 1 along dim 1) in another order, one scaled */
+static gcap_status f_split_cat(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_tensor *p[3] = {0}, *s = NULL, *order[3];
+  int n = 0;
+  gcap_status st = gcap_split(x[0], 3, 1, 3, p, &n);
+  if (st == GCAP_OK && (st = gcap_scale(p[0], 2.0, &s)) == GCAP_OK) {
+    order[0] = p[2], order[1] = s, order[2] = p[1];
+    st = gcap_cat(3, order, 1, y);
+  }
+  for (int i = 0; i < n; i++)
+    gcap_tensor_free(p[i]);
+  gcap_tensor_free(s);
+  return st;
+}
+
 #define P0(f, g)                                                                                   \
   { 0, {0}, f, 0, g }
 #define P1(a, f, g)                                                                                \
@@ -257,6 +281,8 @@ static gcap_status f_to_bf16(gcap_tensor *const *x, gcap_tensor **y) {
   { 2, {a, b}, f, 0, g }
 #define P3(a, b, c, f, g)                                                                          \
   { 3, {a, b, c}, f, 0, g }
+#define P4(a, b, c, d, f, g)                                                                       \
+  { 4, {a, b, c, d}, f, 0, g }
 #define PC(n, classes)                                                                             \
   { 1, {n}, FILL_CLASS, classes, 0 }
 #define N FILL_NORMAL
@@ -351,7 +377,14 @@ static const pcase cases[] = {
     {"cross_entropy [64,1000]", f_xent, F32, 1, 0, 2, {P2(64, 1000, N, 1), PC(64, 1000)}},
     {"rand uniform (seeded)", f_rand, F32, 0, 99, 1, {P1(10000, N, 0)}},
     {"rand normal (seeded)", f_randn, F32, 0, 99, 1, {P1(10000, N, 0)}},
+    /* shapes */
+    {"permute [3,4,5,6] (2,0,3,1)", f_permute, F32, 1, 0, 1, {P4(3, 4, 5, 6, N, 1)}},
+    {"transpose [2,33,70] (-1,-2)", f_transpose, F32, 1, 0, 1, {P3(2, 33, 70, N, 1)}},
+    {"split [2,7,5] dim 1 then cat", f_split_cat, F32, 1, 0, 1, {P3(2, 7, 5, N, 1)}},
     /* bf16 */
+    {"bf16 permute [3,4,5,6] (2,0,3,1)", f_permute, BF, 1, 0, 1, {P4(3, 4, 5, 6, N, 1)}},
+    {"bf16 transpose [2,33,70]", f_transpose, BF, 1, 0, 1, {P3(2, 33, 70, N, 1)}},
+    {"bf16 split then cat", f_split_cat, BF, 1, 0, 1, {P3(2, 7, 5, N, 1)}},
     {"bf16 add", f_add, BF, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
     {"bf16 add row", f_add, BF, 1, 0, 2, {P2(33, 70, N, 1), P1(70, N, 1)}},
     {"bf16 sub 0-D", f_sub, BF, 1, 0, 2, {P2(33, 70, N, 1), P0(N, 1)}},

@@ -123,6 +123,50 @@ function H.numgrad (L, xs, h)
   return g
 end
 
+--[[
+Check op's forward and backward against a double-precision reference.
+  inputs: sequence of {shape, values, grad = bool (default true), dtype = nil}
+  op(t1, t2, ...) -> tensor (graphcap)
+  ref(v1, v2, ...) -> flat list (the same op in double, on flat lists)
+The loss is sum(op(...) * c) for fixed weights c; every input that requires
+grad must end with .grad = d loss / d input, here by central differences
+of sum(ref(...) * c). Returns the input tensors.
+]]
+function H.gradcheck (what, inputs, op, ref, tol)
+  tol = tol or {}
+  local atol, rtol = tol.atol or 2e-5, tol.rtol or 2e-4  -- f32 kernels against doubles
+  local ts, vals = {}, {}
+  for i, inp in ipairs(inputs) do
+    ts[i] = gc.tensor(H.nest(inp[2], inp[1]), {requires_grad = inp.grad ~= false})
+    vals[i] = H.flat(ts[i]:tolist())  -- the f32 values the engine sees
+  end
+  local y = op(table.unpack(ts))
+  local yv = H.flat(y:tolist())
+  H.assert_close(yv, ref(table.unpack(vals)), atol, rtol, what .. " forward")
+  local c = H.values(#yv, 0.3, 1.0)
+  for k = 1, #c do c[k] = c[k] + 0.25 end
+  local ct = gc.tensor(H.nest(c, y:shape()))
+  lu.assertNil(ts[1].grad)
+  ;(y * ct):sum():backward()
+  local function L ()
+    local r, s = ref(table.unpack(vals)), 0
+    for k = 1, #r do s = s + r[k] * c[k] end
+    return s
+  end
+  for i, inp in ipairs(inputs) do
+    if inp.grad ~= false then
+      local want = H.numgrad(L, vals[i], tol.h)
+      lu.assertNotNil(ts[i].grad, what .. ": input " .. i .. " has no grad")
+      lu.assertEquals(ts[i].grad:shape(), inp[1], what .. ": grad shape of input " .. i)
+      H.assert_close(H.flat(ts[i].grad:tolist()), want, atol, rtol,
+                   what .. " grad of input " .. i)
+    else
+      lu.assertNil(ts[i].grad, what .. ": input " .. i .. " needs no grad")
+    end
+  end
+  return ts
+end
+
 -- What the engine holds after a full collection: objects, blocks, bytes.
 function H.live ()
   collectgarbage()

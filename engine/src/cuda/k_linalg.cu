@@ -90,10 +90,12 @@ static __global__ void k_matmul_k0(void *c, const void *bias, int dt, int64_t n,
 ** heuristic picked, reused by every later call of that shape, eager or
 ** captured, so both run the same kernel (bitwise equal results) and a call
 ** costs no heuristic search. Reductions are restricted to schemes without
-** atomics, so results do not depend on timing.
+** atomics, so results do not depend on timing. Batched products (strided,
+** a stride 0 reusing one matrix) are planned the same way.
 */
 typedef struct cu_plan {
   int64_t m, n, k;
+  int64_t batch, sa, sb; /* batched: count, and A's and B's strides (elements) */
   int ta, tb, dt;
   int epi; /* CU_EPI_*: what rides on the GEMM */
   int ok;  /* 0: the heuristic found nothing; plain cuBLAS (and kernels) are used */
@@ -122,10 +124,23 @@ void cu_plans_free(cu_state *st) {
 ** after a bias or without one. */
 enum { CU_EPI_NONE, CU_EPI_BIAS, CU_EPI_BGRAD, CU_EPI_GELU, CU_EPI_GELU_BIAS };
 
+/* Make layout l hold `count` matrices `stride` elements apart. */
+static cublasStatus_t cu_layout_batch(cublasLtMatrixLayout_t l, int32_t count, int64_t stride) {
+  cublasStatus_t r =
+      cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count);
+  if (r != CUBLAS_STATUS_SUCCESS) return r;
+  return cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                          sizeof stride);
+}
+
 /* The plan of C^T (n x m) = op(B)^T op(A)^T in cuBLAS's column-major terms:
 ** first operand B (n x k after opb), second A (k x m after opa). */
-static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, int64_t m, int64_t n, int64_t k,
-                               int ta, int tb, int dt, int epi, cu_plan **out) {
+static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, int epi,
+                               cu_plan **out) {
+  int64_t m = a->n[0], n = a->n[1], k = a->n[2];
+  int64_t batch = a->n[5] > 1 ? a->n[5] : 1, sa = batch > 1 ? a->n[6] : 0,
+          sb = batch > 1 ? a->n[7] : 0;
+  int ta = a->n[3] != 0, tb = a->n[4] != 0, dt = a->dt;
   cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   cudaDataType_t t = dt == GCAP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
   cublasLtMatmulPreference_t pref = NULL;
@@ -137,8 +152,8 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, int64_t m, int64_t 
   cu_plan *p;
   for (i = 0; i < st->nplans; i++) {
     p = &st->plans[i];
-    if (p->m == m && p->n == n && p->k == k && p->ta == ta && p->tb == tb && p->dt == dt &&
-        p->epi == epi) {
+    if (p->m == m && p->n == n && p->k == k && p->batch == batch && p->sa == sa && p->sb == sb &&
+        p->ta == ta && p->tb == tb && p->dt == dt && p->epi == epi) {
       *out = p;
       return GCAP_OK;
     }
@@ -153,6 +168,7 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, int64_t m, int64_t 
   p = &st->plans[st->nplans++];
   memset(p, 0, sizeof *p);
   p->m = m, p->n = n, p->k = k, p->ta = ta, p->tb = tb, p->dt = dt, p->epi = epi;
+  p->batch = batch, p->sa = sa, p->sb = sb;
   *out = p;
   CUBLAS_TRY(e, cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   if (epi != CU_EPI_NONE) {
@@ -177,6 +193,13 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, int64_t m, int64_t 
   CUBLAS_TRY(e, cublasLtMatrixLayoutCreate(&p->la, t, tb ? k : n, tb ? n : k, tb ? k : n));
   CUBLAS_TRY(e, cublasLtMatrixLayoutCreate(&p->lb, t, ta ? m : k, ta ? k : m, ta ? m : k));
   CUBLAS_TRY(e, cublasLtMatrixLayoutCreate(&p->lc, t, n, m, n));
+  if (batch > 1) { /* strided batches: B is cuBLAS's first operand, A its second */
+    int32_t count = (int32_t)batch;
+    int64_t sc = m * n;
+    CUBLAS_TRY(e, cu_layout_batch(p->la, count, sb));
+    CUBLAS_TRY(e, cu_layout_batch(p->lb, count, sa));
+    CUBLAS_TRY(e, cu_layout_batch(p->lc, count, sc));
+  }
   CUBLAS_TRY(e, cublasLtMatmulPreferenceCreate(&pref));
   if (cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                            sizeof ws) == CUBLAS_STATUS_SUCCESS &&
@@ -217,8 +240,7 @@ static gcap_status cu_matmul_gelu(gcap_engine *e, cu_state *st, cudaStream_t s, 
   if (k > 0 && n % 8 == 0) {
     int epi = a->p[3] ? CU_EPI_GELU_BIAS : CU_EPI_GELU;
     cu_plan *p = NULL;
-    if ((r = cu_plan_for(e, st, m, n, k, a->n[3] != 0, a->n[4] != 0, a->dt, epi, &p)) != GCAP_OK)
-      return r;
+    if ((r = cu_plan_for(e, st, a, epi, &p)) != GCAP_OK) return r;
     if (p->ok) {
       if (a->p[3])
         CUBLAS_TRY(e, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -243,17 +265,18 @@ static gcap_status cu_matmul_gelu(gcap_engine *e, cu_state *st, cudaStream_t s, 
 }
 
 static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const gc_kargs *a) {
-  int64_t m = a->n[0], n = a->n[1], k = a->n[2];
+  int64_t m = a->n[0], n = a->n[1], k = a->n[2], batch = a->n[5] > 1 ? a->n[5] : 1;
   int ta = a->n[3] != 0, tb = a->n[4] != 0;
   float alpha = a->f[0], beta = a->f[1];
-  if (m < 0 || n < 0 || k < 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX)
-    return gc_fail(e, GCAP_EINVAL, "cuda: matmul of %lld x %lld x %lld: outside cuBLAS's int range",
-                   (long long)m, (long long)n, (long long)k);
+  if (m < 0 || n < 0 || k < 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX || batch > INT_MAX)
+    return gc_fail(e, GCAP_EINVAL,
+                   "cuda: matmul of %lld x %lld x %lld (%lld batches): outside cuBLAS's int range",
+                   (long long)m, (long long)n, (long long)k, (long long)batch);
   if (m == 0 || n == 0) return GCAP_OK;
   if (a->p[5] != NULL) return cu_matmul_gelu(e, st, s, a);
-  if (k == 0) {
-    k_matmul_k0<<<cu_blocks(m * n), CU_THREADS, 0, s>>>(a->p[0], a->p[3], a->dt, m * n, n, alpha,
-                                                        beta);
+  if (k == 0) { /* batches lie one after the other in C: one launch over them all */
+    k_matmul_k0<<<cu_blocks(batch * m * n), CU_THREADS, 0, s>>>(a->p[0], a->p[3], a->dt,
+                                                                batch * m * n, n, alpha, beta);
     if (a->p[4] != NULL) { /* the bias grad: sums over no rows */
       gc_kargs zero;
       memset(&zero, 0, sizeof zero);
@@ -270,7 +293,7 @@ static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const
   int epi = a->p[3] ? CU_EPI_BIAS : a->p[4] ? CU_EPI_BGRAD : CU_EPI_NONE;
   void *vec = a->p[3] ? a->p[3] : a->p[4];
   cu_plan *p = NULL;
-  gcap_status r = cu_plan_for(e, st, m, n, k, ta, tb, a->dt, epi, &p);
+  gcap_status r = cu_plan_for(e, st, a, epi, &p);
   if (r != GCAP_OK) return r;
   if (p->ok) {
     if (epi != CU_EPI_NONE) /* the vector's address: a per-call setting of the plan */
@@ -287,9 +310,7 @@ static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const
     k_expand<<<cu_blocks(m * n), CU_THREADS, 0, s>>>(a->p[0], a->p[3], n, a->dt, m * n, 1.0f);
     beta = 1.0f;
   }
-  if (epi != CU_EPI_NONE &&
-      (r = cu_plan_for(e, st, m, n, k, ta, tb, a->dt, CU_EPI_NONE, &p)) != GCAP_OK)
-    return r;
+  if (epi != CU_EPI_NONE && (r = cu_plan_for(e, st, a, CU_EPI_NONE, &p)) != GCAP_OK) return r;
   if (p->ok) {
     CUBLAS_TRY(e,
                cublasLtMatmul(st->lt, p->op, &alpha, a->p[2], p->la, a->p[1], p->lb, &beta, a->p[0],
@@ -311,6 +332,14 @@ static gcap_status cu_blas_gemm(gcap_engine *e, cu_state *st, const gc_kargs *a,
                                 cublasOperation_t opb, cublasOperation_t opa, int64_t m, int64_t n,
                                 int64_t k, float alpha, float beta) {
   int ldb = (int)(a->n[4] ? k : n), lda = (int)(a->n[3] ? m : k), ldc = (int)n;
+  if (a->n[5] > 1) { /* strided batches; B is cuBLAS's first operand */
+    cudaDataType_t t = a->dt == GCAP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    CUBLAS_TRY(e, cublasGemmStridedBatchedEx(st->blas, opb, opa, (int)n, (int)m, (int)k, &alpha,
+                                             a->p[2], t, ldb, a->n[7], a->p[1], t, lda, a->n[6],
+                                             &beta, a->p[0], t, ldc, m * n, (int)a->n[5],
+                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return GCAP_OK;
+  }
   if (a->dt == GCAP_BF16) {
     CUBLAS_TRY(e, cublasGemmEx(st->blas, opb, opa, (int)n, (int)m, (int)k, &alpha, a->p[2],
                                CUDA_R_16BF, ldb, a->p[1], CUDA_R_16BF, lda, &beta, a->p[0],

@@ -1,6 +1,7 @@
 /*
 ** k_norm.cu: GC_K_LAYERNORM, GC_K_LAYERNORM_BWD, GC_K_LAYERNORM_BWD_PARAMS,
-** GC_K_SOFTMAX and GC_K_SOFTMAX_BWD over rows x cols, row-major.
+** GC_K_SOFTMAX (scaled, with a mask or causal) and GC_K_SOFTMAX_BWD over rows
+** x cols, row-major.
 **
 ** The row kernels run one block per row (common.cuh's CU_ROW_THREADS): thread
 ** t adds columns t, t + CU_ROW_THREADS, ... in order, then cu_block_sum adds
@@ -93,21 +94,51 @@ static __global__ void k_layernorm_bwd_params(void *dw, void *db, const void *dy
   }
 }
 
-/* y = exp(x - max) / sum(exp(x - max)) */
-static __global__ void k_softmax(void *y, const void *x, int dt, int64_t rows, int64_t cols) {
+/* The softmax's input z at row r, column c (the host's softmax_in): f[0] * x,
+** then the mask (-INFINITY: masked out); sh4 is the 4-D shape it broadcasts over. */
+__device__ __forceinline__ float cu_softmax_in(const void *x, const void *mask, int dt, int64_t r,
+                                               int64_t c, int64_t cols, float scale, int64_t flags,
+                                               const int64_t *sh4) {
+  float z = __fmul_rn(cu_load(x, r * cols + c, dt), scale);
+  if ((flags & GC_MASK_CAUSAL) && c > r % sh4[2]) return -INFINITY;
+  if (mask) {
+    float m = cu_load(mask, gc_mask_index(r * cols + c, sh4, flags),
+                      flags & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32);
+    if (flags & GC_MASK_BOOL) return m != 0.0f ? -INFINITY : z;
+    z = __fadd_rn(z, m);
+  }
+  return z;
+}
+
+/* y = exp(z - max) / sum(exp(z - max)), z = scale * x (+ mask); a row whose
+** every column is masked out is zeros. */
+static __global__ void k_softmax(void *y, const void *x, const void *mask, int dt, int64_t rows,
+                                 int64_t cols, float scale, int64_t flags, int64_t s1, int64_t s2) {
   __shared__ float sh[CU_ROW_THREADS];
+  const int64_t sh4[4] = {rows / (s1 * s2), s1, s2, cols};
   CU_ROW_LOOP(r, rows) {
     const int64_t o = r * cols;
-    float mx, s;
-    cu_row_exp_stats(x, o, cols, dt, sh, &mx, &s);
+    float mx = -INFINITY, s = 0.0f;
     for (int64_t c = threadIdx.x; c < cols; c += CU_ROW_THREADS)
-      cu_store(y, o + c, dt, __fdiv_rn(expf(__fsub_rn(cu_load(x, o + c, dt), mx)), s));
+      mx = fmaxf(mx, cu_softmax_in(x, mask, dt, r, c, cols, scale, flags, sh4));
+    mx = cu_block_max(mx, sh);
+    for (int64_t c = threadIdx.x; c < cols; c += CU_ROW_THREADS)
+      s = __fadd_rn(s,
+                    expf(__fsub_rn(cu_softmax_in(x, mask, dt, r, c, cols, scale, flags, sh4), mx)));
+    s = cu_block_sum(s, sh);
+    for (int64_t c = threadIdx.x; c < cols; c += CU_ROW_THREADS)
+      cu_store(y, o + c, dt,
+               mx == -INFINITY
+                   ? 0.0f
+                   : __fdiv_rn(expf(__fsub_rn(
+                                   cu_softmax_in(x, mask, dt, r, c, cols, scale, flags, sh4), mx)),
+                               s));
   }
 }
 
-/* dx = y * (dy - sum_row(dy * y)) */
+/* dx = scale * (y * (dy - sum_row(dy * y))) */
 static __global__ void k_softmax_bwd(void *dx, const void *dy, const void *y, int dt, int64_t rows,
-                                     int64_t cols) {
+                                     int64_t cols, float scale) {
   __shared__ float sh[CU_ROW_THREADS];
   CU_ROW_LOOP(r, rows) {
     const int64_t o = r * cols;
@@ -117,7 +148,8 @@ static __global__ void k_softmax_bwd(void *dx, const void *dy, const void *y, in
     dot = cu_block_sum(dot, sh);
     for (int64_t c = threadIdx.x; c < cols; c += CU_ROW_THREADS) {
       float v = cu_load(y, o + c, dt);
-      cu_store(dx, o + c, dt, __fmul_rn(v, __fsub_rn(cu_load(dy, o + c, dt), dot)));
+      cu_store(dx, o + c, dt,
+               __fmul_rn(scale, __fmul_rn(v, __fsub_rn(cu_load(dy, o + c, dt), dot))));
     }
   }
 }
@@ -146,10 +178,12 @@ gcap_status cu_norm(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_k
                                                    dt, rows, cols);
       break;
     case GC_K_SOFTMAX:
-      k_softmax<<<g, CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], dt, rows, cols);
+      k_softmax<<<g, CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], dt, rows, cols, a->f[0],
+                                             a->n[2], a->n[3], a->n[4]);
       break;
     default: /* GC_K_SOFTMAX_BWD */
-      k_softmax_bwd<<<g, CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], dt, rows, cols);
+      k_softmax_bwd<<<g, CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], dt, rows, cols,
+                                                 a->f[0]);
       break;
   }
   return GCAP_OK;

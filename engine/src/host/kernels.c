@@ -125,8 +125,9 @@ static float gelu(float x) {
   return 0.5f * x * (1.0f + t);
 }
 
-/* C[m x n] = alpha op(A) op(B) + beta C, the sum over k in ascending order. */
-static void hk_matmul(const gc_kargs *a) {
+/* One product C[m x n] = alpha op(A) op(B) + beta C, the sum over k in
+** ascending order. */
+static void matmul_one(const gc_kargs *a) {
   int64_t m = a->n[0], n = a->n[1], k = a->n[2], i, j, l;
   int ta = a->n[3] != 0, tb = a->n[4] != 0;
   for (i = 0; i < m; i++)
@@ -151,6 +152,19 @@ static void hk_matmul(const gc_kargs *a) {
     for (l = 0; l < k; l++)
       s += ld(a->p[1], a->dt, ta ? l * m + i : i * k + l);
     st(a->p[4], a->dt, i, s);
+  }
+}
+
+/* Batched: one product after the other, at their strides. */
+static void hk_matmul(const gc_kargs *a) {
+  int64_t m = a->n[0], n = a->n[1], batch = a->n[5] > 1 ? a->n[5] : 1, b;
+  size_t es = a->dt == GCAP_BF16 ? 2 : 4;
+  for (b = 0; b < batch; b++) {
+    gc_kargs one = *a;
+    one.p[0] = (char *)a->p[0] + (size_t)(b * m * n) * es;
+    one.p[1] = (char *)a->p[1] + (size_t)(b * a->n[6]) * es;
+    one.p[2] = (char *)a->p[2] + (size_t)(b * a->n[7]) * es;
+    matmul_one(&one);
   }
 }
 
@@ -266,10 +280,36 @@ static float row_softmax(void *y, const void *x, int dt, int64_t r, int64_t cols
   return cols > 0 ? logf(s) + mx : -INFINITY; /* an empty row: log(0) */
 }
 
+/* The softmax's input z at row r, column c: f[0] * x, then the mask
+** (-INFINITY: masked out). */
+static float softmax_in(const gc_kargs *a, int64_t r, int64_t c) {
+  int64_t cols = a->n[1], flags = a->n[2];
+  float z = ld(a->p[1], a->dt, r * cols + c) * a->f[0];
+  if ((flags & GC_MASK_CAUSAL) && c > r % a->n[4]) return -INFINITY;
+  if (a->p[2]) {
+    int64_t s[4];
+    float m;
+    s[1] = a->n[3], s[2] = a->n[4], s[3] = cols;
+    s[0] = a->n[0] / (s[1] * s[2]);
+    m = ld(a->p[2], flags & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32,
+           gc_mask_index(r * cols + c, s, flags));
+    if (flags & GC_MASK_BOOL) return m != 0.0f ? -INFINITY : z;
+    z += m;
+  }
+  return z;
+}
+
 static void hk_softmax(const gc_kargs *a) {
-  int64_t r;
-  for (r = 0; r < a->n[0]; r++)
-    row_softmax(a->p[0], a->p[1], a->dt, r, a->n[1]);
+  int64_t r, c, cols = a->n[1];
+  for (r = 0; r < a->n[0]; r++) {
+    float mx = -INFINITY, s = 0.0f;
+    for (c = 0; c < cols; c++)
+      mx = fmaxf(mx, softmax_in(a, r, c));
+    for (c = 0; c < cols; c++)
+      s += expf(softmax_in(a, r, c) - mx);
+    for (c = 0; c < cols; c++) /* every column masked out: zeros */
+      st(a->p[0], a->dt, r * cols + c, mx == -INFINITY ? 0.0f : expf(softmax_in(a, r, c) - mx) / s);
+  }
 }
 
 static void hk_softmax_bwd(const gc_kargs *a) {
@@ -280,7 +320,7 @@ static void hk_softmax_bwd(const gc_kargs *a) {
       dot += ld(a->p[1], a->dt, r * cols + c) * ld(a->p[2], a->dt, r * cols + c);
     for (c = 0; c < cols; c++) {
       float y = ld(a->p[2], a->dt, r * cols + c);
-      st(a->p[0], a->dt, r * cols + c, y * (ld(a->p[1], a->dt, r * cols + c) - dot));
+      st(a->p[0], a->dt, r * cols + c, a->f[0] * (y * (ld(a->p[1], a->dt, r * cols + c) - dot)));
     }
   }
 }
@@ -373,6 +413,89 @@ static void hk_foreach_add(const gc_kargs *a) {
       for (i = 0; i < a->n[j]; i++)
         st(y, a->dt, i, ld(x, a->dt, i));
   }
+}
+
+/* y[i] = x at the 4-D index whose dim perm[d] is y's index in dim d. */
+static void hk_permute(const gc_kargs *a) {
+  const int64_t *s = a->n, *perm = a->n + 4;
+  int64_t xstride[4], ys[4], n = s[0] * s[1] * s[2] * s[3], i;
+  int d;
+  xstride[3] = 1;
+  for (d = 2; d >= 0; d--)
+    xstride[d] = xstride[d + 1] * s[d + 1];
+  for (d = 0; d < 4; d++)
+    ys[d] = s[perm[d]];
+  for (i = 0; i < n; i++) {
+    int64_t rest = i, x = 0;
+    for (d = 3; d >= 0; d--) {
+      x += (rest % ys[d]) * xstride[perm[d]];
+      rest /= ys[d];
+    }
+    st(a->p[0], a->dt, i, ld(a->p[1], a->dt, x));
+  }
+}
+
+static void hk_narrow(const gc_kargs *a) {
+  int64_t outer = a->n[0], len = a->n[1], inner = a->n[2], full = a->n[3], off = a->n[4];
+  int64_t o, j, i;
+  for (o = 0; o < outer; o++)
+    for (j = 0; j < len; j++)
+      for (i = 0; i < inner; i++) {
+        int64_t part = (o * len + j) * inner + i, whole = (o * full + off + j) * inner + i;
+        if (a->n[5])
+          st(a->p[0], a->dt, whole, ld(a->p[1], a->dt, part));
+        else
+          st(a->p[0], a->dt, part, ld(a->p[1], a->dt, whole));
+      }
+}
+
+static void hk_sum_mid(const gc_kargs *a) {
+  int64_t outer = a->n[0], mid = a->n[1], inner = a->n[2], o, j, i;
+  for (o = 0; o < outer; o++)
+    for (i = 0; i < inner; i++) {
+      float s = 0.0f;
+      for (j = 0; j < mid; j++)
+        s += ld(a->p[1], a->dt, (o * mid + j) * inner + i);
+      st(a->p[0], a->dt, o * inner + i, s);
+    }
+}
+
+static void hk_masked_fill(const gc_kargs *a) {
+  int mdt = a->n[5] & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32;
+  int64_t i;
+  for (i = 0; i < a->n[0]; i++) {
+    float m = ld(a->p[2], mdt, gc_mask_index(i, a->n + 1, a->n[5]));
+    st(a->p[0], a->dt, i, m != 0.0f ? a->f[0] : ld(a->p[1], a->dt, i));
+  }
+}
+
+/* The row of a table of `rows` that id i names, or -1 (as class_id). */
+static int64_t row_id(const void *ids, int64_t i, int64_t rows) {
+  float t = ((const float *)ids)[i];
+  return t >= 0.0f && t < (float)rows && t == floorf(t) ? (int64_t)t : -1;
+}
+
+static void hk_embedding(const gc_kargs *a) {
+  int64_t n = a->n[0], cols = a->n[1], rows = a->n[2], i, c;
+  for (i = 0; i < n; i++) {
+    int64_t r = row_id(a->p[2], i, rows);
+    for (c = 0; c < cols; c++)
+      st(a->p[0], a->dt, i * cols + c, r < 0 ? NAN : ld(a->p[1], a->dt, r * cols + c));
+  }
+}
+
+static void hk_embedding_bwd(const gc_kargs *a) {
+  int64_t n = a->n[0], cols = a->n[1], rows = a->n[2], i, c;
+  float *acc = (float *)a->p[3];
+  for (i = 0; i < rows * cols; i++)
+    acc[i] = 0.0f;
+  for (i = 0; i < n; i++) {
+    int64_t r = row_id(a->p[2], i, rows);
+    for (c = 0; r >= 0 && c < cols; c++)
+      acc[r * cols + c] += ld(a->p[1], a->dt, i * cols + c);
+  }
+  for (i = 0; i < rows * cols; i++)
+    st(a->p[0], a->dt, i, acc[i]);
 }
 
 hk_fn hk_kernel(int k) {

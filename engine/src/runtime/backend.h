@@ -71,7 +71,9 @@ extern "C" {
      bias grad of a linear's weight-grad GEMM; only with n[3] = 1); p[5]: NULL, or a matrix        \
      like C receiving op(A) op(B) + bias while C receives its gelu_tanh (a Linear followed by      \
      a GELU; with f[1] = 0): the host applies it to the value as stored, cuBLASLt's epilogue       \
-     to the float before rounding (bf16 results differ within tolerance) */                        \
+     to the float before rounding (bf16 results differ within tolerance). Batched: n[5] > 1        \
+     products, A at p[1] + b * n[6] elements, B at p[2] + b * n[7] (a stride 0 reuses one          \
+     matrix), C at p[0] + b * m * n; no bias, bias grad nor gelu then */                           \
   X(MATMUL, matmul, linalg, 0x31)                                                                  \
   /* p[0][i] = max(p[1][i], 0) */                                                                  \
   X(RELU, relu, activation, 0x01)                                                                  \
@@ -92,9 +94,14 @@ extern "C" {
   /* p[0] = dweight, p[1] = dbias (either may be NULL), p[2] = dy, p[3] = x, p[4] = mean,          \
      p[5] = rstd; rows n[0], cols n[1] */                                                          \
   X(LAYERNORM_BWD_PARAMS, layer_norm_bwd_params, norm, 0x03)                                       \
-  /* softmax over the last dim: p[0] = y, p[1] = x; rows n[0], cols n[1] */                        \
+  /* softmax over the last dim of z = f[0] * x (+ mask): p[0] = y, p[1] = x; rows n[0], cols       \
+     n[1]; p[2]: NULL, or a mask broadcast over x seen as 4-D [rows / (n[3] n[4]), n[3], n[4],     \
+     n[1]]; n[2]: GC_MASK_* flags (the mask's dims that broadcast, its dtype, additive or          \
+     boolean, causal: column c > row r % n[4] masked out); a row with every column masked out      \
+     is all zeros */                                                                               \
   X(SOFTMAX, softmax, norm, 0x01)                                                                  \
-  /* p[0] = dx = y * (dy - sum_row(dy * y)); p[1] = dy, p[2] = y */                                \
+  /* p[0] = dx = f[0] * y * (dy - sum_row(dy * y)); p[1] = dy, p[2] = y; f[0]: the forward's       \
+     scale */                                                                                      \
   X(SOFTMAX_BWD, softmax_bwd, norm, 0x01)                                                          \
   /* p[0] = y, p[1] = x, p[2] = mask (same dtype: 0 or 1/(1-f[0])), p[3] = rng state {seed,        \
      offset}; keep element i when gc_rng_uniform(seed, offset + i) >= f[0]; n[0] elements */       \
@@ -114,11 +121,62 @@ extern "C" {
   X(ADAM, adam, optim, 0x0d)                                                                       \
   /* p[0][0] += 1 (f32 counter) */                                                                 \
   X(COUNTER_INC, counter_inc, optim, 0x01)                                                         \
+  /* -- shapes (contiguous copies) -- */                                                           \
+  /* p[0] = x permuted: x p[1] of shape n[0..3] (padded with leading 1s to 4-D), dim d of y        \
+     is dim n[4 + d] of x */                                                                       \
+  X(PERMUTE, permute, shape, 0x01)                                                                 \
+  /* a slice of a tensor seen as [outer n[0], full n[3], inner n[2]]: the n[1] entries from        \
+     n[4] of its middle dim; n[5] = 0: p[0] = the slice of p[1]; 1: the slice of p[0] = p[1]       \
+     (the rest of p[0] untouched) */                                                               \
+  X(NARROW, narrow, shape, 0x01)                                                                   \
+  /* p[0][o, i] = sum_j p[1][o, j, i] over j < n[1] in order; [outer n[0], n[1], inner n[2]] */    \
+  X(SUM_MID, sum_mid, shape, 0x01)                                                                 \
+  /* p[0][i] = mask(i) != 0 ? f[0] : p[1][i], i < n[0] elements of 4-D shape n[1..4]; the mask     \
+     p[2] broadcast as the GC_MASK_* flags n[5] say */                                             \
+  X(MASKED_FILL, masked_fill, mask, 0x01)                                                          \
+  /* rows p[0][i] = p[1][id_i] of a table [n[2] rows x n[1]], ids p[2] (f32 integers), i <         \
+     n[0]; a row whose id is no row of the table is NaN */                                         \
+  X(EMBEDDING, embedding, embed, 0x01)                                                             \
+  /* p[0] [n[2] x n[1]] = the sum over i in order of rows p[1][i] into row id_i, in the f32        \
+     scratch p[3] of n[2] x n[1] floats, then stored; ids as embedding's, others skipped */        \
+  X(EMBEDDING_BWD, embedding_bwd, embed, 0x09)                                                     \
   /* .grad accumulation of several tensors in one launch: for each pair j < GC_FOREACH_MAX         \
      with n[j] > 0 elements (the used pairs come first), p[2j][i] = p[2j][i] + p[2j+1][i]          \
      when n[GC_FOREACH_MAX + j] = 1, or p[2j][i] = p[2j+1][i] (a copy, same dtype) when it is      \
      0; one pair's memory never overlaps another's, so the pairs may run in any order */           \
   X(FOREACH_ADD, foreach_add, elementwise, 0x55)
+
+/* The flags of a mask read by softmax and masked_fill: bit d (d < 4) set when
+** the mask has size 1 in dim d of the 4-D shape it is broadcast over. */
+#define GC_MASK_BCAST(d) (1 << (d))
+#define GC_MASK_BF16 0x10   /* the mask is stored as bf16 (f32 otherwise) */
+#define GC_MASK_BOOL 0x20   /* nonzero: masked out (additive otherwise) */
+#define GC_MASK_CAUSAL 0x40 /* softmax: column c > row r % n[4] masked out */
+
+/* Shared by the host and the cuda kernels (there a device function too), as
+** rng.h's functions. */
+#ifndef GC_HD
+#ifdef __CUDACC__
+#define GC_HD __host__ __device__ __forceinline__
+#else
+#define GC_HD static inline
+#endif
+#endif
+
+/* The element of a mask broadcast over the 4-D shape s that element i reads. */
+GC_HD int64_t gc_mask_index(int64_t i, const int64_t *s, int64_t flags) {
+  int64_t m = 0, stride = 1;
+  int d;
+  for (d = 3; d >= 0; d--) {
+    int64_t c = i % s[d];
+    i /= s[d];
+    if (!(flags & GC_MASK_BCAST(d))) {
+      m += c * stride;
+      stride *= s[d];
+    }
+  }
+  return m;
+}
 
 #define GC_K_ID(id, name, family, writes) GC_K_##id,
 typedef enum gc_kernel { GC_KERNELS(GC_K_ID) GC_K_COUNT } gc_kernel;

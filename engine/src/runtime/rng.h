@@ -10,10 +10,12 @@
 #include <math.h>
 #include <stdint.h>
 
+#ifndef GC_HD /* backend.h defines it alike */
 #ifdef __CUDACC__
 #define GC_HD __host__ __device__ __forceinline__
 #else
 #define GC_HD static inline
+#endif
 #endif
 
 /* splitmix64's finaliser: a bijective 64-bit mix. */

@@ -233,6 +233,8 @@ static gcap_status row_kernel(gcap_tensor *out, int k, gcap_tensor *x, gcap_tens
   a.p[2] = y ? gc_tensor_ptr(y) : NULL;
   a.n[0] = cols > 0 ? out->numel / cols : 0;
   a.n[1] = cols;
+  a.n[3] = a.n[4] = 1; /* no mask: the 4-D shape [rows, 1, 1, cols] */
+  a.f[0] = 1.0f;       /* no scale */
   in[0] = x;
   in[1] = y;
   return gc_run(out->e, k, &a, in, y ? 2 : 1, out);

@@ -61,6 +61,9 @@ static inline gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, i
 /* "[2, 3]" into buf: of t, or of a shape of ndim dims. */
 const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n);
 const char *gc_dims_str(int ndim, const int64_t *shape, char *buf, size_t n);
+/* Dim `dim` of an ndim-D tensor, counted from the end when negative, into
+** *out; out of range: GCAP_EINVAL naming op (shape.c). */
+gcap_status gc_dim(gcap_engine *e, const char *op, int dim, int ndim, int *out);
 /* Do a and b have the same shape and dtype? */
 static inline int gc_same_layout(const gcap_tensor *a, const gcap_tensor *b) {
   int d;
