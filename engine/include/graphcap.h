@@ -221,7 +221,9 @@ gcap_status gcap_neg(gcap_tensor *a, gcap_tensor **out);
 gcap_status gcap_sum(gcap_tensor *a, gcap_tensor **out);
 gcap_status gcap_mean(gcap_tensor *a, gcap_tensor **out);
 
-/* Matrix product of 2-D tensors: [m, k] x [k, n] -> [m, n]. */
+/* Matrix product [..., m, k] x [..., k, n] -> [..., m, n]: 2-D to 4-D
+** operands whose batch dims (those before the last two, right-aligned)
+** are equal or 1 in one of them (broadcast, its grad summed over them). */
 gcap_status gcap_matmul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
 /* y = x W^T + b: x [..., in], w [out, in], b [out] or NULL -> [..., out]. */
 gcap_status gcap_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);

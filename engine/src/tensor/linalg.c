@@ -66,40 +66,186 @@ static gcap_status mm_check(gcap_tensor *a, gcap_tensor *b, const char *op) {
   return GCAP_OK;
 }
 
-static gcap_status matmul_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
-  gcap_tensor *a = n->saved[0], *b = n->saved[1];
-  int64_t m = a->shape[0], k = a->shape[1], nn = b->shape[1];
+/* ------------------------------------------------------------------------ */
+/* matmul: op(A) op(B) over batch dims that broadcast                        */
+
+/* A product's batch: out's batch dims and each operand's (right-aligned,
+** padded with leading 1s to 2), and the matrices' sizes. */
+typedef struct mm_batch {
+  int nb;           /* out's batch dims (0 to 2) */
+  int64_t ob[2];    /* out's */
+  int64_t xb[2][2]; /* A's and B's */
+  int64_t m, n, k;  /* op(A) is m x k, op(B) k x n */
+} mm_batch;
+
+/* The batch layout of op(A) op(B), or an error naming op. */
+static gcap_status mm_plan(gcap_tensor *A, int ta, gcap_tensor *B, int tb, const char *op,
+                           mm_batch *bt) {
+  char b1[64], b2[64];
+  gcap_tensor *x[2];
+  int i, d, ok = A->ndim >= 2 && B->ndim >= 2;
+  x[0] = A, x[1] = B;
+  if (ok) {
+    bt->m = A->shape[A->ndim - (ta ? 1 : 2)];
+    bt->k = A->shape[A->ndim - (ta ? 2 : 1)];
+    bt->n = B->shape[B->ndim - (tb ? 2 : 1)];
+    ok = B->shape[B->ndim - (tb ? 1 : 2)] == bt->k;
+  }
+  for (i = 0; ok && i < 2; i++)
+    for (d = 0; d < 2; d++) {
+      int at = x[i]->ndim - 4 + d; /* the batch dim aligned with d, if any */
+      bt->xb[i][d] = at >= 0 ? x[i]->shape[at] : 1;
+    }
+  for (d = 0; ok && d < 2; d++) {
+    int64_t a = bt->xb[0][d], b = bt->xb[1][d];
+    ok = a == b || a == 1 || b == 1;
+    bt->ob[d] = a == 1 ? b : a;
+  }
+  if (ok) {
+    bt->nb = (A->ndim > B->ndim ? A->ndim : B->ndim) - 2;
+    return GCAP_OK;
+  }
+  if (A->ndim == 2 && B->ndim == 2)
+    return gc_fail(A->e, GCAP_EINVAL, "%s: expected [m, k] x [k, n], got %s x %s", op,
+                   gc_shape_str(A, b1, sizeof b1), gc_shape_str(B, b2, sizeof b2));
+  return gc_fail(A->e, GCAP_EINVAL,
+                 "%s: expected [..., m, k] x [..., k, n] with batch dims that broadcast, got %s "
+                 "x %s",
+                 op, gc_shape_str(A, b1, sizeof b1), gc_shape_str(B, b2, sizeof b2));
+}
+
+/* C = op(A) op(B) (not recorded), C of out's batch and [m, n]: one strided
+** launch when each operand is one matrix or a whole batch, else one per
+** index of the first batch dim. */
+static gcap_status bmm(gcap_tensor *A, int ta, gcap_tensor *B, int tb, const mm_batch *bt,
+                       gcap_tensor **c) {
+  int64_t shape[GCAP_MAXDIM], mat[2], all = bt->ob[0] * bt->ob[1], i, launches = 1;
+  size_t es = gc_dtype_size(A->dt);
+  gcap_tensor *in[2];
+  int whole[2], one[2], j;
+  gc_kargs a;
   gcap_status st = GCAP_OK;
-  if (gc_node_needs(n, 0)) st = mm(g, 0, b, 1, m, k, nn, 1.0f, 0.0f, 2, a->shape, &gin[0]);
-  if (st == GCAP_OK && gc_node_needs(n, 1))
-    st = mm(a, 1, g, 0, k, nn, m, 1.0f, 0.0f, 2, b->shape, &gin[1]);
+  for (j = 0; j < bt->nb; j++)
+    shape[j] = bt->ob[2 - bt->nb + j];
+  shape[bt->nb] = bt->m;
+  shape[bt->nb + 1] = bt->n;
+  if ((st = gc_tensor_alloc(A->e, "matmul", A->dt, bt->nb + 2, shape, c)) != GCAP_OK) return st;
+  mat[0] = bt->m * bt->k, mat[1] = bt->k * bt->n;
+  for (j = 0; j < 2; j++) {
+    one[j] = bt->xb[j][0] * bt->xb[j][1] == 1;
+    whole[j] = bt->xb[j][0] * bt->xb[j][1] == all;
+    if (!one[j] && !whole[j]) launches = bt->ob[0];
+  }
+  in[0] = A, in[1] = B;
+  for (i = 0; i < launches && st == GCAP_OK; i++) {
+    memset(&a, 0, sizeof a);
+    a.n[0] = bt->m, a.n[1] = bt->n, a.n[2] = bt->k, a.n[3] = ta, a.n[4] = tb;
+    a.n[5] = launches > 1 ? bt->ob[1] : all;
+    a.f[0] = 1.0f;
+    a.p[0] = (char *)gc_tensor_ptr(*c) + (size_t)(i * a.n[5] * bt->m * bt->n) * es;
+    for (j = 0; j < 2; j++) {
+      int64_t off = 0, stride = one[j] ? 0 : mat[j];
+      if (launches > 1) { /* per index of the first batch dim: along the second */
+        off = bt->xb[j][0] == 1 ? 0 : i * bt->xb[j][1] * mat[j];
+        stride = bt->xb[j][1] == 1 ? 0 : mat[j];
+      }
+      a.p[1 + j] = (char *)gc_tensor_ptr(in[j]) + (size_t)off * es;
+      a.n[6 + j] = stride;
+    }
+    st = gc_run(A->e, GC_K_MATMUL, &a, in, 2, *c);
+  }
+  if (st != GCAP_OK) {
+    gcap_tensor_free(*c);
+    *c = NULL;
+  }
   return st;
 }
 
-gcap_status gcap_matmul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+/* The grad g of a product's operand x, computed over out's whole batch,
+** summed over the batch dims where x has 1 (GC_K_SUM_MID), as x's shape. */
+static gcap_status batch_reduce(gcap_tensor *g, gcap_tensor *x, const mm_batch *bt, int which,
+                                gcap_tensor **out) {
+  int64_t mat = x->shape[x->ndim - 2] * x->shape[x->ndim - 1], dims[2], len;
+  gcap_tensor *cur = gcap_tensor_retain(g);
+  gcap_status st = GCAP_OK;
+  int d;
+  dims[0] = bt->ob[0], dims[1] = bt->ob[1];
+  for (d = 0; d < 2 && st == GCAP_OK; d++) {
+    gcap_tensor *r = NULL;
+    gc_kargs a;
+    if (bt->xb[which][d] != 1 || dims[d] == 1) continue;
+    len = (d == 0 ? 1 : dims[0]) * (d == 0 ? dims[1] : 1) * mat;
+    if ((st = gc_tensor_alloc(g->e, "matmul backward", g->dt, 1, &len, &r)) != GCAP_OK) break;
+    memset(&a, 0, sizeof a);
+    a.p[0] = gc_tensor_ptr(r);
+    a.p[1] = gc_tensor_ptr(cur);
+    a.n[0] = d == 0 ? 1 : dims[0];
+    a.n[1] = dims[d];
+    a.n[2] = d == 0 ? dims[1] * mat : mat;
+    st = gc_run(g->e, GC_K_SUM_MID, &a, &cur, 1, r);
+    gcap_tensor_free(cur);
+    cur = r;
+    dims[d] = 1;
+  }
+  if (st == GCAP_OK && (*out = gc_tensor_alias(cur, x->ndim, x->shape)) == NULL)
+    st = gc_fail(g->e, GCAP_ENOMEM, "matmul backward: out of host memory");
+  gcap_tensor_free(cur);
+  return st;
+}
+
+/* saved: A, B; k[0] = ta, k[1] = tb. dA and dB are products of g with the
+** other operand (transposed as each operand's flag says), reduced over the
+** batch dims it was broadcast along. */
+static gcap_status matmul_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  gcap_tensor *A = n->saved[0], *B = n->saved[1], *full = NULL;
+  int ta = (int)n->k[0], tb = (int)n->k[1];
+  mm_batch fw, bt;
+  gcap_status st = GCAP_OK;
+  if ((st = mm_plan(A, ta, B, tb, "matmul backward", &fw)) != GCAP_OK) return st;
+  if (gc_node_needs(n, 0)) {
+    st = ta ? mm_plan(B, tb, g, 1, "matmul backward", &bt)
+            : mm_plan(g, 0, B, !tb, "matmul backward", &bt);
+    if (st == GCAP_OK) st = ta ? bmm(B, tb, g, 1, &bt, &full) : bmm(g, 0, B, !tb, &bt, &full);
+    if (st == GCAP_OK) st = batch_reduce(full, A, &fw, 0, &gin[0]);
+    gcap_tensor_free(full);
+    full = NULL;
+  }
+  if (st == GCAP_OK && gc_node_needs(n, 1)) {
+    st = tb ? mm_plan(g, 1, A, ta, "matmul backward", &bt)
+            : mm_plan(A, !ta, g, 0, "matmul backward", &bt);
+    if (st == GCAP_OK) st = tb ? bmm(g, 1, A, ta, &bt, &full) : bmm(A, !ta, g, 0, &bt, &full);
+    if (st == GCAP_OK) st = batch_reduce(full, B, &fw, 1, &gin[1]);
+    gcap_tensor_free(full);
+  }
+  return st;
+}
+
+gcap_status gc_matmul(gcap_tensor *a, int ta, gcap_tensor *b, int tb, gcap_tensor **out) {
   gcap_tensor *in[2];
-  int64_t shape[2];
+  mm_batch bt;
+  gc_node *n;
   gcap_status st;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
-  if ((st = mm_check(a, b, "matmul")) != GCAP_OK) return st;
-  if (a->ndim != 2 || b->ndim != 2 || a->shape[1] != b->shape[0]) {
-    char b1[64], b2[64];
-    return gc_fail(a->e, GCAP_EINVAL, "matmul: expected [m, k] x [k, n], got %s x %s",
-                   gc_shape_str(a, b1, sizeof b1), gc_shape_str(b, b2, sizeof b2));
-  }
-  shape[0] = a->shape[0];
-  shape[1] = b->shape[1];
-  if ((st = mm(a, 0, b, 0, shape[0], shape[1], a->shape[1], 1.0f, 0.0f, 2, shape, out)) != GCAP_OK)
+  if ((st = mm_check(a, b, "matmul")) != GCAP_OK ||
+      (st = mm_plan(a, ta, b, tb, "matmul", &bt)) != GCAP_OK ||
+      (st = bmm(a, ta, b, tb, &bt, out)) != GCAP_OK)
     return st;
   in[0] = a;
   in[1] = b;
-  if (gc_grad_needed(a->e, in, 2) &&
-      (st = gc_record(*out, "matmul", matmul_backward, in, 2, in, 2, NULL)) != GCAP_OK) {
+  if (!gc_grad_needed(a->e, in, 2)) return GCAP_OK;
+  if ((st = gc_record(*out, "matmul", matmul_backward, in, 2, in, 2, &n)) != GCAP_OK) {
     gcap_tensor_free(*out);
     *out = NULL;
+    return st;
   }
-  return st;
+  n->k[0] = ta;
+  n->k[1] = tb;
+  return GCAP_OK;
+}
+
+gcap_status gcap_matmul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+  return gc_matmul(a, 0, b, 0, out);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -147,6 +147,9 @@ gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out);
 ** noted as written; *p gets its address or NULL. The caller frees *t right
 ** after its launch, as later work on the stream runs after it. */
 gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **t, void **p);
+/* op(a) op(b) (ta, tb: transposed), the batch dims broadcast, recorded as
+** "matmul" (gcap_matmul is ta = tb = 0). */
+gcap_status gc_matmul(gcap_tensor *a, int ta, gcap_tensor *b, int tb, gcap_tensor **out);
 /* linear. A linear node whose ud is a Linear module leaves the parameter
 ** grads to its backward_dw (delayed wgrad), or adds the weight grad into its
 ** main_grad (fused wgrad). */
