@@ -240,9 +240,47 @@ gcap_status gcap_layer_norm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, doub
                             gcap_tensor **out);
 /* Softmax over dimension dim, which must be the last (-1 or ndim - 1). */
 gcap_status gcap_softmax(gcap_tensor *x, int dim, gcap_tensor **out);
+/* How a mask of softmax or attention is read: added to the scores
+** (GCAP_MASK_ADD: 0 keeps, -inf masks out), or a boolean where nonzero masks
+** out (GCAP_MASK_BOOL, TransformerEngine's convention for attention masks). */
+typedef enum gcap_mask_kind { GCAP_MASK_ADD = 0, GCAP_MASK_BOOL = 1 } gcap_mask_kind;
+/* Softmax over the last dim of z = scale * x, then the mask (NULL: none)
+** read as `kind` and broadcast over x (at most x's dims, each equal or 1,
+** aligned at the last; f32 or bf16 whatever x's dtype), then, when causal,
+** column j > row i of each [.., i, j] matrix of the last two dims masked out
+** (the upper-left triangle kept, PyTorch's is_causal). A row with every
+** column masked out is all zeros (its grads too). The mask gets no grad. */
+gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
+                                gcap_mask_kind kind, int causal, gcap_tensor **out);
+/* The options of gcap_scaled_dot_product_attention; all zeros (or NULL
+** options) are the defaults. */
+typedef struct gcap_sdpa_opts {
+  gcap_tensor *attn_mask;   /* NULL, or a mask over the scores [..., Sq, Sk] as softmax's */
+  gcap_mask_kind mask_kind; /* how attn_mask is read */
+  int is_causal;            /* key j > query i masked out (the upper-left triangle kept) */
+  double dropout_p;         /* dropout on the attention weights, in [0, 1) */
+  double scale;             /* of the scores; 0: 1 / sqrt(D) */
+} gcap_sdpa_opts;
+/* Attention softmax(scale q k^T + mask, causal) v with dropout on the
+** weights: q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv] (2-D to 4-D, equal
+** batch dims) -> [..., Sq, Dv]. Grads for q, k and v. The dropout draws from
+** the engine's generator as gcap_dropout over the weights [..., Sq, Sk]. */
+gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
+                                              const gcap_sdpa_opts *opts, gcap_tensor **out);
+/* out = t where the mask (broadcast over t as softmax's) is 0, `value`
+** where it is nonzero; the filled elements get no grad, the mask none. */
+gcap_status gcap_masked_fill(gcap_tensor *t, gcap_tensor *mask, double value, gcap_tensor **out);
 /* Zero each element with probability p and scale the rest by 1/(1-p) when
 ** training; the identity otherwise. Masks come from the engine's generator. */
 gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **out);
+/* Rows of weight [rows, dim] looked up by ids (0-D to 3-D, integers held as
+** f32 numbers whatever weight's dtype) into ids' shape + [dim]. An id that is
+** no row (1.5, NaN, -1, rows) is refused (GCAP_EINVAL, naming it): outside
+** capture the ids are read back and checked, which waits for them; inside a
+** capture they cannot be, and such an id's row is NaN (its grad dropped).
+** The weight's grad adds each id's row grads in the order of the ids, with
+** no atomics: the same bits at every run. */
+gcap_status gcap_embedding(gcap_tensor *ids, gcap_tensor *weight, gcap_tensor **out);
 /* mean((input - target)^2) into a 0-D tensor. */
 gcap_status gcap_mse_loss(gcap_tensor *input, gcap_tensor *target, gcap_tensor **out);
 /* Mean cross entropy of logits [N, C] against target [N] (class indices

@@ -265,11 +265,15 @@ LUAI_FUNC int l_transpose(lua_State *L);
 LUAI_FUNC int l_permute(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_shape_funcs[]);
 
+/* lattn.c */
+LUAI_FUNC int l_softmax(lua_State *L);
+LUAI_FUNC int l_masked_fill(lua_State *L);
+LUAI_FUNC int l_sdpa(lua_State *L);
+
 /* lops.c */
 LUAI_FUNC int l_matmul(lua_State *L);
 LUAI_FUNC int l_relu(lua_State *L);
 LUAI_FUNC int l_gelu(lua_State *L);
-LUAI_FUNC int l_softmax(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_ops_funcs[]);
 LUAI_DDEC(const luaL_Reg l_F_funcs[]);
 

@@ -36,6 +36,11 @@ static int l_cross_entropy(lua_State *L) {
   return l_binary(L, gcap_cross_entropy, "cross_entropy");
 }
 
+/* embedding(ids, weight) */
+static int l_embedding(lua_State *L) {
+  return l_binary(L, gcap_embedding, "embedding");
+}
+
 /* linear(x, w [, b]) and linear_gelu(x, w [, b]) */
 static int l_linear_op(lua_State *L,
                        gcap_status (*op)(gcap_tensor *, gcap_tensor *, gcap_tensor *,
@@ -67,30 +72,6 @@ static int l_layer_norm(lua_State *L) {
   return 1;
 }
 
-/* softmax(x [, dim = -1]): Lua dims count from 1; -1 is the last one */
-int l_softmax(lua_State *L) {
-  gcap_tensor *x = l_checktensor(L, 1);
-  lua_Integer d = luaL_optinteger(L, 2, -1);
-  int n = gcap_tensor_ndim(x);
-  LTensor *r;
-  if (n > 0) {
-    lua_Integer p = (d < 0) ? d + n + 1 : d; /* 1-based */
-    if (d == 0 || p < 1 || p > n)
-      return l_error(L,
-                     "softmax: dim %I is out of range for a %d-D tensor "
-                     "(dims count from 1; -1 is the last)",
-                     (LUAI_UACINT)d, n);
-    if (p != n)
-      return l_error(L,
-                     "softmax: only the last dimension is supported "
-                     "(dim -1 or %d), got dim %I",
-                     n, (LUAI_UACINT)d);
-  }
-  r = l_newtensor(L);
-  l_check(L, gcap_tensor_engine(x), gcap_softmax(x, -1, &r->t), "softmax");
-  return 1;
-}
-
 /* dropout(x [, p = 0.5 [, training = true]]) */
 static int l_dropout(lua_State *L) {
   gcap_tensor *x = l_checktensor(L, 1);
@@ -119,9 +100,12 @@ LUAI_DDEF const luaL_Reg l_F_funcs[] = {{"linear", l_linear},
                                         {"gelu", l_gelu},
                                         {"layer_norm", l_layer_norm},
                                         {"softmax", l_softmax},
+                                        {"masked_fill", l_masked_fill},
                                         {"dropout", l_dropout},
                                         {"mse_loss", l_mse_loss},
                                         {"cross_entropy", l_cross_entropy},
+                                        {"embedding", l_embedding},
+                                        {"scaled_dot_product_attention", l_sdpa},
                                         {NULL, NULL}};
 
 /* functions of the module */

@@ -596,6 +596,7 @@ static const luaL_Reg l_tensor_methods[] = {{"shape", l_shape},
                                             {"relu", l_relu},
                                             {"gelu", l_gelu},
                                             {"softmax", l_softmax},
+                                            {"masked_fill", l_masked_fill},
                                             {NULL, NULL}};
 
 LUAI_DDEF const LClass l_tensor_class = {"Tensor",          TENSOR_MT,       "tensor is closed",

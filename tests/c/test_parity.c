@@ -273,6 +273,45 @@ static gcap_status f_split_cat(gcap_tensor *const *x, gcap_tensor **y) {
   return st;
 }
 
+/* softmax of 0.125 x plus an additive mask x[1]; the same causal, with a
+** boolean mask x[1] (0/1 values) */
+static gcap_status f_softmax_add(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_softmax_masked(x[0], 0.125, x[1], GCAP_MASK_ADD, 0, y);
+}
+static gcap_status f_softmax_bool_causal(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_softmax_masked(x[0], 0.125, x[1], GCAP_MASK_BOOL, 1, y);
+}
+static gcap_status f_softmax_causal(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_softmax_masked(x[0], 1.0, NULL, GCAP_MASK_ADD, 1, y);
+}
+static gcap_status f_masked_fill(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_masked_fill(x[0], x[1], -3.5, y);
+}
+
+/* embedding of ids x[0] (class-id fill, converted to the f32 ids are held
+** in) into the table x[1] */
+static gcap_status f_embedding(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_tensor *ids = NULL;
+  gcap_status st = gcap_tensor_empty(gcap_tensor_engine(x[0]), GCAP_F32, gcap_tensor_ndim(x[0]),
+                                     gcap_tensor_shape(x[0]), &ids);
+  if (st == GCAP_OK && (st = gcap_copy_(ids, x[0])) == GCAP_OK) st = gcap_embedding(ids, x[1], y);
+  gcap_tensor_free(ids);
+  return st;
+}
+
+/* attention: plain; causal with dropout (seeded); with a boolean mask x[3] */
+static gcap_status f_sdpa(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], NULL, y);
+}
+static gcap_status f_sdpa_causal_dropout(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_sdpa_opts o = {.is_causal = 1, .dropout_p = 0.2};
+  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
+}
+static gcap_status f_sdpa_mask(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_sdpa_opts o = {.attn_mask = x[3], .mask_kind = GCAP_MASK_BOOL};
+  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
+}
+
 #define P0(f, g)                                                                                   \
   { 0, {0}, f, 0, g }
 #define P1(a, f, g)                                                                                \
@@ -285,6 +324,13 @@ static gcap_status f_split_cat(gcap_tensor *const *x, gcap_tensor **y) {
   { 4, {a, b, c, d}, f, 0, g }
 #define PC(n, classes)                                                                             \
   { 1, {n}, FILL_CLASS, classes, 0 }
+#define PC2(a, b, classes)                                                                         \
+  { 2, {a, b}, FILL_CLASS, classes, 0 }
+/* 0/1 masks: (i * 7 + 3) % 2 */
+#define PM2(a, b)                                                                                  \
+  { 2, {a, b}, FILL_CLASS, 2, 0 }
+#define PM3(a, b, c)                                                                               \
+  { 3, {a, b, c}, FILL_CLASS, 2, 0 }
 #define N FILL_NORMAL
 #define F32 GCAP_F32
 #define BF GCAP_BF16
@@ -401,6 +447,100 @@ static const pcase cases[] = {
      0,
      2,
      {P3(4, 64, 32, N, 1), P3(4, 32, 64, N, 1)}},
+    /* masks */
+    {"softmax scaled, additive mask [2,1,33,70]",
+     f_softmax_add,
+     F32,
+     1,
+     0,
+     2,
+     {P4(2, 3, 33, 70, N, 1), P4(2, 1, 33, 70, N, 0)}},
+    {"softmax causal, boolean mask [17,17]",
+     f_softmax_bool_causal,
+     F32,
+     1,
+     0,
+     2,
+     {P4(2, 3, 17, 17, N, 1), PM2(17, 17)}},
+    {"softmax causal [4,300,300]", f_softmax_causal, F32, 1, 0, 1, {P3(4, 300, 300, N, 1)}},
+    {"masked_fill [3,1,70] over [2,3,33,70]",
+     f_masked_fill,
+     F32,
+     1,
+     0,
+     2,
+     {P4(2, 3, 33, 70, N, 1), PM3(3, 1, 70)}},
+    {"bf16 softmax scaled, additive mask",
+     f_softmax_add,
+     BF,
+     1,
+     0,
+     2,
+     {P4(2, 3, 33, 70, N, 1), P4(2, 1, 33, 70, N, 0)}},
+    {"bf16 softmax causal, boolean mask",
+     f_softmax_bool_causal,
+     BF,
+     1,
+     0,
+     2,
+     {P4(2, 3, 17, 17, N, 1), PM2(17, 17)}},
+    {"bf16 masked_fill", f_masked_fill, BF, 1, 0, 2, {P4(2, 3, 33, 70, N, 1), PM3(3, 1, 70)}},
+    {"embedding [4,33] ids into [50,70]",
+     f_embedding,
+     F32,
+     1,
+     0,
+     2,
+     {PC2(4, 33, 50), P2(50, 70, N, 1)}},
+    {"bf16 embedding [4,33] ids into [50,70]",
+     f_embedding,
+     BF,
+     1,
+     0,
+     2,
+     {PC2(4, 33, 50), P2(50, 70, N, 1)}},
+    {"sdpa [2,3,40,16]",
+     f_sdpa,
+     F32,
+     1,
+     0,
+     3,
+     {P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 16, N, 1)}},
+    {"sdpa causal dropout (seeded) [2,2,70,32]",
+     f_sdpa_causal_dropout,
+     F32,
+     1,
+     4242,
+     3,
+     {P4(2, 2, 70, 32, N, 1), P4(2, 2, 70, 32, N, 1), P4(2, 2, 70, 32, N, 1)}},
+    {"sdpa boolean mask, Sq 24 Sk 40",
+     f_sdpa_mask,
+     F32,
+     1,
+     0,
+     4,
+     {P4(2, 3, 24, 16, N, 1), P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 8, N, 1), PM2(24, 40)}},
+    {"bf16 sdpa [2,3,40,16]",
+     f_sdpa,
+     BF,
+     1,
+     0,
+     3,
+     {P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 16, N, 1)}},
+    {"bf16 sdpa causal dropout (seeded)",
+     f_sdpa_causal_dropout,
+     BF,
+     1,
+     4242,
+     3,
+     {P4(2, 2, 70, 32, N, 1), P4(2, 2, 70, 32, N, 1), P4(2, 2, 70, 32, N, 1)}},
+    {"bf16 sdpa boolean mask",
+     f_sdpa_mask,
+     BF,
+     1,
+     0,
+     4,
+     {P4(2, 3, 24, 16, N, 1), P4(2, 3, 40, 16, N, 1), P4(2, 3, 40, 8, N, 1), PM2(24, 40)}},
     /* shapes */
     {"permute [3,4,5,6] (2,0,3,1)", f_permute, F32, 1, 0, 1, {P4(3, 4, 5, 6, N, 1)}},
     {"transpose [2,33,70] (-1,-2)", f_transpose, F32, 1, 0, 1, {P3(2, 33, 70, N, 1)}},

@@ -96,4 +96,340 @@ function TestAttentionOps:test_batched_matmul_errors ()
                HERE, "matmul: expected [..., m, k] x [..., k, n]")
 end
 
+-- The flat index into a mask of shape ms (right-aligned, dims 1 broadcast)
+-- of element idx (0-based entries) of shape xs.
+local function mask_offset (xs, ms, idx)
+  local o = 0
+  for d = 1, #ms do
+    local xd = #xs - #ms + d
+    o = o * ms[d] + (ms[d] == 1 and 0 or idx[xd])
+  end
+  return o
+end
+
+-- Every index of shape in row-major order, 0-based entries.
+local function indices (shape)
+  local out, idx = {}, {}
+  local function walk (d)
+    if d > #shape then out[#out + 1] = table.move(idx, 1, #shape, 1, {}); return end
+    for i = 0, shape[d] - 1 do idx[d] = i; walk(d + 1) end
+  end
+  walk(1)
+  return out
+end
+
+-- softmax over the last dim of scale * x (+ mask) in double; o: {scale,
+-- mask, mshape, bool, causal}. A row masked out everywhere is zeros.
+local function ref_softmax (x, xs, o)
+  local cols, z, y = xs[#xs], {}, {}
+  for k, idx in ipairs(indices(xs)) do
+    local v = (o.scale or 1) * x[k]
+    local out = o.causal and idx[#xs] > idx[#xs - 1]
+    if o.mask then
+      local m = o.mask[mask_offset(xs, o.mshape, idx) + 1]
+      if o.bool then out = out or m ~= 0 else v = v + m end
+    end
+    z[k] = out and -math.huge or v
+  end
+  for r = 0, #x // cols - 1 do
+    local mx = -math.huge
+    for c = 1, cols do mx = math.max(mx, z[r * cols + c]) end
+    local s = 0
+    for c = 1, cols do s = s + math.exp(z[r * cols + c] - mx) end
+    for c = 1, cols do
+      y[r * cols + c] = mx == -math.huge and 0 or math.exp(z[r * cols + c] - mx) / s
+    end
+  end
+  return y
+end
+
+-- 0/1 values, every third one set (a row of zeros where rows has them).
+local function bits (n, phase)
+  local v = {}
+  for i = 1, n do v[i] = (i + (phase or 0)) % 3 == 0 and 1 or 0 end
+  return v
+end
+
+function TestAttentionOps:test_softmax_scale_masks_causal ()
+  local xs = {2, 3, 4, 5}
+  local n = numel(xs)
+  local x = H.values(n, 0.3, 2)
+  -- an additive mask over batch and rows, some entries -inf
+  local ms = {2, 1, 4, 5}
+  local m = H.values(numel(ms), 1.7, 1.5)
+  for i = 1, #m, 7 do m[i] = -math.huge end
+  H.gradcheck("softmax additive mask", {{xs, x}, {ms, m, grad = false}},
+              function (t, mt) return gc.F.softmax(t, {scale = 0.5, mask = mt}) end,
+              function (t) return ref_softmax(t, xs, {scale = 0.5, mask = m, mshape = ms}) end)
+  -- a boolean mask over the last two dims, one row masked out everywhere
+  local bs = {4, 5}
+  local b = bits(20)
+  for c = 6, 10 do b[c] = 1 end
+  H.gradcheck("softmax boolean mask", {{xs, x}, {bs, b, grad = false}},
+              function (t, mt) return t:softmax{mask_bool = mt, dim = -1} end,
+              function (t) return ref_softmax(t, xs, {mask = b, mshape = bs, bool = true}) end)
+  -- causal, square and not; with a mask and a scale
+  H.gradcheck("softmax causal [2,4,4]", {{{2, 4, 4}, H.values(32, 0.9)}},
+              function (t) return gc.F.softmax(t, {causal = true}) end,
+              function (t) return ref_softmax(t, {2, 4, 4}, {causal = true}) end)
+  H.gradcheck("softmax causal [3,5] scaled, masked", {{{3, 5}, H.values(15, 0.4)},
+                                                      {{5}, bits(5, 1), grad = false}},
+              function (t, mt) return gc.F.softmax(t, {causal = true, scale = 2, mask_bool = mt}) end,
+              function (t)
+                return ref_softmax(t, {3, 5}, {causal = true, scale = 2, mask = bits(5, 1),
+                                               mshape = {5}, bool = true})
+              end)
+  -- a bf16 mask on f32 scores: read as its own dtype
+  local mb = gc.tensor(H.nest(bits(20), bs), "bf16")
+  local y = gc.F.softmax(gc.tensor(H.nest(x, xs)), {mask_bool = mb})
+  H.assert_close(H.flat(y:tolist()), ref_softmax(H.flat(gc.tensor(H.nest(x, xs)):tolist()), xs,
+                 {mask = bits(20), mshape = bs, bool = true}), 2e-6, 2e-5, "bf16 mask")
+end
+
+function TestAttentionOps:test_masked_fill_values_and_grads ()
+  local xs, ms = {2, 3, 4}, {3, 1}
+  local m = bits(3)
+  H.gradcheck("masked_fill", {{xs, H.values(24, 0.2)}, {ms, m, grad = false}},
+              function (t, mt) return gc.F.masked_fill(t, mt, -7) end,
+              function (t)
+                local y = {}
+                for k, idx in ipairs(indices(xs)) do
+                  y[k] = m[mask_offset(xs, ms, idx) + 1] ~= 0 and -7 or t[k]
+                end
+                return y
+              end)
+  local t = gc.tensor{{1, 2}, {3, 4}}
+  lu.assertEquals(t:masked_fill(gc.tensor{0, 1}, -math.huge):tolist(),
+                  {{1, -math.huge}, {3, -math.huge}})
+end
+
+function TestAttentionOps:test_softmax_and_masked_fill_errors ()
+  local x = gc.zeros{2, 3, 4}
+  H.assert_err(function () return gc.F.softmax(x, {mask = gc.zeros{3, 3}}) end,
+               HERE, "softmax: the mask [3, 3] does not broadcast to [2, 3, 4]")
+  H.assert_err(function () return gc.F.softmax(x, {mask = gc.zeros{4}, mask_bool = gc.zeros{4}}) end,
+               HERE, "softmax: options 'mask' and 'mask_bool' exclude each other")
+  H.assert_err(function () return gc.F.softmax(x, {scale = "2"}) end,
+               HERE, "softmax: option 'scale' must be a number, got string")
+  H.assert_err(function () return gc.F.softmax(x, {causal = 1}) end,
+               HERE, "softmax: option 'causal' must be a boolean, got number")
+  H.assert_err(function () return gc.F.softmax(x, {casual = true}) end,
+               HERE, "softmax: unknown option 'casual'")
+  H.assert_err(function () return gc.F.softmax(x, {dim = 1}) end,
+               HERE, "softmax: only the last dimension is supported (dim -1 or 3), got dim 1")
+  H.assert_err(function () return gc.F.softmax(gc.zeros{4}, {causal = true}) end,
+               HERE, "softmax: causal needs a tensor of at least 2 dims, got 1-D")
+  H.assert_err(function () return gc.F.softmax(x, {scale = math.huge}) end,
+               HERE, "softmax: the scale must be finite, got inf")
+  H.assert_err(function () return gc.F.masked_fill(x, gc.zeros{2, 1, 1, 4}, 0) end,
+               HERE, "masked_fill: the mask [2, 1, 1, 4] does not broadcast to [2, 3, 4]")
+  H.assert_err(function () return gc.F.masked_fill(x, gc.zeros{4}) end,
+               HERE, "bad argument #3 to 'masked_fill' (number expected, got no value)")
+end
+
+function TestAttentionOps:test_embedding_values_and_grads ()
+  local rows, dim = 5, 3
+  local ids = {{4, 0, 4}, {2, 4, 1}}   -- repeated ids: their grads add up
+  local flat_ids = H.flat(ids)
+  H.gradcheck("embedding", {{{rows, dim}, H.values(rows * dim, 0.6)}},
+              function (w) return gc.F.embedding(gc.tensor(ids), w) end,
+              function (w)
+                local y = {}
+                for _, id in ipairs(flat_ids) do
+                  for c = 1, dim do y[#y + 1] = w[id * dim + c] end
+                end
+                return y
+              end)
+  local w = gc.tensor(H.nest(H.values(rows * dim), {rows, dim}), "bf16")
+  local y = gc.F.embedding(gc.tensor(3), w)   -- a 0-D id: one row
+  lu.assertEquals(y:shape(), {dim})
+  lu.assertEquals(y:dtype(), "bf16")
+  lu.assertEquals(y:tolist(), w:tolist()[4])
+end
+
+-- The weight's grad is the same bits at every run, captured or not, with
+-- many ids on few rows (the order of the additions is fixed).
+function TestAttentionOps:test_embedding_backward_deterministic_and_replayed ()
+  local ids = {}
+  for i = 1, 64 do ids[i] = (i * 7) % 3 end
+  local idt = gc.tensor(H.nest(ids, {4, 16}))
+  local w = gc.tensor(H.nest(H.values(3 * 8, 0.1), {3, 8}), {requires_grad = true})
+  local r = gc.tensor(H.nest(H.values(4 * 16 * 8, 0.2), {4, 16, 8}))
+  local function step () (gc.F.embedding(idt, w) * r):sum():backward() end
+  step()
+  local want = w.grad:tolist()
+  for _ = 1, 3 do
+    w.grad = nil
+    step()
+    H.assert_bitwise(w.grad:tolist(), want, "eager again")
+  end
+  w.grad = nil
+  local g = gc.Graph()
+  g:capture(step)
+  g:replay()
+  H.assert_bitwise(w.grad:tolist(), want, "replayed")
+end
+
+function TestAttentionOps:test_embedding_errors ()
+  local w = gc.zeros{4, 2}
+  H.assert_err(function () return gc.F.embedding(gc.tensor{1, 4}, w) end,
+               HERE, "embedding: the id at 2 (counting from 1) is 4, not a row of the weight "
+                     .. "(an integer in 0..3)")
+  H.assert_err(function () return gc.F.embedding(gc.tensor{1.5}, w) end,
+               HERE, "embedding: the id at 1 (counting from 1) is 1.5")
+  H.assert_err(function () return gc.F.embedding(gc.tensor({1}, "bf16"), w) end,
+               HERE, "embedding: expected ids of 0 to 3 dims held as f32 numbers and a weight "
+                     .. "[rows, dim]; got ids bf16 [1] and weight [4, 2]")
+  H.assert_err(function () return gc.F.embedding(gc.zeros{1, 1, 1, 1}, w) end,
+               HERE, "embedding: expected ids of 0 to 3 dims")
+  H.assert_err(function () return gc.F.embedding(gc.zeros{2}, gc.zeros{4}) end,
+               HERE, "got ids f32 [2] and weight [4]")
+end
+
+-- dropout on 4-D attention weights: the mask of the flat elements, grads
+-- through it, and a captured forward and backward equal to eager.
+function TestAttentionOps:test_dropout_on_attention_weights ()
+  local x = gc.tensor(H.nest(H.values(2 * 2 * 4 * 4, 0.3, 1, 2), {2, 2, 4, 4}),
+                      {requires_grad = true})
+  local r = gc.tensor(H.nest(H.values(64, 0.8), {2, 2, 4, 4}))
+  gc.manual_seed(7)
+  local y = gc.F.dropout(gc.F.softmax(x, {causal = true}), 0.25)
+  lu.assertEquals(y:shape(), {2, 2, 4, 4})
+  ;(y * r):sum():backward()
+  local yv, gv = H.flat(y:tolist()), x.grad:tolist()
+  local zeros = 0
+  for _, v in ipairs(yv) do if v == 0 then zeros = zeros + 1 end end
+  lu.assertTrue(zeros > 24 and zeros < 56, "zeros " .. zeros)  -- 24 causal ones, a quarter of the rest
+  x.grad = nil
+  local g, yg = gc.Graph(), nil
+  gc.manual_seed(7)
+  g:capture(function ()
+    yg = gc.F.dropout(gc.F.softmax(x, {causal = true}), 0.25)
+    ;(yg * r):sum():backward()
+  end)
+  gc.manual_seed(7)
+  g:replay()
+  H.assert_bitwise(H.flat(yg:tolist()), yv, "replayed dropout of attention weights")
+  H.assert_bitwise(x.grad:tolist(), gv, "replayed grads")
+end
+
+-- Attention in double: q [B.., Sq, D], k [B.., Sk, D], v [B.., Sk, Dv] flat;
+-- o: {scale, mask, mshape, bool, causal} as ref_softmax's.
+local function ref_sdpa (q, k, v, qs, ks, vs, o)
+  local sq, d, sk, dv = qs[#qs - 1], qs[#qs], ks[#ks - 1], vs[#vs]
+  local batch = #q // (sq * d)
+  local ss = table.move(qs, 1, #qs - 1, 1, {})
+  ss[#ss + 1] = sk
+  local scores = {}
+  for b = 0, batch - 1 do
+    for i = 0, sq - 1 do
+      for j = 0, sk - 1 do
+        local s = 0
+        for l = 0, d - 1 do s = s + q[(b * sq + i) * d + l + 1] * k[(b * sk + j) * d + l + 1] end
+        scores[#scores + 1] = s
+      end
+    end
+  end
+  local p = ref_softmax(scores, ss, {scale = o.scale or 1 / math.sqrt(d), mask = o.mask,
+                                     mshape = o.mshape, bool = o.bool, causal = o.causal})
+  local y = {}
+  for b = 0, batch - 1 do
+    for i = 0, sq - 1 do
+      for c = 0, dv - 1 do
+        local s = 0
+        for j = 0, sk - 1 do s = s + p[(b * sq + i) * sk + j + 1] * v[(b * sk + j) * dv + c + 1] end
+        y[#y + 1] = s
+      end
+    end
+  end
+  return y
+end
+
+function TestAttentionOps:test_sdpa_values_and_grads ()
+  local qs, ks, vs = {2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 3}
+  local function inputs (extra)
+    local t = {{qs, H.values(numel(qs), 0.1)}, {ks, H.values(numel(ks), 0.5)},
+               {vs, H.values(numel(vs), 0.9)}}
+    if extra then t[4] = extra end
+    return t
+  end
+  H.gradcheck("sdpa", inputs(),
+              function (q, k, v) return gc.F.scaled_dot_product_attention(q, k, v) end,
+              function (q, k, v) return ref_sdpa(q, k, v, qs, ks, vs, {}) end)
+  H.gradcheck("sdpa causal, scale 0.3", inputs(),
+              function (q, k, v)
+                return gc.F.scaled_dot_product_attention(q, k, v, {is_causal = true, scale = 0.3})
+              end,
+              function (q, k, v) return ref_sdpa(q, k, v, qs, ks, vs, {causal = true, scale = 0.3}) end)
+  local ms = {2, 1, 3, 5}
+  local m = H.values(numel(ms), 0.7, 2)
+  H.gradcheck("sdpa additive mask", inputs{ms, m, grad = false},
+              function (q, k, v, mt)
+                return gc.F.scaled_dot_product_attention(q, k, v, {attn_mask = mt})
+              end,
+              function (q, k, v) return ref_sdpa(q, k, v, qs, ks, vs, {mask = m, mshape = ms}) end)
+  local b = bits(15)
+  H.gradcheck("sdpa boolean mask", inputs{{3, 5}, b, grad = false},
+              function (q, k, v, mt)
+                return gc.F.scaled_dot_product_attention(q, k, v, {attn_mask_bool = mt})
+              end,
+              function (q, k, v)
+                return ref_sdpa(q, k, v, qs, ks, vs, {mask = b, mshape = {3, 5}, bool = true})
+              end)
+end
+
+-- With dropout, the op is the composition of the ops it names: equal to
+-- matmul, softmax, dropout and matmul drawn from the same seed, bit for
+-- bit; captured with its backward, it replays to eager's values.
+function TestAttentionOps:test_sdpa_dropout_composition_and_replay ()
+  local function t (shape, ph) return gc.tensor(H.nest(H.values(numel(shape), ph), shape),
+                                                {requires_grad = true}) end
+  local q, k, v = t({2, 2, 6, 4}, 0.1), t({2, 2, 6, 4}, 0.2), t({2, 2, 6, 8}, 0.3)
+  local mask = gc.tensor(H.nest(bits(36), {6, 6}))
+  local opts = {dropout_p = 0.3, is_causal = true, attn_mask_bool = mask, scale = 0.4}
+  gc.manual_seed(11)
+  local y = gc.F.scaled_dot_product_attention(q, k, v, opts)
+  gc.manual_seed(11)
+  local s = gc.matmul(q, k:transpose(-1, -2))
+  local p = gc.F.dropout(gc.F.softmax(s, {scale = 0.4, causal = true, mask_bool = mask}), 0.3)
+  H.assert_bitwise(H.flat(y:tolist()), H.flat(gc.matmul(p, v):tolist()), "composed")
+  local r = gc.tensor(H.nest(H.values(2 * 2 * 6 * 8, 1.3), {2, 2, 6, 8}))
+  local function step ()
+    local o = gc.F.scaled_dot_product_attention(q, k, v, opts)
+    ;(o * r):sum():backward()
+    return o
+  end
+  gc.manual_seed(5)
+  local want_y = H.flat(step():tolist())
+  local want = {q.grad:tolist(), k.grad:tolist(), v.grad:tolist()}
+  q.grad, k.grad, v.grad = nil, nil, nil
+  local g, yg = gc.Graph(), nil
+  g:capture(function () yg = step() end)
+  gc.manual_seed(5)
+  g:replay()
+  H.assert_bitwise(H.flat(yg:tolist()), want_y, "replayed output")
+  for i, x in ipairs{q, k, v} do H.assert_bitwise(x.grad:tolist(), want[i], "replayed grad " .. i) end
+end
+
+function TestAttentionOps:test_sdpa_errors ()
+  local q, k, v = gc.zeros{2, 3, 4}, gc.zeros{2, 5, 4}, gc.zeros{2, 5, 6}
+  local F = gc.F
+  H.assert_err(function () return F.scaled_dot_product_attention(q, gc.zeros{2, 5, 3}, v) end,
+               HERE, "scaled_dot_product_attention: expected q [..., Sq, D], k [..., Sk, D], "
+                     .. "v [..., Sk, Dv] of one engine and dtype with equal batch dims; got q f32 "
+                     .. "[2, 3, 4], k f32 [2, 5, 3], v f32 [2, 5, 6]")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, gc.zeros{3, 5, 6}) end,
+               HERE, "got q f32 [2, 3, 4], k f32 [2, 5, 4], v f32 [3, 5, 6]")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {dropout_p = 1}) end,
+               HERE, "scaled_dot_product_attention: dropout_p must be in [0, 1), got 1")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {scale = 0}) end,
+               HERE, "scaled_dot_product_attention: option 'scale' must be a positive finite number")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {attn_mask = gc.zeros{4, 5}}) end,
+               HERE, "scaled_dot_product_attention: the attn_mask [4, 5] does not broadcast to [2, 3, 5]")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {causal = true}) end,
+               HERE, "scaled_dot_product_attention: unknown option 'causal'")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {attn_mask = 1}) end,
+               HERE, "scaled_dot_product_attention: option 'attn_mask' must be a tensor, got number")
+end
+
 os.exit(lu.LuaUnit.run())

@@ -223,30 +223,76 @@ fail:
 /* ------------------------------------------------------------------------ */
 /* softmax over the last dimension                                           */
 
-static gcap_status row_kernel(gcap_tensor *out, int k, gcap_tensor *x, gcap_tensor *y) {
+/* softmax of z = scale * x (+ mask, causal) over the last dim into y, not
+** recorded; flags: the mask's GC_MASK_* flags (with GC_MASK_CAUSAL). */
+static gcap_status softmax_run(gcap_tensor *y, gcap_tensor *x, float scale, gcap_tensor *mask,
+                               int64_t flags) {
   gcap_tensor *in[2];
-  int64_t cols = last_dim(out);
+  int64_t cols = last_dim(y);
   gc_kargs a;
   memset(&a, 0, sizeof a);
-  a.p[0] = gc_tensor_ptr(out);
+  a.p[0] = gc_tensor_ptr(y);
   a.p[1] = gc_tensor_ptr(x);
-  a.p[2] = y ? gc_tensor_ptr(y) : NULL;
-  a.n[0] = cols > 0 ? out->numel / cols : 0;
+  a.p[2] = mask ? gc_tensor_ptr(mask) : NULL;
+  a.n[0] = cols > 0 ? y->numel / cols : 0;
   a.n[1] = cols;
-  a.n[3] = a.n[4] = 1; /* no mask: the 4-D shape [rows, 1, 1, cols] */
-  a.f[0] = 1.0f;       /* no scale */
+  a.n[2] = flags;
+  a.n[3] = x->ndim >= 3 ? x->shape[x->ndim - 3] : 1; /* x as 4-D [.., n[3], n[4], cols] */
+  a.n[4] = x->ndim >= 2 ? x->shape[x->ndim - 2] : 1;
+  if (a.n[3] == 0 || a.n[4] == 0) return GCAP_OK; /* no rows */
+  a.f[0] = scale;
   in[0] = x;
-  in[1] = y;
-  return gc_run(out->e, k, &a, in, y ? 2 : 1, out);
+  in[1] = mask;
+  return gc_run(y->e, GC_K_SOFTMAX, &a, in, mask ? 2 : 1, y);
 }
 
+/* saved: y; f[0] = the scale */
 static gcap_status softmax_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
-  gcap_tensor *y = n->saved[0];
+  gcap_tensor *y = n->saved[0], *in[2];
+  int64_t cols = last_dim(y);
+  gc_kargs a;
   gcap_status st;
   if ((st = gc_tensor_alloc(g->e, "softmax backward", y->dt, y->ndim, y->shape, &gin[0])) !=
       GCAP_OK)
     return st;
-  if ((st = row_kernel(gin[0], GC_K_SOFTMAX_BWD, g, y)) != GCAP_OK) return fail_free(&gin[0], st);
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(gin[0]);
+  a.p[1] = gc_tensor_ptr(g);
+  a.p[2] = gc_tensor_ptr(y);
+  a.n[0] = cols > 0 ? y->numel / cols : 0;
+  a.n[1] = cols;
+  a.f[0] = n->f[0];
+  in[0] = g;
+  in[1] = y;
+  if ((st = gc_run(g->e, GC_K_SOFTMAX_BWD, &a, in, 2, gin[0])) != GCAP_OK)
+    return fail_free(&gin[0], st);
+  return GCAP_OK;
+}
+
+gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
+                                gcap_mask_kind kind, int causal, gcap_tensor **out) {
+  int64_t flags = 0;
+  gc_node *n;
+  gcap_status st;
+  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if (x->ndim < (causal ? 2 : 1))
+    return gc_fail(x->e, GCAP_EINVAL, "softmax: %s needs a tensor of at least %d dims, got %d-D",
+                   causal ? "causal" : "a softmax", causal ? 2 : 1, x->ndim);
+  if (!isfinite(scale))
+    return gc_fail(x->e, GCAP_EINVAL, "softmax: the scale must be finite, got %g", scale);
+  if (mask != NULL) {
+    if (kind != GCAP_MASK_ADD && kind != GCAP_MASK_BOOL)
+      return gc_fail(x->e, GCAP_EINVAL, "softmax: unknown mask kind %d", (int)kind);
+    if ((st = gc_mask_flags(x, mask, "softmax", "mask", &flags)) != GCAP_OK) return st;
+    if (kind == GCAP_MASK_BOOL) flags |= GC_MASK_BOOL;
+  }
+  if (causal) flags |= GC_MASK_CAUSAL;
+  if ((st = gc_tensor_alloc(x->e, "softmax", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;
+  if ((st = softmax_run(*out, x, (float)scale, mask, flags)) != GCAP_OK) return fail_free(out, st);
+  if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
+  if ((st = gc_record(*out, "softmax", softmax_backward, &x, 1, out, 1, &n)) != GCAP_OK)
+    return fail_free(out, st);
+  n->f[0] = (float)scale;
   return GCAP_OK;
 }
 
@@ -258,12 +304,7 @@ gcap_status gcap_softmax(gcap_tensor *x, int dim, gcap_tensor **out) {
                    "softmax: only the last dimension is supported (dim -1 or %d), got dim %d of a "
                    "%d-D tensor",
                    x->ndim - 1, dim, x->ndim);
-  if ((st = gc_tensor_alloc(x->e, "softmax", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;
-  if ((st = row_kernel(*out, GC_K_SOFTMAX, x, NULL)) != GCAP_OK) return fail_free(out, st);
-  if (gc_grad_needed(x->e, &x, 1) &&
-      (st = gc_record(*out, "softmax", softmax_backward, &x, 1, out, 1, NULL)) != GCAP_OK)
-    return fail_free(out, st);
-  return GCAP_OK;
+  return gcap_softmax_masked(x, 1.0, NULL, GCAP_MASK_ADD, 0, out);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -368,29 +409,26 @@ static gcap_status xent_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) 
   return GCAP_OK;
 }
 
-/* Outside capture, every target must be a class id, an integer in 0..C-1:
-** read back and checked on the host (a capture cannot read back; there the
-** kernels give such a row a NaN loss and NaN grads). */
-static gcap_status xent_check_targets(gcap_tensor *target, int64_t classes) {
-  gcap_engine *e = target->e;
+gcap_status gc_check_ids(gcap_tensor *ids, int64_t count, const char *op, const char *what,
+                         const char *want) {
+  gcap_engine *e = ids->e;
   float *v;
   int64_t i;
   gcap_status st;
-  if (e->cap != NULL || target->numel == 0) return GCAP_OK;
-  if ((v = (float *)gc_malloc((size_t)target->numel * sizeof *v)) == NULL)
-    return gc_fail(e, GCAP_ENOMEM, "cross_entropy: out of host memory");
-  if ((st = gcap_tensor_read(target, v, (size_t)target->numel)) != GCAP_OK) {
+  if (e->cap != NULL || ids->numel == 0) return GCAP_OK;
+  if ((v = (float *)gc_malloc((size_t)ids->numel * sizeof *v)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", op);
+  if ((st = gcap_tensor_read(ids, v, (size_t)ids->numel)) != GCAP_OK) {
     free(v);
     return st;
   }
-  for (i = 0; i < target->numel; i++)
-    if (!(v[i] >= 0.0f && v[i] < (float)classes && v[i] == floorf(v[i]))) {
+  for (i = 0; i < ids->numel; i++)
+    if (!(v[i] >= 0.0f && v[i] < (float)count && v[i] == floorf(v[i]))) {
       char val[32];
       snprintf(val, sizeof val, v[i] != v[i] ? "NaN" : "%g", (double)v[i]);
       st = gc_fail(e, GCAP_EINVAL,
-                   "cross_entropy: the target of row %lld (counting from 1) is %s, not a class "
-                   "id (an integer in 0..%lld)",
-                   (long long)i + 1, val, (long long)classes - 1);
+                   "%s: %s %lld (counting from 1) is %s, not %s (an integer in 0..%lld)", op, what,
+                   (long long)i + 1, val, want, (long long)count - 1);
       break;
     }
   free(v);
@@ -415,7 +453,9 @@ gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_te
                    "dtype; got %s and %s",
                    gc_shape_str(logits, b1, sizeof b1), gc_shape_str(target, b2, sizeof b2));
   }
-  if ((st = xent_check_targets(target, logits->shape[1])) != GCAP_OK) return st;
+  if ((st = gc_check_ids(target, logits->shape[1], "cross_entropy", "the target of row",
+                         "a class id")) != GCAP_OK)
+    return st;
   if ((st = gc_tensor_alloc(e, "cross_entropy", logits->dt, 2, logits->shape, &probs)) != GCAP_OK ||
       (st = gc_tensor_alloc(e, "cross_entropy", logits->dt, 1, logits->shape, &rows)) != GCAP_OK)
     goto done;

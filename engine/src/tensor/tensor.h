@@ -150,6 +150,17 @@ gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **
 /* op(a) op(b) (ta, tb: transposed), the batch dims broadcast, recorded as
 ** "matmul" (gcap_matmul is ta = tb = 0). */
 gcap_status gc_matmul(gcap_tensor *a, int ta, gcap_tensor *b, int tb, gcap_tensor **out);
+/* The GC_MASK_* broadcast and dtype flags of `mask` read over x as 4-D
+** (attention.c); a mask that does not broadcast to x is an error naming op
+** and what (the mask's role, "mask"). */
+gcap_status gc_mask_flags(gcap_tensor *x, gcap_tensor *mask, const char *op, const char *what,
+                          int64_t *flags);
+/* Outside capture, every value of ids must be an integer in 0..count-1: read
+** back and checked on the host (a capture cannot read back; there the
+** kernels make such an entry NaN); else an error "op: what N (counting from
+** 1) is V, not want (an integer in 0..count-1)" (layers.c). */
+gcap_status gc_check_ids(gcap_tensor *ids, int64_t count, const char *op, const char *what,
+                         const char *want);
 /* linear. A linear node whose ud is a Linear module leaves the parameter
 ** grads to its backward_dw (delayed wgrad), or adds the weight grad into its
 ** main_grad (fused wgrad). */
