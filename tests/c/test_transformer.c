@@ -11,6 +11,7 @@
 #define B 2
 #define HID 16
 #define FFN 32
+#define HEADS 2
 #define STEPS 3
 #define MAXVALS 8192
 
@@ -24,6 +25,16 @@ static gcap_status mk_mlp(gcap_engine *e, gcap_module **m) {
 }
 static gcap_status mk_mlp_ckpt(gcap_engine *e, gcap_module **m) {
   return gcap_nn_layer_norm_mlp(e, HID, FFN, 1e-5, 1, 1, m);
+}
+
+static gcap_status mk_mha(gcap_engine *e, gcap_module **m) {
+  gcap_transformer_opts o;
+  gcap_transformer_opts_init(&o);
+  o.attention_dropout = 0.0;
+  return gcap_nn_multihead_attention(e, HID, HEADS, &o, m);
+}
+static gcap_status mk_tl(gcap_engine *e, gcap_module **m) {
+  return gcap_nn_transformer_layer(e, HID, FFN, HEADS, NULL, m); /* TE's dropouts, 0.1 */
 }
 
 /* Values read back, appended to v[*n] (at most MAXVALS). */
@@ -125,6 +136,85 @@ static void test_layer_norm_mlp_checkpoint_graphed_bitwise(void) {
   check_kind("LayerNormMLP checkpoint", mk_mlp_ckpt);
 }
 
+static void test_multihead_attention_graphed_bitwise(void) {
+  check_kind("MultiheadAttention", mk_mha);
+}
+static void test_transformer_layer_graphed_bitwise(void) {
+  check_kind("TransformerLayer", mk_tl);
+}
+
+/* A TransformerLayer with an arbitrary mask (its second input): graphed
+** with a sample mask, replays with other masks equal eager calls bit for
+** bit; the outputs with two different masks differ. */
+static void test_transformer_layer_mask(void) {
+  static const int64_t xs[3] = {S, B, HID}, ms[4] = {B, 1, S, S};
+  float want[2][S * B * HID], got[S * B * HID];
+  gcap_engine *e = t_engine();
+  gcap_module *m[2] = {NULL, NULL};
+  gcap_graphed *G = NULL;
+  gcap_tensor *x = NULL, *mask[2] = {NULL, NULL}, *sample[2] = {NULL, NULL};
+  gcap_transformer_opts o;
+  int i, k;
+  if (e == NULL) return;
+  gcap_transformer_opts_init(&o);
+  o.attn_mask_type = GCAP_ATTN_ARBITRARY;
+  o.hidden_dropout = o.attention_dropout = 0.0;
+  for (k = 0; k < 2; k++)
+    T_SETUP(gcap_manual_seed(e, 2) == GCAP_OK &&
+                gcap_nn_transformer_layer(e, HID, FFN, HEADS, &o, &m[k]) == GCAP_OK,
+            (gcap_module_free(m[0]), gcap_engine_free(e)));
+  {
+    float mv[2][B * S * S];
+    for (i = 0; i < B * S * S; i++) { /* 1 above the diagonal; 1 on odd columns off it */
+      int r = (i / S) % S, c = i % S;
+      mv[0][i] = c > r ? 1.0f : 0.0f;
+      mv[1][i] = (c != r && (c & 1)) ? 1.0f : 0.0f;
+    }
+    for (k = 0; k < 2; k++)
+      T_SETUP(gcap_tensor_from_f32(e, GCAP_F32, 4, ms, mv[k], &mask[k]) == GCAP_OK,
+              (gcap_tensor_free(mask[0]), gcap_module_free(m[0]), gcap_module_free(m[1]),
+               gcap_engine_free(e)));
+  }
+  T_CHECK_OK(e, gcap_tensor_rand(e, GCAP_F32, 3, xs, 1, &x));
+  for (k = 0; k < 2; k++) { /* eager: layer 0 */
+    gcap_tensor *in[2], *y = NULL;
+    in[0] = x;
+    in[1] = mask[k];
+    T_CHECK_OK(e, gcap_module_call(m[0], 2, in, &y));
+    T_CHECK(gcap_tensor_read(y, want[k], S * B * HID) == GCAP_OK);
+    gcap_tensor_free(y);
+  }
+  T_CHECK(memcmp(want[0], want[1], sizeof want[0]) != 0);
+  {
+    const int nargs = 2;
+    gcap_tensor *const *args = sample;
+    gcap_graphed_opts go;
+    gcap_graphed_opts_init(&go);
+    go.allow_unused_input = 1;
+    T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 3, xs, 1.0, &sample[0]));
+    T_CHECK_OK(e, gcap_tensor_set_requires_grad(sample[0], 1));
+    T_CHECK_OK(e, gcap_tensor_clone(mask[1], &sample[1])); /* a static input of its own */
+    T_CHECK_ST(e, gcap_make_graphed_callables(e, 1, &m[1], 1, &nargs, &args, &go, &G), GCAP_OK);
+  }
+  for (k = 0; G != NULL && k < 2; k++) { /* graphed: layer 1, masks swapped in */
+    gcap_tensor *in[2], *y = NULL;
+    in[0] = x;
+    in[1] = mask[k];
+    T_CHECK_OK(e, gcap_module_call(m[1], 2, in, &y));
+    T_CHECK(gcap_tensor_read(y, got, S * B * HID) == GCAP_OK);
+    T_CHECK(memcmp(got, want[k], sizeof got) == 0);
+    gcap_tensor_free(y);
+  }
+  gcap_graphed_free(G);
+  for (k = 0; k < 2; k++) {
+    gcap_tensor_free(mask[k]);
+    gcap_tensor_free(sample[k]);
+    gcap_module_free(m[k]);
+  }
+  gcap_tensor_free(x);
+  gcap_engine_free(e);
+}
+
 /* Parameter names and shapes are TE's. */
 static void test_parameter_names(void) {
   static const char *lnl[] = {"layer_norm_weight", "layer_norm_bias", "weight", "bias"};
@@ -217,10 +307,60 @@ static void test_errors(void) {
   gcap_engine_free(e);
 }
 
+/* The attention modules' sizes, masks and inputs are checked. */
+static void test_attention_errors(void) {
+  static const int64_t bad[4] = {S, B, 3, 8}, xs[3] = {S, B, HID};
+  gcap_engine *e = t_engine();
+  gcap_module *m = NULL;
+  gcap_tensor *q = NULL, *x = NULL, *y = NULL, *in[4];
+  gcap_transformer_opts o;
+  if (e == NULL) return;
+  gcap_transformer_opts_init(&o);
+  T_CHECK_ST(e, gcap_nn_transformer_layer(e, 10, 16, 4, &o, &m), GCAP_EINVAL);
+  T_CHECK(
+      m == NULL &&
+      t_msg_has(e, "TransformerLayer: hidden_size 10 is not a multiple of num_attention_heads 4"));
+  o.attention_dropout = 1.0;
+  T_CHECK_ST(e, gcap_nn_multihead_attention(e, 16, 2, &o, &m), GCAP_EINVAL);
+  T_CHECK(t_msg_has(e, "MultiheadAttention: attention_dropout must be in [0, 1), got 1"));
+  T_CHECK_ST(e, gcap_nn_dot_product_attention(e, 2, 8, (gcap_attn_mask)7, 0.0, &m), GCAP_EINVAL);
+  T_CHECK(t_msg_has(e, "DotProductAttention: unknown attn_mask_type 7"));
+  T_CHECK_ST(e, gcap_nn_dot_product_attention(e, 0, 8, GCAP_ATTN_CAUSAL, 0.0, &m), GCAP_EINVAL);
+  T_CHECK(t_msg_has(e, "DotProductAttention: num_attention_heads must be positive, got 0"));
+  T_SETUP(gcap_nn_dot_product_attention(e, 2, 8, GCAP_ATTN_CAUSAL, 0.0, &m) == GCAP_OK &&
+              gcap_tensor_rand(e, GCAP_F32, 4, bad, 1, &q) == GCAP_OK &&
+              gcap_tensor_rand(e, GCAP_F32, 3, xs, 1, &x) == GCAP_OK,
+          (gcap_tensor_free(q), gcap_module_free(m), gcap_engine_free(e)));
+  in[0] = in[1] = in[2] = in[3] = q;
+  T_CHECK_ST(e, gcap_module_call(m, 3, in, &y), GCAP_EINVAL);
+  T_CHECK(y == NULL &&
+          t_msg_has(e, "DotProductAttention: q must be [seq, batch, 2 heads, 8 channels], got "
+                       "[4, 2, 3, 8]"));
+  T_CHECK_ST(e, gcap_module_call(m, 4, in, &y), GCAP_EINVAL);
+  T_CHECK(t_msg_has(e, "DotProductAttention: attn_mask_type 'causal' takes q, k, v (3 inputs) "
+                       "and no attention_mask, got 4"));
+  gcap_module_free(m);
+  m = NULL;
+  gcap_transformer_opts_init(&o);
+  o.attn_mask_type = GCAP_ATTN_ARBITRARY;
+  T_CHECK_OK(e, gcap_nn_transformer_layer(e, HID, FFN, HEADS, &o, &m));
+  T_CHECK_ST(e, gcap_module_call(m, 1, &x, &y), GCAP_EINVAL);
+  T_CHECK(t_msg_has(e, "TransformerLayer: self_attn_mask_type 'arbitrary' takes x and "
+                       "attention_mask (2 inputs), got 1"));
+  gcap_tensor_free(q);
+  gcap_tensor_free(x);
+  gcap_module_free(m);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_layer_norm_linear_graphed_bitwise);
   T_RUN(test_layer_norm_mlp_graphed_bitwise);
   T_RUN(test_layer_norm_mlp_checkpoint_graphed_bitwise);
+  T_RUN(test_multihead_attention_graphed_bitwise);
+  T_RUN(test_transformer_layer_graphed_bitwise);
+  T_RUN(test_transformer_layer_mask);
+  T_RUN(test_attention_errors);
   T_RUN(test_parameter_names);
   T_RUN(test_return_layernorm_output);
   T_RUN(test_errors);

@@ -23,8 +23,17 @@ local KINDS = {
   layernorm_mlp_checkpoint = function ()
     return gc.nn.LayerNormMLP(HID, FFN, {checkpoint = true})
   end,
+  mha = function ()
+    return gc.nn.MultiheadAttention(HID, HEADS, {attention_dropout = 0.0, input_layernorm = true})
+  end,
+  transformer = function ()
+    return gc.nn.TransformerLayer(HID, FFN, HEADS, {hidden_dropout = 0.0, attention_dropout = 0.0})
+  end,
+  -- with dropout: graphed replays draw what eager calls draw
+  transformer_dropout = function ()
+    return gc.nn.TransformerLayer(HID, FFN, HEADS, {hidden_dropout = 0.1, attention_dropout = 0.1})
+  end,
 }
-H.te_kinds = KINDS  -- the attention kinds join below when present
 
 -- Three layers of `kind` in dtype dt, from seed 7.
 local function layers (kind, dt)
@@ -84,7 +93,6 @@ local function run (kind, dt, mode)
   end
   return res
 end
-H.te_run = run
 
 local function check (kind, dt)
   local eager = run(kind, dt, "none")
@@ -134,6 +142,162 @@ function TestTEMatrix:test_checkpoint_is_one_node ()
   local x = gc.randn({S, B, HID}, {requires_grad = true})
   lu.assertEquals(gc.nn.LayerNormMLP(HID, FFN, {checkpoint = true})(x).grad_fn, "LayerNormMLP")
   lu.assertEquals(gc.nn.LayerNormMLP(HID, FFN)(x).grad_fn, "linear")
+end
+
+-- A random attention mask [B, 1, S, S] of 0 and 1 (1: masked out), from
+-- Lua's generator; the diagonal is never masked, so no row is empty.
+local function random_mask (dt)
+  local m = {}
+  for b = 1, B do
+    m[b] = {{}}
+    for i = 1, S do
+      m[b][1][i] = {}
+      for j = 1, S do m[b][1][i][j] = (i ~= j and math.random() < 0.5) and 1 or 0 end
+    end
+  end
+  return gc.tensor(m, dt)
+end
+
+-- TE's DotProductAttention test: q, k, v require grad, 10 warmup
+-- iterations, 3 forward and backward replays equal to eager calls.
+local function dpa_case (mask_type, dt)
+  local D = HID // HEADS
+  local function qkv ()
+    local t = {}
+    for i = 1, 3 do t[i] = gc.randn({S, B, HEADS, D}, {dtype = dt, requires_grad = true}) end
+    return t
+  end
+  local function run3 (f)
+    gc.manual_seed(21)
+    local res = {}
+    for _ = 1, 3 do
+      local x = qkv()
+      local y = f(x[1], x[2], x[3]);
+      (y * gc.randn(y:shape(), {dtype = dt})):sum():backward()
+      res[#res + 1] = {y:tolist(), x[1].grad:tolist(), x[2].grad:tolist(), x[3].grad:tolist()}
+    end
+    return res
+  end
+  local opts = {attn_mask_type = mask_type}
+  local eager = run3(gc.nn.DotProductAttention(HEADS, D, opts))
+  local samples = qkv()
+  for i = 1, 3 do samples[i] = gc.ones({S, B, HEADS, D}, {dtype = dt, requires_grad = true}) end
+  local g = gc.make_graphed_callables(gc.nn.DotProductAttention(HEADS, D, opts), samples,
+                                      {num_warmup_iters = 10})
+  local got = run3(g)
+  lu.assertEquals(g:stats().fwd.replays, 3)
+  lu.assertEquals(g:stats().bwd.replays, 3)
+  H.assert_same(got, eager, "DotProductAttention " .. mask_type .. " " .. dt)
+  lu.assertEquals(#eager[1][1], S)
+  lu.assertEquals(#eager[1][1][1][1], HID)  -- [S, B, H * D]
+end
+
+for _, mt in ipairs({"causal", "no_mask"}) do
+  for _, dt in ipairs({"f32", "bf16"}) do
+    TestTEMatrix["test_dot_product_attention_" .. mt .. "_" .. dt] = function () dpa_case(mt, dt) end
+  end
+end
+
+-- TE's kwargs test: a TransformerLayer with self_attn_mask_type
+-- "arbitrary" graphed with the mask in sample_kwargs and allow_unused_input;
+-- replays with fresh random masks match eager calls, outputs and grads.
+function TestTEMatrix:test_transformer_layer_kwargs ()
+  local function layer ()
+    gc.manual_seed(3)
+    return gc.nn.TransformerLayer(HID, FFN, HEADS, {self_attn_mask_type = "arbitrary",
+                                                    hidden_dropout = 0, attention_dropout = 0})
+  end
+  local function run3 (f, params)
+    gc.manual_seed(8)
+    math.randomseed(8)
+    local res = {}
+    for _ = 1, 3 do
+      local x = gc.randn({S, B, HID}, {requires_grad = true})
+      local y = f(x, {attention_mask = random_mask()});
+      (y * gc.randn({S, B, HID})):sum():backward()
+      res[#res + 1] = {y:tolist(), x.grad:tolist()}
+    end
+    for _, p in ipairs(params) do res[#res + 1] = p.grad:tolist() end
+    return res
+  end
+  local m = layer()
+  local eager = run3(m, m:parameters())
+  local g = layer()
+  math.randomseed(1)
+  gc.make_graphed_callables(g, {gc.ones({S, B, HID}, {requires_grad = true})},
+                            {sample_kwargs = {attention_mask = random_mask()},
+                             allow_unused_input = true, num_warmup_iters = 3})
+  local got = run3(g, g:parameters())
+  lu.assertEquals(g:stats().fwd.replays, 3)
+  H.assert_same(got, eager, "TransformerLayer with attention_mask")
+  -- the masks matter: without one the result differs
+  local plain = layer()
+  local ok = pcall(H.assert_same, run3(function (x) return plain(x, {attention_mask =
+                                         gc.zeros({B, 1, S, S})}) end, plain:parameters()), eager, "")
+  lu.assertFalse(ok, "a zero mask gave the same results as random masks")
+end
+
+-- capture_time_hooks and order with TransformerLayers: 2 chunks of one
+-- layer, 2 microbatches, 1F1B; hooks run at construction (never during a
+-- capture, never at replay) and training matches eager bit for bit.
+function TestTEMatrix:test_transformer_layers_order_and_hooks ()
+  local CFG = {order = {1, 2, -2, 1, -1, 2, -2, -1}, layers = {1, 1}}
+  local function layers ()
+    gc.manual_seed(4)
+    return {gc.nn.TransformerLayer(HID, FFN, HEADS, {hidden_dropout = 0.1, attention_dropout = 0.1}),
+            gc.nn.TransformerLayer(HID, FFN, HEADS, {hidden_dropout = 0.1, attention_dropout = 0.1})}
+  end
+  local function train (call, mods)
+    local res = {}
+    gc.manual_seed(6)
+    for _ = 1, 2 do
+      local xs, losses = {}, {}
+      H.walk(CFG, function (i, c)
+                    xs[i] = gc.randn({S, B, HID}, {requires_grad = true})
+                    local y = call(i, c, xs[i])
+                    res[#res + 1] = y:tolist()
+                    losses[i] = (y * gc.randn({S, B, HID})):sum()
+                  end,
+             function (i) losses[i]:backward() end)
+      for i = 1, #xs do res[#res + 1] = xs[i].grad:tolist() end
+    end
+    for _, p in ipairs(H.all_params(mods)) do res[#res + 1] = p.grad:tolist() end
+    return res
+  end
+  local eager_mods = layers()
+  local eager = train(function (_, c, x) return eager_mods[c](x) end, eager_mods)
+  local mods = layers()
+  local calls, capturing = {}, 0
+  local function hook (name)
+    return function (m)
+      calls[#calls + 1] = name .. ":" .. m:type()
+      if gc.is_capturing() then capturing = capturing + 1 end
+    end
+  end
+  local hooks = {}
+  for c = 1, 2 do
+    hooks[c] = {forward_pre_hooks = {hook("fwd_pre" .. c)},
+                backward_hooks = {hook("bwd" .. c)}}
+  end
+  local samples = {}
+  for i = 1, 4 do samples[i] = {gc.ones({S, B, HID}, {requires_grad = true})} end
+  local G = gc.make_graphed_callables(mods, samples, {order = CFG.order,
+                                                      num_layers_per_chunk = {1, 1},
+                                                      capture_time_hooks = hooks,
+                                                      num_warmup_iters = 2})
+  lu.assertEquals(#G, 4)
+  lu.assertEquals(capturing, 0)
+  local n = #calls
+  -- each hook ran around every warmup and capture pass of its callable's
+  -- entries: (2 warmups + 1 capture) x 2 microbatches
+  for c = 1, 2 do
+    local k = 0
+    for _, v in ipairs(calls) do if v == "fwd_pre" .. c .. ":TransformerLayer" then k = k + 1 end end
+    lu.assertEquals(k, 6, "forward pre-hook of callable " .. c)
+  end
+  local got = train(function (i, _, x) return G[i](x) end, mods)
+  lu.assertEquals(#calls, n, "a capture-time hook ran at replay")
+  H.assert_same(got, eager, "TransformerLayers with order and capture_time_hooks")
 end
 
 os.exit(lu.LuaUnit.run())
