@@ -8,7 +8,8 @@
 # BUILD_DIR/graphcap --device BACKEND FILE -o tap), and BUILD_DIR/embed when it
 # was built (one test, passed when it exits 0); and scripts/test-readme.sh,
 # which runs every lua and c block of README.md and the blocks of docs/*.md
-# marked runnable (not with TEST_ONLY=c).
+# marked runnable, and examples/train_gpt.lua in its small setting (one test,
+# passed when it exits 0; neither with TEST_ONLY=c).
 #
 # Lines "ok N ..." and "not ok N ..." are counted ("ok N # SKIP" as skipped).
 # A suite that exits non-zero without a "not ok" line (a crash, a load error),
@@ -183,6 +184,8 @@ for be in "$@"; do
   done
   if [ "$only" != c ]; then
     run_suite "$be" README.md tap scripts/test-readme.sh "$build"
+    run_suite "$be" train_gpt.lua single "$build/graphcap" --device "$be" examples/train_gpt.lua \
+      small "$tmp/train_gpt_loss.svg"
   fi
   embed=$build/embed
   [ -d "$embed" ] && embed=$build/embed/embed
