@@ -163,7 +163,9 @@ end
 local function tstack (L, d, heads)
   local mods = {}
   for i = 1, L do
-    mods[i] = gc.nn.TransformerLayer(d, 4 * d, heads, {self_attn_mask_type = "causal"}):to("bf16")
+    mods[i] = gc.nn.TransformerLayer(d, 4 * d, heads, {self_attn_mask_type = "causal",
+                                                       hidden_dropout = 0, attention_dropout = 0})
+    mods[i]:to("bf16")
   end
   return mods
 end
