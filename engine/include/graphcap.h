@@ -252,6 +252,18 @@ typedef enum gcap_mask_kind { GCAP_MASK_ADD = 0, GCAP_MASK_BOOL = 1 } gcap_mask_
 ** column masked out is all zeros (its grads too). The mask gets no grad. */
 gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
                                 gcap_mask_kind kind, int causal, gcap_tensor **out);
+/* How attention runs: GCAP_SDPA_AUTO is the fused kernels on cuda (head dims
+** up to GCAP_SDPA_FUSED_DMAX) and the composition elsewhere. The composition
+** (matmul, softmax, dropout, matmul, each its own op and node) keeps the
+** weights [..., Sq, Sk] for its backward; the fused kernels keep two floats
+** a row and recompute the weights, and on the host equal the composition
+** bit for bit in f32. */
+typedef enum gcap_sdpa_impl {
+  GCAP_SDPA_AUTO = 0,
+  GCAP_SDPA_COMPOSED = 1,
+  GCAP_SDPA_FUSED = 2
+} gcap_sdpa_impl;
+#define GCAP_SDPA_FUSED_DMAX 128
 /* The options of gcap_scaled_dot_product_attention; all zeros (or NULL
 ** options) are the defaults. */
 typedef struct gcap_sdpa_opts {
@@ -260,6 +272,7 @@ typedef struct gcap_sdpa_opts {
   int is_causal;            /* key j > query i masked out (the upper-left triangle kept) */
   double dropout_p;         /* dropout on the attention weights, in [0, 1) */
   double scale;             /* of the scores; 0: 1 / sqrt(D) */
+  gcap_sdpa_impl impl;      /* which implementation */
 } gcap_sdpa_opts;
 /* Attention softmax(scale q k^T + mask, causal) v with dropout on the
 ** weights: q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv] (2-D to 4-D, equal

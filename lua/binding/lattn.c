@@ -58,9 +58,12 @@ static gcap_tensor *l_tensoropt(lua_State *L, int t, const char *k, const char *
   int type = lua_getfield(L, t, k);
   if (type != LUA_TNIL) {
     LTensor *b = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
-    if (b == NULL) l_error(L, "%s: option '%s' must be a tensor, got %s", op, k, l_typename(L, -1));
-    if (b->t == NULL) l_error(L, "%s: option '%s' is a closed tensor", op, k);
-    v = b->t;
+    if (b == NULL)
+      l_error(L, "%s: option '%s' must be a tensor, got %s", op, k, l_typename(L, -1));
+    else if (b->t == NULL)
+      l_error(L, "%s: option '%s' is a closed tensor", op, k);
+    else
+      v = b->t;
   }
   lua_pop(L, 1);
   return v;
@@ -137,11 +140,12 @@ int l_masked_fill(lua_State *L) {
 }
 
 /* scaled_dot_product_attention(q, k, v [, {attn_mask = m | attn_mask_bool = m,
-** is_causal = false, dropout_p = 0, scale = 1 / sqrt(D)}]) */
+** is_causal = false, dropout_p = 0, scale = 1 / sqrt(D), impl = "auto"}]) */
 int l_sdpa(lua_State *L) {
   static const char op[] = "scaled_dot_product_attention";
-  static const char *const keys[] = {"attn_mask", "attn_mask_bool", "is_causal",
-                                     "dropout_p", "scale",          NULL};
+  static const char *const keys[] = {"attn_mask", "attn_mask_bool", "is_causal", "dropout_p",
+                                     "scale",     "impl",           NULL};
+  static const char *const impls[] = {"auto", "composed", "fused", NULL};
   gcap_tensor *q = l_checktensor(L, 1), *k = l_checktensor(L, 2), *v = l_checktensor(L, 3);
   gcap_sdpa_opts o;
   LTensor *r;
@@ -156,6 +160,17 @@ int l_sdpa(lua_State *L) {
     if (lua_getfield(L, 4, "scale") != LUA_TNIL && !(o.scale > 0.0 && o.scale < HUGE_VAL))
       return l_error(L, "%s: option 'scale' must be a positive finite number, got %f", op,
                      (LUAI_UACNUMBER)o.scale);
+    lua_pop(L, 1);
+    if (lua_getfield(L, 4, "impl") != LUA_TNIL) {
+      const char *name = lua_tostring(L, -1);
+      int i;
+      for (i = 0; name != NULL && lua_type(L, -1) == LUA_TSTRING && impls[i] != NULL; i++)
+        if (strcmp(name, impls[i]) == 0) break;
+      if (name == NULL || lua_type(L, -1) != LUA_TSTRING || impls[i] == NULL)
+        return l_error(L, "%s: option 'impl' must be 'auto', 'composed' or 'fused', got %s", op,
+                       luaL_tolstring(L, -1, NULL));
+      o.impl = (gcap_sdpa_impl)i; /* the names in the enum's order */
+    }
     lua_pop(L, 1);
   }
   r = l_newtensor(L);

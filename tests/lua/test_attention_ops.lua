@@ -411,6 +411,104 @@ function TestAttentionOps:test_sdpa_dropout_composition_and_replay ()
   for i, x in ipairs{q, k, v} do H.assert_bitwise(x.grad:tolist(), want[i], "replayed grad " .. i) end
 end
 
+-- The fused kernels (the host's references here) against the composition:
+-- f32 outputs and the grads of q, k and v equal bit for bit, with masks,
+-- causal, dropout, a scale, Sq /= Sk and D /= Dv; bf16 within its rounding.
+function TestAttentionOps:test_sdpa_fused_equals_composed ()
+  local function t (shape, ph, dt)
+    return gc.tensor(H.nest(H.values(numel(shape), ph, 1.5), shape),
+                     {requires_grad = true, dtype = dt or "f32"})
+  end
+  local cases = {
+    {q = {2, 3, 5, 4}, k = {2, 3, 7, 4}, v = {2, 3, 7, 6}, opts = {}},
+    {q = {2, 3, 6, 8}, k = {2, 3, 6, 8}, v = {2, 3, 6, 8},
+     opts = {is_causal = true, dropout_p = 0.3, scale = 0.7}, mask = {{6, 6}, true}},
+    {q = {2, 3, 5, 4}, k = {2, 3, 7, 4}, v = {2, 3, 7, 4}, opts = {}, mask = {{2, 1, 5, 7}, false}},
+    {q = {4, 9, 16}, k = {4, 9, 16}, v = {4, 9, 16}, opts = {is_causal = true, dropout_p = 0.5}},
+    {q = {3, 8}, k = {5, 8}, v = {5, 2}, opts = {dropout_p = 0.1}},
+  }
+  for ci, c in ipairs(cases) do
+    for _, dt in ipairs{"f32", "bf16"} do
+      local q, k, v = t(c.q, 0.1, dt), t(c.k, 0.2, dt), t(c.v, 0.3, dt)
+      local r = gc.tensor(H.nest(H.values(numel(c.q) // c.q[#c.q] * c.v[#c.v], 0.9),
+                                 (function ()
+                                   local s = table.move(c.q, 1, #c.q, 1, {})
+                                   s[#s] = c.v[#c.v]
+                                   return s
+                                 end)()), dt)
+      local res = {}
+      for _, impl in ipairs{"composed", "fused"} do
+        local o = {impl = impl}
+        for key, val in pairs(c.opts) do o[key] = val end
+        if c.mask then
+          local m = gc.tensor(H.nest(c.mask[2] and bits(numel(c.mask[1]))
+                                     or H.values(numel(c.mask[1]), 0.4, 2), c.mask[1]))
+          o[c.mask[2] and "attn_mask_bool" or "attn_mask"] = m
+        end
+        q.grad, k.grad, v.grad = nil, nil, nil
+        gc.manual_seed(3)
+        local y = gc.F.scaled_dot_product_attention(q, k, v, o)
+        lu.assertEquals(tostring(y.grad_fn),  -- the path asked for ran
+                        impl == "fused" and "scaled_dot_product_attention" or "matmul")
+        ;(y * r):sum():backward()
+        res[impl] = {H.flat(y:tolist()), H.flat(q.grad:tolist()), H.flat(k.grad:tolist()),
+                     H.flat(v.grad:tolist())}
+      end
+      for i, what in ipairs{"output", "grad q", "grad k", "grad v"} do
+        local name = string.format("case %d %s %s", ci, dt, what)
+        if dt == "f32" then
+          H.assert_bitwise(res.fused[i], res.composed[i], name)
+        else  -- the composition rounds its scores and weights to bf16
+          H.assert_close(res.fused[i], res.composed[i], 0.05, 0.05, name)
+        end
+      end
+    end
+  end
+end
+
+-- The fused path's grads by central differences, and its captured forward
+-- and backward (dropout and a boolean mask) replayed equal to eager.
+function TestAttentionOps:test_sdpa_fused_grads_and_replay ()
+  local qs, ks, vs = {2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 3}
+  local b = bits(15)
+  H.gradcheck("sdpa fused, causal, boolean mask",
+              {{qs, H.values(numel(qs), 0.1)}, {ks, H.values(numel(ks), 0.5)},
+               {vs, H.values(numel(vs), 0.9)}, {{3, 5}, b, grad = false}},
+              function (q, k, v, mt)
+                return gc.F.scaled_dot_product_attention(q, k, v, {attn_mask_bool = mt,
+                                                                   is_causal = true,
+                                                                   impl = "fused"})
+              end,
+              function (q, k, v)
+                return ref_sdpa(q, k, v, qs, ks, vs, {mask = b, mshape = {3, 5}, bool = true,
+                                                      causal = true})
+              end)
+  local function t (shape, ph)
+    return gc.tensor(H.nest(H.values(numel(shape), ph), shape), {requires_grad = true})
+  end
+  local q, k, v = t({2, 2, 6, 4}, 0.1), t({2, 2, 6, 4}, 0.2), t({2, 2, 6, 4}, 0.3)
+  local r = gc.tensor(H.nest(H.values(96, 1.3), {2, 2, 6, 4}))
+  local opts = {dropout_p = 0.25, attn_mask_bool = gc.tensor(H.nest(bits(36), {6, 6})),
+                impl = "fused"}
+  local function step ()
+    local o = gc.F.scaled_dot_product_attention(q, k, v, opts)
+    ;(o * r):sum():backward()
+    return o
+  end
+  gc.manual_seed(9)
+  local want_y = H.flat(step():tolist())
+  local want = {q.grad:tolist(), k.grad:tolist(), v.grad:tolist()}
+  q.grad, k.grad, v.grad = nil, nil, nil
+  local g, yg = gc.Graph(), nil
+  g:capture(function () yg = step() end)
+  for _ = 1, 2 do
+    gc.manual_seed(9)
+    g:replay()
+    H.assert_bitwise(H.flat(yg:tolist()), want_y, "replayed output")
+    for i, x in ipairs{q, k, v} do H.assert_bitwise(x.grad:tolist(), want[i], "replayed grad " .. i) end
+  end
+end
+
 function TestAttentionOps:test_sdpa_errors ()
   local q, k, v = gc.zeros{2, 3, 4}, gc.zeros{2, 5, 4}, gc.zeros{2, 5, 6}
   local F = gc.F
@@ -426,10 +524,25 @@ function TestAttentionOps:test_sdpa_errors ()
                HERE, "scaled_dot_product_attention: option 'scale' must be a positive finite number")
   H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {attn_mask = gc.zeros{4, 5}}) end,
                HERE, "scaled_dot_product_attention: the attn_mask [4, 5] does not broadcast to [2, 3, 5]")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {impl = "flash"}) end,
+               HERE, "scaled_dot_product_attention: option 'impl' must be 'auto', 'composed' or "
+                     .. "'fused', got flash")
+  H.assert_err(function ()
+                 return F.scaled_dot_product_attention(gc.zeros{2, 129}, gc.zeros{2, 129},
+                                                       gc.zeros{2, 3}, {impl = "fused"})
+               end,
+               HERE, "scaled_dot_product_attention: the fused kernel takes head dims up to 128, "
+                     .. "got D 129 and Dv 3")
   H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {causal = true}) end,
                HERE, "scaled_dot_product_attention: unknown option 'causal'")
   H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {attn_mask = 1}) end,
                HERE, "scaled_dot_product_attention: option 'attn_mask' must be a tensor, got number")
+  local closed = gc.zeros{3, 5}
+  closed:close()
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {attn_mask_bool = closed}) end,
+               HERE, "scaled_dot_product_attention: option 'attn_mask_bool' is a closed tensor")
+  -- after the errors the inputs are as they were and the op works
+  lu.assertEquals(F.scaled_dot_product_attention(q, k, v):shape(), {2, 3, 6})
 end
 
 os.exit(lu.LuaUnit.run())

@@ -204,5 +204,7 @@ gcap_status cu_mask(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
                     const gc_kargs *a); /* k_mask.cu */
 gcap_status cu_embed(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
                      const gc_kargs *a); /* k_embed.cu */
+gcap_status cu_attn(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                    const gc_kargs *a); /* k_attn.cu */
 
 #endif

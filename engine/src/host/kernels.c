@@ -498,6 +498,140 @@ static void hk_embedding_bwd(const gc_kargs *a) {
     st(a->p[0], a->dt, i, acc[i]);
 }
 
+/* Fused attention, in the order of the composition it replaces (matmul,
+** softmax, dropout, matmul and their backward), so that f32 results equal
+** the composition's bit for bit on this backend. */
+
+/* The score z of query i and key j of slice bh: q.k summed in order, scaled,
+** then the mask and causal as softmax_in's (-INFINITY: masked out). */
+static float attn_z(const gc_kargs *a, const void *q, const void *k, const void *mask, int64_t bh,
+                    int64_t i, int64_t j) {
+  int64_t sq = a->n[1], sk = a->n[2], d = a->n[3], flags = a->n[5], l;
+  float s = 0.0f, z;
+  for (l = 0; l < d; l++)
+    s += ld(q, a->dt, (bh * sq + i) * d + l) * ld(k, a->dt, (bh * sk + j) * d + l);
+  z = s * a->f[0];
+  if ((flags & GC_MASK_CAUSAL) && j > i) return -INFINITY;
+  if (mask) {
+    int64_t sh4[4];
+    float m;
+    sh4[0] = a->n[0] / a->n[6], sh4[1] = a->n[6], sh4[2] = sq, sh4[3] = sk;
+    m = ld(mask, flags & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32,
+           gc_mask_index((bh * sq + i) * sk + j, sh4, flags));
+    if (flags & GC_MASK_BOOL) return m != 0.0f ? -INFINITY : z;
+    z += m;
+  }
+  return z;
+}
+
+/* The weight P of (i, j): exp(z - max) / sum with the row's stats. */
+static float attn_p(const float *stats, int64_t rows, int64_t row, float z) {
+  float mx = stats[GC_ATTN_HEAD + row], sum = stats[GC_ATTN_HEAD + rows + row];
+  return mx == -INFINITY ? 0.0f : expf(z - mx) / sum;
+}
+
+/* The dropout's factor of element e of the weights (1 without dropout). */
+static float attn_keep(const gc_kargs *a, const float *stats, int64_t e) {
+  uint64_t state[2];
+  float p = a->f[1];
+  if (p == 0.0f) return 1.0f;
+  memcpy(state, stats, sizeof state);
+  return gc_rng_uniform(state[0], state[1] + (uint64_t)e) >= p ? 1.0f / (1.0f - p) : 0.0f;
+}
+
+/* dP of (i, j): do_i . v_j (summed in order) times the dropout's factor. */
+static float attn_dp(const gc_kargs *a, const void *dO, const void *v, const float *stats,
+                     int64_t bh, int64_t i, int64_t j) {
+  int64_t sq = a->n[1], sk = a->n[2], dv = a->n[4], c;
+  float s = 0.0f;
+  for (c = 0; c < dv; c++)
+    s += ld(dO, a->dt, (bh * sq + i) * dv + c) * ld(v, a->dt, (bh * sk + j) * dv + c);
+  return a->f[1] == 0.0f ? s : s * attn_keep(a, stats, (bh * sq + i) * sk + j);
+}
+
+static void hk_attn(const gc_kargs *a) {
+  int64_t bh, i, j, c, sq = a->n[1], sk = a->n[2], dv = a->n[4], rows = a->n[0] * sq;
+  float *stats = (float *)a->p[4];
+  uint64_t head[2] = {0, 0};
+  if (a->p[6]) memcpy(head, a->p[6], sizeof head);
+  memcpy(stats, head, sizeof head);
+  for (bh = 0; bh < a->n[0]; bh++)
+    for (i = 0; i < sq; i++) {
+      int64_t row = bh * sq + i;
+      float mx = -INFINITY, sum = 0.0f;
+      for (j = 0; j < sk; j++)
+        mx = fmaxf(mx, attn_z(a, a->p[1], a->p[2], a->p[5], bh, i, j));
+      for (j = 0; j < sk; j++)
+        sum += expf(attn_z(a, a->p[1], a->p[2], a->p[5], bh, i, j) - mx);
+      stats[GC_ATTN_HEAD + row] = mx;
+      stats[GC_ATTN_HEAD + rows + row] = sum;
+      for (c = 0; c < dv; c++) {
+        float o = 0.0f;
+        for (j = 0; j < sk; j++) {
+          float w = attn_p(stats, rows, row, attn_z(a, a->p[1], a->p[2], a->p[5], bh, i, j));
+          if (a->f[1] != 0.0f) w *= attn_keep(a, stats, row * sk + j);
+          o += w * ld(a->p[3], a->dt, (bh * sk + j) * dv + c);
+        }
+        st(a->p[0], a->dt, row * dv + c, o);
+      }
+    }
+}
+
+/* dz of (i, j) = scale * P (dP - D_i), as the softmax's backward */
+static float attn_dz(const gc_kargs *a, const void *dO, const void *q, const void *k, const void *v,
+                     const void *mask, const float *stats, int64_t bh, int64_t i, int64_t j) {
+  int64_t rows = a->n[0] * a->n[1], row = bh * a->n[1] + i;
+  float y = attn_p(stats, rows, row, attn_z(a, q, k, mask, bh, i, j));
+  return a->f[0] *
+         (y * (attn_dp(a, dO, v, stats, bh, i, j) - stats[GC_ATTN_HEAD + 2 * rows + row]));
+}
+
+static void hk_attn_bwd_dq(const gc_kargs *a) {
+  int64_t bh, i, j, l, sq = a->n[1], sk = a->n[2], d = a->n[3], rows = a->n[0] * sq;
+  float *stats = (float *)a->p[5];
+  for (bh = 0; bh < a->n[0]; bh++)
+    for (i = 0; i < sq; i++) {
+      int64_t row = bh * sq + i;
+      float dsum = 0.0f;
+      for (j = 0; j < sk; j++)
+        dsum += attn_dp(a, a->p[1], a->p[4], stats, bh, i, j) *
+                attn_p(stats, rows, row, attn_z(a, a->p[2], a->p[3], a->p[6], bh, i, j));
+      stats[GC_ATTN_HEAD + 2 * rows + row] = dsum;
+      for (l = 0; a->p[0] && l < d; l++) {
+        float s = 0.0f;
+        for (j = 0; j < sk; j++)
+          s += attn_dz(a, a->p[1], a->p[2], a->p[3], a->p[4], a->p[6], stats, bh, i, j) *
+               ld(a->p[3], a->dt, (bh * sk + j) * d + l);
+        st(a->p[0], a->dt, row * d + l, s);
+      }
+    }
+}
+
+static void hk_attn_bwd_dkv(const gc_kargs *a) {
+  int64_t bh, i, j, c, sq = a->n[1], sk = a->n[2], d = a->n[3], dv = a->n[4], rows = a->n[0] * sq;
+  const float *stats = (const float *)a->p[6];
+  for (bh = 0; bh < a->n[0]; bh++)
+    for (j = 0; j < sk; j++) {
+      for (c = 0; c < dv; c++) { /* dv_j = sum_i P_ij keep_ij do_i */
+        float s = 0.0f;
+        for (i = 0; i < sq; i++) {
+          int64_t row = bh * sq + i;
+          float w = attn_p(stats, rows, row, attn_z(a, a->p[3], a->p[4], a->p[7], bh, i, j));
+          if (a->f[1] != 0.0f) w *= attn_keep(a, stats, row * sk + j);
+          s += w * ld(a->p[2], a->dt, row * dv + c);
+        }
+        st(a->p[1], a->dt, (bh * sk + j) * dv + c, s);
+      }
+      for (c = 0; c < d; c++) { /* dk_j = sum_i dz_ij q_i */
+        float s = 0.0f;
+        for (i = 0; i < sq; i++)
+          s += attn_dz(a, a->p[2], a->p[3], a->p[4], a->p[5], a->p[7], stats, bh, i, j) *
+               ld(a->p[3], a->dt, (bh * sq + i) * d + c);
+        st(a->p[0], a->dt, (bh * sk + j) * d + c, s);
+      }
+    }
+}
+
 hk_fn hk_kernel(int k) {
 #define HK_ROW(id, name, family, writes) [GC_K_##id] = hk_##name,
   static const hk_fn table[GC_K_COUNT] = {GC_KERNELS(HK_ROW)};

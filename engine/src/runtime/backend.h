@@ -140,6 +140,23 @@ extern "C" {
   /* p[0] [n[2] x n[1]] = the sum over i in order of rows p[1][i] into row id_i, in the f32        \
      scratch p[3] of n[2] x n[1] floats, then stored; ids as embedding's, others skipped */        \
   X(EMBEDDING_BWD, embedding_bwd, embed, 0x09)                                                     \
+  /* -- fused attention: q p[1] [BH, Sq, D], k p[2] [BH, Sk, D], v p[3] [BH, Sk, Dv]; n[0] = BH,   \
+     n[1] = Sq, n[2] = Sk, n[3] = D, n[4] = Dv, n[5] = GC_MASK_* flags of the mask (over           \
+     [BH / n[6], n[6], Sq, Sk]) with causal, n[6] = H; f[0] = scale, f[1] = dropout p; the         \
+     scores z = f[0] q.k, then the mask, as softmax's. stats (f32): GC_ATTN_HEAD floats (the       \
+     dropout's {seed, offset} as the forward read them), then per row of BH * Sq its max z,        \
+     its sum of exp(z - max), and the backward's D = sum_j dP P -- */                              \
+  /* forward: p[0] = o [BH, Sq, Dv] = dropout(softmax(z)) v, dropping element (bh, i, j)           \
+     as GC_K_DROPOUT drops element (bh * Sq + i) * Sk + j of the weights; p[4] = stats             \
+     (written: head, max, sum), p[5] = mask or NULL, p[6] = rng state {seed, offset} (NULL:        \
+     no dropout) */                                                                                \
+  X(ATTN, attn, attn, 0x11)                                                                        \
+  /* backward, first: p[0] = dq (NULL: only D), p[1] = do, p[2..4] = q, k, v, p[5] = stats         \
+     (D written), p[6] = mask */                                                                   \
+  X(ATTN_BWD_DQ, attn_bwd_dq, attn, 0x21)                                                          \
+  /* backward, second: p[0] = dk, p[1] = dv, p[2] = do, p[3..5] = q, k, v, p[6] = stats,           \
+     p[7] = mask */                                                                                \
+  X(ATTN_BWD_DKV, attn_bwd_dkv, attn, 0x03)                                                        \
   /* .grad accumulation of several tensors in one launch: for each pair j < GC_FOREACH_MAX         \
      with n[j] > 0 elements (the used pairs come first), p[2j][i] = p[2j][i] + p[2j+1][i]          \
      when n[GC_FOREACH_MAX + j] = 1, or p[2j][i] = p[2j+1][i] (a copy, same dtype) when it is      \
@@ -152,6 +169,10 @@ extern "C" {
 #define GC_MASK_BF16 0x10   /* the mask is stored as bf16 (f32 otherwise) */
 #define GC_MASK_BOOL 0x20   /* nonzero: masked out (additive otherwise) */
 #define GC_MASK_CAUSAL 0x40 /* softmax: column c > row r % n[4] masked out */
+
+/* The floats before the rows of an attention's stats: the dropout's
+** {seed, offset} (two u64). */
+#define GC_ATTN_HEAD 4
 
 /* Shared by the host and the cuda kernels (there a device function too), as
 ** rng.h's functions. */

@@ -15,13 +15,13 @@ static gcap_status fail_free(gcap_tensor **out, gcap_status st) {
   return st;
 }
 
-gcap_status gc_mask_flags(gcap_tensor *x, gcap_tensor *mask, const char *op, const char *what,
-                          int64_t *flags) {
+gcap_status gc_mask_flags(gcap_engine *e, int ndim, const int64_t *shape, gcap_tensor *mask,
+                          const char *op, const char *what, int64_t *flags) {
   int64_t xs[4], ms[4];
-  int d, ok = mask->e == x->e && mask->ndim <= x->ndim;
+  int d, ok = mask->e == e && mask->ndim <= ndim;
   for (d = 0; d < 4; d++) { /* both as 4-D, right-aligned */
-    int xd = x->ndim - 4 + d, md = mask->ndim - 4 + d;
-    xs[d] = xd >= 0 ? x->shape[xd] : 1;
+    int xd = ndim - 4 + d, md = mask->ndim - 4 + d;
+    xs[d] = xd >= 0 ? shape[xd] : 1;
     ms[d] = md >= 0 ? mask->shape[md] : 1;
   }
   *flags = mask->dt == GCAP_BF16 ? GC_MASK_BF16 : 0;
@@ -31,12 +31,13 @@ gcap_status gc_mask_flags(gcap_tensor *x, gcap_tensor *mask, const char *op, con
   }
   if (!ok) {
     char b1[64], b2[64];
-    if (mask->e != x->e)
-      return gc_fail(x->e, GCAP_EINVAL, "%s: the %s belongs to another engine", op, what);
-    return gc_fail(x->e, GCAP_EINVAL,
+    if (mask->e != e)
+      return gc_fail(e, GCAP_EINVAL, "%s: the %s belongs to another engine", op, what);
+    return gc_fail(e, GCAP_EINVAL,
                    "%s: the %s %s does not broadcast to %s (expected at most its dims, each "
                    "equal or 1, aligned at the last)",
-                   op, what, gc_shape_str(mask, b1, sizeof b1), gc_shape_str(x, b2, sizeof b2));
+                   op, what, gc_shape_str(mask, b1, sizeof b1),
+                   gc_dims_str(ndim, shape, b2, sizeof b2));
   }
   return GCAP_OK;
 }
@@ -81,7 +82,8 @@ gcap_status gcap_masked_fill(gcap_tensor *t, gcap_tensor *mask, double value, gc
   if (t == NULL) return GCAP_EINVAL;
   gc_clear(t->e);
   if (mask == NULL) return gc_fail(t->e, GCAP_EINVAL, "masked_fill: the mask is NULL");
-  if ((st = gc_mask_flags(t, mask, "masked_fill", "mask", &flags)) != GCAP_OK ||
+  if ((st = gc_mask_flags(t->e, t->ndim, t->shape, mask, "masked_fill", "mask", &flags)) !=
+          GCAP_OK ||
       (st = masked_fill(t, mask, flags, (float)value, "masked_fill", out)) != GCAP_OK)
     return st;
   if (!gc_grad_needed(t->e, &t, 1)) return GCAP_OK;
@@ -123,12 +125,8 @@ static gcap_status sdpa_check(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v, do
 static gcap_status sdpa_composed(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
                                  const gcap_sdpa_opts *o, double scale, gcap_tensor **out) {
   gcap_tensor *s = NULL, *p = NULL, *pd = NULL;
-  int64_t flags;
   gcap_status st;
   if ((st = gc_matmul(q, 0, k, 1, &s)) != GCAP_OK) return st;
-  if (o->attn_mask != NULL && (st = gc_mask_flags(s, o->attn_mask, "scaled_dot_product_attention",
-                                                  "attn_mask", &flags)) != GCAP_OK)
-    goto done;
   if ((st = gcap_softmax_masked(s, scale, o->attn_mask, o->mask_kind, o->is_causal, &p)) != GCAP_OK)
     goto done;
   if (o->dropout_p > 0.0 && (st = gcap_dropout(p, o->dropout_p, 1, &pd)) != GCAP_OK) goto done;
@@ -140,10 +138,126 @@ done:
   return st;
 }
 
+/* The fused path: one kernel forward (GC_K_ATTN), two backward
+** (GC_K_ATTN_BWD_DQ, then GC_K_ATTN_BWD_DKV), over q, k, v seen as [BH, S,
+** D]; the rows' softmax stats are kept for the backward, the weights never
+** stored. */
+static void attn_args(gc_kargs *a, gcap_tensor *q, gcap_tensor *k, gcap_tensor *v, float scale,
+                      float p, int64_t flags, int64_t heads) {
+  int n = q->ndim;
+  memset(a, 0, sizeof *a);
+  a->n[1] = q->shape[n - 2];
+  a->n[2] = k->shape[n - 2];
+  a->n[3] = q->shape[n - 1];
+  a->n[4] = v->shape[n - 1];
+  a->n[0] = a->n[1] * a->n[3] > 0 ? q->numel / (a->n[1] * a->n[3]) : 0;
+  if (a->n[0] == 0) { /* an empty batch: no rows */
+    int d;
+    a->n[0] = 1;
+    for (d = 0; d < n - 2; d++)
+      a->n[0] *= q->shape[d];
+  }
+  a->n[5] = flags;
+  a->n[6] = heads;
+  a->f[0] = scale;
+  a->f[1] = p;
+}
+
+/* saved: q, k, v, stats, mask (or none); f[0] = scale, f[1] = dropout p;
+** k[0] = the mask's flags with causal, k[1] = heads. */
+static gcap_status attn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  gcap_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *stats = n->saved[3];
+  gcap_tensor *mask = n->nsaved > 4 ? n->saved[4] : NULL, *in[6];
+  gc_kargs a;
+  gcap_status st;
+  int i, nin;
+  for (i = 0; i < 3; i++) { /* every grad is computed (the kernels write them together) */
+    gcap_tensor *x = n->saved[i];
+    if ((st = gc_tensor_alloc(g->e, "scaled_dot_product_attention backward", x->dt, x->ndim,
+                              x->shape, &gin[i])) != GCAP_OK)
+      return st; /* the caller frees what gin holds */
+  }
+  attn_args(&a, q, k, v, n->f[0], n->f[1], n->k[0], n->k[1]);
+  a.p[0] = gc_tensor_ptr(gin[0]);
+  a.p[1] = gc_tensor_ptr(g);
+  a.p[2] = gc_tensor_ptr(q), a.p[3] = gc_tensor_ptr(k), a.p[4] = gc_tensor_ptr(v);
+  a.p[5] = gc_tensor_ptr(stats);
+  a.p[6] = mask ? gc_tensor_ptr(mask) : NULL;
+  in[0] = g, in[1] = q, in[2] = k, in[3] = v, in[4] = stats, in[5] = mask;
+  nin = mask ? 6 : 5;
+  if ((st = gc_note_access(g->e, stats, 1)) != GCAP_OK ||
+      (st = gc_run(g->e, GC_K_ATTN_BWD_DQ, &a, in, nin, gin[0])) != GCAP_OK)
+    return st;
+  a.p[0] = gc_tensor_ptr(gin[1]);
+  a.p[1] = gc_tensor_ptr(gin[2]);
+  a.p[2] = gc_tensor_ptr(g);
+  a.p[3] = gc_tensor_ptr(q), a.p[4] = gc_tensor_ptr(k), a.p[5] = gc_tensor_ptr(v);
+  a.p[6] = gc_tensor_ptr(stats);
+  a.p[7] = mask ? gc_tensor_ptr(mask) : NULL;
+  if ((st = gc_note_access(g->e, gin[2], 1)) != GCAP_OK) return st;
+  return gc_run(g->e, GC_K_ATTN_BWD_DKV, &a, in, nin, gin[1]);
+}
+
+/* flags: the mask's, with causal (gcap_scaled_dot_product_attention). */
+static gcap_status sdpa_fused(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
+                              const gcap_sdpa_opts *o, double scale, int64_t flags,
+                              gcap_tensor **out) {
+  int n = q->ndim;
+  int64_t shape[GCAP_MAXDIM], heads = n >= 3 ? q->shape[n - 3] : 1, len;
+  gcap_tensor *stats = NULL, *in[5], *save[5];
+  gcap_engine *e = q->e;
+  gc_node *node;
+  gc_kargs a;
+  gcap_status st;
+  memcpy(shape, q->shape, sizeof shape);
+  shape[n - 1] = v->shape[n - 1];
+  if ((st = gc_tensor_alloc(e, "scaled_dot_product_attention", q->dt, n, shape, out)) != GCAP_OK)
+    return st;
+  attn_args(&a, q, k, v, (float)scale, (float)o->dropout_p, flags, heads);
+  len = GC_ATTN_HEAD + 3 * a.n[0] * a.n[1];
+  if ((st = gc_tensor_alloc(e, "scaled_dot_product_attention", GCAP_F32, 1, &len, &stats)) !=
+      GCAP_OK)
+    goto fail;
+  a.p[0] = gc_tensor_ptr(*out);
+  a.p[1] = gc_tensor_ptr(q), a.p[2] = gc_tensor_ptr(k), a.p[3] = gc_tensor_ptr(v);
+  a.p[4] = gc_tensor_ptr(stats);
+  a.p[5] = o->attn_mask ? gc_tensor_ptr(o->attn_mask) : NULL;
+  a.p[6] = o->dropout_p > 0.0 ? e->rng->ptr : NULL;
+  in[0] = q, in[1] = k, in[2] = v, in[3] = o->attn_mask;
+  if ((st = gc_note_access(e, stats, 1)) != GCAP_OK ||
+      (st = gc_run(e, GC_K_ATTN, &a, in, o->attn_mask ? 4 : 3, *out)) != GCAP_OK)
+    goto fail;
+  if (o->dropout_p > 0.0) { /* the draws of the weights' elements, as gcap_dropout's */
+    int64_t draws = a.n[0] * a.n[1] * a.n[2];
+    memset(&a, 0, sizeof a);
+    a.p[0] = e->rng->ptr;
+    a.n[0] = draws;
+    if ((st = gc_launch(e, GC_K_RNG_ADVANCE, &a)) != GCAP_OK) goto fail;
+  }
+  if (gc_grad_needed(e, in, 3)) {
+    save[0] = q, save[1] = k, save[2] = v, save[3] = stats, save[4] = o->attn_mask;
+    if ((st = gc_record(*out, "scaled_dot_product_attention", attn_backward, in, 3, save,
+                        o->attn_mask ? 5 : 4, &node)) != GCAP_OK)
+      goto fail;
+    node->f[0] = (float)scale;
+    node->f[1] = (float)o->dropout_p;
+    node->k[0] = flags;
+    node->k[1] = heads;
+  }
+  gcap_tensor_free(stats);
+  return GCAP_OK;
+fail:
+  gcap_tensor_free(stats);
+  return fail_free(out, st);
+}
+
 gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
                                               const gcap_sdpa_opts *opts, gcap_tensor **out) {
+  static const char op[] = "scaled_dot_product_attention";
   gcap_sdpa_opts o;
   double scale;
+  int64_t d, dv, shape[GCAP_MAXDIM], flags = 0;
+  int fusable;
   gcap_status st;
   if (out == NULL) return GCAP_EINVAL;
   *out = NULL;
@@ -152,6 +266,32 @@ gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gc
   memset(&o, 0, sizeof o);
   if (opts != NULL) o = *opts;
   if ((st = sdpa_check(q, k, v, o.dropout_p)) != GCAP_OK) return st;
-  scale = o.scale != 0.0 ? o.scale : 1.0 / sqrt((double)q->shape[q->ndim - 1]);
-  return sdpa_composed(q, k, v, &o, scale, out);
+  d = q->shape[q->ndim - 1], dv = v->shape[v->ndim - 1];
+  scale = o.scale != 0.0 ? o.scale : 1.0 / sqrt((double)d);
+  if (o.mask_kind != GCAP_MASK_ADD && o.mask_kind != GCAP_MASK_BOOL)
+    return gc_fail(q->e, GCAP_EINVAL, "%s: unknown mask kind %d", op, (int)o.mask_kind);
+  memcpy(shape, q->shape, sizeof shape);
+  shape[q->ndim - 1] = k->shape[k->ndim - 2]; /* the scores', which the mask covers */
+  if (o.attn_mask != NULL &&
+      (st = gc_mask_flags(q->e, q->ndim, shape, o.attn_mask, op, "attn_mask", &flags)) != GCAP_OK)
+    return st;
+  if (o.attn_mask != NULL && o.mask_kind == GCAP_MASK_BOOL) flags |= GC_MASK_BOOL;
+  if (o.is_causal) flags |= GC_MASK_CAUSAL;
+  fusable = d <= GCAP_SDPA_FUSED_DMAX && dv <= GCAP_SDPA_FUSED_DMAX;
+  switch (o.impl) {
+    case GCAP_SDPA_AUTO:
+      if (fusable && strcmp(gcap_engine_device(q->e), "cuda") == 0)
+        return sdpa_fused(q, k, v, &o, scale, flags, out);
+      return sdpa_composed(q, k, v, &o, scale, out);
+    case GCAP_SDPA_COMPOSED:
+      return sdpa_composed(q, k, v, &o, scale, out);
+    case GCAP_SDPA_FUSED:
+      if (!fusable)
+        return gc_fail(q->e, GCAP_EINVAL,
+                       "%s: the fused kernel takes head dims up to %d, got D %lld and Dv %lld", op,
+                       GCAP_SDPA_FUSED_DMAX, (long long)d, (long long)dv);
+      return sdpa_fused(q, k, v, &o, scale, flags, out);
+    default:
+      return gc_fail(q->e, GCAP_EINVAL, "%s: unknown impl %d", op, (int)o.impl);
+  }
 }

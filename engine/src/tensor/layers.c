@@ -283,7 +283,8 @@ gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
   if (mask != NULL) {
     if (kind != GCAP_MASK_ADD && kind != GCAP_MASK_BOOL)
       return gc_fail(x->e, GCAP_EINVAL, "softmax: unknown mask kind %d", (int)kind);
-    if ((st = gc_mask_flags(x, mask, "softmax", "mask", &flags)) != GCAP_OK) return st;
+    if ((st = gc_mask_flags(x->e, x->ndim, x->shape, mask, "softmax", "mask", &flags)) != GCAP_OK)
+      return st;
     if (kind == GCAP_MASK_BOOL) flags |= GC_MASK_BOOL;
   }
   if (causal) flags |= GC_MASK_CAUSAL;

@@ -150,11 +150,11 @@ gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **
 /* op(a) op(b) (ta, tb: transposed), the batch dims broadcast, recorded as
 ** "matmul" (gcap_matmul is ta = tb = 0). */
 gcap_status gc_matmul(gcap_tensor *a, int ta, gcap_tensor *b, int tb, gcap_tensor **out);
-/* The GC_MASK_* broadcast and dtype flags of `mask` read over x as 4-D
-** (attention.c); a mask that does not broadcast to x is an error naming op
-** and what (the mask's role, "mask"). */
-gcap_status gc_mask_flags(gcap_tensor *x, gcap_tensor *mask, const char *op, const char *what,
-                          int64_t *flags);
+/* The GC_MASK_* broadcast and dtype flags of `mask` read over a tensor of
+** shape [ndim] as 4-D (attention.c); a mask that does not broadcast to it
+** is an error naming op and what (the mask's role, "mask"). */
+gcap_status gc_mask_flags(gcap_engine *e, int ndim, const int64_t *shape, gcap_tensor *mask,
+                          const char *op, const char *what, int64_t *flags);
 /* Outside capture, every value of ids must be an integer in 0..count-1: read
 ** back and checked on the host (a capture cannot read back; there the
 ** kernels make such an entry NaN); else an error "op: what N (counting from
