@@ -244,6 +244,17 @@ static void test_parameter_names(void) {
   T_CHECK_OK(e, gcap_nn_layer_norm_mlp(e, 8, 12, 1e-5, 0, 0, &m)); /* no biases */
   T_CHECK(gcap_module_num_parameters(m) == 4);
   gcap_module_free(m);
+  T_CHECK_OK(e, gcap_nn_embedding(e, 10, 3, &m));
+  T_CHECK(gcap_module_num_parameters(m) == 1);
+  if (gcap_module_num_parameters(m) == 1) {
+    gcap_tensor *w = gcap_module_parameter(m, 0, name, sizeof name);
+    T_CHECK(strcmp(name, "weight") == 0 && gcap_tensor_shape(w)[0] == 10 &&
+            gcap_tensor_shape(w)[1] == 3);
+  }
+  gcap_module_free(m);
+  m = NULL;
+  T_CHECK_ST(e, gcap_nn_embedding(e, 10, 0, &m), GCAP_EINVAL);
+  T_CHECK(m == NULL && t_msg_has(e, "Embedding: embedding_dim must be positive, got 0"));
   gcap_engine_free(e);
 }
 
