@@ -138,6 +138,26 @@ function TestTransformer:test_embedding ()
   H.assert_bitwise(eg.weight.grad:tolist(), g, "graphed grad")
 end
 
+-- return_layernorm_output: two outputs, the second the layer norm's; graphed,
+-- both replay and the grads through both equal eager's.
+function TestTransformer:test_return_layernorm_output ()
+  local function run (graphed)
+    gc.manual_seed(7)
+    local m = gc.nn.LayerNormLinear(HID, 8, {return_layernorm_output = true})
+    if graphed then gc.make_graphed_callables(m, {gc.ones({S, B, HID}, {requires_grad = true})}) end
+    local x = gc.randn({S, B, HID}, {requires_grad = true})
+    local y, ln = m(x)
+    lu.assertEquals(y:shape(), {S, B, 8})
+    lu.assertEquals(ln:shape(), {S, B, HID})
+    H.assert_bitwise(ln:tolist(),
+                     gc.F.layer_norm(x, m.layer_norm_weight, m.layer_norm_bias):tolist(), "ln");
+    (y:sum() + (ln * ln):sum()):backward()
+    return {y:tolist(), ln:tolist(), x.grad:tolist(), m.weight.grad:tolist(),
+            m.layer_norm_weight.grad:tolist()}
+  end
+  H.assert_same(run(true), run(false), "graphed")
+end
+
 -- Errors name the module and the thing, at the caller's line; the module
 -- stays usable.
 function TestTransformer:test_errors ()
