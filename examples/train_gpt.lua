@@ -19,7 +19,7 @@ local gc = require "graphcap"
 
 local SIZES = {
   small = {layers = 2, d = 32, heads = 2, S = 16, B = 16, steps = 200, lr = 3e-3, accuracy = 0.9},
-  full = {layers = 4, d = 64, heads = 4, S = 32, B = 32, steps = 400, lr = 2e-3, accuracy = 0.98},
+  full = {layers = 4, d = 64, heads = 4, S = 32, B = 32, steps = 250, lr = 2e-3, accuracy = 0.98},
 }
 local size = arg[1] or os.getenv("GPT_SIZE") or "full"
 local C = SIZES[size] or error("size must be small or full, got " .. tostring(size))
