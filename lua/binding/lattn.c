@@ -1,6 +1,6 @@
 /*
 ** lattn.c: the ops of attention with options: gc.F.softmax (dim or an
-** options table), gc.F.masked_fill (and their tensor methods) and
+** options table), gc.masked_fill (and their tensor methods) and
 ** gc.F.scaled_dot_product_attention.
 */
 

@@ -261,6 +261,7 @@ LUAI_DDEC(const luaL_Reg l_tensor_funcs[]);
 
 /* lshape.c */
 LUAI_FUNC int l_checkdim(lua_State *L, int arg, int ndim, const char *op);
+LUAI_FUNC int l_reshape(lua_State *L);
 LUAI_FUNC int l_transpose(lua_State *L);
 LUAI_FUNC int l_permute(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_shape_funcs[]);

@@ -1,10 +1,11 @@
 /*
-** lshape.c: shape ops: t:reshape, t:transpose, t:permute, gc.split,
+** lshape.c: shape ops: t:reshape (a -1 entry inferred), t:transpose, t:permute, gc.split,
 ** gc.chunk, gc.cat. Lua dims count from 1; a negative dim counts from the
 ** end (-1 is the last).
 */
 
 #include <limits.h>
+#include <stdint.h>
 
 #include "lgc.h"
 
@@ -32,6 +33,46 @@ int l_checkdim(lua_State *L, int arg, int ndim, const char *op) {
 ** Copies with another layout
 ** =======================================================
 */
+
+/* t:reshape(shape): a view (tensors are contiguous); one entry may be -1,
+** the size that makes the element count t's. */
+int l_reshape(lua_State *L) {
+  gcap_tensor *t = l_checktensor(L, 1);
+  int64_t shape[GCAP_MAXDIM], known = 1, numel = gcap_tensor_numel(t);
+  int n, i, infer = -1;
+  LTensor *r;
+  luaL_checktype(L, 2, LUA_TTABLE);
+  n = (int)(lua_rawlen(L, 2) < GCAP_MAXDIM + 1 ? lua_rawlen(L, 2) : GCAP_MAXDIM + 1);
+  if (n > GCAP_MAXDIM) return l_error(L, "reshape: shape has more than %d entries", GCAP_MAXDIM);
+  for (i = 0; i < n; i++) {
+    int isint;
+    lua_Integer v;
+    lua_rawgeti(L, 2, i + 1);
+    v = lua_tointegerx(L, -1, &isint);
+    if (lua_type(L, -1) != LUA_TNUMBER || !isint || v < -1)
+      return l_error(L, "reshape: shape entry #%d must be a non-negative integer or -1, got %s",
+                     i + 1, luaL_tolstring(L, -1, NULL));
+    if (v == -1 && infer >= 0)
+      return l_error(L, "reshape: entries #%d and #%d are both -1 (one may be)", infer + 1, i + 1);
+    if (v == -1)
+      infer = i;
+    else if (v > 0 && known > INT64_MAX / v)
+      return l_error(L, "reshape: shape has too many elements");
+    else
+      known *= v;
+    shape[i] = v;
+    lua_pop(L, 1);
+  }
+  if (infer >= 0) {
+    if (known == 0 || numel % known != 0)
+      return l_error(L, "reshape: no size for entry #%d makes %I elements", infer + 1,
+                     (LUAI_UACINT)numel);
+    shape[infer] = numel / known;
+  }
+  r = l_newtensor(L);
+  l_check(L, gcap_tensor_engine(t), gcap_tensor_view(t, n, shape, &r->t), "reshape");
+  return 1;
+}
 
 /* t:transpose(d0, d1) */
 int l_transpose(lua_State *L) {

@@ -95,4 +95,75 @@ static inline gcap_status f_xent(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_cross_entropy(x[0], x[1], y);
 }
 
+/* The ops of attention and the shape ops around it. */
+static inline gcap_status f_permute(gcap_tensor *const *x, gcap_tensor **y) {
+  static const int perm[4] = {2, 0, 3, 1};
+  return gcap_permute(x[0], perm, y);
+}
+static inline gcap_status f_transpose(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_transpose(x[0], -1, -2, y);
+}
+/* cat of x's pieces (3 + 3 + 1 along dim 1) in another order, one scaled */
+static inline gcap_status f_split_cat(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_tensor *p[3] = {0}, *s = NULL, *order[3];
+  int n = 0;
+  gcap_status st = gcap_split(x[0], 3, 1, 3, p, &n);
+  if (st == GCAP_OK && (st = gcap_scale(p[0], 2.0, &s)) == GCAP_OK) {
+    order[0] = p[2], order[1] = s, order[2] = p[1];
+    st = gcap_cat(3, order, 1, y);
+  }
+  for (int i = 0; i < n; i++)
+    gcap_tensor_free(p[i]);
+  gcap_tensor_free(s);
+  return st;
+}
+
+/* softmax of 0.125 x plus an additive mask x[1]; the same causal, with a
+** boolean mask x[1] (0/1 values) */
+static inline gcap_status f_softmax_add(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_softmax_masked(x[0], 0.125, x[1], GCAP_MASK_ADD, 0, y);
+}
+static inline gcap_status f_softmax_bool_causal(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_softmax_masked(x[0], 0.125, x[1], GCAP_MASK_BOOL, 1, y);
+}
+static inline gcap_status f_softmax_causal(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_softmax_masked(x[0], 1.0, NULL, GCAP_MASK_ADD, 1, y);
+}
+static inline gcap_status f_masked_fill(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_masked_fill(x[0], x[1], -3.5, y);
+}
+
+/* embedding of ids x[0] (class-id fill, converted to the f32 ids are held
+** in) into the table x[1] */
+static inline gcap_status f_embedding(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_tensor *ids = NULL;
+  gcap_status st = gcap_tensor_empty(gcap_tensor_engine(x[0]), GCAP_F32, gcap_tensor_ndim(x[0]),
+                                     gcap_tensor_shape(x[0]), &ids);
+  if (st == GCAP_OK && (st = gcap_copy_(ids, x[0])) == GCAP_OK) st = gcap_embedding(ids, x[1], y);
+  gcap_tensor_free(ids);
+  return st;
+}
+
+/* attention: plain; causal with dropout (seeded); with a boolean mask x[3] */
+static inline gcap_status f_sdpa(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], NULL, y);
+}
+static inline gcap_status f_sdpa_causal_dropout(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_sdpa_opts o = {.is_causal = 1, .dropout_p = 0.2};
+  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
+}
+static inline gcap_status f_sdpa_mask(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_sdpa_opts o = {.attn_mask = x[3], .mask_kind = GCAP_MASK_BOOL};
+  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
+}
+/* the fused kernels, with a boolean mask x[3], causal and dropout (seeded) */
+static inline gcap_status f_sdpa_fused(gcap_tensor *const *x, gcap_tensor **y) {
+  gcap_sdpa_opts o = {.attn_mask = x[3],
+                      .mask_kind = GCAP_MASK_BOOL,
+                      .is_causal = 1,
+                      .dropout_p = 0.2,
+                      .impl = GCAP_SDPA_FUSED};
+  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
+}
+
 #endif

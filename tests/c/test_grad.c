@@ -274,6 +274,10 @@ static gcap_status f_rows(gcap_tensor *const *x, gcap_tensor **y) {
   { 3, {a, b, c}, f, 0, g }
 #define G0(f, g)                                                                                   \
   { 0, {0}, f, 0, g }
+#define G4(a, b, c, d, f, g)                                                                       \
+  { 4, {a, b, c, d}, f, 0, g }
+#define GC2(a, b, classes)                                                                         \
+  { 2, {a, b}, FILL_CLASS, classes, 0 }
 #define GC(n, classes)                                                                             \
   { 1, {n}, FILL_CLASS, classes, 0 }
 #define N FILL_NORMAL
@@ -406,6 +410,75 @@ static const gcase cases_layers[] = {
      0,
      4,
      {G2(3, 4, FILL_WIDE, 1), G1(4, N, 1), G1(4, N, 1), GC(3, 4)}},
+};
+
+/* The ops of attention; masks and ids are class fills (0/1 for masks). */
+static const gcase cases_attention[] = {
+    {"permute [2,3,4,2] (2,0,3,1)", f_permute, "permute", 0, 1, {G4(2, 3, 4, 2, N, 1)}},
+    {"transpose [2,3,4] (-1,-2)", f_transpose, "permute", 0, 1, {G3(2, 3, 4, N, 1)}},
+    {"split [2,7,3] then cat", f_split_cat, "cat", 0, 1, {G3(2, 7, 3, N, 1)}},
+    {"matmul [2,3,4,5] x [5,2]", f_matmul, "matmul", 0, 2, {G4(2, 3, 4, 5, N, 1), G2(5, 2, N, 1)}},
+    {"matmul [2,1,3,4] x [1,2,4,3]",
+     f_matmul,
+     "matmul",
+     0,
+     2,
+     {G4(2, 1, 3, 4, N, 1), G4(1, 2, 4, 3, N, 1)}},
+    {"matmul [3,4] x [2,4,3] (only b)",
+     f_matmul,
+     "matmul",
+     0,
+     2,
+     {G2(3, 4, N, 0), G3(2, 4, 3, N, 1)}},
+    {"softmax scaled, additive mask [2,1,3,5]",
+     f_softmax_add,
+     "softmax",
+     0,
+     2,
+     {G4(2, 2, 3, 5, FILL_WIDE, 1), G4(2, 1, 3, 5, N, 0)}},
+    {"softmax causal, boolean mask [4,4]",
+     f_softmax_bool_causal,
+     "softmax",
+     0,
+     2,
+     {G4(2, 2, 4, 4, FILL_WIDE, 1), GC2(4, 4, 2)}},
+    {"softmax causal [3,6,6]", f_softmax_causal, "softmax", 0, 1, {G3(3, 6, 6, FILL_WIDE, 1)}},
+    {"masked_fill [2,3,4], mask [3,1]",
+     f_masked_fill,
+     "masked_fill",
+     0,
+     2,
+     {G3(2, 3, 4, N, 1), GC2(3, 1, 2)}},
+    {"embedding [2,3] ids into [5,4]",
+     f_embedding,
+     "embedding",
+     0,
+     2,
+     {GC2(2, 3, 5), G2(5, 4, N, 1)}},
+    {"sdpa [2,2,3,4]",
+     f_sdpa,
+     "matmul",
+     0,
+     3,
+     {G4(2, 2, 3, 4, N, 1), G4(2, 2, 3, 4, N, 1), G4(2, 2, 3, 4, N, 1)}},
+    {"sdpa causal, dropout (seeded)",
+     f_sdpa_causal_dropout,
+     "matmul",
+     7,
+     3,
+     {G4(2, 2, 4, 4, N, 1), G4(2, 2, 4, 4, N, 1), G4(2, 2, 4, 4, N, 1)}},
+    {"sdpa boolean mask, Sq 3 Sk 5",
+     f_sdpa_mask,
+     "matmul",
+     0,
+     4,
+     {G4(2, 2, 3, 4, N, 1), G4(2, 2, 5, 4, N, 1), G4(2, 2, 5, 3, N, 1), GC2(3, 5, 2)}},
+    {"sdpa fused, causal, mask, dropout (seeded)",
+     f_sdpa_fused,
+     "scaled_dot_product_attention",
+     7,
+     4,
+     {G4(2, 2, 4, 4, N, 1), G4(2, 2, 4, 4, N, 1), G4(2, 2, 4, 3, N, 1), GC2(4, 4, 2)}},
 };
 
 #define NCASES(a) ((int)(sizeof(a) / sizeof(a)[0]))
@@ -554,6 +627,7 @@ int main(void) {
   run_cases("grad", cases_elementwise, NCASES(cases_elementwise));
   run_cases("grad", cases_linalg, NCASES(cases_linalg));
   run_cases("grad", cases_layers, NCASES(cases_layers));
+  run_cases("grad", cases_attention, NCASES(cases_attention));
   T_RUN(test_dropout_mask_grad);
   T_RUN(test_dropout_extremes);
   T_RUN(test_loss_values);

@@ -249,69 +249,6 @@ static gcap_status f_to_bf16(gcap_tensor *const *x, gcap_tensor **y) {
   return st;
 }
 
-/* The shape ops: copies, so the two backends agree bit for bit (within any
-** tolerance). */
-static gcap_status f_permute(gcap_tensor *const *x, gcap_tensor **y) {
-  static const int perm[4] = {2, 0, 3, 1};
-  return gcap_permute(x[0], perm, y);
-}
-static gcap_status f_transpose(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_transpose(x[0], -1, -2, y);
-}
-/* cat of x's pieces (3 + 3 + 1 along dim 1) in another order, one scaled */
-static gcap_status f_split_cat(gcap_tensor *const *x, gcap_tensor **y) {
-  gcap_tensor *p[3] = {0}, *s = NULL, *order[3];
-  int n = 0;
-  gcap_status st = gcap_split(x[0], 3, 1, 3, p, &n);
-  if (st == GCAP_OK && (st = gcap_scale(p[0], 2.0, &s)) == GCAP_OK) {
-    order[0] = p[2], order[1] = s, order[2] = p[1];
-    st = gcap_cat(3, order, 1, y);
-  }
-  for (int i = 0; i < n; i++)
-    gcap_tensor_free(p[i]);
-  gcap_tensor_free(s);
-  return st;
-}
-
-/* softmax of 0.125 x plus an additive mask x[1]; the same causal, with a
-** boolean mask x[1] (0/1 values) */
-static gcap_status f_softmax_add(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_softmax_masked(x[0], 0.125, x[1], GCAP_MASK_ADD, 0, y);
-}
-static gcap_status f_softmax_bool_causal(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_softmax_masked(x[0], 0.125, x[1], GCAP_MASK_BOOL, 1, y);
-}
-static gcap_status f_softmax_causal(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_softmax_masked(x[0], 1.0, NULL, GCAP_MASK_ADD, 1, y);
-}
-static gcap_status f_masked_fill(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_masked_fill(x[0], x[1], -3.5, y);
-}
-
-/* embedding of ids x[0] (class-id fill, converted to the f32 ids are held
-** in) into the table x[1] */
-static gcap_status f_embedding(gcap_tensor *const *x, gcap_tensor **y) {
-  gcap_tensor *ids = NULL;
-  gcap_status st = gcap_tensor_empty(gcap_tensor_engine(x[0]), GCAP_F32, gcap_tensor_ndim(x[0]),
-                                     gcap_tensor_shape(x[0]), &ids);
-  if (st == GCAP_OK && (st = gcap_copy_(ids, x[0])) == GCAP_OK) st = gcap_embedding(ids, x[1], y);
-  gcap_tensor_free(ids);
-  return st;
-}
-
-/* attention: plain; causal with dropout (seeded); with a boolean mask x[3] */
-static gcap_status f_sdpa(gcap_tensor *const *x, gcap_tensor **y) {
-  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], NULL, y);
-}
-static gcap_status f_sdpa_causal_dropout(gcap_tensor *const *x, gcap_tensor **y) {
-  gcap_sdpa_opts o = {.is_causal = 1, .dropout_p = 0.2};
-  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
-}
-static gcap_status f_sdpa_mask(gcap_tensor *const *x, gcap_tensor **y) {
-  gcap_sdpa_opts o = {.attn_mask = x[3], .mask_kind = GCAP_MASK_BOOL};
-  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
-}
-
 #define P0(f, g)                                                                                   \
   { 0, {0}, f, 0, g }
 #define P1(a, f, g)                                                                                \

@@ -1,6 +1,6 @@
 -- test_attention_ops.lua: the ops of attention (docs/lua-api.md, "Functions"):
 -- batched gc.matmul, gc.F.softmax with a scale, masks and causal,
--- gc.F.masked_fill, gc.F.embedding, gc.F.dropout on 4-D attention weights and
+-- gc.masked_fill, gc.F.embedding, gc.F.dropout on 4-D attention weights and
 -- gc.F.scaled_dot_product_attention: values and grads against double-precision
 -- references (central differences), a captured forward and backward replayed
 -- equal to eager bit for bit, and their errors.
@@ -190,7 +190,7 @@ function TestAttentionOps:test_masked_fill_values_and_grads ()
   local xs, ms = {2, 3, 4}, {3, 1}
   local m = bits(3)
   H.gradcheck("masked_fill", {{xs, H.values(24, 0.2)}, {ms, m, grad = false}},
-              function (t, mt) return gc.F.masked_fill(t, mt, -7) end,
+              function (t, mt) return gc.masked_fill(t, mt, -7) end,
               function (t)
                 local y = {}
                 for k, idx in ipairs(indices(xs)) do
@@ -221,9 +221,9 @@ function TestAttentionOps:test_softmax_and_masked_fill_errors ()
                HERE, "softmax: causal needs a tensor of at least 2 dims, got 1-D")
   H.assert_err(function () return gc.F.softmax(x, {scale = math.huge}) end,
                HERE, "softmax: the scale must be finite, got inf")
-  H.assert_err(function () return gc.F.masked_fill(x, gc.zeros{2, 1, 1, 4}, 0) end,
+  H.assert_err(function () return gc.masked_fill(x, gc.zeros{2, 1, 1, 4}, 0) end,
                HERE, "masked_fill: the mask [2, 1, 1, 4] does not broadcast to [2, 3, 4]")
-  H.assert_err(function () return gc.F.masked_fill(x, gc.zeros{4}) end,
+  H.assert_err(function () return gc.masked_fill(x, gc.zeros{4}) end,
                HERE, "bad argument #3 to 'masked_fill' (number expected, got no value)")
 end
 
@@ -506,6 +506,66 @@ function TestAttentionOps:test_sdpa_fused_grads_and_replay ()
     g:replay()
     H.assert_bitwise(H.flat(yg:tolist()), want_y, "replayed output")
     for i, x in ipairs{q, k, v} do H.assert_bitwise(x.grad:tolist(), want[i], "replayed grad " .. i) end
+  end
+end
+
+-- A step through every op of this suite (embedding, batched matmul with a
+-- broadcast operand, transpose, the masked causal softmax, masked_fill,
+-- split and cat, attention both ways), forward and backward, in f32 and
+-- bf16: captured, each replay equals an eager step bit for bit, on new
+-- inputs too; bf16 stays near f32.
+local function every_op_step (p)
+  local x = gc.F.embedding(p.ids, p.emb)                        -- [2, 6, 8]
+  local h = gc.matmul(x, p.w)                                   -- [2, 6, 8] x [8, 8]
+  local s = gc.matmul(h, x:transpose(-1, -2))                   -- [2, 6, 6]
+  local a = gc.F.softmax(s, {scale = 0.3, causal = true, mask = p.add})
+  local f = gc.masked_fill(a, p.drop, 0)
+  local q, k = table.unpack(gc.chunk(gc.matmul(f, h), 2, -1))  -- [2, 6, 4] each
+  local o1 = gc.F.scaled_dot_product_attention(q, k, k, {impl = "composed", is_causal = true})
+  local o2 = gc.F.scaled_dot_product_attention(q, k, q, {impl = "fused", attn_mask_bool = p.drop})
+  local loss = (gc.cat({o1, o2}, 3) * p.r):sum()
+  loss:backward()
+  return loss
+end
+
+local function every_op_params (dt)
+  local function t (shape, ph, grad)
+    return gc.tensor(H.nest(H.values(numel(shape), ph), shape), {requires_grad = grad, dtype = dt})
+  end
+  return {ids = gc.tensor(H.nest({1, 4, 0, 2, 2, 3, 4, 4, 1, 0, 3, 2}, {2, 6})),
+          emb = t({5, 8}, 0.1, true), w = t({8, 8}, 0.2, true),
+          add = gc.tensor(H.nest(H.values(36, 0.6), {6, 6})),
+          drop = gc.tensor(H.nest(bits(12), {2, 1, 6})),
+          r = t({2, 6, 8}, 0.4, false)}
+end
+
+function TestAttentionOps:test_every_op_captured_replays_equal_eager ()
+  local ref
+  for _, dt in ipairs{"f32", "bf16"} do
+    local p = every_op_params(dt)
+    local want_l = every_op_step(p):tolist()
+    local want = {p.emb.grad:tolist(), p.w.grad:tolist()}
+    p.emb.grad, p.w.grad = nil, nil
+    local g, l = gc.Graph(), nil
+    g:capture(function () l = every_op_step(p) end)
+    g:replay()
+    H.assert_bitwise({l:tolist()}, {want_l}, dt .. " loss")
+    H.assert_bitwise(p.emb.grad:tolist(), want[1], dt .. " grad of the embedding")
+    H.assert_bitwise(p.w.grad:tolist(), want[2], dt .. " grad of w")
+    -- new weights in the same memory: eager and the replay still agree
+    gc.no_grad(function () p.w:copy_(p.w * 0.5) end)
+    p.emb.grad, p.w.grad = nil, nil
+    want_l = every_op_step(p):tolist()
+    want = {p.emb.grad:tolist(), p.w.grad:tolist()}
+    g:replay()
+    H.assert_bitwise({l:tolist()}, {want_l}, dt .. " loss, new weights")
+    H.assert_bitwise(p.w.grad:tolist(), want[2], dt .. " grad of w, new weights")
+    if dt == "f32" then
+      ref = {want_l, H.flat(want[1]), H.flat(want[2])}
+    else
+      H.assert_close({want_l}, {ref[1]}, 0.05, 0.03, "bf16 loss near f32")
+      H.assert_close(H.flat(want[2]), ref[3], 0.1, 0.05, "bf16 grad of w near f32")
+    end
   end
 end
 

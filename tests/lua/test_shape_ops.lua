@@ -63,6 +63,16 @@ function TestShapeOps:test_reshape_is_a_view ()
   lu.assertEquals(y:shape(), {4, 6})
   lu.assertEquals(y:data_ptr(), x:data_ptr())
   lu.assertEquals(H.flat(y:tolist()), H.flat(x:tolist()))
+  lu.assertEquals(x:reshape{-1, 3, 2}:shape(), {4, 3, 2})
+  lu.assertEquals(x:reshape{2, -1}:shape(), {2, 12})
+  H.assert_err(function () return x:reshape{5, -1} end,
+               HERE, "reshape: no size for entry #2 makes 24 elements")
+  H.assert_err(function () return x:reshape{-1, -1} end,
+               HERE, "reshape: entries #1 and #2 are both -1 (one may be)")
+  H.assert_err(function () return x:reshape{-2, 12} end,
+               HERE, "reshape: shape entry #1 must be a non-negative integer or -1, got -2")
+  H.assert_err(function () return x:reshape{5, 5} end,
+               HERE, "view: cannot view a tensor of shape [2, 3, 4] (24 elements) with 25 elements")
 end
 
 function TestShapeOps:test_transpose_and_permute_values_and_grads ()

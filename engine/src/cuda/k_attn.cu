@@ -4,10 +4,11 @@
 **
 ** One thread per query row (forward, dq) or key row (dk, dv), its vectors in
 ** registers (head dims up to DM, a template of 32, 64 or 128); the other
-** side's rows go through shared memory in tiles of ATT_T. The forward takes
-** the row's max and sum of exp(z - max) in one pass over the keys, then the
-** output in a second; the backward recomputes the weights from those two
-** floats. Every sum runs in a fixed order and no atomics are used: a replay
+** side's rows go through shared memory in tiles of ATT_T. The forward makes
+** the row's max, sum of exp(z - max) and output in one pass over the keys
+** (the output rescaled when the max grows); the backward recomputes the
+** weights from those two floats, with D_i = do_i . o_i. Every sum runs in a fixed order and no
+*atomics are used: a replay
 ** computes what an eager call does, bit for bit. The sums' order differs from
 ** the host's (the composition's), so results match within tolerance.
 ** Dropout draws what GC_K_DROPOUT draws for the same element of the weights.
@@ -77,7 +78,7 @@ __device__ __forceinline__ void att_row(float *v, const void *x, int dt, int64_t
 template <int DM>
 static __global__ void k_attn(void *o, const void *q, const void *k, const void *v, float *stats,
                               const void *mask, const uint64_t *rng, cu_att c) {
-  __shared__ float ks[ATT_T * DM], vs[ATT_T * DM];
+  __shared__ __align__(16) float ks[ATT_T * DM], vs[ATT_T * DM];
   const int64_t rows = c.bh * c.sq;
   uint64_t head[2] = {0, 0};
   if (rng) head[0] = rng[0], head[1] = rng[1];
@@ -90,36 +91,38 @@ static __global__ void k_attn(void *o, const void *q, const void *k, const void 
     float qr[DM], acc[DM];
     att_row<DM>(qr, q, c.dt, bh, c.sq, c.d, i);
     float mx = -INFINITY, sum = 0.0f;
-    for (int64_t j0 = 0; j0 < c.sk; j0 += ATT_T) { /* the row's max and sum, online */
-      __syncthreads();
-      att_tile<DM>(ks, k, c.dt, bh, c.sk, c.d, j0);
-      __syncthreads();
-      for (int jj = 0; jj < ATT_T && j0 + jj < c.sk && i < c.sq; jj++) {
-        float z = att_z<DM>(c, qr, ks + jj * DM, mask, bh, i, j0 + jj);
-        if (z == -INFINITY) continue;
-        if (z > mx) {
-          sum = sum * expf(mx - z) + 1.0f;
-          mx = z;
-        } else
-          sum += expf(z - mx);
-      }
-    }
 #pragma unroll
     for (int l = 0; l < DM; l++)
       acc[l] = 0.0f;
-    for (int64_t j0 = 0; j0 < c.sk; j0 += ATT_T) { /* the weighted sum of the values */
+    for (int64_t j0 = 0; j0 < c.sk; j0 += ATT_T) { /* one pass: the max, sum and output online */
       __syncthreads();
       att_tile<DM>(ks, k, c.dt, bh, c.sk, c.d, j0);
       att_tile<DM>(vs, v, c.dt, bh, c.sk, c.dv, j0);
       __syncthreads();
-      for (int jj = 0; jj < ATT_T && j0 + jj < c.sk && i < c.sq && mx != -INFINITY; jj++) {
-        float z = att_z<DM>(c, qr, ks + jj * DM, mask, bh, i, j0 + jj);
-        float w = expf(z - mx) / sum * att_keep(c, head, (bh * c.sq + i) * c.sk + j0 + jj);
+      for (int jj = 0; jj < ATT_T && j0 + jj < c.sk && i < c.sq; jj++) {
+        float z = att_z<DM>(c, qr, ks + jj * DM, mask, bh, i, j0 + jj), w;
+        if (z == -INFINITY) continue;
+        if (z > mx) { /* a new max: what was summed so far is rescaled */
+          float corr = expf(mx - z);
+          sum = sum * corr + 1.0f;
+#pragma unroll
+          for (int l = 0; l < DM; l++)
+            acc[l] *= corr;
+          mx = z;
+          w = 1.0f;
+        } else {
+          w = expf(z - mx);
+          sum += w;
+        }
+        w *= att_keep(c, head, (bh * c.sq + i) * c.sk + j0 + jj);
 #pragma unroll
         for (int l = 0; l < DM; l++)
           acc[l] += w * vs[jj * DM + l];
       }
     }
+#pragma unroll
+    for (int l = 0; l < DM; l++)
+      acc[l] = mx == -INFINITY ? 0.0f : acc[l] / sum;
     if (i < c.sq) {
 #pragma unroll
       for (int l = 0; l < DM; l++) /* constant indices: acc stays in registers */
@@ -135,54 +138,51 @@ __device__ __forceinline__ float att_p(float z, float mx, float sum) {
   return mx == -INFINITY ? 0.0f : expf(z - mx) / sum;
 }
 
-/* D_i = sum_j dP_ij P_ij first (into stats), then dq_i = scale sum_j
-** P (dP - D_i) k_j; dq may be NULL (D only). */
+/* D_i = do_i . o_i (equal to sum_j dP_ij P_ij, which the host sums) into
+** stats, then dq_i = scale sum_j P (dP - D_i) k_j. */
 template <int DM>
 static __global__ void k_attn_bwd_dq(void *dq, const void *dO, const void *q, const void *k,
-                                     const void *v, float *stats, const void *mask, cu_att c) {
-  __shared__ float ks[ATT_T * DM], vs[ATT_T * DM];
+                                     const void *v, float *stats, const void *mask, const void *o,
+                                     cu_att c) {
+  __shared__ __align__(16) float ks[ATT_T * DM], vs[ATT_T * DM];
   const int64_t rows = c.bh * c.sq;
   const uint64_t *head = (const uint64_t *)stats;
   for (int64_t bh = blockIdx.y; bh < c.bh; bh += gridDim.y) {
     const int64_t i = (int64_t)blockIdx.x * ATT_ROWS + threadIdx.x, row = bh * c.sq + i;
     float qr[DM], dor[DM], acc[DM];
-    att_row<DM>(qr, q, c.dt, bh, c.sq, c.d, i);
+    att_row<DM>(qr, o, c.dt, bh, c.sq, c.dv, i); /* o first, for D */
     att_row<DM>(dor, dO, c.dt, bh, c.sq, c.dv, i);
-    float mx = i < c.sq ? stats[GC_ATTN_HEAD + row] : 0.0f;
-    float sum = i < c.sq ? stats[GC_ATTN_HEAD + rows + row] : 1.0f, dd = 0.0f;
+    float dd = 0.0f;
 #pragma unroll
-    for (int l = 0; l < DM; l++)
+    for (int l = 0; l < DM; l++) {
+      dd += dor[l] * qr[l];
       acc[l] = 0.0f;
-    for (int pass = 0; pass < 2; pass++) {
-      for (int64_t j0 = 0; j0 < c.sk; j0 += ATT_T) {
-        __syncthreads();
-        att_tile<DM>(ks, k, c.dt, bh, c.sk, c.d, j0);
-        att_tile<DM>(vs, v, c.dt, bh, c.sk, c.dv, j0);
-        __syncthreads();
-        for (int jj = 0; jj < ATT_T && j0 + jj < c.sk && i < c.sq; jj++) {
-          float p = att_p(att_z<DM>(c, qr, ks + jj * DM, mask, bh, i, j0 + jj), mx, sum);
-          float dp = 0.0f;
+    }
+    att_row<DM>(qr, q, c.dt, bh, c.sq, c.d, i);
+    float mx = i < c.sq ? stats[GC_ATTN_HEAD + row] : 0.0f;
+    float sum = i < c.sq ? stats[GC_ATTN_HEAD + rows + row] : 1.0f;
+    for (int64_t j0 = 0; j0 < c.sk; j0 += ATT_T) {
+      __syncthreads();
+      att_tile<DM>(ks, k, c.dt, bh, c.sk, c.d, j0);
+      att_tile<DM>(vs, v, c.dt, bh, c.sk, c.dv, j0);
+      __syncthreads();
+      for (int jj = 0; jj < ATT_T && j0 + jj < c.sk && i < c.sq; jj++) {
+        float p = att_p(att_z<DM>(c, qr, ks + jj * DM, mask, bh, i, j0 + jj), mx, sum);
+        float dp = 0.0f;
 #pragma unroll
-          for (int l = 0; l < DM; l++)
-            dp += dor[l] * vs[jj * DM + l];
-          dp *= att_keep(c, head, row * c.sk + j0 + jj);
-          if (pass == 0) {
-            dd += dp * p;
-          } else {
-            float dz = c.scale * (p * (dp - dd));
+        for (int l = 0; l < DM; l++)
+          dp += dor[l] * vs[jj * DM + l];
+        float dz = c.scale * (p * (dp * att_keep(c, head, row * c.sk + j0 + jj) - dd));
 #pragma unroll
-            for (int l = 0; l < DM; l++)
-              acc[l] += dz * ks[jj * DM + l];
-          }
-        }
+        for (int l = 0; l < DM; l++)
+          acc[l] += dz * ks[jj * DM + l];
       }
-      if (pass == 0 && dq == NULL) break;
     }
     if (i < c.sq) {
       stats[GC_ATTN_HEAD + 2 * rows + row] = dd;
 #pragma unroll
       for (int l = 0; l < DM; l++)
-        if (dq && l < c.d) cu_store(dq, row * c.d + l, c.dt, acc[l]);
+        if (l < c.d) cu_store(dq, row * c.d + l, c.dt, acc[l]);
     }
   }
 }
@@ -193,7 +193,7 @@ template <int DM>
 static __global__ void k_attn_bwd_dkv(void *dk, void *dv, const void *dO, const void *q,
                                       const void *k, const void *v, const float *stats,
                                       const void *mask, cu_att c) {
-  __shared__ float qs[ATT_T * DM], dos[ATT_T * DM], st3[3 * ATT_T];
+  __shared__ __align__(16) float qs[ATT_T * DM], dos[ATT_T * DM], st3[3 * ATT_T];
   const int64_t rows = c.bh * c.sq;
   const uint64_t *head = (const uint64_t *)stats;
   for (int64_t bh = blockIdx.y; bh < c.bh; bh += gridDim.y) {
@@ -253,7 +253,7 @@ static void att_launch(cudaStream_t s, int k, const gc_kargs *a, const cu_att &c
       break;
     case GC_K_ATTN_BWD_DQ:
       k_attn_bwd_dq<DM><<<grid, ATT_ROWS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3], a->p[4],
-                                                  (float *)a->p[5], a->p[6], c);
+                                                  (float *)a->p[5], a->p[6], a->p[7], c);
       break;
     default: /* GC_K_ATTN_BWD_DKV */
       k_attn_bwd_dkv<DM><<<grid, ATT_ROWS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3], a->p[4],

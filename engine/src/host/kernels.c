@@ -597,7 +597,7 @@ static void hk_attn_bwd_dq(const gc_kargs *a) {
         dsum += attn_dp(a, a->p[1], a->p[4], stats, bh, i, j) *
                 attn_p(stats, rows, row, attn_z(a, a->p[2], a->p[3], a->p[6], bh, i, j));
       stats[GC_ATTN_HEAD + 2 * rows + row] = dsum;
-      for (l = 0; a->p[0] && l < d; l++) {
+      for (l = 0; l < d; l++) {
         float s = 0.0f;
         for (j = 0; j < sk; j++)
           s += attn_dz(a, a->p[1], a->p[2], a->p[3], a->p[4], a->p[6], stats, bh, i, j) *

@@ -151,8 +151,9 @@ extern "C" {
      (written: head, max, sum), p[5] = mask or NULL, p[6] = rng state {seed, offset} (NULL:        \
      no dropout) */                                                                                \
   X(ATTN, attn, attn, 0x11)                                                                        \
-  /* backward, first: p[0] = dq (NULL: only D), p[1] = do, p[2..4] = q, k, v, p[5] = stats         \
-     (D written), p[6] = mask */                                                                   \
+  /* backward, first: p[0] = dq, p[1] = do, p[2..4] = q, k, v, p[5] = stats                        \
+     (D written), p[6] = mask, p[7] = o (a backend may take D as do . o, equal to sum_j dP P       \
+     in exact arithmetic) */                                                                       \
   X(ATTN_BWD_DQ, attn_bwd_dq, attn, 0x21)                                                          \
   /* backward, second: p[0] = dk, p[1] = dv, p[2] = do, p[3..5] = q, k, v, p[6] = stats,           \
      p[7] = mask */                                                                                \

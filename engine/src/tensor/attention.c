@@ -144,30 +144,26 @@ done:
 ** stored. */
 static void attn_args(gc_kargs *a, gcap_tensor *q, gcap_tensor *k, gcap_tensor *v, float scale,
                       float p, int64_t flags, int64_t heads) {
-  int n = q->ndim;
+  int n = q->ndim, d;
   memset(a, 0, sizeof *a);
+  a->n[0] = 1; /* BH: the batch dims' product */
+  for (d = 0; d < n - 2; d++)
+    a->n[0] *= q->shape[d];
   a->n[1] = q->shape[n - 2];
   a->n[2] = k->shape[n - 2];
   a->n[3] = q->shape[n - 1];
   a->n[4] = v->shape[n - 1];
-  a->n[0] = a->n[1] * a->n[3] > 0 ? q->numel / (a->n[1] * a->n[3]) : 0;
-  if (a->n[0] == 0) { /* an empty batch: no rows */
-    int d;
-    a->n[0] = 1;
-    for (d = 0; d < n - 2; d++)
-      a->n[0] *= q->shape[d];
-  }
   a->n[5] = flags;
   a->n[6] = heads;
   a->f[0] = scale;
   a->f[1] = p;
 }
 
-/* saved: q, k, v, stats, mask (or none); f[0] = scale, f[1] = dropout p;
+/* saved: q, k, v, stats, o, mask (or none); f[0] = scale, f[1] = dropout p;
 ** k[0] = the mask's flags with causal, k[1] = heads. */
 static gcap_status attn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *stats = n->saved[3];
-  gcap_tensor *mask = n->nsaved > 4 ? n->saved[4] : NULL, *in[6];
+  gcap_tensor *o = n->saved[4], *mask = n->nsaved > 5 ? n->saved[5] : NULL, *in[7];
   gc_kargs a;
   gcap_status st;
   int i, nin;
@@ -183,8 +179,9 @@ static gcap_status attn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) 
   a.p[2] = gc_tensor_ptr(q), a.p[3] = gc_tensor_ptr(k), a.p[4] = gc_tensor_ptr(v);
   a.p[5] = gc_tensor_ptr(stats);
   a.p[6] = mask ? gc_tensor_ptr(mask) : NULL;
-  in[0] = g, in[1] = q, in[2] = k, in[3] = v, in[4] = stats, in[5] = mask;
-  nin = mask ? 6 : 5;
+  a.p[7] = gc_tensor_ptr(o);
+  in[0] = g, in[1] = q, in[2] = k, in[3] = v, in[4] = stats, in[5] = o, in[6] = mask;
+  nin = mask ? 7 : 6;
   if ((st = gc_note_access(g->e, stats, 1)) != GCAP_OK ||
       (st = gc_run(g->e, GC_K_ATTN_BWD_DQ, &a, in, nin, gin[0])) != GCAP_OK)
     return st;
@@ -204,7 +201,7 @@ static gcap_status sdpa_fused(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
                               gcap_tensor **out) {
   int n = q->ndim;
   int64_t shape[GCAP_MAXDIM], heads = n >= 3 ? q->shape[n - 3] : 1, len;
-  gcap_tensor *stats = NULL, *in[5], *save[5];
+  gcap_tensor *stats = NULL, *in[4], *save[6];
   gcap_engine *e = q->e;
   gc_node *node;
   gc_kargs a;
@@ -235,9 +232,10 @@ static gcap_status sdpa_fused(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
     if ((st = gc_launch(e, GC_K_RNG_ADVANCE, &a)) != GCAP_OK) goto fail;
   }
   if (gc_grad_needed(e, in, 3)) {
-    save[0] = q, save[1] = k, save[2] = v, save[3] = stats, save[4] = o->attn_mask;
+    save[0] = q, save[1] = k, save[2] = v, save[3] = stats, save[4] = *out;
+    save[5] = o->attn_mask;
     if ((st = gc_record(*out, "scaled_dot_product_attention", attn_backward, in, 3, save,
-                        o->attn_mask ? 5 : 4, &node)) != GCAP_OK)
+                        o->attn_mask ? 6 : 5, &node)) != GCAP_OK)
       goto fail;
     node->f[0] = (float)scale;
     node->f[1] = (float)o->dropout_p;
