@@ -364,6 +364,63 @@ static void test_attention_errors(void) {
   gcap_engine_free(e);
 }
 
+/* Build a TransformerLayer (arbitrary mask, dropout) and a checkpointed
+** LayerNormMLP, run x through both and backward; everything made is freed
+** whatever fails. */
+static gcap_status fault_case(gcap_engine *e) {
+  static const int64_t xs[3] = {S, B, HID}, ms[4] = {1, 1, S, S};
+  gcap_module *tl = NULL, *mlp = NULL;
+  gcap_tensor *x = NULL, *mask = NULL, *in[2], *y = NULL, *z = NULL, *loss = NULL;
+  gcap_transformer_opts o;
+  gcap_status st;
+  gcap_transformer_opts_init(&o);
+  o.attn_mask_type = GCAP_ATTN_ARBITRARY;
+  if ((st = gcap_nn_transformer_layer(e, HID, FFN, HEADS, &o, &tl)) == GCAP_OK &&
+      (st = gcap_nn_layer_norm_mlp(e, HID, FFN, 1e-5, 1, 1, &mlp)) == GCAP_OK &&
+      (st = gcap_tensor_rand(e, GCAP_F32, 3, xs, 1, &x)) == GCAP_OK &&
+      (st = gcap_tensor_set_requires_grad(x, 1)) == GCAP_OK &&
+      (st = gcap_tensor_full(e, GCAP_F32, 4, ms, 0.0, &mask)) == GCAP_OK) {
+    in[0] = x;
+    in[1] = mask;
+    if ((st = gcap_module_call(tl, 2, in, &y)) == GCAP_OK &&
+        (st = gcap_module_call(mlp, 1, &y, &z)) == GCAP_OK && (st = gcap_sum(z, &loss)) == GCAP_OK)
+      st = gcap_backward(loss, NULL, 0);
+  }
+  gcap_tensor_free(loss);
+  gcap_tensor_free(z);
+  gcap_tensor_free(y);
+  gcap_tensor_free(mask);
+  gcap_tensor_free(x);
+  gcap_module_free(mlp);
+  gcap_module_free(tl);
+  return st;
+}
+
+/* Every allocation of fault_case failing in turn: a clear status and
+** message, nothing leaked (the engine is freed at the end: T_RUN checks
+** no object kept it alive), and the same case succeeds afterwards. */
+static void test_allocation_failures(void) {
+  gcap_engine *e = t_engine();
+  long n, injected = 0;
+  if (e == NULL) return;
+  for (n = 1; n < 100000; n++) {
+    gcap_status st;
+    gcap_test_fail_alloc(n);
+    st = fault_case(e);
+    if (!gcap_test_fail_alloc(0)) {
+      T_CHECK_ST(e, st, GCAP_OK);
+      break;
+    }
+    injected++;
+    if (st == GCAP_OK) continue; /* absorbed (a cache, a fallback) */
+    if (gcap_errmsg(e)[0] == '\0')
+      T_FAILF("a message", "N=%ld: %s with no message", n, gcap_status_str(st));
+  }
+  T_CHECK(injected > 10);
+  T_CHECK_ST(e, fault_case(e), GCAP_OK);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_layer_norm_linear_graphed_bitwise);
   T_RUN(test_layer_norm_mlp_graphed_bitwise);
@@ -375,5 +432,6 @@ int main(void) {
   T_RUN(test_parameter_names);
   T_RUN(test_return_layernorm_output);
   T_RUN(test_errors);
+  T_RUN(test_allocation_failures);
   return t_done();
 }
