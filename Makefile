@@ -240,6 +240,7 @@ ifeq ($(filter cuda,$(BACKENDS)),cuda)
 bench: all
 	$(B)/graphcap --device cuda scripts/bench.lua configs
 	$(B)/graphcap --device cuda scripts/bench.lua scaling
+	$(B)/graphcap --device cuda scripts/bench.lua transformer
 	@$(MAKE) --no-print-directory bench-torch
 else
 bench:
@@ -251,7 +252,8 @@ endif
 # PyTorch's side of the benchmark, where python3 has torch.
 bench-torch:
 	@if python3 -c 'import torch' 2>/dev/null; then \
-	  python3 bench/torch_graphed.py && python3 bench/torch_scaling.py; \
+	  python3 bench/torch_graphed.py && python3 bench/torch_scaling.py && \
+	  python3 bench/torch_transformer.py; \
 	else echo "bench: python3 has no torch; PyTorch's side (bench/torch_*.py) not run" >&2; fi
 
 # Install: the header, the static and the shared library, graphcap.pc, the Lua

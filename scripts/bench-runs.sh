@@ -5,8 +5,9 @@
 #   scripts/bench-runs.sh [RUNS [OUT_DIR]]      defaults: 3, build/bench
 #
 # Run i writes OUT_DIR/graphcap-i.jsonl (scripts/bench.lua configs, then
-# scaling, each in a process of its own) and OUT_DIR/torch-i.jsonl
-# (bench/torch_graphed.py, then bench/torch_scaling.py); the two sides of a
+# scaling, then transformer, each in a process of its own) and
+# OUT_DIR/torch-i.jsonl (bench/torch_graphed.py, bench/torch_scaling.py,
+# bench/torch_transformer.py); the two sides of a
 # run follow each other, so that their ratio compares one state of the
 # machine. Then OUT_DIR/report.md and OUT_DIR/ratios.svg are written from
 # all runs (by build/graphcap, which is a Lua interpreter: the GPU machine
@@ -27,8 +28,10 @@ for i in $(seq 1 "$runs"); do
   g=$dir/graphcap-$i.jsonl t=$dir/torch-$i.jsonl
   build/graphcap --device cuda scripts/bench.lua configs >"$g"
   build/graphcap --device cuda scripts/bench.lua scaling >>"$g"
+  build/graphcap --device cuda scripts/bench.lua transformer >>"$g"
   python3 bench/torch_graphed.py >"$t"
   python3 bench/torch_scaling.py >>"$t"
+  python3 bench/torch_transformer.py >>"$t"
   gfiles+=("$g")
   tfiles+=("$t")
 done

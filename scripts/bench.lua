@@ -2,8 +2,9 @@
 -- make_graphed_callables on the same model), run on a GPU by `make bench`.
 -- A stack of L x (Linear(H, H) + GELU), batch B, forward + backward of the
 -- sum; one JSON line per configuration with the same fields as that script,
--- then the scaling runs (one JSON line each).
--- Usage: graphcap scripts/bench.lua [configs|scaling|all]
+-- then the scaling runs (one JSON line each); `transformer` runs the
+-- transformer section (bench/torch_transformer.py is PyTorch's side).
+-- Usage: graphcap scripts/bench.lua [configs|scaling|transformer|all]
 local gc = require "graphcap"
 
 local what = arg[1] or "all"
@@ -155,6 +156,46 @@ local function bench_fused_wgrad (L, H, B, iters, dt)
        {"L", "H", "B", "dtype", "fuse_wgrad_accumulation", "eager_us", "graphed_per_layer_us"})
 end
 
+-- The transformer section, beside bench/torch_transformer.py: L pre-LN
+-- TransformerLayers (d, 4d MLP, causal self-attention, no dropout) on
+-- x [S, B, d] in bf16, forward and backward of the sum: eager, one graphed
+-- callable per layer, and the whole step as one graph.
+local function tstack (L, d, heads)
+  local mods = {}
+  for i = 1, L do
+    mods[i] = gc.nn.TransformerLayer(d, 4 * d, heads, {self_attn_mask_type = "causal",
+                                                       hidden_dropout = 0, attention_dropout = 0})
+    mods[i]:to("bf16")
+  end
+  return mods
+end
+
+local function bench_transformer (L, d, heads, S, B, iters)
+  gc.manual_seed(0)
+  local x = gc.randn({S, B, d}, {requires_grad = true, dtype = "bf16"})
+  local eager_us = step_us(tstack(L, d, heads), x, iters)
+  local sample = {}
+  for i = 1, L do sample[i] = {gc.randn({S, B, d}, {requires_grad = true, dtype = "bf16"})} end
+  local layers = tstack(L, d, heads)
+  local graphed, capture_s, graph_mem = graph_timed(layers, sample)
+  local graphed_us = step_us(graphed, x, iters)
+  local fresh = tstack(L, d, heads)
+  local s = gc.Stream()
+  gc.with_stream(s, function () for _ = 1, 3 do step(fresh, x) end end)
+  gc.synchronize()
+  for _, m in ipairs(fresh) do m:zero_grad() end
+  x.grad = nil
+  local g = gc.Graph()
+  g:capture(function () step(fresh, x) end)
+  for _ = 1, 10 do g:replay() end
+  local whole_us = time_us(function () g:replay() end, iters)
+  json({model = "transformer", L = L, d = d, heads = heads, S = S, B = B, dtype = "bfloat16",
+        eager_us = eager_us, graphed_per_layer_us = graphed_us, whole_graph_us = whole_us,
+        capture_s = capture_s, graph_mem_mib = mib(graph_mem), graphcap = gc.version()},
+       {"model", "L", "d", "heads", "S", "B", "dtype", "eager_us", "graphed_per_layer_us",
+        "whole_graph_us", "capture_s", "graph_mem_mib", "graphcap"})
+end
+
 -- The runs, in order: a label (a format of the arguments), the function,
 -- its arguments. Each announces itself on stderr, and its time once done;
 -- stdout has only the JSON lines.
@@ -183,8 +224,13 @@ if what == "scaling" or what == "all" then
     add("microbatches: %d, reuse %s", microbatches, m, true)
   end
 end
+if what == "transformer" or what == "all" then
+  local TF = "transformer: L=%d d=%d heads=%d S=%d B=%d, %d iters, bf16"
+  add(TF, bench_transformer, 24, 256, 4, 128, 4, 200)   -- launch-bound
+  add(TF, bench_transformer, 12, 768, 12, 1024, 8, 30)  -- compute-bound
+end
 if #runs == 0 then
-  io.stderr:write("usage: graphcap scripts/bench.lua [configs|scaling|all]\n")
+  io.stderr:write("usage: graphcap scripts/bench.lua [configs|scaling|transformer|all]\n")
   os.exit(1)
 end
 

@@ -1,6 +1,7 @@
 -- bench_report.lua: the tables and the SVG chart of bench/RESULTS.md, from
 -- the JSON lines of one or more runs of each side: scripts/bench.lua
--- (graphcap) and bench/torch_graphed.py + bench/torch_scaling.py (PyTorch).
+-- (graphcap) and bench/torch_graphed.py + bench/torch_scaling.py +
+-- bench/torch_transformer.py (PyTorch).
 --
 --   lua5.4 scripts/bench_report.lua [--svg chart.svg] --graphcap G1 [G2 ...] --torch T1 [T2 ...]
 --   lua5.4 scripts/bench_report.lua G.jsonl T.jsonl [chart.svg]       (one run each)
@@ -57,6 +58,10 @@ end
 -- The key of a record: configurations, scaling runs, microbatch runs and
 -- fused-wgrad lines each have their own.
 local function key (r)
+  if r.model == "transformer" then
+    return string.format("transformer %s L %d, d %d, %d heads, S %d, B %d", r.dtype, r.L, r.d,
+                         r.heads, r.S, r.B)
+  end
   if r.fuse_wgrad_accumulation then return "fused " .. config_key(r) end
   if r.L then return config_key(r) end
   if r.callables then return string.format("scaling %d", r.callables) end
@@ -159,7 +164,7 @@ emit("| config | " .. table.concat(fields, " | ") .. " | graphed per layer / PyT
 emit("|---|" .. string.rep("---|", #fields + 1))
 for _, k in ipairs(G[1].order) do
   local r = G[1].by[k]
-  if r.L and not r.fuse_wgrad_accumulation then
+  if r.L and not r.fuse_wgrad_accumulation and not r.model then
     local cells = {}
     for _, f in ipairs(fields) do
       local x = ratio(k, f)
@@ -185,6 +190,32 @@ for _, k in ipairs(G[1].order) do
                        cell(rep), cell(ratio(k, "graph_mem_shared_mib")),
                        cell(ratio(k, "graph_mem_separate_pools_mib"))))
     bar(k .. ": replay per callable", rep, nil)
+  end
+end
+
+-- The transformer section: the issue's targets are per-layer graphed <= 0.8
+-- of PyTorch's on the launch-bound configuration (d 256) and <= 1.0 on the
+-- compute-bound one, graph memory <= 1.0.
+local function transformer_target (field, r)
+  if field == "graphed_per_layer_us" then return r.d <= 256 and 0.8 or 1.0 end
+  if field == "graph_mem_mib" then return 1.0 end
+end
+local tf = {}
+for _, k in ipairs(G[1].order) do
+  if G[1].by[k].model == "transformer" then tf[#tf + 1] = k end
+end
+if #tf > 0 then
+  emit("")
+  emit("| transformer | " .. table.concat(fields, " | ") .. " |")
+  emit("|---|" .. string.rep("---|", #fields))
+  for _, k in ipairs(tf) do
+    local cells = {}
+    for _, f in ipairs(fields) do
+      local x = ratio(k, f)
+      cells[#cells + 1] = cell(x)
+      bar(k .. ": " .. f, x, transformer_target(f, G[1].by[k]))
+    end
+    emit("| " .. k .. " | " .. table.concat(cells, " | ") .. " |")
   end
 end
 

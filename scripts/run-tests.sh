@@ -8,11 +8,12 @@
 # BUILD_DIR/graphcap --device BACKEND FILE -o tap), BUILD_DIR/embed and
 # BUILD_DIR/embed_custom when they were built (one test each, passed when it
 # exits 0); and scripts/test-readme.sh, which runs every lua and c block of
-# README.md and the blocks of docs/*.md marked runnable (not with TEST_ONLY=c).
-# With the host backend, when the program was built with MPI and mpirun is
-# found, each tests/dist/test_*.lua also runs under `mpirun -np 2` and
-# `mpirun -np 4 --oversubscribe` (as root with --allow-run-as-root), rank 0
-# printing the results (not with TEST_ONLY=c).
+# README.md and the blocks of docs/*.md marked runnable, and
+# examples/train_gpt.lua in its small setting (one test, passed when it exits
+# 0; neither with TEST_ONLY=c). With the host backend, when the program was
+# built with MPI and mpirun is found, each tests/dist/test_*.lua also runs
+# under `mpirun -np 2` and `mpirun -np 4 --oversubscribe` (as root with
+# --allow-run-as-root), rank 0 printing the results (not with TEST_ONLY=c).
 #
 # Lines "ok N ..." and "not ok N ..." are counted ("ok N # SKIP" as skipped).
 # A suite that exits non-zero without a "not ok" line (a crash, a load error),
@@ -210,6 +211,8 @@ for be in "$@"; do
   done
   if [ "$only" != c ]; then
     run_suite "$be" README.md tap scripts/test-readme.sh "$build"
+    run_suite "$be" train_gpt.lua single "$build/graphcap" --device "$be" examples/train_gpt.lua \
+      small "$tmp/train_gpt_loss.svg"
   fi
   if [ "$be" = host ] && [ "$only" != c ]; then run_dist_suites; fi
   for ex in embed embed_custom; do

@@ -717,6 +717,85 @@ gcap_status gcap_nn_dropout(gcap_engine *e, double p, gcap_module **m);
 /* Children named "0", "1", ... (as in PyTorch); each takes the previous output. */
 gcap_status gcap_nn_sequential(gcap_engine *e, int n, gcap_module *const *mods, gcap_module **m);
 
+/* Transformer modules, with TransformerEngine's names and parameter names.
+** Inputs are [..., hidden] (TE's default layout [seq, batch, hidden] in
+** particular); layer norms start at weight 1, bias 0; linear weights and
+** biases are drawn as Linear's.
+**
+** LayerNormLinear: linear(layer_norm(x)). Parameters layer_norm_weight,
+** layer_norm_bias [in], weight [out, in], bias [out] (when `bias`). With
+** return_layernorm_output, a call gives two outputs: y, then the layer
+** norm's output (gcap_module_call_n). */
+gcap_status gcap_nn_layer_norm_linear(gcap_engine *e, int64_t in, int64_t out, double eps, int bias,
+                                      int return_layernorm_output, gcap_module **m);
+/* LayerNormMLP: fc2(gelu(fc1(layer_norm(x)))), gelu's tanh approximation.
+** Parameters layer_norm_weight, layer_norm_bias [hidden], fc1_weight
+** [ffn_hidden, hidden], fc1_bias, fc2_weight [hidden, ffn_hidden], fc2_bias
+** (biases when `bias`). With checkpoint, a call keeps only its input for
+** backward (one node, "LayerNormMLP"), which runs the forward again to
+** backpropagate through it; the parameters' values at backward are used. */
+gcap_status gcap_nn_layer_norm_mlp(gcap_engine *e, int64_t hidden, int64_t ffn_hidden, double eps,
+                                   int bias, int checkpoint, gcap_module **m);
+
+/* The attention masks (TE's attn_mask_type): none, causal (a query sees
+** the keys at and before its position), or an arbitrary mask given with
+** each call. */
+typedef enum gcap_attn_mask {
+  GCAP_ATTN_NO_MASK = 0, /* "no_mask" */
+  GCAP_ATTN_CAUSAL,      /* "causal" */
+  GCAP_ATTN_ARBITRARY    /* "arbitrary" */
+} gcap_attn_mask;
+
+/* DotProductAttention: softmax(q k^T / sqrt(kv_channels) + mask) v, with
+** dropout of p = attention_dropout on the attention weights in training.
+** A call takes q, k, v [seq, batch, num_heads, kv_channels] (TE's "sbhd"),
+** and with GCAP_ATTN_ARBITRARY a fourth input, the attention_mask: a
+** tensor broadcast to [batch, num_heads, seq_q, seq_kv] whose nonzero
+** entries mask a key out (TE's convention, True = masked); it gives
+** [seq, batch, num_heads * kv_channels]. No parameters. */
+gcap_status gcap_nn_dot_product_attention(gcap_engine *e, int num_heads, int64_t kv_channels,
+                                          gcap_attn_mask mask, double attention_dropout,
+                                          gcap_module **m);
+
+/* Options of MultiheadAttention and TransformerLayer (TE's names). */
+typedef struct gcap_transformer_opts {
+  gcap_attn_mask attn_mask_type; /* GCAP_ATTN_CAUSAL (TransformerLayer's self_attn_mask_type) */
+  double attention_dropout;      /* 0.1 */
+  double hidden_dropout;         /* 0.1; TransformerLayer: after attention and after the MLP */
+  double layernorm_epsilon;      /* 1e-5 */
+  int bias;                      /* 1: the linears have biases */
+  int input_layernorm;           /* MultiheadAttention: 0; a layer norm before the qkv projection */
+} gcap_transformer_opts;
+
+/* Fill *o with the defaults above. */
+void gcap_transformer_opts_init(gcap_transformer_opts *o);
+
+/* MultiheadAttention (self-attention) on x [seq, batch, hidden], with the
+** attention_mask as a second input for GCAP_ATTN_ARBITRARY: children "qkv"
+** (Linear(hidden, 3 hidden); "layernorm_qkv", a LayerNormLinear, with
+** input_layernorm), whose output per head is q, k, v side by side (TE's
+** interleaved layout), "core_attention" (DotProductAttention of hidden /
+** num_heads channels) and "proj" (Linear(hidden, hidden)). o NULL: the
+** defaults. hidden must be a multiple of num_heads. */
+gcap_status gcap_nn_multihead_attention(gcap_engine *e, int64_t hidden, int num_heads,
+                                        const gcap_transformer_opts *o, gcap_module **m);
+
+/* TransformerLayer, pre-LN, on x [seq, batch, hidden] (and the
+** attention_mask as a second input for GCAP_ATTN_ARBITRARY):
+**   h = x + dropout(self_attention(x)), out = h + dropout(layernorm_mlp(h))
+** with children "self_attention" (MultiheadAttention with input_layernorm)
+** and "layernorm_mlp" (LayerNormMLP(hidden, ffn_hidden)); the dropouts are
+** hidden_dropout, in training. o NULL: the defaults. */
+gcap_status gcap_nn_transformer_layer(gcap_engine *e, int64_t hidden, int64_t ffn_hidden,
+                                      int num_heads, const gcap_transformer_opts *o,
+                                      gcap_module **m);
+
+/* Embedding: a table `weight` [num_embeddings, embedding_dim] drawn from
+** N(0, 1); a call takes ids of any shape (integers held as numbers, as
+** cross_entropy's targets) and gives [..., embedding_dim]. */
+gcap_status gcap_nn_embedding(gcap_engine *e, int64_t num_embeddings, int64_t embedding_dim,
+                              gcap_module **m);
+
 /* ------------------------------------------------------------------------ */
 /* Optimizers: update parameters in place with device-side state, so a step
 ** can be captured and replayed.                                             */

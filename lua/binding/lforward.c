@@ -349,12 +349,93 @@ int l_pushouts(lua_State *L, int mi, int n, gcap_tensor **t, const char *what) {
                      gcap_module_type(((LModule *)lua_touserdata(L, mi))->m));
 }
 
+/* Push the keyword names the class of the built-in module at mi declares
+** (its `kwargs`: the tensors its forward takes after the positional ones,
+** in order); returns 0 with nothing pushed when it declares none. */
+static int l_classkwargs(lua_State *L, int mi) {
+  if (lua_getiuservalue(L, mi, MV_CLASS) == LUA_TTABLE) {
+    lua_pushliteral(L, "kwargs");
+    if (lua_rawget(L, -2) == LUA_TTABLE) {
+      lua_remove(L, -2);
+      return 1;
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return 0;
+}
+
 /* How many tensors a call of the module at mi passes, with n arguments:
-** n, plus its kwargs when it was graphed with sample_kwargs. */
+** n, plus its kwargs when it was graphed with sample_kwargs, or those its
+** class declares. */
 int l_maxin(lua_State *L, int mi, int n) {
-  if (lua_getiuservalue(L, mi, MV_KWARGS) == LUA_TTABLE) n += (int)lua_rawlen(L, -1);
+  if (lua_getiuservalue(L, mi, MV_KWARGS) == LUA_TTABLE) {
+    n += (int)lua_rawlen(L, -1);
+  } else if (l_classkwargs(L, mi)) {
+    n += (int)lua_rawlen(L, -1);
+    lua_pop(L, 1);
+  }
   lua_pop(L, 1);
   return n;
+}
+
+/* 1 when the built-in module at mi takes a keyword map: it was graphed
+** with sample_kwargs, or its class declares keyword names. */
+int l_takeskwargs(lua_State *L, int mi) {
+  int r = lua_getiuservalue(L, mi, MV_KWARGS) == LUA_TTABLE;
+  lua_pop(L, 1);
+  if (!r && (r = l_classkwargs(L, mi))) lua_pop(L, 1);
+  return r;
+}
+
+/* A built-in module not graphed with sample_kwargs, whose class declares
+** keyword names: the map at kwi (0: none) adds their tensors to in[] (room
+** from l_maxin) in the declared order, up to the first name it lacks; a
+** later name given, a value that is no tensor, or a key not declared is an
+** error naming it. */
+int l_builtinkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin, const char *type) {
+  int nk, i, end = 0;
+  int graphed;
+  if (kwi == 0 || lua_type(L, kwi) != LUA_TTABLE || luaL_testudata(L, kwi, TENSOR_MT)) return nin;
+  graphed = lua_getiuservalue(L, mi, MV_KWARGS) == LUA_TTABLE;
+  lua_pop(L, 1);
+  if (graphed || !l_classkwargs(L, mi)) return nin; /* (l_flatkwargs took a graphed one's map) */
+  nk = (int)lua_rawlen(L, -1);
+  for (i = 1; i <= nk; i++) {
+    LTensor *t;
+    lua_rawgeti(L, -1, i);
+    lua_pushvalue(L, -1);
+    lua_rawget(L, kwi);
+    t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
+    if (!lua_isnil(L, -1) && (t == NULL || t->t == NULL))
+      return l_error(L, "%s: keyword argument '%s' must be a tensor, got %s", type,
+                     lua_tostring(L, -2), t ? "a closed tensor" : l_typename(L, -1));
+    if (t != NULL && end)
+      return l_error(L, "%s: keyword argument '%s' is given without the ones before it", type,
+                     lua_tostring(L, -2));
+    if (t == NULL)
+      end = 1;
+    else
+      in[nin++] = t->t;
+    lua_pop(L, 2);
+  }
+  lua_pushnil(L);
+  while (lua_next(L, kwi) != 0) { /* every key must be declared */
+    int known = 0;
+    lua_pop(L, 1);
+    for (i = 1; !known && i <= nk && lua_type(L, -1) == LUA_TSTRING; i++) {
+      lua_rawgeti(L, -2, i);
+      known = lua_rawequal(L, -1, -2);
+      lua_pop(L, 1);
+    }
+    if (!known)
+      return l_error(L, "%s: unknown keyword argument %s", type,
+                     lua_type(L, -1) == LUA_TSTRING
+                         ? lua_pushfstring(L, "'%s'", lua_tostring(L, -1))
+                         : l_typename(L, -1));
+  }
+  lua_pop(L, 1);
+  return nin;
 }
 
 /* Room for n tensor pointers, on the stack (collected with the call) */

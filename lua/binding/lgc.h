@@ -314,6 +314,9 @@ LUAI_FUNC int l_maxin(lua_State *L, int mi, int n);
 LUAI_FUNC gcap_tensor **l_inbuf(lua_State *L, int n);
 LUAI_FUNC int l_flatkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin,
                            const char *type);
+LUAI_FUNC int l_takeskwargs(lua_State *L, int mi);
+LUAI_FUNC int l_builtinkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin,
+                              const char *type);
 
 /* lhook.c */
 LUAI_DDEC(const LClass l_handle_class);

@@ -198,7 +198,8 @@ static int l_modcall(lua_State *L, int muted) {
   for (i = 2; i <= nargs + 1; i++) {
     LTensor *t = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
     if (t == NULL) {
-      if (!islua) /* a Lua forward takes any value; the core, tensors */
+      /* a Lua forward takes any value; the core, tensors and a keyword map, last */
+      if (!islua && !(i == nargs + 1 && lua_type(L, i) == LUA_TTABLE && l_takeskwargs(L, 1)))
         return l_error(L, "%s: argument #%d must be a tensor, got %s", gcap_module_type(m), i - 1,
                        l_typename(L, i));
       continue;
@@ -209,6 +210,7 @@ static int l_modcall(lua_State *L, int muted) {
     l_keeptensor(L, i); /* children and hooks see this same value */
   }
   nin = l_flatkwargs(L, 1, nargs > 0 ? nargs + 1 : 0, in, nin, gcap_module_type(m));
+  if (!islua) nin = l_builtinkwargs(L, 1, nargs > 0 ? nargs + 1 : 0, in, nin, gcap_module_type(m));
   lua_createtable(L, 0, 0); /* where its forward or hooks leave results other than one tensor */
   r.results = lua_gettop(L);
   o.n = 0;

@@ -69,6 +69,96 @@ static int l_nn_dropout(lua_State *L) {
   return l_newbuiltin(L, e, gcap_nn_dropout(e, prob, &p->m), "Dropout");
 }
 
+/* _nn.layer_norm_linear(class, in, out, eps, bias, return_layernorm_output) */
+static int l_nn_layer_norm_linear(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  lua_Integer in = luaL_checkinteger(L, 2), out = luaL_checkinteger(L, 3);
+  double eps = (double)luaL_checknumber(L, 4);
+  LModule *p = l_newmodule(L, 1);
+  return l_newbuiltin(
+      L, e,
+      gcap_nn_layer_norm_linear(e, in, out, eps, lua_toboolean(L, 5), lua_toboolean(L, 6), &p->m),
+      "LayerNormLinear");
+}
+
+/* _nn.layer_norm_mlp(class, hidden, ffn_hidden, eps, bias, checkpoint) */
+static int l_nn_layer_norm_mlp(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  lua_Integer h = luaL_checkinteger(L, 2), f = luaL_checkinteger(L, 3);
+  double eps = (double)luaL_checknumber(L, 4);
+  LModule *p = l_newmodule(L, 1);
+  return l_newbuiltin(
+      L, e, gcap_nn_layer_norm_mlp(e, h, f, eps, lua_toboolean(L, 5), lua_toboolean(L, 6), &p->m),
+      "LayerNormMLP");
+}
+
+/* An int argument of C's range */
+static int l_checkint(lua_State *L, int i) {
+  lua_Integer v = luaL_checkinteger(L, i);
+  luaL_argcheck(L, v >= INT_MIN && v <= INT_MAX, i, "out of range");
+  return (int)v;
+}
+
+/* _nn.dot_product_attention(class, heads, kv_channels, mask, attention_dropout) */
+static int l_nn_dot_product_attention(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  int heads = l_checkint(L, 2);
+  lua_Integer kv = luaL_checkinteger(L, 3);
+  gcap_attn_mask mask = (gcap_attn_mask)l_checkint(L, 4);
+  double p = (double)luaL_checknumber(L, 5);
+  LModule *r = l_newmodule(L, 1);
+  return l_newbuiltin(L, e, gcap_nn_dot_product_attention(e, heads, kv, mask, p, &r->m),
+                      "DotProductAttention");
+}
+
+/* The options at i..i+4 (mask, attention_dropout, hidden_dropout,
+** layernorm_epsilon, bias) into *o. */
+static void l_tfopts(lua_State *L, int i, gcap_transformer_opts *o) {
+  gcap_transformer_opts_init(o);
+  o->attn_mask_type = (gcap_attn_mask)l_checkint(L, i);
+  o->attention_dropout = (double)luaL_checknumber(L, i + 1);
+  o->hidden_dropout = (double)luaL_checknumber(L, i + 2);
+  o->layernorm_epsilon = (double)luaL_checknumber(L, i + 3);
+  o->bias = lua_toboolean(L, i + 4);
+}
+
+/* _nn.multihead_attention(class, hidden, heads, mask, attention_dropout,
+** hidden_dropout, eps, bias, input_layernorm) */
+static int l_nn_multihead_attention(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  lua_Integer hidden = luaL_checkinteger(L, 2);
+  int heads = l_checkint(L, 3);
+  gcap_transformer_opts o;
+  LModule *r;
+  l_tfopts(L, 4, &o);
+  o.input_layernorm = lua_toboolean(L, 9);
+  r = l_newmodule(L, 1);
+  return l_newbuiltin(L, e, gcap_nn_multihead_attention(e, hidden, heads, &o, &r->m),
+                      "MultiheadAttention");
+}
+
+/* _nn.transformer_layer(class, hidden, ffn_hidden, heads, mask,
+** attention_dropout, hidden_dropout, eps, bias) */
+static int l_nn_transformer_layer(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  lua_Integer hidden = luaL_checkinteger(L, 2), ffn = luaL_checkinteger(L, 3);
+  int heads = l_checkint(L, 4);
+  gcap_transformer_opts o;
+  LModule *r;
+  l_tfopts(L, 5, &o);
+  r = l_newmodule(L, 1);
+  return l_newbuiltin(L, e, gcap_nn_transformer_layer(e, hidden, ffn, heads, &o, &r->m),
+                      "TransformerLayer");
+}
+
+/* _nn.embedding(class, num_embeddings, embedding_dim) */
+static int l_nn_embedding(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  lua_Integer n = luaL_checkinteger(L, 2), d = luaL_checkinteger(L, 3);
+  LModule *r = l_newmodule(L, 1);
+  return l_newbuiltin(L, e, gcap_nn_embedding(e, n, d, &r->m), "Embedding");
+}
+
 /* _nn.sequential(class, modules, n): modules[1..n] are open modules */
 static int l_nn_sequential(lua_State *L) {
   gcap_engine *e = l_engine(L);
@@ -137,6 +227,12 @@ LUAI_DDEF const luaL_Reg l_nn_funcs[] = {{"module", l_nn_module},
                                          {"layer_norm", l_nn_layer_norm},
                                          {"dropout", l_nn_dropout},
                                          {"sequential", l_nn_sequential},
+                                         {"layer_norm_linear", l_nn_layer_norm_linear},
+                                         {"layer_norm_mlp", l_nn_layer_norm_mlp},
+                                         {"dot_product_attention", l_nn_dot_product_attention},
+                                         {"multihead_attention", l_nn_multihead_attention},
+                                         {"transformer_layer", l_nn_transformer_layer},
+                                         {"embedding", l_nn_embedding},
                                          {"parameter", l_nn_parameter},
                                          {"is_module", l_nn_is_module},
                                          {"class_of", l_nn_class_of},

@@ -86,6 +86,128 @@ nn.Sequential = builtin("Sequential", function (cls, ...)
   return cnn.sequential(cls, mods, n)
 end)
 
+-- Transformer modules (TransformerEngine's names and options). Inputs are
+-- [..., hidden]; TE's default layout is [seq, batch, hidden].
+
+-- gc.nn.LayerNormLinear(in, out [, {eps = 1e-5, bias = true,
+--                                    return_layernorm_output = false}])
+-- linear(layer_norm(x)); with return_layernorm_output a call returns the
+-- output and the layer norm's output.
+nn.LayerNormLinear = builtin("LayerNormLinear", function (cls, i, o, opts)
+  local T = "LayerNormLinear"
+  check(T, "in_features", i, "integer", nil)
+  check(T, "out_features", o, "integer", nil)
+  opts = options(T, opts, {eps = true, bias = true, return_layernorm_output = true})
+  return cnn.layer_norm_linear(cls, i, o, check(T, "eps", opts.eps, "number", 1e-5),
+                               check(T, "bias", opts.bias, "boolean", true),
+                               check(T, "return_layernorm_output", opts.return_layernorm_output,
+                                     "boolean", false))
+end)
+
+-- gc.nn.LayerNormMLP(hidden, ffn_hidden [, {eps = 1e-5, bias = true,
+--                                          activation = "gelu", checkpoint = false}])
+-- fc2(gelu(fc1(layer_norm(x)))); checkpoint recomputes the activations in
+-- backward instead of keeping them.
+nn.LayerNormMLP = builtin("LayerNormMLP", function (cls, h, f, opts)
+  local T = "LayerNormMLP"
+  check(T, "hidden_size", h, "integer", nil)
+  check(T, "ffn_hidden_size", f, "integer", nil)
+  opts = options(T, opts, {eps = true, bias = true, activation = true, checkpoint = true})
+  local act = check(T, "activation", opts.activation, "string", "gelu")
+  if act ~= "gelu" then
+    util.raise("%s: activation must be \"gelu\", got \"%s\"", T, act)
+  end
+  return cnn.layer_norm_mlp(cls, h, f, check(T, "eps", opts.eps, "number", 1e-5),
+                            check(T, "bias", opts.bias, "boolean", true),
+                            check(T, "checkpoint", opts.checkpoint, "boolean", false))
+end)
+
+-- attn_mask_type names -> the core's numbers
+local mask_types = {no_mask = 0, causal = 1, arbitrary = 2}
+local function mask_type (where, what, v, default)
+  v = check(where, what, v, "string", default)
+  if mask_types[v] == nil then
+    util.raise("%s: %s must be \"causal\", \"arbitrary\" or \"no_mask\", got \"%s\"",
+               where, what, v)
+  end
+  return mask_types[v]
+end
+
+-- The attention modules take the attention_mask as a keyword tensor:
+-- m(q, k, v, {attention_mask = mask}), layer(x, {attention_mask = mask}).
+local attention_kwargs = {"attention_mask"}
+
+-- gc.nn.DotProductAttention(num_attention_heads, kv_channels
+--   [, {attn_mask_type = "causal", attention_dropout = 0}])
+-- m(q, k, v [, {attention_mask = mask}]): q, k, v [seq, batch, heads,
+-- channels] -> [seq, batch, heads * channels].
+nn.DotProductAttention = builtin("DotProductAttention", function (cls, h, ch, opts)
+  local T = "DotProductAttention"
+  check(T, "num_attention_heads", h, "integer", nil)
+  check(T, "kv_channels", ch, "integer", nil)
+  opts = options(T, opts, {attn_mask_type = true, attention_dropout = true})
+  return cnn.dot_product_attention(cls, h, ch,
+                                   mask_type(T, "attn_mask_type", opts.attn_mask_type, "causal"),
+                                   check(T, "attention_dropout", opts.attention_dropout, "number",
+                                         0.0))
+end)
+nn.DotProductAttention.kwargs = attention_kwargs
+
+local layer_options = {attn_mask_type = true, attention_dropout = true, layernorm_epsilon = true,
+                       bias = true, input_layernorm = true}
+
+-- gc.nn.MultiheadAttention(hidden_size, num_attention_heads
+--   [, {attn_mask_type = "causal", attention_dropout = 0.1, input_layernorm = false,
+--       layernorm_epsilon = 1e-5, bias = true}])
+-- m(x [, {attention_mask = mask}]): x [seq, batch, hidden].
+nn.MultiheadAttention = builtin("MultiheadAttention", function (cls, hid, h, opts)
+  local T = "MultiheadAttention"
+  check(T, "hidden_size", hid, "integer", nil)
+  check(T, "num_attention_heads", h, "integer", nil)
+  opts = options(T, opts, layer_options)
+  return cnn.multihead_attention(cls, hid, h,
+                                 mask_type(T, "attn_mask_type", opts.attn_mask_type, "causal"),
+                                 check(T, "attention_dropout", opts.attention_dropout, "number",
+                                       0.1), 0.0,
+                                 check(T, "layernorm_epsilon", opts.layernorm_epsilon, "number",
+                                       1e-5),
+                                 check(T, "bias", opts.bias, "boolean", true),
+                                 check(T, "input_layernorm", opts.input_layernorm, "boolean",
+                                       false))
+end)
+nn.MultiheadAttention.kwargs = attention_kwargs
+
+-- gc.nn.TransformerLayer(hidden_size, ffn_hidden_size, num_attention_heads
+--   [, {self_attn_mask_type = "causal", hidden_dropout = 0.1, attention_dropout = 0.1,
+--       layernorm_epsilon = 1e-5, bias = true}])
+-- layer(x [, {attention_mask = mask}]): pre-LN, x [seq, batch, hidden].
+nn.TransformerLayer = builtin("TransformerLayer", function (cls, hid, ffn, h, opts)
+  local T = "TransformerLayer"
+  check(T, "hidden_size", hid, "integer", nil)
+  check(T, "ffn_hidden_size", ffn, "integer", nil)
+  check(T, "num_attention_heads", h, "integer", nil)
+  opts = options(T, opts, {self_attn_mask_type = true, hidden_dropout = true,
+                           attention_dropout = true, layernorm_epsilon = true, bias = true})
+  return cnn.transformer_layer(cls, hid, ffn, h,
+                               mask_type(T, "self_attn_mask_type", opts.self_attn_mask_type,
+                                         "causal"),
+                               check(T, "attention_dropout", opts.attention_dropout, "number",
+                                     0.1),
+                               check(T, "hidden_dropout", opts.hidden_dropout, "number", 0.1),
+                               check(T, "layernorm_epsilon", opts.layernorm_epsilon, "number",
+                                     1e-5),
+                               check(T, "bias", opts.bias, "boolean", true))
+end)
+nn.TransformerLayer.kwargs = attention_kwargs
+
+-- gc.nn.Embedding(num_embeddings, embedding_dim): weight [num, dim] from
+-- N(0, 1); m(ids) -> [..., dim], ids held as numbers.
+nn.Embedding = builtin("Embedding", function (cls, n, d)
+  check("Embedding", "num_embeddings", n, "integer", nil)
+  check("Embedding", "embedding_dim", d, "integer", nil)
+  return cnn.embedding(cls, n, d)
+end)
+
 -- gc.nn.Module(name) -> a class: define class:init(...) and
 -- class:forward(...); class(...) makes an instance and runs init on it.
 -- Assigning a module or a tensor that requires grad (or gc.nn.Parameter(t))

@@ -1155,9 +1155,8 @@ static gcap_status linear_forward(void *ud, gcap_module *m, int nin, gcap_tensor
   return (st = one_input(m, nin)) != GCAP_OK ? st : linear_run(m, in[0], 0, out);
 }
 
-/* U(-bound, bound) from the engine's generator. */
-static gcap_status uniform(gcap_engine *e, int ndim, const int64_t *shape, double bound,
-                           gcap_tensor **out) {
+gcap_status gc_uniform(gcap_engine *e, int ndim, const int64_t *shape, double bound,
+                       gcap_tensor **out) {
   gcap_tensor *u;
   gcap_status st;
   int was = gcap_set_grad_enabled(e, 0);
@@ -1207,10 +1206,10 @@ gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, un
       (st = gc_wgrad_sink_new(e, (flags & GCAP_LINEAR_DELAY_WGRAD) != 0, mg, &(*m)->wgrad)) !=
           GCAP_OK)
     goto fail;
-  if ((st = uniform(e, 2, ws, bound, &w)) != GCAP_OK ||
+  if ((st = gc_uniform(e, 2, ws, bound, &w)) != GCAP_OK ||
       (st = gcap_module_add_parameter(*m, "weight", w)) != GCAP_OK)
     goto fail;
-  if (bias && ((st = uniform(e, 1, bs, bound, &b)) != GCAP_OK ||
+  if (bias && ((st = gc_uniform(e, 1, bs, bound, &b)) != GCAP_OK ||
                (st = gcap_module_add_parameter(*m, "bias", b)) != GCAP_OK))
     goto fail;
   gcap_tensor_free(w);

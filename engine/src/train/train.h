@@ -33,4 +33,9 @@ void gc_module_set_route(gcap_module *m, gc_route_fn fn, void *ud, int entry);
 ** later make_graphed_callables may have routed it elsewhere). */
 void gc_module_unroute(gcap_module *m, const void *ud, int entry);
 
+/* A new f32 tensor of U(-bound, bound) from the engine's generator, made
+** with recording off (a parameter's initial value). */
+gcap_status gc_uniform(gcap_engine *e, int ndim, const int64_t *shape, double bound,
+                       gcap_tensor **out);
+
 #endif
