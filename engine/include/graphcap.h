@@ -171,6 +171,17 @@ uintptr_t gcap_tensor_data_ptr(const gcap_tensor *t);
 ** version fails with GCAP_ESTATE ("modified by an inplace operation").
 ** Graph replays do not count (their outputs are overwritten by design). */
 uint64_t gcap_tensor_version(const gcap_tensor *t);
+/* Set the version of t's storage to v, refused while capturing. Only for
+** code that wrote back the very values a backward saved (a sharded
+** parameter gathered again between its forward and backward): the saved
+** tensors then pass the version check. Any other use hides a real write. */
+gcap_status gcap_tensor_set_version(gcap_tensor *t, uint64_t v);
+/* Make t a tensor over src's storage (PyTorch's set_): t keeps its shape,
+** grad and identity, its old storage is released (views of it keep it),
+** and from then on its elements are src's elements offset .. offset +
+** numel(t) - 1, at their address. src must have t's dtype and at least
+** offset + numel(t) elements; refused while capturing. */
+gcap_status gcap_tensor_set_(gcap_tensor *t, gcap_tensor *src, int64_t offset);
 
 /* Copy the tensor to host memory as n = numel floats; waits for the data.
 ** Refused while capturing (a read-back synchronizes). */
