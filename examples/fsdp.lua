@@ -11,7 +11,8 @@
 -- in another order, moves its parameter by up to a few lr * 1e-4); the bytes of parameters,
 -- grads and Adam state on a rank are at most 1/N of one process's plus what
 -- the allocator's rounding adds to the optimizer's state (blocks are
--- multiples of 512 bytes: at most 512 for each of its 3 tensors a parameter).
+-- multiples of 512 bytes: at most 512 for each of its 3 tensors a parameter);
+-- the full parameters are one arena of the largest unit's size.
 local gc = require "graphcap"
 
 if not gc.dist.is_available() then  -- a build without MPI
@@ -100,10 +101,20 @@ for _, p in ipairs(ps) do full = full + 4 * p:numel() end
 local mine = mem.shard_bytes + mem.shard_grad_bytes + adam_bytes
 local whole = full + full + one_adam
 local small = mine <= whole / N + 3 * 512 * #ps
+-- the full parameters: one arena of the largest unit's (each padded to a
+-- multiple of N), not the model's
+local largest = 0
+for _, l in ipairs(one) do
+  local b = 0
+  for _, p in ipairs(l:parameters()) do b = b + 4 * ((p:numel() + N - 1) // N * N) end
+  largest = math.max(largest, b)
+end
+small = small and mem.full_bytes == largest and largest < full
 
 print(("fsdp rank %d: params %d + grads %d + Adam %d = %d bytes; one process: %d (1/%d: %d); "
-       .. "full parameter buffers %d"):format(rank, mem.shard_bytes, mem.shard_grad_bytes,
-       adam_bytes, mine, whole, N, whole // N, mem.full_bytes))
+       .. "full parameters: one arena of %d (the largest unit; the model has %d)"):format(rank,
+       mem.shard_bytes, mem.shard_grad_bytes, adam_bytes, mine, whole, N, whole // N,
+       mem.full_bytes, full))
 if rank == 0 then
   print(("fsdp: graphed shards %s the eager ones bit for bit"):format(
     same and "equal" or "DIFFER from"))
