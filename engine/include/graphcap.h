@@ -111,6 +111,9 @@ typedef struct gcap_mem_stats {
 
 /* Statistics of the engine's ordinary (non-graph) allocator. */
 gcap_status gcap_engine_mem_stats(gcap_engine *e, gcap_mem_stats *out);
+/* Start the ordinary allocator's peak_bytes again from its in_use_bytes
+** (PyTorch's reset_peak_memory_stats), to measure the peak of a stretch of work. */
+gcap_status gcap_engine_reset_peak(gcap_engine *e);
 
 /* What an engine still holds, for leak checks: after a program has freed
 ** everything it made, every field is 0 (the engine's own streams and state

@@ -4,7 +4,9 @@
 -- prints one "ok <name>" line per check passed.
 --   DDP: after an eager backward every rank holds the same grads, the average
 --   of the grads each rank's rows give one process (as summed in rank order);
---   graphed, a backward replay calls no all_reduce from Lua and gives the
+--   buckets (one all-reduce of the joined grads) give the grads of one
+--   all-reduce per parameter bit for bit; graphed, a backward replay calls
+--   no all_reduce from Lua and gives the
 --   eager grads bit for bit (the all-reduces are nodes of the graphs).
 --   FSDP: a shard's grad is its chunk of the DDP grad (bit for bit: both
 --   average in rank order); the full grads are dropped; un-shard after a
@@ -75,6 +77,41 @@ for k, p in ipairs(params(ddp)) do
   for i = 1, #v do check(v[i] == v[(i - 1) % p:numel() + 1], "ddp grad %d differs across ranks", k) end
 end
 ok("ddp eager grads are the ranks' average, the same on every rank")
+
+-- DDP buckets: a module's grads joined into one all-reduce (bucket_cap_mb
+-- = 25) give the grads of one all-reduce per parameter (0) bit for bit; a
+-- cap below a module's size splits it (modules of 4 and 2 parameters)
+do
+  local all_reduce = gc.dist.all_reduce
+  local function grads (cap)
+    local calls = 0
+    gc.dist.all_reduce = function (...) calls = calls + 1; return all_reduce(...) end
+    gc.manual_seed(7)
+    local D = gc.ddp.wrap({gc.nn.Sequential(gc.nn.Linear(W, W), gc.nn.GELU(), gc.nn.Linear(W, W)),
+                           gc.nn.Linear(W, W)}, {bucket_cap_mb = cap})
+    local okb, err = pcall(backward, D, mine(0, rank), mine(1, rank))
+    gc.dist.all_reduce = all_reduce
+    if not okb then error(err, 0) end
+    local gs = {}
+    for k, p in ipairs(params(D)) do gs[k] = flat(p.grad) end
+    return gs, calls
+  end
+  local each, n_each = grads(0)
+  local joined, n_joined = grads(nil)
+  -- 300 bytes: a weight (256 bytes) and its bias (32), so the first module in two
+  local split, n_split = grads(300 / (1024 * 1024))
+  check(n_each == 6 and n_joined == 2 and n_split == 3,
+        "ddp all_reduce calls: %d per parameter (want 6), %d bucketed (want 2), %d split (want 3)",
+        n_each, n_joined, n_split)
+  for k = 1, #each do
+    same(joined[k], each[k], "bucketed ddp grad " .. k)
+    same(split[k], each[k], "split-bucket ddp grad " .. k)
+  end
+  local e = select(2, pcall(gc.ddp.wrap, layers(), {bucket_cap_mb = -1}))
+  check(tostring(e):find("ddp.wrap: bucket_cap_mb must be a finite number >= 0, got -1", 1, true),
+        "got %s", e)
+end
+ok("ddp buckets give the per-parameter grads bit for bit, one all-reduce per bucket")
 
 -- DDP graphed: the all-reduces are in the backward graphs: at replay no
 -- all_reduce is called from Lua, yet the grads are the eager (averaged) ones
