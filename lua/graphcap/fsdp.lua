@@ -97,7 +97,7 @@ function FSDP:unshard (i)
 end
 
 -- Average unit i's full grads over the group into its shards' grads and
--- drop the full grads.
+-- drop the full grads (closed: a box of one read before is closed too).
 function FSDP:reduce_grads (i)
   local u = self._u[i]
   local gc, dist, opts = self._gc, self._dist, {op = "avg", group = self.group}
@@ -105,10 +105,18 @@ function FSDP:reduce_grads (i)
     local g = p.grad
     if g ~= nil then
       local s = u.shards[k]
-      local part = gc.empty(s:shape())
-      dist.reduce_scatter(part, u.padded(k, g), opts)
-      s.grad = s.grad and s.grad + part or part
+      local part, whole = gc.empty(s:shape()), u.padded(k, g)
+      dist.reduce_scatter(part, whole, opts)
+      if whole ~= g then whole:close() end
+      if s.grad then
+        s.grad = s.grad + part
+        part:close()
+      else
+        s.grad = part
+      end
+      -- freed now, not when Lua collects: one unit's full grads at a time
       p.grad = nil
+      g:close()
     end
   end
 end

@@ -193,10 +193,10 @@ do
     for i = 1, 4 do ls[i] = gc.nn.Linear(H, H) end
     return ls
   end
-  collectgarbage()
+  collectgarbage(); collectgarbage()  -- boxes freed by their finalizers, then collected
   local before = gc.memory_stats().in_use_bytes
   local B = gc.fsdp.shard(big())
-  collectgarbage()
+  collectgarbage(); collectgarbage()
   local held = gc.memory_stats().in_use_bytes - before
   local m = B:memory()
   local unit = 4 * ((H * H + N - 1) // N * N + (H + N - 1) // N * N)
@@ -207,21 +207,31 @@ do
         held, m.shard_bytes, m.full_bytes)
   local x = gc.randn({2, H})
   local opt = gc.optim.SGD(B:parameters(), {lr = 0.1})
+  local peak = 0
   for _ = 1, 2 do
     opt:zero_grad()
+    collectgarbage()
+    gc.reset_peak_memory_stats()
     local h = x
     for _, u in ipairs(B.units) do h = u(h) end
     h:sum():backward()
     B:finish_grads()
     opt:step()
+    h = nil
+    peak = math.max(peak, gc.memory_stats().peak_bytes - before)
   end
   opt:zero_grad()
   collectgarbage()
   local after = gc.memory_stats().in_use_bytes - before
   check(after <= bound, "fsdp holds %d bytes after training, want at most %d", after, bound)
+  -- a step's peak: shards, their grads, the arena, one unit's full grads
+  -- (reduce-scattered and dropped after its backward), and a little for
+  -- activations and temporaries (2 rows)
+  local top = 2 * m.shard_bytes + 2 * m.full_bytes + 16384
+  check(peak <= top, "fsdp step peak %d bytes, want at most %d", peak, top)
   if rank == 0 then
-    print(("fsdp bytes held on a rank: %d (shards %d + arena %d; the model is %d)"):format(
-      held, m.shard_bytes, m.full_bytes, m.model_bytes))
+    print(("fsdp bytes held on a rank: %d (shards %d + arena %d; the model is %d); a step's "
+           .. "peak %d"):format(held, m.shard_bytes, m.full_bytes, m.model_bytes, peak))
   end
 end
 ok("fsdp holds its shards and one unit's full parameters")
