@@ -4,8 +4,8 @@
 -- forward its shards are gathered into the full parameter, after its
 -- backward the grads are reduce-scattered into the shards' grads.
 -- Checks: the layers graphed with capture_time_hooks doing the real un-shard
--- and re-shard, then run with the same work around each replay, train to
--- the eager values bit for bit; N ranks train to what one process does on
+-- (the units share one arena), then run with the same work around each
+-- replay, train to the eager values bit for bit; N ranks train to what one process does on
 -- the whole batch (|a - b| <= 1e-5 + 1e-4 |b|: Adam divides each grad by its
 -- running size, so a grad near zero that differs in its last bits, summed
 -- in another order, moves its parameter by up to a few lr * 1e-4); the bytes of parameters,
@@ -69,7 +69,7 @@ local E = gc.fsdp.shard(layers())
 local adam_bytes = train(E.units, E:parameters(), x, y, function () E:finish_grads() end)
 local mem = E:memory()
 
--- graphed: capture-time hooks un-shard and re-shard around each capture
+-- graphed: capture-time hooks un-shard before each capture
 local G = gc.fsdp.shard(layers())
 gc.make_graphed_callables(G.modules, {{gc.zeros({per, IN}, {requires_grad = true})},
   {gc.zeros({per, HID}, {requires_grad = true})}, {gc.zeros({per, HID}, {requires_grad = true})}},
