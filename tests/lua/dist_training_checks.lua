@@ -264,6 +264,32 @@ do
 end
 ok("fsdp pads parameters whose size is not a multiple of the ranks")
 
+-- FSDP with two microbatches in flight (both forwards, then the backwards
+-- in reverse, as a pipeline does): each backward gathers its unit again and
+-- the saved tensors pass; the shard grads equal those of one microbatch at
+-- a time (two terms: their sum does not depend on the order)
+do
+  local function run (interleaved)
+    local S = gc.fsdp.shard(layers())
+    local function loss (phase)
+      return gc.F.mse_loss(S.units[2](S.units[1](mine(phase, rank))), mine(phase + 1, rank))
+    end
+    if interleaved then
+      local a, b = loss(0), loss(2)
+      b:backward(); a:backward()
+    else
+      loss(0):backward(); loss(2):backward()
+    end
+    S:finish_grads()
+    local gs = {}
+    for k, sh in ipairs(S:parameters()) do gs[k] = flat(sh.grad) end
+    return gs
+  end
+  local one, two = run(false), run(true)
+  for k = 1, #one do same(two[k], one[k], "fsdp shard grad with microbatches in flight " .. k) end
+end
+ok("fsdp microbatches in flight share the arena and give the same grads")
+
 -- FSDP saved tensors: the normal schedule re-gathers a unit before its
 -- backward with the version its forward saw; a step on the shards between
 -- a forward and its backward changes the values the backward saved, and
