@@ -4,14 +4,15 @@
 -- forward its shards are gathered into the full parameter, after its
 -- backward the grads are reduce-scattered into the shards' grads.
 -- Checks: the layers graphed with capture_time_hooks doing the real un-shard
--- and re-shard, then run with the same work around each replay, train to
--- the eager values bit for bit; N ranks train to what one process does on
+-- (the units share one arena), then run with the same work around each
+-- replay, train to the eager values bit for bit; N ranks train to what one process does on
 -- the whole batch (|a - b| <= 1e-5 + 1e-4 |b|: Adam divides each grad by its
 -- running size, so a grad near zero that differs in its last bits, summed
 -- in another order, moves its parameter by up to a few lr * 1e-4); the bytes of parameters,
 -- grads and Adam state on a rank are at most 1/N of one process's plus what
 -- the allocator's rounding adds to the optimizer's state (blocks are
--- multiples of 512 bytes: at most 512 for each of its 3 tensors a parameter).
+-- multiples of 512 bytes: at most 512 for each of its 3 tensors a parameter);
+-- the full parameters are one arena of the largest unit's size.
 local gc = require "graphcap"
 
 if not gc.dist.is_available() then  -- a build without MPI
@@ -68,7 +69,7 @@ local E = gc.fsdp.shard(layers())
 local adam_bytes = train(E.units, E:parameters(), x, y, function () E:finish_grads() end)
 local mem = E:memory()
 
--- graphed: capture-time hooks un-shard and re-shard around each capture
+-- graphed: capture-time hooks un-shard before each capture
 local G = gc.fsdp.shard(layers())
 gc.make_graphed_callables(G.modules, {{gc.zeros({per, IN}, {requires_grad = true})},
   {gc.zeros({per, HID}, {requires_grad = true})}, {gc.zeros({per, HID}, {requires_grad = true})}},
@@ -100,10 +101,20 @@ for _, p in ipairs(ps) do full = full + 4 * p:numel() end
 local mine = mem.shard_bytes + mem.shard_grad_bytes + adam_bytes
 local whole = full + full + one_adam
 local small = mine <= whole / N + 3 * 512 * #ps
+-- the full parameters: one arena of the largest unit's (each padded to a
+-- multiple of N), not the model's
+local largest = 0
+for _, l in ipairs(one) do
+  local b = 0
+  for _, p in ipairs(l:parameters()) do b = b + 4 * ((p:numel() + N - 1) // N * N) end
+  largest = math.max(largest, b)
+end
+small = small and mem.full_bytes == largest and largest < full
 
 print(("fsdp rank %d: params %d + grads %d + Adam %d = %d bytes; one process: %d (1/%d: %d); "
-       .. "full parameter buffers %d"):format(rank, mem.shard_bytes, mem.shard_grad_bytes,
-       adam_bytes, mine, whole, N, whole // N, mem.full_bytes))
+       .. "full parameters: one arena of %d (the largest unit; the model has %d)"):format(rank,
+       mem.shard_bytes, mem.shard_grad_bytes, adam_bytes, mine, whole, N, whole // N,
+       mem.full_bytes, full))
 if rank == 0 then
   print(("fsdp: graphed shards %s the eager ones bit for bit"):format(
     same and "equal" or "DIFFER from"))

@@ -111,6 +111,9 @@ typedef struct gcap_mem_stats {
 
 /* Statistics of the engine's ordinary (non-graph) allocator. */
 gcap_status gcap_engine_mem_stats(gcap_engine *e, gcap_mem_stats *out);
+/* Start the ordinary allocator's peak_bytes again from its in_use_bytes
+** (PyTorch's reset_peak_memory_stats), to measure the peak of a stretch of work. */
+gcap_status gcap_engine_reset_peak(gcap_engine *e);
 
 /* What an engine still holds, for leak checks: after a program has freed
 ** everything it made, every field is 0 (the engine's own streams and state
@@ -171,6 +174,17 @@ uintptr_t gcap_tensor_data_ptr(const gcap_tensor *t);
 ** version fails with GCAP_ESTATE ("modified by an inplace operation").
 ** Graph replays do not count (their outputs are overwritten by design). */
 uint64_t gcap_tensor_version(const gcap_tensor *t);
+/* Set the version of t's storage to v, refused while capturing. Only for
+** code that wrote back the very values a backward saved (a sharded
+** parameter gathered again between its forward and backward): the saved
+** tensors then pass the version check. Any other use hides a real write. */
+gcap_status gcap_tensor_set_version(gcap_tensor *t, uint64_t v);
+/* Make t a tensor over src's storage (PyTorch's set_): t keeps its shape,
+** grad and identity, its old storage is released (views of it keep it),
+** and from then on its elements are src's elements offset .. offset +
+** numel(t) - 1, at their address. src must have t's dtype and at least
+** offset + numel(t) elements; refused while capturing. */
+gcap_status gcap_tensor_set_(gcap_tensor *t, gcap_tensor *src, int64_t offset);
 
 /* Copy the tensor to host memory as n = numel floats; waits for the data.
 ** Refused while capturing (a read-back synchronizes). */

@@ -218,6 +218,12 @@ static int l_memory_stats(lua_State *L) {
   return 1;
 }
 
+static int l_reset_peak(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  l_check(L, e, gcap_engine_reset_peak(e), "reset_peak_memory_stats");
+  return 0;
+}
+
 /* gc._test: for the library's own tests only. fail_alloc(n) makes the n-th
 ** allocation from now fail (0: off) and tells whether the previous one was
 ** injected; live() gives what the engine still holds (gcap_engine_stats). */
@@ -604,6 +610,7 @@ LUAI_DDEF const luaL_Reg l_runtime_funcs[] = {{"device", l_device},
                                               {"set_replay_check", l_set_replay_check},
                                               {"manual_seed", l_manual_seed},
                                               {"memory_stats", l_memory_stats},
+                                              {"reset_peak_memory_stats", l_reset_peak},
                                               {"Stream", l_stream_new},
                                               {"current_stream", l_current_stream},
                                               {"default_stream", l_default_stream},

@@ -150,6 +150,23 @@ static int l_split(lua_State *L) {
   return l_pieces(L, t, (int64_t)size, 0, dim, "split");
 }
 
+/* gc.narrow(t, dim, start, length) -> entries start .. start + length - 1
+** (from 1) of dim, a copy */
+static int l_narrow(lua_State *L) {
+  gcap_tensor *t = l_checktensor(L, 1);
+  int n = gcap_tensor_ndim(t), dim;
+  lua_Integer start, len;
+  LTensor *r;
+  if (n == 0) return l_error(L, "narrow: a 0-D tensor has no dim to narrow");
+  dim = l_checkdim(L, 2, n, "narrow");
+  start = luaL_checkinteger(L, 3);
+  len = luaL_checkinteger(L, 4);
+  r = l_newtensor(L);
+  l_check(L, gcap_tensor_engine(t), gcap_narrow(t, dim, (int64_t)start - 1, (int64_t)len, &r->t),
+          "narrow");
+  return 1;
+}
+
 /* gc.chunk(t, n [, dim = 1]) -> {at most n pieces of dim} */
 static int l_chunk(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
@@ -194,4 +211,4 @@ static int l_cat(lua_State *L) {
 
 /* functions of the module (gc.split, gc.chunk, gc.cat) */
 LUAI_DDEF const luaL_Reg l_shape_funcs[] = {
-    {"split", l_split}, {"chunk", l_chunk}, {"cat", l_cat}, {NULL, NULL}};
+    {"split", l_split}, {"narrow", l_narrow}, {"chunk", l_chunk}, {"cat", l_cat}, {NULL, NULL}};

@@ -323,6 +323,24 @@ static int l_copy_(lua_State *L) {
   return 1;
 }
 
+/* t:set_(src [, offset]): t moves onto src's storage (gcap_tensor_set_) */
+static int l_set_(lua_State *L) {
+  gcap_tensor *t = l_checktensor(L, 1), *src = l_checktensor(L, 2);
+  lua_Integer off = luaL_optinteger(L, 3, 0);
+  l_check(L, gcap_tensor_engine(t), gcap_tensor_set_(t, src, (int64_t)off), "set_");
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* t:_set_version(v): see gcap_tensor_set_version */
+static int l_set_version(lua_State *L) {
+  gcap_tensor *t = l_checktensor(L, 1);
+  lua_Integer v = luaL_checkinteger(L, 2);
+  luaL_argcheck(L, v >= 0, 2, "a version is not negative");
+  l_check(L, gcap_tensor_engine(t), gcap_tensor_set_version(t, (uint64_t)v), "_set_version");
+  return 0;
+}
+
 static int l_zero_(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   l_check(L, gcap_tensor_engine(t), gcap_zero_(t), "zero_");
@@ -587,6 +605,8 @@ static const luaL_Reg l_tensor_methods[] = {{"shape", l_shape},
                                             {"transpose", l_transpose},
                                             {"permute", l_permute},
                                             {"copy_", l_copy_},
+                                            {"set_", l_set_},
+                                            {"_set_version", l_set_version},
                                             {"zero_", l_zero_},
                                             {"fill_", l_fill_},
                                             {"sum", l_sum},

@@ -5,13 +5,17 @@
 --
 --   local layers = gc.ddp.wrap({l1, l2, l3} [, {group = g}])
 --
--- wraps each module in a DDP module (a bucket: the module's parameters)
--- whose forward runs the module on its input passed through a grad-sync
--- node. Backward reaches that node once the module's own backward is done,
--- its parameter grads accumulated; the node then all-reduces (average over
--- the group) each of them in place, while the layers before it still run
--- their backward. Graphed with make_graphed_callables (graph the wrappers),
--- the node runs inside the captured backward, so each callable's
+-- wraps each module in a DDP module whose forward runs the module on its
+-- input passed through a grad-sync node. Backward reaches that node once the
+-- module's own backward is done, its parameter grads accumulated; the node
+-- then averages them over the group in buckets, while the layers before it
+-- still run their backward. A bucket is a run of the module's parameters of
+-- at most bucket_cap_mb MB (default 25, as torch's DDP; a larger parameter
+-- is a bucket alone; 0: one bucket per parameter): its grads are joined into
+-- one flat tensor, all-reduced (average) with one call, and copied back.
+-- The average is elementwise, so the grads are bit for bit those of one
+-- all-reduce per parameter. Graphed with make_graphed_callables (graph the
+-- wrappers), the node runs inside the captured backward, so each callable's
 -- all-reduces are recorded into its backward graph and run at each replay.
 --
 -- An input that needs no grad (the first layer's data) still gets its sync
@@ -24,7 +28,7 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 core._facade()
 
-local ipairs, require, type = ipairs, require, type
+local ipairs, math, require, tostring, type = ipairs, math, require, tostring, type
 _ENV = nil
 
 local raise, options = util.raise, util.options
@@ -35,29 +39,62 @@ local ddp = {}
 
 local DDP = nn.Module("DDP")
 
-function DDP:init (module, group)
-  self.module = module
-  self._bucket = module:parameters()
-  -- all-reduce (average) the bucket's grads over the group, in place
-  local dist, opts, bucket = require("graphcap").dist, {op = "avg", group = group}, self._bucket
-  self._sync = function ()
-    for _, p in ipairs(bucket) do
-      if p.grad ~= nil then dist.all_reduce(p.grad, opts) end
+local MAX_JOIN = 64  -- the most tensors gc.cat joins
+
+-- The parameters of ps in runs of at most cap bytes (and MAX_JOIN tensors)
+local function buckets_of (ps, cap)
+  local out, cur, bytes = {}, {}, 0
+  for _, p in ipairs(ps) do
+    local b = 4 * p:numel()
+    if #cur > 0 and (bytes + b > cap or #cur == MAX_JOIN) then
+      out[#out + 1], cur, bytes = cur, {}, 0
     end
+    cur[#cur + 1], bytes = p, bytes + b
+  end
+  if #cur > 0 then out[#out + 1] = cur end
+  return out
+end
+
+-- All-reduce (average) the grads of a bucket over the group: the grads
+-- there joined into one flat tensor, one call, copied back into them.
+local function sync_bucket (gc, bucket, opts)
+  local gs = {}
+  for _, p in ipairs(bucket) do
+    if p.grad ~= nil then gs[#gs + 1] = p.grad:view({p.grad:numel()}) end
+  end
+  if #gs == 0 then return end
+  if #gs == 1 then return gc.dist.all_reduce(gs[1], opts) end
+  local flat, at = gc.cat(gs), 1
+  gc.dist.all_reduce(flat, opts)
+  for _, g in ipairs(gs) do
+    g:copy_(gc.narrow(flat, 1, at, g:numel()))
+    at = at + g:numel()
+  end
+end
+
+function DDP:init (module, group, cap)
+  self.module = module
+  self._params = module:parameters()
+  local gc, opts = require "graphcap", {op = "avg", group = group}
+  local buckets = buckets_of(self._params, cap)
+  self._buckets = buckets
+  self._sync = function ()
+    for _, b in ipairs(buckets) do sync_bucket(gc, b, opts) end
   end
 end
 
 function DDP:forward (x, ...)
-  local bucket = self._bucket
-  if #bucket == 0 or not core.is_grad_enabled() then return self.module(x, ...) end
-  local anchor = not x.requires_grad and bucket[1] or nil
+  local ps = self._params
+  if #ps == 0 or not core.is_grad_enabled() then return self.module(x, ...) end
+  local anchor = not x.requires_grad and ps[1] or nil
   return self.module(autograd.on_backward("DDPGradSync", x, self._sync, anchor), ...)
 end
 
-local wrap_options = {group = true, broadcast = true}
+local wrap_options = {group = true, broadcast = true, bucket_cap_mb = true}
 
--- ddp.wrap(modules [, {group = world, broadcast = true}]) -> a sequence of
--- DDP modules, one per module (or one DDP module for one module).
+-- ddp.wrap(modules [, {group = world, broadcast = true, bucket_cap_mb = 25}])
+-- -> a sequence of DDP modules, one per module (or one DDP module for one
+-- module).
 function ddp.wrap (modules, opts)
   opts = options("ddp.wrap", opts, wrap_options)
   local gc = require "graphcap"
@@ -69,6 +106,10 @@ function ddp.wrap (modules, opts)
           type(modules))
   end
   local bcast = util.check("ddp.wrap", "broadcast", opts.broadcast, "boolean", true)
+  local cap = util.check("ddp.wrap", "bucket_cap_mb", opts.bucket_cap_mb, "number", 25)
+  if not (cap >= 0 and cap < math.huge) then
+    raise("ddp.wrap: bucket_cap_mb must be a finite number >= 0, got %s", tostring(cap))
+  end
   for i, m in ipairs(list) do  -- all checked before any parameter changes
     if not nn.is_module(m) then raise("ddp.wrap: entry %d is not a module", i) end
   end
@@ -79,7 +120,7 @@ function ddp.wrap (modules, opts)
         for _, p in ipairs(m:parameters()) do dist.broadcast(p, root, {group = group}) end
       end)
     end
-    out[i] = DDP(m, group)
+    out[i] = DDP(m, group, cap * 1024 * 1024)
   end
   return one and out[1] or out
 end

@@ -6,35 +6,49 @@
 --   local y = F.units[3](F.units[2](F.units[1](x)))
 --   loss:backward(); F:finish_grads(); opt:step()
 --
--- Each parameter p of a unit's module is kept as its 1/N shard (N ranks in
--- the group; shard r holds elements r*n/N .. (r+1)*n/N - 1 of p flattened,
--- so n must be a multiple of N), a leaf the optimizer steps on. p itself is
--- the full buffer: un-shard all-gathers the shards into it (its address
--- never changes, so graphs that read it stay valid), re-shard drops its
--- values (the next un-shard gathers again). After a unit's backward its full
--- grads are reduce-scattered (averaged) into the shards' grads and dropped.
+-- Each parameter p of a unit's module (n elements) is kept as its 1/N shard
+-- (N ranks in the group): p flattened and padded with zeros to m elements,
+-- m = n rounded up to a multiple of N, shard r holding elements r*m/N ..
+-- (r+1)*m/N - 1, a leaf the optimizer steps on. p's own storage is freed:
+-- p (the same tensor, so modules keep it) moves onto the FSDP's arena, one
+-- buffer of the size of its largest unit that every unit's full parameters
+-- share, each unit's at the same address every time (graphs that read them
+-- stay valid). Un-shard all-gathers a unit's shards into the arena; the unit
+-- then holds it until another unit un-shards (re-shard is implicit: one unit
+-- un-sharded at a time, as PyTorch FSDP with limit_all_gathers and one unit
+-- in flight). So a rank holds its shards plus the largest unit, not the
+-- model. After a unit's backward its full grads are reduce-scattered
+-- (averaged) into the shards' grads and dropped.
 --
 -- A unit's call runs: un-shard, the module, and two autograd nodes around
--- it: before the module's backward un-shard, after it the grads'
--- reduce-scatter and re-shard (nodes, not module hooks: a module's backward
--- hook runs before its parameters' grads when its input needs none). The
--- full values stay until every forward of the unit has had its backward
--- (microbatches in flight keep them: their backward reads them).
+-- it: before the module's backward un-shard (again, when another unit used
+-- the arena since), after it the grads' reduce-scatter (nodes, not module
+-- hooks: a module's backward hook runs before its parameters' grads when its
+-- input needs none).
+--
+-- Saved tensors: the module's backward reads the parameters its forward
+-- saved, which the arena held at the version its forward saw. Gathering a
+-- unit again writes the same values while its shards are unchanged, so the
+-- arena then gets back the version of that unit's earlier gather and the
+-- saved tensors pass autograd's version check. When the shards changed in
+-- between (an optimizer step between a forward and its backward) or the
+-- full values were written, the gather gives a new version and the backward
+-- fails with "modified by an inplace operation" instead of giving wrong
+-- grads. Each gather of new values takes a version far (2^32) from every
+-- earlier one.
 --
 -- Graphing: graph the modules (F.modules) with
 -- capture_time_hooks = F:capture_time_hooks(): un-shard before each forward
--- and backward capture, re-shard once every forward has had its backward
--- (warmup passes alike; no reduce-scatter: the grads of graphing are
--- make_graphed_callables' own). Then call the units
--- as before: the same un-shard, reduce-scatter and re-shard run around each
--- replay.
+-- and backward capture (warmup passes alike; no reduce-scatter: the grads of
+-- graphing are make_graphed_callables' own). Then call the units as before:
+-- the same un-shard and reduce-scatter run around each replay.
 
 local core = require "graphcap.core"
 local util = require "graphcap.util"
 core._facade()
 
-local ipairs, require, setmetatable, tostring, type =
-      ipairs, require, setmetatable, tostring, type
+local ipairs, math, require, setmetatable, tostring, type =
+      ipairs, math, require, setmetatable, tostring, type
 _ENV = nil
 
 local raise, options = util.raise, util.options
@@ -46,60 +60,73 @@ local fsdp = {}
 local FSDP = {}
 FSDP.__index = FSDP
 
--- Gather unit i's parameters unless their full values are there.
-function FSDP:unshard (i)
-  local u = self._u[i]
-  if u.full then return end
-  local dist, opts = self._dist, {group = self.group}
-  self._gc.no_grad(function ()  -- a parameter's values, not an op of the model
-    for k in ipairs(u.params) do dist.all_gather(u.flat[k], u.shards[k], opts) end
-  end)
-  u.full = true
+local FRESH = 1 << 32  -- the distance between the versions of two gathers
+
+-- Are unit u's shards as they were at its last gather?
+local function shards_kept (u)
+  if not u.seen then return false end
+  for k, s in ipairs(u.shards) do
+    if s._version ~= u.seen[k] then return false end
+  end
+  return true
 end
 
--- Drop unit i's full values (kept in place: graphs hold their address).
-function FSDP:reshard (i)
-  self._u[i].full = false
+-- Gather unit i's parameters into the arena unless they are there.
+function FSDP:unshard (i)
+  local u, arena = self._u[i], self._arena
+  if #u.params == 0 then return end
+  local kept = shards_kept(u)
+  if self._owner == i and kept and arena._version == u.version then return end
+  local prev = self._u[self._owner]
+  -- the unit leaving the arena: were its values still those of its gather?
+  if prev then prev.clean = arena._version == prev.version end
+  local dist, opts = self._dist, {group = self.group}
+  self._gc.no_grad(function ()  -- a parameter's values, not an op of the model
+    for k in ipairs(u.params) do dist.all_gather(u.full[k], u.shards[k], opts) end
+  end)
+  if kept and u.clean then
+    arena:_set_version(u.version)  -- the values its saved tensors hold
+  else
+    self._clock = (self._clock > arena._version and self._clock or arena._version) + FRESH
+    arena:_set_version(self._clock)
+    u.version, u.seen = self._clock, {}
+    for k, s in ipairs(u.shards) do u.seen[k] = s._version end
+  end
+  u.clean = true
+  self._owner = i
 end
 
 -- Average unit i's full grads over the group into its shards' grads and
--- drop the full grads.
+-- drop the full grads (closed: a box of one read before is closed too).
 function FSDP:reduce_grads (i)
   local u = self._u[i]
-  local dist, opts = self._dist, {op = "avg", group = self.group}
+  local gc, dist, opts = self._gc, self._dist, {op = "avg", group = self.group}
   for k, p in ipairs(u.params) do
     local g = p.grad
     if g ~= nil then
       local s = u.shards[k]
-      local part = self._gc.empty(s:shape())
-      dist.reduce_scatter(part, g:view({g:numel()}), opts)
-      s.grad = s.grad and s.grad + part or part
+      local part, whole = gc.empty(s:shape()), u.padded(k, g)
+      dist.reduce_scatter(part, whole, opts)
+      if whole ~= g then whole:close() end
+      if s.grad then
+        s.grad = s.grad + part
+        part:close()
+      else
+        s.grad = part
+      end
+      -- freed now, not when Lua collects: one unit's full grads at a time
       p.grad = nil
+      g:close()
     end
   end
 end
 
 -- F:finish_grads(): reduce-scatter the full grads that no unit's backward
 -- reduced (a graphed unit whose sample input needed no grad: its graph
--- gives its input no grad, so the node after its backward never runs) and
--- re-shard every unit. Call it after backward, before the optimizer step.
+-- gives its input no grad, so the node after its backward never runs). Call
+-- it after backward, before the optimizer step.
 function FSDP:finish_grads ()
-  for i, u in ipairs(self._u) do
-    self:reduce_grads(i)
-    u.pending = 0
-    self:reshard(i)
-  end
-end
-
--- A forward of unit i that will have a backward starts / its backward ends.
-local function begin_fwd (self, i) self._u[i].pending = self._u[i].pending + 1 end
-local function end_bwd (self, i)
-  local u = self._u[i]
-  u.pending = u.pending - 1
-  if u.pending <= 0 then
-    u.pending = 0
-    self:reshard(i)
-  end
+  for i in ipairs(self._u) do self:reduce_grads(i) end
 end
 
 local Unit = nn.Module("FSDPUnit")
@@ -107,15 +134,9 @@ local Unit = nn.Module("FSDPUnit")
 function Unit:init (module) self.module = module end
 
 function Unit:forward (x, ...)
-  local F, i, m = self._fsdp, self._index, self.module
+  local F, i, m, u = self._fsdp, self._index, self.module, self._u
   F:unshard(i)
-  if not (core.is_grad_enabled() and m.training) then
-    local y = m(x, ...)
-    if self._u.pending == 0 then F:reshard(i) end
-    return y
-  end
-  begin_fwd(F, i)
-  local u = self._u
+  if not (core.is_grad_enabled() and m.training) then return m(x, ...) end
   -- before the module's backward (on its output) un-shard; after it (on its
   -- input) reduce-scatter the grads
   local anchor = not x.requires_grad and u.params[1] or nil
@@ -133,39 +154,42 @@ function FSDP:parameters ()
 end
 
 -- F:capture_time_hooks() -> the capture_time_hooks option for graphing
--- F.modules: un-shard before each forward and backward, re-shard once every
--- forward of a module has had its backward.
+-- F.modules: un-shard before each forward and backward.
 function FSDP:capture_time_hooks ()
   local hooks = {}
   for i, _ in ipairs(self._u) do
-    hooks[i] = {
-      forward_pre_hooks = {function (m)
-        self:unshard(i)
-        if m.training then begin_fwd(self, i) end
-      end},
-      backward_pre_hooks = {function () self:unshard(i) end},
-      backward_hooks = {function () end_bwd(self, i) end},
-    }
+    local unshard = function () self:unshard(i) end
+    hooks[i] = {forward_pre_hooks = {unshard}, backward_pre_hooks = {unshard}}
   end
   return hooks
 end
 
--- F:memory() -> {shard_bytes, shard_grad_bytes, full_bytes}: the bytes of
--- the shards and their grads on this rank, and of the full buffers
+-- F:memory() -> {shard_bytes, shard_grad_bytes, full_bytes, model_bytes}:
+-- the bytes of the shards and their grads on this rank, of the arena (the
+-- full parameters of one unit at a time), and of the whole model's
+-- parameters
 function FSDP:memory ()
-  local r = {shard_bytes = 0, shard_grad_bytes = 0, full_bytes = 0}
+  local r = {shard_bytes = 0, shard_grad_bytes = 0, model_bytes = 0,
+             full_bytes = self._arena and 4 * self._arena:numel() or 0}
   for _, u in ipairs(self._u) do
     for k, p in ipairs(u.params) do
       local s = u.shards[k]
       r.shard_bytes = r.shard_bytes + 4 * s:numel()
       if s.grad then r.shard_grad_bytes = r.shard_grad_bytes + 4 * s.grad:numel() end
-      r.full_bytes = r.full_bytes + 4 * p:numel()
+      r.model_bytes = r.model_bytes + 4 * p:numel()
     end
   end
   return r
 end
 
 local shard_options = {group = true}
+
+-- t (n elements) flattened and padded with zeros to m elements
+local function pad (gc, t, n, m)
+  local v = t:view({n})
+  if m == n then return v end
+  return gc.cat({v, gc.zeros({m - n})})
+end
 
 -- fsdp.shard(modules [, {group = world}]) -> F: F.modules (the modules),
 -- F.units (a unit module per module, to call in their place), F.group.
@@ -180,34 +204,50 @@ function fsdp.shard (modules, opts)
   for i, m in ipairs(modules) do  -- all checked before any parameter changes
     if not nn.is_module(m) then raise("fsdp.shard: entry %d is not a module", i) end
     for _, np in ipairs(m:named_parameters()) do
-      if np[2]:numel() % N ~= 0 then
-        raise("fsdp.shard: parameter '%s' of module %d (%s) has %d elements, not a multiple of "
-              .. "the %d ranks", np[1], i, tostring(m), np[2]:numel(), N)
+      if np[2]:dtype() ~= "f32" then
+        raise("fsdp.shard: parameter '%s' of module %d (%s) is %s; only f32 is sharded",
+              np[1], i, tostring(m), np[2]:dtype())
       end
     end
   end
   local F = setmetatable({modules = modules, units = {}, group = group, _u = {}, _dist = dist,
-                          _gc = gc}, FSDP)
+                          _gc = gc, _clock = 0}, FSDP)
+  -- each unit's full parameters at offsets of the arena, each padded
+  local size, layout = 0, {}
   for i, m in ipairs(modules) do
-    local u = {params = m:parameters(), shards = {}, flat = {}, full = true, pending = 0}
+    local at, offs = 0, {}
+    for k, p in ipairs(m:parameters()) do
+      offs[k] = at
+      at = at + (p:numel() + N - 1) // N * N
+    end
+    layout[i], size = offs, math.max(size, at)
+  end
+  F._arena = size > 0 and gc.empty({size}) or nil
+  for i, m in ipairs(modules) do
+    local u = {params = m:parameters(), shards = {}, full = {}, sizes = {}, clean = true}
     for k, p in ipairs(u.params) do
       local n = p:numel()
-      u.flat[k] = p:view({n})
+      local padded = (n + N - 1) // N * N
+      u.sizes[k] = padded
       gc.no_grad(function ()
         dist.broadcast(p, root, {group = group})
-        local s = gc.empty({n // N})
+        local s = gc.empty({padded // N})
         -- this rank's chunk: every rank holds the same p, so max is exact
-        dist.reduce_scatter(s, u.flat[k], {op = "max", group = group})
+        dist.reduce_scatter(s, pad(gc, p, n, padded), {op = "max", group = group})
         u.shards[k] = s:requires_grad_(true)
       end)
+      u.full[k] = gc.empty({padded}):set_(F._arena, layout[i][k])
+      p:set_(F._arena, layout[i][k])  -- its own storage is freed
     end
-    u.post = function () F:reduce_grads(i); end_bwd(F, i) end
+    u.padded = function (k, g) return pad(gc, g, g:numel(), u.sizes[k]) end
+    u.post = function () F:reduce_grads(i) end
     u.pre = function () F:unshard(i) end
     F._u[i] = u
     local unit = Unit(m)
     unit._fsdp, unit._index, unit._u = F, i, u
     F.units[i] = unit
   end
+  F:unshard(1)
   return F
 end
 

@@ -4,12 +4,16 @@
 -- prints one "ok <name>" line per check passed.
 --   DDP: after an eager backward every rank holds the same grads, the average
 --   of the grads each rank's rows give one process (as summed in rank order);
---   graphed, a backward replay calls no all_reduce from Lua and gives the
+--   buckets (one all-reduce of the joined grads) give the grads of one
+--   all-reduce per parameter bit for bit; graphed, a backward replay calls
+--   no all_reduce from Lua and gives the
 --   eager grads bit for bit (the all-reduces are nodes of the graphs).
 --   FSDP: a shard's grad is its chunk of the DDP grad (bit for bit: both
 --   average in rank order); the full grads are dropped; un-shard after a
---   step gathers every rank's updated shard; errors for a parameter that
---   cannot be split evenly and for a group without this rank.
+--   step gathers every rank's updated shard; a rank holds its shards and
+--   one unit's full parameters; sizes not a multiple of N are padded; a
+--   backward whose saved parameters changed fails; an error for a group
+--   without this rank.
 --   Pipeline: 64 KB activations (sends that wait for their receive) run to
 --   the end; on 4 ranks, two pipelines of a 2 x 2 grid train alike.
 local gc = require "graphcap"
@@ -73,6 +77,41 @@ for k, p in ipairs(params(ddp)) do
   for i = 1, #v do check(v[i] == v[(i - 1) % p:numel() + 1], "ddp grad %d differs across ranks", k) end
 end
 ok("ddp eager grads are the ranks' average, the same on every rank")
+
+-- DDP buckets: a module's grads joined into one all-reduce (bucket_cap_mb
+-- = 25) give the grads of one all-reduce per parameter (0) bit for bit; a
+-- cap below a module's size splits it (modules of 4 and 2 parameters)
+do
+  local all_reduce = gc.dist.all_reduce
+  local function grads (cap)
+    local calls = 0
+    gc.dist.all_reduce = function (...) calls = calls + 1; return all_reduce(...) end
+    gc.manual_seed(7)
+    local D = gc.ddp.wrap({gc.nn.Sequential(gc.nn.Linear(W, W), gc.nn.GELU(), gc.nn.Linear(W, W)),
+                           gc.nn.Linear(W, W)}, {bucket_cap_mb = cap})
+    local okb, err = pcall(backward, D, mine(0, rank), mine(1, rank))
+    gc.dist.all_reduce = all_reduce
+    if not okb then error(err, 0) end
+    local gs = {}
+    for k, p in ipairs(params(D)) do gs[k] = flat(p.grad) end
+    return gs, calls
+  end
+  local each, n_each = grads(0)
+  local joined, n_joined = grads(nil)
+  -- 300 bytes: a weight (256 bytes) and its bias (32), so the first module in two
+  local split, n_split = grads(300 / (1024 * 1024))
+  check(n_each == 6 and n_joined == 2 and n_split == 3,
+        "ddp all_reduce calls: %d per parameter (want 6), %d bucketed (want 2), %d split (want 3)",
+        n_each, n_joined, n_split)
+  for k = 1, #each do
+    same(joined[k], each[k], "bucketed ddp grad " .. k)
+    same(split[k], each[k], "split-bucket ddp grad " .. k)
+  end
+  local e = select(2, pcall(gc.ddp.wrap, layers(), {bucket_cap_mb = -1}))
+  check(tostring(e):find("ddp.wrap: bucket_cap_mb must be a finite number >= 0, got -1", 1, true),
+        "got %s", e)
+end
+ok("ddp buckets give the per-parameter grads bit for bit, one all-reduce per bucket")
 
 -- DDP graphed: the all-reduces are in the backward graphs: at replay no
 -- all_reduce is called from Lua, yet the grads are the eager (averaged) ones
@@ -143,16 +182,138 @@ if N == 4 then
   ok("pipelines as groups of a 2 x 2 grid")
 end
 
+-- FSDP memory: a rank holds its shards and one arena of the largest unit's
+-- full parameters, not the model (4 units of 16640 bytes); training adds
+-- no full-size parameter buffer
+do
+  local H = 64
+  local function big ()
+    gc.manual_seed(6)
+    local ls = {}
+    for i = 1, 4 do ls[i] = gc.nn.Linear(H, H) end
+    return ls
+  end
+  collectgarbage(); collectgarbage()  -- boxes freed by their finalizers, then collected
+  local before = gc.memory_stats().in_use_bytes
+  local B = gc.fsdp.shard(big())
+  collectgarbage(); collectgarbage()
+  local held = gc.memory_stats().in_use_bytes - before
+  local m = B:memory()
+  local unit = 4 * ((H * H + N - 1) // N * N + (H + N - 1) // N * N)
+  check(m.full_bytes == unit, "fsdp arena %d bytes, want one unit's %d", m.full_bytes, unit)
+  check(m.model_bytes == 4 * 4 * (H * H + H), "fsdp model bytes %d", m.model_bytes)
+  local bound = m.shard_bytes + m.full_bytes + 512 * 9  -- 8 shards and the arena, rounded
+  check(held <= bound, "fsdp shard holds %d bytes, want at most shards %d + arena %d (+ rounding)",
+        held, m.shard_bytes, m.full_bytes)
+  local x = gc.randn({2, H})
+  local opt = gc.optim.SGD(B:parameters(), {lr = 0.1})
+  local peak = 0
+  for _ = 1, 2 do
+    opt:zero_grad()
+    collectgarbage()
+    gc.reset_peak_memory_stats()
+    local h = x
+    for _, u in ipairs(B.units) do h = u(h) end
+    h:sum():backward()
+    B:finish_grads()
+    opt:step()
+    h = nil
+    peak = math.max(peak, gc.memory_stats().peak_bytes - before)
+  end
+  opt:zero_grad()
+  collectgarbage()
+  local after = gc.memory_stats().in_use_bytes - before
+  check(after <= bound, "fsdp holds %d bytes after training, want at most %d", after, bound)
+  -- a step's peak: shards, their grads, the arena, one unit's full grads
+  -- (reduce-scattered and dropped after its backward), and a little for
+  -- activations and temporaries (2 rows)
+  local top = 2 * m.shard_bytes + 2 * m.full_bytes + 16384
+  check(peak <= top, "fsdp step peak %d bytes, want at most %d", peak, top)
+  if rank == 0 then
+    print(("fsdp bytes held on a rank: %d (shards %d + arena %d; the model is %d); a step's "
+           .. "peak %d"):format(held, m.shard_bytes, m.full_bytes, m.model_bytes, peak))
+  end
+end
+ok("fsdp holds its shards and one unit's full parameters")
+
+-- FSDP of parameters whose sizes are not multiples of N (padded shards):
+-- the shard grads are the DDP grads' chunks, padding zero, and a step
+-- gathers every rank's part
+do
+  local function odd ()
+    gc.manual_seed(5)
+    return {gc.nn.Sequential(gc.nn.Linear(W, 3), gc.nn.GELU()), gc.nn.Linear(3, W, {bias = false})}
+  end
+  local D = gc.ddp.wrap(odd())
+  backward(D, mine(0, rank), mine(1, rank))
+  local P = gc.fsdp.shard(odd())
+  backward(P.units, mine(0, rank), mine(1, rank))
+  P:finish_grads()
+  local sh = P:parameters()
+  for k, p in ipairs(params(D)) do
+    local g, n = flat(p.grad), (p:numel() + N - 1) // N
+    local chunk = {}
+    for i = rank * n + 1, (rank + 1) * n do chunk[#chunk + 1] = g[i] or 0 end
+    same(flat(sh[k].grad), chunk, "padded fsdp shard grad " .. k)
+  end
+  gc.optim.SGD(sh, {lr = 0.5}):step()
+  gc.optim.SGD(params(D), {lr = 0.5}):step()
+  gc.no_grad(function () P.units[2](P.units[1](mine(0, rank))) end)
+  local dp = params(D)
+  same(flat(params({P.modules[2]})[1]), flat(dp[3]), "padded un-sharded parameter")
+end
+ok("fsdp pads parameters whose size is not a multiple of the ranks")
+
+-- FSDP with two microbatches in flight (both forwards, then the backwards
+-- in reverse, as a pipeline does): each backward gathers its unit again and
+-- the saved tensors pass; the shard grads equal those of one microbatch at
+-- a time (two terms: their sum does not depend on the order)
+do
+  local function run (interleaved)
+    local S = gc.fsdp.shard(layers())
+    local function loss (phase)
+      return gc.F.mse_loss(S.units[2](S.units[1](mine(phase, rank))), mine(phase + 1, rank))
+    end
+    if interleaved then
+      local a, b = loss(0), loss(2)
+      b:backward(); a:backward()
+    else
+      loss(0):backward(); loss(2):backward()
+    end
+    S:finish_grads()
+    local gs = {}
+    for k, sh in ipairs(S:parameters()) do gs[k] = flat(sh.grad) end
+    return gs
+  end
+  local one, two = run(false), run(true)
+  for k = 1, #one do same(two[k], one[k], "fsdp shard grad with microbatches in flight " .. k) end
+end
+ok("fsdp microbatches in flight share the arena and give the same grads")
+
+-- FSDP saved tensors: the normal schedule re-gathers a unit before its
+-- backward with the version its forward saw; a step on the shards between
+-- a forward and its backward changes the values the backward saved, and
+-- the backward fails instead of giving wrong grads
+do
+  local S = gc.fsdp.shard(layers())
+  local function loss () return gc.F.mse_loss(S.units[2](S.units[1](mine(0, rank))), mine(1, rank)) end
+  loss():backward()  -- unit 1 gathered again before its backward: it passes
+  S:finish_grads()
+  local l = loss()
+  gc.optim.SGD(S:parameters(), {lr = 0.5}):step()
+  local okb, err = pcall(function () l:backward() end)
+  check(not okb and tostring(err):find("modified by an inplace operation", 1, true),
+        "backward after a step on the shards: %s", tostring(err))
+end
+ok("fsdp backward after its shards changed fails the version check")
+
 if N > 1 then
-  local e1 = select(2, pcall(gc.fsdp.shard, {gc.nn.Linear(3, 3, {bias = false})}))
-  check(tostring(e1):find("parameter 'weight' of module 1 (Linear) has 9 elements, not a "
-                          .. "multiple of the " .. N .. " ranks", 1, true), "got %s", e1)
   local g = gc.dist.new_group({0})
   if rank ~= 0 then
     local e2 = select(2, pcall(gc.ddp.wrap, layers(), {group = g}))
     check(tostring(e2):find("ddp.wrap: rank " .. rank .. " is not in the group (world ranks 0)",
                             1, true), "got %s", e2)
   end
-  ok("fsdp and ddp errors name the parameter and the group")
+  ok("fsdp and ddp errors name the group")
 end
 gc.dist.finalize()

@@ -191,6 +191,13 @@ gcap_status gcap_engine_mem_stats(gcap_engine *e, gcap_mem_stats *out) {
   return GCAP_OK;
 }
 
+gcap_status gcap_engine_reset_peak(gcap_engine *e) {
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  e->heap->peak = e->heap->in_use;
+  return GCAP_OK;
+}
+
 gcap_status gcap_engine_get_stats(gcap_engine *e, gcap_engine_stats *out) {
   const gcap_pool *p;
   if (e == NULL || out == NULL) return GCAP_EINVAL;

@@ -248,6 +248,39 @@ uint64_t gcap_tensor_version(const gcap_tensor *t) {
   return t ? t->blk->version : 0;
 }
 
+gcap_status gcap_tensor_set_version(gcap_tensor *t, uint64_t v) {
+  gcap_status st;
+  if (t == NULL) return GCAP_EINVAL;
+  gc_clear(t->e);
+  if ((st = gc_check_not_capturing(t->e, "setting a tensor's version")) != GCAP_OK) return st;
+  t->blk->version = v;
+  return GCAP_OK;
+}
+
+gcap_status gcap_tensor_set_(gcap_tensor *t, gcap_tensor *src, int64_t offset) {
+  gcap_engine *e;
+  gcap_status st;
+  if (t == NULL || src == NULL) return GCAP_EINVAL;
+  e = t->e;
+  gc_clear(e);
+  if (src->e != e) return gc_fail(e, GCAP_EINVAL, "set_: the source belongs to another engine");
+  if (src->dt != t->dt)
+    return gc_fail(e, GCAP_EINVAL, "set_: the source is %s, the tensor %s", gc_dtype_name(src->dt),
+                   gc_dtype_name(t->dt));
+  if (offset < 0 || offset > src->numel || t->numel > src->numel - offset)
+    return gc_fail(e, GCAP_EINVAL,
+                   "set_: elements %lld .. %lld of a source of %lld elements (the tensor has %lld)",
+                   (long long)offset, (long long)(offset + t->numel - 1), (long long)src->numel,
+                   (long long)t->numel);
+  if ((st = gc_check_not_capturing(e, "set_ (moving a tensor onto other storage)")) != GCAP_OK)
+    return st;
+  gc_blk_retain(src->blk); /* before the release: src may share t's block */
+  gc_blk_release(t->blk);
+  t->blk = src->blk;
+  t->off = src->off + (size_t)offset * gc_dtype_size(t->dt);
+  return GCAP_OK;
+}
+
 gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
   gcap_engine *e;
   gcap_tensor *f = NULL;
