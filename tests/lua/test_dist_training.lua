@@ -26,11 +26,22 @@ end
 local BUILD = PROG:match("^(.-)[^/]*$")
 local AS_ROOT = io.popen("id -u"):read("l") == "0"
 
+-- NCCL needs a GPU per rank: on cuda, runs of more ranks than this machine has
+-- GPUs are skipped (a job on one GPU runs at world size 1).
+local GPUS = math.huge
+if gc.device() == "cuda" then
+  local p = io.popen("nvidia-smi -L 2>/dev/null")
+  GPUS = select(2, p:read("a"):gsub("GPU %d+:", ""))
+  p:close()
+end
+
 -- Run cmd (a list of words after mpirun's) on n ranks (n = 1: alone);
--- returns its output and whether it exited 0. Each run is limited to 120 s,
--- so that a hang fails.
+-- returns its output and whether it exited 0. Each run is limited to 120 s
+-- (then killed), so that a hang fails; the output goes through a file, which
+-- a rank left behind cannot hold open as it could a pipe.
 local function launch (n, cmd)
-  local words = {"timeout", "120"}
+  if n > GPUS then lu.skip(("%d ranks need %d GPUs; this machine has %d"):format(n, n, GPUS)) end
+  local words = {"timeout", "-k", "5", "120"}
   if n > 1 then
     words[#words + 1] = "mpirun"
     if AS_ROOT then words[#words + 1] = "--allow-run-as-root" end
@@ -38,10 +49,13 @@ local function launch (n, cmd)
     words[#words + 1] = "-np " .. n
   end
   for _, w in ipairs(cmd) do words[#words + 1] = ("%q"):format(w) end
-  local p = io.popen(table.concat(words, " ") .. " 2>&1")
-  local out = p:read("a")
-  local ok = p:close()
-  return out, ok
+  local log = os.tmpname()
+  local ok = os.execute(table.concat(words, " ") .. (" </dev/null >%q 2>&1"):format(log))
+  local f = io.open(log)
+  local out = f and f:read("a") or ""
+  if f then f:close() end
+  os.remove(log)
+  return out, ok == true
 end
 
 local function script (n, path)
