@@ -20,6 +20,7 @@
 
 #include "error.h"
 #include "graphcap.h"
+#include "rng.h"
 
 /* C linkage for the C++ of the cuda backend (cuda/common.cuh). */
 #ifdef __cplusplus
@@ -176,15 +177,8 @@ extern "C" {
 ** {seed, offset} (two u64). */
 #define GC_ATTN_HEAD 4
 
-/* Shared by the host and the cuda kernels (there a device function too), as
-** rng.h's functions. */
-#ifndef GC_HD
-#ifdef __CUDACC__
-#define GC_HD __host__ __device__ __forceinline__
-#else
-#define GC_HD static inline
-#endif
-#endif
+/* Shared by the host and the cuda kernels (GC_HD, from rng.h: there a
+** device function too). */
 
 /* The element of a mask broadcast over the 4-D shape s that element i reads. */
 GC_HD int64_t gc_mask_index(int64_t i, const int64_t *s, int64_t flags) {

@@ -10,12 +10,11 @@
 #include <math.h>
 #include <stdint.h>
 
-#ifndef GC_HD /* backend.h defines it alike */
+/* A function of the host and the cuda kernels alike (there a device function too). */
 #ifdef __CUDACC__
 #define GC_HD __host__ __device__ __forceinline__
 #else
 #define GC_HD static inline
-#endif
 #endif
 
 /* splitmix64's finaliser: a bijective 64-bit mix. */
