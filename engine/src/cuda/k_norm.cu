@@ -233,21 +233,22 @@ template <typename T, int NT> __device__ __forceinline__ int cu_sm_col(int i, in
   return ((i / P) * NT + t) * P + i % P;
 }
 
-/* v[i] = the row p's element at column cu_sm_col(i, t); 0 past cols. */
+/* v[i] = the row p's element at column cu_sm_col(i, t) for the first n
+** columns, 0 past them (not read); vec: the row's whole packs are aligned. */
 template <typename T, int NT, int K>
-__device__ __forceinline__ void cu_sm_load(float *v, const T *p, int cols, int t, bool vec) {
+__device__ __forceinline__ void cu_sm_load(float *v, const T *p, int n, int t, bool vec) {
   constexpr int P = 16 / sizeof(T);
 #pragma unroll
   for (int k = 0; k < K; k++) {
     const int c0 = (k * NT + t) * P;
-    if (vec && c0 < cols) {
+    if (vec && c0 + P <= n) {
       cu_pack u;
       u.v = *(const uint4 *)(p + c0);
       cu_sm_elt<T>::unpack(v + k * P, u);
     } else {
 #pragma unroll
       for (int j = 0; j < P; j++)
-        v[k * P + j] = c0 + j < cols ? cu_sm_elt<T>::get(p[c0 + j]) : 0.0f;
+        v[k * P + j] = c0 + j < n ? cu_sm_elt<T>::get(p[c0 + j]) : 0.0f;
     }
   }
 }
@@ -310,7 +311,8 @@ static __global__ void __launch_bounds__(32 * W * CU_SM_RB(W))
   CU_SM_ROW_LOOP(r, rows, W) {
     const cu_smrow w = cu_softmax_row(r, mask, flags, sh4);
     float v[N], mx = -INFINITY, s = 0.0f;
-    cu_sm_load<T, NT, K>(v, x + r * cols, cols, t, vec);
+    /* columns past the causal limit are masked out whatever x holds: not read */
+    cu_sm_load<T, NT, K>(v, x + r * cols, (int)(w.lim < cols ? w.lim + 1 : cols), t, vec);
 #pragma unroll
     for (int i = 0; i < N; i++) {
       const int c = cu_sm_col<T, NT>(i, t);
