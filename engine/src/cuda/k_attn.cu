@@ -156,6 +156,31 @@ template <int DM_> struct att_simt : att_patch<DM_> {
           acc[r][c] += pv[r] * bv[c];
     }
   }
+
+  /* A [T, DM] sum over tiles (the backward's dq, dk, dv): the thread's
+  ** patch, in registers */
+  struct acc {
+    float v[B::R][B::CD];
+  };
+  static __device__ __forceinline__ void zero(acc &a) {
+#pragma unroll
+    for (int r = 0; r < B::R; r++)
+#pragma unroll
+      for (int c = 0; c < B::CD; c++)
+        a.v[r][c] = 0.0f;
+  }
+  /* a += p b, as nn */
+  static __device__ __forceinline__ void mm(acc &a, const E *p, const E *b) {
+    nn(a.v, p, b, nullptr);
+  }
+  /* the thread's patch of a */
+  static __device__ __forceinline__ void patch(float (&out)[B::R][B::CD], const acc &a, float *) {
+#pragma unroll
+    for (int r = 0; r < B::R; r++)
+#pragma unroll
+      for (int c = 0; c < B::CD; c++)
+        out[r][c] = a.v[r][c];
+  }
 };
 
 /* The tile products of bf16 data on the tensor cores (16 x 16 x 16
@@ -201,24 +226,29 @@ template <int DM_> struct att_tc : att_patch<DM_> {
     __syncthreads(); /* scr free again */
   }
 
+  /* fc += fragment (fi, fj) of p b, p [T, T] and b [T, DM] */
+  static __device__ __forceinline__ void pb(acc_frag &fc, const E *p, const E *b, int fi, int fj) {
+    using namespace nvcuda;
+    a_frag fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major> fb;
+#pragma unroll
+    for (int k0 = 0; k0 < B::T; k0 += 16) {
+      wmma::load_matrix_sync(fa, p + fi * 16 * PL + k0, PL);
+      wmma::load_matrix_sync(fb, b + k0 * LD + fj * 16, LD);
+      wmma::mma_sync(fc, fa, fb, fc);
+    }
+  }
+
   /* acc += p b: the fragment products of p [T, T] and b [T, DM] */
   static __device__ __forceinline__ void nn(float (&acc)[B::R][B::CD], const E *p, const E *b,
                                             float *scr) {
-    using namespace nvcuda;
     const int ty = threadIdx.x / 8, tx = threadIdx.x % 8, n = B::DM / 16;
     for (int f = threadIdx.x / 32; f < B::T / 16 * n; f += WARPS) {
-      const int fi = f / n, fj = f % n;
       acc_frag fc;
-      a_frag fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major> fb;
-      wmma::fill_fragment(fc, 0.0f);
-#pragma unroll
-      for (int k0 = 0; k0 < B::T; k0 += 16) {
-        wmma::load_matrix_sync(fa, p + fi * 16 * PL + k0, PL);
-        wmma::load_matrix_sync(fb, b + k0 * LD + fj * 16, LD);
-        wmma::mma_sync(fc, fa, fb, fc);
-      }
-      wmma::store_matrix_sync(scr + fi * 16 * SD + fj * 16, fc, SD, wmma::mem_row_major);
+      nvcuda::wmma::fill_fragment(fc, 0.0f);
+      pb(fc, p, b, f / n, f % n);
+      nvcuda::wmma::store_matrix_sync(scr + f / n * 16 * SD + f % n * 16, fc, SD,
+                                      nvcuda::wmma::mem_row_major);
     }
     __syncthreads();
 #pragma unroll
@@ -226,6 +256,45 @@ template <int DM_> struct att_tc : att_patch<DM_> {
 #pragma unroll
       for (int c = 0; c < B::CD; c++)
         acc[r][c] += scr[(ty + 16 * r) * SD + tx + 8 * c];
+    __syncthreads();
+  }
+
+  /* A [T, DM] sum over tiles (the backward's dq, dk, dv) as fragments that
+  ** stay in the warps across tiles: warp w holds fragments w, w + WARPS,
+  ** ... of the (T / 16) x (DM / 16), so a tile's product adds to them with
+  ** no trip through the scratch */
+  static constexpr int NF = B::T / 16 * (DM_ / 16) / WARPS;
+  static_assert(B::T / 16 * (DM_ / 16) % WARPS == 0, "the warps share the fragments evenly");
+  struct acc {
+    acc_frag f[NF];
+  };
+  static __device__ __forceinline__ void zero(acc &a) {
+#pragma unroll
+    for (int x = 0; x < NF; x++)
+      nvcuda::wmma::fill_fragment(a.f[x], 0.0f);
+  }
+  /* a += p b */
+  static __device__ __forceinline__ void mm(acc &a, const E *p, const E *b) {
+    const int w = threadIdx.x / 32, n = B::DM / 16;
+#pragma unroll
+    for (int x = 0; x < NF; x++)
+      pb(a.f[x], p, b, (w + x * WARPS) / n, (w + x * WARPS) % n);
+  }
+  /* the thread's patch of a, through scr (free on entry and on return) */
+  static __device__ __forceinline__ void patch(float (&out)[B::R][B::CD], const acc &a,
+                                               float *scr) {
+    const int ty = threadIdx.x / 8, tx = threadIdx.x % 8, w = threadIdx.x / 32, n = B::DM / 16;
+#pragma unroll
+    for (int x = 0; x < NF; x++)
+      nvcuda::wmma::store_matrix_sync(scr + (w + x * WARPS) / n * 16 * SD +
+                                          (w + x * WARPS) % n * 16,
+                                      a.f[x], SD, nvcuda::wmma::mem_row_major);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < B::R; r++)
+#pragma unroll
+      for (int c = 0; c < B::CD; c++)
+        out[r][c] = scr[(ty + 16 * r) * SD + tx + 8 * c];
     __syncthreads();
   }
 };
@@ -268,6 +337,16 @@ __device__ __forceinline__ void att_store(void *x, int dt, int64_t bh, int64_t n
     for (int c = 0; c < P::CD; c++)
       if (i < n && tx + 8 * c < w) cu_store(x, (bh * n + i) * w + tx + 8 * c, dt, acc[r][c]);
   }
+}
+
+/* att_store of a backward's sum (every thread of the block calls it; the
+** scratch scr is free) */
+template <class P>
+__device__ __forceinline__ void att_store_acc(void *x, int dt, int64_t bh, int64_t n, int64_t w,
+                                              int64_t r0, const typename P::acc &a, float *scr) {
+  float out[P::R][P::CD];
+  P::patch(out, a, scr);
+  att_store<P>(x, dt, bh, n, w, r0, out);
 }
 
 /* Shared memory of kernel k in bytes: [T, DM] tiles, [T, T] tiles, the
@@ -379,7 +458,9 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   const int64_t jend = (c.flags & GC_MASK_CAUSAL) && i0 + T < c.sk ? i0 + T : c.sk;
   const uint64_t *head = (const uint64_t *)stats;
   for (int64_t bh = blockIdx.y; bh < c.bh; bh += gridDim.y) {
-    float acc[P::R][P::CD], mx[P::R], sum[P::R], dd[P::R];
+    typename P::acc acc;
+    float mx[P::R], sum[P::R], dd[P::R];
+    P::zero(acc);
     __syncthreads();
     att_load<P>(qs, q, c.dt, bh, c.sq, c.d, i0);
     att_load<P>(dos, dO, c.dt, bh, c.sq, c.dv, i0);
@@ -393,7 +474,6 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         const int col = tx + 8 * l;
         if (i < c.sq && col < c.dv)
           part += att_get(dos[(ty + 16 * r) * P::LD + col]) * cu_load(o, row * c.dv + col, c.dt);
-        acc[r][l] = 0.0f;
       }
       dd[r] = att_row_sum(part);
       mx[r] = i < c.sq ? stats[GC_ATTN_HEAD + row] : 0.0f;
@@ -423,9 +503,9 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         }
       }
       __syncthreads();
-      P::nn(acc, ps, ks, scr);
+      P::mm(acc, ps, ks);
     }
-    att_store<P>(dq, c.dt, bh, c.sq, c.d, i0, acc);
+    att_store_acc<P>(dq, c.dt, bh, c.sq, c.d, i0, acc, scr);
   }
 }
 
@@ -447,12 +527,9 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   const int64_t ibeg = (c.flags & GC_MASK_CAUSAL) ? j0 : 0;
   const uint64_t *head = (const uint64_t *)stats;
   for (int64_t bh = blockIdx.y; bh < c.bh; bh += gridDim.y) {
-    float dka[P::R][P::CD], dva[P::R][P::CD];
-#pragma unroll
-    for (int r = 0; r < P::R; r++)
-#pragma unroll
-      for (int l = 0; l < P::CD; l++)
-        dka[r][l] = dva[r][l] = 0.0f;
+    typename P::acc dka, dva;
+    P::zero(dka);
+    P::zero(dva);
     __syncthreads();
     att_load<P>(ks, k, c.dt, bh, c.sk, c.d, j0);
     att_load<P>(vs, v, c.dt, bh, c.sk, c.dv, j0);
@@ -483,11 +560,11 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         }
       }
       __syncthreads();
-      P::nn(dva, pt, dos, scr);
-      P::nn(dka, dst, qs, scr);
+      P::mm(dva, pt, dos);
+      P::mm(dka, dst, qs);
     }
-    att_store<P>(dk, c.dt, bh, c.sk, c.d, j0, dka);
-    att_store<P>(dv, c.dt, bh, c.sk, c.dv, j0, dva);
+    att_store_acc<P>(dk, c.dt, bh, c.sk, c.d, j0, dka, scr);
+    att_store_acc<P>(dv, c.dt, bh, c.sk, c.dv, j0, dva, scr);
   }
 }
 
