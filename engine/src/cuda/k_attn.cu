@@ -13,10 +13,13 @@
 ** (scores q k^T, dP = do v^T, then weights times v, dS times k, ...) are
 ** made by the threads in f32 on f32 data (att_simt), on the tensor cores on
 ** bf16 data (att_tc: bf16 operands, the weights and dS rounded to bf16 as the
-** composition rounds them, f32 sums). The softmax is online: a tile's row
-** max and sum are combined over the 8 threads of a row by shuffles (lanes of
-** one warp), and what was summed is rescaled when the max grows. Head dims
-** up to DM (32, 64 or 128).
+** composition rounds them, f32 sums). The backward's sums over tiles (dq,
+** dk, dv) stay in the form their products make them in (registers, or
+** fragments held by the warps), and its weights and dS tiles take the
+** place of the scratch that the score products use. The softmax is
+** online: a tile's row max and sum are combined over the 8 threads of a row
+** by shuffles (lanes of one warp), and what was summed is rescaled when the
+** max grows. Head dims up to DM (32, 64 or 128).
 **
 ** Every sum runs in a fixed order and no atomics are used (dq and dk, dv
 ** are separate kernels): a run, and a replay, gives the same bits every
@@ -280,10 +283,12 @@ template <int DM_> struct att_tc : att_patch<DM_> {
     for (int x = 0; x < NF; x++)
       pb(a.f[x], p, b, (w + x * WARPS) / n, (w + x * WARPS) % n);
   }
-  /* the thread's patch of a, through scr (free on entry and on return) */
+  /* the thread's patch of a, through scr (free on return; on entry other
+  ** warps may still read the last tile's weights kept there: att_pscr) */
   static __device__ __forceinline__ void patch(float (&out)[B::R][B::CD], const acc &a,
                                                float *scr) {
     const int ty = threadIdx.x / 8, tx = threadIdx.x % 8, w = threadIdx.x / 32, n = B::DM / 16;
+    __syncthreads();
 #pragma unroll
     for (int x = 0; x < NF; x++)
       nvcuda::wmma::store_matrix_sync(scr + (w + x * WARPS) / n * 16 * SD +
@@ -349,14 +354,24 @@ __device__ __forceinline__ void att_store_acc(void *x, int dt, int64_t bh, int64
   att_store<P>(x, dt, bh, n, w, r0, out);
 }
 
+/* Bytes of the backward's n [T, T] tiles (the weights, dS), which take the
+** scratch's place: a tile product's result stays in the scratch only until
+** the threads have read it, the tiles are written after that and read by
+** the summing products (P::mm), which leave the scratch alone. Less shared
+** memory a block, more blocks on a multiprocessor. */
+template <class P> static constexpr __host__ __device__ size_t att_pscr(int n) {
+  size_t t = (size_t)n * P::T * P::PL * sizeof(typename P::E), f = (size_t)P::SCR * sizeof(float);
+  return t > f ? t : f;
+}
+
 /* Shared memory of kernel k in bytes: [T, DM] tiles, [T, T] tiles, the
 ** scratch, and (dk, dv) the query rows' stats. Every part's size is a
 ** multiple of 32 bytes, so each starts aligned as the fragments need. */
 template <class P> static constexpr size_t att_smem(int k) {
-  return ((k == GC_K_ATTN ? 3 : 4) * P::T * P::LD +
-          (k == GC_K_ATTN_BWD_DKV ? 2 : 1) * P::T * P::PL) *
-             sizeof(typename P::E) +
-         (P::SCR + (k == GC_K_ATTN_BWD_DKV ? 3 * P::T : 0)) * sizeof(float);
+  if (k == GC_K_ATTN)
+    return (3 * P::T * P::LD + P::T * P::PL) * sizeof(typename P::E) + P::SCR * sizeof(float);
+  return 4 * P::T * P::LD * sizeof(typename P::E) + att_pscr<P>(k == GC_K_ATTN_BWD_DKV ? 2 : 1) +
+         (k == GC_K_ATTN_BWD_DKV ? 3 * P::T * sizeof(float) : 0);
 }
 
 /* The forward: the block's query tile against every key tile up to the
@@ -451,8 +466,8 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   constexpr int T = P::T;
   extern __shared__ __align__(128) unsigned char att_sm[];
   E *qs = (E *)att_sm, *dos = qs + T * P::LD, *ks = dos + T * P::LD, *vs = ks + T * P::LD;
-  E *ps = vs + T * P::LD;
-  float *scr = (float *)(ps + T * P::PL);
+  E *ps = vs + T * P::LD; /* in the scratch's place (att_pscr) */
+  float *scr = (float *)ps;
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   const int64_t rows = c.bh * c.sq, i0 = (int64_t)blockIdx.x * T;
   const int64_t jend = (c.flags & GC_MASK_CAUSAL) && i0 + T < c.sk ? i0 + T : c.sk;
@@ -520,8 +535,8 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   constexpr int T = P::T;
   extern __shared__ __align__(128) unsigned char att_sm[];
   E *ks = (E *)att_sm, *vs = ks + T * P::LD, *qs = vs + T * P::LD, *dos = qs + T * P::LD;
-  E *pt = dos + T * P::LD, *dst = pt + T * P::PL;
-  float *scr = (float *)(dst + T * P::PL), *st3 = scr + P::SCR;
+  E *pt = dos + T * P::LD, *dst = pt + T * P::PL; /* in the scratch's place (att_pscr) */
+  float *scr = (float *)pt, *st3 = (float *)((unsigned char *)pt + att_pscr<P>(2));
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   const int64_t rows = c.bh * c.sq, j0 = (int64_t)blockIdx.x * T;
   const int64_t ibeg = (c.flags & GC_MASK_CAUSAL) ? j0 : 0;
