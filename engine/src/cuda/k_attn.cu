@@ -109,7 +109,7 @@ template <int DM_> struct att_patch {
 template <int DM_> struct att_simt : att_patch<DM_> {
   typedef att_patch<DM_> B;
   typedef float E;
-  static constexpr int LD = DM_ + 1, PL = B::T + 1, SCR = 0;
+  static constexpr int LD = DM_ + 1, PL = B::T + 1, SCR = 0, SCR2 = 0;
 
   /* s = a_i . b_j over DM for the thread's (i, j) of a [T, T] product: a and
   ** b [T, DM] tiles, both read along their rows */
@@ -136,6 +136,14 @@ template <int DM_> struct att_simt : att_patch<DM_> {
         for (int c = 0; c < B::C; c++)
           s[r][c] += av[r] * bv[c];
     }
+  }
+
+  /* s = a1 b1^T and t = a2 b2^T, as nt */
+  static __device__ __forceinline__ void nt2(float (&s)[B::R][B::C], const E *a1, const E *b1,
+                                             float (&t)[B::R][B::C], const E *a2, const E *b2,
+                                             float *) {
+    nt(s, a1, b1, nullptr);
+    nt(t, a2, b2, nullptr);
   }
 
   /* acc += sum_k p[i][k] b[k][l] for the thread's (i, l) of a [T, DM]
@@ -196,16 +204,16 @@ template <int DM_> struct att_tc : att_patch<DM_> {
   typedef __nv_bfloat16 E;
   static constexpr int LD = DM_ + 8, PL = B::T + 8, SL = B::T + 8, SD = DM_ + 8;
   static constexpr int SCR = B::T * (SL > SD ? SL : SD), WARPS = ATT_THREADS / 32;
+  static constexpr int SCR2 = SCR + B::T * SL; /* nt2's: two [T, T] results */
   typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc_frag;
   typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, E, nvcuda::wmma::row_major>
       a_frag;
 
-  /* s = a_i . b_j: the fragment products of a and b [T, DM], b read as
-  ** b^T (column-major) */
-  static __device__ __forceinline__ void nt(float (&s)[B::R][B::C], const E *a, const E *b,
-                                            float *scr) {
+  /* The fragments of a b^T, a and b [T, DM], b read as b^T
+  ** (column-major), to scr as [T, T] (rows SL apart); no barrier */
+  static __device__ __forceinline__ void nt_frags(const E *a, const E *b, float *scr) {
     using namespace nvcuda;
-    const int ty = threadIdx.x / 8, tx = threadIdx.x % 8, n = B::T / 16;
+    const int n = B::T / 16;
     for (int f = threadIdx.x / 32; f < n * n; f += WARPS) {
       const int fi = f / n, fj = f % n;
       acc_frag fc;
@@ -220,13 +228,36 @@ template <int DM_> struct att_tc : att_patch<DM_> {
       }
       wmma::store_matrix_sync(scr + fi * 16 * SL + fj * 16, fc, SL, wmma::mem_row_major);
     }
-    __syncthreads();
+  }
+  /* The thread's patch of a [T, T] result in scr */
+  static __device__ __forceinline__ void nt_patch(float (&s)[B::R][B::C], const float *scr) {
+    const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
 #pragma unroll
     for (int r = 0; r < B::R; r++)
 #pragma unroll
       for (int c = 0; c < B::C; c++)
         s[r][c] = scr[(ty + 16 * r) * SL + tx + 8 * c];
+  }
+
+  /* s = a_i . b_j: the fragment products of a and b [T, DM] */
+  static __device__ __forceinline__ void nt(float (&s)[B::R][B::C], const E *a, const E *b,
+                                            float *scr) {
+    nt_frags(a, b, scr);
+    __syncthreads();
+    nt_patch(s, scr);
     __syncthreads(); /* scr free again */
+  }
+  /* s = a1 b1^T and t = a2 b2^T with one pair of barriers: both results in
+  ** scr at once (SCR2 floats) */
+  static __device__ __forceinline__ void nt2(float (&s)[B::R][B::C], const E *a1, const E *b1,
+                                             float (&t)[B::R][B::C], const E *a2, const E *b2,
+                                             float *scr) {
+    nt_frags(a1, b1, scr);
+    nt_frags(a2, b2, scr + B::T * SL);
+    __syncthreads();
+    nt_patch(s, scr);
+    nt_patch(t, scr + B::T * SL);
+    __syncthreads();
   }
 
   /* fc += fragment (fi, fj) of p b, p [T, T] and b [T, DM] */
@@ -360,7 +391,7 @@ __device__ __forceinline__ void att_store_acc(void *x, int dt, int64_t bh, int64
 ** the summing products (P::mm), which leave the scratch alone. Less shared
 ** memory a block, more blocks on a multiprocessor. */
 template <class P> static constexpr __host__ __device__ size_t att_pscr(int n) {
-  size_t t = (size_t)n * P::T * P::PL * sizeof(typename P::E), f = (size_t)P::SCR * sizeof(float);
+  size_t t = (size_t)n * P::T * P::PL * sizeof(typename P::E), f = (size_t)P::SCR2 * sizeof(float);
   return t > f ? t : f;
 }
 
@@ -501,8 +532,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
       att_load<P>(ks, k, c.dt, bh, c.sk, c.d, j0);
       att_load<P>(vs, v, c.dt, bh, c.sk, c.dv, j0);
       __syncthreads();
-      P::nt(s, qs, ks, scr);
-      P::nt(dp, dos, vs, scr);
+      P::nt2(s, qs, ks, dp, dos, vs, scr);
 #pragma unroll
       for (int r = 0; r < P::R; r++) {
         const int64_t i = i0 + ty + 16 * r;
@@ -558,8 +588,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         st3[t] = i < c.sq ? stats[GC_ATTN_HEAD + (t / T) * rows + bh * c.sq + i] : 0.0f;
       }
       __syncthreads();
-      P::nt(s, ks, qs, scr);
-      P::nt(dp, vs, dos, scr);
+      P::nt2(s, ks, qs, dp, vs, dos, scr);
 #pragma unroll
       for (int r = 0; r < P::R; r++) {
         const int64_t j = j0 + ty + 16 * r;
