@@ -157,29 +157,30 @@ local function bench_fused_wgrad (L, H, B, iters, dt)
 end
 
 -- The transformer section, beside bench/torch_transformer.py: L pre-LN
--- TransformerLayers (d, 4d MLP, causal self-attention, no dropout) on
--- x [S, B, d] in bf16, forward and backward of the sum: eager, one graphed
--- callable per layer, and the whole step as one graph.
-local function tstack (L, d, heads)
+-- TransformerLayers (d, 4d MLP, causal self-attention of attn_impl `impl`,
+-- no dropout) on x [S, B, d] in bf16, forward and backward of the sum:
+-- eager, one graphed callable per layer, and the whole step as one graph.
+local function tstack (L, d, heads, impl)
   local mods = {}
   for i = 1, L do
     mods[i] = gc.nn.TransformerLayer(d, 4 * d, heads, {self_attn_mask_type = "causal",
-                                                       hidden_dropout = 0, attention_dropout = 0})
+                                                       hidden_dropout = 0, attention_dropout = 0,
+                                                       attn_impl = impl})
     mods[i]:to("bf16")
   end
   return mods
 end
 
-local function bench_transformer (L, d, heads, S, B, iters)
+local function bench_transformer (impl, L, d, heads, S, B, iters)
   gc.manual_seed(0)
   local x = gc.randn({S, B, d}, {requires_grad = true, dtype = "bf16"})
-  local eager_us = step_us(tstack(L, d, heads), x, iters)
+  local eager_us = step_us(tstack(L, d, heads, impl), x, iters)
   local sample = {}
   for i = 1, L do sample[i] = {gc.randn({S, B, d}, {requires_grad = true, dtype = "bf16"})} end
-  local layers = tstack(L, d, heads)
+  local layers = tstack(L, d, heads, impl)
   local graphed, capture_s, graph_mem = graph_timed(layers, sample)
   local graphed_us = step_us(graphed, x, iters)
-  local fresh = tstack(L, d, heads)
+  local fresh = tstack(L, d, heads, impl)
   local s = gc.Stream()
   gc.with_stream(s, function () for _ = 1, 3 do step(fresh, x) end end)
   gc.synchronize()
@@ -190,10 +191,11 @@ local function bench_transformer (L, d, heads, S, B, iters)
   for _ = 1, 10 do g:replay() end
   local whole_us = time_us(function () g:replay() end, iters)
   json({model = "transformer", L = L, d = d, heads = heads, S = S, B = B, dtype = "bfloat16",
-        eager_us = eager_us, graphed_per_layer_us = graphed_us, whole_graph_us = whole_us,
-        capture_s = capture_s, graph_mem_mib = mib(graph_mem), graphcap = gc.version()},
-       {"model", "L", "d", "heads", "S", "B", "dtype", "eager_us", "graphed_per_layer_us",
-        "whole_graph_us", "capture_s", "graph_mem_mib", "graphcap"})
+        attn_impl = impl, eager_us = eager_us, graphed_per_layer_us = graphed_us,
+        whole_graph_us = whole_us, capture_s = capture_s, graph_mem_mib = mib(graph_mem),
+        graphcap = gc.version()},
+       {"model", "L", "d", "heads", "S", "B", "dtype", "attn_impl", "eager_us",
+        "graphed_per_layer_us", "whole_graph_us", "capture_s", "graph_mem_mib", "graphcap"})
 end
 
 -- The runs, in order: a label (a format of the arguments), the function,
@@ -225,9 +227,13 @@ if what == "scaling" or what == "all" then
   end
 end
 if what == "transformer" or what == "all" then
-  local TF = "transformer: L=%d d=%d heads=%d S=%d B=%d, %d iters, bf16"
-  add(TF, bench_transformer, 24, 256, 4, 128, 4, 200)   -- launch-bound
-  add(TF, bench_transformer, 12, 768, 12, 1024, 8, 30)  -- compute-bound
+  -- each configuration with both attentions; few steps keep the section
+  -- short (each time is the mean of `iters` steps after 10 untimed ones)
+  local TF = "transformer %s: L=%d d=%d heads=%d S=%d B=%d, %d iters, bf16"
+  for _, impl in ipairs({"composed", "fused"}) do
+    add(TF, bench_transformer, impl, 24, 256, 4, 128, 4, 100)  -- launch-bound
+    add(TF, bench_transformer, impl, 12, 768, 12, 1024, 8, 20) -- compute-bound
+  end
 end
 if #runs == 0 then
   io.stderr:write("usage: graphcap scripts/bench.lua [configs|scaling|transformer|all]\n")
@@ -239,5 +245,6 @@ for i, r in ipairs(runs) do
   io.stderr:flush()
   local t0 = gc.clock()
   r.fn(table.unpack(r.args, 1, r.args.n))
+  collectgarbage() -- the run's modules and graphs give their memory back before the next
   io.stderr:write((" %.1f s\n"):format(gc.clock() - t0))
 end

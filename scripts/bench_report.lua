@@ -55,12 +55,20 @@ local function config_key (r)
   return string.format("%s %dx%d, B %d", r.dtype, r.L, r.H, r.B)
 end
 
+-- The key of a transformer record, less graphcap's attn_impl: PyTorch's
+-- record of the same configuration has this key.
+local function transformer_key (r)
+  return string.format("transformer %s L %d, d %d, %d heads, S %d, B %d", r.dtype, r.L, r.d,
+                       r.heads, r.S, r.B)
+end
+
 -- The key of a record: configurations, scaling runs, microbatch runs and
--- fused-wgrad lines each have their own.
+-- fused-wgrad lines each have their own; graphcap's transformer lines one
+-- per attn_impl (older runs have none).
 local function key (r)
   if r.model == "transformer" then
-    return string.format("transformer %s L %d, d %d, %d heads, S %d, B %d", r.dtype, r.L, r.d,
-                         r.heads, r.S, r.B)
+    local k = transformer_key(r)
+    return r.attn_impl and k .. ", attn " .. r.attn_impl or k
   end
   if r.fuse_wgrad_accumulation then return "fused " .. config_key(r) end
   if r.L then return config_key(r) end
@@ -113,14 +121,22 @@ local function values (runs, k, f)
   return out
 end
 
+-- PyTorch's key for graphcap's key k: a transformer line's without the
+-- attn_impl, any other's the same.
+local function torch_key (k)
+  local r = G[1].by[k]
+  return r and r.model == "transformer" and transformer_key(r) or k
+end
+
 -- Ratio of field gf (graphcap) to field tf (PyTorch) of key k: the median
 -- values, their ratio, and the ratios of paired runs.
 local function ratio (k, gf, tf)
-  local gv, tv = values(G, k, gf), values(T, k, tf or gf)
+  local tk = torch_key(k)
+  local gv, tv = values(G, k, gf), values(T, tk, tf or gf)
   if #gv == 0 or #tv == 0 then return nil end
   local pairs_ = {}
   for i = 1, math.min(#G, #T) do
-    local a, b = G[i].by[k], T[i].by[k]
+    local a, b = G[i].by[k], T[i].by[tk]
     if a and b and type(a[gf]) == "number" and type(b[tf or gf]) == "number" then
       pairs_[#pairs_ + 1] = a[gf] / b[tf or gf]
     end

@@ -766,10 +766,12 @@ typedef enum gcap_attn_mask {
 ** and with GCAP_ATTN_ARBITRARY a fourth input, the attention_mask: a
 ** tensor broadcast to [batch, num_heads, seq_q, seq_kv] whose nonzero
 ** entries mask a key out (TE's convention, True = masked); it gives
-** [seq, batch, num_heads * kv_channels]. No parameters. */
+** [seq, batch, num_heads * kv_channels]. attn_impl picks the attention's
+** implementation as gcap_sdpa_opts.impl does (GCAP_SDPA_FUSED takes
+** kv_channels up to GCAP_SDPA_FUSED_DMAX). No parameters. */
 gcap_status gcap_nn_dot_product_attention(gcap_engine *e, int num_heads, int64_t kv_channels,
                                           gcap_attn_mask mask, double attention_dropout,
-                                          gcap_module **m);
+                                          gcap_sdpa_impl attn_impl, gcap_module **m);
 
 /* Options of MultiheadAttention and TransformerLayer (TE's names). */
 typedef struct gcap_transformer_opts {
@@ -779,6 +781,7 @@ typedef struct gcap_transformer_opts {
   double layernorm_epsilon;      /* 1e-5 */
   int bias;                      /* 1: the linears have biases */
   int input_layernorm;           /* MultiheadAttention: 0; a layer norm before the qkv projection */
+  gcap_sdpa_impl attn_impl;      /* GCAP_SDPA_AUTO: the core attention's implementation */
 } gcap_transformer_opts;
 
 /* Fill *o with the defaults above. */

@@ -99,15 +99,17 @@ static int l_checkint(lua_State *L, int i) {
   return (int)v;
 }
 
-/* _nn.dot_product_attention(class, heads, kv_channels, mask, attention_dropout) */
+/* _nn.dot_product_attention(class, heads, kv_channels, mask, attention_dropout,
+** attn_impl) */
 static int l_nn_dot_product_attention(lua_State *L) {
   gcap_engine *e = l_engine(L);
   int heads = l_checkint(L, 2);
   lua_Integer kv = luaL_checkinteger(L, 3);
   gcap_attn_mask mask = (gcap_attn_mask)l_checkint(L, 4);
   double p = (double)luaL_checknumber(L, 5);
+  gcap_sdpa_impl impl = (gcap_sdpa_impl)l_checkint(L, 6);
   LModule *r = l_newmodule(L, 1);
-  return l_newbuiltin(L, e, gcap_nn_dot_product_attention(e, heads, kv, mask, p, &r->m),
+  return l_newbuiltin(L, e, gcap_nn_dot_product_attention(e, heads, kv, mask, p, impl, &r->m),
                       "DotProductAttention");
 }
 
@@ -123,7 +125,7 @@ static void l_tfopts(lua_State *L, int i, gcap_transformer_opts *o) {
 }
 
 /* _nn.multihead_attention(class, hidden, heads, mask, attention_dropout,
-** hidden_dropout, eps, bias, input_layernorm) */
+** hidden_dropout, eps, bias, input_layernorm, attn_impl) */
 static int l_nn_multihead_attention(lua_State *L) {
   gcap_engine *e = l_engine(L);
   lua_Integer hidden = luaL_checkinteger(L, 2);
@@ -132,13 +134,14 @@ static int l_nn_multihead_attention(lua_State *L) {
   LModule *r;
   l_tfopts(L, 4, &o);
   o.input_layernorm = lua_toboolean(L, 9);
+  o.attn_impl = (gcap_sdpa_impl)l_checkint(L, 10);
   r = l_newmodule(L, 1);
   return l_newbuiltin(L, e, gcap_nn_multihead_attention(e, hidden, heads, &o, &r->m),
                       "MultiheadAttention");
 }
 
 /* _nn.transformer_layer(class, hidden, ffn_hidden, heads, mask,
-** attention_dropout, hidden_dropout, eps, bias) */
+** attention_dropout, hidden_dropout, eps, bias, attn_impl) */
 static int l_nn_transformer_layer(lua_State *L) {
   gcap_engine *e = l_engine(L);
   lua_Integer hidden = luaL_checkinteger(L, 2), ffn = luaL_checkinteger(L, 3);
@@ -146,6 +149,7 @@ static int l_nn_transformer_layer(lua_State *L) {
   gcap_transformer_opts o;
   LModule *r;
   l_tfopts(L, 5, &o);
+  o.attn_impl = (gcap_sdpa_impl)l_checkint(L, 10);
   r = l_newmodule(L, 1);
   return l_newbuiltin(L, e, gcap_nn_transformer_layer(e, hidden, ffn, heads, &o, &r->m),
                       "TransformerLayer");

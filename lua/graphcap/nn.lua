@@ -133,32 +133,45 @@ local function mask_type (where, what, v, default)
   return mask_types[v]
 end
 
+-- attn_impl names -> the core's numbers: "auto" (the composition today),
+-- "composed" (matmul, softmax, matmul), "fused" (the flash kernels)
+local attn_impls = {auto = 0, composed = 1, fused = 2}
+local function attn_impl (where, v)
+  v = check(where, "attn_impl", v, "string", "auto")
+  if attn_impls[v] == nil then
+    util.raise("%s: attn_impl must be \"auto\", \"fused\" or \"composed\", got \"%s\"",
+               where, v)
+  end
+  return attn_impls[v]
+end
+
 -- The attention modules take the attention_mask as a keyword tensor:
 -- m(q, k, v, {attention_mask = mask}), layer(x, {attention_mask = mask}).
 local attention_kwargs = {"attention_mask"}
 
 -- gc.nn.DotProductAttention(num_attention_heads, kv_channels
---   [, {attn_mask_type = "causal", attention_dropout = 0}])
+--   [, {attn_mask_type = "causal", attention_dropout = 0, attn_impl = "auto"}])
 -- m(q, k, v [, {attention_mask = mask}]): q, k, v [seq, batch, heads,
 -- channels] -> [seq, batch, heads * channels].
 nn.DotProductAttention = builtin("DotProductAttention", function (cls, h, ch, opts)
   local T = "DotProductAttention"
   check(T, "num_attention_heads", h, "integer", nil)
   check(T, "kv_channels", ch, "integer", nil)
-  opts = options(T, opts, {attn_mask_type = true, attention_dropout = true})
+  opts = options(T, opts, {attn_mask_type = true, attention_dropout = true, attn_impl = true})
   return cnn.dot_product_attention(cls, h, ch,
                                    mask_type(T, "attn_mask_type", opts.attn_mask_type, "causal"),
                                    check(T, "attention_dropout", opts.attention_dropout, "number",
-                                         0.0))
+                                         0.0),
+                                   attn_impl(T, opts.attn_impl))
 end)
 nn.DotProductAttention.kwargs = attention_kwargs
 
 local layer_options = {attn_mask_type = true, attention_dropout = true, layernorm_epsilon = true,
-                       bias = true, input_layernorm = true}
+                       bias = true, input_layernorm = true, attn_impl = true}
 
 -- gc.nn.MultiheadAttention(hidden_size, num_attention_heads
 --   [, {attn_mask_type = "causal", attention_dropout = 0.1, input_layernorm = false,
---       layernorm_epsilon = 1e-5, bias = true}])
+--       layernorm_epsilon = 1e-5, bias = true, attn_impl = "auto"}])
 -- m(x [, {attention_mask = mask}]): x [seq, batch, hidden].
 nn.MultiheadAttention = builtin("MultiheadAttention", function (cls, hid, h, opts)
   local T = "MultiheadAttention"
@@ -173,13 +186,14 @@ nn.MultiheadAttention = builtin("MultiheadAttention", function (cls, hid, h, opt
                                        1e-5),
                                  check(T, "bias", opts.bias, "boolean", true),
                                  check(T, "input_layernorm", opts.input_layernorm, "boolean",
-                                       false))
+                                       false),
+                                 attn_impl(T, opts.attn_impl))
 end)
 nn.MultiheadAttention.kwargs = attention_kwargs
 
 -- gc.nn.TransformerLayer(hidden_size, ffn_hidden_size, num_attention_heads
 --   [, {self_attn_mask_type = "causal", hidden_dropout = 0.1, attention_dropout = 0.1,
---       layernorm_epsilon = 1e-5, bias = true}])
+--       layernorm_epsilon = 1e-5, bias = true, attn_impl = "auto"}])
 -- layer(x [, {attention_mask = mask}]): pre-LN, x [seq, batch, hidden].
 nn.TransformerLayer = builtin("TransformerLayer", function (cls, hid, ffn, h, opts)
   local T = "TransformerLayer"
@@ -187,7 +201,8 @@ nn.TransformerLayer = builtin("TransformerLayer", function (cls, hid, ffn, h, op
   check(T, "ffn_hidden_size", ffn, "integer", nil)
   check(T, "num_attention_heads", h, "integer", nil)
   opts = options(T, opts, {self_attn_mask_type = true, hidden_dropout = true,
-                           attention_dropout = true, layernorm_epsilon = true, bias = true})
+                           attention_dropout = true, layernorm_epsilon = true, bias = true,
+                           attn_impl = true})
   return cnn.transformer_layer(cls, hid, ffn, h,
                                mask_type(T, "self_attn_mask_type", opts.self_attn_mask_type,
                                          "causal"),
@@ -196,7 +211,8 @@ nn.TransformerLayer = builtin("TransformerLayer", function (cls, hid, ffn, h, op
                                check(T, "hidden_dropout", opts.hidden_dropout, "number", 0.1),
                                check(T, "layernorm_epsilon", opts.layernorm_epsilon, "number",
                                      1e-5),
-                               check(T, "bias", opts.bias, "boolean", true))
+                               check(T, "bias", opts.bias, "boolean", true),
+                               attn_impl(T, opts.attn_impl))
 end)
 nn.TransformerLayer.kwargs = attention_kwargs
 

@@ -334,11 +334,14 @@ static void test_attention_errors(void) {
   o.attention_dropout = 1.0;
   T_CHECK_ST(e, gcap_nn_multihead_attention(e, 16, 2, &o, &m), GCAP_EINVAL);
   T_CHECK(t_msg_has(e, "MultiheadAttention: attention_dropout must be in [0, 1), got 1"));
-  T_CHECK_ST(e, gcap_nn_dot_product_attention(e, 2, 8, (gcap_attn_mask)7, 0.0, &m), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_nn_dot_product_attention(e, 2, 8, (gcap_attn_mask)7, 0.0, GCAP_SDPA_AUTO, &m),
+             GCAP_EINVAL);
   T_CHECK(t_msg_has(e, "DotProductAttention: unknown attn_mask_type 7"));
-  T_CHECK_ST(e, gcap_nn_dot_product_attention(e, 0, 8, GCAP_ATTN_CAUSAL, 0.0, &m), GCAP_EINVAL);
+  T_CHECK_ST(e, gcap_nn_dot_product_attention(e, 0, 8, GCAP_ATTN_CAUSAL, 0.0, GCAP_SDPA_AUTO, &m),
+             GCAP_EINVAL);
   T_CHECK(t_msg_has(e, "DotProductAttention: num_attention_heads must be positive, got 0"));
-  T_SETUP(gcap_nn_dot_product_attention(e, 2, 8, GCAP_ATTN_CAUSAL, 0.0, &m) == GCAP_OK &&
+  T_SETUP(gcap_nn_dot_product_attention(e, 2, 8, GCAP_ATTN_CAUSAL, 0.0, GCAP_SDPA_AUTO, &m) ==
+                  GCAP_OK &&
               gcap_tensor_rand(e, GCAP_F32, 4, bad, 1, &q) == GCAP_OK &&
               gcap_tensor_rand(e, GCAP_F32, 3, xs, 1, &x) == GCAP_OK,
           (gcap_tensor_free(q), gcap_module_free(m), gcap_engine_free(e)));

@@ -158,6 +158,26 @@ function TestTransformer:test_return_layernorm_output ()
   H.assert_same(run(true), run(false), "graphed")
 end
 
+-- attn_impl reaches the attention: "fused" and "composed" layers of the
+-- same parameters agree on outputs and input grads (f32, within rounding).
+function TestTransformer:test_attn_impl ()
+  local x = gc.randn({S, B, HID})
+  local y, g = {}, {}
+  for _, impl in ipairs({"composed", "fused", "auto"}) do
+    gc.manual_seed(3)
+    local l = gc.nn.TransformerLayer(HID, 32, HEADS, {hidden_dropout = 0, attention_dropout = 0,
+                                                      attn_impl = impl})
+    local xi = x:clone():requires_grad_(true)
+    y[impl] = l(xi)
+    y[impl]:sum():backward()
+    g[impl] = xi.grad
+  end
+  for _, impl in ipairs({"fused", "auto"}) do
+    H.assert_close(y[impl]:tolist(), y.composed:tolist(), 1e-5, 1e-4, impl .. " output")
+    H.assert_close(g[impl]:tolist(), g.composed:tolist(), 1e-5, 1e-4, impl .. " grad")
+  end
+end
+
 -- Errors name the module and the thing, at the caller's line; the module
 -- stays usable.
 function TestTransformer:test_errors ()
@@ -177,6 +197,10 @@ function TestTransformer:test_errors ()
                at(12), "Embedding: num_embeddings must be positive, got 0")
   H.assert_err(function () local r = gc.nn.MultiheadAttention(HID, 2.5); return r end,
                at(14), "MultiheadAttention: num_attention_heads must be an integer, got float")
+  H.assert_err(function () local r = gc.nn.TransformerLayer(HID, 32, HEADS, {attn_impl = "flash"}); return r end,
+               at(16), 'TransformerLayer: attn_impl must be "auto", "fused" or "composed", got "flash"')
+  H.assert_err(function () local r = gc.nn.DotProductAttention(2, 256, {attn_impl = "fused"}); return r end,
+               at(18), "DotProductAttention: attn_impl fused takes kv_channels up to 128, got 256")
   local l = gc.nn.TransformerLayer(HID, 32, HEADS, {self_attn_mask_type = "arbitrary"})
   local x = gc.randn({S, B, HID})
   line = debug.getinfo(1, "l").currentline

@@ -13,10 +13,13 @@
 ** (scores q k^T, dP = do v^T, then weights times v, dS times k, ...) are
 ** made by the threads in f32 on f32 data (att_simt), on the tensor cores on
 ** bf16 data (att_tc: bf16 operands, the weights and dS rounded to bf16 as the
-** composition rounds them, f32 sums). The softmax is online: a tile's row
-** max and sum are combined over the 8 threads of a row by shuffles (lanes of
-** one warp), and what was summed is rescaled when the max grows. Head dims
-** up to DM (32, 64 or 128).
+** composition rounds them, f32 sums). The backward's sums over tiles (dq,
+** dk, dv) stay in the form their products make them in (registers, or
+** fragments held by the warps), and its weights and dS tiles take the
+** place of the scratch that the score products use. The softmax is
+** online: a tile's row max and sum are combined over the 8 threads of a row
+** by shuffles (lanes of one warp), and what was summed is rescaled when the
+** max grows. Head dims up to DM (32, 64 or 128).
 **
 ** Every sum runs in a fixed order and no atomics are used (dq and dk, dv
 ** are separate kernels): a run, and a replay, gives the same bits every
@@ -106,7 +109,7 @@ template <int DM_> struct att_patch {
 template <int DM_> struct att_simt : att_patch<DM_> {
   typedef att_patch<DM_> B;
   typedef float E;
-  static constexpr int LD = DM_ + 1, PL = B::T + 1, SCR = 0;
+  static constexpr int LD = DM_ + 1, PL = B::T + 1, SCR = 0, SCR2 = 0;
 
   /* s = a_i . b_j over DM for the thread's (i, j) of a [T, T] product: a and
   ** b [T, DM] tiles, both read along their rows */
@@ -135,6 +138,14 @@ template <int DM_> struct att_simt : att_patch<DM_> {
     }
   }
 
+  /* s = a1 b1^T and t = a2 b2^T, as nt */
+  static __device__ __forceinline__ void nt2(float (&s)[B::R][B::C], const E *a1, const E *b1,
+                                             float (&t)[B::R][B::C], const E *a2, const E *b2,
+                                             float *) {
+    nt(s, a1, b1, nullptr);
+    nt(t, a2, b2, nullptr);
+  }
+
   /* acc += sum_k p[i][k] b[k][l] for the thread's (i, l) of a [T, DM]
   ** product: p a [T, T] tile, b a [T, DM] one */
   static __device__ __forceinline__ void nn(float (&acc)[B::R][B::CD], const E *p, const E *b,
@@ -156,6 +167,31 @@ template <int DM_> struct att_simt : att_patch<DM_> {
           acc[r][c] += pv[r] * bv[c];
     }
   }
+
+  /* A [T, DM] sum over tiles (the backward's dq, dk, dv): the thread's
+  ** patch, in registers */
+  struct acc {
+    float v[B::R][B::CD];
+  };
+  static __device__ __forceinline__ void zero(acc &a) {
+#pragma unroll
+    for (int r = 0; r < B::R; r++)
+#pragma unroll
+      for (int c = 0; c < B::CD; c++)
+        a.v[r][c] = 0.0f;
+  }
+  /* a += p b, as nn */
+  static __device__ __forceinline__ void mm(acc &a, const E *p, const E *b) {
+    nn(a.v, p, b, nullptr);
+  }
+  /* the thread's patch of a */
+  static __device__ __forceinline__ void patch(float (&out)[B::R][B::CD], const acc &a, float *) {
+#pragma unroll
+    for (int r = 0; r < B::R; r++)
+#pragma unroll
+      for (int c = 0; c < B::CD; c++)
+        out[r][c] = a.v[r][c];
+  }
 };
 
 /* The tile products of bf16 data on the tensor cores (16 x 16 x 16
@@ -168,16 +204,16 @@ template <int DM_> struct att_tc : att_patch<DM_> {
   typedef __nv_bfloat16 E;
   static constexpr int LD = DM_ + 8, PL = B::T + 8, SL = B::T + 8, SD = DM_ + 8;
   static constexpr int SCR = B::T * (SL > SD ? SL : SD), WARPS = ATT_THREADS / 32;
+  static constexpr int SCR2 = SCR + B::T * SL; /* nt2's: two [T, T] results */
   typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc_frag;
   typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, E, nvcuda::wmma::row_major>
       a_frag;
 
-  /* s = a_i . b_j: the fragment products of a and b [T, DM], b read as
-  ** b^T (column-major) */
-  static __device__ __forceinline__ void nt(float (&s)[B::R][B::C], const E *a, const E *b,
-                                            float *scr) {
+  /* The fragments of a b^T, a and b [T, DM], b read as b^T
+  ** (column-major), to scr as [T, T] (rows SL apart); no barrier */
+  static __device__ __forceinline__ void nt_frags(const E *a, const E *b, float *scr) {
     using namespace nvcuda;
-    const int ty = threadIdx.x / 8, tx = threadIdx.x % 8, n = B::T / 16;
+    const int n = B::T / 16;
     for (int f = threadIdx.x / 32; f < n * n; f += WARPS) {
       const int fi = f / n, fj = f % n;
       acc_frag fc;
@@ -192,33 +228,61 @@ template <int DM_> struct att_tc : att_patch<DM_> {
       }
       wmma::store_matrix_sync(scr + fi * 16 * SL + fj * 16, fc, SL, wmma::mem_row_major);
     }
-    __syncthreads();
+  }
+  /* The thread's patch of a [T, T] result in scr */
+  static __device__ __forceinline__ void nt_patch(float (&s)[B::R][B::C], const float *scr) {
+    const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
 #pragma unroll
     for (int r = 0; r < B::R; r++)
 #pragma unroll
       for (int c = 0; c < B::C; c++)
         s[r][c] = scr[(ty + 16 * r) * SL + tx + 8 * c];
+  }
+
+  /* s = a_i . b_j: the fragment products of a and b [T, DM] */
+  static __device__ __forceinline__ void nt(float (&s)[B::R][B::C], const E *a, const E *b,
+                                            float *scr) {
+    nt_frags(a, b, scr);
+    __syncthreads();
+    nt_patch(s, scr);
     __syncthreads(); /* scr free again */
+  }
+  /* s = a1 b1^T and t = a2 b2^T with one pair of barriers: both results in
+  ** scr at once (SCR2 floats) */
+  static __device__ __forceinline__ void nt2(float (&s)[B::R][B::C], const E *a1, const E *b1,
+                                             float (&t)[B::R][B::C], const E *a2, const E *b2,
+                                             float *scr) {
+    nt_frags(a1, b1, scr);
+    nt_frags(a2, b2, scr + B::T * SL);
+    __syncthreads();
+    nt_patch(s, scr);
+    nt_patch(t, scr + B::T * SL);
+    __syncthreads();
+  }
+
+  /* fc += fragment (fi, fj) of p b, p [T, T] and b [T, DM] */
+  static __device__ __forceinline__ void pb(acc_frag &fc, const E *p, const E *b, int fi, int fj) {
+    using namespace nvcuda;
+    a_frag fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major> fb;
+#pragma unroll
+    for (int k0 = 0; k0 < B::T; k0 += 16) {
+      wmma::load_matrix_sync(fa, p + fi * 16 * PL + k0, PL);
+      wmma::load_matrix_sync(fb, b + k0 * LD + fj * 16, LD);
+      wmma::mma_sync(fc, fa, fb, fc);
+    }
   }
 
   /* acc += p b: the fragment products of p [T, T] and b [T, DM] */
   static __device__ __forceinline__ void nn(float (&acc)[B::R][B::CD], const E *p, const E *b,
                                             float *scr) {
-    using namespace nvcuda;
     const int ty = threadIdx.x / 8, tx = threadIdx.x % 8, n = B::DM / 16;
     for (int f = threadIdx.x / 32; f < B::T / 16 * n; f += WARPS) {
-      const int fi = f / n, fj = f % n;
       acc_frag fc;
-      a_frag fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major> fb;
-      wmma::fill_fragment(fc, 0.0f);
-#pragma unroll
-      for (int k0 = 0; k0 < B::T; k0 += 16) {
-        wmma::load_matrix_sync(fa, p + fi * 16 * PL + k0, PL);
-        wmma::load_matrix_sync(fb, b + k0 * LD + fj * 16, LD);
-        wmma::mma_sync(fc, fa, fb, fc);
-      }
-      wmma::store_matrix_sync(scr + fi * 16 * SD + fj * 16, fc, SD, wmma::mem_row_major);
+      nvcuda::wmma::fill_fragment(fc, 0.0f);
+      pb(fc, p, b, f / n, f % n);
+      nvcuda::wmma::store_matrix_sync(scr + f / n * 16 * SD + f % n * 16, fc, SD,
+                                      nvcuda::wmma::mem_row_major);
     }
     __syncthreads();
 #pragma unroll
@@ -226,6 +290,47 @@ template <int DM_> struct att_tc : att_patch<DM_> {
 #pragma unroll
       for (int c = 0; c < B::CD; c++)
         acc[r][c] += scr[(ty + 16 * r) * SD + tx + 8 * c];
+    __syncthreads();
+  }
+
+  /* A [T, DM] sum over tiles (the backward's dq, dk, dv) as fragments that
+  ** stay in the warps across tiles: warp w holds fragments w, w + WARPS,
+  ** ... of the (T / 16) x (DM / 16), so a tile's product adds to them with
+  ** no trip through the scratch */
+  static constexpr int NF = B::T / 16 * (DM_ / 16) / WARPS;
+  static_assert(B::T / 16 * (DM_ / 16) % WARPS == 0, "the warps share the fragments evenly");
+  struct acc {
+    acc_frag f[NF];
+  };
+  static __device__ __forceinline__ void zero(acc &a) {
+#pragma unroll
+    for (int x = 0; x < NF; x++)
+      nvcuda::wmma::fill_fragment(a.f[x], 0.0f);
+  }
+  /* a += p b */
+  static __device__ __forceinline__ void mm(acc &a, const E *p, const E *b) {
+    const int w = threadIdx.x / 32, n = B::DM / 16;
+#pragma unroll
+    for (int x = 0; x < NF; x++)
+      pb(a.f[x], p, b, (w + x * WARPS) / n, (w + x * WARPS) % n);
+  }
+  /* the thread's patch of a, through scr (free on return; on entry other
+  ** warps may still read the last tile's weights kept there: att_pscr) */
+  static __device__ __forceinline__ void patch(float (&out)[B::R][B::CD], const acc &a,
+                                               float *scr) {
+    const int ty = threadIdx.x / 8, tx = threadIdx.x % 8, w = threadIdx.x / 32, n = B::DM / 16;
+    __syncthreads();
+#pragma unroll
+    for (int x = 0; x < NF; x++)
+      nvcuda::wmma::store_matrix_sync(scr + (w + x * WARPS) / n * 16 * SD +
+                                          (w + x * WARPS) % n * 16,
+                                      a.f[x], SD, nvcuda::wmma::mem_row_major);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < B::R; r++)
+#pragma unroll
+      for (int c = 0; c < B::CD; c++)
+        out[r][c] = scr[(ty + 16 * r) * SD + tx + 8 * c];
     __syncthreads();
   }
 };
@@ -270,14 +375,34 @@ __device__ __forceinline__ void att_store(void *x, int dt, int64_t bh, int64_t n
   }
 }
 
+/* att_store of a backward's sum (every thread of the block calls it; the
+** scratch scr is free) */
+template <class P>
+__device__ __forceinline__ void att_store_acc(void *x, int dt, int64_t bh, int64_t n, int64_t w,
+                                              int64_t r0, const typename P::acc &a, float *scr) {
+  float out[P::R][P::CD];
+  P::patch(out, a, scr);
+  att_store<P>(x, dt, bh, n, w, r0, out);
+}
+
+/* Bytes of the backward's n [T, T] tiles (the weights, dS), which take the
+** scratch's place: a tile product's result stays in the scratch only until
+** the threads have read it, the tiles are written after that and read by
+** the summing products (P::mm), which leave the scratch alone. Less shared
+** memory a block, more blocks on a multiprocessor. */
+template <class P> static constexpr __host__ __device__ size_t att_pscr(int n) {
+  size_t t = (size_t)n * P::T * P::PL * sizeof(typename P::E), f = (size_t)P::SCR2 * sizeof(float);
+  return t > f ? t : f;
+}
+
 /* Shared memory of kernel k in bytes: [T, DM] tiles, [T, T] tiles, the
 ** scratch, and (dk, dv) the query rows' stats. Every part's size is a
 ** multiple of 32 bytes, so each starts aligned as the fragments need. */
 template <class P> static constexpr size_t att_smem(int k) {
-  return ((k == GC_K_ATTN ? 3 : 4) * P::T * P::LD +
-          (k == GC_K_ATTN_BWD_DKV ? 2 : 1) * P::T * P::PL) *
-             sizeof(typename P::E) +
-         (P::SCR + (k == GC_K_ATTN_BWD_DKV ? 3 * P::T : 0)) * sizeof(float);
+  if (k == GC_K_ATTN)
+    return (3 * P::T * P::LD + P::T * P::PL) * sizeof(typename P::E) + P::SCR * sizeof(float);
+  return 4 * P::T * P::LD * sizeof(typename P::E) + att_pscr<P>(k == GC_K_ATTN_BWD_DKV ? 2 : 1) +
+         (k == GC_K_ATTN_BWD_DKV ? 3 * P::T * sizeof(float) : 0);
 }
 
 /* The forward: the block's query tile against every key tile up to the
@@ -372,14 +497,16 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   constexpr int T = P::T;
   extern __shared__ __align__(128) unsigned char att_sm[];
   E *qs = (E *)att_sm, *dos = qs + T * P::LD, *ks = dos + T * P::LD, *vs = ks + T * P::LD;
-  E *ps = vs + T * P::LD;
-  float *scr = (float *)(ps + T * P::PL);
+  E *ps = vs + T * P::LD; /* in the scratch's place (att_pscr) */
+  float *scr = (float *)ps;
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   const int64_t rows = c.bh * c.sq, i0 = (int64_t)blockIdx.x * T;
   const int64_t jend = (c.flags & GC_MASK_CAUSAL) && i0 + T < c.sk ? i0 + T : c.sk;
   const uint64_t *head = (const uint64_t *)stats;
   for (int64_t bh = blockIdx.y; bh < c.bh; bh += gridDim.y) {
-    float acc[P::R][P::CD], mx[P::R], sum[P::R], dd[P::R];
+    typename P::acc acc;
+    float mx[P::R], sum[P::R], dd[P::R];
+    P::zero(acc);
     __syncthreads();
     att_load<P>(qs, q, c.dt, bh, c.sq, c.d, i0);
     att_load<P>(dos, dO, c.dt, bh, c.sq, c.dv, i0);
@@ -393,7 +520,6 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         const int col = tx + 8 * l;
         if (i < c.sq && col < c.dv)
           part += att_get(dos[(ty + 16 * r) * P::LD + col]) * cu_load(o, row * c.dv + col, c.dt);
-        acc[r][l] = 0.0f;
       }
       dd[r] = att_row_sum(part);
       mx[r] = i < c.sq ? stats[GC_ATTN_HEAD + row] : 0.0f;
@@ -406,8 +532,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
       att_load<P>(ks, k, c.dt, bh, c.sk, c.d, j0);
       att_load<P>(vs, v, c.dt, bh, c.sk, c.dv, j0);
       __syncthreads();
-      P::nt(s, qs, ks, scr);
-      P::nt(dp, dos, vs, scr);
+      P::nt2(s, qs, ks, dp, dos, vs, scr);
 #pragma unroll
       for (int r = 0; r < P::R; r++) {
         const int64_t i = i0 + ty + 16 * r;
@@ -423,9 +548,9 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         }
       }
       __syncthreads();
-      P::nn(acc, ps, ks, scr);
+      P::mm(acc, ps, ks);
     }
-    att_store<P>(dq, c.dt, bh, c.sq, c.d, i0, acc);
+    att_store_acc<P>(dq, c.dt, bh, c.sq, c.d, i0, acc, scr);
   }
 }
 
@@ -440,19 +565,16 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   constexpr int T = P::T;
   extern __shared__ __align__(128) unsigned char att_sm[];
   E *ks = (E *)att_sm, *vs = ks + T * P::LD, *qs = vs + T * P::LD, *dos = qs + T * P::LD;
-  E *pt = dos + T * P::LD, *dst = pt + T * P::PL;
-  float *scr = (float *)(dst + T * P::PL), *st3 = scr + P::SCR;
+  E *pt = dos + T * P::LD, *dst = pt + T * P::PL; /* in the scratch's place (att_pscr) */
+  float *scr = (float *)pt, *st3 = (float *)((unsigned char *)pt + att_pscr<P>(2));
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   const int64_t rows = c.bh * c.sq, j0 = (int64_t)blockIdx.x * T;
   const int64_t ibeg = (c.flags & GC_MASK_CAUSAL) ? j0 : 0;
   const uint64_t *head = (const uint64_t *)stats;
   for (int64_t bh = blockIdx.y; bh < c.bh; bh += gridDim.y) {
-    float dka[P::R][P::CD], dva[P::R][P::CD];
-#pragma unroll
-    for (int r = 0; r < P::R; r++)
-#pragma unroll
-      for (int l = 0; l < P::CD; l++)
-        dka[r][l] = dva[r][l] = 0.0f;
+    typename P::acc dka, dva;
+    P::zero(dka);
+    P::zero(dva);
     __syncthreads();
     att_load<P>(ks, k, c.dt, bh, c.sk, c.d, j0);
     att_load<P>(vs, v, c.dt, bh, c.sk, c.dv, j0);
@@ -466,8 +588,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         st3[t] = i < c.sq ? stats[GC_ATTN_HEAD + (t / T) * rows + bh * c.sq + i] : 0.0f;
       }
       __syncthreads();
-      P::nt(s, ks, qs, scr);
-      P::nt(dp, vs, dos, scr);
+      P::nt2(s, ks, qs, dp, vs, dos, scr);
 #pragma unroll
       for (int r = 0; r < P::R; r++) {
         const int64_t j = j0 + ty + 16 * r;
@@ -483,11 +604,11 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         }
       }
       __syncthreads();
-      P::nn(dva, pt, dos, scr);
-      P::nn(dka, dst, qs, scr);
+      P::mm(dva, pt, dos);
+      P::mm(dka, dst, qs);
     }
-    att_store<P>(dk, c.dt, bh, c.sk, c.d, j0, dka);
-    att_store<P>(dv, c.dt, bh, c.sk, c.dv, j0, dva);
+    att_store_acc<P>(dk, c.dt, bh, c.sk, c.d, j0, dka, scr);
+    att_store_acc<P>(dv, c.dt, bh, c.sk, c.dv, j0, dva, scr);
   }
 }
 

@@ -29,6 +29,7 @@ typedef struct tf_mod {
   gcap_attn_mask mask;   /* attention: the mask type */
   const char *mask_opt;  /* the option that set it, for messages */
   double p_attn, p_hid;  /* dropout of attention weights, of hidden states */
+  gcap_sdpa_impl impl;   /* attention: its implementation */
   gcap_tensor *p[TF_NP]; /* borrowed from the module's parameters; NULL: none */
   gcap_module *c[TF_NC]; /* borrowed from the module's children */
 } tf_mod;
@@ -324,6 +325,7 @@ static gcap_status tf_attention(const tf_mod *u, gcap_tensor *q, gcap_tensor *k,
   o.mask_kind = GCAP_MASK_BOOL;
   o.is_causal = u->mask == GCAP_ATTN_CAUSAL;
   o.dropout_p = training ? u->p_attn : 0.0;
+  o.impl = u->impl;
   return gcap_scaled_dot_product_attention(q, k, v, &o, out);
 }
 
@@ -359,7 +361,7 @@ static gcap_status dpa_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
 
 /* Check an attention module's sizes and options. */
 static gcap_status check_attn(gcap_engine *e, const char *type, int heads, int64_t ch,
-                              gcap_attn_mask mask, double p) {
+                              gcap_attn_mask mask, double p, gcap_sdpa_impl impl) {
   gcap_status st;
   if ((st = tf_positive(e, type, "num_attention_heads", heads)) != GCAP_OK ||
       (st = tf_positive(e, type, "kv_channels", ch)) != GCAP_OK)
@@ -368,19 +370,25 @@ static gcap_status check_attn(gcap_engine *e, const char *type, int heads, int64
     return gc_fail(e, GCAP_EINVAL, "%s: unknown attn_mask_type %d", type, (int)mask);
   if (!(p >= 0.0 && p < 1.0))
     return gc_fail(e, GCAP_EINVAL, "%s: attention_dropout must be in [0, 1), got %g", type, p);
+  if (impl != GCAP_SDPA_AUTO && impl != GCAP_SDPA_COMPOSED && impl != GCAP_SDPA_FUSED)
+    return gc_fail(e, GCAP_EINVAL, "%s: unknown attn_impl %d", type, (int)impl);
+  if (impl == GCAP_SDPA_FUSED && ch > GCAP_SDPA_FUSED_DMAX)
+    return gc_fail(e, GCAP_EINVAL, "%s: attn_impl fused takes kv_channels up to %d, got %lld", type,
+                   GCAP_SDPA_FUSED_DMAX, (long long)ch);
   return GCAP_OK;
 }
 
 gcap_status gcap_nn_dot_product_attention(gcap_engine *e, int num_heads, int64_t kv_channels,
                                           gcap_attn_mask mask, double attention_dropout,
-                                          gcap_module **m) {
+                                          gcap_sdpa_impl attn_impl, gcap_module **m) {
   static const char type[] = "DotProductAttention";
   tf_mod *u;
   gcap_status st;
   if (m == NULL) return GCAP_EINVAL;
   *m = NULL;
   if (e == NULL) return GCAP_EINVAL;
-  if ((st = check_attn(e, type, num_heads, kv_channels, mask, attention_dropout)) != GCAP_OK ||
+  if ((st = check_attn(e, type, num_heads, kv_channels, mask, attention_dropout, attn_impl)) !=
+          GCAP_OK ||
       (st = tf_new(e, type, dpa_forward, NULL, m, &u)) != GCAP_OK)
     return st;
   u->heads = num_heads;
@@ -388,6 +396,7 @@ gcap_status gcap_nn_dot_product_attention(gcap_engine *e, int num_heads, int64_t
   u->mask = mask;
   u->mask_opt = "attn_mask_type";
   u->p_attn = attention_dropout;
+  u->impl = attn_impl;
   return GCAP_OK;
 }
 
@@ -402,6 +411,7 @@ void gcap_transformer_opts_init(gcap_transformer_opts *o) {
   o->layernorm_epsilon = 1e-5;
   o->bias = 1;
   o->input_layernorm = 0;
+  o->attn_impl = GCAP_SDPA_AUTO;
 }
 
 /* Register `child` (made with status st) as child `name` of m in slot
@@ -466,7 +476,8 @@ static gcap_status check_layer(gcap_engine *e, const char *type, int64_t hidden,
   if (!(o->hidden_dropout >= 0.0 && o->hidden_dropout < 1.0))
     return gc_fail(e, GCAP_EINVAL, "%s: hidden_dropout must be in [0, 1), got %g", type,
                    o->hidden_dropout);
-  return check_attn(e, type, heads, hidden / heads, o->attn_mask_type, o->attention_dropout);
+  return check_attn(e, type, heads, hidden / heads, o->attn_mask_type, o->attention_dropout,
+                    o->attn_impl);
 }
 
 gcap_status gcap_nn_multihead_attention(gcap_engine *e, int64_t hidden, int num_heads,
@@ -499,7 +510,7 @@ gcap_status gcap_nn_multihead_attention(gcap_engine *e, int64_t hidden, int num_
   }
   if (st == GCAP_OK) {
     st = gcap_nn_dot_product_attention(e, num_heads, u->kv, o->attn_mask_type, o->attention_dropout,
-                                       &c);
+                                       o->attn_impl, &c);
     st = tf_child(*m, u, TF_CORE, "core_attention", c, st);
   }
   if (st == GCAP_OK) {
