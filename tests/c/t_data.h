@@ -100,6 +100,15 @@ static inline gcap_status f_permute(gcap_tensor *const *x, gcap_tensor **y) {
   static const int perm[4] = {2, 0, 3, 1};
   return gcap_permute(x[0], perm, y);
 }
+/* [S, B, H, D] -> [B, H, S, D] and back: permutes that keep the last dim (whole rows move) */
+static inline gcap_status f_permute_heads(gcap_tensor *const *x, gcap_tensor **y) {
+  static const int perm[4] = {1, 2, 0, 3};
+  return gcap_permute(x[0], perm, y);
+}
+static inline gcap_status f_merge_heads(gcap_tensor *const *x, gcap_tensor **y) {
+  static const int perm[4] = {2, 0, 1, 3};
+  return gcap_permute(x[0], perm, y);
+}
 static inline gcap_status f_transpose(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_transpose(x[0], -1, -2, y);
 }

@@ -3,7 +3,8 @@
 ** transpose, permute, split and cat, and the sum over a middle dim that
 ** reduces a broadcast batch's grads.
 **
-** Copies move values unchanged (bitwise equal to the host); sum_mid has one
+** Copies move values unchanged (bitwise equal to the host; a permute that
+** keeps the last dim moves whole rows, 16 bytes at a time where it can); sum_mid has one
 ** thread per output element adding the middle dim in order, as the host,
 ** without atomics: f32 results equal the host's bit for bit.
 */
@@ -24,6 +25,40 @@ static __global__ void k_permute(void *y, const void *x, int dt, int64_t s0, int
     }
     cu_store(y, i, dt, cu_load(x, xi, dt));
   }
+}
+
+/* The common permute that keeps the last dim last (heads split from or merged
+** into [S, B, H, D]): y's rows of vrow units V move whole. y's first three
+** dims have sizes n0..n2 and x's row strides t0..t2; a unit is 16 bytes where
+** rows split into aligned 16-byte pieces, else one element. */
+template <typename V>
+static __global__ void k_permute_rows(V *y, const V *x, int64_t n1, int64_t n2, int64_t t0,
+                                      int64_t t1, int64_t t2, int64_t vrow, int64_t n) {
+  CU_GRID_LOOP(i, n) {
+    int64_t v = i % vrow, r = i / vrow;
+    int64_t c = r % n2, b = (r / n2) % n1, a = r / (n2 * n1);
+    y[i] = x[(a * t0 + b * t1 + c * t2) * vrow + v];
+  }
+}
+
+/* Launch k_permute_rows for a permute of x [s0..s3] by p0..p2 (p3 = 3). */
+static void cu_permute_rows(cudaStream_t s, void *y, const void *x, int dt, const int64_t *sh,
+                            const int *p) {
+  const int64_t xs[3] = {sh[1] * sh[2], sh[2], 1}; /* x's row strides, in rows */
+  const int64_t esz = dt == GCAP_BF16 ? 2 : 4, rows = sh[0] * sh[1] * sh[2];
+  const int64_t n1 = sh[p[1]], n2 = sh[p[2]];
+  if ((sh[3] * esz) % 16 == 0 && ((uintptr_t)y | (uintptr_t)x) % 16 == 0) {
+    int64_t vrow = sh[3] * esz / 16;
+    k_permute_rows<uint4><<<cu_blocks(rows * vrow), CU_THREADS, 0, s>>>(
+        (uint4 *)y, (const uint4 *)x, n1, n2, xs[p[0]], xs[p[1]], xs[p[2]], vrow, rows * vrow);
+  } else if (esz == 2)
+    k_permute_rows<unsigned short><<<cu_blocks(rows * sh[3]), CU_THREADS, 0, s>>>(
+        (unsigned short *)y, (const unsigned short *)x, n1, n2, xs[p[0]], xs[p[1]], xs[p[2]], sh[3],
+        rows * sh[3]);
+  else
+    k_permute_rows<unsigned><<<cu_blocks(rows * sh[3]), CU_THREADS, 0, s>>>(
+        (unsigned *)y, (const unsigned *)x, n1, n2, xs[p[0]], xs[p[1]], xs[p[2]], sh[3],
+        rows * sh[3]);
 }
 
 /* One thread per element of the slice [outer, len, inner]. */
@@ -55,7 +90,10 @@ gcap_status cu_shape(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_
   switch (k) {
     case GC_K_PERMUTE: {
       int64_t n = a->n[0] * a->n[1] * a->n[2] * a->n[3];
-      if (n > 0)
+      const int p[4] = {(int)a->n[4], (int)a->n[5], (int)a->n[6], (int)a->n[7]};
+      if (n > 0 && p[3] == 3)
+        cu_permute_rows(s, a->p[0], a->p[1], dt, a->n, p);
+      else if (n > 0)
         k_permute<<<cu_blocks(n), CU_THREADS, 0, s>>>(a->p[0], a->p[1], dt, a->n[0], a->n[1],
                                                       a->n[2], a->n[3], (int)a->n[4], (int)a->n[5],
                                                       (int)a->n[6], (int)a->n[7], n);
