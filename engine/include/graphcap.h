@@ -734,7 +734,8 @@ gcap_status gcap_nn_sequential(gcap_engine *e, int n, gcap_module *const *mods, 
 /* Transformer modules, with TransformerEngine's names and parameter names.
 ** Inputs are [..., hidden] (TE's default layout [seq, batch, hidden] in
 ** particular); layer norms start at weight 1, bias 0; linear weights and
-** biases are drawn as Linear's.
+** biases are drawn as Linear's. A layer norm's eps (layernorm_epsilon)
+** must be finite and >= 0 (GCAP_EINVAL otherwise).
 **
 ** LayerNormLinear: linear(layer_norm(x)). Parameters layer_norm_weight,
 ** layer_norm_bias [in], weight [out, in], bias [out] (when `bias`). With

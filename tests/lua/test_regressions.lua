@@ -491,4 +491,33 @@ function TestRegressions:test_split_huge_size_and_narrow_ranges ()
   lu.assertEquals(gc.narrow(x, 1, 2, 1):tolist(), {x:tolist()[2]})
 end
 
+-- A NaN or negative layer norm epsilon (every output NaN) is refused when
+-- the module is made, as is an option Embedding does not have (padding_idx
+-- was ignored: its row still got grads).
+function TestRegressions:test_transformer_eps_and_embedding_options ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local cases = {
+    {function (v) return gc.nn.LayerNormLinear(4, 3, {eps = v}) end, "LayerNormLinear: eps"},
+    {function (v) return gc.nn.LayerNormMLP(4, 8, {eps = v}) end, "LayerNormMLP: eps"},
+    {function (v) return gc.nn.MultiheadAttention(4, 2, {layernorm_epsilon = v}) end,
+     "MultiheadAttention: layernorm_epsilon"},
+    {function (v) return gc.nn.TransformerLayer(4, 8, 2, {layernorm_epsilon = v}) end,
+     "TransformerLayer: layernorm_epsilon"},
+  }
+  for _, c in ipairs(cases) do
+    for _, v in ipairs({0 / 0, -1e-5, math.huge}) do
+      local ok, e = pcall(c[1], v)
+      lu.assertFalse(ok, c[2] .. " " .. tostring(v))
+      lu.assertStrContains(e, here)
+      lu.assertStrContains(e, c[2] .. " must be a finite number >= 0, got ")
+    end
+    lu.assertNotNil(c[1](0))
+  end
+  local ok, e = pcall(function () return gc.nn.Embedding(3, 4, {padding_idx = 0}) end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, here)
+  lu.assertStrContains(e, "Embedding: unknown option 'padding_idx'")
+  lu.assertEquals(gc.nn.Embedding(3, 4)(gc.tensor({2})):shape(), {1, 4})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
