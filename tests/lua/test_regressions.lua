@@ -520,4 +520,43 @@ function TestRegressions:test_transformer_eps_and_embedding_options ()
   lu.assertEquals(gc.nn.Embedding(3, 4)(gc.tensor({2})):shape(), {1, 4})
 end
 
+-- A kernel launch with a negative shared memory size ran (wrapped to 4 GiB
+-- as the driver's unsigned int); out-of-range grid and block sizes named no
+-- kernel. Both are refused at the caller's line, naming the kernel.
+function TestRegressions:test_kernel_launch_ranges_name_the_kernel ()
+  local SRC = [[
+extern "C" __global__ void fill1(float *y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = 1.0f;
+}
+]]
+  local ok, k = pcall(gc.cuda.kernel, SRC, "fill1",
+                      {host = function (y, n) y:view({n}):copy_(gc.ones({n})) end})
+  if not ok and tostring(k):find("NVRTC is not available", 1, true) then
+    lu.skip("no NVRTC here")
+  end
+  assert(ok, k)
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local y = gc.zeros({4})
+  local bad = {
+    {{grid = 1, block = 4, shmem = -1}, "kernel 'fill1':launch: shmem must be 0 to 2^32-1 bytes, got -1"},
+    {{grid = 1, block = 4, shmem = 1 << 32}, "shmem must be 0 to 2^32-1 bytes, got 4294967296"},
+    {{grid = 0, block = 4}, "kernel 'fill1':launch: grid sizes must be 1 to 2147483647, got 0 (entry 1)"},
+    {{grid = {1, -2}, block = 4}, "kernel 'fill1':launch: grid sizes must be 1 to 2147483647, got -2 (entry 2)"},
+    {{grid = 1, block = 1025}, "kernel 'fill1':launch: block sizes must be 1 to 1024, got 1025 (entry 1)"},
+  }
+  for _, c in ipairs(bad) do
+    local t = c[1]
+    t.args, t.writes = {y, 4}, {y}
+    local e
+    ok, e = pcall(function () k:launch(t) end)
+    lu.assertFalse(ok, c[2])
+    lu.assertStrContains(e, here)
+    lu.assertStrContains(e, c[2])
+  end
+  lu.assertEquals(y:tolist(), {0, 0, 0, 0})
+  k:launch{grid = 1, block = 4, shmem = 0, args = {y, 4}, writes = {y}}
+  lu.assertEquals(y:tolist(), {1, 1, 1, 1})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
