@@ -125,12 +125,13 @@ static int l_cuda_kernel(lua_State *L) {
   return 1;
 }
 
-/* The tensors of the sequence at t into v[n] (borrowed: t holds them). */
-static void l_tensorseq(lua_State *L, int t, int n, gcap_tensor **v) {
+/* The tensors of the sequence `what` at t into v[n] (borrowed: t holds
+** them). */
+static void l_tensorseq(lua_State *L, int t, const char *what, int n, gcap_tensor **v) {
   int i;
   for (i = 0; i < n; i++) {
     lua_rawgeti(L, t, i + 1);
-    v[i] = l_checktensor(L, -1);
+    v[i] = l_entrytensor(L, -1, "kernel launch", what, i + 1);
     lua_pop(L, 1);
   }
 }
@@ -198,15 +199,15 @@ static int l_kernel_launch(lua_State *L) {
       args[i].f = (double)lua_tonumber(L, -1);
     } else if (luaL_testudata(L, -1, TENSOR_MT)) {
       args[i].kind = GCAP_KARG_TENSOR;
-      args[i].t = l_checktensor(L, -1);
+      args[i].t = l_entrytensor(L, -1, "kernel launch", "args", i + 1);
     } else
       return l_error(L, "kernel launch: argument #%d must be a tensor or a number, got %s", i + 1,
                      l_typename(L, -1));
     lua_pop(L, 1);
   }
   l_check(L, p->e, gcap_kernel_args(p->k, nargs, args, conv), "kernel launch");
-  l_tensorseq(L, 6, nr, tv);
-  l_tensorseq(L, 7, nw, tv + nr);
+  l_tensorseq(L, 6, "reads", nr, tv);
+  l_tensorseq(L, 7, "writes", nw, tv + nr);
   d->nargs = nargs, d->args = args;
   d->nreads = nr, d->reads = tv;
   d->nwrites = nw, d->writes = tv + nr;

@@ -203,7 +203,7 @@ static int l_cat(lua_State *L) {
     if (!luaL_testudata(L, -1, TENSOR_MT))
       return l_error(L, "cat: entry %I of the sequence is a %s, not a tensor", (LUAI_UACINT)i,
                      l_typename(L, -1));
-    ts[i - 1] = l_checktensor(L, -1);
+    ts[i - 1] = l_entrytensor(L, -1, "cat", "tensors", i);
     lua_pop(L, 1); /* the table keeps it alive */
   }
   dim = lua_isnoneornil(L, 2) ? 0 : l_checkdim(L, 2, gcap_tensor_ndim(ts[0]), "cat");

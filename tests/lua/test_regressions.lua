@@ -559,4 +559,43 @@ extern "C" __global__ void fill1(float *y, int n) {
   lu.assertEquals(y:tolist(), {1, 1, 1, 1})
 end
 
+-- A closed tensor in a sequence (cat's tensors, a kernel launch's args,
+-- reads or writes) was reported as "bad argument #-1": the error names
+-- the entry now, and the call can be made again once it is replaced.
+function TestRegressions:test_closed_tensor_in_a_sequence_names_the_entry ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local a, z = gc.randn({2, 3}), gc.randn({2, 3})
+  z:close()
+  local ok, e = pcall(function () return gc.cat({a, z}) end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, here)
+  lu.assertStrContains(e, "cat: tensors[2] is a closed tensor")
+  lu.assertEquals(gc.cat({a, a}):shape(), {4, 3})
+  local SRC = [[
+extern "C" __global__ void copy1(const float *x, float *y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i];
+}
+]]
+  local k
+  ok, k = pcall(gc.cuda.kernel, SRC, "copy1",
+                {host = function (x, y, n) y:view({n}):copy_(x:view({n})) end})
+  if not ok and tostring(k):find("NVRTC is not available", 1, true) then
+    lu.skip("no NVRTC here")
+  end
+  assert(ok, k)
+  local y = gc.zeros({2, 3})
+  ok, e = pcall(function () k:launch{grid = 1, block = 6, args = {z, y, 6}, writes = {y}} end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, here)
+  lu.assertStrContains(e, "kernel launch: args[1] is a closed tensor")
+  ok, e = pcall(function () k:launch{grid = 1, block = 6, args = {a, y, 6}, reads = {a, z},
+                                     writes = {y}} end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, "kernel launch: reads[2] is a closed tensor")
+  lu.assertEquals(y:tolist(), gc.zeros({2, 3}):tolist())
+  k:launch{grid = 1, block = 6, args = {a, y, 6}, writes = {y}}
+  lu.assertEquals(y:tolist(), a:tolist())
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
