@@ -598,4 +598,16 @@ extern "C" __global__ void copy1(const float *x, float *y, int n) {
   lu.assertEquals(y:tolist(), a:tolist())
 end
 
+-- A transformer layer given bf16 input (its parameters f32) said only
+-- "got input [3, 2, 4]": the layer norm's error gives each operand's dtype.
+function TestRegressions:test_layer_norm_dtype_error_names_the_dtypes ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local m = gc.nn.LayerNormLinear(4, 3)
+  local ok, e = pcall(function () return m(gc.randn({2, 4}, {dtype = "bf16"})) end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, here)
+  lu.assertStrContains(e, "got input bf16 [2, 4], weight f32 [4], bias f32 [4]")
+  lu.assertEquals(m(gc.randn({2, 4})):shape(), {2, 3})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
