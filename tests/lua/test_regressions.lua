@@ -610,4 +610,18 @@ function TestRegressions:test_layer_norm_dtype_error_names_the_dtypes ()
   lu.assertEquals(m(gc.randn({2, 4})):shape(), {2, 3})
 end
 
+-- MultiheadAttention (and TransformerLayer through it) given x of another
+-- hidden size failed inside its qkv projection, naming "linear" and a
+-- weight [12, 4] the caller never made: the module names itself and hidden.
+function TestRegressions:test_attention_layers_check_the_hidden_size ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  for _, m in ipairs({gc.nn.MultiheadAttention(4, 2), gc.nn.TransformerLayer(4, 8, 2)}) do
+    local ok, e = pcall(function () return m(gc.randn({3, 2, 5})) end)
+    lu.assertFalse(ok)
+    lu.assertStrContains(e, here)
+    lu.assertStrContains(e, "MultiheadAttention: x must be [seq, batch, hidden 4], got [3, 2, 5]")
+    lu.assertEquals(m(gc.randn({3, 2, 4})):shape(), {3, 2, 4})
+  end
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

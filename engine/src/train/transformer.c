@@ -444,10 +444,10 @@ static gcap_status mha_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
   int i, n = 0;
   (void)m;
   if ((st = tf_mask_inputs(u, nin, 1, "x")) != GCAP_OK) return st;
-  if (gcap_tensor_ndim(in[0]) != 3) {
+  if (gcap_tensor_ndim(in[0]) != 3 || gcap_tensor_shape(in[0])[2] != u->heads * u->kv) {
     char b[64];
-    return gc_fail(u->e, GCAP_EINVAL, "%s: x must be [seq, batch, hidden], got %s", u->type,
-                   gc_shape_str(in[0], b, sizeof b));
+    return gc_fail(u->e, GCAP_EINVAL, "%s: x must be [seq, batch, hidden %lld], got %s", u->type,
+                   (long long)(u->heads * u->kv), gc_shape_str(in[0], b, sizeof b));
   }
   if ((st = gcap_module_call(u->c[TF_QKV], 1, in, &qkv)) == GCAP_OK) {
     int64_t shape[4];
