@@ -88,10 +88,10 @@ local launch_options = {grid = true, block = true, args = true, reads = true, wr
 -- writes names the tensors the kernel writes; reads defaults to the other
 -- tensor arguments.
 function Kernel:launch (t)
-  local where = "kernel '" .. tostring(self.name) .. "':launch"
-  if getmetatable(self) ~= Kernel then
-    raise("%s: call it as k:launch{...}", where)
+  if getmetatable(self) ~= Kernel then  -- k.launch{...}: self is the options
+    raise("Kernel:launch: call it as k:launch{...}, got a %s for k", type(self))
   end
+  local where = "kernel '" .. self.name .. "':launch"
   t = options(where, t, launch_options)
   local grid, block = dims(where, "grid", t.grid), dims(where, "block", t.block)
   local args = t.args or {}

@@ -624,4 +624,24 @@ function TestRegressions:test_attention_layers_check_the_hidden_size ()
   end
 end
 
+-- k.launch{...} (a dot for the colon) named "kernel 'nil'": the error
+-- says how to call it.
+function TestRegressions:test_kernel_launch_called_with_a_dot ()
+  local ok, k = pcall(gc.cuda.kernel, [[
+extern "C" __global__ void nop1(int n) {}
+]], "nop1", {host = function () end})
+  if not ok and tostring(k):find("NVRTC is not available", 1, true) then
+    lu.skip("no NVRTC here")
+  end
+  assert(ok, k)
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local e
+  ok, e = pcall(function () k.launch{grid = 1, block = 1, args = {1}} end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, here)
+  lu.assertStrContains(e, "Kernel:launch: call it as k:launch{...}, got a table for k")
+  lu.assertNotStrContains(e, "'nil'")
+  k:launch{grid = 1, block = 1, args = {1}}
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
