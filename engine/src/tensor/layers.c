@@ -2,6 +2,7 @@
 ** layers.c: activations, normalization, softmax, dropout and losses,
 ** forward and backward. Row ops work over the last dimension.
 */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -281,8 +282,9 @@ gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
   if (x->ndim < (causal ? 2 : 1))
     return gc_fail(x->e, GCAP_EINVAL, "softmax: %s needs a tensor of at least %d dims, got %d-D",
                    causal ? "causal" : "a softmax", causal ? 2 : 1, x->ndim);
-  if (!isfinite(scale))
-    return gc_fail(x->e, GCAP_EINVAL, "softmax: the scale must be finite, got %g", scale);
+  if (!(fabs(scale) <= (double)FLT_MAX)) /* the kernels take it as a float */
+    return gc_fail(x->e, GCAP_EINVAL, "softmax: the scale must be finite as a float, got %g",
+                   scale);
   if (mask != NULL) {
     if (kind != GCAP_MASK_ADD && kind != GCAP_MASK_BOOL)
       return gc_fail(x->e, GCAP_EINVAL, "softmax: unknown mask kind %d", (int)kind);
