@@ -94,12 +94,23 @@ static int l_signature(lua_State *L, int t, gcap_kparam *sig) {
   return n;
 }
 
+/* The string at i, which NVRTC reads as a C string: a NUL inside would
+** drop the rest of it silently. */
+static const char *l_cstring(lua_State *L, int i, const char *what) {
+  size_t len;
+  const char *s = luaL_checklstring(L, i, &len);
+  if (strlen(s) != len)
+    l_error(L, "gc.cuda.kernel: %s holds a NUL byte at %d (it would end there)", what,
+            (int)strlen(s) + 1);
+  return s;
+}
+
 /* core.cuda_kernel(source, name, {options...}, signature) -> Kernel, where
 ** signature is a sequence of parameter type names or nil (read from the
 ** source). */
 static int l_cuda_kernel(lua_State *L) {
   gcap_engine *e = l_engine(L);
-  const char *src = luaL_checkstring(L, 1), *name = luaL_checkstring(L, 2);
+  const char *src = l_cstring(L, 1, "source"), *name = l_cstring(L, 2, "name");
   const char **opts;
   gcap_kparam sig[LK_MAXARGS];
   int i, n, nsig;
@@ -115,7 +126,7 @@ static int l_cuda_kernel(lua_State *L) {
     if (lua_type(L, -1) != LUA_TSTRING)
       return l_error(L, "gc.cuda.kernel: option #%d must be a string, got %s", i + 1,
                      luaL_typename(L, -1));
-    opts[i] = lua_tostring(L, -1); /* kept by the table at 3 */
+    opts[i] = l_cstring(L, -1, "an option"); /* kept by the table at 3 */
     lua_pop(L, 1);
   }
   p = (LKernel *)l_newbox(L, sizeof *p, 1, KERNEL_MT);

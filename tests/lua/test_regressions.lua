@@ -644,4 +644,25 @@ extern "C" __global__ void nop1(int n) {}
   k:launch{grid = 1, block = 1, args = {1}}
 end
 
+-- A kernel's source, name or option holding a NUL byte was cut there
+-- without a word (the source's rest never compiled): it is refused.
+function TestRegressions:test_kernel_strings_with_a_nul_byte ()
+  local src = 'extern "C" __global__ void f(int a) {}\n'
+  local ok, k = pcall(gc.cuda.kernel, src, "f")
+  if not ok and tostring(k):find("NVRTC is not available", 1, true) then
+    lu.skip("no NVRTC here")
+  end
+  assert(ok, k)
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  for _, c in ipairs({{src .. "\0#error never read", "f", {}, "source holds a NUL byte at 40"},
+                      {src, "f\0g", {}, "name holds a NUL byte at 2"},
+                      {src, "f", {"-w\0x"}, "an option holds a NUL byte at 3"}}) do
+    local e
+    ok, e = pcall(function () return gc.cuda.kernel(c[1], c[2], {options = c[3]}) end)
+    lu.assertFalse(ok, c[4])
+    lu.assertStrContains(e, here)
+    lu.assertStrContains(e, "gc.cuda.kernel: " .. c[4])
+  end
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
