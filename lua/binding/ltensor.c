@@ -22,7 +22,7 @@ gcap_tensor *l_entrytensor(lua_State *L, int i, const char *op, const char *what
     l_error(L, "%s: %s[%I] must be a tensor, got %s", op, what, (LUAI_UACINT)k, l_typename(L, i));
   else if (p->t == NULL)
     l_error(L, "%s: %s[%I] is a closed tensor", op, what, (LUAI_UACINT)k);
-  return p->t;
+  return p != NULL ? p->t : NULL; /* l_error does not return */
 }
 
 /* The dtype named at i (absent or nil: f32); errors name op. */
