@@ -259,7 +259,8 @@ gcap_status gcap_softmax(gcap_tensor *x, int dim, gcap_tensor **out);
 ** (GCAP_MASK_ADD: 0 keeps, -inf masks out), or a boolean where nonzero masks
 ** out (GCAP_MASK_BOOL, TransformerEngine's convention for attention masks). */
 typedef enum gcap_mask_kind { GCAP_MASK_ADD = 0, GCAP_MASK_BOOL = 1 } gcap_mask_kind;
-/* Softmax over the last dim of z = scale * x, then the mask (NULL: none)
+/* Softmax over the last dim of z = scale * x (|scale| <= FLT_MAX: the
+** kernels take it as a float), then the mask (NULL: none)
 ** read as `kind` and broadcast over x (at most x's dims, each equal or 1,
 ** aligned at the last; f32 or bf16 whatever x's dtype), then, when causal,
 ** column j > row i of each [.., i, j] matrix of the last two dims masked out
@@ -288,7 +289,7 @@ typedef struct gcap_sdpa_opts {
   gcap_mask_kind mask_kind; /* how attn_mask is read */
   int is_causal;            /* key j > query i masked out (the upper-left triangle kept) */
   double dropout_p;         /* dropout on the attention weights, in [0, 1) */
-  double scale;             /* of the scores; 0: 1 / sqrt(D) */
+  double scale;             /* of the scores, positive, at most FLT_MAX; 0: 1 / sqrt(D) */
   gcap_sdpa_impl impl;      /* which implementation */
 } gcap_sdpa_opts;
 /* Attention softmax(scale q k^T + mask, causal) v with dropout on the
@@ -734,7 +735,8 @@ gcap_status gcap_nn_sequential(gcap_engine *e, int n, gcap_module *const *mods, 
 /* Transformer modules, with TransformerEngine's names and parameter names.
 ** Inputs are [..., hidden] (TE's default layout [seq, batch, hidden] in
 ** particular); layer norms start at weight 1, bias 0; linear weights and
-** biases are drawn as Linear's.
+** biases are drawn as Linear's. A layer norm's eps (layernorm_epsilon)
+** must be finite and >= 0 (GCAP_EINVAL otherwise).
 **
 ** LayerNormLinear: linear(layer_norm(x)). Parameters layer_norm_weight,
 ** layer_norm_bias [in], weight [out, in], bias [out] (when `bias`). With

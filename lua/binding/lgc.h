@@ -257,6 +257,8 @@ static inline void *l_newbox(lua_State *L, size_t size, int nuv, const char *mt)
 /* ltensor.c */
 LUAI_DDEC(const LClass l_tensor_class);
 LUAI_FUNC gcap_tensor *l_checktensor(lua_State *L, int i);
+LUAI_FUNC gcap_tensor *l_entrytensor(lua_State *L, int i, const char *op, const char *what,
+                                     lua_Integer k);
 LUAI_FUNC gcap_dtype l_optdtype(lua_State *L, int i, const char *op);
 LUAI_FUNC int l_optboolean(lua_State *L, int i, int def, const char *what);
 LUAI_FUNC void l_pushborrowed(lua_State *L, gcap_tensor *t);

@@ -94,12 +94,23 @@ static int l_signature(lua_State *L, int t, gcap_kparam *sig) {
   return n;
 }
 
+/* The string at i, which NVRTC reads as a C string: a NUL inside would
+** drop the rest of it silently. */
+static const char *l_cstring(lua_State *L, int i, const char *what) {
+  size_t len;
+  const char *s = luaL_checklstring(L, i, &len);
+  if (strlen(s) != len)
+    l_error(L, "gc.cuda.kernel: %s holds a NUL byte at %d (it would end there)", what,
+            (int)strlen(s) + 1);
+  return s;
+}
+
 /* core.cuda_kernel(source, name, {options...}, signature) -> Kernel, where
 ** signature is a sequence of parameter type names or nil (read from the
 ** source). */
 static int l_cuda_kernel(lua_State *L) {
   gcap_engine *e = l_engine(L);
-  const char *src = luaL_checkstring(L, 1), *name = luaL_checkstring(L, 2);
+  const char *src = l_cstring(L, 1, "source"), *name = l_cstring(L, 2, "name");
   const char **opts;
   gcap_kparam sig[LK_MAXARGS];
   int i, n, nsig;
@@ -115,7 +126,7 @@ static int l_cuda_kernel(lua_State *L) {
     if (lua_type(L, -1) != LUA_TSTRING)
       return l_error(L, "gc.cuda.kernel: option #%d must be a string, got %s", i + 1,
                      luaL_typename(L, -1));
-    opts[i] = lua_tostring(L, -1); /* kept by the table at 3 */
+    opts[i] = l_cstring(L, -1, "an option"); /* kept by the table at 3 */
     lua_pop(L, 1);
   }
   p = (LKernel *)l_newbox(L, sizeof *p, 1, KERNEL_MT);
@@ -125,12 +136,13 @@ static int l_cuda_kernel(lua_State *L) {
   return 1;
 }
 
-/* The tensors of the sequence at t into v[n] (borrowed: t holds them). */
-static void l_tensorseq(lua_State *L, int t, int n, gcap_tensor **v) {
+/* The tensors of the sequence `what` at t into v[n] (borrowed: t holds
+** them). */
+static void l_tensorseq(lua_State *L, int t, const char *what, int n, gcap_tensor **v) {
   int i;
   for (i = 0; i < n; i++) {
     lua_rawgeti(L, t, i + 1);
-    v[i] = l_checktensor(L, -1);
+    v[i] = l_entrytensor(L, -1, "kernel launch", what, i + 1);
     lua_pop(L, 1);
   }
 }
@@ -198,15 +210,15 @@ static int l_kernel_launch(lua_State *L) {
       args[i].f = (double)lua_tonumber(L, -1);
     } else if (luaL_testudata(L, -1, TENSOR_MT)) {
       args[i].kind = GCAP_KARG_TENSOR;
-      args[i].t = l_checktensor(L, -1);
+      args[i].t = l_entrytensor(L, -1, "kernel launch", "args", i + 1);
     } else
       return l_error(L, "kernel launch: argument #%d must be a tensor or a number, got %s", i + 1,
                      l_typename(L, -1));
     lua_pop(L, 1);
   }
   l_check(L, p->e, gcap_kernel_args(p->k, nargs, args, conv), "kernel launch");
-  l_tensorseq(L, 6, nr, tv);
-  l_tensorseq(L, 7, nw, tv + nr);
+  l_tensorseq(L, 6, "reads", nr, tv);
+  l_tensorseq(L, 7, "writes", nw, tv + nr);
   d->nargs = nargs, d->args = args;
   d->nreads = nr, d->reads = tv;
   d->nwrites = nw, d->writes = tv + nr;

@@ -119,7 +119,7 @@ int l_permute(lua_State *L) {
 static int l_pieces(lua_State *L, gcap_tensor *t, int64_t size, int chunks, int dim,
                     const char *op) {
   int64_t len = gcap_tensor_shape(t)[dim];
-  int count = (int)(len == 0 ? 0 : (len + size - 1) / size), got = 0, i;
+  int count = (int)(len == 0 ? 0 : (len - 1) / size + 1), got = 0, i; /* no overflow */
   gcap_tensor **outs = (gcap_tensor **)lua_newuserdatauv(L, sizeof *outs * (size_t)(count + 1), 0);
   gcap_status st;
   lua_createtable(L, count, 0);
@@ -161,6 +161,11 @@ static int l_narrow(lua_State *L) {
   dim = l_checkdim(L, 2, n, "narrow");
   start = luaL_checkinteger(L, 3);
   len = luaL_checkinteger(L, 4);
+  /* checked here, in Lua's terms: the engine counts dims and entries from 0 */
+  if (start < 1 || len < 0 || start - 1 > gcap_tensor_shape(t)[dim] - len)
+    return l_error(
+        L, "narrow: start %I and length %I do not fit dim %d of size %I (entries count from 1)",
+        (LUAI_UACINT)start, (LUAI_UACINT)len, dim + 1, (LUAI_UACINT)gcap_tensor_shape(t)[dim]);
   r = l_newtensor(L);
   l_check(L, gcap_tensor_engine(t), gcap_narrow(t, dim, (int64_t)start - 1, (int64_t)len, &r->t),
           "narrow");
@@ -198,7 +203,7 @@ static int l_cat(lua_State *L) {
     if (!luaL_testudata(L, -1, TENSOR_MT))
       return l_error(L, "cat: entry %I of the sequence is a %s, not a tensor", (LUAI_UACINT)i,
                      l_typename(L, -1));
-    ts[i - 1] = l_checktensor(L, -1);
+    ts[i - 1] = l_entrytensor(L, -1, "cat", "tensors", i);
     lua_pop(L, 1); /* the table keeps it alive */
   }
   dim = lua_isnoneornil(L, 2) ? 0 : l_checkdim(L, 2, gcap_tensor_ndim(ts[0]), "cat");

@@ -14,6 +14,17 @@ gcap_tensor *l_checktensor(lua_State *L, int i) {
   return ((LTensor *)l_checkbox(L, i, &l_tensor_class))->t;
 }
 
+/* The open tensor at i, entry k of sequence `what` of op: its errors name
+** the entry (a stack index would mean nothing to the caller). */
+gcap_tensor *l_entrytensor(lua_State *L, int i, const char *op, const char *what, lua_Integer k) {
+  LTensor *p = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
+  if (p == NULL)
+    l_error(L, "%s: %s[%I] must be a tensor, got %s", op, what, (LUAI_UACINT)k, l_typename(L, i));
+  else if (p->t == NULL)
+    l_error(L, "%s: %s[%I] is a closed tensor", op, what, (LUAI_UACINT)k);
+  return p != NULL ? p->t : NULL; /* l_error does not return */
+}
+
 /* The dtype named at i (absent or nil: f32); errors name op. */
 gcap_dtype l_optdtype(lua_State *L, int i, const char *op) {
   int str = lua_type(L, i) == LUA_TSTRING;

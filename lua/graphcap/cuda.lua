@@ -51,13 +51,18 @@ end
 
 -- {x, y, z} from an integer or a table of 1 to 3 integers.
 local function dims (where, what, v)
-  if math.type(v) == "integer" then return {v, 1, 1} end
+  if math.type(v) == "integer" then v = {v} end
   if type(v) ~= "table" or #v < 1 or #v > 3 then
     raise("%s: %s must be an integer or {x [, y [, z]]}, got %s", where, what,
           type(v) == "table" and "a table of " .. #v or math.type(v) or type(v))
   end
-  local d = {1, 1, 1}
+  local d, most = {1, 1, 1}, what == "block" and 1024 or 0x7fffffff
   for i = 1, #v do d[i] = check(where, what .. "[" .. i .. "]", v[i], "integer") end
+  for i = 1, 3 do
+    if d[i] < 1 or d[i] > most then
+      raise("%s: %s sizes must be 1 to %d, got %d (entry %d)", where, what, most, d[i], i)
+    end
+  end
   return d
 end
 
@@ -83,10 +88,10 @@ local launch_options = {grid = true, block = true, args = true, reads = true, wr
 -- writes names the tensors the kernel writes; reads defaults to the other
 -- tensor arguments.
 function Kernel:launch (t)
-  local where = "kernel '" .. tostring(self.name) .. "':launch"
-  if getmetatable(self) ~= Kernel then
-    raise("%s: call it as k:launch{...}", where)
+  if getmetatable(self) ~= Kernel then  -- k.launch{...}: self is the options
+    raise("Kernel:launch: call it as k:launch{...}, got a %s for k", type(self))
   end
+  local where = "kernel '" .. self.name .. "':launch"
   t = options(where, t, launch_options)
   local grid, block = dims(where, "grid", t.grid), dims(where, "block", t.block)
   local args = t.args or {}
@@ -119,8 +124,12 @@ function Kernel:launch (t)
     raise("%s: the host backend runs a kernel's host twin, and this one has none "
           .. "(gc.cuda.kernel's option host)", where)
   end
-  core.kernel_launch(self._k, grid, block, check(where, "shmem", t.shmem, "integer", 0),
-                     packed, reads, writes, host and self.host or nil)
+  local shmem = check(where, "shmem", t.shmem, "integer", 0)
+  if shmem < 0 or shmem > 0xffffffff then  -- the driver takes an unsigned int
+    raise("%s: shmem must be 0 to 2^32-1 bytes, got %d", where, shmem)
+  end
+  core.kernel_launch(self._k, grid, block, shmem, packed, reads, writes,
+                     host and self.host or nil)
 end
 
 function Kernel:close () self._k:close() end

@@ -217,10 +217,12 @@ end)
 nn.TransformerLayer.kwargs = attention_kwargs
 
 -- gc.nn.Embedding(num_embeddings, embedding_dim): weight [num, dim] from
--- N(0, 1); m(ids) -> [..., dim], ids held as numbers.
-nn.Embedding = builtin("Embedding", function (cls, n, d)
+-- N(0, 1); m(ids) -> [..., dim], ids held as numbers. It has no options:
+-- one given (PyTorch's padding_idx, max_norm, ...) is refused, not ignored.
+nn.Embedding = builtin("Embedding", function (cls, n, d, opts)
   check("Embedding", "num_embeddings", n, "integer", nil)
   check("Embedding", "embedding_dim", d, "integer", nil)
+  options("Embedding", opts, {})
   return cnn.embedding(cls, n, d)
 end)
 

@@ -86,7 +86,7 @@ end
 function TestKernel:test_bad_launches ()
   local x, y = gc.tensor({1, 2}), gc.zeros({2})
   assert_err(function () scale:launch{grid = 0, block = 1, args = {x, y, 1.0, 2}, writes = {y}} end,
-             HERE, "grid and block sizes")
+             HERE, "kernel 'scale':launch: grid sizes must be 1 to 2147483647, got 0")
   assert_err(function () scale:launch{grid = 1, block = 1, args = {x, "y", 1.0, 2}} end,
              HERE, "kernel 'scale':launch: args[2] must be a tensor or a number, got string")
   assert_err(function () scale:launch{grid = 1, block = 1, args = {x, y, 1.0, 2}, reads = {x}} end,

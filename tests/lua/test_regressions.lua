@@ -468,4 +468,201 @@ function TestRegressions:test_output_without_grad_keeps_the_others ()
   end
 end
 
+-- A split whose piece size is near math.maxinteger is one piece (the count
+-- overflowed to none), and narrow's range errors speak of Lua's dims and
+-- entries (from 1), whatever the start, without overflow.
+function TestRegressions:test_split_huge_size_and_narrow_ranges ()
+  local x = gc.randn({2, 3})
+  local p = gc.split(x, math.maxinteger)
+  lu.assertEquals(#p, 1)
+  lu.assertEquals(p[1]:tolist(), x:tolist())
+  lu.assertEquals(#gc.split(x, math.maxinteger, 2), 1)
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local ok, e = pcall(gc.narrow, x, 2, 3, 2)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, "narrow: start 3 and length 2 do not fit dim 2 of size 3")
+  for _, c in ipairs({{math.mininteger, 1}, {0, 1}, {math.maxinteger, 2}, {1, -1},
+                      {2, math.maxinteger}}) do
+    ok, e = pcall(function () return gc.narrow(x, 1, c[1], c[2]) end)
+    lu.assertFalse(ok)
+    lu.assertStrContains(e, here)
+    lu.assertStrContains(e, ("narrow: start %d and length %d do not fit dim 1 of size 2"):format(c[1], c[2]))
+  end
+  lu.assertEquals(gc.narrow(x, 1, 2, 1):tolist(), {x:tolist()[2]})
+end
+
+-- A NaN or negative layer norm epsilon (every output NaN) is refused when
+-- the module is made, as is an option Embedding does not have (padding_idx
+-- was ignored: its row still got grads).
+function TestRegressions:test_transformer_eps_and_embedding_options ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local cases = {
+    {function (v) return gc.nn.LayerNormLinear(4, 3, {eps = v}) end, "LayerNormLinear: eps"},
+    {function (v) return gc.nn.LayerNormMLP(4, 8, {eps = v}) end, "LayerNormMLP: eps"},
+    {function (v) return gc.nn.MultiheadAttention(4, 2, {layernorm_epsilon = v}) end,
+     "MultiheadAttention: layernorm_epsilon"},
+    {function (v) return gc.nn.TransformerLayer(4, 8, 2, {layernorm_epsilon = v}) end,
+     "TransformerLayer: layernorm_epsilon"},
+  }
+  for _, c in ipairs(cases) do
+    for _, v in ipairs({0 / 0, -1e-5, math.huge}) do
+      local ok, e = pcall(c[1], v)
+      lu.assertFalse(ok, c[2] .. " " .. tostring(v))
+      lu.assertStrContains(e, here)
+      lu.assertStrContains(e, c[2] .. " must be a finite number >= 0, got ")
+    end
+    lu.assertNotNil(c[1](0))
+  end
+  local ok, e = pcall(function () return gc.nn.Embedding(3, 4, {padding_idx = 0}) end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, here)
+  lu.assertStrContains(e, "Embedding: unknown option 'padding_idx'")
+  lu.assertEquals(gc.nn.Embedding(3, 4)(gc.tensor({2})):shape(), {1, 4})
+end
+
+-- A kernel launch with a negative shared memory size ran (wrapped to 4 GiB
+-- as the driver's unsigned int); out-of-range grid and block sizes named no
+-- kernel. Both are refused at the caller's line, naming the kernel.
+function TestRegressions:test_kernel_launch_ranges_name_the_kernel ()
+  local SRC = [[
+extern "C" __global__ void fill1(float *y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = 1.0f;
+}
+]]
+  local ok, k = pcall(gc.cuda.kernel, SRC, "fill1",
+                      {host = function (y, n) y:view({n}):copy_(gc.ones({n})) end})
+  if not ok and tostring(k):find("NVRTC is not available", 1, true) then
+    lu.skip("no NVRTC here")
+  end
+  assert(ok, k)
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local y = gc.zeros({4})
+  local bad = {
+    {{grid = 1, block = 4, shmem = -1}, "kernel 'fill1':launch: shmem must be 0 to 2^32-1 bytes, got -1"},
+    {{grid = 1, block = 4, shmem = 1 << 32}, "shmem must be 0 to 2^32-1 bytes, got 4294967296"},
+    {{grid = 0, block = 4}, "kernel 'fill1':launch: grid sizes must be 1 to 2147483647, got 0 (entry 1)"},
+    {{grid = {1, -2}, block = 4}, "kernel 'fill1':launch: grid sizes must be 1 to 2147483647, got -2 (entry 2)"},
+    {{grid = 1, block = 1025}, "kernel 'fill1':launch: block sizes must be 1 to 1024, got 1025 (entry 1)"},
+  }
+  for _, c in ipairs(bad) do
+    local t = c[1]
+    t.args, t.writes = {y, 4}, {y}
+    local e
+    ok, e = pcall(function () k:launch(t) end)
+    lu.assertFalse(ok, c[2])
+    lu.assertStrContains(e, here)
+    lu.assertStrContains(e, c[2])
+  end
+  lu.assertEquals(y:tolist(), {0, 0, 0, 0})
+  k:launch{grid = 1, block = 4, shmem = 0, args = {y, 4}, writes = {y}}
+  lu.assertEquals(y:tolist(), {1, 1, 1, 1})
+end
+
+-- A closed tensor in a sequence (cat's tensors, a kernel launch's args,
+-- reads or writes) was reported as "bad argument #-1": the error names
+-- the entry now, and the call can be made again once it is replaced.
+function TestRegressions:test_closed_tensor_in_a_sequence_names_the_entry ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local a, z = gc.randn({2, 3}), gc.randn({2, 3})
+  z:close()
+  local ok, e = pcall(function () return gc.cat({a, z}) end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, here)
+  lu.assertStrContains(e, "cat: tensors[2] is a closed tensor")
+  lu.assertEquals(gc.cat({a, a}):shape(), {4, 3})
+  local SRC = [[
+extern "C" __global__ void copy1(const float *x, float *y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i];
+}
+]]
+  local k
+  ok, k = pcall(gc.cuda.kernel, SRC, "copy1",
+                {host = function (x, y, n) y:view({n}):copy_(x:view({n})) end})
+  if not ok and tostring(k):find("NVRTC is not available", 1, true) then
+    lu.skip("no NVRTC here")
+  end
+  assert(ok, k)
+  local y = gc.zeros({2, 3})
+  ok, e = pcall(function () k:launch{grid = 1, block = 6, args = {z, y, 6}, writes = {y}} end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, here)
+  lu.assertStrContains(e, "kernel launch: args[1] is a closed tensor")
+  ok, e = pcall(function () k:launch{grid = 1, block = 6, args = {a, y, 6}, reads = {a, z},
+                                     writes = {y}} end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, "kernel launch: reads[2] is a closed tensor")
+  lu.assertEquals(y:tolist(), gc.zeros({2, 3}):tolist())
+  k:launch{grid = 1, block = 6, args = {a, y, 6}, writes = {y}}
+  lu.assertEquals(y:tolist(), a:tolist())
+end
+
+-- A transformer layer given bf16 input (its parameters f32) said only
+-- "got input [3, 2, 4]": the layer norm's error gives each operand's dtype.
+function TestRegressions:test_layer_norm_dtype_error_names_the_dtypes ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local m = gc.nn.LayerNormLinear(4, 3)
+  local ok, e = pcall(function () return m(gc.randn({2, 4}, {dtype = "bf16"})) end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, here)
+  lu.assertStrContains(e, "got input bf16 [2, 4], weight f32 [4], bias f32 [4]")
+  lu.assertEquals(m(gc.randn({2, 4})):shape(), {2, 3})
+end
+
+-- MultiheadAttention (and TransformerLayer through it) given x of another
+-- hidden size failed inside its qkv projection, naming "linear" and a
+-- weight [12, 4] the caller never made: the module names itself and hidden.
+function TestRegressions:test_attention_layers_check_the_hidden_size ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  for _, m in ipairs({gc.nn.MultiheadAttention(4, 2), gc.nn.TransformerLayer(4, 8, 2)}) do
+    local ok, e = pcall(function () return m(gc.randn({3, 2, 5})) end)
+    lu.assertFalse(ok)
+    lu.assertStrContains(e, here)
+    lu.assertStrContains(e, "MultiheadAttention: x must be [seq, batch, hidden 4], got [3, 2, 5]")
+    lu.assertEquals(m(gc.randn({3, 2, 4})):shape(), {3, 2, 4})
+  end
+end
+
+-- k.launch{...} (a dot for the colon) named "kernel 'nil'": the error
+-- says how to call it.
+function TestRegressions:test_kernel_launch_called_with_a_dot ()
+  local ok, k = pcall(gc.cuda.kernel, [[
+extern "C" __global__ void nop1(int n) {}
+]], "nop1", {host = function () end})
+  if not ok and tostring(k):find("NVRTC is not available", 1, true) then
+    lu.skip("no NVRTC here")
+  end
+  assert(ok, k)
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local e
+  ok, e = pcall(function () k.launch{grid = 1, block = 1, args = {1}} end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, here)
+  lu.assertStrContains(e, "Kernel:launch: call it as k:launch{...}, got a table for k")
+  lu.assertNotStrContains(e, "'nil'")
+  k:launch{grid = 1, block = 1, args = {1}}
+end
+
+-- A kernel's source, name or option holding a NUL byte was cut there
+-- without a word (the source's rest never compiled): it is refused.
+function TestRegressions:test_kernel_strings_with_a_nul_byte ()
+  local src = 'extern "C" __global__ void f(int a) {}\n'
+  local ok, k = pcall(gc.cuda.kernel, src, "f")
+  if not ok and tostring(k):find("NVRTC is not available", 1, true) then
+    lu.skip("no NVRTC here")
+  end
+  assert(ok, k)
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  for _, c in ipairs({{src .. "\0#error never read", "f", {}, "source holds a NUL byte at 40"},
+                      {src, "f\0g", {}, "name holds a NUL byte at 2"},
+                      {src, "f", {"-w\0x"}, "an option holds a NUL byte at 3"}}) do
+    local e
+    ok, e = pcall(function () return gc.cuda.kernel(c[1], c[2], {options = c[3]}) end)
+    lu.assertFalse(ok, c[4])
+    lu.assertStrContains(e, here)
+    lu.assertStrContains(e, "gc.cuda.kernel: " .. c[4])
+  end
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

@@ -3,6 +3,7 @@
 ** dot-product attention composed of batched matmuls, the masked softmax and
 ** dropout, each with its backward.
 */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -265,6 +266,10 @@ gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gc
   if (opts != NULL) o = *opts;
   if ((st = sdpa_check(q, k, v, o.dropout_p)) != GCAP_OK) return st;
   d = q->shape[q->ndim - 1], dv = v->shape[v->ndim - 1];
+  /* the kernels take the scale as a float: a larger one would be inf there */
+  if (!(o.scale == 0.0 || (o.scale > 0.0 && o.scale <= (double)FLT_MAX)))
+    return gc_fail(q->e, GCAP_EINVAL, "%s: the scale must be positive and at most %g, got %g", op,
+                   (double)FLT_MAX, o.scale);
   scale = o.scale != 0.0 ? o.scale : 1.0 / sqrt((double)d);
   if (o.mask_kind != GCAP_MASK_ADD && o.mask_kind != GCAP_MASK_BOOL)
     return gc_fail(q->e, GCAP_EINVAL, "%s: unknown mask kind %d", op, (int)o.mask_kind);

@@ -2,6 +2,7 @@
 ** layers.c: activations, normalization, softmax, dropout and losses,
 ** forward and backward. Row ops work over the last dimension.
 */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,11 +177,14 @@ gcap_status gcap_layer_norm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, doub
   if ((w && (w->e != x->e || w->dt != x->dt || w->ndim != 1 || w->shape[0] != cols)) ||
       (b && (b->e != x->e || b->dt != x->dt || b->ndim != 1 || b->shape[0] != cols)) ||
       x->ndim < 1) {
-    char b1[64];
+    char b1[64], b2[64] = "", b3[64] = "";
+    if (w) gc_shape_str(w, b2, sizeof b2);
+    if (b) gc_shape_str(b, b3, sizeof b3);
     return gc_fail(x->e, GCAP_EINVAL,
-                   "layer_norm: expected input [..., n] with weight and bias [n] of its dtype; got "
-                   "input %s",
-                   gc_shape_str(x, b1, sizeof b1));
+                   "layer_norm: expected input [..., n] with weight and bias [n] of its dtype and "
+                   "engine; got input %s %s, weight %s %s, bias %s %s",
+                   gc_dtype_name(x->dt), gc_shape_str(x, b1, sizeof b1),
+                   w ? gc_dtype_name(w->dt) : "none", b2, b ? gc_dtype_name(b->dt) : "none", b3);
   }
   if ((st = gc_tensor_alloc(x->e, "layer_norm", x->dt, x->ndim, x->shape, out)) != GCAP_OK)
     return st;
@@ -278,8 +282,9 @@ gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
   if (x->ndim < (causal ? 2 : 1))
     return gc_fail(x->e, GCAP_EINVAL, "softmax: %s needs a tensor of at least %d dims, got %d-D",
                    causal ? "causal" : "a softmax", causal ? 2 : 1, x->ndim);
-  if (!isfinite(scale))
-    return gc_fail(x->e, GCAP_EINVAL, "softmax: the scale must be finite, got %g", scale);
+  if (!(fabs(scale) <= (double)FLT_MAX)) /* the kernels take it as a float */
+    return gc_fail(x->e, GCAP_EINVAL, "softmax: the scale must be finite as a float, got %g",
+                   scale);
   if (mask != NULL) {
     if (kind != GCAP_MASK_ADD && kind != GCAP_MASK_BOOL)
       return gc_fail(x->e, GCAP_EINVAL, "softmax: unknown mask kind %d", (int)kind);

@@ -159,8 +159,9 @@ static gcap_status narrow(gcap_tensor *t, int d, int64_t start, int64_t len, con
   gc_node *n;
   gcap_status st;
   if (start < 0 || len < 0 || start > t->shape[d] - len)
-    return gc_fail(t->e, GCAP_EINVAL, "%s: entries %lld..%lld of dim %d are outside its size %lld",
-                   op, (long long)start, (long long)(start + len - 1), d, (long long)t->shape[d]);
+    return gc_fail(t->e, GCAP_EINVAL,
+                   "%s: start %lld and length %lld do not fit dim %d of size %lld", op,
+                   (long long)start, (long long)len, d, (long long)t->shape[d]);
   memcpy(shape, t->shape, sizeof shape);
   shape[d] = len;
   if ((st = gc_tensor_alloc(t->e, op, t->dt, t->ndim, shape, out)) != GCAP_OK) return st;
@@ -198,7 +199,7 @@ static gcap_status split(gcap_tensor *t, int64_t size, int dim, int cap, gcap_te
   if ((st = gc_dim(t->e, op, dim, t->ndim, &d)) != GCAP_OK) return st;
   len = t->shape[d];
   if (size <= 0) return gc_fail(t->e, GCAP_EINVAL, "%s: the size of a piece must be positive", op);
-  count = (len + size - 1) / size;
+  count = len == 0 ? 0 : (len - 1) / size + 1; /* len + size - 1 may overflow */
   if (count > cap)
     return gc_fail(t->e, GCAP_EINVAL, "%s: dim %d of size %lld makes %lld pieces, room for %d", op,
                    d, (long long)len, (long long)count, cap);

@@ -94,6 +94,13 @@ static gcap_status tf_positive(gcap_engine *e, const char *type, const char *wha
   return gc_fail(e, GCAP_EINVAL, "%s: %s must be positive, got %lld", type, what, (long long)v);
 }
 
+/* A layer norm's epsilon must be finite and not negative (a NaN or a
+** negative one makes every output NaN, silently). */
+static gcap_status tf_eps(gcap_engine *e, const char *type, const char *what, double eps) {
+  if (eps >= 0.0 && isfinite(eps)) return GCAP_OK;
+  return gc_fail(e, GCAP_EINVAL, "%s: %s must be a finite number >= 0, got %g", type, what, eps);
+}
+
 /* A call of u's module with nin inputs, of which it takes lo to hi. */
 static gcap_status tf_inputs(const tf_mod *u, int nin, int lo, int hi) {
   if (nin >= lo && nin <= hi) return GCAP_OK;
@@ -139,6 +146,7 @@ gcap_status gcap_nn_layer_norm_linear(gcap_engine *e, int64_t in, int64_t out, d
   if (e == NULL) return GCAP_EINVAL;
   if ((st = tf_positive(e, type, "in_features", in)) != GCAP_OK ||
       (st = tf_positive(e, type, "out_features", out)) != GCAP_OK ||
+      (st = tf_eps(e, type, "eps", eps)) != GCAP_OK ||
       (st = tf_new(e, type, NULL, lnl_forward, m, &u)) != GCAP_OK)
     return st;
   u->eps = eps;
@@ -269,6 +277,7 @@ gcap_status gcap_nn_layer_norm_mlp(gcap_engine *e, int64_t hidden, int64_t ffn_h
   if (e == NULL) return GCAP_EINVAL;
   if ((st = tf_positive(e, type, "hidden_size", hidden)) != GCAP_OK ||
       (st = tf_positive(e, type, "ffn_hidden_size", ffn_hidden)) != GCAP_OK ||
+      (st = tf_eps(e, type, "eps", eps)) != GCAP_OK ||
       (st = tf_new(e, type, mlp_forward, NULL, m, &u)) != GCAP_OK)
     return st;
   u->eps = eps;
@@ -435,10 +444,10 @@ static gcap_status mha_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
   int i, n = 0;
   (void)m;
   if ((st = tf_mask_inputs(u, nin, 1, "x")) != GCAP_OK) return st;
-  if (gcap_tensor_ndim(in[0]) != 3) {
+  if (gcap_tensor_ndim(in[0]) != 3 || gcap_tensor_shape(in[0])[2] != u->heads * u->kv) {
     char b[64];
-    return gc_fail(u->e, GCAP_EINVAL, "%s: x must be [seq, batch, hidden], got %s", u->type,
-                   gc_shape_str(in[0], b, sizeof b));
+    return gc_fail(u->e, GCAP_EINVAL, "%s: x must be [seq, batch, hidden %lld], got %s", u->type,
+                   (long long)(u->heads * u->kv), gc_shape_str(in[0], b, sizeof b));
   }
   if ((st = gcap_module_call(u->c[TF_QKV], 1, in, &qkv)) == GCAP_OK) {
     int64_t shape[4];
@@ -467,7 +476,8 @@ static gcap_status check_layer(gcap_engine *e, const char *type, int64_t hidden,
                                const gcap_transformer_opts *o) {
   gcap_status st;
   if ((st = tf_positive(e, type, "hidden_size", hidden)) != GCAP_OK ||
-      (st = tf_positive(e, type, "num_attention_heads", heads)) != GCAP_OK)
+      (st = tf_positive(e, type, "num_attention_heads", heads)) != GCAP_OK ||
+      (st = tf_eps(e, type, "layernorm_epsilon", o->layernorm_epsilon)) != GCAP_OK)
     return st;
   if (hidden % heads != 0)
     return gc_fail(e, GCAP_EINVAL,
