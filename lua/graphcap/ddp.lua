@@ -84,6 +84,7 @@ function DDP:init (module, group, cap)
 end
 
 function DDP:forward (x, ...)
+  util.check_tensor("DDP", "input (argument #1)", x)
   local ps = self._params
   if #ps == 0 or not core.is_grad_enabled() then return self.module(x, ...) end
   local anchor = not x.requires_grad and ps[1] or nil

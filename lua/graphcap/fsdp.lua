@@ -135,6 +135,7 @@ function Unit:init (module) self.module = module end
 
 function Unit:forward (x, ...)
   local F, i, m, u = self._fsdp, self._index, self.module, self._u
+  util.check_tensor("FSDPUnit", "input (argument #1)", x)
   F:unshard(i)
   if not (core.is_grad_enabled() and m.training) then return m(x, ...) end
   -- before the module's backward (on its output) un-shard; after it (on its

@@ -1,0 +1,73 @@
+-- test_dist_args.lua: bad arguments to the distributed layer and the
+-- training across ranks (gc.dist, gc.ddp, gc.fsdp, gc.pipeline,
+-- gc.autograd.on_backward) at world size 1: each is an error naming the
+-- call and the argument at the caller's line, raised when the call is made
+-- (not later, inside backward or inside the facade), and what was given
+-- stays usable.
+--   build/graphcap tests/lua/test_dist_args.lua -o tap
+
+local lu = require "luaunit"
+local gc = require "graphcap"
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+
+local here = debug.getinfo(1, "S").short_src
+
+-- The error of f() names 'here' (this file's line) and every string given.
+local function fails (f, ...)
+  return H.assert_err(f, here .. ":", ...)
+end
+
+TestDistArgs = {}
+
+function TestDistArgs.test_on_backward_arguments ()
+  local ob = gc.autograd.on_backward
+  local x = gc.randn({3}, {requires_grad = true})
+  fails(function () ob("A", x, nil) end, "on_backward: fn (argument #3) must be a function, got nil")
+  fails(function () ob("A", 3, function () end) end, "on_backward: x (argument #2) must be a Tensor")
+  fails(function () ob(5, x, function () end) end, "on_backward: name (argument #1) must be a string")
+  fails(function () ob("A", gc.randn({3}), function () end, 7) end,
+        "on_backward: anchor (argument #4) must be a Tensor or nil, got number")
+  -- a callable table is a function; the node still works after the errors
+  local n = 0
+  local y = ob("A", x, setmetatable({}, {__call = function () n = n + 1 end}))
+  y:sum():backward()
+  lu.assertEquals(n, 1)
+  H.assert_same(x.grad:tolist(), {1, 1, 1}, "x's grad")
+end
+
+-- world size 1 for the whole file (what init and the world's group hold is
+-- alive before every test)
+if gc.dist.is_available() then
+  gc.dist.init()
+  gc.dist.world()
+end
+
+local function needs_dist ()
+  if not gc.dist.is_available() then lu.skip("built without MPI") end
+end
+
+function TestDistArgs.test_group_option_not_a_group ()
+  needs_dist()
+  local t = gc.ones({2})
+  fails(function () gc.dist.all_reduce(t, {group = {}}) end,
+        "all_reduce: option group must be a gc.dist group", "got table")
+  fails(function () gc.dist.reduce_scatter(t, t, {group = 1}) end, "reduce_scatter: option group")
+  fails(function () gc.dist.all_gather(t, t, {group = "w"}) end, "all_gather: option group")
+  fails(function () gc.dist.broadcast(t, 0, {group = {}}) end, "broadcast: option group")
+  fails(function () gc.dist.barrier(5) end, "barrier: group (argument #1) must be a gc.dist group")
+  gc.dist.all_reduce(t, {group = gc.dist.world()})
+  H.assert_same(t:tolist(), {1, 1}, "all_reduce after the errors")
+end
+
+function TestDistArgs.test_wrapper_input_not_a_tensor ()
+  needs_dist()
+  local d = gc.ddp.wrap(gc.nn.Linear(2, 2))
+  fails(function () d(3) end, "DDP: input (argument #1) must be a Tensor, got number")
+  fails(function () d(nil) end, "DDP: input (argument #1) must be a Tensor, got nil")
+  local F = gc.fsdp.shard({gc.nn.Linear(2, 2)})
+  fails(function () F.units[1]({}) end, "FSDPUnit: input (argument #1) must be a Tensor, got table")
+  lu.assertEquals(d(gc.ones({1, 2})):shape(), {1, 2})
+  lu.assertEquals(F.units[1](gc.ones({1, 2})):shape(), {1, 2})
+end
+
+os.exit(lu.LuaUnit.run(), true)
