@@ -70,4 +70,39 @@ function TestDistArgs.test_wrapper_input_not_a_tensor ()
   lu.assertEquals(F.units[1](gc.ones({1, 2})):shape(), {1, 2})
 end
 
+function TestDistArgs.test_pipeline_schedule_too_long ()
+  -- 2^40 microbatches: an error, not a schedule that fills the memory
+  fails(function () gc.pipeline.order{stages = 2, stage = 0, microbatches = 1 << 40} end,
+        "pipeline.order: 1 chunks x 1099511627776 microbatches is more than the 1048576")
+  fails(function () gc.pipeline.order{stages = 2, stage = 0, microbatches = 1 << 11,
+                                      chunks = 1 << 10} end, "pipeline.order: 1024 chunks x 2048")
+end
+
+function TestDistArgs.test_pipeline_run_arguments ()
+  local function opts (t)
+    local o = {stages = 1, stage = 0, microbatches = 2, shape = {2},
+               call = function (_, _, x) return x * 2 end,
+               input = function () return gc.ones({2}, {requires_grad = true}) end,
+               loss = function (_, y) return y:sum() end}
+    for k, v in pairs(t) do o[k] = v end
+    return o
+  end
+  local run = gc.pipeline.run
+  fails(function () run(opts{call = function () return 3 end}) end,
+        "pipeline.run: call(chunk, microbatch, x)'s result must be a Tensor, got number")
+  fails(function () run(opts{input = function () end}) end,
+        "pipeline.run: input(b)'s result must be a Tensor, got nil")
+  fails(function () run(opts{loss = function () return 1 end}) end,
+        "pipeline.run: loss(b, y)'s result must be a Tensor, got number")
+  fails(function () run(opts{shape = 3}) end, "pipeline.run: shape (the activations' shape)")
+  local losses = run(opts{})
+  H.assert_same({losses[1]:item(), losses[2]:item()}, {4, 4}, "losses")
+  if not gc.dist.is_available() then return end
+  needs_dist()
+  fails(function () run(opts{group = {}}) end, "pipeline.run: option group must be a gc.dist group")
+  -- more stages than ranks: said at once, not a send to a rank that is not there
+  fails(function () run(opts{stages = 2, stage = 1}) end,
+        "pipeline.run: the world has 1 ranks for 2 stages")
+end
+
 os.exit(lu.LuaUnit.run(), true)
