@@ -70,6 +70,24 @@ function TestDistArgs.test_wrapper_input_not_a_tensor ()
   lu.assertEquals(F.units[1](gc.ones({1, 2})):shape(), {1, 2})
 end
 
+-- A parameter in two units (one module given twice, or a weight shared by
+-- two modules) would get two shards stepped apart: refused, and nothing is
+-- sharded.
+function TestDistArgs.test_fsdp_parameter_in_two_units ()
+  needs_dist()
+  local l = gc.nn.Linear(2, 2)
+  fails(function () gc.fsdp.shard({l, l}) end,
+        "fsdp.shard: parameter 'weight' of module 2", "is also parameter 'weight' of module 1")
+  local w = gc.ones({2}, {requires_grad = true})
+  local Scale = gc.nn.Module("Scale")
+  function Scale:init (p) self.w = p end
+  function Scale:forward (x) return x * self.w end
+  fails(function () gc.fsdp.shard({Scale(w), gc.nn.Linear(2, 2), Scale(w)}) end,
+        "fsdp.shard: parameter 'w' of module 3", "is also parameter 'w' of module 1")
+  H.assert_same(l.weight:shape(), {2, 2}, "the weight's shape")
+  lu.assertEquals(#gc.fsdp.shard({l}):parameters(), 2)
+end
+
 function TestDistArgs.test_pipeline_schedule_too_long ()
   -- 2^40 microbatches: an error, not a schedule that fills the memory
   fails(function () gc.pipeline.order{stages = 2, stage = 0, microbatches = 1 << 40} end,
