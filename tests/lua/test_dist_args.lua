@@ -88,6 +88,28 @@ function TestDistArgs.test_fsdp_parameter_in_two_units ()
   lu.assertEquals(#gc.fsdp.shard({l}):parameters(), 2)
 end
 
+-- A DDP module holding f32 and bf16 parameters: each bucket holds one
+-- dtype (one bucket of both failed in backward, joining them), and the
+-- grads are averaged (at world size 1: as they were).
+function TestDistArgs.test_ddp_bucket_of_two_dtypes ()
+  needs_dist()
+  local Mix = gc.nn.Module("Mix")
+  function Mix:init ()
+    self.a = gc.ones({2}, {requires_grad = true})
+    self.b = gc.ones({2}, {dtype = "bf16", requires_grad = true})
+  end
+  function Mix:forward (x) return x * self.a end
+  local m = Mix()
+  local d = gc.ddp.wrap(m)
+  -- b's grad from a backward of its own, a's from the wrapper's: the sync
+  -- then finds both
+  local z = gc.full({2}, 3, "bf16") * m.b
+  z:sum():backward()
+  d(gc.full({2}, 2, {requires_grad = true})):sum():backward()
+  H.assert_same(m.a.grad:tolist(), {2, 2}, "a's grad")
+  H.assert_same(m.b.grad:tolist(), {3, 3}, "b's grad")
+end
+
 function TestDistArgs.test_pipeline_schedule_too_long ()
   -- 2^40 microbatches: an error, not a schedule that fills the memory
   fails(function () gc.pipeline.order{stages = 2, stage = 0, microbatches = 1 << 40} end,
