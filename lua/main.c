@@ -104,6 +104,34 @@ static void dist_atexit(void) {
 }
 
 /*
+** os.exit with a failure code on one of several ranks ends the whole job, as
+** an error does: exit's finalize would wait for ranks that may wait in a
+** collective for this one. A success code exits as before (upvalue 1, Lua's
+** own os.exit).
+*/
+static int dist_exit(lua_State *L) {
+  int code = lua_isboolean(L, 1) ? (lua_toboolean(L, 1) ? EXIT_SUCCESS : EXIT_FAILURE)
+                                 : (int)luaL_optinteger(L, 1, EXIT_SUCCESS);
+  if (code != EXIT_SUCCESS && gcap_dist_is_initialized()) {
+    fprintf(stderr, PROGNAME ": rank %d: os.exit(%d)\n", gcap_dist_rank(), code);
+    fflush(stderr);
+    gcap_dist_abort(code);
+  }
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
+static void install_dist_exit(lua_State *L) {
+  lua_getglobal(L, "os");
+  lua_getfield(L, -1, "exit");
+  lua_pushcclosure(L, dist_exit, 1);
+  lua_setfield(L, -2, "exit");
+  lua_pop(L, 1);
+}
+
+/*
 ** Message handler of every chunk: append a traceback, unless the message
 ** has one already (a script's own debug.traceback): one traceback, always.
 */
@@ -561,6 +589,7 @@ static int pmain(lua_State *L) {
     lua_setfield(L, LUA_REGISTRYINDEX, "LUA_NOENV");
   }
   luaL_openlibs(L);
+  install_dist_exit(L);
   preload(L);
   install_progress(L);
   if (trace != NULL && start_trace(L, trace) != LUA_OK) return 0;

@@ -131,6 +131,19 @@ local callbacks = {}
 -- needs no grad; it gets no grad from it. (gc.ddp and gc.fsdp run their
 -- collectives so, after a module's backward.)
 function autograd.on_backward (name, x, fn, anchor)
+  if type(name) ~= "string" then
+    raise("on_backward: name (argument #1) must be a string, got %s", typename(name))
+  end
+  if getmetatable(x) ~= TENSOR then
+    raise("on_backward: x (argument #2) must be a Tensor, got %s", typename(x))
+  end
+  local mt = getmetatable(fn)
+  if type(fn) ~= "function" and not (type(mt) == "table" and mt.__call) then
+    raise("on_backward: fn (argument #3) must be a function, got %s", typename(fn))
+  end
+  if anchor ~= nil and getmetatable(anchor) ~= TENSOR then
+    raise("on_backward: anchor (argument #4) must be a Tensor or nil, got %s", typename(anchor))
+  end
   local f = callbacks[name]
   if f == nil then
     f = autograd.Function(name)

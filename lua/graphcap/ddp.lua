@@ -41,12 +41,13 @@ local DDP = nn.Module("DDP")
 
 local MAX_JOIN = 64  -- the most tensors gc.cat joins
 
--- The parameters of ps in runs of at most cap bytes (and MAX_JOIN tensors)
+-- The parameters of ps in runs of one dtype (gc.cat joins one), of at most
+-- cap bytes and MAX_JOIN tensors
 local function buckets_of (ps, cap)
   local out, cur, bytes = {}, {}, 0
   for _, p in ipairs(ps) do
-    local b = 4 * p:numel()
-    if #cur > 0 and (bytes + b > cap or #cur == MAX_JOIN) then
+    local b = (p:dtype() == "bf16" and 2 or 4) * p:numel()
+    if #cur > 0 and (bytes + b > cap or #cur == MAX_JOIN or p:dtype() ~= cur[1]:dtype()) then
       out[#out + 1], cur, bytes = cur, {}, 0
     end
     cur[#cur + 1], bytes = p, bytes + b
@@ -84,6 +85,7 @@ function DDP:init (module, group, cap)
 end
 
 function DDP:forward (x, ...)
+  util.check_tensor("DDP", "input (argument #1)", x)
   local ps = self._params
   if #ps == 0 or not core.is_grad_enabled() then return self.module(x, ...) end
   local anchor = not x.requires_grad and ps[1] or nil

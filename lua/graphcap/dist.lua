@@ -8,10 +8,22 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 core._facade()
 
+local getmetatable, type = getmetatable, type
 _ENV = nil
 
 local cdist = core._dist
-local options = util.options
+local options, raise = util.options, util.raise
+local GROUP = core._metatables.DistGroup
+
+-- The group g of op (the option group, or barrier's argument): nil (the
+-- world) or a gc.dist group, checked here so that the error names it.
+local function group_of (op, g, what)
+  if g ~= nil and getmetatable(g) ~= GROUP then
+    raise("%s: %s must be a gc.dist group (gc.dist.new_group, gc.dist.world), got %s", op,
+          what or "option group", type(g))
+  end
+  return g
+end
 
 local dist = {
   is_initialized = cdist.is_initialized,
@@ -42,7 +54,7 @@ end
 
 -- gc.dist.barrier([group])
 function dist.barrier (group)
-  cdist.barrier(group)
+  cdist.barrier(group_of("barrier", group, "group (argument #1)"))
 end
 
 local reduce_options = {op = true, group = true}
@@ -51,12 +63,14 @@ local group_options = {group = true}
 -- gc.dist.all_reduce(t [, {op = "sum" | "avg" | "max", group = g}]), in place
 function dist.all_reduce (t, opts)
   opts = options("all_reduce", opts, reduce_options)
+  group_of("all_reduce", opts.group)
   cdist.all_reduce(t, opts.op or "sum", opts.group)
 end
 
 -- gc.dist.all_gather(out, t [, {group = g}]): out = every rank's t, rank-major
 function dist.all_gather (out, t, opts)
   opts = options("all_gather", opts, group_options)
+  group_of("all_gather", opts.group)
   cdist.all_gather(out, t, opts.group)
 end
 
@@ -64,23 +78,27 @@ end
 -- this rank's chunk of every rank's t
 function dist.reduce_scatter (out, t, opts)
   opts = options("reduce_scatter", opts, reduce_options)
+  group_of("reduce_scatter", opts.group)
   cdist.reduce_scatter(out, t, opts.op or "sum", opts.group)
 end
 
 -- gc.dist.broadcast(t, root [, {group = g}]): t = root's t
 function dist.broadcast (t, root, opts)
   opts = options("broadcast", opts, group_options)
+  group_of("broadcast", opts.group)
   cdist.broadcast(t, root, opts.group)
 end
 
 -- gc.dist.send(t, peer [, {group = g}]) and gc.dist.recv(t, peer [, {group = g}])
 function dist.send (t, peer, opts)
   opts = options("send", opts, group_options)
+  group_of("send", opts.group)
   cdist.send(t, peer, opts.group)
 end
 
 function dist.recv (t, peer, opts)
   opts = options("recv", opts, group_options)
+  group_of("recv", opts.group)
   cdist.recv(t, peer, opts.group)
 end
 

@@ -135,6 +135,7 @@ function Unit:init (module) self.module = module end
 
 function Unit:forward (x, ...)
   local F, i, m, u = self._fsdp, self._index, self.module, self._u
+  util.check_tensor("FSDPUnit", "input (argument #1)", x)
   F:unshard(i)
   if not (core.is_grad_enabled() and m.training) then return m(x, ...) end
   -- before the module's backward (on its output) un-shard; after it (on its
@@ -201,9 +202,16 @@ function fsdp.shard (modules, opts)
   if type(modules) ~= "table" or #modules == 0 then
     raise("fsdp.shard: expected a non-empty sequence of modules, got %s", type(modules))
   end
+  local owner = {}  -- parameter -> {module index, name}: each is sharded once
   for i, m in ipairs(modules) do  -- all checked before any parameter changes
     if not nn.is_module(m) then raise("fsdp.shard: entry %d is not a module", i) end
     for _, np in ipairs(m:named_parameters()) do
+      local o = owner[np[2]]
+      if o ~= nil then
+        raise("fsdp.shard: parameter '%s' of module %d (%s) is also parameter '%s' of module "
+              .. "%d; a parameter can be in one unit only", np[1], i, tostring(m), o[2], o[1])
+      end
+      owner[np[2]] = {i, np[1]}
       if np[2]:dtype() ~= "f32" then
         raise("fsdp.shard: parameter '%s' of module %d (%s) is %s; only f32 is sharded",
               np[1], i, tostring(m), np[2]:dtype())

@@ -26,6 +26,8 @@ local raise, options = util.raise, util.options
 
 local pipeline = {}
 
+local MAX_STEPS = 1 << 20  -- the most chunks x microbatches of one schedule
+
 -- A positive integer argument 'what' of 'where', or 'default' when nil.
 local function count (where, what, v, default)
   if v == nil and default ~= nil then return default end
@@ -99,6 +101,10 @@ function pipeline.order (opts)
   end
   local M = count("pipeline.order", "microbatches", opts.microbatches)
   local V = count("pipeline.order", "chunks", opts.chunks, 1)
+  if M > MAX_STEPS // V then  -- the order holds 2 entries (3: delay_wgrad) per chunk x microbatch
+    raise("pipeline.order: %d chunks x %d microbatches is more than the %d a schedule takes",
+          V, M, MAX_STEPS)
+  end
   local inter = opts.interleaved
   if inter == nil then inter = V > 1 end
   if type(inter) ~= "boolean" then
@@ -262,21 +268,34 @@ function pipeline.run (opts)
   local sched = {stages = opts.stages, microbatches = opts.microbatches, chunks = opts.chunks,
                  group_size = opts.group_size, interleaved = opts.interleaved}
   local P, r, orders = count("pipeline.run", "stages", opts.stages), opts.stage, {}
-  for q = 0, P - 1 do
-    sched.stage = q
-    orders[q] = pipeline.order(sched)
-  end
   if math.type(r) ~= "integer" or r < 0 or r >= P then
     raise("pipeline.run: stage must be an integer in 0..%d (stages - 1), got %s", P - 1,
           math.type(r) and r or type(r))
   end
-  local V, S = opts.chunks or 1, P * (opts.chunks or 1)
+  if type(shape) ~= "table" then
+    raise("pipeline.run: shape (the activations' shape) must be a sequence, got %s", type(shape))
+  end
   local gc = require "graphcap"
   local group = opts.group
-  local ranks = group and group:ranks()
-  if group and #ranks ~= P then
-    raise("pipeline.run: the group has %d ranks for %d stages", #ranks, P)
+  local ranks
+  if P > 1 or group ~= nil then  -- the ranks of the stages: this one must be stage r's
+    local dist, g, n = util.dist_group("pipeline.run", group)
+    ranks = g and g:ranks()
+    if (g and n ~= P) or n < P then
+      raise("pipeline.run: %s has %d ranks for %d stages", g and "the group" or "the world", n, P)
+    end
+    local me = g and g:rank() or dist.rank()
+    if me ~= r then
+      raise("pipeline.run: stage %d given on the pipeline's rank %d (each rank runs the stage of "
+            .. "its rank in the group, or in the world without one)", r, me)
+    end
   end
+  for q = 0, P - 1 do
+    sched.stage = q
+    orders[q] = pipeline.order(sched)
+  end
+  local V, S = opts.chunks or 1, P * (opts.chunks or 1)
+  local function tensor (what, v) return util.check_tensor("pipeline.run", what, v) end
   -- this stage's transfers, in the common order; outgoing data waits in
   -- outbox, incoming in inbox, until their turn
   local mine, at, index = {}, 1, {}
@@ -332,11 +351,17 @@ function pipeline.run (opts)
     local c, b = s.chunk, s.microbatch
     local v, key = (c - 1) * P + r, c .. ":" .. b
     if s.kind == "forward" then
-      local x = v == 0 and input(b) or get("act", v, b):requires_grad_(true)
-      local y = call(c, b, x)
+      local x = v == 0 and tensor("input(b)'s result", input(b))
+                or get("act", v, b):requires_grad_(true)
+      local y = tensor("call(chunk, microbatch, x)'s result", call(c, b, x))
       xs[key] = x
-      if v == S - 1 then losses[b] = loss(b, y); ys[key] = losses[b]
-      else ys[key] = y; put("act", y, v + 1, b) end
+      if v == S - 1 then
+        losses[b] = tensor("loss(b, y)'s result", loss(b, y))
+        ys[key] = losses[b]
+      else
+        ys[key] = y
+        put("act", y, v + 1, b)
+      end
     elseif s.kind == "backward" then
       local y = ys[key]
       if v == S - 1 then y:backward() else y:backward(get("grad", v, b)) end

@@ -76,6 +76,16 @@ function util.check (where, what, v, kind, default)
   return v
 end
 
+-- v, checked to be a Tensor: argument 'what' of 'where'.
+function util.check_tensor (where, what, v)
+  if getmetatable(v) ~= core._metatables.Tensor then
+    local mt = getmetatable(v)
+    raise("%s: %s must be a Tensor, got %s", where, what,
+          type(v) == "userdata" and type(mt) == "table" and mt.__name or type(v))
+  end
+  return v
+end
+
 -- zero_grad([{set_to_none = true}]) over a C zero_grad(self, set_to_none),
 -- for modules and optimizers alike.
 local zero_grad_options = {set_to_none = true}

@@ -65,6 +65,20 @@ T.test("bad arguments and options", function ()
   T.fails(function () gc.dist.set_debug(1) end, {"boolean"}, "set_debug(1)")
 end)
 
+T.test("recv of more elements than were sent fails, naming both sizes", function ()
+  -- pairs (0, 1), (2, 3): the even rank sends 2 elements, the odd one waits for 4
+  local peer = rank % 2 == 0 and rank + 1 or rank - 1
+  if peer >= n then return end
+  if rank % 2 == 0 then
+    gc.dist.send(gc.full({2}, 7), peer)
+  else
+    local t = gc.zeros({4})
+    T.fails(function () gc.dist.recv(t, peer) end,
+            {"recv: got 8 bytes from rank " .. peer .. ", expected 16 (t's 4 f32 elements)"},
+            "short message")
+  end
+end)
+
 T.test("debug mode names the op and the ranks that disagree", function ()
   gc.dist.set_debug(true)
   -- shapes: rank 0 [4], the others [2, 4]

@@ -118,4 +118,22 @@ function TestDist.test_a_failing_rank_ends_the_job ()
   lu.assertTrue(os.time() - t0 < 50)
 end
 
+-- os.exit(3) on one rank while the other waits in a collective: the job
+-- ends with that rank named (exit's finalize waited for ever for the other)
+function TestDist.test_os_exit_failing_on_one_rank_ends_the_job ()
+  local mr = mpirun()
+  if not gc.dist.is_available() or mr == nil then lu.skip("built without MPI, or no mpirun") end
+  local out, err, code = run(mr .. " -np 2 " .. quote(prog) .. " --device host SCRIPT", [[
+    local gc = require "graphcap"
+    gc.dist.init()
+    if gc.dist.rank() == 1 then os.exit(3) end
+    gc.dist.all_reduce(gc.ones({4}))  -- rank 0 waits here for rank 1
+    print("not reached")
+  ]], 30)
+  lu.assertNotEquals(code, 124, "the job hung until the time limit")
+  lu.assertNotEquals(code, 0)
+  lu.assertStrContains(err, "graphcap: rank 1: os.exit(3)")
+  lu.assertNotStrContains(out, "not reached")
+end
+
 os.exit(lu.LuaUnit.run(), true)

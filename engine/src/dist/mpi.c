@@ -138,7 +138,8 @@ gcap_status gc_mpi_collective(gcap_engine *e, const gc_coll *c) {
   const gcap_dist_group *g = (const gcap_dist_group *)c->group;
   const char *op = gc_coll_name(c->kind);
   size_t bytes = (size_t)c->count * (c->dt == GCAP_BF16 ? 2 : 4);
-  int n = g->size, nb = (int)bytes, err;
+  int n = g->size, nb = (int)bytes, err, got = 0;
+  MPI_Status status;
   void *tmp = NULL;
   if (g->mpi == NULL)
     return gc_fail(e, GCAP_ESTATE, "%s: the distributed runtime was finalized", op);
@@ -175,7 +176,15 @@ gcap_status gc_mpi_collective(gcap_engine *e, const gc_coll *c) {
       err = MPI_Send(c->src, nb, MPI_BYTE, c->peer, 0, g->mpi->comm);
       break;
     default:
-      err = MPI_Recv(c->dst, nb, MPI_BYTE, c->peer, 0, g->mpi->comm, MPI_STATUS_IGNORE);
+      err = MPI_Recv(c->dst, nb, MPI_BYTE, c->peer, 0, g->mpi->comm, &status);
+      /* a shorter message is no MPI error: t would be left partly old */
+      if (err == MPI_SUCCESS && (err = MPI_Get_count(&status, MPI_BYTE, &got)) == MPI_SUCCESS &&
+          got != nb)
+        return gc_fail(e, GCAP_EINVAL,
+                       "%s: got %d bytes from rank %d, expected %d (t's %lld %s elements): the "
+                       "sender's t has another dtype or element count",
+                       op, got, g->ranks[c->peer], nb, (long long)c->count,
+                       gc_dtype_name((gcap_dtype)c->dt));
       break;
   }
   free(tmp);
