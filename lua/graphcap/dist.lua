@@ -60,45 +60,46 @@ end
 local reduce_options = {op = true, group = true}
 local group_options = {group = true}
 
+-- The option table of collective op, each name in allowed, its group checked.
+local function collective_options (op, opts, allowed)
+  opts = options(op, opts, allowed)
+  group_of(op, opts.group)
+  return opts
+end
+
 -- gc.dist.all_reduce(t [, {op = "sum" | "avg" | "max", group = g}]), in place
 function dist.all_reduce (t, opts)
-  opts = options("all_reduce", opts, reduce_options)
-  group_of("all_reduce", opts.group)
+  opts = collective_options("all_reduce", opts, reduce_options)
   cdist.all_reduce(t, opts.op or "sum", opts.group)
 end
 
 -- gc.dist.all_gather(out, t [, {group = g}]): out = every rank's t, rank-major
 function dist.all_gather (out, t, opts)
-  opts = options("all_gather", opts, group_options)
-  group_of("all_gather", opts.group)
+  opts = collective_options("all_gather", opts, group_options)
   cdist.all_gather(out, t, opts.group)
 end
 
 -- gc.dist.reduce_scatter(out, t [, {op, group}]): out = the reduction of
 -- this rank's chunk of every rank's t
 function dist.reduce_scatter (out, t, opts)
-  opts = options("reduce_scatter", opts, reduce_options)
-  group_of("reduce_scatter", opts.group)
+  opts = collective_options("reduce_scatter", opts, reduce_options)
   cdist.reduce_scatter(out, t, opts.op or "sum", opts.group)
 end
 
 -- gc.dist.broadcast(t, root [, {group = g}]): t = root's t
 function dist.broadcast (t, root, opts)
-  opts = options("broadcast", opts, group_options)
-  group_of("broadcast", opts.group)
+  opts = collective_options("broadcast", opts, group_options)
   cdist.broadcast(t, root, opts.group)
 end
 
 -- gc.dist.send(t, peer [, {group = g}]) and gc.dist.recv(t, peer [, {group = g}])
 function dist.send (t, peer, opts)
-  opts = options("send", opts, group_options)
-  group_of("send", opts.group)
+  opts = collective_options("send", opts, group_options)
   cdist.send(t, peer, opts.group)
 end
 
 function dist.recv (t, peer, opts)
-  opts = options("recv", opts, group_options)
-  group_of("recv", opts.group)
+  opts = collective_options("recv", opts, group_options)
   cdist.recv(t, peer, opts.group)
 end
 

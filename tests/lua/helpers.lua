@@ -324,6 +324,29 @@ function H.walk (spec, fwd, bwd, dw)
 end
 
 -- ---------------------------------------------------------------------------
+-- Whole programs
+
+-- The program running the suite (the graphcap program, or lua5.4): the word
+-- of the command line at the lowest index of 'arg'.
+do
+  local i = 0
+  while arg[i - 1] ~= nil do i = i - 1 end
+  H.program = arg[i]
+end
+
+-- s as one shell word.
+function H.quote (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+-- The contents of the file at path, which is then removed.
+function H.slurp (path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("a")
+  f:close()
+  os.remove(path)
+  return s
+end
+
+-- ---------------------------------------------------------------------------
 -- JSON
 
 -- The value of the JSON text s (RFC 8259, strictly: one value, whitespace

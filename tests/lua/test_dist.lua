@@ -9,23 +9,8 @@
 local lu = require "luaunit"
 local gc = require "graphcap"
 
--- The program running this file: the lowest index of 'arg'.
-local prog
-do
-  local i = 0
-  while arg[i - 1] ~= nil do i = i - 1 end
-  prog = arg[i]
-end
-
-local function quote (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-
-local function slurp (path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  os.remove(path)
-  return s
-end
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local prog, quote, slurp = H.program, H.quote, H.slurp
 
 -- Run the shell command line 'cmd' with the Lua source 'src' as its script
 -- (the word SCRIPT in cmd), at most 'limit' seconds; stdout, stderr, status.

@@ -18,11 +18,7 @@ end
 
 local HERE = debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$")
 local ROOT = HERE .. "../../"
-local PROG = arg[-1]  -- the graphcap program: the first word of the command line
-for i = -1, -100, -1 do
-  if arg[i] == nil then break end
-  PROG = arg[i]
-end
+local PROG = dofile(HERE .. "helpers.lua").program  -- the graphcap program
 local BUILD = PROG:match("^(.-)[^/]*$")
 local AS_ROOT = io.popen("id -u"):read("l") == "0"
 

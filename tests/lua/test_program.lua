@@ -7,23 +7,8 @@
 local lu = require "luaunit"
 local gc = require "graphcap"
 
--- The program running this file: the lowest index of 'arg'.
-local prog
-do
-  local i = 0
-  while arg[i - 1] ~= nil do i = i - 1 end
-  prog = arg[i]
-end
-
-local function quote (s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-
-local function slurp (path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  os.remove(path)
-  return s
-end
+local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local prog, quote, slurp = H.program, H.quote, H.slurp
 
 -- Run the program with the shell words 'args' (quoted here), 'input' on its
 -- standard input and 'env' (a string of NAME=value words) in its environment,
