@@ -263,7 +263,7 @@ gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name
     memcpy(k->params, params, (size_t)nparams * sizeof *params);
   } else if (st == GCAP_OK)
     st = gc_kparams_parse(e, source, name, &k->nparams, k->params);
-  if (st == GCAP_OK && strcmp(e->be->name, "cuda") == 0) st = kl_load(k);
+  if (st == GCAP_OK && e->be == gc_cuda_backend()) st = kl_load(k);
   if (st != GCAP_OK) {
     kl_release(k);
     return st;
@@ -395,7 +395,7 @@ gcap_status gcap_kernel_launch(gcap_kernel *k, const gcap_launch_desc *l) {
   if ((st = kl_check(k, l)) == GCAP_OK && (kl = (kl_launch *)gc_calloc(1, sizeof *kl)) == NULL)
     st = gc_fail(e, GCAP_ENOMEM, "kernel '%s': out of host memory", k->name);
   if (st == GCAP_OK) st = kl_convert(k, l->nargs, l->args, kl->val, NULL);
-  if (st == GCAP_OK && l->host == NULL && strcmp(e->be->name, "host") == 0)
+  if (st == GCAP_OK && l->host == NULL && e->be == gc_host_backend())
     st = gc_fail(e, GCAP_EUNSUPPORTED,
                  "kernel '%s': a launch on the host backend needs a host twin", k->name);
   if (st != GCAP_OK) {
