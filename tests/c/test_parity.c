@@ -352,6 +352,66 @@ static const pcase cases[] = {
      3,
      {P2(4, 1024, N, 1), P1(1024, N, 1), P1(1024, N, 1)}},
     {"layer_norm no params", f_ln, F32, 1, 0, 1, {P3(2, 5, 96, N, 1)}},
+    /* rows held by a warp (1 to 8 packs of 16 bytes a lane), aligned and not, and
+       too long for it; the parameter grads in chunks of rows (f32 over a thousand
+       rows: test_layer_norm_many_rows) */
+    {"layer_norm [40,1000]",
+     f_ln_wb,
+     F32,
+     1,
+     0,
+     3,
+     {P2(40, 1000, N, 1), P1(1000, N, 1), P1(1000, N, 1)}},
+    {"layer_norm [6,1500]",
+     f_ln_wb,
+     F32,
+     1,
+     0,
+     3,
+     {P2(6, 1500, N, 1), P1(1500, N, 1), P1(1500, N, 1)}},
+    {"bf16 layer_norm [1100,768]",
+     f_ln_wb,
+     BF,
+     1,
+     0,
+     3,
+     {P2(1100, 768, N, 1), P1(768, N, 1), P1(768, N, 1)}},
+    {"bf16 layer_norm [64,256]",
+     f_ln_wb,
+     BF,
+     1,
+     0,
+     3,
+     {P2(64, 256, N, 1), P1(256, N, 1), P1(256, N, 1)}},
+    {"bf16 layer_norm [20,600]",
+     f_ln_wb,
+     BF,
+     1,
+     0,
+     3,
+     {P2(20, 600, N, 1), P1(600, N, 1), P1(600, N, 1)}},
+    {"bf16 layer_norm [20,1030]",
+     f_ln_wb,
+     BF,
+     1,
+     0,
+     3,
+     {P2(20, 1030, N, 1), P1(1030, N, 1), P1(1030, N, 1)}},
+    {"bf16 layer_norm [8,2048]",
+     f_ln_wb,
+     BF,
+     1,
+     0,
+     3,
+     {P2(8, 2048, N, 1), P1(2048, N, 1), P1(2048, N, 1)}},
+    {"bf16 layer_norm [4,3000]",
+     f_ln_wb,
+     BF,
+     1,
+     0,
+     3,
+     {P2(4, 3000, N, 1), P1(3000, N, 1), P1(3000, N, 1)}},
+    {"bf16 layer_norm no params [1024,64]", f_ln, BF, 1, 0, 1, {P2(1024, 64, N, 1)}},
     {"softmax [33,70]", f_softmax, F32, 1, 0, 1, {P2(33, 70, N, 1)}},
     {"softmax [8,1000]", f_softmax, F32, 1, 0, 1, {P2(8, 1000, N, 1)}},
     /* rows held by a warp (1, 2 or 4 packs of 16 bytes a lane), by a block
@@ -582,6 +642,28 @@ static void test_linear_gelu_many_rows(void) {
   parity_check_tol(&c, 2e-4, F32_RTOL);
 }
 
+/* LayerNorm over about a thousand rows, f32: its weight and bias grads are
+** such long sums (in chunks on cuda), so atol 2e-4 as above; rows of a warp
+** of 6 packs a lane, and of unaligned rows of 1 pack. */
+static void test_layer_norm_many_rows(void) {
+  static const pcase c[] = {{"layer_norm [1100,768]",
+                             f_ln_wb,
+                             F32,
+                             1,
+                             0,
+                             3,
+                             {P2(1100, 768, N, 1), P1(768, N, 1), P1(768, N, 1)}},
+                            {"layer_norm [1030,101]",
+                             f_ln_wb,
+                             F32,
+                             1,
+                             0,
+                             3,
+                             {P2(1030, 101, N, 1), P1(101, N, 1), P1(101, N, 1)}}};
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+    parity_check_tol(&c[i], 2e-4, F32_RTOL);
+}
+
 /* Attention: the fused kernels on cuda against the host's (which equal the
 ** composition bit for bit in f32), then the composition (impl "auto") on
 ** both. The softmax's sums run in another order (tile by tile) and bf16 is
@@ -787,6 +869,7 @@ int main(void) {
     t_run_(name, run_cur_case);
   }
   T_RUN(test_linear_gelu_many_rows);
+  T_RUN(test_layer_norm_many_rows);
   T_RUN(test_attention_parity);
   T_RUN(test_dropout_masks_identical);
   T_RUN(test_sgd_parity);

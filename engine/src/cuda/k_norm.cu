@@ -15,10 +15,16 @@
 ** write of each element, a warp or a block per row, with the same
 ** fixed-order rules; longer rows take the block-per-row loop above.
 **
-** The parameter gradients are sums over rows: one thread per column adds the
-** rows in order, as the host does, bit for bit in f32 and without atomics.
-** Per-element arithmetic uses round-to-nearest intrinsics in the host's
-** order, so no FMA contraction adds a difference of its own.
+** LayerNorm's forward and input grad hold rows of up to 8 packs a lane in
+** registers the same way, a warp per row (k_layernorm_regs,
+** k_layernorm_bwd_regs); longer rows take the block-per-row kernels.
+**
+** The parameter gradients are sums over rows in two stages (chunks of rows,
+** then the chunks in order; k_layernorm_bwd_params): no atomics, an order
+** fixed by the shape, so the same bits on every run, within float tolerance
+** of the host's running sums. Per-element arithmetic uses round-to-nearest
+** intrinsics in the host's order, so no FMA contraction adds a difference of
+** its own.
 */
 #include <math.h>
 
@@ -82,21 +88,73 @@ static __global__ void k_layernorm_bwd(void *dx, const void *dy, const void *x, 
   }
 }
 
-/* dw[c] = sum_r dy * xh, db[c] = sum_r dy; either output may be NULL. */
-static __global__ void k_layernorm_bwd_params(void *dw, void *db, const void *dy, const void *x,
-                                              const float *mean_in, const float *rstd_in, int dt,
-                                              int64_t rows, int64_t cols) {
-  CU_GRID_LOOP(c, cols) {
-    float sw = 0.0f, sb = 0.0f;
-    for (int64_t r = 0; r < rows; r++) {
-      float g = cu_load(dy, r * cols + c, dt);
-      float xh = __fmul_rn(__fsub_rn(cu_load(x, r * cols + c, dt), mean_in[r]), rstd_in[r]);
-      sw = __fadd_rn(sw, __fmul_rn(g, xh));
-      sb = __fadd_rn(sb, g);
+/* The parameter grads dw[c] = sum_r dy * xh and db[c] = sum_r dy (either
+** may be NULL), in two stages. A block of CU_LNP_X x CU_LNP_Y threads takes
+** CU_LNP_COLS columns (lane x: x, x + 32, ... of them) of chunk blockIdx.y of
+** the rows (chunk c: rows * c / chunks up to rows * (c + 1) / chunks); warp
+** y adds the rows lo + y, lo + y + CU_LNP_Y, ... in order, then the warps'
+** sums are added in warp order through shared memory, into part (dw's
+** partials, then db's: chunks x cols each) or, with one chunk, into the
+** outputs. cu_join_chunks adds the chunks in order. The order depends on rows
+** and cols alone: the same bits on every run. */
+#define CU_LNP_X 32
+#define CU_LNP_Y 8
+#define CU_LNP_PER 4  /* columns a lane */
+#define CU_LNP_ROWS 4 /* rows a warp loads at once */
+#define CU_LNP_COLS (CU_LNP_X * CU_LNP_PER)
+
+static __global__ void __launch_bounds__(CU_LNP_X *CU_LNP_Y)
+    k_layernorm_bwd_params(void *dw, void *db, float *part, const void *dy, const void *x,
+                           const float *mean_in, const float *rstd_in, int dt, int64_t rows,
+                           int64_t cols, int chunks) {
+  __shared__ float sh[2][CU_LNP_Y][CU_LNP_COLS];
+  const int tx = (int)threadIdx.x, ty = (int)threadIdx.y;
+  const int64_t c0 = (int64_t)blockIdx.x * CU_LNP_COLS + tx;
+  const int64_t lo = rows * blockIdx.y / chunks, hi = rows * (blockIdx.y + 1) / chunks;
+  float sw[CU_LNP_PER] = {0.0f}, sb[CU_LNP_PER] = {0.0f};
+  /* CU_LNP_ROWS rows loaded at once, then added in row order */
+  for (int64_t r0 = lo + ty; r0 < hi; r0 += CU_LNP_ROWS * CU_LNP_Y) {
+    float g[CU_LNP_ROWS][CU_LNP_PER], xh[CU_LNP_ROWS][CU_LNP_PER];
+#pragma unroll
+    for (int u = 0; u < CU_LNP_ROWS; u++) {
+      const int64_t r = r0 + u * CU_LNP_Y;
+      const float mean = r < hi ? mean_in[r] : 0.0f, rstd = r < hi ? rstd_in[r] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < CU_LNP_PER; j++) {
+        const int64_t c = c0 + j * CU_LNP_X;
+        const bool ok = r < hi && c < cols;
+        g[u][j] = ok ? cu_load(dy, r * cols + c, dt) : 0.0f;
+        xh[u][j] = ok ? __fmul_rn(__fsub_rn(cu_load(x, r * cols + c, dt), mean), rstd) : 0.0f;
+      }
     }
-    if (dw) cu_store(dw, c, dt, sw);
-    if (db) cu_store(db, c, dt, sb);
+#pragma unroll
+    for (int u = 0; u < CU_LNP_ROWS; u++)
+#pragma unroll
+      for (int j = 0; j < CU_LNP_PER; j++)
+        if (r0 + u * CU_LNP_Y < hi) {
+          sw[j] = __fadd_rn(sw[j], __fmul_rn(g[u][j], xh[u][j]));
+          sb[j] = __fadd_rn(sb[j], g[u][j]);
+        }
   }
+#pragma unroll
+  for (int j = 0; j < CU_LNP_PER; j++) {
+    sh[0][ty][tx + j * CU_LNP_X] = sw[j];
+    sh[1][ty][tx + j * CU_LNP_X] = sb[j];
+  }
+  __syncthreads();
+  /* thread (tx, ty) joins one column of one output: 2 x CU_LNP_COLS of them */
+  const int i = ty * CU_LNP_X + tx, which = i / CU_LNP_COLS, col = i % CU_LNP_COLS;
+  const int64_t c = (int64_t)blockIdx.x * CU_LNP_COLS + col;
+  void *out = which == 0 ? dw : db;
+  if (i >= 2 * CU_LNP_COLS || c >= cols || (chunks == 1 && !out)) return;
+  float s = sh[which][0][col];
+#pragma unroll
+  for (int y = 1; y < CU_LNP_Y; y++)
+    s = __fadd_rn(s, sh[which][y][col]);
+  if (chunks == 1)
+    cu_store(out, c, dt, s);
+  else
+    part[((int64_t)which * chunks + blockIdx.y) * cols + c] = s;
 }
 
 /* What the softmax's input z needs of row r, worked out once per row: the
@@ -355,6 +413,130 @@ static __global__ void __launch_bounds__(32 * W * CU_SM_RB(W))
   }
 }
 
+/* LayerNorm rows held in registers as the softmax's, a warp per row (four
+** rows a block): x is read once and y written once, the lane's columns of the
+** weight and bias loaded once per thread. The sums are a lane's registers in
+** order, then the warp's butterfly; mean and var as k_layernorm computes them. */
+template <typename T, int K>
+static __global__ void __launch_bounds__(32 * CU_SM_RB(1))
+    k_layernorm_regs(T *y, const T *x, const T *w, const T *b, float *mean_out, float *rstd_out,
+                     int64_t rows, int cols, float eps, bool vec) {
+  constexpr int N = K * 16 / (int)sizeof(T);
+  const int t = (int)threadIdx.x % 32;
+  const auto add = [](float u, float v) { return __fadd_rn(u, v); };
+  float wv[N], bv[N];
+  if (w) cu_sm_load<T, 32, K>(wv, w, cols, t, vec);
+  if (b) cu_sm_load<T, 32, K>(bv, b, cols, t, vec);
+  CU_SM_ROW_LOOP(r, rows, 1) {
+    float v[N], s = 0.0f, q = 0.0f;
+    cu_sm_load<T, 32, K>(v, x + r * cols, cols, t, vec);
+#pragma unroll
+    for (int i = 0; i < N; i++) /* past cols: 0 */
+      s = __fadd_rn(s, v[i]);
+    const float mean = __fdiv_rn(cu_sm_reduce<1>(s, NULL, add), (float)cols);
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+      const float d = __fsub_rn(v[i], mean);
+      if (cu_sm_col<T, 32>(i, t) < cols) q = __fadd_rn(q, __fmul_rn(d, d));
+    }
+    const float var = __fdiv_rn(cu_sm_reduce<1>(q, NULL, add), (float)cols);
+    const float rstd = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+      v[i] = __fmul_rn(__fsub_rn(v[i], mean), rstd);
+      if (w) v[i] = __fmul_rn(v[i], wv[i]);
+      if (b) v[i] = __fadd_rn(v[i], bv[i]);
+    }
+    cu_sm_store<T, 32, K>(y + r * cols, v, cols, t, vec);
+    if (t == 0) {
+      if (mean_out) mean_out[r] = mean;
+      if (rstd_out) rstd_out[r] = rstd;
+    }
+  }
+}
+
+/* dx of k_layernorm_bwd with rows held in registers: x and dy read once, dx
+** written once. */
+template <typename T, int K>
+static __global__ void __launch_bounds__(32 * CU_SM_RB(1))
+    k_layernorm_bwd_regs(T *dx, const T *dy, const T *x, const T *w, const float *mean_in,
+                         const float *rstd_in, int64_t rows, int cols, bool vec) {
+  constexpr int N = K * 16 / (int)sizeof(T);
+  const int t = (int)threadIdx.x % 32;
+  const auto add = [](float u, float v) { return __fadd_rn(u, v); };
+  float wv[N];
+  if (w) cu_sm_load<T, 32, K>(wv, w, cols, t, vec);
+  CU_SM_ROW_LOOP(r, rows, 1) {
+    const float mean = mean_in[r], rstd = rstd_in[r];
+    float xh[N], g[N], sg = 0.0f, sgx = 0.0f;
+    cu_sm_load<T, 32, K>(xh, x + r * cols, cols, t, vec);
+    cu_sm_load<T, 32, K>(g, dy + r * cols, cols, t, vec);
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+      xh[i] = __fmul_rn(__fsub_rn(xh[i], mean), rstd);
+      if (w) g[i] = __fmul_rn(g[i], wv[i]);
+      if (cu_sm_col<T, 32>(i, t) < cols) {
+        sg = __fadd_rn(sg, g[i]);
+        sgx = __fadd_rn(sgx, __fmul_rn(g[i], xh[i]));
+      }
+    }
+    sg = __fdiv_rn(cu_sm_reduce<1>(sg, NULL, add), (float)cols);
+    sgx = __fdiv_rn(cu_sm_reduce<1>(sgx, NULL, add), (float)cols);
+#pragma unroll
+    for (int i = 0; i < N; i++)
+      g[i] = __fmul_rn(rstd, __fsub_rn(__fsub_rn(g[i], sg), __fmul_rn(xh[i], sgx)));
+    cu_sm_store<T, 32, K>(dx + r * cols, g, cols, t, vec);
+  }
+}
+
+template <typename T, int K> static void cu_ln_launch(cudaStream_t s, int k, const gc_kargs *a) {
+  const int64_t rows = a->n[0], groups = (rows + CU_SM_RB(1) - 1) / CU_SM_RB(1);
+  const unsigned g = (unsigned)(groups < CU_MAX_BLOCKS ? groups : CU_MAX_BLOCKS);
+  const int cols = (int)a->n[1], nt = 32 * CU_SM_RB(1);
+  const T *w = (const T *)a->p[k == GC_K_LAYERNORM ? 2 : 3];
+  const bool vec = cu_packs(cols, a->dt, a->p[0], a->p[1], a->p[2]) != 0 &&
+                   cu_packs(cols, a->dt, a->p[3], NULL, NULL) != 0;
+  if (k == GC_K_LAYERNORM)
+    k_layernorm_regs<T, K><<<g, nt, 0, s>>>((T *)a->p[0], (const T *)a->p[1], w, (const T *)a->p[3],
+                                            (float *)a->p[4], (float *)a->p[5], rows, cols, a->f[0],
+                                            vec);
+  else
+    k_layernorm_bwd_regs<T, K><<<g, nt, 0, s>>>((T *)a->p[0], (const T *)a->p[1],
+                                                (const T *)a->p[2], w, (const float *)a->p[4],
+                                                (const float *)a->p[5], rows, cols, vec);
+}
+
+/* The register kernel with the fewest packs a lane that hold the row; false
+** when cols is 0 or longer than 8 packs a lane (2048 bf16 or 1024 f32). */
+template <typename T> static bool cu_ln_fast(cudaStream_t s, int k, const gc_kargs *a) {
+  constexpr int P = 16 / sizeof(T);
+  const int64_t cols = a->n[1], per = (cols + 32 * P - 1) / (32 * P);
+  switch (cols > 0 ? per : 0) {
+    case 1:
+      cu_ln_launch<T, 1>(s, k, a);
+      return true;
+    case 2:
+      cu_ln_launch<T, 2>(s, k, a);
+      return true;
+    case 3:
+      cu_ln_launch<T, 3>(s, k, a);
+      return true;
+    case 4:
+      cu_ln_launch<T, 4>(s, k, a);
+      return true;
+    case 5:
+    case 6:
+      cu_ln_launch<T, 6>(s, k, a);
+      return true;
+    case 7:
+    case 8:
+      cu_ln_launch<T, 8>(s, k, a);
+      return true;
+    default:
+      return false;
+  }
+}
+
 /* Launch GC_K_SOFTMAX or GC_K_SOFTMAX_BWD with rows held in registers. */
 template <typename T, int W, int K>
 static void cu_sm_launch(cudaStream_t s, int k, const gc_kargs *a, bool vec) {
@@ -394,25 +576,40 @@ template <typename T> static bool cu_sm_fast(cudaStream_t s, int k, const gc_kar
   return true;
 }
 
+/* GC_K_LAYERNORM_BWD_PARAMS: dw and db (either may be NULL) in
+** GC_LN_PARAMS_CHUNKS(rows) chunks, joined from the scratch p[6]. */
+static void cu_ln_params(cudaStream_t s, const gc_kargs *a) {
+  const int64_t rows = a->n[0] > 0 ? a->n[0] : 0, cols = a->n[1];
+  const int chunks = a->p[6] ? GC_LN_PARAMS_CHUNKS(rows) : 1;
+  float *part = (float *)a->p[6];
+  if (!a->p[0] && !a->p[1]) return;
+  dim3 grid((unsigned)((cols + CU_LNP_COLS - 1) / CU_LNP_COLS), (unsigned)chunks);
+  k_layernorm_bwd_params<<<grid, dim3(CU_LNP_X, CU_LNP_Y), 0, s>>>(
+      a->p[0], a->p[1], part, a->p[2], a->p[3], (const float *)a->p[4], (const float *)a->p[5],
+      a->dt, rows, cols, chunks);
+  if (chunks == 1) return;
+  if (a->p[0]) cu_join_chunks(s, a->p[0], part, a->dt, cols, chunks);
+  if (a->p[1]) cu_join_chunks(s, a->p[1], part + (int64_t)chunks * cols, a->dt, cols, chunks);
+}
+
 gcap_status cu_norm(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
   int64_t rows = a->n[0], cols = a->n[1];
   int dt = a->dt;
   if (cols <= 0 && k != GC_K_LAYERNORM) return GCAP_OK;
   if (k == GC_K_LAYERNORM_BWD_PARAMS) { /* rows = 0 writes zero grads, as the host */
-    if (a->p[0] || a->p[1])
-      k_layernorm_bwd_params<<<cu_blocks(cols), CU_THREADS, 0, s>>>(
-          a->p[0], a->p[1], a->p[2], a->p[3], (const float *)a->p[4], (const float *)a->p[5], dt,
-          rows > 0 ? rows : 0, cols);
+    cu_ln_params(s, a);
     return GCAP_OK;
   }
   if (rows <= 0 || cols < 0) return GCAP_OK;
   unsigned g = cu_row_blocks(rows);
   switch (k) {
     case GC_K_LAYERNORM: /* cols = 0 still writes mean and rstd (NaN), as the host */
+      if (dt == GCAP_BF16 ? cu_ln_fast<__nv_bfloat16>(s, k, a) : cu_ln_fast<float>(s, k, a)) break;
       k_layernorm<<<g, CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3], (float *)a->p[4],
                                                (float *)a->p[5], dt, rows, cols, a->f[0]);
       break;
     case GC_K_LAYERNORM_BWD:
+      if (dt == GCAP_BF16 ? cu_ln_fast<__nv_bfloat16>(s, k, a) : cu_ln_fast<float>(s, k, a)) break;
       k_layernorm_bwd<<<g, CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3],
                                                    (const float *)a->p[4], (const float *)a->p[5],
                                                    dt, rows, cols);

@@ -133,7 +133,8 @@ static gcap_status ln_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
     if ((st = gc_run(g->e, GC_K_LAYERNORM_BWD, &a, in, 4, gin[0])) != GCAP_OK) return st;
   }
   if ((w && gc_node_needs(n, 1)) || (b && gc_node_needs(n, 2))) {
-    gcap_tensor *dw = NULL, *db = NULL;
+    gcap_tensor *dw = NULL, *db = NULL, *scratch = NULL;
+    int64_t chunks = GC_LN_PARAMS_CHUNKS(rows);
     if (w && gc_node_needs(n, 1) &&
         (st = gc_tensor_alloc(g->e, "layer_norm backward", w->dt, 1, w->shape, &dw)) != GCAP_OK)
       return st;
@@ -153,7 +154,11 @@ static gcap_status ln_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
     a.n[1] = cols;
     if (dw) st = gc_note_access(g->e, dw, 1);
     if (st == GCAP_OK && db) st = gc_note_access(g->e, db, 1);
+    if (st == GCAP_OK)
+      st = gc_scratch(g->e, "layer_norm backward", chunks > 1 ? 2 * chunks * cols : 0, &scratch,
+                      &a.p[6]);
     if (st == GCAP_OK) st = gc_run(g->e, GC_K_LAYERNORM_BWD_PARAMS, &a, in, 4, NULL);
+    gcap_tensor_free(scratch);
     if (st != GCAP_OK) {
       gcap_tensor_free(dw);
       gcap_tensor_free(db);

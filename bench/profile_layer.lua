@@ -1,0 +1,20 @@
+-- profile_layer.lua: steps of one pre-LN TransformerLayer (the transformer
+-- bench's layer: causal, no dropout, bf16) on x [S, B, d], forward and
+-- backward of the sum, for a kernel profiler. bench/profile_kernels.py keeps
+-- the kernels of the last of the `steps` steps. Usage:
+--   build/graphcap bench/profile_layer.lua [d heads S B steps impl]
+local gc = require "graphcap"
+
+local d, heads = tonumber(arg[1]) or 768, tonumber(arg[2]) or 12
+local S, B = tonumber(arg[3]) or 1024, tonumber(arg[4]) or 8
+local steps, impl = tonumber(arg[5]) or 4, arg[6] or "auto"
+gc.manual_seed(0)
+local m = gc.nn.TransformerLayer(d, 4 * d, heads, {self_attn_mask_type = "causal",
+                                                   hidden_dropout = 0, attention_dropout = 0,
+                                                   attn_impl = impl})
+m:to("bf16")
+local x = gc.randn({S, B, d}, {requires_grad = true, dtype = "bf16"})
+for _ = 1, steps do
+  m(x):sum():backward()
+  gc.synchronize()
+end
