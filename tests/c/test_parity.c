@@ -297,6 +297,8 @@ static const pcase cases[] = {
     {"gelu", f_gelu, F32, 1, 0, 1, {P2(33, 70, N, 1)}},
     {"clone", f_clone, F32, 0, 0, 1, {P1(1000, N, 0)}},
     {"fill", f_full, F32, 0, 0, 1, {P2(10, 10, N, 0)}},
+    {"fill [3,7] (not whole packs)", f_full, F32, 0, 0, 1, {P2(3, 7, N, 0)}},
+    {"bf16 fill", f_full, BF, 0, 0, 1, {P2(8, 16, N, 0)}},
     {"copy f32 -> bf16", f_to_bf16, F32, 0, 0, 1, {P1(4099, N, 0)}},
     /* linear algebra */
     {"matmul [37,53]x[53,29]", f_matmul, F32, 1, 0, 2, {P2(37, 53, N, 1), P2(53, 29, N, 1)}},
@@ -543,6 +545,7 @@ static const pcase cases[] = {
     {"merge heads [3,4,5,6]", f_merge_heads, F32, 1, 0, 1, {P4(3, 4, 5, 6, N, 1)}},
     {"transpose [2,33,70] (-1,-2)", f_transpose, F32, 1, 0, 1, {P3(2, 33, 70, N, 1)}},
     {"split [2,7,5] dim 1 then cat", f_split_cat, F32, 1, 0, 1, {P3(2, 7, 5, N, 1)}},
+    {"split [2,8,4] dim 1 then cat (16-byte rows)", f_split_cat, F32, 1, 0, 1, {P3(2, 8, 4, N, 1)}},
     /* bf16 */
     {"bf16 matmul [2,3,17,9]x[2,3,9,13]",
      f_matmul,
@@ -583,6 +586,7 @@ static const pcase cases[] = {
     {"bf16 merge heads [3,4,5,64]", f_merge_heads, BF, 1, 0, 1, {P4(3, 4, 5, 64, N, 1)}},
     {"bf16 transpose [2,33,70]", f_transpose, BF, 1, 0, 1, {P3(2, 33, 70, N, 1)}},
     {"bf16 split then cat", f_split_cat, BF, 1, 0, 1, {P3(2, 7, 5, N, 1)}},
+    {"bf16 split [3,9,16] then cat (16-byte rows)", f_split_cat, BF, 1, 0, 1, {P3(3, 9, 16, N, 1)}},
     {"bf16 add", f_add, BF, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
     {"bf16 add row", f_add, BF, 1, 0, 2, {P2(33, 70, N, 1), P1(70, N, 1)}},
     {"bf16 sub 0-D", f_sub, BF, 1, 0, 2, {P2(33, 70, N, 1), P0(N, 1)}},

@@ -20,6 +20,17 @@ template <typename I> static __global__ void k_fill(void *y, int dt, I n, float 
   CU_LOOP(I, i, n) cu_store(y, i, dt, v);
 }
 
+/* k_fill over n 16-byte packs: v as dt stores it, in every element. */
+static __global__ void k_fill_packed(uint4 *y, int dt, int64_t n, float v) {
+  cu_pack u;
+  for (int j = 0; j < 4; j++)
+    if (dt == GCAP_BF16)
+      u.h[j] = __float2bfloat162_rn(v);
+    else
+      u.f[j] = v;
+  CU_GRID_LOOP(i, n) y[i] = u.v;
+}
+
 /* Converts between dtypes: ydt is the destination's, xdt the source's. */
 template <typename I> static __global__ void k_copy(void *y, int ydt, const void *x, int xdt, I n) {
   CU_LOOP(I, i, n) cu_store(y, i, ydt, cu_load(x, i, xdt));
@@ -144,6 +155,10 @@ static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a, int6
       a->n[2] == a->n[0] && (packs = cu_packs(a->n[0], a->dt, a->p[0], a->p[1], a->p[2])) > 0) {
     k_binary_packed<<<cu_blocks(packs), CU_THREADS, 0, s>>>(
         k, (uint4 *)a->p[0], (const uint4 *)a->p[1], (const uint4 *)a->p[2], a->dt, packs);
+    return;
+  }
+  if (k == GC_K_FILL && (packs = cu_packs(a->n[0], a->dt, a->p[0], NULL, NULL)) > 0) {
+    k_fill_packed<<<cu_blocks(packs), CU_THREADS, 0, s>>>((uint4 *)a->p[0], a->dt, packs, a->f[0]);
     return;
   }
   if (k == GC_K_COPY && a->n[1] == a->dt && a->p[0] != a->p[1] &&

@@ -4,7 +4,8 @@
 ** reduces a broadcast batch's grads.
 **
 ** Copies move values unchanged (bitwise equal to the host; a permute that
-** keeps the last dim moves whole rows, 16 bytes at a time where it can); sum_mid has one
+** keeps the last dim moves whole rows, and a narrow whose rows split into
+** aligned 16-byte pieces moves those, 16 bytes at a time); sum_mid has one
 ** thread per output element adding the middle dim in order, as the host,
 ** without atomics: f32 results equal the host's bit for bit.
 */
@@ -74,6 +75,20 @@ static __global__ void k_narrow(void *dst, const void *src, int dt, int64_t len,
   }
 }
 
+/* k_narrow with inner = 1 over 16-byte units: a slice whose rows (len
+** elements of inner each, at offset off of rows of full) split into aligned
+** 16-byte pieces moves them whole. */
+static __global__ void k_narrow_rows(uint4 *dst, const uint4 *src, int64_t len, int64_t full,
+                                     int64_t off, int insert, int64_t n) {
+  CU_GRID_LOOP(part, n) {
+    int64_t whole = (part / len) * full + off + part % len;
+    if (insert)
+      dst[whole] = src[part];
+    else
+      dst[part] = src[whole];
+  }
+}
+
 static __global__ void k_sum_mid(void *y, const void *x, int dt, int64_t mid, int64_t inner,
                                  int64_t n) {
   CU_GRID_LOOP(t, n) {
@@ -101,7 +116,15 @@ gcap_status cu_shape(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_
     }
     case GC_K_NARROW: {
       int64_t n = a->n[0] * a->n[1] * a->n[2];
-      if (n > 0)
+      const int64_t esz = dt == GCAP_BF16 ? 2 : 4, unit = a->n[2] * esz; /* bytes an index */
+      if (n <= 0) return GCAP_OK;
+      if ((a->n[1] * unit) % 16 == 0 && (a->n[3] * unit) % 16 == 0 && (a->n[4] * unit) % 16 == 0 &&
+          ((uintptr_t)a->p[0] | (uintptr_t)a->p[1]) % 16 == 0) {
+        const int64_t len = a->n[1] * unit / 16;
+        k_narrow_rows<<<cu_blocks(a->n[0] * len), CU_THREADS, 0, s>>>(
+            (uint4 *)a->p[0], (const uint4 *)a->p[1], len, a->n[3] * unit / 16, a->n[4] * unit / 16,
+            (int)a->n[5], a->n[0] * len);
+      } else
         k_narrow<<<cu_blocks(n), CU_THREADS, 0, s>>>(a->p[0], a->p[1], dt, a->n[1], a->n[2],
                                                      a->n[3], a->n[4], (int)a->n[5], n);
       return GCAP_OK;
