@@ -127,7 +127,7 @@ gcap_status cu_activation(gcap_engine *e, cu_state *st, cudaStream_t s, int k, c
       break;
     default: { /* GC_K_GELU_BWD */
       int64_t cols = a->n[1], rows = cols > 0 ? n / cols : 0;
-      int chunks = a->p[4] != NULL ? GC_SUM_ROWS_CHUNKS(rows) : 1;
+      int chunks = a->p[4] != NULL ? GC_COLSUM_CHUNKS(rows) : 1;
       if (a->p[3] == NULL || cols <= 0) {
         k_gelu_bwd<<<g, CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->dt, n);
         break;

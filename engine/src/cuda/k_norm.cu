@@ -577,10 +577,10 @@ template <typename T> static bool cu_sm_fast(cudaStream_t s, int k, const gc_kar
 }
 
 /* GC_K_LAYERNORM_BWD_PARAMS: dw and db (either may be NULL) in
-** GC_LN_PARAMS_CHUNKS(rows) chunks, joined from the scratch p[6]. */
+** GC_COLSUM_CHUNKS(rows) chunks, joined from the scratch p[6]. */
 static void cu_ln_params(cudaStream_t s, const gc_kargs *a) {
   const int64_t rows = a->n[0] > 0 ? a->n[0] : 0, cols = a->n[1];
-  const int chunks = a->p[6] ? GC_LN_PARAMS_CHUNKS(rows) : 1;
+  const int chunks = a->p[6] ? GC_COLSUM_CHUNKS(rows) : 1;
   float *part = (float *)a->p[6];
   if (!a->p[0] && !a->p[1]) return;
   dim3 grid((unsigned)((cols + CU_LNP_COLS - 1) / CU_LNP_COLS), (unsigned)chunks);

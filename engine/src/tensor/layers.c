@@ -65,7 +65,7 @@ gcap_status gcap_gelu(gcap_tensor *x, gcap_tensor **out) {
 
 gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_tensor **dx,
                              gcap_tensor **colsum) {
-  int64_t rows = cols > 0 ? x->numel / cols : 0, chunks = GC_SUM_ROWS_CHUNKS(rows);
+  int64_t rows = cols > 0 ? x->numel / cols : 0, chunks = GC_COLSUM_CHUNKS(rows);
   gcap_tensor *in[2], *scratch = NULL;
   gc_kargs a;
   gcap_status st;
@@ -134,7 +134,7 @@ static gcap_status ln_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   }
   if ((w && gc_node_needs(n, 1)) || (b && gc_node_needs(n, 2))) {
     gcap_tensor *dw = NULL, *db = NULL, *scratch = NULL;
-    int64_t chunks = GC_LN_PARAMS_CHUNKS(rows);
+    int64_t chunks = GC_COLSUM_CHUNKS(rows);
     if (w && gc_node_needs(n, 1) &&
         (st = gc_tensor_alloc(g->e, "layer_norm backward", w->dt, 1, w->shape, &dw)) != GCAP_OK)
       return st;
