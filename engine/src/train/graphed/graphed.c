@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train.h"
+#include "train/train.h"
 #include "schedule.h"
 
 /* The outputs of one call: n of them, NULL where absent. */

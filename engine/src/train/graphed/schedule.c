@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train.h"
+#include "train/train.h"
 #include "schedule.h"
 
 static gcap_status sched_push(gcap_engine *e, gc_schedule *s, int kind, int entry, int callable,

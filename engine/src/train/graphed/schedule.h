@@ -4,7 +4,7 @@
 #ifndef GC_SCHEDULE_H
 #define GC_SCHEDULE_H
 
-#include "train.h"
+#include "train/train.h"
 
 enum { GC_PASS_FWD, GC_PASS_BWD, GC_PASS_DW };
 
