@@ -14,8 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/train.h"
-#include "schedule.h"
+#include "graphed.h"
 
 static gcap_status sched_push(gcap_engine *e, gc_schedule *s, int kind, int entry, int callable,
                               int chunk, int pos) {
@@ -87,25 +86,43 @@ static gcap_status sched_plain(gcap_engine *e, int ncallables, int nentries, int
   return GCAP_OK;
 }
 
-gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, const int *nlpc,
-                              int nchunks, int ncallables, int nentries, int training,
-                              gc_schedule *s) {
-  int K = 0, M = -1, p, m, total = 0;
-  int *fwd = NULL, *bwd = NULL, *prefix = NULL, *layers = NULL, *last_bwd_pos = NULL,
-      *dw_done = NULL;
-  gcap_status st = GCAP_OK;
-  memset(s, 0, sizeof *s);
-  if (nentries <= 0 || ncallables <= 0)
-    return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: no callables or no sample_args");
-  if ((s->entry_callable = (int *)gc_calloc((size_t)nentries, sizeof(int))) == NULL)
+/* The chunks of an order while it is checked and expanded. */
+typedef struct sched_chunks {
+  int K, M;             /* chunks (the largest forward entry), microbatches of each */
+  int *fwd, *bwd;       /* [K] forwards and backwards seen so far */
+  int *prefix, *layers; /* [K + 1] callables before each chunk, [K] its layers */
+  int *last_bwd_pos;    /* [K] position of the chunk's last backward (-1: none yet) */
+  int *dw_done;         /* [K] that backward has had its wgrad */
+} sched_chunks;
+
+static gcap_status chunks_new(gcap_engine *e, sched_chunks *c) {
+  int m;
+  c->fwd = (int *)gc_calloc((size_t)c->K, sizeof(int));
+  c->bwd = (int *)gc_calloc((size_t)c->K, sizeof(int));
+  c->prefix = (int *)gc_calloc((size_t)c->K + 1, sizeof(int));
+  c->layers = (int *)gc_calloc((size_t)c->K, sizeof(int));
+  c->last_bwd_pos = (int *)gc_calloc((size_t)c->K, sizeof(int));
+  c->dw_done = (int *)gc_calloc((size_t)c->K, sizeof(int));
+  if (!c->fwd || !c->bwd || !c->prefix || !c->layers || !c->last_bwd_pos || !c->dw_done)
     return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
-  if (order == NULL) {
-    if (nlpc != NULL)
-      return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: num_layers_per_chunk needs order");
-    return sched_plain(e, ncallables, nentries, training, s);
-  }
-  if (len <= 0) return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: order is empty");
-  /* rule 1: integers, or -(k + 0.5) for delayed wgrad; K = largest forward */
+  for (m = 0; m < c->K; m++)
+    c->last_bwd_pos[m] = -1;
+  return GCAP_OK;
+}
+
+static void chunks_free(sched_chunks *c) {
+  free(c->fwd);
+  free(c->bwd);
+  free(c->prefix);
+  free(c->layers);
+  free(c->last_bwd_pos);
+  free(c->dw_done);
+}
+
+/* rule 1: integers, or -(k + 0.5) for delayed wgrad; *K = largest forward */
+static gcap_status sched_entries(gcap_engine *e, const double *order, int len, int *K) {
+  int p;
+  *K = 0;
   for (p = 0; p < len; p++) {
     double v = order[p], a = fabs(v);
     if (!isfinite(v) || v == 0.0)
@@ -119,153 +136,170 @@ gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, cons
                           "a non-integer entry must be -(k + 0.5), the delayed wgrad of chunk k");
       if (v > 0) return order_fail(e, p, v, "forward entries must be integers");
     }
-    if (v > 0 && v > K) K = (int)v;
+    if (v > 0 && v > *K) *K = (int)v;
   }
-  if (K == 0) return order_fail(e, 0, order[0], "the order holds no forward entry");
+  if (*K == 0) return order_fail(e, 0, order[0], "the order holds no forward entry");
   for (p = 0; p < len; p++)
-    if ((int)floor(fabs(order[p])) > K)
-      return order_fail(e, p, order[p], "|entry| must be in 1..%d (the largest forward entry)", K);
-  fwd = (int *)gc_calloc((size_t)K, sizeof(int));
-  bwd = (int *)gc_calloc((size_t)K, sizeof(int));
-  prefix = (int *)gc_calloc((size_t)K + 1, sizeof(int));
-  layers = (int *)gc_calloc((size_t)K, sizeof(int));
-  last_bwd_pos = (int *)gc_calloc((size_t)K, sizeof(int));
-  dw_done = (int *)gc_calloc((size_t)K, sizeof(int));
-  if (!fwd || !bwd || !prefix || !layers || !last_bwd_pos || !dw_done) {
-    st = gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
-    goto done;
-  }
-  /* rules 2-4: equal forward/backward counts, backward b after forward b,
-  ** a wgrad right after (per chunk) a backward of its chunk */
-  for (m = 0; m < K; m++)
-    last_bwd_pos[m] = -1;
+    if ((int)floor(fabs(order[p])) > *K)
+      return order_fail(e, p, order[p], "|entry| must be in 1..%d (the largest forward entry)", *K);
+  return GCAP_OK;
+}
+
+/* rules 3-4: backward b after forward b, a wgrad right after (per chunk) a
+** backward of its chunk; counts each chunk's forwards and backwards */
+static gcap_status sched_pairs(gcap_engine *e, const double *order, int len, sched_chunks *c) {
+  int p;
   for (p = 0; p < len; p++) {
     double v = order[p];
     int k = (int)floor(fabs(v)) - 1;
     if (v > 0) {
-      fwd[k]++;
+      c->fwd[k]++;
     } else if (v == floor(v)) {
-      if (bwd[k] >= fwd[k]) {
-        st = order_fail(e, p, v, "the %s backward of chunk %d comes before its %s forward",
-                        ordinal(bwd[k] + 1), k + 1, ordinal(bwd[k] + 1));
-        goto done;
-      }
-      bwd[k]++;
-      last_bwd_pos[k] = p;
-      dw_done[k] = 0;
+      if (c->bwd[k] >= c->fwd[k])
+        return order_fail(e, p, v, "the %s backward of chunk %d comes before its %s forward",
+                          ordinal(c->bwd[k] + 1), k + 1, ordinal(c->bwd[k] + 1));
+      c->bwd[k]++;
+      c->last_bwd_pos[k] = p;
+      c->dw_done[k] = 0;
     } else {
-      if (last_bwd_pos[k] < 0 || dw_done[k]) {
-        st = order_fail(e, p, v,
-                        "a delayed wgrad -(%d + 0.5) must follow a backward of chunk %d, with "
-                        "no other wgrad of that chunk between",
-                        k + 1, k + 1);
-        goto done;
-      }
-      dw_done[k] = 1;
+      if (c->last_bwd_pos[k] < 0 || c->dw_done[k])
+        return order_fail(e, p, v,
+                          "a delayed wgrad -(%d + 0.5) must follow a backward of chunk %d, with "
+                          "no other wgrad of that chunk between",
+                          k + 1, k + 1);
+      c->dw_done[k] = 1;
     }
   }
-  for (m = 0; m < K; m++) {
-    if (fwd[m] == 0) {
-      st = gc_fail(e, GCAP_EINVAL,
-                   "make_graphed_callables: order has no forward of chunk %d (chunks are 1..%d)",
-                   m + 1, K);
-      goto done;
-    }
-    if (M < 0) M = fwd[m];
-    if (fwd[m] != M || (training && bwd[m] != fwd[m])) {
+  return GCAP_OK;
+}
+
+/* rule 2: every chunk has forwards, as many as chunk 1 (c->M), and in
+** training as many backwards */
+static gcap_status sched_counts(gcap_engine *e, const double *order, int len, int training,
+                                sched_chunks *c) {
+  int m, p;
+  c->M = -1;
+  for (m = 0; m < c->K; m++) {
+    if (c->fwd[m] == 0)
+      return gc_fail(e, GCAP_EINVAL,
+                     "make_graphed_callables: order has no forward of chunk %d (chunks are 1..%d)",
+                     m + 1, c->K);
+    if (c->M < 0) c->M = c->fwd[m];
+    if (c->fwd[m] != c->M || (training && c->bwd[m] != c->fwd[m])) {
       int last = 0; /* the chunk's last entry: where its count ended up wrong */
       for (p = 0; p < len; p++)
         if ((int)floor(fabs(order[p])) == m + 1) last = p;
-      st = order_fail(e, last, order[last],
-                      "every chunk needs the same number of forwards and as many backwards; "
-                      "chunk %d has %d forwards and %d backwards, chunk 1 has %d forwards",
-                      m + 1, fwd[m], bwd[m], M);
-      goto done;
+      return order_fail(e, last, order[last],
+                        "every chunk needs the same number of forwards and as many backwards; "
+                        "chunk %d has %d forwards and %d backwards, chunk 1 has %d forwards",
+                        m + 1, c->fwd[m], c->bwd[m], c->M);
     }
   }
-  /* rule 5: layers per chunk */
+  return GCAP_OK;
+}
+
+/* rule 5: layers per chunk (given, or the entries divided evenly), summing
+** to the callables; each entry's callable into s */
+static gcap_status sched_layers(gcap_engine *e, const int *nlpc, int nchunks, int ncallables,
+                                int nentries, sched_chunks *c, gc_schedule *s) {
+  int m, b, l, K = c->K, M = c->M, total = 0;
   if (nlpc != NULL) {
-    if (nchunks != K) {
-      st = gc_fail(
+    if (nchunks != K)
+      return gc_fail(
           e, GCAP_EINVAL,
           "make_graphed_callables: num_layers_per_chunk has %d entries, the order has %d chunks",
           nchunks, K);
-      goto done;
-    }
     for (m = 0; m < K; m++) {
-      if (nlpc[m] < 0) {
-        st = gc_fail(e, GCAP_EINVAL, "make_graphed_callables: num_layers_per_chunk[%d] is negative",
-                     m + 1);
-        goto done;
-      }
-      layers[m] = nlpc[m];
+      if (nlpc[m] < 0)
+        return gc_fail(e, GCAP_EINVAL,
+                       "make_graphed_callables: num_layers_per_chunk[%d] is negative", m + 1);
+      c->layers[m] = nlpc[m];
     }
   } else {
-    if (nentries % (K * M) != 0) {
-      st = gc_fail(
+    if (nentries % (K * M) != 0)
+      return gc_fail(
           e, GCAP_EINVAL,
           "make_graphed_callables: %d sample_args entries do not divide into %d chunks x %d "
           "microbatches; give num_layers_per_chunk",
           nentries, K, M);
-      goto done;
-    }
     for (m = 0; m < K; m++)
-      layers[m] = nentries / K / M;
+      c->layers[m] = nentries / K / M;
   }
   for (m = 0; m < K; m++) {
-    prefix[m + 1] = prefix[m] + layers[m];
-    total += layers[m];
+    c->prefix[m + 1] = c->prefix[m] + c->layers[m];
+    total += c->layers[m];
   }
-  if (total != ncallables) {
-    st = gc_fail(
+  if (total != ncallables)
+    return gc_fail(
         e, GCAP_EINVAL,
         "make_graphed_callables: num_layers_per_chunk sums to %d, but there are %d callables",
         total, ncallables);
-    goto done;
-  }
-  if (nentries != total * M) {
-    st = gc_fail(e, GCAP_EINVAL,
-                 "make_graphed_callables: expected %d sample_args entries (%d layers x %d "
-                 "microbatches), got %d",
-                 total * M, total, M, nentries);
-    goto done;
-  }
-  for (m = 0; m < K; m++) {
-    int b, l;
+  if (nentries != total * M)
+    return gc_fail(e, GCAP_EINVAL,
+                   "make_graphed_callables: expected %d sample_args entries (%d layers x %d "
+                   "microbatches), got %d",
+                   total * M, total, M, nentries);
+  for (m = 0; m < K; m++)
     for (b = 0; b < M; b++)
-      for (l = 0; l < layers[m]; l++)
-        s->entry_callable[prefix[m] * M + b * layers[m] + l] = prefix[m] + l;
-    fwd[m] = bwd[m] = 0;
-  }
-  /* expand */
+      for (l = 0; l < c->layers[m]; l++)
+        s->entry_callable[c->prefix[m] * M + b * c->layers[m] + l] = c->prefix[m] + l;
+  return GCAP_OK;
+}
+
+/* Expansion: each order value into its chunk's layers, forwards 0..n-1,
+** backwards and wgrads n-1..0 (eval: forwards only) */
+static gcap_status sched_expand(gcap_engine *e, const double *order, int len, int training,
+                                sched_chunks *c, gc_schedule *s) {
+  gcap_status st = GCAP_OK;
+  int m, p, M = c->M;
+  for (m = 0; m < c->K; m++)
+    c->fwd[m] = c->bwd[m] = 0;
   for (p = 0; p < len && st == GCAP_OK; p++) {
     double v = order[p];
-    int k = (int)floor(fabs(v)) - 1, n = layers[k], l;
+    int k = (int)floor(fabs(v)) - 1, n = c->layers[k], base = c->prefix[k], l;
     if (v > 0) {
       for (l = 0; l < n && st == GCAP_OK; l++)
-        st = sched_push(e, s, GC_PASS_FWD, prefix[k] * M + fwd[k] * n + l, prefix[k] + l, k, p);
-      fwd[k]++;
+        st = sched_push(e, s, GC_PASS_FWD, base * M + c->fwd[k] * n + l, base + l, k, p);
+      c->fwd[k]++;
     } else if (!training) {
       continue; /* eval: forwards only */
     } else if (v == floor(v)) {
       for (l = n - 1; l >= 0 && st == GCAP_OK; l--)
-        st = sched_push(e, s, GC_PASS_BWD, prefix[k] * M + bwd[k] * n + l, prefix[k] + l, k, p);
-      bwd[k]++;
+        st = sched_push(e, s, GC_PASS_BWD, base * M + c->bwd[k] * n + l, base + l, k, p);
+      c->bwd[k]++;
     } else {
       for (l = n - 1; l >= 0 && st == GCAP_OK; l--)
-        st =
-            sched_push(e, s, GC_PASS_DW, prefix[k] * M + (bwd[k] - 1) * n + l, prefix[k] + l, k, p);
+        st = sched_push(e, s, GC_PASS_DW, base * M + (c->bwd[k] - 1) * n + l, base + l, k, p);
     }
   }
   s->delayed_wgrad = 0;
   for (p = 0; p < len; p++)
     if (order[p] != floor(order[p])) s->delayed_wgrad = 1;
-done:
-  free(fwd);
-  free(bwd);
-  free(prefix);
-  free(layers);
-  free(last_bwd_pos);
-  free(dw_done);
+  return st;
+}
+
+gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, const int *nlpc,
+                              int nchunks, int ncallables, int nentries, int training,
+                              gc_schedule *s) {
+  sched_chunks c;
+  gcap_status st;
+  memset(s, 0, sizeof *s);
+  memset(&c, 0, sizeof c);
+  if (nentries <= 0 || ncallables <= 0)
+    return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: no callables or no sample_args");
+  if ((s->entry_callable = (int *)gc_calloc((size_t)nentries, sizeof(int))) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+  if (order == NULL) {
+    if (nlpc != NULL)
+      return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: num_layers_per_chunk needs order");
+    return sched_plain(e, ncallables, nentries, training, s);
+  }
+  if (len <= 0) return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: order is empty");
+  if ((st = sched_entries(e, order, len, &c.K)) != GCAP_OK) return st;
+  if ((st = chunks_new(e, &c)) == GCAP_OK && (st = sched_pairs(e, order, len, &c)) == GCAP_OK &&
+      (st = sched_counts(e, order, len, training, &c)) == GCAP_OK &&
+      (st = sched_layers(e, nlpc, nchunks, ncallables, nentries, &c, s)) == GCAP_OK)
+    st = sched_expand(e, order, len, training, &c, s);
+  chunks_free(&c);
   return st;
 }
