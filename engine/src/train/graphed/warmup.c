@@ -207,17 +207,19 @@ static gcap_status warm_hook(ge_build *b, const char *name, gcap_status (*fn)(vo
   return st;
 }
 
-/* num_warmup_iters walks of the passes on a side stream, between the pre
-** and post warmup hooks; the caller's stream is current again after. */
+/* num_warmup_iters walks of the schedule on a side stream, between the pre
+** and post warmup hooks; the caller's stream is current again after. One
+** walk, with or without an order: without one the schedule is all forwards,
+** then all backwards reversed (schedule.c). A delayed-wgrad pass has nothing
+** to do here: warm_bwd ran the wgrad with its backward. */
 gcap_status gc_graphed_warmup(ge_build *b) {
   const gcap_graphed_opts *o = b->o;
-  gcap_graphed *G = b->G;
   gcap_stream *side = NULL;
   gcap_event *ready = NULL;
   gcap_status st;
   double t0 = gc_trace_clock(b->e), ti;
-  int it, i, passes = o->order ? b->sched.n : G->n * (G->training ? 2 : 1);
-  b->total = passes * o->num_warmup_iters;
+  int it, i;
+  b->total = b->sched.n * o->num_warmup_iters;
   if ((st = gcap_stream_new(b->e, &side)) != GCAP_OK) return st;
   /* the side stream starts after the caller's pending work (inputs, weights) */
   if ((st = gcap_event_new(b->e, &ready)) != GCAP_OK ||
@@ -236,19 +238,13 @@ gcap_status gc_graphed_warmup(ge_build *b) {
     goto done;
   for (it = 0; it < o->num_warmup_iters && st == GCAP_OK; it++) {
     ti = gc_trace_clock(b->e);
-    if (o->order == NULL) {
-      for (i = 0; i < G->n && st == GCAP_OK; i++, st = ge_progress(b, st))
-        st = warm_fwd(b, i);
-      for (i = G->n - 1; G->training && i >= 0 && st == GCAP_OK; i--, st = ge_progress(b, st))
-        st = warm_bwd(b, i, it);
-    } else
-      for (i = 0; i < b->sched.n && st == GCAP_OK; i++, st = ge_progress(b, st)) {
-        gc_pass *p = &b->sched.v[i];
-        if (p->kind == GC_PASS_FWD)
-          st = warm_fwd(b, p->entry);
-        else if (p->kind == GC_PASS_BWD)
-          st = warm_bwd(b, p->entry, it);
-      }
+    for (i = 0; i < b->sched.n && st == GCAP_OK; i++, st = ge_progress(b, st)) {
+      gc_pass *p = &b->sched.v[i];
+      if (p->kind == GC_PASS_FWD)
+        st = warm_fwd(b, p->entry);
+      else if (p->kind == GC_PASS_BWD)
+        st = warm_bwd(b, p->entry, it);
+    }
     gc_trace_span(b->e, ti, "warmup", "warmup iteration %d", it + 1);
   }
   if (st == GCAP_OK && o->post_warmup_hook)
