@@ -53,8 +53,9 @@ MPI_FOUND = $(if $(filter 0,$(MPI)),,$(shell command -v $(MPICC) 2>/dev/null))
 MPI_CFLAGS = $(if $(MPI_FOUND),$(shell $(MPICC) --showme:compile) -DGC_WITH_MPI)
 MPI_LIBS = $(if $(MPI_FOUND),$(shell $(MPICC) --showme:link))
 
-# The layers (runtime <- tensor <- train) and the host backend; the cuda backend below.
-CORE_SRC := $(wildcard $(patsubst %,engine/src/%/*.c,runtime tensor train dist host))
+# The layers (runtime <- tensor <- train, with its folder graphed/) and the host backend; the
+# cuda backend below.
+CORE_SRC := $(wildcard $(patsubst %,engine/src/%/*.c,runtime tensor train train/graphed dist host))
 OBJ := $(CORE_SRC:%.c=$(B)/%.o)
 ifeq ($(WITH_CUDA),1)
   OBJ += $(patsubst %.cu,$(B)/%.o,$(wildcard engine/src/cuda/*.cu))

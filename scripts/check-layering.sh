@@ -159,8 +159,10 @@ binding_rules
 #   - a backend includes, of the core, only runtime/backend.h and runtime/rng.h;
 #   - a layer's file calls no function defined in a higher layer (gc_* and the
 #     public gcap_* alike), and a backend calls only the runtime's.
-# Calls are found by name in the code (comments and strings left out); a function is
-# a layer's when one of its .c files defines it without `static`.
+# A file belongs to the layer of its first folder under engine/src, however deep it sits
+# (engine/src/train/graphed/ is the train layer's). Calls are found by name in the code
+# (comments and strings left out); a function is a layer's when one of its .c files defines it
+# without `static`.
 layer_rank() {
   case "$1" in
     runtime) echo 0 ;;

@@ -134,14 +134,22 @@ static void l_optprogress(lua_State *L, int t, gcap_graphed_opts *o, LCapHook *h
   lua_pop(L, 1);
 }
 
-/* The arrays of one call, in one userdata collected with the call's stack */
+/* One call: its arrays, laid out in one userdata collected with the call's
+** stack (l_mkarrays), and its options */
 typedef struct LMake {
   lua_State *L;
   int nmod, nent, *nargs;
   gcap_module **mods;
   gcap_tensor ***args;
-  int oldkw; /* stack index: the modules' MV_KWARGS before the call */
-  const gcap_graphed_opts *o;
+  int ntensors, nhooks;      /* the tensors of all entries, the hooks of all callables */
+  gcap_tensor **flat;        /* [ntensors]: args[i] points into it */
+  gcap_capture_hooks *hooks; /* [nmod] */
+  gcap_capture_hook *fns;    /* [nhooks] */
+  void **uds;                /* [nhooks]: each its LCapHook in cap */
+  LCapHook *cap;             /* [nhooks] */
+  LCapHook other[3];         /* pre_warmup_hook, post_warmup_hook, progress */
+  int oldkw;                 /* stack index: the modules' MV_KWARGS before the call */
+  gcap_graphed_opts o;
   gcap_graphed **out;
 } LMake;
 
@@ -180,9 +188,178 @@ static gcap_status l_callmake(const LRun *r, void *ud) {
   LMake *mk = (LMake *)ud;
   gcap_status st =
       gcap_make_graphed_callables(r->e, mk->nmod, mk->mods, mk->nent, mk->nargs,
-                                  (gcap_tensor *const *const *)mk->args, mk->o, mk->out);
+                                  (gcap_tensor *const *const *)mk->args, &mk->o, mk->out);
   if (st != GCAP_OK) l_restorekwargs(mk->L, mk);
   return st;
+}
+
+/* Count the entries' tensors (each entry a sequence) and, from the counts of
+** opts.capture_time_hooks, the hooks; returns the stack index of that
+** option (nil: no hooks). */
+static int l_mkcount(lua_State *L, LMake *mk) {
+  int i, k, hooksi;
+  mk->nmod = (int)lua_rawlen(L, 1);
+  mk->nent = (int)lua_rawlen(L, 2);
+  for (i = 1; i <= mk->nent; i++) {
+    lua_rawgeti(L, 2, i);
+    luaL_checktype(L, -1, LUA_TTABLE);
+    mk->ntensors += (int)lua_rawlen(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_getfield(L, 3, "capture_time_hooks");
+  hooksi = lua_gettop(L);
+  if (lua_istable(L, hooksi))
+    for (i = 1; i <= mk->nmod; i++) {
+      lua_rawgeti(L, hooksi, i);
+      for (k = 1; k <= 4; k++) {
+        lua_rawgeti(L, -1, k);
+        mk->nhooks += (int)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+      }
+      lua_pop(L, 1);
+    }
+  return hooksi;
+}
+
+/* Lay the call's arrays out in one userdata (left on the stack), and fill
+** in the modules and the sample tensors. */
+static void l_mkarrays(lua_State *L, LMake *mk) {
+  size_t sz =
+      sizeof(gcap_module *) * (size_t)(mk->nmod + 1) + sizeof(int) * (size_t)(mk->nent + 1) +
+      sizeof(gcap_tensor **) * (size_t)(mk->nent + 1) +
+      sizeof(gcap_tensor *) * (size_t)(mk->ntensors + 1) +
+      sizeof(gcap_capture_hooks) * (size_t)(mk->nmod + 1) +
+      (sizeof(gcap_capture_hook) + sizeof(void *) + sizeof(LCapHook)) * (size_t)(mk->nhooks + 1);
+  char *mem = (char *)lua_newuserdatauv(L, sz, 0);
+  int i, k, n = 0;
+  memset(mem, 0, sz);
+  mk->mods = (gcap_module **)mem;
+  mk->hooks = (gcap_capture_hooks *)(mk->mods + mk->nmod + 1);
+  mk->args = (gcap_tensor ***)(mk->hooks + mk->nmod + 1);
+  mk->flat = (gcap_tensor **)(mk->args + mk->nent + 1);
+  mk->fns = (gcap_capture_hook *)(mk->flat + mk->ntensors + 1);
+  mk->uds = (void **)(mk->fns + mk->nhooks + 1);
+  mk->cap = (LCapHook *)(mk->uds + mk->nhooks + 1);
+  mk->nargs = (int *)(mk->cap + mk->nhooks + 1);
+  for (i = 0; i < mk->nmod; i++) {
+    lua_rawgeti(L, 1, i + 1);
+    mk->mods[i] = l_checkmodule(L, -1)->m;
+    lua_pop(L, 1);
+  }
+  for (i = 0; i < mk->nent; i++) {
+    lua_rawgeti(L, 2, i + 1);
+    mk->nargs[i] = (int)lua_rawlen(L, -1);
+    mk->args[i] = mk->flat + n;
+    for (k = 0; k < mk->nargs[i]; k++) {
+      LTensor *t;
+      lua_rawgeti(L, -1, k + 1);
+      t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
+      if (t == NULL || t->t == NULL) /* l_error does not return */
+        l_error(L, "make_graphed_callables: sample_args[%d][%d] is %s", i + 1, k + 1,
+                (t == NULL) ? "not a tensor" : "a closed tensor");
+      else
+        mk->flat[n++] = t->t;
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+}
+
+/* The capture_time_hooks (at hooksi, if a table): per callable, the count
+** of each group's hooks, which are the call's hooks[1..] in that order,
+** callable after callable; each one's ud its LCapHook, its index there. */
+static void l_mkhooks(lua_State *L, LMake *mk, int hooksi) {
+  LEngine *le = (LEngine *)lua_touserdata(L, ENGINEIDX);
+  int i, k, j = 0;
+  if (!lua_istable(L, hooksi)) return;
+  for (i = 0; i < mk->nmod; i++) {
+    lua_rawgeti(L, hooksi, i + 1);
+    for (k = 0; k < 4; k++) {
+      int n, h;
+      lua_rawgeti(L, -1, k + 1);
+      n = (int)lua_tointeger(L, -1);
+      lua_pop(L, 1);
+      mk->hooks[i].n[k] = n;
+      mk->hooks[i].fn[k] = mk->fns + j;
+      mk->hooks[i].ud[k] = mk->uds + j;
+      for (h = 0; h < n; h++, j++) {
+        mk->cap[j].le = le;
+        mk->cap[j].index = j + 1;
+        mk->fns[j] = l_caphook;
+        mk->uds[j] = &mk->cap[j];
+      }
+    }
+    lua_pop(L, 1);
+  }
+  mk->o.capture_time_hooks = mk->hooks;
+  mk->o.num_capture_time_hooks = mk->nmod;
+}
+
+/* The other options (at 3) into mk->o; order and num_layers_per_chunk are
+** copied into userdata left on the stack, as is the pool's box. */
+static void l_mkoptions(lua_State *L, LMake *mk) {
+  gcap_graphed_opts *o = &mk->o;
+  int k;
+  o->num_warmup_iters = (int)l_optnumber(L, 3, "num_warmup_iters", 3);
+  o->allow_unused_input = l_optflag(L, 3, "allow_unused_input", 0);
+  o->retain_graph_in_backward = l_optflag(L, 3, "retain_graph_in_backward", 0);
+  o->reuse_graph_input_output_buffers = l_optflag(L, 3, "reuse_graph_input_output_buffers", 0);
+  o->clone_param_grads_on_return = l_optflag(L, 3, "clone_param_grads_on_return", 1);
+  if (lua_getfield(L, 3, "order") == LUA_TTABLE) {
+    double *order;
+    o->order_len = (int)lua_rawlen(L, -1);
+    order = (double *)lua_newuserdatauv(L, sizeof(double) * (size_t)(o->order_len + 1), 0);
+    for (k = 0; k < o->order_len; k++) {
+      lua_rawgeti(L, -2, k + 1);
+      order[k] = lua_tonumber(L, -1);
+      lua_pop(L, 1);
+    }
+    o->order = order;
+  }
+  if (lua_getfield(L, 3, "num_layers_per_chunk") == LUA_TTABLE) {
+    int *nlpc;
+    o->num_chunks = (int)lua_rawlen(L, -1);
+    nlpc = (int *)lua_newuserdatauv(L, sizeof(int) * (size_t)(o->num_chunks + 1), 0);
+    for (k = 0; k < o->num_chunks; k++) {
+      lua_rawgeti(L, -2, k + 1);
+      nlpc[k] = (int)lua_tointeger(L, -1);
+      lua_pop(L, 1);
+    }
+    o->num_layers_per_chunk = nlpc;
+  }
+  if (lua_getfield(L, 3, "pool") != LUA_TNIL) {
+    LPool *pl = (LPool *)luaL_testudata(L, -1, POOL_MT);
+    if (pl == NULL || pl->p == NULL) /* l_error does not return */
+      l_error(L, "make_graphed_callables: option pool must be an open graph pool, got %s",
+              pl ? "a closed pool" : l_typename(L, -1));
+    else
+      o->pool = pl->p;
+  }
+  for (k = 0; k < 3; k++)
+    mk->other[k].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
+  if ((mk->other[0].index = l_optindex(L, 3, "pre_warmup_hook")) > 0) {
+    o->pre_warmup_hook = l_warmhook;
+    o->pre_warmup_ud = &mk->other[0];
+  }
+  if ((mk->other[1].index = l_optindex(L, 3, "post_warmup_hook")) > 0) {
+    o->post_warmup_hook = l_warmhook;
+    o->post_warmup_ud = &mk->other[1];
+  }
+  l_optprogress(L, 3, o, &mk->other[2]);
+}
+
+/* The call itself, with the Graphed box (at box) as its frame's value and the
+** modules' MV_KWARGS set from opts.kwargs meanwhile. */
+static void l_mkcall(lua_State *L, LMake *mk, gcap_engine *e, int box) {
+  LRun run = {.call = l_callmake, .op = "make_graphed_callables", .ctx = 1};
+  lua_getfield(L, 3, "kwargs");
+  l_setkwargs(L, mk, lua_gettop(L));
+  run.ud = mk;
+  run.e = e;
+  run.args = box; /* the hooks' callbacks find the Graphed box here */
+  run.nargs = 1;
+  run.graphing = 1;
+  l_run(L, &run);
 }
 
 /*
@@ -201,167 +378,26 @@ static gcap_status l_callmake(const LRun *r, void *ud) {
 */
 static int l_make_graphed(lua_State *L) {
   gcap_engine *e = l_engine(L);
-  int nmod, nent, i, k, total = 0, nhooks = 0, hooksi, j, box;
-  int *nargs;
-  gcap_tensor ***args, **flat;
-  double *order = NULL;
-  int *nlpc = NULL;
-  gcap_capture_hooks *hooks;
-  gcap_capture_hook *fns;
-  void **uds;
-  LCapHook *cap, other[3];
-  gcap_graphed_opts o;
   LGraphed *r;
   LMake mk;
-  LRun run = {.call = l_callmake, .op = "make_graphed_callables", .ctx = 1};
+  int hooksi, box;
   luaL_checktype(L, 1, LUA_TTABLE);
   luaL_checktype(L, 2, LUA_TTABLE);
   luaL_checktype(L, 3, LUA_TTABLE);
-  nmod = (int)lua_rawlen(L, 1);
-  nent = (int)lua_rawlen(L, 2);
-  gcap_graphed_opts_init(&o);
-  for (i = 1; i <= nent; i++) {
-    lua_rawgeti(L, 2, i);
-    luaL_checktype(L, -1, LUA_TTABLE);
-    total += (int)lua_rawlen(L, -1);
-    lua_pop(L, 1);
-  }
-  lua_getfield(L, 3, "capture_time_hooks");
-  hooksi = lua_gettop(L);
-  if (lua_istable(L, hooksi))
-    for (i = 1; i <= nmod; i++) {
-      lua_rawgeti(L, hooksi, i);
-      for (k = 1; k <= 4; k++) {
-        lua_rawgeti(L, -1, k);
-        nhooks += (int)lua_tointeger(L, -1);
-        lua_pop(L, 1);
-      }
-      lua_pop(L, 1);
-    }
-  {
-    size_t sz =
-        sizeof(gcap_module *) * (size_t)(nmod + 1) + sizeof(int) * (size_t)(nent + 1) +
-        sizeof(gcap_tensor **) * (size_t)(nent + 1) + sizeof(gcap_tensor *) * (size_t)(total + 1) +
-        sizeof(gcap_capture_hooks) * (size_t)(nmod + 1) +
-        (sizeof(gcap_capture_hook) + sizeof(void *) + sizeof(LCapHook)) * (size_t)(nhooks + 1);
-    char *mem = (char *)lua_newuserdatauv(L, sz, 0);
-    memset(mem, 0, sz);
-    mk.mods = (gcap_module **)mem;
-    hooks = (gcap_capture_hooks *)(mk.mods + nmod + 1);
-    args = (gcap_tensor ***)(hooks + nmod + 1);
-    flat = (gcap_tensor **)(args + nent + 1);
-    fns = (gcap_capture_hook *)(flat + total + 1);
-    uds = (void **)(fns + nhooks + 1);
-    cap = (LCapHook *)(uds + nhooks + 1);
-    nargs = (int *)(cap + nhooks + 1);
-  }
-  for (i = 0; i < nmod; i++) {
-    lua_rawgeti(L, 1, i + 1);
-    mk.mods[i] = l_checkmodule(L, -1)->m;
-    lua_pop(L, 1);
-  }
-  for (i = 0, total = 0; i < nent; i++) {
-    lua_rawgeti(L, 2, i + 1);
-    nargs[i] = (int)lua_rawlen(L, -1);
-    args[i] = flat + total;
-    for (k = 0; k < nargs[i]; k++) {
-      LTensor *t;
-      lua_rawgeti(L, -1, k + 1);
-      t = (LTensor *)luaL_testudata(L, -1, TENSOR_MT);
-      if (t == NULL || t->t == NULL)
-        return l_error(L, "make_graphed_callables: sample_args[%d][%d] is %s", i + 1, k + 1,
-                       (t == NULL) ? "not a tensor" : "a closed tensor");
-      flat[total++] = t->t;
-      lua_pop(L, 1);
-    }
-    lua_pop(L, 1);
-  }
-  if (lua_istable(L, hooksi)) {
-    for (i = 0, j = 0; i < nmod; i++) {
-      lua_rawgeti(L, hooksi, i + 1);
-      for (k = 0; k < 4; k++) {
-        int n, h;
-        lua_rawgeti(L, -1, k + 1);
-        n = (int)lua_tointeger(L, -1);
-        lua_pop(L, 1);
-        hooks[i].n[k] = n;
-        hooks[i].fn[k] = fns + j;
-        hooks[i].ud[k] = uds + j;
-        for (h = 0; h < n; h++, j++) {
-          cap[j].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
-          cap[j].index = j + 1;
-          fns[j] = l_caphook;
-          uds[j] = &cap[j];
-        }
-      }
-      lua_pop(L, 1);
-    }
-    o.capture_time_hooks = hooks;
-    o.num_capture_time_hooks = nmod;
-  }
-  o.num_warmup_iters = (int)l_optnumber(L, 3, "num_warmup_iters", 3);
-  o.allow_unused_input = l_optflag(L, 3, "allow_unused_input", 0);
-  o.retain_graph_in_backward = l_optflag(L, 3, "retain_graph_in_backward", 0);
-  o.reuse_graph_input_output_buffers = l_optflag(L, 3, "reuse_graph_input_output_buffers", 0);
-  o.clone_param_grads_on_return = l_optflag(L, 3, "clone_param_grads_on_return", 1);
-  if (lua_getfield(L, 3, "order") == LUA_TTABLE) {
-    o.order_len = (int)lua_rawlen(L, -1);
-    order = (double *)lua_newuserdatauv(L, sizeof(double) * (size_t)(o.order_len + 1), 0);
-    for (k = 0; k < o.order_len; k++) {
-      lua_rawgeti(L, -2, k + 1);
-      order[k] = lua_tonumber(L, -1);
-      lua_pop(L, 1);
-    }
-    o.order = order;
-  }
-  if (lua_getfield(L, 3, "num_layers_per_chunk") == LUA_TTABLE) {
-    o.num_chunks = (int)lua_rawlen(L, -1);
-    nlpc = (int *)lua_newuserdatauv(L, sizeof(int) * (size_t)(o.num_chunks + 1), 0);
-    for (k = 0; k < o.num_chunks; k++) {
-      lua_rawgeti(L, -2, k + 1);
-      nlpc[k] = (int)lua_tointeger(L, -1);
-      lua_pop(L, 1);
-    }
-    o.num_layers_per_chunk = nlpc;
-  }
-  if (lua_getfield(L, 3, "pool") != LUA_TNIL) {
-    LPool *pl = (LPool *)luaL_testudata(L, -1, POOL_MT);
-    if (pl == NULL || pl->p == NULL)
-      return l_error(L, "make_graphed_callables: option pool must be an open graph pool, got %s",
-                     pl ? "a closed pool" : l_typename(L, -1));
-    o.pool = pl->p;
-  }
-  for (k = 0; k < 3; k++)
-    other[k].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
-  if ((other[0].index = l_optindex(L, 3, "pre_warmup_hook")) > 0) {
-    o.pre_warmup_hook = l_warmhook;
-    o.pre_warmup_ud = &other[0];
-  }
-  if ((other[1].index = l_optindex(L, 3, "post_warmup_hook")) > 0) {
-    o.post_warmup_hook = l_warmhook;
-    o.post_warmup_ud = &other[1];
-  }
-  l_optprogress(L, 3, &o, &other[2]);
+  memset(&mk, 0, sizeof mk);
+  mk.L = L;
+  gcap_graphed_opts_init(&mk.o);
+  hooksi = l_mkcount(L, &mk);
+  l_mkarrays(L, &mk);
+  l_mkhooks(L, &mk, hooksi);
+  l_mkoptions(L, &mk);
   r = (LGraphed *)l_newbox(L, sizeof *r, NGDV, GRAPHED_MT);
   r->e = e;
   box = lua_gettop(L);
   lua_getfield(L, 3, "hooks");
   lua_setiuservalue(L, box, GDV_HOOKS);
-  mk.L = L;
-  mk.nmod = nmod;
-  mk.nent = nent;
-  mk.nargs = nargs;
-  mk.args = args;
-  mk.o = &o;
   mk.out = &r->g;
-  lua_getfield(L, 3, "kwargs");
-  l_setkwargs(L, &mk, lua_gettop(L));
-  run.ud = &mk;
-  run.e = e;
-  run.args = box; /* the hooks' callbacks find the Graphed box here */
-  run.nargs = 1;
-  run.graphing = 1;
-  l_run(L, &run);
+  l_mkcall(L, &mk, e, box);
   lua_pushvalue(L, box);
   return 1;
 }

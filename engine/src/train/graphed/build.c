@@ -1,0 +1,249 @@
+/*
+** build.c: one gcap_make_graphed_callables call: the options' defaults,
+** the snapshot of everything the call may touch, the entries, and the call
+** itself, check -> aside -> entries -> warmup -> capture -> put back. A
+** failure at any point rolls back: graphs freed, .grad values, the
+** generator and the modules as they were.
+*/
+#include <stdlib.h>
+
+#include "graphed.h"
+
+void gcap_graphed_opts_init(gcap_graphed_opts *o) {
+  if (o == NULL) return;
+  memset(o, 0, sizeof *o);
+  o->num_warmup_iters = 3;
+  o->clone_param_grads_on_return = 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Snapshot and rollback                                                     */
+
+/* Every .grad the call may touch, taken away at the start and given back at
+** the end, whatever happens in between. */
+typedef struct grad_snap {
+  gcap_tensor **t, **grad;
+  int n, cap;
+  int taken; /* the .grad values are in grad[] */
+} grad_snap;
+
+static gcap_status snap_add(gcap_engine *e, grad_snap *s, gcap_tensor *t) {
+  if (s->n == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 32;
+    gcap_tensor **a = (gcap_tensor **)gc_realloc(s->t, (size_t)cap * sizeof *a);
+    if (a == NULL) return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+    s->t = a;
+    if ((a = (gcap_tensor **)gc_realloc(s->grad, (size_t)cap * sizeof *a)) == NULL)
+      return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+    s->grad = a;
+    s->cap = cap;
+  }
+  s->t[s->n++] = gcap_tensor_retain(t);
+  return GCAP_OK;
+}
+
+static int cmp_addr(const void *a, const void *b) {
+  const gcap_tensor *ta = *(gcap_tensor *const *)a, *tb = *(gcap_tensor *const *)b;
+  uintptr_t x = (uintptr_t)ta, y = (uintptr_t)tb;
+  return (x > y) - (x < y);
+}
+
+/* Take the .grad of every tensor added, each once (a parameter shared by
+** several callables is added once per callable): sorted, so in n log n. */
+static void snap_take(grad_snap *s) {
+  int k, n = 0;
+  if (s->n > 1) qsort(s->t, (size_t)s->n, sizeof *s->t, cmp_addr); /* t is NULL when n is 0 */
+  for (k = 0; k < s->n; k++) {
+    if (n > 0 && s->t[n - 1] == s->t[k]) {
+      gcap_tensor_free(s->t[k]);
+      continue;
+    }
+    s->t[n] = s->t[k];
+    s->grad[n] = s->t[n]->grad;
+    s->t[n]->grad = NULL;
+    n++;
+  }
+  s->n = n;
+  s->taken = 1;
+}
+
+static void snap_restore(grad_snap *s) {
+  int k;
+  for (k = 0; k < s->n; k++) {
+    if (s->taken) {
+      gcap_tensor_free(s->t[k]->grad);
+      s->t[k]->grad = s->grad[k];
+    }
+    gcap_tensor_free(s->t[k]);
+  }
+  free(s->t);
+  free(s->grad);
+}
+
+/* What a call sets aside, put back whatever happens. */
+typedef struct ge_aside {
+  grad_snap snap;
+  uint64_t rng[2];     /* the generator's state */
+  gc_seg *segs_before; /* the option pool's segments before the call */
+} ge_aside;
+
+/* The replay object, empty until everything worked. */
+static gcap_status graphed_new(ge_build *b) {
+  if ((b->G = (gcap_graphed *)gc_calloc(1, sizeof *b->G)) == NULL ||
+      (b->G->v = (ge_entry *)gc_calloc((size_t)b->nentries, sizeof *b->G->v)) == NULL ||
+      (b->warm_out = (ge_outs *)gc_calloc((size_t)b->nentries, sizeof *b->warm_out)) == NULL) {
+    if (b->G) free(b->G->v);
+    free(b->G);
+    b->G = NULL;
+    return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+  }
+  b->G->refs = 1;
+  b->G->e = b->e;
+  b->G->n = b->nentries;
+  b->G->training = b->training;
+  b->G->clone = b->o->clone_param_grads_on_return;
+  b->G->reuse = b->o->reuse_graph_input_output_buffers;
+  gc_engine_ref(b->e);
+  return GCAP_OK;
+}
+
+/* The object, then aside: the generator's state and the delayed-wgrad queues
+** of the Linears (the sinks start empty); the .grad values go aside as the
+** entries are made. */
+static gcap_status aside(ge_build *b, ge_aside *a) {
+  gcap_engine *e = b->e;
+  gcap_status st;
+  int i;
+  a->segs_before = b->o->pool ? b->o->pool->segs : NULL;
+  if ((st = graphed_new(b)) != GCAP_OK) return st;
+  if ((st = e->be->download(e, e->bs, e->current->bs, a->rng, e->rng->ptr, sizeof a->rng)) !=
+      GCAP_OK)
+    return st;
+  for (i = 0; i < b->ncallables; i++)
+    gc_module_wgrad_aside(b->callables[i], 1);
+  return GCAP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Entries                                                                   */
+
+/* One entry per sample, its .grad values and its parameters' taken aside;
+** with reuse, a forward takes the static inputs of an entry whose backward
+** came before it (reuse.c). */
+static gcap_status build_entries(ge_build *b, grad_snap *snap) {
+  gcap_graphed *G = b->G;
+  int i, k;
+  gcap_status st;
+  for (i = 0; i < G->n; i++) {
+    ge_entry *x = &G->v[i];
+    x->callable = b->sched.entry_callable[i];
+    x->m = gcap_module_retain(b->callables[x->callable]);
+    x->nargs = b->nargs[i];
+    x->nparams = gcap_module_num_parameters(x->m);
+    x->need_dw = G->training && gcap_module_has_delayed_wgrad(x->m);
+    x->args = (gcap_tensor **)gc_calloc((size_t)x->nargs + 1, sizeof *x->args);
+    x->params = (gcap_tensor **)gc_calloc((size_t)x->nparams + 1, sizeof *x->params);
+    if (x->args == NULL || x->params == NULL)
+      return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+    for (k = 0; k < x->nargs; k++) {
+      x->args[k] = gcap_tensor_retain(b->args[i][k]);
+      if ((st = snap_add(b->e, snap, x->args[k])) != GCAP_OK) return st;
+    }
+    for (k = 0; k < x->nparams; k++) {
+      x->params[k] = gcap_tensor_retain(gcap_module_parameter(x->m, k, NULL, 0));
+      x->trainable |= x->params[k]->requires_grad;
+      if ((st = snap_add(b->e, snap, x->params[k])) != GCAP_OK) return st;
+    }
+  }
+  snap_take(snap);
+  for (i = 0; i < b->sched.n; i++) {
+    gc_pass *p = &b->sched.v[i];
+    if (p->kind == GC_PASS_DW && !G->v[p->entry].need_dw)
+      return gc_fail(b->e, GCAP_EINVAL,
+                     "make_graphed_callables: the order has a delayed wgrad for entry %d, but its "
+                     "module (%s) has no Linear with delay_wgrad",
+                     p->entry + 1, gcap_module_type(G->v[p->entry].m));
+  }
+  return b->o->reuse_graph_input_output_buffers ? gc_graphed_share_inputs(b) : GCAP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The call                                                                  */
+
+/* Put back what the call set aside, on success and on failure; on failure
+** the object goes with its graphs, the option pool gives back what the call
+** added, and the error is the one that stopped the call. On success, without
+** an order each module gets its route, so gcap_module_call replays. */
+static gcap_status put_back(ge_build *b, ge_aside *a, gcap_status st, gcap_graphed **out) {
+  gcap_engine *e = b->e;
+  char msg[GC_ERRLEN];
+  gcap_status rng;
+  int i;
+  if (b->G != NULL) {
+    if (st != GCAP_OK) snprintf(msg, sizeof msg, "%s", e->err);
+    snap_restore(&a->snap);
+    for (i = 0; i < b->ncallables; i++)
+      gc_module_wgrad_aside(b->callables[i], 0);
+    for (i = 0; i < b->nentries; i++)
+      gc_graphed_outs_clear(&b->warm_out[i]);
+    free(b->warm_out);
+    if (st != GCAP_OK) {
+      gc_graphed_destroy(b->G);
+      if (b->o->pool) gc_pool_trim_since(b->o->pool, a->segs_before);
+    }
+    /* the generator as it was: warmup drew nothing */
+    rng = e->be->upload(e, e->bs, e->current->bs, e->rng->ptr, a->rng, sizeof a->rng);
+    if (st != GCAP_OK)
+      gc_fail(e, st, "%s", msg);
+    else if ((st = rng) != GCAP_OK)
+      gcap_graphed_free(b->G);
+  }
+  gc_schedule_free(&b->sched);
+  if (st != GCAP_OK) return st;
+  if (b->o->order == NULL)
+    for (i = 0; i < b->nentries; i++)
+      gc_module_set_route(b->G->v[i].m, gc_graphed_route, b->G, i);
+  *out = b->G;
+  return GCAP_OK;
+}
+
+static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *const *callables,
+                                int nentries, const int *nargs, gcap_tensor *const *const *args,
+                                const gcap_graphed_opts *opts, gcap_graphed **out) {
+  gcap_graphed_opts defaults;
+  ge_build b;
+  ge_aside a;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  if (opts == NULL) {
+    gcap_graphed_opts_init(&defaults);
+    opts = &defaults;
+  }
+  memset(&b, 0, sizeof b);
+  memset(&a, 0, sizeof a);
+  b.e = e;
+  b.o = opts;
+  b.ncallables = ncallables;
+  b.callables = callables;
+  b.nentries = nentries;
+  b.nargs = nargs;
+  b.args = args;
+  st = gc_graphed_check(&b);
+  if (st == GCAP_OK) st = aside(&b, &a);
+  if (st == GCAP_OK) st = build_entries(&b, &a.snap);
+  if (st == GCAP_OK) st = gc_graphed_warmup(&b);
+  if (st == GCAP_OK) st = gc_graphed_capture(&b);
+  return put_back(&b, &a, st, out);
+}
+
+gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
+                                        gcap_module *const *callables, int nentries,
+                                        const int *nargs, gcap_tensor *const *const *args,
+                                        const gcap_graphed_opts *opts, gcap_graphed **out) {
+  double t0 = e ? gc_trace_clock(e) : 0.0;
+  gcap_status st = make_graphed(e, ncallables, callables, nentries, nargs, args, opts, out);
+  if (e) gc_trace_span(e, t0, "graphed", "make_graphed_callables%s", st ? " (failed)" : "");
+  return st;
+}

@@ -1,0 +1,219 @@
+/*
+** graphed.h: make_graphed_callables, the private header of its folder: the
+** entry and graphed structs, the construction state, and the helpers every
+** phase uses. One file per step of a call (build.c runs them in turn):
+**   check.c     the static checks (hooks, inputs, modes, options), before any work
+**   schedule.c  `order`, validated and expanded into passes over entries
+**   build.c     options, the .grad and generator snapshot and its rollback, the
+**               entries, and the call: check, aside, entries, warmup, capture, put back
+**   warmup.c    the warmup walk of the schedule on a side stream
+**   capture.c   the capture walk: each pass into its own graph of one pool
+**   reuse.c     static buffers shared between entries, and released once dead
+**   replay.c    the graphed object: calls, backward, backward_dw, reset, dump, stats
+*/
+#ifndef GC_GRAPHED_H
+#define GC_GRAPHED_H
+
+#include <stdio.h>
+#include <string.h>
+
+#include "train/train.h"
+
+/* ------------------------------------------------------------------------ */
+/* The schedule (schedule.c)                                                 */
+
+enum { GC_PASS_FWD, GC_PASS_BWD, GC_PASS_DW };
+
+typedef struct gc_pass {
+  int kind;     /* GC_PASS_FWD, GC_PASS_BWD or GC_PASS_DW */
+  int entry;    /* index into sample_args and the returned entries */
+  int callable; /* index into callables (and capture_time_hooks) */
+  int chunk;    /* 0-based chunk of the order (the entry without one) */
+  int pos;      /* position in the order (-1 without one) */
+} gc_pass;
+
+typedef struct gc_schedule {
+  gc_pass *v; /* in replay (and capture) order */
+  int n, cap;
+  int *entry_callable; /* [nentries] */
+  int delayed_wgrad;   /* the order holds wgrad entries */
+} gc_schedule;
+
+/* Validate `order` (NULL: none) and expand it; errors name the position and
+** the rule. Eval mode (training = 0) keeps forwards only. */
+gcap_status gc_schedule_build(gcap_engine *e, const double *order, int len, const int *nlpc,
+                              int nchunks, int ncallables, int nentries, int training,
+                              gc_schedule *s);
+void gc_schedule_free(gc_schedule *s);
+
+/* ------------------------------------------------------------------------ */
+/* Entries and the graphed object                                            */
+
+/* The outputs of one call: n of them, NULL where absent. */
+typedef struct ge_outs {
+  int n;
+  gcap_tensor **t;
+} ge_outs;
+
+typedef struct ge_entry {
+  int callable;
+  gcap_module *m;
+  int nargs;
+  gcap_tensor **args; /* static inputs: the sample tensors */
+  int nparams;
+  gcap_tensor **params;   /* parameters fed to the graphs (pruned in warmup) */
+  int params_known;       /* pruning done (warmup iteration 0) */
+  int trainable;          /* a parameter requires grad (pruned or not: a fused-wgrad weight's
+                             grad goes to main_grad, never to .grad) */
+  ge_outs out;            /* static outputs */
+  gcap_tensor **grad_out; /* [out.n] static grads of the outputs that require grad, else NULL */
+  int ngrad, grad1;       /* how many have one; the first that has */
+  gcap_tensor **grad_in;  /* [nargs + nparams] static grads, or NULL */
+  gcap_tensor **dw_grad;  /* [nparams] static wgrads of the delayed-wgrad graph */
+  gcap_graph *fwd, *bwd, *dw;
+  int need_dw;
+  int reset;
+  int fwd_pending; /* replayed forwards whose backward is still to come */
+  int *sharers;    /* reuse: the entries sharing a static input with this one */
+  int nsharers;
+} ge_entry;
+
+struct gcap_graphed {
+  int refs;
+  gcap_engine *e;
+  int n;
+  ge_entry *v;
+  gcap_pool *pool;
+  int training;
+  int clone;
+  int reuse; /* entries may share static inputs */
+};
+
+/* Drop the tensors of o and make it empty (replay.c). */
+void gc_graphed_outs_clear(ge_outs *o);
+/* Free G and everything it holds, whatever its references (replay.c). */
+void gc_graphed_destroy(gcap_graphed *G);
+/* The route a graphed module's calls take (gc_module_set_route): the replay
+** of entry `entry` of the graphed object ud (replay.c). */
+gcap_status gc_graphed_route(void *ud, int entry, int nin, gcap_tensor *const *in, int *nout,
+                             gcap_tensor **out);
+
+/* ------------------------------------------------------------------------ */
+/* Construction state                                                        */
+
+typedef struct ge_build {
+  gcap_engine *e;
+  gcap_graphed *G;
+  const gcap_graphed_opts *o;
+  int ncallables, nentries; /* the call's arguments */
+  gcap_module *const *callables;
+  const int *nargs;
+  gcap_tensor *const *const *args;
+  int training; /* the callables' mode, found by the checks */
+  gc_schedule sched;
+  ge_outs *warm_out; /* [n] warmup outputs */
+  int done, total;   /* progress within the phase */
+  const char *phase;
+  int pass;     /* index of the pass being captured */
+  int prev_bwd; /* reuse: last backward entry captured, and its order position */
+  int prev_bwd_pos;
+  int last_l0; /* reuse: the l == 0 entry of the previous backward order value */
+} ge_build;
+
+/* Everything static, before any work: the engine's state, the callables and
+** their mode (b->training), the sample arguments, the options, the hook
+** tables, and the order, expanded into b->sched (check.c). */
+gcap_status gc_graphed_check(ge_build *b);
+/* Entry x's forward itself, its outputs into o (cleared first) (warmup.c). */
+gcap_status gc_graphed_forward(ge_build *b, ge_entry *x, ge_outs *o);
+/* Backpropagate from the outputs of o that require grad, grads[k] output
+** k's (warmup.c). */
+gcap_status gc_graphed_backward(const ge_outs *o, gcap_tensor *const *grads, int retain);
+/* num_warmup_iters walks of the schedule on a side stream (warmup.c). */
+gcap_status gc_graphed_warmup(ge_build *b);
+/* The schedule's passes, each into its own graph of the call's pool (capture.c). */
+gcap_status gc_graphed_capture(ge_build *b);
+/* Reuse, before warmup: forwards take the static inputs of entries whose
+** backward is done (reuse.c). */
+gcap_status gc_graphed_share_inputs(ge_build *b);
+/* Reuse: a static grad buffer of another entry that output k of x may
+** share (a new reference), or NULL (reuse.c). */
+gcap_tensor *gc_graphed_shared_grad_out(ge_build *b, const ge_entry *x, int k);
+/* Reuse: once entry i's backward is captured, the buffers no later pass
+** reads go back to the pool (reuse.c). */
+gcap_status gc_graphed_release_dead(ge_build *b, int i);
+
+/* ------------------------------------------------------------------------ */
+/* Helpers of every phase                                                    */
+
+/* Slot k of an entry's input surface: its args, then its params. */
+static inline gcap_tensor *ge_surface(const ge_entry *x, int k) {
+  return k < x->nargs ? x->args[k] : x->params[k - x->nargs];
+}
+
+static inline gcap_status ge_zeros_like(gcap_tensor *t, gcap_tensor **out) {
+  return gcap_tensor_full(t->e, t->dt, t->ndim, t->shape, 0.0, out);
+}
+
+/* The capture_time_hooks of group `group` of callable c, outside capture;
+** a hook's failure names it, its callable and the phase. */
+static inline gcap_status ge_run_hooks(ge_build *b, int c, gcap_hook_kind group) {
+  const gcap_capture_hooks *h;
+  gcap_module *m = b->G->v[0].m;
+  int j;
+  if (b->o->capture_time_hooks == NULL) return GCAP_OK;
+  h = &b->o->capture_time_hooks[c];
+  for (j = 0; j < b->G->n; j++)
+    if (b->G->v[j].callable == c) {
+      m = b->G->v[j].m;
+      break;
+    }
+  for (j = 0; j < h->n[group]; j++) {
+    gcap_status st;
+    double t0 = gc_trace_clock(b->e);
+    gc_clear(b->e);
+    st = h->fn[group][j](h->ud[group] ? h->ud[group][j] : NULL, m);
+    gc_trace_span(b->e, t0, "hook", "%s #%d of callable %d (%s)", gcap_hook_group_key(group), j + 1,
+                  c + 1, gcap_module_type(m));
+    if (st != GCAP_OK) {
+      if (gcap_errmsg(b->e)[0] == '\0') /* the hook said nothing itself */
+        gc_fail(b->e, st,
+                "make_graphed_callables: capture_time_hooks %s #%d of callable %d (%s) failed in "
+                "the %s%s%s%s",
+                gcap_hook_group_key(group), j + 1, c + 1, gcap_module_type(m), b->phase,
+                st == GCAP_EABORTED ? "" : " (", st == GCAP_EABORTED ? "" : gcap_status_str(st),
+                st == GCAP_EABORTED ? "" : ")"); /* aborted: the hook's own error says why */
+      return st;
+    }
+  }
+  return GCAP_OK;
+}
+
+/* After a pass that ended with st: count it and tell the progress callback,
+** whose non-OK status stops the work. */
+static inline gcap_status ge_progress(ge_build *b, gcap_status st) {
+  if (st != GCAP_OK) return st;
+  b->done++;
+  if (b->o->progress == NULL) return GCAP_OK;
+  gc_clear(b->e);
+  st = b->o->progress(b->o->progress_ud, b->phase, b->done, b->total);
+  if (st != GCAP_OK && gcap_errmsg(b->e)[0] == '\0') /* the callback said nothing itself */
+    gc_fail(b->e, st, "make_graphed_callables: the progress callback stopped the %s at %d of %d",
+            b->phase, b->done, b->total);
+  return st;
+}
+
+/* Prefix the engine's message with the phase, entry and callable; only the
+** place when a callback stopped the pass (GCAP_EABORTED: the callback's own
+** error says why, and the engine's message may be an older one). */
+static inline gcap_status ge_where(ge_build *b, gcap_status st, int entry, const char *phase) {
+  char msg[GC_ERRLEN + 2];
+  const char *head = "make_graphed_callables: ";
+  const char *text = st == GCAP_EABORTED ? "" : b->e->err;
+  if (strncmp(text, head, strlen(head)) == 0) text += strlen(head);
+  snprintf(msg, sizeof msg, "%s%s", *text ? ": " : "", text);
+  return gc_fail(b->e, st, "make_graphed_callables: %s of entry %d (callable %d, %s)%s", phase,
+                 entry + 1, b->G->v[entry].callable + 1, gcap_module_type(b->G->v[entry].m), msg);
+}
+
+#endif
