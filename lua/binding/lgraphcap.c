@@ -3,12 +3,12 @@
 ** public entry, luaopen_graphcap_core, and the boxes. The binding
 ** translates arguments, lifetimes and errors between Lua and graphcap.h and
 ** holds no numerics; the facade (graphcap/init.lua) builds on it. Its
-** files (lgc.h) are cut by object family.
+** files (lbind.h) are cut by object family.
 */
 
 #include <string.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 /* The module's functions, by the family that holds them */
 static const luaL_Reg *const l_funcs[] = {l_runtime_funcs,  l_tensor_funcs,  l_ops_funcs,

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 LStream *l_checkstream(lua_State *L, int i) {
   return (LStream *)l_checkbox(L, i, &l_stream_class);

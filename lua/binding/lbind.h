@@ -1,5 +1,5 @@
 /*
-** lgc.h: what the files of the Lua binding (module "graphcap.core") share:
+** lbind.h: what the files of the Lua binding (module "graphcap.core") share:
 ** the box structs, one uservalue numbering per box type, the registry keys
 ** and the functions one family of objects lends another. Private: nothing
 ** outside lua/binding/ includes it, and nothing here is exported from the
@@ -12,8 +12,8 @@
 ** Engine's own, and uservalue 1 of every other box, which keeps it alive.
 */
 
-#ifndef LGC_H
-#define LGC_H
+#ifndef LBIND_H
+#define LBIND_H
 
 #include <stdint.h>
 #include <string.h>
