@@ -146,8 +146,8 @@ $(B)/lua_embed.o: $(B)/lua_embed.c
 	$(say) CC $<
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
-# Where kernel.c looks for NVRTC when the loader's path has none: the toolkit found here.
-$(B)/engine/src/tensor/kernel.o: override CFLAGS += $(if $(CUDA_HOME),-DGC_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"')
+# Where nvrtc.c looks for NVRTC when the loader's path has none: the toolkit found here.
+$(B)/engine/src/tensor/nvrtc.o: override CFLAGS += $(if $(CUDA_HOME),-DGC_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"')
 
 # The program links Lua statically, so it runs where no Lua is installed.
 $(B)/graphcap: $(B)/lua/main.o $(BINDING_OBJ) $(B)/lua_embed.o $(B)/libgraphcap.a | setup

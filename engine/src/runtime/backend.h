@@ -1,6 +1,6 @@
 /*
 ** backend.h: the one table a backend implements, and the kernel catalogue
-** (its names in catalogue.c).
+** (its names in kernel_names.c).
 **
 ** The core reaches a backend only through gc_backend. A kernel launch is a
 ** kernel id plus a gc_kargs taken by value: the host backend records exactly
