@@ -331,17 +331,22 @@ LUAI_FUNC int l_register_full_backward_hook(lua_State *L);
 /* lnn.c */
 LUAI_DDEC(const luaL_Reg l_nn_funcs[]);
 
-/* lruntime.c: the engine, streams, events, pools, graphs */
-LUAI_DDEC(const LClass l_graph_class);
-LUAI_DDEC(const LClass l_pool_class);
-LUAI_DDEC(const LClass l_event_class);
-LUAI_DDEC(const LClass l_stream_class);
+/* lengine.c: the engine box, the engine as a whole, the clock, the trace */
 LUAI_DDEC(const LClass l_engine_class);
-LUAI_FUNC LStream *l_checkstream(lua_State *L, int i);
-LUAI_FUNC LPool *l_checkpool(lua_State *L, int i);
 LUAI_FUNC void l_pushengine(lua_State *L);
-LUAI_DDEC(const luaL_Reg l_runtime_funcs[]);
+LUAI_DDEC(const luaL_Reg l_engine_funcs[]);
 LUAI_DDEC(const luaL_Reg l_test_funcs[]);
+
+/* lstream.c: streams and events */
+LUAI_DDEC(const LClass l_stream_class);
+LUAI_DDEC(const LClass l_event_class);
+LUAI_FUNC LStream *l_checkstream(lua_State *L, int i);
+LUAI_DDEC(const luaL_Reg l_stream_funcs[]);
+
+/* lgraph.c: graphs, pools and memory statistics */
+LUAI_DDEC(const LClass l_pool_class);
+LUAI_DDEC(const LClass l_graph_class);
+LUAI_DDEC(const luaL_Reg l_graph_funcs[]);
 
 /* lfunction.c: gc.autograd.Function's nodes */
 LUAI_FUNC int l_pfnbackward(lua_State *L);

@@ -11,9 +11,9 @@
 #include "lbind.h"
 
 /* The module's functions, by the family that holds them */
-static const luaL_Reg *const l_funcs[] = {l_runtime_funcs,  l_tensor_funcs,  l_ops_funcs,
-                                          l_shape_funcs,    l_graphed_funcs, l_error_funcs,
-                                          l_function_funcs, l_kernel_funcs,  NULL};
+static const luaL_Reg *const l_funcs[] = {
+    l_engine_funcs,  l_stream_funcs, l_graph_funcs,    l_tensor_funcs, l_ops_funcs, l_shape_funcs,
+    l_graphed_funcs, l_error_funcs,  l_function_funcs, l_kernel_funcs, NULL};
 
 /* The classes of boxes, the engine's first */
 static const LClass *const l_classes[] = {&l_engine_class,
