@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "error.h"
-#include "graphcap.h"
+#include "graphcap_types.h"
 #include "rng.h"
 
 /* C linkage for the C++ of the cuda backend (cuda/common.cuh). */
