@@ -147,8 +147,8 @@ $(B)/lua_embed.o: $(B)/lua_embed.c
 	$(say) CC $<
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
-# Where kernel.c looks for NVRTC when the loader's path has none: the toolkit found here.
-$(B)/engine/src/tensor/kernel.o: override CFLAGS += $(if $(CUDA_HOME),-DGC_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"')
+# Where nvrtc.c looks for NVRTC when the loader's path has none: the toolkit found here.
+$(B)/engine/src/tensor/nvrtc.o: override CFLAGS += $(if $(CUDA_HOME),-DGC_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"')
 
 # The program links Lua statically, so it runs where no Lua is installed.
 $(B)/graphcap: $(B)/lua/main.o $(BINDING_OBJ) $(B)/lua_embed.o $(B)/libgraphcap.a | setup
@@ -257,7 +257,7 @@ bench-torch:
 	  python3 bench/torch_transformer.py; \
 	else echo "bench: python3 has no torch; PyTorch's side (bench/torch_*.py) not run" >&2; fi
 
-# Install: the header, the static and the shared library, graphcap.pc, the Lua
+# Install: the headers, the static and the shared library, graphcap.pc, the Lua
 # module in Lua 5.4's default paths under PREFIX, and the program.
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
@@ -267,6 +267,8 @@ PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 LUA_SHAREDIR ?= $(PREFIX)/share/lua/5.4
 LUA_LIBDIR ?= $(PREFIX)/lib/lua/5.4
 D := $(DESTDIR)
+# The public headers: graphcap.h and the types it includes.
+HEADERS := engine/include/graphcap.h engine/include/graphcap_types.h
 # The dynamic linker's cache learns of the library when installed for this system.
 LDCONFIG := if [ -z "$(D)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
@@ -277,7 +279,7 @@ under_prefix = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
 
 install-lib: $(B)/libgraphcap.a $(SHLIB) engine/graphcap.pc.in
 	install -d $(D)$(INCLUDEDIR) $(D)$(LIBDIR) $(D)$(PKGCONFIGDIR)
-	install -m 644 engine/include/graphcap.h $(D)$(INCLUDEDIR)/
+	install -m 644 $(HEADERS) $(D)$(INCLUDEDIR)/
 	install -m 644 $(B)/libgraphcap.a $(D)$(LIBDIR)/
 	install -m 755 $(SHLIB) $(D)$(LIBDIR)/
 	ln -sf libgraphcap.so.$(VERSION) $(D)$(LIBDIR)/libgraphcap.so.$(SOMAJOR)
@@ -298,7 +300,7 @@ install-bin: $(B)/graphcap
 	install -m 755 $(B)/graphcap $(D)$(BINDIR)/
 
 uninstall:
-	rm -f $(D)$(INCLUDEDIR)/graphcap.h $(D)$(LIBDIR)/libgraphcap.a \
+	rm -f $(patsubst engine/include/%,$(D)$(INCLUDEDIR)/%,$(HEADERS)) $(D)$(LIBDIR)/libgraphcap.a \
 	  $(D)$(LIBDIR)/libgraphcap.so $(D)$(LIBDIR)/libgraphcap.so.$(SOMAJOR) \
 	  $(D)$(LIBDIR)/libgraphcap.so.$(VERSION) $(D)$(PKGCONFIGDIR)/graphcap.pc \
 	  $(D)$(LUA_LIBDIR)/graphcap/core.so $(D)$(BINDIR)/graphcap \

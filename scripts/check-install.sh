@@ -124,8 +124,8 @@ step "the installed program runs examples/basics.lua"
 step "make uninstall ${make_args[*]}"
 make -s uninstall "${make_args[@]}" >/dev/null || fail "make uninstall"
 if [ $default = 1 ]; then
-  for f in include/graphcap.h lib/libgraphcap.a lib/libgraphcap.so lib/pkgconfig/graphcap.pc \
-    share/lua/5.4/graphcap lib/lua/5.4/graphcap bin/graphcap; do
+  for f in include/graphcap.h include/graphcap_types.h lib/libgraphcap.a lib/libgraphcap.so \
+    lib/pkgconfig/graphcap.pc share/lua/5.4/graphcap lib/lua/5.4/graphcap bin/graphcap; do
     [ ! -e "$prefix/$f" ] || fail "make uninstall left $prefix/$f"
   done
 else

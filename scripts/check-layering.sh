@@ -10,7 +10,7 @@
 #   only engine/src/dist includes MPI's header (mpi.h), and only the cuda
 #   backend NCCL's (nccl.h, a CUDA header);
 #   the binding's own rules (binding_rules below): only lua/binding/lcall.c calls
-#   lua_pcall; binding files include only lgc.h, graphcap.h, Lua's and libc headers;
+#   lua_pcall; binding files include only lbind.h, graphcap.h, Lua's and libc headers;
 #   the engine's layers (engine_layer_rules below): runtime <- tensor <- train
 #   and dist (beside train), no include of, or call into, a higher layer; the backends include only
 #   runtime/backend.h and runtime/rng.h of the core and call only the runtime.
@@ -115,7 +115,7 @@ done < <(list_includes)
 # The Lua binding (lua/binding/, docs/ARCHITECTURE.md "The binding"):
 #   only the call-path file, lcall.c, calls lua_pcall (every engine call that
 #   may run Lua goes through its l_run, every callback through l_callback);
-#   a binding file includes only its private header lgc.h, graphcap.h, Lua's
+#   a binding file includes only its private header lbind.h, graphcap.h, Lua's
 #   headers and the C library's.
 binding_rules() {
   local f inc where
@@ -129,10 +129,10 @@ binding_rules() {
     inc=${entry#*:*:}
     where=${entry%:"$inc"}
     case "$inc" in
-      lgc.h | graphcap.h | lua.h | lauxlib.h | lualib.h | luaconf.h) ;;
+      lbind.h | graphcap.h | lua.h | lauxlib.h | lualib.h | luaconf.h) ;;
       *)
         if ! is_libc_header "$inc"; then
-          report "$where" "binding includes \"$inc\" (only lgc.h, graphcap.h, Lua's and libc headers)"
+          report "$where" "binding includes \"$inc\" (only lbind.h, graphcap.h, Lua's and libc headers)"
         fi
         ;;
     esac

@@ -11,6 +11,32 @@
 ** Objects (tensors, streams, events, pools, graphs) belong to one engine and
 ** keep it alive: gcap_engine_free with live objects only marks the engine
 ** closed, and it is freed when the last object goes.
+**
+** The header leads with the product: the engine, streams and events, pools
+** and graphs, capture and the replay check, make_graphed_callables, seeing
+** what was captured and what ran. Then what graphed work is made of:
+** tensors, autograd, modules, optimizers, custom ops and runtime-compiled
+** kernels, and the distributed layer. graphcap_types.h, included here, holds
+** the status codes, devices, dtypes, limits and the objects' types.
+**
+** Threads. Nothing in an engine is locked: an engine and its objects are
+** used by one thread at a time (any thread, where the calls do not overlap;
+** on cuda one whose current CUDA device is the engine's: gcap_engine_new sets
+** it in the thread that calls it, and under mpirun it is the rank's GPU, not
+** device 0). Several engines, one per thread, keep their own state and
+** messages (gcap_errmsg is per engine), but a capture is not isolated from
+** other threads: on cuda, another engine's work while it is open (a new
+** engine, allocation, ops, synchronize) can invalidate it, and its
+** gcap_capture_end then fails with GCAP_ECAPTURE; capture while no other
+** thread works on the device. Per thread: the message of a failed
+** gcap_engine_new (gcap_last_open_error, also gcap_errmsg(NULL)) and
+** allocation-failure injection (gcap_test_fail_alloc). Per process:
+** gcap_live_engines (counted atomically), the distributed layer's one world
+** (gcap_dist_*, bound to one engine), and NVRTC and the driver, which the
+** first gcap_kernel_new loads without a lock: make that call before several
+** threads compile kernels. Functions that only name constants
+** (gcap_version, gcap_status_str, gcap_hook_kind_name, ...) may be called
+** from any thread.
 */
 #ifndef GRAPHCAP_H
 #define GRAPHCAP_H
@@ -18,49 +44,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "graphcap_types.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* The version of this header: GCAP_VERSION is "X.Y.Z", and
+** GCAP_VERSION_NUMBER is X*1000000 + Y*1000 + Z (0.1.0 is 1000, 1.2.3 would
+** be 1002003), as SQLite's SQLITE_VERSION_NUMBER, for preprocessor tests:
+** #if GCAP_VERSION_NUMBER >= 1000. gcap_version() is the library's. */
 #define GCAP_VERSION "0.1.0"
-#define GCAP_MAXDIM 4                    /* tensors have 0 to 4 dimensions */
-#define GCAP_MAXNUMEL ((int64_t)1 << 40) /* and at most 2^40 elements */
-
-typedef struct gcap_engine gcap_engine;
-typedef struct gcap_tensor gcap_tensor;
-typedef struct gcap_stream gcap_stream;
-typedef struct gcap_event gcap_event;
-typedef struct gcap_pool gcap_pool;
-typedef struct gcap_graph gcap_graph;
-
-typedef enum gcap_status {
-  GCAP_OK = 0,
-  GCAP_EINVAL,       /* bad argument: shape, dtype, range, NULL, another engine */
-  GCAP_ENOMEM,       /* host or device memory exhausted */
-  GCAP_EDEVICE,      /* the device or its runtime failed */
-  GCAP_ECAPTURE,     /* forbidden while a capture is open; the capture is invalidated */
-  GCAP_ESTATE,       /* wrong state: closed, reset, not captured, capture open */
-  GCAP_EREPLAY,      /* replay refused: it would read memory another graph overwrote */
-  GCAP_EUNSUPPORTED, /* backend not built, or no such device */
-  GCAP_EABORTED      /* a callback asked to stop */
-} gcap_status;
-
-typedef enum gcap_device {
-  GCAP_DEVICE_DEFAULT = 0, /* cuda when a GPU is present, host otherwise */
-  GCAP_DEVICE_HOST,
-  GCAP_DEVICE_CUDA
-} gcap_device;
-
-typedef enum gcap_dtype { GCAP_F32 = 0, GCAP_BF16 } gcap_dtype;
+#define GCAP_VERSION_NUMBER 1000
 
 /* ------------------------------------------------------------------------ */
-/* Library and engine                                                        */
+/* The engine                                                                */
 
 /* The version string, GCAP_VERSION. */
 const char *gcap_version(void);
-
-/* A static, human-readable name for a status ("invalid argument", ...). */
-const char *gcap_status_str(gcap_status st);
 
 /* 1 when the library was built with the cuda backend and a GPU is visible. */
 int gcap_cuda_available(void);
@@ -92,9 +93,6 @@ gcap_status gcap_synchronize(gcap_engine *e);
 
 /* 1 while a capture is open on this engine, 0 otherwise. */
 int gcap_is_capturing(const gcap_engine *e);
-
-/* Turn the shared-pool replay-order check on (default) or off. */
-void gcap_set_replay_check(gcap_engine *e, int on);
 
 /* Seed the engine's random generator (its seed and offset live in device
 ** memory; the offset is reset to 0). Allowed outside capture only. */
@@ -130,6 +128,246 @@ gcap_status gcap_engine_get_stats(gcap_engine *e, gcap_engine_stats *out);
 /* Engines alive in the process: a closed engine (gcap_engine_free) lives
 ** on until the last object holding it is freed. */
 int64_t gcap_live_engines(void);
+
+/* ------------------------------------------------------------------------ */
+/* Streams and events                                                        */
+
+/* A new stream. Work on one stream runs in order. */
+gcap_status gcap_stream_new(gcap_engine *e, gcap_stream **out);
+/* NULL is fine; the engine's own streams are never freed by this. */
+void gcap_stream_free(gcap_stream *s);
+/* The engine's default stream and the side stream used for captures. */
+gcap_stream *gcap_default_stream(gcap_engine *e);
+gcap_stream *gcap_capture_stream(gcap_engine *e);
+/* The stream new work goes to; NULL selects the default stream. */
+gcap_stream *gcap_current_stream(gcap_engine *e);
+gcap_status gcap_set_current_stream(gcap_engine *e, gcap_stream *s);
+/* Wait for all work on s. Refused while capturing. */
+gcap_status gcap_stream_synchronize(gcap_stream *s);
+
+gcap_status gcap_event_new(gcap_engine *e, gcap_event **out);
+void gcap_event_free(gcap_event *ev);
+/* Record ev at the current end of s. */
+gcap_status gcap_event_record(gcap_event *ev, gcap_stream *s);
+/* Make later work on s wait for ev. Waiting on an event recorded in a capture
+** forks s into that capture; s must then be joined back (the capture stream
+** waits on an event recorded on s after its last work) before the capture ends. */
+gcap_status gcap_stream_wait_event(gcap_stream *s, gcap_event *ev);
+/* Wait on the host for ev. Refused while capturing. */
+gcap_status gcap_event_synchronize(gcap_event *ev);
+
+/* ------------------------------------------------------------------------ */
+/* Pools and graphs                                                          */
+
+/* A private memory pool that several graphs can share (graph_pool_handle). */
+gcap_status gcap_pool_new(gcap_engine *e, gcap_pool **out);
+/* Release the handle. The pool's memory returns to the device once no graph
+** uses it and no tensor allocated from it is alive. NULL is fine. */
+void gcap_pool_free(gcap_pool *p);
+/* Take another handle reference; returns p. */
+gcap_pool *gcap_pool_retain(gcap_pool *p);
+gcap_status gcap_pool_get_stats(gcap_pool *p, gcap_mem_stats *out);
+
+/* A new, empty graph. */
+gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out);
+/* Destroy the graph. While a capture is open this is deferred until it ends;
+** freeing the graph that is capturing ends that capture (as a failed one).
+** NULL is fine. */
+void gcap_graph_free(gcap_graph *g);
+/* A name used in error messages (copied; at most 63 bytes kept). */
+gcap_status gcap_graph_set_name(gcap_graph *g, const char *name);
+const char *gcap_graph_name(const gcap_graph *g);
+
+/* ------------------------------------------------------------------------ */
+/* Capture and the replay check                                              */
+
+/* Begin capturing into g. All allocations of the capture come from `pool`
+** (NULL: a new private pool). Work goes to `s` (NULL: the engine's capture
+** stream), which becomes the current stream until gcap_capture_end. The graph
+** must be empty (new or reset); one capture at a time per engine. */
+gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s);
+
+/* End the capture and instantiate the graph. The capture always ends: when
+** it was invalidated (a forbidden action during capture), or a forked stream
+** was not joined, the result is GCAP_ECAPTURE and g is empty again. */
+gcap_status gcap_capture_end(gcap_graph *g);
+
+/* Launch the captured work on the current stream. With the replay check on,
+** a replay that would read pool memory overwritten since its capture-time
+** producer wrote it is refused with GCAP_EREPLAY naming both graphs. */
+gcap_status gcap_graph_replay(gcap_graph *g);
+
+/* Turn the shared-pool replay-order check on (default) or off. */
+void gcap_set_replay_check(gcap_engine *e, int on);
+
+/* Free the captured graph; g is empty and can capture again. */
+gcap_status gcap_graph_reset(gcap_graph *g);
+
+/* Statistics of a captured graph. */
+typedef struct gcap_graph_stats {
+  int64_t nodes;         /* kernel and copy nodes in the captured graph */
+  double capture_ms;     /* begin to end of capture */
+  double instantiate_ms; /* instantiate and upload */
+  size_t pool_bytes;     /* bytes the pool reserved when this capture ended */
+  int64_t replays;       /* successful replays since capture */
+} gcap_graph_stats;
+gcap_status gcap_graph_get_stats(gcap_graph *g, gcap_graph_stats *out);
+
+/* The pool g captured into (NULL while empty); not a new reference. */
+gcap_pool *gcap_graph_pool(gcap_graph *g);
+
+/* 1 when g holds a captured, instantiated graph. */
+int gcap_graph_is_captured(const gcap_graph *g);
+
+/* ------------------------------------------------------------------------ */
+/* make_graphed_callables (TransformerEngine's, with capture_time_hooks).    */
+
+/* The four kinds of hooks, of modules and of capture_time_hooks alike. */
+typedef enum gcap_hook_kind {
+  GCAP_HOOK_FORWARD_PRE = 0, /* before forward: inputs */
+  GCAP_HOOK_FORWARD,         /* after forward: inputs and outputs */
+  GCAP_HOOK_BACKWARD_PRE,    /* when the grads of the outputs arrive */
+  GCAP_HOOK_BACKWARD         /* when the grads of the inputs are computed */
+} gcap_hook_kind;
+#define GCAP_HOOK_KINDS 4
+
+/* The name of a hook kind as messages write it: "forward pre-hook",
+** "forward hook", "backward pre-hook", "backward hook"; "" for a value that is
+** no kind. */
+const char *gcap_hook_kind_name(gcap_hook_kind kind);
+/* The key of a kind's group in capture_time_hooks: "forward_pre_hooks",
+** "forward_hooks", "backward_pre_hooks", "backward_hooks"; "" for no kind. */
+const char *gcap_hook_group_key(gcap_hook_kind kind);
+
+/* A capture-time hook: run outside capture with the original module; a
+** non-OK status aborts graph construction (everything is rolled back). */
+typedef gcap_status (*gcap_capture_hook)(void *ud, gcap_module *m);
+
+/* The hooks of one callable: n[k] functions in the group of hook kind k
+** (gcap_hook_kind, which is also their call order around a pass), run in
+** index order. */
+typedef struct gcap_capture_hooks {
+  int n[GCAP_HOOK_KINDS];
+  const gcap_capture_hook *fn[GCAP_HOOK_KINDS];
+  void *const *ud[GCAP_HOOK_KINDS];
+} gcap_capture_hooks;
+
+/* Progress of long work: `done` of `total` passes of `phase` ("warmup",
+** "capture"), after each pass. A non-OK status stops the work, as a failing
+** hook does (everything is rolled back). */
+typedef gcap_status (*gcap_progress_fn)(void *ud, const char *phase, int done, int total);
+
+typedef struct gcap_graphed_opts {
+  int num_warmup_iters;   /* 3 */
+  int allow_unused_input; /* 0 */
+  const double *order;    /* NULL, or order_len entries: +k fwd, -k bwd, -(k+0.5) wgrad */
+  int order_len;
+  const int *num_layers_per_chunk; /* NULL, or num_chunks entries */
+  int num_chunks;
+  gcap_pool *pool;                          /* NULL: a new pool shared by all graphs of the call */
+  int retain_graph_in_backward;             /* 0 */
+  int reuse_graph_input_output_buffers;     /* 0; needs order and training */
+  int clone_param_grads_on_return;          /* 1 */
+  gcap_status (*pre_warmup_hook)(void *ud); /* once, before all warmup */
+  void *pre_warmup_ud;
+  gcap_status (*post_warmup_hook)(void *ud); /* once, after all warmup */
+  void *post_warmup_ud;
+  const gcap_capture_hooks *capture_time_hooks; /* NULL, or one per callable */
+  int num_capture_time_hooks;                   /* must equal the number of callables when given */
+  gcap_progress_fn progress;                    /* NULL: none */
+  void *progress_ud;
+} gcap_graphed_opts;
+
+/* Fill *o with the defaults above. */
+void gcap_graphed_opts_init(gcap_graphed_opts *o);
+
+/* Graph `callables` (modules; all in training or all in eval mode, with no
+** module hooks registered) from sample arguments: entry i takes nargs[i]
+** tensors args[i][0..nargs[i]). Without an order there is one entry per
+** callable; with one, chunks x microbatches x layers (docs/semantics.md,
+** "order"). On success *out holds one replayable entry per sample_args entry;
+** on failure modules, .grad values, the generator and pools are as before. */
+gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
+                                        gcap_module *const *callables, int nentries,
+                                        const int *nargs, gcap_tensor *const *const *args,
+                                        const gcap_graphed_opts *opts, gcap_graphed **out);
+gcap_graphed *gcap_graphed_retain(gcap_graphed *g);
+void gcap_graphed_free(gcap_graphed *g);
+int gcap_graphed_num_entries(const gcap_graphed *g);
+/* The module entry i was captured from. */
+gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry);
+/* Replay entry i's forward: copy inputs whose address differs from the
+** static ones, launch, and return a view of the static output (valid until
+** the next replay) whose backward replays the backward graph. The inputs
+** must have the captured count, shapes and dtypes (GCAP_EINVAL names the
+** argument and both shapes otherwise); an input that needed no grad at
+** capture gets none from that backward, as in TE. A module whose training
+** flag differs from capture time runs eagerly instead. */
+gcap_status gcap_graphed_call(gcap_graphed *g, int entry, int nin, gcap_tensor *const *in,
+                              gcap_tensor **out);
+/* How many outputs entry i's callable gave at capture (absent ones
+** included); -1 for a bad g or entry. */
+int gcap_graphed_num_outputs(const gcap_graphed *g, int entry);
+/* Replay entry i's forward as gcap_graphed_call does, for any number of
+** outputs: out[0..n-1] (n = gcap_graphed_num_outputs, *nout set to it) are
+** views of the static outputs, NULL where the capture's output was absent.
+** Each output that required grad at capture has its own static grad buffer;
+** one backward takes the grads of all of them (zeros for those whose grad did
+** not arrive), as TE's; an output that required none gets no grad buffer and
+** passes no grad back. n > maxout (the room in out) is GCAP_EINVAL.
+** gcap_graphed_call is this call for an entry of one output (an entry of
+** several is refused with GCAP_EINVAL). */
+gcap_status gcap_graphed_call_n(gcap_graphed *g, int entry, int nin, gcap_tensor *const *in,
+                                int maxout, int *nout, gcap_tensor **out);
+/* Replay entry i's delayed-wgrad graph and accumulate into .grad (no-op
+** when the entry has none). */
+gcap_status gcap_graphed_backward_dw(gcap_graphed *g, int entry);
+/* Free entry i's graphs; calling it afterwards is an error. */
+gcap_status gcap_graphed_reset(gcap_graphed *g, int entry);
+/* Stats of entry i's graphs (bwd/dw zeroed when absent: has_bwd, has_dw). */
+typedef struct gcap_graphed_stats {
+  gcap_graph_stats fwd, bwd, dw;
+  int has_bwd, has_dw;
+  size_t pool_reserved_bytes;
+  int num_outputs;      /* the callable's outputs at capture, absent ones included */
+  int num_grad_outputs; /* those with a static grad buffer (they required grad) */
+} gcap_graphed_stats;
+gcap_status gcap_graphed_get_stats(gcap_graphed *g, int entry, gcap_graphed_stats *out);
+
+/* ------------------------------------------------------------------------ */
+/* Seeing what was captured and what ran                                     */
+
+/* Write the captured graph g as Graphviz DOT to the file `path` (replaced).
+** cuda: CUDA's own description of the graph (cudaGraphDebugDotPrint, every
+** node with its parameters); host: the recorded launches in order, each with
+** its kernel, sizes and constants and the memory it reads and writes (pool
+** blocks and offsets), edges in stream order plus the forks and joins of
+** streams. GCAP_ESTATE when g is not captured (never, reset, or capturing);
+** GCAP_EINVAL naming the path and the system's reason when it cannot be
+** written. Render with `dot -Tsvg file.dot -o file.svg`. */
+gcap_status gcap_graph_debug_dump(gcap_graph *g, const char *path);
+
+/* Dump every graph entry i of g has, as gcap_graph_debug_dump does, to
+** "<prefix>.fwd.dot", "<prefix>.bwd.dot" and "<prefix>.bwd_dw.dot" (the
+** backward and delayed-wgrad graphs only when the entry has them). */
+gcap_status gcap_graphed_debug_dump(gcap_graphed *g, int entry, const char *prefix);
+
+/* Trace the engine's work into the file `path` as Chrome trace-event JSON
+** (open it in Perfetto, ui.perfetto.dev, or chrome://tracing): one span per
+** make_graphed_callables, warmup, warmup iteration, warmup forward and
+** backward of each entry, capture and instantiate of each graph, call of a
+** capture-time hook (named by its group, index and callable) and of the
+** pre/post warmup hooks, graph replay, and graphed forward, backward and
+** backward_dw call. Times are microseconds of a monotonic clock. Events are
+** written as they happen (constant memory). GCAP_ESTATE when a trace is
+** already open; GCAP_EINVAL naming the path and the reason when the file
+** cannot be written. */
+gcap_status gcap_trace_start(gcap_engine *e, const char *path);
+
+/* Finish the trace: close the JSON and the file. GCAP_OK when no trace is
+** open; GCAP_EINVAL when writing the file failed. gcap_engine_free stops an
+** open trace, so the file is complete whenever the engine is released. */
+gcap_status gcap_trace_stop(gcap_engine *e);
 
 /* ------------------------------------------------------------------------ */
 /* Tensors: contiguous, 0-D to 4-D, refcounted storage; views share storage. */
@@ -281,7 +519,6 @@ typedef enum gcap_sdpa_impl {
   GCAP_SDPA_COMPOSED = 1,
   GCAP_SDPA_FUSED = 2
 } gcap_sdpa_impl;
-#define GCAP_SDPA_FUSED_DMAX 128
 /* The options of gcap_scaled_dot_product_attention; all zeros (or NULL
 ** options) are the defaults. */
 typedef struct gcap_sdpa_opts {
@@ -382,187 +619,9 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
                                  gcap_tensor **out);
 
 /* ------------------------------------------------------------------------ */
-/* Custom ops: a C host's own kernel (or library call) launched by the
-** engine like one of its own. The engine checks the capture rules,
-** allocates the outputs on the current stream (in the capture's pool while
-** a capture is open), notes what the op reads (its inputs) and writes (its
-** outputs) for the replay check, and hands the device pointers to one of the
-** op's callbacks: `cuda` on the cuda backend, `host` on the host backend.
-**
-** On cuda the callback runs at once and launches its work on `stream` (a
-** cudaStream_t): inside a capture, what it launches becomes nodes of the
-** graph, and a replay runs those nodes (the callback is not called again).
-** It must not synchronize, read back or allocate device memory while the
-** stream captures: CUDA refuses, the call fails with GCAP_ECAPTURE naming
-** the op and the capture is invalidated. On the host backend the callback
-** is the reference: it runs at once outside a capture; in a capture it is
-** recorded with its arguments and runs at each replay (so the op, and its
-** ud, live as long as a graph that recorded it).
-**
-** A callback returns GCAP_OK or a status, which fails the call (naming the
-** op) and invalidates an open capture; its outputs are then freed. An op
-** with a backward records an autograd node on its output (an op with a
-** backward has exactly one output); the backward is a gcap_autograd_backward
-** (composed of graphcap calls, or of calls of other custom ops) given the
-** op's ud and the tensors the call saved. */
-
-typedef struct gcap_custom_op gcap_custom_op;
-
-/* One operand as a callback sees it: device address, dtype and shape
-** (contiguous, row-major). */
-typedef struct gcap_custom_arg {
-  void *data;
-  gcap_dtype dtype;
-  int ndim;
-  int64_t shape[GCAP_MAXDIM];
-  int64_t numel;
-} gcap_custom_arg;
-
-/* A callback: launch the op on `stream` (the backend's native stream, see
-** gcap_stream_native), reading in[nin] and writing out[nout]. */
-typedef gcap_status (*gcap_custom_fn)(void *ud, void *stream, int nin, const gcap_custom_arg *in,
-                                      int nout, const gcap_custom_arg *out);
-
-typedef struct gcap_custom_desc {
-  const char *name;                /* 1 to 63 bytes: in errors, grad_fn and dumps */
-  gcap_custom_fn cuda;             /* the cuda launch; NULL: none (the op fails on cuda) */
-  gcap_custom_fn host;             /* the host reference; NULL: none (fails on host) */
-  gcap_autograd_backward backward; /* NULL: the op is not differentiable */
-  void *ud;                        /* handed to the callbacks and the backward */
-  void (*ud_free)(void *ud);       /* called once on ud when the op is gone (may be NULL) */
-} gcap_custom_desc;
-
-/* The shape and dtype of one output of a call. */
-typedef struct gcap_custom_out {
-  gcap_dtype dtype;
-  int ndim;
-  int64_t shape[GCAP_MAXDIM];
-} gcap_custom_out;
-
-/* A new op described by *d (copied; its name too). On failure ud_free is
-** called on d->ud at once. The op is reference-counted: graphs that
-** recorded it and autograd nodes keep it after gcap_custom_op_free. */
-gcap_status gcap_custom_op_new(gcap_engine *e, const gcap_custom_desc *d, gcap_custom_op **out);
-/* NULL is fine. */
-void gcap_custom_op_free(gcap_custom_op *op);
-/* Run op on in[nin] (tensors of its engine), giving out[nout] new tensors
-** shaped as spec[nout]. save[nsave] (at most 6) picks the tensors its
-** backward gets: i < nin is input i, nin + j is output j. */
-gcap_status gcap_custom_call(gcap_custom_op *op, int nin, gcap_tensor *const *in, int nout,
-                             const gcap_custom_out *spec, int nsave, const int *save,
-                             gcap_tensor **out);
-
-/* For a host that launches work of its own (a library call) on a graphcap
-** stream: the native handle of s (cuda: its cudaStream_t; host: the host
-** backend's queue, meaningful only to a custom op's callback). Work
-** launched on it directly is invisible to the engine: on the host backend
-** it runs now and is never replayed (use a custom op there). */
-gcap_status gcap_stream_native(gcap_stream *s, void **out);
-/* Declare that work about to be launched on the current stream, outside
-** graphcap, reads (write = 0) or writes t: the open capture's read and
-** write sets (and, eagerly, the pool's writers) take it, so the replay
-** check sees it and names `what` (1 to 63 bytes). Refused, as a launch is,
-** on a stream outside the open capture. */
-gcap_status gcap_note_access(gcap_tensor *t, int write, const char *what);
-
-/* ------------------------------------------------------------------------ */
-/* Runtime-compiled kernels: CUDA C++ source compiled with NVRTC (found at
-** run time: libnvrtc from the CUDA toolkit; the driver, libcuda, only on a
-** cuda engine), launched as a custom op. Compilation needs no GPU, so a
-** host engine compiles too (its errors show everywhere); a host engine
-** runs the launch's host twin in the kernel's place.                       */
-
-typedef struct gcap_kernel gcap_kernel;
-
-/* The type of a kernel parameter: what a launch passes for it. */
-typedef enum gcap_kparam {
-  GCAP_KPARAM_PTR = 0, /* any pointer: a tensor's device address */
-  GCAP_KPARAM_I32,     /* int, int32_t */
-  GCAP_KPARAM_U32,     /* unsigned, uint32_t */
-  GCAP_KPARAM_I64,     /* long, long long, int64_t, ptrdiff_t */
-  GCAP_KPARAM_U64,     /* unsigned long (long), uint64_t, size_t */
-  GCAP_KPARAM_F32,     /* float */
-  GCAP_KPARAM_F64,     /* double */
-  GCAP_KPARAM_BOOL     /* bool: 0 or 1 */
-} gcap_kparam;
-
-/* The name of a parameter type ("ptr", "i32", "u32", "i64", "u64", "f32",
-** "f64", "bool"); NULL for a value out of the enum. */
-const char *gcap_kparam_name(gcap_kparam p);
-
-/* Compile `source` and find its __global__ function `name` (an extern "C"
-** name, or a C++ name expression); opts[nopts] are NVRTC options. The
-** kernel's parameters are params[nparams] where params is not NULL; with
-** params NULL they are read from the parameter list of the __global__
-** function `name` in the source, and where that cannot be done (a macro, a
-** template, a type other than a pointer or one of gcap_kparam's) the call
-** fails with GCAP_EINVAL naming the parameter and asking for params. On a
-** cuda engine whose driver can tell (CUDA 12.4 and later) the compiled
-** kernel's parameter count and sizes are checked against them. A compile
-** error is GCAP_EINVAL whose message holds NVRTC's log (lines as
-** "<name>.cu(LINE): error: ..."); no NVRTC is GCAP_EUNSUPPORTED. On a cuda
-** engine the kernel is loaded on its device at once. */
-gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name, int nopts,
-                            const char *const *opts, int nparams, const gcap_kparam *params,
-                            gcap_kernel **out);
-/* NULL is fine; graphs that recorded a launch keep the kernel. */
-void gcap_kernel_free(gcap_kernel *k);
-/* k's parameters: *nparams of them, in *params (owned by k). */
-gcap_status gcap_kernel_params(const gcap_kernel *k, int *nparams, const gcap_kparam **params);
-
-/* An argument of a launch, in the kernel's parameter order: a tensor (for a
-** pointer parameter, its device address), an integer or a float (for a
-** number parameter, converted to its type). */
-typedef enum gcap_karg_kind { GCAP_KARG_TENSOR = 0, GCAP_KARG_INT, GCAP_KARG_FLOAT } gcap_karg_kind;
-typedef struct gcap_karg {
-  gcap_karg_kind kind;
-  gcap_tensor *t;
-  int64_t i;
-  double f;
-} gcap_karg;
-
-/* Check args[nargs] against k's parameters and write in out[nargs] what
-** the kernel receives: tensors as they are, integer parameters as
-** GCAP_KARG_INT, float parameters as GCAP_KARG_FLOAT (an f32's value
-** rounded to float). A count other than k's, a number for a pointer, a
-** tensor for a number, a non-integral number for an integer parameter and
-** a value out of the parameter's range are GCAP_EINVAL naming the kernel
-** and the argument. gcap_kernel_launch converts so; this tells a host twin
-** the values the kernel sees. */
-gcap_status gcap_kernel_args(gcap_kernel *k, int nargs, const gcap_karg *args, gcap_karg *out);
-
-typedef struct gcap_launch_desc {
-  unsigned grid[3], block[3]; /* each at least 1 */
-  unsigned shmem;             /* dynamic shared memory, bytes */
-  int nargs;                  /* one per parameter of the kernel */
-  const gcap_karg *args;
-  /* What the kernel reads and writes: every tensor argument is in one of
-  ** them (a tensor written in place is in writes only). */
-  int nreads;
-  gcap_tensor *const *reads;
-  int nwrites;
-  gcap_tensor *const *writes;
-  /* The host twin, run by a host engine in the kernel's place (now, or at
-  ** each replay of a graph that recorded it) with in = reads, out =
-  ** writes; NULL: the launch fails on a host engine. host_ud_free (may be
-  ** NULL) is called once on host_ud when the launch is gone, at once on a
-  ** failure. */
-  gcap_custom_fn host;
-  void *host_ud;
-  void (*host_ud_free)(void *ud);
-} gcap_launch_desc;
-
-/* Launch k on the current stream as custom op k's name: captured as a
-** kernel node on cuda, its host twin recorded on the host backend. The
-** arguments are checked and converted as gcap_kernel_args does. */
-gcap_status gcap_kernel_launch(gcap_kernel *k, const gcap_launch_desc *l);
-
-/* ------------------------------------------------------------------------ */
 /* Modules: a forward function with named parameters (in registration
 ** order, then the children's, prefixed "child."), buffers, children, a
 ** training flag, and four hook lists run around each call.                 */
-
-typedef struct gcap_module gcap_module;
 
 /* A module's forward: one tensor out (a new reference in *out). */
 typedef gcap_status (*gcap_forward_fn)(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
@@ -578,22 +637,8 @@ typedef gcap_status (*gcap_forward_fn)(void *ud, gcap_module *m, int nin, gcap_t
 typedef gcap_status (*gcap_forward_n_fn)(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
                                          int *nout, gcap_tensor **out);
 
-/* The four kinds of hooks, of modules and of capture_time_hooks alike. */
-typedef enum gcap_hook_kind {
-  GCAP_HOOK_FORWARD_PRE = 0, /* before forward: inputs */
-  GCAP_HOOK_FORWARD,         /* after forward: inputs and outputs */
-  GCAP_HOOK_BACKWARD_PRE,    /* when the grads of the outputs arrive */
-  GCAP_HOOK_BACKWARD         /* when the grads of the inputs are computed */
-} gcap_hook_kind;
-#define GCAP_HOOK_KINDS 4
-
-/* The name of a hook kind as messages write it: "forward pre-hook",
-** "forward hook", "backward pre-hook", "backward hook"; "" for a value that is
-** no kind. */
-const char *gcap_hook_kind_name(gcap_hook_kind kind);
-/* The key of a kind's group in capture_time_hooks: "forward_pre_hooks",
-** "forward_hooks", "backward_pre_hooks", "backward_hooks"; "" for no kind. */
-const char *gcap_hook_group_key(gcap_hook_kind kind);
+/* A module hook is of one of the four kinds of gcap_hook_kind
+** (make_graphed_callables, above). */
 
 /* Where a running hook's gcap_hook_return puts its values (the engine's). */
 typedef struct gcap_hook_ret gcap_hook_ret;
@@ -819,8 +864,6 @@ gcap_status gcap_nn_embedding(gcap_engine *e, int64_t num_embeddings, int64_t em
 /* Optimizers: update parameters in place with device-side state, so a step
 ** can be captured and replayed.                                             */
 
-typedef struct gcap_optim gcap_optim;
-
 /* SGD: lr, momentum (0: none), weight_decay. */
 gcap_status gcap_optim_sgd(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
                            double momentum, double weight_decay, gcap_optim **out);
@@ -835,223 +878,164 @@ gcap_status gcap_optim_step(gcap_optim *o);
 gcap_status gcap_optim_zero_grad(gcap_optim *o, int set_to_none);
 
 /* ------------------------------------------------------------------------ */
-/* Streams and events                                                        */
+/* Custom ops: a C host's own kernel (or library call) launched by the
+** engine like one of its own. The engine checks the capture rules,
+** allocates the outputs on the current stream (in the capture's pool while
+** a capture is open), notes what the op reads (its inputs) and writes (its
+** outputs) for the replay check, and hands the device pointers to one of the
+** op's callbacks: `cuda` on the cuda backend, `host` on the host backend.
+**
+** On cuda the callback runs at once and launches its work on `stream` (a
+** cudaStream_t): inside a capture, what it launches becomes nodes of the
+** graph, and a replay runs those nodes (the callback is not called again).
+** It must not synchronize, read back or allocate device memory while the
+** stream captures: CUDA refuses, the call fails with GCAP_ECAPTURE naming
+** the op and the capture is invalidated. On the host backend the callback
+** is the reference: it runs at once outside a capture; in a capture it is
+** recorded with its arguments and runs at each replay (so the op, and its
+** ud, live as long as a graph that recorded it).
+**
+** A callback returns GCAP_OK or a status, which fails the call (naming the
+** op) and invalidates an open capture; its outputs are then freed. An op
+** with a backward records an autograd node on its output (an op with a
+** backward has exactly one output); the backward is a gcap_autograd_backward
+** (composed of graphcap calls, or of calls of other custom ops) given the
+** op's ud and the tensors the call saved. */
 
-/* A new stream. Work on one stream runs in order. */
-gcap_status gcap_stream_new(gcap_engine *e, gcap_stream **out);
-/* NULL is fine; the engine's own streams are never freed by this. */
-void gcap_stream_free(gcap_stream *s);
-/* The engine's default stream and the side stream used for captures. */
-gcap_stream *gcap_default_stream(gcap_engine *e);
-gcap_stream *gcap_capture_stream(gcap_engine *e);
-/* The stream new work goes to; NULL selects the default stream. */
-gcap_stream *gcap_current_stream(gcap_engine *e);
-gcap_status gcap_set_current_stream(gcap_engine *e, gcap_stream *s);
-/* Wait for all work on s. Refused while capturing. */
-gcap_status gcap_stream_synchronize(gcap_stream *s);
+/* A callback's operands (gcap_custom_arg) and its type (gcap_custom_fn) are
+** in graphcap_types.h, which the backends that call them include. */
 
-gcap_status gcap_event_new(gcap_engine *e, gcap_event **out);
-void gcap_event_free(gcap_event *ev);
-/* Record ev at the current end of s. */
-gcap_status gcap_event_record(gcap_event *ev, gcap_stream *s);
-/* Make later work on s wait for ev. Waiting on an event recorded in a capture
-** forks s into that capture; s must then be joined back (the capture stream
-** waits on an event recorded on s after its last work) before the capture ends. */
-gcap_status gcap_stream_wait_event(gcap_stream *s, gcap_event *ev);
-/* Wait on the host for ev. Refused while capturing. */
-gcap_status gcap_event_synchronize(gcap_event *ev);
+typedef struct gcap_custom_desc {
+  const char *name;                /* 1 to 63 bytes: in errors, grad_fn and dumps */
+  gcap_custom_fn cuda;             /* the cuda launch; NULL: none (the op fails on cuda) */
+  gcap_custom_fn host;             /* the host reference; NULL: none (fails on host) */
+  gcap_autograd_backward backward; /* NULL: the op is not differentiable */
+  void *ud;                        /* handed to the callbacks and the backward */
+  void (*ud_free)(void *ud);       /* called once on ud when the op is gone (may be NULL) */
+} gcap_custom_desc;
 
-/* ------------------------------------------------------------------------ */
-/* Pools and graphs                                                          */
+/* The shape and dtype of one output of a call. */
+typedef struct gcap_custom_out {
+  gcap_dtype dtype;
+  int ndim;
+  int64_t shape[GCAP_MAXDIM];
+} gcap_custom_out;
 
-/* A private memory pool that several graphs can share (graph_pool_handle). */
-gcap_status gcap_pool_new(gcap_engine *e, gcap_pool **out);
-/* Release the handle. The pool's memory returns to the device once no graph
-** uses it and no tensor allocated from it is alive. NULL is fine. */
-void gcap_pool_free(gcap_pool *p);
-/* Take another handle reference; returns p. */
-gcap_pool *gcap_pool_retain(gcap_pool *p);
-gcap_status gcap_pool_get_stats(gcap_pool *p, gcap_mem_stats *out);
+/* A new op described by *d (copied; its name too). On failure ud_free is
+** called on d->ud at once. The op is reference-counted: graphs that
+** recorded it and autograd nodes keep it after gcap_custom_op_free. */
+gcap_status gcap_custom_op_new(gcap_engine *e, const gcap_custom_desc *d, gcap_custom_op **out);
+/* NULL is fine. */
+void gcap_custom_op_free(gcap_custom_op *op);
+/* Run op on in[nin] (tensors of its engine), giving out[nout] new tensors
+** shaped as spec[nout]. save[nsave] (at most 6) picks the tensors its
+** backward gets: i < nin is input i, nin + j is output j. */
+gcap_status gcap_custom_call(gcap_custom_op *op, int nin, gcap_tensor *const *in, int nout,
+                             const gcap_custom_out *spec, int nsave, const int *save,
+                             gcap_tensor **out);
 
-typedef struct gcap_graph_stats {
-  int64_t nodes;         /* kernel and copy nodes in the captured graph */
-  double capture_ms;     /* begin to end of capture */
-  double instantiate_ms; /* instantiate and upload */
-  size_t pool_bytes;     /* bytes the pool reserved when this capture ended */
-  int64_t replays;       /* successful replays since capture */
-} gcap_graph_stats;
-
-/* A new, empty graph. */
-gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out);
-/* Destroy the graph. While a capture is open this is deferred until it ends;
-** freeing the graph that is capturing ends that capture (as a failed one).
-** NULL is fine. */
-void gcap_graph_free(gcap_graph *g);
-/* A name used in error messages (copied; at most 63 bytes kept). */
-gcap_status gcap_graph_set_name(gcap_graph *g, const char *name);
-const char *gcap_graph_name(const gcap_graph *g);
-
-/* Begin capturing into g. All allocations of the capture come from `pool`
-** (NULL: a new private pool). Work goes to `s` (NULL: the engine's capture
-** stream), which becomes the current stream until gcap_capture_end. The graph
-** must be empty (new or reset); one capture at a time per engine. */
-gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s);
-
-/* End the capture and instantiate the graph. The capture always ends: when
-** it was invalidated (a forbidden action during capture), or a forked stream
-** was not joined, the result is GCAP_ECAPTURE and g is empty again. */
-gcap_status gcap_capture_end(gcap_graph *g);
-
-/* Launch the captured work on the current stream. With the replay check on,
-** a replay that would read pool memory overwritten since its capture-time
-** producer wrote it is refused with GCAP_EREPLAY naming both graphs. */
-gcap_status gcap_graph_replay(gcap_graph *g);
-
-/* Free the captured graph; g is empty and can capture again. */
-gcap_status gcap_graph_reset(gcap_graph *g);
-
-gcap_status gcap_graph_get_stats(gcap_graph *g, gcap_graph_stats *out);
-
-/* The pool g captured into (NULL while empty); not a new reference. */
-gcap_pool *gcap_graph_pool(gcap_graph *g);
-
-/* 1 when g holds a captured, instantiated graph. */
-int gcap_graph_is_captured(const gcap_graph *g);
+/* For a host that launches work of its own (a library call) on a graphcap
+** stream: the native handle of s (cuda: its cudaStream_t; host: the host
+** backend's queue, meaningful only to a custom op's callback). Work
+** launched on it directly is invisible to the engine: on the host backend
+** it runs now and is never replayed (use a custom op there). */
+gcap_status gcap_stream_native(gcap_stream *s, void **out);
+/* Declare that work about to be launched on the current stream, outside
+** graphcap, reads (write = 0) or writes t: the open capture's read and
+** write sets (and, eagerly, the pool's writers) take it, so the replay
+** check sees it and names `what` (1 to 63 bytes). Refused, as a launch is,
+** on a stream outside the open capture. */
+gcap_status gcap_note_access(gcap_tensor *t, int write, const char *what);
 
 /* ------------------------------------------------------------------------ */
-/* make_graphed_callables (TransformerEngine's, with capture_time_hooks).    */
+/* Runtime-compiled kernels: CUDA C++ source compiled with NVRTC (found at
+** run time: libnvrtc from the CUDA toolkit; the driver, libcuda, only on a
+** cuda engine), launched as a custom op. Compilation needs no GPU, so a
+** host engine compiles too (its errors show everywhere); a host engine
+** runs the launch's host twin in the kernel's place.                       */
 
-typedef struct gcap_graphed gcap_graphed;
+/* The type of a kernel parameter: what a launch passes for it. */
+typedef enum gcap_kparam {
+  GCAP_KPARAM_PTR = 0, /* any pointer: a tensor's device address */
+  GCAP_KPARAM_I32,     /* int, int32_t */
+  GCAP_KPARAM_U32,     /* unsigned, uint32_t */
+  GCAP_KPARAM_I64,     /* long, long long, int64_t, ptrdiff_t */
+  GCAP_KPARAM_U64,     /* unsigned long (long), uint64_t, size_t */
+  GCAP_KPARAM_F32,     /* float */
+  GCAP_KPARAM_F64,     /* double */
+  GCAP_KPARAM_BOOL     /* bool: 0 or 1 */
+} gcap_kparam;
 
-/* A capture-time hook: run outside capture with the original module; a
-** non-OK status aborts graph construction (everything is rolled back). */
-typedef gcap_status (*gcap_capture_hook)(void *ud, gcap_module *m);
+/* The name of a parameter type ("ptr", "i32", "u32", "i64", "u64", "f32",
+** "f64", "bool"); NULL for a value out of the enum. */
+const char *gcap_kparam_name(gcap_kparam p);
 
-/* The hooks of one callable: n[k] functions in the group of hook kind k
-** (gcap_hook_kind, which is also their call order around a pass), run in
-** index order. */
-typedef struct gcap_capture_hooks {
-  int n[GCAP_HOOK_KINDS];
-  const gcap_capture_hook *fn[GCAP_HOOK_KINDS];
-  void *const *ud[GCAP_HOOK_KINDS];
-} gcap_capture_hooks;
+/* Compile `source` and find its __global__ function `name` (an extern "C"
+** name, or a C++ name expression); opts[nopts] are NVRTC options. The
+** kernel's parameters are params[nparams] where params is not NULL; with
+** params NULL they are read from the parameter list of the __global__
+** function `name` in the source, and where that cannot be done (a macro, a
+** template, a type other than a pointer or one of gcap_kparam's) the call
+** fails with GCAP_EINVAL naming the parameter and asking for params. On a
+** cuda engine whose driver can tell (CUDA 12.4 and later) the compiled
+** kernel's parameter count and sizes are checked against them. A compile
+** error is GCAP_EINVAL whose message holds NVRTC's log (lines as
+** "<name>.cu(LINE): error: ..."); no NVRTC is GCAP_EUNSUPPORTED. On a cuda
+** engine the kernel is loaded on its device at once. */
+gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name, int nopts,
+                            const char *const *opts, int nparams, const gcap_kparam *params,
+                            gcap_kernel **out);
+/* NULL is fine; graphs that recorded a launch keep the kernel. */
+void gcap_kernel_free(gcap_kernel *k);
+/* k's parameters: *nparams of them, in *params (owned by k). */
+gcap_status gcap_kernel_params(const gcap_kernel *k, int *nparams, const gcap_kparam **params);
 
-/* Progress of long work: `done` of `total` passes of `phase` ("warmup",
-** "capture"), after each pass. A non-OK status stops the work, as a failing
-** hook does (everything is rolled back). */
-typedef gcap_status (*gcap_progress_fn)(void *ud, const char *phase, int done, int total);
+/* An argument of a launch, in the kernel's parameter order: a tensor (for a
+** pointer parameter, its device address), an integer or a float (for a
+** number parameter, converted to its type). */
+typedef enum gcap_karg_kind { GCAP_KARG_TENSOR = 0, GCAP_KARG_INT, GCAP_KARG_FLOAT } gcap_karg_kind;
+typedef struct gcap_karg {
+  gcap_karg_kind kind;
+  gcap_tensor *t;
+  int64_t i;
+  double f;
+} gcap_karg;
 
-typedef struct gcap_graphed_opts {
-  int num_warmup_iters;   /* 3 */
-  int allow_unused_input; /* 0 */
-  const double *order;    /* NULL, or order_len entries: +k fwd, -k bwd, -(k+0.5) wgrad */
-  int order_len;
-  const int *num_layers_per_chunk; /* NULL, or num_chunks entries */
-  int num_chunks;
-  gcap_pool *pool;                          /* NULL: a new pool shared by all graphs of the call */
-  int retain_graph_in_backward;             /* 0 */
-  int reuse_graph_input_output_buffers;     /* 0; needs order and training */
-  int clone_param_grads_on_return;          /* 1 */
-  gcap_status (*pre_warmup_hook)(void *ud); /* once, before all warmup */
-  void *pre_warmup_ud;
-  gcap_status (*post_warmup_hook)(void *ud); /* once, after all warmup */
-  void *post_warmup_ud;
-  const gcap_capture_hooks *capture_time_hooks; /* NULL, or one per callable */
-  int num_capture_time_hooks;                   /* must equal the number of callables when given */
-  gcap_progress_fn progress;                    /* NULL: none */
-  void *progress_ud;
-} gcap_graphed_opts;
+/* Check args[nargs] against k's parameters and write in out[nargs] what
+** the kernel receives: tensors as they are, integer parameters as
+** GCAP_KARG_INT, float parameters as GCAP_KARG_FLOAT (an f32's value
+** rounded to float). A count other than k's, a number for a pointer, a
+** tensor for a number, a non-integral number for an integer parameter and
+** a value out of the parameter's range are GCAP_EINVAL naming the kernel
+** and the argument. gcap_kernel_launch converts so; this tells a host twin
+** the values the kernel sees. */
+gcap_status gcap_kernel_args(gcap_kernel *k, int nargs, const gcap_karg *args, gcap_karg *out);
 
-/* Fill *o with the defaults above. */
-void gcap_graphed_opts_init(gcap_graphed_opts *o);
+typedef struct gcap_launch_desc {
+  unsigned grid[3], block[3]; /* each at least 1 */
+  unsigned shmem;             /* dynamic shared memory, bytes */
+  int nargs;                  /* one per parameter of the kernel */
+  const gcap_karg *args;
+  /* What the kernel reads and writes: every tensor argument is in one of
+  ** them (a tensor written in place is in writes only). */
+  int nreads;
+  gcap_tensor *const *reads;
+  int nwrites;
+  gcap_tensor *const *writes;
+  /* The host twin, run by a host engine in the kernel's place (now, or at
+  ** each replay of a graph that recorded it) with in = reads, out =
+  ** writes; NULL: the launch fails on a host engine. host_ud_free (may be
+  ** NULL) is called once on host_ud when the launch is gone, at once on a
+  ** failure. */
+  gcap_custom_fn host;
+  void *host_ud;
+  void (*host_ud_free)(void *ud);
+} gcap_launch_desc;
 
-/* Graph `callables` (modules; all in training or all in eval mode, with no
-** module hooks registered) from sample arguments: entry i takes nargs[i]
-** tensors args[i][0..nargs[i]). Without an order there is one entry per
-** callable; with one, chunks x microbatches x layers (docs/semantics.md,
-** "order"). On success *out holds one replayable entry per sample_args entry;
-** on failure modules, .grad values, the generator and pools are as before. */
-gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
-                                        gcap_module *const *callables, int nentries,
-                                        const int *nargs, gcap_tensor *const *const *args,
-                                        const gcap_graphed_opts *opts, gcap_graphed **out);
-gcap_graphed *gcap_graphed_retain(gcap_graphed *g);
-void gcap_graphed_free(gcap_graphed *g);
-int gcap_graphed_num_entries(const gcap_graphed *g);
-/* The module entry i was captured from. */
-gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry);
-/* Replay entry i's forward: copy inputs whose address differs from the
-** static ones, launch, and return a view of the static output (valid until
-** the next replay) whose backward replays the backward graph. The inputs
-** must have the captured count, shapes and dtypes (GCAP_EINVAL names the
-** argument and both shapes otherwise); an input that needed no grad at
-** capture gets none from that backward, as in TE. A module whose training
-** flag differs from capture time runs eagerly instead. */
-gcap_status gcap_graphed_call(gcap_graphed *g, int entry, int nin, gcap_tensor *const *in,
-                              gcap_tensor **out);
-/* How many outputs entry i's callable gave at capture (absent ones
-** included); -1 for a bad g or entry. */
-int gcap_graphed_num_outputs(const gcap_graphed *g, int entry);
-/* Replay entry i's forward as gcap_graphed_call does, for any number of
-** outputs: out[0..n-1] (n = gcap_graphed_num_outputs, *nout set to it) are
-** views of the static outputs, NULL where the capture's output was absent.
-** Each output that required grad at capture has its own static grad buffer;
-** one backward takes the grads of all of them (zeros for those whose grad did
-** not arrive), as TE's; an output that required none gets no grad buffer and
-** passes no grad back. n > maxout (the room in out) is GCAP_EINVAL.
-** gcap_graphed_call is this call for an entry of one output (an entry of
-** several is refused with GCAP_EINVAL). */
-gcap_status gcap_graphed_call_n(gcap_graphed *g, int entry, int nin, gcap_tensor *const *in,
-                                int maxout, int *nout, gcap_tensor **out);
-/* Replay entry i's delayed-wgrad graph and accumulate into .grad (no-op
-** when the entry has none). */
-gcap_status gcap_graphed_backward_dw(gcap_graphed *g, int entry);
-/* Free entry i's graphs; calling it afterwards is an error. */
-gcap_status gcap_graphed_reset(gcap_graphed *g, int entry);
-/* Stats of entry i's graphs (bwd/dw zeroed when absent: has_bwd, has_dw). */
-typedef struct gcap_graphed_stats {
-  gcap_graph_stats fwd, bwd, dw;
-  int has_bwd, has_dw;
-  size_t pool_reserved_bytes;
-  int num_outputs;      /* the callable's outputs at capture, absent ones included */
-  int num_grad_outputs; /* those with a static grad buffer (they required grad) */
-} gcap_graphed_stats;
-gcap_status gcap_graphed_get_stats(gcap_graphed *g, int entry, gcap_graphed_stats *out);
-
-/* ------------------------------------------------------------------------ */
-/* Seeing what was captured and what ran                                     */
-
-/* Write the captured graph g as Graphviz DOT to the file `path` (replaced).
-** cuda: CUDA's own description of the graph (cudaGraphDebugDotPrint, every
-** node with its parameters); host: the recorded launches in order, each with
-** its kernel, sizes and constants and the memory it reads and writes (pool
-** blocks and offsets), edges in stream order plus the forks and joins of
-** streams. GCAP_ESTATE when g is not captured (never, reset, or capturing);
-** GCAP_EINVAL naming the path and the system's reason when it cannot be
-** written. Render with `dot -Tsvg file.dot -o file.svg`. */
-gcap_status gcap_graph_debug_dump(gcap_graph *g, const char *path);
-
-/* Dump every graph entry i of g has, as gcap_graph_debug_dump does, to
-** "<prefix>.fwd.dot", "<prefix>.bwd.dot" and "<prefix>.bwd_dw.dot" (the
-** backward and delayed-wgrad graphs only when the entry has them). */
-gcap_status gcap_graphed_debug_dump(gcap_graphed *g, int entry, const char *prefix);
-
-/* Trace the engine's work into the file `path` as Chrome trace-event JSON
-** (open it in Perfetto, ui.perfetto.dev, or chrome://tracing): one span per
-** make_graphed_callables, warmup, warmup iteration, warmup forward and
-** backward of each entry, capture and instantiate of each graph, call of a
-** capture-time hook (named by its group, index and callable) and of the
-** pre/post warmup hooks, graph replay, and graphed forward, backward and
-** backward_dw call. Times are microseconds of a monotonic clock. Events are
-** written as they happen (constant memory). GCAP_ESTATE when a trace is
-** already open; GCAP_EINVAL naming the path and the reason when the file
-** cannot be written. */
-gcap_status gcap_trace_start(gcap_engine *e, const char *path);
-
-/* Finish the trace: close the JSON and the file. GCAP_OK when no trace is
-** open; GCAP_EINVAL when writing the file failed. gcap_engine_free stops an
-** open trace, so the file is complete whenever the engine is released. */
-gcap_status gcap_trace_stop(gcap_engine *e);
+/* Launch k on the current stream as custom op k's name: captured as a
+** kernel node on cuda, its host twin recorded on the host backend. The
+** arguments are checked and converted as gcap_kernel_args does. */
+gcap_status gcap_kernel_launch(gcap_kernel *k, const gcap_launch_desc *l);
 
 /* ------------------------------------------------------------------------ */
 /* Distributed: several processes on MPI (and NCCL on cuda)                  */
@@ -1069,8 +1053,6 @@ gcap_status gcap_trace_stop(gcap_engine *e);
 ** failed collective on one rank leaves the others waiting in it: a program
 ** ends the job then (gcap_dist_abort), as the graphcap program does.
 */
-
-typedef struct gcap_dist_group gcap_dist_group;
 
 typedef enum gcap_reduce_op {
   GCAP_REDUCE_SUM = 0,

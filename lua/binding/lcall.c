@@ -12,7 +12,7 @@
 
 #include <stdio.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 /* Holder of the error of a failed callback (its uservalue 1) */
 typedef struct LErr {

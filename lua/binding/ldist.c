@@ -4,7 +4,7 @@
 ** option tables; here arguments are positional.
 */
 
-#include "lgc.h"
+#include "lbind.h"
 
 /*
 ** {======================================================

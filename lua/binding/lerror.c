@@ -6,7 +6,7 @@
 #include <stdarg.h>
 #include <string.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 /* The registry's set of the facade's chunk sources (core._facade) */
 static const char l_facadekey = 'F';

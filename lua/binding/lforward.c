@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 /* A Lua module's forward, called by the core */
 typedef struct LFwdCall {

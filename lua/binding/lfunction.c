@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 LUAI_DDEF const char l_fnkey = 'a'; /* the protected part of a Function's backward */
 

@@ -3,17 +3,17 @@
 ** public entry, luaopen_graphcap_core, and the boxes. The binding
 ** translates arguments, lifetimes and errors between Lua and graphcap.h and
 ** holds no numerics; the facade (graphcap/init.lua) builds on it. Its
-** files (lgc.h) are cut by object family.
+** files (lbind.h) are cut by object family.
 */
 
 #include <string.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 /* The module's functions, by the family that holds them */
-static const luaL_Reg *const l_funcs[] = {l_runtime_funcs,  l_tensor_funcs,  l_ops_funcs,
-                                          l_shape_funcs,    l_graphed_funcs, l_error_funcs,
-                                          l_function_funcs, l_kernel_funcs,  NULL};
+static const luaL_Reg *const l_funcs[] = {
+    l_engine_funcs,  l_stream_funcs, l_graph_funcs,    l_tensor_funcs, l_ops_funcs, l_shape_funcs,
+    l_graphed_funcs, l_error_funcs,  l_function_funcs, l_kernel_funcs, NULL};
 
 /* The classes of boxes, the engine's first */
 static const LClass *const l_classes[] = {&l_engine_class,

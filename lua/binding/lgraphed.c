@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 /*
 ** {======================================================

@@ -5,7 +5,7 @@
 
 #include <limits.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 /* A module hook, called by the core */
 typedef struct LHookCall {

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 LUAI_DDEF const char l_twinkey = 'k'; /* the protected part of a kernel's host twin */
 

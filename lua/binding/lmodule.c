@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 /*
 ** {======================================================

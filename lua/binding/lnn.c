@@ -4,7 +4,7 @@
 
 #include <limits.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 /* Finish the built-in module box at -1 made for class 'cls': check the
 ** core's status, make it the module's Lua value, give it its fields. */

@@ -2,7 +2,7 @@
 ** lops.c: ops: gc.matmul, gc.F.* and their tensor methods.
 */
 
-#include "lgc.h"
+#include "lbind.h"
 
 /*
 ** {======================================================

@@ -4,7 +4,7 @@
 
 #include <limits.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 /*
 ** {======================================================

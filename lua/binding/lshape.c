@@ -7,7 +7,7 @@
 #include <limits.h>
 #include <stdint.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 /*
 ** {======================================================

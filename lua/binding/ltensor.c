@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "lgc.h"
+#include "lbind.h"
 
 static const int64_t l_noshape[1] = {0}; /* shape of a 0-D tensor (unread) */
 

@@ -1,9 +1,10 @@
 /*
 ** test_capture.c: capture and replay of one graph at a time (docs/semantics.md;
-** graphcap.h "Pools and graphs"): replay equals eager bitwise, capture records
-** and does not run, pointers and scalars are baked at capture while replay
-** reads the current contents of its inputs, streams (capture stream, user
-** streams, fork/join), random numbers in graphs, stats, names, reset.
+** graphcap.h "Pools and graphs", "Capture and the replay check"): replay
+** equals eager bitwise, capture records and does not run, pointers and
+** scalars are baked at capture while replay reads the current contents of
+** its inputs, streams (capture stream, user streams, fork/join), random
+** numbers in graphs, stats, names, reset.
 */
 #include "t.h"
 

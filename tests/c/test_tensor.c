@@ -2,7 +2,8 @@
 ** test_tensor.c: tensors outside capture (docs/semantics.md; graphcap.h
 ** "Tensors"): shapes 0-D to 4-D, host round trips, views and clones, in-place
 ** ops, elementwise ops and their broadcasting rules, reductions, random
-** numbers, reference counts and the ordinary allocator's statistics.
+** numbers, reference counts and the ordinary allocator's statistics; the
+** version number.
 */
 #include <float.h>
 
@@ -23,6 +24,15 @@ static void test_engine_basics(void) {
   T_CHECK(cur == def || cur == NULL); /* new work goes to the default stream */
   T_CHECK(gcap_cuda_available() == 0 || gcap_cuda_available() == 1);
   gcap_engine_free(e);
+}
+
+/* GCAP_VERSION_NUMBER is GCAP_VERSION "X.Y.Z" as X*1000000 + Y*1000 + Z. */
+static void test_version_number(void) {
+  int x = -1, y = -1, z = -1, end = 0;
+  T_REQUIRE(sscanf(GCAP_VERSION, "%d.%d.%d%n", &x, &y, &z, &end) == 3);
+  T_CHECK(GCAP_VERSION[end] == '\0');
+  T_CHECK(x >= 0 && y >= 0 && y < 1000 && z >= 0 && z < 1000);
+  T_CHECK(GCAP_VERSION_NUMBER == x * 1000000L + y * 1000L + z);
 }
 
 static void test_shapes_0d_to_4d(void) {
@@ -352,6 +362,7 @@ static void test_engine_mem_stats(void) {
 
 int main(void) {
   T_RUN(test_engine_basics);
+  T_RUN(test_version_number);
   T_RUN(test_shapes_0d_to_4d);
   T_RUN(test_from_f32_roundtrip_bitwise);
   T_RUN(test_zero_size_tensors);

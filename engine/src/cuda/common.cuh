@@ -14,7 +14,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "graphcap.h"
 #include "runtime/backend.h" /* C linkage through its own __cplusplus guard */
 
 /* Return a device error through gc_fail, naming the call; never abort.

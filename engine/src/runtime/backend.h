@@ -1,6 +1,6 @@
 /*
 ** backend.h: the one table a backend implements, and the kernel catalogue
-** (its names in catalogue.c).
+** (its names in kernel_names.c).
 **
 ** The core reaches a backend only through gc_backend. A kernel launch is a
 ** kernel id plus a gc_kargs taken by value: the host backend records exactly
@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "error.h"
-#include "graphcap.h"
+#include "graphcap_types.h"
 #include "rng.h"
 
 /* C linkage for the C++ of the cuda backend (cuda/common.cuh). */

@@ -7,7 +7,7 @@
 #ifndef GC_ERROR_H
 #define GC_ERROR_H
 
-#include "graphcap.h"
+#include "graphcap_types.h"
 
 #ifdef __cplusplus
 extern "C" {

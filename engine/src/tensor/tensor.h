@@ -137,7 +137,7 @@ gcap_status gc_custom_launch(gcap_custom_op *op, int nin, gcap_tensor *const *in
                              gcap_tensor *const *out);
 
 /* ------------------------------------------------------------------------ */
-/* Runtime-compiled kernels' parameters (kparams.c)                          */
+/* Runtime-compiled kernels' parameters (nvrtc_args.c)                       */
 
 #define GC_KMAXPARAMS 64 /* parameters of one kernel */
 
@@ -158,8 +158,8 @@ size_t gc_kparam_size(gcap_kparam p);
 /* Read the parameter types of __global__ function `name` in src into
 ** out[GC_KMAXPARAMS], their count into *n; a failure names the kernel and
 ** the parameter, and asks for the types. */
-gcap_status gc_kparams_parse(gcap_engine *e, const char *src, const char *name, int *n,
-                             gcap_kparam *out);
+gcap_status gc_kparam_parse(gcap_engine *e, const char *src, const char *name, int *n,
+                            gcap_kparam *out);
 /* Check argument #i (from 0) `a` of kernel kname against parameter type p:
 ** the bytes the kernel reads into *v, the value it sees into *out. */
 gcap_status gc_karg_convert(gcap_engine *e, const char *kname, int i, gcap_kparam p,

@@ -1,5 +1,5 @@
 /*
-** kparams.c: the parameters of a runtime-compiled kernel. Their types are
+** nvrtc_args.c: the parameters of a runtime-compiled kernel. Their types are
 ** read from the __global__ function's parameter list in the kernel's
 ** source (a small scanner: comments, literals and preprocessor lines are
 ** skipped, nothing is expanded), or given by the caller; each launch
@@ -199,8 +199,8 @@ static gcap_status kp_undecided(gcap_engine *e, const char *name, int i, const c
                  name, i + 1, (int)(len > 60 ? 60 : len), s);
 }
 
-gcap_status gc_kparams_parse(gcap_engine *e, const char *src, const char *name, int *n,
-                             gcap_kparam *out) {
+gcap_status gc_kparam_parse(gcap_engine *e, const char *src, const char *name, int *n,
+                            gcap_kparam *out) {
   const char *p;
   int np = 0, depth = 0, star = 0, other = 0, nw = 0, done = 0;
   char w[KP_WORDS][KP_TOKLEN];

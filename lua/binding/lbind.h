@@ -1,5 +1,5 @@
 /*
-** lgc.h: what the files of the Lua binding (module "graphcap.core") share:
+** lbind.h: what the files of the Lua binding (module "graphcap.core") share:
 ** the box structs, one uservalue numbering per box type, the registry keys
 ** and the functions one family of objects lends another. Private: nothing
 ** outside lua/binding/ includes it, and nothing here is exported from the
@@ -12,8 +12,8 @@
 ** Engine's own, and uservalue 1 of every other box, which keeps it alive.
 */
 
-#ifndef LGC_H
-#define LGC_H
+#ifndef LBIND_H
+#define LBIND_H
 
 #include <stdint.h>
 #include <string.h>
@@ -331,17 +331,22 @@ LUAI_FUNC int l_register_full_backward_hook(lua_State *L);
 /* lnn.c */
 LUAI_DDEC(const luaL_Reg l_nn_funcs[]);
 
-/* lruntime.c: the engine, streams, events, pools, graphs */
-LUAI_DDEC(const LClass l_graph_class);
-LUAI_DDEC(const LClass l_pool_class);
-LUAI_DDEC(const LClass l_event_class);
-LUAI_DDEC(const LClass l_stream_class);
+/* lengine.c: the engine box, the engine as a whole, the clock, the trace */
 LUAI_DDEC(const LClass l_engine_class);
-LUAI_FUNC LStream *l_checkstream(lua_State *L, int i);
-LUAI_FUNC LPool *l_checkpool(lua_State *L, int i);
 LUAI_FUNC void l_pushengine(lua_State *L);
-LUAI_DDEC(const luaL_Reg l_runtime_funcs[]);
+LUAI_DDEC(const luaL_Reg l_engine_funcs[]);
 LUAI_DDEC(const luaL_Reg l_test_funcs[]);
+
+/* lstream.c: streams and events */
+LUAI_DDEC(const LClass l_stream_class);
+LUAI_DDEC(const LClass l_event_class);
+LUAI_FUNC LStream *l_checkstream(lua_State *L, int i);
+LUAI_DDEC(const luaL_Reg l_stream_funcs[]);
+
+/* lgraph.c: graphs, pools and memory statistics */
+LUAI_DDEC(const LClass l_pool_class);
+LUAI_DDEC(const LClass l_graph_class);
+LUAI_DDEC(const luaL_Reg l_graph_funcs[]);
 
 /* lfunction.c: gc.autograd.Function's nodes */
 LUAI_FUNC int l_pfnbackward(lua_State *L);

@@ -1,5 +1,5 @@
 /*
-** custom.c: autograd nodes whose backward the caller supplies (a C host's
+** custom_node.c: autograd nodes whose backward the caller supplies (a C host's
 ** op, or a Lua autograd.Function). The node is an ordinary one: its saved
 ** tensors get the version check, it runs once per backward with the sum of
 ** its output's grads. Its ud (a fn_node) carries the caller's callback,

@@ -1,4 +1,4 @@
--- test_hooks.lua: capture_time_hooks of make_graphed_callables
+-- test_capture_time_hooks.lua: capture_time_hooks of make_graphed_callables
 -- (docs/semantics.md, "capture_time_hooks"; the cases of TransformerEngine's
 -- own test of them, and more). For order = nil and order = {1, 2, -2, -1}, and
 -- for three callables, two chunks x three microbatches, chunks of several
@@ -8,7 +8,7 @@
 -- replay. Map-form groups run in sorted id order; pre/post warmup hooks run
 -- once; a hook that raises aborts cleanly and the modules still train eagerly;
 -- a hook returning anything but nothing/nil is rejected.
---   build/graphcap tests/lua/test_hooks.lua -o tap
+--   build/graphcap tests/lua/test_capture_time_hooks.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
@@ -473,7 +473,7 @@ end
 local function assert_raised (err, msg)
   lu.assertEquals(type(err), "string")
   lu.assertStrContains(err, msg)
-  lu.assertStrContains(err, "test_hooks.lua:")  -- where the hook raised it
+  lu.assertStrContains(err, "test_capture_time_hooks.lua:")  -- where the hook raised it
   lu.assertNotStrContains(err, "traceback")      -- the interpreter adds the one traceback
 end
 

@@ -1,10 +1,10 @@
 /*
-** kernel.c: kernels compiled at run time with NVRTC and launched as custom
+** nvrtc.c: kernels compiled at run time with NVRTC and launched as custom
 ** ops. NVRTC and the driver (libcuda) are opened with dlopen on first use,
 ** so that the library loads where neither exists (a machine without a GPU
 ** still compiles, when the toolkit is there); the few entry points are
 ** declared here with plain C types. The kernel's parameter types come
-** from kparams.c; a launch is a custom op made for it, whose ud holds the
+** from nvrtc_args.c; a launch is a custom op made for it, whose ud holds the
 ** arguments converted to those types, by value: its cuda callback calls
 ** cuLaunchKernel on the stream it is given (a kernel node inside a
 ** capture), its host callback is the launch's host twin.
@@ -262,7 +262,7 @@ gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name
     k->nparams = nparams;
     memcpy(k->params, params, (size_t)nparams * sizeof *params);
   } else if (st == GCAP_OK)
-    st = gc_kparams_parse(e, source, name, &k->nparams, k->params);
+    st = gc_kparam_parse(e, source, name, &k->nparams, k->params);
   if (st == GCAP_OK && e->be == gc_cuda_backend()) st = kl_load(k);
   if (st != GCAP_OK) {
     kl_release(k);

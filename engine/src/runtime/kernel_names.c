@@ -1,5 +1,5 @@
 /*
-** catalogue.c: the kernels' names, from the catalogue in backend.h.
+** kernel_names.c: the kernels' names, from the catalogue in backend.h.
 */
 #include "backend.h"
 
