@@ -926,6 +926,47 @@ static void test_bad_input(void) {
   gcap_engine_free(e);
 }
 
+/* A forward that fails without setting a message (a status only). */
+static gcap_status silent_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                  gcap_tensor **out) {
+  (void)ud, (void)m, (void)nin, (void)in, (void)out;
+  return GCAP_EINVAL;
+}
+
+static gcap_status silent_forward_n(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                    int *nout, gcap_tensor **out) {
+  (void)ud, (void)m, (void)nin, (void)in, (void)nout, (void)out;
+  return GCAP_ESTATE;
+}
+
+/* regression: a forward failing without a message left the error empty */
+/* A module whose forward fails with a status and no message: the call's
+** error names the module and the status (it was empty), with one output and
+** with several; the module is usable afterwards. */
+static void test_silent_forward_failure_is_named(void) {
+  const int64_t s[1] = {2};
+  const float d[2] = {1, 2};
+  gcap_engine *e = t_engine();
+  gcap_module *one = NULL, *many = NULL;
+  gcap_tensor *x = NULL, *y = NULL, *ys[4] = {NULL};
+  int n = -1;
+  T_SETUP(e != NULL && (x = t_from(e, 1, s, d)) != NULL &&
+              gcap_module_new(e, "Quiet", silent_forward, NULL, NULL, &one) == GCAP_OK &&
+              gcap_module_new_n(e, "QuietN", silent_forward_n, NULL, NULL, &many) == GCAP_OK,
+          goto out);
+  T_CHECK_ST(e, gcap_module_call(one, 1, &x, &y), GCAP_EINVAL);
+  T_CHECK(y == NULL && t_msg_has(e, "Quiet: forward failed (invalid argument)"));
+  T_CHECK_ST(e, gcap_module_call_n(many, 1, &x, 4, &n, ys), GCAP_ESTATE);
+  T_CHECK(n == 0 && ys[0] == NULL && t_msg_has(e, "QuietN: forward failed (wrong state)"));
+  T_CHECK_ST(e, gcap_module_call_n(many, 1, &x, 4, &n, ys), GCAP_ESTATE);
+  T_CHECK(t_msg_has(e, "QuietN: forward failed"));
+out:
+  gcap_module_free(one);
+  gcap_module_free(many);
+  gcap_tensor_free(x);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_parameter_order_and_names);
   T_RUN(test_custom_registration_and_buffers);
@@ -942,5 +983,6 @@ int main(void) {
   T_RUN(test_delay_wgrad_no_bias);
   T_RUN(test_c_module);
   T_RUN(test_bad_input);
+  T_RUN(test_silent_forward_failure_is_named);
   return t_done();
 }

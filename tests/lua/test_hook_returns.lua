@@ -286,4 +286,25 @@ function TestHookReturns:test_graphed_module ()
   assert_bitwise(m[1].weight.grad:tolist(), ref[1].weight.grad:tolist(), "weight grad")
 end
 
+-- regression: a hook's map return was taken as no tensors, other keys dropped
+-- A hook that returns a table which is not a sequence (a map, or a
+-- sequence with other keys) is an error naming the key; a map was taken as
+-- no tensors ("Linear: expected 1 input, got 0") and other keys were
+-- dropped without a word.
+function TestHookReturns:test_hook_returns_a_table_not_a_sequence ()
+  local m = gc.nn.Linear(4, 3)
+  local x = gc.randn({2, 4}, {requires_grad = true})
+  local h = m:register_forward_pre_hook(function (_, a) return {a = a} end)
+  H.assert_err(function () local y = m(x); return y end, "Linear: a forward pre-hook must return",
+               "got a table that is not a sequence (key 'a')", "test_hook_returns.lua:")
+  h:remove()
+  h = m:register_full_backward_hook(function (_, gi) return {gi, extra = gi} end)
+  H.assert_err(function () m(x):sum():backward() end, "Linear: a backward hook must return",
+               "got a table that is not a sequence (key 'extra')")
+  h:remove()
+  lu.assertNil(x.grad)
+  m(x):sum():backward()
+  lu.assertEquals(x.grad:shape(), {2, 4})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine

@@ -1206,4 +1206,25 @@ function TestFuseWgrad:test_to_bf16_and_bad_option ()
              "fuse_wgrad_accumulation must be a boolean")
 end
 
+-- regression: a graphed fused-wgrad Linear without input grads recorded no backward
+-- A bias-free Linear with fuse_wgrad_accumulation, graphed with a data
+-- input that needs no grad: the graphed output requires grad and main_grad
+-- accumulates as it does eagerly (bitwise on one backend).
+function TestFuseWgrad:test_fused_wgrad_without_input_grad ()
+  local opts = {bias = false, fuse_wgrad_accumulation = true}
+  gc.manual_seed(5)
+  local eager, graphed = gc.nn.Linear(4, 3, opts), gc.nn.Linear(4, 3, opts)
+  gc.no_grad(function () graphed.weight:copy_(eager.weight) end)
+  local x = gc.randn({2, 4})
+  local g = gc.make_graphed_callables(graphed, {gc.randn({2, 4})}, {num_warmup_iters = 1})
+  for _ = 1, 2 do
+    eager(x):sum():backward()
+    local y = g(x)
+    lu.assertTrue(y.requires_grad, "graphed output must require grad")
+    y:sum():backward()
+  end
+  H.assert_bitwise(graphed.main_grad:tolist(), eager.main_grad:tolist(), "main_grad")
+  lu.assertNotEquals(eager.main_grad:tolist()[1][1], 0)
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

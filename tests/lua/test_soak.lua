@@ -60,4 +60,28 @@ function TestSoak:test_graphing_lua_module ()
   soak("Lua module", function () return M() end)
 end
 
+-- regression: each graphing of a Lua callable stranded a 2 MiB segment
+-- 2,000 make_graphed_callables of a Lua function and of a Lua module keep
+-- the ordinary allocator's reserved bytes flat (each used to strand the
+-- 2 MiB segment of its warmup stream, held by a collectable tensor).
+function TestSoak:test_graphing_lua_callables_keeps_reserved_flat ()
+  local x = gc.randn({2, 4})
+  local M = gc.nn.Module("Twice")
+  function M:forward (v) return v * 2 end
+  local callables = {function (v) return v * 2 end, M()}
+  local first
+  for i = 1, 2000 do
+    local g = gc.make_graphed_callables(callables[i % 2 + 1], {x}, {num_warmup_iters = 1})
+    g(x)
+    g = nil
+    if i % 100 == 0 then
+      collectgarbage()
+      collectgarbage()
+      local r = gc.memory_stats().reserved_bytes
+      first = first or r
+      lu.assertEquals(r, first, "reserved bytes after " .. i .. " graphings")
+    end
+  end
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
