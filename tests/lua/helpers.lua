@@ -240,8 +240,38 @@ function H.no_capture_left ()
   lu.assertFalse(gc.is_capturing())
 end
 
+-- A tearDown: grad mode was left on.
+function H.grad_mode_left_on ()
+  lu.assertTrue(gc.is_grad_enabled())
+end
+
 -- ---------------------------------------------------------------------------
 -- Modules and samples
+
+-- A tensor of shape holding n not-too-regular values in about [-1.5, 1.5]
+-- (H.values from phase).
+function H.input (shape, phase, requires_grad)
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  return gc.tensor(H.nest(H.values(n, phase or 0, 1.5), shape), {requires_grad = requires_grad})
+end
+
+-- Copy src's parameters into dst's (same structure).
+function H.copy_params (dst, src)
+  local d, s = dst:parameters(), src:parameters()
+  lu.assertEquals(#d, #s)
+  gc.no_grad(function ()
+    for i = 1, #d do d[i]:copy_(s[i]) end
+  end)
+end
+
+-- sum(y * c) for fixed weights c of y's shape, backpropagated.
+function H.backward_weighted (y)
+  local n = y:numel()
+  local c = H.values(n, 0.9)
+  for i = 1, n do c[i] = c[i] + 0.5 end
+  ;(y * gc.tensor(H.nest(c, y:shape()))):sum():backward()
+end
 
 -- A module that uses the tensor p twice (weight tying): Tied(p), with
 -- t1 = Scale(p) and t2 = Scale(p), forward(x) = t2(t1(x)) = x * p * p.

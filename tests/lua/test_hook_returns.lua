@@ -21,12 +21,6 @@ local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's l
 -- ---------------------------------------------------------------------------
 -- Helpers
 
-local function input (shape, phase, requires_grad)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  return gc.tensor(H.nest(H.values(n, phase or 0, 1.5), shape), {requires_grad = requires_grad})
-end
-
 -- Fixed weights c of shape, for the loss sum(y * c).
 local function weights (shape)
   local n = 1
@@ -93,7 +87,7 @@ end
 -- returning nil keeps what it was given.
 function TestHookReturns:test_forward_pre_replaces_inputs ()
   local m = model()
-  local x = input({2, 4}, 0.1)
+  local x = H.input({2, 4}, 0.1)
   local want = m(x * 2 * 3)
   local seen = {}
   m:register_forward_pre_hook(function (_, a) seen[1] = a; return a * 2 end)
@@ -120,7 +114,7 @@ function TestHookReturns:test_forward_pre_replaces_lua_arguments ()
     return s
   end
   local m = Sum()
-  local a, b = input({2, 2}, 0.3), input({2, 2}, 0.7)
+  local a, b = H.input({2, 2}, 0.3), H.input({2, 2}, 0.7)
   m:register_forward_pre_hook(function (_, t) return {t, b, b} end)
   local y = m(a, "ignored")
   lu.assertEquals(got.n, 3)
@@ -133,7 +127,7 @@ end
 -- and what the next forward hook is given; grads flow through it.
 function TestHookReturns:test_forward_replaces_output ()
   local m, ref = model(), model()
-  local x, xr = input({2, 4}, 0.2, true), input({2, 4}, 0.2, true)
+  local x, xr = H.input({2, 4}, 0.2, true), H.input({2, 4}, 0.2, true)
   local returned, seen
   m:register_forward_hook(function (_, _, y) returned = y * 2; return returned end)
   m:register_forward_hook(function (_, _, y) seen = y end)
@@ -150,7 +144,7 @@ end
 -- doubled, and the backward hook is given the doubled grad_output.
 function TestHookReturns:test_backward_pre_replaces_grad_output ()
   local m, ref = model(), model()
-  local x, xr = input({2, 4}, 0.4, true), input({2, 4}, 0.4, true)
+  local x, xr = H.input({2, 4}, 0.4, true), H.input({2, 4}, 0.4, true)
   local given, doubled
   m:register_full_backward_pre_hook(function (_, go) doubled = go * 2; return {doubled} end)
   m:register_full_backward_hook(function (_, _, go) given = go end)
@@ -165,7 +159,7 @@ end
 -- touched.
 function TestHookReturns:test_backward_replaces_grad_input ()
   local m, ref = model(), model()
-  local x, xr = input({2, 4}, 0.5, true), input({2, 4}, 0.5, true)
+  local x, xr = H.input({2, 4}, 0.5, true), H.input({2, 4}, 0.5, true)
   m:register_full_backward_hook(function (_, gi) return gi * 2 end)
   local g, gr = grads(m, x), grads(ref, xr)
   assert_bitwise(g[1], scaled(gr[1], 2), "x.grad")
@@ -179,7 +173,7 @@ end
 -- Hooks of all four kinds returning nil (or nothing) change nothing.
 function TestHookReturns:test_nil_keeps ()
   local m, ref = model(), model()
-  local x, xr = input({2, 4}, 0.6, true), input({2, 4}, 0.6, true)
+  local x, xr = H.input({2, 4}, 0.6, true), H.input({2, 4}, 0.6, true)
   m:register_forward_pre_hook(function () return nil end)
   m:register_forward_hook(function () end)
   m:register_full_backward_pre_hook(function () return nil end)
@@ -231,7 +225,7 @@ local WRONG = {
 function TestHookReturns:test_wrong_returns ()
   for i, case in ipairs(WRONG) do
     local m, ref = model(), model()
-    local x, xr = input({2, 4}, 0.8, true), input({2, 4}, 0.8, true)
+    local x, xr = H.input({2, 4}, 0.8, true), H.input({2, 4}, 0.8, true)
     local h = m[case[1]](m, case[2])
     local msg = assert_err(function () grads(m, x) end, case[3])
     lu.assertStrContains(msg, HERE, false, "case " .. i .. ": the user's line")
@@ -248,7 +242,7 @@ end
 -- returning a grad for it is an error; returning nil is fine.
 function TestHookReturns:test_backward_without_grad_input ()
   local m = model()
-  local x = input({2, 4}, 0.9)
+  local x = H.input({2, 4}, 0.9)
   local h = m:register_full_backward_hook(function (_, gi, go)
     lu.assertNil(gi)
     return go
@@ -269,12 +263,12 @@ end
 -- input, the backward hook's doubled grad reaches x.
 function TestHookReturns:test_graphed_module ()
   local m, ref = model(), model()
-  local sample = input({2, 4}, 0.1, true)
+  local sample = H.input({2, 4}, 0.1, true)
   local G = gc.make_graphed_callables({m}, {{sample}})
   lu.assertIs(G[1], m)
   m:register_forward_pre_hook(function (_, a) return a * 2 end)
   m:register_full_backward_hook(function (_, gi) return gi * 2 end)
-  local x, xr = input({2, 4}, 0.3, true), input({2, 4}, 0.3, true)
+  local x, xr = H.input({2, 4}, 0.3, true), H.input({2, 4}, 0.3, true)
   local y = m(x)
   local xr2 = xr * 2
   local yr = ref(xr2)

@@ -399,12 +399,6 @@ end
 -- no traceback pasted in); the modules are not graphed and still train eagerly, with
 -- their .grad as before the call.
 
-local function copy_params (dst, src)
-  gc.no_grad(function ()
-    for i, p in ipairs(dst:parameters()) do p:copy_(src:parameters()[i]) end
-  end)
-end
-
 local function grads_of (ps)
   local g = {}
   for i, p in ipairs(ps) do g[i] = p.grad and p.grad:tolist() or false end
@@ -424,7 +418,7 @@ local function twin_pair ()
   local a = linears(2)
   gc.manual_seed(99)
   local b = {gc.nn.Linear(8, 8), gc.nn.Linear(8, 8)}
-  for i = 1, 2 do copy_params(b[i], a[i]) end
+  for i = 1, 2 do H.copy_params(b[i], a[i]) end
   return a, b
 end
 
