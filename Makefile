@@ -223,14 +223,18 @@ asan:
 
 # The fuzzers with a new seed (printed; FUZZ_SEED=s repeats a run) and a long budget, and
 # the soak tests at 5x (15,000 graph/free cycles, 100,000 replays, 1,500 graphings).
+# A Lua suite requires its helpers from tests/lua, as run-tests.sh runs it.
 FUZZ_SEED ?= $(shell date +%s)
+SUITE_PATH := LUA_PATH='$(CURDIR)/tests/lua/?.lua;;'
 fuzz: all
-	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=200000 $(B)/graphcap tests/lua/test_fuzz_api.lua
-	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=5000 $(B)/graphcap tests/lua/test_fuzz_diff.lua
+	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=200000 $(SUITE_PATH) \
+	  $(B)/graphcap tests/lua/test_fuzz_api.lua
+	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=5000 $(SUITE_PATH) \
+	  $(B)/graphcap tests/lua/test_fuzz_diff.lua
 
 soak: all
 	GRAPHCAP_SOAK=5 $(B)/tests/test_soak
-	GRAPHCAP_SOAK=5 $(B)/graphcap tests/lua/test_soak.lua
+	GRAPHCAP_SOAK=5 $(SUITE_PATH) $(B)/graphcap tests/lua/test_soak.lua
 
 lint:
 	@scripts/lint.sh

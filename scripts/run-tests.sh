@@ -29,7 +29,10 @@
 #   TEST_NOT_RUN   backends built but not run here (no GPU), named in the summary
 #   TEST_WRAPPER   a command (words split on spaces) every suite runs under, e.g.
 #                  "compute-sanitizer --tool memcheck" (scripts/gpu-sanitize.sh)
-# When .deps/ exists (the GPU machine's luaunit.lua), it goes first in LUA_PATH.
+# LUA_PATH (and LUA_PATH_5_4 when set) starts with tests/lua and tests/dist, so that a suite
+# requires its helpers by name; with .deps/ (the GPU machine's luaunit.lua) before them. One
+# suite by hand, from the top of the tree:
+#   LUA_PATH='tests/lua/?.lua;;' build/graphcap --device host tests/lua/test_tensor.lua
 set -uo pipefail
 
 if [ $# -lt 2 ]; then
@@ -52,10 +55,12 @@ if [ -n "$log_dir" ]; then
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 
-if [ -d .deps ]; then
-  export LUA_PATH="$PWD/.deps/?.lua;${LUA_PATH:-;}"
-  if [ -n "${LUA_PATH_5_4:-}" ]; then export LUA_PATH_5_4="$PWD/.deps/?.lua;$LUA_PATH_5_4"; fi
-fi
+# What the suites require: the helpers of tests/lua and tests/dist (require "helpers",
+# require "harness"), and .deps/ when it exists (the GPU machine's luaunit.lua), first.
+lua_dirs="$PWD/tests/lua/?.lua;$PWD/tests/dist/?.lua"
+if [ -d .deps ]; then lua_dirs="$PWD/.deps/?.lua;$lua_dirs"; fi
+export LUA_PATH="$lua_dirs;${LUA_PATH:-;}"
+if [ -n "${LUA_PATH_5_4:-}" ]; then export LUA_PATH_5_4="$lua_dirs;$LUA_PATH_5_4"; fi
 
 only=${TEST_ONLY:-}
 case "$only" in

@@ -5,7 +5,7 @@
 -- reports with the rank and turns into the end of the whole job (non-zero
 -- exit status): a failure never leaves the other ranks waiting, and the
 -- tests after it do not run.
---   local T = dofile(<dir> .. "harness.lua")
+--   local T = require "harness"      (run-tests.sh puts tests/dist on LUA_PATH)
 --   T.test("name", function () ... end) ... T.done()
 
 local gc = require "graphcap"

@@ -1,8 +1,10 @@
 -- helpers.lua: the helpers the Lua suites share (nested tables and values,
 -- comparisons, errors, small models and samples, pipeline schedules). Not a
--- suite (run-tests.sh runs test_*.lua only). A suite loads it from its own
--- directory, so that it works from any working directory:
---   local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+-- suite (run-tests.sh runs test_*.lua only). A suite requires it, from the
+-- LUA_PATH that run-tests.sh gives every suite (tests/lua, tests/dist):
+--   local H = require "helpers"
+-- and so does a suite run by hand, from the top of the tree:
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_tensor.lua -o tap
 -- Error positions: a suite keeps its own HERE (its file name): a HERE
 -- computed here would name this file.
 

@@ -6,12 +6,11 @@
 -- values worked out by hand or by central differences of a double-precision Lua
 -- reference; a backward captured in a gc.Graph replays to the eager .grad bit
 -- for bit.
---   build/graphcap tests/lua/test_autograd.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_autograd.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local flat, nest, values = H.flat, H.nest, H.values
 local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 

@@ -6,12 +6,11 @@
 -- tensor modified in place), each leaving the Function usable; a Lua module
 -- using Functions, graphed with make_graphed_callables and capture_time_hooks,
 -- trained to the eager values bit for bit.
---   build/graphcap tests/lua/test_autograd_function.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_autograd_function.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local nest, values = H.nest, H.values
 local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 

@@ -3,12 +3,11 @@
 -- Sequential and its Linear + GELU fusion; bad inputs (errors that name the
 -- op and the shapes); Linear's delayed wgrad and its fused wgrad
 -- accumulation (TE's fuse_wgrad_accumulation).
---   build/graphcap tests/lua/test_builtin.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_builtin.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line
 

@@ -7,11 +7,11 @@
 -- naming the kernel; compile errors carrying NVRTC's log and the script's
 -- line; bad launches; a host twin's error, eager and at replay. Skipped
 -- (exit 77) where NVRTC cannot be found.
---   build/graphcap tests/lua/test_cuda_kernel.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_cuda_kernel.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local nest, values = H.nest, H.values
 local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 

@@ -2,12 +2,11 @@
 -- engine usable. What capture forbids (docs/semantics.md, "Capture rules"); a
 -- capture function that raises; wrong states; closed objects; bad arguments:
 -- wrong types, negative, huge and 5-D shapes, ragged tables, shape mismatches.
---   build/graphcap tests/lua/test_errors.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_errors.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 -- The engine still works: eager ops, read-back, synchronize, a capture.
 local function assert_usable ()

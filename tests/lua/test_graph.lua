@@ -4,12 +4,11 @@
 -- rewritten, inputs are read at replay, host values and pointers are baked at
 -- capture, streams (capture on a given stream, replay on another, fork/join),
 -- random numbers in graphs, stats, reset and close.
---   build/graphcap tests/lua/test_graph.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_graph.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 -- A nested {rows, cols} table of not-too-regular values.
 local function matrix (rows, cols, phase)

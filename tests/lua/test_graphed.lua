@@ -8,12 +8,11 @@
 -- fixed at the call (test 10). One pool for all graphs of a call; stats();
 -- reset(); eager fallback when the training flag differs; kwargs; Lua function
 -- callables; eval mode; hooks registered after graphing.
---   build/graphcap tests/lua/test_graphed.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_graphed.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local walk, all_params, assert_same = H.walk, H.all_params, H.assert_same
 
 local STEPS, MICRO, LR = 3, 2, 0.1

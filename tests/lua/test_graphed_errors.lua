@@ -7,12 +7,11 @@
 -- every rule of `order` (the error names the position). Every failing call must
 -- leave no live graph and no block in use in the pool it was given; a failed
 -- call also leaves .grad values, parameters and the generator as they were.
---   build/graphcap tests/lua/test_graphed_errors.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_graphed_errors.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local linears, samples, assert_same = H.linears, H.samples, H.assert_same
 
 -- Call make_graphed_callables(callables, sample_args, opts) with a pool of

@@ -8,12 +8,11 @@
 -- naming the module, the hook kind and the user's line, after which the
 -- module works as before. Hooks registered on a graphed module after
 -- graphing replace values around its replay as well.
---   build/graphcap tests/lua/test_hook_returns.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_hook_returns.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 
 local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line

@@ -8,12 +8,11 @@
 -- replay. Map-form groups run in sorted id order; pre/post warmup hooks run
 -- once; a hook that raises aborts cleanly and the modules still train eagerly;
 -- a hook returning anything but nothing/nil is rejected.
---   build/graphcap tests/lua/test_hooks.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_hooks.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local linears, samples, walk = H.linears, H.samples, H.walk
 local all_params, assert_same = H.all_params, H.assert_same
 

@@ -4,12 +4,11 @@
 -- zero_grad); forwards that raise (the error reaches the caller as raised,
 -- the module keeps working and its grads are right) or return what a call
 -- may not; closed modules.
---   build/graphcap tests/lua/test_module.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_module.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local assert_bitwise, assert_err = H.assert_bitwise, H.assert_err
 local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line
 

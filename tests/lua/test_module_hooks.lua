@@ -4,12 +4,11 @@
 -- raised, the module keeps working and its grads are right). Hooks that
 -- return values: test_hook_returns.lua; on calls of several inputs and
 -- outputs: test_multi_hooks.lua.
---   build/graphcap tests/lua/test_module_hooks.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_module_hooks.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line
 

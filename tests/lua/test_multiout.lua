@@ -5,11 +5,11 @@
 -- (bit for bit); a module inside a Sequential still takes one output tensor,
 -- and says so; graphed callables return the structure they captured. Hooks
 -- on modules of several outputs: test_multi_hooks.lua.
---   build/graphcap tests/lua/test_multiout.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_multiout.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local assert_bitwise, assert_err = H.assert_bitwise, H.assert_err
 
 local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line

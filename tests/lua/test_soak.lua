@@ -2,11 +2,11 @@
 -- reserved bytes, live objects and resident memory (/proc/self/statm) at the
 -- end equal those a third of the way in. GRAPHCAP_SOAK scales the count
 -- (default 1: 300 graphings; `make soak`: 1,500).
---   build/graphcap tests/lua/test_soak.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_soak.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 local SCALE = math.tointeger(tonumber(os.getenv("GRAPHCAP_SOAK") or "1")) or 1
 

@@ -4,11 +4,11 @@
 -- checkpointing inside graphs, and the errors of options and calls (each
 -- naming the module and the thing, at the caller's line, the module usable
 -- afterwards).
---   build/graphcap tests/lua/test_transformer.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_transformer.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 local S, B, HID, HEADS = 4, 2, 16, 2
 local D = HID // HEADS
