@@ -1,7 +1,7 @@
 -- helpers.lua: the helpers the Lua suites share (nested tables and values,
 -- comparisons, errors, small models and samples, pipeline schedules). Not a
--- suite (run-tests.sh runs test_*.lua only). A suite requires it, from the
--- LUA_PATH that run-tests.sh gives every suite (tests/lua, tests/dist):
+-- suite (tests/run.sh runs test_*.lua only). A suite requires it, from the
+-- LUA_PATH that tests/run.sh gives every suite (tests/lua, tests/dist):
 --   local H = require "helpers"
 -- and so does a suite run by hand, from the top of the tree:
 --   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_tensor.lua -o tap

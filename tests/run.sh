@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Run every test suite on each backend and end with one line "N passed, M failed".
 #
-#   scripts/run-tests.sh BUILD_DIR BACKEND...      e.g. scripts/run-tests.sh build host cuda
+#   tests/run.sh BUILD_DIR BACKEND...      e.g. tests/run.sh build host cuda
 #
 # Per backend, the suites are: each C test BUILD_DIR/tests/test_X of a tests/c/test_X.c (run with
 # GRAPHCAP_DEVICE=BACKEND), each tests/lua/test_*.lua (run as
 # BUILD_DIR/graphcap --device BACKEND FILE -o tap), BUILD_DIR/embed and
 # BUILD_DIR/embed_custom when they were built (one test each, passed when it
-# exits 0); and scripts/test-readme.sh, which runs every lua and c block of
+# exits 0); and tests/readme.sh, which runs every lua and c block of
 # README.md and the blocks of docs/*.md marked runnable, and
 # examples/train_gpt.lua in its small setting (one test, passed when it exits
 # 0; neither with TEST_ONLY=c). With the host backend, when the program was
@@ -40,7 +40,7 @@ if [ $# -lt 2 ]; then
   exit 2
 fi
 if [ ! -d "$1" ]; then
-  echo "run-tests: no build directory $1" >&2
+  echo "tests/run.sh: no build directory $1" >&2
   exit 2
 fi
 build=$(cd "$1" && pwd)
@@ -48,7 +48,7 @@ shift
 log_dir=${TEST_LOG_DIR:-}
 if [ -n "$log_dir" ]; then
   if ! mkdir -p "$log_dir"; then
-    echo "run-tests: cannot create TEST_LOG_DIR $log_dir" >&2
+    echo "tests/run.sh: cannot create TEST_LOG_DIR $log_dir" >&2
     exit 2
   fi
   log_dir=$(cd "$log_dir" && pwd)
@@ -66,7 +66,7 @@ only=${TEST_ONLY:-}
 case "$only" in
   "" | c | lua) ;;
   *)
-    echo "run-tests: TEST_ONLY must be c or lua, not $only" >&2
+    echo "tests/run.sh: TEST_ONLY must be c or lua, not $only" >&2
     exit 2
     ;;
 esac
@@ -224,7 +224,7 @@ for be in "$@"; do
     run_suite "$be" "$(basename "$t")" tap "$build/graphcap" --device "$be" "$t" -o tap
   done
   if [ "$only" != c ]; then
-    run_suite "$be" README.md tap scripts/test-readme.sh "$build"
+    run_suite "$be" README.md tap tests/readme.sh "$build"
     run_suite "$be" train_gpt.lua single "$build/graphcap" --device "$be" examples/train_gpt.lua \
       small "$tmp/train_gpt_loss.svg"
   fi
@@ -249,7 +249,7 @@ if [ "$skipped" -gt 0 ]; then
   echo "$skipped skipped"
 fi
 if [ $((passed + failed)) -eq 0 ]; then
-  echo "run-tests: no test ran"
+  echo "tests/run.sh: no test ran"
 fi
 not_run=${TEST_NOT_RUN:-}
 echo "backends run: $*${not_run:+; built but not run (no GPU visible): $not_run}"
