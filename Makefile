@@ -203,13 +203,13 @@ examples: all
 
 # TEST_NOT_RUN: the backends built but not run here, for the summary.
 test: all
-	@TEST_NOT_RUN="$(filter-out $(BACKENDS),$(BUILT))" scripts/run-tests.sh $(B) $(BACKENDS)
+	@TEST_NOT_RUN="$(filter-out $(BACKENDS),$(BUILT))" tests/run.sh $(B) $(BACKENDS)
 
 test-c: all
-	@TEST_ONLY=c scripts/run-tests.sh $(B) host
+	@TEST_ONLY=c tests/run.sh $(B) host
 
 test-lua: all
-	@TEST_ONLY=lua scripts/run-tests.sh $(B) host
+	@TEST_ONLY=lua tests/run.sh $(B) host
 
 # Host suites under AddressSanitizer, LeakSanitizer and UBSan (with float-to-integer overflow),
 # in a build tree of their own. OpenMPI keeps memory from MPI_Init to the end of the process:
@@ -220,18 +220,22 @@ asan:
 	  LDLIBS="-lm -ldl -lpthread $(SAN)" all
 	ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan-mpi.supp:print_suppressions=0 \
-	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 scripts/run-tests.sh build/asan host
+	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 tests/run.sh build/asan host
 
 # The fuzzers with a new seed (printed; FUZZ_SEED=s repeats a run) and a long budget, and
 # the soak tests at 5x (15,000 graph/free cycles, 100,000 replays, 1,500 graphings).
+# A Lua suite requires its helpers from tests/lua, as tests/run.sh runs it.
 FUZZ_SEED ?= $(shell date +%s)
+SUITE_PATH := LUA_PATH='$(CURDIR)/tests/lua/?.lua;;'
 fuzz: all
-	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=200000 $(B)/graphcap tests/lua/test_fuzz_api.lua
-	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=5000 $(B)/graphcap tests/lua/test_fuzz_diff.lua
+	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=200000 $(SUITE_PATH) \
+	  $(B)/graphcap tests/lua/test_fuzz_api.lua
+	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=5000 $(SUITE_PATH) \
+	  $(B)/graphcap tests/lua/test_fuzz_diff.lua
 
 soak: all
 	GRAPHCAP_SOAK=5 $(B)/tests/test_soak
-	GRAPHCAP_SOAK=5 $(B)/graphcap tests/lua/test_soak.lua
+	GRAPHCAP_SOAK=5 $(SUITE_PATH) $(B)/graphcap tests/lua/test_soak.lua
 
 lint:
 	@scripts/lint.sh
@@ -239,9 +243,9 @@ lint:
 # The scaling runs in a process of its own, as PyTorch's torch_scaling.py does.
 ifeq ($(filter cuda,$(BACKENDS)),cuda)
 bench: all
-	$(B)/graphcap --device cuda scripts/bench.lua configs
-	$(B)/graphcap --device cuda scripts/bench.lua scaling
-	$(B)/graphcap --device cuda scripts/bench.lua transformer
+	$(B)/graphcap --device cuda bench/bench.lua configs
+	$(B)/graphcap --device cuda bench/bench.lua scaling
+	$(B)/graphcap --device cuda bench/bench.lua transformer
 	@$(MAKE) --no-print-directory bench-torch
 else
 bench:

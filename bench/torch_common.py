@@ -37,7 +37,7 @@ def step(mods, x):
 
 def time_us(torch, fn, iters):
     """Microseconds per call of fn over iters calls, on the host clock from a
-    synchronized start to a synchronized end (as scripts/bench.lua times)."""
+    synchronized start to a synchronized end (as bench/bench.lua times)."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(iters):

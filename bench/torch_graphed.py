@@ -1,8 +1,8 @@
 """PyTorch's side of `make bench`: eager, torch.cuda.make_graphed_callables
 (one callable per layer) and one whole-step graph, on the model that
-scripts/bench.lua runs through graphcap: L x (Linear(H, H) + GELU), batch B,
+bench/bench.lua runs through graphcap: L x (Linear(H, H) + GELU), batch B,
 forward and backward of the sum. One JSON line per configuration, with the
-fields of scripts/bench.lua's lines (graph_mem_mib: the bytes reserved by the
+fields of bench/bench.lua's lines (graph_mem_mib: the bytes reserved by the
 private pool of the per-layer graphs; see torch_common.py).
 
 Usage: python3 bench/torch_graphed.py   (needs a CUDA GPU)

@@ -1,12 +1,12 @@
 """PyTorch's side of the scaling runs of `make bench`: N tiny callables
 (Linear(64, 64) + GELU, batch 8, so that host costs dominate) graphed by
-torch.cuda.make_graphed_callables, as scripts/bench.lua's scaling runs do
+torch.cuda.make_graphed_callables, as bench/bench.lua's scaling runs do
 with graphcap. One JSON line per N: capture seconds, forward + backward
 replay cost per callable, and the bytes the graphs' private pools reserve
 with one pool shared by all N callables and with one pool per callable.
 
 Usage: python3 bench/torch_scaling.py   (needs a CUDA GPU; run it in a
-process of its own, as scripts/bench.lua scaling is)
+process of its own, as bench/bench.lua scaling is)
 """
 import os
 import sys

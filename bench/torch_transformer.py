@@ -1,5 +1,5 @@
 """PyTorch's side of the transformer section of `make bench`: the model that
-scripts/bench.lua's `transformer` runs through graphcap, L pre-LN
+bench/bench.lua's `transformer` runs through graphcap, L pre-LN
 transformer layers (TransformerEngine's TransformerLayer without dropout:
 LayerNorm, qkv Linear(d, 3d), causal attention by
 F.scaled_dot_product_attention (PyTorch's own fused kernels), Linear(d, d),
@@ -7,7 +7,7 @@ residual; LayerNorm, Linear(d, 4d), tanh GELU, Linear(4d, d), residual),
 input [seq, batch, d] in bf16, forward and backward of the sum. Eager,
 torch.cuda.make_graphed_callables (one callable per layer) and the whole
 step as one CUDA graph. One JSON line per configuration, with the fields
-of scripts/bench.lua's transformer lines (graph_mem_mib: the bytes reserved
+of bench/bench.lua's transformer lines (graph_mem_mib: the bytes reserved
 by the private pool of the per-layer graphs; see torch_common.py).
 
 Usage: python3 bench/torch_transformer.py   (needs a CUDA GPU)

@@ -12,4 +12,4 @@ if [ ! -x build/graphcap ]; then
 fi
 ldd build/graphcap | grep 'not found'
 
-TEST_LOG_DIR=${OUT:-/tmp}/test-logs exec scripts/run-tests.sh build cuda host
+TEST_LOG_DIR=${OUT:-/tmp}/test-logs exec tests/run.sh build cuda host

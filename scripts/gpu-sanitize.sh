@@ -2,7 +2,7 @@
 # Run the cuda suites under compute-sanitizer's memcheck (with leak check),
 # racecheck and synccheck, on a GPU machine with a built tree (as
 # scripts/gpu-run.sh). A tool's report makes the suite exit 99, which
-# run-tests.sh counts as a failure. CUDA API errors are not reported: the
+# tests/run.sh counts as a failure. CUDA API errors are not reported: the
 # suites provoke them on purpose (a capture left unjoined must fail), and
 # every status the engine gets is checked by the suites themselves. Only
 # the suite's own process is checked (the program's tests start others),
@@ -32,6 +32,6 @@ for t in "${tools[@]}"; do
   echo "== compute-sanitizer --tool $t"
   GRAPHCAP_SOAK_NO_RSS=1 \
     TEST_WRAPPER="$cs --tool $t $extra --report-api-errors no --require-cuda-init no --target-processes application-only --error-exitcode 99" TEST_TIMEOUT=${TEST_TIMEOUT:-1800} \
-    TEST_LOG_DIR=${OUT:-/tmp}/sanitize/$t scripts/run-tests.sh build cuda || status=1
+    TEST_LOG_DIR=${OUT:-/tmp}/sanitize/$t tests/run.sh build cuda || status=1
 done
 exit $status

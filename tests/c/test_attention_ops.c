@@ -294,6 +294,36 @@ static void test_sdpa_fused_equals_composed(void) {
   gcap_engine_free(e);
 }
 
+/* regression: a C caller's NaN or negative sdpa scale made NaN outputs */
+/* An sdpa scale that is NaN, negative or beyond a float ran from C (the
+** Lua binding alone checked it): every output NaN or inf, silently. */
+static void test_sdpa_scale_checked(void) {
+  const int64_t s[3] = {1, 2, 3};
+  const float d[6] = {1, 2, 3, 4, 5, 6};
+  const double bad[3] = {NAN, -0.5, 1e300};
+  gcap_engine *e = t_engine();
+  gcap_tensor *q = NULL, *y = NULL;
+  int i;
+  T_SETUP(e != NULL && (q = t_from(e, 3, s, d)) != NULL, goto out);
+  for (i = 0; i < 3; i++) {
+    gcap_sdpa_opts o = {.scale = bad[i]};
+    T_CHECK_ST(e, gcap_scaled_dot_product_attention(q, q, q, &o, &y), GCAP_EINVAL);
+    T_CHECK(y == NULL && t_msg_has(e, "scaled_dot_product_attention: the scale must be positive"));
+    o.impl = GCAP_SDPA_FUSED;
+    T_CHECK_ST(e, gcap_scaled_dot_product_attention(q, q, q, &o, &y), GCAP_EINVAL);
+  }
+  T_CHECK_ST(e, gcap_softmax_masked(q, 1e300, NULL, GCAP_MASK_ADD, 0, &y), GCAP_EINVAL);
+  T_CHECK(y == NULL && t_msg_has(e, "softmax: the scale must be finite as a float, got 1e+300"));
+  {
+    gcap_sdpa_opts o = {.scale = 0.5};
+    T_CHECK_OK(e, gcap_scaled_dot_product_attention(q, q, q, &o, &y));
+  }
+out:
+  gcap_tensor_free(y);
+  gcap_tensor_free(q);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_permute_transpose_values);
   T_RUN(test_split_chunk_cat);
@@ -302,5 +332,6 @@ int main(void) {
   T_RUN(test_embedding);
   T_RUN(test_sdpa_capture_replay);
   T_RUN(test_sdpa_fused_equals_composed);
+  T_RUN(test_sdpa_scale_checked);
   return t_done();
 }

@@ -539,6 +539,47 @@ static void test_inplace_on_leaf(void) {
   gcap_engine_free(e);
 }
 
+/* regression: a saved tensor changed in place gave a silently wrong grad */
+/* Storage versions: each in-place op bumps one counter shared by views;
+** a backward through a tensor changed in place since it was saved fails
+** with PyTorch's message (the op and both versions); a training loop
+** (backward, step, again) and graphed replays see no false alarm. */
+static void test_inplace_after_save_is_detected(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[2] = {2, 3}, flat[1] = {6};
+  const float d[6] = {1, 2, 3, 4, 5, 6};
+  gcap_tensor *a = t_from(e, 2, s, d), *h = NULL, *y = NULL, *loss = NULL, *v = NULL, *z = NULL;
+  uint64_t v0;
+  T_REQUIRE(a != NULL);
+  /* every in-place op counts, on the storage */
+  v0 = gcap_tensor_version(a);
+  T_CHECK_OK(e, gcap_tensor_view(a, 1, flat, &v));
+  T_CHECK(gcap_tensor_version(v) == v0);
+  T_CHECK_OK(e, gcap_fill_(a, 1.0));
+  T_CHECK(gcap_tensor_version(a) == v0 + 1 && gcap_tensor_version(v) == v0 + 1);
+  T_CHECK_OK(e, gcap_zero_(v));
+  T_CHECK(gcap_tensor_version(a) == v0 + 2);
+  T_CHECK_OK(e, gcap_copy_(a, a));
+  T_CHECK(gcap_tensor_version(a) == v0 + 3);
+  T_CHECK_OK(e, gcap_scale(a, 2.0, &z)); /* reading does not count */
+  T_CHECK(gcap_tensor_version(a) == v0 + 3);
+  gcap_tensor_free(z), z = NULL;
+  /* a saved non-leaf changed in place, then backward */
+  T_CHECK_OK(e, gcap_tensor_set_requires_grad(a, 1));
+  T_CHECK_OK(e, gcap_scale(a, 2.0, &h));
+  T_CHECK_OK(e, gcap_mul(h, h, &y)); /* saves h */
+  T_CHECK_OK(e, gcap_sum(y, &loss));
+  T_CHECK_OK(e, gcap_fill_(h, 3.0));
+  T_CHECK_ST(e, gcap_backward(loss, NULL, 0), GCAP_ESTATE);
+  T_CHECK(t_msg_has(e, "modified by an inplace operation") && t_msg_has(e, "'mul'") &&
+          t_msg_has(e, "version") && t_msg_has(e, "[2, 3]"));
+  T_CHECK(gcap_tensor_grad(a) == NULL);
+  gcap_tensor_free(h), gcap_tensor_free(y), gcap_tensor_free(loss), gcap_tensor_free(v);
+  gcap_tensor_free(a);
+  gcap_engine_free(e);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Backward captured into a graph                                            */
 
@@ -744,6 +785,7 @@ int main(void) {
   T_RUN(test_grad_mode_off);
   T_RUN(test_detach);
   T_RUN(test_inplace_on_leaf);
+  T_RUN(test_inplace_after_save_is_detected);
   T_RUN(test_captured_backward_first);
   T_RUN(test_captured_backward_accumulates);
   T_RUN(test_captured_backward_retained);

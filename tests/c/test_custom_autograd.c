@@ -171,9 +171,42 @@ done:
   gcap_engine_free(e);
 }
 
+static gcap_status never_backward(void *ud, int nsaved, gcap_tensor *const *saved, gcap_tensor *g,
+                                  int nin, gcap_tensor **gin) {
+  (void)ud, (void)nsaved, (void)saved, (void)g, (void)nin, (void)gin;
+  return GCAP_ESTATE;
+}
+
+/* regression: a name too long for grad_fn was cut short */
+/* A custom node's name that does not fit its grad_fn (64 bytes) is refused;
+** it was cut to 63 bytes. */
+static void test_custom_node_name_fits(void) {
+  const int64_t s[1] = {2};
+  const float d[2] = {1, 2};
+  char name[65];
+  gcap_engine *e = t_engine();
+  gcap_tensor *x = NULL, *y = NULL;
+  T_SETUP(e != NULL && (x = t_from(e, 1, s, d)) != NULL &&
+              gcap_tensor_set_requires_grad(x, 1) == GCAP_OK,
+          goto out);
+  memset(name, 'n', 64);
+  name[64] = '\0';
+  T_CHECK_ST(e, gcap_autograd_record(name, x, 1, &x, 0, NULL, never_backward, NULL, NULL, &y),
+             GCAP_EINVAL);
+  T_CHECK(y == NULL && t_msg_has(e, "name must be 1 to 63 bytes, got 64"));
+  name[63] = '\0';
+  T_CHECK_OK(e, gcap_autograd_record(name, x, 1, &x, 0, NULL, never_backward, NULL, NULL, &y));
+  T_CHECK(strcmp(gcap_tensor_grad_fn_name(y), name) == 0);
+out:
+  gcap_tensor_free(y);
+  gcap_tensor_free(x);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_equals_builtin_mul);
   T_RUN(test_captured_backward);
   T_RUN(test_errors);
+  T_RUN(test_custom_node_name_fits);
   return t_done();
 }

@@ -271,6 +271,66 @@ static void test_engine_closed_with_live_objects(void) {
   gcap_pool_free(p); /* the last object: the engine goes now */
 }
 
+static gcap_status id_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                              gcap_tensor **out) {
+  (void)ud, (void)m, (void)nin;
+  return gcap_scale(in[0], 1.0, out);
+}
+
+/* regression: graphs, pools, modules, ... were still made on a closed engine */
+/* After gcap_engine_free with a live object, every constructor refuses
+** with a message; what is alive can still be freed. */
+static void test_closed_engine_refuses_constructors(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[1] = {4};
+  const float d[4] = {1, 2, 3, 4};
+  gcap_tensor *x = t_from(e, 1, s, d), *t = NULL;
+  gcap_graph *g = NULL;
+  gcap_pool *p = NULL;
+  gcap_stream *st = NULL;
+  gcap_event *ev = NULL;
+  gcap_module *m = NULL;
+  gcap_optim *o = NULL;
+  gcap_graphed *G = NULL;
+  T_REQUIRE(x != NULL);
+  gcap_engine_free(e); /* x keeps it alive, closed */
+#define T_REFUSES(call, obj)                                                                       \
+  do {                                                                                             \
+    T_CHECK_ST(e, call, GCAP_ESTATE);                                                              \
+    T_CHECK((obj) == NULL && t_msg_has(e, "closed"));                                              \
+  } while (0)
+  T_REFUSES(gcap_graph_new(e, &g), g);
+  T_REFUSES(gcap_pool_new(e, &p), p);
+  T_REFUSES(gcap_stream_new(e, &st), st);
+  T_REFUSES(gcap_event_new(e, &ev), ev);
+  T_REFUSES(gcap_module_new(e, "Id", id_forward, NULL, NULL, &m), m);
+  T_REFUSES(gcap_nn_linear(e, 2, 2, 1, 0, &m), m);
+  T_REFUSES(gcap_nn_relu(e, &m), m);
+  T_REFUSES(gcap_nn_gelu(e, &m), m);
+  T_REFUSES(gcap_nn_layer_norm(e, 4, 1e-5, &m), m);
+  T_REFUSES(gcap_nn_dropout(e, 0.5, &m), m);
+  T_REFUSES(gcap_nn_sequential(e, 0, NULL, &m), m);
+  T_REFUSES(gcap_optim_sgd(e, 1, &x, 0.1, 0, 0, &o), o);
+  T_REFUSES(gcap_optim_adam(e, 1, &x, 0.1, 0.9, 0.999, 1e-8, 0, &o), o);
+  T_REFUSES(gcap_tensor_empty(e, GCAP_F32, 1, s, &t), t);
+  T_REFUSES(gcap_tensor_full(e, GCAP_F32, 1, s, 1.0, &t), t);
+  T_REFUSES(gcap_tensor_from_f32(e, GCAP_F32, 1, s, d, &t), t);
+  T_REFUSES(gcap_tensor_rand(e, GCAP_F32, 1, s, 0, &t), t);
+  T_REFUSES(gcap_tensor_view(x, 1, s, &t), t);
+  T_REFUSES(gcap_tensor_detach(x, &t), t);
+  T_REFUSES(gcap_tensor_clone(x, &t), t);
+  {
+    gcap_tensor *const a0[1] = {x};
+    gcap_tensor *const *args[1] = {a0};
+    const int nargs[1] = {1};
+    gcap_module *none = NULL;
+    T_REFUSES(gcap_make_graphed_callables(e, 1, &none, 1, nargs, args, NULL, &G), G);
+  }
+#undef T_REFUSES
+  gcap_tensor_free(x); /* the last object: the engine goes */
+}
+
 /* ------------------------------------------------------------------------ */
 /* Bad arguments                                                             */
 
@@ -486,6 +546,54 @@ static void test_two_engines(void) {
   gcap_engine_free(e1), gcap_engine_free(e2);
 }
 
+/* regression: a target of 1.5 was class 1; NaN or bad ids gave finite grads */
+/* cross_entropy refuses targets that are no class id (non-integer, NaN,
+** negative, too large), naming the row; inside a capture (no read-back)
+** such a row's loss and grads come out NaN, the others' as eagerly. */
+static void test_cross_entropy_checks_targets(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t sl[2] = {2, 3}, st[1] = {2};
+  const float dl[6] = {0.5f, -1.0f, 2.0f, 0.25f, -0.75f, 1.5f};
+  const float bad[4][2] = {{0, 1.5f}, {0, NAN}, {0, 3}, {-1, 0}};
+  const float good[2] = {2, 1};
+  float r[6];
+  gcap_tensor *logits = t_from(e, 2, sl, dl), *t = NULL, *loss = NULL, *tg = NULL;
+  gcap_graph *g = NULL;
+  T_REQUIRE(logits != NULL);
+  T_CHECK_OK(e, gcap_tensor_set_requires_grad(logits, 1));
+  for (int k = 0; k < 4; k++) {
+    T_REQUIRE((t = t_from(e, 1, st, bad[k])) != NULL);
+    T_CHECK_ST(e, gcap_cross_entropy(logits, t, &loss), GCAP_EINVAL);
+    T_CHECK(loss == NULL && t_msg_has(e, k == 3 ? "row 1 " : "row 2 ") && t_msg_has(e, "class id"));
+    if (k == 1) T_CHECK(t_msg_has(e, "NaN"));
+    gcap_tensor_free(t);
+  }
+  T_REQUIRE((tg = t_from(e, 1, st, good)) != NULL);
+  T_CHECK_OK(e, gcap_cross_entropy(logits, tg, &loss));
+  gcap_tensor_free(loss), loss = NULL;
+  /* captured: a target turned 1.5 after capture gives NaN in its row only */
+  T_REQUIRE((t = t_from(e, 1, st, good)) != NULL);
+  T_CHECK_OK(e, gcap_graph_new(e, &g));
+  T_CHECK_OK(e, gcap_capture_begin(g, NULL, NULL));
+  T_CHECK_OK(e, gcap_cross_entropy(logits, t, &loss));
+  T_CHECK_OK(e, gcap_backward(loss, NULL, 0));
+  T_CHECK_OK(e, gcap_capture_end(g));
+  {
+    const float half[2] = {2, 1.5f};
+    gcap_tensor *h = t_from(e, 1, st, half);
+    T_CHECK_OK(e, gcap_copy_(t, h));
+    gcap_tensor_free(h);
+  }
+  T_CHECK_OK(e, gcap_graph_replay(g));
+  T_CHECK(isnan(t_value(loss)));
+  if (gcap_tensor_grad(logits) && t_read(gcap_tensor_grad(logits), r, 6))
+    T_CHECK(!isnan(r[0]) && !isnan(r[2]) && isnan(r[3]) && isnan(r[5]));
+  gcap_graph_free(g);
+  gcap_tensor_free(logits), gcap_tensor_free(t), gcap_tensor_free(tg), gcap_tensor_free(loss);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_forbidden_synchronize);
   T_RUN(test_forbidden_stream_synchronize);
@@ -501,10 +609,12 @@ int main(void) {
   T_RUN(test_graph_states);
   T_RUN(test_bad_op_inside_capture);
   T_RUN(test_engine_closed_with_live_objects);
+  T_RUN(test_closed_engine_refuses_constructors);
   T_RUN(test_bad_shapes);
   T_RUN(test_shape_mismatch);
   T_RUN(test_bad_calls);
   T_RUN(test_open_device);
   T_RUN(test_two_engines);
+  T_RUN(test_cross_entropy_checks_targets);
   return t_done();
 }

@@ -4,6 +4,9 @@
 ** in C and reuse_graph_input_output_buffers. A graphed model trains step for
 ** step beside an eager copy of it, in the schedule's order, and both must
 ** agree bit for bit: losses, grads of the pipeline's boundary, parameters.
+** A graphed call checks its arguments (count, NULL, engine, shape, dtype) on
+** the replay and the eager path, takes any number of tensors, and trains with
+** an optimizer without a false alarm of the in-place check.
 */
 #include "t.h"
 
@@ -353,8 +356,242 @@ static void test_reuse_buffers(void) {
   bench_free(&bn);
 }
 
+/* A Linear(3, 4) graphed from a [2, 3] sample that requires grad. */
+typedef struct fixture {
+  gcap_engine *e;
+  gcap_module *m;
+  gcap_tensor *x;
+  gcap_graphed *G;
+} fixture;
+
+static int fx_open(fixture *f) {
+  const int64_t s[2] = {2, 3};
+  const float dx[6] = {0.5f, -1.0f, 2.0f, 0.25f, -0.75f, 1.5f};
+  gcap_graphed_opts o;
+  memset(f, 0, sizeof *f);
+  if ((f->e = t_engine()) == NULL) return 0;
+  if ((f->x = t_from(f->e, 2, s, dx)) == NULL) return 0;
+  if (gcap_tensor_set_requires_grad(f->x, 1) != GCAP_OK) return 0;
+  if (gcap_nn_linear(f->e, 3, 4, 1, 0, &f->m) != GCAP_OK) return 0;
+  gcap_tensor *const a0[1] = {f->x};
+  gcap_tensor *const *args[1] = {a0};
+  const int nargs[1] = {1};
+  gcap_graphed_opts_init(&o);
+  o.num_warmup_iters = 1;
+  return gcap_make_graphed_callables(f->e, 1, &f->m, 1, nargs, args, &o, &f->G) == GCAP_OK;
+}
+
+static void fx_close(fixture *f) {
+  gcap_graphed_free(f->G);
+  gcap_tensor_free(f->x);
+  gcap_module_free(f->m);
+  gcap_engine_free(f->e);
+}
+
+/* regression: a NULL input array with n > 0 was dereferenced */
+/* gcap_graphed_call with n > 0 and no input array: an error with a
+** message, on the replay path and on the eager fallback (eval mode). */
+static void test_graphed_call_null_inputs(void) {
+  fixture f;
+  gcap_tensor *y = NULL;
+  T_SETUP(fx_open(&f), fx_close(&f));
+  T_CHECK_ST(f.e, gcap_graphed_call(f.G, 0, 1, NULL, &y), GCAP_EINVAL);
+  T_CHECK(y == NULL && gcap_errmsg(f.e)[0] != '\0');
+  gcap_module_train(f.m, 0); /* another mode than captured: the eager path */
+  T_CHECK_ST(f.e, gcap_graphed_call(f.G, 0, 1, NULL, &y), GCAP_EINVAL);
+  T_CHECK(y == NULL && gcap_errmsg(f.e)[0] != '\0');
+  T_CHECK_ST(f.e, gcap_graphed_call(f.G, 0, -1, NULL, &y), GCAP_EINVAL);
+  gcap_module_train(f.m, 1);
+  T_CHECK_OK(f.e, gcap_graphed_call(f.G, 0, 1, &f.x, &y)); /* still usable */
+  gcap_tensor_free(y);
+  fx_close(&f);
+}
+
+/* regression: the eager fallback's errors had an empty message */
+/* The eager fallback names a NULL tensor and a tensor of another engine. */
+static void test_graphed_eager_fallback_messages(void) {
+  fixture f;
+  gcap_engine *e2 = NULL;
+  gcap_tensor *y = NULL, *other = NULL, *none = NULL;
+  const int64_t s[2] = {2, 3};
+  T_SETUP(fx_open(&f), fx_close(&f));
+  T_SETUP((e2 = t_engine()) != NULL, fx_close(&f));
+  T_CHECK_OK(e2, gcap_tensor_full(e2, GCAP_F32, 2, s, 1.0, &other));
+  gcap_module_train(f.m, 0);
+  T_CHECK_ST(f.e, gcap_graphed_call(f.G, 0, 1, &other, &y), GCAP_EINVAL);
+  T_CHECK(t_msg_has(f.e, "argument #1") && t_msg_has(f.e, "another engine"));
+  T_CHECK_ST(f.e, gcap_graphed_call(f.G, 0, 1, &none, &y), GCAP_EINVAL);
+  T_CHECK(t_msg_has(f.e, "argument #1") && t_msg_has(f.e, "NULL"));
+  T_CHECK(y == NULL);
+  gcap_tensor_free(other);
+  gcap_engine_free(e2);
+  fx_close(&f);
+}
+
+/* regression: a [3, 2] or [6] input was read as the captured [2, 3] */
+/* A graphed callable refuses an input of another shape or dtype (same
+** element count), naming the argument and both shapes. */
+static void test_graphed_call_checks_shape(void) {
+  fixture f;
+  gcap_tensor *y = NULL, *t32 = NULL, *t6 = NULL, *tb = NULL;
+  const int64_t s32[2] = {3, 2}, s6[1] = {6}, s23[2] = {2, 3};
+  T_SETUP(fx_open(&f), fx_close(&f));
+  T_CHECK_OK(f.e, gcap_tensor_full(f.e, GCAP_F32, 2, s32, 1.0, &t32));
+  T_CHECK_OK(f.e, gcap_tensor_full(f.e, GCAP_F32, 1, s6, 1.0, &t6));
+  T_CHECK_OK(f.e, gcap_tensor_full(f.e, GCAP_BF16, 2, s23, 1.0, &tb));
+  T_CHECK_ST(f.e, gcap_graphed_call(f.G, 0, 1, &t32, &y), GCAP_EINVAL);
+  T_CHECK(t_msg_has(f.e, "argument #1") && t_msg_has(f.e, "[3, 2]") && t_msg_has(f.e, "[2, 3]"));
+  T_CHECK(t_msg_has(f.e, "Linear"));
+  T_CHECK_ST(f.e, gcap_graphed_call(f.G, 0, 1, &t6, &y), GCAP_EINVAL);
+  T_CHECK(t_msg_has(f.e, "[6]") && t_msg_has(f.e, "[2, 3]"));
+  T_CHECK_ST(f.e, gcap_graphed_call(f.G, 0, 1, &tb, &y), GCAP_EINVAL);
+  T_CHECK(t_msg_has(f.e, "bf16") && t_msg_has(f.e, "f32"));
+  T_CHECK(y == NULL);
+  T_CHECK_OK(f.e, gcap_graphed_call(f.G, 0, 1, &f.x, &y));
+  gcap_tensor_free(y), gcap_tensor_free(t32), gcap_tensor_free(t6), gcap_tensor_free(tb);
+  fx_close(&f);
+}
+
+/* A forward whose op fails only at the capture (its second call). */
+static gcap_status late_bad_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                                    gcap_tensor **out) {
+  int *calls = (int *)ud;
+  const int64_t s5[1] = {5};
+  gcap_tensor *odd = NULL;
+  gcap_status st;
+  (void)m, (void)nin;
+  if (++*calls < 2) return gcap_scale(in[0], 2.0, out);
+  if ((st = gcap_tensor_full(gcap_tensor_engine(in[0]), GCAP_F32, 1, s5, 1.0, &odd)) != GCAP_OK)
+    return st;
+  st = gcap_add(in[0], odd, out); /* [2, 3] + [5]: refused */
+  gcap_tensor_free(odd);
+  return st;
+}
+
+/* regression: ending the capture cleared the op's reason from the error */
+/* An op error inside a make_graphed_callables capture keeps its reason
+** after the entry and phase. */
+static void test_capture_op_error_keeps_reason(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[2] = {2, 3};
+  int calls = 0;
+  gcap_module *m = NULL;
+  gcap_tensor *x = NULL;
+  gcap_graphed *G = NULL;
+  gcap_graphed_opts o;
+  T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 2, s, 1.0, &x));
+  T_CHECK_OK(e, gcap_module_new(e, "LateBad", late_bad_forward, &calls, NULL, &m));
+  gcap_tensor *const a0[1] = {x};
+  gcap_tensor *const *args[1] = {a0};
+  const int nargs[1] = {1};
+  gcap_graphed_opts_init(&o);
+  o.num_warmup_iters = 1;
+  T_CHECK_ST(e, gcap_make_graphed_callables(e, 1, &m, 1, nargs, args, &o, &G), GCAP_EINVAL);
+  T_CHECK(calls == 2 && G == NULL);
+  T_CHECK(t_msg_has(e, "forward capture of entry 1 (callable 1, LateBad): "));
+  T_CHECK(t_msg_has(e, "add") && t_msg_has(e, "[5]"));
+  T_CHECK(!gcap_is_capturing(e));
+  gcap_tensor_free(x);
+  gcap_module_free(m);
+  gcap_engine_free(e);
+}
+
+/* Sum of in[0..nin). */
+static gcap_status sum_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
+                               gcap_tensor **out) {
+  gcap_tensor *acc = NULL, *next = NULL;
+  gcap_status st;
+  (void)ud, (void)m;
+  if ((st = gcap_scale(in[0], 1.0, &acc)) != GCAP_OK) return st;
+  for (int k = 1; k < nin; k++) {
+    if ((st = gcap_add(acc, in[k], &next)) != GCAP_OK) break;
+    gcap_tensor_free(acc);
+    acc = next;
+  }
+  if (st != GCAP_OK) {
+    gcap_tensor_free(acc);
+    return st;
+  }
+  *out = acc;
+  return GCAP_OK;
+}
+
+/* regression: a call held its tensor arguments in an array of 8 */
+/* A callable of 11 tensor arguments: called directly, graphed, replayed
+** and backpropagated through. */
+static void test_many_tensor_arguments(void) {
+  enum { N = 11 };
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[1] = {3};
+  gcap_tensor *in[N] = {0}, *y = NULL;
+  gcap_module *m = NULL;
+  gcap_graphed *G = NULL;
+  gcap_graphed_opts o;
+  float r[3];
+  for (int k = 0; k < N; k++) {
+    T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, s, (double)(k + 1), &in[k]));
+    T_CHECK_OK(e, gcap_tensor_set_requires_grad(in[k], 1));
+  }
+  T_CHECK_OK(e, gcap_module_new(e, "SumAll", sum_forward, NULL, NULL, &m));
+  T_CHECK_OK(e, gcap_module_call(m, N, in, &y));
+  if (t_read(y, r, 3)) T_CHECK(r[0] == 66 && r[2] == 66);
+  gcap_tensor_free(y), y = NULL;
+  gcap_tensor *const *args[1] = {in};
+  const int nargs[1] = {N};
+  gcap_graphed_opts_init(&o);
+  o.num_warmup_iters = 1;
+  T_CHECK_OK(e, gcap_make_graphed_callables(e, 1, &m, 1, nargs, args, &o, &G));
+  T_CHECK_OK(e, gcap_graphed_call(G, 0, N, in, &y));
+  if (t_read(y, r, 3)) T_CHECK(r[0] == 66 && r[2] == 66);
+  gcap_tensor_free(y), y = NULL;
+  T_CHECK_OK(e, gcap_module_call(m, N, in, &y)); /* routed to the replay */
+  if (t_read(y, r, 3)) T_CHECK(r[1] == 66);
+  T_CHECK_OK(e, gcap_backward(y, y, 0));
+  T_CHECK(gcap_tensor_grad(in[N - 1]) != NULL);
+  if (gcap_tensor_grad(in[N - 1]) && t_read(gcap_tensor_grad(in[N - 1]), r, 3)) T_CHECK(r[0] == 66);
+  gcap_tensor_free(y);
+  gcap_graphed_free(G);
+  for (int k = 0; k < N; k++)
+    gcap_tensor_free(in[k]);
+  gcap_module_free(m);
+  gcap_engine_free(e);
+}
+
+/* regression: storage versions, when they came, must raise no false alarm here */
+/* A graphed Linear trained with its optimizer: replays, copy-ins and steps
+** bump versions, and no backward raises. */
+static void test_graphed_training_no_false_alarm(void) {
+  fixture f;
+  gcap_optim *o = NULL;
+  gcap_tensor *y = NULL, *loss = NULL, *p[2];
+  T_SETUP(fx_open(&f), fx_close(&f));
+  p[0] = gcap_module_parameter(f.m, 0, NULL, 0);
+  p[1] = gcap_module_parameter(f.m, 1, NULL, 0);
+  T_CHECK_OK(f.e, gcap_optim_adam(f.e, 2, p, 0.01, 0.9, 0.999, 1e-8, 0, &o));
+  for (int it = 0; it < 4; it++) {
+    gcap_tensor *xi = NULL;
+    T_CHECK_OK(f.e, gcap_tensor_clone(f.x, &xi)); /* another address: a copy-in */
+    T_CHECK_OK(f.e, gcap_graphed_call(f.G, 0, 1, it % 2 ? &xi : &f.x, &y));
+    T_CHECK_OK(f.e, gcap_sum(y, &loss));
+    T_CHECK_OK(f.e, gcap_backward(loss, NULL, 0));
+    T_CHECK_OK(f.e, gcap_optim_step(o));
+    T_CHECK_OK(f.e, gcap_optim_zero_grad(o, 0));
+    gcap_tensor_free(y), gcap_tensor_free(loss), gcap_tensor_free(xi);
+  }
+  gcap_optim_free(o);
+  fx_close(&f);
+}
+
 int main(void) {
   T_RUN(test_order_hooks_train_bitwise);
   T_RUN(test_reuse_buffers);
+  T_RUN(test_graphed_call_null_inputs);
+  T_RUN(test_graphed_eager_fallback_messages);
+  T_RUN(test_graphed_call_checks_shape);
+  T_RUN(test_capture_op_error_keeps_reason);
+  T_RUN(test_many_tensor_arguments);
+  T_RUN(test_graphed_training_no_false_alarm);
   return t_done();
 }

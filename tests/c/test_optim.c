@@ -552,6 +552,43 @@ static void test_captured_first_step_adam(void) {
   captured_training_case(OPT_ADAM, 0);
 }
 
+/* regression: a step's in-place write under a saved parameter went unseen */
+/* A leaf parameter changed by an optimizer step after its use was saved:
+** a second backward (retain_graph) fails; the ordinary loop does not. */
+static void test_optimizer_step_versions(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[2] = {2, 3};
+  const float d[6] = {1, 2, 3, 4, 5, 6};
+  gcap_module *m = NULL;
+  gcap_optim *o = NULL;
+  gcap_tensor *x = t_from(e, 2, s, d), *y = NULL, *loss = NULL, *w;
+  T_REQUIRE(x != NULL);
+  T_CHECK_OK(e, gcap_nn_linear(e, 3, 2, 1, 0, &m));
+  w = gcap_module_parameter(m, 0, NULL, 0);
+  T_CHECK_OK(e, gcap_optim_sgd(e, 1, &w, 0.1, 0, 0, &o));
+  for (int it = 0; it < 3; it++) { /* forward, backward, step: no alarm */
+    uint64_t before = gcap_tensor_version(w);
+    T_CHECK_OK(e, gcap_module_call(m, 1, &x, &y));
+    T_CHECK_OK(e, gcap_sum(y, &loss));
+    T_CHECK_OK(e, gcap_backward(loss, NULL, 0));
+    T_CHECK_OK(e, gcap_optim_step(o));
+    T_CHECK(gcap_tensor_version(w) > before); /* the step wrote w in place */
+    T_CHECK_OK(e, gcap_optim_zero_grad(o, 1));
+    gcap_tensor_free(y), gcap_tensor_free(loss);
+  }
+  T_CHECK_OK(e, gcap_module_call(m, 1, &x, &y));
+  T_CHECK_OK(e, gcap_sum(y, &loss));
+  T_CHECK_OK(e, gcap_backward(loss, NULL, 1)); /* keeps what linear saved */
+  T_CHECK_OK(e, gcap_optim_step(o));
+  T_CHECK_ST(e, gcap_backward(loss, NULL, 0), GCAP_ESTATE);
+  T_CHECK(t_msg_has(e, "inplace") && t_msg_has(e, "'linear'"));
+  gcap_tensor_free(y), gcap_tensor_free(loss), gcap_tensor_free(x);
+  gcap_optim_free(o);
+  gcap_module_free(m);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_sgd_plain);
   T_RUN(test_sgd_plain_steps);
@@ -573,5 +610,6 @@ int main(void) {
   T_RUN(test_captured_first_step_sgd);
   T_RUN(test_captured_first_step_momentum);
   T_RUN(test_captured_first_step_adam);
+  T_RUN(test_optimizer_step_versions);
   return t_done();
 }

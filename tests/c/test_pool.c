@@ -331,6 +331,41 @@ static void test_destroyed_during_capture(void) {
   gcap_engine_free(e);
 }
 
+/* regression: a graph freed during its own capture left the engine capturing */
+/* A graph freed during its own capture ends that capture: the engine is
+** not left capturing, and the next capture works. */
+static void test_graph_freed_during_its_capture(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[1] = {4};
+  gcap_tensor *x = NULL, *y = NULL;
+  gcap_graph *g = NULL, *g2 = NULL;
+  gcap_pool *p = NULL;
+  gcap_mem_stats ms;
+  float r[4];
+  T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 1, s, 2.0, &x));
+  T_CHECK_OK(e, gcap_pool_new(e, &p));
+  T_CHECK_OK(e, gcap_graph_new(e, &g));
+  T_CHECK_OK(e, gcap_capture_begin(g, p, NULL));
+  T_CHECK_OK(e, gcap_scale(x, 3.0, &y));
+  gcap_graph_free(g); /* as a collector would, or a <close> variable on an error */
+  T_CHECK(!gcap_is_capturing(e));
+  gcap_tensor_free(y), y = NULL;
+  T_CHECK_OK(e, gcap_pool_get_stats(p, &ms));
+  T_CHECK(ms.graphs == 0 && ms.in_use_bytes == 0);
+  T_CHECK_OK(e, gcap_graph_new(e, &g2));
+  T_CHECK_OK(e, gcap_capture_begin(g2, p, NULL));
+  T_CHECK_OK(e, gcap_scale(x, 3.0, &y));
+  T_CHECK_OK(e, gcap_capture_end(g2));
+  T_CHECK_OK(e, gcap_graph_replay(g2));
+  if (t_read(y, r, 4)) T_CHECK(r[0] == 6 && r[3] == 6);
+  T_CHECK_OK(e, gcap_synchronize(e));
+  gcap_tensor_free(x), gcap_tensor_free(y);
+  gcap_graph_free(g2);
+  gcap_pool_free(p);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_capture_allocates_from_pool);
   T_RUN(test_shared_pool_reserves_less);
@@ -339,5 +374,6 @@ int main(void) {
   T_RUN(test_replay_check_allows_disjoint);
   T_RUN(test_pool_stats_and_graph_count);
   T_RUN(test_destroyed_during_capture);
+  T_RUN(test_graph_freed_during_its_capture);
   return t_done();
 }

@@ -1,11 +1,11 @@
 -- harness.lua: the tests of tests/dist, run on every rank under mpirun
--- (scripts/run-tests.sh: -np 2, and -np 4 --oversubscribe). Each test runs
+-- (tests/run.sh: -np 2, and -np 4 --oversubscribe). Each test runs
 -- on every rank; rank 0 prints "ok N - name" (TAP) once every rank has
 -- finished it. A failing check raises an error, which the graphcap program
 -- reports with the rank and turns into the end of the whole job (non-zero
 -- exit status): a failure never leaves the other ranks waiting, and the
 -- tests after it do not run.
---   local T = dofile(<dir> .. "harness.lua")
+--   local T = require "harness"      (tests/run.sh puts tests/dist on LUA_PATH)
 --   T.test("name", function () ... end) ... T.done()
 
 local gc = require "graphcap"

@@ -3,10 +3,11 @@
 -- the eager run bit for bit; send/recv between stages replay in step; the
 -- replay-order check sees a collective's write; what capture forbids
 -- (barrier, new_group, finalize) is refused; the graph dump names the collectives.
---   mpirun -np 2 build/graphcap --device host tests/dist/test_capture.lua
+--   LUA_PATH='tests/dist/?.lua;;' \
+--     mpirun -np 2 build/graphcap --device host tests/dist/test_capture.lua
 
 local gc = require "graphcap"
-local T = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "harness.lua")
+local T = require "harness"
 
 gc.dist.init()
 local rank, n = gc.dist.rank(), gc.dist.world_size()

@@ -3,10 +3,11 @@
 -- max; f32 bitwise against a float fold in rank order, bf16), all_gather,
 -- reduce_scatter, broadcast from each root, send/recv around a ring, and
 -- the all_reduce result equal on every rank bit for bit.
---   mpirun -np 2 build/graphcap --device host tests/dist/test_collectives.lua
+--   LUA_PATH='tests/dist/?.lua;;' \
+--     mpirun -np 2 build/graphcap --device host tests/dist/test_collectives.lua
 
 local gc = require "graphcap"
-local T = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "harness.lua")
+local T = require "harness"
 
 gc.dist.init()
 local rank, n = gc.dist.rank(), gc.dist.world_size()

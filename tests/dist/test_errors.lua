@@ -4,10 +4,11 @@
 -- ranks that disagree (collectives, barrier and finalize, send/recv); everything still
 -- usable afterwards; and after finalize, calls and replays of captured
 -- collectives fail.
---   mpirun -np 2 build/graphcap --device host tests/dist/test_errors.lua
+--   LUA_PATH='tests/dist/?.lua;;' \
+--     mpirun -np 2 build/graphcap --device host tests/dist/test_errors.lua
 
 local gc = require "graphcap"
-local T = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "harness.lua")
+local T = require "harness"
 
 -- before init: no T.test (its barrier needs init)
 assert(not gc.dist.is_initialized())

@@ -3,10 +3,11 @@
 -- group ranks in the order given, and the errors of non-members, of roots
 -- and peers outside the group, of bad rank lists, and (debug mode) of ranks
 -- that give new_group different lists.
---   mpirun -np 4 --oversubscribe build/graphcap --device host tests/dist/test_groups.lua
+--   LUA_PATH='tests/dist/?.lua;;' \
+--     mpirun -np 4 --oversubscribe build/graphcap --device host tests/dist/test_groups.lua
 
 local gc = require "graphcap"
-local T = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "harness.lua")
+local T = require "harness"
 
 gc.dist.init()
 local rank, n = gc.dist.rank(), gc.dist.world_size()

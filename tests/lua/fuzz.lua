@@ -1,9 +1,9 @@
--- fuzz.lua: what the fuzzers share (not a suite): the seed and budget from
--- the environment, and a seeded generator.
+-- fuzz.lua: what the fuzzers share (not a suite; require "fuzz"): the seed
+-- and budget from the environment, and a seeded generator.
 --   GRAPHCAP_FUZZ_SEED   the seed (default 1; `make fuzz` passes a new one)
 --   GRAPHCAP_FUZZ_ITERS  the budget: operations or cases (each fuzzer has its default)
 -- A failure message names the seed and the case, so that
---   GRAPHCAP_FUZZ_SEED=s build/graphcap tests/lua/test_fuzz_*.lua
+--   GRAPHCAP_FUZZ_SEED=s LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_fuzz_*.lua
 -- reproduces it.
 
 local F = {}

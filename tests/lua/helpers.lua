@@ -1,8 +1,10 @@
 -- helpers.lua: the helpers the Lua suites share (nested tables and values,
 -- comparisons, errors, small models and samples, pipeline schedules). Not a
--- suite (run-tests.sh runs test_*.lua only). A suite loads it from its own
--- directory, so that it works from any working directory:
---   local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+-- suite (tests/run.sh runs test_*.lua only). A suite requires it, from the
+-- LUA_PATH that tests/run.sh gives every suite (tests/lua, tests/dist):
+--   local H = require "helpers"
+-- and so does a suite run by hand, from the top of the tree:
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_tensor.lua -o tap
 -- Error positions: a suite keeps its own HERE (its file name): a HERE
 -- computed here would name this file.
 
@@ -240,8 +242,38 @@ function H.no_capture_left ()
   lu.assertFalse(gc.is_capturing())
 end
 
+-- A tearDown: grad mode was left on.
+function H.grad_mode_left_on ()
+  lu.assertTrue(gc.is_grad_enabled())
+end
+
 -- ---------------------------------------------------------------------------
 -- Modules and samples
+
+-- A tensor of shape holding n not-too-regular values in about [-1.5, 1.5]
+-- (H.values from phase).
+function H.input (shape, phase, requires_grad)
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  return gc.tensor(H.nest(H.values(n, phase or 0, 1.5), shape), {requires_grad = requires_grad})
+end
+
+-- Copy src's parameters into dst's (same structure).
+function H.copy_params (dst, src)
+  local d, s = dst:parameters(), src:parameters()
+  lu.assertEquals(#d, #s)
+  gc.no_grad(function ()
+    for i = 1, #d do d[i]:copy_(s[i]) end
+  end)
+end
+
+-- sum(y * c) for fixed weights c of y's shape, backpropagated.
+function H.backward_weighted (y)
+  local n = y:numel()
+  local c = H.values(n, 0.9)
+  for i = 1, n do c[i] = c[i] + 0.5 end
+  ;(y * gc.tensor(H.nest(c, y:shape()))):sum():backward()
+end
 
 -- A module that uses the tensor p twice (weight tying): Tied(p), with
 -- t1 = Scale(p) and t2 = Scale(p), forward(x) = t2(t1(x)) = x * p * p.

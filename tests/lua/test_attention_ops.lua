@@ -4,12 +4,11 @@
 -- gc.F.scaled_dot_product_attention: values and grads against double-precision
 -- references (central differences), a captured forward and backward replayed
 -- equal to eager bit for bit, and their errors.
---   build/graphcap tests/lua/test_attention_ops.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_attention_ops.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line
 

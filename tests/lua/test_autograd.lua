@@ -6,12 +6,11 @@
 -- values worked out by hand or by central differences of a double-precision Lua
 -- reference; a backward captured in a gc.Graph replays to the eager .grad bit
 -- for bit.
---   build/graphcap tests/lua/test_autograd.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_autograd.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local flat, nest, values = H.flat, H.nest, H.values
 local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 
@@ -858,6 +857,60 @@ function TestAutograd:test_captured_backward_accumulates_like_eager ()
   g:replay()
   g:replay()
   for i, p in ipairs(leaves) do assert_bitwise(p.grad:tolist(), eager[i], "grad " .. i) end
+end
+
+-- regression: cross_entropy took targets that are no class id
+-- cross_entropy refuses class ids that are not integers in 0..C-1.
+function TestAutograd:test_cross_entropy_refuses_bad_targets ()
+  local x = gc.randn({3, 4}, {requires_grad = true})
+  for _, t in ipairs({{0, 1.5, 2}, {0, 0 / 0, 1}, {0, 4, 1}, {-1, 0, 1}}) do
+    H.assert_err(function () return gc.F.cross_entropy(x, gc.tensor(t)) end,
+                 "cross_entropy: the target of row ", "not a class id", "0..3")
+  end
+  local loss = gc.F.cross_entropy(x, gc.tensor({0, 3, 1}))
+  loss:backward()
+  lu.assertEquals(x.grad:shape(), {3, 4})
+end
+
+-- regression: a saved tensor changed in place gave a wrong gradient without a word
+-- A tensor autograd saved, changed in place before backward: the backward
+-- raises PyTorch's error (naming the op and the versions) instead of a
+-- wrong gradient; copy_, zero_ and fill_ each bump the storage's version,
+-- which views share.
+function TestAutograd:test_inplace_change_of_saved_tensor ()
+  local a = gc.tensor({{1, 2}, {3, 4}}, {requires_grad = true})
+  for _, change in ipairs({function (t) t:fill_(3) end, function (t) t:zero_() end,
+                           function (t) t:copy_(gc.ones({2, 2})) end}) do
+    local h = a * 2
+    local y = (h * h):sum()
+    local v = h._version
+    change(h)
+    lu.assertEquals(h._version, v + 1)
+    local msg = H.assert_err(function () y:backward() end,
+                             "modified by an inplace operation", "'mul'", "version")
+    lu.assertStrContains(msg, "test_autograd.lua:")
+  end
+  lu.assertNil(a.grad)
+  local h = a * 2
+  local y = (h * h):sum()
+  y:backward()  -- untouched: 8 a
+  H.assert_same(a.grad:tolist(), {{8, 16}, {24, 32}}, "grad")
+  local w = gc.ones({2})
+  local view = w:view({1, 2})
+  view:fill_(2)
+  lu.assertEquals(w._version, view._version)
+end
+
+-- regression: a write through a view of a leaf that requires grad changed the leaf unseen
+-- An in-place write through a view of a leaf that requires grad is refused,
+-- as on the leaf itself (PyTorch's rule); under no_grad it goes through.
+function TestAutograd:test_inplace_through_a_view_of_a_leaf ()
+  local w = gc.ones({2, 2}, {requires_grad = true})
+  H.assert_err(function () w:view({4}):fill_(5) end, "fill_: a leaf that requires grad, or a view of one,")
+  H.assert_err(function () w:view({4}):view({2, 2}):zero_() end, "zero_:", "a view of one")
+  lu.assertEquals(w:tolist(), {{1, 1}, {1, 1}})
+  gc.no_grad(function () w:view({4}):fill_(3) end)
+  lu.assertEquals(w:tolist(), {{3, 3}, {3, 3}})
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

@@ -6,12 +6,11 @@
 -- tensor modified in place), each leaving the Function usable; a Lua module
 -- using Functions, graphed with make_graphed_callables and capture_time_hooks,
 -- trained to the eager values bit for bit.
---   build/graphcap tests/lua/test_autograd_function.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_autograd_function.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local nest, values = H.nest, H.values
 local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 
@@ -175,6 +174,24 @@ function TestFunction:test_saved_tensors_freed_without_retain_graph ()
              "ScaledSquare")
 end
 
+-- regression: a grad for a number argument was checked against a shape it never had
+-- A Function's backward that returns a grad for an argument that is not a
+-- tensor (a number): the grad is dropped, as for any input that needs none;
+-- it was checked against a shape the number never had ("the input is []
+-- f32"), an error for any grad but a scalar one.
+function TestFunction:test_function_grad_for_a_number_argument ()
+  local F = gc.autograd.Function("Scale")
+  F.forward = function (_, s, x) return x * s end
+  F.backward = function (_, g) return g, g * 3 end
+  local x = gc.ones({2, 3}, {requires_grad = true})
+  local y = F.apply(3, x)
+  y:sum():backward()
+  lu.assertEquals(x.grad:tolist(), {{3, 3, 3}, {3, 3, 3}})
+  F.backward = function (_, g) return g:sum(), g * 3 end
+  F.apply(3, x):sum():backward()
+  lu.assertEquals(x.grad:tolist(), {{6, 6, 6}, {6, 6, 6}})
+end
+
 -- ---------------------------------------------------------------------------
 -- Errors: each names the Function and the user's line, and leaves it usable
 
@@ -267,6 +284,84 @@ function TestFunctionErrors:test_saved_tensor_modified_in_place ()
   lu.assertNil(x.grad)
   assert_err(function () gc.autograd.Function(1) end, "name must be a string")
   assert_usable("after a saved tensor changed")
+end
+
+-- regression: a Function's closed tensors were 'bad argument #-1', naming no Function
+-- A Function whose forward returns or saves a closed tensor, closes its
+-- input, or whose backward returns a closed grad, is an error naming the
+-- Function and the tensor's role, not an argument of an internal call; the
+-- Function works afterwards.
+function TestFunctionErrors:test_function_closed_tensors ()
+  local F = gc.autograd.Function("Cl")
+  F.backward = function (_, g) return g * 2 end
+  local function apply () return F.apply(gc.randn({2}, {requires_grad = true})) end
+  F.forward = function (_, x) local y = x * 2; y:close(); return y end
+  H.assert_err(apply, "Cl.forward returned a closed tensor")
+  F.forward = function (_, x) local y = x * 2; x:close(); return y end
+  H.assert_err(apply, "Cl: input #1 of forward was closed")
+  F.forward = function (ctx, x) local z = x * 1; ctx:save_for_backward(z); z:close(); return x * 2 end
+  H.assert_err(apply, "Cl: saved tensor #1 was closed")
+  F.forward = function (_, x) return x * 2 end
+  F.backward = function (_, g) local r = g * 2; r:close(); return r end
+  local x = gc.randn({2}, {requires_grad = true})
+  local msg = H.assert_err(function () F.apply(x):sum():backward() end,
+                           "Cl.backward: grad #1 is a closed tensor")
+  lu.assertStrContains(msg, "test_autograd_function.lua:")
+  lu.assertNil(x.grad)
+  F.backward = function (_, g) return g * 2 end
+  F.apply(x):sum():backward()
+  lu.assertEquals(x.grad:tolist(), {2, 2})
+end
+
+-- regression: save_for_backward outside forward was accepted and never used
+-- ctx:save_for_backward outside its Function's forward (in backward, or on
+-- a ctx kept after apply) is an error: it was accepted and never used.
+function TestFunctionErrors:test_save_for_backward_outside_forward ()
+  local F = gc.autograd.Function("Late")
+  local kept
+  F.forward = function (ctx, x) kept = ctx; return x * 2 end
+  F.backward = function (ctx, g) ctx:save_for_backward(g); return g * 2 end
+  local x = gc.ones({2}, {requires_grad = true})
+  local y = F.apply(x)
+  H.assert_err(function () kept:save_for_backward(x) end,
+               "save_for_backward: only inside Late.forward", "test_autograd_function.lua:")
+  H.assert_err(function () y:sum():backward() end, "save_for_backward: only inside Late.forward")
+  lu.assertNil(x.grad)
+  F.backward = function (_, g) return g * 2 end
+  F.apply(x):sum():backward()
+  lu.assertEquals(x.grad:tolist(), {2, 2})
+end
+
+-- regression: a Function's name longer than its node's grad_fn was cut short
+-- A Function's name is its node's grad_fn: one too long for the node (or
+-- with a zero byte) is refused when the Function is made; it was cut short
+-- in grad_fn and in the errors of its backward.
+function TestFunctionErrors:test_function_name_fits_its_node ()
+  H.assert_err(function () gc.autograd.Function(string.rep("n", 64)) end,
+               "autograd.Function: name must be 1 to 63 bytes without a zero byte, got 64 bytes",
+               "test_autograd_function.lua:")
+  H.assert_err(function () gc.autograd.Function("a\0b") end, "without a zero byte")
+  H.assert_err(function () gc.autograd.Function("") end, "got 0 bytes")
+  local name = string.rep("n", 63)
+  local F = gc.autograd.Function(name)
+  F.forward = function (_, x) return x * 2 end
+  F.backward = function (_, g) return g * 2 end
+  lu.assertEquals(F.apply(gc.ones({2}, {requires_grad = true})).grad_fn, name)
+end
+
+-- regression: over 4096 arguments was 'bad argument #3 to _fn_record' in the facade
+-- A Function applied to more arguments than its node takes (4096) is an
+-- error naming the Function, at the caller's line; it was "bad argument #3
+-- to '_fn_record' (out of range)" at a line of graphcap.autograd.
+function TestFunctionErrors:test_function_too_many_arguments ()
+  local F = gc.autograd.Function("Many")
+  F.forward = function (_, x) return x * 2 end
+  F.backward = function (_, g) return g end
+  local a = {gc.ones({2}, {requires_grad = true})}
+  for i = 2, 4097 do a[i] = i end
+  H.assert_err(function () local y = F.apply(table.unpack(a)); return y end,
+               "Many.apply: 4097 arguments; at most 4096", "test_autograd_function.lua:")
+  lu.assertEquals(F.apply(a[1]).grad_fn, "Many")
 end
 
 -- ---------------------------------------------------------------------------

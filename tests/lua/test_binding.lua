@@ -3,11 +3,11 @@
 -- module (and come off again when graphing fails); every class closes the
 -- same way (idempotent, "(closed)", "<what> is closed"); errors raised deep
 -- in the facade name the caller's line.
---   build/graphcap tests/lua/test_binding.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_binding.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 local HERE = debug.getinfo(1, "S").short_src
 

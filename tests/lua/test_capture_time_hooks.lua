@@ -8,12 +8,11 @@
 -- replay. Map-form groups run in sorted id order; pre/post warmup hooks run
 -- once; a hook that raises aborts cleanly and the modules still train eagerly;
 -- a hook returning anything but nothing/nil is rejected.
---   build/graphcap tests/lua/test_capture_time_hooks.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_capture_time_hooks.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local linears, samples, walk = H.linears, H.samples, H.walk
 local all_params, assert_same = H.all_params, H.assert_same
 
@@ -399,12 +398,6 @@ end
 -- no traceback pasted in); the modules are not graphed and still train eagerly, with
 -- their .grad as before the call.
 
-local function copy_params (dst, src)
-  gc.no_grad(function ()
-    for i, p in ipairs(dst:parameters()) do p:copy_(src:parameters()[i]) end
-  end)
-end
-
 local function grads_of (ps)
   local g = {}
   for i, p in ipairs(ps) do g[i] = p.grad and p.grad:tolist() or false end
@@ -424,7 +417,7 @@ local function twin_pair ()
   local a = linears(2)
   gc.manual_seed(99)
   local b = {gc.nn.Linear(8, 8), gc.nn.Linear(8, 8)}
-  for i = 1, 2 do copy_params(b[i], a[i]) end
+  for i = 1, 2 do H.copy_params(b[i], a[i]) end
   return a, b
 end
 

@@ -7,11 +7,11 @@
 -- naming the kernel; compile errors carrying NVRTC's log and the script's
 -- line; bad launches; a host twin's error, eager and at replay. Skipped
 -- (exit 77) where NVRTC cannot be found.
---   build/graphcap tests/lua/test_cuda_kernel.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_cuda_kernel.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local nest, values = H.nest, H.values
 local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 
@@ -229,6 +229,70 @@ function TestKernel:test_swiglu_graphed_with_order_and_hooks ()
   local pe, pg = params(eager), params(graphed)
   for i = 1, #pe do assert_bitwise(pg[i]:tolist(), pe[i]:tolist(), "parameter " .. i) end
   lu.assertEquals(#log, 8) -- never on replay
+end
+
+-- regression: a negative shmem wrapped to 4 GiB and launched; bad sizes named no kernel
+-- A kernel launch with a negative shared memory size ran (wrapped to 4 GiB
+-- as the driver's unsigned int); out-of-range grid and block sizes named no
+-- kernel. Both are refused at the caller's line, naming the kernel.
+function TestKernel:test_kernel_launch_ranges_name_the_kernel ()
+  local SRC = [[
+extern "C" __global__ void fill1(float *y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = 1.0f;
+}
+]]
+  local k = gc.cuda.kernel(SRC, "fill1",
+                           {host = function (y, n) y:view({n}):copy_(gc.ones({n})) end})
+  local y = gc.zeros({4})
+  local bad = {
+    {{grid = 1, block = 4, shmem = -1}, "kernel 'fill1':launch: shmem must be 0 to 2^32-1 bytes, got -1"},
+    {{grid = 1, block = 4, shmem = 1 << 32}, "shmem must be 0 to 2^32-1 bytes, got 4294967296"},
+    {{grid = 0, block = 4}, "kernel 'fill1':launch: grid sizes must be 1 to 2147483647, got 0 (entry 1)"},
+    {{grid = {1, -2}, block = 4}, "kernel 'fill1':launch: grid sizes must be 1 to 2147483647, got -2 (entry 2)"},
+    {{grid = 1, block = 1025}, "kernel 'fill1':launch: block sizes must be 1 to 1024, got 1025 (entry 1)"},
+  }
+  for _, c in ipairs(bad) do
+    local t = c[1]
+    t.args, t.writes = {y, 4}, {y}
+    local ok, e = pcall(function () k:launch(t) end)
+    lu.assertFalse(ok, c[2])
+    lu.assertStrContains(e, HERE)
+    lu.assertStrContains(e, c[2])
+  end
+  lu.assertEquals(y:tolist(), {0, 0, 0, 0})
+  k:launch{grid = 1, block = 4, shmem = 0, args = {y, 4}, writes = {y}}
+  lu.assertEquals(y:tolist(), {1, 1, 1, 1})
+end
+
+-- regression: k.launch{...} (a dot for the colon) named kernel 'nil'
+-- The error says how to call it.
+function TestKernel:test_kernel_launch_called_with_a_dot ()
+  local k = gc.cuda.kernel([[
+extern "C" __global__ void nop1(int n) {}
+]], "nop1", {host = function () end})
+  local ok, e = pcall(function () k.launch{grid = 1, block = 1, args = {1}} end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, HERE)
+  lu.assertStrContains(e, "Kernel:launch: call it as k:launch{...}, got a table for k")
+  lu.assertNotStrContains(e, "'nil'")
+  k:launch{grid = 1, block = 1, args = {1}}
+end
+
+-- regression: NVRTC read a source, name or option up to a NUL byte, dropping the rest
+-- A kernel's source, name or option holding a NUL byte was cut there
+-- without a word (the source's rest never compiled): it is refused.
+function TestKernel:test_kernel_strings_with_a_nul_byte ()
+  local src = 'extern "C" __global__ void f(int a) {}\n'
+  lu.assertEquals(gc.cuda.kernel(src, "f").name, "f")
+  for _, c in ipairs({{src .. "\0#error never read", "f", {}, "source holds a NUL byte at 40"},
+                      {src, "f\0g", {}, "name holds a NUL byte at 2"},
+                      {src, "f", {"-w\0x"}, "an option holds a NUL byte at 3"}}) do
+    local ok, e = pcall(function () return gc.cuda.kernel(c[1], c[2], {options = c[3]}) end)
+    lu.assertFalse(ok, c[4])
+    lu.assertStrContains(e, HERE)
+    lu.assertStrContains(e, "gc.cuda.kernel: " .. c[4])
+  end
 end
 
 os.exit(lu.LuaUnit.run(), true)

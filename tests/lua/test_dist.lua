@@ -4,12 +4,12 @@
 -- the other waits in a collective: it ends with a non-zero status and that
 -- rank's message, never hangs (a time limit makes a hang a failure). In a
 -- build without MPI, init's error says so.
---   build/graphcap tests/lua/test_dist.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_dist.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
 
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local prog, quote, slurp = H.program, H.quote, H.slurp
 
 -- Run the shell command line 'cmd' with the Lua source 'src' as its script

@@ -4,11 +4,11 @@
 -- call and the argument at the caller's line, raised when the call is made
 -- (not later, inside backward or inside the facade), and what was given
 -- stays usable.
---   build/graphcap tests/lua/test_dist_args.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_dist_args.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 local here = debug.getinfo(1, "S").short_src
 

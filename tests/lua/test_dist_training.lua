@@ -6,7 +6,7 @@
 -- and dist_training_checks.lua, each run with mpirun (world size 1: alone)
 -- and passed when it exits 0 having printed what it checks. Skipped in a
 -- build without MPI.
---   build/graphcap tests/lua/test_dist_training.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_dist_training.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
@@ -18,7 +18,7 @@ end
 
 local HERE = debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$")
 local ROOT = HERE .. "../../"
-local PROG = dofile(HERE .. "helpers.lua").program  -- the graphcap program
+local PROG = require("helpers").program  -- the graphcap program
 local BUILD = PROG:match("^(.-)[^/]*$")
 local AS_ROOT = io.popen("id -u"):read("l") == "0"
 

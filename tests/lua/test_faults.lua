@@ -7,11 +7,11 @@
 -- on a Lua module and a built-in (plain, with order, with hooks, reusing
 -- buffers, with pre/post warmup hooks) then a graphed step, and an eager
 -- training step with Adam.
---   build/graphcap tests/lua/test_faults.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_faults.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 -- A Lua module (Linear then GELU) and a built-in Linear, their parameters
 -- and sample inputs.

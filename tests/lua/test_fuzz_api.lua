@@ -3,13 +3,13 @@
 -- or call back in): every call succeeds or raises an error with a non-empty
 -- message; nothing crashes; afterwards the engine holds nothing the fuzzer
 -- dropped. Seeded and bounded (tests/lua/fuzz.lua): default 4,000 calls.
---   GRAPHCAP_FUZZ_SEED=7 GRAPHCAP_FUZZ_ITERS=100000 build/graphcap tests/lua/test_fuzz_api.lua
+--   GRAPHCAP_FUZZ_SEED=7 GRAPHCAP_FUZZ_ITERS=100000 LUA_PATH='tests/lua/?.lua;;'
+--     build/graphcap tests/lua/test_fuzz_api.lua
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local dir = debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$")
-local H = dofile(dir .. "helpers.lua")
-local F = dofile(dir .. "fuzz.lua")
+local H = require "helpers"
+local F = require "fuzz"
 local core = require "graphcap.core"
 
 local r -- the generator of the run

@@ -5,13 +5,13 @@
 -- through make_graphed_callables must give the outputs, input grads,
 -- parameter grads and parameters of eager training bit for bit. Seeded and
 -- bounded (tests/lua/fuzz.lua): default 60 cases.
---   GRAPHCAP_FUZZ_SEED=7 GRAPHCAP_FUZZ_ITERS=500 build/graphcap tests/lua/test_fuzz_diff.lua
+--   GRAPHCAP_FUZZ_SEED=7 GRAPHCAP_FUZZ_ITERS=500 LUA_PATH='tests/lua/?.lua;;'
+--     build/graphcap tests/lua/test_fuzz_diff.lua
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local dir = debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$")
-local H = dofile(dir .. "helpers.lua")
-local F = dofile(dir .. "fuzz.lua")
+local H = require "helpers"
+local F = require "fuzz"
 
 local ROWS, STEPS = 3, 2
 

@@ -4,12 +4,11 @@
 -- rewritten, inputs are read at replay, host values and pointers are baked at
 -- capture, streams (capture on a given stream, replay on another, fork/join),
 -- random numbers in graphs, stats, reset and close.
---   build/graphcap tests/lua/test_graph.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_graph.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 -- A nested {rows, cols} table of not-too-regular values.
 local function matrix (rows, cols, phase)
@@ -298,6 +297,49 @@ function TestGraph:test_close ()
     h:replay()
   end
   lu.assertEquals(y:tolist(), {3, 3, 3, 3})
+end
+
+-- regression: a graph closed during its own capture left the engine capturing
+-- A graph closed during its own capture ends it: by a <close> variable
+-- when an error leaves a manual capture, and by g:close() inside
+-- g:capture(fn). The engine is not left capturing; the next capture and
+-- make_graphed_callables work.
+function TestGraph:test_graph_closed_during_its_capture ()
+  local x = gc.full({4}, 2)
+  local ok, err = pcall(function ()
+    local g <close> = gc.Graph()
+    g:capture_begin()
+    local _ = x * 3
+    error("boom")
+  end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(err, "boom")
+  lu.assertFalse(gc.is_capturing())
+  local g2 = gc.Graph()
+  lu.assertError(function () return g2:capture(function () g2:close(); return x * 3 end) end)
+  lu.assertFalse(gc.is_capturing())
+  local g3 = gc.Graph()
+  local y = g3:capture(function () return x * 3 end)
+  g3:replay()
+  H.assert_same(y:tolist(), {6, 6, 6, 6}, "a later capture")
+  local m = gc.make_graphed_callables(gc.nn.Linear(4, 2), {gc.randn({1, 4})}, {num_warmup_iters = 1})
+  lu.assertEquals(m(gc.randn({1, 4})):shape(), {1, 2})
+end
+
+-- regression: a tensor outliving its stream kept its segment cached forever
+-- A tensor that outlives the stream it was made on gives its memory back
+-- once it goes.
+function TestGraph:test_tensor_outliving_its_stream ()
+  collectgarbage()
+  local before = gc.memory_stats().reserved_bytes
+  for _ = 1, 20 do
+    local s = gc.Stream()
+    local t = gc.with_stream(s, function () return gc.randn({1024}) end)
+    s:close()
+    lu.assertEquals(#t:tolist(), 1024)
+    t:close()
+  end
+  lu.assertEquals(gc.memory_stats().reserved_bytes, before)
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

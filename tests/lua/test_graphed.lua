@@ -8,12 +8,11 @@
 -- fixed at the call (test 10). One pool for all graphs of a call; stats();
 -- reset(); eager fallback when the training flag differs; kwargs; Lua function
 -- callables; eval mode; hooks registered after graphing.
---   build/graphcap tests/lua/test_graphed.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_graphed.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local walk, all_params, assert_same = H.walk, H.all_params, H.assert_same
 
 local STEPS, MICRO, LR = 3, 2, 0.1
@@ -856,6 +855,50 @@ function TestGraphed:test_hooks_after_graphing_run_on_replay ()
   h:remove()
   G(gc.full({4, 8}, 0.5))
   lu.assertEquals(n, 2)
+end
+
+-- regression: a node no grad reached ran with a NULL grad (a segfault)
+-- A Linear graphed with a sample input that needs no grad, called on an
+-- activation that does: backward gives that input no grad (as TE and
+-- PyTorch: the static input needed none at capture), the layer's
+-- parameters get theirs, and nothing crashes.
+function TestGraphed:test_input_needing_grad_only_at_replay ()
+  gc.manual_seed(3)
+  local lin, pre = gc.nn.Linear(4, 3), gc.nn.Linear(4, 4)
+  local g = gc.make_graphed_callables(lin, {gc.randn({2, 4})}, {num_warmup_iters = 1})
+  local x = pre(gc.randn({2, 4}))
+  local y = g(x)
+  lu.assertTrue(y.requires_grad)
+  y:sum():backward()
+  lu.assertNotNil(lin.weight.grad)
+  lu.assertNotNil(lin.bias.grad)
+  lu.assertNil(pre.weight.grad)
+  -- the eager layer's own grads: the weight grad of sum(x W^T + b) is 2 ones
+  H.assert_same(lin.bias.grad:tolist(), {2, 2, 2}, "bias grad")
+end
+
+-- regression: module and graphed calls held their tensors in arrays of 8
+-- A Lua function of 9 tensor arguments is graphed, called and
+-- backpropagated through; so is a module called with 9 tensors.
+function TestGraphed:test_nine_tensor_arguments ()
+  local function sum (...)
+    local s = ...
+    for i = 2, select("#", ...) do s = s + select(i, ...) end
+    return s
+  end
+  local a = {}
+  for i = 1, 9 do a[i] = gc.full({2}, i, {requires_grad = true}) end
+  local g = gc.make_graphed_callables(sum, a, {num_warmup_iters = 1})
+  local y = g(table.unpack(a))
+  H.assert_same(y:tolist(), {45, 45}, "graphed sum")
+  y:sum():backward()
+  H.assert_same(a[9].grad:tolist(), {1, 1}, "grad of argument 9")
+  local M = gc.nn.Module("Sum9")
+  function M:forward (...) return sum(...) end
+  local m = M()
+  H.assert_same(m(table.unpack(a)):tolist(), {45, 45}, "module call")
+  local seq = gc.nn.Linear(2, 2)
+  H.assert_err(function () return seq(table.unpack(a)) end, "Linear")
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

@@ -7,12 +7,11 @@
 -- every rule of `order` (the error names the position). Every failing call must
 -- leave no live graph and no block in use in the pool it was given; a failed
 -- call also leaves .grad values, parameters and the generator as they were.
---   build/graphcap tests/lua/test_graphed_errors.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_graphed_errors.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local linears, samples, assert_same = H.linears, H.samples, H.assert_same
 
 -- Call make_graphed_callables(callables, sample_args, opts) with a pool of
@@ -666,6 +665,95 @@ function TestGraphedErrors:test_graphs_after_failures ()
   local y = G[2](G[1](gc.full({4, 8}, 0.5)))
   y:sum():backward()
   lu.assertNotNil(mods[1]:parameters()[1].grad)
+end
+
+-- regression: the replay read a [3, 2] or [6] tensor as the captured [2, 3]
+-- A graphed callable called with a tensor of another shape (same element
+-- count) is refused, naming the argument and both shapes.
+function TestGraphedErrors:test_graphed_call_new_shape ()
+  local lin = gc.nn.Linear(3, 4)
+  local g = gc.make_graphed_callables(lin, {gc.randn({2, 3})}, {num_warmup_iters = 1})
+  local msg = H.assert_err(function () return g(gc.randn({3, 2})) end,
+                           "argument #1", "[3, 2]", "[2, 3]", "Linear")
+  lu.assertStrContains(msg, "test_graphed_errors.lua:")
+  H.assert_err(function () return g(gc.randn({6})) end, "[6]", "[2, 3]")
+  lu.assertEquals(g(gc.randn({2, 3})):shape(), {2, 4})
+end
+
+-- regression: a failed graphing left a segment reserved in the caller's pool
+-- A failed make_graphed_callables of a Lua callable leaves the caller's
+-- pool as before once the collector has the tensors the callable made.
+function TestGraphedErrors:test_failed_graphing_leaves_pool_as_before ()
+  local pool = gc.graph_pool_handle()
+  local before = pool:stats()
+  local n = 0
+  local function late (v)
+    n = n + 1
+    local y = v * 2
+    if n == 2 then error("late failure") end
+    return y
+  end
+  local ok, err = pcall(gc.make_graphed_callables, late, {gc.randn({2, 4})},
+                        {num_warmup_iters = 1, pool = pool})
+  lu.assertFalse(ok)
+  lu.assertStrContains(tostring(err), "late failure")
+  collectgarbage()
+  collectgarbage()
+  local after = pool:stats()
+  lu.assertEquals(after.reserved_bytes, before.reserved_bytes)
+  lu.assertEquals(after.in_use_bytes, before.in_use_bytes)
+  lu.assertEquals(after.blocks, before.blocks)
+  lu.assertEquals(after.graphs, 0)
+end
+
+-- regression: a table argument to an entry without sample_kwargs was dropped or misread
+-- A table given last to a graphed entry that was graphed without
+-- sample_kwargs is an argument of the wrong type, not a kwargs map: an
+-- extra {} was dropped without a word, and {x} in place of x was "expected
+-- 1 tensor arguments, got 0".
+function TestGraphedErrors:test_graphed_entry_table_argument_without_kwargs ()
+  local f = gc.make_graphed_callables(function (x) return x * 2, {x * 3} end,
+                                      {gc.randn({2, 3}, {requires_grad = true})},
+                                      {num_warmup_iters = 1})
+  local x = gc.ones({2, 3})
+  H.assert_err(function () local y = f(x, {}); return y end,
+               "graphed call of entry 1: argument #2 must be a tensor, got table", "test_graphed_errors.lua:")
+  H.assert_err(function () local y = f({x}); return y end,
+               "graphed call of entry 1: argument #1 must be a tensor, got table")
+  local a, b = f(x)
+  lu.assertEquals(b[1]:tolist(), {{3, 3, 3}, {3, 3, 3}})
+end
+
+-- regression: a module reached through a closure lost its grads after warmup
+-- A graphed function that reaches a module through a closure: the graphed
+-- backward gives grads to arguments and parameters only, so the closed-over
+-- weight would get grads in warmup and never again (lost after zero_grad).
+-- Refused, naming it; passing the module itself works.
+function TestGraphedErrors:test_closure_parameters_refused ()
+  local lin = gc.nn.Linear(4, 4)
+  local msg = H.assert_err(function ()
+    gc.make_graphed_callables(function (a) return lin(a) end,
+                              {gc.randn({2, 4}, {requires_grad = true})})
+  end, "warmup forward of entry 1 (callable 1, function)", "neither an argument nor a parameter")
+  lu.assertStrContains(msg, debug.getinfo(1, "S").short_src .. ":")
+  lu.assertNil(lin.weight.grad)
+  -- work on the closed-over module under no_grad has no grad to lose
+  local G = gc.make_graphed_callables(function (a) return gc.no_grad(function () return lin(a) end) * a end,
+                                      {gc.randn({2, 4}, {requires_grad = true})})
+  lu.assertEquals(G(gc.ones({2, 4})):shape(), {2, 4})
+  local g = gc.make_graphed_callables(lin, {gc.randn({2, 4}, {requires_grad = true})})
+  g(gc.randn({2, 4})):sum():backward()
+  lu.assertNotNil(lin.weight.grad)
+end
+
+-- regression: (API fuzzer) no tensor at all sorted a NULL list with qsort (UB, seen by asan)
+-- Graphing callables that have no parameter with no sample tensor must fail
+-- cleanly (ReLU needs its input) and the same with a tensor then work.
+function TestGraphedErrors:test_graphing_with_no_tensor_at_all ()
+  H.assert_err(function () gc.make_graphed_callables({gc.nn.ReLU()}, {{}}) end,
+               "expected 1 input, got 0")
+  local G = gc.make_graphed_callables({gc.nn.ReLU()}, {{gc.randn({2, 2})}})
+  lu.assertEquals(G[1](gc.tensor({{-1, 2}, {3, -4}})):tolist(), {{0, 2}, {3, 0}})
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

@@ -8,24 +8,17 @@
 -- naming the module, the hook kind and the user's line, after which the
 -- module works as before. Hooks registered on a graphed module after
 -- graphing replace values around its replay as well.
---   build/graphcap tests/lua/test_hook_returns.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_hook_returns.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 
 local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line
 
 -- ---------------------------------------------------------------------------
 -- Helpers
-
-local function input (shape, phase, requires_grad)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  return gc.tensor(H.nest(H.values(n, phase or 0, 1.5), shape), {requires_grad = requires_grad})
-end
 
 -- Fixed weights c of shape, for the loss sum(y * c).
 local function weights (shape)
@@ -93,7 +86,7 @@ end
 -- returning nil keeps what it was given.
 function TestHookReturns:test_forward_pre_replaces_inputs ()
   local m = model()
-  local x = input({2, 4}, 0.1)
+  local x = H.input({2, 4}, 0.1)
   local want = m(x * 2 * 3)
   local seen = {}
   m:register_forward_pre_hook(function (_, a) seen[1] = a; return a * 2 end)
@@ -120,7 +113,7 @@ function TestHookReturns:test_forward_pre_replaces_lua_arguments ()
     return s
   end
   local m = Sum()
-  local a, b = input({2, 2}, 0.3), input({2, 2}, 0.7)
+  local a, b = H.input({2, 2}, 0.3), H.input({2, 2}, 0.7)
   m:register_forward_pre_hook(function (_, t) return {t, b, b} end)
   local y = m(a, "ignored")
   lu.assertEquals(got.n, 3)
@@ -133,7 +126,7 @@ end
 -- and what the next forward hook is given; grads flow through it.
 function TestHookReturns:test_forward_replaces_output ()
   local m, ref = model(), model()
-  local x, xr = input({2, 4}, 0.2, true), input({2, 4}, 0.2, true)
+  local x, xr = H.input({2, 4}, 0.2, true), H.input({2, 4}, 0.2, true)
   local returned, seen
   m:register_forward_hook(function (_, _, y) returned = y * 2; return returned end)
   m:register_forward_hook(function (_, _, y) seen = y end)
@@ -150,7 +143,7 @@ end
 -- doubled, and the backward hook is given the doubled grad_output.
 function TestHookReturns:test_backward_pre_replaces_grad_output ()
   local m, ref = model(), model()
-  local x, xr = input({2, 4}, 0.4, true), input({2, 4}, 0.4, true)
+  local x, xr = H.input({2, 4}, 0.4, true), H.input({2, 4}, 0.4, true)
   local given, doubled
   m:register_full_backward_pre_hook(function (_, go) doubled = go * 2; return {doubled} end)
   m:register_full_backward_hook(function (_, _, go) given = go end)
@@ -165,7 +158,7 @@ end
 -- touched.
 function TestHookReturns:test_backward_replaces_grad_input ()
   local m, ref = model(), model()
-  local x, xr = input({2, 4}, 0.5, true), input({2, 4}, 0.5, true)
+  local x, xr = H.input({2, 4}, 0.5, true), H.input({2, 4}, 0.5, true)
   m:register_full_backward_hook(function (_, gi) return gi * 2 end)
   local g, gr = grads(m, x), grads(ref, xr)
   assert_bitwise(g[1], scaled(gr[1], 2), "x.grad")
@@ -179,7 +172,7 @@ end
 -- Hooks of all four kinds returning nil (or nothing) change nothing.
 function TestHookReturns:test_nil_keeps ()
   local m, ref = model(), model()
-  local x, xr = input({2, 4}, 0.6, true), input({2, 4}, 0.6, true)
+  local x, xr = H.input({2, 4}, 0.6, true), H.input({2, 4}, 0.6, true)
   m:register_forward_pre_hook(function () return nil end)
   m:register_forward_hook(function () end)
   m:register_full_backward_pre_hook(function () return nil end)
@@ -231,7 +224,7 @@ local WRONG = {
 function TestHookReturns:test_wrong_returns ()
   for i, case in ipairs(WRONG) do
     local m, ref = model(), model()
-    local x, xr = input({2, 4}, 0.8, true), input({2, 4}, 0.8, true)
+    local x, xr = H.input({2, 4}, 0.8, true), H.input({2, 4}, 0.8, true)
     local h = m[case[1]](m, case[2])
     local msg = assert_err(function () grads(m, x) end, case[3])
     lu.assertStrContains(msg, HERE, false, "case " .. i .. ": the user's line")
@@ -248,7 +241,7 @@ end
 -- returning a grad for it is an error; returning nil is fine.
 function TestHookReturns:test_backward_without_grad_input ()
   local m = model()
-  local x = input({2, 4}, 0.9)
+  local x = H.input({2, 4}, 0.9)
   local h = m:register_full_backward_hook(function (_, gi, go)
     lu.assertNil(gi)
     return go
@@ -269,12 +262,12 @@ end
 -- input, the backward hook's doubled grad reaches x.
 function TestHookReturns:test_graphed_module ()
   local m, ref = model(), model()
-  local sample = input({2, 4}, 0.1, true)
+  local sample = H.input({2, 4}, 0.1, true)
   local G = gc.make_graphed_callables({m}, {{sample}})
   lu.assertIs(G[1], m)
   m:register_forward_pre_hook(function (_, a) return a * 2 end)
   m:register_full_backward_hook(function (_, gi) return gi * 2 end)
-  local x, xr = input({2, 4}, 0.3, true), input({2, 4}, 0.3, true)
+  local x, xr = H.input({2, 4}, 0.3, true), H.input({2, 4}, 0.3, true)
   local y = m(x)
   local xr2 = xr * 2
   local yr = ref(xr2)
@@ -284,6 +277,27 @@ function TestHookReturns:test_graphed_module ()
   -- xr.grad is d loss / d (2 xr) times 2; the hook doubles it once more
   assert_bitwise(x.grad:tolist(), scaled(xr.grad:tolist(), 2), "x.grad")
   assert_bitwise(m[1].weight.grad:tolist(), ref[1].weight.grad:tolist(), "weight grad")
+end
+
+-- regression: a hook's map return was taken as no tensors, other keys dropped
+-- A hook that returns a table which is not a sequence (a map, or a
+-- sequence with other keys) is an error naming the key; a map was taken as
+-- no tensors ("Linear: expected 1 input, got 0") and other keys were
+-- dropped without a word.
+function TestHookReturns:test_hook_returns_a_table_not_a_sequence ()
+  local m = gc.nn.Linear(4, 3)
+  local x = gc.randn({2, 4}, {requires_grad = true})
+  local h = m:register_forward_pre_hook(function (_, a) return {a = a} end)
+  H.assert_err(function () local y = m(x); return y end, "Linear: a forward pre-hook must return",
+               "got a table that is not a sequence (key 'a')", "test_hook_returns.lua:")
+  h:remove()
+  h = m:register_full_backward_hook(function (_, gi) return {gi, extra = gi} end)
+  H.assert_err(function () m(x):sum():backward() end, "Linear: a backward hook must return",
+               "got a table that is not a sequence (key 'extra')")
+  h:remove()
+  lu.assertNil(x.grad)
+  m(x):sum():backward()
+  lu.assertEquals(x.grad:shape(), {2, 4})
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine

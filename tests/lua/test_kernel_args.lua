@@ -7,11 +7,11 @@
 -- parameter as an integer); errors naming the kernel and the argument, at
 -- the script's line, the kernel usable after them. Skipped (exit 77) where
 -- NVRTC cannot be found.
---   build/graphcap tests/lua/test_kernel_args.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_kernel_args.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local assert_err = H.assert_err
 
 local HERE = debug.getinfo(1, "S").short_src .. ":"

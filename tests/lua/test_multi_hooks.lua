@@ -9,11 +9,11 @@
 -- for bit with the hook-free ones (scaling by 2 is exact) and with central
 -- differences of the loss computed in Lua; wrong returns are errors naming
 -- the module, the hook kind, the entry and where the hook was defined.
---   build/graphcap tests/lua/test_multi_hooks.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_multi_hooks.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 
 local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line

@@ -5,11 +5,11 @@
 -- (bit for bit); a module inside a Sequential still takes one output tensor,
 -- and says so; graphed callables return the structure they captured. Hooks
 -- on modules of several outputs: test_multi_hooks.lua.
---   build/graphcap tests/lua/test_multiout.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_multiout.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local assert_bitwise, assert_err = H.assert_bitwise, H.assert_err
 
 local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line
@@ -304,6 +304,40 @@ function TestGraphedMultiOut:test_other_mode_returns_eager_structure ()
   lu.assertEquals(r.n, 3)
   lu.assertNil(r[2])
   assert_bitwise(r[3]:tolist(), (a.lin(x) * 3):tolist(), "eval output 3")
+end
+
+-- regression: an output without a grad dropped the other outputs' grads
+-- A graphed callable with two outputs that require grad: when the backward reached the node
+-- of the last output without a grad (here through a Function whose backward gives none),
+-- the grads of the other output were dropped and the backward graph never replayed, so
+-- the parameters and the input got no grad at all, without a word.
+function TestGraphedMultiOut:test_output_without_grad_keeps_the_others ()
+  local Two = gc.nn.Module("Two")
+  function Two:init () self.a = gc.nn.Linear(3, 3); self.b = gc.nn.Linear(3, 3) end
+  function Two:forward (x) return self.a(x), self.b(x) end
+  local Stop = gc.autograd.Function("Stop")
+  function Stop.forward (_, t) return t * 1 end
+  function Stop.backward () return nil end
+  local function step (f, m)
+    gc.manual_seed(5)
+    local x = gc.randn({2, 3}, {requires_grad = true})
+    local y1, y2 = f(x)
+    ;(Stop.apply(y2):sum() + y1:sum()):backward()
+    return m.a.weight.grad:tolist(), m.a.bias.grad:tolist(), x.grad:tolist()
+  end
+  gc.manual_seed(1)
+  local eager = Two()
+  gc.manual_seed(1)
+  local m = Two()
+  local G = gc.make_graphed_callables(m, {gc.randn({2, 3}, {requires_grad = true})})
+  local ew, eb, ex = step(eager, eager)
+  for _ = 1, 2 do
+    m.a.weight.grad, m.a.bias.grad = nil, nil
+    local w, b, x = step(G, m)
+    lu.assertEquals(w, ew)
+    lu.assertEquals(b, eb)
+    lu.assertEquals(x, ex)
+  end
 end
 
 os.exit(lu.LuaUnit.run(), true)

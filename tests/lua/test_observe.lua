@@ -4,12 +4,11 @@
 -- the graphcap program's --trace, complete even when the script fails; DOT
 -- dumps of graphs and graphed entries; the progress option; and the error
 -- headlines: the user's file and line, the user's names, one traceback.
---   build/graphcap tests/lua/test_observe.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_observe.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local linears, samples = H.linears, H.samples
 
 local HERE = "test_observe.lua"

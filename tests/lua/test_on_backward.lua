@@ -5,11 +5,11 @@
 -- grad on unchanged; with an anchor it runs when its input needs no grad,
 -- giving no grad to either; inside a graphed callable what it launches is
 -- captured and replayed, and the function is not called at replay.
---   build/graphcap tests/lua/test_on_backward.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_on_backward.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 TestOnBackward = {}
 

@@ -6,12 +6,11 @@
 -- with Dropout, backward, step) captured in a gc.Graph and replayed equals the
 -- same steps run eagerly, bit for bit; a small version of
 -- examples/train_mlp.lua lowers its loss at least 10x in 200 steps.
---   build/graphcap tests/lua/test_optim.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_optim.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local assert_close, assert_bitwise, assert_err = H.assert_close, H.assert_bitwise, H.assert_err
 
 -- ---------------------------------------------------------------------------

@@ -7,11 +7,11 @@
 -- backwards per chunk, and together with the other stages' orders runs to
 -- the end when each step waits for the activation or grad it receives; bad
 -- options are errors naming the option.
---   build/graphcap tests/lua/test_pipeline.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_pipeline.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local assert_err = H.assert_err
 
 local pipeline = gc.pipeline

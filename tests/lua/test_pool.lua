@@ -3,12 +3,11 @@
 -- graph still computes the right thing; the replay-order check (the canonical
 -- G1/G3/G4 case); pool stats and the count of live graphs; graphs and pools
 -- collected during a capture; a closed pool used again.
---   build/graphcap tests/lua/test_pool.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_pool.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers: also the check that no test leaves an object alive.
-dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+require "helpers"  -- also the check that no test leaves an object alive
 
 -- Capture out = sum((x * k) * x) into pool p, through two temporaries that
 -- go back to the pool as soon as they are closed.

@@ -2,12 +2,12 @@
 -- standard input ('-', or none with stdin not a terminal), -e and -l run in
 -- order before the script, -l g=mod, -E, -W, -i, '--', bad options, and
 -- --device cuda / GRAPHCAP_DEVICE=cuda failing where no GPU answers.
---   build/graphcap tests/lua/test_program.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_program.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
 
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local prog, quote, slurp = H.program, H.quote, H.slurp
 
 -- Run the program with the shell words 'args' (quoted here), 'input' on its

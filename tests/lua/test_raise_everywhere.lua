@@ -6,11 +6,11 @@
 -- error carries the raised message and names where it happened, no capture
 -- is open, parameters, .grad, the generator, live objects and the pool are
 -- as before, and the same call then succeeds.
---   build/graphcap tests/lua/test_raise_everywhere.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_raise_everywhere.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 -- Every instrumented point counts down `left`; the one that reaches 0 raises.
 local left, fired = 0, nil

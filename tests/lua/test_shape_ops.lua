@@ -2,12 +2,11 @@
 -- t:reshape, t:transpose, t:permute, gc.split, gc.chunk and gc.cat against
 -- references on flat lists, their grads by central differences, a captured
 -- forward and backward replayed equal to eager bit for bit, and their errors.
---   build/graphcap tests/lua/test_shape_ops.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_shape_ops.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 local HERE = debug.getinfo(1, "S").short_src .. ":"  -- errors name the user's line
 
@@ -200,6 +199,30 @@ function TestShapeOps:test_errors ()
                HERE, "cat: expected a sequence of 1 to 64 tensors, got 0 entries")
   -- after the errors, x is as it was and the ops still work
   lu.assertEquals(gc.cat({x, x}, 2):shape(), {2, 6})
+end
+
+-- regression: split's piece count overflowed; narrow's range errors overflowed
+-- A split whose piece size is near math.maxinteger is one piece (the count
+-- overflowed to none), and narrow's range errors speak of Lua's dims and
+-- entries (from 1), whatever the start, without overflow.
+function TestShapeOps:test_split_huge_size_and_narrow_ranges ()
+  local x = gc.randn({2, 3})
+  local p = gc.split(x, math.maxinteger)
+  lu.assertEquals(#p, 1)
+  lu.assertEquals(p[1]:tolist(), x:tolist())
+  lu.assertEquals(#gc.split(x, math.maxinteger, 2), 1)
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local ok, e = pcall(gc.narrow, x, 2, 3, 2)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, "narrow: start 3 and length 2 do not fit dim 2 of size 3")
+  for _, c in ipairs({{math.mininteger, 1}, {0, 1}, {math.maxinteger, 2}, {1, -1},
+                      {2, math.maxinteger}}) do
+    ok, e = pcall(function () return gc.narrow(x, 1, c[1], c[2]) end)
+    lu.assertFalse(ok)
+    lu.assertStrContains(e, here)
+    lu.assertStrContains(e, ("narrow: start %d and length %d do not fit dim 1 of size 2"):format(c[1], c[2]))
+  end
+  lu.assertEquals(gc.narrow(x, 1, 2, 1):tolist(), {x:tolist()[2]})
 end
 
 os.exit(lu.LuaUnit.run(), true)

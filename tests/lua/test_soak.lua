@@ -2,11 +2,11 @@
 -- reserved bytes, live objects and resident memory (/proc/self/statm) at the
 -- end equal those a third of the way in. GRAPHCAP_SOAK scales the count
 -- (default 1: 300 graphings; `make soak`: 1,500).
---   build/graphcap tests/lua/test_soak.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_soak.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 local SCALE = math.tointeger(tonumber(os.getenv("GRAPHCAP_SOAK") or "1")) or 1
 
@@ -58,6 +58,30 @@ function TestSoak:test_graphing_lua_module ()
   function M:init () self.lin = gc.nn.Linear(8, 8) end
   function M:forward (x) return gc.F.relu(self.lin(x)) end
   soak("Lua module", function () return M() end)
+end
+
+-- regression: each graphing of a Lua callable stranded a 2 MiB segment
+-- 2,000 make_graphed_callables of a Lua function and of a Lua module keep
+-- the ordinary allocator's reserved bytes flat (each used to strand the
+-- 2 MiB segment of its warmup stream, held by a collectable tensor).
+function TestSoak:test_graphing_lua_callables_keeps_reserved_flat ()
+  local x = gc.randn({2, 4})
+  local M = gc.nn.Module("Twice")
+  function M:forward (v) return v * 2 end
+  local callables = {function (v) return v * 2 end, M()}
+  local first
+  for i = 1, 2000 do
+    local g = gc.make_graphed_callables(callables[i % 2 + 1], {x}, {num_warmup_iters = 1})
+    g(x)
+    g = nil
+    if i % 100 == 0 then
+      collectgarbage()
+      collectgarbage()
+      local r = gc.memory_stats().reserved_bytes
+      first = first or r
+      lu.assertEquals(r, first, "reserved bytes after " .. i .. " graphings")
+    end
+  end
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

@@ -2,7 +2,7 @@
 -- t:_set_version, gc.narrow and gc.reset_peak_memory_stats (docs/lua-api.md):
 -- values, addresses, versions and errors; a failed call leaves the tensor
 -- as it was.
---   build/graphcap tests/lua/test_storage_ops.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_storage_ops.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"

@@ -5,11 +5,11 @@
 -- bit for bit whether run eagerly, graphed as one callable (a Sequential of
 -- the three) or graphed layer by layer; f32 and bf16. Data is laid out
 -- [seq, batch, hidden]; warmup samples are ones, real data random.
---   build/graphcap tests/lua/test_te_matrix.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_te_matrix.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 -- Tiny dims: seq 4, batch 2, hidden 16 (2 heads of 8), ffn 32.
 local S, B, HID, HEADS, FFN = 4, 2, 16, 2, 32

@@ -5,11 +5,11 @@
 -- exactly as the name it stands for (bitwise equal training), giving both
 -- spellings is an error naming both, and the caller's option table is left
 -- as it was.
---   build/graphcap tests/lua/test_te_names.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_te_names.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 -- Two linears, 8 -> 16 -> 8, built from seed 11 with Linear options lopts.
 local function two_linears (lopts)

@@ -2,12 +2,11 @@
 -- 0-D to 4-D, tolist/tensor round trips, item, broadcasting, sum/mean, clone,
 -- copy_, zero_, fill_, data_ptr identity, random numbers, close, memory
 -- statistics.
---   build/graphcap tests/lua/test_tensor.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_tensor.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
--- The shared helpers, from this file's directory (whatever the working directory).
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 local flat = H.flat
 
 -- x rounded to the nearest f32, as a tensor stores it.

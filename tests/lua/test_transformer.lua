@@ -4,11 +4,11 @@
 -- checkpointing inside graphs, and the errors of options and calls (each
 -- naming the module and the thing, at the caller's line, the module usable
 -- afterwards).
---   build/graphcap tests/lua/test_transformer.lua -o tap
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_transformer.lua -o tap
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = dofile(debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$") .. "helpers.lua")
+local H = require "helpers"
 
 local S, B, HID, HEADS = 4, 2, 16, 2
 local D = HID // HEADS
@@ -222,6 +222,64 @@ function TestTransformer:test_errors ()
   -- still usable
   lu.assertEquals(l(x, {attention_mask = gc.zeros({1, 1, S, S})}):shape(), {S, B, HID})
   lu.assertEquals(c(x):shape(), {S, B, HID})
+end
+
+-- regression: a NaN or negative eps made every output NaN; padding_idx was ignored
+-- A NaN or negative layer norm epsilon (every output NaN) is refused when
+-- the module is made, as is an option Embedding does not have (padding_idx
+-- was ignored: its row still got grads).
+function TestTransformer:test_transformer_eps_and_embedding_options ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local cases = {
+    {function (v) return gc.nn.LayerNormLinear(4, 3, {eps = v}) end, "LayerNormLinear: eps"},
+    {function (v) return gc.nn.LayerNormMLP(4, 8, {eps = v}) end, "LayerNormMLP: eps"},
+    {function (v) return gc.nn.MultiheadAttention(4, 2, {layernorm_epsilon = v}) end,
+     "MultiheadAttention: layernorm_epsilon"},
+    {function (v) return gc.nn.TransformerLayer(4, 8, 2, {layernorm_epsilon = v}) end,
+     "TransformerLayer: layernorm_epsilon"},
+  }
+  for _, c in ipairs(cases) do
+    for _, v in ipairs({0 / 0, -1e-5, math.huge}) do
+      local ok, e = pcall(c[1], v)
+      lu.assertFalse(ok, c[2] .. " " .. tostring(v))
+      lu.assertStrContains(e, here)
+      lu.assertStrContains(e, c[2] .. " must be a finite number >= 0, got ")
+    end
+    lu.assertNotNil(c[1](0))
+  end
+  local ok, e = pcall(function () return gc.nn.Embedding(3, 4, {padding_idx = 0}) end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, here)
+  lu.assertStrContains(e, "Embedding: unknown option 'padding_idx'")
+  lu.assertEquals(gc.nn.Embedding(3, 4)(gc.tensor({2})):shape(), {1, 4})
+end
+
+-- regression: a bf16 input to an f32 layer said only 'got input [3, 2, 4]'
+-- A transformer layer given bf16 input (its parameters f32): the layer
+-- norm's error gives each operand's dtype.
+function TestTransformer:test_layer_norm_dtype_error_names_the_dtypes ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local m = gc.nn.LayerNormLinear(4, 3)
+  local ok, e = pcall(function () return m(gc.randn({2, 4}, {dtype = "bf16"})) end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(e, here)
+  lu.assertStrContains(e, "got input bf16 [2, 4], weight f32 [4], bias f32 [4]")
+  lu.assertEquals(m(gc.randn({2, 4})):shape(), {2, 3})
+end
+
+-- regression: another hidden size failed inside the qkv projection, naming 'linear'
+-- MultiheadAttention (and TransformerLayer through it) given x of another
+-- hidden size failed inside its qkv projection, naming "linear" and a
+-- weight [12, 4] the caller never made: the module names itself and hidden.
+function TestTransformer:test_attention_layers_check_the_hidden_size ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  for _, m in ipairs({gc.nn.MultiheadAttention(4, 2), gc.nn.TransformerLayer(4, 8, 2)}) do
+    local ok, e = pcall(function () return m(gc.randn({3, 2, 5})) end)
+    lu.assertFalse(ok)
+    lu.assertStrContains(e, here)
+    lu.assertStrContains(e, "MultiheadAttention: x must be [seq, batch, hidden 4], got [3, 2, 5]")
+    lu.assertEquals(m(gc.randn({3, 2, 4})):shape(), {3, 2, 4})
+  end
 end
 
 os.exit(lu.LuaUnit.run(), true)

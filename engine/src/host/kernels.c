@@ -2,7 +2,9 @@
 ** kernels.c: reference kernels in plain C. They define what every op
 ** computes; the cuda kernels are checked against them (parity tests).
 ** Storage is f32 or bf16 (the upper half of an f32, rounded to nearest even);
-** arithmetic is always in float.
+** arithmetic is always in float. Each kernel first names the slots of its
+** gc_kargs as the catalogue lays them out (runtime/backend.h, GC_KERNELS),
+** then computes with those names only.
 */
 #include <math.h>
 #include <string.h>
@@ -11,26 +13,35 @@
 #include "kernels.h"
 
 static void hk_fill(const gc_kargs *a) {
-  int64_t i;
-  for (i = 0; i < a->n[0]; i++)
-    gc_store(a->p[0], a->dt, i, a->f[0]);
+  void *y = a->p[0];
+  int64_t n = a->n[0], i;
+  float value = a->f[0];
+  int dt = a->dt;
+  for (i = 0; i < n; i++)
+    gc_store(y, dt, i, value);
 }
 
 /* dt is the destination's dtype, n[1] the source's. */
 static void hk_copy(const gc_kargs *a) {
-  int64_t i;
-  if (a->p[0] == a->p[1]) return;
-  for (i = 0; i < a->n[0]; i++)
-    gc_store(a->p[0], a->dt, i, gc_load(a->p[1], (int)a->n[1], i));
+  void *y = a->p[0];
+  const void *x = a->p[1];
+  int64_t n = a->n[0], i;
+  int dt = a->dt, xdt = (int)a->n[1];
+  if (y == x) return;
+  for (i = 0; i < n; i++)
+    gc_store(y, dt, i, gc_load(x, xdt, i));
 }
 
-/* out[i] = x[i % nx] OP y[i % ny]: equal shapes, one element, or a row. */
+/* y[i] = u[i % nu] OP w[i % nw]: equal shapes, one element, or a row. */
 #define HK_BINARY(name, OP)                                                                        \
   static void name(const gc_kargs *a) {                                                            \
-    int64_t i;                                                                                     \
-    for (i = 0; i < a->n[0]; i++) {                                                                \
-      float x = gc_load(a->p[1], a->dt, i % a->n[1]), y = gc_load(a->p[2], a->dt, i % a->n[2]);    \
-      gc_store(a->p[0], a->dt, i, x OP y);                                                         \
+    void *y = a->p[0];                                                                             \
+    const void *u = a->p[1], *w = a->p[2];                                                         \
+    int64_t n = a->n[0], nu = a->n[1], nw = a->n[2], i;                                            \
+    int dt = a->dt;                                                                                \
+    for (i = 0; i < n; i++) {                                                                      \
+      float x = gc_load(u, dt, i % nu), z = gc_load(w, dt, i % nw);                                \
+      gc_store(y, dt, i, x OP z);                                                                  \
     }                                                                                              \
   }
 HK_BINARY(hk_add, +)
@@ -38,9 +49,13 @@ HK_BINARY(hk_sub, -)
 HK_BINARY(hk_mul, *)
 
 static void hk_scale(const gc_kargs *a) {
-  int64_t i;
-  for (i = 0; i < a->n[0]; i++)
-    gc_store(a->p[0], a->dt, i, gc_load(a->p[1], a->dt, i) * a->f[0]);
+  void *y = a->p[0];
+  const void *x = a->p[1];
+  int64_t n = a->n[0], i;
+  float s = a->f[0];
+  int dt = a->dt;
+  for (i = 0; i < n; i++)
+    gc_store(y, dt, i, gc_load(x, dt, i) * s);
 }
 
 /* A float sum in the order of a binary tree over 256-element leaves, so that
@@ -59,38 +74,55 @@ static float tree_sum(const void *p, int dt, int64_t lo, int64_t hi) {
   }
 }
 
+/* (The scratch of p[2] is for backends that sum chunks in parallel.) */
 static void hk_sum(const gc_kargs *a) {
-  gc_store(a->p[0], a->dt, 0, a->f[0] * tree_sum(a->p[1], a->dt, 0, a->n[0]));
+  void *y = a->p[0];
+  const void *x = a->p[1];
+  int64_t n = a->n[0];
+  float s = a->f[0];
+  int dt = a->dt;
+  gc_store(y, dt, 0, s * tree_sum(x, dt, 0, n));
 }
 
 static void hk_rand(const gc_kargs *a) {
+  void *y = a->p[0];
   const uint64_t *state = (const uint64_t *)a->p[1];
+  int64_t n = a->n[0], normal = a->n[1], i;
   uint64_t seed = state[0], off = state[1];
-  int64_t i;
-  for (i = 0; i < a->n[0]; i++)
-    gc_store(a->p[0], a->dt, i,
-             a->n[1] ? gc_rng_normal(seed, off + (uint64_t)i)
-                     : gc_rng_uniform(seed, off + (uint64_t)i));
+  int dt = a->dt;
+  for (i = 0; i < n; i++)
+    gc_store(y, dt, i,
+             normal ? gc_rng_normal(seed, off + (uint64_t)i)
+                    : gc_rng_uniform(seed, off + (uint64_t)i));
 }
 
 static void hk_rng_advance(const gc_kargs *a) {
-  ((uint64_t *)a->p[0])[1] += (uint64_t)a->n[0];
+  uint64_t *state = (uint64_t *)a->p[0];
+  int64_t n = a->n[0];
+  state[1] += (uint64_t)n;
 }
 
 static void hk_expand(const gc_kargs *a) {
-  int64_t i;
-  for (i = 0; i < a->n[0]; i++)
-    gc_store(a->p[0], a->dt, i, a->f[0] * gc_load(a->p[1], a->dt, i % a->n[1]));
+  void *y = a->p[0];
+  const void *x = a->p[1];
+  int64_t n = a->n[0], nx = a->n[1], i;
+  float s = a->f[0];
+  int dt = a->dt;
+  for (i = 0; i < n; i++)
+    gc_store(y, dt, i, s * gc_load(x, dt, i % nx));
 }
 
 /* (The scratch of p[2] is for backends that sum chunks in parallel.) */
 static void hk_sum_rows(const gc_kargs *a) {
-  int64_t i, j, rows = a->n[0], cols = a->n[1];
+  void *y = a->p[0];
+  const void *x = a->p[1];
+  int64_t rows = a->n[0], cols = a->n[1], i, j;
+  int dt = a->dt;
   for (j = 0; j < cols; j++) {
     float s = 0.0f;
     for (i = 0; i < rows; i++)
-      s += gc_load(a->p[1], a->dt, i * cols + j);
-    gc_store(a->p[0], a->dt, j, s);
+      s += gc_load(x, dt, i * cols + j);
+    gc_store(y, dt, j, s);
   }
 }
 
@@ -103,146 +135,173 @@ static float gelu(float x) {
 }
 
 /* One product C[m x n] = alpha op(A) op(B) + beta C, the sum over k in
-** ascending order. */
+** ascending order (the optional bias, bias grad and gelu as the catalogue
+** says). */
 static void matmul_one(const gc_kargs *a) {
+  void *C = a->p[0], *dbias = a->p[4], *pre = a->p[5];
+  const void *A = a->p[1], *B = a->p[2], *bias = a->p[3];
   int64_t m = a->n[0], n = a->n[1], k = a->n[2], i, j, l;
-  int ta = a->n[3] != 0, tb = a->n[4] != 0;
+  int ta = a->n[3] != 0, tb = a->n[4] != 0, dt = a->dt;
+  float alpha = a->f[0], beta = a->f[1];
   for (i = 0; i < m; i++)
     for (j = 0; j < n; j++) {
       float s = 0.0f;
       for (l = 0; l < k; l++) {
-        float x = gc_load(a->p[1], a->dt, ta ? l * m + i : i * k + l);
-        float y = gc_load(a->p[2], a->dt, tb ? j * k + l : l * n + j);
+        float x = gc_load(A, dt, ta ? l * m + i : i * k + l);
+        float y = gc_load(B, dt, tb ? j * k + l : l * n + j);
         s += x * y;
       }
-      s *= a->f[0];
-      if (a->f[1] != 0.0f) s += a->f[1] * gc_load(a->p[0], a->dt, i * n + j);
-      if (a->p[3]) s += gc_load(a->p[3], a->dt, j);
-      if (a->p[5]) { /* the pre-activation as stored, then its gelu */
-        gc_store(a->p[5], a->dt, i * n + j, s);
-        s = gelu(gc_load(a->p[5], a->dt, i * n + j));
+      s *= alpha;
+      if (beta != 0.0f) s += beta * gc_load(C, dt, i * n + j);
+      if (bias) s += gc_load(bias, dt, j);
+      if (pre) { /* the pre-activation as stored, then its gelu */
+        gc_store(pre, dt, i * n + j, s);
+        s = gelu(gc_load(pre, dt, i * n + j));
       }
-      gc_store(a->p[0], a->dt, i * n + j, s);
+      gc_store(C, dt, i * n + j, s);
     }
-  for (i = 0; a->p[4] && i < m; i++) { /* bias grad: the rows of op(A) summed over k */
+  for (i = 0; dbias && i < m; i++) { /* bias grad: the rows of op(A) summed over k */
     float s = 0.0f;
     for (l = 0; l < k; l++)
-      s += gc_load(a->p[1], a->dt, ta ? l * m + i : i * k + l);
-    gc_store(a->p[4], a->dt, i, s);
+      s += gc_load(A, dt, ta ? l * m + i : i * k + l);
+    gc_store(dbias, dt, i, s);
   }
 }
 
 /* Batched: one product after the other, at their strides. */
 static void hk_matmul(const gc_kargs *a) {
-  int64_t m = a->n[0], n = a->n[1], batch = a->n[5] > 1 ? a->n[5] : 1, b;
+  int64_t m = a->n[0], n = a->n[1], batch = a->n[5] > 1 ? a->n[5] : 1;
+  int64_t astride = a->n[6], bstride = a->n[7], b;
   size_t es = a->dt == GCAP_BF16 ? 2 : 4;
   for (b = 0; b < batch; b++) {
     gc_kargs one = *a;
     one.p[0] = (char *)a->p[0] + (size_t)(b * m * n) * es;
-    one.p[1] = (char *)a->p[1] + (size_t)(b * a->n[6]) * es;
-    one.p[2] = (char *)a->p[2] + (size_t)(b * a->n[7]) * es;
+    one.p[1] = (char *)a->p[1] + (size_t)(b * astride) * es;
+    one.p[2] = (char *)a->p[2] + (size_t)(b * bstride) * es;
     matmul_one(&one);
   }
 }
 
 static void hk_relu(const gc_kargs *a) {
-  int64_t i;
-  for (i = 0; i < a->n[0]; i++) {
-    float x = gc_load(a->p[1], a->dt, i);
-    gc_store(a->p[0], a->dt, i, x > 0.0f ? x : 0.0f);
+  void *y = a->p[0];
+  const void *x = a->p[1];
+  int64_t n = a->n[0], i;
+  int dt = a->dt;
+  for (i = 0; i < n; i++) {
+    float v = gc_load(x, dt, i);
+    gc_store(y, dt, i, v > 0.0f ? v : 0.0f);
   }
 }
 
 static void hk_relu_bwd(const gc_kargs *a) {
-  int64_t i;
-  for (i = 0; i < a->n[0]; i++)
-    gc_store(a->p[0], a->dt, i,
-             gc_load(a->p[2], a->dt, i) > 0.0f ? gc_load(a->p[1], a->dt, i) : 0.0f);
+  void *dx = a->p[0];
+  const void *dy = a->p[1], *x = a->p[2];
+  int64_t n = a->n[0], i;
+  int dt = a->dt;
+  for (i = 0; i < n; i++)
+    gc_store(dx, dt, i, gc_load(x, dt, i) > 0.0f ? gc_load(dy, dt, i) : 0.0f);
 }
 
 static void hk_gelu(const gc_kargs *a) {
-  int64_t i;
-  for (i = 0; i < a->n[0]; i++)
-    gc_store(a->p[0], a->dt, i, gelu(gc_load(a->p[1], a->dt, i)));
+  void *y = a->p[0];
+  const void *x = a->p[1];
+  int64_t n = a->n[0], i;
+  int dt = a->dt;
+  for (i = 0; i < n; i++)
+    gc_store(y, dt, i, gelu(gc_load(x, dt, i)));
 }
 
+/* (The scratch of p[4] is for backends that sum chunks of rows in parallel.) */
 static void hk_gelu_bwd(const gc_kargs *a) {
-  int64_t i, j, cols = a->n[1];
-  for (i = 0; i < a->n[0]; i++) {
-    float x = gc_load(a->p[2], a->dt, i);
-    float t = tanhf(GELU_C * (x + GELU_K * x * x * x));
+  void *dx = a->p[0], *dbias = a->p[3];
+  const void *dy = a->p[1], *x = a->p[2];
+  int64_t n = a->n[0], cols = a->n[1], i, j;
+  int dt = a->dt;
+  for (i = 0; i < n; i++) {
+    float v = gc_load(x, dt, i);
+    float t = tanhf(GELU_C * (v + GELU_K * v * v * v));
     float d =
-        0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_K * x * x);
-    gc_store(a->p[0], a->dt, i, gc_load(a->p[1], a->dt, i) * d);
+        0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_K * v * v);
+    gc_store(dx, dt, i, gc_load(dy, dt, i) * d);
   }
-  for (j = 0; a->p[3] && j < cols; j++) { /* column sums, rows in order */
+  for (j = 0; dbias && j < cols; j++) { /* column sums, rows in order */
     float s = 0.0f;
-    for (i = j; i < a->n[0]; i += cols)
-      s += gc_load(a->p[0], a->dt, i);
-    gc_store(a->p[3], a->dt, j, s);
+    for (i = j; i < n; i += cols)
+      s += gc_load(dx, dt, i);
+    gc_store(dbias, dt, j, s);
   }
 }
 
 static void hk_layer_norm(const gc_kargs *a) {
-  int64_t r, c, rows = a->n[0], cols = a->n[1];
+  void *y = a->p[0];
+  const void *x = a->p[1], *weight = a->p[2], *bias = a->p[3];
+  float *means = (float *)a->p[4], *rstds = (float *)a->p[5];
+  int64_t rows = a->n[0], cols = a->n[1], r, c;
+  float eps = a->f[0];
+  int dt = a->dt;
   for (r = 0; r < rows; r++) {
     float mean = 0.0f, var = 0.0f, rstd;
     for (c = 0; c < cols; c++)
-      mean += gc_load(a->p[1], a->dt, r * cols + c);
+      mean += gc_load(x, dt, r * cols + c);
     mean /= (float)cols;
     for (c = 0; c < cols; c++) {
-      float d = gc_load(a->p[1], a->dt, r * cols + c) - mean;
+      float d = gc_load(x, dt, r * cols + c) - mean;
       var += d * d;
     }
     var /= (float)cols;
-    rstd = 1.0f / sqrtf(var + a->f[0]);
+    rstd = 1.0f / sqrtf(var + eps);
     for (c = 0; c < cols; c++) {
-      float y = (gc_load(a->p[1], a->dt, r * cols + c) - mean) * rstd;
-      if (a->p[2]) y *= gc_load(a->p[2], a->dt, c);
-      if (a->p[3]) y += gc_load(a->p[3], a->dt, c);
-      gc_store(a->p[0], a->dt, r * cols + c, y);
+      float v = (gc_load(x, dt, r * cols + c) - mean) * rstd;
+      if (weight) v *= gc_load(weight, dt, c);
+      if (bias) v += gc_load(bias, dt, c);
+      gc_store(y, dt, r * cols + c, v);
     }
-    ((float *)a->p[4])[r] = mean;
-    ((float *)a->p[5])[r] = rstd;
+    means[r] = mean;
+    rstds[r] = rstd;
   }
 }
 
 static void hk_layer_norm_bwd(const gc_kargs *a) {
-  int64_t r, c, rows = a->n[0], cols = a->n[1];
+  void *dx = a->p[0];
+  const void *dy = a->p[1], *x = a->p[2], *weight = a->p[3];
+  const float *means = (const float *)a->p[4], *rstds = (const float *)a->p[5];
+  int64_t rows = a->n[0], cols = a->n[1], r, c;
+  int dt = a->dt;
   for (r = 0; r < rows; r++) {
-    float mean = ((const float *)a->p[4])[r], rstd = ((const float *)a->p[5])[r];
+    float mean = means[r], rstd = rstds[r];
     float sg = 0.0f, sgx = 0.0f; /* sums of dxhat and dxhat * xhat over the row */
     for (c = 0; c < cols; c++) {
-      float xh = (gc_load(a->p[2], a->dt, r * cols + c) - mean) * rstd;
-      float g =
-          gc_load(a->p[1], a->dt, r * cols + c) * (a->p[3] ? gc_load(a->p[3], a->dt, c) : 1.0f);
+      float xh = (gc_load(x, dt, r * cols + c) - mean) * rstd;
+      float g = gc_load(dy, dt, r * cols + c) * (weight ? gc_load(weight, dt, c) : 1.0f);
       sg += g;
       sgx += g * xh;
     }
     sg /= (float)cols;
     sgx /= (float)cols;
     for (c = 0; c < cols; c++) {
-      float xh = (gc_load(a->p[2], a->dt, r * cols + c) - mean) * rstd;
-      float g =
-          gc_load(a->p[1], a->dt, r * cols + c) * (a->p[3] ? gc_load(a->p[3], a->dt, c) : 1.0f);
-      gc_store(a->p[0], a->dt, r * cols + c, rstd * (g - sg - xh * sgx));
+      float xh = (gc_load(x, dt, r * cols + c) - mean) * rstd;
+      float g = gc_load(dy, dt, r * cols + c) * (weight ? gc_load(weight, dt, c) : 1.0f);
+      gc_store(dx, dt, r * cols + c, rstd * (g - sg - xh * sgx));
     }
   }
 }
 
 static void hk_layer_norm_bwd_params(const gc_kargs *a) {
-  int64_t r, c, rows = a->n[0], cols = a->n[1];
+  void *dweight = a->p[0], *dbias = a->p[1];
+  const void *dy = a->p[2], *x = a->p[3];
+  const float *means = (const float *)a->p[4], *rstds = (const float *)a->p[5];
+  int64_t rows = a->n[0], cols = a->n[1], r, c;
+  int dt = a->dt;
   for (c = 0; c < cols; c++) {
     float dw = 0.0f, db = 0.0f;
     for (r = 0; r < rows; r++) {
-      float dy = gc_load(a->p[2], a->dt, r * cols + c);
-      float xh = (gc_load(a->p[3], a->dt, r * cols + c) - ((const float *)a->p[4])[r]) *
-                 ((const float *)a->p[5])[r];
-      dw += dy * xh;
-      db += dy;
+      float g = gc_load(dy, dt, r * cols + c);
+      float xh = (gc_load(x, dt, r * cols + c) - means[r]) * rstds[r];
+      dw += g * xh;
+      db += g;
     }
-    if (a->p[0]) gc_store(a->p[0], a->dt, c, dw);
-    if (a->p[1]) gc_store(a->p[1], a->dt, c, db);
+    if (dweight) gc_store(dweight, dt, c, dw);
+    if (dbias) gc_store(dbias, dt, c, db);
   }
 }
 
@@ -260,18 +319,22 @@ static float row_softmax(void *y, const void *x, int dt, int64_t r, int64_t cols
   return cols > 0 ? logf(s) + mx : -INFINITY; /* an empty row: log(0) */
 }
 
-/* The softmax's input z at row r, column c: f[0] * x, then the mask
-** (-INFINITY: masked out). */
+/* The softmax's input z at row r, column c: scale * x, then the mask
+** (-INFINITY: masked out), broadcast over x seen as [rows / (heads sq), heads,
+** sq, cols]. */
 static float softmax_in(const gc_kargs *a, int64_t r, int64_t c) {
-  int64_t cols = a->n[1], flags = a->n[2];
-  float z = gc_load(a->p[1], a->dt, r * cols + c) * a->f[0];
-  if ((flags & GC_MASK_CAUSAL) && c > r % a->n[4]) return -INFINITY;
-  if (a->p[2]) {
+  const void *x = a->p[1], *mask = a->p[2];
+  int64_t rows = a->n[0], cols = a->n[1], flags = a->n[2], heads = a->n[3], sq = a->n[4];
+  float scale = a->f[0];
+  int dt = a->dt;
+  float z = gc_load(x, dt, r * cols + c) * scale;
+  if ((flags & GC_MASK_CAUSAL) && c > r % sq) return -INFINITY;
+  if (mask) {
     int64_t s[4];
     float m;
-    s[1] = a->n[3], s[2] = a->n[4], s[3] = cols;
-    s[0] = a->n[0] / (s[1] * s[2]);
-    m = gc_load(a->p[2], flags & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32,
+    s[1] = heads, s[2] = sq, s[3] = cols;
+    s[0] = rows / (s[1] * s[2]);
+    m = gc_load(mask, flags & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32,
                 gc_mask_index(r * cols + c, s, flags));
     if (flags & GC_MASK_BOOL) return m != 0.0f ? -INFINITY : z;
     z += m;
@@ -280,174 +343,213 @@ static float softmax_in(const gc_kargs *a, int64_t r, int64_t c) {
 }
 
 static void hk_softmax(const gc_kargs *a) {
-  int64_t r, c, cols = a->n[1];
-  for (r = 0; r < a->n[0]; r++) {
+  void *y = a->p[0];
+  int64_t rows = a->n[0], cols = a->n[1], r, c;
+  int dt = a->dt;
+  for (r = 0; r < rows; r++) {
     float mx = -INFINITY, s = 0.0f;
     for (c = 0; c < cols; c++)
       mx = fmaxf(mx, softmax_in(a, r, c));
     for (c = 0; c < cols; c++)
       s += expf(softmax_in(a, r, c) - mx);
     for (c = 0; c < cols; c++) /* every column masked out: zeros */
-      gc_store(a->p[0], a->dt, r * cols + c,
-               mx == -INFINITY ? 0.0f : expf(softmax_in(a, r, c) - mx) / s);
+      gc_store(y, dt, r * cols + c, mx == -INFINITY ? 0.0f : expf(softmax_in(a, r, c) - mx) / s);
   }
 }
 
 static void hk_softmax_bwd(const gc_kargs *a) {
-  int64_t r, c, rows = a->n[0], cols = a->n[1];
+  void *dx = a->p[0];
+  const void *dy = a->p[1], *y = a->p[2];
+  int64_t rows = a->n[0], cols = a->n[1], r, c;
+  float scale = a->f[0];
+  int dt = a->dt;
   for (r = 0; r < rows; r++) {
     float dot = 0.0f;
     for (c = 0; c < cols; c++)
-      dot += gc_load(a->p[1], a->dt, r * cols + c) * gc_load(a->p[2], a->dt, r * cols + c);
+      dot += gc_load(dy, dt, r * cols + c) * gc_load(y, dt, r * cols + c);
     for (c = 0; c < cols; c++) {
-      float y = gc_load(a->p[2], a->dt, r * cols + c);
-      gc_store(a->p[0], a->dt, r * cols + c,
-               a->f[0] * (y * (gc_load(a->p[1], a->dt, r * cols + c) - dot)));
+      float v = gc_load(y, dt, r * cols + c);
+      gc_store(dx, dt, r * cols + c, scale * (v * (gc_load(dy, dt, r * cols + c) - dot)));
     }
   }
 }
 
 static void hk_dropout(const gc_kargs *a) {
+  void *y = a->p[0], *mask = a->p[2];
+  const void *x = a->p[1];
   const uint64_t *state = (const uint64_t *)a->p[3];
+  int64_t n = a->n[0], i;
   float p = a->f[0], scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  int64_t i;
-  for (i = 0; i < a->n[0]; i++) {
+  int dt = a->dt;
+  for (i = 0; i < n; i++) {
     float m = gc_rng_uniform(state[0], state[1] + (uint64_t)i) >= p ? scale : 0.0f;
-    gc_store(a->p[2], a->dt, i, m);
-    gc_store(a->p[0], a->dt, i, gc_load(a->p[1], a->dt, i) * m);
+    gc_store(mask, dt, i, m);
+    gc_store(y, dt, i, gc_load(x, dt, i) * m);
   }
 }
 
 /* The class id of row r, or -1 when the target is no column of the row:
 ** not an integer (1.5, NaN), negative or too large. Checked before the cast
 ** (a NaN or huge float cast to an integer is undefined). */
-static int64_t class_id(const gc_kargs *a, int64_t r, int64_t cols) {
-  float t = gc_load(a->p[2], a->dt, r);
+static int64_t class_id(const void *targets, int dt, int64_t r, int64_t cols) {
+  float t = gc_load(targets, dt, r);
   return t >= 0.0f && t < (float)cols && t == floorf(t) ? (int64_t)t : -1;
 }
 
 static void hk_cross_entropy(const gc_kargs *a) {
-  int64_t r, rows = a->n[0], cols = a->n[1];
+  void *loss = a->p[0], *probs = a->p[3];
+  const void *logits = a->p[1], *targets = a->p[2];
+  int64_t rows = a->n[0], cols = a->n[1], r;
+  int dt = a->dt;
   for (r = 0; r < rows; r++) {
-    int64_t t = class_id(a, r, cols);
-    float lse = row_softmax(a->p[3], a->p[1], a->dt, r, cols);
+    int64_t t = class_id(targets, dt, r, cols);
+    float lse = row_softmax(probs, logits, dt, r, cols);
     /* no class id: NaN, never an out-of-bounds read */
-    gc_store(a->p[0], a->dt, r, t >= 0 ? lse - gc_load(a->p[1], a->dt, r * cols + t) : NAN);
+    gc_store(loss, dt, r, t >= 0 ? lse - gc_load(logits, dt, r * cols + t) : NAN);
   }
 }
 
 static void hk_cross_entropy_bwd(const gc_kargs *a) {
-  int64_t r, c, rows = a->n[0], cols = a->n[1];
-  float g = gc_load(a->p[3], a->dt, 0) * a->f[0];
+  void *dlogits = a->p[0];
+  const void *probs = a->p[1], *targets = a->p[2], *dloss = a->p[3];
+  int64_t rows = a->n[0], cols = a->n[1], r, c;
+  float scale = a->f[0];
+  int dt = a->dt;
+  float g = gc_load(dloss, dt, 0) * scale;
   for (r = 0; r < rows; r++) {
-    int64_t t = class_id(a, r, cols);
+    int64_t t = class_id(targets, dt, r, cols);
     for (c = 0; c < cols; c++) /* no class id: NaN grads, as the loss */
-      gc_store(a->p[0], a->dt, r * cols + c,
-               t < 0 ? NAN : (gc_load(a->p[1], a->dt, r * cols + c) - (c == t ? 1.0f : 0.0f)) * g);
+      gc_store(dlogits, dt, r * cols + c,
+               t < 0 ? NAN : (gc_load(probs, dt, r * cols + c) - (c == t ? 1.0f : 0.0f)) * g);
   }
 }
 
 static void hk_sgd(const gc_kargs *a) {
-  int64_t i;
-  for (i = 0; i < a->n[0]; i++) {
-    float p = gc_load(a->p[0], a->dt, i), d = gc_load(a->p[1], a->dt, i);
-    if (a->f[2] != 0.0f) d += a->f[2] * p;
-    if (a->p[2]) {
-      float b = a->f[1] * gc_load(a->p[2], a->dt, i) + d;
-      gc_store(a->p[2], a->dt, i, b);
+  void *param = a->p[0], *buf = a->p[2];
+  const void *grad = a->p[1];
+  int64_t n = a->n[0], i;
+  float lr = a->f[0], momentum = a->f[1], wd = a->f[2];
+  int dt = a->dt;
+  for (i = 0; i < n; i++) {
+    float p = gc_load(param, dt, i), d = gc_load(grad, dt, i);
+    if (wd != 0.0f) d += wd * p;
+    if (buf) {
+      float b = momentum * gc_load(buf, dt, i) + d;
+      gc_store(buf, dt, i, b);
       d = b;
     }
-    gc_store(a->p[0], a->dt, i, p - a->f[0] * d);
+    gc_store(param, dt, i, p - lr * d);
   }
 }
 
 /* PyTorch's Adam: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). */
 static void hk_adam(const gc_kargs *a) {
-  float t = ((const float *)a->p[4])[0];
-  float bc1 = 1.0f - powf(a->f[1], t), bc2 = 1.0f - powf(a->f[2], t);
-  int64_t i;
-  for (i = 0; i < a->n[0]; i++) {
-    float p = gc_load(a->p[0], a->dt, i), g = gc_load(a->p[1], a->dt, i);
+  void *param = a->p[0], *exp_avg = a->p[2], *exp_avg_sq = a->p[3];
+  const void *grad = a->p[1];
+  const float *step = (const float *)a->p[4];
+  int64_t n = a->n[0], i;
+  float lr = a->f[0], beta1 = a->f[1], beta2 = a->f[2], eps = a->f[3], wd = a->f[4];
+  int dt = a->dt;
+  float t = step[0];
+  float bc1 = 1.0f - powf(beta1, t), bc2 = 1.0f - powf(beta2, t);
+  for (i = 0; i < n; i++) {
+    float p = gc_load(param, dt, i), g = gc_load(grad, dt, i);
     float m, v;
-    if (a->f[4] != 0.0f) g += a->f[4] * p;
-    m = a->f[1] * gc_load(a->p[2], a->dt, i) + (1.0f - a->f[1]) * g;
-    v = a->f[2] * gc_load(a->p[3], a->dt, i) + (1.0f - a->f[2]) * g * g;
-    gc_store(a->p[2], a->dt, i, m);
-    gc_store(a->p[3], a->dt, i, v);
-    gc_store(a->p[0], a->dt, i, p - (a->f[0] / bc1) * m / (sqrtf(v) / sqrtf(bc2) + a->f[3]));
+    if (wd != 0.0f) g += wd * p;
+    m = beta1 * gc_load(exp_avg, dt, i) + (1.0f - beta1) * g;
+    v = beta2 * gc_load(exp_avg_sq, dt, i) + (1.0f - beta2) * g * g;
+    gc_store(exp_avg, dt, i, m);
+    gc_store(exp_avg_sq, dt, i, v);
+    gc_store(param, dt, i, p - (lr / bc1) * m / (sqrtf(v) / sqrtf(bc2) + eps));
   }
 }
 
 static void hk_counter_inc(const gc_kargs *a) {
-  ((float *)a->p[0])[0] += 1.0f;
+  float *count = (float *)a->p[0];
+  count[0] += 1.0f;
 }
 
+/* Pair j: y = p[2j], x = p[2j + 1], n[j] elements, n[GC_FOREACH_MAX + j]: add
+** (else copy). */
 static void hk_foreach_add(const gc_kargs *a) {
-  int j;
+  const int64_t *n = a->n, *add = a->n + GC_FOREACH_MAX;
+  int dt = a->dt, j;
   int64_t i;
   for (j = 0; j < GC_FOREACH_MAX; j++) {
     void *y = a->p[2 * j];
     const void *x = a->p[2 * j + 1];
-    if (a->n[GC_FOREACH_MAX + j])
-      for (i = 0; i < a->n[j]; i++)
-        gc_store(y, a->dt, i, gc_load(y, a->dt, i) + gc_load(x, a->dt, i));
+    if (add[j])
+      for (i = 0; i < n[j]; i++)
+        gc_store(y, dt, i, gc_load(y, dt, i) + gc_load(x, dt, i));
     else
-      for (i = 0; i < a->n[j]; i++)
-        gc_store(y, a->dt, i, gc_load(x, a->dt, i));
+      for (i = 0; i < n[j]; i++)
+        gc_store(y, dt, i, gc_load(x, dt, i));
   }
 }
 
 /* y[i] = x at the 4-D index whose dim perm[d] is y's index in dim d. */
 static void hk_permute(const gc_kargs *a) {
+  void *y = a->p[0];
+  const void *x = a->p[1];
   const int64_t *s = a->n, *perm = a->n + 4;
   int64_t xstride[4], ys[4], n = s[0] * s[1] * s[2] * s[3], i;
-  int d;
+  int dt = a->dt, d;
   xstride[3] = 1;
   for (d = 2; d >= 0; d--)
     xstride[d] = xstride[d + 1] * s[d + 1];
   for (d = 0; d < 4; d++)
     ys[d] = s[perm[d]];
   for (i = 0; i < n; i++) {
-    int64_t rest = i, x = 0;
+    int64_t rest = i, at = 0;
     for (d = 3; d >= 0; d--) {
-      x += (rest % ys[d]) * xstride[perm[d]];
+      at += (rest % ys[d]) * xstride[perm[d]];
       rest /= ys[d];
     }
-    gc_store(a->p[0], a->dt, i, gc_load(a->p[1], a->dt, x));
+    gc_store(y, dt, i, gc_load(x, dt, at));
   }
 }
 
 static void hk_narrow(const gc_kargs *a) {
+  void *y = a->p[0];
+  const void *x = a->p[1];
   int64_t outer = a->n[0], len = a->n[1], inner = a->n[2], full = a->n[3], off = a->n[4];
-  int64_t o, j, i;
+  int64_t into = a->n[5], o, j, i;
+  int dt = a->dt;
   for (o = 0; o < outer; o++)
     for (j = 0; j < len; j++)
       for (i = 0; i < inner; i++) {
         int64_t part = (o * len + j) * inner + i, whole = (o * full + off + j) * inner + i;
-        if (a->n[5])
-          gc_store(a->p[0], a->dt, whole, gc_load(a->p[1], a->dt, part));
+        if (into)
+          gc_store(y, dt, whole, gc_load(x, dt, part));
         else
-          gc_store(a->p[0], a->dt, part, gc_load(a->p[1], a->dt, whole));
+          gc_store(y, dt, part, gc_load(x, dt, whole));
       }
 }
 
 static void hk_sum_mid(const gc_kargs *a) {
+  void *y = a->p[0];
+  const void *x = a->p[1];
   int64_t outer = a->n[0], mid = a->n[1], inner = a->n[2], o, j, i;
+  int dt = a->dt;
   for (o = 0; o < outer; o++)
     for (i = 0; i < inner; i++) {
       float s = 0.0f;
       for (j = 0; j < mid; j++)
-        s += gc_load(a->p[1], a->dt, (o * mid + j) * inner + i);
-      gc_store(a->p[0], a->dt, o * inner + i, s);
+        s += gc_load(x, dt, (o * mid + j) * inner + i);
+      gc_store(y, dt, o * inner + i, s);
     }
 }
 
 static void hk_masked_fill(const gc_kargs *a) {
-  int mdt = a->n[5] & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32;
-  int64_t i;
-  for (i = 0; i < a->n[0]; i++) {
-    float m = gc_load(a->p[2], mdt, gc_mask_index(i, a->n + 1, a->n[5]));
-    gc_store(a->p[0], a->dt, i, m != 0.0f ? a->f[0] : gc_load(a->p[1], a->dt, i));
+  void *y = a->p[0];
+  const void *x = a->p[1], *mask = a->p[2];
+  const int64_t *shape = a->n + 1;
+  int64_t n = a->n[0], flags = a->n[5], i;
+  float value = a->f[0];
+  int dt = a->dt, mdt = flags & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32;
+  for (i = 0; i < n; i++) {
+    float m = gc_load(mask, mdt, gc_mask_index(i, shape, flags));
+    gc_store(y, dt, i, m != 0.0f ? value : gc_load(x, dt, i));
   }
 }
 
@@ -458,46 +560,55 @@ static int64_t row_id(const void *ids, int64_t i, int64_t rows) {
 }
 
 static void hk_embedding(const gc_kargs *a) {
+  void *y = a->p[0];
+  const void *table = a->p[1], *ids = a->p[2];
   int64_t n = a->n[0], cols = a->n[1], rows = a->n[2], i, c;
+  int dt = a->dt;
   for (i = 0; i < n; i++) {
-    int64_t r = row_id(a->p[2], i, rows);
+    int64_t r = row_id(ids, i, rows);
     for (c = 0; c < cols; c++)
-      gc_store(a->p[0], a->dt, i * cols + c, r < 0 ? NAN : gc_load(a->p[1], a->dt, r * cols + c));
+      gc_store(y, dt, i * cols + c, r < 0 ? NAN : gc_load(table, dt, r * cols + c));
   }
 }
 
 static void hk_embedding_bwd(const gc_kargs *a) {
-  int64_t n = a->n[0], cols = a->n[1], rows = a->n[2], i, c;
+  void *dtable = a->p[0];
+  const void *dy = a->p[1], *ids = a->p[2];
   float *acc = (float *)a->p[3];
+  int64_t n = a->n[0], cols = a->n[1], rows = a->n[2], i, c;
+  int dt = a->dt;
   for (i = 0; i < rows * cols; i++)
     acc[i] = 0.0f;
   for (i = 0; i < n; i++) {
-    int64_t r = row_id(a->p[2], i, rows);
+    int64_t r = row_id(ids, i, rows);
     for (c = 0; r >= 0 && c < cols; c++)
-      acc[r * cols + c] += gc_load(a->p[1], a->dt, i * cols + c);
+      acc[r * cols + c] += gc_load(dy, dt, i * cols + c);
   }
   for (i = 0; i < rows * cols; i++)
-    gc_store(a->p[0], a->dt, i, acc[i]);
+    gc_store(dtable, dt, i, acc[i]);
 }
 
 /* Fused attention, in the order of the composition it replaces (matmul,
 ** softmax, dropout, matmul and their backward), so that f32 results equal
-** the composition's bit for bit on this backend. */
+** the composition's bit for bit on this backend. Shapes: bh slices (batch x
+** heads) of sq queries and sk keys, dh the head dim of q and k, dhv v's. */
 
 /* The score z of query i and key j of slice bh: q.k summed in order, scaled,
 ** then the mask and causal as softmax_in's (-INFINITY: masked out). */
 static float attn_z(const gc_kargs *a, const void *q, const void *k, const void *mask, int64_t bh,
                     int64_t i, int64_t j) {
-  int64_t sq = a->n[1], sk = a->n[2], d = a->n[3], flags = a->n[5], l;
-  float s = 0.0f, z;
-  for (l = 0; l < d; l++)
-    s += gc_load(q, a->dt, (bh * sq + i) * d + l) * gc_load(k, a->dt, (bh * sk + j) * d + l);
-  z = s * a->f[0];
+  int64_t nbh = a->n[0], sq = a->n[1], sk = a->n[2], dh = a->n[3], flags = a->n[5];
+  int64_t heads = a->n[6], l;
+  float scale = a->f[0], s = 0.0f, z;
+  int dt = a->dt;
+  for (l = 0; l < dh; l++)
+    s += gc_load(q, dt, (bh * sq + i) * dh + l) * gc_load(k, dt, (bh * sk + j) * dh + l);
+  z = s * scale;
   if ((flags & GC_MASK_CAUSAL) && j > i) return -INFINITY;
   if (mask) {
     int64_t sh4[4];
     float m;
-    sh4[0] = a->n[0] / a->n[6], sh4[1] = a->n[6], sh4[2] = sq, sh4[3] = sk;
+    sh4[0] = nbh / heads, sh4[1] = heads, sh4[2] = sq, sh4[3] = sk;
     m = gc_load(mask, flags & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32,
                 gc_mask_index((bh * sq + i) * sk + j, sh4, flags));
     if (flags & GC_MASK_BOOL) return m != 0.0f ? -INFINITY : z;
@@ -522,94 +633,111 @@ static float attn_keep(const gc_kargs *a, const float *stats, int64_t e) {
 }
 
 /* dP of (i, j): do_i . v_j (summed in order) times the dropout's factor. */
-static float attn_dp(const gc_kargs *a, const void *dO, const void *v, const float *stats,
+static float attn_dp(const gc_kargs *a, const void *dout, const void *v, const float *stats,
                      int64_t bh, int64_t i, int64_t j) {
-  int64_t sq = a->n[1], sk = a->n[2], dv = a->n[4], c;
-  float s = 0.0f;
-  for (c = 0; c < dv; c++)
-    s += gc_load(dO, a->dt, (bh * sq + i) * dv + c) * gc_load(v, a->dt, (bh * sk + j) * dv + c);
-  return a->f[1] == 0.0f ? s : s * attn_keep(a, stats, (bh * sq + i) * sk + j);
+  int64_t sq = a->n[1], sk = a->n[2], dhv = a->n[4], c;
+  float p = a->f[1], s = 0.0f;
+  int dt = a->dt;
+  for (c = 0; c < dhv; c++)
+    s += gc_load(dout, dt, (bh * sq + i) * dhv + c) * gc_load(v, dt, (bh * sk + j) * dhv + c);
+  return p == 0.0f ? s : s * attn_keep(a, stats, (bh * sq + i) * sk + j);
 }
 
 static void hk_attn(const gc_kargs *a) {
-  int64_t bh, i, j, c, sq = a->n[1], sk = a->n[2], dv = a->n[4], rows = a->n[0] * sq;
+  void *out = a->p[0];
+  const void *q = a->p[1], *k = a->p[2], *v = a->p[3], *mask = a->p[5], *rng = a->p[6];
   float *stats = (float *)a->p[4];
+  int64_t nbh = a->n[0], sq = a->n[1], sk = a->n[2], dhv = a->n[4], rows = nbh * sq;
+  int64_t bh, i, j, c;
+  float p = a->f[1];
+  int dt = a->dt;
   uint64_t head[2] = {0, 0};
-  if (a->p[6]) memcpy(head, a->p[6], sizeof head);
+  if (rng) memcpy(head, rng, sizeof head);
   memcpy(stats, head, sizeof head);
-  for (bh = 0; bh < a->n[0]; bh++)
+  for (bh = 0; bh < nbh; bh++)
     for (i = 0; i < sq; i++) {
       int64_t row = bh * sq + i;
       float mx = -INFINITY, sum = 0.0f;
       for (j = 0; j < sk; j++)
-        mx = fmaxf(mx, attn_z(a, a->p[1], a->p[2], a->p[5], bh, i, j));
+        mx = fmaxf(mx, attn_z(a, q, k, mask, bh, i, j));
       for (j = 0; j < sk; j++)
-        sum += expf(attn_z(a, a->p[1], a->p[2], a->p[5], bh, i, j) - mx);
+        sum += expf(attn_z(a, q, k, mask, bh, i, j) - mx);
       stats[GC_ATTN_HEAD + row] = mx;
       stats[GC_ATTN_HEAD + rows + row] = sum;
-      for (c = 0; c < dv; c++) {
+      for (c = 0; c < dhv; c++) {
         float o = 0.0f;
         for (j = 0; j < sk; j++) {
-          float w = attn_p(stats, rows, row, attn_z(a, a->p[1], a->p[2], a->p[5], bh, i, j));
-          if (a->f[1] != 0.0f) w *= attn_keep(a, stats, row * sk + j);
-          o += w * gc_load(a->p[3], a->dt, (bh * sk + j) * dv + c);
+          float w = attn_p(stats, rows, row, attn_z(a, q, k, mask, bh, i, j));
+          if (p != 0.0f) w *= attn_keep(a, stats, row * sk + j);
+          o += w * gc_load(v, dt, (bh * sk + j) * dhv + c);
         }
-        gc_store(a->p[0], a->dt, row * dv + c, o);
+        gc_store(out, dt, row * dhv + c, o);
       }
     }
 }
 
 /* dz of (i, j) = scale * P (dP - D_i), as the softmax's backward */
-static float attn_dz(const gc_kargs *a, const void *dO, const void *q, const void *k, const void *v,
-                     const void *mask, const float *stats, int64_t bh, int64_t i, int64_t j) {
-  int64_t rows = a->n[0] * a->n[1], row = bh * a->n[1] + i;
+static float attn_dz(const gc_kargs *a, const void *dout, const void *q, const void *k,
+                     const void *v, const void *mask, const float *stats, int64_t bh, int64_t i,
+                     int64_t j) {
+  int64_t sq = a->n[1], rows = a->n[0] * sq, row = bh * sq + i;
+  float scale = a->f[0];
   float y = attn_p(stats, rows, row, attn_z(a, q, k, mask, bh, i, j));
-  return a->f[0] *
-         (y * (attn_dp(a, dO, v, stats, bh, i, j) - stats[GC_ATTN_HEAD + 2 * rows + row]));
+  return scale *
+         (y * (attn_dp(a, dout, v, stats, bh, i, j) - stats[GC_ATTN_HEAD + 2 * rows + row]));
 }
 
 static void hk_attn_bwd_dq(const gc_kargs *a) {
-  int64_t bh, i, j, l, sq = a->n[1], sk = a->n[2], d = a->n[3], rows = a->n[0] * sq;
+  void *dq = a->p[0];
+  const void *dout = a->p[1], *q = a->p[2], *k = a->p[3], *v = a->p[4], *mask = a->p[6];
   float *stats = (float *)a->p[5];
-  for (bh = 0; bh < a->n[0]; bh++)
+  int64_t nbh = a->n[0], sq = a->n[1], sk = a->n[2], dh = a->n[3], rows = nbh * sq;
+  int64_t bh, i, j, l;
+  int dt = a->dt;
+  for (bh = 0; bh < nbh; bh++)
     for (i = 0; i < sq; i++) {
       int64_t row = bh * sq + i;
       float dsum = 0.0f;
       for (j = 0; j < sk; j++)
-        dsum += attn_dp(a, a->p[1], a->p[4], stats, bh, i, j) *
-                attn_p(stats, rows, row, attn_z(a, a->p[2], a->p[3], a->p[6], bh, i, j));
+        dsum += attn_dp(a, dout, v, stats, bh, i, j) *
+                attn_p(stats, rows, row, attn_z(a, q, k, mask, bh, i, j));
       stats[GC_ATTN_HEAD + 2 * rows + row] = dsum;
-      for (l = 0; l < d; l++) {
+      for (l = 0; l < dh; l++) {
         float s = 0.0f;
         for (j = 0; j < sk; j++)
-          s += attn_dz(a, a->p[1], a->p[2], a->p[3], a->p[4], a->p[6], stats, bh, i, j) *
-               gc_load(a->p[3], a->dt, (bh * sk + j) * d + l);
-        gc_store(a->p[0], a->dt, row * d + l, s);
+          s += attn_dz(a, dout, q, k, v, mask, stats, bh, i, j) *
+               gc_load(k, dt, (bh * sk + j) * dh + l);
+        gc_store(dq, dt, row * dh + l, s);
       }
     }
 }
 
 static void hk_attn_bwd_dkv(const gc_kargs *a) {
-  int64_t bh, i, j, c, sq = a->n[1], sk = a->n[2], d = a->n[3], dv = a->n[4], rows = a->n[0] * sq;
+  void *dk = a->p[0], *dv = a->p[1];
+  const void *dout = a->p[2], *q = a->p[3], *k = a->p[4], *v = a->p[5], *mask = a->p[7];
   const float *stats = (const float *)a->p[6];
-  for (bh = 0; bh < a->n[0]; bh++)
+  int64_t nbh = a->n[0], sq = a->n[1], sk = a->n[2], dh = a->n[3], dhv = a->n[4];
+  int64_t rows = nbh * sq, bh, i, j, c;
+  float p = a->f[1];
+  int dt = a->dt;
+  for (bh = 0; bh < nbh; bh++)
     for (j = 0; j < sk; j++) {
-      for (c = 0; c < dv; c++) { /* dv_j = sum_i P_ij keep_ij do_i */
+      for (c = 0; c < dhv; c++) { /* dv_j = sum_i P_ij keep_ij do_i */
         float s = 0.0f;
         for (i = 0; i < sq; i++) {
           int64_t row = bh * sq + i;
-          float w = attn_p(stats, rows, row, attn_z(a, a->p[3], a->p[4], a->p[7], bh, i, j));
-          if (a->f[1] != 0.0f) w *= attn_keep(a, stats, row * sk + j);
-          s += w * gc_load(a->p[2], a->dt, row * dv + c);
+          float w = attn_p(stats, rows, row, attn_z(a, q, k, mask, bh, i, j));
+          if (p != 0.0f) w *= attn_keep(a, stats, row * sk + j);
+          s += w * gc_load(dout, dt, row * dhv + c);
         }
-        gc_store(a->p[1], a->dt, (bh * sk + j) * dv + c, s);
+        gc_store(dv, dt, (bh * sk + j) * dhv + c, s);
       }
-      for (c = 0; c < d; c++) { /* dk_j = sum_i dz_ij q_i */
+      for (c = 0; c < dh; c++) { /* dk_j = sum_i dz_ij q_i */
         float s = 0.0f;
         for (i = 0; i < sq; i++)
-          s += attn_dz(a, a->p[2], a->p[3], a->p[4], a->p[5], a->p[7], stats, bh, i, j) *
-               gc_load(a->p[3], a->dt, (bh * sq + i) * d + c);
-        gc_store(a->p[0], a->dt, (bh * sk + j) * d + c, s);
+          s += attn_dz(a, dout, q, k, v, mask, stats, bh, i, j) *
+               gc_load(q, dt, (bh * sq + i) * dh + c);
+        gc_store(dk, dt, (bh * sk + j) * dh + c, s);
       }
     }
 }

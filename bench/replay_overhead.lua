@@ -1,6 +1,6 @@
 -- replay_overhead.lua: the cost of launching 1,000 small ops eagerly against
 -- replaying them as one captured graph, both timed to completion, per op.
--- Usage: graphcap scripts/replay_overhead.lua [ops = 1000] [reps = 20]
+-- Usage: graphcap bench/replay_overhead.lua [ops = 1000] [reps = 20]
 local gc = require "graphcap"
 
 local nops = tonumber(arg[1]) or 1000

@@ -3,7 +3,7 @@
 -- GELU, batch 8): a graph launch, a tensor copy, a graphed forward alone
 -- (copy-in and the forward graph), and a graphed forward + backward.
 -- Each is the best of reps runs of n calls, timed to completion, in us.
--- Usage: graphcap scripts/replay_costs.lua [n = 2000] [reps = 5]
+-- Usage: graphcap bench/replay_costs.lua [n = 2000] [reps = 5]
 local gc = require "graphcap"
 
 local n, reps = tonumber(arg[1]) or 2000, tonumber(arg[2]) or 5

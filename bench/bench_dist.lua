@@ -1,6 +1,6 @@
 -- bench_dist.lua: step times of distributed training, one JSON line per
 -- configuration (printed by rank 0):
---   mpirun -np N build/graphcap [--device cuda] scripts/bench_dist.lua [L H B ITERS]
+--   mpirun -np N build/graphcap [--device cuda] bench/bench_dist.lua [L H B ITERS]
 -- (alone it runs at world size 1). A stack of L x (Linear(H, H) + GELU),
 -- batch B per rank, forward + backward of the mean square + SGD step:
 --   local        no distribution (the baseline of the efficiency)

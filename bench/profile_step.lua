@@ -2,7 +2,7 @@
 -- replayed as one captured graph, for a kernel profiler (ncu) to time each
 -- kernel it launches. Usage:
 --   ncu --clock-control none --metrics gpu__time_duration.sum --csv \
---       build/graphcap scripts/profile_step.lua [L H B dtype [eager|graph]]
+--       build/graphcap bench/profile_step.lua [L H B dtype [eager|graph]]
 -- The warm-up steps come first; profile the launches of the last step (in
 -- graph mode, the kernel nodes of the last replay).
 local gc = require "graphcap"

@@ -2,7 +2,7 @@
 # Run every code block of README.md, and the blocks of docs/*.md marked
 # runnable, as a reader would copy them, as TAP.
 #
-#   scripts/test-readme.sh BUILD_DIR
+#   tests/readme.sh BUILD_DIR
 #
 # In docs/*.md, a ```lua block runs when the line before it is exactly
 # "<!-- runnable -->" (other blocks there are fragments).

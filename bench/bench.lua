@@ -4,7 +4,7 @@
 -- sum; one JSON line per configuration with the same fields as that script,
 -- then the scaling runs (one JSON line each); `transformer` runs the
 -- transformer section (bench/torch_transformer.py is PyTorch's side).
--- Usage: graphcap scripts/bench.lua [configs|scaling|transformer|all]
+-- Usage: graphcap bench/bench.lua [configs|scaling|transformer|all]
 local gc = require "graphcap"
 
 local what = arg[1] or "all"
@@ -236,7 +236,7 @@ if what == "transformer" or what == "all" then
   end
 end
 if #runs == 0 then
-  io.stderr:write("usage: graphcap scripts/bench.lua [configs|scaling|transformer|all]\n")
+  io.stderr:write("usage: graphcap bench/bench.lua [configs|scaling|transformer|all]\n")
   os.exit(1)
 end
 

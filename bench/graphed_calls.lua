@@ -2,9 +2,9 @@
 -- (Linear(64, 64) + GELU, batch 8): one under no_grad, one with backward.
 -- For instruction counts of the call path; the cost of one pair is the
 -- difference of two runs divided by the difference of their n:
---   valgrind --tool=callgrind build/graphcap scripts/graphed_calls.lua 200
---   valgrind --tool=callgrind build/graphcap scripts/graphed_calls.lua 400
--- Usage: graphcap scripts/graphed_calls.lua [n = 100]
+--   valgrind --tool=callgrind build/graphcap bench/graphed_calls.lua 200
+--   valgrind --tool=callgrind build/graphcap bench/graphed_calls.lua 400
+-- Usage: graphcap bench/graphed_calls.lua [n = 100]
 local gc = require "graphcap"
 
 local n = tonumber(arg[1]) or 100

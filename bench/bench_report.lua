@@ -1,10 +1,10 @@
 -- bench_report.lua: the tables and the SVG chart of bench/RESULTS.md, from
--- the JSON lines of one or more runs of each side: scripts/bench.lua
+-- the JSON lines of one or more runs of each side: bench/bench.lua
 -- (graphcap) and bench/torch_graphed.py + bench/torch_scaling.py +
 -- bench/torch_transformer.py (PyTorch).
 --
---   lua5.4 scripts/bench_report.lua [--svg chart.svg] --graphcap G1 [G2 ...] --torch T1 [T2 ...]
---   lua5.4 scripts/bench_report.lua G.jsonl T.jsonl [chart.svg]       (one run each)
+--   lua5.4 bench/bench_report.lua [--svg chart.svg] --graphcap G1 [G2 ...] --torch T1 [T2 ...]
+--   lua5.4 bench/bench_report.lua G.jsonl T.jsonl [chart.svg]       (one run each)
 --
 -- Run i of graphcap is paired with run i of PyTorch (both sides of one
 -- `make bench`). Each cell gives the medians over the runs and their ratio

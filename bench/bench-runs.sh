@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Run both sides of the benchmark RUNS times on this GPU and report them
-# together, with the spread over the runs (scripts/bench_report.lua).
+# together, with the spread over the runs (bench/bench_report.lua).
 #
-#   scripts/bench-runs.sh [RUNS [OUT_DIR]]      defaults: 3, build/bench
+#   bench/bench-runs.sh [RUNS [OUT_DIR]]      defaults: 3, build/bench
 #
-# Run i writes OUT_DIR/graphcap-i.jsonl (scripts/bench.lua configs, then
+# Run i writes OUT_DIR/graphcap-i.jsonl (bench/bench.lua configs, then
 # scaling, then transformer, each in a process of its own) and
 # OUT_DIR/torch-i.jsonl (bench/torch_graphed.py, bench/torch_scaling.py,
 # bench/torch_transformer.py); the two sides of a
@@ -26,15 +26,15 @@ gfiles=() tfiles=()
 for i in $(seq 1 "$runs"); do
   echo "bench-runs: run $i of $runs" >&2
   g=$dir/graphcap-$i.jsonl t=$dir/torch-$i.jsonl
-  build/graphcap --device cuda scripts/bench.lua configs >"$g"
-  build/graphcap --device cuda scripts/bench.lua scaling >>"$g"
-  build/graphcap --device cuda scripts/bench.lua transformer >>"$g"
+  build/graphcap --device cuda bench/bench.lua configs >"$g"
+  build/graphcap --device cuda bench/bench.lua scaling >>"$g"
+  build/graphcap --device cuda bench/bench.lua transformer >>"$g"
   python3 bench/torch_graphed.py >"$t"
   python3 bench/torch_scaling.py >>"$t"
   python3 bench/torch_transformer.py >>"$t"
   gfiles+=("$g")
   tfiles+=("$t")
 done
-build/graphcap scripts/bench_report.lua --svg "$dir/ratios.svg" --graphcap "${gfiles[@]}" \
+build/graphcap bench/bench_report.lua --svg "$dir/ratios.svg" --graphcap "${gfiles[@]}" \
   --torch "${tfiles[@]}" >"$dir/report.md"
 echo "bench-runs: $dir/report.md, $dir/ratios.svg" >&2

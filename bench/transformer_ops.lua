@@ -1,7 +1,7 @@
 -- transformer_ops.lua: the time of each op of a transformer layer at the
 -- compute-bound size of the transformer bench (bf16, S 1024, B 8, d 768,
 -- 12 heads), each op 10 times between two synchronizes, in ms:
---   build/graphcap --device cuda scripts/transformer_ops.lua [S B d heads]
+--   build/graphcap --device cuda bench/transformer_ops.lua [S B d heads]
 local gc = require "graphcap"
 local S, B, d, H = tonumber(arg[1] or 1024), tonumber(arg[2] or 8), tonumber(arg[3] or 768),
                    tonumber(arg[4] or 12)

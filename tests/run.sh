@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Run every test suite on each backend and end with one line "N passed, M failed".
 #
-#   scripts/run-tests.sh BUILD_DIR BACKEND...      e.g. scripts/run-tests.sh build host cuda
+#   tests/run.sh BUILD_DIR BACKEND...      e.g. tests/run.sh build host cuda
 #
-# Per backend, the suites are: each C test BUILD_DIR/tests/test_* (run with
+# Per backend, the suites are: each C test BUILD_DIR/tests/test_X of a tests/c/test_X.c (run with
 # GRAPHCAP_DEVICE=BACKEND), each tests/lua/test_*.lua (run as
 # BUILD_DIR/graphcap --device BACKEND FILE -o tap), BUILD_DIR/embed and
 # BUILD_DIR/embed_custom when they were built (one test each, passed when it
-# exits 0); and scripts/test-readme.sh, which runs every lua and c block of
+# exits 0); and tests/readme.sh, which runs every lua and c block of
 # README.md and the blocks of docs/*.md marked runnable, and
 # examples/train_gpt.lua in its small setting (one test, passed when it exits
 # 0; neither with TEST_ONLY=c). With the host backend, when the program was
@@ -29,7 +29,10 @@
 #   TEST_NOT_RUN   backends built but not run here (no GPU), named in the summary
 #   TEST_WRAPPER   a command (words split on spaces) every suite runs under, e.g.
 #                  "compute-sanitizer --tool memcheck" (scripts/gpu-sanitize.sh)
-# When .deps/ exists (the GPU machine's luaunit.lua), it goes first in LUA_PATH.
+# LUA_PATH (and LUA_PATH_5_4 when set) starts with tests/lua and tests/dist, so that a suite
+# requires its helpers by name; with .deps/ (the GPU machine's luaunit.lua) before them. One
+# suite by hand, from the top of the tree:
+#   LUA_PATH='tests/lua/?.lua;;' build/graphcap --device host tests/lua/test_tensor.lua
 set -uo pipefail
 
 if [ $# -lt 2 ]; then
@@ -37,7 +40,7 @@ if [ $# -lt 2 ]; then
   exit 2
 fi
 if [ ! -d "$1" ]; then
-  echo "run-tests: no build directory $1" >&2
+  echo "tests/run.sh: no build directory $1" >&2
   exit 2
 fi
 build=$(cd "$1" && pwd)
@@ -45,23 +48,25 @@ shift
 log_dir=${TEST_LOG_DIR:-}
 if [ -n "$log_dir" ]; then
   if ! mkdir -p "$log_dir"; then
-    echo "run-tests: cannot create TEST_LOG_DIR $log_dir" >&2
+    echo "tests/run.sh: cannot create TEST_LOG_DIR $log_dir" >&2
     exit 2
   fi
   log_dir=$(cd "$log_dir" && pwd)
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 
-if [ -d .deps ]; then
-  export LUA_PATH="$PWD/.deps/?.lua;${LUA_PATH:-;}"
-  if [ -n "${LUA_PATH_5_4:-}" ]; then export LUA_PATH_5_4="$PWD/.deps/?.lua;$LUA_PATH_5_4"; fi
-fi
+# What the suites require: the helpers of tests/lua and tests/dist (require "helpers",
+# require "harness"), and .deps/ when it exists (the GPU machine's luaunit.lua), first.
+lua_dirs="$PWD/tests/lua/?.lua;$PWD/tests/dist/?.lua"
+if [ -d .deps ]; then lua_dirs="$PWD/.deps/?.lua;$lua_dirs"; fi
+export LUA_PATH="$lua_dirs;${LUA_PATH:-;}"
+if [ -n "${LUA_PATH_5_4:-}" ]; then export LUA_PATH_5_4="$lua_dirs;$LUA_PATH_5_4"; fi
 
 only=${TEST_ONLY:-}
 case "$only" in
   "" | c | lua) ;;
   *)
-    echo "run-tests: TEST_ONLY must be c or lua, not $only" >&2
+    echo "tests/run.sh: TEST_ONLY must be c or lua, not $only" >&2
     exit 2
     ;;
 esac
@@ -202,7 +207,9 @@ run_dist_suites() {
 }
 
 shopt -s nullglob
-c_tests=("$build"/tests/test_*)
+# The C suites of tests/c as built: a binary left in BUILD_DIR by a suite since removed is not one.
+c_tests=()
+for t in tests/c/test_*.c; do c_tests+=("$build/tests/$(basename "$t" .c)"); done
 lua_tests=(tests/lua/test_*.lua)
 case "$only" in
   c) lua_tests=() ;;
@@ -210,7 +217,6 @@ case "$only" in
 esac
 for be in "$@"; do
   for t in "${c_tests[@]}"; do
-    case "$t" in *.o | *.d | *.a | *.so | *.c | *.h | *.txt | *.log) continue ;; esac
     if [ ! -f "$t" ] || [ ! -x "$t" ]; then continue; fi
     run_suite "$be" "$(basename "$t")" tap "$t"
   done
@@ -218,7 +224,7 @@ for be in "$@"; do
     run_suite "$be" "$(basename "$t")" tap "$build/graphcap" --device "$be" "$t" -o tap
   done
   if [ "$only" != c ]; then
-    run_suite "$be" README.md tap scripts/test-readme.sh "$build"
+    run_suite "$be" README.md tap tests/readme.sh "$build"
     run_suite "$be" train_gpt.lua single "$build/graphcap" --device "$be" examples/train_gpt.lua \
       small "$tmp/train_gpt_loss.svg"
   fi
@@ -243,7 +249,7 @@ if [ "$skipped" -gt 0 ]; then
   echo "$skipped skipped"
 fi
 if [ $((passed + failed)) -eq 0 ]; then
-  echo "run-tests: no test ran"
+  echo "tests/run.sh: no test ran"
 fi
 not_run=${TEST_NOT_RUN:-}
 echo "backends run: $*${not_run:+; built but not run (no GPU visible): $not_run}"
