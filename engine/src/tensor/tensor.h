@@ -220,7 +220,7 @@ gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w
                                   gcap_tensor *main_grad, gcap_tensor *db, gcap_tensor **gw,
                                   gcap_tensor **gb);
 /* A Linear's wgrad sink: where the backward of a linear node sends the
-** parameter grads instead of .grad. The Linear module (train/nn.c) owns it,
+** parameter grads instead of .grad. The Linear module (train/builtin.c) owns it,
 ** sets it on the nodes it records (gc_node.wgrad) and drains its queue in
 ** backward_dw; the op fills it: the weight grad added into main_grad (fused
 ** wgrad), or (g, x, bias grad) queued (delayed wgrad). Counted references:
