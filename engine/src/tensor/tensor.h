@@ -52,12 +52,6 @@ static inline void *gc_tensor_ptr(const gcap_tensor *t) {
 /* Give t's block back to its pool but keep t's address valid for graphs
 ** already captured (a weak reference, for reused graph buffers). */
 gcap_status gc_tensor_weaken(gcap_tensor *t);
-/* Note that the launch about to happen reads (write = 0) or writes t's
-** elements (gc_note_range on t's bytes). */
-static inline gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
-  uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
-  return gc_note_range(e, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt), write);
-}
 /* "[2, 3]" into buf: of t, or of a shape of ndim dims. */
 const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n);
 const char *gc_dims_str(int ndim, const int64_t *shape, char *buf, size_t n);
@@ -72,6 +66,27 @@ static inline int gc_same_layout(const gcap_tensor *a, const gcap_tensor *b) {
     if (a->shape[d] != b->shape[d]) return 0;
   return 1;
 }
+
+/* ------------------------------------------------------------------------ */
+/* The launch path (launch.c)                                                */
+
+/* Note that the launch about to happen reads (write = 0) or writes t's
+** elements (gc_note_range on t's bytes); inline: every launch notes its
+** operands. */
+static inline gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
+  uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
+  return gc_note_range(e, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt), write);
+}
+/* Launch kernel k on the current stream: capture checks, then the backend. */
+gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a);
+/* Note the reads of in[] and the write of out (may be NULL), set a->dt from
+** out (or in[0]), then gc_launch. */
+gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, int nin,
+                   gcap_tensor *out);
+/* dst[j] += src[j] (add[j]) or dst[j] = src[j], j < n <= GC_FOREACH_MAX, in one
+** launch: same dtype and size per pair, no memory shared between pairs. */
+gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_tensor *const *src,
+                           const int *add);
 
 /* ------------------------------------------------------------------------ */
 /* Autograd (autograd.c)                                                     */
@@ -166,14 +181,8 @@ gcap_status gc_karg_convert(gcap_engine *e, const char *kname, int i, gcap_kpara
                             const gcap_karg *a, gc_kval *v, gcap_karg *out);
 
 /* ------------------------------------------------------------------------ */
-/* Kernel dispatch (ops.c)                                                   */
+/* The ops' building blocks (ops.c, and the files named)                     */
 
-/* Launch kernel k on the current stream: capture checks, then the backend. */
-gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a);
-/* Note the reads of in[] and the write of out (may be NULL), set a->dt from
-** out (or in[0]), then gc_launch. */
-gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, int nin,
-                   gcap_tensor *out);
 /* Non-recording building blocks shared by forward and backward code. */
 gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out);
 gcap_status gc_binary_inplace(gcap_tensor *dst, gcap_tensor *y, int k, const char *op);
@@ -251,10 +260,6 @@ gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none);
 /* leaf.grad += g. On first use .grad is a copy of g, or g itself when
 ** `steal` and nothing else can see g (the caller holds the only reference). */
 gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g, int steal);
-/* dst[j] += src[j] (add[j]) or dst[j] = src[j], j < n <= GC_FOREACH_MAX, in one
-** launch: same dtype and size per pair, no memory shared between pairs. */
-gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_tensor *const *src,
-                           const int *add);
 
 /* A run of .grad accumulations (gc_acc_grad) that go out as one foreach_add
 ** launch: those that add into a .grad, or copy into a new one when stealing
