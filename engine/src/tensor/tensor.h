@@ -199,7 +199,7 @@ gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **
 ** "matmul" (gcap_matmul is ta = tb = 0). */
 gcap_status gc_matmul(gcap_tensor *a, int ta, gcap_tensor *b, int tb, gcap_tensor **out);
 /* The GC_MASK_* broadcast and dtype flags of `mask` read over a tensor of
-** shape [ndim] as 4-D (attention.c); a mask that does not broadcast to it
+** shape [ndim] as 4-D (mask.c); a mask that does not broadcast to it
 ** is an error naming op and what (the mask's role, "mask"). */
 gcap_status gc_mask_flags(gcap_engine *e, int ndim, const int64_t *shape, gcap_tensor *mask,
                           const char *op, const char *what, int64_t *flags);
