@@ -63,7 +63,6 @@ void gc_node_release(gc_node *n) {
     node_free_saved(x);
     gcap_tensor_free(x->acc);
     if (x->ud_free) x->ud_free(x->ud);
-    if (x->wgrad) gc_wgrad_sink_release(x->wgrad);
     free(x);
   }
 }

@@ -113,11 +113,10 @@ struct gc_node {
   gcap_dtype dt;
   float f[4]; /* op constants */
   int64_t k[4];
-  void *ud; /* op state (e.g. a view's shape) */
+  void *ud; /* op state (e.g. a view's shape; a linear node's wgrad sink) */
   void (*ud_free)(void *ud);
-  struct gc_wgrad_sink *wgrad; /* linear nodes: where the parameter grads go (NULL: .grad) */
-  gc_node *free_next;          /* release worklist */
-  uint64_t mark;               /* scheduling scratch */
+  gc_node *free_next; /* release worklist */
+  uint64_t mark;      /* scheduling scratch */
   int deps;
   gcap_tensor *acc;
 };
@@ -209,9 +208,9 @@ gcap_status gc_mask_flags(gcap_engine *e, int ndim, const int64_t *shape, gcap_t
 ** 1) is V, not want (an integer in 0..count-1)" (layers.c). */
 gcap_status gc_check_ids(gcap_tensor *ids, int64_t count, const char *op, const char *what,
                          const char *want);
-/* linear. A linear node whose ud is a Linear module leaves the parameter
-** grads to its backward_dw (delayed wgrad), or adds the weight grad into its
-** main_grad (fused wgrad). */
+/* linear. A linear node whose ud is a wgrad sink leaves the parameter grads
+** to its Linear's backward_dw (delayed wgrad), or adds the weight grad into
+** its main_grad (fused wgrad). */
 gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
 /* gelu(linear(x, w, b)) in one GEMM (a Linear followed by a GELU): the same
 ** values as the two ops, one node, the pre-activation saved for backward. */
@@ -228,9 +227,13 @@ gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_
 gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
                                   gcap_tensor *main_grad, gcap_tensor *db, gcap_tensor **gw,
                                   gcap_tensor **gb);
+
+/* ------------------------------------------------------------------------ */
+/* Wgrad sinks (wgrad.c)                                                     */
+
 /* A Linear's wgrad sink: where the backward of a linear node sends the
-** parameter grads instead of .grad. The Linear module (train/builtin.c) owns it,
-** sets it on the nodes it records (gc_node.wgrad) and drains its queue in
+** parameter grads instead of .grad. The Linear module (train/builtin.c) owns
+** it, attaches it to the nodes it records (their ud) and drains its queue in
 ** backward_dw; the op fills it: the weight grad added into main_grad (fused
 ** wgrad), or (g, x, bias grad) queued (delayed wgrad). Counted references:
 ** a node keeps its sink after the module is gone. */
@@ -255,6 +258,15 @@ gc_wgrad_sink *gc_wgrad_sink_retain(gc_wgrad_sink *s);
 void gc_wgrad_sink_release(gc_wgrad_sink *s);
 /* Free the triples of q and its array; q is empty afterwards. */
 void gc_wgrad_queue_free(gc_wgrad_queue *q);
+/* Queue (g, x) for a later backward_dw of s's Linear, with its bias grad
+** when already computed (gb; NULL: backward_dw does it). */
+gcap_status gc_wgrad_defer(gc_wgrad_sink *s, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb);
+/* Make s linear node n's sink: n's ud, with a reference that n's release drops. */
+void gc_wgrad_sink_attach(gc_node *n, gc_wgrad_sink *s);
+
+/* ------------------------------------------------------------------------ */
+/* Grads (autograd.c)                                                        */
+
 /* Clear (set_to_none) or zero t's .grad. */
 gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none);
 /* leaf.grad += g. On first use .grad is a copy of g, or g itself when

@@ -98,7 +98,7 @@ static gcap_status linear_run(gcap_module *m, gcap_tensor *x, int gelu, gcap_ten
       gelu ? gc_linear_gelu(x, m->params.v[0].t, b, out) : gc_linear(x, m->params.v[0].t, b, out);
   if (st != GCAP_OK) return st;
   if (m->wgrad != NULL && (*out)->grad_fn != NULL) /* its parameter grads go to the sink */
-    (*out)->grad_fn->wgrad = gc_wgrad_sink_retain(m->wgrad);
+    gc_wgrad_sink_attach((*out)->grad_fn, m->wgrad);
   return GCAP_OK;
 }
 
