@@ -35,38 +35,6 @@ int gc_grad_needed(gcap_engine *e, gcap_tensor *const *in, int nin) {
   return 0;
 }
 
-static void node_free_saved(gc_node *n) {
-  int i;
-  for (i = 0; i < n->nsaved; i++) {
-    gcap_tensor_free(n->saved[i]);
-    n->saved[i] = NULL;
-  }
-}
-
-/* Iterative, so that dropping a long chain cannot overflow the C stack. */
-void gc_node_release(gc_node *n) {
-  gc_node *todo;
-  if (n == NULL || --n->refs > 0) return;
-  n->free_next = NULL;
-  todo = n;
-  while (todo != NULL) {
-    gc_node *x = todo;
-    int i;
-    todo = x->free_next;
-    for (i = 0; i < x->nin; i++) {
-      if (x->next[i] && --x->next[i]->refs == 0) {
-        x->next[i]->free_next = todo;
-        todo = x->next[i];
-      }
-      gcap_tensor_free(x->leaf[i]);
-    }
-    node_free_saved(x);
-    gcap_tensor_free(x->acc);
-    if (x->ud_free) x->ud_free(x->ud);
-    free(x);
-  }
-}
-
 gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gcap_tensor *const *in,
                       int nin, gcap_tensor *const *save, int nsave, gc_node **node) {
   gcap_engine *e = out->e;
@@ -135,6 +103,31 @@ gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view) {
   n->ud = shape;
   n->ud_free = free;
   return GCAP_OK;
+}
+
+gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gcap_tensor **out) {
+  gcap_engine *e;
+  int64_t numel;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (t == NULL) return GCAP_EINVAL;
+  e = t->e;
+  if ((st = gc_check_open(e, "view")) != GCAP_OK) return st;
+  if ((st = gc_check_shape(e, "view", ndim, shape, &numel)) != GCAP_OK) return st;
+  if (numel != t->numel) {
+    char buf[64];
+    return gc_fail(e, GCAP_EINVAL,
+                   "view: cannot view a tensor of shape %s (%lld elements) with %lld elements",
+                   gc_shape_str(t, buf, sizeof buf), (long long)t->numel, (long long)numel);
+  }
+  if ((*out = gc_tensor_alias(t, ndim, shape)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "view: out of host memory");
+  if ((st = gc_view_record(t, *out)) != GCAP_OK) { /* the caller gets nothing */
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -502,7 +495,7 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
     if (gin != small) free(gin);
     if (st != GCAP_OK) goto done;
     if (!retain && n->nsaved > 0) {
-      node_free_saved(n);
+      gc_node_free_saved(n);
       n->released = 1;
     }
   }

@@ -1,6 +1,7 @@
 /*
-** tensor.c: tensor bookkeeping (shape, dtype, views over refcounted blocks)
-** and the host<->device transfers, which capture forbids.
+** tensor.c: tensor bookkeeping (shape, dtype, views over refcounted blocks),
+** the lifetime of tensors and of the autograd nodes they hold, and the
+** host<->device transfers, which capture forbids.
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,6 +159,8 @@ gcap_tensor *gcap_tensor_retain(gcap_tensor *t) {
   return t;
 }
 
+/* A tensor holds the node that made it, a node the tensors it saved, its
+** leaves and its pending grad: the two free each other, both here. */
 void gcap_tensor_free(gcap_tensor *t) {
   gcap_engine *e;
   if (t == NULL || --t->refs > 0) return;
@@ -167,6 +170,38 @@ void gcap_tensor_free(gcap_tensor *t) {
   gc_blk_release(t->blk);
   free(t);
   gc_engine_unref(e);
+}
+
+void gc_node_free_saved(gc_node *n) {
+  int i;
+  for (i = 0; i < n->nsaved; i++) {
+    gcap_tensor_free(n->saved[i]);
+    n->saved[i] = NULL;
+  }
+}
+
+/* Iterative, so that dropping a long chain cannot overflow the C stack. */
+void gc_node_release(gc_node *n) {
+  gc_node *todo;
+  if (n == NULL || --n->refs > 0) return;
+  n->free_next = NULL;
+  todo = n;
+  while (todo != NULL) {
+    gc_node *x = todo;
+    int i;
+    todo = x->free_next;
+    for (i = 0; i < x->nin; i++) {
+      if (x->next[i] && --x->next[i]->refs == 0) {
+        x->next[i]->free_next = todo;
+        todo = x->next[i];
+      }
+      gcap_tensor_free(x->leaf[i]);
+    }
+    gc_node_free_saved(x);
+    gcap_tensor_free(x->acc);
+    if (x->ud_free) x->ud_free(x->ud);
+    free(x);
+  }
 }
 
 gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt) {
@@ -306,31 +341,6 @@ gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
   }
   st = e->be->download(e, e->bs, e->current->bs, dst, gc_tensor_ptr(t), n * sizeof(float));
   gcap_tensor_free(f);
-  return st;
-}
-
-gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gcap_tensor **out) {
-  gcap_engine *e;
-  int64_t numel;
-  gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (t == NULL) return GCAP_EINVAL;
-  e = t->e;
-  if ((st = gc_check_open(e, "view")) != GCAP_OK) return st;
-  if ((st = gc_check_shape(e, "view", ndim, shape, &numel)) != GCAP_OK) return st;
-  if (numel != t->numel) {
-    char buf[64];
-    return gc_fail(e, GCAP_EINVAL,
-                   "view: cannot view a tensor of shape %s (%lld elements) with %lld elements",
-                   gc_shape_str(t, buf, sizeof buf), (long long)t->numel, (long long)numel);
-  }
-  if ((*out = gc_tensor_alias(t, ndim, shape)) == NULL)
-    return gc_fail(e, GCAP_ENOMEM, "view: out of host memory");
-  if ((st = gc_view_record(t, *out)) != GCAP_OK) { /* the caller gets nothing */
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
   return st;
 }
 

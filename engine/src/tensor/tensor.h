@@ -34,6 +34,11 @@ struct gcap_tensor {
 gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt);
 /* A new tensor struct over t's storage with another shape: no grad, no grad_fn. */
 gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape);
+/* Drop a reference to node n; the last frees it, what it holds (saved
+** tensors, leaves, its ud) and the nodes only it held, iteratively. */
+void gc_node_release(gc_node *n);
+/* Free n's saved tensors (after its backward, without retain_graph). */
+void gc_node_free_saved(gc_node *n);
 
 /* Bytes per element (inline: every launch notes its operands' byte ranges). */
 static inline size_t gc_dtype_size(gcap_dtype dt) {
@@ -130,7 +135,6 @@ gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gca
 static inline int gc_node_needs(const gc_node *n, int i) {
   return n->next[i] != NULL || n->leaf[i] != NULL;
 }
-void gc_node_release(gc_node *n);
 /* Backpropagate from n tensors at once (each requires grad), grad[i] the
 ** grad of t[i], each node running once with the sum of what reached it. */
 gcap_status gc_backward_many(int n, gcap_tensor *const *t, gcap_tensor *const *grad, int retain);
