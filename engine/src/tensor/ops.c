@@ -361,6 +361,35 @@ gcap_status gcap_mean(gcap_tensor *a, gcap_tensor **out) {
   return unary(a, GC_K_SUM, f, "mean", 1, sum_backward, out);
 }
 
+gcap_status gcap_tensor_full(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
+                             double v, gcap_tensor **out) {
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if ((st = gc_tensor_alloc(e, "full", dt, ndim, shape, out)) != GCAP_OK) return st;
+  if ((st = gcap_fill_(*out, v)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out) {
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (t == NULL) return GCAP_EINVAL;
+  gc_clear(t->e);
+  if ((st = gc_tensor_alloc(t->e, "clone", t->dt, t->ndim, t->shape, out)) != GCAP_OK) return st;
+  if ((st = gcap_copy_(*out, t)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
 gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
                              int normal, gcap_tensor **out) {
   gc_kargs a;
