@@ -94,7 +94,7 @@ gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_
                            const int *add);
 
 /* ------------------------------------------------------------------------ */
-/* Autograd (autograd.c)                                                     */
+/* Autograd's records (record.c)                                             */
 
 #define GC_NODE_MAXSAVED 6
 
@@ -135,14 +135,10 @@ gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gca
 static inline int gc_node_needs(const gc_node *n, int i) {
   return n->next[i] != NULL || n->leaf[i] != NULL;
 }
-/* Backpropagate from n tensors at once (each requires grad), grad[i] the
-** grad of t[i], each node running once with the sum of what reached it. */
-gcap_status gc_backward_many(int n, gcap_tensor *const *t, gcap_tensor *const *grad, int retain);
-/* Called from the backward of a consumer of n during a backward pass: has
-** no grad reached n yet in this pass? */
-int gc_node_first_delivery(const gc_node *n);
 /* Record `view` as a view of src (grads flow back reshaped). */
 gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view);
+/* Refuse in-place writes to a leaf that requires grad while recording. */
+gcap_status gc_check_inplace(gcap_tensor *t, const char *op);
 
 /* ------------------------------------------------------------------------ */
 /* Custom ops (custom_op.c)                                                  */
@@ -184,7 +180,7 @@ gcap_status gc_karg_convert(gcap_engine *e, const char *kname, int i, gcap_kpara
                             const gcap_karg *a, gc_kval *v, gcap_karg *out);
 
 /* ------------------------------------------------------------------------ */
-/* The ops' building blocks (ops.c, and the files named)                     */
+/* The ops' building blocks (ops.c)                                          */
 
 /* Non-recording building blocks shared by forward and backward code. */
 gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out);
@@ -198,20 +194,13 @@ gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out);
 ** noted as written; *p gets its address or NULL. The caller frees *t right
 ** after its launch, as later work on the stream runs after it. */
 gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **t, void **p);
+
+/* ------------------------------------------------------------------------ */
+/* Linear algebra (linalg.c)                                                 */
+
 /* op(a) op(b) (ta, tb: transposed), the batch dims broadcast, recorded as
 ** "matmul" (gcap_matmul is ta = tb = 0). */
 gcap_status gc_matmul(gcap_tensor *a, int ta, gcap_tensor *b, int tb, gcap_tensor **out);
-/* The GC_MASK_* broadcast and dtype flags of `mask` read over a tensor of
-** shape [ndim] as 4-D (mask.c); a mask that does not broadcast to it
-** is an error naming op and what (the mask's role, "mask"). */
-gcap_status gc_mask_flags(gcap_engine *e, int ndim, const int64_t *shape, gcap_tensor *mask,
-                          const char *op, const char *what, int64_t *flags);
-/* Outside capture, every value of ids must be an integer in 0..count-1: read
-** back and checked on the host (a capture cannot read back; there the
-** kernels make such an entry NaN); else an error "op: what N (counting from
-** 1) is V, not want (an integer in 0..count-1)" (layers.c). */
-gcap_status gc_check_ids(gcap_tensor *ids, int64_t count, const char *op, const char *what,
-                         const char *want);
 /* linear. A linear node whose ud is a wgrad sink leaves the parameter grads
 ** to its Linear's backward_dw (delayed wgrad), or adds the weight grad into
 ** its main_grad (fused wgrad). */
@@ -219,10 +208,6 @@ gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tenso
 /* gelu(linear(x, w, b)) in one GEMM (a Linear followed by a GELU): the same
 ** values as the two ops, one node, the pre-activation saved for backward. */
 gcap_status gc_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
-/* dx = g gelu'(x) (not recorded); colsum (may be NULL) receives dx's column
-** sums over its rows of `cols` elements, in the same launch. */
-gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_tensor **dx,
-                             gcap_tensor **colsum);
 /* A linear's parameter grads from its output grad g and input x, for the
 ** ones asked for (gw, gb; NULL: not wanted): the weight's added into
 ** main_grad when there is one (a fused-wgrad Linear; *gw stays NULL), else
@@ -231,6 +216,29 @@ gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_
 gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
                                   gcap_tensor *main_grad, gcap_tensor *db, gcap_tensor **gw,
                                   gcap_tensor **gb);
+
+/* ------------------------------------------------------------------------ */
+/* Masks (mask.c)                                                            */
+
+/* The GC_MASK_* broadcast and dtype flags of `mask` read over a tensor of
+** shape [ndim] as 4-D; a mask that does not broadcast to it
+** is an error naming op and what (the mask's role, "mask"). */
+gcap_status gc_mask_flags(gcap_engine *e, int ndim, const int64_t *shape, gcap_tensor *mask,
+                          const char *op, const char *what, int64_t *flags);
+
+/* ------------------------------------------------------------------------ */
+/* Layers (layers.c)                                                         */
+
+/* Outside capture, every value of ids must be an integer in 0..count-1: read
+** back and checked on the host (a capture cannot read back; there the
+** kernels make such an entry NaN); else an error "op: what N (counting from
+** 1) is V, not want (an integer in 0..count-1)". */
+gcap_status gc_check_ids(gcap_tensor *ids, int64_t count, const char *op, const char *what,
+                         const char *want);
+/* dx = g gelu'(x) (not recorded); colsum (may be NULL) receives dx's column
+** sums over its rows of `cols` elements, in the same launch. */
+gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_tensor **dx,
+                             gcap_tensor **colsum);
 
 /* ------------------------------------------------------------------------ */
 /* Wgrad sinks (wgrad.c)                                                     */
@@ -269,8 +277,14 @@ gcap_status gc_wgrad_defer(gc_wgrad_sink *s, gcap_tensor *g, gcap_tensor *x, gca
 void gc_wgrad_sink_attach(gc_node *n, gc_wgrad_sink *s);
 
 /* ------------------------------------------------------------------------ */
-/* Grads (autograd.c)                                                        */
+/* Backward and the grads of leaves (autograd.c)                             */
 
+/* Backpropagate from n tensors at once (each requires grad), grad[i] the
+** grad of t[i], each node running once with the sum of what reached it. */
+gcap_status gc_backward_many(int n, gcap_tensor *const *t, gcap_tensor *const *grad, int retain);
+/* Called from the backward of a consumer of n during a backward pass: has
+** no grad reached n yet in this pass? */
+int gc_node_first_delivery(const gc_node *n);
 /* Clear (set_to_none) or zero t's .grad. */
 gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none);
 /* leaf.grad += g. On first use .grad is a copy of g, or g itself when
@@ -294,7 +308,5 @@ gcap_status gc_acc_grad_run(gc_acc_run *r, gcap_tensor *leaf, gcap_tensor *g, in
 /* Launch what r holds; r is empty afterwards, also on failure (then the
 ** .grad tensors its copies would have made are gone again). */
 gcap_status gc_acc_end(gc_acc_run *r);
-/* Refuse in-place writes to a leaf that requires grad while recording. */
-gcap_status gc_check_inplace(gcap_tensor *t, const char *op);
 
 #endif
