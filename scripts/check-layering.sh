@@ -13,7 +13,11 @@
 #   lua_pcall; binding files include only lbind.h, graphcap.h, Lua's and libc headers;
 #   the engine's layers (engine_layer_rules below): runtime <- tensor <- train
 #   and dist (beside train), no include of, or call into, a higher layer; the backends include only
-#   runtime/backend.h and runtime/rng.h of the core and call only the runtime.
+#   runtime/backend.h and runtime/rng.h of the core and call only the runtime;
+#   no call circle among the .c files of one layer (call_circle_rules below): their calls
+#   make a graph without cycles, reported with the files of each circle and one circle
+#   through them; the one exception is the runtime's hub, runtime/engine.c (calls into it are
+#   not counted).
 #
 # An include counts as a file of a directory when its path names the directory
 # (host/x.h, ../cuda/x.h) or when its bare name exists there and not beside the
@@ -242,6 +246,102 @@ engine_layer_rules() {
 }
 
 engine_layer_rules
+
+# ---------------------------------------------------------------------------
+# No call circle among the files of one layer: the calls between the .c files
+# of engine/src/runtime, tensor, train and dist make a graph with no cycle, so
+# that each file can be read knowing only the files it calls. Calls are found
+# as above (by name in the code, a function being its file's when the file
+# defines it without `static`). The one exception is the runtime's hub:
+# calls into runtime/engine.c (the engine's checks and references, which
+# every runtime file makes while engine.c calls them all) are not counted.
+circle_exempt=engine/src/runtime/engine.c
+
+# The non-static functions a .c file defines, one per line (none: no line).
+defined_by() {
+  { grep -hoE '^[A-Za-z_][A-Za-z0-9_ *]*[ *][a-z_][a-z0-9_]*\(' "$1" || true; } |
+    { grep -v '^static' || true; } | sed -E 's/.*[ *]([a-z_][a-z0-9_]*)\($/\1/' | sort -u
+}
+
+# The calls between the .c files of folder $1 as "caller callee function"
+# lines, one per pair of files (the first function by name).
+file_calls() {
+  local f defs
+  defs=$(for f in "engine/src/$1"/*.c; do
+    if [ -e "$f" ]; then defined_by "$f" | sed "s|\$| $f|"; fi
+  done)
+  [ -n "$defs" ] || return 0
+  for f in "engine/src/$1"/*.c; do
+    code_of "$f" | { grep -owF -f <(cut -d' ' -f1 <<<"$defs") || true; } | sort -u |
+      awk -v f="$f" -v skip="$circle_exempt" '
+        NR == FNR { def[$1] = def[$1] " " $2; next }
+        { n = split(def[$1], g, " ")
+          for (i = 1; i <= n; i++) if (g[i] != f && g[i] != skip) print f, g[i], $1 }' \
+        <(printf '%s\n' "$defs") -
+  done | sort -s -k1,2 -u
+}
+
+# The circles of a call graph ("caller callee function" lines): one line per
+# set of files that reach each other (Tarjan's strongly connected sets), its
+# files, then the shortest circle from its first file back to it, a function
+# per call: "a.c, b.c: a.c -> b.c (gc_f) -> a.c (gc_g)".
+circles() {
+  perl -ne '
+    my ($a, $b, $s) = split;
+    push @{$out{$a}}, $b; $sym{"$a $b"} = $s; $node{$a} = $node{$b} = 1;
+    END {
+      my ($i, @stack, %on, %idx, %low, @sets) = (0);
+      my $visit; $visit = sub {
+        my $v = shift;
+        $idx{$v} = $low{$v} = $i++; push @stack, $v; $on{$v} = 1;
+        for my $w (@{$out{$v} || []}) {
+          if (!exists $idx{$w}) { $visit->($w); $low{$v} = $low{$w} if $low{$w} < $low{$v} }
+          elsif ($on{$w}) { $low{$v} = $idx{$w} if $idx{$w} < $low{$v} }
+        }
+        return if $low{$v} != $idx{$v};
+        my ($w, @set);
+        do { $w = pop @stack; delete $on{$w}; push @set, $w } while ($w ne $v);
+        push @sets, [sort @set] if @set > 1;
+      };
+      for my $v (sort keys %node) { $visit->($v) unless exists $idx{$v} }
+      for my $set (@sets) {
+        my %in = map { $_ => 1 } @$set;
+        my $v = $set->[0];
+        my (%prev, $end);
+        my @q = ($v);
+        while (!defined $end && defined(my $x = shift @q)) {   # breadth first, back to $v
+          for my $w (sort @{$out{$x} || []}) {
+            next unless $in{$w};
+            if ($w eq $v) { $end = $x; last }
+            next if exists $prev{$w};
+            $prev{$w} = $x; push @q, $w;
+          }
+        }
+        my @path = ($v);
+        for (my $x = $end; $x ne $v; $x = $prev{$x}) { splice @path, 1, 0, $x }
+        push @path, $v;
+        my $line = join(", ", @$set) . ": $path[0]";
+        for my $k (1 .. $#path) {
+          my $call = "$path[$k - 1] $path[$k]";
+          $line .= " -> $path[$k] ($sym{$call})";
+        }
+        $line =~ s|engine/src/[a-z]+/||g;
+        print "$line\n";
+      }
+    }'
+}
+
+call_circle_rules() {
+  local layer circle
+  for layer in runtime tensor train dist; do
+    [ -d "engine/src/$layer" ] || continue
+    while IFS= read -r circle; do
+      report "engine/src/$layer" "call circle among $circle"
+    done < <(file_calls "$layer" | circles)
+  done
+}
+
+call_circle_rules
 
 if [ "$violations" -gt 0 ]; then
   echo "check-layering: $violations violation(s) of the layering rules in docs/ARCHITECTURE.md"

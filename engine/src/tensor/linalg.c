@@ -1,11 +1,10 @@
 /*
-** linalg.c: matmul and linear, forward and backward, and the wgrad sink a
-** Linear's linear nodes send their parameter grads to. Matrices are row-major;
+** linalg.c: matmul and linear, forward and backward; a linear node with a
+** wgrad sink (wgrad.c) sends its parameter grads there. Matrices are row-major;
 ** the backends take op(A) op(B) with transpose flags (cuda maps this to
 ** column-major cuBLAS in one place).
 */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "tensor.h"
@@ -306,66 +305,14 @@ gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w
   return st;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Wgrad sinks                                                               */
-
-gcap_status gc_wgrad_sink_new(gcap_engine *e, int delay, gcap_tensor *main_grad,
-                              gc_wgrad_sink **out) {
-  gc_wgrad_sink *s = (gc_wgrad_sink *)gc_calloc(1, sizeof *s);
-  *out = NULL;
-  if (s == NULL) return gc_fail(e, GCAP_ENOMEM, "Linear: out of host memory");
-  s->refs = 1;
-  s->delay = delay;
-  s->main_grad = gcap_tensor_retain(main_grad);
-  *out = s;
-  return GCAP_OK;
-}
-
-gc_wgrad_sink *gc_wgrad_sink_retain(gc_wgrad_sink *s) {
-  s->refs++;
-  return s;
-}
-
-void gc_wgrad_queue_free(gc_wgrad_queue *q) {
-  int i;
-  for (i = 0; i < q->n; i++)
-    gcap_tensor_free(q->v[i]);
-  free(q->v);
-  q->v = NULL;
-  q->n = q->cap = 0;
-}
-
-void gc_wgrad_sink_release(gc_wgrad_sink *s) {
-  if (s == NULL || --s->refs > 0) return;
-  gc_wgrad_queue_free(&s->q);
-  gcap_tensor_free(s->main_grad);
-  free(s);
-}
-
-/* Queue (g, x) for a later backward_dw of s's Linear, with its bias grad
-** when already computed (gb; NULL: backward_dw does it). */
-static gcap_status wgrad_defer(gc_wgrad_sink *s, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb) {
-  gc_wgrad_queue *q = &s->q;
-  if (q->n + 3 > q->cap) {
-    int cap = q->cap ? 2 * q->cap : 8;
-    gcap_tensor **v = (gcap_tensor **)gc_realloc(q->v, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(g->e, GCAP_ENOMEM, "Linear: out of host memory");
-    q->v = v;
-    q->cap = cap;
-  }
-  q->v[q->n++] = gcap_tensor_retain(g);
-  q->v[q->n++] = gcap_tensor_retain(x);
-  q->v[q->n++] = gcap_tensor_retain(gb);
-  return GCAP_OK;
-}
-
 /* saved: x, w, b; linear_gelu adds the pre-activation z = x W^T + b. */
 static gcap_status linear_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *x = n->saved[0], *w = n->saved[1], *b = n->saved[2], *dz = NULL, *db = NULL;
   int64_t out = w->shape[0], in = w->shape[1], rows = out > 0 ? g->numel / out : 0;
   /* a delayed-wgrad Linear computes its grads in backward_dw; a fused one
   ** accumulates the weight's into its main_grad */
-  int delayed = n->wgrad != NULL && n->wgrad->delay;
+  gc_wgrad_sink *sink = (gc_wgrad_sink *)n->ud;
+  int delayed = sink != NULL && sink->delay;
   int want_db = b != NULL && (delayed || gc_node_needs(n, 2));
   gcap_status st = GCAP_OK;
   if (n->nsaved > 3) { /* through the gelu first: dz = g gelu'(z), and the bias grad with it */
@@ -377,9 +324,9 @@ static gcap_status linear_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin
     st = mm(g, 0, w, 0, rows, in, out, 1.0f, 0.0f, x->ndim, x->shape, &gin[0]);
   if (st != GCAP_OK) goto done;
   if (delayed) /* with the bias grad, when the gelu's backward made it */
-    st = wgrad_defer(n->wgrad, g, x, db);
+    st = gc_wgrad_defer(sink, g, x, db);
   else
-    st = gc_linear_param_grads(g, x, w, b, n->wgrad != NULL ? n->wgrad->main_grad : NULL, db,
+    st = gc_linear_param_grads(g, x, w, b, sink != NULL ? sink->main_grad : NULL, db,
                                gc_node_needs(n, 1) ? &gin[1] : NULL, want_db ? &gin[2] : NULL);
 done:
   gcap_tensor_free(dz);

@@ -1,64 +1,13 @@
 /*
 ** ops.c: tensor ops. Each op checks its operands (engine, dtype, shape) and
-** says what it expected, allocates its result on the current stream, notes
-** what it reads and writes (capture.c), and launches one kernel through the
-** backend table.
+** says what it expected, allocates its result on the current stream, and
+** launches one kernel, its reads and writes noted (launch.c).
 */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "tensor.h"
-
-/* Launch k on the current stream, its capture rules already checked. */
-static gcap_status launch(gcap_engine *e, int k, const gc_kargs *a) {
-  gcap_stream *s = e->current;
-  gcap_status st;
-  if ((st = e->be->launch(e, e->bs, s->bs, k, a)) != GCAP_OK) return st;
-  s->seq++;
-  return GCAP_OK;
-}
-
-gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a) {
-  gcap_status st = gc_check_stream(e, e->current, gc_kernel_name(k));
-  return st != GCAP_OK ? st : launch(e, k, a);
-}
-
-/* Launch k after noting its reads and writes. */
-gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, int nin,
-                   gcap_tensor *out) {
-  gcap_status st;
-  int i;
-  if ((st = gc_check_stream(e, e->current, gc_kernel_name(k))) != GCAP_OK) return st;
-  e->note_what = gc_kernel_name(k);
-  for (i = 0; i < nin; i++)
-    if ((st = gc_note_access(e, in[i], 0)) != GCAP_OK) return st;
-  if (out && (st = gc_note_access(e, out, 1)) != GCAP_OK) return st;
-  a->dt = (int)(out ? out->dt : in[0]->dt);
-  return launch(e, k, a); /* checked above, before the notes */
-}
-
-gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_tensor *const *src,
-                           const int *add) {
-  gc_kargs a;
-  gcap_status st;
-  int j;
-  if ((st = gc_check_stream(e, e->current, gc_kernel_name(GC_K_FOREACH_ADD))) != GCAP_OK) return st;
-  memset(&a, 0, sizeof a);
-  e->note_what = gc_kernel_name(GC_K_FOREACH_ADD);
-  for (j = 0; j < n; j++) { /* the notes of n in-place adds or copies, in order */
-    if ((add[j] && (st = gc_note_access(e, dst[j], 0)) != GCAP_OK) ||
-        (st = gc_note_access(e, src[j], 0)) != GCAP_OK ||
-        (st = gc_note_access(e, dst[j], 1)) != GCAP_OK)
-      return st;
-    a.p[2 * j] = gc_tensor_ptr(dst[j]);
-    a.p[2 * j + 1] = gc_tensor_ptr(src[j]);
-    a.n[j] = dst[j]->numel;
-    a.n[GC_FOREACH_MAX + j] = add[j];
-  }
-  a.dt = (int)dst[0]->dt;
-  return launch(e, GC_K_FOREACH_ADD, &a);
-}
 
 /* Start of a public op on t: NULL check, clear the last error. */
 static gcap_status op_begin(gcap_tensor *t) {
@@ -410,6 +359,35 @@ gcap_status gcap_sum(gcap_tensor *a, gcap_tensor **out) {
 gcap_status gcap_mean(gcap_tensor *a, gcap_tensor **out) {
   float f = a && a->numel > 0 ? 1.0f / (float)a->numel : NAN;
   return unary(a, GC_K_SUM, f, "mean", 1, sum_backward, out);
+}
+
+gcap_status gcap_tensor_full(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
+                             double v, gcap_tensor **out) {
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if ((st = gc_tensor_alloc(e, "full", dt, ndim, shape, out)) != GCAP_OK) return st;
+  if ((st = gcap_fill_(*out, v)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out) {
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (t == NULL) return GCAP_EINVAL;
+  gc_clear(t->e);
+  if ((st = gc_tensor_alloc(t->e, "clone", t->dt, t->ndim, t->shape, out)) != GCAP_OK) return st;
+  if ((st = gcap_copy_(*out, t)) != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
 }
 
 gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,

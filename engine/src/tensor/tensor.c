@@ -1,6 +1,6 @@
 /*
-** tensor.c: tensor bookkeeping (shape, dtype, views over refcounted blocks)
-** and the host<->device transfers, which capture forbids.
+** tensor.c: tensor bookkeeping (shape, dtype, aliases over refcounted
+** blocks), and the lifetime of tensors and of the autograd nodes they hold.
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,61 +103,13 @@ gcap_status gcap_tensor_empty(gcap_engine *e, gcap_dtype dt, int ndim, const int
   return gc_tensor_alloc(e, "empty", dt, ndim, shape, out);
 }
 
-gcap_status gcap_tensor_full(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
-                             double v, gcap_tensor **out) {
-  gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
-  if ((st = gc_tensor_alloc(e, "full", dt, ndim, shape, out)) != GCAP_OK) return st;
-  if ((st = gcap_fill_(*out, v)) != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
-}
-
-gcap_status gcap_tensor_from_f32(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
-                                 const float *data, gcap_tensor **out) {
-  gcap_tensor *t = NULL, *f = NULL;
-  gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
-  if ((st = gc_check_not_capturing(e, "tensor from host data (a synchronous upload)")) != GCAP_OK)
-    return st;
-  if ((st = gc_tensor_alloc(e, "tensor", GCAP_F32, ndim, shape, &f)) != GCAP_OK) return st;
-  if (f->numel > 0 && data == NULL) {
-    gcap_tensor_free(f);
-    return gc_fail(e, GCAP_EINVAL, "tensor: data is NULL");
-  }
-  if ((st = gc_note_access(e, f, 1)) != GCAP_OK ||
-      (f->numel > 0 && (st = e->be->upload(e, e->bs, e->current->bs, gc_tensor_ptr(f), data,
-                                           (size_t)f->numel * sizeof(float))) != GCAP_OK)) {
-    gcap_tensor_free(f);
-    return st;
-  }
-  if (dt == GCAP_F32) {
-    *out = f;
-    return GCAP_OK;
-  }
-  if ((st = gc_tensor_alloc(e, "tensor", dt, ndim, shape, &t)) == GCAP_OK &&
-      (st = gcap_copy_(t, f)) != GCAP_OK) {
-    gcap_tensor_free(t);
-    t = NULL;
-  }
-  gcap_tensor_free(f);
-  *out = t;
-  return st;
-}
-
 gcap_tensor *gcap_tensor_retain(gcap_tensor *t) {
   if (t) t->refs++;
   return t;
 }
 
+/* A tensor holds the node that made it, a node the tensors it saved, its
+** leaves and its pending grad: the two free each other, both here. */
 void gcap_tensor_free(gcap_tensor *t) {
   gcap_engine *e;
   if (t == NULL || --t->refs > 0) return;
@@ -167,6 +119,38 @@ void gcap_tensor_free(gcap_tensor *t) {
   gc_blk_release(t->blk);
   free(t);
   gc_engine_unref(e);
+}
+
+void gc_node_free_saved(gc_node *n) {
+  int i;
+  for (i = 0; i < n->nsaved; i++) {
+    gcap_tensor_free(n->saved[i]);
+    n->saved[i] = NULL;
+  }
+}
+
+/* Iterative, so that dropping a long chain cannot overflow the C stack. */
+void gc_node_release(gc_node *n) {
+  gc_node *todo;
+  if (n == NULL || --n->refs > 0) return;
+  n->free_next = NULL;
+  todo = n;
+  while (todo != NULL) {
+    gc_node *x = todo;
+    int i;
+    todo = x->free_next;
+    for (i = 0; i < x->nin; i++) {
+      if (x->next[i] && --x->next[i]->refs == 0) {
+        x->next[i]->free_next = todo;
+        todo = x->next[i];
+      }
+      gcap_tensor_free(x->leaf[i]);
+    }
+    gc_node_free_saved(x);
+    gcap_tensor_free(x->acc);
+    if (x->ud_free) x->ud_free(x->ud);
+    free(x);
+  }
 }
 
 gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt) {
@@ -279,71 +263,4 @@ gcap_status gcap_tensor_set_(gcap_tensor *t, gcap_tensor *src, int64_t offset) {
   t->blk = src->blk;
   t->off = src->off + (size_t)offset * gc_dtype_size(t->dt);
   return GCAP_OK;
-}
-
-gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
-  gcap_engine *e;
-  gcap_tensor *f = NULL;
-  gcap_status st;
-  if (t == NULL) return GCAP_EINVAL;
-  e = t->e;
-  gc_clear(e);
-  if ((st = gc_check_not_capturing(e, "reading a tensor back to the host (tolist/item)")) !=
-      GCAP_OK)
-    return st;
-  if (n != (size_t)t->numel)
-    return gc_fail(e, GCAP_EINVAL, "read: the tensor has %lld elements, the buffer %zu",
-                   (long long)t->numel, n);
-  if (n == 0) return GCAP_OK;
-  if (dst == NULL) return gc_fail(e, GCAP_EINVAL, "read: dst is NULL");
-  if (t->dt != GCAP_F32) { /* widen on the device, then copy */
-    if ((st = gc_tensor_alloc(e, "read", GCAP_F32, t->ndim, t->shape, &f)) != GCAP_OK) return st;
-    if ((st = gcap_copy_(f, t)) != GCAP_OK) {
-      gcap_tensor_free(f);
-      return st;
-    }
-    t = f;
-  }
-  st = e->be->download(e, e->bs, e->current->bs, dst, gc_tensor_ptr(t), n * sizeof(float));
-  gcap_tensor_free(f);
-  return st;
-}
-
-gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gcap_tensor **out) {
-  gcap_engine *e;
-  int64_t numel;
-  gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (t == NULL) return GCAP_EINVAL;
-  e = t->e;
-  if ((st = gc_check_open(e, "view")) != GCAP_OK) return st;
-  if ((st = gc_check_shape(e, "view", ndim, shape, &numel)) != GCAP_OK) return st;
-  if (numel != t->numel) {
-    char buf[64];
-    return gc_fail(e, GCAP_EINVAL,
-                   "view: cannot view a tensor of shape %s (%lld elements) with %lld elements",
-                   gc_shape_str(t, buf, sizeof buf), (long long)t->numel, (long long)numel);
-  }
-  if ((*out = gc_tensor_alias(t, ndim, shape)) == NULL)
-    return gc_fail(e, GCAP_ENOMEM, "view: out of host memory");
-  if ((st = gc_view_record(t, *out)) != GCAP_OK) { /* the caller gets nothing */
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
-}
-
-gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out) {
-  gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (t == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
-  if ((st = gc_tensor_alloc(t->e, "clone", t->dt, t->ndim, t->shape, out)) != GCAP_OK) return st;
-  if ((st = gcap_copy_(*out, t)) != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
 }

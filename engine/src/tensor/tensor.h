@@ -34,6 +34,11 @@ struct gcap_tensor {
 gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt);
 /* A new tensor struct over t's storage with another shape: no grad, no grad_fn. */
 gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape);
+/* Drop a reference to node n; the last frees it, what it holds (saved
+** tensors, leaves, its ud) and the nodes only it held, iteratively. */
+void gc_node_release(gc_node *n);
+/* Free n's saved tensors (after its backward, without retain_graph). */
+void gc_node_free_saved(gc_node *n);
 
 /* Bytes per element (inline: every launch notes its operands' byte ranges). */
 static inline size_t gc_dtype_size(gcap_dtype dt) {
@@ -52,12 +57,6 @@ static inline void *gc_tensor_ptr(const gcap_tensor *t) {
 /* Give t's block back to its pool but keep t's address valid for graphs
 ** already captured (a weak reference, for reused graph buffers). */
 gcap_status gc_tensor_weaken(gcap_tensor *t);
-/* Note that the launch about to happen reads (write = 0) or writes t's
-** elements (gc_note_range on t's bytes). */
-static inline gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
-  uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
-  return gc_note_range(e, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt), write);
-}
 /* "[2, 3]" into buf: of t, or of a shape of ndim dims. */
 const char *gc_shape_str(const gcap_tensor *t, char *buf, size_t n);
 const char *gc_dims_str(int ndim, const int64_t *shape, char *buf, size_t n);
@@ -74,7 +73,28 @@ static inline int gc_same_layout(const gcap_tensor *a, const gcap_tensor *b) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* Autograd (autograd.c)                                                     */
+/* The launch path (launch.c)                                                */
+
+/* Note that the launch about to happen reads (write = 0) or writes t's
+** elements (gc_note_range on t's bytes); inline: every launch notes its
+** operands. */
+static inline gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
+  uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
+  return gc_note_range(e, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt), write);
+}
+/* Launch kernel k on the current stream: capture checks, then the backend. */
+gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a);
+/* Note the reads of in[] and the write of out (may be NULL), set a->dt from
+** out (or in[0]), then gc_launch. */
+gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, int nin,
+                   gcap_tensor *out);
+/* dst[j] += src[j] (add[j]) or dst[j] = src[j], j < n <= GC_FOREACH_MAX, in one
+** launch: same dtype and size per pair, no memory shared between pairs. */
+gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_tensor *const *src,
+                           const int *add);
+
+/* ------------------------------------------------------------------------ */
+/* Autograd's records (record.c)                                             */
 
 #define GC_NODE_MAXSAVED 6
 
@@ -98,11 +118,10 @@ struct gc_node {
   gcap_dtype dt;
   float f[4]; /* op constants */
   int64_t k[4];
-  void *ud; /* op state (e.g. a view's shape) */
+  void *ud; /* op state (e.g. a view's shape; a linear node's wgrad sink) */
   void (*ud_free)(void *ud);
-  struct gc_wgrad_sink *wgrad; /* linear nodes: where the parameter grads go (NULL: .grad) */
-  gc_node *free_next;          /* release worklist */
-  uint64_t mark;               /* scheduling scratch */
+  gc_node *free_next; /* release worklist */
+  uint64_t mark;      /* scheduling scratch */
   int deps;
   gcap_tensor *acc;
 };
@@ -116,15 +135,10 @@ gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gca
 static inline int gc_node_needs(const gc_node *n, int i) {
   return n->next[i] != NULL || n->leaf[i] != NULL;
 }
-void gc_node_release(gc_node *n);
-/* Backpropagate from n tensors at once (each requires grad), grad[i] the
-** grad of t[i], each node running once with the sum of what reached it. */
-gcap_status gc_backward_many(int n, gcap_tensor *const *t, gcap_tensor *const *grad, int retain);
-/* Called from the backward of a consumer of n during a backward pass: has
-** no grad reached n yet in this pass? */
-int gc_node_first_delivery(const gc_node *n);
 /* Record `view` as a view of src (grads flow back reshaped). */
 gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view);
+/* Refuse in-place writes to a leaf that requires grad while recording. */
+gcap_status gc_check_inplace(gcap_tensor *t, const char *op);
 
 /* ------------------------------------------------------------------------ */
 /* Custom ops (custom_op.c)                                                  */
@@ -166,14 +180,8 @@ gcap_status gc_karg_convert(gcap_engine *e, const char *kname, int i, gcap_kpara
                             const gcap_karg *a, gc_kval *v, gcap_karg *out);
 
 /* ------------------------------------------------------------------------ */
-/* Kernel dispatch (ops.c)                                                   */
+/* The ops' building blocks (ops.c)                                          */
 
-/* Launch kernel k on the current stream: capture checks, then the backend. */
-gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a);
-/* Note the reads of in[] and the write of out (may be NULL), set a->dt from
-** out (or in[0]), then gc_launch. */
-gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, int nin,
-                   gcap_tensor *out);
 /* Non-recording building blocks shared by forward and backward code. */
 gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out);
 gcap_status gc_binary_inplace(gcap_tensor *dst, gcap_tensor *y, int k, const char *op);
@@ -186,31 +194,20 @@ gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out);
 ** noted as written; *p gets its address or NULL. The caller frees *t right
 ** after its launch, as later work on the stream runs after it. */
 gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **t, void **p);
+
+/* ------------------------------------------------------------------------ */
+/* Linear algebra (linalg.c)                                                 */
+
 /* op(a) op(b) (ta, tb: transposed), the batch dims broadcast, recorded as
 ** "matmul" (gcap_matmul is ta = tb = 0). */
 gcap_status gc_matmul(gcap_tensor *a, int ta, gcap_tensor *b, int tb, gcap_tensor **out);
-/* The GC_MASK_* broadcast and dtype flags of `mask` read over a tensor of
-** shape [ndim] as 4-D (attention.c); a mask that does not broadcast to it
-** is an error naming op and what (the mask's role, "mask"). */
-gcap_status gc_mask_flags(gcap_engine *e, int ndim, const int64_t *shape, gcap_tensor *mask,
-                          const char *op, const char *what, int64_t *flags);
-/* Outside capture, every value of ids must be an integer in 0..count-1: read
-** back and checked on the host (a capture cannot read back; there the
-** kernels make such an entry NaN); else an error "op: what N (counting from
-** 1) is V, not want (an integer in 0..count-1)" (layers.c). */
-gcap_status gc_check_ids(gcap_tensor *ids, int64_t count, const char *op, const char *what,
-                         const char *want);
-/* linear. A linear node whose ud is a Linear module leaves the parameter
-** grads to its backward_dw (delayed wgrad), or adds the weight grad into its
-** main_grad (fused wgrad). */
+/* linear. A linear node whose ud is a wgrad sink leaves the parameter grads
+** to its Linear's backward_dw (delayed wgrad), or adds the weight grad into
+** its main_grad (fused wgrad). */
 gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
 /* gelu(linear(x, w, b)) in one GEMM (a Linear followed by a GELU): the same
 ** values as the two ops, one node, the pre-activation saved for backward. */
 gcap_status gc_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
-/* dx = g gelu'(x) (not recorded); colsum (may be NULL) receives dx's column
-** sums over its rows of `cols` elements, in the same launch. */
-gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_tensor **dx,
-                             gcap_tensor **colsum);
 /* A linear's parameter grads from its output grad g and input x, for the
 ** ones asked for (gw, gb; NULL: not wanted): the weight's added into
 ** main_grad when there is one (a fused-wgrad Linear; *gw stays NULL), else
@@ -219,9 +216,36 @@ gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_
 gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
                                   gcap_tensor *main_grad, gcap_tensor *db, gcap_tensor **gw,
                                   gcap_tensor **gb);
+
+/* ------------------------------------------------------------------------ */
+/* Masks (mask.c)                                                            */
+
+/* The GC_MASK_* broadcast and dtype flags of `mask` read over a tensor of
+** shape [ndim] as 4-D; a mask that does not broadcast to it
+** is an error naming op and what (the mask's role, "mask"). */
+gcap_status gc_mask_flags(gcap_engine *e, int ndim, const int64_t *shape, gcap_tensor *mask,
+                          const char *op, const char *what, int64_t *flags);
+
+/* ------------------------------------------------------------------------ */
+/* Layers (layers.c)                                                         */
+
+/* Outside capture, every value of ids must be an integer in 0..count-1: read
+** back and checked on the host (a capture cannot read back; there the
+** kernels make such an entry NaN); else an error "op: what N (counting from
+** 1) is V, not want (an integer in 0..count-1)". */
+gcap_status gc_check_ids(gcap_tensor *ids, int64_t count, const char *op, const char *what,
+                         const char *want);
+/* dx = g gelu'(x) (not recorded); colsum (may be NULL) receives dx's column
+** sums over its rows of `cols` elements, in the same launch. */
+gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_tensor **dx,
+                             gcap_tensor **colsum);
+
+/* ------------------------------------------------------------------------ */
+/* Wgrad sinks (wgrad.c)                                                     */
+
 /* A Linear's wgrad sink: where the backward of a linear node sends the
-** parameter grads instead of .grad. The Linear module (train/nn.c) owns it,
-** sets it on the nodes it records (gc_node.wgrad) and drains its queue in
+** parameter grads instead of .grad. The Linear module (train/builtin.c) owns
+** it, attaches it to the nodes it records (their ud) and drains its queue in
 ** backward_dw; the op fills it: the weight grad added into main_grad (fused
 ** wgrad), or (g, x, bias grad) queued (delayed wgrad). Counted references:
 ** a node keeps its sink after the module is gone. */
@@ -246,15 +270,26 @@ gc_wgrad_sink *gc_wgrad_sink_retain(gc_wgrad_sink *s);
 void gc_wgrad_sink_release(gc_wgrad_sink *s);
 /* Free the triples of q and its array; q is empty afterwards. */
 void gc_wgrad_queue_free(gc_wgrad_queue *q);
+/* Queue (g, x) for a later backward_dw of s's Linear, with its bias grad
+** when already computed (gb; NULL: backward_dw does it). */
+gcap_status gc_wgrad_defer(gc_wgrad_sink *s, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb);
+/* Make s linear node n's sink: n's ud, with a reference that n's release drops. */
+void gc_wgrad_sink_attach(gc_node *n, gc_wgrad_sink *s);
+
+/* ------------------------------------------------------------------------ */
+/* Backward and the grads of leaves (autograd.c)                             */
+
+/* Backpropagate from n tensors at once (each requires grad), grad[i] the
+** grad of t[i], each node running once with the sum of what reached it. */
+gcap_status gc_backward_many(int n, gcap_tensor *const *t, gcap_tensor *const *grad, int retain);
+/* Called from the backward of a consumer of n during a backward pass: has
+** no grad reached n yet in this pass? */
+int gc_node_first_delivery(const gc_node *n);
 /* Clear (set_to_none) or zero t's .grad. */
 gcap_status gc_zero_grad(gcap_tensor *t, int set_to_none);
 /* leaf.grad += g. On first use .grad is a copy of g, or g itself when
 ** `steal` and nothing else can see g (the caller holds the only reference). */
 gcap_status gc_acc_grad(gcap_tensor *leaf, gcap_tensor *g, int steal);
-/* dst[j] += src[j] (add[j]) or dst[j] = src[j], j < n <= GC_FOREACH_MAX, in one
-** launch: same dtype and size per pair, no memory shared between pairs. */
-gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_tensor *const *src,
-                           const int *add);
 
 /* A run of .grad accumulations (gc_acc_grad) that go out as one foreach_add
 ** launch: those that add into a .grad, or copy into a new one when stealing
@@ -273,7 +308,5 @@ gcap_status gc_acc_grad_run(gc_acc_run *r, gcap_tensor *leaf, gcap_tensor *g, in
 /* Launch what r holds; r is empty afterwards, also on failure (then the
 ** .grad tensors its copies would have made are gone again). */
 gcap_status gc_acc_end(gc_acc_run *r);
-/* Refuse in-place writes to a leaf that requires grad while recording. */
-gcap_status gc_check_inplace(gcap_tensor *t, const char *op);
 
 #endif

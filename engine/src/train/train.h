@@ -1,6 +1,6 @@
 /*
-** train.h: the training layer's shared declarations: modules (nn.c) as
-** make_graphed_callables (graphed/) uses them.
+** train.h: the training layer's shared declarations: modules (module.c,
+** module_hooks.c, builtin.c) as make_graphed_callables (graphed/) uses them.
 */
 #ifndef GC_TRAIN_H
 #define GC_TRAIN_H
@@ -8,7 +8,7 @@
 #include "tensor/tensor.h"
 
 /* ------------------------------------------------------------------------ */
-/* Modules (nn.c) for make_graphed_callables (graphed/)                      */
+/* Modules for make_graphed_callables (graphed/)                            */
 
 /* Run m's forward itself: no hooks, no graphed replay. Sets *nout and
 ** out[0..*nout-1] (new references, NULL for an absent output; room for

@@ -1,0 +1,69 @@
+/*
+** transfer.c: the host<->device transfers, which capture forbids: a tensor
+** from host floats, and a tensor read back into them. A bf16 tensor goes
+** through an f32 one, converted on the device.
+*/
+#include "tensor.h"
+
+gcap_status gcap_tensor_from_f32(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
+                                 const float *data, gcap_tensor **out) {
+  gcap_tensor *t = NULL, *f = NULL;
+  gcap_status st;
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if ((st = gc_check_not_capturing(e, "tensor from host data (a synchronous upload)")) != GCAP_OK)
+    return st;
+  if ((st = gc_tensor_alloc(e, "tensor", GCAP_F32, ndim, shape, &f)) != GCAP_OK) return st;
+  if (f->numel > 0 && data == NULL) {
+    gcap_tensor_free(f);
+    return gc_fail(e, GCAP_EINVAL, "tensor: data is NULL");
+  }
+  if ((st = gc_note_access(e, f, 1)) != GCAP_OK ||
+      (f->numel > 0 && (st = e->be->upload(e, e->bs, e->current->bs, gc_tensor_ptr(f), data,
+                                           (size_t)f->numel * sizeof(float))) != GCAP_OK)) {
+    gcap_tensor_free(f);
+    return st;
+  }
+  if (dt == GCAP_F32) {
+    *out = f;
+    return GCAP_OK;
+  }
+  if ((st = gc_tensor_alloc(e, "tensor", dt, ndim, shape, &t)) == GCAP_OK &&
+      (st = gcap_copy_(t, f)) != GCAP_OK) {
+    gcap_tensor_free(t);
+    t = NULL;
+  }
+  gcap_tensor_free(f);
+  *out = t;
+  return st;
+}
+
+gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
+  gcap_engine *e;
+  gcap_tensor *f = NULL;
+  gcap_status st;
+  if (t == NULL) return GCAP_EINVAL;
+  e = t->e;
+  gc_clear(e);
+  if ((st = gc_check_not_capturing(e, "reading a tensor back to the host (tolist/item)")) !=
+      GCAP_OK)
+    return st;
+  if (n != (size_t)t->numel)
+    return gc_fail(e, GCAP_EINVAL, "read: the tensor has %lld elements, the buffer %zu",
+                   (long long)t->numel, n);
+  if (n == 0) return GCAP_OK;
+  if (dst == NULL) return gc_fail(e, GCAP_EINVAL, "read: dst is NULL");
+  if (t->dt != GCAP_F32) { /* widen on the device, then copy */
+    if ((st = gc_tensor_alloc(e, "read", GCAP_F32, t->ndim, t->shape, &f)) != GCAP_OK) return st;
+    if ((st = gcap_copy_(f, t)) != GCAP_OK) {
+      gcap_tensor_free(f);
+      return st;
+    }
+    t = f;
+  }
+  st = e->be->download(e, e->bs, e->current->bs, dst, gc_tensor_ptr(t), n * sizeof(float));
+  gcap_tensor_free(f);
+  return st;
+}

@@ -1,0 +1,65 @@
+/*
+** module.h: the module object as the files of modules share it: module.c
+** (the object, its registry and flattened lists), module_hooks.c (hooks and
+** the call path) and builtin.c (the built-in modules). Private to those
+** three; the rest of train/ sees modules through train.h.
+*/
+#ifndef GC_MODULE_H
+#define GC_MODULE_H
+
+#include "train.h"
+
+typedef struct mod_entry {
+  char *name;
+  gcap_tensor *t; /* parameters, buffers */
+  gcap_module *m; /* children */
+} mod_entry;
+
+typedef struct mod_list {
+  mod_entry *v;
+  int n, cap;
+} mod_list;
+
+typedef struct mod_flat {
+  uint64_t gen; /* the engine's module generation it was made at; 0: none */
+  int n, cap;
+  gcap_tensor **t;
+  char **name;
+} mod_flat;
+
+typedef struct mod_hook {
+  int id;
+  gcap_hook_kind kind;
+  gcap_module_hook fn;
+  void *ud;
+  void (*ud_free)(void *);
+} mod_hook;
+
+struct gcap_module {
+  int refs;
+  gcap_engine *e;
+  char type[GC_NAMELEN];
+  gcap_forward_fn forward;     /* one output, or NULL */
+  gcap_forward_n_fn forward_n; /* several outputs, or NULL */
+  void *ud;
+  void (*ud_free)(void *);
+  mod_list params, buffers, children;
+  int training;
+  mod_hook *hooks;
+  int nhooks, caphooks, next_hook_id;
+  /* built-ins */
+  double eps, p;
+  gc_wgrad_sink *wgrad;    /* a Linear that delays or fuses wgrad: its sink, else NULL */
+  gc_wgrad_queue wq_aside; /* the user's delayed wgrads while make_graphed_callables runs */
+  int aside;
+  gc_route_fn route; /* where calls go instead of forward (a graphed replay), or NULL */
+  void *route_ud;    /* its state (weak: the graphed object owns m) */
+  int route_entry;
+  mod_flat flat[2]; /* parameters, buffers: see flat_of */
+};
+
+/* Drop n references (NULL ones included), as a call's outputs are dropped
+** (module_hooks.c). */
+void gc_outs_free(int n, gcap_tensor **t);
+
+#endif
