@@ -4,6 +4,13 @@
 ** Conventions (SQLite's): every fallible call returns a gcap_status and hands
 ** objects back through a last `**out` argument (set to NULL on failure); the
 ** text of the last error is gcap_errmsg(engine); destructors accept NULL.
+** A failed call sets a message of its own, naming the argument at fault as
+** it is declared here ("add: b is NULL", "custom op 'f': nin is -1", "set
+** grad: the grad belongs to another engine"), on the engine the call is
+** made on: its engine argument, else the engine of its first handle (tensor,
+** stream, graph, module, ...) that is not NULL. A call whose handles are all
+** NULL has no engine to tell: it returns what its declaration says (a
+** fallible call GCAP_EINVAL) and sets no message.
 ** The library never prints, exits or aborts on a user or device error.
 ** No Lua and no CUDA types appear here.
 **
@@ -81,21 +88,22 @@ const char *gcap_last_open_error(void);
 void gcap_engine_free(gcap_engine *e);
 
 /* Text of the engine's last error; owned by the engine, valid until its next
-** call. "" when the last call succeeded or set no message. NULL-safe. */
+** call. "" when the last call succeeded. e NULL: gcap_last_open_error(). */
 const char *gcap_errmsg(const gcap_engine *e);
 
-/* "host" or "cuda". */
+/* "host" or "cuda"; "" for e NULL. */
 const char *gcap_engine_device(const gcap_engine *e);
 
 /* Wait until all work queued on every stream has finished. Refused while a
-** capture is open (GCAP_ECAPTURE, capture invalidated). */
+** capture is open (GCAP_ECAPTURE, capture invalidated). e NULL: GCAP_EINVAL. */
 gcap_status gcap_synchronize(gcap_engine *e);
 
-/* 1 while a capture is open on this engine, 0 otherwise. */
+/* 1 while a capture is open on this engine, 0 otherwise (e NULL too). */
 int gcap_is_capturing(const gcap_engine *e);
 
 /* Seed the engine's random generator (its seed and offset live in device
-** memory; the offset is reset to 0). Allowed outside capture only. */
+** memory; the offset is reset to 0). Allowed outside capture only. e NULL:
+** GCAP_EINVAL. */
 gcap_status gcap_manual_seed(gcap_engine *e, uint64_t seed);
 
 /* Memory statistics of a pool or of the engine's ordinary allocator. */
@@ -107,10 +115,11 @@ typedef struct gcap_mem_stats {
   int64_t graphs;        /* live (captured, not reset) graphs using the pool */
 } gcap_mem_stats;
 
-/* Statistics of the engine's ordinary (non-graph) allocator. */
+/* Statistics of the engine's ordinary (non-graph) allocator. e NULL: GCAP_EINVAL. */
 gcap_status gcap_engine_mem_stats(gcap_engine *e, gcap_mem_stats *out);
 /* Start the ordinary allocator's peak_bytes again from its in_use_bytes
-** (PyTorch's reset_peak_memory_stats), to measure the peak of a stretch of work. */
+** (PyTorch's reset_peak_memory_stats), to measure the peak of a stretch of
+** work. e NULL: GCAP_EINVAL. */
 gcap_status gcap_engine_reset_peak(gcap_engine *e);
 
 /* What an engine still holds, for leak checks: after a program has freed
@@ -123,7 +132,8 @@ typedef struct gcap_engine_stats {
   size_t in_use_bytes;        /* their bytes */
   size_t pool_reserved_bytes; /* device memory held by private pools */
 } gcap_engine_stats;
-/* e's stats into *out (a closed engine's too); GCAP_EINVAL when either is NULL. */
+/* e's stats into *out (a closed engine's too); GCAP_EINVAL when either is
+** NULL (e NULL: no message). */
 gcap_status gcap_engine_get_stats(gcap_engine *e, gcap_engine_stats *out);
 /* Engines alive in the process: a closed engine (gcap_engine_free) lives
 ** on until the last object holding it is freed. */
@@ -132,49 +142,57 @@ int64_t gcap_live_engines(void);
 /* ------------------------------------------------------------------------ */
 /* Streams and events                                                        */
 
-/* A new stream. Work on one stream runs in order. */
+/* A new stream. Work on one stream runs in order. e NULL: GCAP_EINVAL. */
 gcap_status gcap_stream_new(gcap_engine *e, gcap_stream **out);
 /* NULL is fine; the engine's own streams are never freed by this. */
 void gcap_stream_free(gcap_stream *s);
-/* The engine's default stream and the side stream used for captures. */
+/* The engine's default stream and the side stream used for captures (NULL
+** for e NULL). */
 gcap_stream *gcap_default_stream(gcap_engine *e);
 gcap_stream *gcap_capture_stream(gcap_engine *e);
-/* The stream new work goes to; NULL selects the default stream. */
+/* The stream new work goes to (NULL for e NULL); setting s NULL selects the
+** default stream. e and s NULL: GCAP_EINVAL. */
 gcap_stream *gcap_current_stream(gcap_engine *e);
 gcap_status gcap_set_current_stream(gcap_engine *e, gcap_stream *s);
-/* Wait for all work on s. Refused while capturing. */
+/* Wait for all work on s. Refused while capturing. s NULL: GCAP_EINVAL. */
 gcap_status gcap_stream_synchronize(gcap_stream *s);
 
+/* A new event. e NULL: GCAP_EINVAL. */
 gcap_status gcap_event_new(gcap_engine *e, gcap_event **out);
 void gcap_event_free(gcap_event *ev);
-/* Record ev at the current end of s. */
+/* Record ev at the current end of s (NULL: the current stream). ev and s
+** NULL: GCAP_EINVAL. */
 gcap_status gcap_event_record(gcap_event *ev, gcap_stream *s);
 /* Make later work on s wait for ev. Waiting on an event recorded in a capture
 ** forks s into that capture; s must then be joined back (the capture stream
-** waits on an event recorded on s after its last work) before the capture ends. */
+** waits on an event recorded on s after its last work) before the capture
+** ends. s and ev NULL: GCAP_EINVAL. */
 gcap_status gcap_stream_wait_event(gcap_stream *s, gcap_event *ev);
-/* Wait on the host for ev. Refused while capturing. */
+/* Wait on the host for ev. Refused while capturing. ev NULL: GCAP_EINVAL. */
 gcap_status gcap_event_synchronize(gcap_event *ev);
 
 /* ------------------------------------------------------------------------ */
 /* Pools and graphs                                                          */
 
-/* A private memory pool that several graphs can share (graph_pool_handle). */
+/* A private memory pool that several graphs can share (graph_pool_handle).
+** e NULL: GCAP_EINVAL. */
 gcap_status gcap_pool_new(gcap_engine *e, gcap_pool **out);
 /* Release the handle. The pool's memory returns to the device once no graph
 ** uses it and no tensor allocated from it is alive. NULL is fine. */
 void gcap_pool_free(gcap_pool *p);
-/* Take another handle reference; returns p. */
+/* Take another handle reference; returns p (NULL for NULL). */
 gcap_pool *gcap_pool_retain(gcap_pool *p);
+/* p's statistics. p NULL: GCAP_EINVAL. */
 gcap_status gcap_pool_get_stats(gcap_pool *p, gcap_mem_stats *out);
 
-/* A new, empty graph. */
+/* A new, empty graph. e NULL: GCAP_EINVAL. */
 gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out);
 /* Destroy the graph. While a capture is open this is deferred until it ends;
 ** freeing the graph that is capturing ends that capture (as a failed one).
 ** NULL is fine. */
 void gcap_graph_free(gcap_graph *g);
-/* A name used in error messages (copied; at most 63 bytes kept). */
+/* A name used in error messages (copied; at most 63 bytes kept). g NULL:
+** GCAP_EINVAL; gcap_graph_name(NULL) is "". */
 gcap_status gcap_graph_set_name(gcap_graph *g, const char *name);
 const char *gcap_graph_name(const gcap_graph *g);
 
@@ -184,12 +202,14 @@ const char *gcap_graph_name(const gcap_graph *g);
 /* Begin capturing into g. All allocations of the capture come from `pool`
 ** (NULL: a new private pool). Work goes to `s` (NULL: the engine's capture
 ** stream), which becomes the current stream until gcap_capture_end. The graph
-** must be empty (new or reset); one capture at a time per engine. */
+** must be empty (new or reset); one capture at a time per engine. g, pool and
+** s NULL: GCAP_EINVAL. */
 gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s);
 
 /* End the capture and instantiate the graph. The capture always ends: when
 ** it was invalidated (a forbidden action during capture), or a forked stream
-** was not joined, the result is GCAP_ECAPTURE and g is empty again. */
+** was not joined, the result is GCAP_ECAPTURE and g is empty again. g NULL:
+** GCAP_EINVAL (as for every call on a graph below). */
 gcap_status gcap_capture_end(gcap_graph *g);
 
 /* Launch the captured work on the current stream. With the replay check on,
@@ -197,7 +217,7 @@ gcap_status gcap_capture_end(gcap_graph *g);
 ** producer wrote it is refused with GCAP_EREPLAY naming both graphs. */
 gcap_status gcap_graph_replay(gcap_graph *g);
 
-/* Turn the shared-pool replay-order check on (default) or off. */
+/* Turn the shared-pool replay-order check on (default) or off; nothing for e NULL. */
 void gcap_set_replay_check(gcap_engine *e, int on);
 
 /* Free the captured graph; g is empty and can capture again. */
@@ -213,10 +233,11 @@ typedef struct gcap_graph_stats {
 } gcap_graph_stats;
 gcap_status gcap_graph_get_stats(gcap_graph *g, gcap_graph_stats *out);
 
-/* The pool g captured into (NULL while empty); not a new reference. */
+/* The pool g captured into (NULL while empty, and for g NULL); not a new
+** reference. */
 gcap_pool *gcap_graph_pool(gcap_graph *g);
 
-/* 1 when g holds a captured, instantiated graph. */
+/* 1 when g holds a captured, instantiated graph (0 for g NULL). */
 int gcap_graph_is_captured(const gcap_graph *g);
 
 /* ------------------------------------------------------------------------ */
@@ -361,16 +382,20 @@ gcap_status gcap_graphed_debug_dump(gcap_graphed *g, int entry, const char *pref
 ** backward_dw call. Times are microseconds of a monotonic clock. Events are
 ** written as they happen (constant memory). GCAP_ESTATE when a trace is
 ** already open; GCAP_EINVAL naming the path and the reason when the file
-** cannot be written. */
+** cannot be written. e NULL: GCAP_EINVAL. */
 gcap_status gcap_trace_start(gcap_engine *e, const char *path);
 
 /* Finish the trace: close the JSON and the file. GCAP_OK when no trace is
-** open; GCAP_EINVAL when writing the file failed. gcap_engine_free stops an
-** open trace, so the file is complete whenever the engine is released. */
+** open; GCAP_EINVAL when writing the file failed (or e is NULL).
+** gcap_engine_free stops an open trace, so the file is complete whenever the
+** engine is released. */
 gcap_status gcap_trace_stop(gcap_engine *e);
 
 /* ------------------------------------------------------------------------ */
-/* Tensors: contiguous, 0-D to 4-D, refcounted storage; views share storage. */
+/* Tensors: contiguous, 0-D to 4-D, refcounted storage; views share storage.
+** Each call below on tensors returns GCAP_EINVAL, with no message, when all
+** of its tensor arguments are NULL (a NULL one beside another is told to the
+** other's engine); the constructors do when e is NULL.                     */
 
 /* A new uninitialised tensor of `shape` (ndim entries, each >= 0), allocated
 ** on the current stream (in the capture's pool while capturing). */
@@ -391,12 +416,13 @@ gcap_status gcap_tensor_from_f32(gcap_engine *e, gcap_dtype dt, int ndim, const 
 gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
                              int normal, gcap_tensor **out);
 
-/* Take another reference; returns t. */
+/* Take another reference; returns t (NULL for NULL). */
 gcap_tensor *gcap_tensor_retain(gcap_tensor *t);
 
 /* Drop a reference. NULL is fine. */
 void gcap_tensor_free(gcap_tensor *t);
 
+/* The getters of a NULL tensor give NULL, 0 or GCAP_F32. */
 gcap_engine *gcap_tensor_engine(const gcap_tensor *t);
 int gcap_tensor_ndim(const gcap_tensor *t);
 /* The shape (gcap_tensor_ndim entries), owned by the tensor. */
@@ -410,7 +436,8 @@ uintptr_t gcap_tensor_data_ptr(const gcap_tensor *t);
 ** fill_, optimizer steps, .grad accumulation) included. Autograd notes it
 ** for each tensor it saves; a backward finding a saved tensor at another
 ** version fails with GCAP_ESTATE ("modified by an inplace operation").
-** Graph replays do not count (their outputs are overwritten by design). */
+** Graph replays do not count (their outputs are overwritten by design). 0
+** for t NULL. */
 uint64_t gcap_tensor_version(const gcap_tensor *t);
 /* Set the version of t's storage to v, refused while capturing. Only for
 ** code that wrote back the very values a backward saved (a sharded
@@ -455,7 +482,8 @@ gcap_status gcap_chunk(gcap_tensor *t, int chunks, int dim, int cap, gcap_tensor
 /* The most tensors one gcap_cat joins. */
 #define GCAP_CAT_MAX 64
 /* ts[0 .. n - 1] joined along dim `dim`: one engine and dtype, equal sizes
-** in every other dim. */
+** in every other dim. n < 1, ts NULL or every ts[i] NULL: GCAP_EINVAL with no
+** message; else the engine of the first tensor hears of what is wrong. */
 gcap_status gcap_cat(int n, gcap_tensor *const *ts, int dim, gcap_tensor **out);
 
 /* In place: dst = src (same numel), t = 0, t = v. */
@@ -561,18 +589,21 @@ gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_te
 /* ------------------------------------------------------------------------ */
 /* Autograd. Ops on tensors that require grad record how to differentiate
 ** them; gcap_backward runs those records in reverse topological order and
-** accumulates into the .grad of leaves.                                      */
+** accumulates into the .grad of leaves. As for the tensor ops, a call whose
+** tensors are all NULL returns GCAP_EINVAL with no message.                */
 
 /* Mark a leaf as requiring grad (or not). Refused on non-leaves. */
 gcap_status gcap_tensor_set_requires_grad(gcap_tensor *t, int on);
+/* 0 for t NULL, as gcap_tensor_is_leaf. */
 int gcap_tensor_requires_grad(const gcap_tensor *t);
 /* 1 for tensors not produced by a recorded op. */
 int gcap_tensor_is_leaf(const gcap_tensor *t);
-/* The accumulated gradient of a leaf (borrowed; NULL when none). */
+/* The accumulated gradient of a leaf (borrowed; NULL when none, or t NULL). */
 gcap_tensor *gcap_tensor_grad(const gcap_tensor *t);
-/* Replace (grad != NULL, same shape and dtype) or clear (NULL) the gradient. */
+/* Replace (grad != NULL: same engine, shape and dtype) or clear (NULL) the
+** gradient. */
 gcap_status gcap_tensor_set_grad(gcap_tensor *t, gcap_tensor *grad);
-/* The name of the op that produced t ("mul", "linear", ...), or NULL. */
+/* The name of the op that produced t ("mul", "linear", ...), or NULL (t NULL too). */
 const char *gcap_tensor_grad_fn_name(const gcap_tensor *t);
 /* A new tensor sharing t's storage, cut from the autograd graph. */
 gcap_status gcap_tensor_detach(gcap_tensor *t, gcap_tensor **out);
@@ -582,7 +613,8 @@ gcap_status gcap_tensor_detach(gcap_tensor *t, gcap_tensor **out);
 ** backward through the same ops is an error. */
 gcap_status gcap_backward(gcap_tensor *t, gcap_tensor *grad, int retain_graph);
 
-/* Turn recording on or off; returns the previous setting. */
+/* Turn recording on or off; returns the previous setting (0, and nothing
+** set, for e NULL; gcap_is_grad_enabled(NULL) is 0). */
 int gcap_set_grad_enabled(gcap_engine *e, int on);
 int gcap_is_grad_enabled(const gcap_engine *e);
 
@@ -612,7 +644,8 @@ typedef gcap_status (*gcap_autograd_backward)(void *ud, int nsaved, gcap_tensor 
 ** is enabled and an input requires grad (else a plain tensor). save[nsave]
 ** (at most 6) are kept for bw with their storage's version. ud is handed to
 ** bw; ud_free (may be NULL) is called on it once the node is gone, and at
-** once when no node is recorded or on failure. */
+** once when no node is recorded or on failure. Errors go to result's
+** engine; result NULL is GCAP_EINVAL with no message. */
 gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
                                  gcap_tensor *const *in, int nsave, gcap_tensor *const *save,
                                  gcap_autograd_backward bw, void *ud, void (*ud_free)(void *ud),
@@ -1158,7 +1191,7 @@ gcap_status gcap_dist_recv(gcap_tensor *t, int peer, gcap_dist_group *g);
 /* Allocation-failure injection in the calling thread: the n-th allocation
 ** from now (n >= 1) fails as if memory had run out. Counted are host memory
 ** of the engine and its backend, device memory, and the backend objects
-** that can fail to be made (streams, events, graph instantiation); n = 0
+** that can fail to be made (streams, events, graph instantiation); n <= 0
 ** turns injection off. Returns 1 when the failure the previous call asked
 ** for was injected, 0 when fewer allocations happened since. */
 long gcap_test_fail_alloc(long n);

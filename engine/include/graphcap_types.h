@@ -34,7 +34,8 @@ typedef enum gcap_status {
   GCAP_EABORTED      /* a callback asked to stop */
 } gcap_status;
 
-/* A static, human-readable name for a status ("invalid argument", ...). */
+/* A static, human-readable name for a status ("invalid argument", ...);
+** "unknown status" for a value that is none. */
 const char *gcap_status_str(gcap_status st);
 
 /* The device an engine drives (gcap_engine_new), and the element types. */

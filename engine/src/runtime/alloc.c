@@ -298,10 +298,10 @@ void gc_pool_stats_of(const gcap_pool *p, gcap_mem_stats *out) {
 gcap_status gcap_pool_new(gcap_engine *e, gcap_pool **out) {
   gcap_pool *p;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   if ((st = gc_check_open(e, "graph_pool_handle")) != GCAP_OK) return st;
+  if (out == NULL) return gc_null(e, "graph_pool_handle", "out");
   if ((p = gc_pool_create(e, 0)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "graph_pool_handle: out of host memory");
   p->handles = 1;
@@ -322,8 +322,9 @@ void gcap_pool_free(gcap_pool *p) {
 }
 
 gcap_status gcap_pool_get_stats(gcap_pool *p, gcap_mem_stats *out) {
-  if (p == NULL || out == NULL) return GCAP_EINVAL;
+  if (p == NULL) return GCAP_EINVAL;
   gc_clear(p->e);
+  if (out == NULL) return gc_null(p->e, "pool_get_stats", "out");
   gc_pool_stats_of(p, out);
   return GCAP_OK;
 }

@@ -45,10 +45,10 @@ static gcap_status graph_register(gcap_engine *e, gcap_graph *g) {
 gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out) {
   gcap_graph *g;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   if ((st = gc_check_open(e, "graph")) != GCAP_OK) return st;
+  if (out == NULL) return gc_null(e, "graph_new", "out");
   if ((g = (gcap_graph *)gc_calloc(1, sizeof *g)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
   if ((st = graph_register(e, g)) != GCAP_OK) {
@@ -63,8 +63,9 @@ gcap_status gcap_graph_new(gcap_engine *e, gcap_graph **out) {
 }
 
 gcap_status gcap_graph_set_name(gcap_graph *g, const char *name) {
-  if (g == NULL || name == NULL) return GCAP_EINVAL;
+  if (g == NULL) return GCAP_EINVAL;
   gc_clear(g->e);
+  if (name == NULL) return gc_null(g->e, "graph_set_name", "name");
   snprintf(g->name, sizeof g->name, "%s", name);
   return GCAP_OK;
 }
@@ -268,7 +269,10 @@ gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
   gc_capture *cap;
   gcap_status st;
   int private_pool = 0;
-  if (g == NULL) return GCAP_EINVAL;
+  if (g == NULL) { /* told to the engine of the pool or the stream */
+    e = pool ? pool->e : s ? s->e : NULL;
+    return e ? gc_null(e, "capture", "g") : GCAP_EINVAL;
+  }
   e = g->e;
   gc_clear(e);
   if (e->closed) return gc_fail(e, GCAP_ESTATE, "capture: the engine is closed");
@@ -277,9 +281,8 @@ gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
                    e->cap->g->name);
   if (g->state != GC_GRAPH_EMPTY)
     return gc_fail(e, GCAP_ESTATE, "capture: %s already holds a capture; reset it first", g->name);
-  if ((pool && pool->e != e) || (s && s->e != e))
-    return gc_fail(e, GCAP_EINVAL, "capture: the %s belongs to another engine",
-                   pool && pool->e != e ? "pool" : "stream");
+  if (pool && pool->e != e) return gc_foreign(e, "capture", "the pool");
+  if (s && s->e != e) return gc_foreign(e, "capture", "the stream s");
   if (pool && pool->handles <= 0) return gc_fail(e, GCAP_ESTATE, "capture: the pool is closed");
   if (pool == NULL) {
     if ((pool = gc_pool_create(e, 0)) == NULL)
@@ -526,8 +529,8 @@ gcap_status gcap_graph_debug_dump(gcap_graph *g, const char *path) {
   if (g == NULL) return GCAP_EINVAL;
   e = g->e;
   gc_clear(e);
-  if (path == NULL || *path == '\0')
-    return gc_fail(e, GCAP_EINVAL, "debug_dump: the path is empty");
+  if (path == NULL) return gc_null(e, "debug_dump", "path");
+  if (*path == '\0') return gc_fail(e, GCAP_EINVAL, "debug_dump: the path is empty");
   if (g->state != GC_GRAPH_READY) return not_captured(g, "debug_dump");
   if ((f = fopen(path, "w")) == NULL)
     return gc_fail(e, GCAP_EINVAL, "debug_dump: cannot write '%s': %s", path, strerror(errno));
@@ -552,8 +555,9 @@ gcap_status gcap_graph_reset(gcap_graph *g) {
 }
 
 gcap_status gcap_graph_get_stats(gcap_graph *g, gcap_graph_stats *out) {
-  if (g == NULL || out == NULL) return GCAP_EINVAL;
+  if (g == NULL) return GCAP_EINVAL;
   gc_clear(g->e);
+  if (out == NULL) return gc_null(g->e, "graph_get_stats", "out");
   *out = g->stats;
   return GCAP_OK;
 }

@@ -185,8 +185,9 @@ gcap_status gcap_manual_seed(gcap_engine *e, uint64_t seed) {
 }
 
 gcap_status gcap_engine_mem_stats(gcap_engine *e, gcap_mem_stats *out) {
-  if (e == NULL || out == NULL) return GCAP_EINVAL;
+  if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
+  if (out == NULL) return gc_null(e, "engine_mem_stats", "out");
   gc_pool_stats_of(e->heap, out);
   return GCAP_OK;
 }
@@ -200,7 +201,9 @@ gcap_status gcap_engine_reset_peak(gcap_engine *e) {
 
 gcap_status gcap_engine_get_stats(gcap_engine *e, gcap_engine_stats *out) {
   const gcap_pool *p;
-  if (e == NULL || out == NULL) return GCAP_EINVAL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  if (out == NULL) return gc_null(e, "engine_get_stats", "out");
   memset(out, 0, sizeof *out);
   out->objects = e->refs - !e->closed;
   for (p = e->pools; p != NULL; p = p->next) {

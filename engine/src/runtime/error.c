@@ -44,6 +44,18 @@ gcap_status gc_fail(gcap_engine *e, gcap_status st, const char *fmt, ...) {
   return st;
 }
 
+gcap_status gc_null(gcap_engine *e, const char *op, const char *arg) {
+  return gc_fail(e, GCAP_EINVAL, "%s: %s is NULL", op, arg);
+}
+
+gcap_status gc_foreign(gcap_engine *e, const char *op, const char *arg) {
+  return gc_fail(e, GCAP_EINVAL, "%s: %s belongs to another engine", op, arg);
+}
+
+gcap_status gc_bad_count(gcap_engine *e, const char *op, const char *arg, int n) {
+  return gc_fail(e, GCAP_EINVAL, "%s: %s is %d", op, arg, n);
+}
+
 void gc_set_open_error(const char *msg) {
   snprintf(open_err, sizeof open_err, "%s", msg ? msg : "");
 }

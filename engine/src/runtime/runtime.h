@@ -257,6 +257,13 @@ gcap_status gc_check_open(gcap_engine *e, const char *what);
 static inline void gc_clear(gcap_engine *e) {
   e->err[0] = '\0';
 }
+/* Refuse argument `arg` of call `op` on engine e: GCAP_EINVAL with the
+** message "op: arg is NULL" (gc_null), "op: arg belongs to another engine"
+** (gc_foreign) or "op: arg is N" (gc_bad_count, a count out of range), the
+** argument named as graphcap.h declares it. */
+gcap_status gc_null(gcap_engine *e, const char *op, const char *arg);
+gcap_status gc_foreign(gcap_engine *e, const char *op, const char *arg);
+gcap_status gc_bad_count(gcap_engine *e, const char *op, const char *arg, int n);
 double gc_now_ms(void);
 
 /* ------------------------------------------------------------------------ */

@@ -44,10 +44,10 @@ void gc_stream_destroy(gcap_stream *s) {
 
 gcap_status gcap_stream_new(gcap_engine *e, gcap_stream **out) {
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   if ((st = gc_check_open(e, "stream")) != GCAP_OK) return st;
+  if (out == NULL) return gc_null(e, "stream_new", "out");
   if ((st = gc_stream_create(e, 0, out)) == GCAP_OK) gc_engine_ref(e);
   return st;
 }
@@ -80,10 +80,9 @@ gcap_stream *gcap_current_stream(gcap_engine *e) {
 }
 
 gcap_status gcap_set_current_stream(gcap_engine *e, gcap_stream *s) {
-  if (e == NULL) return GCAP_EINVAL;
+  if (e == NULL) return s ? gc_null(s->e, "set_current_stream", "e") : GCAP_EINVAL;
   gc_clear(e);
-  if (s != NULL && s->e != e)
-    return gc_fail(e, GCAP_EINVAL, "set_current_stream: the stream belongs to another engine");
+  if (s != NULL && s->e != e) return gc_foreign(e, "set_current_stream", "the stream s");
   e->current = s ? s : e->default_stream;
   return GCAP_OK;
 }
@@ -100,8 +99,9 @@ gcap_status gcap_stream_synchronize(gcap_stream *s) {
 
 gcap_status gcap_stream_native(gcap_stream *s, void **out) {
   if (out != NULL) *out = NULL;
-  if (s == NULL || out == NULL) return GCAP_EINVAL;
+  if (s == NULL) return GCAP_EINVAL;
   gc_clear(s->e);
+  if (out == NULL) return gc_null(s->e, "stream_native", "out");
   *out = s->bs;
   return GCAP_OK;
 }
@@ -109,10 +109,10 @@ gcap_status gcap_stream_native(gcap_stream *s, void **out) {
 gcap_status gcap_event_new(gcap_engine *e, gcap_event **out) {
   gcap_event *ev;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   if ((st = gc_check_open(e, "event")) != GCAP_OK) return st;
+  if (out == NULL) return gc_null(e, "event_new", "out");
   if ((ev = (gcap_event *)gc_calloc(1, sizeof *ev)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "event: out of host memory");
   if ((st = e->be->event_new(e, e->bs, &ev->bs)) != GCAP_OK) {
@@ -137,12 +137,11 @@ void gcap_event_free(gcap_event *ev) {
 gcap_status gcap_event_record(gcap_event *ev, gcap_stream *s) {
   gcap_engine *e;
   gcap_status st;
-  if (ev == NULL) return GCAP_EINVAL;
+  if (ev == NULL) return s ? gc_null(s->e, "event record", "ev") : GCAP_EINVAL;
   e = ev->e;
   gc_clear(e);
   if (s == NULL) s = e->current;
-  if (s->e != e)
-    return gc_fail(e, GCAP_EINVAL, "event record: the stream belongs to another engine");
+  if (s->e != e) return gc_foreign(e, "event record", "the stream s");
   if ((st = gc_check_stream(e, s, "event record")) != GCAP_OK) return st;
   if ((st = e->be->event_record(e, e->bs, ev->bs, s->bs)) != GCAP_OK) return st;
   ev->stream = s;
@@ -155,10 +154,11 @@ gcap_status gcap_stream_wait_event(gcap_stream *s, gcap_event *ev) {
   gcap_engine *e;
   gcap_status st;
   int captured_ev;
-  if (s == NULL || ev == NULL) return GCAP_EINVAL;
+  if (s == NULL) return ev ? gc_null(ev->e, "wait_event", "s") : GCAP_EINVAL;
   e = s->e;
   gc_clear(e);
-  if (ev->e != e) return gc_fail(e, GCAP_EINVAL, "wait_event: the event belongs to another engine");
+  if (ev == NULL) return gc_null(e, "wait_event", "ev");
+  if (ev->e != e) return gc_foreign(e, "wait_event", "the event ev");
   if (ev->stream == NULL) return GCAP_OK; /* never recorded: nothing to wait for */
   captured_ev = e->cap != NULL && ev->epoch == e->cap_epoch;
   if (e->cap != NULL && e->cap->invalid)

@@ -42,7 +42,8 @@ gcap_status gcap_trace_start(gcap_engine *e, const char *path) {
   gc_trace *t;
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
-  if (path == NULL || *path == '\0') return gc_fail(e, GCAP_EINVAL, "trace: the path is empty");
+  if (path == NULL) return gc_null(e, "trace", "path");
+  if (*path == '\0') return gc_fail(e, GCAP_EINVAL, "trace: the path is empty");
   if (e->trace != NULL)
     return gc_fail(e, GCAP_ESTATE, "trace: already tracing into '%s'; stop that trace first",
                    e->trace->path);

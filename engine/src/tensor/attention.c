@@ -51,11 +51,8 @@ gcap_status gcap_masked_fill(gcap_tensor *t, gcap_tensor *mask, double value, gc
   int64_t flags;
   gc_node *n;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (t == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
-  if (mask == NULL) return gc_fail(t->e, GCAP_EINVAL, "masked_fill: the mask is NULL");
+  if ((st = gc_op_start_out("masked_fill", t, "t", mask, out)) != GCAP_OK) return st;
+  if (mask == NULL) return gc_null(t->e, "masked_fill", "mask");
   if ((st = gc_mask_flags(t->e, t->ndim, t->shape, mask, "masked_fill", "mask", &flags)) !=
           GCAP_OK ||
       (st = masked_fill(t, mask, flags, (float)value, "masked_fill", out)) != GCAP_OK)
@@ -70,13 +67,12 @@ gcap_status gcap_masked_fill(gcap_tensor *t, gcap_tensor *mask, double value, gc
 /* ------------------------------------------------------------------------ */
 /* scaled dot-product attention                                              */
 
-/* q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv]: 2-D to 4-D, one ndim, equal
-** batch dims, one engine and dtype. */
+/* q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv] of q's engine: 2-D to 4-D,
+** one ndim, equal batch dims, one dtype. */
 static gcap_status sdpa_check(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v, double p) {
   static const char op[] = "scaled_dot_product_attention";
   int d, n = q->ndim,
-         ok = k->ndim == n && v->ndim == n && n >= 2 && k->e == q->e && v->e == q->e &&
-              k->dt == q->dt && v->dt == q->dt;
+         ok = k->ndim == n && v->ndim == n && n >= 2 && k->dt == q->dt && v->dt == q->dt;
   for (d = 0; ok && d < n - 2; d++)
     ok = k->shape[d] == q->shape[d] && v->shape[d] == q->shape[d];
   if (ok) ok = k->shape[n - 1] == q->shape[n - 1] && v->shape[n - 2] == k->shape[n - 2];
@@ -231,10 +227,10 @@ gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gc
   int64_t d, dv, shape[GCAP_MAXDIM], flags = 0;
   int fusable;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (q == NULL || k == NULL || v == NULL) return GCAP_EINVAL;
-  gc_clear(q->e);
+  if ((st = gc_op_start_out(op, q, "q", k ? k : v, out)) != GCAP_OK ||
+      (st = gc_operand(q->e, op, "k", k)) != GCAP_OK ||
+      (st = gc_operand(q->e, op, "v", v)) != GCAP_OK)
+    return st;
   memset(&o, 0, sizeof o);
   if (opts != NULL) o = *opts;
   if ((st = sdpa_check(q, k, v, o.dropout_p)) != GCAP_OK) return st;

@@ -325,9 +325,9 @@ gcap_status gcap_backward(gcap_tensor *t, gcap_tensor *grad, int retain_graph) {
   gcap_tensor *ones = NULL;
   gcap_status st;
   int was;
-  if (t == NULL) return GCAP_EINVAL;
+  if ((st = gc_op_start("backward", t, "t", grad)) != GCAP_OK) return st;
   e = t->e;
-  gc_clear(e);
+  if (grad != NULL && grad->e != e) return gc_foreign(e, "backward", "the grad");
   if (!t->requires_grad)
     return gc_fail(e, GCAP_EINVAL, "backward: the tensor does not require grad and has no grad_fn");
   if (grad == NULL) {
@@ -340,7 +340,7 @@ gcap_status gcap_backward(gcap_tensor *t, gcap_tensor *grad, int retain_graph) {
     if ((st = gcap_tensor_full(e, t->dt, t->ndim, t->shape, 1.0, &ones)) != GCAP_OK) return st;
     grad = ones;
   } else {
-    int i, same = grad->ndim == t->ndim && grad->e == e && grad->dt == t->dt;
+    int i, same = grad->ndim == t->ndim && grad->dt == t->dt;
     for (i = 0; same && i < t->ndim; i++)
       same = grad->shape[i] == t->shape[i];
     if (!same) {

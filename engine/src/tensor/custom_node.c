@@ -16,7 +16,7 @@ typedef struct fn_node {
   gcap_autograd_backward bw;
   void *ud;
   void (*ud_free)(void *ud);
-  char name[64];
+  char name[GC_NAMELEN];
   struct {
     int tensor; /* 0: not a tensor (a NULL input), whose grad is dropped unchecked */
     int ndim;
@@ -63,6 +63,36 @@ static gcap_status fn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   return st;
 }
 
+/* The arguments of gcap_autograd_record on result's engine e; op names the
+** call in errors (its node's name, once there is one). */
+static gcap_status record_check(gcap_engine *e, const char *name, int nin, gcap_tensor *const *in,
+                                int nsave, gcap_tensor *const *save, gcap_autograd_backward bw,
+                                gcap_tensor **out) {
+  const char *op = name ? name : "autograd_record";
+  int i;
+  if (out == NULL) return gc_null(e, op, "out");
+  if (name == NULL) return gc_null(e, op, "name");
+  if (bw == NULL) return gc_null(e, op, "bw");
+  if (nin < 0) return gc_bad_count(e, op, "nin", nin);
+  if (nsave < 0) return gc_bad_count(e, op, "nsave", nsave);
+  if (nin > 0 && in == NULL) return gc_null(e, op, "in");
+  if (nsave > 0 && save == NULL) return gc_null(e, op, "save");
+  if (nsave > GC_NODE_MAXSAVED) /* before save[] is read */
+    return gc_fail(e, GCAP_EINVAL, "%s: %d tensors saved for backward; at most %d", name, nsave,
+                   GC_NODE_MAXSAVED);
+  for (i = 0; i < nin; i++)
+    if (in[i] != NULL && in[i]->e != e)
+      return gc_fail(e, GCAP_EINVAL, "%s: input #%d belongs to another engine", name, i + 1);
+  for (i = 0; i < nsave; i++)
+    if (save[i] == NULL || save[i]->e != e)
+      return gc_fail(e, GCAP_EINVAL, "%s: saved tensor #%d is %s", name, i + 1,
+                     save[i] == NULL ? "NULL" : "of another engine");
+  if (name[0] == '\0' || strlen(name) >= GC_NAMELEN)
+    return gc_fail(e, GCAP_EINVAL, "a custom node's name must be 1 to %d bytes, got %d",
+                   GC_NAMELEN - 1, (int)strlen(name));
+  return GCAP_OK;
+}
+
 gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
                                  gcap_tensor *const *in, int nsave, gcap_tensor *const *save,
                                  gcap_autograd_backward bw, void *ud, void (*ud_free)(void *ud),
@@ -72,28 +102,13 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
   gcap_status st;
   int i;
   if (out != NULL) *out = NULL;
-  if (out == NULL || result == NULL || name == NULL || bw == NULL || nin < 0 || nsave < 0 ||
-      (nin > 0 && in == NULL) || (nsave > 0 && save == NULL)) {
+  if (result == NULL) { /* no engine to tell */
     if (ud_free) ud_free(ud);
     return GCAP_EINVAL;
   }
   e = result->e;
   gc_clear(e);
-  st = GCAP_OK;
-  if (nsave > GC_NODE_MAXSAVED) /* before save[] is read */
-    st = gc_fail(e, GCAP_EINVAL, "%s: %d tensors saved for backward; at most %d", name, nsave,
-                 GC_NODE_MAXSAVED);
-  for (i = 0; st == GCAP_OK && i < nin; i++)
-    if (in[i] != NULL && in[i]->e != e)
-      st = gc_fail(e, GCAP_EINVAL, "%s: input #%d belongs to another engine", name, i + 1);
-  for (i = 0; st == GCAP_OK && i < nsave; i++)
-    if (save[i] == NULL || save[i]->e != e)
-      st = gc_fail(e, GCAP_EINVAL, "%s: saved tensor #%d is %s", name, i + 1,
-                   save[i] == NULL ? "NULL" : "of another engine");
-  if (st == GCAP_OK && (name[0] == '\0' || strlen(name) >= sizeof f->name))
-    st = gc_fail(e, GCAP_EINVAL, "a custom node's name must be 1 to %d bytes, got %d",
-                 (int)sizeof f->name - 1, (int)strlen(name));
-  if (st != GCAP_OK) {
+  if ((st = record_check(e, name, nin, in, nsave, save, bw, out)) != GCAP_OK) {
     if (ud_free) ud_free(ud);
     return st;
   }

@@ -38,11 +38,12 @@ gcap_status gcap_custom_op_new(gcap_engine *e, const gcap_custom_desc *d, gcap_c
   gcap_custom_op *op;
   gcap_status st;
   if (out != NULL) *out = NULL;
-  if (e == NULL || d == NULL || out == NULL) {
+  if (e == NULL || d == NULL) {
     if (d != NULL && d->ud_free) d->ud_free(d->ud);
-    return GCAP_EINVAL;
+    return e ? gc_null(e, "gcap_custom_op_new", "d") : GCAP_EINVAL;
   }
   st = gc_check_open(e, "gcap_custom_op_new");
+  if (st == GCAP_OK && out == NULL) st = gc_null(e, "gcap_custom_op_new", "out");
   if (st == GCAP_OK && (d->name == NULL || d->name[0] == '\0' || strlen(d->name) >= GC_NAMELEN))
     st = gc_fail(e, GCAP_EINVAL, "gcap_custom_op_new: a custom op's name must be 1 to %d bytes",
                  GC_NAMELEN - 1);
@@ -79,11 +80,19 @@ static gcap_status co_backward(void *ud, int nsaved, gcap_tensor *const *saved, 
 /* Everything about a call that can be checked before its outputs are made
 ** (gc_custom_launch checks the count of operands). */
 static gcap_status co_check(gcap_custom_op *op, int nin, gcap_tensor *const *in, int nout,
-                            const gcap_custom_out *spec, int nsave, const int *save) {
+                            const gcap_custom_out *spec, int nsave, const int *save,
+                            gcap_tensor *const *out) {
   gcap_engine *e = op->e;
   int i;
   int64_t numel;
   gcap_status st;
+  if (nin < 0) return gc_bad_count(e, op->label, "nin", nin);
+  if (nout < 1) return gc_bad_count(e, op->label, "nout (at least one output)", nout);
+  if (nsave < 0) return gc_bad_count(e, op->label, "nsave", nsave);
+  if (out == NULL) return gc_null(e, op->label, "out");
+  if (nin > 0 && in == NULL) return gc_null(e, op->label, "in");
+  if (spec == NULL) return gc_null(e, op->label, "spec");
+  if (nsave > 0 && save == NULL) return gc_null(e, op->label, "save");
   if (nin + nout > CO_MAXARGS)
     return gc_fail(e, GCAP_EINVAL, "custom op '%s': %d operands; at most %d", op->name, nin + nout,
                    CO_MAXARGS);
@@ -172,12 +181,10 @@ gcap_status gcap_custom_call(gcap_custom_op *op, int nin, gcap_tensor *const *in
   if (out != NULL)
     for (i = 0; i < nout; i++)
       out[i] = NULL;
-  if (op == NULL || out == NULL || spec == NULL || nin < 0 || nout < 1 || nsave < 0 ||
-      (nin > 0 && in == NULL) || (nsave > 0 && save == NULL))
-    return GCAP_EINVAL;
+  if (op == NULL) return GCAP_EINVAL;
   e = op->e;
   gc_clear(e);
-  if ((st = co_check(op, nin, in, nout, spec, nsave, save)) != GCAP_OK) return st;
+  if ((st = co_check(op, nin, in, nout, spec, nsave, save, out)) != GCAP_OK) return st;
   for (i = 0; st == GCAP_OK && i < nout; i++)
     st = gc_tensor_alloc(e, op->name, spec[i].dtype, spec[i].ndim, spec[i].shape, &out[i]);
   if (st == GCAP_OK) st = gc_custom_launch(op, nin, in, nout, out);

@@ -36,13 +36,9 @@ gcap_status gcap_embedding(gcap_tensor *ids, gcap_tensor *weight, gcap_tensor **
   gc_node *n;
   gc_kargs a;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (ids == NULL || weight == NULL) return GCAP_EINVAL;
-  gc_clear(ids->e);
-  if (weight->e != ids->e)
-    return gc_fail(ids->e, GCAP_EINVAL,
-                   "embedding: the ids and the weight belong to different engines");
+  if ((st = gc_op_start_out("embedding", ids, "ids", weight, out)) != GCAP_OK ||
+      (st = gc_operand(ids->e, "embedding", "weight", weight)) != GCAP_OK)
+    return st;
   if (ids->dt != GCAP_F32 || weight->ndim != 2 || ids->ndim > GCAP_MAXDIM - 1) {
     char b1[64], b2[64];
     return gc_fail(ids->e, GCAP_EINVAL,

@@ -16,14 +16,6 @@ static gcap_status fail_free(gcap_tensor **out, gcap_status st) {
   return st;
 }
 
-static gcap_status begin(gcap_tensor *x, gcap_tensor **out) {
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (x == NULL) return GCAP_EINVAL;
-  gc_clear(x->e);
-  return GCAP_OK;
-}
-
 /* y = kernel(x) elementwise; backward: dx = bwkernel(dy, x). */
 static gcap_status act_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *x = n->saved[0], *in[2];
@@ -46,8 +38,9 @@ static gcap_status act_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
 static gcap_status activation(gcap_tensor *x, int k, int kbw, const char *op, gcap_tensor **out) {
   gcap_status st;
   gc_node *n;
-  if ((st = begin(x, out)) != GCAP_OK) return st;
-  if ((st = gc_unary(x, k, 0.0f, op, 0, out)) != GCAP_OK) return st;
+  if ((st = gc_op_start_out(op, x, "x", NULL, out)) != GCAP_OK ||
+      (st = gc_unary(x, k, 0.0f, op, 0, out)) != GCAP_OK)
+    return st;
   if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
   if ((st = gc_record(*out, op, act_backward, &x, 1, &x, 1, &n)) != GCAP_OK)
     return fail_free(out, st);
@@ -176,12 +169,14 @@ gcap_status gcap_layer_norm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, doub
   int64_t cols, rows;
   gc_kargs a;
   gcap_status st;
-  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if ((st = gc_op_start_out("layer_norm", x, "x", w ? w : b, out)) != GCAP_OK ||
+      (w && (st = gc_operand(x->e, "layer_norm", "w", w)) != GCAP_OK) ||
+      (b && (st = gc_operand(x->e, "layer_norm", "b", b)) != GCAP_OK))
+    return st;
   cols = last_dim(x);
   rows = cols > 0 ? x->numel / cols : 0;
-  if ((w && (w->e != x->e || w->dt != x->dt || w->ndim != 1 || w->shape[0] != cols)) ||
-      (b && (b->e != x->e || b->dt != x->dt || b->ndim != 1 || b->shape[0] != cols)) ||
-      x->ndim < 1) {
+  if ((w && (w->dt != x->dt || w->ndim != 1 || w->shape[0] != cols)) ||
+      (b && (b->dt != x->dt || b->ndim != 1 || b->shape[0] != cols)) || x->ndim < 1) {
     char b1[64], b2[64] = "", b3[64] = "";
     if (w) gc_shape_str(w, b2, sizeof b2);
     if (b) gc_shape_str(b, b3, sizeof b3);
@@ -283,7 +278,7 @@ gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
   int64_t flags = 0;
   gc_node *n;
   gcap_status st;
-  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if ((st = gc_op_start_out("softmax", x, "x", mask, out)) != GCAP_OK) return st;
   if (x->ndim < (causal ? 2 : 1))
     return gc_fail(x->e, GCAP_EINVAL, "softmax: %s needs a tensor of at least %d dims, got %d-D",
                    causal ? "causal" : "a softmax", causal ? 2 : 1, x->ndim);
@@ -309,7 +304,7 @@ gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
 
 gcap_status gcap_softmax(gcap_tensor *x, int dim, gcap_tensor **out) {
   gcap_status st;
-  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if ((st = gc_op_start_out("softmax", x, "x", NULL, out)) != GCAP_OK) return st;
   if (x->ndim < 1 || (dim != -1 && dim != x->ndim - 1))
     return gc_fail(x->e, GCAP_EINVAL,
                    "softmax: only the last dimension is supported (dim -1 or %d), got dim %d of a "
@@ -331,7 +326,7 @@ gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **o
   gcap_engine *e;
   gc_kargs a;
   gcap_status st;
-  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if ((st = gc_op_start_out("dropout", x, "x", NULL, out)) != GCAP_OK) return st;
   e = x->e;
   if (!(p >= 0.0 && p <= 1.0))
     return gc_fail(e, GCAP_EINVAL, "dropout: probability must be in [0, 1], got %g", p);
@@ -373,11 +368,12 @@ gcap_status gcap_mse_loss(gcap_tensor *input, gcap_tensor *target, gcap_tensor *
   gcap_tensor *d = NULL, *sq = NULL;
   gcap_status st;
   int i, same;
-  if ((st = begin(input, out)) != GCAP_OK) return st;
-  if (target == NULL) return GCAP_EINVAL;
-  if (target->e != input->e || target->dt != input->dt)
+  if ((st = gc_op_start_out("mse_loss", input, "input", target, out)) != GCAP_OK ||
+      (st = gc_operand(input->e, "mse_loss", "target", target)) != GCAP_OK)
+    return st;
+  if (target->dt != input->dt)
     return gc_fail(input->e, GCAP_EINVAL,
-                   "mse_loss: input and target must be of one engine and dtype (got %s and %s)",
+                   "mse_loss: input and target must be of one dtype (got %s and %s)",
                    gc_dtype_name(input->dt), gc_dtype_name(target->dt));
   same = input->ndim == target->ndim;
   for (i = 0; same && i < input->ndim; i++)
@@ -453,11 +449,12 @@ gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_te
   gc_kargs a;
   gcap_status st;
   gc_node *n;
-  if ((st = begin(logits, out)) != GCAP_OK) return st;
+  if ((st = gc_op_start_out("cross_entropy", logits, "logits", target, out)) != GCAP_OK ||
+      (st = gc_operand(logits->e, "cross_entropy", "target", target)) != GCAP_OK)
+    return st;
   e = logits->e;
-  if (target == NULL) return GCAP_EINVAL;
   if (logits->ndim != 2 || target->ndim != 1 || target->shape[0] != logits->shape[0] ||
-      target->dt != logits->dt || target->e != e) {
+      target->dt != logits->dt) {
     char b1[64], b2[64];
     return gc_fail(e, GCAP_EINVAL,
                    "cross_entropy: expected logits [N, C] and target [N] (class indices) of one "

@@ -54,11 +54,7 @@ static gcap_status mm(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t m,
   return mm_ex(A, ta, B, tb, m, n, k, alpha, beta, NULL, NULL, NULL, ndim, shape, c);
 }
 
-static gcap_status mm_check(gcap_tensor *a, gcap_tensor *b, const char *op) {
-  if (a == NULL || b == NULL) return GCAP_EINVAL;
-  gc_clear(a->e);
-  if (a->e != b->e)
-    return gc_fail(a->e, GCAP_EINVAL, "%s: the operands belong to different engines", op);
+static gcap_status same_dtype(gcap_tensor *a, gcap_tensor *b, const char *op) {
   if (a->dt != b->dt)
     return gc_fail(a->e, GCAP_EINVAL, "%s: dtypes differ (%s and %s)", op, gc_dtype_name(a->dt),
                    gc_dtype_name(b->dt));
@@ -224,9 +220,9 @@ gcap_status gc_matmul(gcap_tensor *a, int ta, gcap_tensor *b, int tb, gcap_tenso
   mm_batch bt;
   gc_node *n;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if ((st = mm_check(a, b, "matmul")) != GCAP_OK ||
+  if ((st = gc_op_start_out("matmul", a, "a", b, out)) != GCAP_OK ||
+      (st = gc_operand(a->e, "matmul", "b", b)) != GCAP_OK ||
+      (st = same_dtype(a, b, "matmul")) != GCAP_OK ||
       (st = mm_plan(a, ta, b, tb, "matmul", &bt)) != GCAP_OK ||
       (st = bmm(a, ta, b, tb, &bt, out)) != GCAP_OK)
     return st;
@@ -342,10 +338,11 @@ static gcap_status linear_act(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, in
   int64_t shape[GCAP_MAXDIM], rows;
   const char *op = gelu ? "linear_gelu" : "linear";
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if ((st = mm_check(x, w, "linear")) != GCAP_OK) return st;
-  if (b != NULL && (st = mm_check(x, b, "linear")) != GCAP_OK) return st;
+  if ((st = gc_op_start_out(op, x, "x", w ? w : b, out)) != GCAP_OK ||
+      (st = gc_operand(x->e, op, "w", w)) != GCAP_OK ||
+      (b && (st = gc_operand(x->e, op, "b", b)) != GCAP_OK) ||
+      (st = same_dtype(x, w, op)) != GCAP_OK || (b && (st = same_dtype(x, b, op)) != GCAP_OK))
+    return st;
   if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1] ||
       (b != NULL && (b->ndim != 1 || b->shape[0] != w->shape[0]))) {
     char b1[64], b2[64], b3[64] = "none";

@@ -124,7 +124,8 @@ struct gcap_kernel {
   int refs; /* the user's handle and the launches that use it */
   gcap_engine *e;
   char name[GC_NAMELEN];
-  char *lowered; /* the function's name in the PTX */
+  char label[GC_NAMELEN + 16]; /* "kernel 'name'", in errors */
+  char *lowered;               /* the function's name in the PTX */
   char *ptx;
   void *mod, *fn; /* loaded on a cuda engine */
   int nparams;
@@ -231,13 +232,17 @@ gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name
   gcap_status st;
   int i;
   if (out != NULL) *out = NULL;
-  if (e == NULL || source == NULL || name == NULL || out == NULL || nopts < 0 ||
-      (nopts > 0 && opts == NULL) || (params != NULL && nparams < 0))
-    return GCAP_EINVAL;
+  if (e == NULL) return GCAP_EINVAL;
   if ((st = gc_check_open(e, "gcap_kernel_new")) != GCAP_OK) return st;
+  if (out == NULL) return gc_null(e, "gcap_kernel_new", "out");
+  if (source == NULL) return gc_null(e, "gcap_kernel_new", "source");
+  if (name == NULL) return gc_null(e, "gcap_kernel_new", "name");
   if (name[0] == '\0' || strlen(name) >= GC_NAMELEN)
     return gc_fail(e, GCAP_EINVAL, "gcap_kernel_new: a kernel's name must be 1 to %d bytes",
                    GC_NAMELEN - 1);
+  if (nopts < 0) return gc_bad_count(e, "gcap_kernel_new", "nopts", nopts);
+  if (nopts > 0 && opts == NULL) return gc_null(e, "gcap_kernel_new", "opts");
+  if (params != NULL && nparams < 0) return gc_bad_count(e, "gcap_kernel_new", "nparams", nparams);
   for (i = 0; i < nopts; i++)
     if (opts[i] == NULL)
       return gc_fail(e, GCAP_EINVAL, "kernel '%s': option #%d is NULL", name, i + 1);
@@ -257,6 +262,7 @@ gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name
   k->e = e;
   gc_engine_ref(e);
   snprintf(k->name, sizeof k->name, "%s", name);
+  snprintf(k->label, sizeof k->label, "kernel '%s'", name);
   st = kl_compile(k, source, nopts, opts);
   if (st == GCAP_OK && params != NULL) {
     k->nparams = nparams;
@@ -273,7 +279,10 @@ gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name
 }
 
 gcap_status gcap_kernel_params(const gcap_kernel *k, int *nparams, const gcap_kparam **params) {
-  if (k == NULL || nparams == NULL || params == NULL) return GCAP_EINVAL;
+  if (k == NULL) return GCAP_EINVAL;
+  gc_clear(k->e);
+  if (nparams == NULL) return gc_null(k->e, k->label, "nparams");
+  if (params == NULL) return gc_null(k->e, k->label, "params");
   *nparams = k->nparams;
   *params = k->params;
   return GCAP_OK;
@@ -298,8 +307,11 @@ static gcap_status kl_convert(gcap_kernel *k, int nargs, const gcap_karg *args, 
 
 gcap_status gcap_kernel_args(gcap_kernel *k, int nargs, const gcap_karg *args, gcap_karg *out) {
   gc_kval val[GC_KMAXPARAMS];
-  if (k == NULL || nargs < 0 || (nargs > 0 && (args == NULL || out == NULL))) return GCAP_EINVAL;
+  if (k == NULL) return GCAP_EINVAL;
   gc_clear(k->e);
+  if (nargs < 0) return gc_bad_count(k->e, k->label, "nargs", nargs);
+  if (nargs > 0 && args == NULL) return gc_null(k->e, k->label, "args");
+  if (nargs > 0 && out == NULL) return gc_null(k->e, k->label, "out");
   return kl_convert(k, nargs, args, val, out);
 }
 
@@ -354,12 +366,12 @@ static gcap_status kl_check(gcap_kernel *k, const gcap_launch_desc *l) {
     if (l->grid[i] < 1 || l->block[i] < 1)
       return gc_fail(e, GCAP_EINVAL, "kernel '%s': grid and block sizes must be at least 1",
                      k->name);
-  if (l->nargs < 0 || (l->nargs > 0 && l->args == NULL))
-    return gc_fail(e, GCAP_EINVAL, "kernel '%s': %d arguments and args %s", k->name, l->nargs,
-                   l->args ? "given" : "NULL");
-  if (l->nreads < 0 || l->nwrites < 0 || (l->nreads > 0 && l->reads == NULL) ||
-      (l->nwrites > 0 && l->writes == NULL))
-    return gc_fail(e, GCAP_EINVAL, "kernel '%s': bad reads or writes", k->name);
+  if (l->nargs < 0) return gc_bad_count(e, k->label, "nargs", l->nargs);
+  if (l->nreads < 0) return gc_bad_count(e, k->label, "nreads", l->nreads);
+  if (l->nwrites < 0) return gc_bad_count(e, k->label, "nwrites", l->nwrites);
+  if (l->nargs > 0 && l->args == NULL) return gc_null(e, k->label, "args");
+  if (l->nreads > 0 && l->reads == NULL) return gc_null(e, k->label, "reads");
+  if (l->nwrites > 0 && l->writes == NULL) return gc_null(e, k->label, "writes");
   for (i = 0; i < l->nreads + l->nwrites; i++) {
     const gcap_tensor *t = i < l->nreads ? l->reads[i] : l->writes[i - l->nreads];
     if (t == NULL || t->e != e)
@@ -387,7 +399,7 @@ gcap_status gcap_kernel_launch(gcap_kernel *k, const gcap_launch_desc *l) {
   int i;
   if (k == NULL || l == NULL) {
     if (l != NULL && l->host_ud_free) l->host_ud_free(l->host_ud);
-    return GCAP_EINVAL;
+    return k ? gc_null(k->e, "kernel launch", "l") : GCAP_EINVAL;
   }
   e = k->e;
   gc_clear(e);

@@ -9,13 +9,6 @@
 
 #include "tensor.h"
 
-/* Start of a public op on t: NULL check, clear the last error. */
-static gcap_status op_begin(gcap_tensor *t) {
-  if (t == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
-  return GCAP_OK;
-}
-
 static gcap_status same_engine(gcap_tensor *a, gcap_tensor *b, const char *op) {
   if (a->e != b->e)
     return gc_fail(a->e, GCAP_EINVAL, "%s: the operands belong to different engines", op);
@@ -29,7 +22,8 @@ static gcap_status same_engine(gcap_tensor *a, gcap_tensor *b, const char *op) {
 static gcap_status fill(gcap_tensor *t, double v, const char *op) {
   gc_kargs a;
   gcap_status st;
-  if ((st = op_begin(t)) != GCAP_OK || (st = gc_check_inplace(t, op)) != GCAP_OK) return st;
+  if ((st = gc_op_start(op, t, "t", NULL)) != GCAP_OK || (st = gc_check_inplace(t, op)) != GCAP_OK)
+    return st;
   memset(&a, 0, sizeof a);
   a.p[0] = gc_tensor_ptr(t);
   a.n[0] = t->numel;
@@ -48,11 +42,10 @@ gcap_status gcap_zero_(gcap_tensor *t) {
 gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src) {
   gc_kargs a;
   gcap_status st;
-  if ((st = op_begin(dst)) != GCAP_OK || (st = gc_check_inplace(dst, "copy_")) != GCAP_OK)
+  if ((st = gc_op_start("copy_", dst, "dst", src)) != GCAP_OK ||
+      (st = gc_check_inplace(dst, "copy_")) != GCAP_OK ||
+      (st = gc_operand(dst->e, "copy_", "src", src)) != GCAP_OK)
     return st;
-  if (src == NULL) return gc_fail(dst->e, GCAP_EINVAL, "copy_: source is NULL");
-  if (src->e != dst->e)
-    return gc_fail(dst->e, GCAP_EINVAL, "copy_: the operands belong to different engines");
   if (src->numel != dst->numel) {
     char b1[64], b2[64];
     return gc_fail(dst->e, GCAP_EINVAL,
@@ -259,11 +252,10 @@ static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op,
   gcap_tensor *in[2];
   gc_node *n;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if ((st = op_begin(x)) != GCAP_OK) return st;
-  if (y == NULL) return gc_fail(x->e, GCAP_EINVAL, "%s: second operand is NULL", op);
-  if ((st = gc_binary(x, y, k, op, out)) != GCAP_OK) return st;
+  if ((st = gc_op_start_out(op, x, "a", y, out)) != GCAP_OK ||
+      (st = gc_operand(x->e, op, "b", y)) != GCAP_OK ||
+      (st = gc_binary(x, y, k, op, out)) != GCAP_OK)
+    return st;
   in[0] = x;
   in[1] = y;
   if (!gc_grad_needed(x->e, in, 2)) return GCAP_OK;
@@ -327,10 +319,9 @@ static gcap_status unary(gcap_tensor *x, int k, float f, const char *op, int sca
                          gc_backward_fn bw, gcap_tensor **out) {
   gc_node *n;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if ((st = op_begin(x)) != GCAP_OK) return st;
-  if ((st = gc_unary(x, k, f, op, scalar_out, out)) != GCAP_OK) return st;
+  if ((st = gc_op_start_out(op, x, "a", NULL, out)) != GCAP_OK ||
+      (st = gc_unary(x, k, f, op, scalar_out, out)) != GCAP_OK)
+    return st;
   if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
   /* sum/mean keep an alias of x only for its shape */
   st = gc_record(*out, op, bw, &x, 1, &x, bw == sum_backward, &n);
@@ -364,10 +355,10 @@ gcap_status gcap_mean(gcap_tensor *a, gcap_tensor **out) {
 gcap_status gcap_tensor_full(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
                              double v, gcap_tensor **out) {
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
+  if (out == NULL) return gc_null(e, "full", "out");
   if ((st = gc_tensor_alloc(e, "full", dt, ndim, shape, out)) != GCAP_OK) return st;
   if ((st = gcap_fill_(*out, v)) != GCAP_OK) {
     gcap_tensor_free(*out);
@@ -378,10 +369,7 @@ gcap_status gcap_tensor_full(gcap_engine *e, gcap_dtype dt, int ndim, const int6
 
 gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out) {
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (t == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
+  if ((st = gc_op_start_out("clone", t, "t", NULL, out)) != GCAP_OK) return st;
   if ((st = gc_tensor_alloc(t->e, "clone", t->dt, t->ndim, t->shape, out)) != GCAP_OK) return st;
   if ((st = gcap_copy_(*out, t)) != GCAP_OK) {
     gcap_tensor_free(*out);
@@ -394,10 +382,10 @@ gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int6
                              int normal, gcap_tensor **out) {
   gc_kargs a;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
+  if (out == NULL) return gc_null(e, normal ? "randn" : "rand", "out");
   if ((st = gc_tensor_alloc(e, normal ? "randn" : "rand", dt, ndim, shape, out)) != GCAP_OK)
     return st;
   memset(&a, 0, sizeof a);

@@ -20,45 +20,14 @@ struct gcap_optim {
   double lr, momentum, beta1, beta2, eps, weight_decay;
 };
 
-static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const *params,
-                             gcap_optim **out) {
-  gcap_optim *o;
-  gcap_status st;
+/* The hyperparameters v[n], named name[n]: each >= 0, and below 1 where bit i
+** of below1 is set; else GCAP_EINVAL naming the first that is not, and `rule`. */
+static gcap_status hyper_check(gcap_engine *e, const char *op, int n, const double *v,
+                               const char *const *name, unsigned below1, const char *rule) {
   int i;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (e == NULL) return GCAP_EINVAL;
-  if ((st = gc_check_open(e, adam ? "Adam" : "SGD")) != GCAP_OK) return st;
-  if (n < 0 || (n > 0 && params == NULL))
-    return gc_fail(e, GCAP_EINVAL, "%s: bad parameter list", adam ? "Adam" : "SGD");
-  for (i = 0; i < n; i++) {
-    if (params[i] == NULL || params[i]->e != e)
-      return gc_fail(e, GCAP_EINVAL, "%s: parameter #%d is NULL or of another engine",
-                     adam ? "Adam" : "SGD", i + 1);
-    if (params[i]->grad_fn != NULL)
-      return gc_fail(e, GCAP_EINVAL, "%s: parameter #%d is not a leaf (made by '%s')",
-                     adam ? "Adam" : "SGD", i + 1, params[i]->grad_fn->name);
-  }
-  if ((o = (gcap_optim *)gc_calloc(1, sizeof *o)) == NULL ||
-      (o->params = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->params)) == NULL ||
-      (o->s1 = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->s1)) == NULL ||
-      (o->s2 = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->s2)) == NULL ||
-      (o->step = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->step)) == NULL) {
-    if (o) {
-      free(o->params);
-      free(o->s1);
-      free(o->s2);
-    }
-    free(o);
-    return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", adam ? "Adam" : "SGD");
-  }
-  o->e = e;
-  o->adam = adam;
-  o->n = n;
   for (i = 0; i < n; i++)
-    o->params[i] = gcap_tensor_retain(params[i]);
-  gc_engine_ref(e);
-  *out = o;
+    if (!(v[i] >= 0.0 && (!(below1 >> i & 1u) || v[i] < 1.0)))
+      return gc_fail(e, GCAP_EINVAL, "%s: %s is %g; %s", op, name[i], v[i], rule);
   return GCAP_OK;
 }
 
@@ -84,37 +53,74 @@ static gcap_status optim_state(gcap_optim *o, gcap_optim **out) {
   return GCAP_OK;
 }
 
-gcap_status gcap_optim_sgd(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
-                           double momentum, double weight_decay, gcap_optim **out) {
+/* SGD (h: lr, momentum, weight_decay) or Adam (h: lr, beta1, beta2, eps,
+** weight_decay) over params[n], into *out. */
+static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const *params,
+                             const double *h, gcap_optim **out) {
+  static const char *const sgd_names[3] = {"lr", "momentum", "weight_decay"};
+  static const char *const adam_names[5] = {"lr", "beta1", "beta2", "eps", "weight_decay"};
+  const char *op = adam ? "Adam" : "SGD";
   gcap_optim *o;
   gcap_status st;
-  if (out) *out = NULL;
-  if (e && !(lr >= 0.0 && momentum >= 0.0 && weight_decay >= 0.0))
-    return gc_fail(e, GCAP_EINVAL, "SGD: lr, momentum and weight_decay must be >= 0");
-  if ((st = optim_new(e, 0, n, params, &o)) != GCAP_OK) return st;
-  o->lr = lr;
-  o->momentum = momentum;
-  o->weight_decay = weight_decay;
+  int i;
+  if (out != NULL) *out = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_check_open(e, op)) != GCAP_OK) return st;
+  if (out == NULL) return gc_null(e, op, "out");
+  if ((st = adam ? hyper_check(e, op, 5, h, adam_names, 6u,
+                               "need lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0")
+                 : hyper_check(e, op, 3, h, sgd_names, 0u,
+                               "lr, momentum and weight_decay must be >= 0")) != GCAP_OK)
+    return st;
+  if (n < 0) return gc_bad_count(e, op, "n", n);
+  if (n > 0 && params == NULL) return gc_null(e, op, "params");
+  for (i = 0; i < n; i++) {
+    if (params[i] == NULL || params[i]->e != e)
+      return gc_fail(e, GCAP_EINVAL, "%s: parameter #%d %s", op, i + 1,
+                     params[i] ? "belongs to another engine" : "is NULL");
+    if (params[i]->grad_fn != NULL)
+      return gc_fail(e, GCAP_EINVAL, "%s: parameter #%d is not a leaf (made by '%s')", op, i + 1,
+                     params[i]->grad_fn->name);
+  }
+  if ((o = (gcap_optim *)gc_calloc(1, sizeof *o)) == NULL ||
+      (o->params = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->params)) == NULL ||
+      (o->s1 = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->s1)) == NULL ||
+      (o->s2 = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->s2)) == NULL ||
+      (o->step = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->step)) == NULL) {
+    if (o) {
+      free(o->params);
+      free(o->s1);
+      free(o->s2);
+    }
+    free(o);
+    return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", op);
+  }
+  o->e = e;
+  o->adam = adam;
+  o->n = n;
+  for (i = 0; i < n; i++)
+    o->params[i] = gcap_tensor_retain(params[i]);
+  o->lr = h[0];
+  o->momentum = adam ? 0.0 : h[1];
+  o->beta1 = adam ? h[1] : 0.0;
+  o->beta2 = adam ? h[2] : 0.0;
+  o->eps = adam ? h[3] : 0.0;
+  o->weight_decay = h[adam ? 4 : 2];
+  gc_engine_ref(e);
   return optim_state(o, out);
+}
+
+gcap_status gcap_optim_sgd(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
+                           double momentum, double weight_decay, gcap_optim **out) {
+  const double h[3] = {lr, momentum, weight_decay};
+  return optim_new(e, 0, n, params, h, out);
 }
 
 gcap_status gcap_optim_adam(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
                             double beta1, double beta2, double eps, double weight_decay,
                             gcap_optim **out) {
-  gcap_optim *o;
-  gcap_status st;
-  if (out) *out = NULL;
-  if (e && !(lr >= 0.0 && beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0 &&
-             eps >= 0.0 && weight_decay >= 0.0))
-    return gc_fail(e, GCAP_EINVAL,
-                   "Adam: need lr >= 0, betas in [0, 1), eps >= 0, weight_decay >= 0");
-  if ((st = optim_new(e, 1, n, params, &o)) != GCAP_OK) return st;
-  o->lr = lr;
-  o->beta1 = beta1;
-  o->beta2 = beta2;
-  o->eps = eps;
-  o->weight_decay = weight_decay;
-  return optim_state(o, out);
+  const double h[5] = {lr, beta1, beta2, eps, weight_decay};
+  return optim_new(e, 1, n, params, h, out);
 }
 
 void gcap_optim_free(gcap_optim *o) {

@@ -105,11 +105,11 @@ gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gca
   gcap_engine *e;
   int64_t numel;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
   if (t == NULL) return GCAP_EINVAL;
   e = t->e;
   if ((st = gc_check_open(e, "view")) != GCAP_OK) return st;
+  if (out == NULL) return gc_null(e, "view", "out");
   if ((st = gc_check_shape(e, "view", ndim, shape, &numel)) != GCAP_OK) return st;
   if (numel != t->numel) {
     char buf[64];
@@ -158,11 +158,12 @@ const char *gcap_tensor_grad_fn_name(const gcap_tensor *t) {
 }
 
 gcap_status gcap_tensor_set_grad(gcap_tensor *t, gcap_tensor *grad) {
-  if (t == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
+  gcap_status st;
+  if ((st = gc_op_start("set grad", t, "t", grad)) != GCAP_OK) return st;
   if (grad == t) return gc_fail(t->e, GCAP_EINVAL, "set grad: a tensor cannot be its own grad");
+  if (grad != NULL && grad->e != t->e) return gc_foreign(t->e, "set grad", "the grad");
   if (grad != NULL) {
-    int i, same = grad->ndim == t->ndim && grad->dt == t->dt && grad->e == t->e;
+    int i, same = grad->ndim == t->ndim && grad->dt == t->dt;
     for (i = 0; same && i < t->ndim; i++)
       same = grad->shape[i] == t->shape[i];
     if (!same) {
@@ -198,10 +199,10 @@ gcap_status gc_check_inplace(gcap_tensor *t, const char *op) {
 
 gcap_status gcap_tensor_detach(gcap_tensor *t, gcap_tensor **out) {
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
   if (t == NULL) return GCAP_EINVAL;
   if ((st = gc_check_open(t->e, "detach")) != GCAP_OK) return st;
+  if (out == NULL) return gc_null(t->e, "detach", "out");
   if ((*out = gc_tensor_alias(t, t->ndim, t->shape)) == NULL)
     return gc_fail(t->e, GCAP_ENOMEM, "detach: out of host memory");
   return GCAP_OK;

@@ -73,10 +73,7 @@ gcap_status gcap_permute(gcap_tensor *t, const int *perm, gcap_tensor **out) {
   int p[GCAP_MAXDIM], seen = 0, d;
   gc_node *n;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (t == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
+  if ((st = gc_op_start_out("permute", t, "t", NULL, out)) != GCAP_OK) return st;
   if (perm == NULL && t->ndim > 0) return gc_fail(t->e, GCAP_EINVAL, "permute: perm is NULL");
   for (d = 0; d < t->ndim; d++) {
     if ((st = gc_dim(t->e, "permute", perm[d], t->ndim, &p[d])) != GCAP_OK) return st;
@@ -96,10 +93,7 @@ gcap_status gcap_permute(gcap_tensor *t, const int *perm, gcap_tensor **out) {
 gcap_status gcap_transpose(gcap_tensor *t, int d0, int d1, gcap_tensor **out) {
   int p[GCAP_MAXDIM], a, b, d;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (t == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
+  if ((st = gc_op_start_out("transpose", t, "t", NULL, out)) != GCAP_OK) return st;
   if ((st = gc_dim(t->e, "transpose", d0, t->ndim, &a)) != GCAP_OK ||
       (st = gc_dim(t->e, "transpose", d1, t->ndim, &b)) != GCAP_OK)
     return st;
@@ -178,12 +172,22 @@ static gcap_status narrow(gcap_tensor *t, int d, int64_t start, int64_t len, con
 gcap_status gcap_narrow(gcap_tensor *t, int dim, int64_t start, int64_t length, gcap_tensor **out) {
   int d;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (t == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
+  if ((st = gc_op_start_out("narrow", t, "t", NULL, out)) != GCAP_OK) return st;
   if ((st = gc_dim(t->e, "narrow", dim, t->ndim, &d)) != GCAP_OK) return st;
   return narrow(t, d, start, length, "narrow", out);
+}
+
+/* The start of split or chunk (op) on t: room for cap pieces in outs, their
+** count into *n (0 until they are made). */
+static gcap_status pieces_start(gcap_tensor *t, int cap, gcap_tensor **outs, int *n,
+                                const char *op) {
+  gcap_status st;
+  if (n != NULL) *n = 0;
+  if ((st = gc_op_start(op, t, "t", NULL)) != GCAP_OK) return st;
+  if (n == NULL) return gc_null(t->e, op, "n");
+  if (cap < 0) return gc_bad_count(t->e, op, "cap", cap);
+  if (outs == NULL && cap > 0) return gc_null(t->e, op, "outs");
+  return GCAP_OK;
 }
 
 /* Pieces of `size` entries of dim (the last may be shorter), into outs. */
@@ -192,17 +196,15 @@ static gcap_status split(gcap_tensor *t, int64_t size, int dim, int cap, gcap_te
   int64_t len, count, i;
   int d;
   gcap_status st;
-  if (n == NULL || (outs == NULL && cap > 0)) return GCAP_EINVAL;
-  *n = 0;
-  if (t == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
+  if ((st = pieces_start(t, cap, outs, n, op)) != GCAP_OK) return st;
   if ((st = gc_dim(t->e, op, dim, t->ndim, &d)) != GCAP_OK) return st;
   len = t->shape[d];
   if (size <= 0) return gc_fail(t->e, GCAP_EINVAL, "%s: the size of a piece must be positive", op);
   count = len == 0 ? 0 : (len - 1) / size + 1; /* len + size - 1 may overflow */
   if (count > cap)
-    return gc_fail(t->e, GCAP_EINVAL, "%s: dim %d of size %lld makes %lld pieces, room for %d", op,
-                   d, (long long)len, (long long)count, cap);
+    return gc_fail(t->e, GCAP_EINVAL,
+                   "%s: dim %d of size %lld makes %lld pieces, room for %d (cap)", op, d,
+                   (long long)len, (long long)count, cap);
   for (i = 0; i < count; i++) {
     int64_t lo = i * size;
     if ((st = narrow(t, d, lo, len - lo < size ? len - lo : size, op, &outs[i])) != GCAP_OK) {
@@ -224,9 +226,7 @@ gcap_status gcap_split(gcap_tensor *t, int64_t size, int dim, int cap, gcap_tens
 gcap_status gcap_chunk(gcap_tensor *t, int chunks, int dim, int cap, gcap_tensor **outs, int *n) {
   int d;
   gcap_status st;
-  if (n != NULL) *n = 0;
-  if (t == NULL || n == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
+  if ((st = pieces_start(t, cap, outs, n, "chunk")) != GCAP_OK) return st;
   if (chunks <= 0)
     return gc_fail(t->e, GCAP_EINVAL, "chunk: the number of chunks must be positive, got %d",
                    chunks);
@@ -257,33 +257,40 @@ static gcap_status cat_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
 
 gcap_status gcap_cat(int n, gcap_tensor *const *ts, int dim, gcap_tensor **out) {
   int64_t shape[GCAP_MAXDIM], size[GCAP_CAT_MAX], off = 0;
-  gcap_tensor *t0;
+  gcap_tensor *t0 = NULL;
+  gcap_engine *e;
   gc_node *node;
   gcap_status st;
   int i, j, d;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (ts == NULL || n <= 0 || ts[0] == NULL) return GCAP_EINVAL;
-  t0 = ts[0];
-  gc_clear(t0->e);
+  if (out != NULL) *out = NULL;
+  for (i = 0; ts != NULL && i < n && t0 == NULL; i++) /* the engine to tell */
+    t0 = ts[i];
+  if (t0 == NULL) return GCAP_EINVAL;
+  e = t0->e;
+  gc_clear(e);
+  if (out == NULL) return gc_null(e, "cat", "out");
   if (n > GCAP_CAT_MAX)
-    return gc_fail(t0->e, GCAP_EINVAL, "cat: %d tensors (at most %d)", n, GCAP_CAT_MAX);
+    return gc_fail(e, GCAP_EINVAL, "cat: n is %d (at most %d)", n, GCAP_CAT_MAX);
+  for (i = 0; i < n; i++)
+    if (ts[i] == NULL || ts[i]->e != e)
+      return gc_fail(e, GCAP_EINVAL, "cat: tensor %d %s", i + 1,
+                     ts[i] ? "belongs to another engine" : "is NULL");
+  t0 = ts[0];
   if ((st = gc_dim(t0->e, "cat", dim, t0->ndim, &d)) != GCAP_OK) return st;
   memcpy(shape, t0->shape, sizeof shape);
   shape[d] = 0;
   for (i = 0; i < n; i++) {
     gcap_tensor *t = ts[i];
-    int same = t != NULL && t->e == t0->e && t->dt == t0->dt && t->ndim == t0->ndim;
+    int same = t->dt == t0->dt && t->ndim == t0->ndim;
     for (j = 0; same && j < t0->ndim; j++)
       same = j == d || t->shape[j] == t0->shape[j];
     if (!same) {
-      char b1[64], b2[64] = "NULL";
-      if (t) gc_shape_str(t, b2, sizeof b2);
+      char b1[64], b2[64];
       return gc_fail(t0->e, GCAP_EINVAL,
                      "cat: tensor %d is %s %s, tensor 1 is %s %s: expected one engine and dtype "
                      "and equal sizes in every dim but the one joined (counting tensors from 1)",
-                     i + 1, t ? gc_dtype_name(t->dt) : "", b2, gc_dtype_name(t0->dt),
-                     gc_shape_str(t0, b1, sizeof b1));
+                     i + 1, gc_dtype_name(t->dt), gc_shape_str(t, b2, sizeof b2),
+                     gc_dtype_name(t0->dt), gc_shape_str(t0, b1, sizeof b1));
     }
     shape[d] += t->shape[d];
     size[i] = t->shape[d];

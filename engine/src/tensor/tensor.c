@@ -31,8 +31,8 @@ gcap_status gc_check_shape(gcap_engine *e, const char *op, int ndim, const int64
   int64_t n = 1;
   int i;
   if (ndim < 0 || ndim > GCAP_MAXDIM)
-    return gc_fail(e, GCAP_EINVAL, "%s: a tensor has 0 to %d dimensions, got %d", op, GCAP_MAXDIM,
-                   ndim);
+    return gc_fail(e, GCAP_EINVAL, "%s: ndim is %d; a tensor has 0 to %d dimensions", op, ndim,
+                   GCAP_MAXDIM);
   if (ndim > 0 && shape == NULL) return gc_fail(e, GCAP_EINVAL, "%s: shape is NULL", op);
   for (i = 0; i < ndim; i++) {
     if (shape[i] < 0)
@@ -44,6 +44,25 @@ gcap_status gc_check_shape(gcap_engine *e, const char *op, int ndim, const int64
   }
   *numel = n;
   return GCAP_OK;
+}
+
+gcap_status gc_op_start(const char *op, gcap_tensor *t, const char *name, const gcap_tensor *alt) {
+  if (t == NULL) return alt ? gc_null(alt->e, op, name) : GCAP_EINVAL;
+  gc_clear(t->e);
+  return GCAP_OK;
+}
+
+gcap_status gc_op_start_out(const char *op, gcap_tensor *t, const char *name,
+                            const gcap_tensor *alt, gcap_tensor **out) {
+  gcap_status st;
+  if (out != NULL) *out = NULL;
+  if ((st = gc_op_start(op, t, name, alt)) != GCAP_OK) return st;
+  return out ? GCAP_OK : gc_null(t->e, op, "out");
+}
+
+gcap_status gc_operand(gcap_engine *e, const char *op, const char *name, const gcap_tensor *t) {
+  if (t == NULL) return gc_null(e, op, name);
+  return t->e == e ? GCAP_OK : gc_foreign(e, op, name);
 }
 
 static gcap_tensor *tensor_wrap(gcap_engine *e, gc_blk *b, size_t off, gcap_dtype dt, int ndim,
@@ -96,10 +115,10 @@ gcap_status gc_tensor_alloc(gcap_engine *e, const char *op, gcap_dtype dt, int n
 
 gcap_status gcap_tensor_empty(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
                               gcap_tensor **out) {
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
+  if (out == NULL) return gc_null(e, "empty", "out");
   return gc_tensor_alloc(e, "empty", dt, ndim, shape, out);
 }
 
@@ -244,18 +263,24 @@ gcap_status gcap_tensor_set_version(gcap_tensor *t, uint64_t v) {
 gcap_status gcap_tensor_set_(gcap_tensor *t, gcap_tensor *src, int64_t offset) {
   gcap_engine *e;
   gcap_status st;
-  if (t == NULL || src == NULL) return GCAP_EINVAL;
+  if ((st = gc_op_start("set_", t, "t", src)) != GCAP_OK) return st;
   e = t->e;
-  gc_clear(e);
-  if (src->e != e) return gc_fail(e, GCAP_EINVAL, "set_: the source belongs to another engine");
+  if ((st = gc_operand(e, "set_", "the source src", src)) != GCAP_OK) return st;
   if (src->dt != t->dt)
     return gc_fail(e, GCAP_EINVAL, "set_: the source is %s, the tensor %s", gc_dtype_name(src->dt),
                    gc_dtype_name(t->dt));
-  if (offset < 0 || offset > src->numel || t->numel > src->numel - offset)
+  /* offset is any int64_t: the last element, offset + numel - 1, is written
+  ** only where it cannot overflow (offset between -2^62 and the source's size) */
+  if (offset < -((int64_t)1 << 62) || offset > src->numel)
     return gc_fail(e, GCAP_EINVAL,
-                   "set_: elements %lld .. %lld of a source of %lld elements (the tensor has %lld)",
+                   "set_: offset %lld is outside a source of %lld elements (the tensor has %lld)",
+                   (long long)offset, (long long)src->numel, (long long)t->numel);
+  if (offset < 0 || t->numel > src->numel - offset)
+    return gc_fail(e, GCAP_EINVAL,
+                   "set_: elements %lld .. %lld of a source of %lld elements (the tensor has "
+                   "%lld), from offset %lld",
                    (long long)offset, (long long)(offset + t->numel - 1), (long long)src->numel,
-                   (long long)t->numel);
+                   (long long)t->numel, (long long)offset);
   if ((st = gc_check_not_capturing(e, "set_ (moving a tensor onto other storage)")) != GCAP_OK)
     return st;
   gc_blk_retain(src->blk); /* before the release: src may share t's block */

@@ -48,6 +48,17 @@ const char *gc_dtype_name(gcap_dtype dt);
 /* Validate a shape; on success *numel is its element count. */
 gcap_status gc_check_shape(gcap_engine *e, const char *op, int ndim, const int64_t *shape,
                            int64_t *numel);
+/* The start of public call `op` on tensor t, its argument `name`: t's
+** engine's message cleared. t NULL is GCAP_EINVAL told to the engine of
+** `alt`, another tensor argument of the call (NULL: there is no engine to
+** tell). gc_op_start_out is the start of a call handing a tensor back
+** through out: *out = NULL first, and a NULL out is refused naming it. */
+gcap_status gc_op_start(const char *op, gcap_tensor *t, const char *name, const gcap_tensor *alt);
+gcap_status gc_op_start_out(const char *op, gcap_tensor *t, const char *name,
+                            const gcap_tensor *alt, gcap_tensor **out);
+/* Tensor argument `name` of call op on engine e: NULL or of another engine
+** is GCAP_EINVAL naming it. */
+gcap_status gc_operand(gcap_engine *e, const char *op, const char *name, const gcap_tensor *t);
 /* A new tensor on the current stream, uninitialised. */
 gcap_status gc_tensor_alloc(gcap_engine *e, const char *op, gcap_dtype dt, int ndim,
                             const int64_t *shape, gcap_tensor **out);

@@ -9,10 +9,10 @@ gcap_status gcap_tensor_from_f32(gcap_engine *e, gcap_dtype dt, int ndim, const 
                                  const float *data, gcap_tensor **out) {
   gcap_tensor *t = NULL, *f = NULL;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
+  if (out == NULL) return gc_null(e, "tensor", "out");
   if ((st = gc_check_not_capturing(e, "tensor from host data (a synchronous upload)")) != GCAP_OK)
     return st;
   if ((st = gc_tensor_alloc(e, "tensor", GCAP_F32, ndim, shape, &f)) != GCAP_OK) return st;
@@ -51,8 +51,8 @@ gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
       GCAP_OK)
     return st;
   if (n != (size_t)t->numel)
-    return gc_fail(e, GCAP_EINVAL, "read: the tensor has %lld elements, the buffer %zu",
-                   (long long)t->numel, n);
+    return gc_fail(e, GCAP_EINVAL, "read: n is %zu, but the tensor has %lld elements", n,
+                   (long long)t->numel);
   if (n == 0) return GCAP_OK;
   if (dst == NULL) return gc_fail(e, GCAP_EINVAL, "read: dst is NULL");
   if (t->dt != GCAP_F32) { /* widen on the device, then copy */
