@@ -299,7 +299,7 @@ typedef struct gcap_graphed_opts {
   void *progress_ud;
 } gcap_graphed_opts;
 
-/* Fill *o with the defaults above. */
+/* Fill *o with the defaults above (nothing for o NULL). */
 void gcap_graphed_opts_init(gcap_graphed_opts *o);
 
 /* Graph `callables` (modules; all in training or all in eval mode, with no
@@ -307,15 +307,19 @@ void gcap_graphed_opts_init(gcap_graphed_opts *o);
 ** tensors args[i][0..nargs[i]). Without an order there is one entry per
 ** callable; with one, chunks x microbatches x layers (docs/semantics.md,
 ** "order"). On success *out holds one replayable entry per sample_args entry;
-** on failure modules, .grad values, the generator and pools are as before. */
+** on failure modules, .grad values, the generator and pools are as before.
+** e NULL: GCAP_EINVAL. */
 gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
                                         gcap_module *const *callables, int nentries,
                                         const int *nargs, gcap_tensor *const *const *args,
                                         const gcap_graphed_opts *opts, gcap_graphed **out);
+/* Another reference (NULL for NULL); the entries' count (0 for NULL). The
+** calls below on a NULL g return GCAP_EINVAL with no message, and an entry
+** that is none (entry < 0 or >= the count) is GCAP_EINVAL naming it. */
 gcap_graphed *gcap_graphed_retain(gcap_graphed *g);
 void gcap_graphed_free(gcap_graphed *g);
 int gcap_graphed_num_entries(const gcap_graphed *g);
-/* The module entry i was captured from. */
+/* The module entry i was captured from; NULL for a bad g or entry. */
 gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry);
 /* Replay entry i's forward: copy inputs whose address differs from the
 ** static ones, launch, and return a view of the static output (valid until
@@ -724,11 +728,15 @@ typedef gcap_status (*gcap_module_hook)(void *ud, gcap_module *m, const gcap_hoo
 ** entry, what was expected and what was returned, and fails the call (or
 ** the backward) even if the hook then returns GCAP_OK; the module is left
 ** as it was. Returns GCAP_EINVAL when `a` is not the argument of a running
-** hook (NULL, or a->ret NULL), n < 0, or t is NULL with n > 0; GCAP_ENOMEM. */
+** hook (NULL, or a->ret NULL: no engine to tell, so no message), n < 0, or t
+** is NULL with n > 0; GCAP_ENOMEM. */
 gcap_status gcap_hook_return(const gcap_hook_args *a, int n, gcap_tensor *const *t);
 
 /* A module of type name `type` whose forward is fwd(ud, ...). ud_free (may be
-** NULL) is called on ud when the module is freed. */
+** NULL) is called on ud when the module is freed. e NULL: GCAP_EINVAL. Every
+** call below on a NULL module returns GCAP_EINVAL with no message (one that
+** adds a tensor or child tells its engine), and the getters of a NULL
+** module give 0, NULL or "". */
 gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fwd, void *ud,
                             void (*ud_free)(void *), gcap_module **out);
 /* The same, for a forward of several outputs (gcap_forward_n_fn). */
@@ -747,13 +755,14 @@ gcap_status gcap_module_add_child(gcap_module *m, const char *name, gcap_module 
 
 /* Parameters of m and its children, depth first, each tensor (and each
 ** module) once under the first name it is reached by: count, then the i-th
-** with its dotted name copied into name[n] (may be NULL). Borrowed tensor. */
+** with its dotted name copied into name[n] (may be NULL). Borrowed tensor;
+** NULL for an i out of range. */
 int gcap_module_num_parameters(const gcap_module *m);
 gcap_tensor *gcap_module_parameter(const gcap_module *m, int i, char *name, size_t n);
 /* Buffers of m and its children, the same way. */
 int gcap_module_num_buffers(const gcap_module *m);
 gcap_tensor *gcap_module_buffer(const gcap_module *m, int i, char *name, size_t n);
-/* Direct children. */
+/* Direct children (NULL, *name untouched, for an i out of range). */
 int gcap_module_num_children(const gcap_module *m);
 gcap_module *gcap_module_child(const gcap_module *m, int i, const char **name);
 
@@ -765,7 +774,7 @@ int gcap_module_training(const gcap_module *m);
 gcap_status gcap_module_register_hook(gcap_module *m, gcap_hook_kind kind, gcap_module_hook fn,
                                       void *ud, void (*ud_free)(void *), int *id);
 gcap_status gcap_module_remove_hook(gcap_module *m, int id);
-/* Hooks of one kind registered on m itself. */
+/* Hooks of one kind registered on m itself (0 for a kind that is none). */
 int gcap_module_num_hooks(const gcap_module *m, gcap_hook_kind kind);
 
 /* Call m: forward-pre hooks, forward, forward hooks; backward hooks are
@@ -798,7 +807,9 @@ int gcap_module_has_delayed_wgrad(const gcap_module *m);
 **   the weight's dtype, zeros at first) instead of weight.grad, which stays
 **   NULL (TE's fuse_wgrad_accumulation); gcap_module_zero_grad zeroes it.
 **   Optimizers read .grad: as with Megatron's main_grad, the caller hands it
-**   over. Unlike TE's fp32 main_grad, it has the weight's dtype. */
+**   over. Unlike TE's fp32 main_grad, it has the weight's dtype.
+** Each constructor here and below, the transformer modules', returns
+** GCAP_EINVAL with no message for e NULL. */
 #define GCAP_LINEAR_DELAY_WGRAD 1u
 #define GCAP_LINEAR_FUSE_WGRAD 2u
 gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, unsigned flags,
@@ -864,7 +875,7 @@ typedef struct gcap_transformer_opts {
   gcap_sdpa_impl attn_impl;      /* GCAP_SDPA_AUTO: the core attention's implementation */
 } gcap_transformer_opts;
 
-/* Fill *o with the defaults above. */
+/* Fill *o with the defaults above (nothing for o NULL). */
 void gcap_transformer_opts_init(gcap_transformer_opts *o);
 
 /* MultiheadAttention (self-attention) on x [seq, batch, hidden], with the
@@ -895,7 +906,8 @@ gcap_status gcap_nn_embedding(gcap_engine *e, int64_t num_embeddings, int64_t em
 
 /* ------------------------------------------------------------------------ */
 /* Optimizers: update parameters in place with device-side state, so a step
-** can be captured and replayed.                                             */
+** can be captured and replayed. e NULL, or o NULL: GCAP_EINVAL with no
+** message.                                                                 */
 
 /* SGD: lr, momentum (0: none), weight_decay. */
 gcap_status gcap_optim_sgd(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
@@ -956,13 +968,15 @@ typedef struct gcap_custom_out {
 
 /* A new op described by *d (copied; its name too). On failure ud_free is
 ** called on d->ud at once. The op is reference-counted: graphs that
-** recorded it and autograd nodes keep it after gcap_custom_op_free. */
+** recorded it and autograd nodes keep it after gcap_custom_op_free. e NULL:
+** GCAP_EINVAL with no message (ud_free is called all the same). */
 gcap_status gcap_custom_op_new(gcap_engine *e, const gcap_custom_desc *d, gcap_custom_op **out);
 /* NULL is fine. */
 void gcap_custom_op_free(gcap_custom_op *op);
 /* Run op on in[nin] (tensors of its engine), giving out[nout] new tensors
 ** shaped as spec[nout]. save[nsave] (at most 6) picks the tensors its
-** backward gets: i < nin is input i, nin + j is output j. */
+** backward gets: i < nin is input i, nin + j is output j. op NULL:
+** GCAP_EINVAL with no message. */
 gcap_status gcap_custom_call(gcap_custom_op *op, int nin, gcap_tensor *const *in, int nout,
                              const gcap_custom_out *spec, int nsave, const int *save,
                              gcap_tensor **out);
@@ -971,13 +985,14 @@ gcap_status gcap_custom_call(gcap_custom_op *op, int nin, gcap_tensor *const *in
 ** stream: the native handle of s (cuda: its cudaStream_t; host: the host
 ** backend's queue, meaningful only to a custom op's callback). Work
 ** launched on it directly is invisible to the engine: on the host backend
-** it runs now and is never replayed (use a custom op there). */
+** it runs now and is never replayed (use a custom op there). s NULL:
+** GCAP_EINVAL with no message. */
 gcap_status gcap_stream_native(gcap_stream *s, void **out);
 /* Declare that work about to be launched on the current stream, outside
 ** graphcap, reads (write = 0) or writes t: the open capture's read and
 ** write sets (and, eagerly, the pool's writers) take it, so the replay
 ** check sees it and names `what` (1 to 63 bytes). Refused, as a launch is,
-** on a stream outside the open capture. */
+** on a stream outside the open capture. t NULL: GCAP_EINVAL with no message. */
 gcap_status gcap_note_access(gcap_tensor *t, int write, const char *what);
 
 /* ------------------------------------------------------------------------ */
@@ -1014,7 +1029,8 @@ const char *gcap_kparam_name(gcap_kparam p);
 ** kernel's parameter count and sizes are checked against them. A compile
 ** error is GCAP_EINVAL whose message holds NVRTC's log (lines as
 ** "<name>.cu(LINE): error: ..."); no NVRTC is GCAP_EUNSUPPORTED. On a cuda
-** engine the kernel is loaded on its device at once. */
+** engine the kernel is loaded on its device at once. e NULL: GCAP_EINVAL
+** with no message, as for k NULL in the calls on a kernel below. */
 gcap_status gcap_kernel_new(gcap_engine *e, const char *source, const char *name, int nopts,
                             const char *const *opts, int nparams, const gcap_kparam *params,
                             gcap_kernel **out);
@@ -1067,7 +1083,8 @@ typedef struct gcap_launch_desc {
 
 /* Launch k on the current stream as custom op k's name: captured as a
 ** kernel node on cuda, its host twin recorded on the host backend. The
-** arguments are checked and converted as gcap_kernel_args does. */
+** arguments are checked and converted as gcap_kernel_args does. Every
+** failure, k or l NULL included, calls host_ud_free on host_ud. */
 gcap_status gcap_kernel_launch(gcap_kernel *k, const gcap_launch_desc *l);
 
 /* ------------------------------------------------------------------------ */
@@ -1105,7 +1122,8 @@ int gcap_dist_available(void);
 ** world's NCCL communicator is made from a unique id that rank 0
 ** broadcasts over MPI. Collective: every rank calls it. GCAP_EUNSUPPORTED
 ** in a build without MPI; GCAP_ESTATE when already initialised, or after
-** gcap_dist_finalize (MPI cannot start twice). */
+** gcap_dist_finalize (MPI cannot start twice). e NULL: GCAP_EINVAL with no
+** message, as in every call below that takes an engine. */
 gcap_status gcap_dist_init(gcap_engine *e);
 
 /* 1 between gcap_dist_init and gcap_dist_finalize. */
@@ -1134,10 +1152,10 @@ void gcap_dist_abort(int code);
 ** peers) and fail with GCAP_EINVAL naming the op and the ranks that
 ** disagree; barrier and finalize take part (a rank there while others make
 ** a collective is named; the refused finalize leaves the runtime as it
-** was), and new_group compares its rank lists. Checked when the call is made (eagerly, or while
-*capturing), not at
-** replay. Off by default; on, each call costs one more exchange. Local:
-** each rank sets its own (set it alike on all). */
+** was), and new_group compares its rank lists. Checked when the call is
+** made (eagerly, or while capturing), not at replay. Off by default; on,
+** each call costs one more exchange. Local: each rank sets its own (set it
+** alike on all). */
 gcap_status gcap_dist_set_debug(gcap_engine *e, int on);
 
 /* The group of the world ranks ranks[0..n) (distinct, in range), group rank
@@ -1151,7 +1169,8 @@ gcap_status gcap_dist_new_group(gcap_engine *e, int n, const int *ranks, gcap_di
 gcap_dist_group *gcap_dist_world(void);
 
 /* The caller's rank in g (-1: not a member), g's size, and its world ranks
-** (size entries, in group-rank order). g NULL: the world. */
+** (size entries, in group-rank order). g NULL: the world (before init -1, 0
+** and NULL). */
 int gcap_dist_group_rank(const gcap_dist_group *g);
 int gcap_dist_group_size(const gcap_dist_group *g);
 const int *gcap_dist_group_ranks(const gcap_dist_group *g);
@@ -1161,7 +1180,9 @@ const int *gcap_dist_group_ranks(const gcap_dist_group *g);
 gcap_status gcap_dist_barrier(gcap_engine *e, gcap_dist_group *g);
 
 /* In the collectives below, g NULL is the world, and tensors are those of
-** the engine gcap_dist_init was given, contiguous, f32 or bf16 alike. */
+** the engine gcap_dist_init was given, contiguous, f32 or bf16 alike. A
+** collective whose tensors are all NULL returns GCAP_EINVAL with no
+** message; a NULL one beside another is told to the other's engine. */
 
 /* t = op over the ranks of g of t, in place. Host: summed (or maxed) in
 ** rank order, in float, so every rank gets the same bits. */

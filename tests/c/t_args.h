@@ -1,9 +1,9 @@
 /*
-** t_args.h: the harness of the bad-argument suite (test_api_args.c): BAD
-** checks that a call returns its status and leaves a message of its own
-** naming the argument, FOREIGN that it also says whose the argument is,
-** NOENG a call with no engine to tell. Include it after t.h; every helper
-** is static inline.
+** t_args.h: the harness of the bad-argument suites (test_api_args.c,
+** test_api_args_train.c): BAD checks that a call returns its status and
+** leaves a message of its own naming the argument, FOREIGN that it also
+** says whose the argument is, NOENG a call with no engine to tell. Include
+** it after t.h; every helper is static inline.
 */
 #ifndef T_ARGS_H
 #define T_ARGS_H

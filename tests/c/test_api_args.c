@@ -1,18 +1,18 @@
 /*
 ** test_api_args.c: every function of graphcap.h from the engine to the
-** runtime-compiled kernels given each bad argument: a NULL handle where
-** another argument has an engine, a NULL out pointer, a negative count, an
-** out-of-range enum, another engine's object. Each returns its
-** status and sets a message of its own naming the argument, on the engine
-** of the call (its engine argument, else its first handle's); a stale
-** message left there first catches a call that sets none. A call whose
-** handles are all NULL has no engine to tell: it returns what its
-** declaration says.
+** runtime-compiled kernels (test_api_args_train.c: the rest) given each
+** bad argument: a NULL handle where another argument has an engine, a NULL
+** out pointer, a negative count, an out-of-range enum, another engine's
+** object. Each returns its status and sets a message of its own naming the
+** argument, on the engine of the call (its engine argument, else its first
+** handle's); a stale message left there first catches a call that sets
+** none. A call whose handles are all NULL has no engine to tell: it returns
+** what its declaration says.
 */
 #include "t_args.h"
 
 /* ------------------------------------------------------------------------ */
-/* Constants, and the engine, streams and events, pools and graphs, capture, dumps, trace   */
+/* Constants; the engine, streams, events, pools, graphs, capture, trace    */
 
 /* The calls that only name constants take any value. */
 static void test_constants(void) {

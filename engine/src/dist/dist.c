@@ -203,12 +203,13 @@ gcap_status gcap_dist_new_group(gcap_engine *e, int n, const int *ranks, gcap_di
   gcap_status st;
   int i, j;
   if (out) *out = NULL;
-  if (e == NULL || out == NULL) return GCAP_EINVAL;
+  if (e == NULL) return GCAP_EINVAL;
+  if (out == NULL) return gc_null(e, "new_group", "out");
   if ((st = dist_begin(e, "new_group")) != GCAP_OK ||
       (st = gc_check_not_capturing(e, "new_group")) != GCAP_OK)
     return st;
-  if (n < 1 || ranks == NULL)
-    return gc_fail(e, GCAP_EINVAL, "new_group: a group needs at least one rank");
+  if (n < 1) return gc_bad_count(e, "new_group", "n (a group needs at least one rank)", n);
+  if (ranks == NULL) return gc_null(e, "new_group", "ranks");
   for (i = 0; i < n; i++) {
     if (ranks[i] < 0 || ranks[i] >= D.size)
       return gc_fail(e, GCAP_EINVAL, "new_group: ranks[%d] = %d is out of range (world size %d)",
@@ -516,10 +517,10 @@ static gcap_status collective(gcap_tensor *t, gcap_tensor *out, gc_coll_kind kin
   gcap_stream *s;
   gc_coll c;
   gcap_status st;
-  int gpeer = -1;
-  if (t == NULL || ((kind == GC_COLL_ALL_GATHER || kind == GC_COLL_REDUCE_SCATTER) && out == NULL))
-    return GCAP_EINVAL;
+  int gpeer = -1, two = kind == GC_COLL_ALL_GATHER || kind == GC_COLL_REDUCE_SCATTER;
+  if (t == NULL) return two && out ? gc_null(out->e, op, "t") : GCAP_EINVAL;
   e = t->e;
+  if (two && out == NULL) return gc_null(e, op, "out");
   if ((st = coll_check(t, out, kind, red, peer, &g, &gpeer)) != GCAP_OK) return st;
   s = e->current;
   if ((st = gc_check_stream(e, s, op)) != GCAP_OK) return st;

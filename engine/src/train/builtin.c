@@ -137,10 +137,9 @@ gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, un
   int64_t ws[2], bs[1];
   double bound;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
-  if ((st = gc_check_open(e, "Linear")) != GCAP_OK) return st;
+  if ((st = gc_module_start(e, "Linear", m)) != GCAP_OK ||
+      (st = gc_check_open(e, "Linear")) != GCAP_OK)
+    return st;
   if (in <= 0 || out <= 0)
     return gc_fail(e, GCAP_EINVAL,
                    "Linear: in and out features must be positive, got %lld and %lld", (long long)in,
@@ -266,19 +265,19 @@ static gcap_status seq_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
 }
 
 gcap_status gcap_nn_relu(gcap_engine *e, gcap_module **m) {
-  return gcap_module_new(e, "ReLU", relu_forward, NULL, NULL, m);
+  gcap_status st = gc_module_start(e, "ReLU", m);
+  return st ? st : gcap_module_new(e, "ReLU", relu_forward, NULL, NULL, m);
 }
 
 gcap_status gcap_nn_gelu(gcap_engine *e, gcap_module **m) {
-  return gcap_module_new(e, "GELU", gelu_forward, NULL, NULL, m);
+  gcap_status st = gc_module_start(e, "GELU", m);
+  return st ? st : gcap_module_new(e, "GELU", gelu_forward, NULL, NULL, m);
 }
 
 gcap_status gcap_nn_layer_norm(gcap_engine *e, int64_t n, double eps, gcap_module **m) {
   gcap_tensor *w = NULL, *b = NULL;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_start(e, "LayerNorm", m)) != GCAP_OK) return st;
   if (n <= 0)
     return gc_fail(e, GCAP_EINVAL, "LayerNorm: size must be positive, got %lld", (long long)n);
   if ((st = gcap_module_new(e, "LayerNorm", ln_forward, NULL, NULL, m)) != GCAP_OK) return st;
@@ -297,9 +296,7 @@ gcap_status gcap_nn_layer_norm(gcap_engine *e, int64_t n, double eps, gcap_modul
 
 gcap_status gcap_nn_dropout(gcap_engine *e, double p, gcap_module **m) {
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_start(e, "Dropout", m)) != GCAP_OK) return st;
   if (!(p >= 0.0 && p <= 1.0))
     return gc_fail(e, GCAP_EINVAL, "Dropout: probability must be in [0, 1], got %g", p);
   if ((st = gcap_module_new(e, "Dropout", dropout_forward, NULL, NULL, m)) == GCAP_OK) (*m)->p = p;
@@ -309,9 +306,13 @@ gcap_status gcap_nn_dropout(gcap_engine *e, double p, gcap_module **m) {
 gcap_status gcap_nn_sequential(gcap_engine *e, int n, gcap_module *const *mods, gcap_module **m) {
   gcap_status st;
   int j;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL || n < 0 || (n > 0 && mods == NULL)) return GCAP_EINVAL;
+  if ((st = gc_module_start(e, "Sequential", m)) != GCAP_OK) return st;
+  if (n < 0) return gc_bad_count(e, "Sequential", "n", n);
+  if (n > 0 && mods == NULL) return gc_null(e, "Sequential", "mods");
+  for (j = 0; j < n; j++)
+    if (mods[j] == NULL || mods[j]->e != e)
+      return gc_fail(e, GCAP_EINVAL, "Sequential: module #%d %s", j + 1,
+                     mods[j] ? "belongs to another engine" : "is NULL");
   if ((st = gcap_module_new(e, "Sequential", seq_forward, NULL, NULL, m)) != GCAP_OK) return st;
   for (j = 0; j < n; j++) {
     char name[16];

@@ -19,12 +19,11 @@ static gcap_status module_new(gcap_engine *e, const char *type, gcap_forward_fn 
                               gcap_module **out) {
   gcap_module *m;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
   if ((st = gc_check_open(e, type ? type : "module")) != GCAP_OK) return st;
-  if (fwd == NULL && fwd_n == NULL)
-    return gc_fail(e, GCAP_EINVAL, "module: forward function is NULL");
+  if (out == NULL) return gc_null(e, type ? type : "module", "out");
+  if (fwd == NULL && fwd_n == NULL) return gc_null(e, "module", "fwd (the forward function)");
   if ((m = (gcap_module *)gc_calloc(1, sizeof *m)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "module: out of host memory");
   m->refs = 1;
@@ -39,6 +38,17 @@ static gcap_status module_new(gcap_engine *e, const char *type, gcap_forward_fn 
   gc_engine_ref(e);
   *out = m;
   return GCAP_OK;
+}
+
+gcap_engine *gc_module_engine(const gcap_module *m) {
+  return m->e;
+}
+
+gcap_status gc_module_start(gcap_engine *e, const char *type, gcap_module **m) {
+  if (m != NULL) *m = NULL;
+  if (e == NULL) return GCAP_EINVAL;
+  gc_clear(e);
+  return m ? GCAP_OK : gc_null(e, type, "m");
 }
 
 gcap_status gcap_module_new(gcap_engine *e, const char *type, gcap_forward_fn fwd, void *ud,
@@ -126,9 +136,18 @@ static gcap_status list_add(gcap_module *m, mod_list *l, const char *what, const
   return GCAP_OK;
 }
 
-gcap_status gcap_module_add_parameter(gcap_module *m, const char *name, gcap_tensor *t) {
-  if (m == NULL || t == NULL) return GCAP_EINVAL;
+/* The start of call op adding obj, its argument `arg` of engine obj_e (NULL
+** when obj is), to m: m NULL is told to obj's engine. */
+static gcap_status add_start(gcap_module *m, const char *op, const char *arg, const void *obj,
+                             gcap_engine *obj_e) {
+  if (m == NULL) return obj_e ? gc_null(obj_e, op, "m") : GCAP_EINVAL;
   gc_clear(m->e);
+  return obj ? GCAP_OK : gc_null(m->e, m->type, arg);
+}
+
+gcap_status gcap_module_add_parameter(gcap_module *m, const char *name, gcap_tensor *t) {
+  gcap_status st;
+  if ((st = add_start(m, "add_parameter", "t", t, t ? t->e : NULL)) != GCAP_OK) return st;
   if (t->e != m->e)
     return gc_fail(m->e, GCAP_EINVAL, "%s: parameter '%s' belongs to another engine", m->type,
                    name ? name : "?");
@@ -140,8 +159,8 @@ gcap_status gcap_module_add_parameter(gcap_module *m, const char *name, gcap_ten
 }
 
 gcap_status gcap_module_add_buffer(gcap_module *m, const char *name, gcap_tensor *t) {
-  if (m == NULL || t == NULL) return GCAP_EINVAL;
-  gc_clear(m->e);
+  gcap_status st;
+  if ((st = add_start(m, "add_buffer", "t", t, t ? t->e : NULL)) != GCAP_OK) return st;
   if (t->e != m->e)
     return gc_fail(m->e, GCAP_EINVAL, "%s: buffer '%s' belongs to another engine", m->type,
                    name ? name : "?");
@@ -157,8 +176,9 @@ static int module_contains(const gcap_module *m, const gcap_module *c) {
 }
 
 gcap_status gcap_module_add_child(gcap_module *m, const char *name, gcap_module *child) {
-  if (m == NULL || child == NULL) return GCAP_EINVAL;
-  gc_clear(m->e);
+  gcap_status st;
+  if ((st = add_start(m, "add_child", "child", child, child ? child->e : NULL)) != GCAP_OK)
+    return st;
   if (child->e != m->e)
     return gc_fail(m->e, GCAP_EINVAL, "%s: child '%s' belongs to another engine", m->type,
                    name ? name : "?");

@@ -20,8 +20,10 @@ gcap_status gcap_module_register_hook(gcap_module *m, gcap_hook_kind kind, gcap_
   if (id) *id = 0;
   if (m == NULL) return GCAP_EINVAL;
   gc_clear(m->e);
-  if (fn == NULL || kind < GCAP_HOOK_FORWARD_PRE || kind > GCAP_HOOK_BACKWARD)
-    return gc_fail(m->e, GCAP_EINVAL, "%s: register hook: bad kind or NULL function", m->type);
+  if (kind < GCAP_HOOK_FORWARD_PRE || kind > GCAP_HOOK_BACKWARD)
+    return gc_fail(m->e, GCAP_EINVAL, "%s: register hook: kind %d is no gcap_hook_kind", m->type,
+                   (int)kind);
+  if (fn == NULL) return gc_null(m->e, m->type, "fn (the hook)");
   if (m->nhooks == m->caphooks) {
     int cap = m->caphooks ? 2 * m->caphooks : 4;
     mod_hook *v = (mod_hook *)gc_realloc(m->hooks, (size_t)cap * sizeof *v);
@@ -164,11 +166,13 @@ static gcap_status check_return(const gcap_hook_args *a, const gcap_hook_ret *r)
 gcap_status gcap_hook_return(const gcap_hook_args *a, int n, gcap_tensor *const *t) {
   gcap_hook_ret *r;
   int i;
-  if (a == NULL || (r = a->ret) == NULL || n < 0 || (n > 0 && t == NULL)) return GCAP_EINVAL;
+  if (a == NULL || (r = a->ret) == NULL) return GCAP_EINVAL; /* no running hook's: no engine */
   gc_clear(r->m->e);
+  if (n < 0) return gc_bad_count(r->m->e, "hook_return", "n", n);
+  if (n > 0 && t == NULL) return gc_null(r->m->e, "hook_return", "t");
   if (n > r->cap) {
     gcap_tensor **v = (gcap_tensor **)gc_realloc(r->t, (size_t)n * sizeof *v);
-    if (v == NULL) return GCAP_ENOMEM;
+    if (v == NULL) return gc_fail(r->m->e, GCAP_ENOMEM, "hook_return: out of host memory");
     r->t = v;
     r->cap = n;
   }
@@ -530,14 +534,14 @@ gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, 
   int i, ny = 0, nargs = 0;
   memset(&pre, 0, sizeof pre);
   memset(&post, 0, sizeof post);
-  if (out == NULL || nout == NULL) return GCAP_EINVAL;
-  *nout = 0;
+  if (nout != NULL) *nout = 0;
   if (m == NULL) return GCAP_EINVAL;
   gc_clear(m->e);
-  if (maxout < 0) return gc_fail(m->e, GCAP_EINVAL, "%s: room for %d outputs", m->type, maxout);
-  if (nin < 0 || (nin > 0 && in == NULL))
-    return gc_fail(m->e, GCAP_EINVAL, "%s: %d inputs %s", m->type, nin,
-                   nin < 0 ? "(a negative count)" : "but the input array is NULL");
+  if (out == NULL) return gc_null(m->e, m->type, "out");
+  if (nout == NULL) return gc_null(m->e, m->type, "nout");
+  if (maxout < 0) return gc_bad_count(m->e, m->type, "maxout", maxout);
+  if (nin < 0) return gc_bad_count(m->e, m->type, "nin", nin);
+  if (nin > 0 && in == NULL) return gc_null(m->e, m->type, "in");
   for (i = 0; i < nin; i++) {
     if (in[i] == NULL) return gc_fail(m->e, GCAP_EINVAL, "%s: input #%d is NULL", m->type, i + 1);
     if (in[i]->e != m->e)
@@ -599,8 +603,8 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
   gcap_tensor *ys[GCAP_MAX_OUTPUTS];
   gcap_status st;
   int n;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
+  if (m != NULL && out == NULL) return gc_null(m->e, m->type, "out");
   if ((st = gcap_module_call_n(m, nin, in, GCAP_MAX_OUTPUTS, &n, ys)) != GCAP_OK) return st;
   if (n == 1 && ys[0] != NULL) {
     *out = ys[0];

@@ -33,6 +33,12 @@ void gc_module_set_route(gcap_module *m, gc_route_fn fn, void *ud, int entry);
 ** later make_graphed_callables may have routed it elsewhere). */
 void gc_module_unroute(gcap_module *m, const void *ud, int entry);
 
+/* The engine m belongs to. */
+gcap_engine *gc_module_engine(const gcap_module *m);
+/* The start of the constructor of a module of type `type` handing it back
+** through m: *m = NULL, e's message cleared; e NULL is GCAP_EINVAL with no
+** message, m NULL an error naming it. */
+gcap_status gc_module_start(gcap_engine *e, const char *type, gcap_module **m);
 /* A new f32 tensor of U(-bound, bound) from the engine's generator, made
 ** with recording off (a parameter's initial value). */
 gcap_status gc_uniform(gcap_engine *e, int ndim, const int64_t *shape, double bound,

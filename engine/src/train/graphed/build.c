@@ -214,9 +214,9 @@ static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *con
   ge_build b;
   ge_aside a;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
   if (e == NULL) return GCAP_EINVAL;
+  if (out == NULL) return gc_null(e, "make_graphed_callables", "out");
   if (opts == NULL) {
     gcap_graphed_opts_init(&defaults);
     opts = &defaults;

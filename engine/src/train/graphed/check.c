@@ -35,16 +35,18 @@ static gcap_status check_inputs(gcap_engine *e, int ncallables, gcap_module *con
                                 const gcap_graphed_opts *o, int *training) {
   int c, i, k;
   gcap_status st;
-  if (ncallables <= 0 || callables == NULL)
-    return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: no callables");
-  if (nentries <= 0 || nargs == NULL || args == NULL)
-    return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: no sample_args");
+  if (ncallables <= 0) return gc_bad_count(e, "make_graphed_callables", "ncallables", ncallables);
+  if (callables == NULL) return gc_null(e, "make_graphed_callables", "callables");
+  if (nentries <= 0) return gc_bad_count(e, "make_graphed_callables", "nentries", nentries);
+  if (nargs == NULL || args == NULL)
+    return gc_null(e, "make_graphed_callables", nargs ? "args (the sample_args)" : "nargs");
   if (o->num_warmup_iters < 0)
     return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: num_warmup_iters must be >= 0, got %d",
                    o->num_warmup_iters);
   for (c = 0; c < ncallables; c++) {
-    if (callables[c] == NULL)
-      return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: callable %d is NULL", c + 1);
+    if (callables[c] == NULL || gc_module_engine(callables[c]) != e)
+      return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: callable %d %s", c + 1,
+                     callables[c] ? "belongs to another engine" : "is NULL");
     if ((st = gc_module_check_graphable(callables[c], "make_graphed_callables")) != GCAP_OK)
       return st;
     if (gcap_module_training(callables[c]) != gcap_module_training(callables[0]))
@@ -57,7 +59,8 @@ static gcap_status check_inputs(gcap_engine *e, int ncallables, gcap_module *con
   *training = gcap_module_training(callables[0]);
   for (i = 0; i < nentries; i++) {
     if (nargs[i] < 0 || (nargs[i] > 0 && args[i] == NULL))
-      return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: sample_args[%d] is malformed", i + 1);
+      return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: sample_args[%d] is malformed (%s)",
+                     i + 1, nargs[i] < 0 ? "a negative count in nargs" : "args[i] is NULL");
     for (k = 0; k < nargs[i]; k++) {
       gcap_tensor *t = args[i][k];
       if (t == NULL)
@@ -94,6 +97,8 @@ gcap_status gc_graphed_check(ge_build *b) {
     return gc_fail(e, GCAP_ESTATE,
                    "make_graphed_callables: not allowed inside another make_graphed_callables' "
                    "warmup (from its hooks or forwards)");
+  if (o->pool != NULL && o->pool->e != e)
+    return gc_foreign(e, "make_graphed_callables", "the pool of opts");
   if ((st = check_inputs(e, b->ncallables, b->callables, b->nentries, b->nargs, b->args, o,
                          &b->training)) != GCAP_OK)
     return st;

@@ -231,8 +231,8 @@ static gcap_status check_call_args(gcap_graphed *G, int entry, int nin, gcap_ten
   const ge_entry *x = &G->v[entry];
   int k;
   if (nin < 0 || (nin > 0 && in == NULL))
-    return gc_fail(G->e, GCAP_EINVAL, "graphed call of entry %d: %d arguments %s", entry + 1, nin,
-                   nin < 0 ? "(a negative count)" : "but the argument array is NULL");
+    return gc_fail(G->e, GCAP_EINVAL, "graphed call of entry %d: %s", entry + 1,
+                   nin < 0 ? "nin is negative" : "in is NULL");
   for (k = 0; k < nin; k++)
     if (in[k] == NULL || in[k]->e != G->e)
       return gc_fail(G->e, GCAP_EINVAL, "graphed call of entry %d: argument #%d is %s", entry + 1,
@@ -343,9 +343,11 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
   ge_entry *x;
   gcap_status st;
   int k, was, replay;
-  if (out == NULL || nout == NULL) return GCAP_EINVAL;
-  *nout = 0;
+  if (nout != NULL) *nout = 0;
   if ((st = entry_ok(G, entry, "graphed call")) != GCAP_OK) return st;
+  if (out == NULL) return gc_null(G->e, "graphed call", "out");
+  if (nout == NULL) return gc_null(G->e, "graphed call", "nout");
+  if (maxout < 0) return gc_bad_count(G->e, "graphed call", "maxout", maxout);
   x = &G->v[entry];
   replay = gcap_module_training(x->m) == G->training; /* else: eager, as in another mode */
   if ((st = check_call_args(G, entry, nin, in, replay)) != GCAP_OK) return st;
@@ -413,8 +415,8 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
                               gcap_tensor **out) {
   gcap_status st;
   int n;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
+  if (out != NULL) *out = NULL;
+  if (G != NULL && out == NULL) return gc_null(G->e, "graphed call", "out");
   if ((st = gcap_graphed_call_n(G, entry, nin, in, 1, &n, out)) != GCAP_OK) return st;
   if (n == 1 && *out != NULL) return GCAP_OK;
   drop_outs(n, out);
@@ -479,7 +481,7 @@ gcap_status gcap_graphed_debug_dump(gcap_graphed *G, int entry, const char *pref
   gcap_status st;
   int k;
   if ((st = entry_ok(G, entry, "debug_dump")) != GCAP_OK) return st;
-  if (prefix == NULL) return gc_fail(G->e, GCAP_EINVAL, "debug_dump: the prefix is NULL");
+  if (prefix == NULL) return gc_null(G->e, "debug_dump", "prefix");
   gs[0] = G->v[entry].fwd;
   gs[1] = G->v[entry].bwd;
   gs[2] = G->v[entry].dw;
@@ -497,9 +499,9 @@ gcap_status gcap_graphed_get_stats(gcap_graphed *G, int entry, gcap_graphed_stat
   ge_entry *x;
   gcap_status st;
   gcap_mem_stats ms;
-  if (out == NULL) return GCAP_EINVAL;
-  memset(out, 0, sizeof *out);
+  if (out != NULL) memset(out, 0, sizeof *out);
   if ((st = entry_ok(G, entry, "stats")) != GCAP_OK) return st;
+  if (out == NULL) return gc_null(G->e, "stats", "out");
   x = &G->v[entry];
   gcap_graph_get_stats(x->fwd, &out->fwd);
   if ((out->has_bwd = x->bwd != NULL)) gcap_graph_get_stats(x->bwd, &out->bwd);
