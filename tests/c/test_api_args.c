@@ -356,6 +356,43 @@ static void test_binary_ops(void) {
   fx_close(&f);
 }
 
+/* Attention's tensors and options, and the masked softmax's. */
+static void test_attention(void) {
+  const int64_t s4[2] = {4, 4};
+  gcap_tensor *o = BOGUS(gcap_tensor), *q = NULL;
+  gcap_sdpa_opts opts;
+  fx f;
+  T_SETUP(fx_open(&f), fx_close(&f));
+  T_SETUP(gcap_tensor_full(f.e, GCAP_F32, 2, s4, 0.5, &q) == GCAP_OK, fx_close(&f));
+  memset(&opts, 0, sizeof opts);
+  BAD(f.e, GCAP_EINVAL, "q", gcap_scaled_dot_product_attention(NULL, q, q, &opts, &o));
+  BAD(f.e, GCAP_EINVAL, "k", gcap_scaled_dot_product_attention(q, NULL, q, &opts, &o));
+  BAD(f.e, GCAP_EINVAL, "v", gcap_scaled_dot_product_attention(q, q, NULL, &opts, &o));
+  FOREIGN(f.e, "k", gcap_scaled_dot_product_attention(q, f.y, q, &opts, &o));
+  FOREIGN(f.e, "v", gcap_scaled_dot_product_attention(q, q, f.y, &opts, &o));
+  BAD(f.e, GCAP_EINVAL, "out", gcap_scaled_dot_product_attention(q, q, q, &opts, NULL));
+  opts.impl = (gcap_sdpa_impl)9;
+  BAD(f.e, GCAP_EINVAL, "impl", gcap_scaled_dot_product_attention(q, q, q, &opts, &o));
+  opts.impl = GCAP_SDPA_AUTO, opts.mask_kind = (gcap_mask_kind)9;
+  BAD(f.e, GCAP_EINVAL, "mask kind", gcap_scaled_dot_product_attention(q, q, q, &opts, &o));
+  opts.mask_kind = GCAP_MASK_ADD, opts.dropout_p = 1.5;
+  BAD(f.e, GCAP_EINVAL, "dropout_p", gcap_scaled_dot_product_attention(q, q, q, &opts, &o));
+  opts.dropout_p = 0, opts.scale = -1;
+  BAD(f.e, GCAP_EINVAL, "scale", gcap_scaled_dot_product_attention(q, q, q, &opts, &o));
+  opts.scale = 0, opts.attn_mask = f.y;
+  FOREIGN(f.e, "attn_mask", gcap_scaled_dot_product_attention(q, q, q, &opts, &o));
+  BAD(f.e, GCAP_EINVAL, "kind", gcap_softmax_masked(q, 1.0, q, (gcap_mask_kind)7, 0, &o));
+  BAD(f.e, GCAP_EINVAL, "scale", gcap_softmax_masked(q, INFINITY, NULL, GCAP_MASK_ADD, 0, &o));
+  FOREIGN(f.e, "mask", gcap_softmax_masked(q, 1.0, f.y, GCAP_MASK_BOOL, 1, &o));
+  T_CHECK(o == NULL);
+  o = BOGUS(gcap_tensor);
+  NOENG(GCAP_EINVAL, gcap_scaled_dot_product_attention(NULL, NULL, NULL, NULL, &o));
+  NOENG(GCAP_EINVAL, gcap_softmax_masked(NULL, 1.0, NULL, GCAP_MASK_ADD, 0, &o));
+  T_CHECK(o == NULL);
+  gcap_tensor_free(q);
+  fx_close(&f);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Autograd                                                                  */
 
@@ -583,6 +620,7 @@ int main(void) {
   T_RUN(test_shape_ops);
   T_RUN(test_unary_ops);
   T_RUN(test_binary_ops);
+  T_RUN(test_attention);
   T_RUN(test_autograd);
   T_RUN(test_optim);
   T_RUN(test_custom_ops);

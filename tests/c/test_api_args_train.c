@@ -3,9 +3,10 @@
 ** from make_graphed_callables on: the hook kinds, modules and their hooks,
 ** the built-in and transformer modules, graphing and the graphed entries,
 ** and the distributed layer (initialised at world size 1, without mpirun,
-** as test_dist.c). Each bad argument returns its status and a message of
-** its own naming the argument; a call with no engine to tell returns what
-** its declaration says.
+** as test_dist.c; gcap_dist_abort, which ends the process, is not called).
+** Each bad argument returns its status and a message of its own naming the
+** argument; a call with no engine to tell returns what its declaration
+** says.
 */
 #include "t_args.h"
 
@@ -376,6 +377,8 @@ static void test_dist(void) {
   T_CHECK(g == NULL);
   T_CHECK(gcap_dist_group_rank(NULL) == -1 && gcap_dist_group_size(NULL) == 0);
   T_CHECK(gcap_dist_group_ranks(NULL) == NULL && gcap_dist_world() == NULL);
+  T_CHECK(!gcap_dist_is_initialized() && gcap_dist_rank() == -1);
+  T_CHECK(gcap_dist_world_size() == -1 && gcap_dist_local_rank() == -1);
   BAD(f.e, GCAP_EINVAL, "out", gcap_dist_all_gather(NULL, f.x, NULL)); /* before init too */
   BAD(f.e, GCAP_EINVAL, "t", gcap_dist_reduce_scatter(f.x, NULL, GCAP_REDUCE_SUM, NULL));
   if (!gcap_dist_available()) {
@@ -400,6 +403,8 @@ static void test_dist(void) {
   BAD(f.e, GCAP_EINVAL, "peer", gcap_dist_recv(v, 1, NULL));
   T_CHECK(g == NULL);
   T_CHECK(gcap_dist_group_size(NULL) == 1 && gcap_dist_group_rank(NULL) == 0);
+  T_CHECK(gcap_dist_is_initialized() && gcap_dist_rank() == 0);
+  T_CHECK(gcap_dist_world_size() == 1 && gcap_dist_local_rank() == 0);
   T_CHECK_OK(f.e, gcap_dist_finalize());
   gcap_tensor_free(v);
   fx_close(&f);
