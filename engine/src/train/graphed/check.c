@@ -60,7 +60,7 @@ static gcap_status check_inputs(gcap_engine *e, int ncallables, gcap_module *con
   for (i = 0; i < nentries; i++) {
     if (nargs[i] < 0 || (nargs[i] > 0 && args[i] == NULL))
       return gc_fail(e, GCAP_EINVAL, "make_graphed_callables: sample_args[%d] is malformed (%s)",
-                     i + 1, nargs[i] < 0 ? "a negative count in nargs" : "args[i] is NULL");
+                     i + 1, nargs[i] < 0 ? "a negative count in nargs" : "NULL in args");
     for (k = 0; k < nargs[i]; k++) {
       gcap_tensor *t = args[i][k];
       if (t == NULL)
