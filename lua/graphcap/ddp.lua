@@ -14,7 +14,11 @@
 -- is a bucket alone; 0: one bucket per parameter): its grads are joined into
 -- one flat tensor, all-reduced (average) with one call, and copied back.
 -- The average is elementwise, so the grads are bit for bit those of one
--- all-reduce per parameter. Graphed with make_graphed_callables (graph the
+-- all-reduce per parameter. A node on each output sets the grads already
+-- there aside before the module's backward; after the sync they get the
+-- averaged new ones added, so that accumulated backwards average only
+-- their own grads, as graphed replays do (their static grads, added to
+-- .grad after the replay). Graphed with make_graphed_callables (graph the
 -- wrappers), the node runs inside the captured backward, so each callable's
 -- all-reduces are recorded into its backward graph and run at each replay.
 --
@@ -28,7 +32,8 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 core._facade()
 
-local ipairs, math, require, tostring, type = ipairs, math, require, tostring, type
+local getmetatable, ipairs, math, require, table, tostring, type =
+      getmetatable, ipairs, math, require, table, tostring, type
 _ENV = nil
 
 local raise, options = util.raise, util.options
@@ -38,6 +43,7 @@ local autograd = require "graphcap.autograd"
 local ddp = {}
 
 local DDP = nn.Module("DDP")
+local TENSOR = core._metatables.Tensor
 
 local MAX_JOIN = 64  -- the most tensors gc.cat joins
 
@@ -73,15 +79,59 @@ local function sync_bucket (gc, bucket, opts)
   end
 end
 
+-- The grads of ps set aside into held before a backward of the module
+-- (once, at the first of its outputs that backward reaches), so that the
+-- sync sees that backward's own grads.
+local function set_aside (ps, held)
+  if held.on then return end
+  held.on = true
+  for k, p in ipairs(ps) do
+    held[k] = p.grad
+    p.grad = nil
+  end
+end
+
+-- After the sync: each grad set aside gets the averaged new one added in
+-- place (as a graphed backward adds its averaged static grads).
+local function add_back (gc, ps, held)
+  if not held.on then return end
+  held.on = false
+  gc.no_grad(function ()
+    for k, p in ipairs(ps) do
+      local old, new = held[k], p.grad
+      held[k] = nil
+      if old ~= nil then
+        if new ~= nil then old:copy_(old + new) end
+        p.grad = old
+      end
+    end
+  end)
+end
+
 function DDP:init (module, group, cap)
   self.module = module
   self._params = module:parameters()
   local gc, opts = require "graphcap", {op = "avg", group = group}
-  local buckets = buckets_of(self._params, cap)
+  local ps, buckets, held = self._params, buckets_of(self._params, cap), {on = false}
   self._buckets = buckets
+  self._aside = function () set_aside(ps, held) end
   self._sync = function ()
     for _, b in ipairs(buckets) do sync_bucket(gc, b, opts) end
+    add_back(gc, ps, held)
   end
+end
+
+-- The outputs ..., each tensor that needs a grad passed through a node
+-- whose backward sets the grads aside (fn).
+local function aside_outputs (fn, ...)
+  local r = table.pack(...)
+  for i = 1, r.n do
+    local y = r[i]
+    if getmetatable(y) == TENSOR and y.requires_grad then
+      r[i] = autograd.on_backward("DDPGradAside", y, fn)
+    end
+  end
+  return table.unpack(r, 1, r.n)
 end
 
 function DDP:forward (x, ...)
@@ -89,7 +139,8 @@ function DDP:forward (x, ...)
   local ps = self._params
   if #ps == 0 or not core.is_grad_enabled() then return self.module(x, ...) end
   local anchor = not x.requires_grad and ps[1] or nil
-  return self.module(autograd.on_backward("DDPGradSync", x, self._sync, anchor), ...)
+  return aside_outputs(self._aside,
+                       self.module(autograd.on_backward("DDPGradSync", x, self._sync, anchor), ...))
 end
 
 local wrap_options = {group = true, broadcast = true, bucket_cap_mb = true}

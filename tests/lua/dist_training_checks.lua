@@ -7,7 +7,8 @@
 --   buckets (one all-reduce of the joined grads) give the grads of one
 --   all-reduce per parameter bit for bit; graphed, a backward replay calls
 --   no all_reduce from Lua and gives the
---   eager grads bit for bit (the all-reduces are nodes of the graphs).
+--   eager grads bit for bit (the all-reduces are nodes of the graphs), also
+--   when backwards accumulate onto grads already there.
 --   FSDP: a shard's grad is its chunk of the DDP grad (bit for bit: both
 --   average in rank order); the full grads are dropped; un-shard after a
 --   step gathers every rank's updated shard; a rank holds its shards and
@@ -125,6 +126,28 @@ check(calls == 0, "%d all_reduce calls from Lua during a replayed backward", cal
 local gp = params(G)
 for k, p in ipairs(params(ddp)) do same(flat(gp[k].grad), flat(p.grad), "graphed ddp grad " .. k) end
 ok("ddp graphed: the all-reduces replay inside the backward graphs, grads = eager")
+
+-- DDP with gradient accumulation: three backwards onto grads already there
+-- (another on each rank) give graphed the eager grads bit for bit: each
+-- backward averages its own grads, then adds them to those before, as a
+-- graphed replay adds its averaged static grads (eager once averaged the
+-- sums: the grads there before were averaged too, and the same grads summed
+-- in another order differ in the last bits)
+do
+  local function accumulated (graphed)
+    local ls = layers()
+    local D = gc.ddp.wrap(ls)
+    for k, p in ipairs(params(ls)) do p.grad = gc.full(p:shape(), 0.25 * (rank + k)) end
+    if graphed then D = gc.make_graphed_callables(D, sample) end
+    for phase = 0, 2 do backward(D, mine(2 * phase, rank), mine(2 * phase + 1, rank)) end
+    local gs = {}
+    for k, p in ipairs(params(ls)) do gs[k] = flat(p.grad) end
+    return gs
+  end
+  local e, g = accumulated(false), accumulated(true)
+  for k = 1, #e do same(g[k], e[k], "accumulated graphed ddp grad " .. k) end
+end
+ok("ddp accumulated backwards: graphed grads = eager bit for bit")
 
 -- FSDP: shard grads are chunks of the DDP grads; full grads dropped
 local F = gc.fsdp.shard(layers())
