@@ -47,36 +47,64 @@ local TENSOR = core._metatables.Tensor
 
 local MAX_JOIN = 64  -- the most tensors gc.cat joins
 
--- The parameters of ps in runs of one dtype (gc.cat joins one), of at most
+-- The indices of ps in runs of one dtype (gc.cat joins one), of at most
 -- cap bytes and MAX_JOIN tensors
 local function buckets_of (ps, cap)
   local out, cur, bytes = {}, {}, 0
-  for _, p in ipairs(ps) do
+  for k, p in ipairs(ps) do
     local b = (p:dtype() == "bf16" and 2 or 4) * p:numel()
-    if #cur > 0 and (bytes + b > cap or #cur == MAX_JOIN or p:dtype() ~= cur[1]:dtype()) then
+    if #cur > 0 and (bytes + b > cap or #cur == MAX_JOIN or p:dtype() ~= ps[cur[1]]:dtype()) then
       out[#out + 1], cur, bytes = cur, {}, 0
     end
-    cur[#cur + 1], bytes = p, bytes + b
+    cur[#cur + 1], bytes = k, bytes + b
   end
   if #cur > 0 then out[#out + 1] = cur end
   return out
 end
 
--- All-reduce (average) the grads of a bucket over the group: the grads
--- there joined into one flat tensor, one call, copied back into them.
-local function sync_bucket (gc, bucket, opts)
-  local gs = {}
-  for _, p in ipairs(bucket) do
-    if p.grad ~= nil then gs[#gs + 1] = p.grad:view({p.grad:numel()}) end
+-- All-reduce (average) the grads of a bucket (indices of ps) over the
+-- group: the grads of the parameters that have one on some rank (used[k])
+-- joined into one flat tensor, zeros where this rank has none, one call,
+-- copied back. A parameter that gets its grad so (none here, one on another
+-- rank) keeps it, unless it needs none here.
+local function sync_bucket (gc, ps, bucket, used, opts)
+  local gs, new = {}, {}
+  for _, k in ipairs(bucket) do
+    if used[k] then
+      local p = ps[k]
+      local g = p.grad
+      if g == nil then
+        g = gc.zeros(p:shape(), {dtype = p:dtype()})
+        new[#new + 1] = {p, g}
+      end
+      gs[#gs + 1] = g:view({g:numel()})
+    end
   end
-  if #gs == 0 then return end
-  if #gs == 1 then return gc.dist.all_reduce(gs[1], opts) end
-  local flat, at = gc.cat(gs), 1
-  gc.dist.all_reduce(flat, opts)
-  for _, g in ipairs(gs) do
-    g:copy_(gc.narrow(flat, 1, at, g:numel()))
-    at = at + g:numel()
+  if #gs == 1 then
+    gc.dist.all_reduce(gs[1], opts)
+  elseif #gs > 1 then
+    local flat, at = gc.cat(gs), 1
+    gc.dist.all_reduce(flat, opts)
+    for _, g in ipairs(gs) do
+      g:copy_(gc.narrow(flat, 1, at, g:numel()))
+      at = at + g:numel()
+    end
   end
+  for _, pg in ipairs(new) do
+    if pg[1].requires_grad then pg[1].grad = pg[2] end
+  end
+end
+
+-- Average the grads of the parameters ps (in buckets) over the group, as
+-- torch's DDP with find_unused_parameters: the ranks first tell each other
+-- which parameters have a grad (on the host, so also while capturing); one
+-- that none has keeps none, the others are reduced on every rank, this
+-- rank's grad zero where it has none.
+local function sync (gc, ps, buckets, opts)
+  local has = {}
+  for k, p in ipairs(ps) do has[k] = p.grad ~= nil end
+  local used = gc.dist._any(has, opts.group)
+  for _, b in ipairs(buckets) do sync_bucket(gc, ps, b, used, opts) end
 end
 
 -- The grads of ps set aside into held before a backward of the module
@@ -116,7 +144,7 @@ function DDP:init (module, group, cap)
   self._buckets = buckets
   self._aside = function () set_aside(ps, held) end
   self._sync = function ()
-    for _, b in ipairs(buckets) do sync_bucket(gc, b, opts) end
+    sync(gc, ps, buckets, opts)
     add_back(gc, ps, held)
   end
 end

@@ -149,6 +149,62 @@ do
 end
 ok("ddp accumulated backwards: graphed grads = eager bit for bit")
 
+-- DDP with ranks that use different parameters (as torch's DDP with
+-- find_unused_parameters): the even ranks use a, the odd ones b (of
+-- another size), none c. Every rank gets the average over all ranks of
+-- a's and b's grads, zero where a rank did not use them; c keeps no grad;
+-- two backwards accumulate; graphed equals eager bit for bit. (The ranks
+-- once averaged one's grad of a with the other's of b, or failed with
+-- MPI_ERR_TRUNCATE.)
+do
+  local Branches = gc.nn.Module("Branches")
+  function Branches:init ()
+    self.a, self.b, self.c = gc.nn.Linear(W, 2), gc.nn.Linear(W, 3), gc.nn.Linear(W, 2)
+  end
+  function Branches:forward (x) return (rank % 2 == 0 and self.a or self.b)(x) end
+  local function grads (graphed)
+    gc.manual_seed(9)
+    local m = Branches()
+    local d = gc.ddp.wrap(m)
+    if graphed then d = gc.make_graphed_callables(d, {gc.zeros({per, W})}) end
+    for phase = 0, 1 do gc.F.mse_loss(d(mine(phase, rank)), gc.zeros({per, rank % 2 == 0 and 2 or 3})):backward() end
+    local gs = {}
+    for _, np in ipairs(m:named_parameters()) do gs[np[1]] = np[2].grad and flat(np[2].grad) end
+    return gs
+  end
+  local want = {}  -- what each rank's rows give one process, summed in rank order, over N
+  for r = 0, N - 1 do
+    gc.manual_seed(9)
+    local m = Branches()
+    local l = r % 2 == 0 and m.a or m.b
+    for phase = 0, 1 do
+      local step = {}
+      gc.F.mse_loss(l(mine(phase, r)), gc.zeros({per, r % 2 == 0 and 2 or 3})):backward()
+      for _, np in ipairs(l:named_parameters()) do step[np[1]] = np[2].grad:clone(); np[2].grad = nil end
+      for name, g in pairs(step) do
+        local key = (r % 2 == 0 and "a." or "b.") .. name .. phase
+        want[key] = want[key] and want[key] + g or g
+      end
+    end
+  end
+  local eager, graphed = grads(false), grads(true)
+  for _, name in ipairs{"a.weight", "a.bias", "b.weight", "b.bias"} do
+    if want[name .. 0] then
+      local avg = want[name .. 0] * gc.full({}, 1 / N) + want[name .. 1] * gc.full({}, 1 / N)
+      local got, exp = eager[name], flat(avg)
+      check(got ~= nil, "ddp grad of %s: none", name)
+      for i = 1, #exp do
+        check(math.abs(got[i] - exp[i]) <= 1e-6 * (1 + math.abs(exp[i])),
+              "ddp grad of %s[%d] with unused parameters: %.9g, want %.9g", name, i, got[i], exp[i])
+      end
+    end
+    same(graphed[name] or {}, eager[name] or {}, "graphed ddp grad of " .. name)
+  end
+  check(eager["c.weight"] == nil and eager["c.bias"] == nil and graphed["c.weight"] == nil,
+        "ddp: a parameter no rank used got a grad")
+end
+ok("ddp ranks using different parameters average them all, zeros for the unused")
+
 -- FSDP: shard grads are chunks of the DDP grads; full grads dropped
 local F = gc.fsdp.shard(layers())
 backward(F.units, mine(0, rank), mine(1, rank))

@@ -29,9 +29,9 @@ typedef struct gc_dist {
 static gc_dist D = {0, 0, 0, -1, -1, -1, 0, NULL, NULL, NULL};
 
 /* Calls that debug mode compares besides the collectives (gc_coll_kind). */
-enum { CALL_BARRIER = GC_COLL_RECV + 1, CALL_FINALIZE };
+enum { CALL_BARRIER = GC_COLL_RECV + 1, CALL_FINALIZE, CALL_ANY };
 
-static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind);
+static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind, int64_t n);
 static gcap_status debug_group(gcap_engine *e, int n, const int *ranks);
 
 int gcap_dist_available(void) {
@@ -174,7 +174,7 @@ gcap_status gcap_dist_finalize(void) {
   gcap_status st;
   if (!D.on) return GCAP_ESTATE;
   if ((st = gc_check_not_capturing(e, "finalize")) != GCAP_OK ||
-      (D.debug && (st = debug_call(e, D.world, CALL_FINALIZE)) != GCAP_OK))
+      (D.debug && (st = debug_call(e, D.world, CALL_FINALIZE, 0)) != GCAP_OK))
     return st;
   (void)e->be->device_sync(e, e->bs); /* collectives in flight finish before their comms go */
   for (g = D.groups; g != NULL; g = g->next) {
@@ -254,9 +254,48 @@ gcap_status gcap_dist_barrier(gcap_engine *e, gcap_dist_group *g) {
       (st = gc_check_not_capturing(e, "barrier")) != GCAP_OK ||
       (st = group_check(e, &g, "barrier")) != GCAP_OK ||
       (st = e->be->stream_sync(e, e->bs, e->current->bs)) != GCAP_OK ||
-      (D.debug && (st = debug_call(e, g, CALL_BARRIER)) != GCAP_OK))
+      (D.debug && (st = debug_call(e, g, CALL_BARRIER, 0)) != GCAP_OK))
     return st;
   return gc_mpi_barrier(e, g->mpi, "barrier");
+}
+
+gcap_status gcap_dist_any(gcap_engine *e, int n, unsigned char *flags, gcap_dist_group *g) {
+  unsigned char *all = NULL;
+  int *ns = NULL, i, r;
+  gcap_status st;
+  if (e == NULL) return GCAP_EINVAL;
+  if ((st = dist_begin(e, "any")) != GCAP_OK || (st = group_check(e, &g, "any")) != GCAP_OK)
+    return st;
+  if (n < 0 || (n > 0 && flags == NULL))
+    return gc_fail(e, GCAP_EINVAL, "any: n is %d and flags %s; n must be >= 0, flags not NULL", n,
+                   flags ? "given" : "NULL");
+  if (D.debug && (st = debug_call(e, g, CALL_ANY, n)) != GCAP_OK) return st;
+  if ((ns = (int *)gc_malloc((size_t)g->size * sizeof *ns)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "any: out of memory");
+  /* the counts first, so that the flags' exchange has one size */
+  if ((st = gc_mpi_allgather(e, g->mpi, &n, ns, (int)sizeof n, "any")) != GCAP_OK) goto done;
+  for (r = 1; r < g->size && ns[r] == ns[0]; r++)
+    ;
+  if (r < g->size) {
+    st = gc_fail(e, GCAP_EINVAL,
+                 "any: the ranks of the group give different numbers of flags: rank %d gives %d, "
+                 "rank %d gives %d",
+                 g->ranks[0], ns[0], g->ranks[r], ns[r]);
+    goto done;
+  }
+  if (n == 0) goto done;
+  if ((all = (unsigned char *)gc_malloc((size_t)g->size * (size_t)n)) == NULL) {
+    st = gc_fail(e, GCAP_ENOMEM, "any: out of memory");
+    goto done;
+  }
+  if ((st = gc_mpi_allgather(e, g->mpi, flags, all, n, "any")) != GCAP_OK) goto done;
+  for (i = 0; i < n; i++)
+    for (r = 0, flags[i] = 0; r < g->size; r++)
+      flags[i] |= all[(size_t)r * (size_t)n + (size_t)i] != 0;
+done:
+  free(all);
+  free(ns);
+  return st;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -299,6 +338,10 @@ static const char *desc_str(const int64_t *d, char *buf, size_t n) {
   int64_t dims[GCAP_MAXDIM];
   int i, nd = (int)d[DD_NDIM];
   size_t k;
+  if (d[DD_KIND] == CALL_ANY) {
+    snprintf(buf, n, "any of %lld flags", (long long)d[DD_NUMEL]);
+    return buf;
+  }
   if (d[DD_KIND] > GC_COLL_RECV) {
     snprintf(buf, n, "%s", d[DD_KIND] == CALL_BARRIER ? "barrier" : "finalize");
     return buf;
@@ -412,15 +455,20 @@ static gcap_status debug_agree(gcap_engine *e, const gcap_dist_group *g, const i
   return st;
 }
 
-/* Debug mode for barrier and finalize, which take no tensor: a rank that
-** calls one while another makes a collective is named, not left waiting. */
-static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind) {
+/* Debug mode for barrier, finalize and any (of n flags), which take no
+** tensor: a rank that calls one while another makes a collective is
+** named, not left waiting. */
+static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind, int64_t n) {
   int64_t mine[DD_N];
   memset(mine, 0, sizeof mine);
   mine[DD_MARK] = GC_DEBUG_MARK;
   mine[DD_KIND] = kind;
+  mine[DD_NUMEL] = n;
   mine[DD_RED] = mine[DD_OUT] = mine[DD_PEER] = -1;
-  return debug_agree(e, g, mine, kind == CALL_BARRIER ? "barrier" : "finalize");
+  return debug_agree(e, g, mine,
+                     kind == CALL_BARRIER ? "barrier"
+                     : kind == CALL_ANY   ? "any"
+                                          : "finalize");
 }
 
 /* Debug mode for new_group: every rank must give the same list. The sizes
