@@ -22,6 +22,11 @@
 -- wrappers), the node runs inside the captured backward, so each callable's
 -- all-reduces are recorded into its backward graph and run at each replay.
 --
+-- The grads of delayed-wgrad Linears come in backward_dw: the backward
+-- sync leaves them out, and m:backward_dw() averages them after the
+-- module's (make_graphed_callables runs the same around a replay of the
+-- delayed-wgrad graph, m:_backward_dw_around).
+--
 -- An input that needs no grad (the first layer's data) still gets its sync
 -- node: the node then takes the module's first parameter as a second input,
 -- so its output needs a grad and its backward runs; it gives no grad to
@@ -32,8 +37,8 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 core._facade()
 
-local getmetatable, ipairs, math, require, table, tostring, type =
-      getmetatable, ipairs, math, require, table, tostring, type
+local error, getmetatable, ipairs, math, pcall, require, table, tostring, type =
+      error, getmetatable, ipairs, math, pcall, require, table, tostring, type
 _ENV = nil
 
 local raise, options = util.raise, util.options
@@ -136,17 +141,67 @@ local function add_back (gc, ps, held)
   end)
 end
 
+-- The parameters (a set) of the delayed-wgrad Linears in m (m or below):
+-- their grads come in backward_dw, not in backward.
+local function delayed_of (m)
+  local out, seen = {}, {}
+  local function walk (d)
+    if seen[d] then return end
+    seen[d] = true
+    local children = d:named_children()
+    if #children == 0 and d:_has_delayed_wgrad() then
+      for _, p in ipairs(d:parameters()) do out[p] = true end
+    end
+    for _, nc in ipairs(children) do walk(nc[2]) end
+  end
+  walk(m)
+  return out
+end
+
+-- A set of parameters synced together (after backward, or after
+-- backward_dw): the parameters, their buckets, the grads set aside.
+local function part (ps, cap)
+  return {ps = ps, buckets = buckets_of(ps, cap), held = {on = false}}
+end
+
 function DDP:init (module, group, cap)
   self.module = module
   self._params = module:parameters()
-  local gc, opts = require "graphcap", {op = "avg", group = group}
-  local ps, buckets, held = self._params, buckets_of(self._params, cap), {on = false}
-  self._buckets = buckets
-  self._aside = function () set_aside(ps, held) end
-  self._sync = function ()
-    sync(gc, ps, buckets, opts)
-    add_back(gc, ps, held)
+  local gc, opts, delayed, now, later = require "graphcap", {op = "avg", group = group},
+                                          delayed_of(module), {}, {}
+  for _, p in ipairs(self._params) do
+    local to = delayed[p] and later or now
+    to[#to + 1] = p
   end
+  local bwd, dw = part(now, cap), part(later, cap)
+  self._aside = function () set_aside(bwd.ps, bwd.held) end
+  self._sync = function ()
+    sync(gc, bwd.ps, bwd.buckets, opts)
+    add_back(gc, bwd.ps, bwd.held)
+  end
+  -- the delayed wgrads: run() (eager, or a graphed replay) computes them
+  self._dw = function (run)
+    if #dw.ps == 0 then return run() end
+    set_aside(dw.ps, dw.held)
+    local ok, err = pcall(run)
+    if ok then ok, err = pcall(sync, gc, dw.ps, dw.buckets, opts) end
+    add_back(gc, dw.ps, dw.held)
+    if not ok then error(err, 0) end
+  end
+end
+
+-- m:backward_dw(): the delayed weight grads of the module's delayed-wgrad
+-- Linears, averaged over the group as backward averages the others (each
+-- call its own grads, then added to those before).
+function DDP:backward_dw ()
+  self._dw(function () self.module:backward_dw() end)
+end
+
+-- What make_graphed_callables runs around the replay of a DDP callable's
+-- delayed-wgrad graph, run (TransformerEngine triggers its wgrad reduce
+-- hooks so after the replay): the same sync as an eager backward_dw.
+function DDP:_backward_dw_around (run)
+  self._dw(run)
 end
 
 -- The outputs ..., each tensor that needs a grad passed through a node

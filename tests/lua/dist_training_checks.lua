@@ -149,6 +149,70 @@ do
 end
 ok("ddp accumulated backwards: graphed grads = eager bit for bit")
 
+-- DDP with delayed-wgrad Linears: the weight grads backward_dw adds are
+-- averaged over the ranks too (they once stayed each rank's own), eagerly
+-- and graphed (no order: the graphed modules' backward_dw; an order with
+-- -k.5 entries: the entries' backward_dw), each backward_dw its own grads:
+-- two microbatches, graphed = eager bit for bit, eager = the ranks' average
+do
+  local function delayed ()
+    gc.manual_seed(11)
+    return {gc.nn.Sequential(gc.nn.Linear(W, W, {delay_wgrad = true}), gc.nn.GELU()),
+            gc.nn.Linear(W, W, {delay_wgrad = true})}
+  end
+  -- two microbatches, each: forward, backward, then the delayed wgrads
+  local function train (first, second, r)
+    for b = 1, 2 do
+      gc.F.mse_loss(second(b)(first(b)(mine(2 * b, r))), mine(2 * b + 1, r)):backward()
+      second(b):backward_dw()
+      first(b):backward_dw()
+    end
+  end
+  local function grads (ls)
+    local gs = {}
+    for k, p in ipairs(params(ls)) do gs[k] = flat(p.grad) end
+    return gs
+  end
+  local function run (how)
+    local ls = delayed()
+    local D = gc.ddp.wrap(ls)
+    if how == "eager" then
+      train(function () return D[1] end, function () return D[2] end, rank)
+    elseif how == "graphed" then
+      local G = gc.make_graphed_callables(D, sample)
+      train(function () return G[1] end, function () return G[2] end, rank)
+    else  -- an order of two chunks and two microbatches, with their wgrads
+      local G = gc.make_graphed_callables(D, {{gc.zeros({per, W})}, {gc.zeros({per, W})},
+                                              {gc.zeros({per, W}, {requires_grad = true})},
+                                              {gc.zeros({per, W}, {requires_grad = true})}},
+                                          {order = {1, 2, -2, -2.5, -1, -1.5, 1, 2, -2, -2.5, -1, -1.5},
+                                           num_layers_per_chunk = {1, 1}})
+      train(function (b) return G[gc.pipeline.entry(1, b, 2)] end,
+            function (b) return G[gc.pipeline.entry(2, b, 2)] end, rank)
+    end
+    return grads(ls)
+  end
+  local eager = run("eager")
+  local want = {}
+  for r = 0, N - 1 do
+    local ls = delayed()
+    train(function () return ls[1] end, function () return ls[2] end, r)
+    for k, p in ipairs(params(ls)) do want[k] = want[k] and want[k] + p.grad or p.grad end
+  end
+  for k, g in ipairs(eager) do
+    local exp = flat(want[k] * gc.full({}, 1 / N))
+    for i = 1, #exp do
+      check(math.abs(g[i] - exp[i]) <= 1e-6 * (1 + math.abs(exp[i])),
+            "ddp delayed-wgrad grad %d[%d]: %.9g, want the ranks' average %.9g", k, i, g[i], exp[i])
+    end
+  end
+  for _, how in ipairs{"graphed", "order"} do
+    local g = run(how)
+    for k = 1, #eager do same(g[k], eager[k], how .. " ddp delayed-wgrad grad " .. k) end
+  end
+end
+ok("ddp delayed wgrads are averaged after backward_dw, eager and graphed alike")
+
 -- DDP with ranks that use different parameters (as torch's DDP with
 -- find_unused_parameters): the even ranks use a, the odd ones b (of
 -- another size), none c. Every rank gets the average over all ranks of
