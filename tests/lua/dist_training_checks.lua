@@ -8,12 +8,15 @@
 --   all-reduce per parameter bit for bit; graphed, a backward replay calls
 --   no all_reduce from Lua and gives the
 --   eager grads bit for bit (the all-reduces are nodes of the graphs), also
---   when backwards accumulate onto grads already there.
+--   when backwards accumulate onto grads already there; delayed wgrads are
+--   averaged after backward_dw, eager and graphed alike; ranks that use
+--   different parameters average every one some rank used.
 --   FSDP: a shard's grad is its chunk of the DDP grad (bit for bit: both
 --   average in rank order); the full grads are dropped; un-shard after a
 --   step gathers every rank's updated shard; a rank holds its shards and
 --   one unit's full parameters; sizes not a multiple of N are padded; a
---   backward whose saved parameters changed fails; an error for a group
+--   backward whose saved parameters changed fails; a module called directly
+--   is refused unless its unit is gathered; an error for a group
 --   without this rank.
 --   Pipeline: 64 KB activations (sends that wait for their receive) run to
 --   the end; on 4 ranks, two pipelines of a 2 x 2 grid train alike.
@@ -449,6 +452,43 @@ do
         "backward after a step on the shards: %s", tostring(err))
 end
 ok("fsdp backward after its shards changed fails the version check")
+
+-- FSDP modules called directly (not through their units): refused while
+-- the arena holds another unit's parameters, or values gathered before the
+-- unit's shards changed, naming the module (a submodule too) and the unit
+-- to call; allowed while the unit's parameters are gathered. Graphed the
+-- same, once graphing is done (graphing lifts the guards, whose hooks
+-- make_graphed_callables would refuse, until its first capture-time hook).
+-- (A direct call once computed with another unit's weights.)
+do
+  local function refused (fn, what, want)
+    local okc, err = pcall(fn)
+    check(not okc and tostring(err):find(want, 1, true), "%s: %s", what, tostring(err))
+  end
+  local function direct (S, label)
+    local x = mine(0, rank)
+    local h = S.units[1](x)
+    local y = S.units[2](h)
+    refused(function () return S.modules[1](x) end, label .. ": module 1 after unit 2",
+            "fsdp: F.modules[1] (" .. S.modules[1]:type() .. ") is called directly, but the "
+            .. "parameters of unit 1 are not gathered (the arena holds unit 2's): call the unit, "
+            .. "F.units[1], which gathers them")
+    refused(function () return S.modules[1]:named_children()[1][2](x) end,
+            label .. ": a submodule of module 1", "fsdp: module '0' of F.modules[1] (Linear) is "
+            .. "called directly, but the parameters of unit 1 are not gathered")
+    same(flat(S.modules[2](h)), flat(y), label .. ": module 2 while gathered")
+    for _, sh in ipairs(S:parameters()) do gc.no_grad(function () sh:copy_(sh * gc.full({}, 0.5)) end) end
+    refused(function () return S.modules[2](x) end, label .. ": module 2 after its shards changed",
+            "(its shards changed since they were gathered): call the unit, F.units[2]")
+    S.units[2](h)  -- gathers again
+    S.modules[2](h)
+  end
+  direct(gc.fsdp.shard(layers()), "eager")
+  local S = gc.fsdp.shard(layers())
+  gc.make_graphed_callables(S.modules, sample, {capture_time_hooks = S:capture_time_hooks()})
+  direct(S, "graphed")
+end
+ok("fsdp modules called directly are refused unless their unit's parameters are gathered")
 
 if N > 1 then
   local g = gc.dist.new_group({0})
