@@ -1127,6 +1127,15 @@ const int *gcap_dist_group_ranks(const gcap_dist_group *g);
 ** work already queued on e's current stream is done. Not during capture. */
 gcap_status gcap_dist_barrier(gcap_engine *e, gcap_dist_group *g);
 
+/* Which of n flags are set on some rank of g (NULL: the world): flags[k],
+** 0 or 1 on entry, becomes 1 when any rank's flags[k] is 1. The ranks
+** exchange them on the host at once, also while a capture is open: it is no
+** op of a stream, so nothing is recorded and replays do not repeat it. Every
+** rank of g calls it with the same n; other counts are GCAP_EINVAL on every
+** rank, naming two of them. gc.ddp learns so which parameters got a grad on
+** some rank. In debug mode it takes part in the comparison of calls. */
+gcap_status gcap_dist_any(gcap_engine *e, int n, unsigned char *flags, gcap_dist_group *g);
+
 /* In the collectives below, g NULL is the world, and tensors are those of
 ** the engine gcap_dist_init was given, contiguous, f32 or bf16 alike. */
 
