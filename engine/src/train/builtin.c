@@ -174,9 +174,7 @@ fail:
   gcap_tensor_free(w);
   gcap_tensor_free(b);
   gcap_tensor_free(mg);
-  gcap_module_free(*m);
-  *m = NULL;
-  return st;
+  return gc_module_keep_or_free(m, st);
 }
 
 static gcap_status relu_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
@@ -286,10 +284,8 @@ gcap_status gcap_nn_layer_norm(gcap_engine *e, int64_t n, double eps, gcap_modul
   if ((st = gcap_tensor_full(e, GCAP_F32, 1, &n, 1.0, &w)) != GCAP_OK ||
       (st = gcap_tensor_full(e, GCAP_F32, 1, &n, 0.0, &b)) != GCAP_OK ||
       (st = gcap_module_add_parameter(*m, "weight", w)) != GCAP_OK ||
-      (st = gcap_module_add_parameter(*m, "bias", b)) != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
+      (st = gcap_module_add_parameter(*m, "bias", b)) != GCAP_OK)
+    gc_module_keep_or_free(m, st);
   gcap_tensor_free(w);
   gcap_tensor_free(b);
   return st;
@@ -316,11 +312,8 @@ gcap_status gcap_nn_sequential(gcap_engine *e, int n, gcap_module *const *mods, 
   for (j = 0; j < n; j++) {
     char name[16];
     snprintf(name, sizeof name, "%d", j);
-    if ((st = gcap_module_add_child(*m, name, mods[j])) != GCAP_OK) {
-      gcap_module_free(*m);
-      *m = NULL;
-      return st;
-    }
+    if ((st = gcap_module_add_child(*m, name, mods[j])) != GCAP_OK)
+      return gc_module_keep_or_free(m, st);
   }
   return GCAP_OK;
 }

@@ -85,6 +85,14 @@ void gcap_module_free(gcap_module *m) {
   gc_engine_unref(e);
 }
 
+gcap_status gc_module_keep_or_free(gcap_module **m, gcap_status st) {
+  if (st != GCAP_OK) {
+    gcap_module_free(*m);
+    *m = NULL;
+  }
+  return st;
+}
+
 const char *gcap_module_type(const gcap_module *m) {
   return m ? m->type : "";
 }
