@@ -85,6 +85,12 @@ void gcap_module_free(gcap_module *m) {
   gc_engine_unref(e);
 }
 
+gcap_status gc_module_begin(const gcap_engine *e, gcap_module **m) {
+  if (m == NULL) return GCAP_EINVAL;
+  *m = NULL;
+  return e == NULL ? GCAP_EINVAL : GCAP_OK;
+}
+
 gcap_status gc_module_keep_or_free(gcap_module **m, gcap_status st) {
   if (st != GCAP_OK) {
     gcap_module_free(*m);

@@ -141,9 +141,7 @@ gcap_status gcap_nn_layer_norm_linear(gcap_engine *e, int64_t in, int64_t out, d
   static const char type[] = "LayerNormLinear";
   tf_mod *u;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if ((st = tf_positive(e, type, "in_features", in)) != GCAP_OK ||
       (st = tf_positive(e, type, "out_features", out)) != GCAP_OK ||
       (st = tf_eps(e, type, "eps", eps)) != GCAP_OK ||
@@ -270,9 +268,7 @@ gcap_status gcap_nn_layer_norm_mlp(gcap_engine *e, int64_t hidden, int64_t ffn_h
   static const char type[] = "LayerNormMLP";
   tf_mod *u;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if ((st = tf_positive(e, type, "hidden_size", hidden)) != GCAP_OK ||
       (st = tf_positive(e, type, "ffn_hidden_size", ffn_hidden)) != GCAP_OK ||
       (st = tf_eps(e, type, "eps", eps)) != GCAP_OK ||
@@ -389,9 +385,7 @@ gcap_status gcap_nn_dot_product_attention(gcap_engine *e, int num_heads, int64_t
   static const char type[] = "DotProductAttention";
   tf_mod *u;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if ((st = check_attn(e, type, num_heads, kv_channels, mask, attention_dropout, attn_impl)) !=
           GCAP_OK ||
       (st = tf_new(e, type, dpa_forward, NULL, m, &u)) != GCAP_OK)
@@ -493,9 +487,7 @@ gcap_status gcap_nn_multihead_attention(gcap_engine *e, int64_t hidden, int num_
   gcap_module *c = NULL;
   tf_mod *u;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if (o == NULL) {
     gcap_transformer_opts_init(&def);
     o = &def;
@@ -564,9 +556,7 @@ gcap_status gcap_nn_transformer_layer(gcap_engine *e, int64_t hidden, int64_t ff
   gcap_module *c = NULL;
   tf_mod *u;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if (o == NULL) {
     gcap_transformer_opts_init(&def);
     o = &def;
@@ -608,9 +598,7 @@ gcap_status gcap_nn_embedding(gcap_engine *e, int64_t num_embeddings, int64_t em
   gcap_tensor *w = NULL;
   tf_mod *u;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if ((st = tf_positive(e, type, "num_embeddings", num_embeddings)) != GCAP_OK ||
       (st = tf_positive(e, type, "embedding_dim", embedding_dim)) != GCAP_OK ||
       (st = tf_new(e, type, emb_forward, NULL, m, &u)) != GCAP_OK)
