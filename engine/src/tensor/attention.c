@@ -5,16 +5,9 @@
 */
 #include <float.h>
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "tensor.h"
-
-static gcap_status fail_free(gcap_tensor **out, gcap_status st) {
-  gcap_tensor_free(*out);
-  *out = NULL;
-  return st;
-}
 
 /* ------------------------------------------------------------------------ */
 /* masked_fill                                                               */
@@ -38,7 +31,8 @@ static gcap_status masked_fill(gcap_tensor *x, gcap_tensor *mask, int64_t flags,
   a.f[0] = v;
   in[0] = x;
   in[1] = mask;
-  if ((st = gc_run(x->e, GC_K_MASKED_FILL, &a, in, 2, *y)) != GCAP_OK) return fail_free(y, st);
+  if ((st = gc_run(x->e, GC_K_MASKED_FILL, &a, in, 2, *y)) != GCAP_OK)
+    return gc_keep_or_free(y, st);
   return GCAP_OK;
 }
 
@@ -51,10 +45,7 @@ gcap_status gcap_masked_fill(gcap_tensor *t, gcap_tensor *mask, double value, gc
   int64_t flags;
   gc_node *n;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (t == NULL) return GCAP_EINVAL;
-  gc_clear(t->e);
+  if ((st = gc_op_begin(t, out)) != GCAP_OK) return st;
   if (mask == NULL) return gc_fail(t->e, GCAP_EINVAL, "masked_fill: the mask is NULL");
   if ((st = gc_mask_flags(t->e, t->ndim, t->shape, mask, "masked_fill", "mask", &flags)) !=
           GCAP_OK ||
@@ -62,7 +53,7 @@ gcap_status gcap_masked_fill(gcap_tensor *t, gcap_tensor *mask, double value, gc
     return st;
   if (!gc_grad_needed(t->e, &t, 1)) return GCAP_OK;
   if ((st = gc_record(*out, "masked_fill", masked_fill_backward, &t, 1, &mask, 1, &n)) != GCAP_OK)
-    return fail_free(out, st);
+    return gc_keep_or_free(out, st);
   n->k[0] = flags;
   return GCAP_OK;
 }
@@ -220,7 +211,7 @@ static gcap_status sdpa_fused(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
   return GCAP_OK;
 fail:
   gcap_tensor_free(stats);
-  return fail_free(out, st);
+  return gc_keep_or_free(out, st);
 }
 
 gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,

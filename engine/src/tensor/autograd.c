@@ -143,13 +143,7 @@ typedef struct bw_stack {
 } bw_stack;
 
 static int stack_push(bw_stack *s, gc_node *n) {
-  if (s->n == s->cap) {
-    int cap = s->cap ? 2 * s->cap : 64;
-    gc_node **v = (gc_node **)gc_realloc(s->v, (size_t)cap * sizeof *v);
-    if (v == NULL) return 0;
-    s->v = v;
-    s->cap = cap;
-  }
+  if (!gc_growvector(s->v, s->cap, s->n + 1, 64)) return 0;
   s->v[s->n++] = n;
   return 1;
 }

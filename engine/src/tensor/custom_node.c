@@ -120,9 +120,7 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
   }
   if ((st = gc_record(*out, f->name, fn_backward, in, nin, save, nsave, NULL)) != GCAP_OK) {
     fn_free(f);
-    gcap_tensor_free(*out);
-    *out = NULL;
-    return st;
+    return gc_keep_or_free(out, st);
   }
   (*out)->grad_fn->ud = f;
   (*out)->grad_fn->ud_free = fn_free;

@@ -10,20 +10,6 @@
 
 #include "tensor.h"
 
-static gcap_status fail_free(gcap_tensor **out, gcap_status st) {
-  gcap_tensor_free(*out);
-  *out = NULL;
-  return st;
-}
-
-static gcap_status begin(gcap_tensor *x, gcap_tensor **out) {
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if (x == NULL) return GCAP_EINVAL;
-  gc_clear(x->e);
-  return GCAP_OK;
-}
-
 /* y = kernel(x) elementwise; backward: dx = bwkernel(dy, x). */
 static gcap_status act_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *x = n->saved[0], *in[2];
@@ -39,18 +25,18 @@ static gcap_status act_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   in[0] = g;
   in[1] = x;
   if ((st = gc_run(g->e, (int)n->k[0], &a, in, 2, gin[0])) != GCAP_OK)
-    return fail_free(&gin[0], st);
+    return gc_keep_or_free(&gin[0], st);
   return GCAP_OK;
 }
 
 static gcap_status activation(gcap_tensor *x, int k, int kbw, const char *op, gcap_tensor **out) {
   gcap_status st;
   gc_node *n;
-  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if ((st = gc_op_begin(x, out)) != GCAP_OK) return st;
   if ((st = gc_unary(x, k, 0.0f, op, 0, out)) != GCAP_OK) return st;
   if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
   if ((st = gc_record(*out, op, act_backward, &x, 1, &x, 1, &n)) != GCAP_OK)
-    return fail_free(out, st);
+    return gc_keep_or_free(out, st);
   n->k[0] = kbw;
   return GCAP_OK;
 }
@@ -92,11 +78,8 @@ gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_
   st = gc_run(g->e, GC_K_GELU_BWD, &a, in, 2, *dx);
 done:
   gcap_tensor_free(scratch);
-  if (st != GCAP_OK) {
-    fail_free(dx, st);
-    if (colsum) fail_free(colsum, st);
-  }
-  return st;
+  if (colsum) gc_keep_or_free(colsum, st);
+  return gc_keep_or_free(dx, st);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -176,7 +159,7 @@ gcap_status gcap_layer_norm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, doub
   int64_t cols, rows;
   gc_kargs a;
   gcap_status st;
-  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if ((st = gc_op_begin(x, out)) != GCAP_OK) return st;
   cols = last_dim(x);
   rows = cols > 0 ? x->numel / cols : 0;
   if ((w && (w->e != x->e || w->dt != x->dt || w->ndim != 1 || w->shape[0] != cols)) ||
@@ -226,7 +209,7 @@ gcap_status gcap_layer_norm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, doub
 fail:
   gcap_tensor_free(mean);
   gcap_tensor_free(rstd);
-  return fail_free(out, st);
+  return gc_keep_or_free(out, st);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -274,7 +257,7 @@ static gcap_status softmax_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gi
   in[0] = g;
   in[1] = y;
   if ((st = gc_run(g->e, GC_K_SOFTMAX_BWD, &a, in, 2, gin[0])) != GCAP_OK)
-    return fail_free(&gin[0], st);
+    return gc_keep_or_free(&gin[0], st);
   return GCAP_OK;
 }
 
@@ -283,7 +266,7 @@ gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
   int64_t flags = 0;
   gc_node *n;
   gcap_status st;
-  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if ((st = gc_op_begin(x, out)) != GCAP_OK) return st;
   if (x->ndim < (causal ? 2 : 1))
     return gc_fail(x->e, GCAP_EINVAL, "softmax: %s needs a tensor of at least %d dims, got %d-D",
                    causal ? "causal" : "a softmax", causal ? 2 : 1, x->ndim);
@@ -299,17 +282,18 @@ gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
   }
   if (causal) flags |= GC_MASK_CAUSAL;
   if ((st = gc_tensor_alloc(x->e, "softmax", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;
-  if ((st = softmax_run(*out, x, (float)scale, mask, flags)) != GCAP_OK) return fail_free(out, st);
+  if ((st = softmax_run(*out, x, (float)scale, mask, flags)) != GCAP_OK)
+    return gc_keep_or_free(out, st);
   if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
   if ((st = gc_record(*out, "softmax", softmax_backward, &x, 1, out, 1, &n)) != GCAP_OK)
-    return fail_free(out, st);
+    return gc_keep_or_free(out, st);
   n->f[0] = (float)scale;
   return GCAP_OK;
 }
 
 gcap_status gcap_softmax(gcap_tensor *x, int dim, gcap_tensor **out) {
   gcap_status st;
-  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if ((st = gc_op_begin(x, out)) != GCAP_OK) return st;
   if (x->ndim < 1 || (dim != -1 && dim != x->ndim - 1))
     return gc_fail(x->e, GCAP_EINVAL,
                    "softmax: only the last dimension is supported (dim -1 or %d), got dim %d of a "
@@ -331,14 +315,14 @@ gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **o
   gcap_engine *e;
   gc_kargs a;
   gcap_status st;
-  if ((st = begin(x, out)) != GCAP_OK) return st;
+  if ((st = gc_op_begin(x, out)) != GCAP_OK) return st;
   e = x->e;
   if (!(p >= 0.0 && p <= 1.0))
     return gc_fail(e, GCAP_EINVAL, "dropout: probability must be in [0, 1], got %g", p);
   if (!training || p == 0.0) { /* identity: a view that keeps the graph */
     if ((*out = gc_tensor_alias(x, x->ndim, x->shape)) == NULL)
       return gc_fail(e, GCAP_ENOMEM, "dropout: out of host memory");
-    return gc_view_record(x, *out) == GCAP_OK ? GCAP_OK : fail_free(out, GCAP_ENOMEM);
+    return gc_view_record(x, *out) == GCAP_OK ? GCAP_OK : gc_keep_or_free(out, GCAP_ENOMEM);
   }
   if ((st = gc_tensor_alloc(e, "dropout", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;
   if ((st = gc_tensor_alloc(e, "dropout", x->dt, x->ndim, x->shape, &mask)) != GCAP_OK) goto fail;
@@ -363,7 +347,7 @@ gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **o
   return GCAP_OK;
 fail:
   gcap_tensor_free(mask);
-  return fail_free(out, st);
+  return gc_keep_or_free(out, st);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -373,7 +357,7 @@ gcap_status gcap_mse_loss(gcap_tensor *input, gcap_tensor *target, gcap_tensor *
   gcap_tensor *d = NULL, *sq = NULL;
   gcap_status st;
   int i, same;
-  if ((st = begin(input, out)) != GCAP_OK) return st;
+  if ((st = gc_op_begin(input, out)) != GCAP_OK) return st;
   if (target == NULL) return GCAP_EINVAL;
   if (target->e != input->e || target->dt != input->dt)
     return gc_fail(input->e, GCAP_EINVAL,
@@ -416,7 +400,7 @@ static gcap_status xent_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) 
   in[1] = tgt;
   in[2] = g;
   if ((st = gc_run(g->e, GC_K_XENT_BWD, &a, in, 3, gin[0])) != GCAP_OK)
-    return fail_free(&gin[0], st);
+    return gc_keep_or_free(&gin[0], st);
   return GCAP_OK;
 }
 
@@ -453,7 +437,7 @@ gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_te
   gc_kargs a;
   gcap_status st;
   gc_node *n;
-  if ((st = begin(logits, out)) != GCAP_OK) return st;
+  if ((st = gc_op_begin(logits, out)) != GCAP_OK) return st;
   e = logits->e;
   if (target == NULL) return GCAP_EINVAL;
   if (logits->ndim != 2 || target->ndim != 1 || target->shape[0] != logits->shape[0] ||
@@ -489,7 +473,7 @@ gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_te
     in[0] = probs;
     in[1] = target;
     if ((st = gc_record(*out, "cross_entropy", xent_backward, &logits, 1, in, 2, &n)) != GCAP_OK) {
-      fail_free(out, st);
+      gc_keep_or_free(out, st);
       goto done;
     }
     n->f[0] = rows->numel > 0 ? 1.0f / (float)rows->numel : NAN;

@@ -4,7 +4,6 @@
 ** the backends take op(A) op(B) with transpose flags (cuda maps this to
 ** column-major cuBLAS in one place).
 */
-#include <stdio.h>
 #include <string.h>
 
 #include "tensor.h"
@@ -41,11 +40,7 @@ static gcap_status mm_ex(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t
   if (bgrad) st = gc_note_access(A->e, bgrad, 1);
   if (pre && st == GCAP_OK) st = gc_note_access(A->e, pre, 1);
   if (st == GCAP_OK) st = gc_run(A->e, GC_K_MATMUL, &a, in, nin, *c);
-  if (st != GCAP_OK && fresh) {
-    gcap_tensor_free(*c);
-    *c = NULL;
-  }
-  return st;
+  return fresh ? gc_keep_or_free(c, st) : st;
 }
 
 static gcap_status mm(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t m, int64_t n,
@@ -153,11 +148,7 @@ static gcap_status bmm(gcap_tensor *A, int ta, gcap_tensor *B, int tb, const mm_
     }
     st = gc_run(A->e, GC_K_MATMUL, &a, in, 2, *c);
   }
-  if (st != GCAP_OK) {
-    gcap_tensor_free(*c);
-    *c = NULL;
-  }
-  return st;
+  return gc_keep_or_free(c, st);
 }
 
 /* The grad g of a product's operand x, computed over out's whole batch,
@@ -233,11 +224,8 @@ gcap_status gc_matmul(gcap_tensor *a, int ta, gcap_tensor *b, int tb, gcap_tenso
   in[0] = a;
   in[1] = b;
   if (!gc_grad_needed(a->e, in, 2)) return GCAP_OK;
-  if ((st = gc_record(*out, "matmul", matmul_backward, in, 2, in, 2, &n)) != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-    return st;
-  }
+  if ((st = gc_record(*out, "matmul", matmul_backward, in, 2, in, 2, &n)) != GCAP_OK)
+    return gc_keep_or_free(out, st);
   n->k[0] = ta;
   n->k[1] = tb;
   return GCAP_OK;
@@ -259,12 +247,8 @@ static gcap_status linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, 
   if (gw && gb && b) {
     if ((st = gc_tensor_alloc(g->e, "linear backward", b->dt, b->ndim, b->shape, gb)) != GCAP_OK)
       return st;
-    if ((st = mm_ex(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, NULL, *gb, NULL, 2, w->shape, gw)) !=
-        GCAP_OK) {
-      gcap_tensor_free(*gb);
-      *gb = NULL;
-    }
-    return st;
+    st = mm_ex(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, NULL, *gb, NULL, 2, w->shape, gw);
+    return gc_keep_or_free(gb, st);
   }
   if (gw) st = mm(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, 2, w->shape, gw);
   if (st == GCAP_OK && gb && b) {
@@ -374,9 +358,7 @@ done:
   return GCAP_OK;
 fail:
   gcap_tensor_free(pre);
-  gcap_tensor_free(*out);
-  *out = NULL;
-  return st;
+  return gc_keep_or_free(out, st);
 }
 
 gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out) {

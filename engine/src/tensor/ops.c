@@ -4,7 +4,6 @@
 ** launches one kernel, its reads and writes noted (launch.c).
 */
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "tensor.h"
@@ -121,11 +120,7 @@ gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gca
   a.n[2] = y->numel;
   in[0] = x;
   in[1] = y;
-  if ((st = gc_run(x->e, k, &a, in, 2, *out)) != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, gc_run(x->e, k, &a, in, 2, *out));
 }
 
 /* dst = dst OP y in place (y: same numel, one element, or a row). */
@@ -161,11 +156,7 @@ gcap_status gc_expand(gcap_tensor *x, int ndim, const int64_t *shape, float f, g
   a.n[0] = (*out)->numel;
   a.n[1] = x->numel > 0 ? x->numel : 1;
   a.f[0] = f;
-  if ((st = gc_run(x->e, GC_K_EXPAND, &a, &x, 1, *out)) != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, gc_run(x->e, GC_K_EXPAND, &a, &x, 1, *out));
 }
 
 gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **t, void **p) {
@@ -174,11 +165,8 @@ gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **
   *p = NULL;
   if (n <= 0) return GCAP_OK;
   if ((st = gc_tensor_alloc(e, op, GCAP_F32, 1, &n, t)) != GCAP_OK ||
-      (st = gc_note_access(e, *t, 1)) != GCAP_OK) {
-    gcap_tensor_free(*t);
-    *t = NULL;
-    return st;
-  }
+      (st = gc_note_access(e, *t, 1)) != GCAP_OK)
+    return gc_keep_or_free(t, st);
   *p = gc_tensor_ptr(*t);
   return GCAP_OK;
 }
@@ -202,11 +190,7 @@ gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out) {
   st = gc_run(x->e, GC_K_SUM_ROWS, &a, &x, 1, *out);
 done:
   gcap_tensor_free(scratch);
-  if (st != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, st);
 }
 
 /* The grad g of a broadcast result, reduced to the shape of operand t. */
@@ -259,22 +243,15 @@ static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op,
   gcap_tensor *in[2];
   gc_node *n;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if ((st = op_begin(x)) != GCAP_OK) return st;
+  if ((st = gc_op_begin(x, out)) != GCAP_OK) return st;
   if (y == NULL) return gc_fail(x->e, GCAP_EINVAL, "%s: second operand is NULL", op);
   if ((st = gc_binary(x, y, k, op, out)) != GCAP_OK) return st;
   in[0] = x;
   in[1] = y;
   if (!gc_grad_needed(x->e, in, 2)) return GCAP_OK;
   st = gc_record(*out, op, k == GC_K_MUL ? mul_backward : add_backward, in, 2, in, 2, &n);
-  if (st == GCAP_OK)
-    n->k[0] = k;
-  else {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  if (st == GCAP_OK) n->k[0] = k;
+  return gc_keep_or_free(out, st);
 }
 
 gcap_status gcap_add(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
@@ -307,11 +284,7 @@ gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_
   st = gc_run(x->e, k, &a, &x, 1, *out);
 done:
   gcap_tensor_free(scratch);
-  if (st != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, st);
 }
 
 static gcap_status scale_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
@@ -327,9 +300,7 @@ static gcap_status unary(gcap_tensor *x, int k, float f, const char *op, int sca
                          gc_backward_fn bw, gcap_tensor **out) {
   gc_node *n;
   gcap_status st;
-  if (out == NULL) return GCAP_EINVAL;
-  *out = NULL;
-  if ((st = op_begin(x)) != GCAP_OK) return st;
+  if ((st = gc_op_begin(x, out)) != GCAP_OK) return st;
   if ((st = gc_unary(x, k, f, op, scalar_out, out)) != GCAP_OK) return st;
   if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
   /* sum/mean keep an alias of x only for its shape */
@@ -337,11 +308,8 @@ static gcap_status unary(gcap_tensor *x, int k, float f, const char *op, int sca
   if (st == GCAP_OK) {
     n->f[0] = f;
     n->k[0] = x->ndim;
-  } else {
-    gcap_tensor_free(*out);
-    *out = NULL;
   }
-  return st;
+  return gc_keep_or_free(out, st);
 }
 
 gcap_status gcap_scale(gcap_tensor *a, double s, gcap_tensor **out) {
@@ -369,11 +337,7 @@ gcap_status gcap_tensor_full(gcap_engine *e, gcap_dtype dt, int ndim, const int6
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
   if ((st = gc_tensor_alloc(e, "full", dt, ndim, shape, out)) != GCAP_OK) return st;
-  if ((st = gcap_fill_(*out, v)) != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, gcap_fill_(*out, v));
 }
 
 gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out) {
@@ -383,11 +347,7 @@ gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out) {
   if (t == NULL) return GCAP_EINVAL;
   gc_clear(t->e);
   if ((st = gc_tensor_alloc(t->e, "clone", t->dt, t->ndim, t->shape, out)) != GCAP_OK) return st;
-  if ((st = gcap_copy_(*out, t)) != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, gcap_copy_(*out, t));
 }
 
 gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int64_t *shape,
@@ -411,9 +371,5 @@ gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int6
     a.n[0] = (*out)->numel;
     st = gc_launch(e, GC_K_RNG_ADVANCE, &a);
   }
-  if (st != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, st);
 }

@@ -121,6 +121,22 @@ void gcap_tensor_free(gcap_tensor *t) {
   gc_engine_unref(e);
 }
 
+gcap_status gc_op_begin(gcap_tensor *x, gcap_tensor **out) {
+  if (out == NULL) return GCAP_EINVAL;
+  *out = NULL;
+  if (x == NULL) return GCAP_EINVAL;
+  gc_clear(x->e);
+  return GCAP_OK;
+}
+
+gcap_status gc_keep_or_free(gcap_tensor **out, gcap_status st) {
+  if (st != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
 void gc_node_free_saved(gc_node *n) {
   int i;
   for (i = 0; i < n->nsaved; i++) {

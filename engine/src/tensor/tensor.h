@@ -63,6 +63,13 @@ const char *gc_dims_str(int ndim, const int64_t *shape, char *buf, size_t n);
 /* Dim `dim` of an ndim-D tensor, counted from the end when negative, into
 ** *out; out of range: GCAP_EINVAL naming op (shape.c). */
 gcap_status gc_dim(gcap_engine *e, const char *op, int dim, int ndim, int *out);
+/* The start of a public op on x that makes *out: GCAP_EINVAL for a NULL out
+** or x (*out NULL then too); otherwise *out is NULL, x's engine's last error
+** is cleared and the result is GCAP_OK. */
+gcap_status gc_op_begin(gcap_tensor *x, gcap_tensor **out);
+/* The end of a call that made *out: when st is an error, *out is freed and
+** set to NULL, so that a failed call leaves nothing behind. Returns st. */
+gcap_status gc_keep_or_free(gcap_tensor **out, gcap_status st);
 /* Do a and b have the same shape and dtype? */
 static inline int gc_same_layout(const gcap_tensor *a, const gcap_tensor *b) {
   int d;

@@ -137,9 +137,7 @@ gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, un
   int64_t ws[2], bs[1];
   double bound;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if ((st = gc_check_open(e, "Linear")) != GCAP_OK) return st;
   if (in <= 0 || out <= 0)
     return gc_fail(e, GCAP_EINVAL,
@@ -174,9 +172,7 @@ fail:
   gcap_tensor_free(w);
   gcap_tensor_free(b);
   gcap_tensor_free(mg);
-  gcap_module_free(*m);
-  *m = NULL;
-  return st;
+  return gc_module_keep_or_free(m, st);
 }
 
 static gcap_status relu_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
@@ -276,9 +272,7 @@ gcap_status gcap_nn_gelu(gcap_engine *e, gcap_module **m) {
 gcap_status gcap_nn_layer_norm(gcap_engine *e, int64_t n, double eps, gcap_module **m) {
   gcap_tensor *w = NULL, *b = NULL;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if (n <= 0)
     return gc_fail(e, GCAP_EINVAL, "LayerNorm: size must be positive, got %lld", (long long)n);
   if ((st = gcap_module_new(e, "LayerNorm", ln_forward, NULL, NULL, m)) != GCAP_OK) return st;
@@ -286,10 +280,8 @@ gcap_status gcap_nn_layer_norm(gcap_engine *e, int64_t n, double eps, gcap_modul
   if ((st = gcap_tensor_full(e, GCAP_F32, 1, &n, 1.0, &w)) != GCAP_OK ||
       (st = gcap_tensor_full(e, GCAP_F32, 1, &n, 0.0, &b)) != GCAP_OK ||
       (st = gcap_module_add_parameter(*m, "weight", w)) != GCAP_OK ||
-      (st = gcap_module_add_parameter(*m, "bias", b)) != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
+      (st = gcap_module_add_parameter(*m, "bias", b)) != GCAP_OK)
+    gc_module_keep_or_free(m, st);
   gcap_tensor_free(w);
   gcap_tensor_free(b);
   return st;
@@ -297,9 +289,7 @@ gcap_status gcap_nn_layer_norm(gcap_engine *e, int64_t n, double eps, gcap_modul
 
 gcap_status gcap_nn_dropout(gcap_engine *e, double p, gcap_module **m) {
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if (!(p >= 0.0 && p <= 1.0))
     return gc_fail(e, GCAP_EINVAL, "Dropout: probability must be in [0, 1], got %g", p);
   if ((st = gcap_module_new(e, "Dropout", dropout_forward, NULL, NULL, m)) == GCAP_OK) (*m)->p = p;
@@ -316,11 +306,8 @@ gcap_status gcap_nn_sequential(gcap_engine *e, int n, gcap_module *const *mods, 
   for (j = 0; j < n; j++) {
     char name[16];
     snprintf(name, sizeof name, "%d", j);
-    if ((st = gcap_module_add_child(*m, name, mods[j])) != GCAP_OK) {
-      gcap_module_free(*m);
-      *m = NULL;
-      return st;
-    }
+    if ((st = gcap_module_add_child(*m, name, mods[j])) != GCAP_OK)
+      return gc_module_keep_or_free(m, st);
   }
   return GCAP_OK;
 }

@@ -33,6 +33,14 @@ void gc_module_set_route(gcap_module *m, gc_route_fn fn, void *ud, int entry);
 ** later make_graphed_callables may have routed it elsewhere). */
 void gc_module_unroute(gcap_module *m, const void *ud, int entry);
 
+/* The first check of a module constructor: GCAP_EINVAL for a NULL m or e
+** (*m is NULL then too, when m is given); otherwise *m is NULL and the
+** result GCAP_OK. */
+gcap_status gc_module_begin(const gcap_engine *e, gcap_module **m);
+/* The end of a constructor that made *m: when st is an error, the module
+** made so far is freed and *m set to NULL. Returns st. */
+gcap_status gc_module_keep_or_free(gcap_module **m, gcap_status st);
+
 /* A new f32 tensor of U(-bound, bound) from the engine's generator, made
 ** with recording off (a parameter's initial value). */
 gcap_status gc_uniform(gcap_engine *e, int ndim, const int64_t *shape, double bound,

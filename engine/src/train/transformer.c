@@ -141,9 +141,7 @@ gcap_status gcap_nn_layer_norm_linear(gcap_engine *e, int64_t in, int64_t out, d
   static const char type[] = "LayerNormLinear";
   tf_mod *u;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if ((st = tf_positive(e, type, "in_features", in)) != GCAP_OK ||
       (st = tf_positive(e, type, "out_features", out)) != GCAP_OK ||
       (st = tf_eps(e, type, "eps", eps)) != GCAP_OK ||
@@ -152,11 +150,9 @@ gcap_status gcap_nn_layer_norm_linear(gcap_engine *e, int64_t in, int64_t out, d
   u->eps = eps;
   u->ret_ln = return_layernorm_output != 0;
   if ((st = tf_ln_params(e, *m, u, in)) != GCAP_OK ||
-      (st = tf_linear_params(e, *m, u, TF_W1, "weight", "bias", in, out, bias)) != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
-  return st;
+      (st = tf_linear_params(e, *m, u, TF_W1, "weight", "bias", in, out, bias)) != GCAP_OK)
+    return gc_module_keep_or_free(m, st);
+  return GCAP_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -272,9 +268,7 @@ gcap_status gcap_nn_layer_norm_mlp(gcap_engine *e, int64_t hidden, int64_t ffn_h
   static const char type[] = "LayerNormMLP";
   tf_mod *u;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if ((st = tf_positive(e, type, "hidden_size", hidden)) != GCAP_OK ||
       (st = tf_positive(e, type, "ffn_hidden_size", ffn_hidden)) != GCAP_OK ||
       (st = tf_eps(e, type, "eps", eps)) != GCAP_OK ||
@@ -286,11 +280,9 @@ gcap_status gcap_nn_layer_norm_mlp(gcap_engine *e, int64_t hidden, int64_t ffn_h
       (st = tf_linear_params(e, *m, u, TF_W1, "fc1_weight", "fc1_bias", hidden, ffn_hidden,
                              bias)) != GCAP_OK ||
       (st = tf_linear_params(e, *m, u, TF_W2, "fc2_weight", "fc2_bias", ffn_hidden, hidden,
-                             bias)) != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
-  return st;
+                             bias)) != GCAP_OK)
+    return gc_module_keep_or_free(m, st);
+  return GCAP_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -393,9 +385,7 @@ gcap_status gcap_nn_dot_product_attention(gcap_engine *e, int num_heads, int64_t
   static const char type[] = "DotProductAttention";
   tf_mod *u;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if ((st = check_attn(e, type, num_heads, kv_channels, mask, attention_dropout, attn_impl)) !=
           GCAP_OK ||
       (st = tf_new(e, type, dpa_forward, NULL, m, &u)) != GCAP_OK)
@@ -497,9 +487,7 @@ gcap_status gcap_nn_multihead_attention(gcap_engine *e, int64_t hidden, int num_
   gcap_module *c = NULL;
   tf_mod *u;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if (o == NULL) {
     gcap_transformer_opts_init(&def);
     o = &def;
@@ -527,11 +515,7 @@ gcap_status gcap_nn_multihead_attention(gcap_engine *e, int64_t hidden, int num_
     st = gcap_nn_linear(e, hidden, hidden, o->bias, 0, &c);
     st = tf_child(*m, u, TF_PROJ, "proj", c, st);
   }
-  if (st != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
-  return st;
+  return gc_module_keep_or_free(m, st);
 }
 
 /* dropout(y) + r, the dropout skipped when p is 0. */
@@ -572,9 +556,7 @@ gcap_status gcap_nn_transformer_layer(gcap_engine *e, int64_t hidden, int64_t ff
   gcap_module *c = NULL;
   tf_mod *u;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if (o == NULL) {
     gcap_transformer_opts_init(&def);
     o = &def;
@@ -594,11 +576,7 @@ gcap_status gcap_nn_transformer_layer(gcap_engine *e, int64_t hidden, int64_t ff
     st = gcap_nn_layer_norm_mlp(e, hidden, ffn_hidden, o->layernorm_epsilon, o->bias, 0, &c);
     st = tf_child(*m, u, TF_MLP, "layernorm_mlp", c, st);
   }
-  if (st != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
-  return st;
+  return gc_module_keep_or_free(m, st);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -620,9 +598,7 @@ gcap_status gcap_nn_embedding(gcap_engine *e, int64_t num_embeddings, int64_t em
   gcap_tensor *w = NULL;
   tf_mod *u;
   gcap_status st;
-  if (m == NULL) return GCAP_EINVAL;
-  *m = NULL;
-  if (e == NULL) return GCAP_EINVAL;
+  if ((st = gc_module_begin(e, m)) != GCAP_OK) return st;
   if ((st = tf_positive(e, type, "num_embeddings", num_embeddings)) != GCAP_OK ||
       (st = tf_positive(e, type, "embedding_dim", embedding_dim)) != GCAP_OK ||
       (st = tf_new(e, type, emb_forward, NULL, m, &u)) != GCAP_OK)
@@ -630,9 +606,5 @@ gcap_status gcap_nn_embedding(gcap_engine *e, int64_t num_embeddings, int64_t em
   shape[0] = num_embeddings;
   shape[1] = embedding_dim;
   st = gcap_tensor_rand(e, GCAP_F32, 2, shape, 1, &w);
-  if ((st = tf_add(*m, u, TF_W1, "weight", w, st)) != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
-  return st;
+  return gc_module_keep_or_free(m, tf_add(*m, u, TF_W1, "weight", w, st));
 }

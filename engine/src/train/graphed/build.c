@@ -28,16 +28,9 @@ typedef struct grad_snap {
 } grad_snap;
 
 static gcap_status snap_add(gcap_engine *e, grad_snap *s, gcap_tensor *t) {
-  if (s->n == s->cap) {
-    int cap = s->cap ? 2 * s->cap : 32;
-    gcap_tensor **a = (gcap_tensor **)gc_realloc(s->t, (size_t)cap * sizeof *a);
-    if (a == NULL) return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
-    s->t = a;
-    if ((a = (gcap_tensor **)gc_realloc(s->grad, (size_t)cap * sizeof *a)) == NULL)
-      return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
-    s->grad = a;
-    s->cap = cap;
-  }
+  int cap = s->cap; /* grad[] grows to what t[] grows to */
+  if (!gc_growvector(s->t, cap, s->n + 1, 32) || !gc_growvector(s->grad, s->cap, cap, 32))
+    return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
   s->t[s->n++] = gcap_tensor_retain(t);
   return GCAP_OK;
 }

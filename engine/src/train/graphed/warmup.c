@@ -93,14 +93,9 @@ static gcap_status check_leaves(ge_build *b, int i, const ge_outs *o) {
         }
         if (nx != NULL && nx->mark != mark) {
           nx->mark = mark;
-          if (n == cap) {
-            gc_node **v = (gc_node **)gc_realloc(stack, (size_t)(cap ? 2 * cap : 64) * sizeof *v);
-            if (v == NULL) {
-              st = gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
-              break;
-            }
-            stack = v;
-            cap = cap ? 2 * cap : 64;
+          if (!gc_growvector(stack, cap, n + 1, 64)) {
+            st = gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+            break;
           }
           stack[n++] = nx;
         }
