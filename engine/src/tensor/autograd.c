@@ -300,10 +300,8 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
     if ((st2 = gc_acc_end(&run)) != GCAP_OK && st == GCAP_OK) st = st2;
     if (gin != small) free(gin);
     if (st != GCAP_OK) goto done;
-    if (!retain && n->nsaved > 0) {
-      gc_node_free_saved(n);
-      n->released = 1;
-    }
+    /* as PyTorch, only a node that saved something cannot run again */
+    if (!retain && gc_node_free_saved(n) > 0) n->released = 1;
   }
 done:
   for (i = 0; i < all.n; i++) { /* drop grads left pending by an error */

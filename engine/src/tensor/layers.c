@@ -24,7 +24,8 @@ static gcap_status begin(gcap_tensor *x, gcap_tensor **out) {
   return GCAP_OK;
 }
 
-/* y = kernel(x) elementwise; backward: dx = bwkernel(dy, x). */
+/* y = kernel(x) elementwise; backward: dx = bwkernel(dy, saved), the saved
+** tensor x for gelu, y for relu (as PyTorch: y > 0 exactly where x > 0). */
 static gcap_status act_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *x = n->saved[0], *in[2];
   gc_kargs a;
@@ -49,7 +50,7 @@ static gcap_status activation(gcap_tensor *x, int k, int kbw, const char *op, gc
   if ((st = begin(x, out)) != GCAP_OK) return st;
   if ((st = gc_unary(x, k, 0.0f, op, 0, out)) != GCAP_OK) return st;
   if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
-  if ((st = gc_record(*out, op, act_backward, &x, 1, &x, 1, &n)) != GCAP_OK)
+  if ((st = gc_record(*out, op, act_backward, &x, 1, k == GC_K_RELU ? out : &x, 1, &n)) != GCAP_OK)
     return fail_free(out, st);
   n->k[0] = kbw;
   return GCAP_OK;

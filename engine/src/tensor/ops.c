@@ -209,8 +209,8 @@ done:
   return st;
 }
 
-/* The grad g of a broadcast result, reduced to the shape of operand t. */
-static gcap_status reduce_to(gcap_tensor *g, gcap_tensor *t, gcap_tensor **out) {
+/* The grad g of a broadcast result, reduced to the shape t of an operand. */
+static gcap_status reduce_to(gcap_tensor *g, const gc_meta *t, gcap_tensor **out) {
   gcap_tensor *r = NULL;
   gcap_status st = GCAP_OK;
   if (g->numel == t->numel)
@@ -225,21 +225,23 @@ static gcap_status reduce_to(gcap_tensor *g, gcap_tensor *t, gcap_tensor **out) 
   return *out ? GCAP_OK : gc_fail(g->e, GCAP_ENOMEM, "backward: out of host memory");
 }
 
+/* add and sub read no operand: only their shapes */
 static gcap_status add_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_status st = GCAP_OK;
   gcap_tensor *neg = NULL;
-  if (gc_node_needs(n, 0)) st = reduce_to(g, n->saved[0], &gin[0]);
+  if (gc_node_needs(n, 0)) st = reduce_to(g, &n->meta[0], &gin[0]);
   if (st == GCAP_OK && gc_node_needs(n, 1)) {
     if (n->k[0] == GC_K_SUB) {
       if ((st = gc_unary(g, GC_K_SCALE, -1.0f, "neg", 0, &neg)) != GCAP_OK) return st;
       g = neg;
     }
-    st = reduce_to(g, n->saved[1], &gin[1]);
+    st = reduce_to(g, &n->meta[1], &gin[1]);
   }
   gcap_tensor_free(neg);
   return st;
 }
 
+/* saved[i]: operand i, kept only when the other operand needs its grad */
 static gcap_status mul_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_status st = GCAP_OK;
   int i;
@@ -247,16 +249,15 @@ static gcap_status mul_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
     gcap_tensor *p;
     if (!gc_node_needs(n, i)) continue;
     if ((st = gc_binary(g, n->saved[1 - i], GC_K_MUL, "mul backward", &p)) != GCAP_OK) break;
-    st = reduce_to(p, n->saved[i], &gin[i]);
+    st = reduce_to(p, &n->meta[i], &gin[i]);
     gcap_tensor_free(p);
   }
   return st;
 }
 
-/* Shapes only matter for add/sub's backward: save shape-carrying aliases. */
 static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op,
                           gcap_tensor **out) {
-  gcap_tensor *in[2];
+  gcap_tensor *in[2], *save[2];
   gc_node *n;
   gcap_status st;
   if (out == NULL) return GCAP_EINVAL;
@@ -267,7 +268,10 @@ static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op,
   in[0] = x;
   in[1] = y;
   if (!gc_grad_needed(x->e, in, 2)) return GCAP_OK;
-  st = gc_record(*out, op, k == GC_K_MUL ? mul_backward : add_backward, in, 2, in, 2, &n);
+  save[0] = y->requires_grad ? x : NULL; /* what the other's grad reads */
+  save[1] = x->requires_grad ? y : NULL;
+  st = k == GC_K_MUL ? gc_record(*out, op, mul_backward, in, 2, save, 2, &n)
+                     : gc_record(*out, op, add_backward, in, 2, NULL, 0, &n);
   if (st == GCAP_OK)
     n->k[0] = k;
   else {
@@ -320,7 +324,7 @@ static gcap_status scale_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin)
 
 /* sum and mean: the grad is g (one element) spread over the input's shape. */
 static gcap_status sum_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
-  return gc_expand(g, (int)n->k[0], (const int64_t *)n->saved[0]->shape, n->f[0], &gin[0]);
+  return gc_expand(g, n->meta[0].ndim, n->meta[0].shape, n->f[0], &gin[0]);
 }
 
 static gcap_status unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
@@ -332,12 +336,9 @@ static gcap_status unary(gcap_tensor *x, int k, float f, const char *op, int sca
   if ((st = op_begin(x)) != GCAP_OK) return st;
   if ((st = gc_unary(x, k, f, op, scalar_out, out)) != GCAP_OK) return st;
   if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
-  /* sum/mean keep an alias of x only for its shape */
-  st = gc_record(*out, op, bw, &x, 1, &x, bw == sum_backward, &n);
-  if (st == GCAP_OK) {
+  if ((st = gc_record(*out, op, bw, &x, 1, NULL, 0, &n)) == GCAP_OK) /* x's values unread */
     n->f[0] = f;
-    n->k[0] = x->ndim;
-  } else {
+  else {
     gcap_tensor_free(*out);
     *out = NULL;
   }
