@@ -991,6 +991,63 @@ function TestAutograd:test_saved_only_what_backward_reads ()
   assert_err(function () out:sum():backward() end, "modified by an inplace operation", "'linear'")
 end
 
+-- regression: clone and copy_ cut the graph, leaving x.grad zero eagerly and graphed
+-- clone passes its grad on unchanged (PyTorch's CloneBackward), eagerly and
+-- graphed; copy_ gives the source the grad, converted to its dtype, and the
+-- written tensor's old history zeros (CopyBackwards), as fill_ and zero_
+-- give theirs (FillBackward).
+function TestAutograd:test_clone_and_copy_are_differentiable ()
+  local w = gc.tensor(H.values(4, 0.7))
+  local wv = w:tolist()
+  local x = gc.tensor(H.values(4, 0.2), {requires_grad = true})
+  local c = x:clone()
+  lu.assertEquals(c.grad_fn, "clone")
+  lu.assertFalse(c.is_leaf)
+  ;(c * w):sum():backward()
+  H.assert_same(x.grad:tolist(), wv, "grad through clone")
+  local G = gc.make_graphed_callables(function (u) return u:clone() * w end,
+                                      {gc.ones({4}, {requires_grad = true})})
+  local xg = gc.tensor(H.values(4, 0.2), {requires_grad = true})
+  G(xg):sum():backward()
+  H.assert_same(xg.grad:tolist(), wv, "grad through a graphed clone")
+  -- copy_ into a tensor that needs no grad, of another dtype too
+  for _, dt in ipairs{"f32", "bf16"} do
+    local xs = gc.tensor(H.values(4, 0.2), {requires_grad = true})
+    local y = gc.zeros({2, 2}, {dtype = dt})
+    lu.assertTrue(rawequal(y:copy_(xs), y))
+    lu.assertEquals(y.grad_fn, "copy_")
+    lu.assertTrue(y.requires_grad)
+    ;(y * gc.tensor(H.nest(wv, {2, 2}), {dtype = dt})):sum():backward()
+    lu.assertEquals(xs.grad:dtype(), "f32")
+    lu.assertEquals(xs.grad:shape(), {4})
+    H.assert_same(xs.grad:tolist(), gc.tensor(wv, {dtype = dt}):tolist(), dt .. " copy_'s grad")
+    lu.assertEquals(xs.grad:dtype(), "f32")
+  end
+  -- y's history before the write gets zeros
+  for _, write in ipairs{"copy_", "fill_", "zero_"} do
+    local a = gc.tensor(H.values(4, 1.3), {requires_grad = true})
+    local xs = gc.tensor(H.values(4, 0.2), {requires_grad = true})
+    local h = a * 2
+    if write == "copy_" then h:copy_(xs) elseif write == "fill_" then h:fill_(3) else h:zero_() end
+    lu.assertEquals(h.grad_fn, write)
+    ;(h * w):sum():backward()
+    H.assert_same(a.grad:tolist(), {0, 0, 0, 0}, write .. ": the old history's grad")
+    if write == "copy_" then H.assert_same(xs.grad:tolist(), wv, "copy_'s source") end
+  end
+  -- a view cannot take a recorded write (its base would keep its history)
+  local h = x * 2
+  local made_by, version = h.grad_fn, h._version
+  for _, f in ipairs{function () h:view({2, 2}):copy_(gc.ones({2, 2})) end,
+                     function () h:view({4}):fill_(1) end,
+                     function () gc.zeros({4}):view({2, 2}):copy_(x) end} do
+    assert_err(f, "autograd cannot record an in-place write into a view", "no_grad")
+  end
+  lu.assertEquals(h._version, version) -- refused before writing
+  gc.no_grad(function () h:view({4}):copy_(x) end)
+  lu.assertEquals(h.grad_fn, made_by)
+  lu.assertEquals(h._version, version + 1)
+end
+
 -- regression: a write through a view of a leaf that requires grad changed the leaf unseen
 -- An in-place write through a view of a leaf that requires grad is refused,
 -- as on the leaf itself (PyTorch's rule); under no_grad it goes through.

@@ -339,6 +339,7 @@ gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **o
   if (!training || p == 0.0) { /* identity: a view that keeps the graph */
     if ((*out = gc_tensor_alias(x, x->ndim, x->shape)) == NULL)
       return gc_fail(e, GCAP_ENOMEM, "dropout: out of host memory");
+    (*out)->view = 1;
     return gc_view_record(x, *out) == GCAP_OK ? GCAP_OK : fail_free(out, GCAP_ENOMEM);
   }
   if ((st = gc_tensor_alloc(e, "dropout", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;

@@ -122,6 +122,7 @@ gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gca
   }
   if ((*out = gc_tensor_alias(t, ndim, shape)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "view: out of host memory");
+  (*out)->view = 1;
   if ((st = gc_view_record(t, *out)) != GCAP_OK) { /* the caller gets nothing */
     gcap_tensor_free(*out);
     *out = NULL;

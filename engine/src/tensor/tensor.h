@@ -28,6 +28,7 @@ struct gcap_tensor {
   int requires_grad;
   gcap_tensor *grad; /* leaves: accumulated gradient, or NULL */
   gc_node *grad_fn;  /* non-leaves: the node that made it */
+  int view; /* made by gcap_tensor_view (or an identity dropout): shares another's storage */
 };
 
 /* Change t's dtype in place: new storage holding the converted values (the
@@ -106,12 +107,14 @@ typedef struct gc_meta {
   int ndim;
   int64_t shape[GCAP_MAXDIM];
   int64_t numel; /* 0 (and ndim 0) for an absent (NULL) input */
+  gcap_dtype dt;
 } gc_meta;
 
 static inline void gc_meta_of(const gcap_tensor *t, gc_meta *m) {
   m->ndim = t->ndim;
   memcpy(m->shape, t->shape, sizeof t->shape);
   m->numel = t->numel;
+  m->dt = t->dt;
 }
 
 /* Computes the grads of a node's inputs from the grad of its output; sets
@@ -203,6 +206,8 @@ gcap_status gc_karg_convert(gcap_engine *e, const char *kname, int i, gcap_kpara
 /* The ops' building blocks (ops.c)                                          */
 
 /* Non-recording building blocks shared by forward and backward code. */
+/* dst = src converted to dst's dtype (same numel; not recorded, not checked). */
+gcap_status gc_copy(gcap_tensor *dst, gcap_tensor *src);
 gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out);
 gcap_status gc_binary_inplace(gcap_tensor *dst, gcap_tensor *y, int k, const char *op);
 gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
