@@ -623,6 +623,15 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
                                  gcap_autograd_backward bw, void *ud, void (*ud_free)(void *ud),
                                  gcap_tensor **out);
 
+/* A new tensor sharing t's storage that, while grad is enabled, requires
+** grad as the output of a node "anchor" with no inputs (else a plain
+** tensor): given to gcap_autograd_record as an input, it makes the node
+** record when no other input requires grad, and a grad the node gives it
+** goes nowhere. Unlike t itself it is no edge into t's grad: a leaf's .grad
+** gets its grads once all its edges ran, so an edge from the node would hold
+** it back until the node's backward. */
+gcap_status gcap_autograd_anchor(gcap_tensor *t, gcap_tensor **out);
+
 /* ------------------------------------------------------------------------ */
 /* Modules: a forward function with named parameters (in registration
 ** order, then the children's, prefixed "child."), buffers, children, a
