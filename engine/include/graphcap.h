@@ -431,7 +431,8 @@ gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n);
 /* A view of t with another shape of the same numel; shares storage. */
 gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gcap_tensor **out);
 
-/* A new tensor with a copy of t's data. */
+/* A new tensor with a copy of t's data; autograd records it, passing the
+** grad on to t (PyTorch's clone). */
 gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out);
 
 /* Shape ops. Tensors have no strides: each result is a contiguous copy, and
@@ -458,7 +459,11 @@ gcap_status gcap_chunk(gcap_tensor *t, int chunks, int dim, int cap, gcap_tensor
 ** in every other dim. */
 gcap_status gcap_cat(int n, gcap_tensor *const *ts, int dim, gcap_tensor **out);
 
-/* In place: dst = src (same numel), t = 0, t = v. */
+/* In place: dst = src (same numel; it converts dtypes), t = 0, t = v. While
+** grad is recorded and the written tensor (or src) requires grad, autograd
+** records the write (PyTorch's CopyBackwards, FillBackward): src gets the
+** grad, the written tensor's history before the write zeros; into a view
+** such a write is GCAP_EINVAL, nothing written. */
 gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src);
 gcap_status gcap_zero_(gcap_tensor *t);
 gcap_status gcap_fill_(gcap_tensor *t, double v);
@@ -617,6 +622,15 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
                                  gcap_tensor *const *in, int nsave, gcap_tensor *const *save,
                                  gcap_autograd_backward bw, void *ud, void (*ud_free)(void *ud),
                                  gcap_tensor **out);
+
+/* A new tensor sharing t's storage that, while grad is enabled, requires
+** grad as the output of a node "anchor" with no inputs (else a plain
+** tensor): given to gcap_autograd_record as an input, it makes the node
+** record when no other input requires grad, and a grad the node gives it
+** goes nowhere. Unlike t itself it is no edge into t's grad: a leaf's .grad
+** gets its grads once all its edges ran, so an edge from the node would hold
+** it back until the node's backward. */
+gcap_status gcap_autograd_anchor(gcap_tensor *t, gcap_tensor **out);
 
 /* ------------------------------------------------------------------------ */
 /* Modules: a forward function with named parameters (in registration

@@ -10,7 +10,8 @@
 
 #include "tensor.h"
 
-/* y = kernel(x) elementwise; backward: dx = bwkernel(dy, x). */
+/* y = kernel(x) elementwise; backward: dx = bwkernel(dy, saved), the saved
+** tensor x for gelu, y for relu (as PyTorch: y > 0 exactly where x > 0). */
 static gcap_status act_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *x = n->saved[0], *in[2];
   gc_kargs a;
@@ -35,7 +36,7 @@ static gcap_status activation(gcap_tensor *x, int k, int kbw, const char *op, gc
   if ((st = gc_op_begin(x, out)) != GCAP_OK) return st;
   if ((st = gc_unary(x, k, 0.0f, op, 0, out)) != GCAP_OK) return st;
   if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
-  if ((st = gc_record(*out, op, act_backward, &x, 1, &x, 1, &n)) != GCAP_OK)
+  if ((st = gc_record(*out, op, act_backward, &x, 1, k == GC_K_RELU ? out : &x, 1, &n)) != GCAP_OK)
     return gc_keep_or_free(out, st);
   n->k[0] = kbw;
   return GCAP_OK;
@@ -322,6 +323,7 @@ gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **o
   if (!training || p == 0.0) { /* identity: a view that keeps the graph */
     if ((*out = gc_tensor_alias(x, x->ndim, x->shape)) == NULL)
       return gc_fail(e, GCAP_ENOMEM, "dropout: out of host memory");
+    (*out)->view = 1;
     return gc_view_record(x, *out) == GCAP_OK ? GCAP_OK : gc_keep_or_free(out, GCAP_ENOMEM);
   }
   if ((st = gc_tensor_alloc(e, "dropout", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;

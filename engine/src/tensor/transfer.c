@@ -57,7 +57,7 @@ gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
   if (dst == NULL) return gc_fail(e, GCAP_EINVAL, "read: dst is NULL");
   if (t->dt != GCAP_F32) { /* widen on the device, then copy */
     if ((st = gc_tensor_alloc(e, "read", GCAP_F32, t->ndim, t->shape, &f)) != GCAP_OK) return st;
-    if ((st = gcap_copy_(f, t)) != GCAP_OK) {
+    if ((st = gc_copy(f, t)) != GCAP_OK) {
       gcap_tensor_free(f);
       return st;
     }

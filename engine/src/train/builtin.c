@@ -26,9 +26,10 @@ static gcap_status linear_dw(gcap_module *m) {
   gc_wgrad_queue *q = &m->wgrad->q;
   while (st == GCAP_OK && q->n > 0) {
     gcap_tensor *g = q->v[0], *x = q->v[1], *done_gb = q->v[2], *gw = NULL, *gb = NULL;
-    /* frozen parameters get nothing, as in the ordinary backward */
-    st = gc_linear_param_grads(g, x, w, b, m->wgrad->main_grad, done_gb,
-                               w->requires_grad ? &gw : NULL,
+    /* frozen parameters get nothing, as in the ordinary backward; x was
+    ** not kept when the weight was frozen at the forward */
+    st = gc_linear_param_grads(g, x, w->shape[0], w->shape[1], m->wgrad->main_grad, done_gb,
+                               w->requires_grad && x != NULL ? &gw : NULL,
                                b != NULL && b->requires_grad ? &gb : NULL);
     if (st == GCAP_OK && gw != NULL) st = gc_acc_grad(w, gw, 1);
     if (st == GCAP_OK && gb != NULL) st = gc_acc_grad(b, gb, 1);
