@@ -10,6 +10,7 @@
 **   capture.c   the capture walk: each pass into its own graph of one pool
 **   reuse.c     static buffers shared between entries, and released once dead
 **   replay.c    the graphed object: calls, backward, backward_dw, reset, dump, stats
+**   stale.c     what a replayed backward checks: that its call's state is still its own
 */
 #ifndef GC_GRAPHED_H
 #define GC_GRAPHED_H
@@ -74,6 +75,7 @@ typedef struct ge_entry {
   int need_dw;
   int reset;
   int fwd_pending; /* replayed forwards whose backward is still to come */
+  uint64_t calls;  /* forward replays so far: the number of the latest call */
   int *sharers;    /* reuse: the entries sharing a static input with this one */
   int nsharers;
 } ge_entry;
@@ -89,6 +91,18 @@ struct gcap_graphed {
   int reuse; /* entries may share static inputs */
 };
 
+/* The autograd node of a replayed forward: its backward is pending until it
+** runs, or until the node is dropped (then it never will). With several
+** outputs that require grad, each output's node keeps its grad in got[]
+** until the replay's node runs. */
+typedef struct ge_ref {
+  gcap_graphed *G;
+  int entry;
+  int pending;
+  uint64_t call;     /* the entry's call this node is the backward of (ge_entry.calls) */
+  gcap_tensor **got; /* [out.n] grads arrived, or NULL (one grad output) */
+} ge_ref;
+
 /* Drop the tensors of o and make it empty (replay.c). */
 void gc_graphed_outs_clear(ge_outs *o);
 /* Free G and everything it holds, whatever its references (replay.c). */
@@ -97,6 +111,11 @@ void gc_graphed_destroy(gcap_graphed *G);
 ** of entry `entry` of the graphed object ud (replay.c). */
 gcap_status gc_graphed_route(void *ud, int entry, int nin, gcap_tensor *const *in, int *nout,
                              gcap_tensor **out);
+
+/* The backward of r may replay: the activations its call left in the static
+** buffers are still there, no later forward of the entry having overwritten
+** them; else an error naming the entry and both calls (stale.c). */
+gcap_status gc_graphed_check_call(const ge_ref *r);
 
 /* ------------------------------------------------------------------------ */
 /* Construction state                                                        */

@@ -85,17 +85,6 @@ gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry) {
 /* ------------------------------------------------------------------------ */
 /* Replay                                                                    */
 
-/* The autograd node of a replayed forward: its backward is pending until it
-** runs, or until the node is dropped (then it never will). With several
-** outputs that require grad, each output's node keeps its grad in got[]
-** until the replay's node runs. */
-typedef struct ge_ref {
-  gcap_graphed *G;
-  int entry;
-  int pending;
-  gcap_tensor **got; /* [out.n] grads arrived, or NULL (one grad output) */
-} ge_ref;
-
 static void ge_ref_free(void *ud) {
   ge_ref *r = (ge_ref *)ud;
   ge_entry *x = &r->G->v[r->entry];
@@ -156,6 +145,7 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   if (x->bwd == NULL)
     return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
                    r->entry + 1);
+  if ((st = gc_graphed_check_call(r)) != GCAP_OK) return st;
   if ((st = grads_in(x, r, g)) != GCAP_OK) return st;
   if ((st = gcap_graph_replay(x->bwd)) != GCAP_OK) return st;
   gc_trace_span(G->e, t0, "replay", "graphed backward of entry %d", r->entry + 1);
@@ -366,6 +356,7 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
   }
   gcap_set_grad_enabled(G->e, was);
   if ((st = gcap_graph_replay(x->fwd)) != GCAP_OK) return st;
+  x->calls++; /* the activations of earlier calls are gone */
 
   for (k = 0; k < x->out.n; k++) {
     gcap_tensor *t = x->out.t[k];
@@ -387,6 +378,7 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
       }
       r->G = gcap_graphed_retain(G);
       r->entry = entry;
+      r->call = x->calls;
       st = x->ngrad == 1 ? record_replay(G, x, nin, in, out[x->grad1], r)
                          : record_outputs(G, x, nin, in, out, r);
       if (st != GCAP_OK) { /* r went with its node, or was freed */

@@ -1,0 +1,21 @@
+/*
+** stale.c: what the backward of a graphed call checks before it replays.
+** The backward graph reads what its call left behind (the activations in
+** the pool, the static inputs, the parameters); anything that rewrote them
+** since would make it compute another call's grads without a word, where an
+** eager node would refuse. Each check names the entry and the call, and
+** says what to do.
+*/
+#include "graphed.h"
+
+gcap_status gc_graphed_check_call(const ge_ref *r) {
+  const ge_entry *x = &r->G->v[r->entry];
+  if (r->call == x->calls) return GCAP_OK;
+  return gc_fail(r->G->e, GCAP_ESTATE,
+                 "graphed backward of call %llu of entry %d (callable %d, %s): its saved "
+                 "activations were overwritten by call %llu of that entry's forward; run a call's "
+                 "backward before the entry's next call, or graph one entry per microbatch "
+                 "(order)",
+                 (unsigned long long)r->call, r->entry + 1, x->callable + 1, gcap_module_type(x->m),
+                 (unsigned long long)r->call + 1);
+}
