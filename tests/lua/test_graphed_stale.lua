@@ -2,7 +2,8 @@
 -- graph read it (docs/semantics.md, "make_graphed_callables", "What a graphed
 -- backward checks"). Each program either gives eager's result bit for bit or
 -- raises an error that names the entry, the tensor or call, and what to do:
--- a second forward before the first one's backward.
+-- a second forward before the first one's backward; a second backward of one
+-- call (refused without retain_graph_in_backward, eager's grads with it).
 --   build/graphcap tests/lua/test_graphed_stale.lua -o tap
 
 local lu = require "luaunit"
@@ -99,6 +100,113 @@ function TestGraphedStale:test_one_entry_per_microbatch ()
   a(ex1):sum():backward()
   a(ex2):sum():backward()
   assert_grads(grads(b, {x1, x2}), grads(a, {ex1, ex2}), "two microbatches")
+end
+
+-- ---------------------------------------------------------------------------
+-- 2. A second backward of one call
+
+-- The modules whose captured backward frees saved tensors it then reuses:
+-- name, build, the shapes of the arguments, the output's shape.
+local SECOND = {
+  {"Linear+Dropout", function ()
+     return gc.nn.Sequential(gc.nn.Linear(8, 16), gc.nn.Dropout(0.5), gc.nn.Linear(16, 8))
+   end, {{3, 2, 8}}, {3, 2, 8}},
+  {"LayerNormLinear", function () return gc.nn.LayerNormLinear(8, 8) end, {{3, 2, 8}}, {3, 2, 8}},
+  {"LayerNormMLP", function () return gc.nn.LayerNormMLP(8, 16) end, {{3, 2, 8}}, {3, 2, 8}},
+  {"MultiheadAttention", function () return gc.nn.MultiheadAttention(8, 2) end, {{3, 2, 8}},
+   {3, 2, 8}},
+  {"TransformerLayer", function () return gc.nn.TransformerLayer(8, 16, 2) end, {{3, 2, 8}},
+   {3, 2, 8}},
+  {"DotProductAttention", function () return gc.nn.DotProductAttention(2, 4) end,
+   {{3, 2, 2, 4}, {3, 2, 2, 4}, {3, 2, 2, 4}}, {3, 2, 8}},
+}
+
+local function numel (shape)
+  local n = 1
+  for _, d in ipairs(shape) do n = n * d end
+  return n
+end
+
+-- Graph case c's module (with opts), and run `backwards` on an eager copy
+-- and on the graphed one, the generator seeded alike before each forward:
+-- backwards(y, dy) for y = m(args...). Returns the grads of the parameters
+-- and arguments, eager then graphed, and the graphed run's error, then the
+-- eager run's (or nil).
+local function second_backward (c, opts, backwards)
+  local name, build, shapes, out = table.unpack(c)
+  local a, b = pair(build)
+  local samples, args = {}, {}
+  for i, sh in ipairs(shapes) do
+    samples[i] = gc.zeros(sh, {requires_grad = true})
+    args[i] = gc.tensor(H.nest(H.values(numel(sh), i), sh), {requires_grad = true})
+  end
+  local g = gc.make_graphed_callables(b, samples, opts)
+  local dy = gc.tensor(H.nest(H.values(numel(out), 0.5), out))
+  local function run (m)
+    for _, x in ipairs(args) do x.grad = nil end
+    gc.manual_seed(9)
+    local ok, err = pcall(backwards, m(table.unpack(args)), dy)
+    return grads(m == g and b or a, args), not ok and tostring(err) or nil, name
+  end
+  local eager, eager_err = run(a)
+  local graphed, err = run(g)
+  return eager, graphed, err, eager_err
+end
+
+local function twice (y, dy)
+  y:backward(dy, {retain_graph = true})
+  y:backward(dy * 2)
+end
+
+function TestGraphedStale:test_second_backward_needs_retain_graph_in_backward ()
+  for _, c in ipairs(SECOND) do
+    local name = c[1]
+    local eager, graphed, err, eager_err = second_backward(c, nil, function (y, dy)
+      y:backward(dy, {retain_graph = true})
+    end)
+    lu.assertNil(eager_err, name .. ": eager")
+    lu.assertNil(err, name .. ": graphed")
+    assert_grads(graphed, eager, name .. ": one backward")
+    _, graphed, err, eager_err = second_backward(c, nil, twice)
+    lu.assertNil(eager_err, name .. ": eager, twice")
+    lu.assertNotNil(err, name .. ": a second backward without the option must fail")
+    lu.assertStrContains(err, "graphed backward of call 1 of entry 1 (callable 1, ")
+    lu.assertStrContains(err, "a second backward of one call")
+    lu.assertStrContains(err, "retain_graph_in_backward = true")
+    -- refused before it added anything: the first backward's grads
+    assert_grads(graphed, eager, name .. ": after the refused backward")
+  end
+end
+
+function TestGraphedStale:test_second_backward_with_retain_graph_in_backward ()
+  for _, c in ipairs(SECOND) do
+    local name = c[1]
+    local eager, graphed, err, eager_err = second_backward(c, {retain_graph_in_backward = true},
+                                                           twice)
+    lu.assertNil(eager_err, name .. ": eager")
+    lu.assertNil(err, name)
+    if name == "TransformerLayer" then
+      -- the input's grad: eager adds each of its two edges (residual, layer
+      -- norm) into .grad, the graph hands their sum on (issue 21, case 12)
+      local x = table.remove(graphed)
+      H.assert_close(x, table.remove(eager), 1e-6, 1e-6, name .. ": input grad")
+    end
+    assert_grads(graphed, eager, name)
+  end
+end
+
+-- Without retain_graph the first backward releases the call, as eager's.
+function TestGraphedStale:test_second_backward_without_retain_graph ()
+  local eager, graphed, err, eager_err = second_backward(
+    SECOND[1], {retain_graph_in_backward = true}, function (y, dy)
+      y:backward(dy)
+      y:backward(dy)
+    end)
+  lu.assertNotNil(eager_err)
+  lu.assertStrContains(eager_err, "trying to backward through the graph a second time ('linear'")
+  lu.assertNotNil(err)
+  lu.assertStrContains(err, "trying to backward through the graph a second time ('graphed'")
+  assert_grads(graphed, eager, "after the refused backward")
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

@@ -103,6 +103,7 @@ static gcap_status graphed_new(ge_build *b) {
   b->G->training = b->training;
   b->G->clone = b->o->clone_param_grads_on_return;
   b->G->reuse = b->o->reuse_graph_input_output_buffers;
+  b->G->retain = b->o->retain_graph_in_backward;
   gc_engine_ref(b->e);
   return GCAP_OK;
 }

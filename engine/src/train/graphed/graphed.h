@@ -88,7 +88,8 @@ struct gcap_graphed {
   gcap_pool *pool;
   int training;
   int clone;
-  int reuse; /* entries may share static inputs */
+  int reuse;  /* entries may share static inputs */
+  int retain; /* the captured backwards kept their saved tensors: a call may backward twice */
 };
 
 /* The autograd node of a replayed forward: its backward is pending until it
@@ -100,6 +101,7 @@ typedef struct ge_ref {
   int entry;
   int pending;
   uint64_t call;     /* the entry's call this node is the backward of (ge_entry.calls) */
+  int backwards;     /* backward replays it made */
   gcap_tensor **got; /* [out.n] grads arrived, or NULL (one grad output) */
 } ge_ref;
 
@@ -112,10 +114,12 @@ void gc_graphed_destroy(gcap_graphed *G);
 gcap_status gc_graphed_route(void *ud, int entry, int nin, gcap_tensor *const *in, int *nout,
                              gcap_tensor **out);
 
-/* The backward of r may replay: the activations its call left in the static
-** buffers are still there, no later forward of the entry having overwritten
-** them; else an error naming the entry and both calls (stale.c). */
-gcap_status gc_graphed_check_call(const ge_ref *r);
+/* The backward of r may replay: no later forward of the entry overwrote the
+** activations its call left in the static buffers, and a second backward of
+** the call finds the saved tensors its captured backward kept
+** (retain_graph_in_backward); else an error naming the entry, the call and
+** what to do (stale.c). */
+gcap_status gc_graphed_check_backward(const ge_ref *r);
 
 /* ------------------------------------------------------------------------ */
 /* Construction state                                                        */

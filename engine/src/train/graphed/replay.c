@@ -145,10 +145,11 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   if (x->bwd == NULL)
     return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
                    r->entry + 1);
-  if ((st = gc_graphed_check_call(r)) != GCAP_OK) return st;
+  if ((st = gc_graphed_check_backward(r)) != GCAP_OK) return st;
   if ((st = grads_in(x, r, g)) != GCAP_OK) return st;
   if ((st = gcap_graph_replay(x->bwd)) != GCAP_OK) return st;
   gc_trace_span(G->e, t0, "replay", "graphed backward of entry %d", r->entry + 1);
+  r->backwards++;
   if (r->pending) {
     r->pending = 0;
     x->fwd_pending--;
@@ -250,7 +251,7 @@ static gcap_status check_call_args(gcap_graphed *G, int entry, int nin, gcap_ten
 ** if the node could not be made). */
 static gcap_status record_replay(gcap_graphed *G, ge_entry *x, int nin, gcap_tensor *const *in,
                                  gcap_tensor *y, ge_ref *r) {
-  gcap_tensor **surf, *small[16] = {NULL};
+  gcap_tensor **surf, *small[16] = {NULL}, *none = NULL;
   gc_node *n;
   gcap_status st;
   int k, ns = x->nargs + x->nparams;
@@ -261,7 +262,10 @@ static gcap_status record_replay(gcap_graphed *G, ge_entry *x, int nin, gcap_ten
   }
   for (k = 0; k < ns; k++)
     surf[k] = k < nin ? in[k] : x->params[k - nin];
-  st = gc_record(y, "graphed", ge_backward, surf, ns, NULL, 0, &n);
+  /* one saved slot, left empty: what the node saved is in the entry's static
+  ** buffers, and a slot makes a backward without retain_graph release the
+  ** node, so that a second one is eager's error */
+  st = gc_record(y, "graphed", ge_backward, surf, ns, &none, 1, &n);
   if (surf != small) free(surf);
   if (st != GCAP_OK) {
     ge_ref_free(r);
