@@ -3,7 +3,8 @@
 -- backward checks"). Each program either gives eager's result bit for bit or
 -- raises an error that names the entry, the tensor or call, and what to do:
 -- a second forward before the first one's backward; a second backward of one
--- call (refused without retain_graph_in_backward, eager's grads with it).
+-- call (refused without retain_graph_in_backward, eager's grads with it); a
+-- static input or a parameter written between a call and its backward.
 --   build/graphcap tests/lua/test_graphed_stale.lua -o tap
 
 local lu = require "luaunit"
@@ -207,6 +208,93 @@ function TestGraphedStale:test_second_backward_without_retain_graph ()
   lu.assertNotNil(err)
   lu.assertStrContains(err, "trying to backward through the graph a second time ('graphed'")
   assert_grads(graphed, eager, "after the refused backward")
+end
+
+-- ---------------------------------------------------------------------------
+-- 3. What the backward graph reads, written between the call and its backward
+
+local VERSION = "one of the variables needed for gradient computation has been modified by an "
+                .. "inplace operation"
+
+function TestGraphedStale:test_static_input_written_before_backward ()
+  local a, b = pair(linear)
+  local s = input(0)
+  local g = gc.make_graphed_callables(b, {s})
+  local y = g(s)
+  gc.no_grad(function () s:fill_(0) end)
+  local msg = assert_err(function () y:sum():backward() end,
+                         "graphed backward of call 1 of entry 1 (callable 1, Linear): " .. VERSION,
+                         "the [2, 4] f32 tensor it read as the static input of argument #1 is at "
+                         .. "version")
+  lu.assertStrContains(msg, "expected version")
+  lu.assertNil(s.grad)
+  lu.assertEquals(grads(b), {false, false})
+  -- eager refuses the same program in the same words
+  local e = input(0)
+  local ey = a(e)
+  gc.no_grad(function () e:fill_(0) end)
+  assert_err(function () ey:sum():backward() end, "backward: " .. VERSION)
+end
+
+-- Called with another tensor, the sample is still what the graph reads.
+function TestGraphedStale:test_sample_written_after_a_call_with_another_input ()
+  local _, b = pair(linear)
+  local s = input(0)
+  local g = gc.make_graphed_callables(b, {s})
+  local y = g(input(1))
+  gc.no_grad(function () s:copy_(input(5, false)) end)
+  assert_err(function () y:sum():backward() end,
+             "graphed backward of call 1 of entry 1 (callable 1, Linear): " .. VERSION,
+             "the static input of argument #1")
+end
+
+-- The call copied its input in: writing that tensor afterwards changes
+-- nothing the backward reads, and the grads are those of the values given.
+function TestGraphedStale:test_call_input_written_after_the_call ()
+  local a, b = pair(linear)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  local x = input(1)
+  local y = g(x)
+  gc.no_grad(function () x:fill_(7) end)
+  y:sum():backward()
+  local ex = input(1)
+  a(ex):sum():backward()
+  assert_grads(grads(b, {x}), grads(a, {ex}), "after writing the call's input")
+end
+
+function TestGraphedStale:test_parameter_written_before_backward ()
+  local _, b = pair(linear)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  local x = input(1)
+  local y = g(x)
+  gc.no_grad(function () b.weight:copy_(gc.ones({3, 4})) end)
+  assert_err(function () y:sum():backward() end,
+             "graphed backward of call 1 of entry 1 (callable 1, Linear): " .. VERSION,
+             "the [3, 4] f32 tensor it read as parameter 'weight' is at version")
+  lu.assertNil(x.grad)
+  -- an optimizer step before the backward, on a parameter that gets no
+  -- grad (frozen) but that the backward reads for the input's grad
+  b.weight.requires_grad = false
+  local g2 = gc.make_graphed_callables(b, {input(0)})
+  y = g2(x)
+  gc.no_grad(function () b.weight:fill_(0.5) end)
+  assert_err(function () y:sum():backward() end, "parameter 'weight'", VERSION)
+end
+
+-- What the backward graph does not read may change, as in eager: the grad
+-- of x * 2 reads neither x nor anything else.
+function TestGraphedStale:test_unread_input_written_before_backward ()
+  local s = input(0)
+  local g = gc.make_graphed_callables(function (x) return x * 2 end, {s})
+  local y = g(s)
+  gc.no_grad(function () s:fill_(3) end)
+  y:sum():backward()
+  assert_bitwise(s.grad:tolist(), gc.full({2, 4}, 2):tolist(), "grad of x * 2")
+  local e = input(0)
+  local ey = e * 2
+  gc.no_grad(function () e:fill_(3) end)
+  ey:sum():backward()
+  assert_bitwise(s.grad:tolist(), e.grad:tolist(), "eager grad of x * 2")
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

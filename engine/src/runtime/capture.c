@@ -244,6 +244,18 @@ void gc_graph_destroy(gcap_graph *g) {
   gc_engine_unref(e);
 }
 
+int gc_graph_reads(const gcap_graph *g, const gc_blk *b, uintptr_t lo, uintptr_t hi) {
+  int i;
+  if (b->pool != g->pool) {
+    for (i = 0; i < g->nheld; i++)
+      if (g->held[i] == b) return 1;
+    return 0;
+  }
+  for (i = 0; i < g->reads.n; i++)
+    if (g->reads.v[i].lo < hi && lo < g->reads.v[i].hi) return 1;
+  return 0;
+}
+
 static void capture_abandon(gcap_graph *g);
 
 void gcap_graph_free(gcap_graph *g) {

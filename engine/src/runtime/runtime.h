@@ -194,6 +194,10 @@ gcap_status gc_note_range(gcap_engine *e, gc_blk *b, uintptr_t lo, uintptr_t hi,
 ** kept and the caller keeps its reference. */
 gcap_status gc_graph_keep(gcap_engine *e, void *obj, void (*release)(void *obj));
 void gc_graph_destroy(gcap_graph *g);
+/* May a replay of g read the bytes [lo, hi) of block b? Bytes of g's pool:
+** when its read set holds some of them; another block: when g holds it
+** (reads and writes alike: outside its pool a graph keeps blocks, not ranges). */
+int gc_graph_reads(const gcap_graph *g, const gc_blk *b, uintptr_t lo, uintptr_t hi);
 
 /* ------------------------------------------------------------------------ */
 /* The engine (engine.c)                                                     */

@@ -56,6 +56,14 @@ typedef struct ge_outs {
   gcap_tensor **t;
 } ge_outs;
 
+/* A tensor that an entry's backward graph reads and does not own: a static
+** input or a parameter. Each call notes its version, which its backward
+** checks, as an eager node checks what it saved. */
+typedef struct ge_read {
+  gcap_tensor *t;
+  char what[GC_NAMELEN + 32]; /* "the static input of argument #1", "parameter 'fc1.weight'" */
+} ge_read;
+
 typedef struct ge_entry {
   int callable;
   gcap_module *m;
@@ -76,7 +84,9 @@ typedef struct ge_entry {
   int reset;
   int fwd_pending; /* replayed forwards whose backward is still to come */
   uint64_t calls;  /* forward replays so far: the number of the latest call */
-  int *sharers;    /* reuse: the entries sharing a static input with this one */
+  ge_read *reads;  /* what the backward graph reads (gc_graphed_note_reads) */
+  int nreads;
+  int *sharers; /* reuse: the entries sharing a static input with this one */
   int nsharers;
 } ge_entry;
 
@@ -103,6 +113,7 @@ typedef struct ge_ref {
   uint64_t call;     /* the entry's call this node is the backward of (ge_entry.calls) */
   int backwards;     /* backward replays it made */
   gcap_tensor **got; /* [out.n] grads arrived, or NULL (one grad output) */
+  uint64_t ver[];    /* [nreads] the versions of the entry's reads at the call */
 } ge_ref;
 
 /* Drop the tensors of o and make it empty (replay.c). */
@@ -115,11 +126,14 @@ gcap_status gc_graphed_route(void *ud, int entry, int nin, gcap_tensor *const *i
                              gcap_tensor **out);
 
 /* The backward of r may replay: no later forward of the entry overwrote the
-** activations its call left in the static buffers, and a second backward of
-** the call finds the saved tensors its captured backward kept
-** (retain_graph_in_backward); else an error naming the entry, the call and
+** activations its call left in the static buffers, a second backward of the
+** call finds the saved tensors its captured backward kept
+** (retain_graph_in_backward), and what the graph reads outside the pool is
+** at the version of the call; else an error naming the entry, the call and
 ** what to do (stale.c). */
 gcap_status gc_graphed_check_backward(const ge_ref *r);
+/* The versions of what entry x's backward graph reads, into ver (stale.c). */
+void gc_graphed_note_versions(const ge_entry *x, uint64_t *ver);
 
 /* ------------------------------------------------------------------------ */
 /* Construction state                                                        */
@@ -156,6 +170,9 @@ gcap_status gc_graphed_backward(const ge_outs *o, gcap_tensor *const *grads, int
 gcap_status gc_graphed_warmup(ge_build *b);
 /* The schedule's passes, each into its own graph of the call's pool (capture.c). */
 gcap_status gc_graphed_capture(ge_build *b);
+/* Once entry x's backward is captured: the static inputs and parameters its
+** graph reads, into x->reads (stale.c). */
+gcap_status gc_graphed_note_reads(ge_build *b, ge_entry *x);
 /* Reuse, before warmup: forwards take the static inputs of entries whose
 ** backward is done (reuse.c). */
 gcap_status gc_graphed_share_inputs(ge_build *b);

@@ -39,6 +39,9 @@ static void entry_clear(ge_entry *x) {
   free(x->grad_in);
   free(x->dw_grad);
   free(x->sharers);
+  for (k = 0; k < x->nreads; k++)
+    gcap_tensor_free(x->reads[k].t);
+  free(x->reads);
   for (k = 0; x->grad_out && k < x->out.n; k++)
     gcap_tensor_free(x->grad_out[k]);
   free(x->grad_out);
@@ -375,7 +378,7 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
     for (k = 0; k < nin; k++)
       any |= in[k]->requires_grad;
     if (any) {
-      ge_ref *r = (ge_ref *)gc_calloc(1, sizeof *r);
+      ge_ref *r = (ge_ref *)gc_calloc(1, sizeof *r + (size_t)x->nreads * sizeof *r->ver);
       if (r == NULL) {
         drop_outs(x->out.n, out);
         return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
@@ -383,6 +386,7 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
       r->G = gcap_graphed_retain(G);
       r->entry = entry;
       r->call = x->calls;
+      gc_graphed_note_versions(x, r->ver);
       st = x->ngrad == 1 ? record_replay(G, x, nin, in, out[x->grad1], r)
                          : record_outputs(G, x, nin, in, out, r);
       if (st != GCAP_OK) { /* r went with its node, or was freed */
