@@ -3,7 +3,8 @@
 ** API (docs/semantics.md, "What a graphed backward checks"): a backward after
 ** a later call of its entry, and a backward after a static input or a
 ** parameter it reads was written, are GCAP_ESTATE with a message naming the
-** entry, and nothing gets a grad.
+** entry, and nothing gets a grad; one sample tensor given for several
+** arguments still makes each argument its own input.
 */
 #include "t.h"
 
@@ -106,8 +107,49 @@ static void test_backward_after_write(void) {
   fixture_free(&f);
 }
 
+/* Self-attention graphed from one sample given as q, k and v: a call with
+** three different tensors must compute what the eager module does. */
+static void test_one_sample_for_three_arguments(void) {
+  static const int64_t shape[4] = {3, 1, 2, 4};
+  gcap_engine *e;
+  gcap_module *dpa = NULL;
+  gcap_tensor *s = NULL, *qkv[3] = {NULL}, *y = NULL, *want = NULL;
+  gcap_graphed *G = NULL;
+  float got[24], ref[24];
+  int k, nargs = 3;
+  T_REQUIRE((e = t_engine()) != NULL);
+  T_CHECK_OK(e,
+             gcap_nn_dot_product_attention(e, 2, 4, GCAP_ATTN_NO_MASK, 0.0, GCAP_SDPA_AUTO, &dpa));
+  T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 4, shape, 0.5, &s));
+  for (k = 0; k < 3; k++)
+    T_CHECK_OK(e, gcap_tensor_rand(e, GCAP_F32, 4, shape, 1, &qkv[k]));
+  {
+    gcap_tensor *const same[3] = {s, s, s};
+    gcap_tensor *const *args[1] = {same};
+    T_CHECK_OK(e, gcap_make_graphed_callables(e, 1, &dpa, 1, &nargs, args, NULL, &G));
+  }
+  T_CHECK_OK(e, gcap_graphed_call(G, 0, 3, qkv, &y));
+  gcap_graphed_free(G); /* the module runs its own forward again */
+  T_CHECK_OK(e, gcap_module_call(dpa, 3, qkv, &want));
+  if (t_read(y, got, 24) && t_read(want, ref, 24))
+    for (k = 0; k < 24; k++)
+      if (got[k] != ref[k]) {
+        T_FAILF("got[k] == ref[k]", "element %d: graphed %.9g, eager %.9g", k, (double)got[k],
+                (double)ref[k]);
+        break;
+      }
+  gcap_tensor_free(y);
+  gcap_tensor_free(want);
+  for (k = 0; k < 3; k++)
+    gcap_tensor_free(qkv[k]);
+  gcap_tensor_free(s);
+  gcap_module_free(dpa);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_backward_after_next_call);
   T_RUN(test_backward_after_write);
+  T_RUN(test_one_sample_for_three_arguments);
   return t_done();
 }

@@ -4,7 +4,8 @@
 -- raises an error that names the entry, the tensor or call, and what to do:
 -- a second forward before the first one's backward; a second backward of one
 -- call (refused without retain_graph_in_backward, eager's grads with it); a
--- static input or a parameter written between a call and its backward.
+-- static input or a parameter written between a call and its backward; one
+-- sample tensor given for several arguments or entries.
 --   build/graphcap tests/lua/test_graphed_stale.lua -o tap
 
 local lu = require "luaunit"
@@ -295,6 +296,64 @@ function TestGraphedStale:test_unread_input_written_before_backward ()
   gc.no_grad(function () e:fill_(3) end)
   ey:sum():backward()
   assert_bitwise(s.grad:tolist(), e.grad:tolist(), "eager grad of x * 2")
+end
+
+-- ---------------------------------------------------------------------------
+-- 4. One sample tensor given for several places: each its own static input
+
+function TestGraphedStale:test_one_sample_for_two_arguments ()
+  local function f (x, y) return x * 2 + y end
+  local s = input(0)
+  local g = gc.make_graphed_callables(f, {s, s})
+  local a, b = input(1), input(2)
+  local y = g(a, b)
+  local ea, eb = input(1), input(2)
+  local ey = f(ea, eb)
+  assert_bitwise(y:tolist(), ey:tolist(), "g(a, b)")
+  y:sum():backward()
+  ey:sum():backward()
+  assert_bitwise(a.grad:tolist(), ea.grad:tolist(), "grad of a")
+  assert_bitwise(b.grad:tolist(), eb.grad:tolist(), "grad of b")
+  -- the sample itself, for both: its grad sums both places', as eager's
+  local ys = g(s, s)
+  assert_bitwise(ys:tolist(), f(s, s):tolist(), "g(s, s)")
+  ys:sum():backward()
+  assert_bitwise(s.grad:tolist(), gc.full({2, 4}, 3):tolist(), "grad of s")
+  -- a view of the sample's memory is the same place
+  local v = gc.make_graphed_callables(f, {s, s:detach()})
+  assert_bitwise(v(a, b):tolist(), ey:tolist(), "g(a, b), the second sample a detached view")
+end
+
+-- A loop building sample_args easily gives every entry the same tensor:
+-- two callables, and the microbatches of an order.
+function TestGraphedStale:test_one_sample_for_two_entries ()
+  local function two () return {linear(), linear()} end
+  local a, b = pair(two)
+  local s = input(0)
+  local G = gc.make_graphed_callables(b, {{s}, {s}})
+  local x1, x2 = input(1), input(2)
+  local y1 = G[1](x1)
+  local y2 = G[2](x2)
+  y1:sum():backward()
+  y2:sum():backward()
+  local ex1, ex2 = input(1), input(2)
+  local ey1, ey2 = a[1](ex1), a[2](ex2)
+  assert_bitwise(y1:tolist(), ey1:tolist(), "entry 1's output")
+  ey1:sum():backward()
+  ey2:sum():backward()
+  assert_grads(grads(b[1], {x1}), grads(a[1], {ex1}), "entry 1")
+  assert_grads(grads(b[2], {x2}), grads(a[2], {ex2}), "entry 2")
+
+  local c, d = pair(linear)
+  local M = gc.make_graphed_callables({d}, {{s}, {s}}, {order = {1, 1, -1, -1}})
+  local m1, m2 = input(3), input(4)
+  local z1, z2 = M[1](m1), M[2](m2)
+  z1:sum():backward()
+  z2:sum():backward()
+  local em1, em2 = input(3), input(4)
+  c(em1):sum():backward()
+  c(em2):sum():backward()
+  assert_grads(grads(d, {m1, m2}), grads(c, {em1, em2}), "two microbatches of one sample")
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
