@@ -5,7 +5,9 @@
 -- a second forward before the first one's backward; a second backward of one
 -- call (refused without retain_graph_in_backward, eager's grads with it); a
 -- static input or a parameter written between a call and its backward; one
--- sample tensor given for several arguments or entries.
+-- sample tensor given for several arguments or entries; with
+-- reuse_graph_input_output_buffers, an output whose memory another entry's
+-- graph has written since.
 --   build/graphcap tests/lua/test_graphed_stale.lua -o tap
 
 local lu = require "luaunit"
@@ -354,6 +356,67 @@ function TestGraphedStale:test_one_sample_for_two_entries ()
   c(em1):sum():backward()
   c(em2):sum():backward()
   assert_grads(grads(d, {m1, m2}), grads(c, {em1, em2}), "two microbatches of one sample")
+end
+
+-- ---------------------------------------------------------------------------
+-- 7. reuse_graph_input_output_buffers: an output whose memory was reused
+
+local DEAD = "output #1 of graphed entry 1 refused: reuse_graph_input_output_buffers gave its "
+             .. "memory back after the entry's backward, and another entry's graph has written "
+             .. "it since"
+
+-- Two chunks of one Linear(8, 8) each, two microbatches, 1F1B: microbatch
+-- 2's forwards take the memory microbatch 1's gave back. Entries: chunk 1
+-- mb 1, chunk 1 mb 2, chunk 2 mb 1, chunk 2 mb 2.
+local function reused ()
+  local function two () return {gc.nn.Linear(8, 8), gc.nn.Linear(8, 8)} end
+  local a, b = pair(two)
+  local s = {}
+  for i = 1, 4 do s[i] = {gc.ones({4, 8}, {requires_grad = true})} end
+  local G = gc.make_graphed_callables(b, s, {order = {1, 2, -2, -1, 1, 2, -2, -1},
+                                            reuse_graph_input_output_buffers = true,
+                                            num_warmup_iters = 1})
+  return a, G
+end
+
+local function x8 (phase)
+  return gc.tensor(H.nest(H.values(32, phase), {4, 8}), {requires_grad = true})
+end
+
+function TestGraphedStale:test_reused_output_is_refused ()
+  local a, G = reused()
+  local x1 = x8(1)
+  local y1 = G[1](x1)
+  local v1 = y1:tolist()
+  G[3](y1):sum():backward() -- chunk 2, then chunk 1 of microbatch 1
+  -- its memory is given back, but nothing has written it yet
+  assert_bitwise(y1:tolist(), v1, "y1 after its backward")
+  local x2 = x8(2)
+  local y2 = G[2](x2) -- microbatch 2's chunk 1 writes where y1 was
+  local msg = assert_err(function () return y1:tolist() end, "reading " .. DEAD)
+  lu.assertStrContains(msg, "read or clone an output before then, or call its entry again")
+  assert_err(function () return y1:sum() end, "reading " .. DEAD)
+  assert_err(function () gc.no_grad(function () y1:zero_() end) end, "writing " .. DEAD)
+  -- microbatch 2 computes what eager computes
+  local ey2 = a[1](x8(2))
+  assert_bitwise(y2:tolist(), ey2:tolist(), "microbatch 2's output")
+  G[4](y2):sum():backward()
+  -- a new call of entry 1 makes its outputs (every view of them) live again
+  local y1b = G[1](x8(3))
+  assert_bitwise(y1:tolist(), y1b:tolist(), "y1 after the next call of its entry")
+  assert_bitwise(y1b:tolist(), a[1](x8(3)):tolist(), "the next call's output")
+end
+
+-- A call without grad has no backward to wait for: the next microbatch's
+-- forward may take the memory at once.
+function TestGraphedStale:test_reused_output_without_grad ()
+  local a, G = reused()
+  local y1 = gc.no_grad(function () return G[1](x8(1)) end)
+  local c1 = y1:clone()
+  gc.no_grad(function () return G[2](x8(2)) end)
+  assert_err(function () return y1:tolist() end, "reading " .. DEAD)
+  -- a clone taken before keeps the call's values
+  assert_bitwise(c1:tolist(), a[1](x8(1)):tolist(), "the clone of y1")
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

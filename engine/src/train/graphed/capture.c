@@ -165,5 +165,6 @@ gcap_status gc_graphed_capture(ge_build *b) {
                    "make_graphed_callables: entry %d has a delayed-wgrad Linear, but the order "
                    "holds no wgrad entry -(k + 0.5) after its backward",
                    i + 1);
+  if (st == GCAP_OK && G->reuse) st = gc_graphed_note_kills(b);
   return st;
 }

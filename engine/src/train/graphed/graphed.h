@@ -64,6 +64,14 @@ typedef struct ge_read {
   char what[GC_NAMELEN + 32]; /* "the static input of argument #1", "parameter 'fc1.weight'" */
 } ge_read;
 
+/* The graphs of an entry, as indexes of its kills. */
+enum { GE_FWD, GE_BWD, GE_DW, GE_NGRAPHS };
+
+/* Reuse: output `out` of entry `entry`, whose memory a graph overwrites. */
+typedef struct ge_kill {
+  int entry, out;
+} ge_kill;
+
 typedef struct ge_entry {
   int callable;
   gcap_module *m;
@@ -88,6 +96,8 @@ typedef struct ge_entry {
   int nreads;
   int *sharers; /* reuse: the entries sharing a static input with this one */
   int nsharers;
+  ge_kill *kills[GE_NGRAPHS]; /* reuse: the other entries' outputs each graph overwrites */
+  int nkills[GE_NGRAPHS];
 } ge_entry;
 
 struct gcap_graphed {
@@ -182,6 +192,13 @@ gcap_tensor *gc_graphed_shared_grad_out(ge_build *b, const ge_entry *x, int k);
 /* Reuse: once entry i's backward is captured, the buffers no later pass
 ** reads go back to the pool (reuse.c). */
 gcap_status gc_graphed_release_dead(ge_build *b, int i);
+/* Reuse, once every graph is captured: the outputs given back to the pool
+** that each graph writes over, into the entries' kills (reuse.c). */
+gcap_status gc_graphed_note_kills(ge_build *b);
+/* Reuse, after a replay of graph `which` (GE_FWD, ...) of entry x: the
+** outputs it wrote over are dead (any access to them is refused); after its
+** forward, x's own outputs are live again (reuse.c). */
+void gc_graphed_replayed(gcap_graphed *G, const ge_entry *x, int which);
 
 /* ------------------------------------------------------------------------ */
 /* Helpers of every phase                                                    */

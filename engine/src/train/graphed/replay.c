@@ -39,6 +39,8 @@ static void entry_clear(ge_entry *x) {
   free(x->grad_in);
   free(x->dw_grad);
   free(x->sharers);
+  for (k = 0; k < GE_NGRAPHS; k++)
+    free(x->kills[k]);
   for (k = 0; k < x->nreads; k++)
     gcap_tensor_free(x->reads[k].t);
   free(x->reads);
@@ -151,6 +153,7 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   if ((st = gc_graphed_check_backward(r)) != GCAP_OK) return st;
   if ((st = grads_in(x, r, g)) != GCAP_OK) return st;
   if ((st = gcap_graph_replay(x->bwd)) != GCAP_OK) return st;
+  if (G->reuse) gc_graphed_replayed(G, x, GE_BWD);
   gc_trace_span(G->e, t0, "replay", "graphed backward of entry %d", r->entry + 1);
   r->backwards++;
   if (r->pending) {
@@ -364,6 +367,7 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
   gcap_set_grad_enabled(G->e, was);
   if ((st = gcap_graph_replay(x->fwd)) != GCAP_OK) return st;
   x->calls++; /* the activations of earlier calls are gone */
+  if (G->reuse) gc_graphed_replayed(G, x, GE_FWD);
 
   for (k = 0; k < x->out.n; k++) {
     gcap_tensor *t = x->out.t[k];
@@ -446,6 +450,7 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
   if (x->dw == NULL) return GCAP_OK;
   t0 = gc_trace_clock(G->e);
   if ((st = gcap_graph_replay(x->dw)) != GCAP_OK) return st;
+  if (G->reuse) gc_graphed_replayed(G, x, GE_DW);
   was = gcap_set_grad_enabled(G->e, 0);
   run.n = 0;
   for (k = 0; k < x->nparams && st == GCAP_OK; k++)

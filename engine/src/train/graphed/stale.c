@@ -17,7 +17,8 @@
 static void add_read(ge_entry *x, gcap_tensor *t, const char *what) {
   uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
   int j;
-  if (!gc_graph_reads(x->bwd, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt))) return;
+  if (!gc_graph_touches(x->bwd, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt), 0))
+    return;
   for (j = 0; j < x->nreads; j++) /* a tensor given twice is checked once */
     if (x->reads[j].t == t) return;
   x->reads[x->nreads].t = gcap_tensor_retain(t);
