@@ -4,7 +4,9 @@
 ** a later call of its entry, and a backward after a static input or a
 ** parameter it reads was written, are GCAP_ESTATE with a message naming the
 ** entry, and nothing gets a grad; one sample tensor given for several
-** arguments still makes each argument its own input.
+** arguments still makes each argument its own input; without cloning
+** parameter grads, a .grad that is the static buffer gets the next
+** backward's grad added, as eager's.
 */
 #include "t.h"
 
@@ -147,9 +149,47 @@ static void test_one_sample_for_three_arguments(void) {
   gcap_engine_free(e);
 }
 
+/* clone_param_grads_on_return = 0: Linear(1, 1) without bias, weight 1, so
+** the weight's grad is the input; two backwards add up, 1 + 100. */
+static void test_no_clone_grads_add(void) {
+  static const int64_t one[2] = {1, 1};
+  gcap_engine *e;
+  gcap_module *lin = NULL;
+  gcap_tensor *s = NULL, *x = NULL, *y = NULL, *w, *const * args[1];
+  gcap_graphed *G = NULL;
+  gcap_graphed_opts o;
+  const int nargs = 1;
+  int was, i;
+  T_REQUIRE((e = t_engine()) != NULL);
+  T_CHECK_OK(e, gcap_nn_linear(e, 1, 1, 0, 0, &lin));
+  w = gcap_module_parameter(lin, 0, NULL, 0);
+  was = gcap_set_grad_enabled(e, 0);
+  T_CHECK_OK(e, gcap_fill_(w, 1.0));
+  gcap_set_grad_enabled(e, was);
+  T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 2, one, 0.0, &s));
+  args[0] = &s;
+  gcap_graphed_opts_init(&o);
+  o.clone_param_grads_on_return = 0;
+  T_CHECK_OK(e, gcap_make_graphed_callables(e, 1, &lin, 1, &nargs, args, &o, &G));
+  for (i = 0; i < 2; i++) {
+    T_CHECK_OK(e, gcap_tensor_full(e, GCAP_F32, 2, one, i == 0 ? 1.0 : 100.0, &x));
+    T_CHECK_OK(e, gcap_graphed_call(G, 0, 1, &x, &y));
+    T_CHECK_ST(e, backward_sum(y), GCAP_OK);
+    gcap_tensor_free(x);
+    gcap_tensor_free(y);
+    x = y = NULL;
+  }
+  T_CHECK(gcap_tensor_grad(w) != NULL && t_value(gcap_tensor_grad(w)) == 101.0);
+  gcap_graphed_free(G);
+  gcap_tensor_free(s);
+  gcap_module_free(lin);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_backward_after_next_call);
   T_RUN(test_backward_after_write);
   T_RUN(test_one_sample_for_three_arguments);
+  T_RUN(test_no_clone_grads_add);
   return t_done();
 }

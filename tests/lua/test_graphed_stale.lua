@@ -7,7 +7,8 @@
 -- static input or a parameter written between a call and its backward; one
 -- sample tensor given for several arguments or entries; with
 -- reuse_graph_input_output_buffers, an output whose memory another entry's
--- graph has written since.
+-- graph has written since; with clone_param_grads_on_return = false, a .grad
+-- that is the static grad buffer itself when the next backward replays.
 --   build/graphcap tests/lua/test_graphed_stale.lua -o tap
 
 local lu = require "luaunit"
@@ -417,6 +418,66 @@ function TestGraphedStale:test_reused_output_without_grad ()
   assert_err(function () return y1:tolist() end, "reading " .. DEAD)
   -- a clone taken before keeps the call's values
   assert_bitwise(c1:tolist(), a[1](x8(1)):tolist(), "the clone of y1")
+end
+
+-- ---------------------------------------------------------------------------
+-- 8. clone_param_grads_on_return = false: .grad is the static buffer itself
+
+-- Linear(1, 1) without bias, weight 1: the weight's grad is the input.
+local function unit ()
+  local m = gc.nn.Linear(1, 1, {bias = false})
+  gc.no_grad(function () m.weight:fill_(1) end)
+  return m
+end
+
+local function scalar (v) return gc.full({1, 1}, v) end
+
+function TestGraphedStale:test_no_clone_second_backward_adds ()
+  local a, b = pair(unit)
+  local g = gc.make_graphed_callables(b, {scalar(0)}, {clone_param_grads_on_return = false})
+  g(scalar(1)):sum():backward()
+  local ptr = b.weight.grad:data_ptr()
+  g(scalar(100)):sum():backward() -- no zero_grad between: eager adds
+  a(scalar(1)):sum():backward()
+  a(scalar(100)):sum():backward()
+  assert_bitwise(b.weight.grad:tolist(), {{101}}, "two backwards")
+  assert_bitwise(b.weight.grad:tolist(), a.weight.grad:tolist(), "two backwards, eager")
+  lu.assertEquals(b.weight.grad:data_ptr(), ptr, "the grad is still the static buffer")
+  -- zeroed in place, then a backward: that backward's grad alone
+  b:zero_grad({set_to_none = false})
+  a:zero_grad({set_to_none = false})
+  g(scalar(7)):sum():backward()
+  a(scalar(7)):sum():backward()
+  assert_bitwise(b.weight.grad:tolist(), {{7}}, "after zero_grad in place")
+  assert_bitwise(b.weight.grad:tolist(), a.weight.grad:tolist(), "after zero_grad, eager")
+  lu.assertEquals(b.weight.grad:data_ptr(), ptr, "the grad is still the static buffer")
+end
+
+-- Training as TE's harness does it (grads zeroed in place, microbatches
+-- accumulated), bit for bit against eager.
+function TestGraphedStale:test_no_clone_training_in_place ()
+  local function build ()
+    return gc.nn.Sequential(gc.nn.Linear(8, 16), gc.nn.GELU(), gc.nn.Linear(16, 8))
+  end
+  local a, b = pair(build)
+  gc.make_graphed_callables(b, {gc.ones({4, 8})}, {clone_param_grads_on_return = false})
+  local function train (m)
+    local opt = gc.optim.SGD(m:parameters(), {lr = 0.1})
+    for step = 1, 3 do
+      opt:zero_grad({set_to_none = step == 1})
+      for mb = 1, 2 do
+        local y = m(gc.tensor(H.nest(H.values(32, step * 10 + mb), {4, 8})))
+        local loss = (y * gc.tensor(H.nest(H.values(32, -mb), {4, 8}))):sum()
+        loss:backward()
+      end
+      opt:step()
+    end
+    return grads(m)
+  end
+  assert_grads(train(b), train(a), "three steps of two microbatches")
+  for i, p in ipairs(b:parameters()) do
+    assert_bitwise(p:tolist(), a:parameters()[i]:tolist(), "parameter " .. i)
+  end
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

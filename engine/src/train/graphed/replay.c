@@ -137,32 +137,50 @@ static gcap_status grads_in(ge_entry *x, ge_ref *r, gcap_tensor *g) {
   return st;
 }
 
-/* Backward of a replayed forward: grads in, backward graph, grads out. */
-static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
-  ge_ref *r = (ge_ref *)n->ud;
-  gcap_graphed *G = r->G;
-  ge_entry *x = &G->v[r->entry];
-  gcap_status st;
-  double t0 = gc_trace_clock(G->e);
+/* clone_param_grads_on_return = false: the .grad of a parameter may be its
+** static grad buffer itself (an earlier backward handed it on), which the
+** replay is about to overwrite where eager would add the new grad to it.
+** Each such .grad's value goes aside, into (*old)[k - nargs] (a copy; NULL
+** for the others), to be added back after the replay. */
+static gcap_status grads_aside(gcap_graphed *G, ge_entry *x, gc_node *n, gcap_tensor ***old) {
   int k;
-  if (x->reset)
-    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
-  if (x->bwd == NULL)
-    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
-                   r->entry + 1);
-  if ((st = gc_graphed_check_backward(r)) != GCAP_OK) return st;
-  if ((st = grads_in(x, r, g)) != GCAP_OK) return st;
-  if ((st = gcap_graph_replay(x->bwd)) != GCAP_OK) return st;
-  if (G->reuse) gc_graphed_replayed(G, x, GE_BWD);
-  gc_trace_span(G->e, t0, "replay", "graphed backward of entry %d", r->entry + 1);
-  r->backwards++;
-  if (r->pending) {
-    r->pending = 0;
-    x->fwd_pending--;
+  *old = NULL;
+  if (G->clone) return GCAP_OK;
+  for (k = x->nargs; k < x->nargs + x->nparams; k++) {
+    gcap_tensor *s = x->grad_in[k], *leaf = n->leaf[k];
+    gcap_status st;
+    if (s == NULL || leaf == NULL || leaf->grad == NULL ||
+        gc_tensor_ptr(leaf->grad) != gc_tensor_ptr(s))
+      continue;
+    if (*old == NULL &&
+        (*old = (gcap_tensor **)gc_calloc((size_t)x->nparams, sizeof **old)) == NULL)
+      return gc_fail(G->e, GCAP_ENOMEM, "graphed backward: out of host memory");
+    if ((st = gcap_tensor_clone(leaf->grad, &(*old)[k - x->nargs])) != GCAP_OK) return st;
   }
+  return GCAP_OK;
+}
+
+static void drop_aside(const ge_entry *x, gcap_tensor **old) {
+  int k;
+  for (k = 0; old != NULL && k < x->nparams; k++)
+    gcap_tensor_free(old[k]);
+  free(old);
+}
+
+/* The static grads on to the inputs (gin) and the parameters (old: what
+** grads_aside kept). */
+static gcap_status grads_out(gcap_graphed *G, ge_entry *x, gc_node *n, gcap_tensor **gin,
+                             gcap_tensor *const *old) {
+  gcap_status st;
+  int k;
   for (k = 0; k < x->nargs + x->nparams; k++) {
     gcap_tensor *s = x->grad_in[k];
     if (s == NULL || !gc_node_needs(n, k)) continue;
+    if (k >= x->nargs && old != NULL && old[k - x->nargs] != NULL) {
+      /* .grad is s, the replay's grad: the value it had goes back on top */
+      if ((st = gc_acc_grad(n->leaf[k], old[k - x->nargs], 0)) != GCAP_OK) return st;
+      continue;
+    }
     if (k >= x->nargs && !G->clone && n->leaf[k] != NULL && n->leaf[k]->grad == NULL &&
         !s->blk->weak) {
       n->leaf[k]->grad =
@@ -179,6 +197,37 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
       return gc_fail(G->e, GCAP_ENOMEM, "graphed backward: out of host memory");
   }
   return GCAP_OK;
+}
+
+/* Backward of a replayed forward: grads in, backward graph, grads out. */
+static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  ge_ref *r = (ge_ref *)n->ud;
+  gcap_graphed *G = r->G;
+  ge_entry *x = &G->v[r->entry];
+  gcap_tensor **old = NULL;
+  gcap_status st;
+  double t0 = gc_trace_clock(G->e);
+  if (x->reset)
+    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
+  if (x->bwd == NULL)
+    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
+                   r->entry + 1);
+  if ((st = gc_graphed_check_backward(r)) != GCAP_OK ||
+      (st = grads_aside(G, x, n, &old)) != GCAP_OK || (st = grads_in(x, r, g)) != GCAP_OK ||
+      (st = gcap_graph_replay(x->bwd)) != GCAP_OK) {
+    drop_aside(x, old);
+    return st;
+  }
+  if (G->reuse) gc_graphed_replayed(G, x, GE_BWD);
+  gc_trace_span(G->e, t0, "replay", "graphed backward of entry %d", r->entry + 1);
+  r->backwards++;
+  if (r->pending) {
+    r->pending = 0;
+    x->fwd_pending--;
+  }
+  st = grads_out(G, x, n, gin, old);
+  drop_aside(x, old);
+  return st;
 }
 
 /* Backward of output k (n->k[0]) of a replay of several grad outputs: keep
