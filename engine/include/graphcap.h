@@ -298,7 +298,13 @@ int gcap_graphed_num_entries(const gcap_graphed *g);
 gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry);
 /* Replay entry i's forward: copy inputs whose address differs from the
 ** static ones, launch, and return a view of the static output (valid until
-** the next replay) whose backward replays the backward graph. The inputs
+** the next replay; with reuse_graph_input_output_buffers, until another
+** entry's graph writes its memory, after which any access to it is
+** GCAP_ESTATE) whose backward replays the backward graph. That backward
+** is GCAP_ESTATE, naming the entry and the call, after a later call of the
+** entry (it overwrote the activations), for a second backward of the call
+** without retain_graph_in_backward, and when a static input or a parameter
+** the backward graph reads was written since the call. The inputs
 ** must have the captured count, shapes and dtypes (GCAP_EINVAL names the
 ** argument and both shapes otherwise); an input that needed no grad at
 ** capture gets none from that backward, as in TE. A module whose training

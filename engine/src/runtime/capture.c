@@ -144,6 +144,13 @@ static int undo_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
 gcap_status gc_note_range(gcap_engine *e, gc_blk *b, uintptr_t lo, uintptr_t hi, int write) {
   gcap_pool *p = b->pool;
   gcap_graph *g;
+  if (b->dead)
+    return gc_fail(e, GCAP_ESTATE,
+                   "%s output #%d of graphed entry %d refused: reuse_graph_input_output_buffers "
+                   "gave its memory back after the entry's backward, and another entry's graph "
+                   "has written it since; read or clone an output before then, or call its entry "
+                   "again",
+                   write ? "writing" : "reading", b->dead_k, b->dead);
   if (write) b->version++;
   if (lo == hi) return GCAP_OK;
   if (e->cap == NULL) { /* eager: only pool memory is tracked */
@@ -221,6 +228,19 @@ void gc_graph_destroy(gcap_graph *g) {
   e->free_slots[e->nfree_slots++] = g->slot; /* room: one per slot */
   free(g);
   gc_engine_unref(e);
+}
+
+int gc_graph_touches(const gcap_graph *g, const gc_blk *b, uintptr_t lo, uintptr_t hi, int write) {
+  const gc_ranges *r = write ? &g->writes : &g->reads;
+  int i;
+  if (b->pool != g->pool) {
+    for (i = 0; i < g->nheld; i++)
+      if (g->held[i] == b) return 1;
+    return 0;
+  }
+  for (i = 0; i < r->n; i++)
+    if (r->v[i].lo < hi && lo < r->v[i].hi) return 1;
+  return 0;
 }
 
 static void capture_abandon(gcap_graph *g);
