@@ -323,7 +323,13 @@ int gcap_graphed_num_entries(const gcap_graphed *g);
 gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry);
 /* Replay entry i's forward: copy inputs whose address differs from the
 ** static ones, launch, and return a view of the static output (valid until
-** the next replay) whose backward replays the backward graph. The inputs
+** the next replay; with reuse_graph_input_output_buffers, until another
+** entry's graph writes its memory, after which any access to it is
+** GCAP_ESTATE) whose backward replays the backward graph. That backward
+** is GCAP_ESTATE, naming the entry and the call, after a later call of the
+** entry (it overwrote the activations), for a second backward of the call
+** without retain_graph_in_backward, and when a static input or a parameter
+** the backward graph reads was written since the call. The inputs
 ** must have the captured count, shapes and dtypes (GCAP_EINVAL names the
 ** argument and both shapes otherwise); an input that needed no grad at
 ** capture gets none from that backward, as in TE. A module whose training
@@ -462,7 +468,8 @@ gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n);
 /* A view of t with another shape of the same numel; shares storage. */
 gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gcap_tensor **out);
 
-/* A new tensor with a copy of t's data. */
+/* A new tensor with a copy of t's data; autograd records it, passing the
+** grad on to t (PyTorch's clone). */
 gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out);
 
 /* Shape ops. Tensors have no strides: each result is a contiguous copy, and
@@ -490,7 +497,11 @@ gcap_status gcap_chunk(gcap_tensor *t, int chunks, int dim, int cap, gcap_tensor
 ** message; else the engine of the first tensor hears of what is wrong. */
 gcap_status gcap_cat(int n, gcap_tensor *const *ts, int dim, gcap_tensor **out);
 
-/* In place: dst = src (same numel), t = 0, t = v. */
+/* In place: dst = src (same numel; it converts dtypes), t = 0, t = v. While
+** grad is recorded and the written tensor (or src) requires grad, autograd
+** records the write (PyTorch's CopyBackwards, FillBackward): src gets the
+** grad, the written tensor's history before the write zeros; into a view
+** such a write is GCAP_EINVAL, nothing written. */
 gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src);
 gcap_status gcap_zero_(gcap_tensor *t);
 gcap_status gcap_fill_(gcap_tensor *t, double v);
@@ -654,6 +665,15 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
                                  gcap_tensor *const *in, int nsave, gcap_tensor *const *save,
                                  gcap_autograd_backward bw, void *ud, void (*ud_free)(void *ud),
                                  gcap_tensor **out);
+
+/* A new tensor sharing t's storage that, while grad is enabled, requires
+** grad as the output of a node "anchor" with no inputs (else a plain
+** tensor): given to gcap_autograd_record as an input, it makes the node
+** record when no other input requires grad, and a grad the node gives it
+** goes nowhere. Unlike t itself it is no edge into t's grad: a leaf's .grad
+** gets its grads once all its edges ran, so an edge from the node would hold
+** it back until the node's backward. t NULL: GCAP_EINVAL with no message. */
+gcap_status gcap_autograd_anchor(gcap_tensor *t, gcap_tensor **out);
 
 /* ------------------------------------------------------------------------ */
 /* Modules: a forward function with named parameters (in registration
@@ -1178,6 +1198,15 @@ const int *gcap_dist_group_ranks(const gcap_dist_group *g);
 /* Wait until every rank of g (NULL: the world) has called it, after the
 ** work already queued on e's current stream is done. Not during capture. */
 gcap_status gcap_dist_barrier(gcap_engine *e, gcap_dist_group *g);
+
+/* Which of n flags are set on some rank of g (NULL: the world): flags[k],
+** 0 or 1 on entry, becomes 1 when any rank's flags[k] is 1. The ranks
+** exchange them on the host at once, also while a capture is open: it is no
+** op of a stream, so nothing is recorded and replays do not repeat it. Every
+** rank of g calls it with the same n; other counts are GCAP_EINVAL on every
+** rank, naming two of them. gc.ddp learns so which parameters got a grad on
+** some rank. In debug mode it takes part in the comparison of calls. */
+gcap_status gcap_dist_any(gcap_engine *e, int n, unsigned char *flags, gcap_dist_group *g);
 
 /* In the collectives below, g NULL is the world, and tensors are those of
 ** the engine gcap_dist_init was given, contiguous, f32 or bf16 alike. A

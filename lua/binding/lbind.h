@@ -15,7 +15,6 @@
 #ifndef LBIND_H
 #define LBIND_H
 
-#include <stdint.h>
 #include <string.h>
 
 #include "lua.h"
@@ -347,6 +346,9 @@ LUAI_DDEC(const luaL_Reg l_stream_funcs[]);
 LUAI_DDEC(const LClass l_pool_class);
 LUAI_DDEC(const LClass l_graph_class);
 LUAI_DDEC(const luaL_Reg l_graph_funcs[]);
+/* Push a graph's statistics as {nodes, capture_ms, instantiate_ms,
+** pool_bytes, replays} (g:stats(), and each graph of G:stats(entry)). */
+LUAI_FUNC void l_pushgraphstats(lua_State *L, const gcap_graph_stats *s);
 
 /* lfunction.c: gc.autograd.Function's nodes */
 LUAI_FUNC int l_pfnbackward(lua_State *L);

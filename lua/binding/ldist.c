@@ -178,6 +178,31 @@ static int l_dist_barrier(lua_State *L) {
   return 0;
 }
 
+/* _dist.any(flags, group) -> a new sequence: flags[k] (booleans) or'd
+** over the ranks of group (nil: the world), at once (gcap_dist_any) */
+static int l_dist_any(lua_State *L) {
+  gcap_engine *e = l_engine(L);
+  gcap_dist_group *g = l_optgroup(L, 2);
+  lua_Integer i, n;
+  unsigned char *v;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  n = luaL_len(L, 1);
+  if (n < 0 || n > 1 << 24) return l_error(L, "any: flags must hold at most 2^24 flags");
+  v = (unsigned char *)lua_newuserdatauv(L, (size_t)n + 1, 0);
+  for (i = 1; i <= n; i++) {
+    lua_geti(L, 1, i);
+    v[i - 1] = (unsigned char)lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  l_check(L, e, gcap_dist_any(e, (int)n, v, g), "any");
+  lua_createtable(L, (int)n, 0);
+  for (i = 1; i <= n; i++) {
+    lua_pushboolean(L, v[i - 1]);
+    lua_rawseti(L, -2, i);
+  }
+  return 1;
+}
+
 /* }====================================================== */
 
 /*
@@ -254,6 +279,7 @@ LUAI_DDEF const luaL_Reg l_dist_funcs[] = {{"available", l_dist_available},
                                            {"new_group", l_dist_new_group},
                                            {"world", l_dist_world},
                                            {"barrier", l_dist_barrier},
+                                           {"any", l_dist_any},
                                            {"all_reduce", l_dist_all_reduce},
                                            {"all_gather", l_dist_all_gather},
                                            {"reduce_scatter", l_dist_reduce_scatter},

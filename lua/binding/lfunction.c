@@ -141,4 +141,15 @@ static int l_fn_record(lua_State *L) {
   return 1;
 }
 
-LUAI_DDEF const luaL_Reg l_function_funcs[] = {{"_fn_record", l_fn_record}, {NULL, NULL}};
+/* core._anchor(t) -> a tensor over t's storage that makes a Function's node
+** record without an edge into t (gcap_autograd_anchor) */
+static int l_anchor(lua_State *L) {
+  LTensor *t = (LTensor *)luaL_checkudata(L, 1, TENSOR_MT), *box;
+  if (t->t == NULL) return l_error(L, "anchor: the tensor is closed");
+  box = l_newtensor(L);
+  l_check(L, l_engine(L), gcap_autograd_anchor(t->t, &box->t), "anchor");
+  return 1;
+}
+
+LUAI_DDEF const luaL_Reg l_function_funcs[] = {
+    {"_fn_record", l_fn_record}, {"_anchor", l_anchor}, {NULL, NULL}};

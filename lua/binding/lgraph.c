@@ -161,21 +161,25 @@ static int l_reset(lua_State *L) {
   return 0;
 }
 
+void l_pushgraphstats(lua_State *L, const gcap_graph_stats *s) {
+  lua_createtable(L, 0, 5);
+  lua_pushinteger(L, (lua_Integer)s->nodes);
+  lua_setfield(L, -2, "nodes");
+  lua_pushnumber(L, s->capture_ms);
+  lua_setfield(L, -2, "capture_ms");
+  lua_pushnumber(L, s->instantiate_ms);
+  lua_setfield(L, -2, "instantiate_ms");
+  lua_pushinteger(L, (lua_Integer)s->pool_bytes);
+  lua_setfield(L, -2, "pool_bytes");
+  lua_pushinteger(L, (lua_Integer)s->replays);
+  lua_setfield(L, -2, "replays");
+}
+
 static int l_graph_stats(lua_State *L) {
   LGraph *p = l_checkcaptured(L, "stats");
   gcap_graph_stats gs;
   l_check(L, p->e, gcap_graph_get_stats(p->g, &gs), "stats");
-  lua_createtable(L, 0, 5);
-  lua_pushinteger(L, (lua_Integer)gs.nodes);
-  lua_setfield(L, -2, "nodes");
-  lua_pushnumber(L, gs.capture_ms);
-  lua_setfield(L, -2, "capture_ms");
-  lua_pushnumber(L, gs.instantiate_ms);
-  lua_setfield(L, -2, "instantiate_ms");
-  lua_pushinteger(L, (lua_Integer)gs.pool_bytes);
-  lua_setfield(L, -2, "pool_bytes");
-  lua_pushinteger(L, (lua_Integer)gs.replays);
-  lua_setfield(L, -2, "replays");
+  l_pushgraphstats(L, &gs);
   return 1;
 }
 

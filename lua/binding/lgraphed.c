@@ -520,20 +520,6 @@ static int l_graphed_debug_dump(lua_State *L) {
   return 1;
 }
 
-static void l_pushgstats(lua_State *L, const gcap_graph_stats *s) {
-  lua_createtable(L, 0, 5);
-  lua_pushinteger(L, (lua_Integer)s->nodes);
-  lua_setfield(L, -2, "nodes");
-  lua_pushnumber(L, s->capture_ms);
-  lua_setfield(L, -2, "capture_ms");
-  lua_pushnumber(L, s->instantiate_ms);
-  lua_setfield(L, -2, "instantiate_ms");
-  lua_pushinteger(L, (lua_Integer)s->pool_bytes);
-  lua_setfield(L, -2, "pool_bytes");
-  lua_pushinteger(L, (lua_Integer)s->replays);
-  lua_setfield(L, -2, "replays");
-}
-
 /* G:stats(entry) -> {fwd, bwd (or nil), bwd_dw (or nil), pool_reserved_bytes, outputs,
 ** grad_outputs} */
 static int l_graphed_stats(lua_State *L) {
@@ -541,14 +527,14 @@ static int l_graphed_stats(lua_State *L) {
   gcap_graphed_stats s;
   l_check(L, p->e, gcap_graphed_get_stats(p->g, l_checkentry(L, p, 2), &s), "stats");
   lua_createtable(L, 0, 4);
-  l_pushgstats(L, &s.fwd);
+  l_pushgraphstats(L, &s.fwd);
   lua_setfield(L, -2, "fwd");
   if (s.has_bwd) {
-    l_pushgstats(L, &s.bwd);
+    l_pushgraphstats(L, &s.bwd);
     lua_setfield(L, -2, "bwd");
   }
   if (s.has_dw) {
-    l_pushgstats(L, &s.dw);
+    l_pushgraphstats(L, &s.dw);
     lua_setfield(L, -2, "bwd_dw");
   }
   lua_pushinteger(L, (lua_Integer)s.pool_reserved_bytes);

@@ -476,6 +476,13 @@ static int l_backward_dw(lua_State *L) {
   return 0;
 }
 
+/* m:_has_delayed_wgrad() -> whether m or a child is a delayed-wgrad Linear
+** (gc.ddp reduces their grads after backward_dw) */
+static int l_has_delayed_wgrad(lua_State *L) {
+  lua_pushboolean(L, gcap_module_has_delayed_wgrad(l_checkmodule(L, 1)->m));
+  return 1;
+}
+
 static int l_module_type(lua_State *L) {
   lua_pushstring(L, gcap_module_type(l_checkmodule(L, 1)->m));
   return 1;
@@ -497,6 +504,7 @@ static const luaL_Reg l_module_methods[] = {
     {"zero_grad", l_module_zero_grad},
     {"to", l_module_to},
     {"backward_dw", l_backward_dw},
+    {"_has_delayed_wgrad", l_has_delayed_wgrad},
     {"register_forward_pre_hook", l_register_forward_pre_hook},
     {"register_forward_hook", l_register_forward_hook},
     {"register_full_backward_pre_hook", l_register_full_backward_pre_hook},

@@ -157,6 +157,10 @@ function autograd.on_backward (name, x, fn, anchor)
     end
     callbacks[name] = f
   end
+  -- the anchor only makes the node record: an edge into the anchor itself
+  -- would hold its .grad back until this node ran (a leaf's grads go into
+  -- .grad once all its edges ran, as in PyTorch), after fn() read it
+  if anchor ~= nil and anchor.requires_grad then anchor = core._anchor(anchor) end
   return f.apply(x, anchor, fn)
 end
 

@@ -14,9 +14,18 @@
 -- is a bucket alone; 0: one bucket per parameter): its grads are joined into
 -- one flat tensor, all-reduced (average) with one call, and copied back.
 -- The average is elementwise, so the grads are bit for bit those of one
--- all-reduce per parameter. Graphed with make_graphed_callables (graph the
+-- all-reduce per parameter. A node on each output sets the grads already
+-- there aside before the module's backward; after the sync they get the
+-- averaged new ones added, so that accumulated backwards average only
+-- their own grads, as graphed replays do (their static grads, added to
+-- .grad after the replay). Graphed with make_graphed_callables (graph the
 -- wrappers), the node runs inside the captured backward, so each callable's
 -- all-reduces are recorded into its backward graph and run at each replay.
+--
+-- The grads of delayed-wgrad Linears come in backward_dw: the backward
+-- sync leaves them out, and m:backward_dw() averages them after the
+-- module's (make_graphed_callables runs the same around a replay of the
+-- delayed-wgrad graph, m:_backward_dw_around).
 --
 -- An input that needs no grad (the first layer's data) still gets its sync
 -- node: the node then takes the module's first parameter as a second input,
@@ -28,7 +37,8 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 core._facade()
 
-local ipairs, math, require, tostring, type = ipairs, math, require, tostring, type
+local error, getmetatable, ipairs, math, pcall, require, table, tostring, type =
+      error, getmetatable, ipairs, math, pcall, require, table, tostring, type
 _ENV = nil
 
 local raise, options = util.raise, util.options
@@ -38,50 +48,173 @@ local autograd = require "graphcap.autograd"
 local ddp = {}
 
 local DDP = nn.Module("DDP")
+local TENSOR = core._metatables.Tensor
 
 local MAX_JOIN = 64  -- the most tensors gc.cat joins
 
--- The parameters of ps in runs of one dtype (gc.cat joins one), of at most
+-- The indices of ps in runs of one dtype (gc.cat joins one), of at most
 -- cap bytes and MAX_JOIN tensors
 local function buckets_of (ps, cap)
   local out, cur, bytes = {}, {}, 0
-  for _, p in ipairs(ps) do
+  for k, p in ipairs(ps) do
     local b = (p:dtype() == "bf16" and 2 or 4) * p:numel()
-    if #cur > 0 and (bytes + b > cap or #cur == MAX_JOIN or p:dtype() ~= cur[1]:dtype()) then
+    if #cur > 0 and (bytes + b > cap or #cur == MAX_JOIN or p:dtype() ~= ps[cur[1]]:dtype()) then
       out[#out + 1], cur, bytes = cur, {}, 0
     end
-    cur[#cur + 1], bytes = p, bytes + b
+    cur[#cur + 1], bytes = k, bytes + b
   end
   if #cur > 0 then out[#out + 1] = cur end
   return out
 end
 
--- All-reduce (average) the grads of a bucket over the group: the grads
--- there joined into one flat tensor, one call, copied back into them.
-local function sync_bucket (gc, bucket, opts)
-  local gs = {}
-  for _, p in ipairs(bucket) do
-    if p.grad ~= nil then gs[#gs + 1] = p.grad:view({p.grad:numel()}) end
+-- All-reduce (average) the grads of a bucket (indices of ps) over the
+-- group: the grads of the parameters that have one on some rank (used[k])
+-- joined into one flat tensor, zeros where this rank has none, one call,
+-- copied back. A parameter that gets its grad so (none here, one on another
+-- rank) keeps it, unless it needs none here.
+local function sync_bucket (gc, ps, bucket, used, opts)
+  local gs, new = {}, {}
+  for _, k in ipairs(bucket) do
+    if used[k] then
+      local p = ps[k]
+      local g = p.grad
+      if g == nil then
+        g = gc.zeros(p:shape(), {dtype = p:dtype()})
+        new[#new + 1] = {p, g}
+      end
+      gs[#gs + 1] = g:view({g:numel()})
+    end
   end
-  if #gs == 0 then return end
-  if #gs == 1 then return gc.dist.all_reduce(gs[1], opts) end
-  local flat, at = gc.cat(gs), 1
-  gc.dist.all_reduce(flat, opts)
-  for _, g in ipairs(gs) do
-    g:copy_(gc.narrow(flat, 1, at, g:numel()))
-    at = at + g:numel()
+  if #gs == 1 then
+    gc.dist.all_reduce(gs[1], opts)
+  elseif #gs > 1 then
+    local flat, at = gc.cat(gs), 1
+    gc.dist.all_reduce(flat, opts)
+    for _, g in ipairs(gs) do
+      g:copy_(gc.narrow(flat, 1, at, g:numel()))
+      at = at + g:numel()
+    end
   end
+  for _, pg in ipairs(new) do
+    if pg[1].requires_grad then pg[1].grad = pg[2] end
+  end
+end
+
+-- Average the grads of the parameters ps (in buckets) over the group, as
+-- torch's DDP with find_unused_parameters: the ranks first tell each other
+-- which parameters have a grad (on the host, so also while capturing); one
+-- that none has keeps none, the others are reduced on every rank, this
+-- rank's grad zero where it has none.
+local function sync (gc, ps, buckets, opts)
+  local has = {}
+  for k, p in ipairs(ps) do has[k] = p.grad ~= nil end
+  local used = gc.dist._any(has, opts.group)
+  for _, b in ipairs(buckets) do sync_bucket(gc, ps, b, used, opts) end
+end
+
+-- The grads of ps set aside into held before a backward of the module
+-- (once, at the first of its outputs that backward reaches), so that the
+-- sync sees that backward's own grads.
+local function set_aside (ps, held)
+  if held.on then return end
+  held.on = true
+  for k, p in ipairs(ps) do
+    held[k] = p.grad
+    p.grad = nil
+  end
+end
+
+-- After the sync: each grad set aside gets the averaged new one added in
+-- place (as a graphed backward adds its averaged static grads).
+local function add_back (gc, ps, held)
+  if not held.on then return end
+  held.on = false
+  gc.no_grad(function ()
+    for k, p in ipairs(ps) do
+      local old, new = held[k], p.grad
+      held[k] = nil
+      if old ~= nil then
+        if new ~= nil then old:copy_(old + new) end
+        p.grad = old
+      end
+    end
+  end)
+end
+
+-- The parameters (a set) of the delayed-wgrad Linears in m (m or below):
+-- their grads come in backward_dw, not in backward.
+local function delayed_of (m)
+  local out, seen = {}, {}
+  local function walk (d)
+    if seen[d] then return end
+    seen[d] = true
+    local children = d:named_children()
+    if #children == 0 and d:_has_delayed_wgrad() then
+      for _, p in ipairs(d:parameters()) do out[p] = true end
+    end
+    for _, nc in ipairs(children) do walk(nc[2]) end
+  end
+  walk(m)
+  return out
+end
+
+-- A set of parameters synced together (after backward, or after
+-- backward_dw): the parameters, their buckets, the grads set aside.
+local function part (ps, cap)
+  return {ps = ps, buckets = buckets_of(ps, cap), held = {on = false}}
 end
 
 function DDP:init (module, group, cap)
   self.module = module
   self._params = module:parameters()
-  local gc, opts = require "graphcap", {op = "avg", group = group}
-  local buckets = buckets_of(self._params, cap)
-  self._buckets = buckets
-  self._sync = function ()
-    for _, b in ipairs(buckets) do sync_bucket(gc, b, opts) end
+  local gc, opts, delayed, now, later = require "graphcap", {op = "avg", group = group},
+                                          delayed_of(module), {}, {}
+  for _, p in ipairs(self._params) do
+    local to = delayed[p] and later or now
+    to[#to + 1] = p
   end
+  local bwd, dw = part(now, cap), part(later, cap)
+  self._aside = function () set_aside(bwd.ps, bwd.held) end
+  self._sync = function ()
+    sync(gc, bwd.ps, bwd.buckets, opts)
+    add_back(gc, bwd.ps, bwd.held)
+  end
+  -- the delayed wgrads: run() (eager, or a graphed replay) computes them
+  self._dw = function (run)
+    if #dw.ps == 0 then return run() end
+    set_aside(dw.ps, dw.held)
+    local ok, err = pcall(run)
+    if ok then ok, err = pcall(sync, gc, dw.ps, dw.buckets, opts) end
+    add_back(gc, dw.ps, dw.held)
+    if not ok then error(err, 0) end
+  end
+end
+
+-- m:backward_dw(): the delayed weight grads of the module's delayed-wgrad
+-- Linears, averaged over the group as backward averages the others (each
+-- call its own grads, then added to those before).
+function DDP:backward_dw ()
+  self._dw(function () self.module:backward_dw() end)
+end
+
+-- What make_graphed_callables runs around the replay of a DDP callable's
+-- delayed-wgrad graph, run (TransformerEngine triggers its wgrad reduce
+-- hooks so after the replay): the same sync as an eager backward_dw.
+function DDP:_backward_dw_around (run)
+  self._dw(run)
+end
+
+-- The outputs ..., each tensor that needs a grad passed through a node
+-- whose backward sets the grads aside (fn).
+local function aside_outputs (fn, ...)
+  local r = table.pack(...)
+  for i = 1, r.n do
+    local y = r[i]
+    if getmetatable(y) == TENSOR and y.requires_grad then
+      r[i] = autograd.on_backward("DDPGradAside", y, fn)
+    end
+  end
+  return table.unpack(r, 1, r.n)
 end
 
 function DDP:forward (x, ...)
@@ -89,7 +222,8 @@ function DDP:forward (x, ...)
   local ps = self._params
   if #ps == 0 or not core.is_grad_enabled() then return self.module(x, ...) end
   local anchor = not x.requires_grad and ps[1] or nil
-  return self.module(autograd.on_backward("DDPGradSync", x, self._sync, anchor), ...)
+  return aside_outputs(self._aside,
+                       self.module(autograd.on_backward("DDPGradSync", x, self._sync, anchor), ...))
 end
 
 local wrap_options = {group = true, broadcast = true, bucket_cap_mb = true}

@@ -57,6 +57,13 @@ function dist.barrier (group)
   cdist.barrier(group_of("barrier", group, "group (argument #1)"))
 end
 
+-- gc.dist._any(flags [, group]) -> flags (booleans) or'd over the ranks,
+-- exchanged on the host at once, also while capturing (gc.ddp's question:
+-- which parameters got a grad on some rank)
+function dist._any (flags, group)
+  return cdist.any(flags, group_of("any", group, "group (argument #2)"))
+end
+
 local reduce_options = {op = true, group = true}
 local group_options = {group = true}
 

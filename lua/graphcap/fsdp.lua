@@ -37,6 +37,13 @@
 -- grads. Each gather of new values takes a version far (2^32) from every
 -- earlier one.
 --
+-- The modules themselves are guarded: a forward pre-hook on each (and on
+-- each module with parameters inside it) refuses a direct call unless the
+-- arena holds its unit's current parameters, naming the unit to call.
+-- F:capture_time_hooks() lifts the guards (make_graphed_callables refuses
+-- modules with hooks) until graphing runs its first hook or a unit is
+-- called.
+--
 -- Graphing: graph the modules (F.modules) with
 -- capture_time_hooks = F:capture_time_hooks(): un-shard before each forward
 -- and backward capture (warmup passes alike; no reduce-scatter: the grads of
@@ -136,6 +143,7 @@ function Unit:init (module) self.module = module end
 function Unit:forward (x, ...)
   local F, i, m, u = self._fsdp, self._index, self.module, self._u
   util.check_tensor("FSDPUnit", "input (argument #1)", x)
+  F:_guard()
   F:unshard(i)
   if not (core.is_grad_enabled() and m.training) then return m(x, ...) end
   -- before the module's backward (on its output) un-shard; after it (on its
@@ -154,12 +162,60 @@ function FSDP:parameters ()
   return out
 end
 
+-- The guard of unit i on module m (F.modules[i], or one of its modules
+-- with parameters; 'path' names it): a forward pre-hook that refuses a call
+-- while the arena does not hold unit i's current parameters (another
+-- unit's, or values gathered before its shards changed).
+function FSDP:_guard_hook (i, m, path)
+  local u = self._u[i]
+  return function ()
+    if self._owner == i and shards_kept(u) then return end
+    raise("fsdp: %s (%s) is called directly, but the parameters of unit %d are not gathered "
+          .. "(%s): call the unit, F.units[%d], which gathers them", path, m:type(), i,
+          self._owner ~= i
+          and ("the arena holds unit " .. tostring(self._owner) .. "'s")
+          or "its shards changed since they were gathered", i)
+  end
+end
+
+-- Register the guards of every unit (F.modules[i] and each of its modules
+-- that holds parameters), unless they are there.
+function FSDP:_guard ()
+  if self._guards then return end
+  local gs = {}
+  for i, u in ipairs(self._u) do
+    local top = "F.modules[" .. i .. "]"
+    local function walk (m, name)
+      if #m:parameters() == 0 then return end
+      local path = name and ("module '" .. name .. "' of " .. top) or top
+      gs[#gs + 1] = m:register_forward_pre_hook(self:_guard_hook(i, m, path))
+      for _, nc in ipairs(m:named_children()) do
+        walk(nc[2], name and name .. "." .. nc[1] or nc[1])
+      end
+    end
+    if #u.params > 0 then walk(self.modules[i]) end
+  end
+  self._guards = gs
+end
+
+-- Remove the guards (make_graphed_callables refuses modules with hooks).
+function FSDP:_unguard ()
+  for _, h in ipairs(self._guards or {}) do h:remove() end
+  self._guards = nil
+end
+
 -- F:capture_time_hooks() -> the capture_time_hooks option for graphing
--- F.modules: un-shard before each forward and backward.
+-- F.modules: un-shard before each forward and backward. The guards are
+-- lifted until graphing runs its first hook (make_graphed_callables checks
+-- that the modules have none before it starts) or a unit is called.
 function FSDP:capture_time_hooks ()
+  self:_unguard()
   local hooks = {}
   for i, _ in ipairs(self._u) do
-    local unshard = function () self:unshard(i) end
+    local unshard = function ()
+      self:_guard()
+      self:unshard(i)
+    end
     hooks[i] = {forward_pre_hooks = {unshard}, backward_pre_hooks = {unshard}}
   end
   return hooks
@@ -256,6 +312,7 @@ function fsdp.shard (modules, opts)
     F.units[i] = unit
   end
   F:unshard(1)
+  F:_guard()
   return F
 end
 

@@ -186,12 +186,47 @@ Entry.__name = "graphcap.GraphedEntry"
 function Entry:__call (...)  -- a kwargs map, last, is flattened by the binding
   return self.G:call(self.i, ...)
 end
-function Entry:backward_dw () return self.G:backward_dw(self.i) end
+function Entry:backward_dw () return self.dw() end
 function Entry:reset () return self.G:reset(self.i) end
 function Entry:stats () return self.G:stats(self.i) end
 function Entry:debug_dump (prefix) return self.G:debug_dump(self.i, prefix) end
 function Entry:__tostring ()
   return string.format("graphcap.GraphedEntry(%d)", self.i)
+end
+
+-- The replay of entry i's delayed-wgrad graph, inside what its module m
+-- runs around it, when m has that (m:_backward_dw_around(run): gc.ddp
+-- averages the grads the replay adds, as TransformerEngine runs its wgrad
+-- reduce hooks after the replay).
+local function backward_dw_of (G, i, m)
+  local function run () return G:backward_dw(i) end
+  if m._backward_dw_around == nil then return run end
+  return function () return m:_backward_dw_around(run) end
+end
+
+-- The callable (index) of each of n entries: entry i is callable i without
+-- an order; with one, the entries go chunk by chunk (nlpc[c] callables
+-- each, by default n / K / M), then microbatch (M of them), then layer.
+local function entry_callables (n, order, nlpc)
+  local out = {}
+  if order == nil then
+    for i = 1, n do out[i] = i end
+    return out
+  end
+  local K, M = 0, 0
+  for _, v in ipairs(order) do
+    if v > K then K = math.floor(v) end
+    if v == 1 then M = M + 1 end
+  end
+  local base = 0
+  for c = 1, K do
+    local L = nlpc and nlpc[c] or n // K // M
+    for _ = 1, M do
+      for l = 1, L do out[#out + 1] = base + l end
+    end
+    base = base + L
+  end
+  return out
 end
 
 local INT_MAX = 0x7fffffff
@@ -331,18 +366,19 @@ local function make_graphed_callables (callables, sample_args, opts)
   norm.kwargs = {}
   for c = 1, #mods do norm.kwargs[c] = kw[c] or false end
   local G = core.make_graphed_callables(mods, args, norm)
-  local out = {}
+  local out, of = {}, entry_callables(#G, opts.order, nlpc)
   for i = 1, #G do
     local m = opts.order == nil and mods[i] == originals[i] and mods[i] or nil
+    local dw = backward_dw_of(G, i, mods[of[i]])
     if m then   -- the module itself now replays; keep G with it
       m.graphed_callables = G
-      m.backward_dw = function () return G:backward_dw(i) end
+      m.backward_dw = dw
       m.reset = function () return G:reset(i) end
       m.stats = function () return G:stats(i) end
       m.debug_dump = function (_, prefix) return G:debug_dump(i, prefix) end
       out[i] = m
     else
-      out[i] = setmetatable({G = G, i = i, mods = mods}, Entry) -- keeps the callables' Lua values (their kwargs keys)
+      out[i] = setmetatable({G = G, i = i, mods = mods, dw = dw}, Entry) -- keeps the callables' Lua values (their kwargs keys)
     end
   end
   if single then return out[1] end

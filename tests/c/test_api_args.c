@@ -453,6 +453,9 @@ static void test_autograd(void) {
   NOENG(GCAP_EINVAL,
         gcap_autograd_record("f", NULL, 1, in, 0, NULL, no_backward, NULL, count_ud_free, &o));
   T_CHECK(o == NULL && n_ud_freed == 11);
+  BAD(f.e, GCAP_EINVAL, "out", gcap_autograd_anchor(f.x, NULL));
+  NOENG(GCAP_EINVAL, gcap_autograd_anchor(NULL, &o));
+  T_CHECK(o == NULL);
   gcap_tensor_free(g);
   fx_close(&f);
 }

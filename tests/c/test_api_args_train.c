@@ -359,6 +359,7 @@ static void test_make_graphed(void) {
 
 static void test_dist(void) {
   const int r0[1] = {0}, far[1] = {3};
+  unsigned char flags[2] = {0, 1};
   gcap_dist_group *g = (gcap_dist_group *)(uintptr_t)0x10;
   gcap_tensor *v = NULL;
   const int64_t s6[1] = {6};
@@ -368,6 +369,7 @@ static void test_dist(void) {
   NOENG(GCAP_EINVAL, gcap_dist_set_debug(NULL, 1));
   NOENG(GCAP_EINVAL, gcap_dist_new_group(NULL, 1, r0, &g));
   NOENG(GCAP_EINVAL, gcap_dist_barrier(NULL, NULL));
+  NOENG(GCAP_EINVAL, gcap_dist_any(NULL, 1, flags, NULL));
   NOENG(GCAP_EINVAL, gcap_dist_all_reduce(NULL, GCAP_REDUCE_SUM, NULL));
   NOENG(GCAP_EINVAL, gcap_dist_all_gather(NULL, NULL, NULL));
   NOENG(GCAP_EINVAL, gcap_dist_reduce_scatter(NULL, NULL, GCAP_REDUCE_SUM, NULL));
@@ -398,6 +400,10 @@ static void test_dist(void) {
   BAD(f.e, GCAP_EINVAL, "reduction", gcap_dist_reduce_scatter(v, v, (gcap_reduce_op)-1, NULL));
   BAD(f.e, GCAP_EINVAL, "out", gcap_dist_all_gather(f.y, v, NULL)); /* out of another engine */
   BAD(f.e2, GCAP_EINVAL, "engine", gcap_dist_all_reduce(f.y, GCAP_REDUCE_SUM, NULL));
+  BAD(f.e, GCAP_EINVAL, "n", gcap_dist_any(f.e, -1, flags, NULL));
+  BAD(f.e, GCAP_EINVAL, "flags", gcap_dist_any(f.e, 2, NULL, NULL));
+  T_CHECK_OK(f.e, gcap_dist_any(f.e, 2, flags, NULL));
+  T_CHECK(flags[0] == 0 && flags[1] == 1);
   BAD(f.e, GCAP_EINVAL, "root", gcap_dist_broadcast(v, 5, NULL));
   BAD(f.e, GCAP_EINVAL, "peer", gcap_dist_send(v, -1, NULL));
   BAD(f.e, GCAP_EINVAL, "peer", gcap_dist_recv(v, 1, NULL));

@@ -580,6 +580,42 @@ static void test_inplace_after_save_is_detected(void) {
   gcap_engine_free(e);
 }
 
+/* regression: clone and copy_ cut the graph (x's grad stayed zero) */
+/* clone and copy_ are recorded: the grad reaches their source (PyTorch's
+** CloneBackward and CopyBackwards), and the history a copy_ overwrote
+** gets zeros. */
+static void test_clone_and_copy_grads(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  const int64_t s[1] = {3};
+  const float dx[3] = {1, 2, 3}, dw[3] = {0.5f, -2, 4}, zero[3] = {0, 0, 0};
+  float g[3];
+  gcap_tensor *x = leaf(e, 1, s, dx), *a = leaf(e, 1, s, dx), *w = t_from(e, 1, s, dw);
+  gcap_tensor *c = NULL, *h = NULL, *p = NULL, *l = NULL;
+  T_REQUIRE(x && a && w);
+  T_CHECK_OK(e, gcap_tensor_clone(x, &c));
+  T_CHECK(!gcap_tensor_is_leaf(c) && strcmp(gcap_tensor_grad_fn_name(c), "clone") == 0);
+  T_CHECK_OK(e, gcap_mul(c, w, &p));
+  T_CHECK_OK(e, gcap_sum(p, &l));
+  T_CHECK_OK(e, gcap_backward(l, NULL, 0));
+  T_REQUIRE(gcap_tensor_grad(x) != NULL);
+  if (t_read(gcap_tensor_grad(x), g, 3)) T_CHECK_VALUES("clone's grad", g, dw, 3);
+  gcap_tensor_free(p), gcap_tensor_free(l), p = l = NULL;
+  T_CHECK_OK(e, gcap_tensor_set_grad(x, NULL));
+  T_CHECK_OK(e, gcap_scale(a, 2.0, &h));
+  T_CHECK_OK(e, gcap_copy_(h, x));
+  T_CHECK(strcmp(gcap_tensor_grad_fn_name(h), "copy_") == 0);
+  T_CHECK_OK(e, gcap_mul(h, w, &p));
+  T_CHECK_OK(e, gcap_sum(p, &l));
+  T_CHECK_OK(e, gcap_backward(l, NULL, 0));
+  T_REQUIRE(gcap_tensor_grad(x) != NULL && gcap_tensor_grad(a) != NULL);
+  if (t_read(gcap_tensor_grad(x), g, 3)) T_CHECK_VALUES("copy_'s source grad", g, dw, 3);
+  if (t_read(gcap_tensor_grad(a), g, 3)) T_CHECK_VALUES("the overwritten history", g, zero, 3);
+  gcap_tensor_free(x), gcap_tensor_free(a), gcap_tensor_free(w), gcap_tensor_free(c);
+  gcap_tensor_free(h), gcap_tensor_free(p), gcap_tensor_free(l);
+  gcap_engine_free(e);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Backward captured into a graph                                            */
 
@@ -786,6 +822,7 @@ int main(void) {
   T_RUN(test_detach);
   T_RUN(test_inplace_on_leaf);
   T_RUN(test_inplace_after_save_is_detected);
+  T_RUN(test_clone_and_copy_grads);
   T_RUN(test_captured_backward_first);
   T_RUN(test_captured_backward_accumulates);
   T_RUN(test_captured_backward_retained);

@@ -4,7 +4,8 @@
 ** backward is composed of graphcap calls gives the built-in mul's grads bit
 ** for bit, eagerly and replayed from a captured backward; the destructor runs
 ** once in every case; a grad of the wrong shape, a failing callback, a saved
-** tensor written in place and bad arguments are errors naming the node.
+** tensor written in place and bad arguments are errors naming the node. An
+** anchor makes a node record without an edge into the tensor it is over.
 */
 #include "t.h"
 
@@ -203,10 +204,71 @@ out:
   gcap_engine_free(e);
 }
 
+/* The probe's backward: passes g on to input 0 when it needs one, notes
+** whether the weight (ud) had its .grad by then. */
+static int t_probe_saw_grad;
+static gcap_status probe_backward(void *ud, int nsaved, gcap_tensor *const *saved, gcap_tensor *g,
+                                  int nin, gcap_tensor **gin) {
+  (void)nsaved, (void)saved, (void)nin;
+  t_probe_saw_grad = gcap_tensor_grad((gcap_tensor *)ud) != NULL;
+  gin[0] = gcap_tensor_retain(g);
+  return GCAP_OK;
+}
+
+/* sum(probe(x, anchor) * w), x needing no grad: through an anchor of w the
+** probe records, and runs after w's .grad is made (its one edge, the mul,
+** has run); with w itself as the probe's input, w's .grad waits for the
+** probe. Either way w's grad is x, and the anchor gets none. */
+static void test_anchor(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  for (int anchored = 1; anchored >= 0; anchored--) {
+    gcap_tensor *x = t_from(e, 2, S, DA), *w = t_from(e, 2, S, DB), *an = NULL, *p = NULL;
+    gcap_tensor *z = NULL, *l = NULL;
+    float g[6];
+    T_REQUIRE(x && w);
+    T_CHECK_OK(e, gcap_tensor_set_requires_grad(w, 1));
+    if (anchored) {
+      T_CHECK_OK(e, gcap_autograd_anchor(w, &an));
+      T_CHECK(gcap_tensor_requires_grad(an) && !gcap_tensor_is_leaf(an) &&
+              strcmp(gcap_tensor_grad_fn_name(an), "anchor") == 0);
+      T_CHECK(gcap_tensor_data_ptr(an) == gcap_tensor_data_ptr(w));
+    }
+    gcap_tensor *in[2] = {x, anchored ? an : w};
+    T_CHECK_OK(e, gcap_autograd_record("probe", x, 2, in, 0, NULL, probe_backward, w, NULL, &p));
+    T_CHECK(strcmp(gcap_tensor_grad_fn_name(p), "probe") == 0);
+    T_CHECK_OK(e, gcap_mul(p, w, &z));
+    T_CHECK_OK(e, gcap_sum(z, &l));
+    t_probe_saw_grad = -1;
+    T_CHECK_OK(e, gcap_backward(l, NULL, 0));
+    T_CHECK(t_probe_saw_grad == anchored);
+    T_REQUIRE(gcap_tensor_grad(w) != NULL);
+    if (t_read(gcap_tensor_grad(w), g, 6))
+      for (int i = 0; i < 6; i++)
+        T_CHECK(g[i] == DA[i]);
+    T_CHECK(an == NULL || gcap_tensor_grad(an) == NULL);
+    gcap_tensor_free(x), gcap_tensor_free(w), gcap_tensor_free(an), gcap_tensor_free(p);
+    gcap_tensor_free(z), gcap_tensor_free(l);
+  }
+  /* with grad disabled: a plain tensor, which makes nothing record */
+  gcap_tensor *w = t_from(e, 2, S, DB), *an = NULL;
+  T_REQUIRE(w != NULL);
+  T_CHECK_OK(e, gcap_tensor_set_requires_grad(w, 1));
+  int was = gcap_set_grad_enabled(e, 0);
+  T_CHECK_OK(e, gcap_autograd_anchor(w, &an));
+  gcap_set_grad_enabled(e, was);
+  T_CHECK(!gcap_tensor_requires_grad(an) && gcap_tensor_is_leaf(an));
+  gcap_tensor *none = w;
+  T_CHECK(gcap_autograd_anchor(NULL, &none) == GCAP_EINVAL && none == NULL);
+  gcap_tensor_free(w), gcap_tensor_free(an);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_equals_builtin_mul);
   T_RUN(test_captured_backward);
   T_RUN(test_errors);
   T_RUN(test_custom_node_name_fits);
+  T_RUN(test_anchor);
   return t_done();
 }

@@ -553,8 +553,9 @@ static void test_captured_first_step_adam(void) {
 }
 
 /* regression: a step's in-place write under a saved parameter went unseen */
-/* A leaf parameter changed by an optimizer step after its use was saved:
-** a second backward (retain_graph) fails; the ordinary loop does not. */
+/* A leaf parameter changed by an optimizer step after its use was saved
+** (the input requires grad, so linear keeps the weight for the input's
+** grad): a second backward (retain_graph) fails; the ordinary loop does not. */
 static void test_optimizer_step_versions(void) {
   gcap_engine *e = t_engine();
   T_REQUIRE(e != NULL);
@@ -564,6 +565,7 @@ static void test_optimizer_step_versions(void) {
   gcap_optim *o = NULL;
   gcap_tensor *x = t_from(e, 2, s, d), *y = NULL, *loss = NULL, *w;
   T_REQUIRE(x != NULL);
+  T_CHECK_OK(e, gcap_tensor_set_requires_grad(x, 1));
   T_CHECK_OK(e, gcap_nn_linear(e, 3, 2, 1, 0, &m));
   w = gcap_module_parameter(m, 0, NULL, 0);
   T_CHECK_OK(e, gcap_optim_sgd(e, 1, &w, 0.1, 0, 0, &o));

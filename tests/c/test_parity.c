@@ -432,6 +432,12 @@ static const pcase cases[] = {
     {"mse_loss", f_mse, F32, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
     {"cross_entropy [16,10]", f_xent, F32, 1, 0, 2, {P2(16, 10, N, 1), PC(16, 10)}},
     {"cross_entropy [64,1000]", f_xent, F32, 1, 0, 2, {P2(64, 1000, N, 1), PC(64, 1000)}},
+    /* rows held by a warp and by a block, aligned and not, and too long for either */
+    {"cross_entropy [40,128]", f_xent, F32, 1, 0, 2, {P2(40, 128, N, 1), PC(40, 128)}},
+    {"cross_entropy [9,3000]", f_xent, F32, 1, 0, 2, {P2(9, 3000, N, 1), PC(9, 3000)}},
+    {"cross_entropy [3,5000]", f_xent, F32, 1, 0, 2, {P2(3, 5000, N, 1), PC(3, 5000)}},
+    {"bf16 cross_entropy [33,64]", f_xent, BF, 1, 0, 2, {P2(33, 64, N, 1), PC(33, 64)}},
+    {"bf16 cross_entropy [8,250]", f_xent, BF, 1, 0, 2, {P2(8, 250, N, 1), PC(8, 250)}},
     {"rand uniform (seeded)", f_rand, F32, 0, 99, 1, {P1(10000, N, 0)}},
     {"rand normal (seeded)", f_randn, F32, 0, 99, 1, {P1(10000, N, 0)}},
     /* batched matmul: one strided launch, a broadcast operand (stride 0), and a

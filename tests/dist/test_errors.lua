@@ -1,7 +1,8 @@
 -- test_errors.lua: the errors of gc.dist that every rank raises alike (so
 -- no rank is left waiting): calls before init, init twice, wrong dtypes
--- and sizes, bad options, closed tensors; debug mode naming the op and the
--- ranks that disagree (collectives, barrier and finalize, send/recv); everything still
+-- and sizes, bad options, closed tensors; _any's flags and counts; debug
+-- mode naming the op and the ranks that disagree (collectives, any, barrier
+-- and finalize, send/recv); everything still
 -- usable afterwards; and after finalize, calls and replays of captured
 -- collectives fail.
 --   LUA_PATH='tests/dist/?.lua;;' \
@@ -80,6 +81,26 @@ T.test("recv of more elements than were sent fails, naming both sizes", function
   end
 end)
 
+T.test("any: flags or'd over the ranks, at once also while capturing; counts that differ fail everywhere", function ()
+  -- flag k set on rank k only (k < n), and flag n + 1 on no rank
+  local mine = {}
+  for k = 1, n + 1 do mine[k] = k - 1 == rank end
+  local got
+  local g = gc.Graph()
+  g:capture(function () got = gc.dist._any(mine) end)  -- no op of the stream: nothing recorded
+  for k = 1, n do if got[k] ~= true then error("any: flag " .. k .. " is not set") end end
+  if got[n + 1] ~= false or #got ~= n + 1 then error("any: the flag no rank set") end
+  g:replay()
+  T.fails(function () gc.dist._any(rank == 0 and {true} or {true, false}) end,
+          {"any: the ranks of the group give different numbers of flags: rank 0 gives 1, rank 1 gives 2"},
+          "flag counts")
+  T.fails(function () gc.dist._any({true}, 3) end, {"any: group (argument #2) must be a gc.dist group"},
+          "group")
+  local t = gc.ones({2})
+  gc.dist.all_reduce(t)
+  T.eq(t, {n, n}, "all_reduce after any")
+end)
+
 T.test("debug mode names the op and the ranks that disagree", function ()
   gc.dist.set_debug(true)
   -- shapes: rank 0 [4], the others [2, 4]
@@ -94,6 +115,13 @@ T.test("debug mode names the op and the ranks that disagree", function ()
   end)
   if ok or not e2:find("rank " .. (n - 1) .. " called broadcast f32 [4] root 0", 1, true) then
     error("op mismatch: " .. tostring(e2))
+  end
+  -- any takes part: a rank there while the others all_reduce is named
+  local oka, ea = pcall(function ()
+    if rank == n - 1 then gc.dist._any({true, false}) else gc.dist.all_reduce(gc.ones({4})) end
+  end)
+  if oka or not ea:find("rank " .. (n - 1) .. " called any of 2 flags", 1, true) then
+    error("any against all_reduce: " .. tostring(ea))
   end
   -- barrier and finalize take part: a rank there is named, and finalize fails (still initialised)
   for _, call in ipairs({"barrier", "finalize"}) do

@@ -7,12 +7,16 @@
 --   buckets (one all-reduce of the joined grads) give the grads of one
 --   all-reduce per parameter bit for bit; graphed, a backward replay calls
 --   no all_reduce from Lua and gives the
---   eager grads bit for bit (the all-reduces are nodes of the graphs).
+--   eager grads bit for bit (the all-reduces are nodes of the graphs), also
+--   when backwards accumulate onto grads already there; delayed wgrads are
+--   averaged after backward_dw, eager and graphed alike; ranks that use
+--   different parameters average every one some rank used.
 --   FSDP: a shard's grad is its chunk of the DDP grad (bit for bit: both
 --   average in rank order); the full grads are dropped; un-shard after a
 --   step gathers every rank's updated shard; a rank holds its shards and
 --   one unit's full parameters; sizes not a multiple of N are padded; a
---   backward whose saved parameters changed fails; an error for a group
+--   backward whose saved parameters changed fails; a module called directly
+--   is refused unless its unit is gathered; an error for a group
 --   without this rank.
 --   Pipeline: 64 KB activations (sends that wait for their receive) run to
 --   the end; on 4 ranks, two pipelines of a 2 x 2 grid train alike.
@@ -125,6 +129,148 @@ check(calls == 0, "%d all_reduce calls from Lua during a replayed backward", cal
 local gp = params(G)
 for k, p in ipairs(params(ddp)) do same(flat(gp[k].grad), flat(p.grad), "graphed ddp grad " .. k) end
 ok("ddp graphed: the all-reduces replay inside the backward graphs, grads = eager")
+
+-- DDP with gradient accumulation: three backwards onto grads already there
+-- (another on each rank) give graphed the eager grads bit for bit: each
+-- backward averages its own grads, then adds them to those before, as a
+-- graphed replay adds its averaged static grads (eager once averaged the
+-- sums: the grads there before were averaged too, and the same grads summed
+-- in another order differ in the last bits)
+do
+  local function accumulated (graphed)
+    local ls = layers()
+    local D = gc.ddp.wrap(ls)
+    for k, p in ipairs(params(ls)) do p.grad = gc.full(p:shape(), 0.25 * (rank + k)) end
+    if graphed then D = gc.make_graphed_callables(D, sample) end
+    for phase = 0, 2 do backward(D, mine(2 * phase, rank), mine(2 * phase + 1, rank)) end
+    local gs = {}
+    for k, p in ipairs(params(ls)) do gs[k] = flat(p.grad) end
+    return gs
+  end
+  local e, g = accumulated(false), accumulated(true)
+  for k = 1, #e do same(g[k], e[k], "accumulated graphed ddp grad " .. k) end
+end
+ok("ddp accumulated backwards: graphed grads = eager bit for bit")
+
+-- DDP with delayed-wgrad Linears: the weight grads backward_dw adds are
+-- averaged over the ranks too (they once stayed each rank's own), eagerly
+-- and graphed (no order: the graphed modules' backward_dw; an order with
+-- -k.5 entries: the entries' backward_dw), each backward_dw its own grads:
+-- two microbatches, graphed = eager bit for bit, eager = the ranks' average
+do
+  local function delayed ()
+    gc.manual_seed(11)
+    return {gc.nn.Sequential(gc.nn.Linear(W, W, {delay_wgrad = true}), gc.nn.GELU()),
+            gc.nn.Linear(W, W, {delay_wgrad = true})}
+  end
+  -- two microbatches, each: forward, backward, then the delayed wgrads
+  local function train (first, second, r)
+    for b = 1, 2 do
+      gc.F.mse_loss(second(b)(first(b)(mine(2 * b, r))), mine(2 * b + 1, r)):backward()
+      second(b):backward_dw()
+      first(b):backward_dw()
+    end
+  end
+  local function grads (ls)
+    local gs = {}
+    for k, p in ipairs(params(ls)) do gs[k] = flat(p.grad) end
+    return gs
+  end
+  local function run (how)
+    local ls = delayed()
+    local D = gc.ddp.wrap(ls)
+    if how == "eager" then
+      train(function () return D[1] end, function () return D[2] end, rank)
+    elseif how == "graphed" then
+      local G = gc.make_graphed_callables(D, sample)
+      train(function () return G[1] end, function () return G[2] end, rank)
+    else  -- an order of two chunks and two microbatches, with their wgrads
+      local G = gc.make_graphed_callables(D, {{gc.zeros({per, W})}, {gc.zeros({per, W})},
+                                              {gc.zeros({per, W}, {requires_grad = true})},
+                                              {gc.zeros({per, W}, {requires_grad = true})}},
+                                          {order = {1, 2, -2, -2.5, -1, -1.5, 1, 2, -2, -2.5, -1, -1.5},
+                                           num_layers_per_chunk = {1, 1}})
+      train(function (b) return G[gc.pipeline.entry(1, b, 2)] end,
+            function (b) return G[gc.pipeline.entry(2, b, 2)] end, rank)
+    end
+    return grads(ls)
+  end
+  local eager = run("eager")
+  local want = {}
+  for r = 0, N - 1 do
+    local ls = delayed()
+    train(function () return ls[1] end, function () return ls[2] end, r)
+    for k, p in ipairs(params(ls)) do want[k] = want[k] and want[k] + p.grad or p.grad end
+  end
+  for k, g in ipairs(eager) do
+    local exp = flat(want[k] * gc.full({}, 1 / N))
+    for i = 1, #exp do
+      check(math.abs(g[i] - exp[i]) <= 1e-6 * (1 + math.abs(exp[i])),
+            "ddp delayed-wgrad grad %d[%d]: %.9g, want the ranks' average %.9g", k, i, g[i], exp[i])
+    end
+  end
+  for _, how in ipairs{"graphed", "order"} do
+    local g = run(how)
+    for k = 1, #eager do same(g[k], eager[k], how .. " ddp delayed-wgrad grad " .. k) end
+  end
+end
+ok("ddp delayed wgrads are averaged after backward_dw, eager and graphed alike")
+
+-- DDP with ranks that use different parameters (as torch's DDP with
+-- find_unused_parameters): the even ranks use a, the odd ones b (of
+-- another size), none c. Every rank gets the average over all ranks of
+-- a's and b's grads, zero where a rank did not use them; c keeps no grad;
+-- two backwards accumulate; graphed equals eager bit for bit. (The ranks
+-- once averaged one's grad of a with the other's of b, or failed with
+-- MPI_ERR_TRUNCATE.)
+do
+  local Branches = gc.nn.Module("Branches")
+  function Branches:init ()
+    self.a, self.b, self.c = gc.nn.Linear(W, 2), gc.nn.Linear(W, 3), gc.nn.Linear(W, 2)
+  end
+  function Branches:forward (x) return (rank % 2 == 0 and self.a or self.b)(x) end
+  local function grads (graphed)
+    gc.manual_seed(9)
+    local m = Branches()
+    local d = gc.ddp.wrap(m)
+    if graphed then d = gc.make_graphed_callables(d, {gc.zeros({per, W})}) end
+    for phase = 0, 1 do gc.F.mse_loss(d(mine(phase, rank)), gc.zeros({per, rank % 2 == 0 and 2 or 3})):backward() end
+    local gs = {}
+    for _, np in ipairs(m:named_parameters()) do gs[np[1]] = np[2].grad and flat(np[2].grad) end
+    return gs
+  end
+  local want = {}  -- what each rank's rows give one process, summed in rank order, over N
+  for r = 0, N - 1 do
+    gc.manual_seed(9)
+    local m = Branches()
+    local l = r % 2 == 0 and m.a or m.b
+    for phase = 0, 1 do
+      local step = {}
+      gc.F.mse_loss(l(mine(phase, r)), gc.zeros({per, r % 2 == 0 and 2 or 3})):backward()
+      for _, np in ipairs(l:named_parameters()) do step[np[1]] = np[2].grad:clone(); np[2].grad = nil end
+      for name, g in pairs(step) do
+        local key = (r % 2 == 0 and "a." or "b.") .. name .. phase
+        want[key] = want[key] and want[key] + g or g
+      end
+    end
+  end
+  local eager, graphed = grads(false), grads(true)
+  for _, name in ipairs{"a.weight", "a.bias", "b.weight", "b.bias"} do
+    if want[name .. 0] then
+      local avg = want[name .. 0] * gc.full({}, 1 / N) + want[name .. 1] * gc.full({}, 1 / N)
+      local got, exp = eager[name], flat(avg)
+      check(got ~= nil, "ddp grad of %s: none", name)
+      for i = 1, #exp do
+        check(math.abs(got[i] - exp[i]) <= 1e-6 * (1 + math.abs(exp[i])),
+              "ddp grad of %s[%d] with unused parameters: %.9g, want %.9g", name, i, got[i], exp[i])
+      end
+    end
+    same(graphed[name] or {}, eager[name] or {}, "graphed ddp grad of " .. name)
+  end
+  check(eager["c.weight"] == nil and eager["c.bias"] == nil and graphed["c.weight"] == nil,
+        "ddp: a parameter no rank used got a grad")
+end
+ok("ddp ranks using different parameters average them all, zeros for the unused")
 
 -- FSDP: shard grads are chunks of the DDP grads; full grads dropped
 local F = gc.fsdp.shard(layers())
@@ -306,6 +452,43 @@ do
         "backward after a step on the shards: %s", tostring(err))
 end
 ok("fsdp backward after its shards changed fails the version check")
+
+-- FSDP modules called directly (not through their units): refused while
+-- the arena holds another unit's parameters, or values gathered before the
+-- unit's shards changed, naming the module (a submodule too) and the unit
+-- to call; allowed while the unit's parameters are gathered. Graphed the
+-- same, once graphing is done (graphing lifts the guards, whose hooks
+-- make_graphed_callables would refuse, until its first capture-time hook).
+-- (A direct call once computed with another unit's weights.)
+do
+  local function refused (fn, what, want)
+    local okc, err = pcall(fn)
+    check(not okc and tostring(err):find(want, 1, true), "%s: %s", what, tostring(err))
+  end
+  local function direct (S, label)
+    local x = mine(0, rank)
+    local h = S.units[1](x)
+    local y = S.units[2](h)
+    refused(function () return S.modules[1](x) end, label .. ": module 1 after unit 2",
+            "fsdp: F.modules[1] (" .. S.modules[1]:type() .. ") is called directly, but the "
+            .. "parameters of unit 1 are not gathered (the arena holds unit 2's): call the unit, "
+            .. "F.units[1], which gathers them")
+    refused(function () return S.modules[1]:named_children()[1][2](x) end,
+            label .. ": a submodule of module 1", "fsdp: module '0' of F.modules[1] (Linear) is "
+            .. "called directly, but the parameters of unit 1 are not gathered")
+    same(flat(S.modules[2](h)), flat(y), label .. ": module 2 while gathered")
+    for _, sh in ipairs(S:parameters()) do gc.no_grad(function () sh:copy_(sh * gc.full({}, 0.5)) end) end
+    refused(function () return S.modules[2](x) end, label .. ": module 2 after its shards changed",
+            "(its shards changed since they were gathered): call the unit, F.units[2]")
+    S.units[2](h)  -- gathers again
+    S.modules[2](h)
+  end
+  direct(gc.fsdp.shard(layers()), "eager")
+  local S = gc.fsdp.shard(layers())
+  gc.make_graphed_callables(S.modules, sample, {capture_time_hooks = S:capture_time_hooks()})
+  direct(S, "graphed")
+end
+ok("fsdp modules called directly are refused unless their unit's parameters are gathered")
 
 if N > 1 then
   local g = gc.dist.new_group({0})

@@ -517,6 +517,28 @@ function TestAttentionOps:test_sdpa_fused_grads_and_replay ()
   end
 end
 
+-- regression: the fused backward wrote the D of its rows into the saved stats, so a second
+-- backward with retain_graph was refused, naming that internal buffer
+-- The fused backward keeps what the forward saved as it was: a second
+-- backward (retain_graph on the first) adds the same grads again, with
+-- dropout and a mask too.
+function TestAttentionOps:test_sdpa_fused_second_backward ()
+  local function t (shape, ph)
+    return gc.tensor(H.nest(H.values(numel(shape), ph), shape), {requires_grad = true})
+  end
+  local q, k, v = t({2, 2, 5, 4}, 0.3), t({2, 2, 6, 4}, 0.6), t({2, 2, 6, 3}, 0.9)
+  local r = gc.tensor(H.nest(H.values(60, 1.7), {2, 2, 5, 3}))
+  local o = gc.F.scaled_dot_product_attention(q, k, v, {dropout_p = 0.2, is_causal = true,
+                                                        attn_mask_bool = gc.tensor(H.nest(bits(30), {5, 6})),
+                                                        impl = "fused"})
+  o:backward(r, {retain_graph = true})
+  local once = {q.grad:tolist(), k.grad:tolist(), v.grad:tolist()}
+  o:backward(r)
+  for i, x in ipairs{q, k, v} do
+    H.assert_bitwise(x.grad:tolist(), (gc.tensor(once[i]) * 2):tolist(), "grad " .. i .. " twice")
+  end
+end
+
 -- A step through every op of this suite (embedding, batched matmul with a
 -- broadcast operand, transpose, the masked causal softmax, masked_fill,
 -- split and cat, attention both ways), forward and backward, in f32 and

@@ -901,6 +901,153 @@ function TestAutograd:test_inplace_change_of_saved_tensor ()
   lu.assertEquals(w._version, view._version)
 end
 
+-- regression: add, sub, sum, mean, relu and mul refused a backward after a write into a tensor
+-- their backward never reads
+-- Each op saves only what its backward reads, as PyTorch's derivative
+-- formulas: add, sub (of a tensor or a number), sum and mean save nothing
+-- but shapes; mul saves an operand only for the other's grad; relu saves
+-- its result, not its input; linear and matmul save x only for the weight's
+-- grad and the weight only for x's. A write into anything else before
+-- backward gives the grads of the unwritten run; a write into what was saved
+-- is still refused, naming the op.
+function TestAutograd:test_saved_only_what_backward_reads ()
+  local xv, tv = H.values(6, 0.3), H.values(2, 1.1)
+  local function lin () -- a Linear's weight and bias, fresh
+    return gc.tensor(H.nest(H.values(6, 0.7), {2, 3}), {requires_grad = true}),
+           gc.tensor(H.values(2, 2.1), {requires_grad = true})
+  end
+  for _, op in ipairs{"add", "sub", "add of a number", "sub of a number"} do
+    local function run (write)
+      local w, b = lin()
+      local x, t = gc.tensor(H.nest(xv, {2, 3})), gc.tensor(tv)
+      local h = gc.F.linear(x, w, b)
+      local y = (op == "add" and h + t) or (op == "sub" and h - t) or
+                (op == "add of a number" and h + 2) or 2 - h
+      local yv = y:tolist()
+      if write then t:fill_(7); h:fill_(-3) end
+      y:backward(gc.tensor(H.nest(H.values(4, 0.5), {2, 2})))
+      return {w.grad:tolist(), b.grad:tolist(), yv}
+    end
+    local want, got = run(false), run(true)
+    for i = 1, 3 do H.assert_same(got[i], want[i], op .. " #" .. i) end
+  end
+  for _, op in ipairs{"sum", "mean", "relu"} do
+    local x = gc.tensor(H.values(6, 0.9), {requires_grad = true})
+    local h = x * 3
+    local y = (op == "sum" and h:sum()) or (op == "mean" and h:mean()) or gc.F.relu(h):sum()
+    h:fill_(-1) -- what relu read; it kept its result
+    y:backward()
+    local want = {}
+    for i, v in ipairs(H.values(6, 0.9)) do
+      want[i] = (op == "sum" and 3) or (op == "mean" and 3 / 6) or (v > 0 and 3 or 0)
+    end
+    assert_close(x.grad:tolist(), want, 1e-7, 1e-6, op)
+  end
+  local x = gc.tensor(H.values(4, 0.2), {requires_grad = true})
+  local r = gc.F.relu(x * 1)
+  local y = r:sum()
+  r:fill_(1)
+  assert_err(function () y:backward() end, "modified by an inplace operation", "'relu'")
+  -- mul by a tensor that needs no grad: x's grad reads only c
+  local c = gc.tensor(H.values(4, 1.9))
+  y = (x * c):sum()
+  gc.no_grad(function () x:fill_(9) end)
+  y:backward()
+  H.assert_same(x.grad:tolist(), c:tolist(), "mul's grad")
+  y = (x * c):sum()
+  c:fill_(2)
+  assert_err(function () y:backward() end, "modified by an inplace operation", "'mul'")
+  -- linear and matmul with a frozen weight: x's grad reads only the weight
+  for _, op in ipairs{"linear", "matmul"} do
+    local w = gc.tensor(H.nest(H.values(6, 0.4), op == "linear" and {2, 3} or {3, 2}))
+    local xs = gc.tensor(H.nest(H.values(6, 0.8), {2, 3}), {requires_grad = true})
+    local function f () return op == "linear" and gc.F.linear(xs, w) or gc.matmul(xs, w) end
+    local g = gc.tensor(H.nest(H.values(4, 1.5), {2, 2}))
+    f():backward(g)
+    local want = xs.grad:tolist()
+    xs.grad = nil
+    local out = f()
+    gc.no_grad(function () xs:fill_(5) end)
+    out:backward(g)
+    H.assert_same(xs.grad:tolist(), want, op .. "'s input grad")
+    out = f()
+    w:fill_(1)
+    assert_err(function () out:backward(g) end, "modified by an inplace operation", "'" .. op .. "'")
+  end
+  -- a graph that saved nothing may run backward again without retain_graph, as in PyTorch
+  local z = gc.tensor(H.values(3, 0.1), {requires_grad = true})
+  local s = (z + 1):sum()
+  s:backward()
+  s:backward()
+  H.assert_same(z.grad:tolist(), {2, 2, 2}, "two backwards through add and sum")
+  s = (z * z):sum()
+  s:backward()
+  assert_err(function () s:backward() end, "second time", "'mul' has freed its saved tensors")
+  -- and a linear of an input that needs no grad keeps that input for the weight's grad
+  local w, b = lin()
+  local xd = gc.tensor(H.nest(xv, {2, 3}))
+  local out = gc.F.linear(xd, w, b)
+  xd:fill_(0)
+  assert_err(function () out:sum():backward() end, "modified by an inplace operation", "'linear'")
+end
+
+-- regression: clone and copy_ cut the graph, leaving x.grad zero eagerly and graphed
+-- clone passes its grad on unchanged (PyTorch's CloneBackward), eagerly and
+-- graphed; copy_ gives the source the grad, converted to its dtype, and the
+-- written tensor's old history zeros (CopyBackwards), as fill_ and zero_
+-- give theirs (FillBackward).
+function TestAutograd:test_clone_and_copy_are_differentiable ()
+  local w = gc.tensor(H.values(4, 0.7))
+  local wv = w:tolist()
+  local x = gc.tensor(H.values(4, 0.2), {requires_grad = true})
+  local c = x:clone()
+  lu.assertEquals(c.grad_fn, "clone")
+  lu.assertFalse(c.is_leaf)
+  ;(c * w):sum():backward()
+  H.assert_same(x.grad:tolist(), wv, "grad through clone")
+  local G = gc.make_graphed_callables(function (u) return u:clone() * w end,
+                                      {gc.ones({4}, {requires_grad = true})})
+  local xg = gc.tensor(H.values(4, 0.2), {requires_grad = true})
+  G(xg):sum():backward()
+  H.assert_same(xg.grad:tolist(), wv, "grad through a graphed clone")
+  -- copy_ into a tensor that needs no grad, of another dtype too
+  for _, dt in ipairs{"f32", "bf16"} do
+    local xs = gc.tensor(H.values(4, 0.2), {requires_grad = true})
+    local y = gc.zeros({2, 2}, {dtype = dt})
+    lu.assertTrue(rawequal(y:copy_(xs), y))
+    lu.assertEquals(y.grad_fn, "copy_")
+    lu.assertTrue(y.requires_grad)
+    ;(y * gc.tensor(H.nest(wv, {2, 2}), {dtype = dt})):sum():backward()
+    lu.assertEquals(xs.grad:dtype(), "f32")
+    lu.assertEquals(xs.grad:shape(), {4})
+    H.assert_same(xs.grad:tolist(), gc.tensor(wv, {dtype = dt}):tolist(), dt .. " copy_'s grad")
+    lu.assertEquals(xs.grad:dtype(), "f32")
+  end
+  -- y's history before the write gets zeros
+  for _, write in ipairs{"copy_", "fill_", "zero_"} do
+    local a = gc.tensor(H.values(4, 1.3), {requires_grad = true})
+    local xs = gc.tensor(H.values(4, 0.2), {requires_grad = true})
+    local h = a * 2
+    if write == "copy_" then h:copy_(xs) elseif write == "fill_" then h:fill_(3) else h:zero_() end
+    lu.assertEquals(h.grad_fn, write)
+    ;(h * w):sum():backward()
+    H.assert_same(a.grad:tolist(), {0, 0, 0, 0}, write .. ": the old history's grad")
+    if write == "copy_" then H.assert_same(xs.grad:tolist(), wv, "copy_'s source") end
+  end
+  -- a view cannot take a recorded write (its base would keep its history)
+  local h = x * 2
+  local made_by, version = h.grad_fn, h._version
+  for _, f in ipairs{function () h:view({2, 2}):copy_(gc.ones({2, 2})) end,
+                     function () h:view({4}):fill_(1) end,
+                     function () gc.zeros({4}):view({2, 2}):copy_(x) end} do
+    assert_err(f, "autograd cannot record an in-place write into a view", "no_grad")
+  end
+  lu.assertEquals(h._version, version) -- refused before writing
+  gc.no_grad(function () h:view({4}):copy_(x) end)
+  lu.assertEquals(h.grad_fn, made_by)
+  lu.assertEquals(h._version, version + 1)
+end
+
 -- regression: a write through a view of a leaf that requires grad changed the leaf unseen
 -- An in-place write through a view of a leaf that requires grad is refused,
 -- as on the leaf itself (PyTorch's rule); under no_grad it goes through.

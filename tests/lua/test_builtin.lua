@@ -361,6 +361,21 @@ function TestDelayWgrad:test_without_bias_and_input_grad ()
   assert_bitwise(d.weight.grad:tolist(), r.weight.grad:tolist(), "weight grad")
 end
 
+-- A weight frozen at the forward: the node keeps no input for it (only the
+-- weight's grad reads it), so backward_dw gives the bias its grad and the
+-- weight none, also when the weight is unfrozen before backward_dw.
+function TestDelayWgrad:test_weight_frozen_at_the_forward ()
+  local d, r = delayed_pair(true)
+  d.weight.requires_grad, r.weight.requires_grad = false, false
+  local x = H.input({3, 4}, 0.6, true)
+  H.backward_weighted(d(x))
+  H.backward_weighted(r(x))
+  d.weight.requires_grad = true
+  d:backward_dw()
+  lu.assertNil(d.weight.grad)
+  assert_bitwise(d.bias.grad:tolist(), r.bias.grad:tolist(), "bias grad")
+end
+
 function TestDelayWgrad:test_two_steps_through_a_container ()
   local d, r = delayed_pair(true)
   local seq = gc.nn.Sequential(d, gc.nn.GELU())

@@ -121,4 +121,45 @@ function TestDist.test_os_exit_failing_on_one_rank_ends_the_job ()
   lu.assertNotStrContains(out, "not reached")
 end
 
+-- Debug mode on rank 0 only: rank 0 exchanges descriptors where the others
+-- send their tensors. A small tensor: rank 0 names the ranks that are not in
+-- debug mode (it once decoded their floats as a call of finalize). A large
+-- one (past a descriptor's size): MPI truncates rank 0's exchange, and the
+-- other ranks find its descriptor in place of a tensor; either error says
+-- rank 0 is in debug mode. Then send/recv, where the peer is not in debug
+-- mode. Each job ends with an error, never hangs.
+function TestDist.test_debug_mode_on_one_rank_only ()
+  local mr = mpirun()
+  if not gc.dist.is_available() or mr == nil then lu.skip("built without MPI, or no mpirun") end
+  local function job (np, body)
+    local out, err, code = run(mr .. " -np " .. np .. " " .. quote(prog) .. " --device host SCRIPT",
+                               [[
+      local gc = require "graphcap"
+      gc.dist.init()
+      local rank = gc.dist.rank()
+      if rank == 0 then gc.dist.set_debug(true) end
+    ]] .. body .. [[
+      print("not reached")
+    ]], 30)
+    lu.assertNotEquals(code, 124, "the job hung until the time limit")
+    lu.assertNotEquals(code, 0)
+    lu.assertNotStrContains(out, "not reached")
+    lu.assertNotStrContains(err, "called finalize")
+    lu.assertStrContains(err, "call gc.dist.set_debug(true) on every rank")
+    return err
+  end
+  local small = "gc.dist.all_reduce(gc.ones({4}))"
+  lu.assertStrContains(job(2, small), ":5: all_reduce: rank 1 of the group "
+                       .. "is not in debug mode and rank 0 is (it called all_reduce(sum) f32 [4])")
+  lu.assertStrContains(job(4, small), "all_reduce: ranks 1, 2, 3 of the group are not in debug "
+                       .. "mode and rank 0 is")
+  for _, np in ipairs{2, 4} do
+    lu.assertStrContains(job(np, "gc.dist.all_reduce(gc.ones({64}))"), "rank 0 is in debug mode")
+  end
+  local recv = "if rank == 1 then gc.dist.send(gc.ones({4}), 0) elseif rank == 0 then "
+               .. "gc.dist.recv(gc.zeros({4}), 1) end gc.dist.barrier()"
+  lu.assertStrContains(job(2, recv), "recv: its peer rank 1 is not in debug mode and rank 0 is "
+                       .. "(it called recv f32 [4])")
+end
+
 os.exit(lu.LuaUnit.run(), true)

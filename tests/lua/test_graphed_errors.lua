@@ -285,6 +285,46 @@ function TestGraphedErrors:test_unused_input_allowed ()
   lu.assertNil(y.grad)
 end
 
+-- regression: a parameter that first got a grad after warmup iteration 1 was pruned and
+-- silently never trained
+-- A module whose forward uses a child from its n-th call on (late), or
+-- only in its first call (early): the set of parameters getting a grad
+-- changes between warmup iterations, an error naming the parameter and
+-- the iterations, with the parameters' .grad as before.
+local Gated = gc.nn.Module("Gated")
+function Gated:init (from, to)
+  self.lin, self.extra = gc.nn.Linear(8, 8), gc.nn.Linear(8, 8)
+  self.calls, self.from, self.to = 0, from, to
+end
+function Gated:forward (x)
+  self.calls = self.calls + 1
+  local y = self.lin(x)
+  if self.calls >= self.from and self.calls <= self.to then y = self.extra(y) end
+  return y
+end
+
+function TestGraphedErrors:test_param_grad_appears_after_first_iteration ()
+  gc.manual_seed(1)
+  local m = Gated(2, math.huge)
+  local ps = m:parameters()
+  ps[3].grad = gc.full({8, 8}, 7)
+  local before = H.state(ps)
+  local err = expect_error(m, {gc.ones({4, 8}, {requires_grad = true})}, {},
+                           "warmup backward of entry 1 (callable 1, Gated)",
+                           "the set of parameters getting a grad changed between warmup iterations",
+                           "parameter 'extra.weight' got a grad in warmup iteration 2 but none in iteration 1")
+  lu.assertStrContains(err, "from the first warmup iteration on")
+  H.assert_state(before, ps, nil, "after the failed call", {live = true, heap = true})
+end
+
+function TestGraphedErrors:test_param_grad_vanishes_after_first_iteration ()
+  gc.manual_seed(1)
+  local m = Gated(1, 2)
+  expect_error(m, {gc.ones({4, 8}, {requires_grad = true})}, {},
+               "the set of parameters getting a grad changed between warmup iterations",
+               "parameter 'extra.weight' got a grad in warmup iteration 1 but none in iteration 3")
+end
+
 function TestGraphedErrors:test_reuse_without_order ()
   expect_error(linears(2), samples(2), {reuse_graph_input_output_buffers = true},
                "reuse_graph_input_output_buffers", "order")

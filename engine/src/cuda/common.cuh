@@ -176,7 +176,7 @@ static inline gcap_status cu_blas_stream(gcap_engine *e, cu_state *st, cudaStrea
 }
 
 /* y[j] = part[0][j] + part[1][j] + ... (chunks rows of cols f32 partial
-** column sums, added in order), stored as dt (k_linalg.cu). */
+** column sums, added in order), stored as dt (k_reduce.cu). */
 void cu_join_chunks(cudaStream_t s, void *y, const float *part, int dt, int64_t cols, int chunks);
 
 /* Kernel families, one file each. A launcher enqueues kernel k (one of its

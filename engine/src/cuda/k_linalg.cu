@@ -58,20 +58,6 @@ static __global__ void k_sum_rows_part(float *part, const void *x, int dt, int64
   }
 }
 
-static __global__ void k_sum_rows_join(void *y, const float *part, int dt, int64_t cols,
-                                       int chunks) {
-  CU_GRID_LOOP(j, cols) {
-    float s = 0.0f;
-    for (int c = 0; c < chunks; c++)
-      s = __fadd_rn(s, part[c * cols + j]);
-    cu_store(y, j, dt, s);
-  }
-}
-
-void cu_join_chunks(cudaStream_t s, void *y, const float *part, int dt, int64_t cols, int chunks) {
-  k_sum_rows_join<<<cu_blocks(cols), CU_THREADS, 0, s>>>(y, part, dt, cols, chunks);
-}
-
 /* matmul with k = 0: C = alpha * 0 + beta * C (+ bias row of n), as the host
 ** computes it (C is not read when beta = 0). cuBLAS is not asked, as it
 ** wants ld >= 1. */
@@ -376,8 +362,7 @@ gcap_status cu_linalg(gcap_engine *e, cu_state *st, cudaStream_t s, int k, const
         dim3 grid(cu_blocks(cols), (unsigned)chunks);
         k_sum_rows_part<<<grid, CU_THREADS, 0, s>>>((float *)a->p[2], a->p[1], a->dt, rows, cols,
                                                     chunks);
-        k_sum_rows_join<<<cu_blocks(cols), CU_THREADS, 0, s>>>(a->p[0], (const float *)a->p[2],
-                                                               a->dt, cols, chunks);
+        cu_join_chunks(s, a->p[0], (const float *)a->p[2], a->dt, cols, chunks);
         return GCAP_OK;
       }
       k_sum_rows<<<cu_blocks(cols), CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, rows, cols);

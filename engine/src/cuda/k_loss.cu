@@ -7,14 +7,16 @@
 ** state as an eager run does. It does not advance the state (the core
 ** launches GC_K_RNG_ADVANCE for that).
 **
-** Cross entropy runs one block per logits row, reduced in a fixed order
-** (common.cuh's cu_block_max and cu_block_sum); its backward is elementwise
+** Cross entropy holds a logits row in registers where it fits (rows.cuh:
+** one read of the row, one write of its probs), else runs one block per row
+** in three passes; both reduce in a fixed order; its backward is elementwise
 ** and, with round-to-nearest intrinsics in the host's order, equals the host
 ** bit for bit in f32.
 */
 #include <math.h>
 
 #include "common.cuh"
+#include "rows.cuh"
 #include "runtime/rng.h"
 
 /* mask[i] = u(seed, offset + i) >= p ? scale : 0; y[i] = x[i] * mask[i], the
@@ -57,6 +59,55 @@ static __global__ void k_xent(void *loss, const void *logits, const void *target
   }
 }
 
+/* k_xent with the row held in registers (rows.cuh); the target's logit is
+** read before the first reduction, so before any probs (which may alias
+** the logits) are written. */
+template <typename T, int W, int K>
+static __global__ void __launch_bounds__(32 * W * CU_SM_RB(W))
+    k_xent_regs(T *loss, const T *logits, const void *target, T *probs, int dt, int64_t rows,
+                int cols, bool vec) {
+  constexpr int NT = 32 * W, N = K * 16 / (int)sizeof(T);
+  __shared__ float sh[W];
+  const int t = (int)threadIdx.x % NT;
+  CU_SM_ROW_LOOP(r, rows, W) {
+    float v[N], mx = -INFINITY, s = 0.0f, xt = NAN;
+    cu_sm_load<T, NT, K>(v, logits + r * cols, cols, t, vec);
+    if (t == 0) {
+      const int64_t tc = cu_target(target, r, dt, cols);
+      if (tc >= 0) xt = cu_sm_elt<T>::get(logits[r * cols + tc]);
+    }
+#pragma unroll
+    for (int i = 0; i < N; i++)
+      if (cu_sm_col<T, NT>(i, t) < cols) mx = fmaxf(mx, v[i]);
+    mx = cu_sm_reduce<W>(mx, sh, [](float u, float w) { return fmaxf(u, w); });
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+      v[i] = cu_sm_col<T, NT>(i, t) < cols ? expf(__fsub_rn(v[i], mx)) : 0.0f;
+      s = __fadd_rn(s, v[i]);
+    }
+    s = cu_sm_reduce<W>(s, sh, [](float u, float w) { return __fadd_rn(u, w); });
+#pragma unroll
+    for (int i = 0; i < N; i++)
+      v[i] = __fdiv_rn(v[i], s);
+    cu_sm_store<T, NT, K>(probs + r * cols, v, cols, t, vec);
+    if (t == 0) loss[r] = cu_sm_elt<T>::put(__fsub_rn(__fadd_rn(logf(s), mx), xt));
+  }
+}
+
+/* Launch k_xent_regs; false when the row is too long for registers. */
+template <typename T> static bool cu_xent_fast(cudaStream_t s, const gc_kargs *a) {
+  constexpr int P = 16 / sizeof(T);
+  const int64_t rows = a->n[0], cols = a->n[1], packs = (cols + P - 1) / P;
+  const bool vec = cu_packs(cols, a->dt, a->p[1], a->p[3], NULL) != 0;
+  return cu_rows_pick(packs, [&](auto w, auto kp) {
+    constexpr int W = decltype(w)::value, K = decltype(kp)::value;
+    const int64_t groups = (rows + CU_SM_RB(W) - 1) / CU_SM_RB(W);
+    const unsigned g = (unsigned)(groups < CU_MAX_BLOCKS ? groups : CU_MAX_BLOCKS);
+    k_xent_regs<T, W, K><<<g, 32 * W * CU_SM_RB(W), 0, s>>>(
+        (T *)a->p[0], (const T *)a->p[1], a->p[2], (T *)a->p[3], a->dt, rows, (int)cols, vec);
+  });
+}
+
 /* dlogits = (probs - onehot(target)) * (up[0] * f); up is read on the device,
 ** so a replay uses the upstream grad of its own run. */
 static __global__ void k_xent_bwd(void *dx, const void *probs, const void *target, const void *up,
@@ -83,6 +134,7 @@ gcap_status cu_loss(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_k
     case GC_K_XENT: {
       int64_t rows = a->n[0], cols = a->n[1];
       if (rows <= 0 || cols <= 0) break;
+      if (dt == GCAP_BF16 ? cu_xent_fast<__nv_bfloat16>(s, a) : cu_xent_fast<float>(s, a)) break;
       k_xent<<<cu_row_blocks(rows), CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3], dt,
                                                             rows, cols);
       break;

@@ -29,6 +29,7 @@
 #include <math.h>
 
 #include "common.cuh"
+#include "rows.cuh"
 
 /* mean = sum(x) / cols; var = sum((x - mean)^2) / cols (two passes, as the
 ** host); rstd = 1 / sqrt(var + eps); y = (x - mean) * rstd * w + b. */
@@ -235,129 +236,6 @@ static __global__ void k_softmax_bwd(void *dx, const void *dy, const void *y, in
   }
 }
 
-/*
-** Softmax rows held in registers: a row is read once and written once. W
-** warps share a row (W = 1: a warp per row, four rows per block; W > 1: a
-** block of W warps per row), and each of its NT = 32 W threads holds K packs
-** of P = 16 / sizeof(T) elements: thread t's pack k is columns
-** (k NT + t) P ... (k NT + t) P + P - 1. The packs are loaded at once where
-** the row splits into whole packs at 16-byte aligned addresses, element by
-** element otherwise; either way a thread owns the same columns and adds them
-** in the same order, so the bits do not depend on the addresses.
-*/
-template <typename T> struct cu_sm_elt;
-
-template <> struct cu_sm_elt<float> {
-  static __device__ __forceinline__ float get(float v) {
-    return v;
-  }
-  static __device__ __forceinline__ float put(float v) {
-    return v;
-  }
-  static __device__ __forceinline__ void unpack(float *v, const cu_pack &u) {
-    for (int j = 0; j < 4; j++)
-      v[j] = u.f[j];
-  }
-  static __device__ __forceinline__ void pack(cu_pack &u, const float *v) {
-    for (int j = 0; j < 4; j++)
-      u.f[j] = v[j];
-  }
-};
-
-template <> struct cu_sm_elt<__nv_bfloat16> {
-  static __device__ __forceinline__ float get(__nv_bfloat16 v) {
-    return __bfloat162float(v);
-  }
-  static __device__ __forceinline__ __nv_bfloat16 put(float v) {
-    return __float2bfloat16_rn(v);
-  }
-  static __device__ __forceinline__ void unpack(float *v, const cu_pack &u) {
-    for (int j = 0; j < 4; j++) { /* .x is the element at the lower address */
-      v[2 * j] = __bfloat162float(u.h[j].x);
-      v[2 * j + 1] = __bfloat162float(u.h[j].y);
-    }
-  }
-  static __device__ __forceinline__ void pack(cu_pack &u, const float *v) {
-    for (int j = 0; j < 4; j++) {
-      u.h[j].x = __float2bfloat16_rn(v[2 * j]);
-      u.h[j].y = __float2bfloat16_rn(v[2 * j + 1]);
-    }
-  }
-};
-
-/* Column of register i of thread t (see above). */
-template <typename T, int NT> __device__ __forceinline__ int cu_sm_col(int i, int t) {
-  constexpr int P = 16 / sizeof(T);
-  return ((i / P) * NT + t) * P + i % P;
-}
-
-/* v[i] = the row p's element at column cu_sm_col(i, t) for the first n
-** columns, 0 past them (not read); vec: the row's whole packs are aligned. */
-template <typename T, int NT, int K>
-__device__ __forceinline__ void cu_sm_load(float *v, const T *p, int n, int t, bool vec) {
-  constexpr int P = 16 / sizeof(T);
-#pragma unroll
-  for (int k = 0; k < K; k++) {
-    const int c0 = (k * NT + t) * P;
-    if (vec && c0 + P <= n) {
-      cu_pack u;
-      u.v = *(const uint4 *)(p + c0);
-      cu_sm_elt<T>::unpack(v + k * P, u);
-    } else {
-#pragma unroll
-      for (int j = 0; j < P; j++)
-        v[k * P + j] = c0 + j < n ? cu_sm_elt<T>::get(p[c0 + j]) : 0.0f;
-    }
-  }
-}
-
-/* The row p's element at column cu_sm_col(i, t) = v[i], for those below cols. */
-template <typename T, int NT, int K>
-__device__ __forceinline__ void cu_sm_store(T *p, const float *v, int cols, int t, bool vec) {
-  constexpr int P = 16 / sizeof(T);
-#pragma unroll
-  for (int k = 0; k < K; k++) {
-    const int c0 = (k * NT + t) * P;
-    if (vec && c0 < cols) {
-      cu_pack u;
-      cu_sm_elt<T>::pack(u, v + k * P);
-      *(uint4 *)(p + c0) = u.v;
-    } else {
-#pragma unroll
-      for (int j = 0; j < P; j++)
-        if (c0 + j < cols) p[c0 + j] = cu_sm_elt<T>::put(v[k * P + j]);
-    }
-  }
-}
-
-/* v combined by op over the NT = 32 W threads of a row, the same on each of
-** them: a butterfly over the warp (op commutes, so every lane gets the same
-** bits), then the W warps' results in warp order through sh (W floats).
-** Every thread of the row must call it. */
-template <int W, typename Op>
-__device__ __forceinline__ float cu_sm_reduce(float v, float *sh, Op op) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2)
-    v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (W == 1) return v;
-  if (threadIdx.x % 32 == 0) sh[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = sh[0];
-#pragma unroll
-  for (int i = 1; i < W; i++)
-    v = op(v, sh[i]);
-  __syncthreads(); /* all have read sh before anyone writes it again */
-  return v;
-}
-
-/* Rows of a block (RB), threads of a launch (NT * RB); for r = this row
-** group's first row; r < rows; r += all row groups of the grid. W = 1: the
-** warps of a block loop apart (no barrier); W > 1: the whole block together. */
-#define CU_SM_RB(W) ((W) == 1 ? 4 : 1)
-#define CU_SM_ROW_LOOP(r, rows, W)                                                                 \
-  for (int64_t r = (int64_t)blockIdx.x * CU_SM_RB(W) + ((W) == 1 ? threadIdx.x / 32 : 0);          \
-       r < (rows); r += (int64_t)gridDim.x * CU_SM_RB(W))
-
 template <typename T, int W, int K>
 static __global__ void __launch_bounds__(32 * W * CU_SM_RB(W))
     k_softmax_regs(T *y, const T *x, const void *mask, int64_t rows, int cols, float scale,
@@ -559,21 +437,9 @@ template <typename T> static bool cu_sm_fast(cudaStream_t s, int k, const gc_kar
   const int64_t cols = a->n[1], packs = (cols + P - 1) / P;
   /* the forward's mask is read element by element: its alignment does not matter */
   const bool vec = cu_packs(cols, a->dt, a->p[0], a->p[1], k == GC_K_SOFTMAX ? NULL : a->p[2]) != 0;
-  if (packs <= 32)
-    cu_sm_launch<T, 1, 1>(s, k, a, vec);
-  else if (packs <= 64)
-    cu_sm_launch<T, 1, 2>(s, k, a, vec);
-  else if (packs <= 128)
-    cu_sm_launch<T, 1, 4>(s, k, a, vec);
-  else if (packs <= 256)
-    cu_sm_launch<T, 8, 1>(s, k, a, vec);
-  else if (packs <= 512)
-    cu_sm_launch<T, 8, 2>(s, k, a, vec);
-  else if (packs <= 1024)
-    cu_sm_launch<T, 8, 4>(s, k, a, vec);
-  else
-    return false;
-  return true;
+  return cu_rows_pick(packs, [&](auto w, auto kp) {
+    cu_sm_launch<T, decltype(w)::value, decltype(kp)::value>(s, k, a, vec);
+  });
 }
 
 /* GC_K_LAYERNORM_BWD_PARAMS: dw and db (either may be NULL) in

@@ -43,6 +43,22 @@ static __global__ void k_sum_chunks(float *part, const void *x, int dt, int64_t 
   if (threadIdx.x == 0) part[c] = s;
 }
 
+/* The second stage of the column sums in chunks (sum_rows, gelu_bwd's bias
+** grad, layer_norm's parameter grads): each column's chunks added in order. */
+static __global__ void k_sum_rows_join(void *y, const float *part, int dt, int64_t cols,
+                                       int chunks) {
+  CU_GRID_LOOP(j, cols) {
+    float s = 0.0f;
+    for (int c = 0; c < chunks; c++)
+      s = __fadd_rn(s, part[c * cols + j]);
+    cu_store(y, j, dt, s);
+  }
+}
+
+void cu_join_chunks(cudaStream_t s, void *y, const float *part, int dt, int64_t cols, int chunks) {
+  k_sum_rows_join<<<cu_blocks(cols), CU_THREADS, 0, s>>>(y, part, dt, cols, chunks);
+}
+
 gcap_status cu_reduce(gcap_engine *, cu_state *, cudaStream_t s, int, const gc_kargs *a) {
   int64_t n = a->n[0];
   int chunks = GC_SUM_CHUNKS(n);

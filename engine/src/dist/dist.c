@@ -29,9 +29,9 @@ typedef struct gc_dist {
 static gc_dist D = {0, 0, 0, -1, -1, -1, 0, NULL, NULL, NULL};
 
 /* Calls that debug mode compares besides the collectives (gc_coll_kind). */
-enum { CALL_BARRIER = GC_COLL_RECV + 1, CALL_FINALIZE };
+enum { CALL_BARRIER = GC_COLL_RECV + 1, CALL_FINALIZE, CALL_ANY };
 
-static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind);
+static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind, int64_t n);
 static gcap_status debug_group(gcap_engine *e, int n, const int *ranks);
 
 int gcap_dist_available(void) {
@@ -174,7 +174,7 @@ gcap_status gcap_dist_finalize(void) {
   gcap_status st;
   if (!D.on) return GCAP_ESTATE;
   if ((st = gc_check_not_capturing(e, "finalize")) != GCAP_OK ||
-      (D.debug && (st = debug_call(e, D.world, CALL_FINALIZE)) != GCAP_OK))
+      (D.debug && (st = debug_call(e, D.world, CALL_FINALIZE, 0)) != GCAP_OK))
     return st;
   (void)e->be->device_sync(e, e->bs); /* collectives in flight finish before their comms go */
   for (g = D.groups; g != NULL; g = g->next) {
@@ -255,9 +255,48 @@ gcap_status gcap_dist_barrier(gcap_engine *e, gcap_dist_group *g) {
       (st = gc_check_not_capturing(e, "barrier")) != GCAP_OK ||
       (st = group_check(e, &g, "barrier")) != GCAP_OK ||
       (st = e->be->stream_sync(e, e->bs, e->current->bs)) != GCAP_OK ||
-      (D.debug && (st = debug_call(e, g, CALL_BARRIER)) != GCAP_OK))
+      (D.debug && (st = debug_call(e, g, CALL_BARRIER, 0)) != GCAP_OK))
     return st;
   return gc_mpi_barrier(e, g->mpi, "barrier");
+}
+
+gcap_status gcap_dist_any(gcap_engine *e, int n, unsigned char *flags, gcap_dist_group *g) {
+  unsigned char *all = NULL;
+  int *ns = NULL, i, r;
+  gcap_status st;
+  if (e == NULL) return GCAP_EINVAL;
+  if ((st = dist_begin(e, "any")) != GCAP_OK || (st = group_check(e, &g, "any")) != GCAP_OK)
+    return st;
+  if (n < 0 || (n > 0 && flags == NULL))
+    return gc_fail(e, GCAP_EINVAL, "any: n is %d and flags %s; n must be >= 0, flags not NULL", n,
+                   flags ? "given" : "NULL");
+  if (D.debug && (st = debug_call(e, g, CALL_ANY, n)) != GCAP_OK) return st;
+  if ((ns = (int *)gc_malloc((size_t)g->size * sizeof *ns)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "any: out of memory");
+  /* the counts first, so that the flags' exchange has one size */
+  if ((st = gc_mpi_allgather(e, g->mpi, &n, ns, (int)sizeof n, "any")) != GCAP_OK) goto done;
+  for (r = 1; r < g->size && ns[r] == ns[0]; r++)
+    ;
+  if (r < g->size) {
+    st = gc_fail(e, GCAP_EINVAL,
+                 "any: the ranks of the group give different numbers of flags: rank %d gives %d, "
+                 "rank %d gives %d",
+                 g->ranks[0], ns[0], g->ranks[r], ns[r]);
+    goto done;
+  }
+  if (n == 0) goto done;
+  if ((all = (unsigned char *)gc_malloc((size_t)g->size * (size_t)n)) == NULL) {
+    st = gc_fail(e, GCAP_ENOMEM, "any: out of memory");
+    goto done;
+  }
+  if ((st = gc_mpi_allgather(e, g->mpi, flags, all, n, "any")) != GCAP_OK) goto done;
+  for (i = 0; i < n; i++)
+    for (r = 0, flags[i] = 0; r < g->size; r++)
+      flags[i] |= all[(size_t)r * (size_t)n + (size_t)i] != 0;
+done:
+  free(all);
+  free(ns);
+  return st;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -265,6 +304,7 @@ gcap_status gcap_dist_barrier(gcap_engine *e, gcap_dist_group *g) {
 
 /* A call's descriptor: int64 fields, the same on every rank that agrees. */
 enum {
+  DD_MARK, /* GC_DEBUG_MARK */
   DD_KIND,
   DD_RED,
   DD_DT,
@@ -280,6 +320,7 @@ static void desc_make(int64_t *d, const gc_coll *c, const gcap_tensor *t, const 
                       int peer) {
   int i;
   memset(d, 0, DD_N * sizeof *d);
+  d[DD_MARK] = GC_DEBUG_MARK;
   d[DD_KIND] = c->kind;
   d[DD_RED] =
       c->kind == GC_COLL_ALL_REDUCE || c->kind == GC_COLL_REDUCE_SCATTER ? (int64_t)c->red : -1;
@@ -298,6 +339,10 @@ static const char *desc_str(const int64_t *d, char *buf, size_t n) {
   int64_t dims[GCAP_MAXDIM];
   int i, nd = (int)d[DD_NDIM];
   size_t k;
+  if (d[DD_KIND] == CALL_ANY) {
+    snprintf(buf, n, "any of %lld flags", (long long)d[DD_NUMEL]);
+    return buf;
+  }
   if (d[DD_KIND] > GC_COLL_RECV) {
     snprintf(buf, n, "%s", d[DD_KIND] == CALL_BARRIER ? "barrier" : "finalize");
     return buf;
@@ -341,16 +386,68 @@ static gcap_status desc_mismatch(gcap_engine *e, const gcap_dist_group *g, const
   return gc_fail(e, GCAP_EINVAL, "%s: %s", op, msg);
 }
 
-/* Compare descriptor mine (of a call of op) across the ranks of g. */
+int gc_debug_marked(const void *p) {
+  int64_t m;
+  memcpy(&m, p, sizeof m);
+  return m == GC_DEBUG_MARK;
+}
+
+/* The ranks of g whose slot of all holds no descriptor (their call is no
+** debug-mode exchange: they are not in debug mode), named in an error of
+** op; GCAP_OK when every slot holds one. */
+static gcap_status desc_unmarked(gcap_engine *e, const gcap_dist_group *g, const int64_t *all,
+                                 const int64_t *mine, const char *op) {
+  char who[128], what[160];
+  size_t w = 0;
+  int i, count = 0;
+  for (i = 0; i < g->size; i++)
+    if (!gc_debug_marked(all + i * DD_N) && w < sizeof who)
+      w += (size_t)snprintf(who + w, sizeof who - w, "%s%d", count++ ? ", " : "", g->ranks[i]);
+  if (count == 0) return GCAP_OK;
+  return gc_fail(e, GCAP_EINVAL,
+                 "%s: %s %s of the group %s not in debug mode and rank %d is (it called %s): "
+                 "call gc.dist.set_debug(true) on every rank",
+                 op, count > 1 ? "ranks" : "rank", who, count > 1 ? "are" : "is", D.rank,
+                 desc_str(mine, what, sizeof what));
+}
+
+/* The failure st of op's exchange of descriptors with the group, or with
+** world rank peer (>= 0), MPI's message in e: in debug mode a rank that is
+** not sends its tensor where a descriptor is expected, which MPI refuses
+** when it is larger: say so. */
+static gcap_status debug_lost(gcap_engine *e, gcap_status st, const char *op, int peer) {
+  char why[GC_ERRLEN], who[64];
+  size_t k = strlen(op);
+  const char *m = gcap_errmsg(e);
+  if (st != GCAP_EDEVICE) return st;
+  if (strncmp(m, op, k) == 0 && strncmp(m + k, ": ", 2) == 0) m += k + 2;
+  snprintf(why, sizeof why, "%s", m);
+  if (peer >= 0)
+    snprintf(who, sizeof who, "its peer rank %d", peer);
+  else
+    snprintf(who, sizeof who, "its group");
+  return gc_fail(e, st,
+                 "%s: rank %d is in debug mode, and the exchange of descriptors with %s failed "
+                 "(%s): a rank that is not in debug mode sent its tensor in place of a "
+                 "descriptor; call gc.dist.set_debug(true) on every rank",
+                 op, D.rank, who, why);
+}
+
+/* Compare descriptor mine (of a call of op) across the ranks of g. A rank
+** not in debug mode sends its tensor where the others send descriptors:
+** a slot without the mark names it (all starts zeroed, for a shorter
+** message). */
 static gcap_status debug_agree(gcap_engine *e, const gcap_dist_group *g, const int64_t *mine,
                                const char *op) {
   size_t bytes = DD_N * sizeof *mine;
   int64_t *all;
   gcap_status st;
   int i, bad = 0;
-  if ((all = (int64_t *)gc_malloc((size_t)g->size * bytes)) == NULL)
+  if ((all = (int64_t *)gc_calloc((size_t)g->size, bytes)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "%s: out of memory", op);
-  if ((st = gc_mpi_allgather(e, g->mpi, mine, all, (int)bytes, op)) == GCAP_OK) {
+  if ((st = gc_mpi_allgather(e, g->mpi, mine, all, (int)bytes, op)) != GCAP_OK)
+    st = debug_lost(e, st, op, -1);
+  else if ((st = desc_unmarked(e, g, all, mine, op)) == GCAP_OK) {
     for (i = 1; i < g->size; i++)
       bad |= memcmp(all, all + i * DD_N, bytes) != 0;
     if (bad) st = desc_mismatch(e, g, all, op);
@@ -359,14 +456,20 @@ static gcap_status debug_agree(gcap_engine *e, const gcap_dist_group *g, const i
   return st;
 }
 
-/* Debug mode for barrier and finalize, which take no tensor: a rank that
-** calls one while another makes a collective is named, not left waiting. */
-static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind) {
+/* Debug mode for barrier, finalize and any (of n flags), which take no
+** tensor: a rank that calls one while another makes a collective is
+** named, not left waiting. */
+static gcap_status debug_call(gcap_engine *e, const gcap_dist_group *g, int kind, int64_t n) {
   int64_t mine[DD_N];
   memset(mine, 0, sizeof mine);
+  mine[DD_MARK] = GC_DEBUG_MARK;
   mine[DD_KIND] = kind;
+  mine[DD_NUMEL] = n;
   mine[DD_RED] = mine[DD_OUT] = mine[DD_PEER] = -1;
-  return debug_agree(e, g, mine, kind == CALL_BARRIER ? "barrier" : "finalize");
+  return debug_agree(e, g, mine,
+                     kind == CALL_BARRIER ? "barrier"
+                     : kind == CALL_ANY   ? "any"
+                                          : "finalize");
 }
 
 /* Debug mode for new_group: every rank must give the same list. The sizes
@@ -420,10 +523,15 @@ static gcap_status debug_check(gcap_engine *e, const gcap_dist_group *g, const g
   int64_t mine[DD_N];
   desc_make(mine, c, t, out, peer);
   if (c->kind == GC_COLL_SEND || c->kind == GC_COLL_RECV) {
-    int64_t theirs[DD_N];
+    int64_t theirs[DD_N] = {0};
     char a[160], b[160];
     gcap_status st = gc_mpi_exchange(e, g->mpi, mine, theirs, (int)sizeof mine, c->peer, op);
-    if (st != GCAP_OK) return st;
+    if (st != GCAP_OK) return debug_lost(e, st, op, g->ranks[c->peer]);
+    if (!gc_debug_marked(theirs))
+      return gc_fail(e, GCAP_EINVAL,
+                     "%s: its peer rank %d is not in debug mode and rank %d is (it called %s): "
+                     "call gc.dist.set_debug(true) on every rank",
+                     op, g->ranks[c->peer], D.rank, desc_str(mine, a, sizeof a));
     if (theirs[DD_KIND] == (c->kind == GC_COLL_SEND ? GC_COLL_RECV : GC_COLL_SEND) &&
         theirs[DD_DT] == mine[DD_DT] && theirs[DD_NUMEL] == mine[DD_NUMEL])
       return GCAP_OK;

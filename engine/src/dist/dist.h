@@ -10,6 +10,16 @@
 
 #include "tensor/tensor.h"
 
+/* The first 8 bytes of every debug-mode descriptor: four bf16 (two f32) NaNs
+** with payloads no arithmetic makes, so that a rank can tell a descriptor
+** from a tensor's bytes. A rank in debug mode and one that is not exchange
+** one's descriptor for the other's data: the one finds no mark where a
+** descriptor should be, the other finds the mark in its data. */
+#define GC_DEBUG_MARK 0x7fd77fc37fb17fa5LL
+
+/* Does p (at least 8 bytes) start with GC_DEBUG_MARK? */
+int gc_debug_marked(const void *p);
+
 /* A communicator of the transport (an MPI communicator). */
 typedef struct gc_mpi gc_mpi;
 

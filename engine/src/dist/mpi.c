@@ -25,18 +25,26 @@ int gc_mpi_built(void) {
   return 1;
 }
 
-/* The error of MPI call `call` for op, as GCAP_EDEVICE. */
-static gcap_status mpi_fail(gcap_engine *e, int err, const char *op, const char *call) {
+/* The error of MPI call `call` for op, as GCAP_EDEVICE. With `hint` (a
+** transfer of a collective), a truncated message is said to mean that the
+** ranks disagree on the call, which debug mode (on every rank) names. */
+static gcap_status mpi_fail(gcap_engine *e, int err, const char *op, const char *call, int hint) {
   char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
+  int len = 0, cls = 0;
   if (MPI_Error_string(err, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "error %d", err);
-  return gc_fail(e, GCAP_EDEVICE, "%s: %s failed: %s", op, call, msg);
+  if (MPI_Error_class(err, &cls) != MPI_SUCCESS) cls = 0;
+  return gc_fail(e, GCAP_EDEVICE, "%s: %s failed: %s%s", op, call, msg,
+                 hint && cls == MPI_ERR_TRUNCATE
+                     ? " (a rank of the group sent more than this one expects: the ranks made "
+                       "different calls here, or debug mode is on on some of them only; "
+                       "gc.dist.set_debug(true) on every rank names the calls)"
+                     : "");
 }
 
 #define MPI_TRY(e, op, call)                                                                       \
   do {                                                                                             \
     int err_ = (call);                                                                             \
-    if (err_ != MPI_SUCCESS) return mpi_fail(e, err_, op, #call);                                  \
+    if (err_ != MPI_SUCCESS) return mpi_fail(e, err_, op, #call, 0);                               \
   } while (0)
 
 /* A communicator of ours for c (errors returned, not fatal), or NULL. */
@@ -99,16 +107,17 @@ gcap_status gc_mpi_bcast(gcap_engine *e, gc_mpi *c, void *buf, int n, int root, 
 
 gcap_status gc_mpi_allgather(gcap_engine *e, gc_mpi *c, const void *mine, void *all, int n,
                              const char *op) {
-  MPI_TRY(e, op, MPI_Allgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, c->comm));
-  return GCAP_OK;
+  int err = MPI_Allgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, c->comm);
+  return err == MPI_SUCCESS ? GCAP_OK : mpi_fail(e, err, op, "MPI_Allgather", 0);
 }
 
+/* With the tag of send and recv (0): a peer not in debug mode then fails on
+** the descriptor it receives instead of both waiting for ever. */
 gcap_status gc_mpi_exchange(gcap_engine *e, gc_mpi *c, const void *mine, void *theirs, int n,
                             int peer, const char *op) {
-  MPI_TRY(e, op,
-          MPI_Sendrecv(mine, n, MPI_BYTE, peer, 1, theirs, n, MPI_BYTE, peer, 1, c->comm,
-                       MPI_STATUS_IGNORE));
-  return GCAP_OK;
+  int err = MPI_Sendrecv(mine, n, MPI_BYTE, peer, 0, theirs, n, MPI_BYTE, peer, 0, c->comm,
+                         MPI_STATUS_IGNORE);
+  return err == MPI_SUCCESS ? GCAP_OK : mpi_fail(e, err, op, "MPI_Sendrecv", 0);
 }
 
 void gc_mpi_abort(int code) {
@@ -134,11 +143,29 @@ static void mpi_fold(const gc_coll *c, const void *all, int n) {
   }
 }
 
+/* Did a rank of g send a debug-mode descriptor where this rank, not in
+** debug mode, expects its tensor? p holds n blocks of `bytes`, block k from
+** group rank r0 + k (this rank's own block skipped). Then an error of op
+** that names the first such rank. */
+static gcap_status mpi_from_debug(gcap_engine *e, const gcap_dist_group *g, const char *op,
+                                  const void *p, size_t bytes, int r0, int n) {
+  int k;
+  for (k = 0; bytes >= 8 && k < n; k++)
+    if (r0 + k != g->rank && gc_debug_marked((const char *)p + (size_t)k * bytes))
+      return gc_fail(e, GCAP_EINVAL,
+                     "%s: rank %d is in debug mode and rank %d is not (it sent a debug-mode "
+                     "descriptor in place of its tensor): call gc.dist.set_debug(true) on every "
+                     "rank",
+                     op, g->ranks[r0 + k], g->ranks[g->rank]);
+  return GCAP_OK;
+}
+
 gcap_status gc_mpi_collective(gcap_engine *e, const gc_coll *c) {
   const gcap_dist_group *g = (const gcap_dist_group *)c->group;
   const char *op = gc_coll_name(c->kind);
   size_t bytes = (size_t)c->count * (c->dt == GCAP_BF16 ? 2 : 4);
   int n = g->size, nb = (int)bytes, err, got = 0;
+  gcap_status st = GCAP_OK;
   MPI_Status status;
   void *tmp = NULL;
   if (g->mpi == NULL)
@@ -159,27 +186,33 @@ gcap_status gc_mpi_collective(gcap_engine *e, const gc_coll *c) {
   switch (c->kind) {
     case GC_COLL_ALL_REDUCE:
       err = MPI_Allgather(c->src, nb, MPI_BYTE, tmp, nb, MPI_BYTE, g->mpi->comm);
-      if (err == MPI_SUCCESS) mpi_fold(c, tmp, n);
+      if (err == MPI_SUCCESS && (st = mpi_from_debug(e, g, op, tmp, bytes, 0, n)) == GCAP_OK)
+        mpi_fold(c, tmp, n);
       break;
     case GC_COLL_REDUCE_SCATTER: /* chunk r of every rank's src comes to rank r */
       err = MPI_Alltoall(c->src, nb, MPI_BYTE, tmp, nb, MPI_BYTE, g->mpi->comm);
-      if (err == MPI_SUCCESS) mpi_fold(c, tmp, n);
+      if (err == MPI_SUCCESS && (st = mpi_from_debug(e, g, op, tmp, bytes, 0, n)) == GCAP_OK)
+        mpi_fold(c, tmp, n);
       break;
     case GC_COLL_ALL_GATHER: /* through tmp: src may be a part of dst */
       err = MPI_Allgather(c->src, nb, MPI_BYTE, tmp, nb, MPI_BYTE, g->mpi->comm);
-      if (err == MPI_SUCCESS) memcpy(c->dst, tmp, bytes * (size_t)n);
+      if (err == MPI_SUCCESS && (st = mpi_from_debug(e, g, op, tmp, bytes, 0, n)) == GCAP_OK)
+        memcpy(c->dst, tmp, bytes * (size_t)n);
       break;
     case GC_COLL_BROADCAST:
       err = MPI_Bcast(c->dst, nb, MPI_BYTE, c->peer, g->mpi->comm);
+      if (err == MPI_SUCCESS) st = mpi_from_debug(e, g, op, c->dst, bytes, c->peer, 1);
       break;
     case GC_COLL_SEND:
       err = MPI_Send(c->src, nb, MPI_BYTE, c->peer, 0, g->mpi->comm);
       break;
     default:
       err = MPI_Recv(c->dst, nb, MPI_BYTE, c->peer, 0, g->mpi->comm, &status);
-      /* a shorter message is no MPI error: t would be left partly old */
       if (err == MPI_SUCCESS && (err = MPI_Get_count(&status, MPI_BYTE, &got)) == MPI_SUCCESS &&
-          got != nb)
+          (st = mpi_from_debug(e, g, op, c->dst, (size_t)got, c->peer, 1)) != GCAP_OK)
+        return st;
+      /* a shorter message is no MPI error: t would be left partly old */
+      if (err == MPI_SUCCESS && got != nb)
         return gc_fail(e, GCAP_EINVAL,
                        "%s: got %d bytes from rank %d, expected %d (t's %lld %s elements): the "
                        "sender's t has another dtype or element count",
@@ -188,7 +221,7 @@ gcap_status gc_mpi_collective(gcap_engine *e, const gc_coll *c) {
       break;
   }
   free(tmp);
-  return err == MPI_SUCCESS ? GCAP_OK : mpi_fail(e, err, op, "the MPI transfer");
+  return err == MPI_SUCCESS ? st : mpi_fail(e, err, op, "the MPI transfer", 1);
 }
 
 #else /* built without MPI: gc_mpi stays an incomplete type */
@@ -245,6 +278,23 @@ gcap_status gc_mpi_exchange(gcap_engine *e, gc_mpi *c, const void *mine, void *t
 
 void gc_mpi_abort(int code) {
   exit(code);
+}
+
+/* Did a rank of g send a debug-mode descriptor where this rank, not in
+** debug mode, expects its tensor? p holds n blocks of `bytes`, block k from
+** group rank r0 + k (this rank's own block skipped). Then an error of op
+** that names the first such rank. */
+static gcap_status mpi_from_debug(gcap_engine *e, const gcap_dist_group *g, const char *op,
+                                  const void *p, size_t bytes, int r0, int n) {
+  int k;
+  for (k = 0; bytes >= 8 && k < n; k++)
+    if (r0 + k != g->rank && gc_debug_marked((const char *)p + (size_t)k * bytes))
+      return gc_fail(e, GCAP_EINVAL,
+                     "%s: rank %d is in debug mode and rank %d is not (it sent a debug-mode "
+                     "descriptor in place of its tensor): call gc.dist.set_debug(true) on every "
+                     "rank",
+                     op, g->ranks[r0 + k], g->ranks[g->rank]);
+  return GCAP_OK;
 }
 
 gcap_status gc_mpi_collective(gcap_engine *e, const gc_coll *c) {

@@ -40,9 +40,9 @@ typedef struct hb_edge {
 /* A capture in progress, then a captured graph, then an exec: one list. */
 typedef struct hb_rec {
   hb_node *v;
-  int64_t n, cap;
+  int n, cap;
   hb_edge *edges; /* dependencies, for dumps */
-  int64_t nedges, capedges;
+  int nedges, capedges;
   struct hb_stream **members; /* streams forked into it while open */
   int nmembers, capmembers;
 } hb_rec;
@@ -148,37 +148,21 @@ static gcap_status hb_stream_wait(gcap_engine *e, void *bs, void *s, void *ev) {
   int64_t node = ((hb_event *)ev)->node;
   if (rec == NULL || ((hb_event *)ev)->epoch != hs->epoch) return GCAP_OK;
   if (st->rec != rec) {
-    if (rec->nmembers == rec->capmembers) {
-      int cap = rec->capmembers ? 2 * rec->capmembers : 4;
-      hb_stream **v = (hb_stream **)gc_realloc(rec->members, (size_t)cap * sizeof *v);
-      if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
-      rec->members = v;
-      rec->capmembers = cap;
-    }
+    if (!gc_growvector(rec->members, rec->capmembers, rec->nmembers + 1, 4))
+      return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
     rec->members[rec->nmembers++] = st;
     hb_join_rec(st, rec, rec->nmembers);
   }
   if (node < 0 || node == st->tail) return GCAP_OK;
-  if (st->nwait == st->capwait) {
-    int cap = st->capwait ? 2 * st->capwait : 4;
-    int64_t *v = (int64_t *)gc_realloc(st->wait, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
-    st->wait = v;
-    st->capwait = cap;
-  }
+  if (!gc_growvector(st->wait, st->capwait, st->nwait + 1, 4))
+    return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory");
   st->wait[st->nwait++] = node;
   return GCAP_OK;
 }
 
 /* Note that node `to` follows node `from`. */
 static int hb_edge_add(hb_rec *rec, int64_t from, int64_t to) {
-  if (rec->nedges == rec->capedges) {
-    int64_t cap = rec->capedges ? 2 * rec->capedges : 64;
-    hb_edge *v = (hb_edge *)gc_realloc(rec->edges, (size_t)cap * sizeof *v);
-    if (v == NULL) return 0;
-    rec->edges = v;
-    rec->capedges = cap;
-  }
+  if (!gc_growvector(rec->edges, rec->capedges, rec->nedges + 1, 64)) return 0;
   rec->edges[rec->nedges].from = from;
   rec->edges[rec->nedges].to = to;
   rec->nedges++;
@@ -197,14 +181,8 @@ static gcap_status hb_copy(gcap_engine *e, void *bs, void *s, void *dst, const v
 static gcap_status hb_record(gcap_engine *e, hb_stream *st, hb_node **nd) {
   hb_rec *rec = st->rec;
   int i;
-  if (rec->n == rec->cap) {
-    int64_t cap = rec->cap ? 2 * rec->cap : 64;
-    hb_node *v = (hb_node *)gc_realloc(rec->v, (size_t)cap * sizeof *v);
-    if (v == NULL)
-      return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording a capture");
-    rec->v = v;
-    rec->cap = cap;
-  }
+  if (!gc_growvector(rec->v, rec->cap, rec->n + 1, 64))
+    return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording a capture");
   if (st->tail >= 0 && !hb_edge_add(rec, st->tail, rec->n))
     return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording a capture");
   for (i = 0; i < st->nwait; i++)

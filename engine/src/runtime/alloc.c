@@ -346,17 +346,7 @@ static int iv_lower(const gc_ivmap *m, uintptr_t x) {
 }
 
 static int iv_reserve(gc_ivmap *m, int extra) {
-  if (m->n + extra > m->cap) {
-    int cap = m->cap ? m->cap : 16;
-    gc_ivl *v;
-    while (cap < m->n + extra)
-      cap *= 2;
-    v = (gc_ivl *)gc_realloc(m->v, (size_t)cap * sizeof *v);
-    if (v == NULL) return 0;
-    m->v = v;
-    m->cap = cap;
-  }
-  return 1;
+  return gc_growvector(m->v, m->cap, m->n + extra, 16);
 }
 
 /* A set adds at most two intervals and asks for room for three. */

@@ -402,6 +402,15 @@ typedef struct gc_backend {
 void *gc_malloc(size_t n);
 void *gc_calloc(size_t n, size_t size);
 void *gc_realloc(void *p, size_t n);
+/* Room for need elements in the vector v of capacity cap (both lvalues, as
+** in Lua's luaM_growvector): when need > cap, v grows through gc_realloc to
+** min elements or to twice its capacity, as often as need asks, and cap
+** follows. 1 when there is room; 0, with v and cap as they were, when the
+** memory or an int count runs out: the caller reports that as its own. Two
+** vectors of one capacity: grow the first with a copy of cap, then the
+** second to that copy (need), with cap itself. */
+#define gc_growvector(v, cap, need, min) gc_growaux(&(v), &(cap), (need), sizeof *(v), (min))
+int gc_growaux(void *pv, int *cap, int need, size_t size, int min);
 /* 1 when the allocation about to happen is the one a test asked to fail: a
 ** backend asks before it makes device memory or an object (stream, event,
 ** graph, exec) and then fails as if the device had run out of resources. */

@@ -22,19 +22,14 @@
 /* A slot for g in the registry (a destroyed graph's, if any) and a new id. */
 static gcap_status graph_register(gcap_engine *e, gcap_graph *g) {
   if (e->nfree_slots == 0) { /* every slot is taken: twice as many */
-    int cap = e->graphs_cap ? 2 * e->graphs_cap : 64, k;
-    gcap_graph **v = (gcap_graph **)gc_realloc(e->graphs, (size_t)cap * sizeof *v);
-    int *f;
-    if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
-    e->graphs = v;
-    if ((f = (int *)gc_realloc(e->free_slots, (size_t)cap * sizeof *f)) == NULL)
+    int old = e->graphs_cap, cap = old, k;
+    if (!gc_growvector(e->graphs, cap, old + 1, 64) ||
+        !gc_growvector(e->free_slots, e->graphs_cap, cap, 64))
       return gc_fail(e, GCAP_ENOMEM, "graph: out of host memory");
-    e->free_slots = f;
-    for (k = cap - 1; k >= e->graphs_cap; k--) { /* lowest slots first */
-      v[k] = NULL;
-      f[e->nfree_slots++] = k;
+    for (k = cap - 1; k >= old; k--) { /* lowest slots first */
+      e->graphs[k] = NULL;
+      e->free_slots[e->nfree_slots++] = k;
     }
-    e->graphs_cap = cap;
   }
   g->slot = e->free_slots[--e->nfree_slots];
   g->id = ++e->last_graph_id;
@@ -87,13 +82,7 @@ gcap_pool *gcap_graph_pool(gcap_graph *g) {
 
 static int ranges_push(gc_ranges *r, uintptr_t lo, uintptr_t hi, gc_gid producer,
                        const char *what) {
-  if (r->n == r->cap) {
-    int cap = r->cap ? 2 * r->cap : 16;
-    gc_range *v = (gc_range *)gc_realloc(r->v, (size_t)cap * sizeof *v);
-    if (v == NULL) return 0;
-    r->v = v;
-    r->cap = cap;
-  }
+  if (!gc_growvector(r->v, r->cap, r->n + 1, 16)) return 0;
   r->v[r->n].lo = lo;
   r->v[r->n].hi = hi;
   r->v[r->n].producer = producer;
@@ -141,13 +130,8 @@ static gcap_status graph_hold(gcap_graph *g, gc_blk *b) {
   int i;
   for (i = g->nheld - 1; i >= 0; i--)
     if (g->held[i] == b) return GCAP_OK;
-  if (g->nheld == g->capheld) {
-    int cap = g->capheld ? 2 * g->capheld : 16;
-    gc_blk **v = (gc_blk **)gc_realloc(g->held, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(g->e, GCAP_ENOMEM, "capture: out of host memory");
-    g->held = v;
-    g->capheld = cap;
-  }
+  if (!gc_growvector(g->held, g->capheld, g->nheld + 1, 16))
+    return gc_fail(g->e, GCAP_ENOMEM, "capture: out of host memory");
   gc_blk_retain(b);
   g->held[g->nheld++] = b;
   return GCAP_OK;
@@ -161,6 +145,13 @@ static int undo_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
 gcap_status gc_note_range(gcap_engine *e, gc_blk *b, uintptr_t lo, uintptr_t hi, int write) {
   gcap_pool *p = b->pool;
   gcap_graph *g;
+  if (b->dead)
+    return gc_fail(e, GCAP_ESTATE,
+                   "%s output #%d of graphed entry %d refused: reuse_graph_input_output_buffers "
+                   "gave its memory back after the entry's backward, and another entry's graph "
+                   "has written it since; read or clone an output before then, or call its entry "
+                   "again",
+                   write ? "writing" : "reading", b->dead_k, b->dead);
   if (write) b->version++;
   if (lo == hi) return GCAP_OK;
   if (e->cap == NULL) { /* eager: only pool memory is tracked */
@@ -195,13 +186,8 @@ gcap_status gc_graph_keep(gcap_engine *e, void *obj, void (*release)(void *obj))
   gcap_graph *g;
   if (e->cap == NULL) return GCAP_OK;
   g = e->cap->g;
-  if (g->nkept == g->capkept) {
-    int cap = g->capkept ? 2 * g->capkept : 4;
-    gc_kept *v = (gc_kept *)gc_realloc(g->kept, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
-    g->kept = v;
-    g->capkept = cap;
-  }
+  if (!gc_growvector(g->kept, g->capkept, g->nkept + 1, 4))
+    return gc_fail(e, GCAP_ENOMEM, "capture: out of host memory");
   g->kept[g->nkept].obj = obj;
   g->kept[g->nkept].release = release;
   g->nkept++;
@@ -243,6 +229,19 @@ void gc_graph_destroy(gcap_graph *g) {
   e->free_slots[e->nfree_slots++] = g->slot; /* room: one per slot */
   free(g);
   gc_engine_unref(e);
+}
+
+int gc_graph_touches(const gcap_graph *g, const gc_blk *b, uintptr_t lo, uintptr_t hi, int write) {
+  const gc_ranges *r = write ? &g->writes : &g->reads;
+  int i;
+  if (b->pool != g->pool) {
+    for (i = 0; i < g->nheld; i++)
+      if (g->held[i] == b) return 1;
+    return 0;
+  }
+  for (i = 0; i < r->n; i++)
+    if (r->v[i].lo < hi && lo < r->v[i].hi) return 1;
+  return 0;
 }
 
 static void capture_abandon(gcap_graph *g);

@@ -225,13 +225,8 @@ void gc_raw_free(gcap_engine *e, void *p) {
     e->be->free(e->bs, p);
     return;
   }
-  if (e->ndead_ptrs == e->capdead_ptrs) {
-    int n = e->capdead_ptrs ? 2 * e->capdead_ptrs : 16;
-    void **v = (void **)gc_realloc(e->dead_ptrs, (size_t)n * sizeof *v);
-    if (v == NULL) return; /* leak rather than free inside a capture */
-    e->dead_ptrs = v;
-    e->capdead_ptrs = n;
-  }
+  if (!gc_growvector(e->dead_ptrs, e->capdead_ptrs, e->ndead_ptrs + 1, 16))
+    return; /* leak rather than free inside a capture */
   e->dead_ptrs[e->ndead_ptrs++] = p;
 }
 

@@ -3,8 +3,12 @@
 ** gc_malloc, gc_calloc and gc_realloc, and the backends ask gc_fault before
 ** making device memory or objects, so that a test can make any one of them
 ** fail (gcap_test_fail_alloc, graphcap.h) and check that the failure is handled.
+** The growable arrays grow through gc_growvector, so a test reaches them too.
 */
+#include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime.h"
 
@@ -35,4 +39,22 @@ void *gc_calloc(size_t n, size_t size) {
 
 void *gc_realloc(void *p, size_t n) {
   return gc_fault() ? NULL : realloc(p, n);
+}
+
+/* The body of gc_growvector (backend.h). *pv is the vector, read and written
+** through memcpy because it may be a pointer to any object type (all have
+** void *'s representation where graphcap runs). */
+int gc_growaux(void *pv, int *cap, int need, size_t size, int min) {
+  void *v;
+  int n;
+  if (need <= *cap) return 1;
+  n = *cap > 0 ? *cap : min > 0 ? min : 1;
+  while (n < need) /* twice as many, or as many as an int can count */
+    n = n <= INT_MAX / 2 ? 2 * n : INT_MAX;
+  if ((size_t)n > SIZE_MAX / size) return 0;
+  memcpy(&v, pv, sizeof v);
+  if ((v = gc_realloc(v, (size_t)n * size)) == NULL) return 0;
+  memcpy(pv, &v, sizeof v);
+  *cap = n;
+  return 1;
 }

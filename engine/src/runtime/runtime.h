@@ -32,6 +32,8 @@ typedef struct gc_blk {
   size_t size;
   int refs;            /* 0: free */
   int weak;            /* a detached copy: the memory went back to the pool */
+  int dead, dead_k;    /* weak, its memory since written by other work: any access is refused,
+                          naming it output dead_k of graphed entry dead (1-based); 0: usable */
   uint64_t version;    /* writes to the storage so far (every tensor over it shares it) */
   gcap_pool *pool;     /* the pool (or the engine heap) it belongs to */
   gcap_stream *stream; /* blocks are reused on the stream they were freed on */
@@ -187,13 +189,19 @@ typedef struct gc_capture {
 ** bytes [lo, hi) of block b: feeds the capture's access sets or, outside
 ** capture, the pool's writers; a write bumps the version of b's storage
 ** (gc_note_access, tensor.h, brings every write of the engine's kernels
-** here, so the in-place ones are counted). */
+** here, so the in-place ones are counted). Any access to a dead block is
+** refused, naming the graphed output it was. */
 gcap_status gc_note_range(gcap_engine *e, gc_blk *b, uintptr_t lo, uintptr_t hi, int write);
 /* The open capture's graph keeps obj until it is cleared, then calls
 ** release(obj); without a capture, or failing (out of memory), nothing is
 ** kept and the caller keeps its reference. */
 gcap_status gc_graph_keep(gcap_engine *e, void *obj, void (*release)(void *obj));
 void gc_graph_destroy(gcap_graph *g);
+/* May a replay of g read (write = 0) or write (1) the bytes [lo, hi) of
+** block b? Bytes of g's pool: when its read or write set holds some of
+** them; another block: when g holds it (reads and writes alike: outside its
+** pool a graph keeps blocks, not ranges). */
+int gc_graph_touches(const gcap_graph *g, const gc_blk *b, uintptr_t lo, uintptr_t hi, int write);
 
 /* ------------------------------------------------------------------------ */
 /* The engine (engine.c)                                                     */

@@ -5,16 +5,9 @@
 */
 #include <float.h>
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "tensor.h"
-
-static gcap_status fail_free(gcap_tensor **out, gcap_status st) {
-  gcap_tensor_free(*out);
-  *out = NULL;
-  return st;
-}
 
 /* ------------------------------------------------------------------------ */
 /* masked_fill                                                               */
@@ -38,7 +31,8 @@ static gcap_status masked_fill(gcap_tensor *x, gcap_tensor *mask, int64_t flags,
   a.f[0] = v;
   in[0] = x;
   in[1] = mask;
-  if ((st = gc_run(x->e, GC_K_MASKED_FILL, &a, in, 2, *y)) != GCAP_OK) return fail_free(y, st);
+  if ((st = gc_run(x->e, GC_K_MASKED_FILL, &a, in, 2, *y)) != GCAP_OK)
+    return gc_keep_or_free(y, st);
   return GCAP_OK;
 }
 
@@ -59,7 +53,7 @@ gcap_status gcap_masked_fill(gcap_tensor *t, gcap_tensor *mask, double value, gc
     return st;
   if (!gc_grad_needed(t->e, &t, 1)) return GCAP_OK;
   if ((st = gc_record(*out, "masked_fill", masked_fill_backward, &t, 1, &mask, 1, &n)) != GCAP_OK)
-    return fail_free(out, st);
+    return gc_keep_or_free(out, st);
   n->k[0] = flags;
   return GCAP_OK;
 }
@@ -129,10 +123,29 @@ static void attn_args(gc_kargs *a, gcap_tensor *q, gcap_tensor *k, gcap_tensor *
   a->f[1] = p;
 }
 
-/* saved: q, k, v, stats, o, mask (or none); f[0] = scale, f[1] = dropout p;
-** k[0] = the mask's flags with causal, k[1] = heads. */
+/* The backward's own stats: a copy of the forward's (head, max, sum) with
+** room for the D of its `rows` rows, which the backward writes; so the saved
+** stats stay as the forward left them, for another backward. */
+static gcap_status attn_bwd_stats(gcap_tensor *stats, int64_t rows, gcap_tensor **out) {
+  int64_t len = stats->numel + rows;
+  gc_kargs a;
+  gcap_status st;
+  if ((st = gc_tensor_alloc(stats->e, "scaled_dot_product_attention backward", GCAP_F32, 1, &len,
+                            out)) != GCAP_OK)
+    return st;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(*out);
+  a.p[1] = gc_tensor_ptr(stats);
+  a.n[0] = stats->numel;
+  a.n[1] = stats->dt;
+  if ((st = gc_run(stats->e, GC_K_COPY, &a, &stats, 1, *out)) != GCAP_OK) gc_keep_or_free(out, st);
+  return st;
+}
+
+/* saved: q, k, v, stats (head, max, sum), o, mask (or none); f[0] = scale,
+** f[1] = dropout p; k[0] = the mask's flags with causal, k[1] = heads. */
 static gcap_status attn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
-  gcap_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *stats = n->saved[3];
+  gcap_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *stats = NULL;
   gcap_tensor *o = n->saved[4], *mask = n->nsaved > 5 ? n->saved[5] : NULL, *in[7];
   gc_kargs a;
   gcap_status st;
@@ -144,6 +157,7 @@ static gcap_status attn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) 
       return st; /* the caller frees what gin holds */
   }
   attn_args(&a, q, k, v, n->f[0], n->f[1], n->k[0], n->k[1]);
+  if ((st = attn_bwd_stats(n->saved[3], a.n[0] * a.n[1], &stats)) != GCAP_OK) return st;
   a.p[0] = gc_tensor_ptr(gin[0]);
   a.p[1] = gc_tensor_ptr(g);
   a.p[2] = gc_tensor_ptr(q), a.p[3] = gc_tensor_ptr(k), a.p[4] = gc_tensor_ptr(v);
@@ -152,17 +166,20 @@ static gcap_status attn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) 
   a.p[7] = gc_tensor_ptr(o);
   in[0] = g, in[1] = q, in[2] = k, in[3] = v, in[4] = stats, in[5] = o, in[6] = mask;
   nin = mask ? 7 : 6;
-  if ((st = gc_note_access(g->e, stats, 1)) != GCAP_OK ||
+  if ((st = gc_note_access(g->e, stats, 1)) != GCAP_OK || /* D */
       (st = gc_run(g->e, GC_K_ATTN_BWD_DQ, &a, in, nin, gin[0])) != GCAP_OK)
-    return st;
+    goto done;
   a.p[0] = gc_tensor_ptr(gin[1]);
   a.p[1] = gc_tensor_ptr(gin[2]);
   a.p[2] = gc_tensor_ptr(g);
   a.p[3] = gc_tensor_ptr(q), a.p[4] = gc_tensor_ptr(k), a.p[5] = gc_tensor_ptr(v);
   a.p[6] = gc_tensor_ptr(stats);
   a.p[7] = mask ? gc_tensor_ptr(mask) : NULL;
-  if ((st = gc_note_access(g->e, gin[2], 1)) != GCAP_OK) return st;
-  return gc_run(g->e, GC_K_ATTN_BWD_DKV, &a, in, nin, gin[1]);
+  if ((st = gc_note_access(g->e, gin[2], 1)) == GCAP_OK)
+    st = gc_run(g->e, GC_K_ATTN_BWD_DKV, &a, in, nin, gin[1]);
+done:
+  gcap_tensor_free(stats); /* later work on the stream runs after these launches */
+  return st;
 }
 
 /* flags: the mask's, with causal (gcap_scaled_dot_product_attention). */
@@ -181,7 +198,7 @@ static gcap_status sdpa_fused(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
   if ((st = gc_tensor_alloc(e, "scaled_dot_product_attention", q->dt, n, shape, out)) != GCAP_OK)
     return st;
   attn_args(&a, q, k, v, (float)scale, (float)o->dropout_p, flags, heads);
-  len = GC_ATTN_HEAD + 3 * a.n[0] * a.n[1];
+  len = GC_ATTN_HEAD + 2 * a.n[0] * a.n[1]; /* the backward adds D in its own copy */
   if ((st = gc_tensor_alloc(e, "scaled_dot_product_attention", GCAP_F32, 1, &len, &stats)) !=
       GCAP_OK)
     goto fail;
@@ -216,7 +233,7 @@ static gcap_status sdpa_fused(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
   return GCAP_OK;
 fail:
   gcap_tensor_free(stats);
-  return fail_free(out, st);
+  return gc_keep_or_free(out, st);
 }
 
 gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,

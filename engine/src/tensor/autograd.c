@@ -5,7 +5,10 @@
 ** node reachable from the root, how many reachable nodes feed it a grad; it
 ** then runs a node once all of those have arrived (a dependency count, not
 ** recursion), sums grads arriving from several consumers, and accumulates
-** the grads of leaves into their .grad. Backward runs with recording off;
+** the grads of leaves into their .grad: a leaf's too are summed first and
+** added once, after its last edge ran (PyTorch's AccumulateGrad), so that a
+** graphed backward, which hands on a parameter's sum, adds what eager
+** backward adds. Backward runs with recording off;
 ** its allocations follow the usual rule (in the capture's pool when
 ** capturing).
 */
@@ -143,13 +146,7 @@ typedef struct bw_stack {
 } bw_stack;
 
 static int stack_push(bw_stack *s, gc_node *n) {
-  if (s->n == s->cap) {
-    int cap = s->cap ? 2 * s->cap : 64;
-    gc_node **v = (gc_node **)gc_realloc(s->v, (size_t)cap * sizeof *v);
-    if (v == NULL) return 0;
-    s->v = v;
-    s->cap = cap;
-  }
+  if (!gc_growvector(s->v, s->cap, s->n + 1, 64)) return 0;
   s->v[s->n++] = n;
   return 1;
 }
@@ -232,38 +229,112 @@ static gcap_status bw_check_saved(gc_node *n) {
   return GCAP_OK;
 }
 
-/* The leaves of the pass's nodes that have no .grad yet, into *fresh (*n
-** of them; duplicates allowed; *fresh is `few` when they fit in
-** BW_SMALL): a failed pass takes back the .grad it gave them. A .grad that
-** existed and was summed into in place keeps what the pass added, as in
-** PyTorch. */
+/* A leaf of the pass, as PyTorch's AccumulateGrad node: its grads are
+** summed as they arrive, and the sum goes into .grad once the last of its
+** edges has run, so one .grad addition per pass whatever the edges. */
+typedef struct bw_leaf {
+  gcap_tensor *t;
+  int left;         /* its edges from nodes that have not run yet */
+  gcap_tensor *acc; /* the sum of the grads that arrived */
+  int fresh;        /* no .grad at the start: a failed pass takes back the one it made */
+} bw_leaf;
+
+typedef struct bw_leaves {
+  bw_leaf *v; /* sorted by address */
+  int n;
+} bw_leaves;
+
+static int leaf_cmp(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)((const bw_leaf *)a)->t, y = (uintptr_t)((const bw_leaf *)b)->t;
+  return x < y ? -1 : x > y;
+}
+
+/* The leaves of the pass's nodes with their edge counts, into L (L->v is
+** `few` when they fit in BW_SMALL entries). */
 #define BW_SMALL 16
-static gcap_status bw_fresh_leaves(gcap_engine *e, const bw_stack *all, gcap_tensor **few,
-                                   gcap_tensor ***fresh, int *n) {
+static gcap_status bw_leaves_of(gcap_engine *e, const bw_stack *all, bw_leaf *few, bw_leaves *L) {
   int i, k, c = 0;
   for (i = 0; i < all->n; i++)
     for (k = 0; k < all->v[i]->nin; k++)
-      c += all->v[i]->leaf[k] != NULL && all->v[i]->leaf[k]->grad == NULL;
-  *fresh = few;
-  if (c > BW_SMALL && (*fresh = (gcap_tensor **)gc_malloc((size_t)c * sizeof **fresh)) == NULL)
+      c += all->v[i]->leaf[k] != NULL;
+  L->v = few;
+  L->n = 0;
+  if (c > BW_SMALL && (L->v = (bw_leaf *)gc_malloc((size_t)c * sizeof *L->v)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
   for (i = 0; i < all->n; i++)
     for (k = 0; k < all->v[i]->nin; k++)
-      if (all->v[i]->leaf[k] != NULL && all->v[i]->leaf[k]->grad == NULL)
-        (*fresh)[(*n)++] = all->v[i]->leaf[k];
+      if (all->v[i]->leaf[k] != NULL) {
+        bw_leaf *l = &L->v[L->n++];
+        l->t = all->v[i]->leaf[k];
+        l->left = 1;
+        l->acc = NULL;
+        l->fresh = l->t->grad == NULL;
+      }
+  qsort(L->v, (size_t)L->n, sizeof *L->v, leaf_cmp);
+  for (i = k = 0; i < L->n; i++) /* one entry per leaf, counting its edges */
+    if (k > 0 && L->v[k - 1].t == L->v[i].t)
+      L->v[k - 1].left++;
+    else
+      L->v[k++] = L->v[i];
+  L->n = k;
   return GCAP_OK;
+}
+
+static bw_leaf *bw_leaf_find(const bw_leaves *L, gcap_tensor *t) {
+  bw_leaf key = {NULL, 0, NULL, 0};
+  key.t = t;
+  return (bw_leaf *)bsearch(&key, L->v, (size_t)L->n, sizeof *L->v, leaf_cmp);
+}
+
+/* Hand the grads gin[] that node n computed to its inputs (taking their
+** references; st: how n's backward went, nothing handed on after a failure):
+** a producer's pending grad, or a leaf's sum, which goes into its .grad
+** (through run) when n was its last edge; a producer all of whose consumers
+** ran is ready. */
+static gcap_status bw_deliver(gcap_engine *e, gcap_status st, gc_node *n, gcap_tensor **gin,
+                              gc_acc_run *run, bw_stack *ready, const bw_leaves *L) {
+  int i;
+  for (i = 0; i < n->nin; i++) {
+    bw_leaf *l = n->leaf[i] ? bw_leaf_find(L, n->leaf[i]) : NULL;
+    if (st == GCAP_OK && gin[i] != NULL) {
+      if (l && l->acc == NULL) { /* the first: kept as it is */
+        l->acc = gin[i];
+        gin[i] = NULL;
+      } else if ((st = gc_acc_end(run)) == GCAP_OK) {
+        if (l) {
+          gcap_tensor *s;
+          if ((st = gc_binary(l->acc, gin[i], GC_K_ADD, "backward", &s)) == GCAP_OK) {
+            gcap_tensor_free(l->acc);
+            l->acc = s;
+          }
+        } else if (n->next[i])
+          st = bw_accumulate(n->next[i], gin[i]);
+      }
+    }
+    if (st == GCAP_OK && l && --l->left == 0 && l->acc != NULL) {
+      st = gc_acc_grad_run(run, l->t, l->acc, 1);
+      gcap_tensor_free(l->acc);
+      l->acc = NULL;
+    }
+    if (st == GCAP_OK && n->next[i] && --n->next[i]->deps == 0 && !stack_push(ready, n->next[i]))
+      st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
+    gcap_tensor_free(gin[i]);
+    gin[i] = NULL;
+  }
+  return st;
 }
 
 static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int retain) {
   bw_stack all = {NULL, 0, 0}, ready = {NULL, 0, 0};
-  gc_acc_run run; /* a node's leaf grads, accumulated in as few launches as may be */
-  gcap_tensor *few[BW_SMALL], **fresh = few;
+  gc_acc_run run; /* leaf grads, accumulated in as few launches as may be */
+  bw_leaf few[BW_SMALL];
+  bw_leaves leaves = {few, 0};
   uint64_t mark = ++e->bw_mark;
   gcap_status st, st2;
-  int i, nfresh = 0;
+  int i;
   run.n = 0;
   if ((st = bw_collect(e, root, mark, &all)) != GCAP_OK ||
-      (st = bw_fresh_leaves(e, &all, few, &fresh, &nfresh)) != GCAP_OK)
+      (st = bw_leaves_of(e, &all, few, &leaves)) != GCAP_OK)
     goto done;
   root->acc = gcap_tensor_retain(grad);
   if (!stack_push(&ready, root)) {
@@ -286,35 +357,26 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
     if (g != NULL && (st = bw_check_grad(n, g)) == GCAP_OK && (st = bw_check_saved(n)) == GCAP_OK)
       st = n->backward(n, g, gin);
     gcap_tensor_free(g);
-    for (i = 0; i < n->nin; i++) {
-      if (st == GCAP_OK && gin[i] != NULL) {
-        if (n->leaf[i])
-          st = gc_acc_grad_run(&run, n->leaf[i], gin[i], 1);
-        else if (n->next[i] && (st = gc_acc_end(&run)) == GCAP_OK)
-          st = bw_accumulate(n->next[i], gin[i]);
-      }
-      if (st == GCAP_OK && n->next[i] && --n->next[i]->deps == 0 && !stack_push(&ready, n->next[i]))
-        st = gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
-      gcap_tensor_free(gin[i]);
-    }
+    st = bw_deliver(e, st, n, gin, &run, &ready, &leaves);
     if ((st2 = gc_acc_end(&run)) != GCAP_OK && st == GCAP_OK) st = st2;
     if (gin != small) free(gin);
     if (st != GCAP_OK) goto done;
-    if (!retain && n->nsaved > 0) {
-      gc_node_free_saved(n);
-      n->released = 1;
-    }
+    /* as PyTorch, only a node that saved something cannot run again */
+    if (!retain && gc_node_free_saved(n) > 0) n->released = 1;
   }
 done:
   for (i = 0; i < all.n; i++) { /* drop grads left pending by an error */
     gcap_tensor_free(all.v[i]->acc);
     all.v[i]->acc = NULL;
   }
-  for (i = 0; st != GCAP_OK && i < nfresh; i++) { /* and the .grad it made */
-    gcap_tensor_free(fresh[i]->grad);
-    fresh[i]->grad = NULL;
+  for (i = 0; i < leaves.n; i++) { /* and the .grad it made */
+    gcap_tensor_free(leaves.v[i].acc);
+    if (st != GCAP_OK && leaves.v[i].fresh) {
+      gcap_tensor_free(leaves.v[i].t->grad);
+      leaves.v[i].t->grad = NULL;
+    }
   }
-  if (fresh != few) free(fresh);
+  if (leaves.v != few) free(leaves.v);
   free(all.v);
   free(ready.v);
   return st;

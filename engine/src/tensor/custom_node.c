@@ -4,7 +4,8 @@
 ** tensors get the version check, it runs once per backward with the sum of
 ** its output's grads. Its ud (a fn_node) carries the caller's callback,
 ** ud and destructor, the name, and the inputs' layouts, against which the
-** grads the callback returns are checked.
+** grads the callback returns are checked. Also anchors: inputs that make a
+** custom node record without an edge into anything.
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,11 +136,29 @@ gcap_status gcap_autograd_record(const char *name, gcap_tensor *result, int nin,
   }
   if ((st = gc_record(*out, f->name, fn_backward, in, nin, save, nsave, NULL)) != GCAP_OK) {
     fn_free(f);
+    return gc_keep_or_free(out, st);
+  }
+  (*out)->grad_fn->ud = f;
+  (*out)->grad_fn->ud_free = fn_free;
+  return GCAP_OK;
+}
+
+/* An anchor's node: a grad reaching it goes nowhere. */
+static gcap_status anchor_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  (void)n, (void)g, (void)gin;
+  return GCAP_OK;
+}
+
+gcap_status gcap_autograd_anchor(gcap_tensor *t, gcap_tensor **out) {
+  gcap_status st;
+  if ((st = gc_op_start_out("anchor", t, "t", NULL, out)) != GCAP_OK) return st;
+  if ((*out = gc_tensor_alias(t, t->ndim, t->shape)) == NULL)
+    return gc_fail(t->e, GCAP_ENOMEM, "anchor: out of host memory");
+  if (t->e->grad_enabled &&
+      (st = gc_record(*out, "anchor", anchor_backward, NULL, 0, NULL, 0, NULL)) != GCAP_OK) {
     gcap_tensor_free(*out);
     *out = NULL;
     return st;
   }
-  (*out)->grad_fn->ud = f;
-  (*out)->grad_fn->ud_free = fn_free;
   return GCAP_OK;
 }

@@ -71,7 +71,5 @@ gcap_status gcap_embedding(gcap_tensor *ids, gcap_tensor *weight, gcap_tensor **
   n->k[1] = weight->shape[1];
   return GCAP_OK;
 fail:
-  gcap_tensor_free(*out);
-  *out = NULL;
-  return st;
+  return gc_keep_or_free(out, st);
 }

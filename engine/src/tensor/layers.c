@@ -10,13 +10,8 @@
 
 #include "tensor.h"
 
-static gcap_status fail_free(gcap_tensor **out, gcap_status st) {
-  gcap_tensor_free(*out);
-  *out = NULL;
-  return st;
-}
-
-/* y = kernel(x) elementwise; backward: dx = bwkernel(dy, x). */
+/* y = kernel(x) elementwise; backward: dx = bwkernel(dy, saved), the saved
+** tensor x for gelu, y for relu (as PyTorch: y > 0 exactly where x > 0). */
 static gcap_status act_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *x = n->saved[0], *in[2];
   gc_kargs a;
@@ -31,7 +26,7 @@ static gcap_status act_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   in[0] = g;
   in[1] = x;
   if ((st = gc_run(g->e, (int)n->k[0], &a, in, 2, gin[0])) != GCAP_OK)
-    return fail_free(&gin[0], st);
+    return gc_keep_or_free(&gin[0], st);
   return GCAP_OK;
 }
 
@@ -42,8 +37,8 @@ static gcap_status activation(gcap_tensor *x, int k, int kbw, const char *op, gc
       (st = gc_unary(x, k, 0.0f, op, 0, out)) != GCAP_OK)
     return st;
   if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
-  if ((st = gc_record(*out, op, act_backward, &x, 1, &x, 1, &n)) != GCAP_OK)
-    return fail_free(out, st);
+  if ((st = gc_record(*out, op, act_backward, &x, 1, k == GC_K_RELU ? out : &x, 1, &n)) != GCAP_OK)
+    return gc_keep_or_free(out, st);
   n->k[0] = kbw;
   return GCAP_OK;
 }
@@ -85,11 +80,8 @@ gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_
   st = gc_run(g->e, GC_K_GELU_BWD, &a, in, 2, *dx);
 done:
   gcap_tensor_free(scratch);
-  if (st != GCAP_OK) {
-    fail_free(dx, st);
-    if (colsum) fail_free(colsum, st);
-  }
-  return st;
+  if (colsum) gc_keep_or_free(colsum, st);
+  return gc_keep_or_free(dx, st);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -221,7 +213,7 @@ gcap_status gcap_layer_norm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, doub
 fail:
   gcap_tensor_free(mean);
   gcap_tensor_free(rstd);
-  return fail_free(out, st);
+  return gc_keep_or_free(out, st);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -269,7 +261,7 @@ static gcap_status softmax_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gi
   in[0] = g;
   in[1] = y;
   if ((st = gc_run(g->e, GC_K_SOFTMAX_BWD, &a, in, 2, gin[0])) != GCAP_OK)
-    return fail_free(&gin[0], st);
+    return gc_keep_or_free(&gin[0], st);
   return GCAP_OK;
 }
 
@@ -294,10 +286,11 @@ gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
   }
   if (causal) flags |= GC_MASK_CAUSAL;
   if ((st = gc_tensor_alloc(x->e, "softmax", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;
-  if ((st = softmax_run(*out, x, (float)scale, mask, flags)) != GCAP_OK) return fail_free(out, st);
+  if ((st = softmax_run(*out, x, (float)scale, mask, flags)) != GCAP_OK)
+    return gc_keep_or_free(out, st);
   if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
   if ((st = gc_record(*out, "softmax", softmax_backward, &x, 1, out, 1, &n)) != GCAP_OK)
-    return fail_free(out, st);
+    return gc_keep_or_free(out, st);
   n->f[0] = (float)scale;
   return GCAP_OK;
 }
@@ -333,7 +326,8 @@ gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **o
   if (!training || p == 0.0) { /* identity: a view that keeps the graph */
     if ((*out = gc_tensor_alias(x, x->ndim, x->shape)) == NULL)
       return gc_fail(e, GCAP_ENOMEM, "dropout: out of host memory");
-    return gc_view_record(x, *out) == GCAP_OK ? GCAP_OK : fail_free(out, GCAP_ENOMEM);
+    (*out)->view = 1;
+    return gc_view_record(x, *out) == GCAP_OK ? GCAP_OK : gc_keep_or_free(out, GCAP_ENOMEM);
   }
   if ((st = gc_tensor_alloc(e, "dropout", x->dt, x->ndim, x->shape, out)) != GCAP_OK) return st;
   if ((st = gc_tensor_alloc(e, "dropout", x->dt, x->ndim, x->shape, &mask)) != GCAP_OK) goto fail;
@@ -358,7 +352,7 @@ gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **o
   return GCAP_OK;
 fail:
   gcap_tensor_free(mask);
-  return fail_free(out, st);
+  return gc_keep_or_free(out, st);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -412,7 +406,7 @@ static gcap_status xent_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) 
   in[1] = tgt;
   in[2] = g;
   if ((st = gc_run(g->e, GC_K_XENT_BWD, &a, in, 3, gin[0])) != GCAP_OK)
-    return fail_free(&gin[0], st);
+    return gc_keep_or_free(&gin[0], st);
   return GCAP_OK;
 }
 
@@ -486,7 +480,7 @@ gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_te
     in[0] = probs;
     in[1] = target;
     if ((st = gc_record(*out, "cross_entropy", xent_backward, &logits, 1, in, 2, &n)) != GCAP_OK) {
-      fail_free(out, st);
+      gc_keep_or_free(out, st);
       goto done;
     }
     n->f[0] = rows->numel > 0 ? 1.0f / (float)rows->numel : NAN;

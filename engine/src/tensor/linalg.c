@@ -4,7 +4,6 @@
 ** the backends take op(A) op(B) with transpose flags (cuda maps this to
 ** column-major cuBLAS in one place).
 */
-#include <stdio.h>
 #include <string.h>
 
 #include "tensor.h"
@@ -41,11 +40,7 @@ static gcap_status mm_ex(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t
   if (bgrad) st = gc_note_access(A->e, bgrad, 1);
   if (pre && st == GCAP_OK) st = gc_note_access(A->e, pre, 1);
   if (st == GCAP_OK) st = gc_run(A->e, GC_K_MATMUL, &a, in, nin, *c);
-  if (st != GCAP_OK && fresh) {
-    gcap_tensor_free(*c);
-    *c = NULL;
-  }
-  return st;
+  return fresh ? gc_keep_or_free(c, st) : st;
 }
 
 static gcap_status mm(gcap_tensor *A, int ta, gcap_tensor *B, int tb, int64_t m, int64_t n,
@@ -73,11 +68,12 @@ typedef struct mm_batch {
   int64_t m, n, k;  /* op(A) is m x k, op(B) k x n */
 } mm_batch;
 
-/* The batch layout of op(A) op(B), or an error naming op. */
-static gcap_status mm_plan(gcap_tensor *A, int ta, gcap_tensor *B, int tb, const char *op,
-                           mm_batch *bt) {
+/* The batch layout of op(A) op(B) for operands of shapes A and B, or an
+** error naming op. */
+static gcap_status mm_plan(gcap_engine *e, const gc_meta *A, int ta, const gc_meta *B, int tb,
+                           const char *op, mm_batch *bt) {
   char b1[64], b2[64];
-  gcap_tensor *x[2];
+  const gc_meta *x[2];
   int i, d, ok = A->ndim >= 2 && B->ndim >= 2;
   x[0] = A, x[1] = B;
   if (ok) {
@@ -100,13 +96,23 @@ static gcap_status mm_plan(gcap_tensor *A, int ta, gcap_tensor *B, int tb, const
     bt->nb = (A->ndim > B->ndim ? A->ndim : B->ndim) - 2;
     return GCAP_OK;
   }
+  gc_dims_str(A->ndim, A->shape, b1, sizeof b1);
+  gc_dims_str(B->ndim, B->shape, b2, sizeof b2);
   if (A->ndim == 2 && B->ndim == 2)
-    return gc_fail(A->e, GCAP_EINVAL, "%s: expected [m, k] x [k, n], got %s x %s", op,
-                   gc_shape_str(A, b1, sizeof b1), gc_shape_str(B, b2, sizeof b2));
-  return gc_fail(A->e, GCAP_EINVAL,
+    return gc_fail(e, GCAP_EINVAL, "%s: expected [m, k] x [k, n], got %s x %s", op, b1, b2);
+  return gc_fail(e, GCAP_EINVAL,
                  "%s: expected [..., m, k] x [..., k, n] with batch dims that broadcast, got %s "
                  "x %s",
-                 op, gc_shape_str(A, b1, sizeof b1), gc_shape_str(B, b2, sizeof b2));
+                 op, b1, b2);
+}
+
+/* mm_plan of tensors A and B. */
+static gcap_status mm_plan_of(gcap_tensor *A, int ta, gcap_tensor *B, int tb, const char *op,
+                              mm_batch *bt) {
+  gc_meta a, b;
+  gc_meta_of(A, &a);
+  gc_meta_of(B, &b);
+  return mm_plan(A->e, &a, ta, &b, tb, op, bt);
 }
 
 /* C = op(A) op(B) (not recorded), C of out's batch and [m, n]: one strided
@@ -149,16 +155,13 @@ static gcap_status bmm(gcap_tensor *A, int ta, gcap_tensor *B, int tb, const mm_
     }
     st = gc_run(A->e, GC_K_MATMUL, &a, in, 2, *c);
   }
-  if (st != GCAP_OK) {
-    gcap_tensor_free(*c);
-    *c = NULL;
-  }
-  return st;
+  return gc_keep_or_free(c, st);
 }
 
-/* The grad g of a product's operand x, computed over out's whole batch,
-** summed over the batch dims where x has 1 (GC_K_SUM_MID), as x's shape. */
-static gcap_status batch_reduce(gcap_tensor *g, gcap_tensor *x, const mm_batch *bt, int which,
+/* The grad g of a product's operand of shape x, computed over out's whole
+** batch, summed over the batch dims where x has 1 (GC_K_SUM_MID), as x's
+** shape. */
+static gcap_status batch_reduce(gcap_tensor *g, const gc_meta *x, const mm_batch *bt, int which,
                                 gcap_tensor **out) {
   int64_t mat = x->shape[x->ndim - 2] * x->shape[x->ndim - 1], dims[2], len;
   gcap_tensor *cur = gcap_tensor_retain(g);
@@ -188,48 +191,51 @@ static gcap_status batch_reduce(gcap_tensor *g, gcap_tensor *x, const mm_batch *
   return st;
 }
 
-/* saved: A, B; k[0] = ta, k[1] = tb. dA and dB are products of g with the
-** other operand (transposed as each operand's flag says), reduced over the
-** batch dims it was broadcast along. */
+/* saved: A when B needs its grad, B when A does; k[0] = ta, k[1] = tb. dA
+** and dB are products of g with the other operand (transposed as each
+** operand's flag says), reduced over the batch dims it was broadcast along. */
 static gcap_status matmul_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *A = n->saved[0], *B = n->saved[1], *full = NULL;
   int ta = (int)n->k[0], tb = (int)n->k[1];
   mm_batch fw, bt;
   gcap_status st = GCAP_OK;
-  if ((st = mm_plan(A, ta, B, tb, "matmul backward", &fw)) != GCAP_OK) return st;
+  if ((st = mm_plan(g->e, &n->meta[0], ta, &n->meta[1], tb, "matmul backward", &fw)) != GCAP_OK)
+    return st;
   if (gc_node_needs(n, 0)) {
-    st = ta ? mm_plan(B, tb, g, 1, "matmul backward", &bt)
-            : mm_plan(g, 0, B, !tb, "matmul backward", &bt);
+    st = ta ? mm_plan_of(B, tb, g, 1, "matmul backward", &bt)
+            : mm_plan_of(g, 0, B, !tb, "matmul backward", &bt);
     if (st == GCAP_OK) st = ta ? bmm(B, tb, g, 1, &bt, &full) : bmm(g, 0, B, !tb, &bt, &full);
-    if (st == GCAP_OK) st = batch_reduce(full, A, &fw, 0, &gin[0]);
+    if (st == GCAP_OK) st = batch_reduce(full, &n->meta[0], &fw, 0, &gin[0]);
     gcap_tensor_free(full);
     full = NULL;
   }
   if (st == GCAP_OK && gc_node_needs(n, 1)) {
-    st = tb ? mm_plan(g, 1, A, ta, "matmul backward", &bt)
-            : mm_plan(A, !ta, g, 0, "matmul backward", &bt);
+    st = tb ? mm_plan_of(g, 1, A, ta, "matmul backward", &bt)
+            : mm_plan_of(A, !ta, g, 0, "matmul backward", &bt);
     if (st == GCAP_OK) st = tb ? bmm(g, 1, A, ta, &bt, &full) : bmm(A, !ta, g, 0, &bt, &full);
-    if (st == GCAP_OK) st = batch_reduce(full, B, &fw, 1, &gin[1]);
+    if (st == GCAP_OK) st = batch_reduce(full, &n->meta[1], &fw, 1, &gin[1]);
     gcap_tensor_free(full);
   }
   return st;
 }
 
 gcap_status gc_matmul(gcap_tensor *a, int ta, gcap_tensor *b, int tb, gcap_tensor **out) {
-  gcap_tensor *in[2];
+  gcap_tensor *in[2], *save[2];
   mm_batch bt;
   gc_node *n;
   gcap_status st;
   if ((st = gc_op_start_out("matmul", a, "a", b, out)) != GCAP_OK ||
       (st = gc_operand(a->e, "matmul", "b", b)) != GCAP_OK ||
       (st = same_dtype(a, b, "matmul")) != GCAP_OK ||
-      (st = mm_plan(a, ta, b, tb, "matmul", &bt)) != GCAP_OK ||
+      (st = mm_plan_of(a, ta, b, tb, "matmul", &bt)) != GCAP_OK ||
       (st = bmm(a, ta, b, tb, &bt, out)) != GCAP_OK)
     return st;
   in[0] = a;
   in[1] = b;
   if (!gc_grad_needed(a->e, in, 2)) return GCAP_OK;
-  if ((st = gc_record(*out, "matmul", matmul_backward, in, 2, in, 2, &n)) != GCAP_OK) {
+  save[0] = b->requires_grad ? a : NULL; /* what the other's grad reads */
+  save[1] = a->requires_grad ? b : NULL;
+  if ((st = gc_record(*out, "matmul", matmul_backward, in, 2, save, 2, &n)) != GCAP_OK) {
     gcap_tensor_free(*out);
     *out = NULL;
     return st;
@@ -246,31 +252,25 @@ gcap_status gcap_matmul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
 /* ------------------------------------------------------------------------ */
 /* linear: y = x W^T + b, x [..., in] seen as [rows, in], W [out, in].      */
 
-/* Weight and bias grads: gw = g^T x and gb = sum_rows(g), in one GEMM when
-** both are wanted (the bias grad rides on the weight grad's GEMM). */
-static gcap_status linear_wgrad(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
+/* Weight and bias grads of a linear of weight [out, in]: gw = g^T x and gb =
+** sum_rows(g) (NULL: not wanted), in one GEMM when both are wanted (the
+** bias grad rides on the weight grad's GEMM). */
+static gcap_status linear_wgrad(gcap_tensor *g, gcap_tensor *x, int64_t out, int64_t in,
                                 gcap_tensor **gw, gcap_tensor **gb) {
-  int64_t out = w->shape[0], in = w->shape[1], rows = out > 0 ? g->numel / out : 0;
+  int64_t rows = out > 0 ? g->numel / out : 0, wshape[2];
   gcap_status st = GCAP_OK;
-  if (gw && gb && b) {
-    if ((st = gc_tensor_alloc(g->e, "linear backward", b->dt, b->ndim, b->shape, gb)) != GCAP_OK)
-      return st;
-    if ((st = mm_ex(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, NULL, *gb, NULL, 2, w->shape, gw)) !=
+  wshape[0] = out, wshape[1] = in;
+  if (gw && gb) {
+    if ((st = gc_tensor_alloc(g->e, "linear backward", g->dt, 1, &out, gb)) != GCAP_OK) return st;
+    if ((st = mm_ex(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, NULL, *gb, NULL, 2, wshape, gw)) !=
         GCAP_OK) {
       gcap_tensor_free(*gb);
       *gb = NULL;
     }
     return st;
   }
-  if (gw) st = mm(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, 2, w->shape, gw);
-  if (st == GCAP_OK && gb && b) {
-    gcap_tensor *r;
-    if ((st = gc_sum_rows(g, out, &r)) == GCAP_OK) {
-      *gb = gc_tensor_alias(r, b->ndim, b->shape);
-      gcap_tensor_free(r);
-      if (*gb == NULL) st = gc_fail(g->e, GCAP_ENOMEM, "linear backward: out of host memory");
-    }
-  }
+  if (gw) st = mm(g, 1, x, 0, out, in, rows, 1.0f, 0.0f, 2, wshape, gw);
+  if (st == GCAP_OK && gb) st = gc_sum_rows(g, out, gb);
   return st;
 }
 
@@ -283,7 +283,7 @@ static gcap_status wgrad_into(gcap_tensor *g, gcap_tensor *x, gcap_tensor *main_
   return mm(g, 1, x, 0, out, in, rows, 1.0f, 1.0f, 2, main_grad->shape, &main_grad);
 }
 
-gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
+gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, int64_t out, int64_t in,
                                   gcap_tensor *main_grad, gcap_tensor *db, gcap_tensor **gw,
                                   gcap_tensor **gb) {
   gcap_status st = GCAP_OK;
@@ -292,37 +292,37 @@ gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w
     gw = NULL;
   }
   if (st == GCAP_OK && gb != NULL && db != NULL) { /* summed by the gelu's backward */
-    if ((*gb = gc_tensor_alias(db, b->ndim, b->shape)) == NULL)
-      st = gc_fail(g->e, GCAP_ENOMEM, "linear backward: out of host memory");
+    *gb = gcap_tensor_retain(db);
     gb = NULL;
   }
-  if (st == GCAP_OK && (gw != NULL || gb != NULL))
-    st = linear_wgrad(g, x, w, gb != NULL ? b : NULL, gw, gb);
+  if (st == GCAP_OK && (gw != NULL || gb != NULL)) st = linear_wgrad(g, x, out, in, gw, gb);
   return st;
 }
 
-/* saved: x, w, b; linear_gelu adds the pre-activation z = x W^T + b. */
+/* saved: x when the weight needs its grad, w when x does (the bias: never);
+** linear_gelu adds the pre-activation z = x W^T + b. */
 static gcap_status linear_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
-  gcap_tensor *x = n->saved[0], *w = n->saved[1], *b = n->saved[2], *dz = NULL, *db = NULL;
-  int64_t out = w->shape[0], in = w->shape[1], rows = out > 0 ? g->numel / out : 0;
+  gcap_tensor *x = n->saved[0], *w = n->saved[1], *dz = NULL, *db = NULL;
+  const gc_meta *xm = &n->meta[0];
+  int64_t out = n->meta[1].shape[0], in = n->meta[1].shape[1], rows = out > 0 ? g->numel / out : 0;
   /* a delayed-wgrad Linear computes its grads in backward_dw; a fused one
   ** accumulates the weight's into its main_grad */
   gc_wgrad_sink *sink = (gc_wgrad_sink *)n->ud;
-  int delayed = sink != NULL && sink->delay;
-  int want_db = b != NULL && (delayed || gc_node_needs(n, 2));
+  int delayed = sink != NULL && sink->delay, bias = n->meta[2].numel > 0;
+  int want_db = bias && (delayed || gc_node_needs(n, 2));
   gcap_status st = GCAP_OK;
-  if (n->nsaved > 3) { /* through the gelu first: dz = g gelu'(z), and the bias grad with it */
-    if ((st = gc_gelu_backward(g, n->saved[3], out, &dz, want_db ? &db : NULL)) != GCAP_OK)
+  if (n->nsaved > 2) { /* through the gelu first: dz = g gelu'(z), and the bias grad with it */
+    if ((st = gc_gelu_backward(g, n->saved[2], out, &dz, want_db ? &db : NULL)) != GCAP_OK)
       return st;
     g = dz;
   }
   if (gc_node_needs(n, 0))
-    st = mm(g, 0, w, 0, rows, in, out, 1.0f, 0.0f, x->ndim, x->shape, &gin[0]);
+    st = mm(g, 0, w, 0, rows, in, out, 1.0f, 0.0f, xm->ndim, xm->shape, &gin[0]);
   if (st != GCAP_OK) goto done;
   if (delayed) /* with the bias grad, when the gelu's backward made it */
     st = gc_wgrad_defer(sink, g, x, db);
   else
-    st = gc_linear_param_grads(g, x, w, b, sink != NULL ? sink->main_grad : NULL, db,
+    st = gc_linear_param_grads(g, x, out, in, sink != NULL ? sink->main_grad : NULL, db,
                                gc_node_needs(n, 1) ? &gin[1] : NULL, want_db ? &gin[2] : NULL);
 done:
   gcap_tensor_free(dz);
@@ -334,7 +334,7 @@ done:
 ** pre-activation for the backward). */
 static gcap_status linear_act(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, int gelu,
                               gcap_tensor **out) {
-  gcap_tensor *in[4], *pre = NULL;
+  gcap_tensor *in[3], *save[3], *pre = NULL;
   int64_t shape[GCAP_MAXDIM], rows;
   const char *op = gelu ? "linear_gelu" : "linear";
   gcap_status st;
@@ -362,18 +362,18 @@ static gcap_status linear_act(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, in
   in[0] = x;
   in[1] = w;
   in[2] = b;
-  in[3] = pre;
   if (!gc_grad_needed(x->e, in, 3)) goto done;
-  if ((st = gc_record(*out, op, linear_backward, in, 3, in, gelu ? 4 : 3, NULL)) != GCAP_OK)
+  save[0] = w->requires_grad ? x : NULL; /* what the other's grad reads */
+  save[1] = x->requires_grad ? w : NULL;
+  save[2] = pre;
+  if ((st = gc_record(*out, op, linear_backward, in, 3, save, gelu ? 3 : 2, NULL)) != GCAP_OK)
     goto fail;
 done:
   gcap_tensor_free(pre);
   return GCAP_OK;
 fail:
   gcap_tensor_free(pre);
-  gcap_tensor_free(*out);
-  *out = NULL;
-  return st;
+  return gc_keep_or_free(out, st);
 }
 
 gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out) {

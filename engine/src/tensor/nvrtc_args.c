@@ -9,7 +9,6 @@
 */
 #include <ctype.h>
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "tensor.h"

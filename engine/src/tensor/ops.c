@@ -4,7 +4,6 @@
 ** launches one kernel, its reads and writes noted (launch.c).
 */
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "tensor.h"
@@ -18,29 +17,91 @@ static gcap_status same_engine(gcap_tensor *a, gcap_tensor *b, const char *op) {
   return GCAP_OK;
 }
 
-/* t[:] = v, as the in-place op `op` (fill_ or zero_, named in its errors) */
-static gcap_status fill(gcap_tensor *t, double v, const char *op) {
+/* ------------------------------------------------------------------------ */
+/* In-place writes, as autograd sees them                                    */
+
+/* The launch of a fill (src NULL, value f) or copy of src into t. */
+static gcap_status write_run(gcap_tensor *t, gcap_tensor *src, float f) {
   gc_kargs a;
-  gcap_status st;
-  if ((st = gc_op_start(op, t, "t", NULL)) != GCAP_OK || (st = gc_check_inplace(t, op)) != GCAP_OK)
-    return st;
   memset(&a, 0, sizeof a);
   a.p[0] = gc_tensor_ptr(t);
   a.n[0] = t->numel;
-  a.f[0] = (float)v;
-  return gc_run(t->e, GC_K_FILL, &a, NULL, 0, t);
+  a.f[0] = f;
+  if (src == NULL) return gc_run(t->e, GC_K_FILL, &a, NULL, 0, t);
+  a.p[1] = gc_tensor_ptr(src);
+  a.n[1] = src->dt;
+  return gc_run(t->e, GC_K_COPY, &a, &src, 1, t);
+}
+
+gcap_status gc_copy(gcap_tensor *dst, gcap_tensor *src) {
+  return write_run(dst, src, 0.0f);
+}
+
+/* The backward of an in-place write (PyTorch's CopyBackwards, FillBackward):
+** the old values of the written tensor (input 0) are gone, so its history
+** gets zeros; a copy's source (input 1) gets g, as its shape and dtype. */
+static gcap_status write_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  const gc_meta *m = n->nin > 1 ? &n->meta[1] : NULL;
+  gcap_status st = GCAP_OK;
+  if (gc_node_needs(n, 0) &&
+      (st = gc_tensor_alloc(g->e, "backward", g->dt, g->ndim, g->shape, &gin[0])) == GCAP_OK)
+    st = write_run(gin[0], NULL, 0.0f);
+  if (st != GCAP_OK || m == NULL || !gc_node_needs(n, 1)) return st;
+  if (m->dt == g->dt) {
+    if ((gin[1] = gc_tensor_alias(g, m->ndim, m->shape)) == NULL)
+      return gc_fail(g->e, GCAP_ENOMEM, "backward: out of host memory");
+    return GCAP_OK;
+  }
+  if ((st = gc_tensor_alloc(g->e, "backward", m->dt, m->ndim, m->shape, &gin[1])) != GCAP_OK)
+    return st;
+  return write_run(gin[1], g, 0.0f); /* the caller frees gin[1] on failure */
+}
+
+/* The in-place write `op` of t (from src; NULL: a fill with v), recorded
+** first when autograd must see it: t's new node takes t's old history and
+** src, and a failed launch takes the record back, so t is as it was. A view
+** is refused there (PyTorch would give the tensor it views a new history). */
+static gcap_status write_(gcap_tensor *t, gcap_tensor *src, double v, const char *op) {
+  gcap_tensor *in[2];
+  gc_node *old = t->grad_fn, *n;
+  int nin = src ? 2 : 1, was = t->requires_grad;
+  gcap_status st;
+  in[0] = t;
+  in[1] = src;
+  if (!gc_grad_needed(t->e, in, nin)) return write_run(t, src, (float)v);
+  if (t->view)
+    return gc_fail(t->e, GCAP_EINVAL,
+                   "%s: autograd cannot record an in-place write into a view (the tensor it views "
+                   "would keep its history): write that tensor itself, or write under no_grad",
+                   op);
+  if ((st = gc_record(t, op, write_backward, in, nin, NULL, 0, &n)) != GCAP_OK) return st;
+  if ((st = write_run(t, src, (float)v)) != GCAP_OK) {
+    t->grad_fn = old;
+    t->requires_grad = was;
+    gc_node_release(n);
+    return st;
+  }
+  gc_node_release(old); /* t's reference to its old history: n holds one */
+  return GCAP_OK;
 }
 
 gcap_status gcap_fill_(gcap_tensor *t, double v) {
-  return fill(t, v, "fill_");
+  gcap_status st;
+  if ((st = gc_op_start("fill_", t, "t", NULL)) != GCAP_OK ||
+      (st = gc_check_inplace(t, "fill_")) != GCAP_OK)
+    return st;
+  return write_(t, NULL, v, "fill_");
 }
 
 gcap_status gcap_zero_(gcap_tensor *t) {
-  return fill(t, 0.0, "zero_");
+  gcap_status st;
+  if ((st = gc_op_start("zero_", t, "t", NULL)) != GCAP_OK ||
+      (st = gc_check_inplace(t, "zero_")) != GCAP_OK)
+    return st;
+  return write_(t, NULL, 0.0, "zero_");
 }
 
 gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src) {
-  gc_kargs a;
   gcap_status st;
   if ((st = gc_op_start("copy_", dst, "dst", src)) != GCAP_OK ||
       (st = gc_check_inplace(dst, "copy_")) != GCAP_OK ||
@@ -53,12 +114,7 @@ gcap_status gcap_copy_(gcap_tensor *dst, gcap_tensor *src) {
                    gc_shape_str(src, b1, sizeof b1), (long long)src->numel,
                    gc_shape_str(dst, b2, sizeof b2), (long long)dst->numel);
   }
-  memset(&a, 0, sizeof a);
-  a.p[0] = gc_tensor_ptr(dst);
-  a.p[1] = gc_tensor_ptr(src);
-  a.n[0] = dst->numel;
-  a.n[1] = src->dt;
-  return gc_run(dst->e, GC_K_COPY, &a, &src, 1, dst);
+  return write_(dst, src, 0.0, "copy_");
 }
 
 /* The broadcast rule (docs/semantics.md, "Tensors, broadcasting and autograd"):
@@ -114,11 +170,7 @@ gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gca
   a.n[2] = y->numel;
   in[0] = x;
   in[1] = y;
-  if ((st = gc_run(x->e, k, &a, in, 2, *out)) != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, gc_run(x->e, k, &a, in, 2, *out));
 }
 
 /* dst = dst OP y in place (y: same numel, one element, or a row). */
@@ -154,11 +206,7 @@ gcap_status gc_expand(gcap_tensor *x, int ndim, const int64_t *shape, float f, g
   a.n[0] = (*out)->numel;
   a.n[1] = x->numel > 0 ? x->numel : 1;
   a.f[0] = f;
-  if ((st = gc_run(x->e, GC_K_EXPAND, &a, &x, 1, *out)) != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, gc_run(x->e, GC_K_EXPAND, &a, &x, 1, *out));
 }
 
 gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **t, void **p) {
@@ -167,11 +215,8 @@ gcap_status gc_scratch(gcap_engine *e, const char *op, int64_t n, gcap_tensor **
   *p = NULL;
   if (n <= 0) return GCAP_OK;
   if ((st = gc_tensor_alloc(e, op, GCAP_F32, 1, &n, t)) != GCAP_OK ||
-      (st = gc_note_access(e, *t, 1)) != GCAP_OK) {
-    gcap_tensor_free(*t);
-    *t = NULL;
-    return st;
-  }
+      (st = gc_note_access(e, *t, 1)) != GCAP_OK)
+    return gc_keep_or_free(t, st);
   *p = gc_tensor_ptr(*t);
   return GCAP_OK;
 }
@@ -195,15 +240,11 @@ gcap_status gc_sum_rows(gcap_tensor *x, int64_t cols, gcap_tensor **out) {
   st = gc_run(x->e, GC_K_SUM_ROWS, &a, &x, 1, *out);
 done:
   gcap_tensor_free(scratch);
-  if (st != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, st);
 }
 
-/* The grad g of a broadcast result, reduced to the shape of operand t. */
-static gcap_status reduce_to(gcap_tensor *g, gcap_tensor *t, gcap_tensor **out) {
+/* The grad g of a broadcast result, reduced to the shape t of an operand. */
+static gcap_status reduce_to(gcap_tensor *g, const gc_meta *t, gcap_tensor **out) {
   gcap_tensor *r = NULL;
   gcap_status st = GCAP_OK;
   if (g->numel == t->numel)
@@ -218,21 +259,23 @@ static gcap_status reduce_to(gcap_tensor *g, gcap_tensor *t, gcap_tensor **out) 
   return *out ? GCAP_OK : gc_fail(g->e, GCAP_ENOMEM, "backward: out of host memory");
 }
 
+/* add and sub read no operand: only their shapes */
 static gcap_status add_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_status st = GCAP_OK;
   gcap_tensor *neg = NULL;
-  if (gc_node_needs(n, 0)) st = reduce_to(g, n->saved[0], &gin[0]);
+  if (gc_node_needs(n, 0)) st = reduce_to(g, &n->meta[0], &gin[0]);
   if (st == GCAP_OK && gc_node_needs(n, 1)) {
     if (n->k[0] == GC_K_SUB) {
       if ((st = gc_unary(g, GC_K_SCALE, -1.0f, "neg", 0, &neg)) != GCAP_OK) return st;
       g = neg;
     }
-    st = reduce_to(g, n->saved[1], &gin[1]);
+    st = reduce_to(g, &n->meta[1], &gin[1]);
   }
   gcap_tensor_free(neg);
   return st;
 }
 
+/* saved[i]: operand i, kept only when the other operand needs its grad */
 static gcap_status mul_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_status st = GCAP_OK;
   int i;
@@ -240,16 +283,15 @@ static gcap_status mul_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
     gcap_tensor *p;
     if (!gc_node_needs(n, i)) continue;
     if ((st = gc_binary(g, n->saved[1 - i], GC_K_MUL, "mul backward", &p)) != GCAP_OK) break;
-    st = reduce_to(p, n->saved[i], &gin[i]);
+    st = reduce_to(p, &n->meta[i], &gin[i]);
     gcap_tensor_free(p);
   }
   return st;
 }
 
-/* Shapes only matter for add/sub's backward: save shape-carrying aliases. */
 static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op,
                           gcap_tensor **out) {
-  gcap_tensor *in[2];
+  gcap_tensor *in[2], *save[2];
   gc_node *n;
   gcap_status st;
   if ((st = gc_op_start_out(op, x, "a", y, out)) != GCAP_OK ||
@@ -259,7 +301,10 @@ static gcap_status binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op,
   in[0] = x;
   in[1] = y;
   if (!gc_grad_needed(x->e, in, 2)) return GCAP_OK;
-  st = gc_record(*out, op, k == GC_K_MUL ? mul_backward : add_backward, in, 2, in, 2, &n);
+  save[0] = y->requires_grad ? x : NULL; /* what the other's grad reads */
+  save[1] = x->requires_grad ? y : NULL;
+  st = k == GC_K_MUL ? gc_record(*out, op, mul_backward, in, 2, save, 2, &n)
+                     : gc_record(*out, op, add_backward, in, 2, NULL, 0, &n);
   if (st == GCAP_OK)
     n->k[0] = k;
   else {
@@ -299,11 +344,7 @@ gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_
   st = gc_run(x->e, k, &a, &x, 1, *out);
 done:
   gcap_tensor_free(scratch);
-  if (st != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, st);
 }
 
 static gcap_status scale_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
@@ -312,7 +353,7 @@ static gcap_status scale_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin)
 
 /* sum and mean: the grad is g (one element) spread over the input's shape. */
 static gcap_status sum_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
-  return gc_expand(g, (int)n->k[0], (const int64_t *)n->saved[0]->shape, n->f[0], &gin[0]);
+  return gc_expand(g, n->meta[0].ndim, n->meta[0].shape, n->f[0], &gin[0]);
 }
 
 static gcap_status unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
@@ -323,16 +364,13 @@ static gcap_status unary(gcap_tensor *x, int k, float f, const char *op, int sca
       (st = gc_unary(x, k, f, op, scalar_out, out)) != GCAP_OK)
     return st;
   if (!gc_grad_needed(x->e, &x, 1)) return GCAP_OK;
-  /* sum/mean keep an alias of x only for its shape */
-  st = gc_record(*out, op, bw, &x, 1, &x, bw == sum_backward, &n);
-  if (st == GCAP_OK) {
+  if ((st = gc_record(*out, op, bw, &x, 1, NULL, 0, &n)) == GCAP_OK) /* x's values unread */
     n->f[0] = f;
-    n->k[0] = x->ndim;
-  } else {
+  else {
     gcap_tensor_free(*out);
     *out = NULL;
   }
-  return st;
+  return gc_keep_or_free(out, st);
 }
 
 gcap_status gcap_scale(gcap_tensor *a, double s, gcap_tensor **out) {
@@ -360,18 +398,23 @@ gcap_status gcap_tensor_full(gcap_engine *e, gcap_dtype dt, int ndim, const int6
   gc_clear(e);
   if (out == NULL) return gc_null(e, "full", "out");
   if ((st = gc_tensor_alloc(e, "full", dt, ndim, shape, out)) != GCAP_OK) return st;
-  if ((st = gcap_fill_(*out, v)) != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, gcap_fill_(*out, v));
+}
+
+/* clone's grad is g (PyTorch's CloneBackward) */
+static gcap_status clone_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  (void)n;
+  gin[0] = gcap_tensor_retain(g);
+  return GCAP_OK;
 }
 
 gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out) {
   gcap_status st;
   if ((st = gc_op_start_out("clone", t, "t", NULL, out)) != GCAP_OK) return st;
   if ((st = gc_tensor_alloc(t->e, "clone", t->dt, t->ndim, t->shape, out)) != GCAP_OK) return st;
-  if ((st = gcap_copy_(*out, t)) != GCAP_OK) {
+  if ((st = gc_copy(*out, t)) == GCAP_OK && gc_grad_needed(t->e, &t, 1))
+    st = gc_record(*out, "clone", clone_backward, &t, 1, NULL, 0, NULL);
+  if (st != GCAP_OK) {
     gcap_tensor_free(*out);
     *out = NULL;
   }
@@ -399,9 +442,5 @@ gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int6
     a.n[0] = (*out)->numel;
     st = gc_launch(e, GC_K_RNG_ADVANCE, &a);
   }
-  if (st != GCAP_OK) {
-    gcap_tensor_free(*out);
-    *out = NULL;
-  }
-  return st;
+  return gc_keep_or_free(out, st);
 }

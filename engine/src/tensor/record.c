@@ -34,12 +34,14 @@ int gc_grad_needed(gcap_engine *e, gcap_tensor *const *in, int nin) {
 gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gcap_tensor *const *in,
                       int nin, gcap_tensor *const *save, int nsave, gc_node **node) {
   gcap_engine *e = out->e;
-  /* one block: the node, then its next[] and leaf[] arrays */
-  gc_node *n = (gc_node *)gc_calloc(1, sizeof *n + 2 * (size_t)nin * sizeof(void *));
+  /* one block: the node, then its meta[], next[] and leaf[] arrays */
+  gc_node *n =
+      (gc_node *)gc_calloc(1, sizeof *n + (size_t)nin * (sizeof(gc_meta) + 2 * sizeof(void *)));
   int i;
   if (node) *node = NULL;
   if (n == NULL) return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", name);
-  n->next = (gc_node **)(n + 1);
+  n->meta = (gc_meta *)(n + 1);
+  n->next = (gc_node **)(n->meta + nin);
   n->leaf = (gcap_tensor **)(n->next + nin);
   n->refs = 1;
   n->name = name;
@@ -47,6 +49,7 @@ gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gca
   n->nin = nin;
   for (i = 0; i < nin; i++) {
     gcap_tensor *t = in[i];
+    if (t != NULL) gc_meta_of(t, &n->meta[i]);
     if (t == NULL || !t->requires_grad) continue;
     if (t->grad_fn) {
       n->next[i] = t->grad_fn;
@@ -119,6 +122,7 @@ gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gca
   }
   if ((*out = gc_tensor_alias(t, ndim, shape)) == NULL)
     return gc_fail(e, GCAP_ENOMEM, "view: out of host memory");
+  (*out)->view = 1;
   if ((st = gc_view_record(t, *out)) != GCAP_OK) { /* the caller gets nothing */
     gcap_tensor_free(*out);
     *out = NULL;

@@ -10,12 +10,6 @@
 
 #include "tensor.h"
 
-static gcap_status fail_free(gcap_tensor **out, gcap_status st) {
-  gcap_tensor_free(*out);
-  *out = NULL;
-  return st;
-}
-
 /* Keep a copy of cnt sizes in n's ud (shapes for the backward, which need
 ** not keep the inputs' storage alive). */
 static gcap_status node_sizes(gc_node *n, gcap_engine *e, const int64_t *v, int cnt) {
@@ -57,7 +51,7 @@ static gcap_status permute_copy(gcap_tensor *x, const int *perm, gcap_tensor **y
     a.n[d] = d < pad ? 1 : x->shape[d - pad];
     a.n[4 + d] = d < pad ? d : perm[d - pad] + pad;
   }
-  if ((st = gc_run(x->e, GC_K_PERMUTE, &a, &x, 1, *y)) != GCAP_OK) return fail_free(y, st);
+  if ((st = gc_run(x->e, GC_K_PERMUTE, &a, &x, 1, *y)) != GCAP_OK) return gc_keep_or_free(y, st);
   return GCAP_OK;
 }
 
@@ -84,7 +78,7 @@ gcap_status gcap_permute(gcap_tensor *t, const int *perm, gcap_tensor **out) {
   if ((st = permute_copy(t, p, out)) != GCAP_OK) return st;
   if (!gc_grad_needed(t->e, &t, 1)) return GCAP_OK;
   if ((st = gc_record(*out, "permute", permute_backward, &t, 1, NULL, 0, &n)) != GCAP_OK)
-    return fail_free(out, st);
+    return gc_keep_or_free(out, st);
   for (d = 0; d < t->ndim; d++)
     n->k[p[d]] = d;
   return GCAP_OK;
@@ -142,7 +136,7 @@ static gcap_status narrow_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin
   a.n[0] = gin[0]->numel;
   if ((st = gc_run(g->e, GC_K_FILL, &a, NULL, 0, gin[0])) != GCAP_OK ||
       (st = slice_copy(gin[0], g, (int)n->k[0], n->k[1], 1)) != GCAP_OK)
-    return fail_free(&gin[0], st);
+    return gc_keep_or_free(&gin[0], st);
   return GCAP_OK;
 }
 
@@ -159,11 +153,11 @@ static gcap_status narrow(gcap_tensor *t, int d, int64_t start, int64_t len, con
   memcpy(shape, t->shape, sizeof shape);
   shape[d] = len;
   if ((st = gc_tensor_alloc(t->e, op, t->dt, t->ndim, shape, out)) != GCAP_OK) return st;
-  if ((st = slice_copy(t, *out, d, start, 0)) != GCAP_OK) return fail_free(out, st);
+  if ((st = slice_copy(t, *out, d, start, 0)) != GCAP_OK) return gc_keep_or_free(out, st);
   if (!gc_grad_needed(t->e, &t, 1)) return GCAP_OK;
   if ((st = gc_record(*out, op, narrow_backward, &t, 1, NULL, 0, &n)) != GCAP_OK ||
       (st = node_sizes(n, t->e, t->shape, t->ndim)) != GCAP_OK)
-    return fail_free(out, st); /* the node goes with out */
+    return gc_keep_or_free(out, st); /* the node goes with out */
   n->k[0] = d;
   n->k[1] = start;
   return GCAP_OK;
@@ -297,13 +291,13 @@ gcap_status gcap_cat(int n, gcap_tensor *const *ts, int dim, gcap_tensor **out) 
   }
   if ((st = gc_tensor_alloc(t0->e, "cat", t0->dt, t0->ndim, shape, out)) != GCAP_OK) return st;
   for (i = 0; i < n; i++) {
-    if ((st = slice_copy(*out, ts[i], d, off, 1)) != GCAP_OK) return fail_free(out, st);
+    if ((st = slice_copy(*out, ts[i], d, off, 1)) != GCAP_OK) return gc_keep_or_free(out, st);
     off += ts[i]->shape[d];
   }
   if (!gc_grad_needed(t0->e, ts, n)) return GCAP_OK;
   if ((st = gc_record(*out, "cat", cat_backward, ts, n, NULL, 0, &node)) != GCAP_OK ||
       (st = node_sizes(node, t0->e, size, n)) != GCAP_OK)
-    return fail_free(out, st);
+    return gc_keep_or_free(out, st);
   node->k[0] = d;
   return GCAP_OK;
 }

@@ -140,12 +140,22 @@ void gcap_tensor_free(gcap_tensor *t) {
   gc_engine_unref(e);
 }
 
-void gc_node_free_saved(gc_node *n) {
-  int i;
+gcap_status gc_keep_or_free(gcap_tensor **out, gcap_status st) {
+  if (st != GCAP_OK) {
+    gcap_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+int gc_node_free_saved(gc_node *n) {
+  int i, freed = 0;
   for (i = 0; i < n->nsaved; i++) {
+    freed += n->saved[i] != NULL;
     gcap_tensor_free(n->saved[i]);
     n->saved[i] = NULL;
   }
+  return freed;
 }
 
 /* Iterative, so that dropping a long chain cannot overflow the C stack. */

@@ -7,6 +7,7 @@
 #define GC_TENSOR_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "runtime/runtime.h"
 
@@ -27,6 +28,7 @@ struct gcap_tensor {
   int requires_grad;
   gcap_tensor *grad; /* leaves: accumulated gradient, or NULL */
   gc_node *grad_fn;  /* non-leaves: the node that made it */
+  int view; /* made by gcap_tensor_view (or an identity dropout): shares another's storage */
 };
 
 /* Change t's dtype in place: new storage holding the converted values (the
@@ -37,8 +39,9 @@ gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape);
 /* Drop a reference to node n; the last frees it, what it holds (saved
 ** tensors, leaves, its ud) and the nodes only it held, iteratively. */
 void gc_node_release(gc_node *n);
-/* Free n's saved tensors (after its backward, without retain_graph). */
-void gc_node_free_saved(gc_node *n);
+/* Free n's saved tensors (after its backward, without retain_graph); how
+** many there were. */
+int gc_node_free_saved(gc_node *n);
 
 /* Bytes per element (inline: every launch notes its operands' byte ranges). */
 static inline size_t gc_dtype_size(gcap_dtype dt) {
@@ -74,6 +77,9 @@ const char *gc_dims_str(int ndim, const int64_t *shape, char *buf, size_t n);
 /* Dim `dim` of an ndim-D tensor, counted from the end when negative, into
 ** *out; out of range: GCAP_EINVAL naming op (shape.c). */
 gcap_status gc_dim(gcap_engine *e, const char *op, int dim, int ndim, int *out);
+/* The end of a call that made *out: when st is an error, *out is freed and
+** set to NULL, so that a failed call leaves nothing behind. Returns st. */
+gcap_status gc_keep_or_free(gcap_tensor **out, gcap_status st);
 /* Do a and b have the same shape and dtype? */
 static inline int gc_same_layout(const gcap_tensor *a, const gcap_tensor *b) {
   int d;
@@ -109,6 +115,22 @@ gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_
 
 #define GC_NODE_MAXSAVED 6
 
+/* An input's shape as its node recorded it: what a backward needs to know of
+** an input whose values it does not read (PyTorch's input metadata). */
+typedef struct gc_meta {
+  int ndim;
+  int64_t shape[GCAP_MAXDIM];
+  int64_t numel; /* 0 (and ndim 0) for an absent (NULL) input */
+  gcap_dtype dt;
+} gc_meta;
+
+static inline void gc_meta_of(const gcap_tensor *t, gc_meta *m) {
+  m->ndim = t->ndim;
+  memcpy(m->shape, t->shape, sizeof t->shape);
+  m->numel = t->numel;
+  m->dt = t->dt;
+}
+
 /* Computes the grads of a node's inputs from the grad of its output; sets
 ** gin[i] (a new reference) only for inputs that need one (gc_node_needs). */
 typedef gcap_status (*gc_backward_fn)(gc_node *n, gcap_tensor *g, gcap_tensor **gin);
@@ -120,6 +142,7 @@ struct gc_node {
   int nin;
   gc_node **next;     /* [nin]: producer of input i, or NULL */
   gcap_tensor **leaf; /* [nin]: input i when it is a leaf that requires grad */
+  gc_meta *meta;      /* [nin]: input i's shape */
   gcap_tensor *saved[GC_NODE_MAXSAVED];
   uint64_t saved_version[GC_NODE_MAXSAVED]; /* their storage's version when saved */
   int nsaved;
@@ -139,8 +162,11 @@ struct gc_node {
 
 /* Should the op producing a tensor from these inputs record a node? */
 int gc_grad_needed(gcap_engine *e, gcap_tensor *const *in, int nin);
-/* Record node `name` as out's grad_fn, its inputs in[], saving save[]
-** (as aliases, so saved outputs make no cycle). */
+/* Record node `name` as out's grad_fn, its inputs in[] (their shapes in its
+** meta[]), saving save[] (as aliases, so saved outputs make no cycle; a NULL
+** entry saves nothing). An op saves only the tensors its backward reads, as
+** PyTorch's derivative formulas do (docs/semantics.md): a write into any
+** other before backward is no error. */
 gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gcap_tensor *const *in,
                       int nin, gcap_tensor *const *save, int nsave, gc_node **node);
 static inline int gc_node_needs(const gc_node *n, int i) {
@@ -194,6 +220,8 @@ gcap_status gc_karg_convert(gcap_engine *e, const char *kname, int i, gcap_kpara
 /* The ops' building blocks (ops.c)                                          */
 
 /* Non-recording building blocks shared by forward and backward code. */
+/* dst = src converted to dst's dtype (same numel; not recorded, not checked). */
+gcap_status gc_copy(gcap_tensor *dst, gcap_tensor *src);
 gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out);
 gcap_status gc_binary_inplace(gcap_tensor *dst, gcap_tensor *y, int k, const char *op);
 gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
@@ -219,12 +247,13 @@ gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tenso
 /* gelu(linear(x, w, b)) in one GEMM (a Linear followed by a GELU): the same
 ** values as the two ops, one node, the pre-activation saved for backward. */
 gcap_status gc_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
-/* A linear's parameter grads from its output grad g and input x, for the
-** ones asked for (gw, gb; NULL: not wanted): the weight's added into
-** main_grad when there is one (a fused-wgrad Linear; *gw stays NULL), else
-** in *gw; the bias's in *gb, an alias of db when the gelu's backward already
-** summed it. Both from one GEMM when both are computed. */
-gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
+/* The parameter grads of a linear of weight [out, in] from its output grad g
+** and input x, for the ones asked for (gw, gb; NULL: not wanted, as gb for
+** a linear without bias): the weight's added into main_grad when there is
+** one (a fused-wgrad Linear; *gw stays NULL), else in *gw; the bias's in
+** *gb, db itself when the gelu's backward already summed it. Both from one
+** GEMM when both are computed. */
+gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, int64_t out, int64_t in,
                                   gcap_tensor *main_grad, gcap_tensor *db, gcap_tensor **gw,
                                   gcap_tensor **gb);
 

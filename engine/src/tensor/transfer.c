@@ -55,9 +55,10 @@ gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
                    (long long)t->numel);
   if (n == 0) return GCAP_OK;
   if (dst == NULL) return gc_fail(e, GCAP_EINVAL, "read: dst is NULL");
+  if ((st = gc_note_access(e, t, 0)) != GCAP_OK) return st; /* a dead block refuses it */
   if (t->dt != GCAP_F32) { /* widen on the device, then copy */
     if ((st = gc_tensor_alloc(e, "read", GCAP_F32, t->ndim, t->shape, &f)) != GCAP_OK) return st;
-    if ((st = gcap_copy_(f, t)) != GCAP_OK) {
+    if ((st = gc_copy(f, t)) != GCAP_OK) {
       gcap_tensor_free(f);
       return st;
     }

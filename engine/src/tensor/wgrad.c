@@ -44,13 +44,8 @@ void gc_wgrad_sink_release(gc_wgrad_sink *s) {
 
 gcap_status gc_wgrad_defer(gc_wgrad_sink *s, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb) {
   gc_wgrad_queue *q = &s->q;
-  if (q->n + 3 > q->cap) {
-    int cap = q->cap ? 2 * q->cap : 8;
-    gcap_tensor **v = (gcap_tensor **)gc_realloc(q->v, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(g->e, GCAP_ENOMEM, "Linear: out of host memory");
-    q->v = v;
-    q->cap = cap;
-  }
+  if (!gc_growvector(q->v, q->cap, q->n + 3, 8))
+    return gc_fail(g->e, GCAP_ENOMEM, "Linear: out of host memory");
   q->v[q->n++] = gcap_tensor_retain(g);
   q->v[q->n++] = gcap_tensor_retain(x);
   q->v[q->n++] = gcap_tensor_retain(gb);

@@ -26,9 +26,10 @@ static gcap_status linear_dw(gcap_module *m) {
   gc_wgrad_queue *q = &m->wgrad->q;
   while (st == GCAP_OK && q->n > 0) {
     gcap_tensor *g = q->v[0], *x = q->v[1], *done_gb = q->v[2], *gw = NULL, *gb = NULL;
-    /* frozen parameters get nothing, as in the ordinary backward */
-    st = gc_linear_param_grads(g, x, w, b, m->wgrad->main_grad, done_gb,
-                               w->requires_grad ? &gw : NULL,
+    /* frozen parameters get nothing, as in the ordinary backward; x was
+    ** not kept when the weight was frozen at the forward */
+    st = gc_linear_param_grads(g, x, w->shape[0], w->shape[1], m->wgrad->main_grad, done_gb,
+                               w->requires_grad && x != NULL ? &gw : NULL,
                                b != NULL && b->requires_grad ? &gb : NULL);
     if (st == GCAP_OK && gw != NULL) st = gc_acc_grad(w, gw, 1);
     if (st == GCAP_OK && gb != NULL) st = gc_acc_grad(b, gb, 1);
@@ -173,9 +174,7 @@ fail:
   gcap_tensor_free(w);
   gcap_tensor_free(b);
   gcap_tensor_free(mg);
-  gcap_module_free(*m);
-  *m = NULL;
-  return st;
+  return gc_module_keep_or_free(m, st);
 }
 
 static gcap_status relu_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
@@ -285,10 +284,8 @@ gcap_status gcap_nn_layer_norm(gcap_engine *e, int64_t n, double eps, gcap_modul
   if ((st = gcap_tensor_full(e, GCAP_F32, 1, &n, 1.0, &w)) != GCAP_OK ||
       (st = gcap_tensor_full(e, GCAP_F32, 1, &n, 0.0, &b)) != GCAP_OK ||
       (st = gcap_module_add_parameter(*m, "weight", w)) != GCAP_OK ||
-      (st = gcap_module_add_parameter(*m, "bias", b)) != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
+      (st = gcap_module_add_parameter(*m, "bias", b)) != GCAP_OK)
+    gc_module_keep_or_free(m, st);
   gcap_tensor_free(w);
   gcap_tensor_free(b);
   return st;
@@ -317,11 +314,8 @@ gcap_status gcap_nn_sequential(gcap_engine *e, int n, gcap_module *const *mods, 
   for (j = 0; j < n; j++) {
     char name[16];
     snprintf(name, sizeof name, "%d", j);
-    if ((st = gcap_module_add_child(*m, name, mods[j])) != GCAP_OK) {
-      gcap_module_free(*m);
-      *m = NULL;
-      return st;
-    }
+    if ((st = gcap_module_add_child(*m, name, mods[j])) != GCAP_OK)
+      return gc_module_keep_or_free(m, st);
   }
   return GCAP_OK;
 }

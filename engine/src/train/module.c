@@ -95,6 +95,14 @@ void gcap_module_free(gcap_module *m) {
   gc_engine_unref(e);
 }
 
+gcap_status gc_module_keep_or_free(gcap_module **m, gcap_status st) {
+  if (st != GCAP_OK) {
+    gcap_module_free(*m);
+    *m = NULL;
+  }
+  return st;
+}
+
 const char *gcap_module_type(const gcap_module *m) {
   return m ? m->type : "";
 }
@@ -118,13 +126,8 @@ static gcap_status list_add(gcap_module *m, mod_list *l, const char *what, const
   if (list_find(&m->params, name) >= 0 || list_find(&m->buffers, name) >= 0 ||
       list_find(&m->children, name) >= 0)
     return gc_fail(m->e, GCAP_EINVAL, "%s: '%s' is already registered", m->type, name);
-  if (l->n == l->cap) {
-    int cap = l->cap ? 2 * l->cap : 4;
-    mod_entry *v = (mod_entry *)gc_realloc(l->v, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
-    l->v = v;
-    l->cap = cap;
-  }
+  if (!gc_growvector(l->v, l->cap, l->n + 1, 4))
+    return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
   if ((copy = (char *)gc_malloc(strlen(name) + 1)) == NULL)
     return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
   strcpy(copy, name);
@@ -216,28 +219,15 @@ static int seen_in(const void *const *v, int n, const void *p) {
 static int walk(const gcap_module *m, walk_state *w, size_t at) {
   const mod_list *l = w->buffers ? &m->buffers : &m->params;
   mod_flat *f = w->f;
-  int j;
+  int j, cap;
   if (seen_in(w->seen, w->nseen, m)) return 1;
-  if (w->nseen == w->capseen) {
-    int cap = w->capseen ? 2 * w->capseen : 16;
-    const void **v = (const void **)gc_realloc((void *)w->seen, (size_t)cap * sizeof *v);
-    if (v == NULL) return 0;
-    w->seen = v;
-    w->capseen = cap;
-  }
+  if (!gc_growvector(w->seen, w->capseen, w->nseen + 1, 16)) return 0;
   w->seen[w->nseen++] = m;
   for (j = 0; j < l->n; j++) {
     if (seen_in((const void *const *)f->t, f->n, l->v[j].t)) continue;
-    if (f->n == f->cap) {
-      int cap = f->cap ? 2 * f->cap : 16;
-      gcap_tensor **t = (gcap_tensor **)gc_realloc(f->t, (size_t)cap * sizeof *t);
-      char **nm;
-      if (t == NULL) return 0;
-      f->t = t;
-      if ((nm = (char **)gc_realloc(f->name, (size_t)cap * sizeof *nm)) == NULL) return 0;
-      f->name = nm;
-      f->cap = cap;
-    }
+    cap = f->cap; /* name[] grows to what t[] grows to */
+    if (!gc_growvector(f->t, cap, f->n + 1, 16) || !gc_growvector(f->name, f->cap, cap, 16))
+      return 0;
     snprintf(w->path + at, sizeof w->path - at, "%s", l->v[j].name);
     if ((f->name[f->n] = (char *)gc_malloc(strlen(w->path) + 1)) == NULL) return 0;
     strcpy(f->name[f->n], w->path);

@@ -24,13 +24,8 @@ gcap_status gcap_module_register_hook(gcap_module *m, gcap_hook_kind kind, gcap_
     return gc_fail(m->e, GCAP_EINVAL, "%s: register hook: kind %d is no gcap_hook_kind", m->type,
                    (int)kind);
   if (fn == NULL) return gc_null(m->e, m->type, "fn (the hook)");
-  if (m->nhooks == m->caphooks) {
-    int cap = m->caphooks ? 2 * m->caphooks : 4;
-    mod_hook *v = (mod_hook *)gc_realloc(m->hooks, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
-    m->hooks = v;
-    m->caphooks = cap;
-  }
+  if (!gc_growvector(m->hooks, m->caphooks, m->nhooks + 1, 4))
+    return gc_fail(m->e, GCAP_ENOMEM, "%s: out of host memory", m->type);
   m->hooks[m->nhooks].id = m->next_hook_id;
   m->hooks[m->nhooks].kind = kind;
   m->hooks[m->nhooks].fn = fn;

@@ -39,6 +39,10 @@ gcap_engine *gc_module_engine(const gcap_module *m);
 ** through m: *m = NULL, e's message cleared; e NULL is GCAP_EINVAL with no
 ** message, m NULL an error naming it. */
 gcap_status gc_module_start(gcap_engine *e, const char *type, gcap_module **m);
+/* The end of a constructor that made *m: when st is an error, the module
+** made so far is freed and *m set to NULL. Returns st. */
+gcap_status gc_module_keep_or_free(gcap_module **m, gcap_status st);
+
 /* A new f32 tensor of U(-bound, bound) from the engine's generator, made
 ** with recording off (a parameter's initial value). */
 gcap_status gc_uniform(gcap_engine *e, int ndim, const int64_t *shape, double bound,

@@ -150,11 +150,9 @@ gcap_status gcap_nn_layer_norm_linear(gcap_engine *e, int64_t in, int64_t out, d
   u->eps = eps;
   u->ret_ln = return_layernorm_output != 0;
   if ((st = tf_ln_params(e, *m, u, in)) != GCAP_OK ||
-      (st = tf_linear_params(e, *m, u, TF_W1, "weight", "bias", in, out, bias)) != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
-  return st;
+      (st = tf_linear_params(e, *m, u, TF_W1, "weight", "bias", in, out, bias)) != GCAP_OK)
+    return gc_module_keep_or_free(m, st);
+  return GCAP_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -282,11 +280,9 @@ gcap_status gcap_nn_layer_norm_mlp(gcap_engine *e, int64_t hidden, int64_t ffn_h
       (st = tf_linear_params(e, *m, u, TF_W1, "fc1_weight", "fc1_bias", hidden, ffn_hidden,
                              bias)) != GCAP_OK ||
       (st = tf_linear_params(e, *m, u, TF_W2, "fc2_weight", "fc2_bias", ffn_hidden, hidden,
-                             bias)) != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
-  return st;
+                             bias)) != GCAP_OK)
+    return gc_module_keep_or_free(m, st);
+  return GCAP_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -519,11 +515,7 @@ gcap_status gcap_nn_multihead_attention(gcap_engine *e, int64_t hidden, int num_
     st = gcap_nn_linear(e, hidden, hidden, o->bias, 0, &c);
     st = tf_child(*m, u, TF_PROJ, "proj", c, st);
   }
-  if (st != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
-  return st;
+  return gc_module_keep_or_free(m, st);
 }
 
 /* dropout(y) + r, the dropout skipped when p is 0. */
@@ -584,11 +576,7 @@ gcap_status gcap_nn_transformer_layer(gcap_engine *e, int64_t hidden, int64_t ff
     st = gcap_nn_layer_norm_mlp(e, hidden, ffn_hidden, o->layernorm_epsilon, o->bias, 0, &c);
     st = tf_child(*m, u, TF_MLP, "layernorm_mlp", c, st);
   }
-  if (st != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
-  return st;
+  return gc_module_keep_or_free(m, st);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -618,9 +606,5 @@ gcap_status gcap_nn_embedding(gcap_engine *e, int64_t num_embeddings, int64_t em
   shape[0] = num_embeddings;
   shape[1] = embedding_dim;
   st = gcap_tensor_rand(e, GCAP_F32, 2, shape, 1, &w);
-  if ((st = tf_add(*m, u, TF_W1, "weight", w, st)) != GCAP_OK) {
-    gcap_module_free(*m);
-    *m = NULL;
-  }
-  return st;
+  return gc_module_keep_or_free(m, tf_add(*m, u, TF_W1, "weight", w, st));
 }

@@ -28,16 +28,9 @@ typedef struct grad_snap {
 } grad_snap;
 
 static gcap_status snap_add(gcap_engine *e, grad_snap *s, gcap_tensor *t) {
-  if (s->n == s->cap) {
-    int cap = s->cap ? 2 * s->cap : 32;
-    gcap_tensor **a = (gcap_tensor **)gc_realloc(s->t, (size_t)cap * sizeof *a);
-    if (a == NULL) return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
-    s->t = a;
-    if ((a = (gcap_tensor **)gc_realloc(s->grad, (size_t)cap * sizeof *a)) == NULL)
-      return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
-    s->grad = a;
-    s->cap = cap;
-  }
+  int cap = s->cap; /* grad[] grows to what t[] grows to */
+  if (!gc_growvector(s->t, cap, s->n + 1, 32) || !gc_growvector(s->grad, s->cap, cap, 32))
+    return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
   s->t[s->n++] = gcap_tensor_retain(t);
   return GCAP_OK;
 }
@@ -103,6 +96,7 @@ static gcap_status graphed_new(ge_build *b) {
   b->G->training = b->training;
   b->G->clone = b->o->clone_param_grads_on_return;
   b->G->reuse = b->o->reuse_graph_input_output_buffers;
+  b->G->retain = b->o->retain_graph_in_backward;
   gc_engine_ref(b->e);
   return GCAP_OK;
 }
@@ -127,6 +121,42 @@ static gcap_status aside(ge_build *b, ge_aside *a) {
 /* ------------------------------------------------------------------------ */
 /* Entries                                                                   */
 
+/* Do the bytes of a and b meet? */
+static int overlap(const gcap_tensor *a, const gcap_tensor *b) {
+  uintptr_t a0 = (uintptr_t)gc_tensor_ptr(a), b0 = (uintptr_t)gc_tensor_ptr(b);
+  return a->blk == b->blk && a0 < b0 + (uintptr_t)b->numel * gc_dtype_size(b->dt) &&
+         b0 < a0 + (uintptr_t)a->numel * gc_dtype_size(a->dt);
+}
+
+/* Was the memory of argument k of entry i given for an earlier place (an
+** argument before k, or one of an earlier entry)? */
+static int given_before(const ge_build *b, int i, int k) {
+  int j, kk;
+  for (j = 0; j <= i; j++)
+    for (kk = 0; kk < (j < i ? b->nargs[j] : k); kk++)
+      if (overlap(b->args[j][kk], b->args[i][k])) return 1;
+  return 0;
+}
+
+/* The static input of argument k of entry i: the sample itself, or a copy
+** of it when its memory was given for an earlier place. One buffer for two
+** places would make a call g(a, b) compute f(b, b), and a call of one entry
+** overwrite another's input. */
+static gcap_status static_input(ge_build *b, int i, int k, gcap_tensor **out) {
+  gcap_tensor *t = b->args[i][k];
+  gcap_status st;
+  int was;
+  if (!given_before(b, i, k)) {
+    *out = gcap_tensor_retain(t);
+    return GCAP_OK;
+  }
+  was = gcap_set_grad_enabled(b->e, 0);
+  st = gcap_tensor_clone(t, out);
+  gcap_set_grad_enabled(b->e, was);
+  if (st == GCAP_OK && t->requires_grad) st = gcap_tensor_set_requires_grad(*out, 1);
+  return st;
+}
+
 /* One entry per sample, its .grad values and its parameters' taken aside;
 ** with reuse, a forward takes the static inputs of an entry whose backward
 ** came before it (reuse.c). */
@@ -146,8 +176,9 @@ static gcap_status build_entries(ge_build *b, grad_snap *snap) {
     if (x->args == NULL || x->params == NULL)
       return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
     for (k = 0; k < x->nargs; k++) {
-      x->args[k] = gcap_tensor_retain(b->args[i][k]);
-      if ((st = snap_add(b->e, snap, x->args[k])) != GCAP_OK) return st;
+      if ((st = static_input(b, i, k, &x->args[k])) != GCAP_OK ||
+          (st = snap_add(b->e, snap, x->args[k])) != GCAP_OK)
+        return st;
     }
     for (k = 0; k < x->nparams; k++) {
       x->params[k] = gcap_tensor_retain(gcap_module_parameter(x->m, k, NULL, 0));

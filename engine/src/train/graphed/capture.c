@@ -116,7 +116,9 @@ static gcap_status cap_bwd(ge_build *b, int i) {
     if ((st = ge_run_hooks(b, x->callable, GCAP_HOOK_BACKWARD_PRE)) != GCAP_OK ||
         (st = capture(b, i, "backward", &x->bwd, cap_bwd_body)) != GCAP_OK)
       return st;
-    if ((st = take_grads(b, x, &x->grad_in, 0, x->nargs + x->nparams)) != GCAP_OK) return st;
+    if ((st = take_grads(b, x, &x->grad_in, 0, x->nargs + x->nparams)) != GCAP_OK ||
+        (st = gc_graphed_note_reads(b, x)) != GCAP_OK)
+      return st;
     if ((st = ge_run_hooks(b, x->callable, GCAP_HOOK_BACKWARD)) != GCAP_OK) return st;
   }
   /* the static outputs keep their memory but no longer the captured graph */
@@ -163,5 +165,6 @@ gcap_status gc_graphed_capture(ge_build *b) {
                    "make_graphed_callables: entry %d has a delayed-wgrad Linear, but the order "
                    "holds no wgrad entry -(k + 0.5) after its backward",
                    i + 1);
+  if (st == GCAP_OK && G->reuse) st = gc_graphed_note_kills(b);
   return st;
 }

@@ -10,6 +10,7 @@
 **   capture.c   the capture walk: each pass into its own graph of one pool
 **   reuse.c     static buffers shared between entries, and released once dead
 **   replay.c    the graphed object: calls, backward, backward_dw, reset, dump, stats
+**   stale.c     what a replayed backward checks: that its call's state is still its own
 */
 #ifndef GC_GRAPHED_H
 #define GC_GRAPHED_H
@@ -55,6 +56,22 @@ typedef struct ge_outs {
   gcap_tensor **t;
 } ge_outs;
 
+/* A tensor that an entry's backward graph reads and does not own: a static
+** input or a parameter. Each call notes its version, which its backward
+** checks, as an eager node checks what it saved. */
+typedef struct ge_read {
+  gcap_tensor *t;
+  char what[GC_NAMELEN + 32]; /* "the static input of argument #1", "parameter 'fc1.weight'" */
+} ge_read;
+
+/* The graphs of an entry, as indexes of its kills. */
+enum { GE_FWD, GE_BWD, GE_DW, GE_NGRAPHS };
+
+/* Reuse: output `out` of entry `entry`, whose memory a graph overwrites. */
+typedef struct ge_kill {
+  int entry, out;
+} ge_kill;
+
 typedef struct ge_entry {
   int callable;
   gcap_module *m;
@@ -74,8 +91,13 @@ typedef struct ge_entry {
   int need_dw;
   int reset;
   int fwd_pending; /* replayed forwards whose backward is still to come */
-  int *sharers;    /* reuse: the entries sharing a static input with this one */
+  uint64_t calls;  /* forward replays so far: the number of the latest call */
+  ge_read *reads;  /* what the backward graph reads (gc_graphed_note_reads) */
+  int nreads;
+  int *sharers; /* reuse: the entries sharing a static input with this one */
   int nsharers;
+  ge_kill *kills[GE_NGRAPHS]; /* reuse: the other entries' outputs each graph overwrites */
+  int nkills[GE_NGRAPHS];
 } ge_entry;
 
 struct gcap_graphed {
@@ -86,8 +108,23 @@ struct gcap_graphed {
   gcap_pool *pool;
   int training;
   int clone;
-  int reuse; /* entries may share static inputs */
+  int reuse;  /* entries may share static inputs */
+  int retain; /* the captured backwards kept their saved tensors: a call may backward twice */
 };
+
+/* The autograd node of a replayed forward: its backward is pending until it
+** runs, or until the node is dropped (then it never will). With several
+** outputs that require grad, each output's node keeps its grad in got[]
+** until the replay's node runs. */
+typedef struct ge_ref {
+  gcap_graphed *G;
+  int entry;
+  int pending;
+  uint64_t call;     /* the entry's call this node is the backward of (ge_entry.calls) */
+  int backwards;     /* backward replays it made */
+  gcap_tensor **got; /* [out.n] grads arrived, or NULL (one grad output) */
+  uint64_t ver[];    /* [nreads] the versions of the entry's reads at the call */
+} ge_ref;
 
 /* Drop the tensors of o and make it empty (replay.c). */
 void gc_graphed_outs_clear(ge_outs *o);
@@ -97,6 +134,16 @@ void gc_graphed_destroy(gcap_graphed *G);
 ** of entry `entry` of the graphed object ud (replay.c). */
 gcap_status gc_graphed_route(void *ud, int entry, int nin, gcap_tensor *const *in, int *nout,
                              gcap_tensor **out);
+
+/* The backward of r may replay: no later forward of the entry overwrote the
+** activations its call left in the static buffers, a second backward of the
+** call finds the saved tensors its captured backward kept
+** (retain_graph_in_backward), and what the graph reads outside the pool is
+** at the version of the call; else an error naming the entry, the call and
+** what to do (stale.c). */
+gcap_status gc_graphed_check_backward(const ge_ref *r);
+/* The versions of what entry x's backward graph reads, into ver (stale.c). */
+void gc_graphed_note_versions(const ge_entry *x, uint64_t *ver);
 
 /* ------------------------------------------------------------------------ */
 /* Construction state                                                        */
@@ -133,6 +180,9 @@ gcap_status gc_graphed_backward(const ge_outs *o, gcap_tensor *const *grads, int
 gcap_status gc_graphed_warmup(ge_build *b);
 /* The schedule's passes, each into its own graph of the call's pool (capture.c). */
 gcap_status gc_graphed_capture(ge_build *b);
+/* Once entry x's backward is captured: the static inputs and parameters its
+** graph reads, into x->reads (stale.c). */
+gcap_status gc_graphed_note_reads(ge_build *b, ge_entry *x);
 /* Reuse, before warmup: forwards take the static inputs of entries whose
 ** backward is done (reuse.c). */
 gcap_status gc_graphed_share_inputs(ge_build *b);
@@ -142,6 +192,13 @@ gcap_tensor *gc_graphed_shared_grad_out(ge_build *b, const ge_entry *x, int k);
 /* Reuse: once entry i's backward is captured, the buffers no later pass
 ** reads go back to the pool (reuse.c). */
 gcap_status gc_graphed_release_dead(ge_build *b, int i);
+/* Reuse, once every graph is captured: the outputs given back to the pool
+** that each graph writes over, into the entries' kills (reuse.c). */
+gcap_status gc_graphed_note_kills(ge_build *b);
+/* Reuse, after a replay of graph `which` (GE_FWD, ...) of entry x: the
+** outputs it wrote over are dead (any access to them is refused); after its
+** forward, x's own outputs are live again (reuse.c). */
+void gc_graphed_replayed(gcap_graphed *G, const ge_entry *x, int which);
 
 /* ------------------------------------------------------------------------ */
 /* Helpers of every phase                                                    */

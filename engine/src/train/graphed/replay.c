@@ -39,6 +39,11 @@ static void entry_clear(ge_entry *x) {
   free(x->grad_in);
   free(x->dw_grad);
   free(x->sharers);
+  for (k = 0; k < GE_NGRAPHS; k++)
+    free(x->kills[k]);
+  for (k = 0; k < x->nreads; k++)
+    gcap_tensor_free(x->reads[k].t);
+  free(x->reads);
   for (k = 0; x->grad_out && k < x->out.n; k++)
     gcap_tensor_free(x->grad_out[k]);
   free(x->grad_out);
@@ -84,17 +89,6 @@ gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry) {
 
 /* ------------------------------------------------------------------------ */
 /* Replay                                                                    */
-
-/* The autograd node of a replayed forward: its backward is pending until it
-** runs, or until the node is dropped (then it never will). With several
-** outputs that require grad, each output's node keeps its grad in got[]
-** until the replay's node runs. */
-typedef struct ge_ref {
-  gcap_graphed *G;
-  int entry;
-  int pending;
-  gcap_tensor **got; /* [out.n] grads arrived, or NULL (one grad output) */
-} ge_ref;
 
 static void ge_ref_free(void *ud) {
   ge_ref *r = (ge_ref *)ud;
@@ -143,29 +137,50 @@ static gcap_status grads_in(ge_entry *x, ge_ref *r, gcap_tensor *g) {
   return st;
 }
 
-/* Backward of a replayed forward: grads in, backward graph, grads out. */
-static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
-  ge_ref *r = (ge_ref *)n->ud;
-  gcap_graphed *G = r->G;
-  ge_entry *x = &G->v[r->entry];
-  gcap_status st;
-  double t0 = gc_trace_clock(G->e);
+/* clone_param_grads_on_return = false: the .grad of a parameter may be its
+** static grad buffer itself (an earlier backward handed it on), which the
+** replay is about to overwrite where eager would add the new grad to it.
+** Each such .grad's value goes aside, into (*old)[k - nargs] (a copy; NULL
+** for the others), to be added back after the replay. */
+static gcap_status grads_aside(gcap_graphed *G, ge_entry *x, gc_node *n, gcap_tensor ***old) {
   int k;
-  if (x->reset)
-    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
-  if (x->bwd == NULL)
-    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
-                   r->entry + 1);
-  if ((st = grads_in(x, r, g)) != GCAP_OK) return st;
-  if ((st = gcap_graph_replay(x->bwd)) != GCAP_OK) return st;
-  gc_trace_span(G->e, t0, "replay", "graphed backward of entry %d", r->entry + 1);
-  if (r->pending) {
-    r->pending = 0;
-    x->fwd_pending--;
+  *old = NULL;
+  if (G->clone) return GCAP_OK;
+  for (k = x->nargs; k < x->nargs + x->nparams; k++) {
+    gcap_tensor *s = x->grad_in[k], *leaf = n->leaf[k];
+    gcap_status st;
+    if (s == NULL || leaf == NULL || leaf->grad == NULL ||
+        gc_tensor_ptr(leaf->grad) != gc_tensor_ptr(s))
+      continue;
+    if (*old == NULL &&
+        (*old = (gcap_tensor **)gc_calloc((size_t)x->nparams, sizeof **old)) == NULL)
+      return gc_fail(G->e, GCAP_ENOMEM, "graphed backward: out of host memory");
+    if ((st = gcap_tensor_clone(leaf->grad, &(*old)[k - x->nargs])) != GCAP_OK) return st;
   }
+  return GCAP_OK;
+}
+
+static void drop_aside(const ge_entry *x, gcap_tensor **old) {
+  int k;
+  for (k = 0; old != NULL && k < x->nparams; k++)
+    gcap_tensor_free(old[k]);
+  free(old);
+}
+
+/* The static grads on to the inputs (gin) and the parameters (old: what
+** grads_aside kept). */
+static gcap_status grads_out(gcap_graphed *G, ge_entry *x, gc_node *n, gcap_tensor **gin,
+                             gcap_tensor *const *old) {
+  gcap_status st;
+  int k;
   for (k = 0; k < x->nargs + x->nparams; k++) {
     gcap_tensor *s = x->grad_in[k];
     if (s == NULL || !gc_node_needs(n, k)) continue;
+    if (k >= x->nargs && old != NULL && old[k - x->nargs] != NULL) {
+      /* .grad is s, the replay's grad: the value it had goes back on top */
+      if ((st = gc_acc_grad(n->leaf[k], old[k - x->nargs], 0)) != GCAP_OK) return st;
+      continue;
+    }
     if (k >= x->nargs && !G->clone && n->leaf[k] != NULL && n->leaf[k]->grad == NULL &&
         !s->blk->weak) {
       n->leaf[k]->grad =
@@ -182,6 +197,37 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
       return gc_fail(G->e, GCAP_ENOMEM, "graphed backward: out of host memory");
   }
   return GCAP_OK;
+}
+
+/* Backward of a replayed forward: grads in, backward graph, grads out. */
+static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  ge_ref *r = (ge_ref *)n->ud;
+  gcap_graphed *G = r->G;
+  ge_entry *x = &G->v[r->entry];
+  gcap_tensor **old = NULL;
+  gcap_status st;
+  double t0 = gc_trace_clock(G->e);
+  if (x->reset)
+    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
+  if (x->bwd == NULL)
+    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
+                   r->entry + 1);
+  if ((st = gc_graphed_check_backward(r)) != GCAP_OK ||
+      (st = grads_aside(G, x, n, &old)) != GCAP_OK || (st = grads_in(x, r, g)) != GCAP_OK ||
+      (st = gcap_graph_replay(x->bwd)) != GCAP_OK) {
+    drop_aside(x, old);
+    return st;
+  }
+  if (G->reuse) gc_graphed_replayed(G, x, GE_BWD);
+  gc_trace_span(G->e, t0, "replay", "graphed backward of entry %d", r->entry + 1);
+  r->backwards++;
+  if (r->pending) {
+    r->pending = 0;
+    x->fwd_pending--;
+  }
+  st = grads_out(G, x, n, gin, old);
+  drop_aside(x, old);
+  return st;
 }
 
 /* Backward of output k (n->k[0]) of a replay of several grad outputs: keep
@@ -260,7 +306,7 @@ static gcap_status check_call_args(gcap_graphed *G, int entry, int nin, gcap_ten
 ** if the node could not be made). */
 static gcap_status record_replay(gcap_graphed *G, ge_entry *x, int nin, gcap_tensor *const *in,
                                  gcap_tensor *y, ge_ref *r) {
-  gcap_tensor **surf, *small[16] = {NULL};
+  gcap_tensor **surf, *small[16] = {NULL}, *none = NULL;
   gc_node *n;
   gcap_status st;
   int k, ns = x->nargs + x->nparams;
@@ -271,7 +317,10 @@ static gcap_status record_replay(gcap_graphed *G, ge_entry *x, int nin, gcap_ten
   }
   for (k = 0; k < ns; k++)
     surf[k] = k < nin ? in[k] : x->params[k - nin];
-  st = gc_record(y, "graphed", ge_backward, surf, ns, NULL, 0, &n);
+  /* one saved slot, left empty: what the node saved is in the entry's static
+  ** buffers, and a slot makes a backward without retain_graph release the
+  ** node, so that a second one is eager's error */
+  st = gc_record(y, "graphed", ge_backward, surf, ns, &none, 1, &n);
   if (surf != small) free(surf);
   if (st != GCAP_OK) {
     ge_ref_free(r);
@@ -368,6 +417,8 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
   }
   gcap_set_grad_enabled(G->e, was);
   if ((st = gcap_graph_replay(x->fwd)) != GCAP_OK) return st;
+  x->calls++; /* the activations of earlier calls are gone */
+  if (G->reuse) gc_graphed_replayed(G, x, GE_FWD);
 
   for (k = 0; k < x->out.n; k++) {
     gcap_tensor *t = x->out.t[k];
@@ -382,13 +433,15 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
     for (k = 0; k < nin; k++)
       any |= in[k]->requires_grad;
     if (any) {
-      ge_ref *r = (ge_ref *)gc_calloc(1, sizeof *r);
+      ge_ref *r = (ge_ref *)gc_calloc(1, sizeof *r + (size_t)x->nreads * sizeof *r->ver);
       if (r == NULL) {
         drop_outs(x->out.n, out);
         return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
       }
       r->G = gcap_graphed_retain(G);
       r->entry = entry;
+      r->call = x->calls;
+      gc_graphed_note_versions(x, r->ver);
       st = x->ngrad == 1 ? record_replay(G, x, nin, in, out[x->grad1], r)
                          : record_outputs(G, x, nin, in, out, r);
       if (st != GCAP_OK) { /* r went with its node, or was freed */
@@ -448,6 +501,7 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
   if (x->dw == NULL) return GCAP_OK;
   t0 = gc_trace_clock(G->e);
   if ((st = gcap_graph_replay(x->dw)) != GCAP_OK) return st;
+  if (G->reuse) gc_graphed_replayed(G, x, GE_DW);
   was = gcap_set_grad_enabled(G->e, 0);
   run.n = 0;
   for (k = 0; k < x->nparams && st == GCAP_OK; k++)

@@ -4,6 +4,8 @@
 ** (same shapes and dtypes); at capture, entries share grad-output buffers,
 ** and once a backward is captured the buffers no later pass reads go back
 ** to the pool as weak blocks, the captured graphs keeping their addresses.
+** A static output given back is valid until a graph captured after it
+** writes its memory: each replay of such a graph marks the output dead.
 */
 #include <stdlib.h>
 
@@ -133,4 +135,56 @@ gcap_status gc_graphed_release_dead(ge_build *b, int i) {
     b->last_l0 = i;
   }
   return GCAP_OK;
+}
+
+static gcap_graph *entry_graph(const ge_entry *x, int which) {
+  return which == GE_FWD ? x->fwd : which == GE_BWD ? x->bwd : x->dw;
+}
+
+/* Note in x->kills[which] that its graph g writes over output k of entry i,
+** if it does. */
+static gcap_status note_kill(ge_build *b, ge_entry *x, int which, gcap_graph *g, int i, int k) {
+  gcap_tensor *t = b->G->v[i].out.t[k];
+  uintptr_t lo;
+  int n = x->nkills[which];
+  if (t == NULL || !t->blk->weak) return GCAP_OK;
+  lo = (uintptr_t)gc_tensor_ptr(t);
+  if (!gc_graph_touches(g, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt), 1))
+    return GCAP_OK;
+  if ((n & (n - 1)) == 0) { /* 0, 1, 2, 4, ...: room doubles */
+    ge_kill *v = (ge_kill *)gc_realloc(x->kills[which], (size_t)(n ? 2 * n : 1) * sizeof *v);
+    if (v == NULL) return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+    x->kills[which] = v;
+  }
+  x->kills[which][n].entry = i;
+  x->kills[which][n].out = k;
+  x->nkills[which]++;
+  return GCAP_OK;
+}
+
+gcap_status gc_graphed_note_kills(ge_build *b) {
+  gcap_graphed *G = b->G;
+  gcap_status st = GCAP_OK;
+  int j, w, i, k;
+  for (j = 0; j < G->n; j++)
+    for (w = 0; w < GE_NGRAPHS; w++) {
+      gcap_graph *g = entry_graph(&G->v[j], w);
+      for (i = 0; g != NULL && i < G->n; i++)
+        for (k = 0; k < G->v[i].out.n && st == GCAP_OK; k++)
+          if (i != j || w != GE_FWD) st = note_kill(b, &G->v[j], w, g, i, k);
+      if (st != GCAP_OK) return st;
+    }
+  return GCAP_OK;
+}
+
+void gc_graphed_replayed(gcap_graphed *G, const ge_entry *x, int which) {
+  int k;
+  for (k = 0; which == GE_FWD && k < x->out.n; k++)
+    if (x->out.t[k] != NULL) x->out.t[k]->blk->dead = 0;
+  for (k = 0; k < x->nkills[which]; k++) {
+    const ge_kill *d = &x->kills[which][k];
+    gc_blk *blk = G->v[d->entry].out.t[d->out]->blk;
+    blk->dead = d->entry + 1;
+    blk->dead_k = d->out + 1;
+  }
 }

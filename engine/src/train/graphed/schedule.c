@@ -18,13 +18,8 @@
 
 static gcap_status sched_push(gcap_engine *e, gc_schedule *s, int kind, int entry, int callable,
                               int chunk, int pos) {
-  if (s->n == s->cap) {
-    int cap = s->cap ? 2 * s->cap : 32;
-    gc_pass *v = (gc_pass *)gc_realloc(s->v, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
-    s->v = v;
-    s->cap = cap;
-  }
+  if (!gc_growvector(s->v, s->cap, s->n + 1, 32))
+    return gc_fail(e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
   s->v[s->n].kind = kind;
   s->v[s->n].entry = entry;
   s->v[s->n].callable = callable;

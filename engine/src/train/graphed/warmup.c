@@ -3,8 +3,9 @@
 ** the schedule on a side stream that starts after the caller's pending
 ** work, each forward and backward the callable's own (kernels run eagerly)
 ** between its capture_time_hooks. Iteration 0 prunes the parameters that
-** get no grad; the first forward checks that every leaf behind the outputs
-** is on the entry's surface.
+** get no grad, and later ones must give grads to the same parameters; the
+** first forward checks that every leaf behind the outputs is on the entry's
+** surface.
 */
 #include <stdlib.h>
 
@@ -93,14 +94,9 @@ static gcap_status check_leaves(ge_build *b, int i, const ge_outs *o) {
         }
         if (nx != NULL && nx->mark != mark) {
           nx->mark = mark;
-          if (n == cap) {
-            gc_node **v = (gc_node **)gc_realloc(stack, (size_t)(cap ? 2 * cap : 64) * sizeof *v);
-            if (v == NULL) {
-              st = gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
-              break;
-            }
-            stack = v;
-            cap = cap ? 2 * cap : 64;
+          if (!gc_growvector(stack, cap, n + 1, 64)) {
+            st = gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+            break;
           }
           stack[n++] = nx;
         }
@@ -131,6 +127,28 @@ static gcap_status warm_fwd(ge_build *b, int i) {
   return ge_run_hooks(b, x->callable, GCAP_HOOK_FORWARD);
 }
 
+/* After iteration 0 (it > 0): every parameter of x's module has a grad if
+** and only if it was kept; the first that has not is named. */
+static gcap_status params_agree(ge_build *b, int i, int it) {
+  ge_entry *x = &b->G->v[i];
+  int j, k, np = gcap_module_num_parameters(x->m);
+  char name[128];
+  for (j = 0; j < np; j++) {
+    gcap_tensor *p = gcap_module_parameter(x->m, j, name, sizeof name);
+    for (k = 0; k < x->nparams && x->params[k] != p; k++) {
+    }
+    if ((p->grad != NULL) != (k < x->nparams))
+      return gc_fail(b->e, GCAP_EINVAL,
+                     "make_graphed_callables: warmup backward of entry %d (callable %d, %s): the "
+                     "set of parameters getting a grad changed between warmup iterations: "
+                     "parameter '%s' got a grad in warmup iteration %d but none in iteration %d "
+                     "(a parameter gets its grad from the first warmup iteration on, or never)",
+                     i + 1, x->callable + 1, gcap_module_type(x->m), name, p->grad ? it + 1 : 1,
+                     p->grad ? 1 : it + 1);
+  }
+  return GCAP_OK;
+}
+
 /* Keep only the params that got a grad (iteration 0); later iterations must
 ** agree. */
 static gcap_status prune_params(ge_build *b, int i, int it) {
@@ -143,19 +161,8 @@ static gcap_status prune_params(ge_build *b, int i, int it) {
                      "requires grad, but its grad is None after the backward pass (set "
                      "allow_unused_input to allow it)",
                      i + 1, k + 1);
-  for (k = 0; k < x->nparams; k++)
-    kept += x->params[k]->grad != NULL;
-  if (kept == x->nparams) {
-    x->params_known = 1;
-    return GCAP_OK;
-  }
-  if (x->params_known || it > 0)
-    return gc_fail(b->e, GCAP_EINVAL,
-                   "make_graphed_callables: warmup backward of entry %d: the set of parameters "
-                   "getting a grad changed after warmup iteration 1 (no-grad parameters may only "
-                   "appear in the first iteration)",
-                   i + 1);
-  for (k = 0, kept = 0; k < x->nparams; k++) {
+  if (x->params_known) return params_agree(b, i, it);
+  for (k = 0; k < x->nparams; k++) {
     if (x->params[k]->grad != NULL)
       x->params[kept++] = x->params[k];
     else

@@ -1,0 +1,91 @@
+/*
+** stale.c: what the backward of a graphed call checks before it replays.
+** The backward graph reads what its call left behind (the activations in
+** the pool, the static inputs, the parameters); anything that rewrote them
+** since would make it compute another call's grads without a word, where an
+** eager node would refuse. Each check names the entry and the call, and
+** says what to do.
+*/
+#include <stdio.h>
+
+#include "graphed.h"
+
+/* ------------------------------------------------------------------------ */
+/* Versions of what the backward graph reads                                */
+
+/* Keep t among x's reads, named `what`, when x's backward graph reads it. */
+static void add_read(ge_entry *x, gcap_tensor *t, const char *what) {
+  uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
+  int j;
+  if (!gc_graph_touches(x->bwd, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt), 0))
+    return;
+  for (j = 0; j < x->nreads; j++) /* a tensor given twice is checked once */
+    if (x->reads[j].t == t) return;
+  x->reads[x->nreads].t = gcap_tensor_retain(t);
+  snprintf(x->reads[x->nreads].what, sizeof x->reads[0].what, "%s", what);
+  x->nreads++;
+}
+
+gcap_status gc_graphed_note_reads(ge_build *b, ge_entry *x) {
+  int np = gcap_module_num_parameters(x->m), k;
+  char what[sizeof x->reads[0].what], name[GC_NAMELEN];
+  if ((x->reads = (ge_read *)gc_calloc((size_t)(x->nargs + np) + 1, sizeof *x->reads)) == NULL)
+    return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+  for (k = 0; k < x->nargs; k++) {
+    snprintf(what, sizeof what, "the static input of argument #%d", k + 1);
+    add_read(x, x->args[k], what);
+  }
+  for (k = 0; k < np; k++) { /* all of them: a frozen one is read too */
+    gcap_tensor *p = gcap_module_parameter(x->m, k, name, sizeof name);
+    snprintf(what, sizeof what, "parameter '%s'", name);
+    add_read(x, p, what);
+  }
+  return GCAP_OK;
+}
+
+void gc_graphed_note_versions(const ge_entry *x, uint64_t *ver) {
+  int k;
+  for (k = 0; k < x->nreads; k++)
+    ver[k] = x->reads[k].t->blk->version;
+}
+
+/* As an eager node's check of what it saved, in the same words. */
+static gcap_status version_check(const ge_ref *r, const char *where) {
+  const ge_entry *x = &r->G->v[r->entry];
+  int k;
+  for (k = 0; k < x->nreads; k++) {
+    const gcap_tensor *t = x->reads[k].t;
+    char b[64];
+    if (t->blk->version == r->ver[k]) continue;
+    return gc_fail(t->e, GCAP_ESTATE,
+                   "%s: one of the variables needed for gradient computation has been modified by "
+                   "an inplace operation: the %s %s tensor it read as %s is at version %llu; "
+                   "expected version %llu instead",
+                   where, gc_shape_str(t, b, sizeof b), gc_dtype_name(t->dt), x->reads[k].what,
+                   (unsigned long long)t->blk->version, (unsigned long long)r->ver[k]);
+  }
+  return GCAP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The checks                                                               */
+
+gcap_status gc_graphed_check_backward(const ge_ref *r) {
+  const ge_entry *x = &r->G->v[r->entry];
+  char where[GC_NAMELEN + 96];
+  snprintf(where, sizeof where, "graphed backward of call %llu of entry %d (callable %d, %s)",
+           (unsigned long long)r->call, r->entry + 1, x->callable + 1, gcap_module_type(x->m));
+  if (r->call != x->calls)
+    return gc_fail(r->G->e, GCAP_ESTATE,
+                   "%s: its saved activations were overwritten by call %llu of that entry's "
+                   "forward; run a call's backward before the entry's next call, or graph one "
+                   "entry per microbatch (order)",
+                   where, (unsigned long long)r->call + 1);
+  if (r->backwards > 0 && !r->G->retain)
+    return gc_fail(r->G->e, GCAP_ESTATE,
+                   "%s: a second backward of one call, but its captured backward freed the "
+                   "tensors it saved, whose memory later work may reuse; graph it with "
+                   "retain_graph_in_backward = true to backward a call more than once",
+                   where);
+  return version_check(r, where);
+}
