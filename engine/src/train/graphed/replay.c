@@ -317,15 +317,16 @@ static gcap_status record_replay(gcap_graphed *G, ge_entry *x, int nin, gcap_ten
   }
   for (k = 0; k < ns; k++)
     surf[k] = k < nin ? in[k] : x->params[k - nin];
-  /* one saved slot, left empty: what the node saved is in the entry's static
-  ** buffers, and a slot makes a backward without retain_graph release the
-  ** node, so that a second one is eager's error */
+  /* what the node saved is in the entry's static buffers: holds_state makes a
+  ** backward without retain_graph release the node, so that a second one is
+  ** eager's error */
   st = gc_record(y, "graphed", ge_backward, surf, ns, &none, 1, &n);
   if (surf != small) free(surf);
   if (st != GCAP_OK) {
     ge_ref_free(r);
     return st;
   }
+  n->holds_state = 1;
   n->ud = r;
   n->ud_free = ge_ref_free;
   return GCAP_OK;
