@@ -96,7 +96,7 @@ extern "C" {
   X(LAYERNORM_BWD, layer_norm_bwd, norm, 0x01)                                                     \
   /* p[0] = dweight, p[1] = dbias (either may be NULL), p[2] = dy, p[3] = x, p[4] = mean,          \
      p[5] = rstd; rows n[0], cols n[1]; p[6]: NULL, or f32 scratch of 2 *                          \
-     GC_COLSUM_CHUNKS(n[0]) * n[1] floats for a backend that sums chunks of rows */             \
+     GC_COLSUM_CHUNKS(n[0]) * n[1] floats for a backend that sums chunks of rows */                \
   X(LAYERNORM_BWD_PARAMS, layer_norm_bwd_params, norm, 0x43)                                       \
   /* softmax over the last dim of z = f[0] * x (+ mask): p[0] = y, p[1] = x; rows n[0], cols       \
      n[1]; p[2]: NULL, or a mask broadcast over x seen as 4-D [rows / (n[3] n[4]), n[3], n[4],     \
