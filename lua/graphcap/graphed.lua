@@ -179,6 +179,25 @@ local function kwargs_of (i, kw)
   return keys
 end
 
+-- sample_kwargs of several callables: a sequence with one map (or false)
+-- per callable, or per entry with an order: n of them, the `what` (a plural
+-- noun) that the map of one `each` goes with (TransformerEngine's ValueError
+-- when the lengths differ).
+local function check_kwargs_count (kwargs, n, what, each)
+  local last = 0
+  for k in pairs(kwargs) do
+    if math.type(k) ~= "integer" or k < 1 then
+      fail("sample_kwargs must be a sequence with one map (or false) per %s, got a key %s",
+           each, tostring(k))
+    end
+    if k > last then last = k end
+  end
+  if last ~= n then
+    fail("sample_kwargs has %d %s, but there are %d %s (one map or false per %s)", last,
+         last == 1 and "entry" or "entries", n, what, each)
+  end
+end
+
 local Entry = {}
 Entry.__index = Entry
 Entry.__name = "graphcap.GraphedEntry"
@@ -251,6 +270,10 @@ local function make_graphed_callables (callables, sample_args, opts)
   end
   for c = 1, #mods do
     if mods[c] ~= originals[c] and mode ~= nil then mods[c]:train(mode) end
+  end
+  if kwargs ~= nil and not single then
+    if opts.order then check_kwargs_count(kwargs, #sample_args, "sample_args entries", "entry")
+    else check_kwargs_count(kwargs, #mods, "callables", "callable") end
   end
   local args, keys = {}, {}
   for i = 1, #sample_args do
