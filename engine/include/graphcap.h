@@ -285,8 +285,11 @@ void gcap_graphed_opts_init(gcap_graphed_opts *o);
 ** module hooks registered) from sample arguments: entry i takes nargs[i]
 ** tensors args[i][0..nargs[i]). Without an order there is one entry per
 ** callable; with one, chunks x microbatches x layers (docs/semantics.md,
-** "order"). On success *out holds one replayable entry per sample_args entry;
-** on failure modules, .grad values, the generator and pools are as before. */
+** "order"). On success *out holds one replayable entry per sample_args entry,
+** and without an order gcap_module_call of each callable in the mode it was
+** graphed in replays its entry while *out lives (a module graphed in both
+** modes replays the graph of its mode at each call); on failure modules,
+** .grad values, the generator and pools are as before. */
 gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
                                         gcap_module *const *callables, int nentries,
                                         const int *nargs, gcap_tensor *const *const *args,

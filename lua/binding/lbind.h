@@ -69,7 +69,8 @@ enum {
   MV_HOOKS,  /* key -> HookHandle box, for every hook registered */
   MV_REG,    /* registered name -> "parameter" | "buffer" | "child" */
   MV_KWARGS, /* the sorted kwargs keys it was graphed with, or nil */
-  MV_OUTS,   /* the structure of its outputs when last graphed (l_pushouts), or nil: one tensor */
+  MV_OUTS,   /* per mode graphed in ([true] training, [false] eval), the structure of its
+                outputs (l_pushouts), or nil: one tensor; or nil: never graphed */
   NMV
 };
 
@@ -306,6 +307,7 @@ LUAI_FUNC gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tens
                                     int *nout, gcap_tensor **out);
 LUAI_FUNC int l_pforward(lua_State *L);
 LUAI_FUNC int l_pushouts(lua_State *L, int mi, int n, gcap_tensor **t, const char *what);
+LUAI_FUNC int l_getouts(lua_State *L, int mi);
 LUAI_FUNC int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t, const char *type);
 LUAI_FUNC int l_structure(lua_State *L, int tmpl, int base, int n, const char *what,
                           const char *type);

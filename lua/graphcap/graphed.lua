@@ -198,6 +198,51 @@ local function check_kwargs_count (kwargs, n, what, each)
   end
 end
 
+-- The graphs of each module graphed in place (without an order), by mode:
+-- {[training] = {G = graphed, i = entry, keys = its kwargs keys or nil}}. A
+-- module graphed again in the other mode keeps both, and each call replays
+-- the graph of its mode, as TransformerEngine's wrapper of a wrapper does; in
+-- the same mode the new graph replaces the old. Weak keys: a module's graphs
+-- go with it.
+local in_place = setmetatable({}, {__mode = "k"})
+
+local function key_list (keys)
+  return "{" .. table.concat(keys or {}, ", ") .. "}"
+end
+
+-- Both modes' graphs of a module take its calls' kwargs maps one way: the
+-- sample keys of callable c (module m) must be those of its graph in the
+-- other mode.
+local function check_other_mode (c, m, keys)
+  local other = in_place[m] and in_place[m][not m.training]
+  if other and key_list(other.keys) ~= key_list(keys) then
+    fail("sample_kwargs of callable %d has the keys %s, but %s is graphed in %s mode with %s; "
+         .. "a module graphed in both modes takes the same kwargs in both", c, key_list(keys),
+         m:type(), m.training and "eval" or "training", key_list(other.keys))
+  end
+end
+
+-- Module m now replays entry i of G in its mode; its methods act on the
+-- graph of its current mode (or its one graph), reset() frees every graph.
+local function graph_in_place (m, G, i, keys)
+  local modes = in_place[m] or {}
+  in_place[m] = modes
+  modes[m.training] = {G = G, i = i, keys = keys}
+  local function mine ()
+    local g = modes[m.training] or modes[not m.training]
+    return g.G, g.i
+  end
+  m.graphed_callables = G
+  m.backward_dw = function () local g, k = mine(); return g:backward_dw(k) end
+  m.reset = function ()
+    for _, mode in ipairs({true, false}) do
+      if modes[mode] then modes[mode].G:reset(modes[mode].i) end
+    end
+  end
+  m.stats = function () local g, k = mine(); return g:stats(k) end
+  m.debug_dump = function (_, prefix) local g, k = mine(); return g:debug_dump(k, prefix) end
+end
+
 local Entry = {}
 Entry.__index = Entry
 Entry.__name = "graphcap.GraphedEntry"
@@ -352,17 +397,16 @@ local function make_graphed_callables (callables, sample_args, opts)
     for c = 1, #mods do kw[c] = keys[1] end
   end
   norm.kwargs = {}
-  for c = 1, #mods do norm.kwargs[c] = kw[c] or false end
+  for c = 1, #mods do
+    norm.kwargs[c] = kw[c] or false
+    if opts.order == nil and mods[c] == originals[c] then check_other_mode(c, mods[c], kw[c]) end
+  end
   local G = core.make_graphed_callables(mods, args, norm)
   local out = {}
   for i = 1, #G do
     local m = opts.order == nil and mods[i] == originals[i] and mods[i] or nil
     if m then   -- the module itself now replays; keep G with it
-      m.graphed_callables = G
-      m.backward_dw = function () return G:backward_dw(i) end
-      m.reset = function () return G:reset(i) end
-      m.stats = function () return G:stats(i) end
-      m.debug_dump = function (_, prefix) return G:debug_dump(i, prefix) end
+      graph_in_place(m, G, i, keys[i])
       out[i] = m
     else
       out[i] = setmetatable({G = G, i = i, mods = mods}, Entry) -- keeps the callables' Lua values (their kwargs keys)

@@ -584,6 +584,54 @@ static void test_graphed_training_no_false_alarm(void) {
   fx_close(&f);
 }
 
+/* Call f's module in mode `training`, then read entry 0 of G: the replays of
+** its forward into *n, whether it has a backward graph into *bwd. */
+static gcap_status fwd_replays(fixture *f, gcap_graphed *G, int training, int64_t *n, int *bwd) {
+  gcap_graphed_stats s;
+  gcap_tensor *y = NULL;
+  gcap_status st;
+  gcap_module_train(f->m, training);
+  if ((st = gcap_module_call(f->m, 1, &f->x, &y)) != GCAP_OK) return st;
+  gcap_tensor_free(y);
+  if ((st = gcap_graphed_get_stats(G, 0, &s)) != GCAP_OK) return st;
+  *n = s.fwd.replays;
+  *bwd = s.has_bwd;
+  return GCAP_OK;
+}
+
+/* f's module graphed again in eval mode: a call of the module replays the
+** graph of its mode (the graphing in the other mode used to replace the
+** route, so training calls ran eagerly); freed, the eval graph sends eval
+** calls back to the module's forward and leaves the training route. */
+static void test_module_graphed_in_both_modes(void) {
+  fixture f;
+  gcap_graphed *Ge = NULL;
+  gcap_graphed_opts o;
+  int64_t n = -1;
+  int bwd = -1;
+  const int nargs[1] = {1};
+  T_SETUP(fx_open(&f), fx_close(&f));
+  gcap_tensor *const a0[1] = {f.x};
+  gcap_tensor *const *args[1] = {a0};
+  gcap_graphed_opts_init(&o);
+  o.num_warmup_iters = 1;
+  gcap_module_train(f.m, 0);
+  T_CHECK_OK(f.e, gcap_make_graphed_callables(f.e, 1, &f.m, 1, nargs, args, &o, &Ge));
+  T_CHECK_OK(f.e, fwd_replays(&f, f.G, 1, &n, &bwd));
+  T_CHECK(n == 1 && bwd == 1);
+  T_CHECK_OK(f.e, fwd_replays(&f, Ge, 0, &n, &bwd));
+  T_CHECK_OK(f.e, fwd_replays(&f, Ge, 0, &n, &bwd));
+  T_CHECK(n == 2 && bwd == 0);
+  T_CHECK_OK(f.e, fwd_replays(&f, f.G, 1, &n, &bwd));
+  T_CHECK(n == 2);
+  gcap_graphed_free(Ge);
+  T_CHECK_OK(f.e, fwd_replays(&f, f.G, 0, &n, &bwd)); /* eager: no replay */
+  T_CHECK(n == 2);
+  T_CHECK_OK(f.e, fwd_replays(&f, f.G, 1, &n, &bwd));
+  T_CHECK(n == 3);
+  fx_close(&f);
+}
+
 int main(void) {
   T_RUN(test_order_hooks_train_bitwise);
   T_RUN(test_reuse_buffers);
@@ -593,5 +641,6 @@ int main(void) {
   T_RUN(test_capture_op_error_keeps_reason);
   T_RUN(test_many_tensor_arguments);
   T_RUN(test_graphed_training_no_false_alarm);
+  T_RUN(test_module_graphed_in_both_modes);
   return t_done();
 }

@@ -773,12 +773,110 @@ function TestGraphed:test_training_flag_mismatch_runs_eagerly ()
   lu.assertEquals(forward_calls, n, "back in training mode it did not replay")
 end
 
+-- Graphed again in the other mode, a module keeps both graphs, as
+-- TransformerEngine's wrapper of a wrapper: training calls replay the
+-- training graph and eval calls the eval graph (the Lua forward runs in
+-- neither), each equal to eager in its mode; the methods act on the graph of
+-- the current mode, reset() frees both. The second graphing used to replace
+-- the first: training calls then ran eagerly.
+function TestGraphed:test_graphed_in_both_modes ()
+  local a, b = pair(function () return {Counted()} end)
+  a, b = a[1], b[1]
+  local x0 = gc.ones({4, 8}, {requires_grad = true})
+  gc.make_graphed_callables(b, {x0})
+  b:eval()
+  gc.make_graphed_callables(b, {x0})
+  collectgarbage()
+  collectgarbage() -- the training graph lives on with the module
+  local n = forward_calls
+  for k = 1, 2 do
+    local x = gc.tensor(data(4, 8, k))
+    for _, m in ipairs({a, b}) do m:train() end
+    gc.manual_seed(7 + k)
+    local yb = b(x)
+    gc.manual_seed(7 + k)
+    local ya = a(x)
+    lu.assertEquals(yb.grad_fn, "graphed", "training call " .. k .. " did not replay")
+    assert_same(yb:tolist(), ya:tolist(), "training output " .. k)
+    yb:sum():backward()
+    ya:sum():backward()
+    for _, m in ipairs({a, b}) do m:eval() end
+    local eb = b(x)
+    assert_same(eb:tolist(), a(x):tolist(), "eval output " .. k)
+    assert_same(eb:tolist(), a.lin(x):tolist(), "eval output " .. k .. " vs the Linear alone")
+  end
+  lu.assertEquals(forward_calls - n, 2 * 2, "a graphed call ran the Lua forward") -- a's calls
+  assert_same(b.lin.weight.grad:tolist(), a.lin.weight.grad:tolist(), "weight grad")
+  lu.assertEquals(b:stats().fwd.replays, 2, "eval graph's replays")
+  lu.assertNil(b:stats().bwd, "the eval graph has a backward")
+  b:train()
+  lu.assertEquals(b:stats().fwd.replays, 2, "training graph's replays")
+  lu.assertNotNil(b:stats().bwd, "the training graph has no backward")
+  -- graphed again in training mode: the new training graph replaces the old
+  local pool = gc.graph_pool_handle()
+  gc.make_graphed_callables(b, {x0}, {pool = pool})
+  b(gc.tensor(data(4, 8, 3)))
+  lu.assertEquals(b:stats().fwd.replays, 1, "the new training graph did not replay")
+  b:eval()
+  lu.assertEquals(b:stats().fwd.replays, 2, "the eval graph is gone")
+  b:reset()
+  H.assert_err(function () return b(x0) end, "was reset")
+  b:train()
+  H.assert_err(function () return b(x0) end, "was reset")
+end
+
+-- A module that returns another structure in each mode, graphed in both:
+-- each mode's replays come back in the structure of that mode's graph.
+local Moody = gc.nn.Module("Moody")
+function Moody:init () self.lin = gc.nn.Linear(8, 8) end
+function Moody:forward (x)
+  local y = self.lin(x)
+  if self.training then return {y = y, twice = y * 2} end
+  return y
+end
+
+function TestGraphed:test_graphed_in_both_modes_keeps_each_structure ()
+  gc.manual_seed(3)
+  local m = Moody()
+  local x = gc.tensor(data(4, 8, 1))
+  gc.make_graphed_callables(m, {gc.ones({4, 8}, {requires_grad = true})})
+  m:eval()
+  gc.make_graphed_callables(m, {gc.ones({4, 8})})
+  local want = m.lin(x):tolist()
+  local e = m(x)
+  lu.assertNil(e.grad_fn, "eval output")
+  assert_same(e:tolist(), want, "eval output")
+  m:train()
+  local t = m(x)
+  lu.assertEquals(type(t), "table", "training output")
+  lu.assertEquals(t.y.grad_fn, "graphed output")
+  assert_same(t.y:tolist(), want, "training output y")
+  lu.assertEquals(m:stats().fwd.replays, 1)
+end
+
 local Masked = gc.nn.Module("Masked")
 function Masked:init () self.lin = gc.nn.Linear(8, 8) end
 function Masked:forward (x, kw) return self.lin(x) * kw.scale + kw.shift end
 
 local function kwargs (k)
   return {scale = gc.tensor(data(4, 8, k + 10)), shift = gc.tensor(data(4, 8, k + 20))}
+end
+
+-- Both modes' graphs take one kwargs map: other sample keys in the other
+-- mode are refused, naming sample_kwargs and both key lists.
+function TestGraphed:test_graphed_in_both_modes_same_kwargs ()
+  local _, b = pair(function () return {Masked()} end)
+  b = b[1]
+  gc.make_graphed_callables(b, {gc.ones({4, 8}, {requires_grad = true})},
+                            {sample_kwargs = {scale = gc.ones({4, 8}), shift = gc.zeros({4, 8})}})
+  b:eval()
+  H.assert_err(function ()
+    gc.make_graphed_callables(b, {gc.ones({4, 8})}, {sample_kwargs = {scale = gc.ones({4, 8})}})
+  end, "sample_kwargs of callable 1 has the keys {scale}, but Masked is graphed in training mode "
+       .. "with {scale, shift}")
+  local G = gc.make_graphed_callables(b, {gc.ones({4, 8})}, {sample_kwargs = {
+    scale = gc.ones({4, 8}), shift = gc.zeros({4, 8})}})
+  lu.assertIs(G, b)
 end
 
 -- sample_kwargs: the map comes as the last argument, at capture and replay;

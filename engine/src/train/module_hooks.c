@@ -520,6 +520,15 @@ static gcap_status run_forward_hooks(gcap_module *m, gcap_hook_args *a, hook_val
   return GCAP_OK;
 }
 
+/* The call between the hooks: the graphed replay of m's current mode, or
+** its own forward. */
+static gcap_status route_or_forward(gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
+                                    gcap_tensor **out) {
+  const mod_route *rt = &m->route[m->training != 0];
+  return rt->fn ? rt->fn(rt->ud, rt->entry, nin, in, nout, out)
+                : gc_module_forward(m, nin, in, nout, out);
+}
+
 gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, int maxout,
                                int *nout, gcap_tensor **out) {
   gcap_tensor *small[8], **args = small, *ys[GCAP_MAX_OUTPUTS];
@@ -570,8 +579,7 @@ gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, 
     }
     if ((st = hook_track(hc, 0, nargs, args)) != GCAP_OK) goto done;
   }
-  st = m->route ? m->route(m->route_ud, m->route_entry, nargs, args, &ny, ys)
-                : gc_module_forward(m, nargs, args, &ny, ys);
+  st = route_or_forward(m, nargs, args, &ny, ys);
   if (st != GCAP_OK) goto done;
   if ((st = run_forward_hooks(m, &a, &post, maxout, &ny, ys)) != GCAP_OK) goto done;
   if (hc != NULL) {
@@ -613,12 +621,16 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
                  m->type, n, n == 1 ? " (absent)" : "");
 }
 
-void gc_module_set_route(gcap_module *m, gc_route_fn fn, void *ud, int entry) {
-  m->route = fn;
-  m->route_ud = ud;
-  m->route_entry = entry;
+void gc_module_set_route(gcap_module *m, int training, gc_route_fn fn, void *ud, int entry) {
+  mod_route *rt = &m->route[training != 0];
+  rt->fn = fn;
+  rt->ud = ud;
+  rt->entry = entry;
 }
 
 void gc_module_unroute(gcap_module *m, const void *ud, int entry) {
-  if (m->route != NULL && m->route_ud == ud && m->route_entry == entry) m->route = NULL;
+  int k;
+  for (k = 0; k < 2; k++)
+    if (m->route[k].fn != NULL && m->route[k].ud == ud && m->route[k].entry == entry)
+      m->route[k].fn = NULL;
 }
