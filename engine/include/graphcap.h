@@ -325,7 +325,9 @@ gcap_status gcap_graphed_call_n(gcap_graphed *g, int entry, int nin, gcap_tensor
 /* Replay entry i's delayed-wgrad graph and accumulate into .grad (no-op
 ** when the entry has none). */
 gcap_status gcap_graphed_backward_dw(gcap_graphed *g, int entry);
-/* Free entry i's graphs; calling it afterwards is an error. */
+/* Free entry i's graphs and drop its static buffers (inputs, outputs,
+** grads), which go back to the pool while g lives; calling it afterwards,
+** or the backward of a call made before, is GCAP_ESTATE. */
 gcap_status gcap_graphed_reset(gcap_graphed *g, int entry);
 /* Stats of entry i's graphs (bwd/dw zeroed when absent: has_bwd, has_dw). */
 typedef struct gcap_graphed_stats {

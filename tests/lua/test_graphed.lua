@@ -698,6 +698,98 @@ function TestGraphed:test_reset_function_entry ()
   lu.assertStrContains(err, "reset")
 end
 
+-- reset() gives the entry's static buffers (outputs, grads) back to the pool
+-- while the entry object lives, as TransformerEngine's since its #3427: once
+-- every entry is reset and the caller's outputs are gone, no pool byte is in
+-- use. They used to stay until the graphed object was collected.
+function TestGraphed:test_reset_gives_static_buffers_back ()
+  local _, b = pair(two_layers())
+  local pool = gc.graph_pool_handle()
+  local G = gc.make_graphed_callables(b, samples_of(DIMS2), {pool = pool, order = {1, 2, -2, -1}})
+  local y = G[2](G[1](gc.full({4, 8}, 0.5)))
+  y:sum():backward()
+  y = nil -- luacheck: ignore y
+  collectgarbage()
+  collectgarbage()
+  local full = pool:stats().in_use_bytes
+  lu.assertTrue(full > 0)
+  G[1]:reset()
+  local half = pool:stats().in_use_bytes
+  lu.assertTrue(half > 0 and half < full, string.format("in use: %d, then %d", full, half))
+  G[2]:reset()
+  lu.assertEquals(pool:stats().in_use_bytes, 0)
+  H.assert_err(function () return G[1](gc.full({4, 8}, 0.5)) end, "was reset")
+  -- a replay whose backward comes after the reset: an error, its buffers gone
+  local f = gc.make_graphed_callables(function (x) return x * 2, x * 3 end,
+                                      {gc.ones({4, 8}, {requires_grad = true})}, {pool = pool})
+  local g = gc.make_graphed_callables(b[1], samples_of(DIMS2)[1], {pool = pool})
+  local x = gc.full({4, 8}, 0.5, {requires_grad = true})
+  local u, v = f(x)
+  local w = g(x)
+  f:reset()
+  g:reset()
+  H.assert_err(function () (u + v):sum():backward() end, "graphed backward: entry 1 was reset")
+  H.assert_err(function () w:sum():backward() end, "graphed backward: entry 1 was reset")
+  lu.assertNil(x.grad)
+end
+
+-- The warmup keeps no output longer than it needs (TransformerEngine#3427),
+-- measured in the hooks as the ordinary allocator's bytes in use (outputs of
+-- 64 KiB). In training an entry's outputs, their grads and saved tensors are
+-- gone once its backward consumed them, before its backward hooks run: the
+-- bytes in use are those before its forward (backwards run in reverse, so
+-- the earlier entries' outputs are still alive, as they must be). In eval
+-- an entry's outputs are gone before the next callable's forward: at most
+-- one callable's outputs are alive, where the eval warmup used to keep all
+-- of one iteration's.
+local function warmup_in_use (training)
+  gc.manual_seed(1)
+  local mods = {gc.nn.Linear(8, 256), gc.nn.Linear(256, 256), gc.nn.Linear(256, 8)}
+  local samples = {}
+  for c, d in ipairs({8, 256, 256}) do
+    mods[c]:train(training)
+    samples[c] = {gc.ones({64, d}, {requires_grad = training})}
+  end
+  local base, seen = nil, {}
+  local function probe (what)
+    seen[what] = {}
+    return function ()
+      local v = seen[what]
+      v[#v + 1] = gc.memory_stats().in_use_bytes
+    end
+  end
+  local hooks = {}
+  for c = 1, 3 do
+    hooks[c] = {forward_pre_hooks = {probe("forward_pre " .. c)},
+                backward_hooks = {probe("backward " .. c)}}
+  end
+  gc.make_graphed_callables(mods, samples, {num_warmup_iters = 2, capture_time_hooks = hooks,
+                            pre_warmup_hook = function () base = gc.memory_stats().in_use_bytes end})
+  for c = 1, 3 do
+    local pre, post = seen["forward_pre " .. c], seen["backward " .. c]
+    lu.assertEquals(#pre, 3) -- two warmup iterations, then the capture
+    lu.assertEquals(#post, training and 3 or 0)
+    for it = 1, 2 do
+      if training then
+        lu.assertEquals(post[it], pre[it], string.format("iteration %d, after the backward of "
+                        .. "callable %d: bytes in use beyond those before its forward", it, c))
+      else
+        lu.assertEquals(pre[it], base, string.format("iteration %d, before the forward of "
+                        .. "callable %d: bytes in use beyond those before the warmup", it, c))
+      end
+    end
+  end
+  lu.assertEquals(seen["forward_pre 1"][1], base)
+end
+
+function TestGraphed:test_warmup_frees_consumed_outputs ()
+  warmup_in_use(true)
+end
+
+function TestGraphed:test_eval_warmup_keeps_one_callables_outputs ()
+  warmup_in_use(false)
+end
+
 -- A module entry (no order) has reset() too; its graphs go.
 function TestGraphed:test_reset_module_entry ()
   local _, b = pair(two_layers())

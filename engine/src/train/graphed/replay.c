@@ -143,6 +143,12 @@ static gcap_status grads_in(ge_entry *x, ge_ref *r, gcap_tensor *g) {
   return st;
 }
 
+/* The backward of a replay whose entry was reset since: its graphs and
+** static buffers are gone. */
+static gcap_status reset_since(const ge_ref *r) {
+  return gc_fail(r->G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
+}
+
 /* Backward of a replayed forward: grads in, backward graph, grads out. */
 static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   ge_ref *r = (ge_ref *)n->ud;
@@ -151,8 +157,7 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_status st;
   double t0 = gc_trace_clock(G->e);
   int k;
-  if (x->reset)
-    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
+  if (x->reset) return reset_since(r);
   if (x->bwd == NULL)
     return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
                    r->entry + 1);
@@ -195,6 +200,7 @@ static gcap_status ge_out_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin
   ge_ref *r = (ge_ref *)join->ud;
   ge_entry *x = &r->G->v[r->entry];
   int k = (int)n->k[0], i;
+  if (x->reset) return reset_since(r);
   if (gc_node_first_delivery(join)) {
     for (i = 0; i < x->out.n; i++) {
       gcap_tensor_free(r->got[i]);
@@ -332,7 +338,7 @@ static gcap_status eager_call(gcap_graphed *G, ge_entry *x, int nin, gcap_tensor
 
 static void drop_outs(int n, gcap_tensor **out) {
   int k;
-  for (k = 0; k < n; k++) {
+  for (k = 0; out != NULL && k < n; k++) {
     gcap_tensor_free(out[k]);
     out[k] = NULL;
   }
@@ -469,6 +475,13 @@ gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
   gcap_graph_free(x->bwd);
   gcap_graph_free(x->dw);
   x->fwd = x->bwd = x->dw = NULL;
+  /* the static buffers go back now, not with the object (as TE's since its
+  ** #3427); the arrays stay, sized as replays still pending know them */
+  drop_outs(x->nargs, x->args);
+  drop_outs(x->nargs + x->nparams, x->grad_in);
+  drop_outs(x->nparams, x->dw_grad);
+  drop_outs(x->out.n, x->grad_out);
+  drop_outs(x->out.n, x->out.t);
   x->reset = 1;
   return GCAP_OK;
 }

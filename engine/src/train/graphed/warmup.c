@@ -4,7 +4,8 @@
 ** work, each forward and backward the callable's own (kernels run eagerly)
 ** between its capture_time_hooks. Iteration 0 prunes the parameters that
 ** get no grad; the first forward checks that every leaf behind the outputs
-** is on the entry's surface.
+** is on the entry's surface. An entry's outputs live from its forward until
+** its backward consumed them (in eval, until its forward hooks ran).
 */
 #include <stdlib.h>
 
@@ -128,7 +129,10 @@ static gcap_status warm_fwd(ge_build *b, int i) {
   ** grad, such as a fused-wgrad weight, are pruned) */
   if (b->G->training && !x->params_known && (st = check_leaves(b, i, &b->warm_out[i])) != GCAP_OK)
     return st;
-  return ge_run_hooks(b, x->callable, GCAP_HOOK_FORWARD);
+  st = ge_run_hooks(b, x->callable, GCAP_HOOK_FORWARD);
+  /* in eval no backward reads them: at most one callable's outputs alive */
+  if (!b->G->training) gc_graphed_outs_clear(&b->warm_out[i]);
+  return st;
 }
 
 /* Keep only the params that got a grad (iteration 0); later iterations must
@@ -184,6 +188,8 @@ static gcap_status warm_bwd(ge_build *b, int i, int it) {
     if (st == GCAP_OK) st = gc_graphed_backward(o, gout.t, 0);
     if (st == GCAP_OK && x->need_dw) st = gcap_module_backward_dw(x->m);
     gc_trace_span(b->e, t0, "warmup", "warmup backward of entry %d", i + 1);
+    gc_graphed_outs_clear(&gout); /* consumed: gone before the hooks run */
+    gc_graphed_outs_clear(o);
     if (st != GCAP_OK) {
       st = ge_where(b, st, i, "warmup backward");
       goto done;
