@@ -240,7 +240,15 @@ const char *gcap_hook_kind_name(gcap_hook_kind kind);
 const char *gcap_hook_group_key(gcap_hook_kind kind);
 
 /* A capture-time hook: run outside capture with the original module; a
-** non-OK status aborts graph construction (everything is rolled back). */
+** non-OK status aborts graph construction (everything is rolled back). The
+** message then names the hook, its callable and the phase
+** ("capture_time_hooks forward_hooks #1 of callable 1 (Linear) failed in
+** the warmup", after "make_graphed_callables: "), then says why: ": " and
+** the message a failed call of the hook left, else the status's text; with
+** GCAP_EABORTED the hook has its own account, and the message is the place
+** alone. The warmup hooks and the progress callback fail the same way
+** ("pre_warmup_hook failed", "the progress callback stopped the capture at
+** 1 of 2"). */
 typedef gcap_status (*gcap_capture_hook)(void *ud, gcap_module *m);
 
 /* The hooks of one callable: n[k] functions in the group of hook kind k

@@ -205,12 +205,17 @@ done:
   return st;
 }
 
-/* The pre or post warmup hook, traced. */
+/* The pre or post warmup hook, traced; its failure names it. */
 static gcap_status warm_hook(ge_build *b, const char *name, gcap_status (*fn)(void *), void *ud) {
   double t0 = gc_trace_clock(b->e);
-  gcap_status st = fn(ud);
+  gcap_status st;
+  char where[64];
+  gc_clear(b->e);
+  st = fn(ud);
   gc_trace_span(b->e, t0, "hook", "%s", name);
-  return st;
+  if (st == GCAP_OK) return GCAP_OK;
+  snprintf(where, sizeof where, "%s failed", name);
+  return ge_callback_failed(b->e, st, where);
 }
 
 /* num_warmup_iters walks of the schedule on a side stream, between the pre
