@@ -241,6 +241,7 @@ static gcap_status ge_out_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin
   ge_ref *r = (ge_ref *)join->ud;
   ge_entry *x = &r->G->v[r->entry];
   int k = (int)n->k[0], i;
+  if (x->reset) return reset_since(r);
   if (gc_node_first_delivery(join)) {
     for (i = 0; i < x->out.n; i++) {
       gcap_tensor_free(r->got[i]);
@@ -382,7 +383,7 @@ static gcap_status eager_call(gcap_graphed *G, ge_entry *x, int nin, gcap_tensor
 
 static void drop_outs(int n, gcap_tensor **out) {
   int k;
-  for (k = 0; k < n; k++) {
+  for (k = 0; out != NULL && k < n; k++) {
     gcap_tensor_free(out[k]);
     out[k] = NULL;
   }
@@ -524,6 +525,13 @@ gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
   gcap_graph_free(x->bwd);
   gcap_graph_free(x->dw);
   x->fwd = x->bwd = x->dw = NULL;
+  /* the static buffers go back now, not with the object (as TE's since its
+  ** #3427); the arrays stay, sized as replays still pending know them */
+  drop_outs(x->nargs, x->args);
+  drop_outs(x->nargs + x->nparams, x->grad_in);
+  drop_outs(x->nparams, x->dw_grad);
+  drop_outs(x->out.n, x->grad_out);
+  drop_outs(x->out.n, x->out.t);
   x->reset = 1;
   return GCAP_OK;
 }
