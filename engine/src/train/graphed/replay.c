@@ -199,6 +199,12 @@ static gcap_status grads_out(gcap_graphed *G, ge_entry *x, gc_node *n, gcap_tens
   return GCAP_OK;
 }
 
+/* The backward of a replay whose entry was reset since: its graphs and
+** static buffers are gone. */
+static gcap_status reset_since(const ge_ref *r) {
+  return gc_fail(r->G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
+}
+
 /* Backward of a replayed forward: grads in, backward graph, grads out. */
 static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   ge_ref *r = (ge_ref *)n->ud;
@@ -207,8 +213,7 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor **old = NULL;
   gcap_status st;
   double t0 = gc_trace_clock(G->e);
-  if (x->reset)
-    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
+  if (x->reset) return reset_since(r);
   if (x->bwd == NULL)
     return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
                    r->entry + 1);
