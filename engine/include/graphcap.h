@@ -261,7 +261,15 @@ const char *gcap_hook_kind_name(gcap_hook_kind kind);
 const char *gcap_hook_group_key(gcap_hook_kind kind);
 
 /* A capture-time hook: run outside capture with the original module; a
-** non-OK status aborts graph construction (everything is rolled back). */
+** non-OK status aborts graph construction (everything is rolled back). The
+** message then names the hook, its callable and the phase
+** ("capture_time_hooks forward_hooks #1 of callable 1 (Linear) failed in
+** the warmup", after "make_graphed_callables: "), then says why: ": " and
+** the message a failed call of the hook left, else the status's text; with
+** GCAP_EABORTED the hook has its own account, and the message is the place
+** alone. The warmup hooks and the progress callback fail the same way
+** ("pre_warmup_hook failed", "the progress callback stopped the capture at
+** 1 of 2"). */
 typedef gcap_status (*gcap_capture_hook)(void *ud, gcap_module *m);
 
 /* The hooks of one callable: n[k] functions in the group of hook kind k
@@ -306,9 +314,11 @@ void gcap_graphed_opts_init(gcap_graphed_opts *o);
 ** module hooks registered) from sample arguments: entry i takes nargs[i]
 ** tensors args[i][0..nargs[i]). Without an order there is one entry per
 ** callable; with one, chunks x microbatches x layers (docs/semantics.md,
-** "order"). On success *out holds one replayable entry per sample_args entry;
-** on failure modules, .grad values, the generator and pools are as before.
-** e NULL: GCAP_EINVAL. */
+** "order"). On success *out holds one replayable entry per sample_args entry,
+** and without an order gcap_module_call of each callable in the mode it was
+** graphed in replays its entry while *out lives (a module graphed in both
+** modes replays the graph of its mode at each call); on failure modules,
+** .grad values, the generator and pools are as before. e NULL: GCAP_EINVAL. */
 gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
                                         gcap_module *const *callables, int nentries,
                                         const int *nargs, gcap_tensor *const *const *args,
@@ -353,7 +363,9 @@ gcap_status gcap_graphed_call_n(gcap_graphed *g, int entry, int nin, gcap_tensor
 /* Replay entry i's delayed-wgrad graph and accumulate into .grad (no-op
 ** when the entry has none). */
 gcap_status gcap_graphed_backward_dw(gcap_graphed *g, int entry);
-/* Free entry i's graphs; calling it afterwards is an error. */
+/* Free entry i's graphs and drop its static buffers (inputs, outputs,
+** grads), which go back to the pool while g lives; calling it afterwards,
+** or the backward of a call made before, is GCAP_ESTATE. */
 gcap_status gcap_graphed_reset(gcap_graphed *g, int entry);
 /* Stats of entry i's graphs (bwd/dw zeroed when absent: has_bwd, has_dw). */
 typedef struct gcap_graphed_stats {
@@ -574,7 +586,7 @@ typedef struct gcap_sdpa_opts {
 } gcap_sdpa_opts;
 /* Attention softmax(scale q k^T + mask, causal) v with dropout on the
 ** weights: q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv] (2-D to 4-D, equal
-** batch dims) -> [..., Sq, Dv]. Grads for q, k and v. The dropout draws from
+** batch dims, D >= 1 for every impl) -> [..., Sq, Dv]. Grads for q, k and v. The dropout draws from
 ** the engine's generator as gcap_dropout over the weights [..., Sq, Sk]. */
 gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
                                               const gcap_sdpa_opts *opts, gcap_tensor **out);
@@ -790,7 +802,10 @@ gcap_module *gcap_module_child(const gcap_module *m, int i, const char **name);
 void gcap_module_train(gcap_module *m, int on);
 int gcap_module_training(const gcap_module *m);
 
-/* Add a hook; *id (may be NULL) identifies it for gcap_module_remove_hook. */
+/* Add a hook; *id (may be NULL) identifies it for gcap_module_remove_hook.
+** Hooks of one kind run in registration order; one registered while hooks
+** of its kind run (by one of them) runs from the next call on, one removed
+** meanwhile no longer runs. */
 gcap_status gcap_module_register_hook(gcap_module *m, gcap_hook_kind kind, gcap_module_hook fn,
                                       void *ud, void (*ud_free)(void *), int *id);
 gcap_status gcap_module_remove_hook(gcap_module *m, int id);

@@ -68,7 +68,8 @@ enum {
   MV_HOOKS,  /* key -> HookHandle box, for every hook registered */
   MV_REG,    /* registered name -> "parameter" | "buffer" | "child" */
   MV_KWARGS, /* the sorted kwargs keys it was graphed with, or nil */
-  MV_OUTS,   /* the structure of its outputs when last graphed (l_pushouts), or nil: one tensor */
+  MV_OUTS,   /* per mode graphed in ([true] training, [false] eval), the structure of its
+                outputs (l_pushouts), or nil: one tensor; or nil: never graphed */
   NMV
 };
 
@@ -228,9 +229,12 @@ LUAI_FUNC void l_errholder(lua_State *L);
 
 /* lgraphcap.c: boxes */
 
-/* The open box of class c at i */
+/* The open box of class c at i; either error names the user's line, also
+** when the facade passed the value on. */
 static inline void *l_checkbox(lua_State *L, int i, const LClass *c) {
-  void *p = luaL_checkudata(L, i, c->tname);
+  void *p = luaL_testudata(L, i, c->tname);
+  if (p == NULL)
+    l_argerror(L, i, lua_pushfstring(L, "%s expected, got %s", c->tname, l_typename(L, i)));
   if (!c->isopen(p)) l_argerror(L, i, c->closed);
   return p;
 }
@@ -305,6 +309,7 @@ LUAI_FUNC gcap_status l_lua_forward(void *ud, gcap_module *m, int nin, gcap_tens
                                     int *nout, gcap_tensor **out);
 LUAI_FUNC int l_pforward(lua_State *L);
 LUAI_FUNC int l_pushouts(lua_State *L, int mi, int n, gcap_tensor **t, const char *what);
+LUAI_FUNC int l_getouts(lua_State *L, int mi);
 LUAI_FUNC int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t, const char *type);
 LUAI_FUNC int l_structure(lua_State *L, int tmpl, int base, int n, const char *what,
                           const char *type);

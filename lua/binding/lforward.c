@@ -172,6 +172,31 @@ void l_keepresults(lua_State *L, int rt, int fi, int n, const LFlat *fl) {
   lua_setfield(L, rt, "leaves");
 }
 
+/* The structure at the top of the stack (popped) becomes that of the
+** outputs of the module at mi graphed in its current mode. */
+static void l_setouts(lua_State *L, int mi) {
+  if (lua_getiuservalue(L, mi, MV_OUTS) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_createtable(L, 0, 2);
+    lua_pushvalue(L, -1);
+    lua_setiuservalue(L, mi, MV_OUTS);
+  }
+  lua_pushboolean(L, gcap_module_training(((LModule *)lua_touserdata(L, mi))->m));
+  lua_pushvalue(L, -3);
+  lua_rawset(L, -3);
+  lua_pop(L, 2);
+}
+
+/* Push the structure of the outputs of the module at mi as graphed in its
+** current mode, the one its replays give, or nil; returns its type. */
+int l_getouts(lua_State *L, int mi) {
+  if (lua_getiuservalue(L, mi, MV_OUTS) != LUA_TTABLE) return lua_type(L, -1);
+  lua_pushboolean(L, gcap_module_training(((LModule *)lua_touserdata(L, mi))->m));
+  lua_rawget(L, -2);
+  lua_remove(L, -2);
+  return lua_type(L, -1);
+}
+
 /* The protected part: Class.forward(self, args...), its results into the
 ** core's outputs; a direct call m(...) also gets them as they are (its
 ** results table, c->c.results, follows the arguments), and under
@@ -208,13 +233,13 @@ int l_pforward(lua_State *L) {
     fl.who = lua_pushfstring(L, "%s:forward", type); /* on the stack while in use */
     l_flatresults(L, &fl, fi, n);
     if (rt != 0) l_keepresults(L, rt, fi, n, &fl); /* m(...) returns them as they are */
-    if (c->graphing) lua_setiuservalue(L, mi, MV_OUTS);
+    if (c->graphing) l_setouts(L, mi);
     for (i = 0; i < fl.n; i++) /* nothing raises from here on */
       gcap_tensor_retain(c->out[i]);
     *c->nout = fl.n;
     return 0;
   }
-  if (c->graphing) lua_setiuservalue(L, mi, MV_OUTS);
+  if (c->graphing) l_setouts(L, mi);
   return 0;
 }
 
@@ -335,13 +360,14 @@ int l_pushresults(lua_State *L, int rt, int n, gcap_tensor **t, const char *type
 /*
 ** Push the n outputs t[] of a call of the module at mi (references, taken
 ** over) as Lua values: in the structure its forward returned when it was
-** graphed (MV_OUTS), else as they come (nil where absent). Returns the
-** count of values pushed. 'what' names the call in an error.
+** graphed in its current mode (MV_OUTS), else as they come (nil where
+** absent). Returns the count of values pushed. 'what' names the call in an
+** error.
 */
 int l_pushouts(lua_State *L, int mi, int n, gcap_tensor **t, const char *what) {
   int base = lua_gettop(L) + 1;
   l_pushowned(L, n, t);
-  if (lua_getiuservalue(L, mi, MV_OUTS) != LUA_TTABLE) {
+  if (l_getouts(L, mi) != LUA_TTABLE) {
     lua_pop(L, 1);
     return n;
   }

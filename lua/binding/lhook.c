@@ -155,8 +155,8 @@ static void l_retoutputs(lua_State *L, LHookCall *c, int fi, int rt) {
 /* Push the outputs a forward hook is given, returning their count: the
 ** results of the call's table rt (0: none) when the core's outputs are
 ** theirs (a Lua forward or a hook left them), else the outputs in the
-** structure the module was graphed with (MV_OUTS of the module at mi), else
-** as they come (nil where absent). */
+** structure the module was graphed with in its mode (MV_OUTS of the module
+** at mi), else as they come (nil where absent). */
 static int l_pushoutputs(lua_State *L, const LHookCall *c, int rt, int mi) {
   const gcap_hook_args *a = c->a;
   int i, n, base;
@@ -176,7 +176,7 @@ static int l_pushoutputs(lua_State *L, const LHookCall *c, int rt, int mi) {
       l_pushborrowed(L, a->out[i]);
     else
       lua_pushnil(L);
-  if (lua_getiuservalue(L, mi, MV_OUTS) == LUA_TTABLE && lua_getfield(L, -1, "leaves") &&
+  if (l_getouts(L, mi) == LUA_TTABLE && lua_getfield(L, -1, "leaves") &&
       lua_tointeger(L, -1) == a->nout) {
     lua_pop(L, 1);
     return l_structure(L, lua_gettop(L), base, a->nout, "forward hook", gcap_module_type(c->m));

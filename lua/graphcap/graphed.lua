@@ -179,6 +179,75 @@ local function kwargs_of (i, kw)
   return keys
 end
 
+-- sample_kwargs of several callables: a sequence with one map (or false)
+-- per callable, or per entry with an order: n of them, the `what` (a plural
+-- noun) that the map of one `each` goes with (TransformerEngine's ValueError
+-- when the lengths differ).
+local function check_kwargs_count (kwargs, n, what, each)
+  local last = 0
+  for k in pairs(kwargs) do
+    if math.type(k) ~= "integer" or k < 1 then
+      fail("sample_kwargs must be a sequence with one map (or false) per %s, got a key %s",
+           each, tostring(k))
+    end
+    if k > last then last = k end
+  end
+  if last ~= n then
+    fail("sample_kwargs has %d %s, but there are %d %s (one map or false per %s)", last,
+         last == 1 and "entry" or "entries", n, what, each)
+  end
+end
+
+-- The graphs of each module graphed in place (without an order), by mode:
+-- {[training] = {G = graphed, i = entry, keys = its kwargs keys or nil}}. A
+-- module graphed again in the other mode keeps both, and each call replays
+-- the graph of its mode, as TransformerEngine's wrapper of a wrapper does; in
+-- the same mode the new graph replaces the old. Weak keys: a module's graphs
+-- go with it.
+local in_place = setmetatable({}, {__mode = "k"})
+
+local function key_list (keys)
+  return "{" .. table.concat(keys or {}, ", ") .. "}"
+end
+
+-- Both modes' graphs of a module take its calls' kwargs maps one way: the
+-- sample keys of callable c (module m) must be those of its graph in the
+-- other mode.
+local function check_other_mode (c, m, keys)
+  local other = in_place[m] and in_place[m][not m.training]
+  if other and key_list(other.keys) ~= key_list(keys) then
+    fail("sample_kwargs of callable %d has the keys %s, but %s is graphed in %s mode with %s; "
+         .. "a module graphed in both modes takes the same kwargs in both", c, key_list(keys),
+         m:type(), m.training and "eval" or "training", key_list(other.keys))
+  end
+end
+
+-- Module m now replays entry i of G in its mode; its methods act on the
+-- graph of its current mode (or its one graph), reset() frees every graph.
+local function graph_in_place (m, G, i, keys, dw)
+  local modes = in_place[m] or {}
+  in_place[m] = modes
+  modes[m.training] = {G = G, i = i, keys = keys, dw = dw}
+  local function mine ()
+    local g = modes[m.training] or modes[not m.training]
+    return g.G, g.i
+  end
+  m.graphed_callables = G
+  m.backward_dw = util.entry(function ()
+    return (modes[m.training] or modes[not m.training]).dw()
+  end)
+  m.reset = util.entry(function ()
+    for _, mode in ipairs({true, false}) do
+      if modes[mode] then modes[mode].G:reset(modes[mode].i) end
+    end
+  end)
+  m.stats = util.entry(function () local g, k = mine(); return g:stats(k) end)
+  m.debug_dump = util.entry(function (_, prefix)
+    local g, k = mine()
+    return g:debug_dump(k, prefix)
+  end)
+end
+
 local Entry = {}
 Entry.__index = Entry
 Entry.__name = "graphcap.GraphedEntry"
@@ -193,6 +262,7 @@ function Entry:debug_dump (prefix) return self.G:debug_dump(self.i, prefix) end
 function Entry:__tostring ()
   return string.format("graphcap.GraphedEntry(%d)", self.i)
 end
+util.entries(Entry)
 
 -- The replay of entry i's delayed-wgrad graph, inside what its module m
 -- runs around it, when m has that (m:_backward_dw_around(run): gc.ddp
@@ -287,6 +357,10 @@ local function make_graphed_callables (callables, sample_args, opts)
   for c = 1, #mods do
     if mods[c] ~= originals[c] and mode ~= nil then mods[c]:train(mode) end
   end
+  if kwargs ~= nil and not single then
+    if opts.order then check_kwargs_count(kwargs, #sample_args, "sample_args entries", "entry")
+    else check_kwargs_count(kwargs, #mods, "callables", "callable") end
+  end
   local args, keys = {}, {}
   for i = 1, #sample_args do
     local a = sample_args[i]
@@ -364,18 +438,17 @@ local function make_graphed_callables (callables, sample_args, opts)
     for c = 1, #mods do kw[c] = keys[1] end
   end
   norm.kwargs = {}
-  for c = 1, #mods do norm.kwargs[c] = kw[c] or false end
+  for c = 1, #mods do
+    norm.kwargs[c] = kw[c] or false
+    if opts.order == nil and mods[c] == originals[c] then check_other_mode(c, mods[c], kw[c]) end
+  end
   local G = core.make_graphed_callables(mods, args, norm)
   local out, of = {}, entry_callables(#G, opts.order, nlpc)
   for i = 1, #G do
     local m = opts.order == nil and mods[i] == originals[i] and mods[i] or nil
     local dw = backward_dw_of(G, i, mods[of[i]])
     if m then   -- the module itself now replays; keep G with it
-      m.graphed_callables = G
-      m.backward_dw = dw
-      m.reset = function () return G:reset(i) end
-      m.stats = function () return G:stats(i) end
-      m.debug_dump = function (_, prefix) return G:debug_dump(i, prefix) end
+      graph_in_place(m, G, i, keys[i], dw)
       out[i] = m
     else
       out[i] = setmetatable({G = G, i = i, mods = mods, dw = dw}, Entry) -- keeps the callables' Lua values (their kwargs keys)

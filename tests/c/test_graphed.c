@@ -584,6 +584,127 @@ static void test_graphed_training_no_false_alarm(void) {
   fx_close(&f);
 }
 
+/* Call f's module in mode `training`, then read entry 0 of G: the replays of
+** its forward into *n, whether it has a backward graph into *bwd. */
+static gcap_status fwd_replays(fixture *f, gcap_graphed *G, int training, int64_t *n, int *bwd) {
+  gcap_graphed_stats s;
+  gcap_tensor *y = NULL;
+  gcap_status st;
+  gcap_module_train(f->m, training);
+  if ((st = gcap_module_call(f->m, 1, &f->x, &y)) != GCAP_OK) return st;
+  gcap_tensor_free(y);
+  if ((st = gcap_graphed_get_stats(G, 0, &s)) != GCAP_OK) return st;
+  *n = s.fwd.replays;
+  *bwd = s.has_bwd;
+  return GCAP_OK;
+}
+
+/* f's module graphed again in eval mode: a call of the module replays the
+** graph of its mode (the graphing in the other mode used to replace the
+** route, so training calls ran eagerly); freed, the eval graph sends eval
+** calls back to the module's forward and leaves the training route. */
+static void test_module_graphed_in_both_modes(void) {
+  fixture f;
+  gcap_graphed *Ge = NULL;
+  gcap_graphed_opts o;
+  int64_t n = -1;
+  int bwd = -1;
+  const int nargs[1] = {1};
+  T_SETUP(fx_open(&f), fx_close(&f));
+  gcap_tensor *const a0[1] = {f.x};
+  gcap_tensor *const *args[1] = {a0};
+  gcap_graphed_opts_init(&o);
+  o.num_warmup_iters = 1;
+  gcap_module_train(f.m, 0);
+  T_CHECK_OK(f.e, gcap_make_graphed_callables(f.e, 1, &f.m, 1, nargs, args, &o, &Ge));
+  T_CHECK_OK(f.e, fwd_replays(&f, f.G, 1, &n, &bwd));
+  T_CHECK(n == 1 && bwd == 1);
+  T_CHECK_OK(f.e, fwd_replays(&f, Ge, 0, &n, &bwd));
+  T_CHECK_OK(f.e, fwd_replays(&f, Ge, 0, &n, &bwd));
+  T_CHECK(n == 2 && bwd == 0);
+  T_CHECK_OK(f.e, fwd_replays(&f, f.G, 1, &n, &bwd));
+  T_CHECK(n == 2);
+  gcap_graphed_free(Ge);
+  T_CHECK_OK(f.e, fwd_replays(&f, f.G, 0, &n, &bwd)); /* eager: no replay */
+  T_CHECK(n == 2);
+  T_CHECK_OK(f.e, fwd_replays(&f, f.G, 1, &n, &bwd));
+  T_CHECK(n == 3);
+  fx_close(&f);
+}
+
+/* A capture-time hook that adds f's input and a [5] tensor (shapes that do
+** not broadcast), returning the op's status. */
+static gcap_status bad_op_hook(void *ud, gcap_module *m) {
+  fixture *f = (fixture *)ud;
+  const int64_t s[1] = {5};
+  gcap_tensor *t = NULL, *y = NULL;
+  gcap_status st;
+  (void)m;
+  if ((st = gcap_tensor_full(f->e, GCAP_F32, 1, s, 1.0, &t)) != GCAP_OK) return st;
+  st = gcap_add(f->x, t, &y);
+  gcap_tensor_free(t);
+  gcap_tensor_free(y);
+  return st;
+}
+
+/* Hooks that return the status ud points to, saying nothing. */
+static gcap_status status_hook(void *ud, gcap_module *m) {
+  (void)m;
+  return *(const gcap_status *)ud;
+}
+
+static gcap_status status_warmup_hook(void *ud) {
+  return *(const gcap_status *)ud;
+}
+
+/* A C host's callback that fails: the message names the hook, its callable
+** and the phase, then says why: the message of the op that failed in it (it
+** used to be that message alone), else the status; GCAP_EABORTED, the place
+** alone. A warmup hook's failure names it (it used to leave no message). */
+static void test_callback_failure_messages(void) {
+  fixture f;
+  gcap_graphed *G = NULL;
+  gcap_graphed_opts o;
+  gcap_capture_hooks h;
+  gcap_capture_hook fn[1] = {bad_op_hook};
+  void *ud[1];
+  gcap_status inval = GCAP_EINVAL, aborted = GCAP_EABORTED;
+  const int nargs[1] = {1};
+  const char *place = "make_graphed_callables: capture_time_hooks forward_hooks #1 of callable 1 "
+                      "(Linear) failed in the warmup";
+  T_SETUP(fx_open(&f), fx_close(&f));
+  gcap_tensor *const a0[1] = {f.x};
+  gcap_tensor *const *args[1] = {a0};
+  memset(&h, 0, sizeof h);
+  h.n[GCAP_HOOK_FORWARD] = 1;
+  h.fn[GCAP_HOOK_FORWARD] = fn;
+  h.ud[GCAP_HOOK_FORWARD] = ud;
+  ud[0] = &f;
+  gcap_graphed_opts_init(&o);
+  o.num_warmup_iters = 1;
+  o.capture_time_hooks = &h;
+  o.num_capture_time_hooks = 1;
+  T_CHECK_ST(f.e, gcap_make_graphed_callables(f.e, 1, &f.m, 1, nargs, args, &o, &G), GCAP_EINVAL);
+  T_CHECK(strncmp(gcap_errmsg(f.e), place, strlen(place)) == 0);
+  T_CHECK(t_msg_has(f.e, "failed in the warmup: add: shapes [2, 3] and [5] do not broadcast"));
+  fn[0] = status_hook;
+  ud[0] = &inval;
+  T_CHECK_ST(f.e, gcap_make_graphed_callables(f.e, 1, &f.m, 1, nargs, args, &o, &G), GCAP_EINVAL);
+  T_CHECK(t_msg_has(f.e, "failed in the warmup: invalid argument"));
+  ud[0] = &aborted;
+  T_CHECK_ST(f.e, gcap_make_graphed_callables(f.e, 1, &f.m, 1, nargs, args, &o, &G), GCAP_EABORTED);
+  T_CHECK(strcmp(gcap_errmsg(f.e), place) == 0);
+  o.capture_time_hooks = NULL;
+  o.num_capture_time_hooks = 0;
+  o.post_warmup_hook = status_warmup_hook;
+  o.post_warmup_ud = &inval;
+  T_CHECK_ST(f.e, gcap_make_graphed_callables(f.e, 1, &f.m, 1, nargs, args, &o, &G), GCAP_EINVAL);
+  T_CHECK(strcmp(gcap_errmsg(f.e), "make_graphed_callables: post_warmup_hook failed: invalid "
+                                   "argument") == 0);
+  T_CHECK(G == NULL);
+  fx_close(&f);
+}
+
 int main(void) {
   T_RUN(test_order_hooks_train_bitwise);
   T_RUN(test_reuse_buffers);
@@ -593,5 +714,7 @@ int main(void) {
   T_RUN(test_capture_op_error_keeps_reason);
   T_RUN(test_many_tensor_arguments);
   T_RUN(test_graphed_training_no_false_alarm);
+  T_RUN(test_module_graphed_in_both_modes);
+  T_RUN(test_callback_failure_messages);
   return t_done();
 }

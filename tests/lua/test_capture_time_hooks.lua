@@ -539,6 +539,51 @@ function TestHooks:test_raising_pre_warmup_hook ()
   check_trains_eagerly(mods, twin, before)
 end
 
+-- A graphcap error raised inside a callback (a capture-time hook at warmup
+-- and at capture, progress, the warmup hooks) reaches the caller as raised,
+-- its text once, with where it ran appended as for a Lua error. The engine's
+-- message used to be appended instead (the error's own text again, in
+-- parentheses), and a warmup hook's error came with no account at all.
+local BAD = "add: shapes [2, 3] and [4, 5] do not broadcast"
+local function bad_add () return gc.ones({2, 3}) + gc.ones({4, 5}) end
+
+local function callback_error (opts, where, raised)
+  opts.num_warmup_iters = W
+  local ok, err = pcall(gc.make_graphed_callables, linears(1)[1],
+                        {gc.ones({4, 8}, {requires_grad = true})}, opts)
+  lu.assertFalse(ok)
+  assert_raised(err, raised or BAD)
+  local _, n = err:gsub((raised or BAD):gsub("%p", "%%%0"), "")
+  lu.assertEquals(n, 1, "the error's text is repeated: " .. err)
+  local tail = " (make_graphed_callables: " .. where .. ")"
+  lu.assertEquals(err:sub(-#tail), tail)
+end
+
+function TestHooks:test_graphcap_error_in_a_hook_at_warmup ()
+  callback_error({capture_time_hooks = {{forward_hooks = {function () bad_add() end}}}},
+                 "capture_time_hooks forward_hooks #1 of callable 1 (Linear) failed in the warmup")
+end
+
+function TestHooks:test_graphcap_error_in_a_hook_at_capture ()
+  local calls = 0
+  callback_error({capture_time_hooks = {{backward_hooks = {function ()
+    calls = calls + 1
+    if calls == W + 1 then bad_add() end
+  end}}}}, "capture_time_hooks backward_hooks #1 of callable 1 (Linear) failed in the capture")
+end
+
+function TestHooks:test_graphcap_error_in_progress ()
+  callback_error({progress = function () bad_add() end},
+                 "the progress callback stopped the warmup at 1 of " .. 2 * W)
+end
+
+function TestHooks:test_errors_in_warmup_hooks ()
+  for _, name in ipairs({"pre_warmup_hook", "post_warmup_hook"}) do
+    callback_error({[name] = function () bad_add() end}, name .. " failed")
+    callback_error({[name] = function () error("exploded") end}, name .. " failed", "exploded")
+  end
+end
+
 -- After a failed call the same modules can be graphed again.
 function TestHooks:test_graph_again_after_failure ()
   local mods = linears(2)

@@ -727,6 +727,98 @@ function TestGraphed:test_reset_function_entry ()
   lu.assertStrContains(err, "reset")
 end
 
+-- reset() gives the entry's static buffers (outputs, grads) back to the pool
+-- while the entry object lives, as TransformerEngine's since its #3427: once
+-- every entry is reset and the caller's outputs are gone, no pool byte is in
+-- use. They used to stay until the graphed object was collected.
+function TestGraphed:test_reset_gives_static_buffers_back ()
+  local _, b = pair(two_layers())
+  local pool = gc.graph_pool_handle()
+  local G = gc.make_graphed_callables(b, samples_of(DIMS2), {pool = pool, order = {1, 2, -2, -1}})
+  local y = G[2](G[1](gc.full({4, 8}, 0.5)))
+  y:sum():backward()
+  y = nil -- luacheck: ignore y
+  collectgarbage()
+  collectgarbage()
+  local full = pool:stats().in_use_bytes
+  lu.assertTrue(full > 0)
+  G[1]:reset()
+  local half = pool:stats().in_use_bytes
+  lu.assertTrue(half > 0 and half < full, string.format("in use: %d, then %d", full, half))
+  G[2]:reset()
+  lu.assertEquals(pool:stats().in_use_bytes, 0)
+  H.assert_err(function () return G[1](gc.full({4, 8}, 0.5)) end, "was reset")
+  -- a replay whose backward comes after the reset: an error, its buffers gone
+  local f = gc.make_graphed_callables(function (x) return x * 2, x * 3 end,
+                                      {gc.ones({4, 8}, {requires_grad = true})}, {pool = pool})
+  local g = gc.make_graphed_callables(b[1], samples_of(DIMS2)[1], {pool = pool})
+  local x = gc.full({4, 8}, 0.5, {requires_grad = true})
+  local u, v = f(x)
+  local w = g(x)
+  f:reset()
+  g:reset()
+  H.assert_err(function () (u + v):sum():backward() end, "graphed backward: entry 1 was reset")
+  H.assert_err(function () w:sum():backward() end, "graphed backward: entry 1 was reset")
+  lu.assertNil(x.grad)
+end
+
+-- The warmup keeps no output longer than it needs (TransformerEngine#3427),
+-- measured in the hooks as the ordinary allocator's bytes in use (outputs of
+-- 64 KiB). In training an entry's outputs, their grads and saved tensors are
+-- gone once its backward consumed them, before its backward hooks run: the
+-- bytes in use are those before its forward (backwards run in reverse, so
+-- the earlier entries' outputs are still alive, as they must be). In eval
+-- an entry's outputs are gone before the next callable's forward: at most
+-- one callable's outputs are alive, where the eval warmup used to keep all
+-- of one iteration's.
+local function warmup_in_use (training)
+  gc.manual_seed(1)
+  local mods = {gc.nn.Linear(8, 256), gc.nn.Linear(256, 256), gc.nn.Linear(256, 8)}
+  local samples = {}
+  for c, d in ipairs({8, 256, 256}) do
+    mods[c]:train(training)
+    samples[c] = {gc.ones({64, d}, {requires_grad = training})}
+  end
+  local base, seen = nil, {}
+  local function probe (what)
+    seen[what] = {}
+    return function ()
+      local v = seen[what]
+      v[#v + 1] = gc.memory_stats().in_use_bytes
+    end
+  end
+  local hooks = {}
+  for c = 1, 3 do
+    hooks[c] = {forward_pre_hooks = {probe("forward_pre " .. c)},
+                backward_hooks = {probe("backward " .. c)}}
+  end
+  gc.make_graphed_callables(mods, samples, {num_warmup_iters = 2, capture_time_hooks = hooks,
+                            pre_warmup_hook = function () base = gc.memory_stats().in_use_bytes end})
+  for c = 1, 3 do
+    local pre, post = seen["forward_pre " .. c], seen["backward " .. c]
+    lu.assertEquals(#pre, 3) -- two warmup iterations, then the capture
+    lu.assertEquals(#post, training and 3 or 0)
+    for it = 1, 2 do
+      if training then
+        lu.assertEquals(post[it], pre[it], string.format("iteration %d, after the backward of "
+                        .. "callable %d: bytes in use beyond those before its forward", it, c))
+      else
+        lu.assertEquals(pre[it], base, string.format("iteration %d, before the forward of "
+                        .. "callable %d: bytes in use beyond those before the warmup", it, c))
+      end
+    end
+  end
+  lu.assertEquals(seen["forward_pre 1"][1], base)
+end
+
+function TestGraphed:test_warmup_frees_consumed_outputs ()
+  warmup_in_use(true)
+end
+
+function TestGraphed:test_eval_warmup_keeps_one_callables_outputs ()
+  warmup_in_use(false)
+end
+
 -- A module entry (no order) has reset() too; its graphs go.
 function TestGraphed:test_reset_module_entry ()
   local _, b = pair(two_layers())
@@ -802,12 +894,110 @@ function TestGraphed:test_training_flag_mismatch_runs_eagerly ()
   lu.assertEquals(forward_calls, n, "back in training mode it did not replay")
 end
 
+-- Graphed again in the other mode, a module keeps both graphs, as
+-- TransformerEngine's wrapper of a wrapper: training calls replay the
+-- training graph and eval calls the eval graph (the Lua forward runs in
+-- neither), each equal to eager in its mode; the methods act on the graph of
+-- the current mode, reset() frees both. The second graphing used to replace
+-- the first: training calls then ran eagerly.
+function TestGraphed:test_graphed_in_both_modes ()
+  local a, b = pair(function () return {Counted()} end)
+  a, b = a[1], b[1]
+  local x0 = gc.ones({4, 8}, {requires_grad = true})
+  gc.make_graphed_callables(b, {x0})
+  b:eval()
+  gc.make_graphed_callables(b, {x0})
+  collectgarbage()
+  collectgarbage() -- the training graph lives on with the module
+  local n = forward_calls
+  for k = 1, 2 do
+    local x = gc.tensor(data(4, 8, k))
+    for _, m in ipairs({a, b}) do m:train() end
+    gc.manual_seed(7 + k)
+    local yb = b(x)
+    gc.manual_seed(7 + k)
+    local ya = a(x)
+    lu.assertEquals(yb.grad_fn, "graphed", "training call " .. k .. " did not replay")
+    assert_same(yb:tolist(), ya:tolist(), "training output " .. k)
+    yb:sum():backward()
+    ya:sum():backward()
+    for _, m in ipairs({a, b}) do m:eval() end
+    local eb = b(x)
+    assert_same(eb:tolist(), a(x):tolist(), "eval output " .. k)
+    assert_same(eb:tolist(), a.lin(x):tolist(), "eval output " .. k .. " vs the Linear alone")
+  end
+  lu.assertEquals(forward_calls - n, 2 * 2, "a graphed call ran the Lua forward") -- a's calls
+  assert_same(b.lin.weight.grad:tolist(), a.lin.weight.grad:tolist(), "weight grad")
+  lu.assertEquals(b:stats().fwd.replays, 2, "eval graph's replays")
+  lu.assertNil(b:stats().bwd, "the eval graph has a backward")
+  b:train()
+  lu.assertEquals(b:stats().fwd.replays, 2, "training graph's replays")
+  lu.assertNotNil(b:stats().bwd, "the training graph has no backward")
+  -- graphed again in training mode: the new training graph replaces the old
+  local pool = gc.graph_pool_handle()
+  gc.make_graphed_callables(b, {x0}, {pool = pool})
+  b(gc.tensor(data(4, 8, 3)))
+  lu.assertEquals(b:stats().fwd.replays, 1, "the new training graph did not replay")
+  b:eval()
+  lu.assertEquals(b:stats().fwd.replays, 2, "the eval graph is gone")
+  b:reset()
+  H.assert_err(function () return b(x0) end, "was reset")
+  b:train()
+  H.assert_err(function () return b(x0) end, "was reset")
+end
+
+-- A module that returns another structure in each mode, graphed in both:
+-- each mode's replays come back in the structure of that mode's graph.
+local Moody = gc.nn.Module("Moody")
+function Moody:init () self.lin = gc.nn.Linear(8, 8) end
+function Moody:forward (x)
+  local y = self.lin(x)
+  if self.training then return {y = y, twice = y * 2} end
+  return y
+end
+
+function TestGraphed:test_graphed_in_both_modes_keeps_each_structure ()
+  gc.manual_seed(3)
+  local m = Moody()
+  local x = gc.tensor(data(4, 8, 1))
+  gc.make_graphed_callables(m, {gc.ones({4, 8}, {requires_grad = true})})
+  m:eval()
+  gc.make_graphed_callables(m, {gc.ones({4, 8})})
+  local want = m.lin(x):tolist()
+  local e = m(x)
+  lu.assertNil(e.grad_fn, "eval output")
+  assert_same(e:tolist(), want, "eval output")
+  m:train()
+  local t = m(x)
+  lu.assertEquals(type(t), "table", "training output")
+  lu.assertEquals(t.y.grad_fn, "graphed output")
+  assert_same(t.y:tolist(), want, "training output y")
+  lu.assertEquals(m:stats().fwd.replays, 1)
+end
+
 local Masked = gc.nn.Module("Masked")
 function Masked:init () self.lin = gc.nn.Linear(8, 8) end
 function Masked:forward (x, kw) return self.lin(x) * kw.scale + kw.shift end
 
 local function kwargs (k)
   return {scale = gc.tensor(data(4, 8, k + 10)), shift = gc.tensor(data(4, 8, k + 20))}
+end
+
+-- Both modes' graphs take one kwargs map: other sample keys in the other
+-- mode are refused, naming sample_kwargs and both key lists.
+function TestGraphed:test_graphed_in_both_modes_same_kwargs ()
+  local _, b = pair(function () return {Masked()} end)
+  b = b[1]
+  gc.make_graphed_callables(b, {gc.ones({4, 8}, {requires_grad = true})},
+                            {sample_kwargs = {scale = gc.ones({4, 8}), shift = gc.zeros({4, 8})}})
+  b:eval()
+  H.assert_err(function ()
+    gc.make_graphed_callables(b, {gc.ones({4, 8})}, {sample_kwargs = {scale = gc.ones({4, 8})}})
+  end, "sample_kwargs of callable 1 has the keys {scale}, but Masked is graphed in training mode "
+       .. "with {scale, shift}")
+  local G = gc.make_graphed_callables(b, {gc.ones({4, 8})}, {sample_kwargs = {
+    scale = gc.ones({4, 8}), shift = gc.zeros({4, 8})}})
+  lu.assertIs(G, b)
 end
 
 -- sample_kwargs: the map comes as the last argument, at capture and replay;

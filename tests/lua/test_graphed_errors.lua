@@ -244,6 +244,46 @@ function TestGraphedErrors:test_sample_args_indivisible_with_order ()
   order_error({1, 2, -2, -1}, 2, 3, nil, "sample_args")
 end
 
+-- sample_kwargs of several callables: one map (or false) per callable, or per
+-- entry with an order; more or fewer is TransformerEngine's ValueError.
+function TestGraphedErrors:test_sample_kwargs_too_many ()
+  expect_error(linears(2), samples(2), {sample_kwargs = {false, false, {b = gc.ones({8})}}},
+               "sample_kwargs has 3 entries, but there are 2 callables")
+end
+
+function TestGraphedErrors:test_sample_kwargs_too_few ()
+  expect_error(linears(2), samples(2), {sample_kwargs = {{b = gc.ones({8})}}},
+               "sample_kwargs has 1 entry, but there are 2 callables")
+end
+
+function TestGraphedErrors:test_sample_kwargs_map_for_several_callables ()
+  expect_error(linears(2), samples(2), {sample_kwargs = {b = gc.ones({8})}},
+               "sample_kwargs must be a sequence with one map (or false) per callable, got a key b")
+end
+
+function TestGraphedErrors:test_sample_kwargs_count_with_order ()
+  local mods = linears(1)
+  expect_error(mods, samples(2), {order = {1, 1, -1, -1}, sample_kwargs = {false}},
+               "sample_kwargs has 1 entry, but there are 2 sample_args entries (one map or "
+               .. "false per entry)")
+  local G = gc.make_graphed_callables(mods, samples(2), {order = {1, 1, -1, -1},
+                                      num_warmup_iters = 1, sample_kwargs = {false, false}})
+  lu.assertEquals(#G, 2)
+end
+
+-- A module closed by its own capture-time hook cannot be returned or replay:
+-- refused at the user's line, naming it (the facade's line and an internal
+-- 'newindex' were named), with no graph or pool block left.
+function TestGraphedErrors:test_module_closed_by_its_hook ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local m = linears(1)[1]
+  local msg = expect_error(m, {gc.ones({4, 8})}, {capture_time_hooks = {
+    {forward_hooks = {function (mod) mod:close() end}}}},
+    "make_graphed_callables: callable 1 (Linear) was closed during the call")
+  lu.assertEquals(msg:sub(1, #here), here)
+  lu.assertEquals(tostring(m), "graphcap.Module (closed)")
+end
+
 -- A sample argument that requires grad must be a leaf.
 function TestGraphedErrors:test_sample_arg_not_a_leaf ()
   local x = gc.ones({4, 8}, {requires_grad = true}) * 2

@@ -386,12 +386,6 @@ static gcap_status desc_mismatch(gcap_engine *e, const gcap_dist_group *g, const
   return gc_fail(e, GCAP_EINVAL, "%s: %s", op, msg);
 }
 
-int gc_debug_marked(const void *p) {
-  int64_t m;
-  memcpy(&m, p, sizeof m);
-  return m == GC_DEBUG_MARK;
-}
-
 /* The ranks of g whose slot of all holds no descriptor (their call is no
 ** debug-mode exchange: they are not in debug mode), named in an error of
 ** op; GCAP_OK when every slot holds one. */

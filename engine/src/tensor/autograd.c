@@ -362,7 +362,7 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
     if (gin != small) free(gin);
     if (st != GCAP_OK) goto done;
     /* as PyTorch, only a node that saved something cannot run again */
-    if (!retain && gc_node_free_saved(n) > 0) n->released = 1;
+    if (!retain && (gc_node_free_saved(n) > 0 || n->holds_state)) n->released = 1;
   }
 done:
   for (i = 0; i < all.n; i++) { /* drop grads left pending by an error */

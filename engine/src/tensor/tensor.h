@@ -146,8 +146,9 @@ struct gc_node {
   gcap_tensor *saved[GC_NODE_MAXSAVED];
   uint64_t saved_version[GC_NODE_MAXSAVED]; /* their storage's version when saved */
   int nsaved;
-  int released; /* saved tensors freed by a backward without retain_graph */
-  int ndim;     /* the output's shape and dtype, to check incoming grads */
+  int released;    /* saved tensors freed by a backward without retain_graph */
+  int holds_state; /* released so even with no tensor saved (a graphed call's buffers) */
+  int ndim;        /* the output's shape and dtype, to check incoming grads */
   int64_t shape[GCAP_MAXDIM];
   gcap_dtype dt;
   float f[4]; /* op constants */

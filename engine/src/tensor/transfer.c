@@ -54,9 +54,10 @@ gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
     return gc_fail(e, GCAP_EINVAL, "read: n is %zu, but the tensor has %lld elements", n,
                    (long long)t->numel);
   if (n == 0) return GCAP_OK;
-  if (dst == NULL) return gc_fail(e, GCAP_EINVAL, "read: dst is NULL");
+  if (dst == NULL) return gc_null(e, "read", "dst");
   if ((st = gc_note_access(e, t, 0)) != GCAP_OK) return st; /* a dead block refuses it */
-  if (t->dt != GCAP_F32) { /* widen on the device, then copy */
+  /* a bf16 tensor is widened on the device, then copied */
+  if (t->dt != GCAP_F32) {
     if ((st = gc_tensor_alloc(e, "read", GCAP_F32, t->ndim, t->shape, &f)) != GCAP_OK) return st;
     if ((st = gc_copy(f, t)) != GCAP_OK) {
       gcap_tensor_free(f);

@@ -206,9 +206,10 @@ static gcap_status dropout_forward(void *ud, gcap_module *m, int nin, gcap_tenso
   return (st = one_input(m, nin)) != GCAP_OK ? st : gcap_dropout(in[0], m->p, m->training, out);
 }
 
-/* A module whose call is its bare forward: no hooks, not graphed. */
+/* A module whose call is its bare forward: no hooks, not graphed in its
+** current mode. */
 static int bare(const gcap_module *m) {
-  return m->nhooks == 0 && m->route == NULL;
+  return m->nhooks == 0 && m->route[m->training != 0].fn == NULL;
 }
 
 /* Children j and j + 1 are a bare Linear then a bare GELU: nothing can see

@@ -27,6 +27,13 @@ typedef struct mod_flat {
   char **name;
 } mod_flat;
 
+/* Where a graphed module's calls in one mode go instead of its forward. */
+typedef struct mod_route {
+  gc_route_fn fn; /* a graphed replay, or NULL: the module's own forward */
+  void *ud;       /* its state (weak: the graphed object owns the module) */
+  int entry;
+} mod_route;
+
 typedef struct mod_hook {
   int id;
   gcap_hook_kind kind;
@@ -52,10 +59,8 @@ struct gcap_module {
   gc_wgrad_sink *wgrad;    /* a Linear that delays or fuses wgrad: its sink, else NULL */
   gc_wgrad_queue wq_aside; /* the user's delayed wgrads while make_graphed_callables runs */
   int aside;
-  gc_route_fn route; /* where calls go instead of forward (a graphed replay), or NULL */
-  void *route_ud;    /* its state (weak: the graphed object owns m) */
-  int route_entry;
-  mod_flat flat[2]; /* parameters, buffers: see flat_of */
+  mod_route route[2]; /* by training flag: graphed in both modes, each call replays its own */
+  mod_flat flat[2];   /* parameters, buffers: see flat_of */
 };
 
 /* Drop n references (NULL ones included), as a call's outputs are dropped

@@ -208,15 +208,17 @@ static void accept_return(gcap_hook_args *a, hook_vals *v) {
   }
 }
 
-/* Run m's hooks of one kind in registration order; a hook may remove hooks,
-** so the list is walked by id. A hook's returned values, once checked
+/* Run m's hooks of one kind in registration order, those registered before
+** the run began (PyTorch walks a snapshot: a hook registered by a hook runs
+** from the next call on); a hook may remove hooks, so the list is walked by
+** id (a hook removed meanwhile does not run). A hook's returned values, once checked
 ** (backward kinds: nwant grads laid out as want[]), replace those in a for
 ** the next hooks and the caller; v keeps them (the caller frees it with
 ** vals_free, after its last use of a). */
 static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a, hook_vals *v, const hook_slot *want,
                              int nwant) {
   gcap_status st = GCAP_OK;
-  int last = 0;
+  int last = 0, end = m->next_hook_id; /* hooks registered meanwhile run from the next call on */
   a->ret = &v->ret;
   v->ret.m = m;
   v->ret.want = want;
@@ -224,7 +226,7 @@ static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a, hook_vals *v, co
   for (;;) {
     int i, next = -1;
     for (i = 0; i < m->nhooks; i++)
-      if (m->hooks[i].kind == a->kind && m->hooks[i].id > last &&
+      if (m->hooks[i].kind == a->kind && m->hooks[i].id > last && m->hooks[i].id < end &&
           (next < 0 || m->hooks[i].id < m->hooks[next].id))
         next = i;
     if (next < 0) break;
@@ -519,6 +521,15 @@ static gcap_status run_forward_hooks(gcap_module *m, gcap_hook_args *a, hook_val
   return GCAP_OK;
 }
 
+/* The call between the hooks: the graphed replay of m's current mode, or
+** its own forward. */
+static gcap_status route_or_forward(gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
+                                    gcap_tensor **out) {
+  const mod_route *rt = &m->route[m->training != 0];
+  return rt->fn ? rt->fn(rt->ud, rt->entry, nin, in, nout, out)
+                : gc_module_forward(m, nin, in, nout, out);
+}
+
 gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, int maxout,
                                int *nout, gcap_tensor **out) {
   gcap_tensor *small[8], **args = small, *ys[GCAP_MAX_OUTPUTS];
@@ -569,8 +580,7 @@ gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, 
     }
     if ((st = hook_track(hc, 0, nargs, args)) != GCAP_OK) goto done;
   }
-  st = m->route ? m->route(m->route_ud, m->route_entry, nargs, args, &ny, ys)
-                : gc_module_forward(m, nargs, args, &ny, ys);
+  st = route_or_forward(m, nargs, args, &ny, ys);
   if (st != GCAP_OK) goto done;
   if ((st = run_forward_hooks(m, &a, &post, maxout, &ny, ys)) != GCAP_OK) goto done;
   if (hc != NULL) {
@@ -612,12 +622,16 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
                  m->type, n, n == 1 ? " (absent)" : "");
 }
 
-void gc_module_set_route(gcap_module *m, gc_route_fn fn, void *ud, int entry) {
-  m->route = fn;
-  m->route_ud = ud;
-  m->route_entry = entry;
+void gc_module_set_route(gcap_module *m, int training, gc_route_fn fn, void *ud, int entry) {
+  mod_route *rt = &m->route[training != 0];
+  rt->fn = fn;
+  rt->ud = ud;
+  rt->entry = entry;
 }
 
 void gc_module_unroute(gcap_module *m, const void *ud, int entry) {
-  if (m->route != NULL && m->route_ud == ud && m->route_entry == entry) m->route = NULL;
+  int k;
+  for (k = 0; k < 2; k++)
+    if (m->route[k].fn != NULL && m->route[k].ud == ud && m->route[k].entry == entry)
+      m->route[k].fn = NULL;
 }

@@ -27,10 +27,14 @@ void gc_module_wgrad_aside(gcap_module *m, int aside);
 ** modules know a function and its state, not graphing. */
 typedef gcap_status (*gc_route_fn)(void *ud, int entry, int nin, gcap_tensor *const *in, int *nout,
                                    gcap_tensor **out);
-/* Route m's calls to fn(ud, entry, ...) (fn NULL: back to m's forward). */
-void gc_module_set_route(gcap_module *m, gc_route_fn fn, void *ud, int entry);
-/* Back to m's own forward, if m is still routed to entry `entry` of ud (a
-** later make_graphed_callables may have routed it elsewhere). */
+/* Route m's calls in training mode (training = 1) or in eval mode (0) to
+** fn(ud, entry, ...) (fn NULL: back to m's forward); the other mode's route
+** stays, so that a module graphed in both modes replays the graph of its
+** mode at each call, as TransformerEngine's wrapper of a wrapper does. */
+void gc_module_set_route(gcap_module *m, int training, gc_route_fn fn, void *ud, int entry);
+/* Back to m's own forward in the mode m is routed to entry `entry` of ud,
+** if it still is (a later make_graphed_callables may have routed it
+** elsewhere). */
 void gc_module_unroute(gcap_module *m, const void *ud, int entry);
 
 /* The engine m belongs to. */

@@ -233,7 +233,7 @@ static gcap_status put_back(ge_build *b, ge_aside *a, gcap_status st, gcap_graph
   if (st != GCAP_OK) return st;
   if (b->o->order == NULL)
     for (i = 0; i < b->nentries; i++)
-      gc_module_set_route(b->G->v[i].m, gc_graphed_route, b->G, i);
+      gc_module_set_route(b->G->v[i].m, b->G->training, gc_graphed_route, b->G, i);
   *out = b->G;
   return GCAP_OK;
 }

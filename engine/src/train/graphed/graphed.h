@@ -212,6 +212,25 @@ static inline gcap_status ge_zeros_like(gcap_tensor *t, gcap_tensor **out) {
   return gcap_tensor_full(t->e, t->dt, t->ndim, t->shape, 0.0, out);
 }
 
+/* The engine's message without its "make_graphed_callables: " head. */
+static inline const char *ge_msg_body(const gcap_engine *e) {
+  const char *head = "make_graphed_callables: ";
+  return strncmp(e->err, head, strlen(head)) == 0 ? e->err + strlen(head) : e->err;
+}
+
+/* A callback (a capture-time hook, a warmup hook, progress) ended with st:
+** the message names it (`where`, as "pre_warmup_hook failed"). With
+** GCAP_EABORTED its own error says why (the binding raises a Lua one with
+** this message appended), so the place alone, whatever the ops it ran left;
+** with another status (a C host's callback), the place and then the
+** message the callback's calls left, else the status. */
+static inline gcap_status ge_callback_failed(gcap_engine *e, gcap_status st, const char *where) {
+  char why[GC_ERRLEN];
+  snprintf(why, sizeof why, "%s", st == GCAP_EABORTED ? "" : ge_msg_body(e));
+  if (st != GCAP_EABORTED && why[0] == '\0') snprintf(why, sizeof why, "%s", gcap_status_str(st));
+  return gc_fail(e, st, "make_graphed_callables: %s%s%s", where, why[0] ? ": " : "", why);
+}
+
 /* The capture_time_hooks of group `group` of callable c, outside capture;
 ** a hook's failure names it, its callable and the phase. */
 static inline gcap_status ge_run_hooks(ge_build *b, int c, gcap_hook_kind group) {
@@ -233,14 +252,11 @@ static inline gcap_status ge_run_hooks(ge_build *b, int c, gcap_hook_kind group)
     gc_trace_span(b->e, t0, "hook", "%s #%d of callable %d (%s)", gcap_hook_group_key(group), j + 1,
                   c + 1, gcap_module_type(m));
     if (st != GCAP_OK) {
-      if (gcap_errmsg(b->e)[0] == '\0') /* the hook said nothing itself */
-        gc_fail(b->e, st,
-                "make_graphed_callables: capture_time_hooks %s #%d of callable %d (%s) failed in "
-                "the %s%s%s%s",
-                gcap_hook_group_key(group), j + 1, c + 1, gcap_module_type(m), b->phase,
-                st == GCAP_EABORTED ? "" : " (", st == GCAP_EABORTED ? "" : gcap_status_str(st),
-                st == GCAP_EABORTED ? "" : ")"); /* aborted: the hook's own error says why */
-      return st;
+      char where[GC_NAMELEN + 96];
+      snprintf(where, sizeof where,
+               "capture_time_hooks %s #%d of callable %d (%s) failed in the %s",
+               gcap_hook_group_key(group), j + 1, c + 1, gcap_module_type(m), b->phase);
+      return ge_callback_failed(b->e, st, where);
     }
   }
   return GCAP_OK;
@@ -254,10 +270,13 @@ static inline gcap_status ge_progress(ge_build *b, gcap_status st) {
   if (b->o->progress == NULL) return GCAP_OK;
   gc_clear(b->e);
   st = b->o->progress(b->o->progress_ud, b->phase, b->done, b->total);
-  if (st != GCAP_OK && gcap_errmsg(b->e)[0] == '\0') /* the callback said nothing itself */
-    gc_fail(b->e, st, "make_graphed_callables: the progress callback stopped the %s at %d of %d",
-            b->phase, b->done, b->total);
-  return st;
+  if (st != GCAP_OK) {
+    char where[96];
+    snprintf(where, sizeof where, "the progress callback stopped the %s at %d of %d", b->phase,
+             b->done, b->total);
+    return ge_callback_failed(b->e, st, where);
+  }
+  return GCAP_OK;
 }
 
 /* Prefix the engine's message with the phase, entry and callable; only the
@@ -265,9 +284,7 @@ static inline gcap_status ge_progress(ge_build *b, gcap_status st) {
 ** error says why, and the engine's message may be an older one). */
 static inline gcap_status ge_where(ge_build *b, gcap_status st, int entry, const char *phase) {
   char msg[GC_ERRLEN + 2];
-  const char *head = "make_graphed_callables: ";
-  const char *text = st == GCAP_EABORTED ? "" : b->e->err;
-  if (strncmp(text, head, strlen(head)) == 0) text += strlen(head);
+  const char *text = st == GCAP_EABORTED ? "" : ge_msg_body(b->e);
   snprintf(msg, sizeof msg, "%s%s", *text ? ": " : "", text);
   return gc_fail(b->e, st, "make_graphed_callables: %s of entry %d (callable %d, %s)%s", phase,
                  entry + 1, b->G->v[entry].callable + 1, gcap_module_type(b->G->v[entry].m), msg);

@@ -199,6 +199,12 @@ static gcap_status grads_out(gcap_graphed *G, ge_entry *x, gc_node *n, gcap_tens
   return GCAP_OK;
 }
 
+/* The backward of a replay whose entry was reset since: its graphs and
+** static buffers are gone. */
+static gcap_status reset_since(const ge_ref *r) {
+  return gc_fail(r->G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
+}
+
 /* Backward of a replayed forward: grads in, backward graph, grads out. */
 static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   ge_ref *r = (ge_ref *)n->ud;
@@ -207,8 +213,7 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor **old = NULL;
   gcap_status st;
   double t0 = gc_trace_clock(G->e);
-  if (x->reset)
-    return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
+  if (x->reset) return reset_since(r);
   if (x->bwd == NULL)
     return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
                    r->entry + 1);
@@ -241,6 +246,7 @@ static gcap_status ge_out_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin
   ge_ref *r = (ge_ref *)join->ud;
   ge_entry *x = &r->G->v[r->entry];
   int k = (int)n->k[0], i;
+  if (x->reset) return reset_since(r);
   if (gc_node_first_delivery(join)) {
     for (i = 0; i < x->out.n; i++) {
       gcap_tensor_free(r->got[i]);
@@ -317,15 +323,16 @@ static gcap_status record_replay(gcap_graphed *G, ge_entry *x, int nin, gcap_ten
   }
   for (k = 0; k < ns; k++)
     surf[k] = k < nin ? in[k] : x->params[k - nin];
-  /* one saved slot, left empty: what the node saved is in the entry's static
-  ** buffers, and a slot makes a backward without retain_graph release the
-  ** node, so that a second one is eager's error */
+  /* what the node saved is in the entry's static buffers: holds_state makes a
+  ** backward without retain_graph release the node, so that a second one is
+  ** eager's error */
   st = gc_record(y, "graphed", ge_backward, surf, ns, &none, 1, &n);
   if (surf != small) free(surf);
   if (st != GCAP_OK) {
     ge_ref_free(r);
     return st;
   }
+  n->holds_state = 1;
   n->ud = r;
   n->ud_free = ge_ref_free;
   return GCAP_OK;
@@ -381,7 +388,7 @@ static gcap_status eager_call(gcap_graphed *G, ge_entry *x, int nin, gcap_tensor
 
 static void drop_outs(int n, gcap_tensor **out) {
   int k;
-  for (k = 0; k < n; k++) {
+  for (k = 0; out != NULL && k < n; k++) {
     gcap_tensor_free(out[k]);
     out[k] = NULL;
   }
@@ -525,6 +532,13 @@ gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
   gcap_graph_free(x->bwd);
   gcap_graph_free(x->dw);
   x->fwd = x->bwd = x->dw = NULL;
+  /* the static buffers go back now, not with the object (as TE's since its
+  ** #3427); the arrays stay, sized as replays still pending know them */
+  drop_outs(x->nargs, x->args);
+  drop_outs(x->nargs + x->nparams, x->grad_in);
+  drop_outs(x->nparams, x->dw_grad);
+  drop_outs(x->out.n, x->grad_out);
+  drop_outs(x->out.n, x->out.t);
   x->reset = 1;
   return GCAP_OK;
 }

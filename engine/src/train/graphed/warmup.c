@@ -5,7 +5,8 @@
 ** between its capture_time_hooks. Iteration 0 prunes the parameters that
 ** get no grad, and later ones must give grads to the same parameters; the
 ** first forward checks that every leaf behind the outputs is on the entry's
-** surface.
+** surface. An entry's outputs live from its forward until its backward
+** consumed them (in eval, until its forward hooks ran).
 */
 #include <stdlib.h>
 
@@ -124,7 +125,10 @@ static gcap_status warm_fwd(ge_build *b, int i) {
   ** grad, such as a fused-wgrad weight, are pruned) */
   if (b->G->training && !x->params_known && (st = check_leaves(b, i, &b->warm_out[i])) != GCAP_OK)
     return st;
-  return ge_run_hooks(b, x->callable, GCAP_HOOK_FORWARD);
+  st = ge_run_hooks(b, x->callable, GCAP_HOOK_FORWARD);
+  /* in eval no backward reads them: at most one callable's outputs alive */
+  if (!b->G->training) gc_graphed_outs_clear(&b->warm_out[i]);
+  return st;
 }
 
 /* After iteration 0 (it > 0): every parameter of x's module has a grad if
@@ -191,6 +195,8 @@ static gcap_status warm_bwd(ge_build *b, int i, int it) {
     if (st == GCAP_OK) st = gc_graphed_backward(o, gout.t, 0);
     if (st == GCAP_OK && x->need_dw) st = gcap_module_backward_dw(x->m);
     gc_trace_span(b->e, t0, "warmup", "warmup backward of entry %d", i + 1);
+    gc_graphed_outs_clear(&gout); /* consumed: gone before the hooks run */
+    gc_graphed_outs_clear(o);
     if (st != GCAP_OK) {
       st = ge_where(b, st, i, "warmup backward");
       goto done;
@@ -206,12 +212,17 @@ done:
   return st;
 }
 
-/* The pre or post warmup hook, traced. */
+/* The pre or post warmup hook, traced; its failure names it. */
 static gcap_status warm_hook(ge_build *b, const char *name, gcap_status (*fn)(void *), void *ud) {
   double t0 = gc_trace_clock(b->e);
-  gcap_status st = fn(ud);
+  gcap_status st;
+  char where[64];
+  gc_clear(b->e);
+  st = fn(ud);
   gc_trace_span(b->e, t0, "hook", "%s", name);
-  return st;
+  if (st == GCAP_OK) return GCAP_OK;
+  snprintf(where, sizeof where, "%s failed", name);
+  return ge_callback_failed(b->e, st, where);
 }
 
 /* num_warmup_iters walks of the schedule on a side stream, between the pre
