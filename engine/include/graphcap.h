@@ -544,7 +544,7 @@ typedef struct gcap_sdpa_opts {
 } gcap_sdpa_opts;
 /* Attention softmax(scale q k^T + mask, causal) v with dropout on the
 ** weights: q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv] (2-D to 4-D, equal
-** batch dims) -> [..., Sq, Dv]. Grads for q, k and v. The dropout draws from
+** batch dims, D >= 1 for every impl) -> [..., Sq, Dv]. Grads for q, k and v. The dropout draws from
 ** the engine's generator as gcap_dropout over the weights [..., Sq, Sk]. */
 gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
                                               const gcap_sdpa_opts *opts, gcap_tensor **out);
@@ -741,7 +741,10 @@ gcap_module *gcap_module_child(const gcap_module *m, int i, const char **name);
 void gcap_module_train(gcap_module *m, int on);
 int gcap_module_training(const gcap_module *m);
 
-/* Add a hook; *id (may be NULL) identifies it for gcap_module_remove_hook. */
+/* Add a hook; *id (may be NULL) identifies it for gcap_module_remove_hook.
+** Hooks of one kind run in registration order; one registered while hooks
+** of its kind run (by one of them) runs from the next call on, one removed
+** meanwhile no longer runs. */
 gcap_status gcap_module_register_hook(gcap_module *m, gcap_hook_kind kind, gcap_module_hook fn,
                                       void *ud, void (*ud_free)(void *), int *id);
 gcap_status gcap_module_remove_hook(gcap_module *m, int id);

@@ -230,9 +230,12 @@ LUAI_FUNC void l_errholder(lua_State *L);
 
 /* lgraphcap.c: boxes */
 
-/* The open box of class c at i */
+/* The open box of class c at i; either error names the user's line, also
+** when the facade passed the value on. */
 static inline void *l_checkbox(lua_State *L, int i, const LClass *c) {
-  void *p = luaL_checkudata(L, i, c->tname);
+  void *p = luaL_testudata(L, i, c->tname);
+  if (p == NULL)
+    l_argerror(L, i, lua_pushfstring(L, "%s expected, got %s", c->tname, l_typename(L, i)));
   if (!c->isopen(p)) l_argerror(L, i, c->closed);
   return p;
 }

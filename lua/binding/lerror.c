@@ -61,8 +61,36 @@ static int l_facade(lua_State *L) {
   return 0;
 }
 
+/* The continuation of l_entry (after a yield in the facade function): the
+** results of its call. */
+static int l_entryk(lua_State *L, int status, lua_KContext ctx) {
+  (void)status;
+  (void)ctx;
+  return lua_gettop(L);
+}
+
+/* A function of the facade as scripts call it: its upvalue f called with
+** the arguments, its results returned. Lua reuses the frame of a function
+** that tail-calls a Lua function (`return gc.nn.Linear(0, 2)`), so l_where
+** would find the caller's caller; a tail call of a C function keeps the
+** caller's frame, and with it the user's line. */
+static int l_entry(lua_State *L) {
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_callk(L, lua_gettop(L) - 1, LUA_MULTRET, 0, l_entryk);
+  return lua_gettop(L);
+}
+
+/* core._entry(f) -> f entered through C (l_entry) */
+static int l_entry_fn(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_settop(L, 1);
+  lua_pushcclosure(L, l_entry, 1);
+  return 1;
+}
+
 LUAI_DDEF const luaL_Reg l_error_funcs[] = {
-    {"_where", l_where_fn}, {"_facade", l_facade}, {NULL, NULL}};
+    {"_where", l_where_fn}, {"_facade", l_facade}, {"_entry", l_entry_fn}, {NULL, NULL}};
 
 /* luaL_error, with the position of l_where */
 int l_error(lua_State *L, const char *fmt, ...) {

@@ -362,6 +362,29 @@ static void l_mkcall(lua_State *L, LMake *mk, gcap_engine *e, int box) {
   l_run(L, &run);
 }
 
+/* After the call: a callable whose box a hook or a forward closed meanwhile
+** cannot be returned or replay. Refused, naming it, with the graphed object
+** at box closed (its modules no longer replay) and the kwargs put back. */
+static void l_mkopen(lua_State *L, LMake *mk, int box) {
+  LGraphed *r = (LGraphed *)lua_touserdata(L, box);
+  char type[64];
+  int i;
+  for (i = 1; i <= mk->nmod; i++) {
+    lua_rawgeti(L, 1, i);
+    if (((LModule *)lua_touserdata(L, -1))->m == NULL) {
+      snprintf(type, sizeof type, "%s", gcap_module_type(mk->mods[i - 1]));
+      l_restorekwargs(L, mk);
+      gcap_graphed_free(r->g); /* the graphs, the routes, the module */
+      r->g = NULL;
+      l_error(L,
+              "make_graphed_callables: callable %d (%s) was closed during the call (by a hook or "
+              "a forward); close a module only once it is no longer called",
+              i, type);
+    }
+    lua_pop(L, 1);
+  }
+}
+
 /*
 ** core.make_graphed_callables(modules, args, opts): modules a sequence of
 ** Module boxes, one per callable; args a sequence (one per entry) of
@@ -398,6 +421,7 @@ static int l_make_graphed(lua_State *L) {
   lua_setiuservalue(L, box, GDV_HOOKS);
   mk.out = &r->g;
   l_mkcall(L, &mk, e, box);
+  l_mkopen(L, &mk, box);
   lua_pushvalue(L, box);
   return 1;
 }

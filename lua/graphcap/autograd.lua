@@ -53,6 +53,8 @@ function Ctx:save_for_backward (...)
   self._to_save = t
 end
 
+util.entries(Ctx)
+
 -- backward(ctx, grad) with the saved tensors, its grads checked.
 local function run_backward (fn, ctx, n, g, saved)
   ctx.saved_tensors = saved
@@ -117,7 +119,7 @@ function autograd.Function (name)
     raise("autograd.Function: name must be 1 to 63 bytes without a zero byte, got %d bytes", #name)
   end
   local fn = {name = name}
-  fn.apply = function (...) return apply(fn, ...) end
+  fn.apply = util.entry(function (...) return apply(fn, ...) end)
   return fn
 end
 

@@ -133,5 +133,6 @@ function Kernel:launch (t)
 end
 
 function Kernel:close () self._k:close() end
+util.entries(Kernel)
 
 return cuda

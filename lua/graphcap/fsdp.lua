@@ -186,6 +186,8 @@ end
 local shard_options = {group = true}
 
 -- t (n elements) flattened and padded with zeros to m elements
+util.entries(FSDP)
+
 local function pad (gc, t, n, m)
   local v = t:view({n})
   if m == n then return v end

@@ -233,14 +233,17 @@ local function graph_in_place (m, G, i, keys)
     return g.G, g.i
   end
   m.graphed_callables = G
-  m.backward_dw = function () local g, k = mine(); return g:backward_dw(k) end
-  m.reset = function ()
+  m.backward_dw = util.entry(function () local g, k = mine(); return g:backward_dw(k) end)
+  m.reset = util.entry(function ()
     for _, mode in ipairs({true, false}) do
       if modes[mode] then modes[mode].G:reset(modes[mode].i) end
     end
-  end
-  m.stats = function () local g, k = mine(); return g:stats(k) end
-  m.debug_dump = function (_, prefix) local g, k = mine(); return g:debug_dump(k, prefix) end
+  end)
+  m.stats = util.entry(function () local g, k = mine(); return g:stats(k) end)
+  m.debug_dump = util.entry(function (_, prefix)
+    local g, k = mine()
+    return g:debug_dump(k, prefix)
+  end)
 end
 
 local Entry = {}
@@ -257,6 +260,7 @@ function Entry:debug_dump (prefix) return self.G:debug_dump(self.i, prefix) end
 function Entry:__tostring ()
   return string.format("graphcap.GraphedEntry(%d)", self.i)
 end
+util.entries(Entry)
 
 local INT_MAX = 0x7fffffff
 

@@ -92,6 +92,9 @@ local backward_options = {retain_graph = true}
 -- t:backward([grad [, {retain_graph = false}]]); t:backward(opts) also
 -- works when there is no grad to give.
 function Tensor.backward (self, grad, opts)
+  if getmetatable(self) ~= mts.Tensor then  -- t.backward(): no t
+    raise("backward: call it as t:backward(), got a %s for t", type(self))
+  end
   if opts == nil and type(grad) == "table" then grad, opts = nil, grad end
   opts = options("backward", opts, backward_options)
   check_object("backward", "grad", grad, "Tensor", true)
@@ -164,5 +167,16 @@ function Graph:capture (fn, opts)
   return table.unpack(r, 2, r.n)
 end
 
+-- The facade's functions and the Lua methods of the core's objects are
+-- entered through C, so that a script's tail call into them keeps its frame
+-- and their errors name its line (util.entries).
+for _, t in ipairs({gc, gc.nn, gc.optim, gc.autograd, gc.pipeline, gc.ddp,
+                    gc.fsdp, gc.cuda, gc.dist}) do
+  util.entries(t)
+end
+for _, mt in pairs(mts) do
+  local methods = mt.__methods or mt.__index
+  if type(methods) == "table" then util.entries(methods) end
+end
 
 return gc

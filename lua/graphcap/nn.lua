@@ -24,9 +24,10 @@ nn.methods = Module
 -- m:zero_grad([{set_to_none = true}])
 Module.zero_grad = util.zero_grad(Module.zero_grad)
 
--- A class named 'name' whose call is ctor(class, ...).
+-- A class named 'name' whose call is ctor(class, ...) (entered through C,
+-- util.entries says why).
 local function class (name, ctor)
-  return setmetatable({}, {__name = name, __index = Module, __call = ctor})
+  return setmetatable({}, {__name = name, __index = Module, __call = util.entry(ctor)})
 end
 
 -- A built-in class, also known to the core (the class of a module it hands

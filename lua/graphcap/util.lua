@@ -3,8 +3,8 @@
 
 local core = require "graphcap.core"
 
-local error, getmetatable, math, pairs, pcall, require, string, table, tostring, type =
-      error, getmetatable, math, pairs, pcall, require, string, table, tostring, type
+local debug, error, getmetatable, math, pairs, pcall, require, string, table, tostring, type =
+      debug, error, getmetatable, math, pairs, pcall, require, string, table, tostring, type
 _ENV = nil
 
 core._facade()
@@ -17,6 +17,18 @@ function util.raise (fmt, ...)
   error(core._where() .. string.format(fmt, ...), 0)
 end
 local raise = util.raise
+
+-- f, or each Lua function of the table t (a module's functions, a class's
+-- methods), entered through a C function (core._entry): Lua drops the frame
+-- of a function that tail-calls a Lua function, so `return gc.nn.Linear(0,
+-- 2)` would otherwise have its errors name the caller's caller's line.
+util.entry = core._entry
+function util.entries (t)
+  for k, v in pairs(t) do
+    if type(v) == "function" and debug.getinfo(v, "S").what ~= "C" then t[k] = core._entry(v) end
+  end
+  return t
+end
 
 util.none = {}  -- the options of a call given none (never written)
 
@@ -87,13 +99,13 @@ function util.check_tensor (where, what, v)
 end
 
 -- zero_grad([{set_to_none = true}]) over a C zero_grad(self, set_to_none),
--- for modules and optimizers alike.
+-- for modules and optimizers alike (its argument errors name zero_grad).
 local zero_grad_options = {set_to_none = true}
-function util.zero_grad (czero)
+function util.zero_grad (zero_grad)
   return function (self, opts)
     opts = util.options("zero_grad", opts, zero_grad_options)
-    return czero(self, util.check("zero_grad", "set_to_none", opts.set_to_none,
-                                  "boolean", true))
+    return zero_grad(self, util.check("zero_grad", "set_to_none", opts.set_to_none,
+                                      "boolean", true))
   end
 end
 

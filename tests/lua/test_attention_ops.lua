@@ -613,4 +613,19 @@ function TestAttentionOps:test_sdpa_errors ()
   lu.assertEquals(F.scaled_dot_product_attention(q, k, v):shape(), {2, 3, 6})
 end
 
+-- A head dim D of 0 is one answer whatever the implementation, naming D:
+-- "composed" failed on the scale 1 / sqrt(0) and "fused" gave an empty result.
+function TestAttentionOps:test_head_dim_zero ()
+  local q, F = gc.zeros{2, 3, 0}, gc.F
+  for _, impl in ipairs({"auto", "composed", "fused"}) do
+    for _, scale in ipairs({0.5, false}) do
+      H.assert_err(function ()
+        return F.scaled_dot_product_attention(q, gc.zeros{2, 5, 0}, gc.zeros{2, 5, 4},
+                                              {impl = impl, scale = scale or nil})
+      end, HERE, "scaled_dot_product_attention: the head dim D of q and k is 0 (q [2, 3, 0]); D "
+                 .. "must be positive")
+    end
+  end
+end
+
 os.exit(lu.LuaUnit.run(), true)

@@ -449,4 +449,49 @@ function TestBadInput:test_too_large_shape_names_the_constructor ()
   lu.assertEquals(gc.zeros({2, 3}):shape(), {2, 3})
 end
 
+-- A facade call reached by a tail call names the line of that call: Lua
+-- reuses the frame of a function that tail-calls a Lua function, and the
+-- errors named the caller's caller. Constructors, functions of gc, Lua
+-- methods of tensors and modules, graphed entries.
+local function tail_linear () return gc.nn.Linear(0, 2) end
+local function tail_zeros () return gc.zeros({2}, {dtype = "f64"}) end
+local function tail_backward (t) return t:backward() end
+local function tail_zero_grad (m) return m:zero_grad({set_to_none = 1}) end
+local function tail_entry (f) return f(gc.ones({3})) end
+
+function TestBadInput:test_tail_calls_name_their_line ()
+  local src = debug.getinfo(1, "S").short_src
+  local function line_of (f) return src .. ":" .. debug.getinfo(f, "S").linedefined .. ":" end
+  local f = gc.make_graphed_callables(function (x) return x * 2 end, {gc.ones({2})})
+  local cases = {
+    {function () local m = tail_linear(); return m end, tail_linear,
+     "Linear: in and out features must be positive"},
+    {function () local t = tail_zeros(); return t end, tail_zeros, "dtype"},
+    {function () tail_backward(gc.ones({2})) end, tail_backward, "does not require grad"},
+    {function () tail_zero_grad(gc.nn.Linear(2, 2)) end, tail_zero_grad, "set_to_none"},
+    {function () local y = tail_entry(f); return y end, tail_entry, "[3]"},
+  }
+  for i, c in ipairs(cases) do
+    local msg = H.assert_err(c[1], c[3])
+    lu.assertEquals(msg:sub(1, #line_of(c[2])), line_of(c[2]), "case " .. i .. ": " .. msg)
+  end
+end
+
+-- t.backward() (a dot) passes no tensor: the error names the user's line
+-- (it named the facade's, graphcap:98) and says how to call it; the same for
+-- a Lua method of a module called so.
+function TestBadInput:test_dot_call_of_backward ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local x = gc.ones({2}, {requires_grad = true})
+  local loss = x:sum()
+  local msg = H.assert_err(function () loss.backward() end,
+                           "backward: call it as t:backward(), got a nil for t")
+  lu.assertEquals(msg:sub(1, #here), here)
+  msg = H.assert_err(function () gc.nn.Linear(2, 2).zero_grad() end,
+                     "bad argument #1 to 'zero_grad' (graphcap.Module expected, got nil)")
+  lu.assertEquals(msg:sub(1, #here), here)
+  loss:backward()
+  lu.assertEquals(x.grad:tolist(), {1, 1})
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

@@ -271,6 +271,19 @@ function TestGraphedErrors:test_sample_kwargs_count_with_order ()
   lu.assertEquals(#G, 2)
 end
 
+-- A module closed by its own capture-time hook cannot be returned or replay:
+-- refused at the user's line, naming it (the facade's line and an internal
+-- 'newindex' were named), with no graph or pool block left.
+function TestGraphedErrors:test_module_closed_by_its_hook ()
+  local here = debug.getinfo(1, "S").short_src .. ":"
+  local m = linears(1)[1]
+  local msg = expect_error(m, {gc.ones({4, 8})}, {capture_time_hooks = {
+    {forward_hooks = {function (mod) mod:close() end}}}},
+    "make_graphed_callables: callable 1 (Linear) was closed during the call")
+  lu.assertEquals(msg:sub(1, #here), here)
+  lu.assertEquals(tostring(m), "graphcap.Module (closed)")
+end
+
 -- A sample argument that requires grad must be a leaf.
 function TestGraphedErrors:test_sample_arg_not_a_leaf ()
   local x = gc.ones({4, 8}, {requires_grad = true}) * 2

@@ -213,6 +213,33 @@ function TestHooks:test_remove_stops_hook_idempotent ()
   assert_err(function () m:register_forward_hook(42) end, "function expected")
 end
 
+-- A hook registered by a hook of its kind runs from the next call on, as
+-- PyTorch's (it walks a snapshot of the hooks); it used to run in the same
+-- call. The forward hooks and the backward ones likewise.
+function TestHooks:test_hook_registered_by_a_hook_runs_next_call ()
+  local m = gc.nn.Linear(2, 2)
+  local order = {}
+  local kinds = {"forward_pre_hook", "forward_hook", "full_backward_pre_hook", "full_backward_hook"}
+  for _, kind in ipairs(kinds) do
+    local added = false
+    m["register_" .. kind](m, function ()
+      order[#order + 1] = kind
+      if not added then
+        added = true
+        m["register_" .. kind](m, function () order[#order + 1] = "new " .. kind end)
+      end
+    end)
+  end
+  H.backward_weighted(m(H.input({2, 2}, 0, true)))
+  lu.assertEquals(order, kinds)
+  order = {}
+  H.backward_weighted(m(H.input({2, 2}, 0, true)))
+  lu.assertEquals(order, {"forward_pre_hook", "new forward_pre_hook", "forward_hook",
+                          "new forward_hook", "full_backward_pre_hook",
+                          "new full_backward_pre_hook", "full_backward_hook",
+                          "new full_backward_hook"})
+end
+
 -- A hook stays registered when its handle is dropped and collected.
 function TestHooks:test_hook_lives_without_handle ()
   local m = gc.nn.Linear(2, 2)

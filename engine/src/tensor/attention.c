@@ -239,6 +239,12 @@ gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gc
   if (opts != NULL) o = *opts;
   if ((st = sdpa_check(q, k, v, o.dropout_p)) != GCAP_OK) return st;
   d = q->shape[q->ndim - 1], dv = v->shape[v->ndim - 1];
+  if (d == 0) { /* no scores to scale: refused by every implementation alike */
+    char b[64];
+    return gc_fail(q->e, GCAP_EINVAL,
+                   "%s: the head dim D of q and k is 0 (q %s); D must be positive", op,
+                   gc_shape_str(q, b, sizeof b));
+  }
   /* the kernels take the scale as a float: a larger one would be inf there */
   if (!(o.scale == 0.0 || (o.scale > 0.0 && o.scale <= (double)FLT_MAX)))
     return gc_fail(q->e, GCAP_EINVAL, "%s: the scale must be positive and at most %g, got %g", op,

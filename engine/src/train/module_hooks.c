@@ -209,15 +209,17 @@ static void accept_return(gcap_hook_args *a, hook_vals *v) {
   }
 }
 
-/* Run m's hooks of one kind in registration order; a hook may remove hooks,
-** so the list is walked by id. A hook's returned values, once checked
-** (backward kinds: nwant grads laid out as want[]), replace those in a for
-** the next hooks and the caller; v keeps them (the caller frees it with
-** vals_free, after its last use of a). */
+/* Run m's hooks of one kind in registration order, those registered before
+** the run began (PyTorch walks a snapshot: a hook registered by a hook runs
+** from the next call on); a hook may remove hooks, so the list is walked by
+** id (a hook removed meanwhile does not run). A hook's returned values, once
+** checked (backward kinds: nwant grads laid out as want[]), replace those in
+** a for the next hooks and the caller; v keeps them (the caller frees it
+** with vals_free, after its last use of a). */
 static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a, hook_vals *v, const hook_slot *want,
                              int nwant) {
   gcap_status st = GCAP_OK;
-  int last = 0;
+  int last = 0, end = m->next_hook_id; /* hooks registered meanwhile run from the next call on */
   a->ret = &v->ret;
   v->ret.m = m;
   v->ret.want = want;
@@ -225,7 +227,7 @@ static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a, hook_vals *v, co
   for (;;) {
     int i, next = -1;
     for (i = 0; i < m->nhooks; i++)
-      if (m->hooks[i].kind == a->kind && m->hooks[i].id > last &&
+      if (m->hooks[i].kind == a->kind && m->hooks[i].id > last && m->hooks[i].id < end &&
           (next < 0 || m->hooks[i].id < m->hooks[next].id))
         next = i;
     if (next < 0) break;
