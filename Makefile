@@ -1,6 +1,9 @@
 # graphcap: `make` builds the library, the program and the Lua module;
 # `make test` runs every suite on every backend present.
 #   CUDA=auto (default) builds the cuda backend when nvcc is found, CUDA=0 never, CUDA=1 always.
+#   CUDNN=auto (default) runs the cuda backend's attention through cuDNN when the headers of
+#     cuDNN's frontend are in .deps/cudnn-frontend (scripts/setup.sh fetches them), CUDNN=0 never,
+#     CUDNN=1 always (the build fails without them). libcudnn itself is loaded at run time.
 #   MPI=auto (default) builds the distributed layer on MPI when mpicc is found, MPI=0 never.
 #   V=1 prints whole command lines; SETUP=0 leaves the system's packages alone.
 #   make install PREFIX=... (default /usr/local) DESTDIR=...; make uninstall.
@@ -45,6 +48,22 @@ NVFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=comp
 LDLIBS := -lm -ldl -lpthread
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart_static -lrt -lstdc++
 
+# cuDNN's frontend, for the cuda backend's attention (engine/src/cuda/attn_cudnn.cpp, plain C++:
+# no device code, so g++ builds it, far faster than nvcc would): deferred ('='), as Lua's paths
+# are, so that headers `setup` fetches during this make are found by the recipe. The frontend
+# opens libcudnn itself (dlopen), so nothing links it.
+CUDNN ?= auto
+CUDNN_FE ?= .deps/cudnn-frontend/include
+CUDNN_ON = $(if $(filter 0,$(CUDNN)),,$(if $(filter 1,$(CUDNN)),1,$(CUDNN_FOUND)))
+CUDNN_FOUND = $(shell test -f $(CUDNN_FE)/cudnn_frontend.h && echo 1)
+CUDNN_CFLAGS = $(if $(CUDNN_ON),-DGC_WITH_CUDNN -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING \
+               -DCUDNN_FRONTEND_SKIP_JSON_LIB -isystem $(CUDNN_FE))
+# The setting and whether the headers were there when this make started: a change rebuilds
+# attn_cudnn.o (once more, too, on the make after the one that fetched them).
+CUDNN_STAMP := $(B)/.cudnn-$(CUDNN)-$(if $(wildcard $(CUDNN_FE)/cudnn_frontend.h),1,0)
+CXXFLAGS_CU := -std=c++17 $(OPT) -fPIC -Wall -Wextra -Iengine/include -Iengine/src \
+               -I$(CUDA_HOME)/include -MMD -MP
+
 # MPI, for the distributed layer (engine/src/dist): deferred ('='), as Lua's paths are, so that
 # an OpenMPI that `setup` installs during this make is found by the recipes that need it.
 MPI ?= auto
@@ -59,6 +78,7 @@ CORE_SRC := $(wildcard $(patsubst %,engine/src/%/*.c,runtime tensor train train/
 OBJ := $(CORE_SRC:%.c=$(B)/%.o)
 ifeq ($(WITH_CUDA),1)
   OBJ += $(patsubst %.cu,$(B)/%.o,$(wildcard engine/src/cuda/*.cu))
+  OBJ += $(patsubst %.cpp,$(B)/%.o,$(wildcard engine/src/cuda/*.cpp))
   LDLIBS += $(CUDA_LIBS) -Wl,-rpath,$(CUDA_HOME)/lib64
 else
   OBJ += $(B)/engine/src/cuda/none.o
@@ -102,6 +122,11 @@ $(B)/engine/src/cuda/%.o: engine/src/cuda/%.cu
 	@mkdir -p $(@D)
 	$(Q)$(NVCC) $(NVFLAGS) -c $< -o $@
 
+$(B)/engine/src/cuda/%.o: engine/src/cuda/%.cpp $(CUDNN_STAMP) | setup
+	$(say) CXX $<
+	@mkdir -p $(@D)
+	$(Q)$(CXX) $(CXXFLAGS_CU) $(CUDNN_CFLAGS) -c $< -o $@
+
 $(B)/lua/%.o: lua/%.c | setup
 	$(say) CC $<
 	@mkdir -p $(@D)
@@ -112,6 +137,12 @@ STAMP := $(B)/.cuda-$(WITH_CUDA)
 $(STAMP):
 	@mkdir -p $(B)
 	@rm -f $(B)/.cuda-*
+	@touch $@
+
+# Likewise for cuDNN (CUDNN_STAMP, above).
+$(CUDNN_STAMP):
+	@mkdir -p $(B)
+	@rm -f $(B)/.cudnn-*
 	@touch $@
 
 # Likewise for MPI, as this make found it when it started.

@@ -230,7 +230,7 @@ if what == "transformer" or what == "all" then
   -- each configuration with both attentions; few steps keep the section
   -- short (each time is the mean of `iters` steps after 10 untimed ones)
   local TF = "transformer %s: L=%d d=%d heads=%d S=%d B=%d, %d iters, bf16"
-  for _, impl in ipairs({"composed", "fused"}) do
+  for _, impl in ipairs({"auto", "composed", "fused"}) do
     add(TF, bench_transformer, impl, 24, 256, 4, 128, 4, 100)  -- launch-bound
     add(TF, bench_transformer, impl, 12, 768, 12, 1024, 8, 20) -- compute-bound
   end

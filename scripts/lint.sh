@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Static checks: clang-format (the checked-in .clang-format) on the C and CUDA
+# Static checks: clang-format (the checked-in .clang-format) on the C, C++ and CUDA
 # sources, cppcheck on engine/ and lua/, then the layering rules.
 # Exit non-zero on any finding. The tools come from `scripts/setup.sh --lint`.
 # variableScope is off: like Lua's own source, functions declare their locals first.
@@ -28,7 +28,7 @@ if [ -z "$clang_format" ]; then
   done
 fi
 
-mapfile -d '' fmt_srcs < <(sources "c h cu cuh" engine lua tests examples)
+mapfile -d '' fmt_srcs < <(sources "c h cu cuh cpp" engine lua tests examples)
 if [ -z "$clang_format" ]; then
   echo "lint: clang-format not found (scripts/setup.sh --lint installs it)"
   failed+=(clang-format)

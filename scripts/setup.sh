@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Install the Debian packages graphcap needs, when they are missing.
+# Install the Debian packages graphcap needs, when they are missing (and fetch the cuDNN
+# frontend's headers, below).
 #
 #   scripts/setup.sh          lua5.4, liblua5.4-dev, lua-unit, and OpenMPI (openmpi-bin,
 #                             libopenmpi-dev) for the distributed layer
 #   scripts/setup.sh --lint   the same, and clang-format and cppcheck
 #   scripts/setup.sh --list   print the first list, one package a line
 #
+# Where nvcc is found, the first two also fetch the headers of cuDNN's frontend (header-only
+# C++, pinned below) into .deps/cudnn-frontend/include when that folder is missing: the cuda
+# backend runs attention through cuDNN when they are there (Makefile, CUDNN=auto). They come as
+# the PyPI wheel nvidia-cudnn-frontend, which holds include/; a machine that cannot fetch it
+# builds without cuDNN, after one line saying so.
+#
 # Idempotent: prints nothing when everything is present, one line when it
-# installed something. Runs apt-get through sudo when not root.
+# installed or fetched something. Runs apt-get through sudo when not root.
 set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 pkgs=(lua5.4 liblua5.4-dev lua-unit openmpi-bin libopenmpi-dev)
 case "${1-}" in
@@ -23,6 +31,42 @@ case "${1-}" in
     exit 2
     ;;
 esac
+
+fe_version=1.32.0
+fe_dir=.deps/cudnn-frontend/include
+
+# The frontend's headers from its wheel, through a temporary folder, so that an
+# interrupted fetch leaves no partial folder behind.
+fetch_cudnn_frontend() {
+  local tmp
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps --only-binary=:all: --retries 0 --timeout 15 -d "$tmp" \
+    "nvidia-cudnn-frontend==$fe_version" >"$tmp/log" 2>&1 &&
+    python3 - "$tmp" <<'PY' >>"$tmp/log" 2>&1; then
+import glob, os, sys, zipfile
+tmp = sys.argv[1]
+with zipfile.ZipFile(glob.glob(os.path.join(tmp, "*.whl"))[0]) as z:
+    for name in z.namelist():
+        if name.startswith("include/") and not name.endswith("/"):
+            z.extract(name, tmp)
+PY
+    if [ -f "$tmp/include/cudnn_frontend.h" ]; then
+      mkdir -p "$(dirname "$fe_dir")"
+      mv "$tmp/include" "$fe_dir"
+      echo "setup: fetched the cuDNN frontend $fe_version headers into $fe_dir"
+      rm -rf "$tmp"
+      return
+    fi
+  fi
+  tail -n 3 "$tmp/log" >&2
+  echo "setup: could not fetch nvidia-cudnn-frontend==$fe_version (python3 -m pip download," \
+    "output above); the cuda backend builds without cuDNN attention" >&2
+  rm -rf "$tmp"
+}
+
+if command -v "${NVCC:-nvcc}" >/dev/null && [ ! -d "$fe_dir" ]; then
+  fetch_cudnn_frontend
+fi
 
 if ! command -v dpkg >/dev/null || ! command -v apt-get >/dev/null; then
   echo "setup: not a Debian system; install Lua 5.4 with its headers and LuaUnit" \

@@ -561,18 +561,22 @@ typedef enum gcap_mask_kind { GCAP_MASK_ADD = 0, GCAP_MASK_BOOL = 1 } gcap_mask_
 ** column masked out is all zeros (its grads too). The mask gets no grad. */
 gcap_status gcap_softmax_masked(gcap_tensor *x, double scale, gcap_tensor *mask,
                                 gcap_mask_kind kind, int causal, gcap_tensor **out);
-/* How attention runs: GCAP_SDPA_AUTO is the composition on every backend
-** (on cuda, cuBLAS's batched GEMMs ran several times faster than earlier
-** fused kernels; docs/lua-api.md has the figures), GCAP_SDPA_FUSED is asked
-** for by name. The composition (matmul, softmax, dropout, matmul, each its
-** own op and node) keeps the weights [..., Sq, Sk] for its backward; the
-** fused kernels (head dims up to GCAP_SDPA_FUSED_DMAX) keep two floats a row
-** and recompute the weights tile by tile, and on the host equal the
-** composition bit for bit in f32. */
+/* How attention runs. The composition (matmul, softmax, dropout, matmul,
+** each its own op and node) keeps the weights [..., Sq, Sk] for its
+** backward; the fused kernels (GCAP_SDPA_FUSED, head dims up to
+** GCAP_SDPA_FUSED_DMAX) keep two floats a row and recompute the weights
+** tile by tile, and on the host equal the composition bit for bit in f32;
+** GCAP_SDPA_CUDNN is cuDNN's fused flash attention on the cuda backend
+** (bf16, no dropout, no attn_mask or causal, D = Dv a multiple of 8 up to
+** 128, libcudnn loaded at run time; keeps one float a row; its backward
+** deterministic), an error naming the case or the library where it cannot
+** run. GCAP_SDPA_AUTO takes cuDNN where it runs, the composition elsewhere
+** (the host always: the reference). docs/lua-api.md has the details. */
 typedef enum gcap_sdpa_impl {
   GCAP_SDPA_AUTO = 0,
   GCAP_SDPA_COMPOSED = 1,
-  GCAP_SDPA_FUSED = 2
+  GCAP_SDPA_FUSED = 2,
+  GCAP_SDPA_CUDNN = 3
 } gcap_sdpa_impl;
 /* The options of gcap_scaled_dot_product_attention; all zeros (or NULL
 ** options) are the defaults. */

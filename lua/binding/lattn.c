@@ -145,7 +145,7 @@ int l_sdpa(lua_State *L) {
   static const char op[] = "scaled_dot_product_attention";
   static const char *const keys[] = {"attn_mask", "attn_mask_bool", "is_causal", "dropout_p",
                                      "scale",     "impl",           NULL};
-  static const char *const impls[] = {"auto", "composed", "fused", NULL};
+  static const char *const impls[] = {"auto", "composed", "fused", "cudnn", NULL};
   gcap_tensor *q = l_checktensor(L, 1), *k = l_checktensor(L, 2), *v = l_checktensor(L, 3);
   gcap_sdpa_opts o;
   LTensor *r;
@@ -167,8 +167,9 @@ int l_sdpa(lua_State *L) {
       for (i = 0; name != NULL && lua_type(L, -1) == LUA_TSTRING && impls[i] != NULL; i++)
         if (strcmp(name, impls[i]) == 0) break;
       if (name == NULL || lua_type(L, -1) != LUA_TSTRING || impls[i] == NULL)
-        return l_error(L, "%s: option 'impl' must be 'auto', 'composed' or 'fused', got %s", op,
-                       luaL_tolstring(L, -1, NULL));
+        return l_error(L,
+                       "%s: option 'impl' must be 'auto', 'composed', 'fused' or 'cudnn', got %s",
+                       op, luaL_tolstring(L, -1, NULL));
       o.impl = (gcap_sdpa_impl)i; /* the names in the enum's order */
     }
     lua_pop(L, 1);

@@ -134,13 +134,14 @@ local function mask_type (where, what, v, default)
   return mask_types[v]
 end
 
--- attn_impl names -> the core's numbers: "auto" (the composition today),
--- "composed" (matmul, softmax, matmul), "fused" (the flash kernels)
-local attn_impls = {auto = 0, composed = 1, fused = 2}
+-- attn_impl names -> the core's numbers: "auto" (cuDNN where it runs, the
+-- composition elsewhere), "composed" (matmul, softmax, matmul), "fused" (the
+-- flash kernels), "cudnn" (cuDNN's flash attention, on cuda)
+local attn_impls = {auto = 0, composed = 1, fused = 2, cudnn = 3}
 local function attn_impl (where, v)
   v = check(where, "attn_impl", v, "string", "auto")
   if attn_impls[v] == nil then
-    util.raise("%s: attn_impl must be \"auto\", \"fused\" or \"composed\", got \"%s\"",
+    util.raise("%s: attn_impl must be \"auto\", \"fused\", \"composed\" or \"cudnn\", got \"%s\"",
                where, v)
   end
   return attn_impls[v]

@@ -1,7 +1,8 @@
 /*
 ** t.h: the C tests' harness. One TAP line per test function (a check group):
 ** "ok N - name" or "not ok N - name (file:line: expr)", later failures of the
-** same group as "#" lines, then "1..N" and "# N passed, M failed". main()
+** same group as "#" lines (a skipped test: "ok N - name # SKIP why"), then
+** "1..N" and "# N passed, M failed" (", K skipped" when some were). main()
 ** returns t_done(): 0 iff nothing failed. Only graphcap.h is used.
 */
 #ifndef T_H
@@ -14,8 +15,8 @@
 
 #include "graphcap.h"
 
-static int t_num, t_npass, t_nfail, t_bad; /* t_bad: this group has failed */
-static char t_why[512];                    /* its first failure */
+static int t_num, t_npass, t_nfail, t_nskip, t_bad; /* t_bad: this group has failed */
+static char t_why[512];                             /* its first failure */
 
 static void t_fail_(const char *file, int line, const char *expr, const char *msg) {
   char buf[sizeof t_why];
@@ -107,8 +108,16 @@ static void t_run_(const char *name, void (*fn)(void)) {
     ++t_npass, printf("ok %d - %s\n", t_num, name);
   fflush(stdout);
 }
+/* Count test `name` as skipped, saying why (TAP: "ok N - name # SKIP why"). */
+static inline void t_skip(const char *name, const char *why) {
+  ++t_num, ++t_nskip;
+  printf("ok %d - %s # SKIP %s\n", t_num, name, why);
+  fflush(stdout);
+}
 static int t_done(void) {
-  printf("1..%d\n# %d passed, %d failed\n", t_num, t_npass, t_nfail);
+  printf("1..%d\n# %d passed, %d failed", t_num, t_npass, t_nfail);
+  if (t_nskip) printf(", %d skipped", t_nskip);
+  printf("\n");
   return t_nfail ? 1 : 0;
 }
 

@@ -2,7 +2,8 @@
 ** test_attn_impl.c: the attention modules' attn_impl option. A
 ** TransformerLayer with the fused attention gives the composed one's
 ** outputs and grads (within rounding) while keeping no attention weights
-** for backward; bad choices are refused when the module is made.
+** for backward; bad choices are refused when the module is made, and
+** cuDNN asked for where it cannot run when the call is made.
 */
 #include "t.h"
 
@@ -109,8 +110,54 @@ static void test_attn_impl_errors(void) {
   gcap_engine_free(e);
 }
 
+/* impl cudnn where cuDNN cannot run is an error naming why, and makes
+** nothing: every dtype on the host (it has no cuDNN), f32 everywhere; "auto"
+** runs the same call composed. A module asks for cuDNN at its call. */
+static void test_cudnn_where_it_cannot_run(void) {
+  static const int64_t qs[4] = {2, 2, 16, 8},
+                       xs[4] = {16, 2, 2, 8}; /* x: [seq, batch, heads, ch] */
+  gcap_engine *e = t_engine();
+  gcap_tensor *q[2] = {NULL, NULL}, *x = NULL, *y = NULL, *in[3];
+  gcap_module *m = NULL;
+  gcap_sdpa_opts o;
+  int host, i;
+  if (e == NULL) return;
+  host = strcmp(gcap_engine_device(e), "host") == 0;
+  T_SETUP(
+      gcap_tensor_rand(e, GCAP_F32, 4, qs, 1, &q[0]) == GCAP_OK &&
+          gcap_tensor_rand(e, GCAP_BF16, 4, qs, 1, &q[1]) == GCAP_OK &&
+          gcap_tensor_rand(e, GCAP_F32, 4, xs, 1, &x) == GCAP_OK &&
+          gcap_nn_dot_product_attention(e, 2, 8, GCAP_ATTN_CAUSAL, 0.0, GCAP_SDPA_CUDNN, &m) ==
+              GCAP_OK,
+      (gcap_tensor_free(q[0]), gcap_tensor_free(q[1]), gcap_tensor_free(x), gcap_engine_free(e)));
+  memset(&o, 0, sizeof o);
+  for (i = 0; i < (host ? 2 : 1); i++) { /* f32, and on the host bf16 */
+    o.impl = GCAP_SDPA_CUDNN;
+    T_CHECK_ST(e, gcap_scaled_dot_product_attention(q[i], q[i], q[i], &o, &y), GCAP_EUNSUPPORTED);
+    T_CHECK(y == NULL);
+    T_CHECK(t_msg_has(e, host ? "scaled_dot_product_attention: impl 'cudnn' cannot run this call: "
+                                "the host backend has no cuDNN (it runs the composition, the "
+                                "reference)"
+                              : "scaled_dot_product_attention: impl 'cudnn' cannot run this call: "
+                                "cuDNN's fused attention takes bf16 tensors, got f32"));
+    o.impl = GCAP_SDPA_AUTO;
+    T_CHECK_OK(e, gcap_scaled_dot_product_attention(q[i], q[i], q[i], &o, &y));
+    gcap_tensor_free(y);
+    y = NULL;
+  }
+  in[0] = in[1] = in[2] = x;
+  T_CHECK_ST(e, gcap_module_call(m, 3, in, &y), GCAP_EUNSUPPORTED);
+  T_CHECK(y == NULL && t_msg_has(e, "impl 'cudnn' cannot run this call"));
+  gcap_module_free(m);
+  gcap_tensor_free(x);
+  gcap_tensor_free(q[0]);
+  gcap_tensor_free(q[1]);
+  gcap_engine_free(e);
+}
+
 int main(void) {
   T_RUN(test_transformer_layer_fused_vs_composed);
   T_RUN(test_attn_impl_errors);
+  T_RUN(test_cudnn_where_it_cannot_run);
   return t_done();
 }

@@ -784,6 +784,66 @@ static void test_attention_parity(void) {
   }
 }
 
+/* cuDNN's attention on cuda (impl cudnn, which fails where it cannot run)
+** against the composition on the host, the reference; causal or not, no
+** dropout. */
+static gcap_status sdpa_dnn(gcap_tensor *const *x, int causal, gcap_tensor **y) {
+  gcap_sdpa_opts o = {.is_causal = causal, .impl = GCAP_SDPA_COMPOSED};
+  if (strcmp(gcap_engine_device(gcap_tensor_engine(x[0])), "cuda") == 0) o.impl = GCAP_SDPA_CUDNN;
+  return gcap_scaled_dot_product_attention(x[0], x[1], x[2], &o, y);
+}
+static gcap_status f_sdpa_dnn(gcap_tensor *const *x, gcap_tensor **y) {
+  return sdpa_dnn(x, 0, y);
+}
+static gcap_status f_sdpa_dnn_causal(gcap_tensor *const *x, gcap_tensor **y) {
+  return sdpa_dnn(x, 1, y);
+}
+
+#define DNN(name, f, b, h, sq, sk, d)                                                              \
+  {                                                                                                \
+    name, f, BF, 1, 0, 3, {                                                                        \
+      P4(b, h, sq, d, N, 1), P4(b, h, sk, d, N, 1), P4(b, h, sk, d, N, 1)                          \
+    }                                                                                              \
+  }
+static const pcase dnn_cases[] = {
+    DNN("bf16 sdpa cudnn [2,3,128,64]", f_sdpa_dnn, 2, 3, 128, 128, 64),
+    DNN("bf16 sdpa cudnn causal [2,3,128,64]", f_sdpa_dnn_causal, 2, 3, 128, 128, 64),
+    DNN("bf16 sdpa cudnn [2,3,128,128]", f_sdpa_dnn, 2, 3, 128, 128, 128),
+    DNN("bf16 sdpa cudnn causal [2,3,128,128]", f_sdpa_dnn_causal, 2, 3, 128, 128, 128),
+    DNN("bf16 sdpa cudnn [1,2,1024,64]", f_sdpa_dnn, 1, 2, 1024, 1024, 64),
+    DNN("bf16 sdpa cudnn causal [1,2,1024,64]", f_sdpa_dnn_causal, 1, 2, 1024, 1024, 64),
+    DNN("bf16 sdpa cudnn [1,2,1024,128]", f_sdpa_dnn, 1, 2, 1024, 1024, 128),
+    DNN("bf16 sdpa cudnn causal [1,2,1024,128]", f_sdpa_dnn_causal, 1, 2, 1024, 1024, 128),
+    DNN("bf16 sdpa cudnn causal Sq 136 Sk 200 D 64", f_sdpa_dnn_causal, 1, 2, 136, 200, 64),
+};
+#undef DNN
+
+/* Why cuDNN cannot run on the cuda engine at all (this build has none, or
+** libcudnn.so.9 does not load), or NULL: then each case must pass. */
+static const char *cudnn_missing(void) {
+  static const int64_t s[4] = {1, 1, 16, 8};
+  static char why[1024];
+  gcap_sdpa_opts o = {.impl = GCAP_SDPA_CUDNN};
+  gcap_tensor *q = NULL, *y = NULL;
+  gcap_status st = gcap_tensor_rand(ec, GCAP_BF16, 4, s, 1, &q);
+  if (st == GCAP_OK) st = gcap_scaled_dot_product_attention(q, q, q, &o, &y);
+  snprintf(why, sizeof why, "%s", gcap_errmsg(ec));
+  gcap_tensor_free(y);
+  gcap_tensor_free(q);
+  if (st != GCAP_OK &&
+      (strstr(why, "this build has no cuDNN") || strstr(why, "could not be loaded")))
+    return why;
+  return NULL;
+}
+
+/* cuDNN forward and backward within the bf16 tolerance of the attention
+** cases above (cuDNN keeps f32 scores and rounds the weights to bf16 for
+** its products; the composition rounds its scores and weights). */
+static void test_cudnn_attention_parity(void) {
+  for (size_t i = 0; i < sizeof dnn_cases / sizeof dnn_cases[0]; i++)
+    parity_check_tol(&dnn_cases[i], 3e-2, 3e-2);
+}
+
 /* Bitwise: the dropout masks of both backends are the same (a pure function
 ** of seed and counter); so are uniform draws. */
 static void test_dropout_masks_identical(void) {
@@ -860,6 +920,7 @@ static void test_adam_parity(void) {
 }
 
 int main(void) {
+  const char *missing;
   verbose = getenv("GRAPHCAP_PARITY_VERBOSE") != NULL;
   if (!gcap_cuda_available()) {
     printf("1..0 # SKIP no CUDA device\n");
@@ -881,6 +942,10 @@ int main(void) {
   T_RUN(test_linear_gelu_many_rows);
   T_RUN(test_layer_norm_many_rows);
   T_RUN(test_attention_parity);
+  if ((missing = cudnn_missing()) != NULL)
+    t_skip("test_cudnn_attention_parity", missing);
+  else
+    T_RUN(test_cudnn_attention_parity);
   T_RUN(test_dropout_masks_identical);
   T_RUN(test_sgd_parity);
   T_RUN(test_adam_parity);

@@ -599,6 +599,73 @@ function TestAttentionOps:test_every_op_captured_replays_equal_eager ()
   end
 end
 
+-- Why cuDNN cannot run on this cuda engine at all (a build without it, or no
+-- libcudnn.so.9), or nil: then impl "cudnn" must work.
+local function cudnn_missing ()
+  local q = gc.zeros({1, 1, 16, 8}, {dtype = "bf16"})
+  local ok, err = pcall(gc.F.scaled_dot_product_attention, q, q, q, {impl = "cudnn"})
+  err = tostring(err)
+  if not ok and (err:find("this build has no cuDNN", 1, true)
+                 or err:find("could not be loaded", 1, true)) then
+    return err
+  end
+end
+
+-- cuDNN's attention, graphed by make_graphed_callables, equals its eager
+-- calls bit for bit (outputs and grads, causal or not, on new inputs): its
+-- forward and its deterministic backward give the same bits every run.
+-- "auto" takes it here; an upstream grad at an offset that breaks alignment
+-- gives the grads of an aligned copy.
+function TestAttentionOps:test_sdpa_cudnn_graphed_equals_eager ()
+  lu.skipIf(gc.device() == "host", "cuDNN runs on the cuda backend only (the host runs the "
+                                   .. "composition, the reference)")
+  local missing = cudnn_missing()
+  lu.skipIf(missing ~= nil, tostring(missing))
+  local shape = {2, 2, 128, 64}
+  local function t (ph, grad)
+    return gc.tensor(H.nest(H.values(numel(shape), ph, 1.5), shape),
+                     {requires_grad = grad, dtype = "bf16"})
+  end
+  for _, causal in ipairs{false, true} do
+    local function f (q, k, v)
+      return gc.F.scaled_dot_product_attention(q, k, v, {is_causal = causal, impl = "cudnn"})
+    end
+    local G = gc.make_graphed_callables(f, {t(0.1, true), t(0.2, true), t(0.3, true)})
+    for step = 1, 2 do
+      local r = t(0.9 + step, false)
+      local xe = {t(step, true), t(step + 0.4, true), t(step + 0.7, true)}
+      local xg = {t(step, true), t(step + 0.4, true), t(step + 0.7, true)}
+      local ye, yg = f(table.unpack(xe)), G(table.unpack(xg))
+      local what = string.format("causal %s, step %d", causal, step)
+      H.assert_bitwise(H.flat(yg:tolist()), H.flat(ye:tolist()), what .. ": output")
+      ;(ye * r):sum():backward()
+      ;(yg * r):sum():backward()
+      for i = 1, 3 do
+        H.assert_bitwise(H.flat(xg[i].grad:tolist()), H.flat(xe[i].grad:tolist()),
+                         what .. ": grad " .. i)
+      end
+    end
+  end
+  local q, k, v = t(0.1, true), t(0.2, true), t(0.3, true)
+  local y = gc.F.scaled_dot_product_attention(q, k, v, {is_causal = true})
+  lu.assertEquals(tostring(y.grad_fn), "scaled_dot_product_attention")  -- auto: cuDNN
+  local want = H.flat(gc.F.scaled_dot_product_attention(q, k, v, {is_causal = true,
+                                                                  impl = "cudnn"}):tolist())
+  H.assert_bitwise(H.flat(y:tolist()), want, "auto's output")
+  local g = t(0.5, false)
+  local buf = gc.zeros({numel(shape) + 1}, {dtype = "bf16"})
+  local ga = gc.empty(shape, {dtype = "bf16"})
+  ga:set_(buf, 1)  -- 2 bytes past an aligned address
+  gc.no_grad(function () ga:copy_(g) end)
+  y:backward(ga, {retain_graph = true})
+  local grads = {q.grad:tolist(), k.grad:tolist(), v.grad:tolist()}
+  q.grad, k.grad, v.grad = nil, nil, nil
+  y:backward(g)
+  for i, x in ipairs{q, k, v} do
+    H.assert_bitwise(H.flat(x.grad:tolist()), H.flat(grads[i]), "grad " .. i .. ", do unaligned")
+  end
+end
+
 function TestAttentionOps:test_sdpa_errors ()
   local q, k, v = gc.zeros{2, 3, 4}, gc.zeros{2, 5, 4}, gc.zeros{2, 5, 6}
   local F = gc.F
@@ -615,8 +682,13 @@ function TestAttentionOps:test_sdpa_errors ()
   H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {attn_mask = gc.zeros{4, 5}}) end,
                HERE, "scaled_dot_product_attention: the attn_mask [4, 5] does not broadcast to [2, 3, 5]")
   H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {impl = "flash"}) end,
-               HERE, "scaled_dot_product_attention: option 'impl' must be 'auto', 'composed' or "
-                     .. "'fused', got flash")
+               HERE, "scaled_dot_product_attention: option 'impl' must be 'auto', 'composed', "
+                     .. "'fused' or 'cudnn', got flash")
+  H.assert_err(function () return F.scaled_dot_product_attention(q, k, v, {impl = "cudnn"}) end,
+               HERE, "scaled_dot_product_attention: impl 'cudnn' cannot run this call: "
+                     .. (gc.device() == "host"
+                         and "the host backend has no cuDNN (it runs the composition, the reference)"
+                         or "cuDNN's fused attention takes bf16 tensors, got f32"))
   H.assert_err(function ()
                  return F.scaled_dot_product_attention(gc.zeros{2, 129}, gc.zeros{2, 129},
                                                        gc.zeros{2, 3}, {impl = "fused"})

@@ -198,7 +198,7 @@ function TestTransformer:test_errors ()
   H.assert_err(function () local r = gc.nn.MultiheadAttention(HID, 2.5); return r end,
                at(14), "MultiheadAttention: num_attention_heads must be an integer, got float")
   H.assert_err(function () local r = gc.nn.TransformerLayer(HID, 32, HEADS, {attn_impl = "flash"}); return r end,
-               at(16), 'TransformerLayer: attn_impl must be "auto", "fused" or "composed", got "flash"')
+               at(16), 'TransformerLayer: attn_impl must be "auto", "fused", "composed" or "cudnn", got "flash"')
   H.assert_err(function () local r = gc.nn.DotProductAttention(2, 256, {attn_impl = "fused"}); return r end,
                at(18), "DotProductAttention: attn_impl fused takes kv_channels up to 128, got 256")
   local l = gc.nn.TransformerLayer(HID, 32, HEADS, {self_attn_mask_type = "arbitrary"})

@@ -15,6 +15,7 @@ static void cu_shutdown(void *bs) {
   cu_state *st = (cu_state *)bs;
   if (!st) return;
   cu_plans_free(st);
+  cu_dnn_free(st->dnn);
   if (st->lt) cublasLtDestroy(st->lt);
   if (st->blas) cublasDestroy(st->blas);
   if (st->ws) cu_drop(cudaFree(st->ws));
@@ -325,6 +326,13 @@ static gcap_status cu_debug_dump(gcap_engine *e, void *, void *graph, const char
   return GCAP_OK;
 }
 
+/* gc_backend.attn_supported: cuDNN's attention (attn_cudnn.cpp), its state
+** made on first need. */
+static int cu_attn_cudnn(void *bs, const gc_kargs *a, int backward, int capturing, char *why,
+                         size_t n) {
+  return cu_dnn_supported(&((cu_state *)bs)->dnn, a, backward, capturing, why, n);
+}
+
 /* ------------------------------------------------------------------------ */
 
 /* In gc_backend's field order (C++17 has no designated initializers). */
@@ -357,6 +365,7 @@ static const gc_backend cu_backend = {
     cu_comm_new,      /* comm_new */
     cu_comm_free,     /* comm_free */
     cu_collective,    /* collective */
+    cu_attn_cudnn,    /* attn_supported */
 };
 
 extern "C" const gc_backend *gc_cuda_backend(void) {

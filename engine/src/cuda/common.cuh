@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "attn_cudnn.h"
 #include "runtime/backend.h" /* C linkage through its own __cplusplus guard */
 
 /* Return a device error through gc_fail, naming the call; never abort.
@@ -159,6 +160,7 @@ typedef struct cu_state {
   cudaStream_t blas_stream; /* the stream the cuBLAS handle is pointed at */
   struct cu_plan *plans;    /* GEMMs planned so far (k_linalg.cu) */
   int nplans, capplans;
+  cu_dnn *dnn; /* cuDNN's attention (attn_cudnn.cpp): NULL until first asked for */
 } cu_state;
 
 /* Free the GEMM plans (k_linalg.cu). */

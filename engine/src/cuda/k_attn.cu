@@ -25,7 +25,8 @@
 ** are separate kernels): a run, and a replay, gives the same bits every
 ** time. The order differs from the host's (the composition's), so results
 ** match within tolerance. Dropout draws what GC_K_DROPOUT draws for the same
-** element of the weights.
+** element of the weights. Launches carrying GC_ATTN_CUDNN run on cuDNN
+** instead (attn_cudnn.cpp).
 */
 #include <math.h>
 #include <mma.h>
@@ -655,8 +656,11 @@ static gcap_status att_dispatch(gcap_engine *e, cudaStream_t s, int k, const gc_
   return att_launch<att_simt<DM>>(e, s, k, a, c);
 }
 
-gcap_status cu_attn(gcap_engine *e, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
+/* The launches carrying GC_ATTN_CUDNN run on cuDNN (attn_cudnn.cpp), the
+** others on the kernels above. */
+gcap_status cu_attn(gcap_engine *e, cu_state *st, cudaStream_t s, int k, const gc_kargs *a) {
   cu_att c;
+  if (a->n[5] & GC_ATTN_CUDNN) return cu_dnn_run(e, st->dnn, s, k, a);
   c.bh = a->n[0], c.sq = a->n[1], c.sk = a->n[2], c.d = a->n[3], c.dv = a->n[4];
   c.flags = a->n[5], c.heads = a->n[6] > 0 ? a->n[6] : 1;
   c.scale = a->f[0], c.p = a->f[1], c.dt = a->dt;

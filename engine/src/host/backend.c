@@ -467,13 +467,22 @@ static gcap_status hb_event_sync(gcap_engine *e, void *bs, void *ev) {
   return GCAP_OK;
 }
 
+/* No library attention: the host runs the composition, the reference the
+** other backends are compared with. */
+static int hb_attn_supported(void *bs, const gc_kargs *a, int backward, int capturing, char *why,
+                             size_t n) {
+  (void)bs, (void)a, (void)backward, (void)capturing;
+  snprintf(why, n, "the host backend has no cuDNN (it runs the composition, the reference)");
+  return 0;
+}
+
 static const gc_backend hb_backend = {
     "host",         hb_init,         hb_shutdown,    hb_malloc,        hb_free,
     hb_stream_new,  hb_stream_free,  hb_sync,        hb_device_sync,   hb_event_new,
     hb_event_free,  hb_event_record, hb_stream_wait, hb_event_sync,    hb_copy,
     hb_copy,        hb_launch,       hb_custom,      hb_capture_begin, hb_capture_end,
     hb_instantiate, hb_graph_launch, hb_graph_free,  hb_debug_dump,    hb_comm_id,
-    hb_comm_new,    hb_comm_free,    hb_collective};
+    hb_comm_new,    hb_comm_free,    hb_collective,  hb_attn_supported};
 
 const gc_backend *gc_host_backend(void) {
   return &hb_backend;

@@ -149,7 +149,11 @@ extern "C" {
      [BH / n[6], n[6], Sq, Sk]) with causal, n[6] = H; f[0] = scale, f[1] = dropout p; the         \
      scores z = f[0] q.k, then the mask, as softmax's. stats (f32): GC_ATTN_HEAD floats (the       \
      dropout's {seed, offset} as the forward read them), then per row of BH * Sq its max z,        \
-     its sum of exp(z - max), and the backward's D = sum_j dP P -- */                              \
+     its sum of exp(z - max), and the backward's D = sum_j dP P. With GC_ATTN_CUDNN in n[5]        \
+     (only where the backend's attn_supported said yes for these arguments): the backend's         \
+     library runs all three (cuda: cuDNN's fused SDPA), and stats holds the head (unused),         \
+     then per row of BH * Sq its log-sum-exp max + log(sum) of z (cuDNN's Stats [B, H, Sq, 1]      \
+     of f32, B = BH / H), nothing more -- */                                                       \
   /* forward: p[0] = o [BH, Sq, Dv] = dropout(softmax(z)) v, dropping element (bh, i, j)           \
      as GC_K_DROPOUT drops element (bh * Sq + i) * Sk + j of the weights; p[4] = stats             \
      (written: head, max, sum), p[5] = mask or NULL, p[6] = rng state {seed, offset} (NULL:        \
@@ -157,8 +161,9 @@ extern "C" {
   X(ATTN, attn, attn, 0x11)                                                                        \
   /* backward, first: p[0] = dq, p[1] = do, p[2..4] = q, k, v, p[5] = stats                        \
      (D written), p[6] = mask, p[7] = o (a backend may take D as do . o, equal to sum_j dP P       \
-     in exact arithmetic) */                                                                       \
-  X(ATTN_BWD_DQ, attn_bwd_dq, attn, 0x21)                                                          \
+     in exact arithmetic); with GC_ATTN_CUDNN also p[8] = dk, p[9] = dv: this launch writes        \
+     all three grads (stats only read) and GC_K_ATTN_BWD_DKV is not launched */                    \
+  X(ATTN_BWD_DQ, attn_bwd_dq, attn, 0x321)                                                         \
   /* backward, second: p[0] = dk, p[1] = dv, p[2] = do, p[3..5] = q, k, v, p[6] = stats,           \
      p[7] = mask */                                                                                \
   X(ATTN_BWD_DKV, attn_bwd_dkv, attn, 0x03)                                                        \
@@ -174,6 +179,12 @@ extern "C" {
 #define GC_MASK_BF16 0x10   /* the mask is stored as bf16 (f32 otherwise) */
 #define GC_MASK_BOOL 0x20   /* nonzero: masked out (additive otherwise) */
 #define GC_MASK_CAUSAL 0x40 /* softmax: column c > row r % n[4] masked out */
+/* The fused attention's launches run on the backend's library attention
+** (the catalogue's fused attention; gc_backend.attn_supported). Its
+** pointers are GC_ATTN_CUDNN_ALIGN-byte aligned: attn_supported checks q, k
+** and v, the engine's allocations are, and the core copies a do that is not. */
+#define GC_ATTN_CUDNN 0x80
+#define GC_ATTN_CUDNN_ALIGN 16
 
 /* The floats before the rows of an attention's stats: the dropout's
 ** {seed, offset} (two u64). */
@@ -242,7 +253,7 @@ static inline void gc_store(void *p, int dt, int64_t i, float v) {
   ((float *)p)[i] = v;
 }
 
-#define GC_KPTRS 8
+#define GC_KPTRS 10
 #define GC_KINTS 8
 #define GC_KFLOATS 8
 
@@ -395,6 +406,19 @@ typedef struct gc_backend {
   void (*comm_free)(void *bs, void *comm);
   /* Launch (or, on a capturing stream, record) collective c on s. */
   gcap_status (*collective)(gcap_engine *e, void *bs, void *s, const gc_coll *c);
+
+  /* Whether the fused attention of *a (GC_K_ATTN's arguments, dt set, p[0]
+  ** and p[4] not yet) may run on the backend's library attention, its
+  ** launches carrying GC_ATTN_CUDNN; backward: whether the backward will
+  ** follow. Where it says 1 it has built and cached what these arguments'
+  ** launches need (while a capture is open, capturing != 0, it builds
+  ** nothing: it says 1 only for what earlier calls built), so that those
+  ** launches cannot be declined; 0 otherwise, with why (a sentence naming
+  ** the library, or the case and what it takes) into why[n]. The same
+  ** arguments get the same answer, save for a call under a capture before
+  ** any outside it, and one whose workspace could not be allocated. */
+  int (*attn_supported)(void *bs, const gc_kargs *a, int backward, int capturing, char *why,
+                        size_t n);
 } gc_backend;
 
 /* Host memory for the core and the backends: malloc, calloc and realloc,

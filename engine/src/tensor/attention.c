@@ -1,7 +1,8 @@
 /*
-** attention.c: masked_fill, and scaled dot-product attention composed of
-** batched matmuls, the masked softmax and dropout, each with its backward;
-** or the fused kernels.
+** attention.c: masks (broadcast over a tensor), masked_fill, and scaled
+** dot-product attention composed of batched matmuls, the masked softmax and
+** dropout, or fused (the backend's kernels, or its library attention:
+** cuDNN on cuda), each with its backward.
 */
 #include <float.h>
 #include <math.h>
@@ -105,7 +106,8 @@ done:
 /* The fused path: one kernel forward (GC_K_ATTN), two backward
 ** (GC_K_ATTN_BWD_DQ, then GC_K_ATTN_BWD_DKV), over q, k, v seen as [BH, S,
 ** D]; the rows' softmax stats are kept for the backward, the weights never
-** stored. */
+** stored. With GC_ATTN_CUDNN in the flags the backend's library runs them,
+** the backward in one launch (backend.h). */
 static void attn_args(gc_kargs *a, gcap_tensor *q, gcap_tensor *k, gcap_tensor *v, float scale,
                       float p, int64_t flags, int64_t heads) {
   int n = q->ndim, d;
@@ -142,11 +144,36 @@ static gcap_status attn_bwd_stats(gcap_tensor *stats, int64_t rows, gcap_tensor 
   return st;
 }
 
-/* saved: q, k, v, stats (head, max, sum), o, mask (or none); f[0] = scale,
-** f[1] = dropout p; k[0] = the mask's flags with causal, k[1] = heads. */
+/* The first backward launch (GC_K_ATTN_BWD_DQ) over in = do, q, k, v,
+** stats, o (, mask); with GC_ATTN_CUDNN the only one: it writes dk and dv
+** too, and stats is only read. */
+static gcap_status attn_backward_dq(gc_node *n, gcap_tensor **gin, gc_kargs *a, gcap_tensor **in,
+                                    int nin) {
+  gcap_engine *e = in[0]->e;
+  gcap_status st;
+  a->p[0] = gc_tensor_ptr(gin[0]);
+  a->p[1] = gc_tensor_ptr(in[0]);
+  a->p[2] = gc_tensor_ptr(in[1]), a->p[3] = gc_tensor_ptr(in[2]), a->p[4] = gc_tensor_ptr(in[3]);
+  a->p[5] = gc_tensor_ptr(in[4]);
+  a->p[6] = nin > 6 ? gc_tensor_ptr(in[6]) : NULL;
+  a->p[7] = gc_tensor_ptr(in[5]);
+  if (n->k[0] & GC_ATTN_CUDNN) {
+    a->p[8] = gc_tensor_ptr(gin[1]);
+    a->p[9] = gc_tensor_ptr(gin[2]);
+    if ((st = gc_note_access(e, gin[1], 1)) == GCAP_OK) st = gc_note_access(e, gin[2], 1);
+  } else {
+    st = gc_note_access(e, in[4], 1); /* D */
+  }
+  return st != GCAP_OK ? st : gc_run(e, GC_K_ATTN_BWD_DQ, a, in, nin, gin[0]);
+}
+
+/* saved: q, k, v, stats (head, then the rows' max and sum; with
+** GC_ATTN_CUDNN the library's log-sum-exp), o, mask (or none); f[0] = scale,
+** f[1] = dropout p; k[0] = the mask's flags with causal (and GC_ATTN_CUDNN),
+** k[1] = heads. */
 static gcap_status attn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *stats = NULL;
-  gcap_tensor *o = n->saved[4], *mask = n->nsaved > 5 ? n->saved[5] : NULL, *in[7];
+  gcap_tensor *o = n->saved[4], *mask = n->nsaved > 5 ? n->saved[5] : NULL, *in[7], *gd = NULL;
   gc_kargs a;
   gcap_status st;
   int i, nin;
@@ -156,19 +183,21 @@ static gcap_status attn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) 
                               x->shape, &gin[i])) != GCAP_OK)
       return st; /* the caller frees what gin holds */
   }
+  /* the library reads do aligned as the forward's operands: a view elsewhere is copied */
+  if ((n->k[0] & GC_ATTN_CUDNN) && (uintptr_t)gc_tensor_ptr(g) % GC_ATTN_CUDNN_ALIGN != 0) {
+    if ((st = gcap_tensor_clone(g, &gd)) != GCAP_OK) return st;
+    g = gd;
+  }
   attn_args(&a, q, k, v, n->f[0], n->f[1], n->k[0], n->k[1]);
-  if ((st = attn_bwd_stats(n->saved[3], a.n[0] * a.n[1], &stats)) != GCAP_OK) return st;
-  a.p[0] = gc_tensor_ptr(gin[0]);
-  a.p[1] = gc_tensor_ptr(g);
-  a.p[2] = gc_tensor_ptr(q), a.p[3] = gc_tensor_ptr(k), a.p[4] = gc_tensor_ptr(v);
-  a.p[5] = gc_tensor_ptr(stats);
-  a.p[6] = mask ? gc_tensor_ptr(mask) : NULL;
-  a.p[7] = gc_tensor_ptr(o);
+  /* the library only reads the stats; the own kernels write D into a copy */
+  if (n->k[0] & GC_ATTN_CUDNN)
+    stats = gcap_tensor_retain(n->saved[3]);
+  else if ((st = attn_bwd_stats(n->saved[3], a.n[0] * a.n[1], &stats)) != GCAP_OK)
+    goto done;
   in[0] = g, in[1] = q, in[2] = k, in[3] = v, in[4] = stats, in[5] = o, in[6] = mask;
   nin = mask ? 7 : 6;
-  if ((st = gc_note_access(g->e, stats, 1)) != GCAP_OK || /* D */
-      (st = gc_run(g->e, GC_K_ATTN_BWD_DQ, &a, in, nin, gin[0])) != GCAP_OK)
-    goto done;
+  st = attn_backward_dq(n, gin, &a, in, nin);
+  if (st != GCAP_OK || (n->k[0] & GC_ATTN_CUDNN)) goto done;
   a.p[0] = gc_tensor_ptr(gin[1]);
   a.p[1] = gc_tensor_ptr(gin[2]);
   a.p[2] = gc_tensor_ptr(g);
@@ -179,15 +208,41 @@ static gcap_status attn_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) 
     st = gc_run(g->e, GC_K_ATTN_BWD_DKV, &a, in, nin, gin[1]);
 done:
   gcap_tensor_free(stats); /* later work on the stream runs after these launches */
+  gcap_tensor_free(gd);
   return st;
 }
 
-/* flags: the mask's, with causal (gcap_scaled_dot_product_attention). */
+/* GC_K_ATTN's arguments but o and stats (p[0], p[4]); flags: the mask's,
+** with causal (gcap_scaled_dot_product_attention). */
+static void attn_fwd_args(gc_kargs *a, gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
+                          const gcap_sdpa_opts *o, double scale, int64_t flags) {
+  int n = q->ndim;
+  attn_args(a, q, k, v, (float)scale, (float)o->dropout_p, flags, n >= 3 ? q->shape[n - 3] : 1);
+  a->p[1] = gc_tensor_ptr(q), a->p[2] = gc_tensor_ptr(k), a->p[3] = gc_tensor_ptr(v);
+  a->p[5] = o->attn_mask ? gc_tensor_ptr(o->attn_mask) : NULL;
+  a->p[6] = o->dropout_p > 0.0 ? q->e->rng->ptr : NULL;
+  a->dt = (int)q->dt;
+}
+
+/* 1 when the backend's library attention takes this call (GC_ATTN_CUDNN),
+** having built what it needs, the backward's too where grads will flow;
+** otherwise 0 and why into why[n]. */
+static int sdpa_cudnn(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v, const gcap_sdpa_opts *o,
+                      double scale, int64_t flags, char *why, size_t n) {
+  gcap_engine *e = q->e;
+  gcap_tensor *in[3];
+  gc_kargs a;
+  in[0] = q, in[1] = k, in[2] = v;
+  attn_fwd_args(&a, q, k, v, o, scale, flags);
+  return e->be->attn_supported(e->bs, &a, gc_grad_needed(e, in, 3), e->cap != NULL, why, n);
+}
+
+/* flags: the mask's, with causal (and GC_ATTN_CUDNN). */
 static gcap_status sdpa_fused(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
                               const gcap_sdpa_opts *o, double scale, int64_t flags,
                               gcap_tensor **out) {
   int n = q->ndim;
-  int64_t shape[GCAP_MAXDIM], heads = n >= 3 ? q->shape[n - 3] : 1, len;
+  int64_t shape[GCAP_MAXDIM], len, heads;
   gcap_tensor *stats = NULL, *in[4], *save[6];
   gcap_engine *e = q->e;
   gc_node *node;
@@ -197,16 +252,16 @@ static gcap_status sdpa_fused(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
   shape[n - 1] = v->shape[n - 1];
   if ((st = gc_tensor_alloc(e, "scaled_dot_product_attention", q->dt, n, shape, out)) != GCAP_OK)
     return st;
-  attn_args(&a, q, k, v, (float)scale, (float)o->dropout_p, flags, heads);
-  len = GC_ATTN_HEAD + 2 * a.n[0] * a.n[1]; /* the backward adds D in its own copy */
+  attn_fwd_args(&a, q, k, v, o, scale, flags);
+  heads = a.n[6];
+  /* the head, then two floats a row: max and sum (the backward adds D in its
+  ** own copy); the library's one, its log-sum-exp */
+  len = GC_ATTN_HEAD + (flags & GC_ATTN_CUDNN ? 1 : 2) * a.n[0] * a.n[1];
   if ((st = gc_tensor_alloc(e, "scaled_dot_product_attention", GCAP_F32, 1, &len, &stats)) !=
       GCAP_OK)
     goto fail;
   a.p[0] = gc_tensor_ptr(*out);
-  a.p[1] = gc_tensor_ptr(q), a.p[2] = gc_tensor_ptr(k), a.p[3] = gc_tensor_ptr(v);
   a.p[4] = gc_tensor_ptr(stats);
-  a.p[5] = o->attn_mask ? gc_tensor_ptr(o->attn_mask) : NULL;
-  a.p[6] = o->dropout_p > 0.0 ? e->rng->ptr : NULL;
   in[0] = q, in[1] = k, in[2] = v, in[3] = o->attn_mask;
   if ((st = gc_note_access(e, stats, 1)) != GCAP_OK ||
       (st = gc_run(e, GC_K_ATTN, &a, in, o->attn_mask ? 4 : 3, *out)) != GCAP_OK)
@@ -243,6 +298,7 @@ gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gc
   double scale;
   int64_t d, dv, shape[GCAP_MAXDIM], flags = 0;
   int fusable;
+  char why[GC_ERRLEN];
   gcap_status st;
   if ((st = gc_op_start_out(op, q, "q", k ? k : v, out)) != GCAP_OK ||
       (st = gc_operand(q->e, op, "k", k)) != GCAP_OK ||
@@ -274,7 +330,14 @@ gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gc
   if (o.is_causal) flags |= GC_MASK_CAUSAL;
   fusable = d <= GCAP_SDPA_FUSED_DMAX && dv <= GCAP_SDPA_FUSED_DMAX;
   switch (o.impl) {
-    case GCAP_SDPA_AUTO: /* the composition (docs/lua-api.md says why) */
+    case GCAP_SDPA_AUTO: /* cuDNN where it runs, the composition elsewhere (docs/lua-api.md) */
+    case GCAP_SDPA_CUDNN:
+      if (sdpa_cudnn(q, k, v, &o, scale, flags, why, sizeof why))
+        return sdpa_fused(q, k, v, &o, scale, flags | GC_ATTN_CUDNN, out);
+      if (o.impl == GCAP_SDPA_CUDNN)
+        return gc_fail(q->e, GCAP_EUNSUPPORTED, "%s: impl 'cudnn' cannot run this call: %s", op,
+                       why);
+      return sdpa_composed(q, k, v, &o, scale, out);
     case GCAP_SDPA_COMPOSED:
       return sdpa_composed(q, k, v, &o, scale, out);
     case GCAP_SDPA_FUSED:

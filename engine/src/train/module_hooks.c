@@ -211,10 +211,10 @@ static void accept_return(gcap_hook_args *a, hook_vals *v) {
 /* Run m's hooks of one kind in registration order, those registered before
 ** the run began (PyTorch walks a snapshot: a hook registered by a hook runs
 ** from the next call on); a hook may remove hooks, so the list is walked by
-** id (a hook removed meanwhile does not run). A hook's returned values, once checked
-** (backward kinds: nwant grads laid out as want[]), replace those in a for
-** the next hooks and the caller; v keeps them (the caller frees it with
-** vals_free, after its last use of a). */
+** id (a hook removed meanwhile does not run). A hook's returned values, once
+** checked (backward kinds: nwant grads laid out as want[]), replace those in
+** a for the next hooks and the caller; v keeps them (the caller frees it
+** with vals_free, after its last use of a). */
 static gcap_status run_hooks(gcap_module *m, gcap_hook_args *a, hook_vals *v, const hook_slot *want,
                              int nwant) {
   gcap_status st = GCAP_OK;

@@ -371,7 +371,8 @@ static gcap_status check_attn(gcap_engine *e, const char *type, int heads, int64
     return gc_fail(e, GCAP_EINVAL, "%s: unknown attn_mask_type %d", type, (int)mask);
   if (!(p >= 0.0 && p < 1.0))
     return gc_fail(e, GCAP_EINVAL, "%s: attention_dropout must be in [0, 1), got %g", type, p);
-  if (impl != GCAP_SDPA_AUTO && impl != GCAP_SDPA_COMPOSED && impl != GCAP_SDPA_FUSED)
+  if (impl != GCAP_SDPA_AUTO && impl != GCAP_SDPA_COMPOSED && impl != GCAP_SDPA_FUSED &&
+      impl != GCAP_SDPA_CUDNN)
     return gc_fail(e, GCAP_EINVAL, "%s: unknown attn_impl %d", type, (int)impl);
   if (impl == GCAP_SDPA_FUSED && ch > GCAP_SDPA_FUSED_DMAX)
     return gc_fail(e, GCAP_EINVAL, "%s: attn_impl fused takes kv_channels up to %d, got %lld", type,
