@@ -288,13 +288,13 @@ file_calls() {
 circles() {
   perl -ne '
     my ($a, $b, $s) = split;
-    push @{$out{$a}}, $b; $sym{"$a $b"} = $s; $node{$a} = $node{$b} = 1;
+    push @{$calls{$a}}, $b; $sym{"$a $b"} = $s; $node{$a} = $node{$b} = 1;
     END {
       my ($i, @stack, %on, %idx, %low, @sets) = (0);
       my $visit; $visit = sub {
         my $v = shift;
         $idx{$v} = $low{$v} = $i++; push @stack, $v; $on{$v} = 1;
-        for my $w (@{$out{$v} || []}) {
+        for my $w (@{$calls{$v} || []}) {
           if (!exists $idx{$w}) { $visit->($w); $low{$v} = $low{$w} if $low{$w} < $low{$v} }
           elsif ($on{$w}) { $low{$v} = $idx{$w} if $idx{$w} < $low{$v} }
         }
@@ -310,7 +310,7 @@ circles() {
         my (%prev, $end);
         my @q = ($v);
         while (!defined $end && defined(my $x = shift @q)) {   # breadth first, back to $v
-          for my $w (sort @{$out{$x} || []}) {
+          for my $w (sort @{$calls{$x} || []}) {
             next unless $in{$w};
             if ($w eq $v) { $end = $x; last }
             next if exists $prev{$w};

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the test suites on a GPU machine, from the repo root of a tree built
-# elsewhere (build/ present, luaunit.lua in .deps/). Logs go to ${OUT:-/tmp}/test-logs.
+# elsewhere (build/ present, luaunit.lua in .deps/). Logs go to ${GPU_LOG_DIR:-/tmp}/test-logs.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 
@@ -12,4 +12,4 @@ if [ ! -x build/graphcap ]; then
 fi
 ldd build/graphcap | grep 'not found'
 
-TEST_LOG_DIR=${OUT:-/tmp}/test-logs exec tests/run.sh build cuda host
+TEST_LOG_DIR=${GPU_LOG_DIR:-/tmp}/test-logs exec tests/run.sh build cuda host

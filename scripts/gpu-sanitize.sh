@@ -7,7 +7,7 @@
 # every status the engine gets is checked by the suites themselves. Only
 # the suite's own process is checked (the program's tests start others),
 # a suite that skips before touching CUDA is not an error, and the soak's
-# resident-memory bound is off (the instrumentation grows the process). Logs: ${OUT:-/tmp}/sanitize/TOOL/.
+# resident-memory bound is off (the instrumentation grows the process). Logs: ${GPU_LOG_DIR:-/tmp}/sanitize/TOOL/.
 #   scripts/gpu-sanitize.sh [TOOL...]      default: memcheck racecheck synccheck
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -32,6 +32,6 @@ for t in "${tools[@]}"; do
   echo "== compute-sanitizer --tool $t"
   GRAPHCAP_SOAK_NO_RSS=1 \
     TEST_WRAPPER="$cs --tool $t $extra --report-api-errors no --require-cuda-init no --target-processes application-only --error-exitcode 99" TEST_TIMEOUT=${TEST_TIMEOUT:-1800} \
-    TEST_LOG_DIR=${OUT:-/tmp}/sanitize/$t tests/run.sh build cuda || status=1
+    TEST_LOG_DIR=${GPU_LOG_DIR:-/tmp}/sanitize/$t tests/run.sh build cuda || status=1
 done
 exit $status

@@ -5,20 +5,20 @@
 #
 #   scripts/profile_kernels.sh [d heads S B [impl]]   default: 768 12 1024 8 auto
 #
-# Raw CSVs and the table go to ${OUT:-build/profile}.
+# Raw CSVs and the table go to $PROFILE_DIR (default build/profile).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 d=${1:-768} heads=${2:-12} S=${3:-1024} B=${4:-8} impl=${5:-auto}
 steps=4
-out=${OUT:-build/profile}
-mkdir -p "$out"
+dir=${PROFILE_DIR:-build/profile}
+mkdir -p "$dir"
 ncu_run() {
   ncu --clock-control none --metrics gpu__time_duration.sum --csv "$@"
 }
 tag="d${d}_S${S}_B${B}"
 ncu_run build/graphcap --device cuda bench/profile_layer.lua "$d" "$heads" "$S" "$B" "$steps" \
-  "$impl" >"$out/graphcap_$tag.csv"
+  "$impl" >"$dir/graphcap_$tag.csv"
 ncu_run python3 bench/torch_profile_layer.py "$d" "$heads" "$S" "$B" "$steps" \
-  >"$out/torch_$tag.csv"
-python3 bench/profile_kernels.py "$steps" "graphcap ($impl)=$out/graphcap_$tag.csv" \
-  "PyTorch=$out/torch_$tag.csv" | tee "$out/kernels_$tag.md"
+  >"$dir/torch_$tag.csv"
+python3 bench/profile_kernels.py "$steps" "graphcap ($impl)=$dir/graphcap_$tag.csv" \
+  "PyTorch=$dir/torch_$tag.csv" | tee "$dir/kernels_$tag.md"
