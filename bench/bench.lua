@@ -71,6 +71,20 @@ local function step_us (layers, x, iters)
   return time_us(run, iters)
 end
 
+-- The mean time of one replay of the whole step on mods captured as one
+-- graph, warmed up on a side stream first.
+local function whole_graph_us (mods, x, iters)
+  local s = gc.Stream()
+  gc.with_stream(s, function () for _ = 1, 3 do step(mods, x) end end)
+  gc.synchronize()
+  for _, m in ipairs(mods) do m:zero_grad() end
+  x.grad = nil
+  local g = gc.Graph()
+  g:capture(function () step(mods, x) end)
+  for _ = 1, 10 do g:replay() end
+  return time_us(function () g:replay() end, iters)
+end
+
 local function bench (L, H, B, iters, dt)
   gc.manual_seed(0)
   local x = gc.randn({B, H}, {requires_grad = true, dtype = dt})
@@ -82,16 +96,7 @@ local function bench (L, H, B, iters, dt)
   local graphed_us = step_us(graphed, x, iters)
 
   -- the whole step as one graph, on fresh modules
-  local fresh = stack(L, H, dt)
-  local s = gc.Stream()
-  gc.with_stream(s, function () for _ = 1, 3 do step(fresh, x) end end)
-  gc.synchronize()
-  for _, m in ipairs(fresh) do m:zero_grad() end
-  x.grad = nil
-  local g = gc.Graph()
-  g:capture(function () step(fresh, x) end)
-  for _ = 1, 10 do g:replay() end
-  local whole_us = time_us(function () g:replay() end, iters)
+  local whole_us = whole_graph_us(stack(L, H, dt), x, iters)
 
   json({L = L, H = H, B = B, dtype = dt == "bf16" and "bfloat16" or "float32", eager_us = eager_us,
         graphed_per_layer_us = graphed_us, whole_graph_us = whole_us,
@@ -180,16 +185,7 @@ local function bench_transformer (impl, L, d, heads, S, B, iters)
   local layers = tstack(L, d, heads, impl)
   local graphed, capture_s, graph_mem = graph_timed(layers, sample)
   local graphed_us = step_us(graphed, x, iters)
-  local fresh = tstack(L, d, heads, impl)
-  local s = gc.Stream()
-  gc.with_stream(s, function () for _ = 1, 3 do step(fresh, x) end end)
-  gc.synchronize()
-  for _, m in ipairs(fresh) do m:zero_grad() end
-  x.grad = nil
-  local g = gc.Graph()
-  g:capture(function () step(fresh, x) end)
-  for _ = 1, 10 do g:replay() end
-  local whole_us = time_us(function () g:replay() end, iters)
+  local whole_us = whole_graph_us(tstack(L, d, heads, impl), x, iters)
   json({model = "transformer", L = L, d = d, heads = heads, S = S, B = B, dtype = "bfloat16",
         attn_impl = impl, eager_us = eager_us, graphed_per_layer_us = graphed_us,
         whole_graph_us = whole_us, capture_s = capture_s, graph_mem_mib = mib(graph_mem),

@@ -280,23 +280,6 @@ void gc_mpi_abort(int code) {
   exit(code);
 }
 
-/* Did a rank of g send a debug-mode descriptor where this rank, not in
-** debug mode, expects its tensor? p holds n blocks of `bytes`, block k from
-** group rank r0 + k (this rank's own block skipped). Then an error of op
-** that names the first such rank. */
-static gcap_status mpi_from_debug(gcap_engine *e, const gcap_dist_group *g, const char *op,
-                                  const void *p, size_t bytes, int r0, int n) {
-  int k;
-  for (k = 0; bytes >= 8 && k < n; k++)
-    if (r0 + k != g->rank && gc_debug_marked((const char *)p + (size_t)k * bytes))
-      return gc_fail(e, GCAP_EINVAL,
-                     "%s: rank %d is in debug mode and rank %d is not (it sent a debug-mode "
-                     "descriptor in place of its tensor): call gc.dist.set_debug(true) on every "
-                     "rank",
-                     op, g->ranks[r0 + k], g->ranks[g->rank]);
-  return GCAP_OK;
-}
-
 gcap_status gc_mpi_collective(gcap_engine *e, const gc_coll *c) {
   return gc_fail(e, GCAP_EUNSUPPORTED, "%s: built without MPI", gc_coll_name(c->kind));
 }
