@@ -27,6 +27,7 @@ local function expect_error (callables, sample_args, opts, ...)
   lu.assertEquals(type(err), "string")
   for _, s in ipairs({...}) do lu.assertStrContains(err, s) end
   lu.assertFalse(gc.is_capturing())
+  collectgarbage() -- a Lua forward's intermediate tensors are garbage, not held
   local st = pool:stats()
   lu.assertEquals(st.graphs, 0, "live graphs left in the pool: " .. err)
   lu.assertEquals(st.in_use_bytes, 0, "pool blocks left in use: " .. err)
@@ -363,6 +364,34 @@ function TestGraphedErrors:test_param_grad_vanishes_after_first_iteration ()
   expect_error(m, {gc.ones({4, 8}, {requires_grad = true})}, {},
                "the set of parameters getting a grad changed between warmup iterations",
                "parameter 'extra.weight' got a grad in warmup iteration 1 but none in iteration 3")
+end
+
+-- regression: with one warmup iteration, a parameter that first got its grad at capture was
+-- silently never trained, and one that lost it kept its warmup grad's place
+function TestGraphedErrors:test_param_grad_appears_at_capture ()
+  gc.manual_seed(1)
+  local m = Gated(2, math.huge)
+  local ps = m:parameters()
+  ps[3].grad = gc.full({8, 8}, 7)
+  local before = H.state(ps)
+  expect_error(m, {gc.ones({4, 8}, {requires_grad = true})}, {num_warmup_iters = 1},
+               "backward capture of entry 1 (callable 1, Gated)",
+               "the set of parameters getting a grad changed between the warmup and the capture",
+               "parameter 'extra.weight' got a grad at capture but none in the warmup (1 iteration)")
+  H.assert_state(before, ps, nil, "after the failed call", {live = true, heap = true})
+  -- from its third call on the child is used in every call: graphed again, it works
+  local G = gc.make_graphed_callables(m, {gc.ones({4, 8}, {requires_grad = true})},
+                                      {num_warmup_iters = 1})
+  G(gc.ones({4, 8}, {requires_grad = true})):sum():backward()
+  lu.assertNotNil(ps[3].grad)
+end
+
+function TestGraphedErrors:test_param_grad_vanishes_at_capture ()
+  gc.manual_seed(1)
+  local m = Gated(1, 1)
+  expect_error(m, {gc.ones({4, 8}, {requires_grad = true})}, {num_warmup_iters = 1},
+               "backward capture of entry 1 (callable 1, Gated)",
+               "parameter 'extra.weight' got a grad in the warmup (1 iteration) but none at capture")
 end
 
 function TestGraphedErrors:test_reuse_without_order ()

@@ -85,8 +85,10 @@ static gcap_status cap_dw(ge_build *b, int i) {
     return gc_fail(b->e, GCAP_EINVAL,
                    "make_graphed_callables: the delayed wgrad of entry %d is captured twice",
                    i + 1);
-  if ((st = capture(b, i, "delayed wgrad", &x->dw, cap_dw_body)) != GCAP_OK) return st;
-  return take_grads(b, x, &x->dw_grad, x->nargs, x->nparams);
+  if ((st = capture(b, i, "delayed wgrad", &x->dw, cap_dw_body)) != GCAP_OK ||
+      (st = take_grads(b, x, &x->dw_grad, x->nargs, x->nparams)) != GCAP_OK)
+    return st;
+  return x->params_known ? gc_graphed_params_agree(b, i, -1, 0, x->dw_grad) : GCAP_OK;
 }
 
 /* The static grads of x's outputs that require grad: allocated outside
@@ -116,7 +118,12 @@ static gcap_status cap_bwd(ge_build *b, int i) {
     if ((st = ge_run_hooks(b, x->callable, GCAP_HOOK_BACKWARD_PRE)) != GCAP_OK ||
         (st = capture(b, i, "backward", &x->bwd, cap_bwd_body)) != GCAP_OK)
       return st;
+    /* a parameter whose grad comes or goes only now would never be replayed
+    ** (a delayed wgrad's come in its own pass) */
     if ((st = take_grads(b, x, &x->grad_in, 0, x->nargs + x->nparams)) != GCAP_OK ||
+        (x->params_known &&
+         (st = gc_graphed_params_agree(b, i, -1, !x->need_dw, x->grad_in + x->nargs)) !=
+             GCAP_OK) ||
         (st = gc_graphed_note_reads(b, x)) != GCAP_OK)
       return st;
     if ((st = ge_run_hooks(b, x->callable, GCAP_HOOK_BACKWARD)) != GCAP_OK) return st;

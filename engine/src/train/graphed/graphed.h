@@ -176,6 +176,12 @@ gcap_status gc_graphed_forward(ge_build *b, ge_entry *x, ge_outs *o);
 /* Backpropagate from the outputs of o that require grad, grads[k] output
 ** k's (warmup.c). */
 gcap_status gc_graphed_backward(const ge_outs *o, gcap_tensor *const *grads, int retain);
+/* Every parameter of entry i's module has a grad if and only if warmup
+** iteration 0 kept it (with vanish 0: none that it did not keep has one); the
+** first that does not is named, after warmup iteration it, or at capture
+** when it < 0, where the kept ones' grads are in taken[] (warmup.c). */
+gcap_status gc_graphed_params_agree(ge_build *b, int i, int it, int vanish,
+                                    gcap_tensor *const *taken);
 /* num_warmup_iters walks of the schedule on a side stream (warmup.c). */
 gcap_status gc_graphed_warmup(ge_build *b);
 /* The schedule's passes, each into its own graph of the call's pool (capture.c). */

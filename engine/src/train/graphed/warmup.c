@@ -131,24 +131,42 @@ static gcap_status warm_fwd(ge_build *b, int i) {
   return st;
 }
 
-/* After iteration 0 (it > 0): every parameter of x's module has a grad if
-** and only if it was kept; the first that has not is named. */
-static gcap_status params_agree(ge_build *b, int i, int it) {
+/* Does every parameter of x's module have a grad if and only if it was kept
+** (where `vanish` is 0, only: no parameter that was not kept has one)? The
+** first that does not is named: after warmup iteration `it` (it > 0), or at
+** capture (it < 0), where the kept parameters' grads were taken into
+** taken[0..nparams). */
+gcap_status gc_graphed_params_agree(ge_build *b, int i, int it, int vanish,
+                                    gcap_tensor *const *taken) {
   ge_entry *x = &b->G->v[i];
   int j, k, np = gcap_module_num_parameters(x->m);
-  char name[128];
+  char name[128], first[48], second[48];
   for (j = 0; j < np; j++) {
     gcap_tensor *p = gcap_module_parameter(x->m, j, name, sizeof name);
+    int kept, got;
     for (k = 0; k < x->nparams && x->params[k] != p; k++) {
     }
-    if ((p->grad != NULL) != (k < x->nparams))
-      return gc_fail(b->e, GCAP_EINVAL,
-                     "make_graphed_callables: warmup backward of entry %d (callable %d, %s): the "
-                     "set of parameters getting a grad changed between warmup iterations: "
-                     "parameter '%s' got a grad in warmup iteration %d but none in iteration %d "
-                     "(a parameter gets its grad from the first warmup iteration on, or never)",
-                     i + 1, x->callable + 1, gcap_module_type(x->m), name, p->grad ? it + 1 : 1,
-                     p->grad ? 1 : it + 1);
+    kept = k < x->nparams;
+    got = (kept && taken != NULL ? taken[k] : p->grad) != NULL;
+    if (got == kept || (!got && !vanish)) continue;
+    if (it >= 0) { /* one iteration is 1, the other it + 1 */
+      snprintf(first, sizeof first, "in warmup iteration %d", got ? it + 1 : 1);
+      snprintf(second, sizeof second, "in iteration %d", got ? 1 : it + 1);
+    } else {
+      char warm[48];
+      snprintf(warm, sizeof warm, "in the warmup (%d iteration%s)", b->o->num_warmup_iters,
+               b->o->num_warmup_iters == 1 ? "" : "s");
+      snprintf(first, sizeof first, "%s", got ? "at capture" : warm);
+      snprintf(second, sizeof second, "%s", got ? warm : "at capture");
+    }
+    return gc_fail(b->e, GCAP_EINVAL,
+                   "make_graphed_callables: %s of entry %d (callable %d, %s): the set of "
+                   "parameters getting a grad changed %s: parameter '%s' got a grad %s but none "
+                   "%s (a parameter gets its grad from the first warmup iteration on, or never)",
+                   it >= 0 ? "warmup backward" : "backward capture", i + 1, x->callable + 1,
+                   gcap_module_type(x->m),
+                   it >= 0 ? "between warmup iterations" : "between the warmup and the capture",
+                   name, first, second);
   }
   return GCAP_OK;
 }
@@ -165,7 +183,7 @@ static gcap_status prune_params(ge_build *b, int i, int it) {
                      "requires grad, but its grad is None after the backward pass (set "
                      "allow_unused_input to allow it)",
                      i + 1, k + 1);
-  if (x->params_known) return params_agree(b, i, it);
+  if (x->params_known) return gc_graphed_params_agree(b, i, it, 1, NULL);
   for (k = 0; k < x->nparams; k++) {
     if (x->params[k]->grad != NULL)
       x->params[kept++] = x->params[k];
