@@ -122,8 +122,7 @@ static gcap_status cap_bwd(ge_build *b, int i) {
     ** (a delayed wgrad's come in its own pass) */
     if ((st = take_grads(b, x, &x->grad_in, 0, x->nargs + x->nparams)) != GCAP_OK ||
         (x->params_known &&
-         (st = gc_graphed_params_agree(b, i, -1, !x->need_dw, x->grad_in + x->nargs)) !=
-             GCAP_OK) ||
+         (st = gc_graphed_params_agree(b, i, -1, !x->need_dw, x->grad_in + x->nargs)) != GCAP_OK) ||
         (st = gc_graphed_note_reads(b, x)) != GCAP_OK)
       return st;
     if ((st = ge_run_hooks(b, x->callable, GCAP_HOOK_BACKWARD)) != GCAP_OK) return st;
