@@ -8,6 +8,7 @@
 ** or memory-free nodes means a library allocated during capture, an error.
 */
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.cuh"
 
@@ -97,6 +98,27 @@ static gcap_status cu_malloc(gcap_engine *e, void *, size_t n, void **p) {
 
 static void cu_free(void *, void *p) {
   cu_drop(cudaFree(p));
+}
+
+/* Pinned host memory mapped into the device's address space: kernels write
+** it through *dev, the host reads it through *host without a copy. */
+static gcap_status cu_mapped_alloc(gcap_engine *e, void *, size_t n, void **host, void **dev) {
+  *host = *dev = NULL;
+  if (gc_fault()) return gc_fail(e, GCAP_ENOMEM, "cudaHostAlloc(%zu bytes): injected", n);
+  CUDA_TRY(e, cudaHostAlloc(host, n, cudaHostAllocMapped));
+  memset(*host, 0, n);
+  cudaError_t err = cudaHostGetDevicePointer(dev, *host, 0);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    cu_drop(cudaFreeHost(*host));
+    *host = *dev = NULL;
+    return gc_fail(e, GCAP_EDEVICE, "cudaHostGetDevicePointer: %s", cudaGetErrorString(err));
+  }
+  return GCAP_OK;
+}
+
+static void cu_mapped_free(void *, void *host) {
+  if (host != NULL) cu_drop(cudaFreeHost(host));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -342,6 +364,8 @@ static const gc_backend cu_backend = {
     cu_shutdown,      /* shutdown */
     cu_malloc,        /* malloc */
     cu_free,          /* free */
+    cu_mapped_alloc,  /* mapped_alloc */
+    cu_mapped_free,   /* mapped_free */
     cu_stream_new,    /* stream_new */
     cu_stream_free,   /* stream_free */
     cu_stream_sync,   /* stream_sync */

@@ -72,6 +72,25 @@ __device__ __forceinline__ void cu_store(void *p, int64_t i, int dt, float v) {
     ((float *)p)[i] = v;
 }
 
+/* Note bad id v at position i of an op's ids (GC_BADID_*) in graph gid, of
+** which count are valid, in the bad-id flag f (NULL: none), unless an
+** earlier one is there: the first thread to claim the flag writes its words,
+** makes them visible to the host, then marks the flag set. */
+__device__ __forceinline__ void cu_badid_note(void *f, int op, int64_t gid, int64_t i, float v,
+                                              int64_t count) {
+  volatile unsigned *w = (volatile unsigned *)f;
+  if (f == NULL || atomicCAS((unsigned *)f, 0u, 1u) != 0u) return;
+  w[GC_BADID_OP] = (unsigned)op;
+  w[GC_BADID_GRAPH] = (unsigned)gid;
+  w[GC_BADID_GRAPH + 1] = (unsigned)((unsigned long long)gid >> 32);
+  w[GC_BADID_INDEX] = (unsigned)i;
+  w[GC_BADID_INDEX + 1] = (unsigned)((unsigned long long)i >> 32);
+  w[GC_BADID_VALUE] = __float_as_uint(v);
+  w[GC_BADID_COUNT] = (unsigned)count;
+  __threadfence_system();
+  atomicExch((unsigned *)f, 2u);
+}
+
 /* v as dt stores it (bf16: rounded to nearest even). */
 __device__ __forceinline__ float cu_round(float v, int dt) {
   return dt == GCAP_BF16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;

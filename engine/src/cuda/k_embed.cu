@@ -18,11 +18,13 @@ __device__ __forceinline__ int64_t cu_row_id(const void *ids, int64_t i, int64_t
   return (int64_t)t;
 }
 
-static __global__ void k_embedding(void *y, const void *w, const void *ids, int dt, int64_t cols,
-                                   int64_t rows, int64_t n) {
+static __global__ void k_embedding(void *y, const void *w, const void *ids, void *badid,
+                                   int64_t graph, int dt, int64_t cols, int64_t rows, int64_t n) {
   CU_GRID_LOOP(t, n) {
     int64_t i = t / cols, c = t % cols, r = cu_row_id(ids, i, rows);
     cu_store(y, t, dt, r < 0 ? NAN : cu_load(w, r * cols + c, dt));
+    if (r < 0 && c == 0)
+      cu_badid_note(badid, GC_BADID_EMBEDDING, graph, i, ((const float *)ids)[i], rows);
   }
 }
 
@@ -45,8 +47,8 @@ gcap_status cu_embed(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_
   if (cols <= 0) return GCAP_OK;
   if (k == GC_K_EMBEDDING) {
     if (n > 0)
-      k_embedding<<<cu_blocks(n * cols), CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->dt, cols,
-                                                             rows, n * cols);
+      k_embedding<<<cu_blocks(n * cols), CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3],
+                                                             a->n[3], a->dt, cols, rows, n * cols);
     return GCAP_OK;
   }
   if (rows > 0)

@@ -42,7 +42,7 @@ __device__ __forceinline__ int64_t cu_target(const void *target, int64_t r, int 
 
 /* probs = softmax(logits); loss[r] = log(sum) + max - logits[r][target]. */
 static __global__ void k_xent(void *loss, const void *logits, const void *target, void *probs,
-                              int dt, int64_t rows, int64_t cols) {
+                              void *badid, int64_t graph, int dt, int64_t rows, int64_t cols) {
   __shared__ float sh[CU_ROW_THREADS];
   CU_ROW_LOOP(r, rows) {
     const int64_t o = r * cols;
@@ -52,6 +52,7 @@ static __global__ void k_xent(void *loss, const void *logits, const void *target
       int64_t t = cu_target(target, r, dt, cols);
       float xt = t >= 0 ? cu_load(logits, o + t, dt) : NAN;
       cu_store(loss, r, dt, __fsub_rn(__fadd_rn(logf(s), mx), xt));
+      if (t < 0) cu_badid_note(badid, GC_BADID_XENT, graph, r, cu_load(target, r, dt), cols);
     }
     __syncthreads();
     for (int64_t c = threadIdx.x; c < cols; c += CU_ROW_THREADS)
@@ -64,8 +65,8 @@ static __global__ void k_xent(void *loss, const void *logits, const void *target
 ** the logits) are written. */
 template <typename T, int W, int K>
 static __global__ void __launch_bounds__(32 * W * CU_SM_RB(W))
-    k_xent_regs(T *loss, const T *logits, const void *target, T *probs, int dt, int64_t rows,
-                int cols, bool vec) {
+    k_xent_regs(T *loss, const T *logits, const void *target, T *probs, void *badid, int64_t graph,
+                int dt, int64_t rows, int cols, bool vec) {
   constexpr int NT = 32 * W, N = K * 16 / (int)sizeof(T);
   __shared__ float sh[W];
   const int t = (int)threadIdx.x % NT;
@@ -74,7 +75,10 @@ static __global__ void __launch_bounds__(32 * W * CU_SM_RB(W))
     cu_sm_load<T, NT, K>(v, logits + r * cols, cols, t, vec);
     if (t == 0) {
       const int64_t tc = cu_target(target, r, dt, cols);
-      if (tc >= 0) xt = cu_sm_elt<T>::get(logits[r * cols + tc]);
+      if (tc >= 0)
+        xt = cu_sm_elt<T>::get(logits[r * cols + tc]);
+      else
+        cu_badid_note(badid, GC_BADID_XENT, graph, r, cu_load(target, r, dt), cols);
     }
 #pragma unroll
     for (int i = 0; i < N; i++)
@@ -103,8 +107,9 @@ template <typename T> static bool cu_xent_fast(cudaStream_t s, const gc_kargs *a
     constexpr int W = decltype(w)::value, K = decltype(kp)::value;
     const int64_t groups = (rows + CU_SM_RB(W) - 1) / CU_SM_RB(W);
     const unsigned g = (unsigned)(groups < CU_MAX_BLOCKS ? groups : CU_MAX_BLOCKS);
-    k_xent_regs<T, W, K><<<g, 32 * W * CU_SM_RB(W), 0, s>>>(
-        (T *)a->p[0], (const T *)a->p[1], a->p[2], (T *)a->p[3], a->dt, rows, (int)cols, vec);
+    k_xent_regs<T, W, K><<<g, 32 * W * CU_SM_RB(W), 0, s>>>((T *)a->p[0], (const T *)a->p[1],
+                                                            a->p[2], (T *)a->p[3], a->p[4], a->n[2],
+                                                            a->dt, rows, (int)cols, vec);
   });
 }
 
@@ -135,8 +140,8 @@ gcap_status cu_loss(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_k
       int64_t rows = a->n[0], cols = a->n[1];
       if (rows <= 0 || cols <= 0) break;
       if (dt == GCAP_BF16 ? cu_xent_fast<__nv_bfloat16>(s, a) : cu_xent_fast<float>(s, a)) break;
-      k_xent<<<cu_row_blocks(rows), CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3], dt,
-                                                            rows, cols);
+      k_xent<<<cu_row_blocks(rows), CU_ROW_THREADS, 0, s>>>(a->p[0], a->p[1], a->p[2], a->p[3],
+                                                            a->p[4], a->n[2], dt, rows, cols);
       break;
     }
     default: { /* GC_K_XENT_BWD */

@@ -88,6 +88,15 @@ static void hb_free(void *bs, void *p) {
   free(p);
 }
 
+/* Host memory is what the kernels write: one pointer for both sides. */
+static gcap_status hb_mapped_alloc(gcap_engine *e, void *bs, size_t n, void **host, void **dev) {
+  (void)bs;
+  *host = *dev = gc_fault() ? NULL : calloc(1, n);
+  if (*host == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory (%zu mapped bytes)", n);
+  return GCAP_OK;
+}
+
 static gcap_status hb_stream_new(gcap_engine *e, void *bs, void **s) {
   (void)bs;
   if ((*s = gc_calloc(1, sizeof(hb_stream))) == NULL)
@@ -477,12 +486,13 @@ static int hb_attn_supported(void *bs, const gc_kargs *a, int backward, int capt
 }
 
 static const gc_backend hb_backend = {
-    "host",         hb_init,         hb_shutdown,    hb_malloc,        hb_free,
-    hb_stream_new,  hb_stream_free,  hb_sync,        hb_device_sync,   hb_event_new,
-    hb_event_free,  hb_event_record, hb_stream_wait, hb_event_sync,    hb_copy,
-    hb_copy,        hb_launch,       hb_custom,      hb_capture_begin, hb_capture_end,
-    hb_instantiate, hb_graph_launch, hb_graph_free,  hb_debug_dump,    hb_comm_id,
-    hb_comm_new,    hb_comm_free,    hb_collective,  hb_attn_supported};
+    "host",           hb_init,        hb_shutdown,    hb_malloc,       hb_free,
+    hb_mapped_alloc,  hb_free,        hb_stream_new,  hb_stream_free,  hb_sync,
+    hb_device_sync,   hb_event_new,   hb_event_free,  hb_event_record, hb_stream_wait,
+    hb_event_sync,    hb_copy,        hb_copy,        hb_launch,       hb_custom,
+    hb_capture_begin, hb_capture_end, hb_instantiate, hb_graph_launch, hb_graph_free,
+    hb_debug_dump,    hb_comm_id,     hb_comm_new,    hb_comm_free,    hb_collective,
+    hb_attn_supported};
 
 const gc_backend *gc_host_backend(void) {
   return &hb_backend;

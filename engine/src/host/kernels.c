@@ -396,16 +396,33 @@ static int64_t class_id(const void *targets, int dt, int64_t r, int64_t cols) {
   return t >= 0.0f && t < (float)cols && t == floorf(t) ? (int64_t)t : -1;
 }
 
+/* Note bad id v at position i of the ids of an op (GC_BADID_*) of graph
+** gid, where count ids are valid, in flag f (NULL: none), unless an earlier
+** one is there. */
+static void badid_note(uint32_t *f, int op, int64_t gid, int64_t i, float v, int64_t count) {
+  if (f == NULL || f[GC_BADID_STATE] != 0) return;
+  f[GC_BADID_OP] = (uint32_t)op;
+  f[GC_BADID_GRAPH] = (uint32_t)gid;
+  f[GC_BADID_GRAPH + 1] = (uint32_t)((uint64_t)gid >> 32);
+  f[GC_BADID_INDEX] = (uint32_t)i;
+  f[GC_BADID_INDEX + 1] = (uint32_t)((uint64_t)i >> 32);
+  memcpy(&f[GC_BADID_VALUE], &v, sizeof v);
+  f[GC_BADID_COUNT] = (uint32_t)count;
+  f[GC_BADID_STATE] = 2;
+}
+
 static void hk_cross_entropy(const gc_kargs *a) {
   void *loss = a->p[0], *probs = a->p[3];
   const void *logits = a->p[1], *targets = a->p[2];
-  int64_t rows = a->n[0], cols = a->n[1], r;
+  uint32_t *badid = (uint32_t *)a->p[4];
+  int64_t rows = a->n[0], cols = a->n[1], graph = a->n[2], r;
   int dt = a->dt;
   for (r = 0; r < rows; r++) {
     int64_t t = class_id(targets, dt, r, cols);
     float lse = row_softmax(probs, logits, dt, r, cols);
     /* no class id: NaN, never an out-of-bounds read */
     gc_store(loss, dt, r, t >= 0 ? lse - gc_load(logits, dt, r * cols + t) : NAN);
+    if (t < 0) badid_note(badid, GC_BADID_XENT, graph, r, gc_load(targets, dt, r), cols);
   }
 }
 
@@ -562,12 +579,14 @@ static int64_t row_id(const void *ids, int64_t i, int64_t rows) {
 static void hk_embedding(const gc_kargs *a) {
   void *y = a->p[0];
   const void *table = a->p[1], *ids = a->p[2];
-  int64_t n = a->n[0], cols = a->n[1], rows = a->n[2], i, c;
+  uint32_t *badid = (uint32_t *)a->p[3];
+  int64_t n = a->n[0], cols = a->n[1], rows = a->n[2], graph = a->n[3], i, c;
   int dt = a->dt;
   for (i = 0; i < n; i++) {
     int64_t r = row_id(ids, i, rows);
     for (c = 0; c < cols; c++)
       gc_store(y, dt, i * cols + c, r < 0 ? NAN : gc_load(table, dt, r * cols + c));
+    if (r < 0) badid_note(badid, GC_BADID_EMBEDDING, graph, i, ((const float *)ids)[i], rows);
   }
 }
 
@@ -586,160 +605,6 @@ static void hk_embedding_bwd(const gc_kargs *a) {
   }
   for (i = 0; i < rows * cols; i++)
     gc_store(dtable, dt, i, acc[i]);
-}
-
-/* Fused attention, in the order of the composition it replaces (matmul,
-** softmax, dropout, matmul and their backward), so that f32 results equal
-** the composition's bit for bit on this backend. Shapes: bh slices (batch x
-** heads) of sq queries and sk keys, dh the head dim of q and k, dhv v's. */
-
-/* The score z of query i and key j of slice bh: q.k summed in order, scaled,
-** then the mask and causal as softmax_in's (-INFINITY: masked out). */
-static float attn_z(const gc_kargs *a, const void *q, const void *k, const void *mask, int64_t bh,
-                    int64_t i, int64_t j) {
-  int64_t nbh = a->n[0], sq = a->n[1], sk = a->n[2], dh = a->n[3], flags = a->n[5];
-  int64_t heads = a->n[6], l;
-  float scale = a->f[0], s = 0.0f, z;
-  int dt = a->dt;
-  for (l = 0; l < dh; l++)
-    s += gc_load(q, dt, (bh * sq + i) * dh + l) * gc_load(k, dt, (bh * sk + j) * dh + l);
-  z = s * scale;
-  if ((flags & GC_MASK_CAUSAL) && j > i) return -INFINITY;
-  if (mask) {
-    int64_t sh4[4];
-    float m;
-    sh4[0] = nbh / heads, sh4[1] = heads, sh4[2] = sq, sh4[3] = sk;
-    m = gc_load(mask, flags & GC_MASK_BF16 ? GCAP_BF16 : GCAP_F32,
-                gc_mask_index((bh * sq + i) * sk + j, sh4, flags));
-    if (flags & GC_MASK_BOOL) return m != 0.0f ? -INFINITY : z;
-    z += m;
-  }
-  return z;
-}
-
-/* The weight P of (i, j): exp(z - max) / sum with the row's stats. */
-static float attn_p(const float *stats, int64_t rows, int64_t row, float z) {
-  float mx = stats[GC_ATTN_HEAD + row], sum = stats[GC_ATTN_HEAD + rows + row];
-  return mx == -INFINITY ? 0.0f : expf(z - mx) / sum;
-}
-
-/* The dropout's factor of element e of the weights (1 without dropout). */
-static float attn_keep(const gc_kargs *a, const float *stats, int64_t e) {
-  uint64_t state[2];
-  float p = a->f[1];
-  if (p == 0.0f) return 1.0f;
-  memcpy(state, stats, sizeof state);
-  return gc_rng_uniform(state[0], state[1] + (uint64_t)e) >= p ? 1.0f / (1.0f - p) : 0.0f;
-}
-
-/* dP of (i, j): do_i . v_j (summed in order) times the dropout's factor. */
-static float attn_dp(const gc_kargs *a, const void *dout, const void *v, const float *stats,
-                     int64_t bh, int64_t i, int64_t j) {
-  int64_t sq = a->n[1], sk = a->n[2], dhv = a->n[4], c;
-  float p = a->f[1], s = 0.0f;
-  int dt = a->dt;
-  for (c = 0; c < dhv; c++)
-    s += gc_load(dout, dt, (bh * sq + i) * dhv + c) * gc_load(v, dt, (bh * sk + j) * dhv + c);
-  return p == 0.0f ? s : s * attn_keep(a, stats, (bh * sq + i) * sk + j);
-}
-
-static void hk_attn(const gc_kargs *a) {
-  void *out = a->p[0];
-  const void *q = a->p[1], *k = a->p[2], *v = a->p[3], *mask = a->p[5], *rng = a->p[6];
-  float *stats = (float *)a->p[4];
-  int64_t nbh = a->n[0], sq = a->n[1], sk = a->n[2], dhv = a->n[4], rows = nbh * sq;
-  int64_t bh, i, j, c;
-  float p = a->f[1];
-  int dt = a->dt;
-  uint64_t head[2] = {0, 0};
-  if (rng) memcpy(head, rng, sizeof head);
-  memcpy(stats, head, sizeof head);
-  for (bh = 0; bh < nbh; bh++)
-    for (i = 0; i < sq; i++) {
-      int64_t row = bh * sq + i;
-      float mx = -INFINITY, sum = 0.0f;
-      for (j = 0; j < sk; j++)
-        mx = fmaxf(mx, attn_z(a, q, k, mask, bh, i, j));
-      for (j = 0; j < sk; j++)
-        sum += expf(attn_z(a, q, k, mask, bh, i, j) - mx);
-      stats[GC_ATTN_HEAD + row] = mx;
-      stats[GC_ATTN_HEAD + rows + row] = sum;
-      for (c = 0; c < dhv; c++) {
-        float o = 0.0f;
-        for (j = 0; j < sk; j++) {
-          float w = attn_p(stats, rows, row, attn_z(a, q, k, mask, bh, i, j));
-          if (p != 0.0f) w *= attn_keep(a, stats, row * sk + j);
-          o += w * gc_load(v, dt, (bh * sk + j) * dhv + c);
-        }
-        gc_store(out, dt, row * dhv + c, o);
-      }
-    }
-}
-
-/* dz of (i, j) = scale * P (dP - D_i), as the softmax's backward */
-static float attn_dz(const gc_kargs *a, const void *dout, const void *q, const void *k,
-                     const void *v, const void *mask, const float *stats, int64_t bh, int64_t i,
-                     int64_t j) {
-  int64_t sq = a->n[1], rows = a->n[0] * sq, row = bh * sq + i;
-  float scale = a->f[0];
-  float y = attn_p(stats, rows, row, attn_z(a, q, k, mask, bh, i, j));
-  return scale *
-         (y * (attn_dp(a, dout, v, stats, bh, i, j) - stats[GC_ATTN_HEAD + 2 * rows + row]));
-}
-
-static void hk_attn_bwd_dq(const gc_kargs *a) {
-  void *dq = a->p[0];
-  const void *dout = a->p[1], *q = a->p[2], *k = a->p[3], *v = a->p[4], *mask = a->p[6];
-  float *stats = (float *)a->p[5];
-  int64_t nbh = a->n[0], sq = a->n[1], sk = a->n[2], dh = a->n[3], rows = nbh * sq;
-  int64_t bh, i, j, l;
-  int dt = a->dt;
-  for (bh = 0; bh < nbh; bh++)
-    for (i = 0; i < sq; i++) {
-      int64_t row = bh * sq + i;
-      float dsum = 0.0f;
-      for (j = 0; j < sk; j++)
-        dsum += attn_dp(a, dout, v, stats, bh, i, j) *
-                attn_p(stats, rows, row, attn_z(a, q, k, mask, bh, i, j));
-      stats[GC_ATTN_HEAD + 2 * rows + row] = dsum;
-      for (l = 0; l < dh; l++) {
-        float s = 0.0f;
-        for (j = 0; j < sk; j++)
-          s += attn_dz(a, dout, q, k, v, mask, stats, bh, i, j) *
-               gc_load(k, dt, (bh * sk + j) * dh + l);
-        gc_store(dq, dt, row * dh + l, s);
-      }
-    }
-}
-
-static void hk_attn_bwd_dkv(const gc_kargs *a) {
-  void *dk = a->p[0], *dv = a->p[1];
-  const void *dout = a->p[2], *q = a->p[3], *k = a->p[4], *v = a->p[5], *mask = a->p[7];
-  const float *stats = (const float *)a->p[6];
-  int64_t nbh = a->n[0], sq = a->n[1], sk = a->n[2], dh = a->n[3], dhv = a->n[4];
-  int64_t rows = nbh * sq, bh, i, j, c;
-  float p = a->f[1];
-  int dt = a->dt;
-  for (bh = 0; bh < nbh; bh++)
-    for (j = 0; j < sk; j++) {
-      for (c = 0; c < dhv; c++) { /* dv_j = sum_i P_ij keep_ij do_i */
-        float s = 0.0f;
-        for (i = 0; i < sq; i++) {
-          int64_t row = bh * sq + i;
-          float w = attn_p(stats, rows, row, attn_z(a, q, k, mask, bh, i, j));
-          if (p != 0.0f) w *= attn_keep(a, stats, row * sk + j);
-          s += w * gc_load(dout, dt, row * dhv + c);
-        }
-        gc_store(dv, dt, (bh * sk + j) * dhv + c, s);
-      }
-      for (c = 0; c < dh; c++) { /* dk_j = sum_i dz_ij q_i */
-        float s = 0.0f;
-        for (i = 0; i < sq; i++)
-          s += attn_dz(a, dout, q, k, v, mask, stats, bh, i, j) *
-               gc_load(q, dt, (bh * sq + i) * dh + c);
-        gc_store(dk, dt, (bh * sk + j) * dh + c, s);
-      }
-    }
 }
 
 hk_fn hk_kernel(int k) {

@@ -8,6 +8,11 @@
 
 typedef void (*hk_fn)(const gc_kargs *a);
 
+/* The fused attention's kernels, forward and backward (attention.c). */
+void hk_attn(const gc_kargs *a);
+void hk_attn_bwd_dq(const gc_kargs *a);
+void hk_attn_bwd_dkv(const gc_kargs *a);
+
 /* The reference kernel for id k (NULL when k is out of range). */
 hk_fn hk_kernel(int k);
 

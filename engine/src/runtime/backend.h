@@ -111,7 +111,8 @@ extern "C" {
      offset}; keep element i when gc_rng_uniform(seed, offset + i) >= f[0]; n[0] elements */       \
   X(DROPOUT, dropout, loss, 0x05)                                                                  \
   /* cross entropy: logits p[1] [n[0] x n[1]], targets p[2] (class ids as floats, n[0]); p[3]      \
-     = probs out [n[0] x n[1]]; p[0] = loss per row [n[0]] */                                      \
+     = probs out [n[0] x n[1]]; p[0] = loss per row [n[0]], NaN for a target that is no class,     \
+     the first such to the bad-id flag p[4] (NULL: checked) with graph id n[2] */                  \
   X(XENT, cross_entropy, loss, 0x09)                                                               \
   /* p[0] = dlogits = (probs - onehot(target)) * p[3][0] * f[0]; p[1] = probs, p[2] =              \
      targets, p[3] = upstream grad (one element); rows n[0], cols n[1] */                          \
@@ -139,7 +140,8 @@ extern "C" {
      p[2] broadcast as the GC_MASK_* flags n[5] say */                                             \
   X(MASKED_FILL, masked_fill, mask, 0x01)                                                          \
   /* rows p[0][i] = p[1][id_i] of a table [n[2] rows x n[1]], ids p[2] (f32 integers), i <         \
-     n[0]; a row whose id is no row of the table is NaN */                                         \
+     n[0]; a row whose id is no row of the table is NaN, and the first such id goes to the         \
+     bad-id flag p[3] (NULL: the ids were checked) with graph id n[3] */                           \
   X(EMBEDDING, embedding, embed, 0x01)                                                             \
   /* p[0] [n[2] x n[1]] = the sum over i in order of rows p[1][i] into row id_i, in the f32        \
      scratch p[3] of n[2] x n[1] floats, then stored; ids as embedding's, others skipped */        \
@@ -253,6 +255,21 @@ static inline void gc_store(void *p, int dt, int64_t i, float v) {
   ((float *)p)[i] = v;
 }
 
+/* The bad-id flag. Ops that look rows up by id (embedding, cross_entropy)
+** check their ids before an eager launch; inside a graph the ids are data
+** of each replay, so the kernel writes the first bad id it meets into this
+** flag, host-visible memory the engine reads at its next sync point and at
+** the next replay (badid.c). Words of u32: */
+#define GC_BADID_STATE 0 /* 0 clear, 1 being written, 2 set */
+#define GC_BADID_OP 1    /* GC_BADID_EMBEDDING or GC_BADID_XENT */
+#define GC_BADID_GRAPH 2 /* the graph's id, low then high word */
+#define GC_BADID_INDEX 4 /* the position of the id, low then high word */
+#define GC_BADID_VALUE 6 /* the id's float bits */
+#define GC_BADID_COUNT 7 /* the ids that are valid: 0 .. count - 1 */
+#define GC_BADID_WORDS 8
+#define GC_BADID_EMBEDDING 1
+#define GC_BADID_XENT 2
+
 #define GC_KPTRS 10
 #define GC_KINTS 8
 #define GC_KFLOATS 8
@@ -353,6 +370,10 @@ typedef struct gc_backend {
   ** capture is open (cuda: under the relaxed capture mode). */
   gcap_status (*malloc)(gcap_engine *e, void *bs, size_t n, void **p);
   void (*free)(void *bs, void *p);
+  /* n zeroed bytes of host memory that kernels write through *dev and the
+  ** host reads through *host without a copy (cuda: mapped pinned memory). */
+  gcap_status (*mapped_alloc)(gcap_engine *e, void *bs, size_t n, void **host, void **dev);
+  void (*mapped_free)(void *bs, void *host);
 
   gcap_status (*stream_new)(gcap_engine *e, void *bs, void **s);
   void (*stream_free)(void *bs, void *s);

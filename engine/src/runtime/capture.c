@@ -446,8 +446,7 @@ static int check_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
   return 1;
 }
 
-/* The live graph of id `id`, or NULL (destroyed): a scan, for messages. */
-static const gcap_graph *graph_of(const gcap_engine *e, gc_gid id) {
+const gcap_graph *gc_graph_of(const gcap_engine *e, gc_gid id) {
   int k;
   for (k = 0; k < e->graphs_cap; k++)
     if (e->graphs[k] != NULL && e->graphs[k]->id == id) return e->graphs[k];
@@ -455,7 +454,7 @@ static const gcap_graph *graph_of(const gcap_engine *e, gc_gid id) {
 }
 
 static const char *graph_label(gcap_engine *e, gc_gid id, char *buf, size_t n) {
-  const gcap_graph *g = id == GC_WRITER_OUTSIDE ? NULL : graph_of(e, id);
+  const gcap_graph *g = id == GC_WRITER_OUTSIDE ? NULL : gc_graph_of(e, id);
   if (id == GC_WRITER_OUTSIDE)
     snprintf(buf, n, "eager work");
   else if (g != NULL)
@@ -493,20 +492,19 @@ static gcap_status not_captured(gcap_graph *g, const char *op) {
                                                 : "never captured, or reset");
 }
 
-gcap_status gcap_graph_replay(gcap_graph *g) {
-  gcap_engine *e;
+gcap_status gc_graph_replay(gcap_graph *g) {
+  gcap_engine *e = g->e;
   gcap_stream *s;
   gcap_status st;
   double t0;
   int i;
-  if (g == NULL) return GCAP_EINVAL;
-  e = g->e;
   gc_clear(e);
   t0 = gc_trace_clock(e);
   if (g->state != GC_GRAPH_READY) return not_captured(g, "replay");
   if ((st = gc_check_not_capturing(e, "graph replay")) != GCAP_OK) return st;
   s = e->current;
-  if ((st = gc_check_stream(e, s, "replay")) != GCAP_OK) return st;
+  if ((st = gc_check_stream(e, s, "replay")) != GCAP_OK || (st = gc_badid_check(e)) != GCAP_OK)
+    return st;
   if (e->replay_check && (st = replay_check(g)) != GCAP_OK) return st;
   if (!gc_ivmap_reserve(&g->pool->writers, g->writes.n)) /* before the launch: all or nothing */
     return gc_fail(e, GCAP_ENOMEM, "replay of %s: out of host memory recording its writes",
@@ -518,6 +516,13 @@ gcap_status gcap_graph_replay(gcap_graph *g) {
   g->stats.replays++;
   gc_trace_span(e, t0, "replay", "replay %s", g->name);
   return GCAP_OK;
+}
+
+gcap_status gcap_graph_replay(gcap_graph *g) {
+  gcap_status st;
+  if (g == NULL) return GCAP_EINVAL;
+  if ((st = gc_graph_replay(g)) != GCAP_OK) return st;
+  return gc_badid_check(g->e); /* on a backend that ran it at once, this replay's */
 }
 
 gcap_status gcap_graph_debug_dump(gcap_graph *g, const char *path) {

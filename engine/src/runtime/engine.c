@@ -75,7 +75,7 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
   if ((st = gc_pool_alloc(e->heap, e->default_stream, 2 * sizeof(uint64_t), "gcap_engine_new",
                           &e->rng)) != GCAP_OK)
     goto fail;
-  if ((st = eng_seed(e, 0)) != GCAP_OK) goto fail;
+  if ((st = eng_seed(e, 0)) != GCAP_OK || (st = gc_badid_init(e)) != GCAP_OK) goto fail;
   *out = e;
   return GCAP_OK;
 fail:
@@ -87,6 +87,7 @@ fail:
 
 static void eng_destroy(gcap_engine *e) {
   if (e->rng) gc_blk_release(e->rng);
+  if (e->bs) gc_badid_free(e);
   e->default_stream = NULL; /* the memory goes too: no retagging of blocks */
   while (e->streams)
     gc_stream_destroy(e->streams);
@@ -172,8 +173,10 @@ gcap_status gcap_synchronize(gcap_engine *e) {
   gcap_status st;
   if (e == NULL) return GCAP_EINVAL;
   gc_clear(e);
-  if ((st = gc_check_not_capturing(e, "synchronize")) != GCAP_OK) return st;
-  return e->be->device_sync(e, e->bs);
+  if ((st = gc_check_not_capturing(e, "synchronize")) != GCAP_OK ||
+      (st = e->be->device_sync(e, e->bs)) != GCAP_OK)
+    return st;
+  return gc_badid_check(e);
 }
 
 gcap_status gcap_manual_seed(gcap_engine *e, uint64_t seed) {

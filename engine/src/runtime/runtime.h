@@ -238,7 +238,26 @@ struct gcap_engine {
   void **dead_ptrs;
   int ndead_ptrs, capdead_ptrs;
   struct gc_trace *trace; /* the open trace (trace.c), or NULL */
+  uint32_t *badid;        /* the bad-id flag, GC_BADID_WORDS, as the host reads it */
+  void *badid_dev;        /* the same, as kernels write it */
 };
+
+/* The bad-id flag (badid.c): made with the engine, freed with it. */
+gcap_status gc_badid_init(gcap_engine *e);
+void gc_badid_free(gcap_engine *e);
+/* The flag a kernel that looks rows up by id gets, with the id of the graph
+** being captured into *gid: NULL outside capture (the op checked its ids). */
+void *gc_badid_site(gcap_engine *e, int64_t *gid);
+/* A bad id a graph's kernel met since the last look: an error naming the
+** op, the id, the graph and its replays, and the flag cleared; else OK.
+** Cheap (a read of host memory): called at the start of each replay and
+** after every synchronization. */
+gcap_status gc_badid_check(gcap_engine *e);
+/* gcap_graph_replay without its last look at the bad-id flag, for a caller
+** that has its own state to update after the launch before it looks. */
+gcap_status gc_graph_replay(gcap_graph *g);
+/* The live graph of id `id`, or NULL (destroyed): a scan, for messages. */
+const gcap_graph *gc_graph_of(const gcap_engine *e, gc_gid id);
 
 void gc_engine_ref(gcap_engine *e);
 void gc_engine_unref(gcap_engine *e);

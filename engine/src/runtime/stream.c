@@ -93,8 +93,10 @@ gcap_status gcap_stream_synchronize(gcap_stream *s) {
   if (s == NULL) return GCAP_EINVAL;
   e = s->e;
   gc_clear(e);
-  if ((st = gc_check_not_capturing(e, "stream synchronize")) != GCAP_OK) return st;
-  return e->be->stream_sync(e, e->bs, s->bs);
+  if ((st = gc_check_not_capturing(e, "stream synchronize")) != GCAP_OK ||
+      (st = e->be->stream_sync(e, e->bs, s->bs)) != GCAP_OK)
+    return st;
+  return gc_badid_check(e);
 }
 
 gcap_status gcap_stream_native(gcap_stream *s, void **out) {

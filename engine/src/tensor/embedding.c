@@ -61,6 +61,7 @@ gcap_status gcap_embedding(gcap_tensor *ids, gcap_tensor *weight, gcap_tensor **
   a.n[0] = ids->numel;
   a.n[1] = weight->shape[1];
   a.n[2] = weight->shape[0];
+  a.p[3] = gc_badid_site(ids->e, &a.n[3]); /* in a graph the ids are checked by the kernel */
   in[0] = weight;
   in[1] = ids;
   if ((st = gc_run(ids->e, GC_K_EMBEDDING, &a, in, 2, *out)) != GCAP_OK) goto fail;

@@ -468,6 +468,7 @@ gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_te
   a.p[3] = gc_tensor_ptr(probs);
   a.n[0] = logits->shape[0];
   a.n[1] = logits->shape[1];
+  a.p[4] = gc_badid_site(e, &a.n[2]); /* in a graph the targets are checked by the kernel */
   in[0] = logits;
   in[1] = target;
   if ((st = gc_note_access(e, probs, 1)) != GCAP_OK ||

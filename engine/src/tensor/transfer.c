@@ -67,5 +67,5 @@ gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
   }
   st = e->be->download(e, e->bs, e->current->bs, dst, gc_tensor_ptr(t), n * sizeof(float));
   gcap_tensor_free(f);
-  return st;
+  return st != GCAP_OK ? st : gc_badid_check(e); /* the work before it has run */
 }

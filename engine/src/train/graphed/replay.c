@@ -219,7 +219,7 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
                    r->entry + 1);
   if ((st = gc_graphed_check_backward(r)) != GCAP_OK ||
       (st = grads_aside(G, x, n, &old)) != GCAP_OK || (st = grads_in(x, r, g)) != GCAP_OK ||
-      (st = gcap_graph_replay(x->bwd)) != GCAP_OK) {
+      (st = gc_graph_replay(x->bwd)) != GCAP_OK) {
     drop_aside(x, old);
     return st;
   }
@@ -408,6 +408,7 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
   replay = gcap_module_training(x->m) == G->training; /* else: eager, as in another mode */
   if ((st = check_call_args(G, entry, nin, in, replay)) != GCAP_OK) return st;
   if (!replay) return eager_call(G, x, nin, in, maxout, nout, out);
+  if ((st = gc_badid_check(G->e)) != GCAP_OK) return st; /* an earlier replay's, before copy-in */
   if (x->out.n > maxout)
     return gc_fail(G->e, GCAP_EINVAL,
                    "graphed call of entry %d (callable %d, %s): it has %d outputs, room for %d%s",
@@ -423,9 +424,10 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
     }
   }
   gcap_set_grad_enabled(G->e, was);
-  if ((st = gcap_graph_replay(x->fwd)) != GCAP_OK) return st;
+  if ((st = gc_graph_replay(x->fwd)) != GCAP_OK) return st;
   x->calls++; /* the activations of earlier calls are gone */
   if (G->reuse) gc_graphed_replayed(G, x, GE_FWD);
+  if ((st = gc_badid_check(G->e)) != GCAP_OK) return st; /* this call's, where it ran at once */
 
   for (k = 0; k < x->out.n; k++) {
     gcap_tensor *t = x->out.t[k];
@@ -507,7 +509,7 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
   x = &G->v[entry];
   if (x->dw == NULL) return GCAP_OK;
   t0 = gc_trace_clock(G->e);
-  if ((st = gcap_graph_replay(x->dw)) != GCAP_OK) return st;
+  if ((st = gc_graph_replay(x->dw)) != GCAP_OK) return st;
   if (G->reuse) gc_graphed_replayed(G, x, GE_DW);
   was = gcap_set_grad_enabled(G->e, 0);
   run.n = 0;
