@@ -272,7 +272,11 @@ do
 end
 ok("ddp ranks using different parameters average them all, zeros for the unused")
 
--- FSDP: shard grads are chunks of the DDP grads; full grads dropped
+-- FSDP: shard grads are chunks of the DDP grads; full grads dropped. The
+-- FSDP's guard hooks keep its Linear and GELU apart, where DDP's unhooked
+-- pair runs as one GEMM with a GELU epilogue: on host the epilogue is the
+-- gelu kernel's arithmetic (equal bit for bit), on cuda cuBLASLt's own (a
+-- few ulp apart), so there the grads agree within f32 rounding.
 local F = gc.fsdp.shard(layers())
 backward(F.units, mine(0, rank), mine(1, rank))
 F:finish_grads()
@@ -281,7 +285,12 @@ for k, p in ipairs(params(ddp)) do
   local g, n = flat(p.grad), p:numel() // N
   local chunk = {}
   for i = rank * n + 1, (rank + 1) * n do chunk[#chunk + 1] = g[i] end
-  same(flat(shards[k].grad), chunk, "fsdp shard grad " .. k)
+  local got = flat(shards[k].grad)
+  if gc.device() == "host" then same(got, chunk, "fsdp shard grad " .. k) end
+  for i = 1, #chunk do
+    check(math.abs(got[i] - chunk[i]) <= 1e-6 * (1 + math.abs(chunk[i])),
+          "fsdp shard grad %d[%d]: %.9g, want DDP's %.9g", k, i, got[i], chunk[i])
+  end
 end
 for k, p in ipairs(params(F.modules)) do check(p.grad == nil, "fsdp full grad %d kept", k) end
 ok("fsdp shard grads are this rank's chunks of the averaged grads; full grads dropped")

@@ -20,8 +20,8 @@ local function run (cmd, src, limit)
   f:write(src)
   f:close()
   cmd = cmd:gsub("SCRIPT", quote(script))
-  local _, _, code = os.execute(string.format("timeout -k 5 %d %s </dev/null >%s 2>%s",
-                                              limit, cmd, outf, errf))
+  local _, _, code = H.execute(string.format("timeout -k 5 %d %s </dev/null >%s 2>%s", limit,
+                                            cmd, outf, errf), {outf, errf})
   os.remove(script)
   return slurp(outf), slurp(errf), code
 end

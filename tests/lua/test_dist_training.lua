@@ -18,7 +18,8 @@ end
 
 local HERE = debug.getinfo(1, "S").source:match("^@?(.-)[^/\\]*$")
 local ROOT = HERE .. "../../"
-local PROG = require("helpers").program  -- the graphcap program
+local H = require "helpers"
+local PROG = H.program  -- the graphcap program
 local BUILD = PROG:match("^(.-)[^/]*$")
 local AS_ROOT = io.popen("id -u"):read("l") == "0"
 
@@ -46,7 +47,7 @@ local function launch (n, cmd)
   end
   for _, w in ipairs(cmd) do words[#words + 1] = ("%q"):format(w) end
   local log = os.tmpname()
-  local ok = os.execute(table.concat(words, " ") .. (" </dev/null >%q 2>&1"):format(log))
+  local ok = H.execute(table.concat(words, " ") .. (" </dev/null >%q 2>&1"):format(log), {log})
   local f = io.open(log)
   local out = f and f:read("a") or ""
   if f then f:close() end
