@@ -587,9 +587,9 @@ static void test_cross_entropy_checks_targets(void) {
   }
   /* the replay (on cuda the synchronization after it) names the target */
   {
-    gcap_status st = gcap_graph_replay(g);
-    if (st == GCAP_OK) st = gcap_synchronize(e);
-    T_CHECK(st == GCAP_EINVAL && t_msg_has(e, "the target of row 2 (counting from 1) is 1.5") &&
+    gcap_status rs = gcap_graph_replay(g);
+    if (rs == GCAP_OK) rs = gcap_synchronize(e);
+    T_CHECK(rs == GCAP_EINVAL && t_msg_has(e, "the target of row 2 (counting from 1) is 1.5") &&
             t_msg_has(e, "in a replay of graph 'graph #1'"));
   }
   T_CHECK(isnan(t_value(loss))); /* raised once: the read works */
