@@ -41,7 +41,7 @@ end
 function TestStorageOps:test_set_errors_leave_the_tensor ()
   local src, t = gc.zeros({8}), gc.ones({6})
   local at = t:data_ptr()
-  lu.assertErrorMsgContains("set_: elements 4 .. 9 of a source of 8 elements (the tensor has 6)",
+  lu.assertErrorMsgContains("set_: elements 4 .. 9 (counting from 0) of a source of 8 elements (the tensor has 6)",
                             function () t:set_(src, 4) end)
   lu.assertErrorMsgContains("set_: elements -1 .. 4", function () t:set_(src, -1) end)
   lu.assertErrorMsgContains("set_: the source is bf16, the tensor f32",
