@@ -8,8 +8,9 @@
 # and computes with it; examples/embed and README's C example build with
 # pkg-config against the installed copy (shared, and static through
 # Libs.private) and run; the installed program runs an example. Then
-# `make uninstall` leaves nothing behind. With a temporary prefix, a LuaRocks
-# install (luarocks make --tree) is checked the same way.
+# `make uninstall` leaves nothing behind. With a temporary prefix, README's
+# LuaRocks commands (luarocks make from the checkout) run as written there,
+# into a tree of their own, and the install is checked the same way.
 #
 # Needs lua5.4, pkg-config and luarocks (a temporary prefix). Exit 1 on the
 # first failure, naming the check.
@@ -51,6 +52,15 @@ else
 fi
 
 step() { echo "check-install: $*"; }
+
+# The commands of README.md's first ```sh block that contains WORD, comments
+# dropped, one a line (as .ci/run reads the set-up commands).
+readme_sh() {
+  awk -v w="$1" '/^```sh$/ { on = 1; blk = ""; found = 0; next }
+    on && /^```/ { if (found) { printf "%s", blk; exit } on = 0; next }
+    on { sub(/[ \t]*#.*/, ""); if ($0 != "") { blk = blk $0 "\n"; if (index($0, w)) found = 1 } }
+  ' README.md
+}
 fail() {
   echo "check-install: FAILED: $*" >&2
   exit 1
@@ -132,11 +142,15 @@ else
   left=$(find "$prefix" -type f -o -type l)
   [ -z "$left" ] || fail "make uninstall left: $left"
 
-  step "luarocks make --tree (a LuaRocks install)"
+  # README's tree, /tmp/rocks, becomes one of this run's own.
   tree=$tmp/rocktree
-  luarocks --lua-version 5.4 make --tree "$tree" graphcap-*.rockspec >"$tmp/rock.log" 2>&1 || {
+  rocks=$(readme_sh "luarocks ")
+  [ -n "$rocks" ] || fail "README.md has no LuaRocks commands"
+  rocks=${rocks//\/tmp\/rocks/$tree}
+  step "README's LuaRocks commands (luarocks make at the top of the checkout), into $tree"
+  bash -c "set -e; $rocks" >"$tmp/rock.log" 2>&1 || {
     cat "$tmp/rock.log" >&2
-    fail "luarocks make"
+    fail "README's LuaRocks commands"
   }
   core=$(cd "$tmp/elsewhere" && eval "$(luarocks --lua-version 5.4 --tree "$tree" path)" &&
     lua5.4 -e "$lua_check") || fail "lua5.4 require \"graphcap\" from the LuaRocks tree"
