@@ -1,6 +1,8 @@
 # graphcap: `make` builds the library, the program and the Lua module;
 # `make test` runs every suite on every backend present.
 #   CUDA=auto (default) builds the cuda backend when nvcc is found, CUDA=0 never, CUDA=1 always.
+#   CUDA_ARCH="80 89 90": the GPU architectures it is built for (default: those of the GPUs
+#     nvidia-smi sees, else these three).
 #   CUDNN=auto (default) runs the cuda backend's attention through cuDNN when the headers of
 #     cuDNN's frontend are in .deps/cudnn-frontend (scripts/setup.sh fetches them), CUDNN=0 never,
 #     CUDNN=1 always (the build fails without them). libcudnn itself is loaded at run time.
@@ -43,8 +45,27 @@ OPT ?= -O2 -g
 override CFLAGS := -std=c11 $(OPT) -fPIC $(WARN) -D_POSIX_C_SOURCE=200809L -Iengine/include \
                    -Iengine/src -MMD -MP $(CFLAGS)
 unexport CFLAGS
-NVFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+# The GPU architectures the cuda backend is built for, as compute capabilities without the dot
+# (CUDA_ARCH="80 89 90"): by default those of the GPUs nvidia-smi sees, else Ampere's, Ada's and
+# Hopper's. Machine code for each, and PTX of the highest, which newer GPUs compile at load time.
+ifeq ($(origin CUDA_ARCH),undefined)
+  ifeq ($(WITH_CUDA),1)
+    CUDA_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | \
+                   tr -d . | grep -x '[0-9][0-9]*' | sort -nu)
+  endif
+  CUDA_ARCH := $(or $(CUDA_ARCH),80 89 90)
+endif
+ifeq ($(WITH_CUDA),1)
+  ifneq ($(words $(CUDA_ARCH)),$(words $(shell printf '%s\n' $(CUDA_ARCH) | grep -x '[1-9][0-9]*')))
+    $(error CUDA_ARCH="$(CUDA_ARCH)": compute capabilities without the dot, as in CUDA_ARCH="80 89 90")
+  endif
+endif
+CUDA_PTX := $(shell printf '%s\n' $(CUDA_ARCH) | sort -n | tail -n 1)
+NVFLAGS := -O3 -std=c++17 $(foreach a,$(sort $(CUDA_ARCH)),-gencode arch=compute_$(a),code=sm_$(a)) \
+           -gencode arch=compute_$(CUDA_PTX),code=compute_$(CUDA_PTX) \
            -Xcompiler -fPIC,-Wall,-Wextra -Iengine/include -Iengine/src -MMD -MP
+# The architectures the device code was built for: a change rebuilds it.
+ARCH_STAMP := $(B)/.arch-$(subst $() ,-,$(sort $(CUDA_ARCH)))
 LDLIBS := -lm -ldl -lpthread
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart_static -lrt -lstdc++
 
@@ -117,7 +138,7 @@ $(B)/%.o: %.c
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
-$(B)/engine/src/cuda/%.o: engine/src/cuda/%.cu
+$(B)/engine/src/cuda/%.o: engine/src/cuda/%.cu $(ARCH_STAMP)
 	$(say) NVCC $<
 	@mkdir -p $(@D)
 	$(Q)$(NVCC) $(NVFLAGS) -c $< -o $@
@@ -143,6 +164,12 @@ $(STAMP):
 $(CUDNN_STAMP):
 	@mkdir -p $(B)
 	@rm -f $(B)/.cudnn-*
+	@touch $@
+
+# Likewise for the GPU architectures (ARCH_STAMP, above).
+$(ARCH_STAMP):
+	@mkdir -p $(B)
+	@rm -f $(B)/.arch-*
 	@touch $@
 
 # Likewise for MPI, as this make found it when it started.
@@ -208,7 +235,7 @@ $(B)/embed: $(wildcard examples/embed/*.c) $(B)/libgraphcap.a
 EC_DIR := examples/embed_custom
 EC_OBJ := $(if $(filter 1,$(WITH_CUDA)),$(B)/$(EC_DIR)/sqplus.o)
 EC_DEF := $(if $(filter 1,$(WITH_CUDA)),-DSQPLUS_CUDA)
-$(B)/$(EC_DIR)/sqplus.o: $(EC_DIR)/sqplus.cu $(EC_DIR)/sqplus.h
+$(B)/$(EC_DIR)/sqplus.o: $(EC_DIR)/sqplus.cu $(EC_DIR)/sqplus.h $(ARCH_STAMP)
 	$(say) NVCC $<
 	@mkdir -p $(@D)
 	$(Q)$(NVCC) $(NVFLAGS) $(EC_DEF) -c $< -o $@
