@@ -8,6 +8,7 @@
 #     CUDNN=1 always (the build fails without them). libcudnn itself is loaded at run time.
 #   MPI=auto (default) builds the distributed layer on MPI when mpicc is found, MPI=0 never.
 #   V=1 prints whole command lines; SETUP=0 leaves the system's packages alone.
+#   make examples EXAMPLES_FULL=1 runs train_gpt.lua in its full setting (minutes), not its small.
 #   make install PREFIX=... (default /usr/local) DESTDIR=...; make uninstall.
 
 # Parallel by default; a -j given on the command line wins.
@@ -256,18 +257,26 @@ run: all
 	@echo "run: examples/train_mlp.lua ran on the" \
 	  "$$($(B)/graphcap -e 'io.write(require("graphcap").device())') backend"
 
+# Every example, train_gpt.lua in its small setting (EXAMPLES_FULL=1: its full one, minutes
+# long), each run from $(EX_DIR), so that what it writes stays out of the source tree.
 # gc.cuda.kernel compiles with NVRTC, on every backend: where NVRTC is not available, the
 # examples that call it are skipped, with the reason.
+EXAMPLES_FULL ?= 0
+EX_DIR := $(B)/examples
+EX_GPT := $(if $(filter 1,$(EXAMPLES_FULL)),full,small) $(abspath $(EX_DIR))/train_gpt_loss.svg
 NVRTC_PROBE := local ok, e = pcall(require("graphcap").cuda.kernel, \
                  [[extern "C" __global__ void k() {}]], "k") \
                io.write(not ok and tostring(e):match("NVRTC is not available (%b())") or "")
 examples: all
+	@mkdir -p $(EX_DIR)
 	@nvrtc=$$($(B)/graphcap --device host -e '$(NVRTC_PROBE)'); \
 	for f in examples/*.lua; do \
 	  if [ -n "$$nvrtc" ] && grep -q 'gc\.cuda\.kernel' $$f; then \
 	    echo "== $$f: skipped, gc.cuda.kernel needs NVRTC $$nvrtc"; continue; \
 	  fi; \
-	  echo "== $$f"; $(B)/graphcap $$f || exit 1; \
+	  a=; case $$f in examples/train_gpt.lua) a="$(EX_GPT)" ;; esac; \
+	  echo "== $$f$${a:+ $$a}"; \
+	  (cd $(EX_DIR) && $(abspath $(B))/graphcap $(CURDIR)/$$f $$a) || exit 1; \
 	done
 
 # TEST_NOT_RUN: the backends built but not run here, for the summary.
