@@ -339,8 +339,9 @@ bench-torch:
 	  python3 bench/torch_transformer.py; \
 	else echo "bench: python3 has no torch; PyTorch's side (bench/torch_*.py) not run" >&2; fi
 
-# Install: the headers, the static and the shared library, graphcap.pc, the Lua
-# module in Lua 5.4's default paths under PREFIX, and the program.
+# Install: the headers, the static and the shared library, graphcap.pc (which links the shared
+# one) and graphcap-static.pc (the static one), the Lua module in Lua 5.4's default paths under
+# PREFIX, and the program.
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 LIBDIR ?= $(PREFIX)/lib
@@ -358,18 +359,20 @@ install: install-lib install-lua install-bin
 
 # A directory under PREFIX as graphcap.pc writes it, relative to ${prefix}.
 under_prefix = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+# The pkg-config files' fields, filled in from their templates.
+PC_SED = -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(call under_prefix,$(LIBDIR))|' \
+  -e 's|@INCLUDEDIR@|$(call under_prefix,$(INCLUDEDIR))|' \
+  -e 's|@VERSION@|$(VERSION)|; s|@LIBS_PRIVATE@|$(strip $(filter-out -Wl%,$(LDLIBS) $(MPI_LIBS)))|'
 
-install-lib: $(B)/libgraphcap.a $(SHLIB) engine/graphcap.pc.in
+install-lib: $(B)/libgraphcap.a $(SHLIB) engine/graphcap.pc.in engine/graphcap-static.pc.in
 	install -d $(D)$(INCLUDEDIR) $(D)$(LIBDIR) $(D)$(PKGCONFIGDIR)
 	install -m 644 $(HEADERS) $(D)$(INCLUDEDIR)/
 	install -m 644 $(B)/libgraphcap.a $(D)$(LIBDIR)/
 	install -m 755 $(SHLIB) $(D)$(LIBDIR)/
 	ln -sf libgraphcap.so.$(VERSION) $(D)$(LIBDIR)/libgraphcap.so.$(SOMAJOR)
 	ln -sf libgraphcap.so.$(SOMAJOR) $(D)$(LIBDIR)/libgraphcap.so
-	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(call under_prefix,$(LIBDIR))|' \
-	  -e 's|@INCLUDEDIR@|$(call under_prefix,$(INCLUDEDIR))|' \
-	  -e 's|@VERSION@|$(VERSION)|; s|@LIBS_PRIVATE@|$(strip $(filter-out -Wl%,$(LDLIBS) $(MPI_LIBS)))|' \
-	  engine/graphcap.pc.in >$(D)$(PKGCONFIGDIR)/graphcap.pc
+	sed $(PC_SED) engine/graphcap.pc.in >$(D)$(PKGCONFIGDIR)/graphcap.pc
+	sed $(PC_SED) engine/graphcap-static.pc.in >$(D)$(PKGCONFIGDIR)/graphcap-static.pc
 	@$(LDCONFIG)
 
 install-lua: $(B)/lua/graphcap/core.so
@@ -385,6 +388,7 @@ uninstall:
 	rm -f $(patsubst engine/include/%,$(D)$(INCLUDEDIR)/%,$(HEADERS)) $(D)$(LIBDIR)/libgraphcap.a \
 	  $(D)$(LIBDIR)/libgraphcap.so $(D)$(LIBDIR)/libgraphcap.so.$(SOMAJOR) \
 	  $(D)$(LIBDIR)/libgraphcap.so.$(VERSION) $(D)$(PKGCONFIGDIR)/graphcap.pc \
+	  $(D)$(PKGCONFIGDIR)/graphcap-static.pc \
 	  $(D)$(LUA_LIBDIR)/graphcap/core.so $(D)$(BINDIR)/graphcap \
 	  $(patsubst lua/graphcap/%,$(D)$(LUA_SHAREDIR)/graphcap/%,$(LUA_FACADE))
 	@rmdir $(D)$(LUA_SHAREDIR)/graphcap $(D)$(LUA_LIBDIR)/graphcap 2>/dev/null || true

@@ -6,8 +6,9 @@
 #
 # After `make install`: a stock lua5.4 requires graphcap from another directory
 # and computes with it; examples/embed and README's C example build with
-# pkg-config against the installed copy (shared, and static through
-# Libs.private) and run; the installed program runs an example. Then
+# README's two pkg-config commands, as written there, against the installed
+# copy (libgraphcap.so, and libgraphcap.a through graphcap-static), and run;
+# the installed program runs an example. Then
 # `make uninstall` leaves nothing behind. With a temporary prefix, README's
 # LuaRocks commands (luarocks make from the checkout) run as written there,
 # into a tree of their own, and the install is checked the same way.
@@ -94,28 +95,40 @@ core=$(cd "$tmp/elsewhere" && env "${lua_env[@]}" lua5.4 -e "$lua_check") ||
 [ "$core" = "$prefix/lib/lua/5.4/graphcap/core.so" ] ||
   fail "lua5.4 loaded graphcap.core from $core, not from $prefix"
 
-# C: pkg-config against the installed copy only.
+# C: README's commands, against the installed copy only (pkg-config's path
+# is the prefix's alone): `cc -o prog prog.c $(pkg-config ...)`, the first
+# linking libgraphcap.so, the second libgraphcap.a.
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
-cflags=$(pkg-config --cflags graphcap) || fail "pkg-config --cflags graphcap"
-libs=$(pkg-config --libs graphcap) || fail "pkg-config --libs graphcap"
-static_libs=$(pkg-config --static --libs graphcap)
-static_libs=${static_libs/-lgraphcap/$prefix/lib/libgraphcap.a}
+mapfile -t cc_cmds < <(readme_sh "pkg-config --cflags")
+[ ${#cc_cmds[@]} -eq 2 ] || fail "README.md has not its two pkg-config build commands"
 run_env=()
 [ $default = 1 ] || run_env=(LD_LIBRARY_PATH="$prefix/lib")
 
-# build_and_run NAME SOURCE...: link shared and static, check which library
-# the shared one loads, run both.
+# readme_cc I NAME SOURCE...: README's command I with SOURCE... for prog.c, the
+# program written to tmp/NAME.
+readme_cc() {
+  local cmd=${cc_cmds[$1]} out
+  out=$(printf '%q' "$tmp/$2")
+  shift 2
+  cmd=${cmd/ prog.c / $(printf '%q ' "$@")}
+  cmd=${cmd/-o prog /-o $out }
+  bash -c "$cmd"
+}
+
+# build_and_run NAME SOURCE...: build with both commands, check which library
+# each loads, run both.
 build_and_run() {
   local name=$1
   shift
-  step "$name: cc ... \$(pkg-config --cflags --libs graphcap), shared and static"
-  # shellcheck disable=SC2086 # pkg-config's output is a list of words
-  cc -o "$tmp/$name" "$@" $cflags $libs || fail "$name: shared link"
-  # shellcheck disable=SC2086
-  cc -o "$tmp/$name-static" "$@" $cflags $static_libs || fail "$name: static link (Libs.private)"
+  step "$name: ${cc_cmds[0]}"
+  readme_cc 0 "$name" "$@" || fail "$name: ${cc_cmds[0]}"
+  step "$name: ${cc_cmds[1]}"
+  readme_cc 1 "$name-static" "$@" || fail "$name: ${cc_cmds[1]}"
   local so
   so=$(env "${run_env[@]}" ldd "$tmp/$name" | awk '$1 == "libgraphcap.so.0" { print $3 }')
   [ "$so" -ef "$prefix/lib/libgraphcap.so.0" ] || fail "$name loads libgraphcap from '$so'"
+  ! ldd "$tmp/$name-static" | grep libgraphcap >/dev/null ||
+    fail "$name-static loads libgraphcap.so: $(ldd "$tmp/$name-static" | grep libgraphcap)"
   (cd "$tmp/elsewhere" && env "${run_env[@]}" "$tmp/$name" >"$tmp/$name.out") ||
     fail "$name (shared) exited non-zero: $(cat "$tmp/$name.out")"
   (cd "$tmp/elsewhere" && "$tmp/$name-static" >"$tmp/$name-static.out") ||
@@ -135,7 +148,8 @@ step "make uninstall ${make_args[*]}"
 make -s uninstall "${make_args[@]}" >/dev/null || fail "make uninstall"
 if [ $default = 1 ]; then
   for f in include/graphcap.h include/graphcap_types.h lib/libgraphcap.a lib/libgraphcap.so \
-    lib/pkgconfig/graphcap.pc share/lua/5.4/graphcap lib/lua/5.4/graphcap bin/graphcap; do
+    lib/pkgconfig/graphcap.pc lib/pkgconfig/graphcap-static.pc share/lua/5.4/graphcap \
+    lib/lua/5.4/graphcap bin/graphcap; do
     [ ! -e "$prefix/$f" ] || fail "make uninstall left $prefix/$f"
   done
 else
