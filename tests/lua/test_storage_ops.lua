@@ -92,7 +92,7 @@ end
 
 function TestStorageOps:test_reset_peak ()
   collectgarbage()
-  do local big = gc.zeros({4096}) end
+  do local _ = gc.zeros({4096}) end
   collectgarbage()
   local m = gc.memory_stats()
   lu.assertTrue(m.peak_bytes >= m.in_use_bytes + 4 * 4096)
