@@ -1,5 +1,6 @@
 /*
-** kernels.h: the host backend's reference kernels, one per gc_kernel id.
+** kernels.h: the host backend's reference kernels, one per gc_kernel id
+** (kernels.c, k_optim.c, k_arith.c).
 */
 #ifndef GC_HOST_KERNELS_H
 #define GC_HOST_KERNELS_H
@@ -7,6 +8,15 @@
 #include "runtime/backend.h"
 
 typedef void (*hk_fn)(const gc_kargs *a);
+
+/* The kernels of the other files: the optimizers' (k_optim.c), pow and the
+** comparisons (k_arith.c); kernels.c holds the rest. */
+void hk_sgd(const gc_kargs *a);
+void hk_adam(const gc_kargs *a);
+void hk_counter_inc(const gc_kargs *a);
+void hk_pow(const gc_kargs *a);
+void hk_pow_bwd(const gc_kargs *a);
+void hk_cmp(const gc_kargs *a);
 
 /* The reference kernel for id k (NULL when k is out of range). */
 hk_fn hk_kernel(int k);
