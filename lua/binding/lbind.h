@@ -144,7 +144,7 @@ typedef struct LHandle {
 typedef struct LOptim {
   gcap_optim *o;
   gcap_engine *e;
-  int adam;
+  const char *name; /* "SGD", "Adam", "AdamW" */
 } LOptim;
 typedef struct LGraphed {
   gcap_graphed *g;

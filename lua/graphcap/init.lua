@@ -208,7 +208,7 @@ end
 -- The facade's functions and the Lua methods of the core's objects are
 -- entered through C, so that a script's tail call into them keeps its frame
 -- and their errors name its line (util.entries).
-for _, t in ipairs({gc, gc.nn, gc.optim, gc.autograd, gc.pipeline, gc.ddp,
+for _, t in ipairs({gc, gc.nn, gc.optim, gc.optim.lr_scheduler, gc.autograd, gc.pipeline, gc.ddp,
                     gc.fsdp, gc.cuda, gc.dist}) do
   util.entries(t)
 end

@@ -130,7 +130,8 @@ end
 
 local function tensor_str (t)
   local prefix, suffixes = "tensor(", {}
-  local d, s = t:dim(), nil
+  local d = t:dim()
+  local s
   if t:numel() == 0 then
     s = "[]"
     if d ~= 1 then
