@@ -492,6 +492,10 @@ gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out);
 gcap_status gcap_permute(gcap_tensor *t, const int *perm, gcap_tensor **out);
 /* t with dims d0 and d1 swapped. */
 gcap_status gcap_transpose(gcap_tensor *t, int d0, int d1, gcap_tensor **out);
+/* Entry `index` (from 0; a negative index counts from the end) of t's first
+** dim: a view (t's storage at an offset, not a copy) of t's other dims,
+** recorded by autograd as a view (its grad goes into that entry of t's). */
+gcap_status gcap_select(gcap_tensor *t, int64_t index, gcap_tensor **out);
 /* Entries start .. start + length - 1 of dim `dim`. */
 gcap_status gcap_narrow(gcap_tensor *t, int dim, int64_t start, int64_t length, gcap_tensor **out);
 /* Split dim `dim` into pieces of `size` entries (the last may be shorter):
@@ -523,6 +527,14 @@ gcap_status gcap_fill_(gcap_tensor *t, double v);
 gcap_status gcap_add(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
 gcap_status gcap_sub(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
 gcap_status gcap_mul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
+/* a / b; a to the power b (pow in double, rounded; PyTorch's grads: none
+** through b = 0 into a, none through a = 0 with b >= 0 into b). */
+gcap_status gcap_div(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
+gcap_status gcap_pow(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
+/* a OP b as a mask: an f32 tensor of 1 where it holds, 0 elsewhere (also
+** for bf16 operands), which records no autograd (PyTorch's lt, le, gt, ge,
+** eq, ne, whose results are bool). */
+gcap_status gcap_compare(gcap_tensor *a, gcap_tensor *b, gcap_cmp op, gcap_tensor **out);
 gcap_status gcap_scale(gcap_tensor *a, double s, gcap_tensor **out);
 gcap_status gcap_neg(gcap_tensor *a, gcap_tensor **out);
 /* Reductions over all elements into a 0-D tensor. */
@@ -955,6 +967,17 @@ gcap_status gcap_optim_sgd(gcap_engine *e, int n, gcap_tensor *const *params, do
 gcap_status gcap_optim_adam(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
                             double beta1, double beta2, double eps, double weight_decay,
                             gcap_optim **out);
+/* AdamW: Adam with decoupled weight decay (each step first multiplies a
+** parameter by 1 - lr * weight_decay; nothing is added to the grad). */
+gcap_status gcap_optim_adamw(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
+                             double beta1, double beta2, double eps, double weight_decay,
+                             gcap_optim **out);
+/* The learning rate lives on the device, as the step counts do: a step reads
+** it when it runs, so a captured step replays with the rate set since.
+** set_lr writes it (on the current stream; lr >= 0; refused while a capture
+** is open); gcap_optim_lr is the rate last set (0 for NULL). */
+gcap_status gcap_optim_set_lr(gcap_optim *o, double lr);
+double gcap_optim_lr(const gcap_optim *o);
 void gcap_optim_free(gcap_optim *o);
 /* Update every parameter that has a .grad. */
 gcap_status gcap_optim_step(gcap_optim *o);

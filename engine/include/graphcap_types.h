@@ -47,6 +47,9 @@ typedef enum gcap_device {
 
 typedef enum gcap_dtype { GCAP_F32 = 0, GCAP_BF16 } gcap_dtype;
 
+/* The comparisons of gcap_compare: a < b, a <= b, a > b, a >= b, a == b, a != b. */
+typedef enum gcap_cmp { GCAP_LT = 0, GCAP_LE, GCAP_GT, GCAP_GE, GCAP_EQ, GCAP_NE } gcap_cmp;
+
 /* The objects, each of one engine; graphcap.h's section of each in the comment. */
 typedef struct gcap_engine gcap_engine;         /* The engine */
 typedef struct gcap_stream gcap_stream;         /* Streams and events */

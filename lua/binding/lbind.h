@@ -144,7 +144,7 @@ typedef struct LHandle {
 typedef struct LOptim {
   gcap_optim *o;
   gcap_engine *e;
-  int adam;
+  const char *name; /* "SGD", "Adam", "AdamW" */
 } LOptim;
 typedef struct LGraphed {
   gcap_graphed *g;
@@ -268,9 +268,18 @@ LUAI_FUNC void l_pushborrowed(lua_State *L, gcap_tensor *t);
 LUAI_FUNC void l_keeptensor(lua_State *L, int i);
 LUAI_FUNC void l_knownresult(lua_State *L);
 LUAI_FUNC int l_unary(lua_State *L, l_unop f, const char *op);
+LUAI_FUNC int l_arith(lua_State *L, l_binop f, const char *op);
 LUAI_FUNC int l_tensor_index(lua_State *L);
 LUAI_FUNC int l_tensor_newindex(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_tensor_funcs[]);
+
+/* lindex.c */
+LUAI_FUNC void l_pushsize(lua_State *L, gcap_tensor *t);
+LUAI_FUNC int l_size(lua_State *L);
+LUAI_FUNC int l_len(lua_State *L);
+LUAI_FUNC int l_index_get(lua_State *L);
+LUAI_FUNC int l_index_set(lua_State *L);
+LUAI_FUNC int l_compare_refused(lua_State *L);
 
 /* lshape.c */
 LUAI_FUNC int l_checkdim(lua_State *L, int arg, int ndim, const char *op);
@@ -286,6 +295,12 @@ LUAI_FUNC int l_sdpa(lua_State *L);
 
 /* lops.c */
 LUAI_FUNC int l_matmul(lua_State *L);
+LUAI_FUNC int l_lt(lua_State *L);
+LUAI_FUNC int l_le(lua_State *L);
+LUAI_FUNC int l_gt(lua_State *L);
+LUAI_FUNC int l_ge(lua_State *L);
+LUAI_FUNC int l_eq(lua_State *L);
+LUAI_FUNC int l_ne(lua_State *L);
 LUAI_FUNC int l_relu(lua_State *L);
 LUAI_FUNC int l_gelu(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_ops_funcs[]);

@@ -1,5 +1,6 @@
 /*
-** loptim.c: the optimizers (_optim, for graphcap.optim).
+** loptim.c: the optimizers (_optim, for graphcap.optim): SGD, Adam, AdamW,
+** their steps and their learning rate.
 */
 
 #include <limits.h>
@@ -47,12 +48,15 @@ static int l_optim_sgd(lua_State *L) {
   gcap_tensor **v = l_checkparams(L, "SGD", &n);
   LOptim *p = (LOptim *)l_newbox(L, sizeof *p, 1, OPTIM_MT);
   p->e = e;
+  p->name = "SGD";
   l_check(L, e, gcap_optim_sgd(e, n, v, lr, momentum, wd, &p->o), "SGD");
   return 1;
 }
 
-/* _optim.adam(params, lr, beta1, beta2, eps, weight_decay) */
-static int l_optim_adam(lua_State *L) {
+/* Adam or AdamW (decoupled weight decay): (params, lr, beta1, beta2, eps,
+** weight_decay) */
+static int l_optim_adam_kind(lua_State *L, int decoupled) {
+  const char *name = decoupled ? "AdamW" : "Adam";
   gcap_engine *e = l_engine(L);
   double lr = (double)luaL_checknumber(L, 2);
   double b1 = (double)luaL_checknumber(L, 3);
@@ -60,12 +64,25 @@ static int l_optim_adam(lua_State *L) {
   double eps = (double)luaL_checknumber(L, 5);
   double wd = (double)luaL_checknumber(L, 6);
   int n;
-  gcap_tensor **v = l_checkparams(L, "Adam", &n);
+  gcap_tensor **v = l_checkparams(L, name, &n);
   LOptim *p = (LOptim *)l_newbox(L, sizeof *p, 1, OPTIM_MT);
   p->e = e;
-  p->adam = 1;
-  l_check(L, e, gcap_optim_adam(e, n, v, lr, b1, b2, eps, wd, &p->o), "Adam");
+  p->name = name;
+  l_check(L, e,
+          decoupled ? gcap_optim_adamw(e, n, v, lr, b1, b2, eps, wd, &p->o)
+                    : gcap_optim_adam(e, n, v, lr, b1, b2, eps, wd, &p->o),
+          name);
   return 1;
+}
+
+/* _optim.adam(params, lr, beta1, beta2, eps, weight_decay) */
+static int l_optim_adam(lua_State *L) {
+  return l_optim_adam_kind(L, 0);
+}
+
+/* _optim.adamw(params, lr, beta1, beta2, eps, weight_decay) */
+static int l_optim_adamw(lua_State *L) {
+  return l_optim_adam_kind(L, 1);
 }
 
 static LOptim *l_checkoptim(lua_State *L, int i) {
@@ -81,7 +98,7 @@ static void l_optim_close(lua_State *L, void *box) {
 
 static void l_optim_describe(lua_State *L, void *box) {
   LOptim *p = (LOptim *)box;
-  lua_pushfstring(L, OPTIM_MT "(%s)", p->adam ? "Adam" : "SGD");
+  lua_pushfstring(L, OPTIM_MT "(%s, lr=%f)", p->name, gcap_optim_lr(p->o));
 }
 
 static int l_optim_isopen(const void *box) {
@@ -91,6 +108,19 @@ static int l_optim_isopen(const void *box) {
 static int l_optim_step(lua_State *L) {
   LOptim *p = l_checkoptim(L, 1);
   l_check(L, p->e, gcap_optim_step(p->o), "step");
+  return 0;
+}
+
+/* opt:get_lr(): the learning rate the next step reads */
+static int l_optim_get_lr(lua_State *L) {
+  lua_pushnumber(L, (lua_Number)gcap_optim_lr(l_checkoptim(L, 1)->o));
+  return 1;
+}
+
+/* opt:set_lr(lr): written to the device, where every step reads it */
+static int l_optim_set_lr(lua_State *L) {
+  LOptim *p = l_checkoptim(L, 1);
+  l_check(L, p->e, gcap_optim_set_lr(p->o, (double)luaL_checknumber(L, 2)), "set_lr");
   return 0;
 }
 
@@ -104,14 +134,17 @@ static int l_optim_zero_grad(lua_State *L) {
 
 static const luaL_Reg l_optim_meta[] = {{NULL, NULL}};
 
-static const luaL_Reg l_optim_methods[] = {
-    {"step", l_optim_step}, {"zero_grad", l_optim_zero_grad}, {NULL, NULL}};
+static const luaL_Reg l_optim_methods[] = {{"step", l_optim_step},
+                                           {"zero_grad", l_optim_zero_grad},
+                                           {"get_lr", l_optim_get_lr},
+                                           {"set_lr", l_optim_set_lr},
+                                           {NULL, NULL}};
 
 LUAI_DDEF const LClass l_optim_class = {"Optimizer",      OPTIM_MT,       "optimizer is closed",
                                         "closed",         l_optim_isopen, l_optim_close,
                                         l_optim_describe, l_optim_meta,   l_optim_methods};
 
 LUAI_DDEF const luaL_Reg l_optim_funcs[] = {
-    {"sgd", l_optim_sgd}, {"adam", l_optim_adam}, {NULL, NULL}};
+    {"sgd", l_optim_sgd}, {"adam", l_optim_adam}, {"adamw", l_optim_adamw}, {NULL, NULL}};
 
 /* }====================================================== */

@@ -225,6 +225,9 @@ static void test_shape_ops(void) {
   BAD(f.e, GCAP_EINVAL, "start", gcap_narrow(f.x, 1, -1, 1, &o));
   BAD(f.e, GCAP_EINVAL, "length", gcap_narrow(f.x, 1, 0, -1, &o));
   BAD(f.e, GCAP_EINVAL, "out", gcap_narrow(f.x, 1, 0, 1, NULL));
+  BAD(f.e, GCAP_EINVAL, "index", gcap_select(f.x, 2, &o));
+  BAD(f.e, GCAP_EINVAL, "index", gcap_select(f.x, -3, &o));
+  BAD(f.e, GCAP_EINVAL, "out", gcap_select(f.x, 0, NULL));
   BAD(f.e, GCAP_EINVAL, "size", gcap_split(f.x, 0, 1, 4, outs, &n));
   BAD(f.e, GCAP_EINVAL, "dim", gcap_split(f.x, 1, 5, 4, outs, &n));
   BAD(f.e, GCAP_EINVAL, "cap", gcap_split(f.x, 1, 1, -1, outs, &n));
@@ -254,6 +257,7 @@ static void test_shape_ops(void) {
   NOENG(GCAP_EINVAL, gcap_permute(NULL, perm, &o));
   NOENG(GCAP_EINVAL, gcap_transpose(NULL, 0, 1, &o));
   NOENG(GCAP_EINVAL, gcap_narrow(NULL, 0, 0, 1, &o));
+  NOENG(GCAP_EINVAL, gcap_select(NULL, 0, &o));
   NOENG(GCAP_EINVAL, gcap_split(NULL, 1, 0, 4, outs, &n));
   NOENG(GCAP_EINVAL, gcap_chunk(NULL, 2, 0, 4, outs, &n));
   NOENG(GCAP_EINVAL, gcap_cat(0, two, 0, &o)); /* no tensor: n < 1, ts NULL or all NULL */
@@ -318,6 +322,9 @@ static gcap_status layer_norm_b(gcap_tensor *x, gcap_tensor *b, gcap_tensor **ou
 static gcap_status softmax_mask(gcap_tensor *x, gcap_tensor *mask, gcap_tensor **out) {
   return gcap_softmax_masked(x, 1.0, mask, GCAP_MASK_ADD, 0, out);
 }
+static gcap_status compare_ne(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+  return gcap_compare(a, b, GCAP_NE, out);
+}
 
 static void test_binary_ops(void) {
   static const struct {
@@ -327,6 +334,9 @@ static void test_binary_ops(void) {
   } ops[] = {{gcap_add, "a", "b", 0},
              {gcap_sub, "a", "b", 0},
              {gcap_mul, "a", "b", 0},
+             {gcap_div, "a", "b", 0},
+             {gcap_pow, "a", "b", 0},
+             {compare_ne, "a", "b", 0},
              {gcap_matmul, "a", "b", 0},
              {linear_nb, "x", "w", 0},
              {linear_gelu_nb, "x", "w", 0},
@@ -352,6 +362,8 @@ static void test_binary_ops(void) {
     T_CHECK(o == NULL);
     o = BOGUS(gcap_tensor);
   }
+  BAD(f.e, GCAP_EINVAL, "op", gcap_compare(f.x, b, (gcap_cmp)42, &o));
+  T_CHECK(o == NULL);
   gcap_tensor_free(b);
   fx_close(&f);
 }
@@ -480,6 +492,14 @@ static void test_optim(void) {
   BAD(f.e, GCAP_EINVAL, "beta2", gcap_optim_adam(f.e, 1, p, 0.1, 0.9, 1.5, 1e-8, 0, &o));
   BAD(f.e, GCAP_EINVAL, "eps", gcap_optim_adam(f.e, 1, p, 0.1, 0.9, 0.99, -1, 0, &o));
   BAD(f.e, GCAP_EINVAL, "n", gcap_optim_adam(f.e, -2, p, 0.1, 0.9, 0.99, 1e-8, 0, &o));
+  BAD(f.e, GCAP_EINVAL, "out", gcap_optim_adamw(f.e, 1, p, 0.1, 0.9, 0.99, 1e-8, 0, NULL));
+  BAD(f.e, GCAP_EINVAL, "beta2", gcap_optim_adamw(f.e, 1, p, 0.1, 0.9, 1.0, 1e-8, 0, &o));
+  BAD(f.e, GCAP_EINVAL, "weight_decay", gcap_optim_adamw(f.e, 1, p, 0.1, 0.9, 0.99, 1e-8, -1, &o));
+  T_CHECK_OK(f.e, gcap_optim_adamw(f.e, 1, p, 0.1, 0.9, 0.99, 1e-8, 0.01, &o));
+  BAD(f.e, GCAP_EINVAL, "lr", gcap_optim_set_lr(o, -1.0));
+  T_CHECK(gcap_optim_lr(o) == 0.1);
+  gcap_optim_free(o);
+  o = BOGUS(gcap_optim);
   p[0] = NULL;
   BAD(f.e, GCAP_EINVAL, "parameter #1", gcap_optim_adam(f.e, 1, p, 0.1, 0.9, 0.99, 1e-8, 0, &o));
   p[0] = f.y;
@@ -488,6 +508,9 @@ static void test_optim(void) {
   o = BOGUS(gcap_optim);
   NOENG(GCAP_EINVAL, gcap_optim_sgd(NULL, 1, p, 0.1, 0, 0, &o));
   NOENG(GCAP_EINVAL, gcap_optim_adam(NULL, 1, p, 0.1, 0.9, 0.99, 1e-8, 0, &o));
+  NOENG(GCAP_EINVAL, gcap_optim_adamw(NULL, 1, p, 0.1, 0.9, 0.99, 1e-8, 0, &o));
+  NOENG(GCAP_EINVAL, gcap_optim_set_lr(NULL, 0.1));
+  T_CHECK(gcap_optim_lr(NULL) == 0.0);
   NOENG(GCAP_EINVAL, gcap_optim_step(NULL));
   NOENG(GCAP_EINVAL, gcap_optim_zero_grad(NULL, 1));
   T_CHECK(o == NULL);

@@ -9,79 +9,7 @@
 #include <stdint.h>
 
 #include "t.h"
-
-/* Tolerance of a float update against the double reference. */
-#define ATOL 2e-6
-#define RTOL 2e-6
-
-/* got (floats read back) vs want (double); names the first difference. */
-static void check_close(const char *what, int step, const float *got, const double *want, int n) {
-  for (int i = 0; i < n; i++)
-    if (!(fabs((double)got[i] - want[i]) <= ATOL + RTOL * fabs(want[i]))) {
-      T_FAILF("|got - ref| <= atol + rtol*|ref|",
-              "%s, step %d, element %d: got %.9g, reference %.9g", what, step, i, (double)got[i],
-              want[i]);
-      return;
-    }
-}
-
-/* The k-th step's gradient for element i of parameter j. */
-static float grad_value(int j, int i, int k) {
-  return sinf(0.9f * (float)i + 1.7f * (float)j + 0.6f * (float)k) * (k % 2 ? 0.5f : 1.0f) +
-         0.05f * (float)k;
-}
-
-enum { NP = 2, MAXN = 6 };
-static const int pn[NP] = {5, 6}; /* numels */
-static const int64_t pshape[NP][2] = {{5, 0}, {2, 3}};
-static const int pnd[NP] = {1, 2};
-
-typedef struct fixture {
-  gcap_engine *e;
-  gcap_tensor *p[NP];
-  double ref[NP][MAXN];
-} fixture;
-
-static int fixture_make(fixture *f) {
-  memset(f, 0, sizeof *f);
-  f->e = t_engine();
-  if (f->e == NULL) return 0;
-  for (int j = 0; j < NP; j++) {
-    float d[MAXN];
-    for (int i = 0; i < pn[j]; i++)
-      d[i] = 0.5f * cosf(1.1f * (float)i + (float)j) + 0.1f, f->ref[j][i] = (double)d[i];
-    f->p[j] = t_from(f->e, pnd[j], pshape[j], d);
-    if (f->p[j] == NULL || gcap_tensor_set_requires_grad(f->p[j], 1) != GCAP_OK) return 0;
-  }
-  return 1;
-}
-
-static void fixture_free(fixture *f) {
-  for (int j = 0; j < NP; j++)
-    gcap_tensor_free(f->p[j]);
-  gcap_engine_free(f->e);
-}
-
-/* Install step k's grad on parameter j (a fresh tensor). */
-static int set_step_grad(fixture *f, int j, int k) {
-  float d[MAXN];
-  gcap_tensor *g;
-  for (int i = 0; i < pn[j]; i++)
-    d[i] = grad_value(j, i, k);
-  g = t_from(f->e, pnd[j], pshape[j], d);
-  int ok = g && gcap_tensor_set_grad(f->p[j], g) == GCAP_OK;
-  gcap_tensor_free(g);
-  return ok;
-}
-
-static void check_params(fixture *f, const char *what, int step) {
-  for (int j = 0; j < NP; j++) {
-    float got[MAXN];
-    char name[96];
-    snprintf(name, sizeof name, "%s, parameter %d", what, j);
-    if (t_read(f->p[j], got, (size_t)pn[j])) check_close(name, step, got, f->ref[j], pn[j]);
-  }
-}
+#include "t_optim.h"
 
 /* SGD as PyTorch (dampening 0, no nesterov): d = g + wd p;
 ** buf = d (first step) or momentum buf + d; p -= lr buf (or lr d). */
@@ -129,26 +57,6 @@ static void test_sgd_momentum_wd(void) {
   sgd_case("SGD lr 0.05 momentum 0.8 wd 0.01", 0.05, 0.8, 0.01, 4);
 }
 
-/* Adam as PyTorch: g += wd p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-** p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with t the
-** number of steps this parameter has taken. */
-typedef struct adam_ref {
-  double m[NP][MAXN], v[NP][MAXN];
-  int t[NP];
-} adam_ref;
-
-static void adam_ref_step(fixture *f, adam_ref *a, int j, int k, double lr, double b1, double b2,
-                          double eps, double wd) {
-  int t = ++a->t[j];
-  double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
-  for (int i = 0; i < pn[j]; i++) {
-    double g = (double)grad_value(j, i, k) + wd * f->ref[j][i];
-    a->m[j][i] = b1 * a->m[j][i] + (1.0 - b1) * g;
-    a->v[j][i] = b2 * a->v[j][i] + (1.0 - b2) * g * g;
-    f->ref[j][i] -= (lr / bc1) * a->m[j][i] / (sqrt(a->v[j][i]) / sqrt(bc2) + eps);
-  }
-}
-
 static void adam_case(const char *what, double lr, double b1, double b2, double eps, double wd,
                       int steps) {
   fixture f;
@@ -161,7 +69,7 @@ static void adam_case(const char *what, double lr, double b1, double b2, double 
   for (int k = 0; k < steps; k++) {
     for (int j = 0; j < NP; j++) {
       T_REQUIRE(set_step_grad(&f, j, k));
-      adam_ref_step(&f, &a, j, k, lr, b1, b2, eps, wd);
+      adam_ref_step(&f, &a, j, k, lr, b1, b2, eps, wd, 0);
     }
     T_CHECK_OK(e, gcap_optim_step(o));
     check_params(&f, what, k + 1);
@@ -228,7 +136,7 @@ static void late_grad_case(int adam) {
       if (j == 1 && k == 0) continue; /* parameter 1: no grad in step 1 */
       T_REQUIRE(set_step_grad(&f, j, k));
       if (adam) {
-        adam_ref_step(&f, &a, j, k, 0.01, 0.9, 0.999, 1e-8, 0.0);
+        adam_ref_step(&f, &a, j, k, 0.01, 0.9, 0.999, 1e-8, 0.0, 0);
       } else {
         int first = k == (j == 1 ? 1 : 0); /* the parameter's first step */
         for (int i = 0; i < pn[j]; i++) {

@@ -1,6 +1,6 @@
 /*
-** k_elementwise.cu: fill, copy, add, sub, mul, scale (backend.h's GC_K_FILL
-** .. GC_K_SCALE; copy also converts f32 <-> bf16), and foreach_add, the
+** k_elementwise.cu: fill, copy, add, sub, mul, div, scale (backend.h's
+** GC_K_FILL .. GC_K_SCALE; copy also converts f32 <-> bf16), and foreach_add, the
 ** .grad accumulation of several tensors. Each element is one float
 ** operation with round-to-nearest intrinsics (__fadd_rn, ...), which the
 ** compiler never fuses into an FMA, so f32 results equal the host reference
@@ -47,6 +47,8 @@ static __device__ __forceinline__ float cu_binop(int op, float u, float v) {
       return __fadd_rn(u, v);
     case GC_K_SUB:
       return __fsub_rn(u, v);
+    case GC_K_DIV:
+      return __fdiv_rn(u, v);
     default: /* GC_K_MUL */
       return __fmul_rn(u, v);
   }
@@ -151,7 +153,7 @@ static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a, int6
   I n = (I)a->n[0];
   unsigned g = cu_blocks(total);
   int64_t packs;
-  if ((k == GC_K_ADD || k == GC_K_SUB || k == GC_K_MUL) && a->n[1] == a->n[0] &&
+  if ((k == GC_K_ADD || k == GC_K_SUB || k == GC_K_MUL || k == GC_K_DIV) && a->n[1] == a->n[0] &&
       a->n[2] == a->n[0] && (packs = cu_packs(a->n[0], a->dt, a->p[0], a->p[1], a->p[2])) > 0) {
     k_binary_packed<<<cu_blocks(packs), CU_THREADS, 0, s>>>(
         k, (uint4 *)a->p[0], (const uint4 *)a->p[1], (const uint4 *)a->p[2], a->dt, packs);
@@ -178,6 +180,7 @@ static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a, int6
     case GC_K_ADD:
     case GC_K_SUB:
     case GC_K_MUL:
+    case GC_K_DIV:
       k_binary<I>
           <<<g, CU_THREADS, 0, s>>>(k, a->p[0], a->p[1], (I)a->n[1], a->p[2], (I)a->n[2], a->dt, n);
       break;

@@ -48,8 +48,19 @@ extern "C" {
   X(SUB, sub, elementwise, 0x01)                                                                   \
   /* p[0][i] = p[1][i % n[1]] * p[2][i % n[2]] */                                                  \
   X(MUL, mul, elementwise, 0x01)                                                                   \
+  /* p[0][i] = p[1][i % n[1]] / p[2][i % n[2]] */                                                  \
+  X(DIV, div, elementwise, 0x01)                                                                   \
   /* p[0][i] = p[1][i] * f[0], i < n[0] */                                                         \
   X(SCALE, scale, elementwise, 0x01)                                                               \
+  /* p[0][i] = pow(p[1][i % n[1]], p[2][i % n[2]]), i < n[0] (in double, then rounded) */          \
+  X(POW, pow, arith, 0x01)                                                                         \
+  /* the grads of y = pow(a, b), i < n[0], from p[2] = dy (n[0] elements), a = p[3][i % n[3]],     \
+     b = p[4][i % n[4]]: p[0] (NULL: not wanted) = dy b pow(a, b - 1), 0 where b = 0; p[1]         \
+     (NULL: not wanted) = dy pow(a, b) log(a), 0 where a = 0 and b >= 0 (PyTorch's rules) */       \
+  X(POW_BWD, pow_bwd, arith, 0x03)                                                                 \
+  /* p[0][i] = p[1][i % n[1]] OP p[2][i % n[2]] ? 1 : 0, i < n[0]: OP the gcap_cmp n[4]; the       \
+     operands are of dtype n[3], the result f32 (dt) */                                            \
+  X(CMP, cmp, arith, 0x01)                                                                         \
   /* p[0][0] = f[0] * sum(p[1][0 .. n[0]))  (mean: f[0] = 1/n); p[2]: NULL, or f32 scratch of      \
      GC_SUM_CHUNKS(n[0]) floats for a backend that sums chunks of the elements, then the           \
      chunks */                                                                                     \
@@ -117,12 +128,14 @@ extern "C" {
   /* p[0] = dlogits = (probs - onehot(target)) * p[3][0] * f[0]; p[1] = probs, p[2] =              \
      targets, p[3] = upstream grad (one element); rows n[0], cols n[1] */                          \
   X(XENT_BWD, cross_entropy_bwd, loss, 0x01)                                                       \
-  /* param p[0] -= f[0] * d, d = grad p[1] (+ f[2] * param); with momentum (p[2] != NULL):         \
-     buf = f[1] * buf + d, d = buf; n[0] elements */                                               \
+  /* param p[0] -= lr * d, d = grad p[1] (+ f[2] * param), lr = p[3][0] (f32, one element, read    \
+     when the kernel runs); with momentum (p[2] != NULL): buf = f[1] * buf + d, d = buf; n[0]      \
+     elements */                                                                                   \
   X(SGD, sgd, optim, 0x05)                                                                         \
   /* p[0] param, p[1] grad, p[2] m, p[3] v, p[4] step count (f32, one element, already             \
-     incremented); lr f[0], beta1 f[1], beta2 f[2], eps f[3], weight decay f[4] (L2, added to      \
-     the grad); bias-corrected; n[0] elements */                                                   \
+     incremented), p[5] lr (f32, one element); beta1 f[1], beta2 f[2], eps f[3], weight decay      \
+     f[4]: n[1] = 0, L2 (added to the grad); 1, decoupled (AdamW: param *= 1 - lr * f[4]           \
+     first); bias-corrected; n[0] elements */                                                      \
   X(ADAM, adam, optim, 0x0d)                                                                       \
   /* p[0][0] += 1 (f32 counter) */                                                                 \
   X(COUNTER_INC, counter_inc, optim, 0x01)                                                         \

@@ -36,6 +36,9 @@ struct gcap_tensor {
 gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt);
 /* A new tensor struct over t's storage with another shape: no grad, no grad_fn. */
 gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape);
+/* The same over t's elements first .. first + numel(shape) - 1 (they must
+** be t's). */
+gcap_tensor *gc_tensor_slice(gcap_tensor *t, int64_t first, int ndim, const int64_t *shape);
 /* Drop a reference to node n; the last frees it, what it holds (saved
 ** tensors, leaves, its ud) and the nodes only it held, iteratively. */
 void gc_node_release(gc_node *n);
@@ -153,7 +156,8 @@ struct gc_node {
   gcap_dtype dt;
   float f[4]; /* op constants */
   int64_t k[4];
-  void *ud; /* op state (e.g. a view's shape; a linear node's wgrad sink) */
+  int is_view; /* a view's node (view, select): its output shares its input's storage */
+  void *ud;    /* op state (e.g. a view's shape; a linear node's wgrad sink) */
   void (*ud_free)(void *ud);
   gc_node *free_next; /* release worklist */
   uint64_t mark;      /* scheduling scratch */
@@ -223,7 +227,15 @@ gcap_status gc_karg_convert(gcap_engine *e, const char *kname, int i, gcap_kpara
 /* Non-recording building blocks shared by forward and backward code. */
 /* dst = src converted to dst's dtype (same numel; not recorded, not checked). */
 gcap_status gc_copy(gcap_tensor *dst, gcap_tensor *src);
+/* out = x OP y (kernel k; a 0-D or one-element operand, or a row, broadcasts), not recorded. */
 gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out);
+/* The same with a result of dtype dt, the launch also carrying x's dtype
+** (n[3]) and arg (n[4]): a comparison's operands and code. */
+gcap_status gc_binary_as(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_dtype dt,
+                         int64_t arg, gcap_tensor **out);
+/* The grad g of a broadcast result, reduced to the shape t of an operand: g
+** itself, its sum, or the sums of its rows. */
+gcap_status gc_reduce_to(gcap_tensor *g, const gc_meta *t, gcap_tensor **out);
 gcap_status gc_binary_inplace(gcap_tensor *dst, gcap_tensor *y, int k, const char *op);
 gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
                      gcap_tensor **out);
