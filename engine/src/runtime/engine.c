@@ -145,6 +145,13 @@ gcap_status gc_check_not_capturing(gcap_engine *e, const char *what) {
   return gc_capture_refuse(e, "%s is not allowed while a capture is open", what);
 }
 
+const gcap_graph *gc_graph_of(const gcap_engine *e, gc_gid id) {
+  int k;
+  for (k = 0; k < e->graphs_cap; k++)
+    if (e->graphs[k] != NULL && e->graphs[k]->id == id) return e->graphs[k];
+  return NULL;
+}
+
 gcap_status gc_check_open(gcap_engine *e, const char *what) {
   gc_clear(e);
   if (e->closed)
