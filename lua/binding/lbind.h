@@ -272,6 +272,9 @@ LUAI_FUNC int l_tensor_index(lua_State *L);
 LUAI_FUNC int l_tensor_newindex(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_tensor_funcs[]);
 
+/* lbytes.c */
+LUAI_FUNC int l_tobytes(lua_State *L);
+LUAI_FUNC int l_write_bytes(lua_State *L);
 /* lshape.c */
 LUAI_FUNC int l_checkdim(lua_State *L, int arg, int ndim, const char *op);
 LUAI_FUNC int l_reshape(lua_State *L);
