@@ -41,9 +41,17 @@ end
 local rank = {F32 = 1, BF16 = 2}
 
 local MAX_HEADER = 100000000  -- the largest header Python's safetensors reads
-local MAXDIM = 4
+local MAXDIM, MAXNUMEL = 4, 1 << 40
 
 local function is_open (t) return (pcall(t.dim, t)) end
+
+-- The message of error err without the position of the user's line that
+-- the facade and the binding put first (a message to quote in another).
+local function bare (err)
+  local at = core._where()
+  err = tostring(err)
+  return err:sub(1, #at) == at and err:sub(#at + 1) or err
+end
 
 -- The name k as messages quote it.
 local function q (k) return string.format("%q", k) end
@@ -132,7 +140,7 @@ function M.save (path, tensors, metadata)
   if not ok then
     pcall(f.close, f)
     os.remove(path)
-    raise("save: cannot write %s: %s", q(path), tostring(werr))
+    raise("save: cannot write %s: %s", q(path), bare(werr))
   end
 end
 
@@ -164,10 +172,10 @@ local function entry (p, k, v, size)
     if math.type(d) ~= "integer" or d < 0 then
       bad("has shape entry #%d %s; sizes are integers >= 0", i, tostring(d))
     end
-    numel = numel * d
-    if d > 0 and numel > size then  -- more than the file holds (no overflow past here)
-      bad("of shape %s holds more bytes than the file has", shape_str(shape))
+    if d > 0 and numel > MAXNUMEL // d then  -- the engine's limit, which keeps numel exact
+      bad("has shape %s: more than 2^40 elements, graphcap's most", shape_str(shape))
     end
+    numel = numel * d
   end
   if type(offs) ~= "table" or getmetatable(offs) == json.object or #offs ~= 2 or
      math.type(offs[1]) ~= "integer" or math.type(offs[2]) ~= "integer" then
@@ -260,15 +268,19 @@ function M.load (path)
     end
     local out = {}
     for _, e in ipairs(entries) do
-      local t = core.empty(e.shape, to_gc[e.dtype])
+      local s = ""
       if e.e > e.b then
         f:seek("set", 8 + n + e.b)
-        local s = f:read(e.e - e.b)
+        s = f:read(e.e - e.b)
         if s == nil or #s ~= e.e - e.b then
           raise("load: %s: the file ended inside tensor %s (did it change?)", q(path), q(e.name))
         end
-        t:_write_bytes(s)
       end
+      local tok, t = pcall(function ()  -- out of device memory, say
+        local t = core.empty(e.shape, to_gc[e.dtype])
+        return #s > 0 and t:_write_bytes(s) or t
+      end)
+      if not tok then raise("load: %s: tensor %s: %s", q(path), q(e.name), bare(t)) end
       out[e.name] = t
     end
     return out, meta and setmetatable(meta, nil)

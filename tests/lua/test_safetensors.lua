@@ -4,7 +4,8 @@
 -- bytes; f32 and bf16 round trips are bit for bit (every bf16 pattern); every
 -- refusal names the file and what is wrong, at the caller's line; truncated
 -- and flipped files never crash nor read past the file. t:tobytes() and
--- gc.frombytes move the raw bytes.
+-- gc.frombytes move the raw bytes. Where python3 has safetensors (and
+-- PyTorch), files go through Python both ways.
 --   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_safetensors.lua -o tap
 
 local lu = require "luaunit"
@@ -239,7 +240,9 @@ function TestSafetensors:test_load_refusals ()
   load_err(file_of('{"a":{"dtype":"F32","shape":[1,1,1,1,2],"data_offsets":[0,8]}}', d8),
            "has 5 dims; graphcap's tensors have 0 to 4")
   load_err(file_of('{"a":{"dtype":"F32","shape":[99999999999,99999999999],' ..
-                   '"data_offsets":[0,8]}}', d8), "holds more bytes than the file has")
+                   '"data_offsets":[0,8]}}', d8), "more than 2^40 elements, graphcap's most")
+  load_err(file_of('{"a":{"dtype":"F32","shape":[4,4611686018427387904],' ..
+                   '"data_offsets":[0,0]}}'), "more than 2^40 elements")
   load_err(file_of('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}}', d8),
            "has no data_offsets [begin, end] of two integers")
   load_err(file_of('{"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}}', d8),
@@ -256,8 +259,13 @@ function TestSafetensors:test_load_refusals ()
            "the tensors cover 8 bytes of data, but the file holds 10 after the header")
   load_err(file_of('{"__metadata__":{"a":1}}'), '__metadata__ entry "a" is not a string')
   load_err(file_of('{"__metadata__":["a"]}'), "__metadata__ must be an object")
-  -- a header padded with spaces, and an empty file of no tensors, load
+  -- a header padded with spaces, and an empty file of no tensors, load; so do
+  -- empty tensors, whatever their other sizes
   lu.assertEquals(next(load_bytes(file_of("{}        "))), nil)
+  local e = load_bytes(file_of('{"a":{"dtype":"BF16","shape":[0,1099511627776],' ..
+                               '"data_offsets":[0,0]},"b":{"dtype":"F32","shape":[3,0],' ..
+                               '"data_offsets":[0,0]}}'))
+  lu.assertEquals({e.a:shape(), e.b:shape()}, {{0, 1099511627776}, {3, 0}})
   local g = gc.Graph()
   local p = os.tmpname()
   write(p, file_of("{}"))
@@ -295,6 +303,27 @@ function TestSafetensors:test_fuzz_truncated_and_flipped ()
     lu.assertTrue(loaded > 0 and refused > 0)
   end
   os.remove(p)
+end
+
+-- An allocation that fails while loading names the file and the tensor.
+function TestSafetensors:test_allocation_failure ()
+  local path = FIXTURES .. "layernorm_mlp_bf16.safetensors"
+  local failed = 0
+  for n = 1, 100 do
+    gc._test.fail_alloc(n)
+    local ok, err = pcall(gc.load, path)
+    local hit = gc._test.fail_alloc(0)
+    if not hit then
+      lu.assertTrue(ok, tostring(err))
+      break
+    end
+    if not ok then
+      failed = failed + 1
+      lu.assertStrContains(err, HERE)
+      lu.assertStrContains(err, 'load: "' .. path .. '": tensor "')
+    end
+  end
+  lu.assertTrue(failed > 0)
 end
 
 function TestSafetensors:test_tobytes_frombytes ()
@@ -343,6 +372,68 @@ serialize_file(specs, sys.argv[2], metadata={"format": "pt"})
   local back = gc.load(q)
   for k, t in pairs(ts) do lu.assertEquals(back[k]:tobytes(), t:tobytes(), k) end
   os.remove(p); os.remove(q); os.remove(sp)
+end
+
+-- Where python3 has PyTorch and safetensors (the GPU machines): PyTorch's
+-- Sequential(Linear, GELU, LayerNorm) saved by save_file loads here and
+-- gives PyTorch's outputs; changed here and saved by gc.save, it loads into
+-- PyTorch with load_state_dict (strict) and gives ours; a bf16 state dict
+-- goes PyTorch -> graphcap -> PyTorch bit for bit.
+function TestSafetensors:test_torch_round_trip ()
+  local py = os.getenv("GRAPHCAP_TEST_PYTHON") or "python3"
+  if not os.execute(py .. " -c 'import torch, safetensors' 2>/dev/null") then
+    lu.skip(py .. " has no torch or no safetensors")
+  end
+  local script = [==[
+import sys, torch
+from safetensors.torch import save_file, load_file
+mode, d = sys.argv[1], sys.argv[2]
+def model():
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.GELU(approximate="tanh"),
+                               torch.nn.LayerNorm(3))
+if mode == "make":
+    torch.manual_seed(0)
+    m = model()
+    x = torch.randn(5, 4)
+    save_file(m.state_dict(), d + "/torch.safetensors", metadata={"format": "pt"})
+    with torch.no_grad():
+        save_file({"x": x, "y": m(x)}, d + "/io.safetensors")
+    save_file(model().to(torch.bfloat16).state_dict(), d + "/torch_bf16.safetensors")
+else:
+    m = model()
+    m.load_state_dict(load_file(d + "/graphcap.safetensors"))
+    with torch.no_grad():
+        save_file({"y": m(load_file(d + "/io.safetensors")["x"])}, d + "/torch_y.safetensors")
+    a, b = load_file(d + "/torch_bf16.safetensors"), load_file(d + "/graphcap_bf16.safetensors")
+    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+    for k in a:
+        assert torch.equal(a[k].view(torch.int16), b[k].view(torch.int16)), k
+]==]
+  local d = os.tmpname()
+  os.remove(d)
+  lu.assertTrue(os.execute("mkdir " .. H.quote(d)))
+  write(d .. "/rt.py", script)
+  local function python (mode)
+    lu.assertTrue(os.execute(py .. " " .. H.quote(d .. "/rt.py") .. " " .. mode .. " " .. H.quote(d)),
+                  "python " .. mode)
+  end
+  local function model ()
+    return gc.nn.Sequential(gc.nn.Linear(4, 3), gc.nn.GELU(), gc.nn.LayerNorm(3))
+  end
+  python("make")
+  local m = model()
+  m:load_state_dict(gc.load(d .. "/torch.safetensors"))
+  local io = gc.load(d .. "/io.safetensors")
+  H.assert_close(m(io.x):tolist(), io.y:tolist(), 1e-4, 1e-4, "PyTorch's outputs")
+  gc.no_grad(function () m[1].weight:copy_(m[1].weight * 2) end)
+  gc.save(d .. "/graphcap.safetensors", m:state_dict())
+  local mb = model():to("bf16")
+  mb:load_state_dict(gc.load(d .. "/torch_bf16.safetensors"))
+  gc.save(d .. "/graphcap_bf16.safetensors", mb:state_dict())
+  python("check")
+  H.assert_close(gc.load(d .. "/torch_y.safetensors").y:tolist(), m(io.x):tolist(), 1e-4, 1e-4,
+                 "graphcap's outputs in PyTorch")
+  os.execute("rm -rf " .. H.quote(d))
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check
