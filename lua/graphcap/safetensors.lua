@@ -212,7 +212,11 @@ function M.load (path)
       raise("load: %s is not a safetensors file: %d bytes, less than the 8 of the header length",
             q(path), size)
     end
-    local n = string.unpack("<i8", f:read(8))
+    local len, rerr = f:read(8)
+    if len == nil or #len ~= 8 then
+      raise("load: %s: cannot read it: %s", q(path), tostring(rerr or "it ended"))
+    end
+    local n = string.unpack("<i8", len)
     if n < 0 or n > MAX_HEADER then
       raise("load: %s: header length %s is over the %d bytes safetensors allows (corrupt file?)",
             q(path), n < 0 and "of 2^63 or more" or string.format("%d", n), MAX_HEADER)
@@ -286,7 +290,12 @@ function M.load (path)
     return out, meta and setmetatable(meta, nil)
   end)
   f:close()
-  if not ok then error(a, 0) end  -- it names the user's line already
+  if not ok then
+    if type(a) == "string" and a:sub(1, #core._where()) == core._where() then
+      error(a, 0)  -- ours: it names the user's line already
+    end
+    raise("load: %s: %s", q(path), tostring(a))
+  end
   return a, b
 end
 
