@@ -477,6 +477,17 @@ gcap_status gcap_tensor_set_(gcap_tensor *t, gcap_tensor *src, int64_t offset);
 ** Refused while capturing (a read-back synchronizes). */
 gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n);
 
+/* The raw bytes of t's elements as the device stores them: numel x 4 for
+** f32, numel x 2 for bf16 (the top half of the f32 bits), little-endian, in
+** row-major order; n must be that size. read_bytes copies them to dst and
+** waits for the data; write_bytes overwrites t's elements in place from src
+** (t keeps its storage, so graphs captured on it stay valid; an in-place
+** write: its storage's version counts it, autograd records nothing). No
+** conversion: a bf16 value goes to and from the host bit for bit. Both
+** refused while capturing. */
+gcap_status gcap_tensor_read_bytes(gcap_tensor *t, void *dst, size_t n);
+gcap_status gcap_tensor_write_bytes(gcap_tensor *t, const void *src, size_t n);
+
 /* A view of t with another shape of the same numel; shares storage. */
 gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gcap_tensor **out);
 
@@ -800,6 +811,13 @@ void *gcap_module_userdata(const gcap_module *m);
 gcap_status gcap_module_add_parameter(gcap_module *m, const char *name, gcap_tensor *t);
 gcap_status gcap_module_add_buffer(gcap_module *m, const char *name, gcap_tensor *t);
 gcap_status gcap_module_add_child(gcap_module *m, const char *name, gcap_module *child);
+/* Whether m's own buffer `name` belongs in m's state dict (PyTorch's
+** `persistent`): a buffer is persistent when registered; a non-persistent
+** one (Linear's main_grad) is state a checkpoint leaves out. Setting it on
+** a name that is not a buffer of m itself is GCAP_EINVAL; the getter gives
+** 1, 0, or -1 for no such buffer (or m or name NULL). */
+gcap_status gcap_module_set_buffer_persistent(gcap_module *m, const char *name, int persistent);
+int gcap_module_buffer_persistent(const gcap_module *m, const char *name);
 
 /* Parameters of m and its children, depth first, each tensor (and each
 ** module) once under the first name it is reached by: count, then the i-th
@@ -858,7 +876,8 @@ int gcap_module_has_delayed_wgrad(const gcap_module *m);
 **   the weight's dtype, zeros at first) instead of weight.grad, which stays
 **   NULL (TE's fuse_wgrad_accumulation); gcap_module_zero_grad zeroes it.
 **   Optimizers read .grad: as with Megatron's main_grad, the caller hands it
-**   over. Unlike TE's fp32 main_grad, it has the weight's dtype.
+**   over. Unlike TE's fp32 main_grad, it has the weight's dtype. It is not
+**   persistent: a state dict leaves it out, as TE's holds no main_grad.
 ** Each constructor here and below, the transformer modules', returns
 ** GCAP_EINVAL with no message for e NULL. */
 #define GCAP_LINEAR_DELAY_WGRAD 1u
@@ -983,6 +1002,26 @@ void gcap_optim_free(gcap_optim *o);
 gcap_status gcap_optim_step(gcap_optim *o);
 /* Clear (set_to_none) or zero every parameter's .grad. */
 gcap_status gcap_optim_zero_grad(gcap_optim *o, int set_to_none);
+/* Its parameters: count, and the i-th (from 0, in the order given;
+** borrowed; NULL out of range). 0 and NULL for o NULL. */
+int gcap_optim_num_params(const gcap_optim *o);
+gcap_tensor *gcap_optim_param(const gcap_optim *o, int i);
+/* The state of parameter i, under PyTorch's names: k = 0, 1, ... gives its
+** tensors (borrowed: the device tensors the steps update in place, so a
+** state is restored by writing into them), *name (may be NULL) set to the
+** name; NULL, *name untouched, past the last one. SGD: "momentum_buffer"
+** (with momentum; one of the parameter's shape and dtype, zeros before the
+** first step, as a buffer PyTorch has not made yet acts); Adam: "step" (f32,
+** 0-D: the steps taken), "exp_avg", "exp_avg_sq". */
+gcap_tensor *gcap_optim_state(const gcap_optim *o, int i, int k, const char **name);
+/* A hyperparameter by name: SGD "lr", "momentum", "weight_decay"; Adam
+** "lr", "beta1", "beta2", "eps", "weight_decay" (another name is
+** GCAP_EINVAL). set_hyper checks v as the constructor does; giving SGD a
+** momentum it was made without allocates its momentum buffers (zeros;
+** refused while capturing). A step captured earlier keeps the values it was
+** captured with. */
+gcap_status gcap_optim_hyper(const gcap_optim *o, const char *name, double *v);
+gcap_status gcap_optim_set_hyper(gcap_optim *o, const char *name, double v);
 
 /* ------------------------------------------------------------------------ */
 /* Custom ops: a C host's own kernel (or library call) launched by the

@@ -281,6 +281,10 @@ LUAI_FUNC int l_index_get(lua_State *L);
 LUAI_FUNC int l_index_set(lua_State *L);
 LUAI_FUNC int l_compare_refused(lua_State *L);
 
+/* lbytes.c */
+LUAI_FUNC int l_tobytes(lua_State *L);
+LUAI_FUNC int l_write_bytes(lua_State *L);
+
 /* lshape.c */
 LUAI_FUNC int l_checkdim(lua_State *L, int arg, int ndim, const char *op);
 LUAI_FUNC int l_reshape(lua_State *L);

@@ -337,11 +337,13 @@ int l_module_newindex(lua_State *L) {
   return 0;
 }
 
-/* m:register_buffer(name, t) */
+/* m:register_buffer(name, t [, persistent = true]) (the facade takes an
+** options table) */
 static int l_register_buffer(lua_State *L) {
   LModule *p = l_checkmodule(L, 1);
   const char *name = luaL_checkstring(L, 2);
   gcap_tensor *t = l_checktensor(L, 3);
+  int persistent = lua_isnoneornil(L, 4) || lua_toboolean(L, 4);
   gcap_status st;
   lua_settop(L, 3);
   lua_getiuservalue(L, 1, MV_REG);    /* 4 */
@@ -355,6 +357,7 @@ static int l_register_buffer(lua_State *L) {
   lua_pushliteral(L, "buffer");
   lua_setfield(L, 4, name);
   st = gcap_module_add_buffer(p->m, name, t);
+  if (st == GCAP_OK && !persistent) st = gcap_module_set_buffer_persistent(p->m, name, 0);
   if (st != GCAP_OK) {
     lua_pushnil(L);
     lua_setfield(L, 4, name);
@@ -401,6 +404,15 @@ static int l_buffers(lua_State *L) {
 }
 static int l_named_buffers(lua_State *L) {
   return l_tensorlist(L, 1, 1);
+}
+
+/* m:_persistent(name) -> whether m's own buffer 'name' is in its state
+** dict (nil: m has no such buffer) */
+static int l_buffer_persistent(lua_State *L) {
+  int on = gcap_module_buffer_persistent(l_checkmodule(L, 1)->m, luaL_checkstring(L, 2));
+  if (on < 0) return 0;
+  lua_pushboolean(L, on);
+  return 1;
 }
 
 static int l_childlist(lua_State *L, int named) {
@@ -496,6 +508,7 @@ static const luaL_Reg l_module_methods[] = {
     {"named_parameters", l_named_parameters},
     {"buffers", l_buffers},
     {"named_buffers", l_named_buffers},
+    {"_persistent", l_buffer_persistent},
     {"children", l_children},
     {"named_children", l_named_children},
     {"register_buffer", l_register_buffer},

@@ -132,13 +132,59 @@ static int l_optim_zero_grad(lua_State *L) {
   return 0;
 }
 
+/* opt:_state() -> a sequence of {param, {name = state tensor, ...}}, one
+** per parameter in order (gcap_optim_state: the optimizer's own tensors) */
+static int l_optim_state(lua_State *L) {
+  LOptim *p = l_checkoptim(L, 1);
+  int i, k, n = gcap_optim_num_params(p->o);
+  lua_createtable(L, n, 0);
+  for (i = 0; i < n; i++) {
+    const char *name;
+    gcap_tensor *t;
+    lua_createtable(L, 2, 0);
+    l_pushborrowed(L, gcap_optim_param(p->o, i));
+    lua_rawseti(L, -2, 1);
+    lua_newtable(L);
+    for (k = 0; (t = gcap_optim_state(p->o, i, k, &name)) != NULL; k++) {
+      l_pushborrowed(L, t);
+      lua_setfield(L, -2, name);
+    }
+    lua_rawseti(L, -2, 2);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* opt:_hyper() -> {name = value} of its hyperparameters */
+static int l_optim_hyper(lua_State *L) {
+  static const char *const names[] = {"lr", "momentum", "beta1", "beta2", "eps", "weight_decay"};
+  LOptim *p = l_checkoptim(L, 1);
+  size_t i;
+  lua_newtable(L);
+  for (i = 0; i < sizeof names / sizeof names[0]; i++) {
+    double v;
+    if (gcap_optim_hyper(p->o, names[i], &v) != GCAP_OK) continue; /* not one of its own */
+    lua_pushnumber(L, (lua_Number)v);
+    lua_setfield(L, -2, names[i]);
+  }
+  return 1;
+}
+
+/* opt:_set_hyper(name, v) */
+static int l_optim_set_hyper(lua_State *L) {
+  LOptim *p = l_checkoptim(L, 1);
+  const char *name = luaL_checkstring(L, 2);
+  double v = (double)luaL_checknumber(L, 3);
+  l_check(L, p->e, gcap_optim_set_hyper(p->o, name, v), "load_state_dict");
+  return 0;
+}
+
 static const luaL_Reg l_optim_meta[] = {{NULL, NULL}};
 
-static const luaL_Reg l_optim_methods[] = {{"step", l_optim_step},
-                                           {"zero_grad", l_optim_zero_grad},
-                                           {"get_lr", l_optim_get_lr},
-                                           {"set_lr", l_optim_set_lr},
-                                           {NULL, NULL}};
+static const luaL_Reg l_optim_methods[] = {
+    {"step", l_optim_step},       {"zero_grad", l_optim_zero_grad}, {"get_lr", l_optim_get_lr},
+    {"set_lr", l_optim_set_lr},   {"_state", l_optim_state},        {"_hyper", l_optim_hyper},
+    {"_set_hyper", l_optim_set_hyper}, {NULL, NULL}};
 
 LUAI_DDEF const LClass l_optim_class = {"Optimizer",      OPTIM_MT,       "optimizer is closed",
                                         "closed",         l_optim_isopen, l_optim_close,

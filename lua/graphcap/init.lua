@@ -26,6 +26,11 @@ gc.make_graphed_callables = require "graphcap.graphed"
 gc.cuda = require "graphcap.cuda"
 gc.dist = require "graphcap.dist"
 require "graphcap.tensor_str"  -- tostring(t): the values, as PyTorch prints them
+require "graphcap.checkpoint"  -- state_dict and load_state_dict of modules and optimizers
+local safetensors = require "graphcap.safetensors"
+-- gc.save(path, tensors [, metadata]), gc.load(path) -> tensors, metadata:
+-- safetensors files
+gc.save, gc.load = safetensors.save, safetensors.load
 -- gc.trace.start(path), gc.trace.stop(): Chrome trace-event JSON of warmup,
 -- captures, capture-time hooks and replays (open it in Perfetto)
 gc.trace = {start = core.trace_start, stop = core.trace_stop}
@@ -118,6 +123,22 @@ function gc.full (shape, v, opts)
   end
   local dt, rg = tensor_opts("full", opts)
   return leaf(core.full(shape, v, dt), rg)
+end
+
+
+-- gc.frombytes(s, shape [, opts]): a new tensor whose elements are the raw
+-- bytes of the string s, as t:tobytes() gives them (little-endian, 4 bytes
+-- an element in f32, 2 in bf16).
+function gc.frombytes (s, shape, opts)
+  local dt, rg = tensor_opts("frombytes", opts)
+  if type(s) ~= "string" then raise("frombytes: s must be a string, got %s", type(s)) end
+  local t = core.empty(shape, dt)
+  local n = t:numel() * (t:dtype() == "bf16" and 2 or 4)
+  if #s ~= n then
+    raise("frombytes: %d bytes, but a tensor of %d %s elements holds %d", #s, t:numel(),
+          t:dtype(), n)
+  end
+  return leaf(t:_write_bytes(s), rg)
 end
 
 

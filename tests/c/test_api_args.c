@@ -188,6 +188,10 @@ static void test_tensor_storage(void) {
   T_CHECK(t_value(f.x) == 1.0); /* still its own storage */
   BAD(f.e, GCAP_EINVAL, "n", gcap_tensor_read(f.x, r, 5));
   BAD(f.e, GCAP_EINVAL, "dst", gcap_tensor_read(f.x, NULL, 6));
+  BAD(f.e, GCAP_EINVAL, "n", gcap_tensor_read_bytes(f.x, r, 6));
+  BAD(f.e, GCAP_EINVAL, "dst", gcap_tensor_read_bytes(f.x, NULL, sizeof r));
+  BAD(f.e, GCAP_EINVAL, "n", gcap_tensor_write_bytes(f.x, r, 6));
+  BAD(f.e, GCAP_EINVAL, "src", gcap_tensor_write_bytes(f.x, NULL, sizeof r));
   BAD(f.e, GCAP_EINVAL, "out", gcap_tensor_view(f.x, 1, s1, NULL));
   BAD(f.e, GCAP_EINVAL, "ndim", gcap_tensor_view(f.x, -1, s1, &o));
   BAD(f.e, GCAP_EINVAL, "shape", gcap_tensor_view(f.x, 1, NULL, &o));
@@ -200,6 +204,8 @@ static void test_tensor_storage(void) {
   NOENG(GCAP_EINVAL, gcap_tensor_set_version(NULL, 1));
   NOENG(GCAP_EINVAL, gcap_tensor_set_(NULL, NULL, 0));
   NOENG(GCAP_EINVAL, gcap_tensor_read(NULL, r, 6));
+  NOENG(GCAP_EINVAL, gcap_tensor_read_bytes(NULL, r, sizeof r));
+  NOENG(GCAP_EINVAL, gcap_tensor_write_bytes(NULL, r, sizeof r));
   NOENG(GCAP_EINVAL, gcap_tensor_view(NULL, 1, s1, &o));
   NOENG(GCAP_EINVAL, gcap_tensor_clone(NULL, &o));
   NOENG(GCAP_EINVAL, gcap_copy_(NULL, NULL));
@@ -478,6 +484,7 @@ static void test_autograd(void) {
 static void test_optim(void) {
   gcap_optim *o = BOGUS(gcap_optim);
   gcap_tensor *p[1];
+  double v = 0;
   fx f;
   T_SETUP(fx_open(&f), fx_close(&f));
   p[0] = f.x;
@@ -505,7 +512,24 @@ static void test_optim(void) {
   p[0] = f.y;
   FOREIGN(f.e, "parameter #1", gcap_optim_sgd(f.e, 1, p, 0.1, 0, 0, &o));
   T_CHECK(o == NULL);
+  p[0] = f.x;
+  T_SETUP(gcap_optim_sgd(f.e, 1, p, 0.1, 0, 0, &o) == GCAP_OK, fx_close(&f));
+  BAD(f.e, GCAP_EINVAL, "name", gcap_optim_hyper(o, NULL, &v));
+  BAD(f.e, GCAP_EINVAL, "v", gcap_optim_hyper(o, "lr", NULL));
+  BAD(f.e, GCAP_EINVAL, "beta1", gcap_optim_hyper(o, "beta1", &v)); /* an Adam's */
+  BAD(f.e, GCAP_EINVAL, "name", gcap_optim_set_hyper(o, NULL, 1.0));
+  BAD(f.e, GCAP_EINVAL, "eps", gcap_optim_set_hyper(o, "eps", 1.0));
+  BAD(f.e, GCAP_EINVAL, "lr", gcap_optim_set_hyper(o, "lr", -1.0));
+  T_CHECK(gcap_optim_hyper(o, "lr", &v) == GCAP_OK && v == 0.1); /* unchanged */
+  T_CHECK(gcap_optim_param(o, -1) == NULL && gcap_optim_param(o, 1) == NULL);
+  T_CHECK(gcap_optim_state(o, 0, 0, NULL) == NULL && gcap_optim_state(o, 1, 0, NULL) == NULL &&
+          gcap_optim_state(o, 0, -1, NULL) == NULL); /* no momentum: no state */
+  gcap_optim_free(o);
   o = BOGUS(gcap_optim);
+  NOENG(GCAP_EINVAL, gcap_optim_hyper(NULL, "lr", &v));
+  NOENG(GCAP_EINVAL, gcap_optim_set_hyper(NULL, "lr", 1.0));
+  T_CHECK(gcap_optim_num_params(NULL) == 0 && gcap_optim_param(NULL, 0) == NULL &&
+          gcap_optim_state(NULL, 0, 0, NULL) == NULL);
   NOENG(GCAP_EINVAL, gcap_optim_sgd(NULL, 1, p, 0.1, 0, 0, &o));
   NOENG(GCAP_EINVAL, gcap_optim_adam(NULL, 1, p, 0.1, 0.9, 0.99, 1e-8, 0, &o));
   NOENG(GCAP_EINVAL, gcap_optim_adamw(NULL, 1, p, 0.1, 0.9, 0.99, 1e-8, 0, &o));

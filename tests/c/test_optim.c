@@ -4,7 +4,8 @@
 ** references computed in double on the host (PyTorch's update rules);
 ** parameters without .grad are skipped; zero_grad; and a whole training step
 ** (forward, backward, optimizer step, with Dropout) captured into one graph and
-** replayed N times, bitwise equal to N eager steps.
+** replayed N times, bitwise equal to N eager steps; the state under
+** PyTorch's names, restored into another optimizer.
 */
 #include <stdint.h>
 
@@ -499,6 +500,79 @@ static void test_optimizer_step_versions(void) {
   gcap_engine_free(e);
 }
 
+/* Copy the parameters, hyperparameters and state (gcap_optim_state) of
+** `from` into `to`, an optimizer of the same kind on another engine over
+** parameters of the same shapes, through host bytes as a checkpoint does. */
+static int copy_optim(const gcap_optim *from, gcap_optim *to) {
+  static const char *const hyper[6] = {"lr", "momentum", "beta1", "beta2", "eps", "weight_decay"};
+  float buf[MAXN];
+  const char *name, *name2;
+  gcap_tensor *t, *u;
+  double v;
+  for (int h = 0; h < 6; h++)
+    if (gcap_optim_hyper(from, hyper[h], &v) == GCAP_OK &&
+        gcap_optim_set_hyper(to, hyper[h], v) != GCAP_OK)
+      return 0;
+  for (int i = 0; i < gcap_optim_num_params(from); i++) {
+    t = gcap_optim_param(from, i), u = gcap_optim_param(to, i);
+    size_t n = (size_t)gcap_tensor_numel(t) * sizeof(float);
+    if (gcap_tensor_read_bytes(t, buf, n) != GCAP_OK ||
+        gcap_tensor_write_bytes(u, buf, n) != GCAP_OK)
+      return 0;
+    for (int k = 0; (t = gcap_optim_state(from, i, k, &name)) != NULL; k++) {
+      n = (size_t)gcap_tensor_numel(t) * sizeof(float);
+      u = gcap_optim_state(to, i, k, &name2);
+      if (u == NULL || strcmp(name, name2) != 0 || gcap_tensor_read_bytes(t, buf, n) != GCAP_OK ||
+          gcap_tensor_write_bytes(u, buf, n) != GCAP_OK)
+        return 0;
+    }
+  }
+  return 1;
+}
+
+/* Two steps, then everything copied into an optimizer made with other
+** hyperparameters (an SGD without momentum makes its buffers when given
+** one): the next two steps of both are equal bit for bit. */
+static void state_case(int adam) {
+  static const char *const names[2][4] = {{"momentum_buffer", NULL},
+                                          {"step", "exp_avg", "exp_avg_sq", NULL}};
+  fixture a, b;
+  gcap_optim *oa = NULL, *ob = NULL;
+  const char *name = NULL;
+  float pa[MAXN], pb[MAXN];
+  T_SETUP(fixture_make(&a) && fixture_make(&b), (fixture_free(&a), fixture_free(&b)));
+  if (adam) {
+    T_CHECK(gcap_optim_adam(a.e, NP, a.p, 0.01, 0.8, 0.95, 1e-6, 0.01, &oa) == GCAP_OK &&
+            gcap_optim_adam(b.e, NP, b.p, 1.0, 0.5, 0.5, 0.1, 0.0, &ob) == GCAP_OK);
+  } else {
+    T_CHECK(gcap_optim_sgd(a.e, NP, a.p, 0.05, 0.9, 0.01, &oa) == GCAP_OK &&
+            gcap_optim_sgd(b.e, NP, b.p, 1.0, 0.0, 0.0, &ob) == GCAP_OK);
+    T_CHECK(gcap_optim_state(ob, 0, 0, NULL) == NULL); /* no momentum, no buffer yet */
+  }
+  for (int k = 0; k < 4 && oa && ob; k++) {
+    if (k == 2) T_CHECK(copy_optim(oa, ob));
+    for (int j = 0; j < NP; j++)
+      T_CHECK(set_step_grad(&a, j, k) && (k < 2 || set_step_grad(&b, j, k)));
+    T_CHECK_OK(a.e, gcap_optim_step(oa));
+    if (k >= 2) T_CHECK_OK(b.e, gcap_optim_step(ob));
+  }
+  for (int k = 0; k < 4; k++) {
+    gcap_tensor *t = gcap_optim_state(oa, 1, k, &name);
+    T_CHECK(names[adam][k] == NULL ? t == NULL : t != NULL && strcmp(name, names[adam][k]) == 0);
+  }
+  for (int j = 0; j < NP; j++)
+    if (t_read(a.p[j], pa, (size_t)pn[j]) && t_read(b.p[j], pb, (size_t)pn[j]))
+      T_CHECK(memcmp(pa, pb, (size_t)pn[j] * sizeof(float)) == 0);
+  gcap_optim_free(oa), gcap_optim_free(ob);
+  fixture_free(&a), fixture_free(&b);
+}
+static void test_state_restore_sgd(void) {
+  state_case(0);
+}
+static void test_state_restore_adam(void) {
+  state_case(1);
+}
+
 int main(void) {
   T_RUN(test_sgd_plain);
   T_RUN(test_sgd_plain_steps);
@@ -521,5 +595,7 @@ int main(void) {
   T_RUN(test_captured_first_step_momentum);
   T_RUN(test_captured_first_step_adam);
   T_RUN(test_optimizer_step_versions);
+  T_RUN(test_state_restore_sgd);
+  T_RUN(test_state_restore_adam);
   return t_done();
 }

@@ -36,6 +36,12 @@ template <typename I> static __global__ void k_copy(void *y, int ydt, const void
   CU_LOOP(I, i, n) cu_store(y, i, ydt, cu_load(x, i, xdt));
 }
 
+/* A copy within one dtype moves the bits as they are (a NaN keeps its
+** payload), as the host's does. */
+template <typename T, typename I> static __global__ void k_copy_bits(T *y, const T *x, I n) {
+  CU_LOOP(I, i, n) y[i] = x[i];
+}
+
 /* Index i of an operand of m elements broadcast over n (m = n, 1, or a row). */
 template <typename I> static __device__ __forceinline__ I cu_bidx(I i, I m, I n) {
   return m == n ? i : m == 1 ? 0 : i % m;
@@ -175,7 +181,14 @@ static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a, int6
       break;
     case GC_K_COPY:                  /* dt: the destination's dtype, n[1]: the source's */
       if (a->p[0] == a->p[1]) break; /* as the host: a copy onto itself is a no-op */
-      k_copy<I><<<g, CU_THREADS, 0, s>>>(a->p[0], a->dt, a->p[1], (int)a->n[1], n);
+      if (a->n[1] == a->dt && a->dt == GCAP_BF16)
+        k_copy_bits<uint16_t, I>
+            <<<g, CU_THREADS, 0, s>>>((uint16_t *)a->p[0], (const uint16_t *)a->p[1], n);
+      else if (a->n[1] == a->dt)
+        k_copy_bits<uint32_t, I>
+            <<<g, CU_THREADS, 0, s>>>((uint32_t *)a->p[0], (const uint32_t *)a->p[1], n);
+      else
+        k_copy<I><<<g, CU_THREADS, 0, s>>>(a->p[0], a->dt, a->p[1], (int)a->n[1], n);
       break;
     case GC_K_ADD:
     case GC_K_SUB:

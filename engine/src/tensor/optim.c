@@ -233,3 +233,79 @@ gcap_status gcap_optim_zero_grad(gcap_optim *o, int set_to_none) {
   }
   return GCAP_OK;
 }
+
+int gcap_optim_num_params(const gcap_optim *o) {
+  return o ? o->n : 0;
+}
+
+gcap_tensor *gcap_optim_param(const gcap_optim *o, int i) {
+  return o && i >= 0 && i < o->n ? o->params[i] : NULL;
+}
+
+gcap_tensor *gcap_optim_state(const gcap_optim *o, int i, int k, const char **name) {
+  static const char *const sgd_names[1] = {"momentum_buffer"};
+  static const char *const adam_names[3] = {"step", "exp_avg", "exp_avg_sq"};
+  gcap_tensor *t = NULL;
+  if (o == NULL || i < 0 || i >= o->n || k < 0) return NULL;
+  if (o->kind != SGD)
+    t = k == 0 ? o->step[i] : k == 1 ? o->s1[i] : k == 2 ? o->s2[i] : NULL;
+  else if (k == 0)
+    t = o->s1[i];
+  if (t != NULL && name != NULL) *name = o->kind != SGD ? adam_names[k] : sgd_names[k];
+  return t;
+}
+
+/* PyTorch's name of o's kind, for messages. */
+static const char *optim_name(const gcap_optim *o) {
+  return o->kind == SGD ? "SGD" : o->kind == ADAM ? "Adam" : "AdamW";
+}
+
+/* The hyperparameter `name` of o, or NULL when o has none of that name. */
+static double *hyper_of(gcap_optim *o, const char *name) {
+  if (strcmp(name, "lr") == 0) return &o->lr;
+  if (strcmp(name, "weight_decay") == 0) return &o->weight_decay;
+  if (o->kind == SGD) return strcmp(name, "momentum") == 0 ? &o->momentum : NULL;
+  if (strcmp(name, "beta1") == 0) return &o->beta1;
+  if (strcmp(name, "beta2") == 0) return &o->beta2;
+  return strcmp(name, "eps") == 0 ? &o->eps : NULL;
+}
+
+gcap_status gcap_optim_hyper(const gcap_optim *o, const char *name, double *v) {
+  const double *h;
+  if (o == NULL) return GCAP_EINVAL;
+  gc_clear(o->e);
+  if (name == NULL) return gc_null(o->e, "hyper", "name");
+  if (v == NULL) return gc_null(o->e, "hyper", "v");
+  if ((h = hyper_of((gcap_optim *)o, name)) == NULL)
+    return gc_fail(o->e, GCAP_EINVAL, "hyper: %s has no hyperparameter '%s'", optim_name(o),
+                   name);
+  *v = *h;
+  return GCAP_OK;
+}
+
+gcap_status gcap_optim_set_hyper(gcap_optim *o, const char *name, double v) {
+  const char *op;
+  double *h;
+  gcap_status st;
+  int i, beta;
+  if (o == NULL) return GCAP_EINVAL;
+  gc_clear(o->e);
+  op = optim_name(o);
+  if (name == NULL) return gc_null(o->e, "set_hyper", "name");
+  if (strcmp(name, "lr") == 0) return gcap_optim_set_lr(o, v); /* where the kernels read it */
+  if ((h = hyper_of(o, name)) == NULL)
+    return gc_fail(o->e, GCAP_EINVAL, "set_hyper: %s has no hyperparameter '%s'", op, name);
+  beta = h == &o->beta1 || h == &o->beta2;
+  if ((st = hyper_check(o->e, op, 1, &v, &name, beta ? 1u : 0u,
+                        beta ? "betas must be in [0, 1)" : "it must be >= 0")) != GCAP_OK)
+    return st;
+  /* SGD given momentum: its buffers, zeroed now (outside a capture) */
+  for (i = 0; h == &o->momentum && v != 0.0 && i < o->n; i++)
+    if (o->s1[i] == NULL &&
+        ((st = gc_check_not_capturing(o->e, "set_hyper: allocating SGD's momentum buffers")) !=
+             GCAP_OK ||
+         (st = zeros_like(o->params[i], &o->s1[i])) != GCAP_OK))
+      return st;
+  *h = v;
+  return GCAP_OK;
+}

@@ -154,7 +154,8 @@ gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, un
   if ((st = gcap_module_new(e, "Linear", linear_forward, NULL, NULL, m)) != GCAP_OK) return st;
   if ((flags & GCAP_LINEAR_FUSE_WGRAD) &&
       ((st = gcap_tensor_full(e, GCAP_F32, 2, ws, 0.0, &mg)) != GCAP_OK ||
-       (st = gcap_module_add_buffer(*m, "main_grad", mg)) != GCAP_OK))
+       (st = gcap_module_add_buffer(*m, "main_grad", mg)) != GCAP_OK ||
+       (st = gcap_module_set_buffer_persistent(*m, "main_grad", 0)) != GCAP_OK))
     goto fail;
   if ((flags & (GCAP_LINEAR_DELAY_WGRAD | GCAP_LINEAR_FUSE_WGRAD)) &&
       (st = gc_wgrad_sink_new(e, (flags & GCAP_LINEAR_DELAY_WGRAD) != 0, mg, &(*m)->wgrad)) !=

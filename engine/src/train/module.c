@@ -134,6 +134,7 @@ static gcap_status list_add(gcap_module *m, mod_list *l, const char *what, const
   l->v[l->n].name = copy;
   l->v[l->n].t = gcap_tensor_retain(t);
   l->v[l->n].m = gcap_module_retain(c);
+  l->v[l->n].transient = 0;
   l->n++;
   m->e->module_gen++; /* every module's flattened lists may have changed */
   return GCAP_OK;
@@ -168,6 +169,24 @@ gcap_status gcap_module_add_buffer(gcap_module *m, const char *name, gcap_tensor
     return gc_fail(m->e, GCAP_EINVAL, "%s: buffer '%s' belongs to another engine", m->type,
                    name ? name : "?");
   return list_add(m, &m->buffers, "buffer", name, t, NULL);
+}
+
+gcap_status gcap_module_set_buffer_persistent(gcap_module *m, const char *name, int persistent) {
+  int i;
+  if (m == NULL) return GCAP_EINVAL;
+  gc_clear(m->e);
+  if (name == NULL) return gc_null(m->e, "set_buffer_persistent", "name");
+  if ((i = list_find(&m->buffers, name)) < 0)
+    return gc_fail(m->e, GCAP_EINVAL, "set_buffer_persistent: %s has no buffer '%s'", m->type,
+                   name);
+  m->buffers.v[i].transient = !persistent;
+  return GCAP_OK;
+}
+
+int gcap_module_buffer_persistent(const gcap_module *m, const char *name) {
+  int i;
+  if (m == NULL || name == NULL || (i = list_find(&m->buffers, name)) < 0) return -1;
+  return !m->buffers.v[i].transient;
 }
 
 static int module_contains(const gcap_module *m, const gcap_module *c) {

@@ -13,6 +13,7 @@ typedef struct mod_entry {
   char *name;
   gcap_tensor *t; /* parameters, buffers */
   gcap_module *m; /* children */
+  int transient;  /* a buffer left out of state dicts (PyTorch's persistent = False) */
 } mod_entry;
 
 typedef struct mod_list {
