@@ -369,8 +369,14 @@ LUAI_DDEC(const LClass l_optim_class);
 LUAI_DDEC(const luaL_Reg l_optim_funcs[]);
 
 /* ldist.c */
+typedef struct LGroup {
+  gcap_dist_group *g; /* lives until finalize, and then as a handle whose calls fail */
+} LGroup;
 LUAI_DDEC(const LClass l_group_class);
 LUAI_DDEC(const luaL_Reg l_dist_funcs[]);
+
+/* lfp8.c */
+LUAI_DDEC(const luaL_Reg l_fp8_funcs[]);
 
 /* lgraphed.c */
 LUAI_DDEC(const LClass l_graphed_class);

@@ -25,6 +25,7 @@ gc.fsdp = require "graphcap.fsdp"
 gc.make_graphed_callables = require "graphcap.graphed"
 gc.cuda = require "graphcap.cuda"
 gc.dist = require "graphcap.dist"
+gc.fp8 = require "graphcap.fp8"
 -- gc.trace.start(path), gc.trace.stop(): Chrome trace-event JSON of warmup,
 -- captures, capture-time hooks and replays (open it in Perfetto)
 gc.trace = {start = core.trace_start, stop = core.trace_stop}
@@ -171,7 +172,7 @@ end
 -- entered through C, so that a script's tail call into them keeps its frame
 -- and their errors name its line (util.entries).
 for _, t in ipairs({gc, gc.nn, gc.optim, gc.autograd, gc.pipeline, gc.ddp,
-                    gc.fsdp, gc.cuda, gc.dist}) do
+                    gc.fsdp, gc.cuda, gc.dist, gc.fp8}) do
   util.entries(t)
 end
 for _, mt in pairs(mts) do

@@ -61,6 +61,8 @@ struct gcap_module {
   int aside;
   mod_route route[2]; /* by training flag: graphed in both modes, each call replays its own */
   mod_flat flat[2];   /* parameters, buffers: see flat_of */
+  int fp8_gemms;      /* the FP8 GEMMs it runs itself (gc_module_set_fp8_gemms) */
+  gc_fp8_meta *fp8;   /* their FP8 state, made at the first FP8 call, or NULL */
 };
 
 /* Drop n references (NULL ones included), as a call's outputs are dropped
