@@ -305,6 +305,16 @@ typedef struct gcap_graphed_opts {
   int num_capture_time_hooks;                   /* must equal the number of callables when given */
   gcap_progress_fn progress;                    /* NULL: none */
   void *progress_ud;
+  /* FP8 (TransformerEngine's options, "FP8" below): each callable's
+  ** warmup and capture run under an FP8 autocast with fp8_recipe and
+  ** fp8_group where its fp8_enabled flag is set, and graphing leaves every
+  ** module's FP8 state as it was. With fp8_weight_caching each graphed call
+  ** must say first gcap_module_set_is_first_microbatch: true quantizes the
+  ** weights afresh into their cached FP8 copies, false uses the copies. */
+  const int *fp8_enabled;                   /* NULL: none; else one flag per callable */
+  const struct gcap_fp8_recipe *fp8_recipe; /* NULL: DelayedScaling's defaults */
+  gcap_dist_group *fp8_group;               /* NULL: no amax reduction */
+  int fp8_weight_caching;                   /* 0; needs fp8_enabled for some callable */
 } gcap_graphed_opts;
 
 /* Fill *o with the defaults above (nothing for o NULL). */
@@ -1346,6 +1356,13 @@ gcap_status gcap_fp8_set_autocast(gcap_engine *e, const gcap_fp8_autocast *a,
 ** DelayedScaling autocast: then the scale is 1). It reads device memory:
 ** refused while capturing. */
 int gcap_module_fp8_gemms(const gcap_module *m);
+/* is_first_microbatch for the next graphed call of m (its own entry, or an
+** entry of order): needed by a call graphed with fp8_weight_caching, refused
+** (GCAP_EINVAL naming the entry, at that call) without. An eager call
+** leaves it for the next graphed one. m NULL: GCAP_EINVAL. */
+gcap_status gcap_module_set_is_first_microbatch(gcap_module *m, int first);
+/* Whether m's calls in its current mode replay a graph. */
+int gcap_module_is_graphed(const gcap_module *m);
 gcap_status gcap_module_fp8_state(gcap_module *m, int gemm, int role, int max, float *scale,
                                   float *history, int *len);
 

@@ -92,6 +92,7 @@ static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip
   gcap_engine *e = x->e;
   int role = 3 * c->gemm + r;
   gcap_tensor *scale = NULL, *amax = NULL;
+  int64_t one = 1;
   gcap_status st = GCAP_OK;
   if (q->data == NULL && (st = gc_fp8_alloc(e, c->who, x->numel, role_format(c, r), q)) != GCAP_OK)
     return st;
@@ -103,7 +104,7 @@ static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip
       st = gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", c->who);
     else
       st = gc_fp8_quantize(x, q, scale, 0, amax, skip);
-  } else if ((st = gcap_tensor_full(e, GCAP_F32, 1, &(int64_t){1}, 0.0, &amax)) == GCAP_OK &&
+  } else if ((st = gcap_tensor_full(e, GCAP_F32, 1, &one, 0.0, &amax)) == GCAP_OK &&
              (st = gc_fp8_amax(x, amax)) == GCAP_OK && (st = reduce_amax(c, e, amax)) == GCAP_OK) {
     st = gc_fp8_quantize(x, q, amax, 1, NULL, NULL);
   }

@@ -434,3 +434,19 @@ int gcap_module_fp8_gemms(const gcap_module *m) {
 gc_fp8_meta **gc_module_fp8_slot(gcap_module *m) {
   return &m->fp8;
 }
+
+gcap_status gcap_module_set_is_first_microbatch(gcap_module *m, int first) {
+  if (m == NULL) return GCAP_EINVAL;
+  m->first_mb = first ? 2 : 1;
+  return GCAP_OK;
+}
+
+int gc_module_take_first_microbatch(gcap_module *m) {
+  int f = m->first_mb - 1;
+  m->first_mb = 0;
+  return f;
+}
+
+int gcap_module_is_graphed(const gcap_module *m) {
+  return m != NULL && m->route[m->training != 0].fn != NULL;
+}

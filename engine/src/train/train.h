@@ -55,6 +55,9 @@ gcap_status gc_module_keep_or_free(gcap_module **m, gcap_status st);
 ** that reference). */
 void gc_module_set_fp8_gemms(gcap_module *m, int n);
 gc_fp8_meta **gc_module_fp8_slot(gcap_module *m);
+/* The is_first_microbatch the next graphed call of m was given (1 true, 0
+** false, -1 none), cleared. */
+int gc_module_take_first_microbatch(gcap_module *m);
 /* m's FP8 state for a call under autocast with recipe r: made (outside any
 ** capture) at the first such call, made anew when r's amax_history_len
 ** differs from the state's. */
