@@ -1342,7 +1342,9 @@ typedef struct gcap_fp8_autocast {
 ** (NULL: not wanted), to restore it with. Enabling checks the recipe
 ** (GCAP_EINVAL naming the field: margin not finite, amax_history_len < 1,
 ** an unknown kind, format or amax_compute_algo) and the device
-** (gcap_fp8_is_available); nothing changes when it fails. */
+** (gcap_fp8_is_available); nothing changes when it fails, and a success
+** leaves the engine's last message as it was (restoring the previous
+** autocast after a failed call keeps that call's message). */
 gcap_status gcap_fp8_set_autocast(gcap_engine *e, const gcap_fp8_autocast *a,
                                   gcap_fp8_autocast *prev);
 

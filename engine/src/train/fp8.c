@@ -55,7 +55,7 @@ gcap_status gcap_fp8_set_autocast(gcap_engine *e, const gcap_fp8_autocast *a,
   static const char where[] = "fp8 autocast";
   gcap_status st;
   if (e == NULL) return GCAP_EINVAL;
-  gc_clear(e);
+  /* no gc_clear: restoring the previous autocast after a failed call keeps its message */
   if (a != NULL && a->enabled) {
     char why[GC_ERRLEN];
     if ((st = gc_fp8_recipe_check(e, where, &a->recipe)) != GCAP_OK) return st;
