@@ -305,6 +305,16 @@ typedef struct gcap_graphed_opts {
   int num_capture_time_hooks;                   /* must equal the number of callables when given */
   gcap_progress_fn progress;                    /* NULL: none */
   void *progress_ud;
+  /* FP8 (TransformerEngine's options, "FP8" below): each callable's
+  ** warmup and capture run under an FP8 autocast with fp8_recipe and
+  ** fp8_group where its fp8_enabled flag is set, and graphing leaves every
+  ** module's FP8 state as it was. With fp8_weight_caching each graphed call
+  ** must say first gcap_module_set_is_first_microbatch: true quantizes the
+  ** weights afresh into their cached FP8 copies, false uses the copies. */
+  const int *fp8_enabled;                   /* NULL: none; else one flag per callable */
+  const struct gcap_fp8_recipe *fp8_recipe; /* NULL: DelayedScaling's defaults */
+  gcap_dist_group *fp8_group;               /* NULL: no amax reduction */
+  int fp8_weight_caching;                   /* 0; needs fp8_enabled for some callable */
 } gcap_graphed_opts;
 
 /* Fill *o with the defaults above (nothing for o NULL). */
@@ -1315,6 +1325,110 @@ gcap_status gcap_dist_broadcast(gcap_tensor *t, int root, gcap_dist_group *g);
 ** (MPI_Send), stream-ordered on cuda. */
 gcap_status gcap_dist_send(gcap_tensor *t, int peer, gcap_dist_group *g);
 gcap_status gcap_dist_recv(gcap_tensor *t, int peer, gcap_dist_group *g);
+
+/* ------------------------------------------------------------------------ */
+/* FP8                                                                       */
+
+/* Casts to FP8 (gcap_fp8_format: E4M3, largest finite 448; E5M2, 57344)
+** round to nearest, ties to even, saturate to the largest finite value
+** (infinities too) and keep NaN a NaN. The host backend emulates them
+** exactly; it is the reference of the cuda backend, whose bytes are the
+** same. */
+
+/* The FP8 round trip of x at `scale` (finite, > 0): *out (x's shape and
+** dtype) = cast(x * scale) / scale, each FP8 value times the float 1 /
+** scale, as a GEMM on the FP8 copy reads it; *amax (a 0-D f32 tensor; NULL:
+** not wanted) = the largest |x|, NaN elements left out. Not recorded by
+** autograd. */
+gcap_status gcap_fp8_cast(gcap_tensor *x, gcap_fp8_format format, double scale, gcap_tensor **out,
+                          gcap_tensor **amax);
+
+/* Recipes, TransformerEngine's: DelayedScaling keeps per module, per role
+** (input, weight and grad_output of each FP8 GEMM) a scale and a history
+** of amaxes on the device; each use quantizes with the role's scale and
+** notes its amax, then one small kernel per module and pass updates the
+** role: the amax joins the history (most recent first, at most
+** amax_history_len), and the scale becomes fp8_max / m / 2^margin, m the
+** largest amax of the history ("max") or the amax itself ("most_recent");
+** where m is 0 or not finite the scale stays, and a pass that quantized
+** nothing (amax 0: a cached weight) leaves the role as it was. Scales start
+** at 1. Float8CurrentScaling takes each tensor's own amax right before its
+** cast: scale = fp8_max / amax (1 where the amax is 0 or not finite).
+** HYBRID: E4M3 for inputs and weights, E5M2 for grads; E4M3: E4M3 for all. */
+typedef enum gcap_fp8_recipe_kind {
+  GCAP_FP8_DELAYED_SCALING = 0, /* DelayedScaling */
+  GCAP_FP8_CURRENT_SCALING      /* Float8CurrentScaling */
+} gcap_fp8_recipe_kind;
+typedef enum gcap_fp8_recipe_format {
+  GCAP_FP8_HYBRID = 0,
+  GCAP_FP8_ALL_E4M3
+} gcap_fp8_recipe_format;
+typedef enum gcap_amax_algo { GCAP_AMAX_MAX = 0, GCAP_AMAX_MOST_RECENT } gcap_amax_algo;
+
+typedef struct gcap_fp8_recipe {
+  gcap_fp8_recipe_kind kind;
+  gcap_fp8_recipe_format fp8_format; /* GCAP_FP8_HYBRID */
+  double margin;                     /* 0; finite (DelayedScaling) */
+  int amax_history_len;              /* 1024; >= 1 (DelayedScaling) */
+  gcap_amax_algo amax_compute_algo;  /* GCAP_AMAX_MAX (DelayedScaling) */
+} gcap_fp8_recipe;
+
+/* Fill *r with the defaults of recipe `kind` (nothing for r NULL). */
+void gcap_fp8_recipe_init(gcap_fp8_recipe *r, gcap_fp8_recipe_kind kind);
+
+/* Whether FP8 runs on e: 1, or 0 with the reason in why[n] (the host backend
+** always emulates; cuda needs compute capability 8.9, or 9.0 and later). A
+** NULL e is 0 with no reason. */
+int gcap_fp8_is_available(gcap_engine *e, char *why, size_t n);
+
+/* The FP8 autocast of an engine (TransformerEngine's autocast): while
+** enabled, the FP8-capable modules (Linear, LayerNormLinear, LayerNormMLP,
+** and so the linears of MultiheadAttention and TransformerLayer) run their
+** GEMMs in FP8 with `recipe`: forward E4M3 x E4M3, backward (dgrad, wgrad)
+** with the grad in E5M2 under HYBRID; they return the dtype they return
+** outside. An FP8 GEMM takes inputs whose dims but the last multiply to a
+** multiple of 8 and whose last dim is a multiple of 16 (the weight's
+** likewise); others are GCAP_EINVAL naming the module and the shape. A
+** backward runs with what its forward ran with. With amax_reduction_group,
+** each update first takes the max of the amaxes over the group's ranks
+** (an all-reduce on the device), so that every rank holds the same scales.
+** This version quantizes and dequantizes around the existing GEMMs, on both
+** backends: the host's results are the reference's numerics. */
+typedef struct gcap_fp8_autocast {
+  int enabled;
+  gcap_fp8_recipe recipe;
+  gcap_dist_group *amax_reduction_group; /* NULL: none */
+} gcap_fp8_autocast;
+
+/* Set e's autocast to *a (NULL: disabled), its previous one into *prev
+** (NULL: not wanted), to restore it with. Enabling checks the recipe
+** (GCAP_EINVAL naming the field: margin not finite, amax_history_len < 1,
+** an unknown kind, format or amax_compute_algo) and the device
+** (gcap_fp8_is_available); nothing changes when it fails, and a success
+** leaves the engine's last message as it was (restoring the previous
+** autocast after a failed call keeps that call's message). */
+gcap_status gcap_fp8_set_autocast(gcap_engine *e, const gcap_fp8_autocast *a,
+                                  gcap_fp8_autocast *prev);
+
+/* The FP8 state of module m (TransformerEngine's fp8_meta, readable):
+** gcap_module_fp8_gemms gives how many FP8 GEMMs it runs itself (Linear and
+** LayerNormLinear 1, LayerNormMLP 2: fc1, fc2; 0 for the others, whose
+** children hold theirs; -1 for m NULL). gcap_module_fp8_state reads role
+** `role` (0 input, 1 weight, 2 grad_output) of GEMM `gemm`: its scale, and
+** up to `max` amaxes of its history, most recent first, into history; *len
+** gets the history's length (0 before the module first ran under a
+** DelayedScaling autocast: then the scale is 1). It reads device memory:
+** refused while capturing. */
+int gcap_module_fp8_gemms(const gcap_module *m);
+/* is_first_microbatch for the next graphed call of m (its own entry, or an
+** entry of order): needed by a call graphed with fp8_weight_caching, refused
+** (GCAP_EINVAL naming the entry, at that call) without. An eager call
+** leaves it for the next graphed one. m NULL: GCAP_EINVAL. */
+gcap_status gcap_module_set_is_first_microbatch(gcap_module *m, int first);
+/* Whether m's calls in its current mode replay a graph. */
+int gcap_module_is_graphed(const gcap_module *m);
+gcap_status gcap_module_fp8_state(gcap_module *m, int gemm, int role, int max, float *scale,
+                                  float *history, int *len);
 
 /* ------------------------------------------------------------------------ */
 /* Testing only: for the library's own tests, not for programs.              */

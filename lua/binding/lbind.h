@@ -313,6 +313,7 @@ LUAI_DDEC(const luaL_Reg l_F_funcs[]);
 /* lmodule.c */
 LUAI_DDEC(const LClass l_module_class);
 LUAI_FUNC LModule *l_checkmodule(lua_State *L, int i);
+LUAI_FUNC int l_takefirstmb(lua_State *L, int i, gcap_module *m, int entry);
 LUAI_FUNC LModule *l_newmodule(lua_State *L, int cls);
 LUAI_FUNC void l_keepmodule(lua_State *L);
 LUAI_FUNC int l_findmodule(lua_State *L, gcap_module *m);
@@ -388,8 +389,14 @@ LUAI_DDEC(const LClass l_optim_class);
 LUAI_DDEC(const luaL_Reg l_optim_funcs[]);
 
 /* ldist.c */
+typedef struct LGroup {
+  gcap_dist_group *g; /* lives until finalize, and then as a handle whose calls fail */
+} LGroup;
 LUAI_DDEC(const LClass l_group_class);
 LUAI_DDEC(const luaL_Reg l_dist_funcs[]);
+
+/* lfp8.c */
+LUAI_DDEC(const luaL_Reg l_fp8_funcs[]);
 
 /* lgraphed.c */
 LUAI_DDEC(const LClass l_graphed_class);

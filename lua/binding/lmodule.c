@@ -186,12 +186,57 @@ static gcap_status l_callmodule(const LRun *r, void *ud) {
   return gcap_module_call_n(r->m, r->nin, r->in, GCAP_MAX_OUTPUTS, &o->n, o->t);
 }
 
+/* A graphed call's keyword is_first_microbatch (FP8 weight caching), in the
+** keyword map at i (a table that is no tensor): taken out of it into m's
+** flag for its next graphed call (entry: the entry's number from 0 for
+** messages, -1 for a module's own call); the map goes when nothing else is
+** in it. Returns how many arguments went (0 or 1). */
+int l_takefirstmb(lua_State *L, int i, gcap_module *m, int entry) {
+  int first, n = 0;
+  if (lua_type(L, i) != LUA_TTABLE) return 0;
+  if (lua_getfield(L, i, "is_first_microbatch") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  if (!lua_isboolean(L, -1)) {
+    if (entry >= 0)
+      return l_error(L, "graphed call of entry %d: is_first_microbatch must be a boolean, got %s",
+                     entry + 1, l_typename(L, -1));
+    return l_error(L, "%s: is_first_microbatch must be a boolean, got %s", gcap_module_type(m),
+                   l_typename(L, -1));
+  }
+  first = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  lua_newtable(L); /* the map without it */
+  lua_pushnil(L);
+  while (lua_next(L, i) != 0) {
+    if (lua_type(L, -2) == LUA_TSTRING && strcmp(lua_tostring(L, -2), "is_first_microbatch") == 0) {
+      lua_pop(L, 1);
+      continue;
+    }
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, -4);
+    n++;
+  }
+  gcap_module_set_is_first_microbatch(m, first);
+  if (n > 0) {
+    lua_replace(L, i);
+    return 0;
+  }
+  lua_pop(L, 1);
+  lua_remove(L, i);
+  return 1;
+}
+
 /* m(...) (muted = 0) and, for built-ins, m:forward(...) (muted = 1) */
 static int l_modcall(lua_State *L, int muted) {
   LModule *p = l_checkmodule(L, 1);
   gcap_module *m = p->m;
   int islua = (gcap_module_userdata(m) == lua_touserdata(L, ENGINEIDX));
-  int i, nargs = lua_gettop(L) - 1, nin = 0;
+  int i, nargs, nin = 0;
+  if (gcap_module_is_graphed(m) && lua_gettop(L) > 1) l_takefirstmb(L, lua_gettop(L), m, -1);
+  nargs = lua_gettop(L) - 1;
   gcap_tensor **in = l_inbuf(L, l_maxin(L, 1, nargs));
   LOuts o;
   LRun r = {.call = l_callmodule, .m = m, .in = in, .subject = m, .args = 2};

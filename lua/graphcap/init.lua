@@ -31,6 +31,7 @@ local safetensors = require "graphcap.safetensors"
 -- gc.save(path, tensors [, metadata]), gc.load(path) -> tensors, metadata:
 -- safetensors files
 gc.save, gc.load = safetensors.save, safetensors.load
+gc.fp8 = require "graphcap.fp8"
 -- gc.trace.start(path), gc.trace.stop(): Chrome trace-event JSON of warmup,
 -- captures, capture-time hooks and replays (open it in Perfetto)
 gc.trace = {start = core.trace_start, stop = core.trace_stop}
@@ -230,7 +231,7 @@ end
 -- entered through C, so that a script's tail call into them keeps its frame
 -- and their errors name its line (util.entries).
 for _, t in ipairs({gc, gc.nn, gc.optim, gc.optim.lr_scheduler, gc.autograd, gc.pipeline, gc.ddp,
-                    gc.fsdp, gc.cuda, gc.dist}) do
+                    gc.fsdp, gc.cuda, gc.dist, gc.fp8}) do
   util.entries(t)
 end
 for _, mt in pairs(mts) do

@@ -485,14 +485,22 @@ static int hb_attn_supported(void *bs, const gc_kargs *a, int backward, int capt
   return 0;
 }
 
+/* The host emulates FP8 exactly: it is the reference. */
+static int hb_fp8_supported(void *bs, char *why, size_t n) {
+  (void)bs;
+  if (n > 0) why[0] = '\0';
+  return 1;
+}
+
 static const gc_backend hb_backend = {
-    "host",           hb_init,        hb_shutdown,    hb_malloc,       hb_free,
-    hb_mapped_alloc,  hb_free,        hb_stream_new,  hb_stream_free,  hb_sync,
-    hb_device_sync,   hb_event_new,   hb_event_free,  hb_event_record, hb_stream_wait,
-    hb_event_sync,    hb_copy,        hb_copy,        hb_launch,       hb_custom,
-    hb_capture_begin, hb_capture_end, hb_instantiate, hb_graph_launch, hb_graph_free,
-    hb_debug_dump,    hb_comm_id,     hb_comm_new,    hb_comm_free,    hb_collective,
-    hb_attn_supported};
+    "host",           hb_init,         hb_shutdown,       hb_malloc,
+    hb_free,          hb_mapped_alloc, hb_free,           hb_stream_new,
+    hb_stream_free,   hb_sync,         hb_device_sync,    hb_event_new,
+    hb_event_free,    hb_event_record, hb_stream_wait,    hb_event_sync,
+    hb_copy,          hb_copy,         hb_launch,         hb_custom,
+    hb_capture_begin, hb_capture_end,  hb_instantiate,    hb_graph_launch,
+    hb_graph_free,    hb_debug_dump,   hb_comm_id,        hb_comm_new,
+    hb_comm_free,     hb_collective,   hb_attn_supported, hb_fp8_supported};
 
 const gc_backend *gc_host_backend(void) {
   return &hb_backend;

@@ -88,6 +88,7 @@ void gcap_module_free(gcap_module *m) {
     if (m->hooks[i].ud_free) m->hooks[i].ud_free(m->hooks[i].ud);
   free(m->hooks);
   gc_wgrad_sink_release(m->wgrad);
+  gc_fp8_meta_release(m->fp8);
   flat_free(&m->flat[0]);
   flat_free(&m->flat[1]);
   if (m->ud_free) m->ud_free(m->ud);
@@ -439,4 +440,32 @@ gcap_status gcap_module_to(gcap_module *m, gcap_dtype dt) {
   for (n = gcap_module_num_buffers(m), i = 0; i < n; i++)
     if ((st = gc_tensor_convert(gcap_module_buffer(m, i, NULL, 0), dt)) != GCAP_OK) return st;
   return GCAP_OK;
+}
+
+void gc_module_set_fp8_gemms(gcap_module *m, int n) {
+  m->fp8_gemms = n;
+}
+
+int gcap_module_fp8_gemms(const gcap_module *m) {
+  return m ? m->fp8_gemms : -1;
+}
+
+gc_fp8_meta **gc_module_fp8_slot(gcap_module *m) {
+  return &m->fp8;
+}
+
+gcap_status gcap_module_set_is_first_microbatch(gcap_module *m, int first) {
+  if (m == NULL) return GCAP_EINVAL;
+  m->first_mb = first ? 2 : 1;
+  return GCAP_OK;
+}
+
+int gc_module_take_first_microbatch(gcap_module *m) {
+  int f = m->first_mb - 1;
+  m->first_mb = 0;
+  return f;
+}
+
+int gcap_module_is_graphed(const gcap_module *m) {
+  return m != NULL && m->route[m->training != 0].fn != NULL;
 }
