@@ -22,7 +22,7 @@ void hk_attn(const gc_kargs *a);
 void hk_attn_bwd_dq(const gc_kargs *a);
 void hk_attn_bwd_dkv(const gc_kargs *a);
 
-/* The FP8 kernels: casts, amax, delayed scaling's update (fp8.c). */
+/* The FP8 kernels: casts, amax, delayed scaling's update (k_fp8.c). */
 void hk_fp8_quantize(const gc_kargs *a);
 void hk_fp8_dequantize(const gc_kargs *a);
 void hk_fp8_amax(const gc_kargs *a);
