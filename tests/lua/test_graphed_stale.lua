@@ -285,6 +285,19 @@ function TestGraphedStale:test_parameter_written_before_backward ()
   assert_err(function () y:sum():backward() end, "parameter 'weight'", VERSION)
 end
 
+-- A layer norm's weight: its input grad reads it.
+function TestGraphedStale:test_layer_norm_weight_written_before_backward ()
+  local _, b = pair(function () return gc.nn.LayerNorm(4) end)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  local x = input(1)
+  local y = g(x)
+  gc.no_grad(function () b.weight:fill_(2) end)
+  assert_err(function () y:sum():backward() end,
+             "graphed backward of call 1 of entry 1 (callable 1, LayerNorm): " .. VERSION,
+             "the [4] f32 tensor it read as parameter 'weight' is at version")
+  lu.assertNil(x.grad)
+end
+
 -- What the backward graph does not read may change, as in eager: the grad
 -- of x * 2 reads neither x nor anything else.
 function TestGraphedStale:test_unread_input_written_before_backward ()
