@@ -372,6 +372,26 @@ function TestGraphedStale:test_one_sample_for_two_entries ()
   assert_grads(grads(d, {m1, m2}), grads(c, {em1, em2}), "two microbatches of one sample")
 end
 
+-- A call given the sample for another argument than its own: the copy of
+-- the argument before it into the sample must not change what it gives.
+function TestGraphedStale:test_sample_given_for_another_argument ()
+  local function f (x, y) return x * 2 + y end
+  local s = input(0)
+  local g = gc.make_graphed_callables(f, {s, s}) -- s is the static input of #1 only
+  local a = input(1)
+  local es = input(0)
+  assert_bitwise(g(a, s):tolist(), f(input(1), es):tolist(), "g(a, s)")
+  assert_bitwise(s:tolist(), a:tolist(), "s, the static input of #1, holds a")
+  -- two samples, given crosswise
+  local s1, s2 = input(3), input(4)
+  local h = gc.make_graphed_callables(f, {s1, s2})
+  local y = h(s2, s1)
+  assert_bitwise(y:tolist(), f(input(4), input(3)):tolist(), "h(s2, s1)")
+  y:sum():backward()
+  assert_bitwise(s2.grad:tolist(), gc.full({2, 4}, 2):tolist(), "grad of s2, given as x")
+  assert_bitwise(s1.grad:tolist(), gc.full({2, 4}, 1):tolist(), "grad of s1, given as y")
+end
+
 -- ---------------------------------------------------------------------------
 -- 7. reuse_graph_input_output_buffers: an output whose memory was reused
 

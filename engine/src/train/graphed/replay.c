@@ -394,6 +394,40 @@ static void drop_outs(int n, gcap_tensor **out) {
   }
 }
 
+static int overlap(const gcap_tensor *a, const gcap_tensor *b) {
+  uintptr_t alo = (uintptr_t)gc_tensor_ptr(a), blo = (uintptr_t)gc_tensor_ptr(b);
+  return alo < blo + (uintptr_t)b->numel * gc_dtype_size(b->dt) &&
+         blo < alo + (uintptr_t)a->numel * gc_dtype_size(a->dt);
+}
+
+/* Copy the arguments into the static inputs (grad off), each only where it
+** is not the static input itself. An argument that is (memory of) the
+** static input of an earlier place, which that place's copy overwrites
+** first, is read before: g(x, s) with sample_args {s, s} (s the static
+** input of #1 only), or g(s2, s1) with {s1, s2}, computes f(x, s) and
+** f(s2, s1), not f(x, x) and f(s2, s2). */
+static gcap_status copy_in(gcap_graphed *G, ge_entry *x, int nin, gcap_tensor *const *in) {
+  gcap_tensor **src = NULL;
+  gcap_status st = GCAP_OK;
+  int k, j;
+  for (k = 1; k < nin && st == GCAP_OK; k++) {
+    if (gc_tensor_ptr(in[k]) == gc_tensor_ptr(x->args[k])) continue;
+    for (j = 0; j < k; j++)
+      if (gc_tensor_ptr(in[j]) != gc_tensor_ptr(x->args[j]) && overlap(in[k], x->args[j])) break;
+    if (j == k) continue;
+    if (src == NULL && (src = (gcap_tensor **)gc_calloc((size_t)nin, sizeof *src)) == NULL)
+      return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
+    st = gcap_tensor_clone(in[k], &src[k]);
+  }
+  for (k = 0; k < nin && st == GCAP_OK; k++)
+    if (gc_tensor_ptr(in[k]) != gc_tensor_ptr(x->args[k]))
+      st = gcap_copy_(x->args[k], src && src[k] ? src[k] : in[k]);
+  for (k = 0; src != NULL && k < nin; k++)
+    gcap_tensor_free(src[k]);
+  free(src);
+  return st;
+}
+
 static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
                                 int maxout, int *nout, gcap_tensor **out) {
   ge_entry *x;
@@ -415,14 +449,9 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
                    maxout == 1 ? " (gcap_graphed_call_n takes several)" : "");
   if (G->reuse && (st = check_shared_inputs(G, entry)) != GCAP_OK) return st;
   was = gcap_set_grad_enabled(G->e, 0);
-  for (k = 0; k < nin; k++) {
-    if (gc_tensor_ptr(in[k]) != gc_tensor_ptr(x->args[k]) &&
-        (st = gcap_copy_(x->args[k], in[k])) != GCAP_OK) {
-      gcap_set_grad_enabled(G->e, was);
-      return st;
-    }
-  }
+  st = copy_in(G, x, nin, in);
   gcap_set_grad_enabled(G->e, was);
+  if (st != GCAP_OK) return st;
   if ((st = gcap_graph_replay(x->fwd)) != GCAP_OK) return st;
   x->calls++; /* the activations of earlier calls are gone */
   if (G->reuse) gc_graphed_replayed(G, x, GE_FWD);
