@@ -298,6 +298,37 @@ function TestGraphedStale:test_layer_norm_weight_written_before_backward ()
   lu.assertNil(x.grad)
 end
 
+-- A returned output is a view of the static output: written before the
+-- backward, refused where the backward graph reads it (relu saves its
+-- result), as eager refuses; where it does not, eager's grads.
+function TestGraphedStale:test_output_written_before_backward ()
+  local function relu () return gc.nn.Sequential(gc.nn.Linear(4, 3), gc.nn.ReLU()) end
+  local a, b = pair(relu)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  local x = input(1)
+  local y = g(x)
+  gc.no_grad(function () y:fill_(0) end)
+  assert_err(function () y:sum():backward() end,
+             "graphed backward of call 1 of entry 1 (callable 1, Sequential): " .. VERSION,
+             "the [2, 3] f32 tensor it read as output #1 is at version")
+  lu.assertNil(x.grad)
+  lu.assertEquals(grads(b), {false, false})
+  local ey = a(input(1))
+  gc.no_grad(function () ey:fill_(0) end)
+  assert_err(function () ey:sum():backward() end, "backward: " .. VERSION, "saved by 'relu'")
+  -- the output of a Linear is read by no backward
+  local c, d = pair(linear)
+  g = gc.make_graphed_callables(d, {input(0)})
+  y = g(x)
+  gc.no_grad(function () y:fill_(0) end)
+  y:sum():backward()
+  local ex = input(1)
+  ey = c(ex)
+  gc.no_grad(function () ey:fill_(0) end)
+  ey:sum():backward()
+  assert_grads(grads(d, {x}), grads(c, {ex}), "after writing a Linear's output")
+end
+
 -- What the backward graph does not read may change, as in eager: the grad
 -- of x * 2 reads neither x nor anything else.
 function TestGraphedStale:test_unread_input_written_before_backward ()

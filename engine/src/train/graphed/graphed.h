@@ -60,8 +60,11 @@ typedef struct ge_outs {
 ** input or a parameter. Each call notes its version, which its backward
 ** checks, as an eager node checks what it saved. */
 typedef struct ge_read {
-  gcap_tensor *t;
-  char what[GC_NAMELEN + 32]; /* "the static input of argument #1", "parameter 'fc1.weight'" */
+  gcap_tensor *t; /* NULL for a static output: the entry's out.t[out], held there (with reuse
+                     its memory goes back to the pool, which a reference here would prevent) */
+  int out;
+  char what[GC_NAMELEN + 32]; /* "the static input of argument #1", "parameter 'fc1.weight'",
+                                 "output #1" */
 } ge_read;
 
 /* The graphs of an entry, as indexes of its kills. */
@@ -180,8 +183,8 @@ gcap_status gc_graphed_backward(const ge_outs *o, gcap_tensor *const *grads, int
 gcap_status gc_graphed_warmup(ge_build *b);
 /* The schedule's passes, each into its own graph of the call's pool (capture.c). */
 gcap_status gc_graphed_capture(ge_build *b);
-/* Once entry x's backward is captured: the static inputs and parameters its
-** graph reads, into x->reads (stale.c). */
+/* Once entry x's backward is captured: the static inputs, parameters and
+** static outputs its graph reads, into x->reads (stale.c). */
 gcap_status gc_graphed_note_reads(ge_build *b, ge_entry *x);
 /* Reuse, before warmup: forwards take the static inputs of entries whose
 ** backward is done (reuse.c). */

@@ -1,10 +1,10 @@
 /*
 ** stale.c: what the backward of a graphed call checks before it replays.
 ** The backward graph reads what its call left behind (the activations in
-** the pool, the static inputs, the parameters); anything that rewrote them
-** since would make it compute another call's grads without a word, where an
-** eager node would refuse. Each check names the entry and the call, and
-** says what to do.
+** the pool, the static inputs and outputs, the parameters); anything that
+** rewrote them since would make it compute another call's grads without a
+** word, where an eager node would refuse. Each check names the entry and
+** the call, and says what to do.
 */
 #include <stdio.h>
 
@@ -13,32 +13,47 @@
 /* ------------------------------------------------------------------------ */
 /* Versions of what the backward graph reads                                */
 
-/* Keep t among x's reads, named `what`, when x's backward graph reads it. */
-static void add_read(ge_entry *x, gcap_tensor *t, const char *what) {
+/* Read k of x: the tensor itself, or the static output it names. */
+static const gcap_tensor *read_tensor(const ge_entry *x, int k) {
+  return x->reads[k].t ? x->reads[k].t : x->out.t[x->reads[k].out];
+}
+
+/* Keep t among x's reads, named `what`, when x's backward graph reads it;
+** a static output (out >= 0) by its place, unretained. */
+static void add_read(ge_entry *x, gcap_tensor *t, int out, const char *what) {
   uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
   int j;
   if (!gc_graph_touches(x->bwd, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt), 0))
     return;
   for (j = 0; j < x->nreads; j++) /* a tensor given twice is checked once */
-    if (x->reads[j].t == t) return;
-  x->reads[x->nreads].t = gcap_tensor_retain(t);
+    if (read_tensor(x, j) == t) return;
+  x->reads[x->nreads].t = out < 0 ? gcap_tensor_retain(t) : NULL;
+  x->reads[x->nreads].out = out;
   snprintf(x->reads[x->nreads].what, sizeof x->reads[0].what, "%s", what);
   x->nreads++;
 }
 
 gcap_status gc_graphed_note_reads(ge_build *b, ge_entry *x) {
   int np = gcap_module_num_parameters(x->m), k;
+  size_t n = (size_t)(x->nargs + np + x->out.n) + 1;
   char what[sizeof x->reads[0].what], name[GC_NAMELEN];
-  if ((x->reads = (ge_read *)gc_calloc((size_t)(x->nargs + np) + 1, sizeof *x->reads)) == NULL)
+  if ((x->reads = (ge_read *)gc_calloc(n, sizeof *x->reads)) == NULL)
     return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
   for (k = 0; k < x->nargs; k++) {
     snprintf(what, sizeof what, "the static input of argument #%d", k + 1);
-    add_read(x, x->args[k], what);
+    add_read(x, x->args[k], -1, what);
   }
   for (k = 0; k < np; k++) { /* all of them: a frozen one is read too */
     gcap_tensor *p = gcap_module_parameter(x->m, k, name, sizeof name);
     snprintf(what, sizeof what, "parameter '%s'", name);
-    add_read(x, p, what);
+    add_read(x, p, -1, what);
+  }
+  /* an output whose node saved it (relu saves its result): the call returned
+  ** views of it, which the user may write before the backward */
+  for (k = 0; k < x->out.n; k++) {
+    if (x->out.t[k] == NULL) continue;
+    snprintf(what, sizeof what, "output #%d", k + 1);
+    add_read(x, x->out.t[k], k, what);
   }
   return GCAP_OK;
 }
@@ -46,7 +61,7 @@ gcap_status gc_graphed_note_reads(ge_build *b, ge_entry *x) {
 void gc_graphed_note_versions(const ge_entry *x, uint64_t *ver) {
   int k;
   for (k = 0; k < x->nreads; k++)
-    ver[k] = x->reads[k].t->blk->version;
+    ver[k] = read_tensor(x, k)->blk->version;
 }
 
 /* As an eager node's check of what it saved, in the same words. */
@@ -54,7 +69,7 @@ static gcap_status version_check(const ge_ref *r, const char *where) {
   const ge_entry *x = &r->G->v[r->entry];
   int k;
   for (k = 0; k < x->nreads; k++) {
-    const gcap_tensor *t = x->reads[k].t;
+    const gcap_tensor *t = read_tensor(x, k);
     char b[64];
     if (t->blk->version == r->ver[k]) continue;
     return gc_fail(t->e, GCAP_ESTATE,
@@ -89,3 +104,4 @@ gcap_status gc_graphed_check_backward(const ge_ref *r) {
                    where);
   return version_check(r, where);
 }
+
