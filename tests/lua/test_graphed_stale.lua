@@ -4,8 +4,10 @@
 -- raises an error that names the entry, the tensor or call, and what to do:
 -- a second forward before the first one's backward; a second backward of one
 -- call (refused without retain_graph_in_backward, eager's grads with it); a
--- static input or a parameter written between a call and its backward; one
--- sample tensor given for several arguments or entries; with
+-- static input, a parameter or a returned output written between a call and
+-- its backward; one sample tensor given for several arguments or entries, or
+-- passed for another argument than its own; a parameter moved onto other
+-- storage or dtype after graphing; a submodule's mode switched; with
 -- reuse_graph_input_output_buffers, an output whose memory another entry's
 -- graph has written since; with clone_param_grads_on_return = false, a .grad
 -- that is the static grad buffer itself when the next backward replays.
@@ -421,6 +423,85 @@ function TestGraphedStale:test_sample_given_for_another_argument ()
   y:sum():backward()
   assert_bitwise(s2.grad:tolist(), gc.full({2, 4}, 2):tolist(), "grad of s2, given as x")
   assert_bitwise(s1.grad:tolist(), gc.full({2, 4}, 1):tolist(), "grad of s1, given as y")
+end
+
+-- ---------------------------------------------------------------------------
+-- 5. Parameters moved after graphing: the graphs read the old memory
+
+function TestGraphedStale:test_parameter_moved_by_set_ ()
+  local a, b = pair(linear)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  local old = b.weight:detach() -- keeps the storage the graphs read
+  b.weight:set_(gc.full({3, 4}, 0.5))
+  local msg = assert_err(function () g(input(1)) end,
+                         "graphed call of entry 1 (callable 1, Linear): parameter 'weight' moved "
+                         .. "since it was graphed (now [3, 4] f32 on other storage, graphed as "
+                         .. "[3, 4] f32)",
+                         "write new values into it in place (copy_), or graph the module again")
+  lu.assertStrContains(msg, "its graphs read the memory it had then")
+  -- moved back, it replays again
+  b.weight:set_(old)
+  local x, ex = input(1), input(1)
+  local y, ey = g(x), a(ex)
+  assert_bitwise(y:tolist(), ey:tolist(), "output after moving it back")
+  y:sum():backward()
+  ey:sum():backward()
+  assert_grads(grads(b, {x}), grads(a, {ex}), "after moving it back")
+  -- moved, then graphed again: the new graphs read the new storage
+  b.weight:set_(gc.full({3, 4}, 0.5))
+  gc.no_grad(function () a.weight:fill_(0.5) end)
+  g = gc.make_graphed_callables(b, {input(0)})
+  assert_bitwise(g(input(2)):tolist(), a(input(2)):tolist(), "graphed again")
+end
+
+function TestGraphedStale:test_module_converted_after_graphing ()
+  local _, b = pair(function () return gc.nn.Sequential(gc.nn.LayerNorm(4), gc.nn.Linear(4, 3)) end)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  b:to("bf16")
+  assert_err(function () g(input(1)) end,
+             "graphed call of entry 1 (callable 1, Sequential): parameter '0.weight' moved since "
+             .. "it was graphed (now [4] bf16 on other storage, graphed as [4] f32)")
+  -- and back: other storage still
+  b:to("f32")
+  assert_err(function () g(input(1)) end, "parameter '0.weight' moved since it was graphed",
+             "on other storage")
+  -- an order's entries check the same
+  local _, c = pair(linear)
+  local G = gc.make_graphed_callables({c}, {{input(0)}, {input(0)}}, {order = {1, 1, -1, -1}})
+  c.bias:set_(gc.zeros({3}))
+  assert_err(function () G[2](input(1)) end,
+             "graphed call of entry 2 (callable 1, Linear): parameter 'bias' moved")
+end
+
+-- ---------------------------------------------------------------------------
+-- 6. A submodule's mode switched after graphing: the call runs eagerly
+
+function TestGraphedStale:test_child_mode_switched ()
+  local function build ()
+    return gc.nn.Sequential(gc.nn.Linear(4, 8), gc.nn.Dropout(0.5), gc.nn.Linear(8, 3))
+  end
+  local a, b = pair(build)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  local function same (what)
+    local x, ex = input(1), input(1)
+    gc.manual_seed(5)
+    local y = g(x)
+    gc.manual_seed(5)
+    local ey = a(ex)
+    assert_bitwise(y:tolist(), ey:tolist(), what .. ": output")
+    y:sum():backward()
+    ey:sum():backward()
+    assert_grads(grads(b, {x}), grads(a, {ex}), what)
+  end
+  -- only the Dropout in eval: the module's own flag still says training
+  a["1"]:eval()
+  b["1"]:eval()
+  same("Dropout in eval")
+  lu.assertEquals(g:stats().fwd.replays, 0, "the call ran eagerly")
+  a["1"]:train()
+  b["1"]:train()
+  same("Dropout back in training")
+  lu.assertEquals(g:stats().fwd.replays, 1, "the call replayed")
 end
 
 -- ---------------------------------------------------------------------------

@@ -67,6 +67,15 @@ typedef struct ge_read {
                                  "output #1" */
 } ge_read;
 
+/* Where a parameter was when its module was graphed: the graphs read that
+** memory, so every call checks that the parameter is still there. */
+typedef struct ge_home {
+  uintptr_t ptr;
+  gcap_dtype dt;
+  int ndim;
+  int64_t shape[GCAP_MAXDIM];
+} ge_home;
+
 /* The graphs of an entry, as indexes of its kills. */
 enum { GE_FWD, GE_BWD, GE_DW, GE_NGRAPHS };
 
@@ -97,6 +106,11 @@ typedef struct ge_entry {
   uint64_t calls;  /* forward replays so far: the number of the latest call */
   ge_read *reads;  /* what the backward graph reads (gc_graphed_note_reads) */
   int nreads;
+  ge_home *homes; /* [nhomes] every parameter of m as graphed (gc_graphed_note_homes) */
+  int nhomes;
+  unsigned char *modes; /* [nmodes] the training flags of m and its submodules, depth first, as
+                           graphed: a call finding other flags runs m's forward eagerly */
+  int nmodes;
   int *sharers; /* reuse: the entries sharing a static input with this one */
   int nsharers;
   ge_kill *kills[GE_NGRAPHS]; /* reuse: the other entries' outputs each graph overwrites */
@@ -147,6 +161,12 @@ gcap_status gc_graphed_route(void *ud, int entry, int nin, gcap_tensor *const *i
 gcap_status gc_graphed_check_backward(const ge_ref *r);
 /* The versions of what entry x's backward graph reads, into ver (stale.c). */
 void gc_graphed_note_versions(const ge_entry *x, uint64_t *ver);
+/* Do m and its submodules have the training flags entry x was graphed
+** with (stale.c)? */
+int gc_graphed_modes_match(const ge_entry *x);
+/* Each parameter of entry x's module is where it was when graphed: its
+** storage, dtype and shape; else an error naming it (stale.c). */
+gcap_status gc_graphed_check_homes(const gcap_graphed *G, int entry);
 
 /* ------------------------------------------------------------------------ */
 /* Construction state                                                        */
@@ -186,6 +206,9 @@ gcap_status gc_graphed_capture(ge_build *b);
 /* Once entry x's backward is captured: the static inputs, parameters and
 ** static outputs its graph reads, into x->reads (stale.c). */
 gcap_status gc_graphed_note_reads(ge_build *b, ge_entry *x);
+/* Once every graph is captured: where each entry's parameters are and its
+** modules' training flags, into homes and modes (stale.c). */
+gcap_status gc_graphed_note_homes(ge_build *b);
 /* Reuse, before warmup: forwards take the static inputs of entries whose
 ** backward is done (reuse.c). */
 gcap_status gc_graphed_share_inputs(ge_build *b);

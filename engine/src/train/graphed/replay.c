@@ -44,6 +44,8 @@ static void entry_clear(ge_entry *x) {
   for (k = 0; k < x->nreads; k++)
     gcap_tensor_free(x->reads[k].t);
   free(x->reads);
+  free(x->homes);
+  free(x->modes);
   for (k = 0; x->grad_out && k < x->out.n; k++)
     gcap_tensor_free(x->grad_out[k]);
   free(x->grad_out);
@@ -439,9 +441,12 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
   if (nout == NULL) return gc_null(G->e, "graphed call", "nout");
   if (maxout < 0) return gc_bad_count(G->e, "graphed call", "maxout", maxout);
   x = &G->v[entry];
-  replay = gcap_module_training(x->m) == G->training; /* else: eager, as in another mode */
+  /* else eager, as in another mode: the module, or one of its submodules (a
+  ** Dropout put in eval) */
+  replay = gcap_module_training(x->m) == G->training && gc_graphed_modes_match(x);
   if ((st = check_call_args(G, entry, nin, in, replay)) != GCAP_OK) return st;
   if (!replay) return eager_call(G, x, nin, in, maxout, nout, out);
+  if ((st = gc_graphed_check_homes(G, entry)) != GCAP_OK) return st;
   if (x->out.n > maxout)
     return gc_fail(G->e, GCAP_EINVAL,
                    "graphed call of entry %d (callable %d, %s): it has %d outputs, room for %d%s",

@@ -1,10 +1,12 @@
 /*
-** stale.c: what the backward of a graphed call checks before it replays.
+** stale.c: what a graphed call and its backward check before they replay.
 ** The backward graph reads what its call left behind (the activations in
 ** the pool, the static inputs and outputs, the parameters); anything that
 ** rewrote them since would make it compute another call's grads without a
-** word, where an eager node would refuse. Each check names the entry and
-** the call, and says what to do.
+** word, where an eager node would refuse. Every graph reads the parameters
+** where they were when graphed, and computes in the modes the modules had
+** then: a call checks both. Each check names the entry and the call or
+** the parameter, and says what to do.
 */
 #include <stdio.h>
 
@@ -105,3 +107,91 @@ gcap_status gc_graphed_check_backward(const ge_ref *r) {
   return version_check(r, where);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Parameters and modes as graphed                                          */
+
+static int count_modes(const gcap_module *m) {
+  int n = 1, i;
+  for (i = 0; i < gcap_module_num_children(m); i++)
+    n += count_modes(gcap_module_child(m, i, NULL));
+  return n;
+}
+
+/* The flags of m and its submodules, depth first, into v from *n on. */
+static void note_modes(const gcap_module *m, unsigned char *v, int *n) {
+  int i;
+  v[(*n)++] = (unsigned char)(gcap_module_training(m) != 0);
+  for (i = 0; i < gcap_module_num_children(m); i++)
+    note_modes(gcap_module_child(m, i, NULL), v, n);
+}
+
+/* Do the flags of m and its submodules, depth first, equal v's from *n on
+** (nv in all)? */
+static int same_modes(const gcap_module *m, const unsigned char *v, int nv, int *n) {
+  int i;
+  if (*n >= nv || v[(*n)++] != (gcap_module_training(m) != 0)) return 0;
+  for (i = 0; i < gcap_module_num_children(m); i++)
+    if (!same_modes(gcap_module_child(m, i, NULL), v, nv, n)) return 0;
+  return 1;
+}
+
+gcap_status gc_graphed_note_homes(ge_build *b) {
+  int i, k;
+  for (i = 0; i < b->G->n; i++) {
+    ge_entry *x = &b->G->v[i];
+    int np = gcap_module_num_parameters(x->m), n = 0;
+    x->nmodes = count_modes(x->m);
+    x->homes = (ge_home *)gc_calloc((size_t)np + 1, sizeof *x->homes);
+    x->modes = (unsigned char *)gc_calloc((size_t)x->nmodes, 1);
+    if (x->homes == NULL || x->modes == NULL)
+      return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+    note_modes(x->m, x->modes, &n);
+    for (k = 0; k < np; k++) {
+      const gcap_tensor *p = gcap_module_parameter(x->m, k, NULL, 0);
+      ge_home *h = &x->homes[k];
+      h->ptr = (uintptr_t)gc_tensor_ptr(p);
+      h->dt = p->dt;
+      h->ndim = p->ndim;
+      memcpy(h->shape, p->shape, sizeof h->shape);
+    }
+    x->nhomes = np;
+  }
+  return GCAP_OK;
+}
+
+int gc_graphed_modes_match(const ge_entry *x) {
+  int n = 0;
+  return same_modes(x->m, x->modes, x->nmodes, &n) && n == x->nmodes;
+}
+
+gcap_status gc_graphed_check_homes(const gcap_graphed *G, int entry) {
+  const ge_entry *x = &G->v[entry];
+  int np = gcap_module_num_parameters(x->m), k, d;
+  char name[GC_NAMELEN];
+  if (np != x->nhomes)
+    return gc_fail(G->e, GCAP_ESTATE,
+                   "graphed call of entry %d (callable %d, %s): the module has %d parameters, "
+                   "%d when graphed; graph it again with make_graphed_callables",
+                   entry + 1, x->callable + 1, gcap_module_type(x->m), np, x->nhomes);
+  for (k = 0; k < np; k++) {
+    const gcap_tensor *p = gcap_module_parameter(x->m, k, name, sizeof name);
+    const ge_home *h = &x->homes[k];
+    char now[64], then[64];
+    int same = (uintptr_t)gc_tensor_ptr(p) == h->ptr && p->dt == h->dt && p->ndim == h->ndim;
+    for (d = 0; same && d < p->ndim; d++)
+      same = p->shape[d] == h->shape[d];
+    if (same) continue;
+    gc_shape_str(p, now, sizeof now);
+    gc_dims_str(h->ndim, h->shape, then, sizeof then);
+    return gc_fail(G->e, GCAP_ESTATE,
+                   "graphed call of entry %d (callable %d, %s): parameter '%s' moved since it "
+                   "was graphed (now %s %s%s, graphed as %s %s): its graphs read the memory it "
+                   "had then; write new values into it in place (copy_), or graph the module "
+                   "again with make_graphed_callables",
+                   entry + 1, x->callable + 1, gcap_module_type(x->m), name, now,
+                   gc_dtype_name(p->dt),
+                   (uintptr_t)gc_tensor_ptr(p) != h->ptr ? " on other storage" : "", then,
+                   gc_dtype_name(h->dt));
+  }
+  return GCAP_OK;
+}
