@@ -342,9 +342,9 @@ gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry);
 ** a static output the backward graph reads was written since the call. The
 ** inputs must have the captured count, shapes and dtypes (GCAP_EINVAL names
 ** the argument and both shapes otherwise); an input that needed no grad at
-** capture gets none from that backward, as in TE. A module one of whose
-** parameters moved since graphing (other storage, dtype or shape) is
-** GCAP_ESTATE, naming it. A module whose training flag, or a submodule's,
+** capture gets none from that backward, as in TE. An entry one of whose
+** static inputs or module's parameters moved since graphing (other storage,
+** dtype or shape) is GCAP_ESTATE, naming it. A module whose training flag, or a submodule's,
 ** differs from capture time runs eagerly instead. */
 gcap_status gcap_graphed_call(gcap_graphed *g, int entry, int nin, gcap_tensor *const *in,
                               gcap_tensor **out);

@@ -6,11 +6,12 @@
 -- call (refused without retain_graph_in_backward, eager's grads with it); a
 -- static input, a parameter or a returned output written between a call and
 -- its backward; one sample tensor given for several arguments or entries, or
--- passed for another argument than its own; a parameter moved onto other
--- storage or dtype after graphing; a submodule's mode switched; with
--- reuse_graph_input_output_buffers, an output whose memory another entry's
--- graph has written since; with clone_param_grads_on_return = false, a .grad
--- that is the static grad buffer itself when the next backward replays.
+-- passed for another argument than its own; a parameter or a sample moved
+-- onto other storage or dtype after graphing; a submodule's mode switched;
+-- with reuse_graph_input_output_buffers, an output whose memory another
+-- entry's graph has written since; with clone_param_grads_on_return =
+-- false, a .grad that is the static grad buffer itself when the next
+-- backward replays.
 --   build/graphcap tests/lua/test_graphed_stale.lua -o tap
 
 local lu = require "luaunit"
@@ -437,7 +438,7 @@ function TestGraphedStale:test_parameter_moved_by_set_ ()
                          "graphed call of entry 1 (callable 1, Linear): parameter 'weight' moved "
                          .. "since it was graphed (now [3, 4] f32 on other storage, graphed as "
                          .. "[3, 4] f32)",
-                         "write new values into it in place (copy_), or graph the module again")
+                         "write new values into it in place (copy_), or graph it again")
   lu.assertStrContains(msg, "its graphs read the memory it had then")
   -- moved back, it replays again
   b.weight:set_(old)
@@ -452,6 +453,41 @@ function TestGraphedStale:test_parameter_moved_by_set_ ()
   gc.no_grad(function () a.weight:fill_(0.5) end)
   g = gc.make_graphed_callables(b, {input(0)})
   assert_bitwise(g(input(2)):tolist(), a(input(2)):tolist(), "graphed again")
+end
+
+-- Moved between a call and its backward: the backward reads the storage
+-- the call read, as the eager node reads the tensor it saved.
+function TestGraphedStale:test_parameter_moved_before_backward ()
+  local a, b = pair(linear)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  local x, ex = input(1), input(1)
+  local y, ey = g(x), a(ex)
+  local function moved () -- storage written a few times: another version
+    local w = gc.zeros({3, 4})
+    for k = 1, 5 do w:fill_(k) end
+    return w
+  end
+  b.weight:set_(moved())
+  a.weight:set_(moved())
+  y:sum():backward()
+  ey:sum():backward()
+  assert_grads(grads(b, {x}), grads(a, {ex}), "a backward after the move")
+end
+
+-- A sample moved: the graphs read its old storage, a call would copy into
+-- the new one.
+function TestGraphedStale:test_sample_moved_by_set_ ()
+  local a, b = pair(linear)
+  local s = input(0)
+  local keep = s:detach()
+  local g = gc.make_graphed_callables(b, {s})
+  gc.no_grad(function () s:set_(gc.zeros({2, 4})) end)
+  assert_err(function () g(input(1)) end,
+             "graphed call of entry 1 (callable 1, Linear): the static input of argument #1 (its "
+             .. "sample) moved since it was graphed (now [2, 4] f32 on other storage, graphed as "
+             .. "[2, 4] f32)")
+  s:set_(keep)
+  assert_bitwise(g(input(1)):tolist(), a(input(1)):tolist(), "after moving it back")
 end
 
 function TestGraphedStale:test_module_converted_after_graphing ()

@@ -41,8 +41,10 @@ static void entry_clear(ge_entry *x) {
   free(x->sharers);
   for (k = 0; k < GE_NGRAPHS; k++)
     free(x->kills[k]);
-  for (k = 0; k < x->nreads; k++)
+  for (k = 0; k < x->nreads; k++) {
     gcap_tensor_free(x->reads[k].t);
+    if (x->reads[k].blk) gc_blk_release(x->reads[k].blk);
+  }
   free(x->reads);
   free(x->homes);
   free(x->modes);

@@ -20,6 +20,12 @@ static const gcap_tensor *read_tensor(const ge_entry *x, int k) {
   return x->reads[k].t ? x->reads[k].t : x->out.t[x->reads[k].out];
 }
 
+/* The version of the storage read k reads: the one the tensor had when
+** graphed (a parameter moved since by set_ leaves the graph reading it). */
+static uint64_t read_version(const ge_entry *x, int k) {
+  return x->reads[k].blk ? x->reads[k].blk->version : read_tensor(x, k)->blk->version;
+}
+
 /* Keep t among x's reads, named `what`, when x's backward graph reads it;
 ** a static output (out >= 0) by its place, unretained. */
 static void add_read(ge_entry *x, gcap_tensor *t, int out, const char *what) {
@@ -30,6 +36,8 @@ static void add_read(ge_entry *x, gcap_tensor *t, int out, const char *what) {
   for (j = 0; j < x->nreads; j++) /* a tensor given twice is checked once */
     if (read_tensor(x, j) == t) return;
   x->reads[x->nreads].t = out < 0 ? gcap_tensor_retain(t) : NULL;
+  x->reads[x->nreads].blk = out < 0 ? t->blk : NULL;
+  if (out < 0) gc_blk_retain(t->blk);
   x->reads[x->nreads].out = out;
   snprintf(x->reads[x->nreads].what, sizeof x->reads[0].what, "%s", what);
   x->nreads++;
@@ -63,7 +71,7 @@ gcap_status gc_graphed_note_reads(ge_build *b, ge_entry *x) {
 void gc_graphed_note_versions(const ge_entry *x, uint64_t *ver) {
   int k;
   for (k = 0; k < x->nreads; k++)
-    ver[k] = read_tensor(x, k)->blk->version;
+    ver[k] = read_version(x, k);
 }
 
 /* As an eager node's check of what it saved, in the same words. */
@@ -72,14 +80,15 @@ static gcap_status version_check(const ge_ref *r, const char *where) {
   int k;
   for (k = 0; k < x->nreads; k++) {
     const gcap_tensor *t = read_tensor(x, k);
+    uint64_t v = read_version(x, k);
     char b[64];
-    if (t->blk->version == r->ver[k]) continue;
+    if (v == r->ver[k]) continue;
     return gc_fail(t->e, GCAP_ESTATE,
                    "%s: one of the variables needed for gradient computation has been modified by "
                    "an inplace operation: the %s %s tensor it read as %s is at version %llu; "
                    "expected version %llu instead",
                    where, gc_shape_str(t, b, sizeof b), gc_dtype_name(t->dt), x->reads[k].what,
-                   (unsigned long long)t->blk->version, (unsigned long long)r->ver[k]);
+                   (unsigned long long)v, (unsigned long long)r->ver[k]);
   }
   return GCAP_OK;
 }
@@ -135,25 +144,28 @@ static int same_modes(const gcap_module *m, const unsigned char *v, int nv, int 
   return 1;
 }
 
+static void note_home(ge_home *h, const gcap_tensor *t) {
+  h->ptr = (uintptr_t)gc_tensor_ptr(t);
+  h->dt = t->dt;
+  h->ndim = t->ndim;
+  memcpy(h->shape, t->shape, sizeof h->shape);
+}
+
 gcap_status gc_graphed_note_homes(ge_build *b) {
   int i, k;
   for (i = 0; i < b->G->n; i++) {
     ge_entry *x = &b->G->v[i];
     int np = gcap_module_num_parameters(x->m), n = 0;
     x->nmodes = count_modes(x->m);
-    x->homes = (ge_home *)gc_calloc((size_t)np + 1, sizeof *x->homes);
+    x->homes = (ge_home *)gc_calloc((size_t)(x->nargs + np) + 1, sizeof *x->homes);
     x->modes = (unsigned char *)gc_calloc((size_t)x->nmodes, 1);
     if (x->homes == NULL || x->modes == NULL)
       return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
     note_modes(x->m, x->modes, &n);
-    for (k = 0; k < np; k++) {
-      const gcap_tensor *p = gcap_module_parameter(x->m, k, NULL, 0);
-      ge_home *h = &x->homes[k];
-      h->ptr = (uintptr_t)gc_tensor_ptr(p);
-      h->dt = p->dt;
-      h->ndim = p->ndim;
-      memcpy(h->shape, p->shape, sizeof h->shape);
-    }
+    for (k = 0; k < x->nargs; k++)
+      note_home(&x->homes[k], x->args[k]);
+    for (k = 0; k < np; k++)
+      note_home(&x->homes[x->nargs + k], gcap_module_parameter(x->m, k, NULL, 0));
     x->nhomes = np;
   }
   return GCAP_OK;
@@ -164,10 +176,39 @@ int gc_graphed_modes_match(const ge_entry *x) {
   return same_modes(x->m, x->modes, x->nmodes, &n) && n == x->nmodes;
 }
 
+/* Is t where h says? */
+static int at_home(const gcap_tensor *t, const ge_home *h) {
+  int d, same = (uintptr_t)gc_tensor_ptr(t) == h->ptr && t->dt == h->dt && t->ndim == h->ndim;
+  for (d = 0; same && d < t->ndim; d++)
+    same = t->shape[d] == h->shape[d];
+  return same;
+}
+
+static gcap_status moved(const gcap_graphed *G, int entry, const char *what, const gcap_tensor *t,
+                         const ge_home *h) {
+  const ge_entry *x = &G->v[entry];
+  char now[64], then[64];
+  gc_shape_str(t, now, sizeof now);
+  gc_dims_str(h->ndim, h->shape, then, sizeof then);
+  return gc_fail(
+      G->e, GCAP_ESTATE,
+      "graphed call of entry %d (callable %d, %s): %s moved since it was graphed "
+      "(now %s %s%s, graphed as %s %s): its graphs read the memory it had then; write "
+      "new values into it in place (copy_), or graph it again with "
+      "make_graphed_callables",
+      entry + 1, x->callable + 1, gcap_module_type(x->m), what, now, gc_dtype_name(t->dt),
+      (uintptr_t)gc_tensor_ptr(t) != h->ptr ? " on other storage" : "", then, gc_dtype_name(h->dt));
+}
+
 gcap_status gc_graphed_check_homes(const gcap_graphed *G, int entry) {
   const ge_entry *x = &G->v[entry];
-  int np = gcap_module_num_parameters(x->m), k, d;
-  char name[GC_NAMELEN];
+  int np = gcap_module_num_parameters(x->m), k;
+  char name[GC_NAMELEN], what[GC_NAMELEN + 32];
+  for (k = 0; k < x->nargs; k++) {
+    if (at_home(x->args[k], &x->homes[k])) continue;
+    snprintf(what, sizeof what, "the static input of argument #%d (its sample)", k + 1);
+    return moved(G, entry, what, x->args[k], &x->homes[k]);
+  }
   if (np != x->nhomes)
     return gc_fail(G->e, GCAP_ESTATE,
                    "graphed call of entry %d (callable %d, %s): the module has %d parameters, "
@@ -175,23 +216,9 @@ gcap_status gc_graphed_check_homes(const gcap_graphed *G, int entry) {
                    entry + 1, x->callable + 1, gcap_module_type(x->m), np, x->nhomes);
   for (k = 0; k < np; k++) {
     const gcap_tensor *p = gcap_module_parameter(x->m, k, name, sizeof name);
-    const ge_home *h = &x->homes[k];
-    char now[64], then[64];
-    int same = (uintptr_t)gc_tensor_ptr(p) == h->ptr && p->dt == h->dt && p->ndim == h->ndim;
-    for (d = 0; same && d < p->ndim; d++)
-      same = p->shape[d] == h->shape[d];
-    if (same) continue;
-    gc_shape_str(p, now, sizeof now);
-    gc_dims_str(h->ndim, h->shape, then, sizeof then);
-    return gc_fail(G->e, GCAP_ESTATE,
-                   "graphed call of entry %d (callable %d, %s): parameter '%s' moved since it "
-                   "was graphed (now %s %s%s, graphed as %s %s): its graphs read the memory it "
-                   "had then; write new values into it in place (copy_), or graph the module "
-                   "again with make_graphed_callables",
-                   entry + 1, x->callable + 1, gcap_module_type(x->m), name, now,
-                   gc_dtype_name(p->dt),
-                   (uintptr_t)gc_tensor_ptr(p) != h->ptr ? " on other storage" : "", then,
-                   gc_dtype_name(h->dt));
+    if (at_home(p, &x->homes[x->nargs + k])) continue;
+    snprintf(what, sizeof what, "parameter '%s'", name);
+    return moved(G, entry, what, p, &x->homes[x->nargs + k]);
   }
   return GCAP_OK;
 }
