@@ -10,13 +10,13 @@
 -- zero_, copy_, an optimizer step) on the static sample, a call's input, a
 -- returned output or a parameter between a call and its backward; mode
 -- switches of a module or of one submodule; a parameter moved onto other
--- storage (set_) or dtype (to); entries called and backpropagated out of
--- their captured order; an output read after a later call. Every action
--- either gives eager's values bit for bit (outputs, input grads, parameter
--- grads, parameters), or the graphed side raises an error that names the
--- entry or the parameter, and the objects stay usable: after a refusal the
--- next plain step equals eager again. Seeded and bounded (tests/lua/fuzz.lua):
--- default 300 cases of 6 moves. A failure names the seed, the case and its
+-- storage (set_) or dtype (to), a sample moved (set_); entries called and
+-- backpropagated out of their captured order; an output read after a later
+-- call. Every action either gives eager's values bit for bit (outputs, input
+-- grads, parameter grads, parameters), or the graphed side raises an error
+-- that names the entry or the parameter, and the objects stay usable: after
+-- a refusal the next plain step equals eager again. Seeded and bounded
+-- (tests/lua/fuzz.lua): default 300 cases of 6 moves. A failure names the seed, the case and its
 -- moves; with n the failing case's number,
 --   GRAPHCAP_FUZZ_SEED=s GRAPHCAP_FUZZ_ITERS=n LUA_PATH='tests/lua/?.lua;;'
 --     build/graphcap tests/lua/test_fuzz_hazard.lua
@@ -751,6 +751,27 @@ function M.param_set (ctx)
   M.step(ctx)
 end
 
+-- A sample moved onto other storage (set_) with other values: a call of the
+-- entry whose static input it is is refused, naming it; moved back (or
+-- graphed again), the next step is eager's.
+function M.sample_set (ctx)
+  local r = ctx.r
+  local i = r(#ctx.c.callable)
+  local s = ctx.S[i][r(ctx.c.nargs[i])]
+  local hi, hp = ctx.home[s][1], ctx.home[s][2]
+  local keep = s:detach() -- the old storage
+  local v = vals(r, ctx.c.dims[ctx.c.callable[hi]])
+  gc.no_grad(function () s:set_(gc.tensor(v)) end)
+  local named = {{"entry " .. hi, "the static input of argument #" .. hp .. " (its sample) moved"}}
+  local B = call(ctx, hi, draw_inputs(ctx, hi), false, named)
+  if B.live then
+    fail(ctx, "call of entry " .. hi .. " after moving its sample",
+         "the graphed call was not refused")
+  end
+  if r(2) == 1 then s:set_(keep) else regraph(ctx) end
+  M.step(ctx)
+end
+
 -- A module converted to bf16 and back: its parameters are other storage,
 -- the graphs read the old one; calls are refused, naming a parameter,
 -- until it is graphed again.
@@ -826,11 +847,12 @@ end
 local TRAIN_MOVES = {
   {"step", 3}, {"second_forward", 2}, {"backward_twice", 2}, {"write_sample", 2},
   {"write_input", 1}, {"write_output", 2}, {"write_param", 2}, {"mode_top", 1},
-  {"mode_child", 2}, {"param_set", 1}, {"param_to", 1}, {"shuffle", 1}, {"reread", 1},
+  {"mode_child", 2}, {"param_set", 1}, {"param_to", 1}, {"sample_set", 1}, {"shuffle", 1},
+  {"reread", 1},
 }
 local EVAL_MOVES = {
   {"step", 2}, {"write_sample", 1}, {"mode_top", 1}, {"mode_child", 2}, {"param_set", 1},
-  {"param_to", 1}, {"reread", 1},
+  {"param_to", 1}, {"sample_set", 1}, {"reread", 1},
 }
 
 local SKIP = {}
