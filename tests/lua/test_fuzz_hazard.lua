@@ -40,9 +40,9 @@ local MOVES_PER_CASE = 6
 --                                       {clone_param_grads_on_return = false})
 --   g(gc.ones({3, 2})):sum():backward()
 --   m:zero_grad({set_to_none = false})
---   g(gc.ones({3, 2}))  -- m[0].bias.grad is no longer zero (0.364; eager: 0)
--- and the next backward adds its grad to that. GRAPHCAP_FUZZ_NOCLONE=1
--- draws it again.
+--   g(gc.ones({3, 2}))  -- m["0"].bias.grad is no longer zero
+-- and the next backward adds its grad to that (eager's bias grad: 0).
+-- GRAPHCAP_FUZZ_NOCLONE=1 draws it again.
 local NOCLONE = os.getenv("GRAPHCAP_FUZZ_NOCLONE") == "1"
 
 local TRACE = os.getenv("GRAPHCAP_FUZZ_TRACE") == "1"
