@@ -300,7 +300,8 @@ asan:
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan-mpi.supp:print_suppressions=0 \
 	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 tests/run.sh build/asan host
 
-# The fuzzers with a new seed (printed; FUZZ_SEED=s repeats a run) and a long budget, and
+# The fuzzers with a new seed (printed; FUZZ_SEED=s repeats a run) and a long budget (the
+# hazard fuzzer: 20,000 cases of 6 moves, about a minute on the host), and
 # the soak tests at 5x (15,000 graph/free cycles, 100,000 replays, 1,500 graphings).
 # A Lua suite requires its helpers from tests/lua, as tests/run.sh runs it.
 FUZZ_SEED ?= $(shell date +%s)
@@ -310,6 +311,8 @@ fuzz: all
 	  $(B)/graphcap tests/lua/test_fuzz_api.lua
 	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=5000 $(SUITE_PATH) \
 	  $(B)/graphcap tests/lua/test_fuzz_diff.lua
+	GRAPHCAP_FUZZ_SEED=$(FUZZ_SEED) GRAPHCAP_FUZZ_ITERS=20000 $(SUITE_PATH) \
+	  $(B)/graphcap tests/lua/test_fuzz_hazard.lua
 
 soak: all
 	GRAPHCAP_SOAK=5 $(B)/tests/test_soak

@@ -348,12 +348,14 @@ gcap_module *gcap_graphed_module(const gcap_graphed *g, int entry);
 ** GCAP_ESTATE) whose backward replays the backward graph. That backward
 ** is GCAP_ESTATE, naming the entry and the call, after a later call of the
 ** entry (it overwrote the activations), for a second backward of the call
-** without retain_graph_in_backward, and when a static input or a parameter
-** the backward graph reads was written since the call. The inputs
-** must have the captured count, shapes and dtypes (GCAP_EINVAL names the
-** argument and both shapes otherwise); an input that needed no grad at
-** capture gets none from that backward, as in TE. A module whose training
-** flag differs from capture time runs eagerly instead. */
+** without retain_graph_in_backward, and when a static input, a parameter or
+** a static output the backward graph reads was written since the call. The
+** inputs must have the captured count, shapes and dtypes (GCAP_EINVAL names
+** the argument and both shapes otherwise); an input that needed no grad at
+** capture gets none from that backward, as in TE. An entry one of whose
+** static inputs or module's parameters moved since graphing (other storage,
+** dtype or shape) is GCAP_ESTATE, naming it. A module whose training flag, or a submodule's,
+** differs from capture time runs eagerly instead. */
 gcap_status gcap_graphed_call(gcap_graphed *g, int entry, int nin, gcap_tensor *const *in,
                               gcap_tensor **out);
 /* How many outputs entry i's callable gave at capture (absent ones

@@ -4,11 +4,14 @@
 -- raises an error that names the entry, the tensor or call, and what to do:
 -- a second forward before the first one's backward; a second backward of one
 -- call (refused without retain_graph_in_backward, eager's grads with it); a
--- static input or a parameter written between a call and its backward; one
--- sample tensor given for several arguments or entries; with
--- reuse_graph_input_output_buffers, an output whose memory another entry's
--- graph has written since; with clone_param_grads_on_return = false, a .grad
--- that is the static grad buffer itself when the next backward replays.
+-- static input, a parameter or a returned output written between a call and
+-- its backward; one sample tensor given for several arguments or entries, or
+-- passed for another argument than its own; a parameter or a sample moved
+-- onto other storage or dtype after graphing; a submodule's mode switched;
+-- with reuse_graph_input_output_buffers, an output whose memory another
+-- entry's graph has written since; with clone_param_grads_on_return =
+-- false, a .grad that is the static grad buffer itself when the next
+-- backward replays.
 --   build/graphcap tests/lua/test_graphed_stale.lua -o tap
 
 local lu = require "luaunit"
@@ -285,6 +288,50 @@ function TestGraphedStale:test_parameter_written_before_backward ()
   assert_err(function () y:sum():backward() end, "parameter 'weight'", VERSION)
 end
 
+-- A layer norm's weight: its input grad reads it.
+function TestGraphedStale:test_layer_norm_weight_written_before_backward ()
+  local _, b = pair(function () return gc.nn.LayerNorm(4) end)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  local x = input(1)
+  local y = g(x)
+  gc.no_grad(function () b.weight:fill_(2) end)
+  assert_err(function () y:sum():backward() end,
+             "graphed backward of call 1 of entry 1 (callable 1, LayerNorm): " .. VERSION,
+             "the [4] f32 tensor it read as parameter 'weight' is at version")
+  lu.assertNil(x.grad)
+end
+
+-- A returned output is a view of the static output: written before the
+-- backward, refused where the backward graph reads it (relu saves its
+-- result), as eager refuses; where it does not, eager's grads.
+function TestGraphedStale:test_output_written_before_backward ()
+  local function relu () return gc.nn.Sequential(gc.nn.Linear(4, 3), gc.nn.ReLU()) end
+  local a, b = pair(relu)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  local x = input(1)
+  local y = g(x)
+  gc.no_grad(function () y:fill_(0) end)
+  assert_err(function () y:sum():backward() end,
+             "graphed backward of call 1 of entry 1 (callable 1, Sequential): " .. VERSION,
+             "the [2, 3] f32 tensor it read as output #1 is at version")
+  lu.assertNil(x.grad)
+  lu.assertEquals(grads(b), {false, false})
+  local ey = a(input(1))
+  gc.no_grad(function () ey:fill_(0) end)
+  assert_err(function () ey:sum():backward() end, "backward: " .. VERSION, "saved by 'relu'")
+  -- the output of a Linear is read by no backward
+  local c, d = pair(linear)
+  g = gc.make_graphed_callables(d, {input(0)})
+  y = g(x)
+  gc.no_grad(function () y:fill_(0) end)
+  y:sum():backward()
+  local ex = input(1)
+  ey = c(ex)
+  gc.no_grad(function () ey:fill_(0) end)
+  ey:sum():backward()
+  assert_grads(grads(d, {x}), grads(c, {ex}), "after writing a Linear's output")
+end
+
 -- What the backward graph does not read may change, as in eager: the grad
 -- of x * 2 reads neither x nor anything else.
 function TestGraphedStale:test_unread_input_written_before_backward ()
@@ -357,6 +404,140 @@ function TestGraphedStale:test_one_sample_for_two_entries ()
   c(em1):sum():backward()
   c(em2):sum():backward()
   assert_grads(grads(d, {m1, m2}), grads(c, {em1, em2}), "two microbatches of one sample")
+end
+
+-- A call given the sample for another argument than its own: the copy of
+-- the argument before it into the sample must not change what it gives.
+function TestGraphedStale:test_sample_given_for_another_argument ()
+  local function f (x, y) return x * 2 + y end
+  local s = input(0)
+  local g = gc.make_graphed_callables(f, {s, s}) -- s is the static input of #1 only
+  local a = input(1)
+  local es = input(0)
+  assert_bitwise(g(a, s):tolist(), f(input(1), es):tolist(), "g(a, s)")
+  assert_bitwise(s:tolist(), a:tolist(), "s, the static input of #1, holds a")
+  -- two samples, given crosswise
+  local s1, s2 = input(3), input(4)
+  local h = gc.make_graphed_callables(f, {s1, s2})
+  local y = h(s2, s1)
+  assert_bitwise(y:tolist(), f(input(4), input(3)):tolist(), "h(s2, s1)")
+  y:sum():backward()
+  assert_bitwise(s2.grad:tolist(), gc.full({2, 4}, 2):tolist(), "grad of s2, given as x")
+  assert_bitwise(s1.grad:tolist(), gc.full({2, 4}, 1):tolist(), "grad of s1, given as y")
+end
+
+-- ---------------------------------------------------------------------------
+-- 5. Parameters moved after graphing: the graphs read the old memory
+
+function TestGraphedStale:test_parameter_moved_by_set_ ()
+  local a, b = pair(linear)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  local old = b.weight:detach() -- keeps the storage the graphs read
+  b.weight:set_(gc.full({3, 4}, 0.5))
+  local msg = assert_err(function () g(input(1)) end,
+                         "graphed call of entry 1 (callable 1, Linear): parameter 'weight' moved "
+                         .. "since it was graphed (now [3, 4] f32 on other storage, graphed as "
+                         .. "[3, 4] f32)",
+                         "write new values into it in place (copy_), or graph it again")
+  lu.assertStrContains(msg, "its graphs read the memory it had then")
+  -- moved back, it replays again
+  b.weight:set_(old)
+  local x, ex = input(1), input(1)
+  local y, ey = g(x), a(ex)
+  assert_bitwise(y:tolist(), ey:tolist(), "output after moving it back")
+  y:sum():backward()
+  ey:sum():backward()
+  assert_grads(grads(b, {x}), grads(a, {ex}), "after moving it back")
+  -- moved, then graphed again: the new graphs read the new storage
+  b.weight:set_(gc.full({3, 4}, 0.5))
+  gc.no_grad(function () a.weight:fill_(0.5) end)
+  g = gc.make_graphed_callables(b, {input(0)})
+  assert_bitwise(g(input(2)):tolist(), a(input(2)):tolist(), "graphed again")
+end
+
+-- Moved between a call and its backward: the backward reads the storage
+-- the call read, as the eager node reads the tensor it saved.
+function TestGraphedStale:test_parameter_moved_before_backward ()
+  local a, b = pair(linear)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  local x, ex = input(1), input(1)
+  local y, ey = g(x), a(ex)
+  local function moved () -- storage written a few times: another version
+    local w = gc.zeros({3, 4})
+    for k = 1, 5 do w:fill_(k) end
+    return w
+  end
+  b.weight:set_(moved())
+  a.weight:set_(moved())
+  y:sum():backward()
+  ey:sum():backward()
+  assert_grads(grads(b, {x}), grads(a, {ex}), "a backward after the move")
+end
+
+-- A sample moved: the graphs read its old storage, a call would copy into
+-- the new one.
+function TestGraphedStale:test_sample_moved_by_set_ ()
+  local a, b = pair(linear)
+  local s = input(0)
+  local keep = s:detach()
+  local g = gc.make_graphed_callables(b, {s})
+  gc.no_grad(function () s:set_(gc.zeros({2, 4})) end)
+  assert_err(function () g(input(1)) end,
+             "graphed call of entry 1 (callable 1, Linear): the static input of argument #1 (its "
+             .. "sample) moved since it was graphed (now [2, 4] f32 on other storage, graphed as "
+             .. "[2, 4] f32)")
+  s:set_(keep)
+  assert_bitwise(g(input(1)):tolist(), a(input(1)):tolist(), "after moving it back")
+end
+
+function TestGraphedStale:test_module_converted_after_graphing ()
+  local _, b = pair(function () return gc.nn.Sequential(gc.nn.LayerNorm(4), gc.nn.Linear(4, 3)) end)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  b:to("bf16")
+  assert_err(function () g(input(1)) end,
+             "graphed call of entry 1 (callable 1, Sequential): parameter '0.weight' moved since "
+             .. "it was graphed (now [4] bf16 on other storage, graphed as [4] f32)")
+  -- and back: other storage still
+  b:to("f32")
+  assert_err(function () g(input(1)) end, "parameter '0.weight' moved since it was graphed",
+             "on other storage")
+  -- an order's entries check the same
+  local _, c = pair(linear)
+  local G = gc.make_graphed_callables({c}, {{input(0)}, {input(0)}}, {order = {1, 1, -1, -1}})
+  c.bias:set_(gc.zeros({3}))
+  assert_err(function () G[2](input(1)) end,
+             "graphed call of entry 2 (callable 1, Linear): parameter 'bias' moved")
+end
+
+-- ---------------------------------------------------------------------------
+-- 6. A submodule's mode switched after graphing: the call runs eagerly
+
+function TestGraphedStale:test_child_mode_switched ()
+  local function build ()
+    return gc.nn.Sequential(gc.nn.Linear(4, 8), gc.nn.Dropout(0.5), gc.nn.Linear(8, 3))
+  end
+  local a, b = pair(build)
+  local g = gc.make_graphed_callables(b, {input(0)})
+  local function same (what)
+    local x, ex = input(1), input(1)
+    gc.manual_seed(5)
+    local y = g(x)
+    gc.manual_seed(5)
+    local ey = a(ex)
+    assert_bitwise(y:tolist(), ey:tolist(), what .. ": output")
+    y:sum():backward()
+    ey:sum():backward()
+    assert_grads(grads(b, {x}), grads(a, {ex}), what)
+  end
+  -- only the Dropout in eval: the module's own flag still says training
+  a["1"]:eval()
+  b["1"]:eval()
+  same("Dropout in eval")
+  lu.assertEquals(g:stats().fwd.replays, 0, "the call ran eagerly")
+  a["1"]:train()
+  b["1"]:train()
+  same("Dropout back in training")
+  lu.assertEquals(g:stats().fwd.replays, 1, "the call replayed")
 end
 
 -- ---------------------------------------------------------------------------

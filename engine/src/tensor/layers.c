@@ -94,7 +94,7 @@ static int64_t last_dim(const gcap_tensor *x) {
 /* saved: x, weight, bias, mean, rstd */
 static gcap_status ln_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *x = n->saved[0], *w = n->saved[1], *b = n->saved[2];
-  gcap_tensor *mean = n->saved[3], *rstd = n->saved[4], *in[4];
+  gcap_tensor *mean = n->saved[3], *rstd = n->saved[4], *in[5];
   int64_t cols = last_dim(x), rows = cols > 0 ? x->numel / cols : 0;
   gc_kargs a;
   gcap_status st = GCAP_OK;
@@ -102,6 +102,7 @@ static gcap_status ln_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   in[1] = x;
   in[2] = mean;
   in[3] = rstd;
+  in[4] = w; /* the input's grad reads it: a graph's reads include it */
   if (gc_node_needs(n, 0)) {
     if ((st = gc_tensor_alloc(g->e, "layer_norm backward", x->dt, x->ndim, x->shape, &gin[0])) !=
         GCAP_OK)
@@ -115,7 +116,7 @@ static gcap_status ln_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
     a.p[5] = gc_tensor_ptr(rstd);
     a.n[0] = rows;
     a.n[1] = cols;
-    if ((st = gc_run(g->e, GC_K_LAYERNORM_BWD, &a, in, 4, gin[0])) != GCAP_OK) return st;
+    if ((st = gc_run(g->e, GC_K_LAYERNORM_BWD, &a, in, w ? 5 : 4, gin[0])) != GCAP_OK) return st;
   }
   if ((w && gc_node_needs(n, 1)) || (b && gc_node_needs(n, 2))) {
     gcap_tensor *dw = NULL, *db = NULL, *scratch = NULL;

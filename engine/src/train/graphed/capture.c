@@ -172,5 +172,6 @@ gcap_status gc_graphed_capture(ge_build *b) {
                    "holds no wgrad entry -(k + 0.5) after its backward",
                    i + 1);
   if (st == GCAP_OK && G->reuse) st = gc_graphed_note_kills(b);
+  if (st == GCAP_OK) st = gc_graphed_note_homes(b);
   return st;
 }

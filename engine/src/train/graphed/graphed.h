@@ -60,9 +60,23 @@ typedef struct ge_outs {
 ** input or a parameter. Each call notes its version, which its backward
 ** checks, as an eager node checks what it saved. */
 typedef struct ge_read {
-  gcap_tensor *t;
-  char what[GC_NAMELEN + 32]; /* "the static input of argument #1", "parameter 'fc1.weight'" */
+  gcap_tensor *t; /* NULL for a static output: the entry's out.t[out], held there (with reuse
+                     its memory goes back to the pool, which a reference here would prevent) */
+  gc_blk *blk;    /* t's storage when graphed, which the graph reads (held); t may have moved
+                     since (set_), the graph still reads this */
+  int out;
+  char what[GC_NAMELEN + 32]; /* "the static input of argument #1", "parameter 'fc1.weight'",
+                                 "output #1" */
 } ge_read;
+
+/* Where a static input or a parameter was when graphed: the graphs read
+** that memory, so every call checks that the tensor is still there. */
+typedef struct ge_home {
+  uintptr_t ptr;
+  gcap_dtype dt;
+  int ndim;
+  int64_t shape[GCAP_MAXDIM];
+} ge_home;
 
 /* The graphs of an entry, as indexes of its kills. */
 enum { GE_FWD, GE_BWD, GE_DW, GE_NGRAPHS };
@@ -94,6 +108,12 @@ typedef struct ge_entry {
   uint64_t calls;  /* forward replays so far: the number of the latest call */
   ge_read *reads;  /* what the backward graph reads (gc_graphed_note_reads) */
   int nreads;
+  ge_home *homes; /* [nargs + nhomes] the static inputs, then every parameter of m (nhomes
+                     of them), as graphed (gc_graphed_note_homes) */
+  int nhomes;
+  unsigned char *modes; /* [nmodes] the training flags of m and its submodules, depth first, as
+                           graphed: a call finding other flags runs m's forward eagerly */
+  int nmodes;
   int *sharers; /* reuse: the entries sharing a static input with this one */
   int nsharers;
   ge_kill *kills[GE_NGRAPHS]; /* reuse: the other entries' outputs each graph overwrites */
@@ -146,6 +166,13 @@ gcap_status gc_graphed_route(void *ud, int entry, int nin, gcap_tensor *const *i
 gcap_status gc_graphed_check_backward(const ge_ref *r);
 /* The versions of what entry x's backward graph reads, into ver (stale.c). */
 void gc_graphed_note_versions(const ge_entry *x, uint64_t *ver);
+/* Do m and its submodules have the training flags entry x was graphed
+** with (stale.c)? */
+int gc_graphed_modes_match(const ge_entry *x);
+/* Each static input of entry x and each parameter of its module is where
+** it was when graphed: its storage, dtype and shape; else an error naming
+** it (stale.c). */
+gcap_status gc_graphed_check_homes(const gcap_graphed *G, int entry);
 
 /* ------------------------------------------------------------------------ */
 /* Construction state                                                        */
@@ -202,9 +229,13 @@ gcap_status gc_graphed_params_agree(ge_build *b, int i, int it, int vanish,
 gcap_status gc_graphed_warmup(ge_build *b);
 /* The schedule's passes, each into its own graph of the call's pool (capture.c). */
 gcap_status gc_graphed_capture(ge_build *b);
-/* Once entry x's backward is captured: the static inputs and parameters its
-** graph reads, into x->reads (stale.c). */
+/* Once entry x's backward is captured: the static inputs, parameters and
+** static outputs its graph reads, into x->reads (stale.c). */
 gcap_status gc_graphed_note_reads(ge_build *b, ge_entry *x);
+/* Once every graph is captured: where each entry's static inputs and
+** parameters are and its modules' training flags, into homes and modes
+** (stale.c). */
+gcap_status gc_graphed_note_homes(ge_build *b);
 /* Reuse, before warmup: forwards take the static inputs of entries whose
 ** backward is done (reuse.c). */
 gcap_status gc_graphed_share_inputs(ge_build *b);

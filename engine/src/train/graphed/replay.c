@@ -41,9 +41,13 @@ static void entry_clear(ge_entry *x) {
   free(x->sharers);
   for (k = 0; k < GE_NGRAPHS; k++)
     free(x->kills[k]);
-  for (k = 0; k < x->nreads; k++)
+  for (k = 0; k < x->nreads; k++) {
     gcap_tensor_free(x->reads[k].t);
+    if (x->reads[k].blk) gc_blk_release(x->reads[k].blk);
+  }
   free(x->reads);
+  free(x->homes);
+  free(x->modes);
   for (k = 0; x->grad_out && k < x->out.n; k++)
     gcap_tensor_free(x->grad_out[k]);
   free(x->grad_out);
@@ -395,6 +399,40 @@ static void drop_outs(int n, gcap_tensor **out) {
   }
 }
 
+static int overlap(const gcap_tensor *a, const gcap_tensor *b) {
+  uintptr_t alo = (uintptr_t)gc_tensor_ptr(a), blo = (uintptr_t)gc_tensor_ptr(b);
+  return alo < blo + (uintptr_t)b->numel * gc_dtype_size(b->dt) &&
+         blo < alo + (uintptr_t)a->numel * gc_dtype_size(a->dt);
+}
+
+/* Copy the arguments into the static inputs (grad off), each only where it
+** is not the static input itself. An argument that is (memory of) the
+** static input of an earlier place, which that place's copy overwrites
+** first, is read before: g(x, s) with sample_args {s, s} (s the static
+** input of #1 only), or g(s2, s1) with {s1, s2}, computes f(x, s) and
+** f(s2, s1), not f(x, x) and f(s2, s2). */
+static gcap_status copy_in(gcap_graphed *G, ge_entry *x, int nin, gcap_tensor *const *in) {
+  gcap_tensor **src = NULL;
+  gcap_status st = GCAP_OK;
+  int k, j;
+  for (k = 1; k < nin && st == GCAP_OK; k++) {
+    if (gc_tensor_ptr(in[k]) == gc_tensor_ptr(x->args[k])) continue;
+    for (j = 0; j < k; j++)
+      if (gc_tensor_ptr(in[j]) != gc_tensor_ptr(x->args[j]) && overlap(in[k], x->args[j])) break;
+    if (j == k) continue;
+    if (src == NULL && (src = (gcap_tensor **)gc_calloc((size_t)nin, sizeof *src)) == NULL)
+      return gc_fail(G->e, GCAP_ENOMEM, "graphed call: out of host memory");
+    st = gcap_tensor_clone(in[k], &src[k]);
+  }
+  for (k = 0; k < nin && st == GCAP_OK; k++)
+    if (gc_tensor_ptr(in[k]) != gc_tensor_ptr(x->args[k]))
+      st = gcap_copy_(x->args[k], src && src[k] ? src[k] : in[k]);
+  for (k = 0; src != NULL && k < nin; k++)
+    gcap_tensor_free(src[k]);
+  free(src);
+  return st;
+}
+
 static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
                                 int maxout, int *nout, gcap_tensor **out) {
   ge_entry *x;
@@ -407,10 +445,14 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
   if (nout == NULL) return gc_null(G->e, "graphed call", "nout");
   if (maxout < 0) return gc_bad_count(G->e, "graphed call", "maxout", maxout);
   x = &G->v[entry];
-  replay = gcap_module_training(x->m) == G->training; /* else: eager, as in another mode */
+  /* else eager, as in another mode: the module, or one of its submodules (a
+  ** Dropout put in eval) */
+  replay = gcap_module_training(x->m) == G->training && gc_graphed_modes_match(x);
   if ((st = check_call_args(G, entry, nin, in, replay)) != GCAP_OK) return st;
   if (!replay) return eager_call(G, x, nin, in, maxout, nout, out);
-  if ((st = gc_badid_check(G->e)) != GCAP_OK) return st; /* an earlier replay's, before copy-in */
+  if ((st = gc_badid_check(G->e)) != GCAP_OK || /* an earlier replay's, before copy-in */
+      (st = gc_graphed_check_homes(G, entry)) != GCAP_OK)
+    return st;
   if (x->out.n > maxout)
     return gc_fail(G->e, GCAP_EINVAL,
                    "graphed call of entry %d (callable %d, %s): it has %d outputs, room for %d%s",
@@ -419,14 +461,9 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
   if (G->reuse && (st = check_shared_inputs(G, entry)) != GCAP_OK) return st;
   if ((st = gc_graphed_fp8_first(G, entry, first)) != GCAP_OK) return st; /* fp8.c */
   was = gcap_set_grad_enabled(G->e, 0);
-  for (k = 0; k < nin; k++) {
-    if (gc_tensor_ptr(in[k]) != gc_tensor_ptr(x->args[k]) &&
-        (st = gcap_copy_(x->args[k], in[k])) != GCAP_OK) {
-      gcap_set_grad_enabled(G->e, was);
-      return st;
-    }
-  }
+  st = copy_in(G, x, nin, in);
   gcap_set_grad_enabled(G->e, was);
+  if (st != GCAP_OK) return st;
   if ((st = gc_graph_replay(x->fwd)) != GCAP_OK) return st;
   x->calls++; /* the activations of earlier calls are gone */
   if (G->reuse) gc_graphed_replayed(G, x, GE_FWD);
