@@ -661,4 +661,27 @@ function TestGraphedStale:test_no_clone_training_in_place ()
   end
 end
 
+-- regression: the static grad handed on as .grad lived in the pool, where the
+-- forward graph keeps its scratch: the next forward replay wrote over .grad,
+-- and the next backward added to that (here, a bias grad of 0.364 where
+-- eager gives 0); with two entries, each backward wrote over the other's
+function TestGraphedStale:test_no_clone_grad_survives_the_next_forward ()
+  local function build () return gc.nn.Sequential(gc.nn.Linear(2, 5), gc.nn.LayerNorm(5)) end
+  local a, b = pair(build)
+  local a2, b2 = pair(build)
+  local G = gc.make_graphed_callables({b, b2}, {{gc.ones({3, 2})}, {gc.ones({3, 2})}},
+                                      {clone_param_grads_on_return = false})
+  local function call (m, phase) return m(gc.tensor(H.nest(H.values(6, phase), {3, 2}))) end
+  for _, m in ipairs({G[1], G[2], a, a2}) do call(m, 1):sum():backward() end
+  for _, m in ipairs({b, b2, a, a2}) do m:zero_grad({set_to_none = false}) end
+  call(G[1], 2) -- a forward replay of each entry, and the other entry's backward
+  call(G[2], 3):sum():backward()
+  call(a2, 3):sum():backward()
+  assert_grads(grads(b), grads(a), "entry 1 after the replays (zeros)")
+  assert_grads(grads(b2), grads(a2), "entry 2")
+  call(G[1], 4):sum():backward()
+  call(a, 4):sum():backward()
+  assert_grads(grads(b), grads(a), "entry 1 after its backward")
+end
+
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

@@ -44,8 +44,58 @@ static gcap_status cap_fwd_body(ge_build *b, ge_entry *x) {
   return gc_graphed_forward(b, x, &x->out);
 }
 
+/* The backward; without clones, each parameter grad then copied into its
+** home (homes_new), which the graph writes and nothing else does. */
 static gcap_status cap_bwd_body(ge_build *b, ge_entry *x) {
-  return gc_graphed_backward(&x->out, x->grad_out, b->o->retain_graph_in_backward);
+  gcap_status st = gc_graphed_backward(&x->out, x->grad_out, b->o->retain_graph_in_backward);
+  int k, was = gcap_set_grad_enabled(b->e, 0);
+  for (k = 0; st == GCAP_OK && b->homes != NULL && k < x->nparams; k++)
+    if (x->params[k]->grad != NULL) st = gcap_copy_(b->homes[k], x->params[k]->grad);
+  gcap_set_grad_enabled(b->e, was);
+  return st;
+}
+
+/* clone_param_grads_on_return = false hands a parameter its static grad as
+** .grad, to be added into by later backwards (replay.c): that buffer must
+** be written by this backward alone. The grads a captured backward makes
+** live in the pool, where the graphs captured before it left their scratch
+** (the entry's own forward, another entry's backward), which their replays
+** write over. So each kept parameter gets a home outside the pool, made
+** here before the capture, into which the captured backward copies. */
+static gcap_status homes_new(ge_build *b, ge_entry *x) {
+  int k;
+  if (b->o->clone_param_grads_on_return || x->nparams == 0) return GCAP_OK;
+  if ((b->homes = (gcap_tensor **)gc_calloc((size_t)x->nparams, sizeof *b->homes)) == NULL)
+    return gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
+  for (k = 0; k < x->nparams; k++) {
+    gcap_status st = ge_zeros_like(x->params[k], &b->homes[k]);
+    if (st != GCAP_OK) return st;
+  }
+  return GCAP_OK;
+}
+
+/* The homes become the parameters' static grads, where the backward gave
+** the parameter a grad (its pool grad goes); the others are dropped. */
+static void homes_take(ge_build *b, ge_entry *x) {
+  int k;
+  for (k = 0; b->homes != NULL && k < x->nparams; k++) {
+    gcap_tensor **g = &x->grad_in[x->nargs + k];
+    if (*g != NULL) {
+      gcap_tensor_free(*g);
+      *g = b->homes[k];
+    } else {
+      gcap_tensor_free(b->homes[k]);
+    }
+    b->homes[k] = NULL;
+  }
+}
+
+static void homes_free(ge_build *b, const ge_entry *x) {
+  int k;
+  for (k = 0; b->homes != NULL && k < x->nparams; k++)
+    gcap_tensor_free(b->homes[k]);
+  free(b->homes);
+  b->homes = NULL;
 }
 
 static gcap_status cap_dw_body(ge_build *b, ge_entry *x) {
@@ -116,15 +166,19 @@ static gcap_status cap_bwd(ge_build *b, int i) {
   if ((st = grad_outs(b, x)) != GCAP_OK) return ge_where(b, st, i, "backward capture");
   if (x->ngrad > 0) {
     if ((st = ge_run_hooks(b, x->callable, GCAP_HOOK_BACKWARD_PRE)) != GCAP_OK ||
-        (st = capture(b, i, "backward", &x->bwd, cap_bwd_body)) != GCAP_OK)
+        (st = homes_new(b, x)) != GCAP_OK ||
+        (st = capture(b, i, "backward", &x->bwd, cap_bwd_body)) != GCAP_OK) {
+      homes_free(b, x);
       return st;
+    }
     /* a parameter whose grad comes or goes only now would never be replayed
     ** (a delayed wgrad's come in its own pass) */
-    if ((st = take_grads(b, x, &x->grad_in, 0, x->nargs + x->nparams)) != GCAP_OK ||
-        (x->params_known &&
-         (st = gc_graphed_params_agree(b, i, -1, !x->need_dw, x->grad_in + x->nargs)) != GCAP_OK) ||
-        (st = gc_graphed_note_reads(b, x)) != GCAP_OK)
-      return st;
+    if ((st = take_grads(b, x, &x->grad_in, 0, x->nargs + x->nparams)) == GCAP_OK &&
+        x->params_known)
+      st = gc_graphed_params_agree(b, i, -1, !x->need_dw, x->grad_in + x->nargs);
+    if (st == GCAP_OK) homes_take(b, x);
+    homes_free(b, x);
+    if (st != GCAP_OK || (st = gc_graphed_note_reads(b, x)) != GCAP_OK) return st;
     if ((st = ge_run_hooks(b, x->callable, GCAP_HOOK_BACKWARD)) != GCAP_OK) return st;
   }
   /* the static outputs keep their memory but no longer the captured graph */

@@ -195,6 +195,8 @@ typedef struct ge_build {
   int prev_bwd_pos;
   int last_l0;        /* reuse: the l == 0 entry of the previous backward order value */
   struct ge_fp8 *fp8; /* the FP8 options' state while the call runs (fp8.c), or NULL */
+  gcap_tensor **homes; /* clone_param_grads_on_return = false: while a backward is captured,
+                          the kept parameters' static grads outside the pool (capture.c) */
 } ge_build;
 
 /* The FP8 options (fp8.c): their checks; before the warmup, the modules'
