@@ -181,10 +181,14 @@ static int l_optim_set_hyper(lua_State *L) {
 
 static const luaL_Reg l_optim_meta[] = {{NULL, NULL}};
 
-static const luaL_Reg l_optim_methods[] = {
-    {"step", l_optim_step},       {"zero_grad", l_optim_zero_grad}, {"get_lr", l_optim_get_lr},
-    {"set_lr", l_optim_set_lr},   {"_state", l_optim_state},        {"_hyper", l_optim_hyper},
-    {"_set_hyper", l_optim_set_hyper}, {NULL, NULL}};
+static const luaL_Reg l_optim_methods[] = {{"step", l_optim_step},
+                                           {"zero_grad", l_optim_zero_grad},
+                                           {"get_lr", l_optim_get_lr},
+                                           {"set_lr", l_optim_set_lr},
+                                           {"_state", l_optim_state},
+                                           {"_hyper", l_optim_hyper},
+                                           {"_set_hyper", l_optim_set_hyper},
+                                           {NULL, NULL}};
 
 LUAI_DDEF const LClass l_optim_class = {"Optimizer",      OPTIM_MT,       "optimizer is closed",
                                         "closed",         l_optim_isopen, l_optim_close,

@@ -277,8 +277,7 @@ gcap_status gcap_optim_hyper(const gcap_optim *o, const char *name, double *v) {
   if (name == NULL) return gc_null(o->e, "hyper", "name");
   if (v == NULL) return gc_null(o->e, "hyper", "v");
   if ((h = hyper_of((gcap_optim *)o, name)) == NULL)
-    return gc_fail(o->e, GCAP_EINVAL, "hyper: %s has no hyperparameter '%s'", optim_name(o),
-                   name);
+    return gc_fail(o->e, GCAP_EINVAL, "hyper: %s has no hyperparameter '%s'", optim_name(o), name);
   *v = *h;
   return GCAP_OK;
 }

@@ -193,8 +193,8 @@ typedef struct ge_build {
   int pass;     /* index of the pass being captured */
   int prev_bwd; /* reuse: last backward entry captured, and its order position */
   int prev_bwd_pos;
-  int last_l0;        /* reuse: the l == 0 entry of the previous backward order value */
-  struct ge_fp8 *fp8; /* the FP8 options' state while the call runs (fp8.c), or NULL */
+  int last_l0;         /* reuse: the l == 0 entry of the previous backward order value */
+  struct ge_fp8 *fp8;  /* the FP8 options' state while the call runs (fp8.c), or NULL */
   gcap_tensor **homes; /* clone_param_grads_on_return = false: while a backward is captured,
                           the kept parameters' static grads outside the pool (capture.c) */
 } ge_build;
