@@ -435,7 +435,7 @@ static void hb_dot_node(gcap_engine *e, FILE *f, int64_t i, const hb_node *nd) {
   for (j = 0; j <= last; j++)
     fprintf(f, " %g%s", (double)nd->a.f[j], j == last ? "\\l" : "");
   for (j = 0; j < GC_KPTRS; j++) {
-    char name[8];
+    char name[16];
     if (nd->a.p[j] == NULL) continue;
     snprintf(name, sizeof name, "p%d", j);
     hb_dot_ptr(e, f, name, hb_writes[nd->k] >> j & 1, nd->a.p[j]);
