@@ -36,4 +36,51 @@ function F.pick (r, t)
   return t[r(#t)]
 end
 
+-- A random layer list of one to three layers on width d, drawn from r: each
+-- {"Linear", in, out, bias}, {"Dropout", p} (p from ps), or {kind, d} for
+-- ReLU, GELU and LayerNorm; Linear widths in 2..maxw. Returns the list and
+-- the width it ends with.
+function F.random_layers (r, d, maxw, ps)
+  local list = {}
+  for _ = 1, r(3) do
+    local kind = F.pick(r, {"Linear", "Linear", "ReLU", "GELU", "LayerNorm", "Dropout"})
+    if kind == "Linear" then
+      local o = r(maxw - 1) + 1
+      list[#list + 1] = {kind, d, o, r(3) > 1}
+      d = o
+    elseif kind == "Dropout" then list[#list + 1] = {kind, F.pick(r, ps)}
+    else list[#list + 1] = {kind, d} end
+  end
+  return list, d
+end
+
+-- "[Linear:4:3:true ReLU:3]" for each layer list of lists.
+function F.describe_layers (lists)
+  local parts = {}
+  for k = 1, #lists do
+    local ls = {}
+    for _, l in ipairs(lists[k]) do
+      local t = {}
+      for j, v in ipairs(l) do t[j] = tostring(v) end
+      ls[#ls + 1] = table.concat(t, ":")
+    end
+    parts[#parts + 1] = "[" .. table.concat(ls, " ") .. "]"
+  end
+  return table.concat(parts, " ")
+end
+
+-- The Sequential of a layer list (linear_opts: more options of each Linear).
+function F.sequential (gc, list, linear_opts)
+  local mods = {}
+  for _, l in ipairs(list) do
+    local opts = {bias = l[4]}
+    for k, v in pairs(linear_opts or {}) do opts[k] = v end
+    if l[1] == "Linear" then mods[#mods + 1] = gc.nn.Linear(l[2], l[3], opts)
+    elseif l[1] == "Dropout" then mods[#mods + 1] = gc.nn.Dropout(l[2])
+    elseif l[1] == "LayerNorm" then mods[#mods + 1] = gc.nn.LayerNorm(l[2])
+    else mods[#mods + 1] = gc.nn[l[1]]() end
+  end
+  return gc.nn.Sequential(table.unpack(mods))
+end
+
 return F

@@ -46,16 +46,7 @@ local function random_case (r)
   c.dims, c.outs, c.layers = {}, {}, {}
   for k = 1, c.K do
     c.dims[k] = k == 1 and r(5) + 1 or c.outs[k - 1]
-    local d, list = c.dims[k], {}
-    for _ = 1, r(3) do
-      local kind = F.pick(r, {"Linear", "Linear", "ReLU", "GELU", "LayerNorm", "Dropout"})
-      if kind == "Linear" then
-        local o = r(5) + 1
-        list[#list + 1] = {kind, d, o, r(3) > 1}
-        d = o
-      elseif kind == "Dropout" then list[#list + 1] = {kind, F.pick(r, {0, 0.25, 0.5})}
-      else list[#list + 1] = {kind, d} end
-    end
+    local list, d = F.random_layers(r, c.dims[k], 6, {0, 0.25, 0.5})
     if c.delay and list[1][1] ~= "Linear" then -- a delayed-wgrad pass needs a Linear
       table.insert(list, 1, {"Linear", c.dims[k], c.dims[k], true})
     end
@@ -66,18 +57,8 @@ local function random_case (r)
 end
 
 local function describe (c)
-  local parts = {}
-  for k = 1, c.K do
-    local ls = {}
-    for _, l in ipairs(c.layers[k]) do
-      local t = {}
-      for j, v in ipairs(l) do t[j] = tostring(v) end
-      ls[#ls + 1] = table.concat(t, ":")
-    end
-    parts[#parts + 1] = "[" .. table.concat(ls, " ") .. "]"
-  end
   return string.format("K=%d %s warmup=%d %s %s order=%s reuse=%s delay=%s", c.K,
-                       table.concat(parts, " "), c.warmup, c.training and "train" or "eval",
+                       F.describe_layers(c.layers), c.warmup, c.training and "train" or "eval",
                        c.adam and "Adam" or "SGD", c.order and table.concat(c.order, ",") or "none",
                        tostring(c.reuse), tostring(c.delay))
 end
@@ -87,15 +68,7 @@ local function build (c, s)
   gc.manual_seed(s)
   local mods = {}
   for k = 1, c.K do
-    local list = {}
-    for _, l in ipairs(c.layers[k]) do
-      if l[1] == "Linear" then
-        list[#list + 1] = gc.nn.Linear(l[2], l[3], {bias = l[4], delay_wgrad = c.delay})
-      elseif l[1] == "Dropout" then list[#list + 1] = gc.nn.Dropout(l[2])
-      elseif l[1] == "LayerNorm" then list[#list + 1] = gc.nn.LayerNorm(l[2])
-      else list[#list + 1] = gc.nn[l[1]]() end
-    end
-    mods[k] = gc.nn.Sequential(table.unpack(list))
+    mods[k] = F.sequential(gc, c.layers[k], {delay_wgrad = c.delay})
     if not c.training then mods[k]:eval() end
   end
   return mods

@@ -60,16 +60,7 @@ local function random_case (r)
   c.dims, c.outs, c.layers = {}, {}, {}
   for k = 1, c.K do
     c.dims[k] = (k == 2 and c.alias) and c.dims[1] or r(4) + 1
-    local d, list = c.dims[k], {}
-    for _ = 1, r(3) do
-      local kind = F.pick(r, {"Linear", "Linear", "ReLU", "GELU", "LayerNorm", "Dropout"})
-      if kind == "Linear" then
-        local o = r(4) + 1
-        list[#list + 1] = {kind, d, o, r(3) > 1}
-        d = o
-      elseif kind == "Dropout" then list[#list + 1] = {kind, F.pick(r, {0, 0.5})}
-      else list[#list + 1] = {kind, d} end
-    end
+    local list, d = F.random_layers(r, c.dims[k], 5, {0, 0.5})
     c.layers[k], c.outs[k] = list, d
   end
   if c.shape == "order" then c.order = F.pick(r, {{1, 1, -1, -1}, {1, -1, 1, -1}}) end
@@ -84,21 +75,11 @@ local function random_case (r)
 end
 
 local function describe (c)
-  local parts = {}
-  for k = 1, c.K do
-    local ls = {}
-    for _, l in ipairs(c.layers[k]) do
-      local t = {}
-      for j, v in ipairs(l) do t[j] = tostring(v) end
-      ls[#ls + 1] = table.concat(t, ":")
-    end
-    parts[#parts + 1] = "[" .. table.concat(ls, " ") .. "]"
-  end
   local opts = {}
   for _, o in ipairs{"alias", "retain", "noclone", "both"} do
     if c[o] then opts[#opts + 1] = o end
   end
-  return string.format("%s %s %s warmup=%d%s%s", c.shape, table.concat(parts, " "),
+  return string.format("%s %s %s warmup=%d%s%s", c.shape, F.describe_layers(c.layers),
                        c.training and "train" or "eval", c.warmup,
                        c.order and " order=" .. table.concat(c.order, ",") or "",
                        #opts > 0 and " " .. table.concat(opts, " ") or "")
@@ -109,14 +90,7 @@ local function build (c, s)
   gc.manual_seed(s)
   local mods = {}
   for k = 1, c.K do
-    local list = {}
-    for _, l in ipairs(c.layers[k]) do
-      if l[1] == "Linear" then list[#list + 1] = gc.nn.Linear(l[2], l[3], {bias = l[4]})
-      elseif l[1] == "Dropout" then list[#list + 1] = gc.nn.Dropout(l[2])
-      elseif l[1] == "LayerNorm" then list[#list + 1] = gc.nn.LayerNorm(l[2])
-      else list[#list + 1] = gc.nn[l[1]]() end
-    end
-    local seq = gc.nn.Sequential(table.unpack(list))
+    local seq = F.sequential(gc, c.layers[k])
     mods[k] = c.shape == "args" and Two(seq) or seq
     if not c.training then mods[k]:eval() end
   end

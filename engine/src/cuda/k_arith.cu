@@ -43,28 +43,7 @@ static __global__ void k_cmp(float *y, const void *u, int64_t nu, const void *w,
                              int xdt, int op, int64_t n) {
   CU_GRID_LOOP(i, n) {
     float x = cu_load(u, i % nu, xdt), z = cu_load(w, i % nw, xdt);
-    bool r;
-    switch (op) {
-      case GCAP_LT:
-        r = x < z;
-        break;
-      case GCAP_LE:
-        r = x <= z;
-        break;
-      case GCAP_GT:
-        r = x > z;
-        break;
-      case GCAP_GE:
-        r = x >= z;
-        break;
-      case GCAP_EQ:
-        r = x == z;
-        break;
-      default: /* GCAP_NE */
-        r = x != z;
-        break;
-    }
-    y[i] = r ? 1.0f : 0.0f;
+    y[i] = gc_compare(x, z, op) ? 1.0f : 0.0f;
   }
 }
 

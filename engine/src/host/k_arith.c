@@ -44,27 +44,6 @@ void hk_cmp(const gc_kargs *a) {
   int xdt = (int)a->n[3], op = (int)a->n[4];
   for (i = 0; i < n; i++) {
     float x = gc_load(u, xdt, i % nu), z = gc_load(w, xdt, i % nw);
-    int r;
-    switch (op) {
-      case GCAP_LT:
-        r = x < z;
-        break;
-      case GCAP_LE:
-        r = x <= z;
-        break;
-      case GCAP_GT:
-        r = x > z;
-        break;
-      case GCAP_GE:
-        r = x >= z;
-        break;
-      case GCAP_EQ:
-        r = x == z;
-        break;
-      default: /* GCAP_NE */
-        r = x != z;
-        break;
-    }
-    gc_store(y, a->dt, i, r ? 1.0f : 0.0f);
+    gc_store(y, a->dt, i, gc_compare(x, z, op) ? 1.0f : 0.0f);
   }
 }

@@ -235,6 +235,24 @@ extern "C" {
 /* Shared by the host and the cuda kernels (GC_HD, from rng.h: there a
 ** device function too). */
 
+/* x OP z for the gcap_cmp OP (GC_K_CMP's elements). */
+GC_HD int gc_compare(float x, float z, int op) {
+  switch (op) {
+    case GCAP_LT:
+      return x < z;
+    case GCAP_LE:
+      return x <= z;
+    case GCAP_GT:
+      return x > z;
+    case GCAP_GE:
+      return x >= z;
+    case GCAP_EQ:
+      return x == z;
+    default: /* GCAP_NE */
+      return x != z;
+  }
+}
+
 /* The element of a mask broadcast over the 4-D shape s that element i reads. */
 GC_HD int64_t gc_mask_index(int64_t i, const int64_t *s, int64_t flags) {
   int64_t m = 0, stride = 1;
