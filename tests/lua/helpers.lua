@@ -82,15 +82,17 @@ function H.assert_bitwise (got, want, what)
   end
 end
 
--- Nested tables of numbers, equal element by element with ==.
+-- Nested tables (sequences and maps) of numbers, equal key by key and
+-- element by element with ==.
 local function assert_same (a, b, what)
   if type(a) ~= "table" or type(b) ~= "table" then
-    lu.assertTrue(type(a) == "number" and type(b) == "number" and a == b,
+    lu.assertTrue(type(a) == type(b) and a == b,
                   string.format("%s: %s ~= %s", what, tostring(a), tostring(b)))
     return
   end
   lu.assertEquals(#a, #b, what .. ": lengths differ")
-  for i = 1, #a do assert_same(a[i], b[i], what .. "[" .. i .. "]") end
+  for k, v in pairs(a) do assert_same(v, b[k], what .. "[" .. tostring(k) .. "]") end
+  for k in pairs(b) do lu.assertNotNil(a[k], what .. "[" .. tostring(k) .. "] missing") end
 end
 H.assert_same = assert_same
 

@@ -9,15 +9,7 @@ local lu = require "luaunit"
 local gc = require "graphcap"
 local H = require "helpers"
 
--- Tables of numbers (maps and sequences) equal key by key with ==.
-local function same (a, b, what)
-  if type(a) ~= "table" or type(b) ~= "table" then
-    lu.assertTrue(a == b, string.format("%s: %s ~= %s", what, tostring(a), tostring(b)))
-    return
-  end
-  for k, v in pairs(a) do same(v, b[k], what .. "." .. tostring(k)) end
-  for k in pairs(b) do lu.assertNotNil(a[k], what .. "." .. tostring(k) .. " missing") end
-end
+local same = H.assert_same
 
 local R = gc.fp8.DelayedScaling{amax_history_len = 3}
 
