@@ -51,6 +51,7 @@ typedef enum gcap_dtype { GCAP_F32 = 0, GCAP_BF16 } gcap_dtype;
 typedef struct gcap_engine gcap_engine;         /* The engine */
 typedef struct gcap_stream gcap_stream;         /* Streams and events */
 typedef struct gcap_event gcap_event;           /* Streams and events */
+typedef struct gcap_generator gcap_generator;   /* Random generators */
 typedef struct gcap_pool gcap_pool;             /* Pools and graphs */
 typedef struct gcap_graph gcap_graph;           /* Pools and graphs */
 typedef struct gcap_graphed gcap_graphed;       /* make_graphed_callables */

@@ -25,6 +25,10 @@ gc.fsdp = require "graphcap.fsdp"
 gc.make_graphed_callables = require "graphcap.graphed"
 gc.cuda = require "graphcap.cuda"
 gc.dist = require "graphcap.dist"
+-- gc.random.RNGStatesTracker(), and the state of the generator in use
+gc.random = require "graphcap.random"
+gc.get_rng_state, gc.set_rng_state = gc.random.get_rng_state, gc.random.set_rng_state
+gc.checkpoint = require "graphcap.checkpoint"
 -- gc.trace.start(path), gc.trace.stop(): Chrome trace-event JSON of warmup,
 -- captures, capture-time hooks and replays (open it in Perfetto)
 gc.trace = {start = core.trace_start, stop = core.trace_stop}
@@ -124,6 +128,16 @@ function gc.enable_grad (fn, ...)
 end
 
 
+-- gc.Event([{external = false}]): an external event recorded inside a
+-- capture is a node of the graph, recorded at each replay (PyTorch's
+-- Event(external=True)), as a graphed call's cuda_graph_event is.
+local event_options = {external = true}
+function gc.Event (opts)
+  opts = options("Event", opts, event_options)
+  return core.Event(check("Event", "external", opts.external, "boolean", false))
+end
+
+
 -- gc.with_stream(s, fn, ...): run fn(...) with s as the current stream and
 -- return fn's results; the previous current stream comes back, also when
 -- fn raises.
@@ -171,7 +185,7 @@ end
 -- entered through C, so that a script's tail call into them keeps its frame
 -- and their errors name its line (util.entries).
 for _, t in ipairs({gc, gc.nn, gc.optim, gc.autograd, gc.pipeline, gc.ddp,
-                    gc.fsdp, gc.cuda, gc.dist}) do
+                    gc.fsdp, gc.cuda, gc.dist, gc.random}) do
   util.entries(t)
 end
 for _, mt in pairs(mts) do

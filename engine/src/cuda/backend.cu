@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <nvtx3/nvToolsExt.h>
+
 #include "common.cuh"
 
 static void cu_shutdown(void *bs) {
@@ -164,6 +166,12 @@ static void cu_event_free(void *, void *ev) {
 
 static gcap_status cu_event_record(gcap_engine *e, void *, void *ev, void *s) {
   CUDA_TRY(e, cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)s));
+  return GCAP_OK;
+}
+
+/* An external event's record in a capture: a node of the graph. */
+static gcap_status cu_record_ext(gcap_engine *e, void *, void *ev, void *s) {
+  CUDA_TRY(e, cudaEventRecordWithFlags((cudaEvent_t)ev, (cudaStream_t)s, cudaEventRecordExternal));
   return GCAP_OK;
 }
 
@@ -356,6 +364,25 @@ static int cu_attn_cudnn(void *bs, const gc_kargs *a, int backward, int capturin
 }
 
 /* ------------------------------------------------------------------------ */
+/* NVTX ranges (the header-only NVTX 3 of the toolkit: it loads the tool that
+** listens, if any, on first use). Opened only when a tool is attached:
+** Nsight Systems names its injection library in NVTX_INJECTION64_PATH, so
+** without one the engine formats no range name at all.                     */
+
+static int cu_ranges(void *) {
+  const char *v = getenv("NVTX_INJECTION64_PATH");
+  return v != NULL && *v != '\0';
+}
+
+static void cu_range_push(void *, const char *name) {
+  nvtxRangePushA(name);
+}
+
+static void cu_range_pop(void *) {
+  nvtxRangePop();
+}
+
+/* ------------------------------------------------------------------------ */
 
 /* In gc_backend's field order (C++17 has no designated initializers). */
 static const gc_backend cu_backend = {
@@ -390,6 +417,10 @@ static const gc_backend cu_backend = {
     cu_comm_free,     /* comm_free */
     cu_collective,    /* collective */
     cu_attn_cudnn,    /* attn_supported */
+    cu_record_ext,    /* event_record_external */
+    cu_ranges,        /* ranges */
+    cu_range_push,    /* range_push */
+    cu_range_pop,     /* range_pop */
 };
 
 extern "C" const gc_backend *gc_cuda_backend(void) {
