@@ -1,11 +1,14 @@
 # graphcap: `make` builds the library, the program and the Lua module;
 # `make test` runs every suite on every backend present.
 #   CUDA=auto (default) builds the cuda backend when nvcc is found, CUDA=0 never, CUDA=1 always.
+#   CUDA_ARCH="80 89 90": the GPU architectures it is built for (default: those of the GPUs
+#     nvidia-smi sees, else these three).
 #   CUDNN=auto (default) runs the cuda backend's attention through cuDNN when the headers of
 #     cuDNN's frontend are in .deps/cudnn-frontend (scripts/setup.sh fetches them), CUDNN=0 never,
 #     CUDNN=1 always (the build fails without them). libcudnn itself is loaded at run time.
 #   MPI=auto (default) builds the distributed layer on MPI when mpicc is found, MPI=0 never.
 #   V=1 prints whole command lines; SETUP=0 leaves the system's packages alone.
+#   make examples EXAMPLES_FULL=1 runs train_gpt.lua in its full setting (minutes), not its small.
 #   make install PREFIX=... (default /usr/local) DESTDIR=...; make uninstall.
 
 # Parallel by default; a -j given on the command line wins.
@@ -43,8 +46,27 @@ OPT ?= -O2 -g
 override CFLAGS := -std=c11 $(OPT) -fPIC $(WARN) -D_POSIX_C_SOURCE=200809L -Iengine/include \
                    -Iengine/src -MMD -MP $(CFLAGS)
 unexport CFLAGS
-NVFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+# The GPU architectures the cuda backend is built for, as compute capabilities without the dot
+# (CUDA_ARCH="80 89 90"): by default those of the GPUs nvidia-smi sees, else Ampere's, Ada's and
+# Hopper's. Machine code for each, and PTX of the highest, which newer GPUs compile at load time.
+ifeq ($(origin CUDA_ARCH),undefined)
+  ifeq ($(WITH_CUDA),1)
+    CUDA_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | \
+                   tr -d . | grep -x '[0-9][0-9]*' | sort -nu)
+  endif
+  CUDA_ARCH := $(or $(CUDA_ARCH),80 89 90)
+endif
+ifeq ($(WITH_CUDA),1)
+  ifneq ($(words $(CUDA_ARCH)),$(words $(shell printf '%s\n' $(CUDA_ARCH) | grep -x '[1-9][0-9]*')))
+    $(error CUDA_ARCH="$(CUDA_ARCH)": compute capabilities without the dot, as in CUDA_ARCH="80 89 90")
+  endif
+endif
+CUDA_PTX := $(shell printf '%s\n' $(CUDA_ARCH) | sort -n | tail -n 1)
+NVFLAGS := -O3 -std=c++17 $(foreach a,$(sort $(CUDA_ARCH)),-gencode arch=compute_$(a),code=sm_$(a)) \
+           -gencode arch=compute_$(CUDA_PTX),code=compute_$(CUDA_PTX) \
            -Xcompiler -fPIC,-Wall,-Wextra -Iengine/include -Iengine/src -MMD -MP
+# The architectures the device code was built for: a change rebuilds it.
+ARCH_STAMP := $(B)/.arch-$(subst $() ,-,$(sort $(CUDA_ARCH)))
 LDLIBS := -lm -ldl -lpthread
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart_static -lrt -lstdc++
 
@@ -117,7 +139,7 @@ $(B)/%.o: %.c
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
-$(B)/engine/src/cuda/%.o: engine/src/cuda/%.cu
+$(B)/engine/src/cuda/%.o: engine/src/cuda/%.cu $(ARCH_STAMP)
 	$(say) NVCC $<
 	@mkdir -p $(@D)
 	$(Q)$(NVCC) $(NVFLAGS) -c $< -o $@
@@ -143,6 +165,12 @@ $(STAMP):
 $(CUDNN_STAMP):
 	@mkdir -p $(B)
 	@rm -f $(B)/.cudnn-*
+	@touch $@
+
+# Likewise for the GPU architectures (ARCH_STAMP, above).
+$(ARCH_STAMP):
+	@mkdir -p $(B)
+	@rm -f $(B)/.arch-*
 	@touch $@
 
 # Likewise for MPI, as this make found it when it started.
@@ -208,7 +236,7 @@ $(B)/embed: $(wildcard examples/embed/*.c) $(B)/libgraphcap.a
 EC_DIR := examples/embed_custom
 EC_OBJ := $(if $(filter 1,$(WITH_CUDA)),$(B)/$(EC_DIR)/sqplus.o)
 EC_DEF := $(if $(filter 1,$(WITH_CUDA)),-DSQPLUS_CUDA)
-$(B)/$(EC_DIR)/sqplus.o: $(EC_DIR)/sqplus.cu $(EC_DIR)/sqplus.h
+$(B)/$(EC_DIR)/sqplus.o: $(EC_DIR)/sqplus.cu $(EC_DIR)/sqplus.h $(ARCH_STAMP)
 	$(say) NVCC $<
 	@mkdir -p $(@D)
 	$(Q)$(NVCC) $(NVFLAGS) $(EC_DEF) -c $< -o $@
@@ -229,8 +257,27 @@ run: all
 	@echo "run: examples/train_mlp.lua ran on the" \
 	  "$$($(B)/graphcap -e 'io.write(require("graphcap").device())') backend"
 
+# Every example, train_gpt.lua in its small setting (EXAMPLES_FULL=1: its full one, minutes
+# long), each run from $(EX_DIR), so that what it writes stays out of the source tree.
+# gc.cuda.kernel compiles with NVRTC, on every backend: where NVRTC is not available, the
+# examples that call it are skipped, with the reason.
+EXAMPLES_FULL ?= 0
+EX_DIR := $(B)/examples
+EX_GPT := $(if $(filter 1,$(EXAMPLES_FULL)),full,small) $(abspath $(EX_DIR))/train_gpt_loss.svg
+NVRTC_PROBE := local ok, e = pcall(require("graphcap").cuda.kernel, \
+                 [[extern "C" __global__ void k() {}]], "k") \
+               io.write(not ok and tostring(e):match("NVRTC is not available (%b())") or "")
 examples: all
-	@for f in examples/*.lua; do echo "== $$f"; $(B)/graphcap $$f || exit 1; done
+	@mkdir -p $(EX_DIR)
+	@nvrtc=$$($(B)/graphcap --device host -e '$(NVRTC_PROBE)'); \
+	for f in examples/*.lua; do \
+	  if [ -n "$$nvrtc" ] && grep -q 'gc\.cuda\.kernel' $$f; then \
+	    echo "== $$f: skipped, gc.cuda.kernel needs NVRTC $$nvrtc"; continue; \
+	  fi; \
+	  a=; case $$f in examples/train_gpt.lua) a="$(EX_GPT)" ;; esac; \
+	  echo "== $$f$${a:+ $$a}"; \
+	  (cd $(EX_DIR) && $(abspath $(B))/graphcap $(CURDIR)/$$f $$a) || exit 1; \
+	done
 
 # TEST_NOT_RUN: the backends built but not run here, for the summary.
 test: all
@@ -292,8 +339,9 @@ bench-torch:
 	  python3 bench/torch_transformer.py; \
 	else echo "bench: python3 has no torch; PyTorch's side (bench/torch_*.py) not run" >&2; fi
 
-# Install: the headers, the static and the shared library, graphcap.pc, the Lua
-# module in Lua 5.4's default paths under PREFIX, and the program.
+# Install: the headers, the static and the shared library, graphcap.pc (which links the shared
+# one) and graphcap-static.pc (the static one), the Lua module in Lua 5.4's default paths under
+# PREFIX, and the program.
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 LIBDIR ?= $(PREFIX)/lib
@@ -311,18 +359,20 @@ install: install-lib install-lua install-bin
 
 # A directory under PREFIX as graphcap.pc writes it, relative to ${prefix}.
 under_prefix = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+# The pkg-config files' fields, filled in from their templates.
+PC_SED = -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(call under_prefix,$(LIBDIR))|' \
+  -e 's|@INCLUDEDIR@|$(call under_prefix,$(INCLUDEDIR))|' \
+  -e 's|@VERSION@|$(VERSION)|; s|@LIBS_PRIVATE@|$(strip $(filter-out -Wl%,$(LDLIBS) $(MPI_LIBS)))|'
 
-install-lib: $(B)/libgraphcap.a $(SHLIB) engine/graphcap.pc.in
+install-lib: $(B)/libgraphcap.a $(SHLIB) engine/graphcap.pc.in engine/graphcap-static.pc.in
 	install -d $(D)$(INCLUDEDIR) $(D)$(LIBDIR) $(D)$(PKGCONFIGDIR)
 	install -m 644 $(HEADERS) $(D)$(INCLUDEDIR)/
 	install -m 644 $(B)/libgraphcap.a $(D)$(LIBDIR)/
 	install -m 755 $(SHLIB) $(D)$(LIBDIR)/
 	ln -sf libgraphcap.so.$(VERSION) $(D)$(LIBDIR)/libgraphcap.so.$(SOMAJOR)
 	ln -sf libgraphcap.so.$(SOMAJOR) $(D)$(LIBDIR)/libgraphcap.so
-	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(call under_prefix,$(LIBDIR))|' \
-	  -e 's|@INCLUDEDIR@|$(call under_prefix,$(INCLUDEDIR))|' \
-	  -e 's|@VERSION@|$(VERSION)|; s|@LIBS_PRIVATE@|$(strip $(filter-out -Wl%,$(LDLIBS) $(MPI_LIBS)))|' \
-	  engine/graphcap.pc.in >$(D)$(PKGCONFIGDIR)/graphcap.pc
+	sed $(PC_SED) engine/graphcap.pc.in >$(D)$(PKGCONFIGDIR)/graphcap.pc
+	sed $(PC_SED) engine/graphcap-static.pc.in >$(D)$(PKGCONFIGDIR)/graphcap-static.pc
 	@$(LDCONFIG)
 
 install-lua: $(B)/lua/graphcap/core.so
@@ -338,6 +388,7 @@ uninstall:
 	rm -f $(patsubst engine/include/%,$(D)$(INCLUDEDIR)/%,$(HEADERS)) $(D)$(LIBDIR)/libgraphcap.a \
 	  $(D)$(LIBDIR)/libgraphcap.so $(D)$(LIBDIR)/libgraphcap.so.$(SOMAJOR) \
 	  $(D)$(LIBDIR)/libgraphcap.so.$(VERSION) $(D)$(PKGCONFIGDIR)/graphcap.pc \
+	  $(D)$(PKGCONFIGDIR)/graphcap-static.pc \
 	  $(D)$(LUA_LIBDIR)/graphcap/core.so $(D)$(BINDIR)/graphcap \
 	  $(patsubst lua/graphcap/%,$(D)$(LUA_SHAREDIR)/graphcap/%,$(LUA_FACADE))
 	@rmdir $(D)$(LUA_SHAREDIR)/graphcap $(D)$(LUA_LIBDIR)/graphcap 2>/dev/null || true

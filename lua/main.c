@@ -351,8 +351,8 @@ static const struct gc_option *findopt(char **argv, int *i, const char **val) {
 /*
 ** Read the options before the script, whose index goes to '*script' (0:
 ** none), the --device value to '*device' and the --trace file to
-** '*trace'. Return the mask of the options found, or -1 after reporting a
-** bad one.
+** '*trace'. Return the mask of the options found, or after reporting a bad
+** one, -1 (the usage follows) or -2 (a bad device: its line says it all).
 */
 static int collectargs(char **argv, int *script, const char **device, const char **trace) {
   int args = 0;
@@ -374,7 +374,7 @@ static int collectargs(char **argv, int *script, const char **device, const char
     if (o->bit == has_device) {
       if (strcmp(val, "host") != 0 && strcmp(val, "cuda") != 0) {
         fprintf(stderr, PROGNAME ": --device must be host or cuda, got '%s'\n", val);
-        return -1;
+        return -2;
       }
       *device = val;
     } else if (o->bit == has_trace)
@@ -398,9 +398,10 @@ static int runargs(lua_State *L, char **argv, int n) {
 }
 
 /*
-** The device the engine will open ('device', else GRAPHCAP_DEVICE): when
-** it is cuda, it must be there, so that no script runs on the host while
-** its user asked for a GPU. 0 after reporting why not.
+** The device the engine will open ('device', else GRAPHCAP_DEVICE, where
+** unset or empty is the default): one it knows, and when it is cuda, one
+** that is there, so that no script runs on the host while its user asked
+** for a GPU. 0 after reporting why not, in one line, as --device does.
 */
 static int check_device(const char *device) {
   const char *from = "--device cuda";
@@ -408,6 +409,11 @@ static int check_device(const char *device) {
   if (device == NULL) {
     device = getenv("GRAPHCAP_DEVICE");
     from = "GRAPHCAP_DEVICE=cuda";
+    if (device != NULL && *device != '\0' && strcmp(device, "host") != 0 &&
+        strcmp(device, "cuda") != 0) {
+      fprintf(stderr, PROGNAME ": GRAPHCAP_DEVICE must be host or cuda, got '%s'\n", device);
+      return 0;
+    }
   }
   if (device == NULL || strcmp(device, "cuda") != 0 || gcap_cuda_available()) return 1;
   if (gcap_engine_new(GCAP_DEVICE_CUDA, &e) == GCAP_OK) { /* a GPU came up meanwhile */
@@ -570,7 +576,7 @@ static int pmain(lua_State *L) {
   int args = collectargs(argv, &script, &device, &trace);
   luaL_checkversion(L);
   if (args < 0) { /* bad option */
-    print_usage(stderr);
+    if (args == -1) print_usage(stderr);
     return 0;
   }
   if (args & has_h) {

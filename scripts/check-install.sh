@@ -6,10 +6,12 @@
 #
 # After `make install`: a stock lua5.4 requires graphcap from another directory
 # and computes with it; examples/embed and README's C example build with
-# pkg-config against the installed copy (shared, and static through
-# Libs.private) and run; the installed program runs an example. Then
-# `make uninstall` leaves nothing behind. With a temporary prefix, a LuaRocks
-# install (luarocks make --tree) is checked the same way.
+# README's two pkg-config commands, as written there, against the installed
+# copy (libgraphcap.so, and libgraphcap.a through graphcap-static), and run;
+# the installed program runs an example. Then
+# `make uninstall` leaves nothing behind. With a temporary prefix, README's
+# LuaRocks commands (luarocks make from the checkout) run as written there,
+# into a tree of their own, and the install is checked the same way.
 #
 # Needs lua5.4, pkg-config and luarocks (a temporary prefix). Exit 1 on the
 # first failure, naming the check.
@@ -51,6 +53,15 @@ else
 fi
 
 step() { echo "check-install: $*"; }
+
+# The commands of README.md's first ```sh block that contains WORD, comments
+# dropped, one a line (as .ci/run reads the set-up commands).
+readme_sh() {
+  awk -v w="$1" '/^```sh$/ { on = 1; blk = ""; found = 0; next }
+    on && /^```/ { if (found) { printf "%s", blk; exit } on = 0; next }
+    on { sub(/[ \t]*#.*/, ""); if ($0 != "") { blk = blk $0 "\n"; if (index($0, w)) found = 1 } }
+  ' README.md
+}
 fail() {
   echo "check-install: FAILED: $*" >&2
   exit 1
@@ -84,28 +95,40 @@ core=$(cd "$tmp/elsewhere" && env "${lua_env[@]}" lua5.4 -e "$lua_check") ||
 [ "$core" = "$prefix/lib/lua/5.4/graphcap/core.so" ] ||
   fail "lua5.4 loaded graphcap.core from $core, not from $prefix"
 
-# C: pkg-config against the installed copy only.
+# C: README's commands, against the installed copy only (pkg-config's path
+# is the prefix's alone): `cc -o prog prog.c $(pkg-config ...)`, the first
+# linking libgraphcap.so, the second libgraphcap.a.
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
-cflags=$(pkg-config --cflags graphcap) || fail "pkg-config --cflags graphcap"
-libs=$(pkg-config --libs graphcap) || fail "pkg-config --libs graphcap"
-static_libs=$(pkg-config --static --libs graphcap)
-static_libs=${static_libs/-lgraphcap/$prefix/lib/libgraphcap.a}
+mapfile -t cc_cmds < <(readme_sh "pkg-config --cflags")
+[ ${#cc_cmds[@]} -eq 2 ] || fail "README.md has not its two pkg-config build commands"
 run_env=()
 [ $default = 1 ] || run_env=(LD_LIBRARY_PATH="$prefix/lib")
 
-# build_and_run NAME SOURCE...: link shared and static, check which library
-# the shared one loads, run both.
+# readme_cc I NAME SOURCE...: README's command I with SOURCE... for prog.c, the
+# program written to tmp/NAME.
+readme_cc() {
+  local cmd=${cc_cmds[$1]} out
+  out=$(printf '%q' "$tmp/$2")
+  shift 2
+  cmd=${cmd/ prog.c / $(printf '%q ' "$@")}
+  cmd=${cmd/-o prog /-o $out }
+  bash -c "$cmd"
+}
+
+# build_and_run NAME SOURCE...: build with both commands, check which library
+# each loads, run both.
 build_and_run() {
   local name=$1
   shift
-  step "$name: cc ... \$(pkg-config --cflags --libs graphcap), shared and static"
-  # shellcheck disable=SC2086 # pkg-config's output is a list of words
-  cc -o "$tmp/$name" "$@" $cflags $libs || fail "$name: shared link"
-  # shellcheck disable=SC2086
-  cc -o "$tmp/$name-static" "$@" $cflags $static_libs || fail "$name: static link (Libs.private)"
+  step "$name: ${cc_cmds[0]}"
+  readme_cc 0 "$name" "$@" || fail "$name: ${cc_cmds[0]}"
+  step "$name: ${cc_cmds[1]}"
+  readme_cc 1 "$name-static" "$@" || fail "$name: ${cc_cmds[1]}"
   local so
   so=$(env "${run_env[@]}" ldd "$tmp/$name" | awk '$1 == "libgraphcap.so.0" { print $3 }')
   [ "$so" -ef "$prefix/lib/libgraphcap.so.0" ] || fail "$name loads libgraphcap from '$so'"
+  ! ldd "$tmp/$name-static" | grep libgraphcap >/dev/null ||
+    fail "$name-static loads libgraphcap.so: $(ldd "$tmp/$name-static" | grep libgraphcap)"
   (cd "$tmp/elsewhere" && env "${run_env[@]}" "$tmp/$name" >"$tmp/$name.out") ||
     fail "$name (shared) exited non-zero: $(cat "$tmp/$name.out")"
   (cd "$tmp/elsewhere" && "$tmp/$name-static" >"$tmp/$name-static.out") ||
@@ -125,18 +148,23 @@ step "make uninstall ${make_args[*]}"
 make -s uninstall "${make_args[@]}" >/dev/null || fail "make uninstall"
 if [ $default = 1 ]; then
   for f in include/graphcap.h include/graphcap_types.h lib/libgraphcap.a lib/libgraphcap.so \
-    lib/pkgconfig/graphcap.pc share/lua/5.4/graphcap lib/lua/5.4/graphcap bin/graphcap; do
+    lib/pkgconfig/graphcap.pc lib/pkgconfig/graphcap-static.pc share/lua/5.4/graphcap \
+    lib/lua/5.4/graphcap bin/graphcap; do
     [ ! -e "$prefix/$f" ] || fail "make uninstall left $prefix/$f"
   done
 else
   left=$(find "$prefix" -type f -o -type l)
   [ -z "$left" ] || fail "make uninstall left: $left"
 
-  step "luarocks make --tree (a LuaRocks install)"
+  # README's tree, /tmp/rocks, becomes one of this run's own.
   tree=$tmp/rocktree
-  luarocks --lua-version 5.4 make --tree "$tree" graphcap-*.rockspec >"$tmp/rock.log" 2>&1 || {
+  rocks=$(readme_sh "luarocks ")
+  [ -n "$rocks" ] || fail "README.md has no LuaRocks commands"
+  rocks=${rocks//\/tmp\/rocks/$tree}
+  step "README's LuaRocks commands (luarocks make at the top of the checkout), into $tree"
+  bash -c "set -e; $rocks" >"$tmp/rock.log" 2>&1 || {
     cat "$tmp/rock.log" >&2
-    fail "luarocks make"
+    fail "README's LuaRocks commands"
   }
   core=$(cd "$tmp/elsewhere" && eval "$(luarocks --lua-version 5.4 --tree "$tree" path)" &&
     lua5.4 -e "$lua_check") || fail "lua5.4 require \"graphcap\" from the LuaRocks tree"

@@ -215,7 +215,7 @@ engine_layer_rules() {
     folder=${folder%%/*}
     rank=$(layer_rank "$folder")
     target=$(include_folder "$file" "$inc")
-    [ -n "$target" ] && [ "$target" != "$folder" ] || continue
+    if [ -z "$target" ] || [ "$target" = "$folder" ]; then continue; fi
     trank=$(layer_rank "$target")
     if [ "$rank" = B ]; then
       case "$inc" in
@@ -227,7 +227,7 @@ engine_layer_rules() {
     fi
   done < <(list_includes)
 
-  local upper lower sym hits
+  local upper lower syms hits
   for upper in tensor train dist; do
     mapfile -t syms < <(defined_in "$upper")
     [ ${#syms[@]} -gt 0 ] || continue

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Static checks: clang-format (the checked-in .clang-format) on the C, C++ and CUDA
-# sources, cppcheck on engine/ and lua/, then the layering rules.
+# sources, cppcheck on engine/ and lua/, luacheck (the checked-in .luacheckrc) on the Lua
+# sources, shellcheck on the shell scripts, then the layering rules.
 # Exit non-zero on any finding. The tools come from `scripts/setup.sh --lint`.
 # variableScope is off: like Lua's own source, functions declare their locals first.
 set -uo pipefail
@@ -51,6 +52,27 @@ elif [ ${#c_srcs[@]} -gt 0 ]; then
   fi
 fi
 
+mapfile -d '' lua_srcs < <(sources "lua" lua tests examples scripts bench)
+if ! command -v luacheck >/dev/null; then
+  echo "lint: luacheck not found (scripts/setup.sh --lint installs it)"
+  failed+=(luacheck)
+elif [ ${#lua_srcs[@]} -gt 0 ]; then
+  if ! luacheck --no-color --formatter plain --codes "${lua_srcs[@]}"; then
+    failed+=(luacheck)
+  fi
+fi
+
+mapfile -d '' sh_srcs < <(sources "sh" scripts tests bench)
+[ -f .ci/run ] && sh_srcs+=(.ci/run)
+if ! command -v shellcheck >/dev/null; then
+  echo "lint: shellcheck not found (scripts/setup.sh --lint installs it)"
+  failed+=(shellcheck)
+elif [ ${#sh_srcs[@]} -gt 0 ]; then
+  if ! shellcheck "${sh_srcs[@]}"; then
+    failed+=(shellcheck)
+  fi
+fi
+
 # A Lua suite closes its state on exit (os.exit(code, true)), so that the engine and its device
 # memory are freed and the sanitizers' leak checks see real leaks only.
 for f in tests/lua/test_*.lua; do
@@ -68,4 +90,4 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "lint: failed: ${failed[*]}"
   exit 1
 fi
-echo "lint: clean (clang-format, cppcheck, layering, Lua suites)"
+echo "lint: clean (clang-format, cppcheck, luacheck, shellcheck, layering, Lua suites)"

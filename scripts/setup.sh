@@ -4,7 +4,8 @@
 #
 #   scripts/setup.sh          lua5.4, liblua5.4-dev, lua-unit, and OpenMPI (openmpi-bin,
 #                             libopenmpi-dev) for the distributed layer
-#   scripts/setup.sh --lint   the same, and clang-format and cppcheck
+#   scripts/setup.sh --lint   the same, and clang-format, cppcheck, lua-check (luacheck)
+#                             and shellcheck
 #   scripts/setup.sh --list   print the first list, one package a line
 #
 # Where nvcc is found, the first two also fetch the headers of cuDNN's frontend (header-only
@@ -21,7 +22,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 pkgs=(lua5.4 liblua5.4-dev lua-unit openmpi-bin libopenmpi-dev)
 case "${1-}" in
   "") ;;
-  --lint) pkgs+=(clang-format cppcheck) ;;
+  --lint) pkgs+=(clang-format cppcheck lua-check shellcheck) ;;
   --list)
     printf '%s\n' "${pkgs[@]}"
     exit 0
@@ -70,7 +71,7 @@ fi
 
 if ! command -v dpkg >/dev/null || ! command -v apt-get >/dev/null; then
   echo "setup: not a Debian system; install Lua 5.4 with its headers and LuaUnit" \
-    "(and clang-format, cppcheck for lint) yourself" >&2
+    "(and clang-format, cppcheck, luacheck, shellcheck for lint) yourself" >&2
   exit 0
 fi
 
@@ -80,6 +81,8 @@ present() {
   case "$1" in
     clang-format) command -v clang-format >/dev/null || command -v clang-format-14 >/dev/null ;;
     cppcheck) command -v cppcheck >/dev/null ;;
+    lua-check) command -v luacheck >/dev/null ;;
+    shellcheck) command -v shellcheck >/dev/null ;;
     *) dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed' ;;
   esac
 }

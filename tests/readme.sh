@@ -53,6 +53,7 @@ echo "1..$blocks"
 
 # The link flags: the Makefile's LDLIBS, plus the sanitizers' runtimes when
 # the archive was built with them (make asan).
+# shellcheck disable=SC2016 # $(LDLIBS) is make's to expand
 ldlibs=${LDLIBS:-$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s --no-print-directory \
   --eval='print-ldlibs: ; @echo $(LDLIBS) $(MPI_LIBS)' print-ldlibs 2>/dev/null)}
 # (grep reads to the end: with -q, nm could die of SIGPIPE and pipefail
@@ -78,12 +79,13 @@ run_c() {
   fi
   GRAPHCAP_DEVICE=$device "$tmp/$1.bin" >"$tmp/out" 2>"$tmp/err" || return 1
   [ -s "$tmp/err" ] && return 1
-  local want got
-  want=$(grep -oE '/\* *-?[0-9.]+(, *-?[0-9.]+)+ *\*/' "$tmp/$1.c" | head -1 | tr -dc '0-9.,-' | tr ',' ' ')
-  [ -z "$want" ] && return 0
-  got=$(grep -oE -- '-?[0-9.]+$' "$tmp/out" | tr '\n' ' ')
-  if [ "$(echo $got)" != "$(echo $want)" ]; then
-    echo "printed '$(echo $got)', the block says '$(echo $want)'" >>"$tmp/err"
+  local -a want got
+  read -ra want < <(grep -oE '/\* *-?[0-9.]+(, *-?[0-9.]+)+ *\*/' "$tmp/$1.c" | head -1 |
+    tr -dc '0-9.,-' | tr ',' ' ')
+  [ ${#want[@]} -eq 0 ] && return 0
+  read -ra got < <(grep -oE -- '-?[0-9.]+$' "$tmp/out" | tr '\n' ' ')
+  if [ "${got[*]}" != "${want[*]}" ]; then
+    echo "printed '${got[*]}', the block says '${want[*]}'" >>"$tmp/err"
     return 1
   fi
 }

@@ -107,8 +107,10 @@ run_suite() {
     # LeakSanitizer's own tracer can crash while it stops the threads of a
     # process that started OpenMPI (under load, now and then): that is no
     # finding about the suite, which runs once more. A leak report fails it.
-    [ $rc -ne 0 ] && [ $try = 1 ] &&
-      grep -q "LeakSanitizer has encountered a fatal error" "$outf" "$err" || break
+    if [ $rc -eq 0 ] || [ $try != 1 ] ||
+      ! grep -q "LeakSanitizer has encountered a fatal error" "$outf" "$err"; then
+      break
+    fi
     echo "-- $be: $name: LeakSanitizer's tracer crashed; running the suite again"
   done
 

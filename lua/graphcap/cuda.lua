@@ -7,8 +7,8 @@
 local core = require "graphcap.core"
 local util = require "graphcap.util"
 
-local getmetatable, ipairs, math, setmetatable, tostring, type =
-      getmetatable, ipairs, math, setmetatable, tostring, type
+local getmetatable, ipairs, math, setmetatable, type =
+      getmetatable, ipairs, math, setmetatable, type
 _ENV = nil
 
 core._facade()

@@ -451,7 +451,8 @@ local function make_graphed_callables (callables, sample_args, opts)
       graph_in_place(m, G, i, keys[i], dw)
       out[i] = m
     else
-      out[i] = setmetatable({G = G, i = i, mods = mods, dw = dw}, Entry) -- keeps the callables' Lua values (their kwargs keys)
+      -- keeps the callables' Lua values (their kwargs keys)
+      out[i] = setmetatable({G = G, i = i, mods = mods, dw = dw}, Entry)
     end
   end
   if single then return out[1] end

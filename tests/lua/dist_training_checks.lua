@@ -182,28 +182,28 @@ do
     if how == "eager" then
       train(function () return D[1] end, function () return D[2] end, rank)
     elseif how == "graphed" then
-      local G = gc.make_graphed_callables(D, sample)
-      train(function () return G[1] end, function () return G[2] end, rank)
+      local graphed = gc.make_graphed_callables(D, sample)
+      train(function () return graphed[1] end, function () return graphed[2] end, rank)
     else  -- an order of two chunks and two microbatches, with their wgrads
-      local G = gc.make_graphed_callables(D, {{gc.zeros({per, W})}, {gc.zeros({per, W})},
-                                              {gc.zeros({per, W}, {requires_grad = true})},
-                                              {gc.zeros({per, W}, {requires_grad = true})}},
-                                          {order = {1, 2, -2, -2.5, -1, -1.5, 1, 2, -2, -2.5, -1, -1.5},
-                                           num_layers_per_chunk = {1, 1}})
-      train(function (b) return G[gc.pipeline.entry(1, b, 2)] end,
-            function (b) return G[gc.pipeline.entry(2, b, 2)] end, rank)
+      local graphed = gc.make_graphed_callables(D, {{gc.zeros({per, W})}, {gc.zeros({per, W})},
+                                                    {gc.zeros({per, W}, {requires_grad = true})},
+                                                    {gc.zeros({per, W}, {requires_grad = true})}},
+                                                {order = {1, 2, -2, -2.5, -1, -1.5, 1, 2, -2, -2.5, -1, -1.5},
+                                                 num_layers_per_chunk = {1, 1}})
+      train(function (b) return graphed[gc.pipeline.entry(1, b, 2)] end,
+            function (b) return graphed[gc.pipeline.entry(2, b, 2)] end, rank)
     end
     return grads(ls)
   end
   local eager = run("eager")
-  local want = {}
+  local summed = {}
   for r = 0, N - 1 do
     local ls = delayed()
     train(function () return ls[1] end, function () return ls[2] end, r)
-    for k, p in ipairs(params(ls)) do want[k] = want[k] and want[k] + p.grad or p.grad end
+    for k, p in ipairs(params(ls)) do summed[k] = summed[k] and summed[k] + p.grad or p.grad end
   end
   for k, g in ipairs(eager) do
-    local exp = flat(want[k] * gc.full({}, 1 / N))
+    local exp = flat(summed[k] * gc.full({}, 1 / N))
     for i = 1, #exp do
       check(math.abs(g[i] - exp[i]) <= 1e-6 * (1 + math.abs(exp[i])),
             "ddp delayed-wgrad grad %d[%d]: %.9g, want the ranks' average %.9g", k, i, g[i], exp[i])
@@ -239,7 +239,7 @@ do
     for _, np in ipairs(m:named_parameters()) do gs[np[1]] = np[2].grad and flat(np[2].grad) end
     return gs
   end
-  local want = {}  -- what each rank's rows give one process, summed in rank order, over N
+  local summed = {}  -- what each rank's rows give one process, summed in rank order, over N
   for r = 0, N - 1 do
     gc.manual_seed(9)
     local m = Branches()
@@ -250,14 +250,14 @@ do
       for _, np in ipairs(l:named_parameters()) do step[np[1]] = np[2].grad:clone(); np[2].grad = nil end
       for name, g in pairs(step) do
         local key = (r % 2 == 0 and "a." or "b.") .. name .. phase
-        want[key] = want[key] and want[key] + g or g
+        summed[key] = summed[key] and summed[key] + g or g
       end
     end
   end
   local eager, graphed = grads(false), grads(true)
   for _, name in ipairs{"a.weight", "a.bias", "b.weight", "b.bias"} do
-    if want[name .. 0] then
-      local avg = want[name .. 0] * gc.full({}, 1 / N) + want[name .. 1] * gc.full({}, 1 / N)
+    if summed[name .. 0] then
+      local avg = summed[name .. 0] * gc.full({}, 1 / N) + summed[name .. 1] * gc.full({}, 1 / N)
       local got, exp = eager[name], flat(avg)
       check(got ~= nil, "ddp grad of %s: none", name)
       for i = 1, #exp do
@@ -315,11 +315,11 @@ local function pipeline_step (P, stage, group)
   gc.manual_seed(8)
   local cs = {gc.nn.Linear(H, H), gc.nn.Linear(H, H)}
   local x, y = gc.randn({B, H}), gc.randn({B, H})
-  local opt = gc.optim.SGD(params(cs), {lr = 0.1})
+  local sgd = gc.optim.SGD(params(cs), {lr = 0.1})
   gc.pipeline.run{stages = P, stage = stage, microbatches = 4, chunks = 2, group = group,
                   call = function (c, _, h) return cs[c](h) end, input = function () return x end,
                   loss = function (_, h) return gc.F.mse_loss(h, y) end, shape = {B, H}}
-  opt:step()
+  sgd:step()
   return cs
 end
 pipeline_step(N, rank)
@@ -361,21 +361,21 @@ do
   check(held <= bound, "fsdp shard holds %d bytes, want at most shards %d + arena %d (+ rounding)",
         held, m.shard_bytes, m.full_bytes)
   local x = gc.randn({2, H})
-  local opt = gc.optim.SGD(B:parameters(), {lr = 0.1})
+  local sgd = gc.optim.SGD(B:parameters(), {lr = 0.1})
   local peak = 0
   for _ = 1, 2 do
-    opt:zero_grad()
+    sgd:zero_grad()
     collectgarbage()
     gc.reset_peak_memory_stats()
     local h = x
     for _, u in ipairs(B.units) do h = u(h) end
     h:sum():backward()
     B:finish_grads()
-    opt:step()
-    h = nil
+    sgd:step()
+    h = nil -- luacheck: ignore 311 (for the collector)
     peak = math.max(peak, gc.memory_stats().peak_bytes - before)
   end
-  opt:zero_grad()
+  sgd:zero_grad()
   collectgarbage()
   local after = gc.memory_stats().in_use_bytes - before
   check(after <= bound, "fsdp holds %d bytes after training, want at most %d", after, bound)
@@ -470,9 +470,9 @@ ok("fsdp backward after its shards changed fails the version check")
 -- make_graphed_callables would refuse, until its first capture-time hook).
 -- (A direct call once computed with another unit's weights.)
 do
-  local function refused (fn, what, want)
+  local function refused (fn, what, expect)
     local okc, err = pcall(fn)
-    check(not okc and tostring(err):find(want, 1, true), "%s: %s", what, tostring(err))
+    check(not okc and tostring(err):find(expect, 1, true), "%s: %s", what, tostring(err))
   end
   local function direct (S, label)
     local x = mine(0, rank)

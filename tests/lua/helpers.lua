@@ -344,12 +344,10 @@ function H.walk (spec, fwd, bwd, dw)
     if v > 0 then
       for l = 0, n - 1 do fwd(prefix[k] * M + nf[k] * n + l + 1, prefix[k] + l + 1) end
       nf[k] = nf[k] + 1
-    elseif not training then
-      -- eval: forwards only
-    elseif v == math.floor(v) then
+    elseif training and v == math.floor(v) then  -- eval: forwards only
       for l = n - 1, 0, -1 do bwd(prefix[k] * M + nb[k] * n + l + 1, prefix[k] + l + 1) end
       nb[k] = nb[k] + 1
-    elseif dw then
+    elseif training and dw then
       for l = n - 1, 0, -1 do dw(prefix[k] * M + (nb[k] - 1) * n + l + 1, prefix[k] + l + 1) end
     end
   end

@@ -338,7 +338,7 @@ end
 function TestAutograd:test_leaf_grads_of_one_node ()
   local w = gc.tensor(H.values(6, 0.2), {requires_grad = true})
   local b = gc.tensor(H.values(6, 1.7), {requires_grad = true})
-  local function pass () ;((w * b) * gc.tensor(H.values(6, 2.9))):sum():backward() end
+  local function pass () ((w * b) * gc.tensor(H.values(6, 2.9))):sum():backward() end
   pass()   -- first grads, both from one mul node
   local gw, gb = w.grad:tolist(), b.grad:tolist()
   local w0, b0 = gc.tensor(H.values(6, 4.1)), gc.tensor(H.values(6, 5.3))

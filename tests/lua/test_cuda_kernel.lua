@@ -32,12 +32,12 @@ local function scale_twin (x, y, a, n)
   y:view({n}):copy_(gc.tensor(v))
 end
 
-local ok, scale = pcall(gc.cuda.kernel, SCALE, "scale", {host = scale_twin})
-if not ok and tostring(scale):find("NVRTC is not available", 1, true) then
+local compiled, scale = pcall(gc.cuda.kernel, SCALE, "scale", {host = scale_twin})
+if not compiled and tostring(scale):find("NVRTC is not available", 1, true) then
   print("# skipped: " .. tostring(scale))  -- no CUDA toolkit here
   os.exit(77)
 end
-assert(ok, scale)
+assert(compiled, scale)
 
 local function run_scale (x, y, a)
   scale:launch{grid = 1, block = 256, args = {x, y, a, x:numel()}, writes = {y}}

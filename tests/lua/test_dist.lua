@@ -43,7 +43,7 @@ TestDist = {}
 
 function TestDist.test_world_size_one_without_mpirun ()
   if not gc.dist.is_available() then
-    local out, err, code = run(program, [[
+    local _, err, code = run(program, [[
       local gc = require "graphcap"
       gc.dist.init()]], 60)
     lu.assertNotEquals(code, 0)

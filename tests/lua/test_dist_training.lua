@@ -93,7 +93,8 @@ for _, n in ipairs{1, 2, 4} do
   end
   TestDistTraining["test_checks_" .. n] = function ()
     local out, ok = script(n, "tests/lua/dist_training_checks.lua")
-    expect(out, ok, 1, "ok ddp eager grads", "ok ddp buckets", "ok ddp graphed", "ok ddp accumulated backwards", "ok ddp delayed wgrads",
+    expect(out, ok, 1, "ok ddp eager grads", "ok ddp buckets", "ok ddp graphed",
+           "ok ddp accumulated backwards", "ok ddp delayed wgrads",
            "ok ddp ranks using different parameters",
            "ok fsdp shard grads",
            "ok fsdp un-shard", "ok fsdp holds its shards and one unit's full parameters",

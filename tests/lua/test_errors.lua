@@ -268,7 +268,7 @@ function TestClosed:test_closed_tensor_argument_of_a_call ()
                                       {num_warmup_iters = 1})
   H.assert_err(function () local y = f(c); return y end,
                "graphed call of entry 1: argument #1 is a closed tensor", here)
-  local a, b = f(gc.ones({2, 3}))
+  local _, b = f(gc.ones({2, 3}))
   lu.assertEquals(b:tolist(), {{3, 3, 3}, {3, 3, 3}})
   lu.assertEquals(lin(gc.ones({2, 3})):shape(), {2, 3})
 end

@@ -85,7 +85,7 @@ local function graphed_case (name, opts)
   local m, params, sample, x, target = model()
   local pool = gc.graph_pool_handle()
   opts.pool = pool
-  local kept -- what a successful call made, until undo
+  local kept -- luacheck: ignore 231 (holds what a successful call made, until undo)
   local function call (phase)
     phase[1] = "make_graphed_callables"
     local G = gc.make_graphed_callables(m, sample, opts)

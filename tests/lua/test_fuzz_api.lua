@@ -8,7 +8,6 @@
 
 local lu = require "luaunit"
 local gc = require "graphcap"
-local H = require "helpers"
 local F = require "fuzz"
 local core = require "graphcap.core"
 

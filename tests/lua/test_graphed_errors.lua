@@ -829,7 +829,7 @@ function TestGraphedErrors:test_graphed_entry_table_argument_without_kwargs ()
                "graphed call of entry 1: argument #2 must be a tensor, got table", "test_graphed_errors.lua:")
   H.assert_err(function () local y = f({x}); return y end,
                "graphed call of entry 1: argument #1 must be a tensor, got table")
-  local a, b = f(x)
+  local _, b = f(x)
   lu.assertEquals(b[1]:tolist(), {{3, 3, 3}, {3, 3, 3}})
 end
 

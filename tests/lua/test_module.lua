@@ -301,7 +301,7 @@ function TestErrors:test_raising_forward_leaves_clean_state ()
   -- through a parent and a Sequential too
   local P = gc.nn.Module("Parent")
   function P:init (c) self.c = c end
-  function P:forward (x) return self.c(x) + 1 end
+  function P:forward (v) return self.c(v) + 1 end
   local p = P(m)
   local s = gc.nn.Sequential(p)
   m.fail = true

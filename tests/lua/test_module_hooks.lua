@@ -219,8 +219,9 @@ end
 function TestHooks:test_hook_registered_by_a_hook_runs_next_call ()
   local m = gc.nn.Linear(2, 2)
   local order = {}
-  local kinds = {"forward_pre_hook", "forward_hook", "full_backward_pre_hook", "full_backward_hook"}
-  for _, kind in ipairs(kinds) do
+  local hook_kinds = {"forward_pre_hook", "forward_hook", "full_backward_pre_hook",
+                      "full_backward_hook"}
+  for _, kind in ipairs(hook_kinds) do
     local added = false
     m["register_" .. kind](m, function ()
       order[#order + 1] = kind
@@ -231,7 +232,7 @@ function TestHooks:test_hook_registered_by_a_hook_runs_next_call ()
     end)
   end
   H.backward_weighted(m(H.input({2, 2}, 0, true)))
-  lu.assertEquals(order, kinds)
+  lu.assertEquals(order, hook_kinds)
   order = {}
   H.backward_weighted(m(H.input({2, 2}, 0, true)))
   lu.assertEquals(order, {"forward_pre_hook", "new forward_pre_hook", "forward_hook",

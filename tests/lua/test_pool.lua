@@ -149,7 +149,7 @@ function TestPool:test_pool_stats_and_graph_count ()
   lu.assertEquals(p:stats().graphs, 2)
   g2:close()
   lu.assertEquals(p:stats().graphs, 1)
-  g3 = nil                                     -- collected: no longer live
+  g3 = nil                                     -- luacheck: ignore 311 (collected: no longer live)
   collectgarbage(); collectgarbage()
   lu.assertEquals(p:stats().graphs, 0)
   lu.assertEquals(p:stats().blocks, 3)         -- the outputs are alive
@@ -175,7 +175,7 @@ function TestPool:test_collected_during_capture ()
   g:capture(function ()
     local y = x * 2
     do local _ = gc.Graph() end                -- an empty graph, garbage at once
-    gold, pold = nil, nil                      -- a captured graph and its pool
+    gold, pold = nil, nil                      -- luacheck: ignore 311 (a captured graph and its pool)
     gclosed:close()
     p = nil                                    -- the handle of this capture's pool
     collectgarbage(); collectgarbage()

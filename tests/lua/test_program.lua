@@ -1,7 +1,8 @@
 -- test_program.lua: the graphcap program's options, as lua's: a script from
 -- standard input ('-', or none with stdin not a terminal), -e and -l run in
--- order before the script, -l g=mod, -E, -W, -i, '--', bad options, and
--- --device cuda / GRAPHCAP_DEVICE=cuda failing where no GPU answers.
+-- order before the script, -l g=mod, -E, -W, -i, '--', bad options, a bad
+-- device in one line, and --device cuda / GRAPHCAP_DEVICE=cuda failing where
+-- no GPU answers.
 --   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_program.lua -o tap
 
 local lu = require "luaunit"
@@ -108,9 +109,21 @@ function TestProgram.test_bad_options_fail_with_the_usage ()
   out, err, code = run({"-e"})
   lu.assertEquals({out, code}, {"", 1})
   lu.assertStrContains(err, "'-e' needs an argument")
-  out, err, code = run({"--device", "gpu", "-e", "print(1)"})
-  lu.assertEquals({out, code}, {"", 1})
-  lu.assertStrContains(err, "--device must be host or cuda, got 'gpu'")
+end
+
+-- A device that is none, named by --device or by GRAPHCAP_DEVICE, is one
+-- line, before any code runs.
+function TestProgram.test_bad_device_is_one_line ()
+  lu.assertEquals({run({"--device", "gpu", "-e", "print('ran')"})},
+                  {"", "graphcap: --device must be host or cuda, got 'gpu'\n", 1})
+  lu.assertEquals({run({"-e", "print('ran')"}, nil, "GRAPHCAP_DEVICE=gpu")},
+                  {"", "graphcap: GRAPHCAP_DEVICE must be host or cuda, got 'gpu'\n", 1})
+  lu.assertEquals({run({"-e", "require 'graphcap'"}, nil, "GRAPHCAP_DEVICE=gpu")},
+                  {"", "graphcap: GRAPHCAP_DEVICE must be host or cuda, got 'gpu'\n", 1})
+  -- --device wins over the environment; an empty GRAPHCAP_DEVICE is the default
+  lu.assertEquals({run({"--device", "host", "-e", "print('ran')"}, nil, "GRAPHCAP_DEVICE=gpu")},
+                  {"ran\n", "", 0})
+  lu.assertEquals({run({"-e", "print('ran')"}, nil, "GRAPHCAP_DEVICE=")}, {"ran\n", "", 0})
 end
 
 -- Asked for cuda where there is none, the program stops before running any

@@ -90,7 +90,7 @@ local function walk (name, order)
     seen[fired] = (seen[fired] or 0) + 1
     local ok2, G = pcall(gc.make_graphed_callables, m, sample, opts)
     lu.assertTrue(ok2, what .. ": the same call then failed: " .. tostring(G))
-    G = nil
+    G = nil -- luacheck: ignore 311 (for the collector)
   end
   lu.fail(name .. ": the walk did not end")
 end

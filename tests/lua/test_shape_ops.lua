@@ -106,8 +106,6 @@ function TestShapeOps:test_split_chunk_cat_values_and_grads ()
               function (x)
                 local a, b, c = ref_slice(x, shape, 2, 0, 3), ref_slice(x, shape, 2, 3, 3),
                                 ref_slice(x, shape, 2, 6, 1)
-                local out = {}
-                for _, v in ipairs(c) do out[#out + 1] = 2 * v end
                 local y = {}  -- cat along dim 2 of [2,1,3], [2,3,3], [2,3,3]
                 for o = 0, 1 do
                   for j = 0, 6 do

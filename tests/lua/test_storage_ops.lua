@@ -41,7 +41,7 @@ end
 function TestStorageOps:test_set_errors_leave_the_tensor ()
   local src, t = gc.zeros({8}), gc.ones({6})
   local at = t:data_ptr()
-  lu.assertErrorMsgContains("set_: elements 4 .. 9 of a source of 8 elements (the tensor has 6)",
+  lu.assertErrorMsgContains("set_: elements 4 .. 9 (counting from 0) of a source of 8 elements (the tensor has 6)",
                             function () t:set_(src, 4) end)
   lu.assertErrorMsgContains("set_: elements -1 .. 4", function () t:set_(src, -1) end)
   lu.assertErrorMsgContains("set_: the source is bf16, the tensor f32",
@@ -92,7 +92,7 @@ end
 
 function TestStorageOps:test_reset_peak ()
   collectgarbage()
-  do local big = gc.zeros({4096}) end
+  do local _ = gc.zeros({4096}) end
   collectgarbage()
   local m = gc.memory_stats()
   lu.assertTrue(m.peak_bytes >= m.in_use_bytes + 4 * 4096)

@@ -292,12 +292,12 @@ end
 -- capture, never at replay) and training matches eager bit for bit.
 function TestTEMatrix:test_transformer_layers_order_and_hooks ()
   local CFG = {order = {1, 2, -2, 1, -1, 2, -2, -1}, layers = {1, 1}}
-  local function layers ()
+  local function layer_pair ()
     gc.manual_seed(4)
     return {gc.nn.TransformerLayer(HID, FFN, HEADS, {hidden_dropout = 0.1, attention_dropout = 0.1}),
             gc.nn.TransformerLayer(HID, FFN, HEADS, {hidden_dropout = 0.1, attention_dropout = 0.1})}
   end
-  local function train (call, mods)
+  local function train_steps (call, mods)
     local res = {}
     gc.manual_seed(6)
     for _ = 1, 2 do
@@ -314,9 +314,9 @@ function TestTEMatrix:test_transformer_layers_order_and_hooks ()
     for _, p in ipairs(H.all_params(mods)) do res[#res + 1] = p.grad:tolist() end
     return res
   end
-  local eager_mods = layers()
-  local eager = train(function (_, c, x) return eager_mods[c](x) end, eager_mods)
-  local mods = layers()
+  local eager_mods = layer_pair()
+  local eager = train_steps(function (_, c, x) return eager_mods[c](x) end, eager_mods)
+  local mods = layer_pair()
   local calls, capturing = {}, 0
   local function hook (name)
     return function (m)
@@ -345,7 +345,7 @@ function TestTEMatrix:test_transformer_layers_order_and_hooks ()
     for _, v in ipairs(calls) do if v == "fwd_pre" .. c .. ":TransformerLayer" then k = k + 1 end end
     lu.assertEquals(k, 6, "forward pre-hook of callable " .. c)
   end
-  local got = train(function (i, _, x) return G[i](x) end, mods)
+  local got = train_steps(function (i, _, x) return G[i](x) end, mods)
   lu.assertEquals(#calls, n, "a capture-time hook ran at replay")
   H.assert_same(got, eager, "TransformerLayers with order and capture_time_hooks")
 end

@@ -181,11 +181,12 @@ end
 -- Errors name the module and the thing, at the caller's line; the module
 -- stays usable.
 function TestTransformer:test_errors ()
+  local padding = {self_attn_mask_type = "padding"}
   local line = debug.getinfo(1, "l").currentline
   local function at (n) return "test_transformer.lua:" .. (line + n) .. ":" end
   H.assert_err(function () local r = gc.nn.TransformerLayer(HID, 32, HEADS, {fuse_qkv_params = true}); return r end,
                at(2), "TransformerLayer: unknown option 'fuse_qkv_params'")
-  H.assert_err(function () local r = gc.nn.TransformerLayer(HID, 32, HEADS, {self_attn_mask_type = "padding"}); return r end,
+  H.assert_err(function () local r = gc.nn.TransformerLayer(HID, 32, HEADS, padding); return r end,
                at(4), 'TransformerLayer: self_attn_mask_type must be "causal", "arbitrary" or "no_mask", got "padding"')
   H.assert_err(function () local r = gc.nn.TransformerLayer(10, 32, 4); return r end,
                at(6), "TransformerLayer: hidden_size 10 is not a multiple of num_attention_heads 4")

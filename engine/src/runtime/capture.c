@@ -448,13 +448,6 @@ static int check_piece(void *ud, uintptr_t lo, uintptr_t hi, gc_gid writer) {
   return 1;
 }
 
-const gcap_graph *gc_graph_of(const gcap_engine *e, gc_gid id) {
-  int k;
-  for (k = 0; k < e->graphs_cap; k++)
-    if (e->graphs[k] != NULL && e->graphs[k]->id == id) return e->graphs[k];
-  return NULL;
-}
-
 static const char *graph_label(gcap_engine *e, gc_gid id, char *buf, size_t n) {
   const gcap_graph *g = id == GC_WRITER_OUTSIDE ? NULL : gc_graph_of(e, id);
   if (id == GC_WRITER_OUTSIDE)

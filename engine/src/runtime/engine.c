@@ -175,6 +175,13 @@ gcap_status gc_check_stream(gcap_engine *e, gcap_stream *s, const char *what) {
   return GCAP_OK;
 }
 
+const gcap_graph *gc_graph_of(const gcap_engine *e, gc_gid id) {
+  int k;
+  for (k = 0; k < e->graphs_cap; k++)
+    if (e->graphs[k] != NULL && e->graphs[k]->id == id) return e->graphs[k];
+  return NULL;
+}
+
 gcap_status gcap_synchronize(gcap_engine *e) {
   gcap_status st;
   if (e == NULL) return GCAP_EINVAL;

@@ -286,14 +286,16 @@ gcap_status gcap_tensor_set_(gcap_tensor *t, gcap_tensor *src, int64_t offset) {
   ** only where it cannot overflow (offset between -2^62 and the source's size) */
   if (offset < -((int64_t)1 << 62) || offset > src->numel)
     return gc_fail(e, GCAP_EINVAL,
-                   "set_: offset %lld is outside a source of %lld elements (the tensor has %lld)",
+                   "set_: offset %lld (counting from 0) is outside a source of %lld elements (the "
+                   "tensor has %lld)",
                    (long long)offset, (long long)src->numel, (long long)t->numel);
   if (offset < 0 || t->numel > src->numel - offset)
-    return gc_fail(e, GCAP_EINVAL,
-                   "set_: elements %lld .. %lld of a source of %lld elements (the tensor has "
-                   "%lld), from offset %lld",
-                   (long long)offset, (long long)(offset + t->numel - 1), (long long)src->numel,
-                   (long long)t->numel, (long long)offset);
+    return gc_fail(
+        e, GCAP_EINVAL,
+        "set_: elements %lld .. %lld (counting from 0) of a source of %lld elements (the "
+        "tensor has %lld), from offset %lld",
+        (long long)offset, (long long)(offset + t->numel - 1), (long long)src->numel,
+        (long long)t->numel, (long long)offset);
   if ((st = gc_check_not_capturing(e, "set_ (moving a tensor onto other storage)")) != GCAP_OK)
     return st;
   gc_blk_retain(src->blk); /* before the release: src may share t's block */
