@@ -175,7 +175,7 @@ gcap_status gcap_engine_reset_peak(gcap_engine *e);
 ** are not counted). */
 typedef struct gcap_engine_stats {
   int64_t objects;            /* live objects holding the engine: tensors, modules, graphs, pools,
-                                 streams, events, optimizers, graphed sets */
+                                 streams, events, generators, optimizers, graphed sets */
   int64_t blocks;             /* live allocator blocks, every pool */
   size_t in_use_bytes;        /* their bytes */
   size_t pool_reserved_bytes; /* device memory held by private pools */
@@ -463,9 +463,11 @@ gcap_status gcap_graphed_get_stats(gcap_graphed *g, int entry, gcap_graphed_stat
 /* Write the captured graph g as Graphviz DOT to the file `path` (replaced).
 ** cuda: CUDA's own description of the graph (cudaGraphDebugDotPrint, every
 ** node with its parameters); host: the recorded launches in order, each with
-** its kernel, sizes and constants and the memory it reads and writes (pool
-** blocks and offsets), edges in stream order plus the forks and joins of
-** streams. GCAP_ESTATE when g is not captured (never, reset, or capturing);
+** its kernel, the op that launched it and where (the module path of a
+** forward, "Sequential.0 (Linear)", or the node whose backward ran it), its
+** constants, and the memory it reads and writes (pool blocks and offsets)
+** with the shape and dtype of the tensor there, edges in stream order plus
+** the forks and joins of streams. GCAP_ESTATE when g is not captured (never, reset, or capturing);
 ** GCAP_EINVAL naming the path and the system's reason when it cannot be
 ** written. Render with `dot -Tsvg file.dot -o file.svg`. */
 gcap_status gcap_graph_debug_dump(gcap_graph *g, const char *path);
@@ -482,9 +484,11 @@ gcap_status gcap_graphed_debug_dump(gcap_graphed *g, int entry, const char *pref
 ** capture-time hook (named by its group, index and callable) and of the
 ** pre/post warmup hooks, graph replay, and graphed forward, backward and
 ** backward_dw call. Times are microseconds of a monotonic clock. Events are
-** written as they happen (constant memory). GCAP_ESTATE when a trace is
-** already open; GCAP_EINVAL naming the path and the reason when the file
-** cannot be written. e NULL: GCAP_EINVAL. */
+** written as they happen (constant memory). On cuda the same spans are also
+** NVTX ranges, trace or no trace, whenever a profiler listens (Nsight
+** Systems sets NVTX_INJECTION64_PATH); with none, no range is made.
+** GCAP_ESTATE when a trace is already open; GCAP_EINVAL naming the path and
+** the reason when the file cannot be written. e NULL: GCAP_EINVAL. */
 gcap_status gcap_trace_start(gcap_engine *e, const char *path);
 
 /* Finish the trace: close the JSON and the file. GCAP_OK when no trace is
