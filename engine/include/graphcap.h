@@ -361,6 +361,16 @@ typedef struct gcap_graphed_opts {
   int num_capture_time_hooks;                   /* must equal the number of callables when given */
   gcap_progress_fn progress;                    /* NULL: none */
   void *progress_ud;
+  /* FP8 (TransformerEngine's options, "FP8" below): each callable's
+  ** warmup and capture run under an FP8 autocast with fp8_recipe and
+  ** fp8_group where its fp8_enabled flag is set, and graphing leaves every
+  ** module's FP8 state as it was. With fp8_weight_caching each graphed call
+  ** must say first gcap_module_set_is_first_microbatch: true quantizes the
+  ** weights afresh into their cached FP8 copies, false uses the copies. */
+  const int *fp8_enabled;                   /* NULL: none; else one flag per callable */
+  const struct gcap_fp8_recipe *fp8_recipe; /* NULL: DelayedScaling's defaults */
+  gcap_dist_group *fp8_group;               /* NULL: no amax reduction */
+  int fp8_weight_caching;                   /* 0; needs fp8_enabled for some callable */
 } gcap_graphed_opts;
 
 /* Fill *o with the defaults above (nothing for o NULL). */
@@ -561,6 +571,17 @@ gcap_status gcap_tensor_set_(gcap_tensor *t, gcap_tensor *src, int64_t offset);
 ** Refused while capturing (a read-back synchronizes). */
 gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n);
 
+/* The raw bytes of t's elements as the device stores them: numel x 4 for
+** f32, numel x 2 for bf16 (the top half of the f32 bits), little-endian, in
+** row-major order; n must be that size. read_bytes copies them to dst and
+** waits for the data; write_bytes overwrites t's elements in place from src
+** (t keeps its storage, so graphs captured on it stay valid; an in-place
+** write: its storage's version counts it, autograd records nothing). No
+** conversion: a bf16 value goes to and from the host bit for bit. Both
+** refused while capturing. */
+gcap_status gcap_tensor_read_bytes(gcap_tensor *t, void *dst, size_t n);
+gcap_status gcap_tensor_write_bytes(gcap_tensor *t, const void *src, size_t n);
+
 /* A view of t with another shape of the same numel; shares storage. */
 gcap_status gcap_tensor_view(gcap_tensor *t, int ndim, const int64_t *shape, gcap_tensor **out);
 
@@ -576,6 +597,10 @@ gcap_status gcap_tensor_clone(gcap_tensor *t, gcap_tensor **out);
 gcap_status gcap_permute(gcap_tensor *t, const int *perm, gcap_tensor **out);
 /* t with dims d0 and d1 swapped. */
 gcap_status gcap_transpose(gcap_tensor *t, int d0, int d1, gcap_tensor **out);
+/* Entry `index` (from 0; a negative index counts from the end) of t's first
+** dim: a view (t's storage at an offset, not a copy) of t's other dims,
+** recorded by autograd as a view (its grad goes into that entry of t's). */
+gcap_status gcap_select(gcap_tensor *t, int64_t index, gcap_tensor **out);
 /* Entries start .. start + length - 1 of dim `dim`. */
 gcap_status gcap_narrow(gcap_tensor *t, int dim, int64_t start, int64_t length, gcap_tensor **out);
 /* Split dim `dim` into pieces of `size` entries (the last may be shorter):
@@ -607,6 +632,14 @@ gcap_status gcap_fill_(gcap_tensor *t, double v);
 gcap_status gcap_add(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
 gcap_status gcap_sub(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
 gcap_status gcap_mul(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
+/* a / b; a to the power b (pow in double, rounded; PyTorch's grads: none
+** through b = 0 into a, none through a = 0 with b >= 0 into b). */
+gcap_status gcap_div(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
+gcap_status gcap_pow(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out);
+/* a OP b as a mask: an f32 tensor of 1 where it holds, 0 elsewhere (also
+** for bf16 operands), which records no autograd (PyTorch's lt, le, gt, ge,
+** eq, ne, whose results are bool). */
+gcap_status gcap_compare(gcap_tensor *a, gcap_tensor *b, gcap_cmp op, gcap_tensor **out);
 gcap_status gcap_scale(gcap_tensor *a, double s, gcap_tensor **out);
 gcap_status gcap_neg(gcap_tensor *a, gcap_tensor **out);
 /* Reductions over all elements into a 0-D tensor. */
@@ -872,6 +905,13 @@ void *gcap_module_userdata(const gcap_module *m);
 gcap_status gcap_module_add_parameter(gcap_module *m, const char *name, gcap_tensor *t);
 gcap_status gcap_module_add_buffer(gcap_module *m, const char *name, gcap_tensor *t);
 gcap_status gcap_module_add_child(gcap_module *m, const char *name, gcap_module *child);
+/* Whether m's own buffer `name` belongs in m's state dict (PyTorch's
+** `persistent`): a buffer is persistent when registered; a non-persistent
+** one (Linear's main_grad) is state a checkpoint leaves out. Setting it on
+** a name that is not a buffer of m itself is GCAP_EINVAL; the getter gives
+** 1, 0, or -1 for no such buffer (or m or name NULL). */
+gcap_status gcap_module_set_buffer_persistent(gcap_module *m, const char *name, int persistent);
+int gcap_module_buffer_persistent(const gcap_module *m, const char *name);
 
 /* Parameters of m and its children, depth first, each tensor (and each
 ** module) once under the first name it is reached by: count, then the i-th
@@ -936,7 +976,8 @@ int gcap_module_has_delayed_wgrad(const gcap_module *m);
 **   the weight's dtype, zeros at first) instead of weight.grad, which stays
 **   NULL (TE's fuse_wgrad_accumulation); gcap_module_zero_grad zeroes it.
 **   Optimizers read .grad: as with Megatron's main_grad, the caller hands it
-**   over. Unlike TE's fp32 main_grad, it has the weight's dtype.
+**   over. Unlike TE's fp32 main_grad, it has the weight's dtype. It is not
+**   persistent: a state dict leaves it out, as TE's holds no main_grad.
 ** Each constructor here and below, the transformer modules', returns
 ** GCAP_EINVAL with no message for e NULL. */
 #define GCAP_LINEAR_DELAY_WGRAD 1u
@@ -1045,11 +1086,42 @@ gcap_status gcap_optim_sgd(gcap_engine *e, int n, gcap_tensor *const *params, do
 gcap_status gcap_optim_adam(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
                             double beta1, double beta2, double eps, double weight_decay,
                             gcap_optim **out);
+/* AdamW: Adam with decoupled weight decay (each step first multiplies a
+** parameter by 1 - lr * weight_decay; nothing is added to the grad). */
+gcap_status gcap_optim_adamw(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
+                             double beta1, double beta2, double eps, double weight_decay,
+                             gcap_optim **out);
+/* The learning rate lives on the device, as the step counts do: a step reads
+** it when it runs, so a captured step replays with the rate set since.
+** set_lr writes it (on the current stream; lr >= 0; refused while a capture
+** is open); gcap_optim_lr is the rate last set (0 for NULL). */
+gcap_status gcap_optim_set_lr(gcap_optim *o, double lr);
+double gcap_optim_lr(const gcap_optim *o);
 void gcap_optim_free(gcap_optim *o);
 /* Update every parameter that has a .grad. */
 gcap_status gcap_optim_step(gcap_optim *o);
 /* Clear (set_to_none) or zero every parameter's .grad. */
 gcap_status gcap_optim_zero_grad(gcap_optim *o, int set_to_none);
+/* Its parameters: count, and the i-th (from 0, in the order given;
+** borrowed; NULL out of range). 0 and NULL for o NULL. */
+int gcap_optim_num_params(const gcap_optim *o);
+gcap_tensor *gcap_optim_param(const gcap_optim *o, int i);
+/* The state of parameter i, under PyTorch's names: k = 0, 1, ... gives its
+** tensors (borrowed: the device tensors the steps update in place, so a
+** state is restored by writing into them), *name (may be NULL) set to the
+** name; NULL, *name untouched, past the last one. SGD: "momentum_buffer"
+** (with momentum; one of the parameter's shape and dtype, zeros before the
+** first step, as a buffer PyTorch has not made yet acts); Adam: "step" (f32,
+** 0-D: the steps taken), "exp_avg", "exp_avg_sq". */
+gcap_tensor *gcap_optim_state(const gcap_optim *o, int i, int k, const char **name);
+/* A hyperparameter by name: SGD "lr", "momentum", "weight_decay"; Adam
+** "lr", "beta1", "beta2", "eps", "weight_decay" (another name is
+** GCAP_EINVAL). set_hyper checks v as the constructor does; giving SGD a
+** momentum it was made without allocates its momentum buffers (zeros;
+** refused while capturing). A step captured earlier keeps the values it was
+** captured with. */
+gcap_status gcap_optim_hyper(const gcap_optim *o, const char *name, double *v);
+gcap_status gcap_optim_set_hyper(gcap_optim *o, const char *name, double v);
 
 /* ------------------------------------------------------------------------ */
 /* Custom ops: a C host's own kernel (or library call) launched by the
@@ -1343,6 +1415,110 @@ gcap_status gcap_dist_broadcast(gcap_tensor *t, int root, gcap_dist_group *g);
 ** (MPI_Send), stream-ordered on cuda. */
 gcap_status gcap_dist_send(gcap_tensor *t, int peer, gcap_dist_group *g);
 gcap_status gcap_dist_recv(gcap_tensor *t, int peer, gcap_dist_group *g);
+
+/* ------------------------------------------------------------------------ */
+/* FP8                                                                       */
+
+/* Casts to FP8 (gcap_fp8_format: E4M3, largest finite 448; E5M2, 57344)
+** round to nearest, ties to even, saturate to the largest finite value
+** (infinities too) and keep NaN a NaN. The host backend emulates them
+** exactly; it is the reference of the cuda backend, whose bytes are the
+** same. */
+
+/* The FP8 round trip of x at `scale` (finite, > 0): *out (x's shape and
+** dtype) = cast(x * scale) / scale, each FP8 value times the float 1 /
+** scale, as a GEMM on the FP8 copy reads it; *amax (a 0-D f32 tensor; NULL:
+** not wanted) = the largest |x|, NaN elements left out. Not recorded by
+** autograd. */
+gcap_status gcap_fp8_cast(gcap_tensor *x, gcap_fp8_format format, double scale, gcap_tensor **out,
+                          gcap_tensor **amax);
+
+/* Recipes, TransformerEngine's: DelayedScaling keeps per module, per role
+** (input, weight and grad_output of each FP8 GEMM) a scale and a history
+** of amaxes on the device; each use quantizes with the role's scale and
+** notes its amax, then one small kernel per module and pass updates the
+** role: the amax joins the history (most recent first, at most
+** amax_history_len), and the scale becomes fp8_max / m / 2^margin, m the
+** largest amax of the history ("max") or the amax itself ("most_recent");
+** where m is 0 or not finite the scale stays, and a pass that quantized
+** nothing (amax 0: a cached weight) leaves the role as it was. Scales start
+** at 1. Float8CurrentScaling takes each tensor's own amax right before its
+** cast: scale = fp8_max / amax (1 where the amax is 0 or not finite).
+** HYBRID: E4M3 for inputs and weights, E5M2 for grads; E4M3: E4M3 for all. */
+typedef enum gcap_fp8_recipe_kind {
+  GCAP_FP8_DELAYED_SCALING = 0, /* DelayedScaling */
+  GCAP_FP8_CURRENT_SCALING      /* Float8CurrentScaling */
+} gcap_fp8_recipe_kind;
+typedef enum gcap_fp8_recipe_format {
+  GCAP_FP8_HYBRID = 0,
+  GCAP_FP8_ALL_E4M3
+} gcap_fp8_recipe_format;
+typedef enum gcap_amax_algo { GCAP_AMAX_MAX = 0, GCAP_AMAX_MOST_RECENT } gcap_amax_algo;
+
+typedef struct gcap_fp8_recipe {
+  gcap_fp8_recipe_kind kind;
+  gcap_fp8_recipe_format fp8_format; /* GCAP_FP8_HYBRID */
+  double margin;                     /* 0; finite (DelayedScaling) */
+  int amax_history_len;              /* 1024; >= 1 (DelayedScaling) */
+  gcap_amax_algo amax_compute_algo;  /* GCAP_AMAX_MAX (DelayedScaling) */
+} gcap_fp8_recipe;
+
+/* Fill *r with the defaults of recipe `kind` (nothing for r NULL). */
+void gcap_fp8_recipe_init(gcap_fp8_recipe *r, gcap_fp8_recipe_kind kind);
+
+/* Whether FP8 runs on e: 1, or 0 with the reason in why[n] (the host backend
+** always emulates; cuda needs compute capability 8.9, or 9.0 and later). A
+** NULL e is 0 with no reason. */
+int gcap_fp8_is_available(gcap_engine *e, char *why, size_t n);
+
+/* The FP8 autocast of an engine (TransformerEngine's autocast): while
+** enabled, the FP8-capable modules (Linear, LayerNormLinear, LayerNormMLP,
+** and so the linears of MultiheadAttention and TransformerLayer) run their
+** GEMMs in FP8 with `recipe`: forward E4M3 x E4M3, backward (dgrad, wgrad)
+** with the grad in E5M2 under HYBRID; they return the dtype they return
+** outside. An FP8 GEMM takes inputs whose dims but the last multiply to a
+** multiple of 8 and whose last dim is a multiple of 16 (the weight's
+** likewise); others are GCAP_EINVAL naming the module and the shape. A
+** backward runs with what its forward ran with. With amax_reduction_group,
+** each update first takes the max of the amaxes over the group's ranks
+** (an all-reduce on the device), so that every rank holds the same scales.
+** This version quantizes and dequantizes around the existing GEMMs, on both
+** backends: the host's results are the reference's numerics. */
+typedef struct gcap_fp8_autocast {
+  int enabled;
+  gcap_fp8_recipe recipe;
+  gcap_dist_group *amax_reduction_group; /* NULL: none */
+} gcap_fp8_autocast;
+
+/* Set e's autocast to *a (NULL: disabled), its previous one into *prev
+** (NULL: not wanted), to restore it with. Enabling checks the recipe
+** (GCAP_EINVAL naming the field: margin not finite, amax_history_len < 1,
+** an unknown kind, format or amax_compute_algo) and the device
+** (gcap_fp8_is_available); nothing changes when it fails, and a success
+** leaves the engine's last message as it was (restoring the previous
+** autocast after a failed call keeps that call's message). */
+gcap_status gcap_fp8_set_autocast(gcap_engine *e, const gcap_fp8_autocast *a,
+                                  gcap_fp8_autocast *prev);
+
+/* The FP8 state of module m (TransformerEngine's fp8_meta, readable):
+** gcap_module_fp8_gemms gives how many FP8 GEMMs it runs itself (Linear and
+** LayerNormLinear 1, LayerNormMLP 2: fc1, fc2; 0 for the others, whose
+** children hold theirs; -1 for m NULL). gcap_module_fp8_state reads role
+** `role` (0 input, 1 weight, 2 grad_output) of GEMM `gemm`: its scale, and
+** up to `max` amaxes of its history, most recent first, into history; *len
+** gets the history's length (0 before the module first ran under a
+** DelayedScaling autocast: then the scale is 1). It reads device memory:
+** refused while capturing. */
+int gcap_module_fp8_gemms(const gcap_module *m);
+/* is_first_microbatch for the next graphed call of m (its own entry, or an
+** entry of order): needed by a call graphed with fp8_weight_caching, refused
+** (GCAP_EINVAL naming the entry, at that call) without. An eager call
+** leaves it for the next graphed one. m NULL: GCAP_EINVAL. */
+gcap_status gcap_module_set_is_first_microbatch(gcap_module *m, int first);
+/* Whether m's calls in its current mode replay a graph. */
+int gcap_module_is_graphed(const gcap_module *m);
+gcap_status gcap_module_fp8_state(gcap_module *m, int gemm, int role, int max, float *scale,
+                                  float *history, int *len);
 
 /* ------------------------------------------------------------------------ */
 /* Testing only: for the library's own tests, not for programs.              */

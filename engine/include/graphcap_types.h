@@ -47,6 +47,13 @@ typedef enum gcap_device {
 
 typedef enum gcap_dtype { GCAP_F32 = 0, GCAP_BF16 } gcap_dtype;
 
+/* The comparisons of gcap_compare: a < b, a <= b, a > b, a >= b, a == b, a != b. */
+typedef enum gcap_cmp { GCAP_LT = 0, GCAP_LE, GCAP_GT, GCAP_GE, GCAP_EQ, GCAP_NE } gcap_cmp;
+
+/* The FP8 formats (graphcap.h, "FP8"): E4M3 (largest finite 448, no
+** infinity) and E5M2 (largest finite 57344). */
+typedef enum gcap_fp8_format { GCAP_FP8_E4M3 = 0, GCAP_FP8_E5M2 } gcap_fp8_format;
+
 /* The objects, each of one engine; graphcap.h's section of each in the comment. */
 typedef struct gcap_engine gcap_engine;         /* The engine */
 typedef struct gcap_stream gcap_stream;         /* Streams and events */

@@ -146,7 +146,7 @@ typedef struct LHandle {
 typedef struct LOptim {
   gcap_optim *o;
   gcap_engine *e;
-  int adam;
+  const char *name; /* "SGD", "Adam", "AdamW" */
 } LOptim;
 typedef struct LGraphed {
   gcap_graphed *g;
@@ -275,9 +275,22 @@ LUAI_FUNC void l_pushborrowed(lua_State *L, gcap_tensor *t);
 LUAI_FUNC void l_keeptensor(lua_State *L, int i);
 LUAI_FUNC void l_knownresult(lua_State *L);
 LUAI_FUNC int l_unary(lua_State *L, l_unop f, const char *op);
+LUAI_FUNC int l_arith(lua_State *L, l_binop f, const char *op);
 LUAI_FUNC int l_tensor_index(lua_State *L);
 LUAI_FUNC int l_tensor_newindex(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_tensor_funcs[]);
+
+/* lindex.c */
+LUAI_FUNC void l_pushsize(lua_State *L, gcap_tensor *t);
+LUAI_FUNC int l_size(lua_State *L);
+LUAI_FUNC int l_len(lua_State *L);
+LUAI_FUNC int l_index_get(lua_State *L);
+LUAI_FUNC int l_index_set(lua_State *L);
+LUAI_FUNC int l_compare_refused(lua_State *L);
+
+/* lbytes.c */
+LUAI_FUNC int l_tobytes(lua_State *L);
+LUAI_FUNC int l_write_bytes(lua_State *L);
 
 /* lshape.c */
 LUAI_FUNC int l_checkdim(lua_State *L, int arg, int ndim, const char *op);
@@ -293,6 +306,12 @@ LUAI_FUNC int l_sdpa(lua_State *L);
 
 /* lops.c */
 LUAI_FUNC int l_matmul(lua_State *L);
+LUAI_FUNC int l_lt(lua_State *L);
+LUAI_FUNC int l_le(lua_State *L);
+LUAI_FUNC int l_gt(lua_State *L);
+LUAI_FUNC int l_ge(lua_State *L);
+LUAI_FUNC int l_eq(lua_State *L);
+LUAI_FUNC int l_ne(lua_State *L);
 LUAI_FUNC int l_relu(lua_State *L);
 LUAI_FUNC int l_gelu(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_ops_funcs[]);
@@ -301,6 +320,7 @@ LUAI_DDEC(const luaL_Reg l_F_funcs[]);
 /* lmodule.c */
 LUAI_DDEC(const LClass l_module_class);
 LUAI_FUNC LModule *l_checkmodule(lua_State *L, int i);
+LUAI_FUNC int l_takefirstmb(lua_State *L, int i, gcap_module *m, int entry);
 LUAI_FUNC LModule *l_newmodule(lua_State *L, int cls);
 LUAI_FUNC void l_keepmodule(lua_State *L);
 LUAI_FUNC int l_findmodule(lua_State *L, gcap_module *m);
@@ -376,12 +396,17 @@ LUAI_DDEC(const LClass l_optim_class);
 LUAI_DDEC(const luaL_Reg l_optim_funcs[]);
 
 /* ldist.c */
+typedef struct LGroup {
+  gcap_dist_group *g; /* lives until finalize, and then as a handle whose calls fail */
+} LGroup;
 LUAI_DDEC(const LClass l_group_class);
 LUAI_DDEC(const luaL_Reg l_dist_funcs[]);
 
 /* lrandom.c: random generators */
 LUAI_DDEC(const LClass l_generator_class);
 LUAI_DDEC(const luaL_Reg l_random_funcs[]);
+/* lfp8.c */
+LUAI_DDEC(const luaL_Reg l_fp8_funcs[]);
 
 /* lgraphed.c */
 LUAI_DDEC(const LClass l_graphed_class);

@@ -12,10 +12,6 @@
 ** =======================================================
 */
 
-typedef struct LGroup {
-  gcap_dist_group *g; /* lives until finalize, and then as a handle whose calls fail */
-} LGroup;
-
 static int l_group_isopen(const void *box) {
   return ((const LGroup *)box)->g != NULL;
 }

@@ -158,6 +158,7 @@ LUAMOD_API int luaopen_graphcap_core(lua_State *L) {
   l_subtable(L, "_optim", l_optim_funcs, eng);
   l_subtable(L, "_dist", l_dist_funcs, eng);
   l_subtable(L, "_random", l_random_funcs, eng);
+  l_subtable(L, "_fp8", l_fp8_funcs, eng);
   l_subtable(L, "_test", l_test_funcs, eng);
   lua_getiuservalue(L, eng, EV_CLASSES);
   lua_setfield(L, -2, "_classes");

@@ -172,6 +172,7 @@ typedef struct LMake {
   LCapHook other[3];         /* pre_warmup_hook, post_warmup_hook, progress */
   LLine line;                /* the progress line's state */
   int oldkw;                 /* stack index: the modules' MV_KWARGS before the call */
+  gcap_fp8_recipe recipe;    /* fp8_recipe, when given */
   gcap_graphed_opts o;
   gcap_graphed **out;
 } LMake;
@@ -320,6 +321,40 @@ static void l_mkhooks(lua_State *L, LMake *mk, int hooksi) {
 
 /* The other options (at 3) into mk->o; order and num_layers_per_chunk are
 ** copied into userdata left on the stack, as is the pool's box. */
+/* The FP8 options as the facade normalized them: fp8_enabled one boolean
+** per callable, fp8_recipe {kind, format, margin, amax_history_len,
+** amax_compute_algo} as the core numbers them, fp8_group a group box. */
+static void l_mkfp8(lua_State *L, LMake *mk) {
+  gcap_graphed_opts *o = &mk->o;
+  int k;
+  if (lua_getfield(L, 3, "fp8_enabled") == LUA_TTABLE) {
+    int *en = (int *)lua_newuserdatauv(L, sizeof(int) * (size_t)(mk->nmod + 1), 0);
+    for (k = 0; k < mk->nmod; k++) {
+      lua_rawgeti(L, -2, k + 1);
+      en[k] = lua_toboolean(L, -1);
+      lua_pop(L, 1);
+    }
+    o->fp8_enabled = en;
+  }
+  if (lua_getfield(L, 3, "fp8_recipe") == LUA_TTABLE) {
+    double v[5];
+    for (k = 0; k < 5; k++) {
+      lua_rawgeti(L, -1, k + 1);
+      v[k] = lua_tonumber(L, -1);
+      lua_pop(L, 1);
+    }
+    mk->recipe.kind = (gcap_fp8_recipe_kind)v[0];
+    mk->recipe.fp8_format = (gcap_fp8_recipe_format)v[1];
+    mk->recipe.margin = v[2];
+    mk->recipe.amax_history_len = (int)v[3];
+    mk->recipe.amax_compute_algo = (gcap_amax_algo)v[4];
+    o->fp8_recipe = &mk->recipe;
+  }
+  if (lua_getfield(L, 3, "fp8_group") != LUA_TNIL)
+    o->fp8_group = ((LGroup *)l_checkbox(L, lua_gettop(L), &l_group_class))->g;
+  o->fp8_weight_caching = l_optflag(L, 3, "fp8_weight_caching", 0);
+}
+
 static void l_mkoptions(lua_State *L, LMake *mk) {
   gcap_graphed_opts *o = &mk->o;
   int k;
@@ -358,6 +393,7 @@ static void l_mkoptions(lua_State *L, LMake *mk) {
     else
       o->pool = pl->p;
   }
+  l_mkfp8(L, mk);
   for (k = 0; k < 3; k++)
     mk->other[k].le = (LEngine *)lua_touserdata(L, ENGINEIDX);
   if ((mk->other[0].index = l_optindex(L, 3, "pre_warmup_hook")) > 0) {
@@ -540,8 +576,9 @@ static int l_graphed_call(lua_State *L) {
   LGraphedCall c;
   LRun r = {.call = l_callgraphed, .op = "graphed call"};
   int kwi = 0;
-  if (nin > 0 && lua_type(L, nin + 2) == LUA_TTABLE) kwi = 2 + nin--; /* a kwargs map, last */
   m = gcap_graphed_module(p->g, entry);
+  if (nin > 0) nin -= l_takefirstmb(L, nin + 2, m, entry);
+  if (nin > 0 && lua_type(L, nin + 2) == LUA_TTABLE) kwi = 2 + nin--; /* a kwargs map, last */
   l_pushmodule(L, m); /* its MV_KWARGS say how a kwargs map flattens */
   mi = lua_gettop(L);
   in = l_inbuf(L, l_maxin(L, mi, nin));

@@ -189,12 +189,57 @@ static gcap_status l_callmodule(const LRun *r, void *ud) {
                                &o->n, o->t);
 }
 
+/* A graphed call's keyword is_first_microbatch (FP8 weight caching), in the
+** keyword map at i (a table that is no tensor): taken out of it into m's
+** flag for its next graphed call (entry: the entry's number from 0 for
+** messages, -1 for a module's own call); the map goes when nothing else is
+** in it. Returns how many arguments went (0 or 1). */
+int l_takefirstmb(lua_State *L, int i, gcap_module *m, int entry) {
+  int first, n = 0;
+  if (lua_type(L, i) != LUA_TTABLE) return 0;
+  if (lua_getfield(L, i, "is_first_microbatch") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  if (!lua_isboolean(L, -1)) {
+    if (entry >= 0)
+      return l_error(L, "graphed call of entry %d: is_first_microbatch must be a boolean, got %s",
+                     entry + 1, l_typename(L, -1));
+    return l_error(L, "%s: is_first_microbatch must be a boolean, got %s", gcap_module_type(m),
+                   l_typename(L, -1));
+  }
+  first = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  lua_newtable(L); /* the map without it */
+  lua_pushnil(L);
+  while (lua_next(L, i) != 0) {
+    if (lua_type(L, -2) == LUA_TSTRING && strcmp(lua_tostring(L, -2), "is_first_microbatch") == 0) {
+      lua_pop(L, 1);
+      continue;
+    }
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, -4);
+    n++;
+  }
+  gcap_module_set_is_first_microbatch(m, first);
+  if (n > 0) {
+    lua_replace(L, i);
+    return 0;
+  }
+  lua_pop(L, 1);
+  lua_remove(L, i);
+  return 1;
+}
+
 /* m(...) (muted = 0) and, for built-ins, m:forward(...) (muted = 1) */
 static int l_modcall(lua_State *L, int muted) {
   LModule *p = l_checkmodule(L, 1);
   gcap_module *m = p->m;
   int islua = (gcap_module_userdata(m) == lua_touserdata(L, ENGINEIDX));
-  int i, nargs = lua_gettop(L) - 1, nin = 0;
+  int i, nargs, nin = 0;
+  if (gcap_module_is_graphed(m) && lua_gettop(L) > 1) l_takefirstmb(L, lua_gettop(L), m, -1);
+  nargs = lua_gettop(L) - 1;
   gcap_tensor **in = l_inbuf(L, l_maxin(L, 1, nargs));
   LOuts o;
   LRun r = {.call = l_callmodule, .m = m, .in = in, .subject = m, .args = 2};
@@ -342,11 +387,13 @@ int l_module_newindex(lua_State *L) {
   return 0;
 }
 
-/* m:register_buffer(name, t) */
+/* m:register_buffer(name, t [, persistent = true]) (the facade takes an
+** options table) */
 static int l_register_buffer(lua_State *L) {
   LModule *p = l_checkmodule(L, 1);
   const char *name = luaL_checkstring(L, 2);
   gcap_tensor *t = l_checktensor(L, 3);
+  int persistent = lua_isnoneornil(L, 4) || lua_toboolean(L, 4);
   gcap_status st;
   lua_settop(L, 3);
   lua_getiuservalue(L, 1, MV_REG);    /* 4 */
@@ -360,6 +407,7 @@ static int l_register_buffer(lua_State *L) {
   lua_pushliteral(L, "buffer");
   lua_setfield(L, 4, name);
   st = gcap_module_add_buffer(p->m, name, t);
+  if (st == GCAP_OK && !persistent) st = gcap_module_set_buffer_persistent(p->m, name, 0);
   if (st != GCAP_OK) {
     lua_pushnil(L);
     lua_setfield(L, 4, name);
@@ -406,6 +454,15 @@ static int l_buffers(lua_State *L) {
 }
 static int l_named_buffers(lua_State *L) {
   return l_tensorlist(L, 1, 1);
+}
+
+/* m:_persistent(name) -> whether m's own buffer 'name' is in its state
+** dict (nil: m has no such buffer) */
+static int l_buffer_persistent(lua_State *L) {
+  int on = gcap_module_buffer_persistent(l_checkmodule(L, 1)->m, luaL_checkstring(L, 2));
+  if (on < 0) return 0;
+  lua_pushboolean(L, on);
+  return 1;
 }
 
 static int l_childlist(lua_State *L, int named) {
@@ -501,6 +558,7 @@ static const luaL_Reg l_module_methods[] = {
     {"named_parameters", l_named_parameters},
     {"buffers", l_buffers},
     {"named_buffers", l_named_buffers},
+    {"_persistent", l_buffer_persistent},
     {"children", l_children},
     {"named_children", l_named_children},
     {"register_buffer", l_register_buffer},

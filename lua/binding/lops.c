@@ -21,6 +21,44 @@ int l_matmul(lua_State *L) {
   return l_binary(L, gcap_matmul, "matmul");
 }
 
+/* t:lt(u) ... t:ne(u): masks of 0 and 1 (a number is a 0-D tensor) */
+static gcap_status l_cmp_lt(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+  return gcap_compare(a, b, GCAP_LT, out);
+}
+static gcap_status l_cmp_le(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+  return gcap_compare(a, b, GCAP_LE, out);
+}
+static gcap_status l_cmp_gt(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+  return gcap_compare(a, b, GCAP_GT, out);
+}
+static gcap_status l_cmp_ge(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+  return gcap_compare(a, b, GCAP_GE, out);
+}
+static gcap_status l_cmp_eq(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+  return gcap_compare(a, b, GCAP_EQ, out);
+}
+static gcap_status l_cmp_ne(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+  return gcap_compare(a, b, GCAP_NE, out);
+}
+int l_lt(lua_State *L) {
+  return l_arith(L, l_cmp_lt, "lt");
+}
+int l_le(lua_State *L) {
+  return l_arith(L, l_cmp_le, "le");
+}
+int l_gt(lua_State *L) {
+  return l_arith(L, l_cmp_gt, "gt");
+}
+int l_ge(lua_State *L) {
+  return l_arith(L, l_cmp_ge, "ge");
+}
+int l_eq(lua_State *L) {
+  return l_arith(L, l_cmp_eq, "eq");
+}
+int l_ne(lua_State *L) {
+  return l_arith(L, l_cmp_ne, "ne");
+}
+
 int l_relu(lua_State *L) {
   return l_unary(L, gcap_relu, "relu");
 }

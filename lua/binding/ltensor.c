@@ -248,18 +248,6 @@ static int l_tensor_isopen(const void *box) {
   return ((const LTensor *)box)->t != NULL;
 }
 
-static int l_shape(lua_State *L) {
-  gcap_tensor *t = l_checktensor(L, 1);
-  int i, n = gcap_tensor_ndim(t);
-  const int64_t *shape = gcap_tensor_shape(t);
-  lua_createtable(L, n, 0);
-  for (i = 0; i < n; i++) {
-    lua_pushinteger(L, (lua_Integer)shape[i]);
-    lua_rawseti(L, -2, i + 1);
-  }
-  return 1;
-}
-
 static int l_numel(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)gcap_tensor_numel(l_checktensor(L, 1)));
   return 1;
@@ -411,7 +399,7 @@ static gcap_tensor *l_operand(lua_State *L, int i, gcap_tensor *t, LTensor **tmp
 }
 
 /* a op b, where a tensor is on either side and a number may be the other */
-static int l_arith(lua_State *L, l_binop f, const char *op) {
+int l_arith(lua_State *L, l_binop f, const char *op) {
   LTensor *tmp = NULL, *r;
   int ti = (luaL_testudata(L, 1, TENSOR_MT) != NULL) ? 1 : 2;
   gcap_tensor *t = l_checktensor(L, ti);
@@ -433,6 +421,13 @@ static int l_add(lua_State *L) {
 }
 static int l_sub(lua_State *L) {
   return l_arith(L, gcap_sub, "sub");
+}
+
+static int l_div(lua_State *L) {
+  return l_arith(L, gcap_div, "div");
+}
+static int l_pow(lua_State *L) {
+  return l_arith(L, gcap_pow, "pow");
 }
 
 static int l_mul(lua_State *L) { /* a number on either side is a scale */
@@ -545,15 +540,19 @@ static int l_backward(lua_State *L) {
   return 0;
 }
 
-/* t.requires_grad, t.grad, t.grad_fn, t.is_leaf, and the methods */
+/* t.requires_grad, t.grad, t.grad_fn, t.is_leaf, t.shape, the methods, and
+** t[i] (lindex.c) */
 int l_tensor_index(lua_State *L) {
   const char *k;
   gcap_tensor *t;
   lua_settop(L, 2);
+  if (lua_type(L, 2) == LUA_TNUMBER) return l_index_get(L);
   lua_pushvalue(L, 2);
   if (lua_rawget(L, lua_upvalueindex(2)) != LUA_TNIL || lua_type(L, 2) != LUA_TSTRING) return 1;
   k = lua_tostring(L, 2);
-  if (strcmp(k, "requires_grad") == 0)
+  if (strcmp(k, "shape") == 0)
+    l_pushsize(L, l_checktensor(L, 1));
+  else if (strcmp(k, "requires_grad") == 0)
     lua_pushboolean(L, gcap_tensor_requires_grad(l_checktensor(L, 1)));
   else if (strcmp(k, "grad") == 0) {
     t = gcap_tensor_grad(l_checktensor(L, 1));
@@ -570,10 +569,11 @@ int l_tensor_index(lua_State *L) {
   return 1; /* nil for other names, as a table would */
 }
 
-/* t.requires_grad = b; t.grad = nil | tensor */
+/* t.requires_grad = b; t.grad = nil | tensor; t[i] = v (lindex.c) */
 int l_tensor_newindex(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   const char *k = (lua_type(L, 2) == LUA_TSTRING) ? lua_tostring(L, 2) : "";
+  if (lua_type(L, 2) == LUA_TNUMBER) return l_index_set(L);
   if (strcmp(k, "requires_grad") == 0) {
     if (!lua_isboolean(L, 3))
       return l_error(L, "requires_grad must be a boolean, got %s", l_typename(L, 3));
@@ -591,7 +591,7 @@ int l_tensor_newindex(lua_State *L) {
   } else
     return l_error(L,
                    TENSOR_MT " has no assignable field '%s' "
-                             "(only requires_grad and grad)",
+                             "(only requires_grad, grad and entries t[i])",
                    luaL_tolstring(L, 2, NULL));
   return 0;
 }
@@ -600,10 +600,18 @@ int l_tensor_newindex(lua_State *L) {
 
 /* The Tensor metatable; l_tensor_index and l_tensor_newindex replace its
 ** __index by a function over these methods (luaopen_graphcap_core). */
-static const luaL_Reg l_tensor_meta[] = {
-    {"__add", l_add}, {"__sub", l_sub}, {"__mul", l_mul}, {"__unm", l_unm}, {NULL, NULL}};
+static const luaL_Reg l_tensor_meta[] = {{"__add", l_add},
+                                         {"__sub", l_sub},
+                                         {"__mul", l_mul},
+                                         {"__div", l_div},
+                                         {"__pow", l_pow},
+                                         {"__unm", l_unm},
+                                         {"__len", l_len},
+                                         {"__lt", l_compare_refused},
+                                         {"__le", l_compare_refused},
+                                         {NULL, NULL}};
 
-static const luaL_Reg l_tensor_methods[] = {{"shape", l_shape},
+static const luaL_Reg l_tensor_methods[] = {{"size", l_size},
                                             {"numel", l_numel},
                                             {"dim", l_dim},
                                             {"dtype", l_dtype},
@@ -618,6 +626,8 @@ static const luaL_Reg l_tensor_methods[] = {{"shape", l_shape},
                                             {"copy_", l_copy_},
                                             {"set_", l_set_},
                                             {"_set_version", l_set_version},
+                                            {"tobytes", l_tobytes},
+                                            {"_write_bytes", l_write_bytes},
                                             {"zero_", l_zero_},
                                             {"fill_", l_fill_},
                                             {"sum", l_sum},
@@ -630,6 +640,12 @@ static const luaL_Reg l_tensor_methods[] = {{"shape", l_shape},
                                             {"gelu", l_gelu},
                                             {"softmax", l_softmax},
                                             {"masked_fill", l_masked_fill},
+                                            {"lt", l_lt},
+                                            {"le", l_le},
+                                            {"gt", l_gt},
+                                            {"ge", l_ge},
+                                            {"eq", l_eq},
+                                            {"ne", l_ne},
                                             {NULL, NULL}};
 
 LUAI_DDEF const LClass l_tensor_class = {"Tensor",          TENSOR_MT,       "tensor is closed",

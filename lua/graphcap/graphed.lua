@@ -7,6 +7,7 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 core._facade()
 local nn = require "graphcap.nn"
+local fp8 = require "graphcap.fp8"
 
 local debug, getmetatable, ipairs, math, pairs, select, setmetatable, string, table,
       tostring, type = debug, getmetatable, ipairs, math, pairs, select, setmetatable, string,
@@ -34,12 +35,17 @@ local known_options = {
   reuse_graph_input_output_buffers = "boolean",
   clone_param_grads_on_return = "boolean", pre_warmup_hook = "function",
   post_warmup_hook = "function", capture_time_hooks = "table", progress = true,
+  fp8_enabled = true, fp8_recipe = true, fp8_group = true, fp8_weight_caching = "boolean",
+  fp8_calibrating = "boolean",
 }
 
 -- TransformerEngine's spellings of the options it marks private.
 local te_aliases = {
   _order = "order", _num_layers_per_chunk = "num_layers_per_chunk",
   _reuse_graph_input_output_buffers = "reuse_graph_input_output_buffers",
+  -- its newer names of the FP8 options
+  enabled = "fp8_enabled", recipe = "fp8_recipe", amax_reduction_group = "fp8_group",
+  cache_quantized_params = "fp8_weight_caching", calibrating = "fp8_calibrating",
 }
 
 local groups = core.hook_groups -- the engine's names, in call order
@@ -299,6 +305,45 @@ local function entry_callables (n, order, nlpc)
   return out
 end
 
+-- The FP8 options as the core takes them: fp8_enabled one boolean per
+-- callable (n), fp8_recipe as numbers, fp8_group checked; all nil when no
+-- callable runs in FP8 (as TransformerEngine drops the recipe then).
+local function fp8_options (opts, n, norm)
+  local en = opts.fp8_enabled
+  if opts.fp8_calibrating then fail("fp8_calibrating is not supported") end
+  norm.fp8_calibrating = nil
+  if en == nil then en = false end
+  if type(en) == "boolean" then
+    local t = {}
+    for c = 1, n do t[c] = en end
+    en = t
+  elseif type(en) ~= "table" then
+    fail("fp8_enabled must be a bool or a sequence of bools, but got %s", type(en))
+  elseif #en ~= n then
+    fail("fp8_enabled length (%d) must match modules length (%d)", #en, n)
+  end
+  local any = false
+  for c = 1, n do
+    if type(en[c]) ~= "boolean" then
+      fail("fp8_enabled[%d] must be a boolean, got %s", c, type(en[c]))
+    end
+    any = any or en[c]
+  end
+  local r = fp8.check_recipe(W, "option fp8_recipe", opts.fp8_recipe)
+  local g = opts.fp8_group
+  if g ~= nil and getmetatable(g) ~= core._metatables.DistGroup then
+    fail("option fp8_group must be a gc.dist group, got %s", type(g))
+  end
+  if not any then
+    norm.fp8_enabled, norm.fp8_recipe, norm.fp8_group = nil, nil, nil
+    return
+  end
+  norm.fp8_enabled = en
+  norm.fp8_recipe = {r.kind == "DelayedScaling" and 0 or 1, r.fp8_format == "HYBRID" and 0 or 1,
+                     r.margin or 0, r.amax_history_len or 1024,
+                     r.amax_compute_algo == "most_recent" and 1 or 0}
+end
+
 local INT_MAX = 0x7fffffff
 
 -- An integer of C's int range, or nil: option/entry 'what' checked.
@@ -400,6 +445,7 @@ local function make_graphed_callables (callables, sample_args, opts)
   local norm, fns = {}, {}
   for k, v in pairs(opts) do norm[k] = v end
   norm.num_layers_per_chunk, norm.hooks, norm.sample_kwargs = nlpc, fns, nil
+  fp8_options(opts, #mods, norm)
   local hooks = normalize_hooks(opts.capture_time_hooks, originals)
   if hooks then
     local counts = {}

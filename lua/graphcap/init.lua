@@ -6,8 +6,8 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 core._facade()
 
-local error, getmetatable, ipairs, pairs, pcall, table, type =
-      error, getmetatable, ipairs, pairs, pcall, table, type
+local error, getmetatable, ipairs, math, pairs, pcall, table, type =
+      error, getmetatable, ipairs, math, pairs, pcall, table, type
 
 local gc = {}
 
@@ -25,10 +25,18 @@ gc.fsdp = require "graphcap.fsdp"
 gc.make_graphed_callables = require "graphcap.graphed"
 gc.cuda = require "graphcap.cuda"
 gc.dist = require "graphcap.dist"
+require "graphcap.tensor_str"  -- tostring(t): the values, as PyTorch prints them
+require "graphcap.checkpoint"  -- state_dict and load_state_dict of modules and optimizers
+local safetensors = require "graphcap.safetensors"
+-- gc.save(path, tensors [, metadata]), gc.load(path) -> tensors, metadata:
+-- safetensors files
+gc.save, gc.load = safetensors.save, safetensors.load
+gc.fp8 = require "graphcap.fp8"
 -- gc.random.RNGStatesTracker(), and the state of the generator in use
 gc.random = require "graphcap.random"
 gc.get_rng_state, gc.set_rng_state = gc.random.get_rng_state, gc.random.set_rng_state
-gc.checkpoint = require "graphcap.checkpoint"
+-- gc.checkpoint(fn, ...): activations recomputed in backward
+gc.checkpoint = require "graphcap.recompute"
 -- gc.trace.start(path), gc.trace.stop(): Chrome trace-event JSON of warmup,
 -- captures, capture-time hooks and replays (open it in Perfetto)
 gc.trace = {start = core.trace_start, stop = core.trace_stop}
@@ -72,18 +80,71 @@ function gc.tensor (data, opts)
   return leaf(core.tensor(data, dt), rg)
 end
 
--- gc.empty/zeros/ones/rand/randn(shape [, opts])
+-- The shape and options of factory 'where': a table of sizes then the
+-- options (gc.zeros({2, 3}, opts)), or the sizes as arguments then the
+-- options (gc.zeros(2, 3, opts), PyTorch's torch.zeros(2, 3)).
+local function shape_args (where, ...)
+  local a = table.pack(...)
+  if type(a[1]) ~= "number" then
+    if type(a[1]) ~= "table" then
+      raise("%s: shape must be a table of sizes, or the sizes as arguments "
+            .. "(gc.%s({2, 3}) or gc.%s(2, 3)), got %s", where, where, where, type(a[1]))
+    end
+    if a.n > 2 then raise("%s: expected (shape [, opts]), got %d arguments", where, a.n) end
+    return a[1], a[2]
+  end
+  local shape, i = {}, 1
+  while i <= a.n and type(a[i]) == "number" do
+    shape[i] = a[i]
+    i = i + 1
+  end
+  local opts = a[i]
+  if type(opts) == "table" and opts[1] ~= nil then
+    raise("%s: give the shape as one table or as sizes, not both (argument #%d is a table of "
+          .. "sizes)", where, i)
+  end
+  if a.n > i then
+    raise("%s: expected (size, ... [, opts]), got argument #%d (%s) after the options", where,
+          i + 1, math.type(a[i + 1]) or type(a[i + 1]))
+  end
+  return shape, opts
+end
+
+-- gc.empty/zeros/ones/rand/randn(shape [, opts]) or (size1, size2, ... [, opts])
 for _, name in ipairs({"empty", "zeros", "ones", "rand", "randn"}) do
   local make = core[name]
-  gc[name] = function (shape, opts)
+  gc[name] = function (...)
+    local shape, opts = shape_args(name, ...)
     local dt, rg = tensor_opts(name, opts)
     return leaf(make(shape, dt), rg)
   end
 end
 
+-- gc.full(shape, v [, opts]): the shape is one table, as torch.full's size
+-- is one tuple, so that a size and the fill value never mix.
 function gc.full (shape, v, opts)
+  if type(shape) == "number" then
+    raise("full: the shape is one table of sizes (torch.full's size), as in "
+          .. "gc.full({2, 3}, v); got a number first")
+  end
   local dt, rg = tensor_opts("full", opts)
   return leaf(core.full(shape, v, dt), rg)
+end
+
+
+-- gc.frombytes(s, shape [, opts]): a new tensor whose elements are the raw
+-- bytes of the string s, as t:tobytes() gives them (little-endian, 4 bytes
+-- an element in f32, 2 in bf16).
+function gc.frombytes (s, shape, opts)
+  local dt, rg = tensor_opts("frombytes", opts)
+  if type(s) ~= "string" then raise("frombytes: s must be a string, got %s", type(s)) end
+  local t = core.empty(shape, dt)
+  local n = t:numel() * (t:dtype() == "bf16" and 2 or 4)
+  if #s ~= n then
+    raise("frombytes: %d bytes, but a tensor of %d %s elements holds %d", #s, t:numel(),
+          t:dtype(), n)
+  end
+  return leaf(t:_write_bytes(s), rg)
 end
 
 
@@ -184,8 +245,8 @@ end
 -- The facade's functions and the Lua methods of the core's objects are
 -- entered through C, so that a script's tail call into them keeps its frame
 -- and their errors name its line (util.entries).
-for _, t in ipairs({gc, gc.nn, gc.optim, gc.autograd, gc.pipeline, gc.ddp,
-                    gc.fsdp, gc.cuda, gc.dist, gc.random}) do
+for _, t in ipairs({gc, gc.nn, gc.optim, gc.optim.lr_scheduler, gc.autograd, gc.pipeline, gc.ddp,
+                    gc.fsdp, gc.cuda, gc.dist, gc.fp8, gc.random}) do
   util.entries(t)
 end
 for _, mt in pairs(mts) do

@@ -38,11 +38,24 @@ local function builtin (name, ctor)
   return cls
 end
 
-local linear_options = {bias = true, delay_wgrad = true, fuse_wgrad_accumulation = true}
+local linear_options = {bias = true, delay_wgrad = true, fuse_wgrad_accumulation = true,
+                        params_dtype = true}
 local linear_aliases = {delay_wgrad_compute = "delay_wgrad"}  -- TE's names
 
+-- Module m of 'where' with its parameters in dtype dt, TransformerEngine's
+-- params_dtype ("f32", the default, or "bf16"): m:to(dt), so that the
+-- values are those of an f32 module rounded.
+local function params_dtype (where, m, dt)
+  if dt == nil or dt == "f32" then return m end
+  if dt ~= "bf16" then
+    util.raise("%s: params_dtype must be \"f32\" or \"bf16\", got %s", where,
+               type(dt) == "string" and "\"" .. dt .. "\"" or type(dt))
+  end
+  return m:to(dt)
+end
+
 -- gc.nn.Linear(in, out [, {bias = true, delay_wgrad = false,
---                          fuse_wgrad_accumulation = false}])
+--                          fuse_wgrad_accumulation = false, params_dtype = "f32"}])
 -- delay_wgrad_compute (TransformerEngine's name) is delay_wgrad.
 -- With fuse_wgrad_accumulation the weight grad accumulates into the
 -- buffer m.main_grad (zeroed by m:zero_grad()), not into m.weight.grad.
@@ -51,25 +64,26 @@ nn.Linear = builtin("Linear", function (cls, i, o, opts)
   check("Linear", "out_features", o, "integer", nil)
   opts = options("Linear", util.aliases("Linear", opts, linear_aliases),
                  linear_options)
-  return cnn.linear(cls, i, o,
+  return params_dtype("Linear", cnn.linear(cls, i, o,
                     check("Linear", "bias", opts.bias, "boolean", true),
                     check("Linear", "delay_wgrad", opts.delay_wgrad, "boolean",
                           false),
                     check("Linear", "fuse_wgrad_accumulation", opts.fuse_wgrad_accumulation,
-                          "boolean", false))
+                          "boolean", false)), opts.params_dtype)
 end)
 
 nn.ReLU = builtin("ReLU", function (cls) return cnn.relu(cls) end)
 nn.GELU = builtin("GELU", function (cls) return cnn.gelu(cls) end)
 
-local layer_norm_options = {eps = true}
+local layer_norm_options = {eps = true, params_dtype = true}
 
--- gc.nn.LayerNorm(n [, {eps = 1e-5}])
+-- gc.nn.LayerNorm(n [, {eps = 1e-5, params_dtype = "f32"}])
 nn.LayerNorm = builtin("LayerNorm", function (cls, n, opts)
   check("LayerNorm", "normalized_shape", n, "integer", nil)
   opts = options("LayerNorm", opts, layer_norm_options)
-  return cnn.layer_norm(cls, n, check("LayerNorm", "eps", opts.eps, "number",
-                                      1e-5))
+  return params_dtype("LayerNorm", cnn.layer_norm(cls, n, check("LayerNorm", "eps", opts.eps,
+                                                                "number", 1e-5)),
+                      opts.params_dtype)
 end)
 
 -- gc.nn.Dropout([p = 0.5])
@@ -87,8 +101,9 @@ nn.Sequential = builtin("Sequential", function (cls, ...)
   return cnn.sequential(cls, mods, n)
 end)
 
--- Transformer modules (TransformerEngine's names and options). Inputs are
--- [..., hidden]; TE's default layout is [seq, batch, hidden].
+-- Transformer modules (TransformerEngine's names and options, params_dtype
+-- among them). Inputs are [..., hidden]; TE's default layout is [seq, batch,
+-- hidden].
 
 -- gc.nn.LayerNormLinear(in, out [, {eps = 1e-5, bias = true,
 --                                    return_layernorm_output = false}])
@@ -98,11 +113,12 @@ nn.LayerNormLinear = builtin("LayerNormLinear", function (cls, i, o, opts)
   local T = "LayerNormLinear"
   check(T, "in_features", i, "integer", nil)
   check(T, "out_features", o, "integer", nil)
-  opts = options(T, opts, {eps = true, bias = true, return_layernorm_output = true})
-  return cnn.layer_norm_linear(cls, i, o, check(T, "eps", opts.eps, "number", 1e-5),
+  opts = options(T, opts, {eps = true, bias = true, return_layernorm_output = true,
+                           params_dtype = true})
+  return params_dtype(T, cnn.layer_norm_linear(cls, i, o, check(T, "eps", opts.eps, "number", 1e-5),
                                check(T, "bias", opts.bias, "boolean", true),
                                check(T, "return_layernorm_output", opts.return_layernorm_output,
-                                     "boolean", false))
+                                     "boolean", false)), opts.params_dtype)
 end)
 
 -- gc.nn.LayerNormMLP(hidden, ffn_hidden [, {eps = 1e-5, bias = true,
@@ -113,14 +129,16 @@ nn.LayerNormMLP = builtin("LayerNormMLP", function (cls, h, f, opts)
   local T = "LayerNormMLP"
   check(T, "hidden_size", h, "integer", nil)
   check(T, "ffn_hidden_size", f, "integer", nil)
-  opts = options(T, opts, {eps = true, bias = true, activation = true, checkpoint = true})
+  opts = options(T, opts, {eps = true, bias = true, activation = true, checkpoint = true,
+                           params_dtype = true})
   local act = check(T, "activation", opts.activation, "string", "gelu")
   if act ~= "gelu" then
     util.raise("%s: activation must be \"gelu\", got \"%s\"", T, act)
   end
-  return cnn.layer_norm_mlp(cls, h, f, check(T, "eps", opts.eps, "number", 1e-5),
+  return params_dtype(T, cnn.layer_norm_mlp(cls, h, f, check(T, "eps", opts.eps, "number", 1e-5),
                             check(T, "bias", opts.bias, "boolean", true),
-                            check(T, "checkpoint", opts.checkpoint, "boolean", false))
+                            check(T, "checkpoint", opts.checkpoint, "boolean", false)),
+                      opts.params_dtype)
 end)
 
 -- attn_mask_type names -> the core's numbers
@@ -169,7 +187,7 @@ end)
 nn.DotProductAttention.kwargs = attention_kwargs
 
 local layer_options = {attn_mask_type = true, attention_dropout = true, layernorm_epsilon = true,
-                       bias = true, input_layernorm = true, attn_impl = true}
+                       bias = true, input_layernorm = true, attn_impl = true, params_dtype = true}
 
 -- gc.nn.MultiheadAttention(hidden_size, num_attention_heads
 --   [, {attn_mask_type = "causal", attention_dropout = 0.1, input_layernorm = false,
@@ -180,7 +198,7 @@ nn.MultiheadAttention = builtin("MultiheadAttention", function (cls, hid, h, opt
   check(T, "hidden_size", hid, "integer", nil)
   check(T, "num_attention_heads", h, "integer", nil)
   opts = options(T, opts, layer_options)
-  return cnn.multihead_attention(cls, hid, h,
+  return params_dtype(T, cnn.multihead_attention(cls, hid, h,
                                  mask_type(T, "attn_mask_type", opts.attn_mask_type, "causal"),
                                  check(T, "attention_dropout", opts.attention_dropout, "number",
                                        0.1), 0.0,
@@ -189,7 +207,7 @@ nn.MultiheadAttention = builtin("MultiheadAttention", function (cls, hid, h, opt
                                  check(T, "bias", opts.bias, "boolean", true),
                                  check(T, "input_layernorm", opts.input_layernorm, "boolean",
                                        false),
-                                 attn_impl(T, opts.attn_impl))
+                                 attn_impl(T, opts.attn_impl)), opts.params_dtype)
 end)
 nn.MultiheadAttention.kwargs = attention_kwargs
 
@@ -204,8 +222,8 @@ nn.TransformerLayer = builtin("TransformerLayer", function (cls, hid, ffn, h, op
   check(T, "num_attention_heads", h, "integer", nil)
   opts = options(T, opts, {self_attn_mask_type = true, hidden_dropout = true,
                            attention_dropout = true, layernorm_epsilon = true, bias = true,
-                           attn_impl = true})
-  return cnn.transformer_layer(cls, hid, ffn, h,
+                           attn_impl = true, params_dtype = true})
+  return params_dtype(T, cnn.transformer_layer(cls, hid, ffn, h,
                                mask_type(T, "self_attn_mask_type", opts.self_attn_mask_type,
                                          "causal"),
                                check(T, "attention_dropout", opts.attention_dropout, "number",
@@ -214,7 +232,7 @@ nn.TransformerLayer = builtin("TransformerLayer", function (cls, hid, ffn, h, op
                                check(T, "layernorm_epsilon", opts.layernorm_epsilon, "number",
                                      1e-5),
                                check(T, "bias", opts.bias, "boolean", true),
-                               attn_impl(T, opts.attn_impl))
+                               attn_impl(T, opts.attn_impl)), opts.params_dtype)
 end)
 nn.TransformerLayer.kwargs = attention_kwargs
 

@@ -49,6 +49,12 @@ static inline gcap_status f_sub(gcap_tensor *const *x, gcap_tensor **y) {
 static inline gcap_status f_mul(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_mul(x[0], x[1], y);
 }
+static inline gcap_status f_div(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_div(x[0], x[1], y);
+}
+static inline gcap_status f_pow(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_pow(x[0], x[1], y);
+}
 static inline gcap_status f_neg(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_neg(x[0], y);
 }

@@ -226,6 +226,10 @@ static void test_tensor_storage(void) {
   T_CHECK(t_value(f.x) == 1.0); /* still its own storage */
   BAD(f.e, GCAP_EINVAL, "n", gcap_tensor_read(f.x, r, 5));
   BAD(f.e, GCAP_EINVAL, "dst", gcap_tensor_read(f.x, NULL, 6));
+  BAD(f.e, GCAP_EINVAL, "n", gcap_tensor_read_bytes(f.x, r, 6));
+  BAD(f.e, GCAP_EINVAL, "dst", gcap_tensor_read_bytes(f.x, NULL, sizeof r));
+  BAD(f.e, GCAP_EINVAL, "n", gcap_tensor_write_bytes(f.x, r, 6));
+  BAD(f.e, GCAP_EINVAL, "src", gcap_tensor_write_bytes(f.x, NULL, sizeof r));
   BAD(f.e, GCAP_EINVAL, "out", gcap_tensor_view(f.x, 1, s1, NULL));
   BAD(f.e, GCAP_EINVAL, "ndim", gcap_tensor_view(f.x, -1, s1, &o));
   BAD(f.e, GCAP_EINVAL, "shape", gcap_tensor_view(f.x, 1, NULL, &o));
@@ -238,6 +242,8 @@ static void test_tensor_storage(void) {
   NOENG(GCAP_EINVAL, gcap_tensor_set_version(NULL, 1));
   NOENG(GCAP_EINVAL, gcap_tensor_set_(NULL, NULL, 0));
   NOENG(GCAP_EINVAL, gcap_tensor_read(NULL, r, 6));
+  NOENG(GCAP_EINVAL, gcap_tensor_read_bytes(NULL, r, sizeof r));
+  NOENG(GCAP_EINVAL, gcap_tensor_write_bytes(NULL, r, sizeof r));
   NOENG(GCAP_EINVAL, gcap_tensor_view(NULL, 1, s1, &o));
   NOENG(GCAP_EINVAL, gcap_tensor_clone(NULL, &o));
   NOENG(GCAP_EINVAL, gcap_copy_(NULL, NULL));
@@ -263,6 +269,9 @@ static void test_shape_ops(void) {
   BAD(f.e, GCAP_EINVAL, "start", gcap_narrow(f.x, 1, -1, 1, &o));
   BAD(f.e, GCAP_EINVAL, "length", gcap_narrow(f.x, 1, 0, -1, &o));
   BAD(f.e, GCAP_EINVAL, "out", gcap_narrow(f.x, 1, 0, 1, NULL));
+  BAD(f.e, GCAP_EINVAL, "index", gcap_select(f.x, 2, &o));
+  BAD(f.e, GCAP_EINVAL, "index", gcap_select(f.x, -3, &o));
+  BAD(f.e, GCAP_EINVAL, "out", gcap_select(f.x, 0, NULL));
   BAD(f.e, GCAP_EINVAL, "size", gcap_split(f.x, 0, 1, 4, outs, &n));
   BAD(f.e, GCAP_EINVAL, "dim", gcap_split(f.x, 1, 5, 4, outs, &n));
   BAD(f.e, GCAP_EINVAL, "cap", gcap_split(f.x, 1, 1, -1, outs, &n));
@@ -292,6 +301,7 @@ static void test_shape_ops(void) {
   NOENG(GCAP_EINVAL, gcap_permute(NULL, perm, &o));
   NOENG(GCAP_EINVAL, gcap_transpose(NULL, 0, 1, &o));
   NOENG(GCAP_EINVAL, gcap_narrow(NULL, 0, 0, 1, &o));
+  NOENG(GCAP_EINVAL, gcap_select(NULL, 0, &o));
   NOENG(GCAP_EINVAL, gcap_split(NULL, 1, 0, 4, outs, &n));
   NOENG(GCAP_EINVAL, gcap_chunk(NULL, 2, 0, 4, outs, &n));
   NOENG(GCAP_EINVAL, gcap_cat(0, two, 0, &o)); /* no tensor: n < 1, ts NULL or all NULL */
@@ -356,6 +366,9 @@ static gcap_status layer_norm_b(gcap_tensor *x, gcap_tensor *b, gcap_tensor **ou
 static gcap_status softmax_mask(gcap_tensor *x, gcap_tensor *mask, gcap_tensor **out) {
   return gcap_softmax_masked(x, 1.0, mask, GCAP_MASK_ADD, 0, out);
 }
+static gcap_status compare_ne(gcap_tensor *a, gcap_tensor *b, gcap_tensor **out) {
+  return gcap_compare(a, b, GCAP_NE, out);
+}
 
 static void test_binary_ops(void) {
   static const struct {
@@ -365,6 +378,9 @@ static void test_binary_ops(void) {
   } ops[] = {{gcap_add, "a", "b", 0},
              {gcap_sub, "a", "b", 0},
              {gcap_mul, "a", "b", 0},
+             {gcap_div, "a", "b", 0},
+             {gcap_pow, "a", "b", 0},
+             {compare_ne, "a", "b", 0},
              {gcap_matmul, "a", "b", 0},
              {linear_nb, "x", "w", 0},
              {linear_gelu_nb, "x", "w", 0},
@@ -390,6 +406,8 @@ static void test_binary_ops(void) {
     T_CHECK(o == NULL);
     o = BOGUS(gcap_tensor);
   }
+  BAD(f.e, GCAP_EINVAL, "op", gcap_compare(f.x, b, (gcap_cmp)42, &o));
+  T_CHECK(o == NULL);
   gcap_tensor_free(b);
   fx_close(&f);
 }
@@ -504,6 +522,7 @@ static void test_autograd(void) {
 static void test_optim(void) {
   gcap_optim *o = BOGUS(gcap_optim);
   gcap_tensor *p[1];
+  double v = 0;
   fx f;
   T_SETUP(fx_open(&f), fx_close(&f));
   p[0] = f.x;
@@ -518,14 +537,42 @@ static void test_optim(void) {
   BAD(f.e, GCAP_EINVAL, "beta2", gcap_optim_adam(f.e, 1, p, 0.1, 0.9, 1.5, 1e-8, 0, &o));
   BAD(f.e, GCAP_EINVAL, "eps", gcap_optim_adam(f.e, 1, p, 0.1, 0.9, 0.99, -1, 0, &o));
   BAD(f.e, GCAP_EINVAL, "n", gcap_optim_adam(f.e, -2, p, 0.1, 0.9, 0.99, 1e-8, 0, &o));
+  BAD(f.e, GCAP_EINVAL, "out", gcap_optim_adamw(f.e, 1, p, 0.1, 0.9, 0.99, 1e-8, 0, NULL));
+  BAD(f.e, GCAP_EINVAL, "beta2", gcap_optim_adamw(f.e, 1, p, 0.1, 0.9, 1.0, 1e-8, 0, &o));
+  BAD(f.e, GCAP_EINVAL, "weight_decay", gcap_optim_adamw(f.e, 1, p, 0.1, 0.9, 0.99, 1e-8, -1, &o));
+  T_CHECK_OK(f.e, gcap_optim_adamw(f.e, 1, p, 0.1, 0.9, 0.99, 1e-8, 0.01, &o));
+  BAD(f.e, GCAP_EINVAL, "lr", gcap_optim_set_lr(o, -1.0));
+  T_CHECK(gcap_optim_lr(o) == 0.1);
+  gcap_optim_free(o);
+  o = BOGUS(gcap_optim);
   p[0] = NULL;
   BAD(f.e, GCAP_EINVAL, "parameter #1", gcap_optim_adam(f.e, 1, p, 0.1, 0.9, 0.99, 1e-8, 0, &o));
   p[0] = f.y;
   FOREIGN(f.e, "parameter #1", gcap_optim_sgd(f.e, 1, p, 0.1, 0, 0, &o));
   T_CHECK(o == NULL);
+  p[0] = f.x;
+  T_SETUP(gcap_optim_sgd(f.e, 1, p, 0.1, 0, 0, &o) == GCAP_OK, fx_close(&f));
+  BAD(f.e, GCAP_EINVAL, "name", gcap_optim_hyper(o, NULL, &v));
+  BAD(f.e, GCAP_EINVAL, "v", gcap_optim_hyper(o, "lr", NULL));
+  BAD(f.e, GCAP_EINVAL, "beta1", gcap_optim_hyper(o, "beta1", &v)); /* an Adam's */
+  BAD(f.e, GCAP_EINVAL, "name", gcap_optim_set_hyper(o, NULL, 1.0));
+  BAD(f.e, GCAP_EINVAL, "eps", gcap_optim_set_hyper(o, "eps", 1.0));
+  BAD(f.e, GCAP_EINVAL, "lr", gcap_optim_set_hyper(o, "lr", -1.0));
+  T_CHECK(gcap_optim_hyper(o, "lr", &v) == GCAP_OK && v == 0.1); /* unchanged */
+  T_CHECK(gcap_optim_param(o, -1) == NULL && gcap_optim_param(o, 1) == NULL);
+  T_CHECK(gcap_optim_state(o, 0, 0, NULL) == NULL && gcap_optim_state(o, 1, 0, NULL) == NULL &&
+          gcap_optim_state(o, 0, -1, NULL) == NULL); /* no momentum: no state */
+  gcap_optim_free(o);
   o = BOGUS(gcap_optim);
+  NOENG(GCAP_EINVAL, gcap_optim_hyper(NULL, "lr", &v));
+  NOENG(GCAP_EINVAL, gcap_optim_set_hyper(NULL, "lr", 1.0));
+  T_CHECK(gcap_optim_num_params(NULL) == 0 && gcap_optim_param(NULL, 0) == NULL &&
+          gcap_optim_state(NULL, 0, 0, NULL) == NULL);
   NOENG(GCAP_EINVAL, gcap_optim_sgd(NULL, 1, p, 0.1, 0, 0, &o));
   NOENG(GCAP_EINVAL, gcap_optim_adam(NULL, 1, p, 0.1, 0.9, 0.99, 1e-8, 0, &o));
+  NOENG(GCAP_EINVAL, gcap_optim_adamw(NULL, 1, p, 0.1, 0.9, 0.99, 1e-8, 0, &o));
+  NOENG(GCAP_EINVAL, gcap_optim_set_lr(NULL, 0.1));
+  T_CHECK(gcap_optim_lr(NULL) == 0.0);
   NOENG(GCAP_EINVAL, gcap_optim_step(NULL));
   NOENG(GCAP_EINVAL, gcap_optim_zero_grad(NULL, 1));
   T_CHECK(o == NULL);

@@ -77,6 +77,11 @@ static void test_modules(void) {
   BAD(f.e, GCAP_EINVAL, "m", gcap_module_add_buffer(NULL, "b", f.x));
   BAD(f.e, GCAP_EINVAL, "t", gcap_module_add_buffer(m, "b", NULL));
   FOREIGN(f.e, "buffer", gcap_module_add_buffer(m, "b", f.y));
+  BAD(f.e, GCAP_EINVAL, "name", gcap_module_set_buffer_persistent(m, NULL, 0));
+  BAD(f.e, GCAP_EINVAL, "nobuf", gcap_module_set_buffer_persistent(m, "nobuf", 0));
+  T_CHECK(gcap_module_buffer_persistent(m, "nobuf") == -1 &&
+          gcap_module_buffer_persistent(m, NULL) == -1 &&
+          gcap_module_buffer_persistent(NULL, "b") == -1);
   BAD(f.e2, GCAP_EINVAL, "m", gcap_module_add_child(NULL, "c", m2));
   BAD(f.e, GCAP_EINVAL, "child", gcap_module_add_child(m, "c", NULL));
   FOREIGN(f.e, "child", gcap_module_add_child(m, "c", m2));
@@ -103,6 +108,7 @@ static void test_modules(void) {
   o = BOGUS(gcap_tensor);
   NOENG(GCAP_EINVAL, gcap_module_add_parameter(NULL, "w", NULL));
   NOENG(GCAP_EINVAL, gcap_module_add_buffer(NULL, "b", NULL));
+  NOENG(GCAP_EINVAL, gcap_module_set_buffer_persistent(NULL, "b", 0));
   NOENG(GCAP_EINVAL, gcap_module_add_child(NULL, "c", NULL));
   NOENG(GCAP_EINVAL, gcap_module_register_hook(NULL, GCAP_HOOK_FORWARD, hook_nop, NULL, NULL, &id));
   NOENG(GCAP_EINVAL, gcap_module_remove_hook(NULL, 1));

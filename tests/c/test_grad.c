@@ -32,6 +32,7 @@ typedef enum {
   FILL_NORMAL, /* uniform in [-1.5, 1.5) */
   FILL_AWAY,   /* |x| in [0.2, 1.5]: away from relu's kink and from 0 */
   FILL_WIDE,   /* uniform in [-3, 3) */
+  FILL_POS,    /* uniform in [0.5, 2): pow's bases */
   FILL_CLASS   /* class indices 0 .. classes - 1, as floats */
 } fill_kind;
 
@@ -70,6 +71,9 @@ static void fill(const gin *g, float *d, int64_t n) {
         break;
       case FILL_AWAY:
         d[i] = (u < 0 ? -1.0f : 1.0f) * (0.2f + 1.3f * fabsf(u));
+        break;
+      case FILL_POS:
+        d[i] = 1.25f + 0.75f * u;
         break;
       case FILL_CLASS:
         d[i] = (float)(i * 7 % g->classes);
@@ -208,6 +212,12 @@ done:
 /* ------------------------------------------------------------------------ */
 /* The ops under test (the ones test_parity.c runs too are in t_data.h)      */
 
+static gcap_status f_select(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_select(x[0], 1, y);
+}
+static gcap_status f_select_last(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_select(x[0], -1, y);
+}
 static gcap_status f_mul_self(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_mul(x[0], x[0], y);
 }
@@ -304,6 +314,17 @@ static const gcase cases_elementwise[] = {
     {"mul [2,3,4] * row [4]", f_mul, "mul", 0, 2, {G3(2, 3, 4, N, 1), G1(4, N, 1)}},
     {"mul row [4] * [3,4]", f_mul, "mul", 0, 2, {G1(4, N, 1), G2(3, 4, N, 1)}},
     {"mul x * x", f_mul_self, "mul", 0, 1, {G2(3, 4, N, 1)}},
+    {"div [3,4] / [3,4]", f_div, "div", 0, 2, {G2(3, 4, N, 1), G2(3, 4, FILL_AWAY, 1)}},
+    {"div [3,4] / 0-D", f_div, "div", 0, 2, {G2(3, 4, N, 1), G0(FILL_AWAY, 1)}},
+    {"div 0-D / [3,4]", f_div, "div", 0, 2, {G0(N, 1), G2(3, 4, FILL_AWAY, 1)}},
+    {"div [2,3,4] / row [4]", f_div, "div", 0, 2, {G3(2, 3, 4, N, 1), G1(4, FILL_AWAY, 1)}},
+    {"div [3,4] / [3,4] (only a)", f_div, "div", 0, 2, {G2(3, 4, N, 1), G2(3, 4, FILL_AWAY, 0)}},
+    {"pow [3,4] ^ [3,4]", f_pow, "pow", 0, 2, {G2(3, 4, FILL_POS, 1), G2(3, 4, N, 1)}},
+    {"pow [3,4] ^ 0-D", f_pow, "pow", 0, 2, {G2(3, 4, FILL_POS, 1), G0(N, 1)}},
+    {"pow 0-D ^ [3,4]", f_pow, "pow", 0, 2, {G0(FILL_POS, 1), G2(3, 4, N, 1)}},
+    {"pow row [4] ^ [3,4] (only b)", f_pow, "pow", 0, 2, {G1(4, FILL_POS, 0), G2(3, 4, N, 1)}},
+    {"select [3,4] entry 2", f_select, "select", 0, 1, {G2(3, 4, N, 1)}},
+    {"select [2,3,4] entry -1", f_select_last, "select", 0, 1, {G3(2, 3, 4, N, 1)}},
     {"scale [3,4] by -0.7", f_scale, "scale", 0, 1, {G2(3, 4, N, 1)}},
     {"neg [2,3,4]", f_neg, "neg", 0, 1, {G3(2, 3, 4, N, 1)}},
     {"sum [3,4]", f_sum, "sum", 0, 1, {G2(3, 4, N, 1)}},

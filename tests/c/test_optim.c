@@ -4,84 +4,13 @@
 ** references computed in double on the host (PyTorch's update rules);
 ** parameters without .grad are skipped; zero_grad; and a whole training step
 ** (forward, backward, optimizer step, with Dropout) captured into one graph and
-** replayed N times, bitwise equal to N eager steps.
+** replayed N times, bitwise equal to N eager steps; the state under
+** PyTorch's names, restored into another optimizer.
 */
 #include <stdint.h>
 
 #include "t.h"
-
-/* Tolerance of a float update against the double reference. */
-#define ATOL 2e-6
-#define RTOL 2e-6
-
-/* got (floats read back) vs want (double); names the first difference. */
-static void check_close(const char *what, int step, const float *got, const double *want, int n) {
-  for (int i = 0; i < n; i++)
-    if (!(fabs((double)got[i] - want[i]) <= ATOL + RTOL * fabs(want[i]))) {
-      T_FAILF("|got - ref| <= atol + rtol*|ref|",
-              "%s, step %d, element %d: got %.9g, reference %.9g", what, step, i, (double)got[i],
-              want[i]);
-      return;
-    }
-}
-
-/* The k-th step's gradient for element i of parameter j. */
-static float grad_value(int j, int i, int k) {
-  return sinf(0.9f * (float)i + 1.7f * (float)j + 0.6f * (float)k) * (k % 2 ? 0.5f : 1.0f) +
-         0.05f * (float)k;
-}
-
-enum { NP = 2, MAXN = 6 };
-static const int pn[NP] = {5, 6}; /* numels */
-static const int64_t pshape[NP][2] = {{5, 0}, {2, 3}};
-static const int pnd[NP] = {1, 2};
-
-typedef struct fixture {
-  gcap_engine *e;
-  gcap_tensor *p[NP];
-  double ref[NP][MAXN];
-} fixture;
-
-static int fixture_make(fixture *f) {
-  memset(f, 0, sizeof *f);
-  f->e = t_engine();
-  if (f->e == NULL) return 0;
-  for (int j = 0; j < NP; j++) {
-    float d[MAXN];
-    for (int i = 0; i < pn[j]; i++)
-      d[i] = 0.5f * cosf(1.1f * (float)i + (float)j) + 0.1f, f->ref[j][i] = (double)d[i];
-    f->p[j] = t_from(f->e, pnd[j], pshape[j], d);
-    if (f->p[j] == NULL || gcap_tensor_set_requires_grad(f->p[j], 1) != GCAP_OK) return 0;
-  }
-  return 1;
-}
-
-static void fixture_free(fixture *f) {
-  for (int j = 0; j < NP; j++)
-    gcap_tensor_free(f->p[j]);
-  gcap_engine_free(f->e);
-}
-
-/* Install step k's grad on parameter j (a fresh tensor). */
-static int set_step_grad(fixture *f, int j, int k) {
-  float d[MAXN];
-  gcap_tensor *g;
-  for (int i = 0; i < pn[j]; i++)
-    d[i] = grad_value(j, i, k);
-  g = t_from(f->e, pnd[j], pshape[j], d);
-  int ok = g && gcap_tensor_set_grad(f->p[j], g) == GCAP_OK;
-  gcap_tensor_free(g);
-  return ok;
-}
-
-static void check_params(fixture *f, const char *what, int step) {
-  for (int j = 0; j < NP; j++) {
-    float got[MAXN];
-    char name[96];
-    snprintf(name, sizeof name, "%s, parameter %d", what, j);
-    if (t_read(f->p[j], got, (size_t)pn[j])) check_close(name, step, got, f->ref[j], pn[j]);
-  }
-}
+#include "t_optim.h"
 
 /* SGD as PyTorch (dampening 0, no nesterov): d = g + wd p;
 ** buf = d (first step) or momentum buf + d; p -= lr buf (or lr d). */
@@ -129,26 +58,6 @@ static void test_sgd_momentum_wd(void) {
   sgd_case("SGD lr 0.05 momentum 0.8 wd 0.01", 0.05, 0.8, 0.01, 4);
 }
 
-/* Adam as PyTorch: g += wd p; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-** p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with t the
-** number of steps this parameter has taken. */
-typedef struct adam_ref {
-  double m[NP][MAXN], v[NP][MAXN];
-  int t[NP];
-} adam_ref;
-
-static void adam_ref_step(fixture *f, adam_ref *a, int j, int k, double lr, double b1, double b2,
-                          double eps, double wd) {
-  int t = ++a->t[j];
-  double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
-  for (int i = 0; i < pn[j]; i++) {
-    double g = (double)grad_value(j, i, k) + wd * f->ref[j][i];
-    a->m[j][i] = b1 * a->m[j][i] + (1.0 - b1) * g;
-    a->v[j][i] = b2 * a->v[j][i] + (1.0 - b2) * g * g;
-    f->ref[j][i] -= (lr / bc1) * a->m[j][i] / (sqrt(a->v[j][i]) / sqrt(bc2) + eps);
-  }
-}
-
 static void adam_case(const char *what, double lr, double b1, double b2, double eps, double wd,
                       int steps) {
   fixture f;
@@ -161,7 +70,7 @@ static void adam_case(const char *what, double lr, double b1, double b2, double 
   for (int k = 0; k < steps; k++) {
     for (int j = 0; j < NP; j++) {
       T_REQUIRE(set_step_grad(&f, j, k));
-      adam_ref_step(&f, &a, j, k, lr, b1, b2, eps, wd);
+      adam_ref_step(&f, &a, j, k, lr, b1, b2, eps, wd, 0);
     }
     T_CHECK_OK(e, gcap_optim_step(o));
     check_params(&f, what, k + 1);
@@ -228,7 +137,7 @@ static void late_grad_case(int adam) {
       if (j == 1 && k == 0) continue; /* parameter 1: no grad in step 1 */
       T_REQUIRE(set_step_grad(&f, j, k));
       if (adam) {
-        adam_ref_step(&f, &a, j, k, 0.01, 0.9, 0.999, 1e-8, 0.0);
+        adam_ref_step(&f, &a, j, k, 0.01, 0.9, 0.999, 1e-8, 0.0, 0);
       } else {
         int first = k == (j == 1 ? 1 : 0); /* the parameter's first step */
         for (int i = 0; i < pn[j]; i++) {
@@ -591,6 +500,79 @@ static void test_optimizer_step_versions(void) {
   gcap_engine_free(e);
 }
 
+/* Copy the parameters, hyperparameters and state (gcap_optim_state) of
+** `from` into `to`, an optimizer of the same kind on another engine over
+** parameters of the same shapes, through host bytes as a checkpoint does. */
+static int copy_optim(const gcap_optim *from, gcap_optim *to) {
+  static const char *const hyper[6] = {"lr", "momentum", "beta1", "beta2", "eps", "weight_decay"};
+  float buf[MAXN];
+  const char *name, *name2;
+  gcap_tensor *t, *u;
+  double v;
+  for (int h = 0; h < 6; h++)
+    if (gcap_optim_hyper(from, hyper[h], &v) == GCAP_OK &&
+        gcap_optim_set_hyper(to, hyper[h], v) != GCAP_OK)
+      return 0;
+  for (int i = 0; i < gcap_optim_num_params(from); i++) {
+    t = gcap_optim_param(from, i), u = gcap_optim_param(to, i);
+    size_t n = (size_t)gcap_tensor_numel(t) * sizeof(float);
+    if (gcap_tensor_read_bytes(t, buf, n) != GCAP_OK ||
+        gcap_tensor_write_bytes(u, buf, n) != GCAP_OK)
+      return 0;
+    for (int k = 0; (t = gcap_optim_state(from, i, k, &name)) != NULL; k++) {
+      n = (size_t)gcap_tensor_numel(t) * sizeof(float);
+      u = gcap_optim_state(to, i, k, &name2);
+      if (u == NULL || strcmp(name, name2) != 0 || gcap_tensor_read_bytes(t, buf, n) != GCAP_OK ||
+          gcap_tensor_write_bytes(u, buf, n) != GCAP_OK)
+        return 0;
+    }
+  }
+  return 1;
+}
+
+/* Two steps, then everything copied into an optimizer made with other
+** hyperparameters (an SGD without momentum makes its buffers when given
+** one): the next two steps of both are equal bit for bit. */
+static void state_case(int adam) {
+  static const char *const names[2][4] = {{"momentum_buffer", NULL},
+                                          {"step", "exp_avg", "exp_avg_sq", NULL}};
+  fixture a, b;
+  gcap_optim *oa = NULL, *ob = NULL;
+  const char *name = NULL;
+  float pa[MAXN], pb[MAXN];
+  T_SETUP(fixture_make(&a) && fixture_make(&b), (fixture_free(&a), fixture_free(&b)));
+  if (adam) {
+    T_CHECK(gcap_optim_adam(a.e, NP, a.p, 0.01, 0.8, 0.95, 1e-6, 0.01, &oa) == GCAP_OK &&
+            gcap_optim_adam(b.e, NP, b.p, 1.0, 0.5, 0.5, 0.1, 0.0, &ob) == GCAP_OK);
+  } else {
+    T_CHECK(gcap_optim_sgd(a.e, NP, a.p, 0.05, 0.9, 0.01, &oa) == GCAP_OK &&
+            gcap_optim_sgd(b.e, NP, b.p, 1.0, 0.0, 0.0, &ob) == GCAP_OK);
+    T_CHECK(gcap_optim_state(ob, 0, 0, NULL) == NULL); /* no momentum, no buffer yet */
+  }
+  for (int k = 0; k < 4 && oa && ob; k++) {
+    if (k == 2) T_CHECK(copy_optim(oa, ob));
+    for (int j = 0; j < NP; j++)
+      T_CHECK(set_step_grad(&a, j, k) && (k < 2 || set_step_grad(&b, j, k)));
+    T_CHECK_OK(a.e, gcap_optim_step(oa));
+    if (k >= 2) T_CHECK_OK(b.e, gcap_optim_step(ob));
+  }
+  for (int k = 0; k < 4; k++) {
+    gcap_tensor *t = gcap_optim_state(oa, 1, k, &name);
+    T_CHECK(names[adam][k] == NULL ? t == NULL : t != NULL && strcmp(name, names[adam][k]) == 0);
+  }
+  for (int j = 0; j < NP; j++)
+    if (t_read(a.p[j], pa, (size_t)pn[j]) && t_read(b.p[j], pb, (size_t)pn[j]))
+      T_CHECK(memcmp(pa, pb, (size_t)pn[j] * sizeof(float)) == 0);
+  gcap_optim_free(oa), gcap_optim_free(ob);
+  fixture_free(&a), fixture_free(&b);
+}
+static void test_state_restore_sgd(void) {
+  state_case(0);
+}
+static void test_state_restore_adam(void) {
+  state_case(1);
+}
+
 int main(void) {
   T_RUN(test_sgd_plain);
   T_RUN(test_sgd_plain_steps);
@@ -613,5 +595,7 @@ int main(void) {
   T_RUN(test_captured_first_step_momentum);
   T_RUN(test_captured_first_step_adam);
   T_RUN(test_optimizer_step_versions);
+  T_RUN(test_state_restore_sgd);
+  T_RUN(test_state_restore_adam);
   return t_done();
 }

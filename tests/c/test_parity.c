@@ -224,6 +224,18 @@ static gcap_status f_full(gcap_tensor *const *x, gcap_tensor **y) {
   return gcap_tensor_full(gcap_tensor_engine(x[0]), gcap_tensor_dtype(x[0]), gcap_tensor_ndim(x[0]),
                           gcap_tensor_shape(x[0]), -2.75, y);
 }
+static gcap_status f_lt(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_compare(x[0], x[1], GCAP_LT, y);
+}
+static gcap_status f_ge(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_compare(x[0], x[1], GCAP_GE, y);
+}
+static gcap_status f_eq(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_compare(x[0], x[1], GCAP_EQ, y);
+}
+static gcap_status f_ne(gcap_tensor *const *x, gcap_tensor **y) {
+  return gcap_compare(x[0], x[1], GCAP_NE, y);
+}
 /* f32 -> bf16 -> f32 conversions through copy_. */
 /* (a * b) * (a + b): a and b get grads from two nodes, the second one's
 ** added into the .grads the first made, both in one foreach_add. */
@@ -286,6 +298,23 @@ static const pcase cases[] = {
     {"mul [1]", f_mul, F32, 1, 0, 2, {P2(33, 70, N, 1), P1(1, N, 1)}},
     {"mul row", f_mul, F32, 1, 0, 2, {P2(33, 70, N, 1), P1(70, N, 1)}},
     {"(a * b) * (a + b)", f_mul_add, F32, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
+    {"div", f_div, F32, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, FILL_AWAY, 1)}},
+    {"div [64,96] (16-byte packs)",
+     f_div,
+     F32,
+     1,
+     0,
+     2,
+     {P2(64, 96, N, 1), P2(64, 96, FILL_AWAY, 1)}},
+    {"div 0-D first", f_div, F32, 1, 0, 2, {P0(N, 1), P2(33, 70, FILL_AWAY, 1)}},
+    {"div row", f_div, F32, 1, 0, 2, {P2(33, 70, N, 1), P1(70, FILL_AWAY, 1)}},
+    {"pow", f_pow, F32, 1, 0, 2, {P2(33, 70, FILL_POS, 1), P2(33, 70, N, 1)}},
+    {"pow 0-D exponent", f_pow, F32, 1, 0, 2, {P2(33, 70, FILL_POS, 1), P0(N, 1)}},
+    {"pow 0-D base", f_pow, F32, 1, 0, 2, {P0(FILL_POS, 1), P2(33, 70, N, 1)}},
+    {"pow row exponent", f_pow, F32, 1, 0, 2, {P2(33, 70, FILL_POS, 1), P1(70, N, 1)}},
+    {"lt", f_lt, F32, 0, 0, 2, {P2(33, 70, N, 0), P2(33, 70, N, 0)}},
+    {"ge row", f_ge, F32, 0, 0, 2, {P2(33, 70, N, 0), P1(70, N, 0)}},
+    {"eq 0/1 masks", f_eq, F32, 0, 0, 2, {PM2(33, 70), PM2(33, 70)}},
     {"scale", f_scale, F32, 1, 0, 1, {P1(5000, N, 1)}},
     {"neg", f_neg, F32, 1, 0, 1, {P2(33, 70, N, 1)}},
     {"sum [33,70]", f_sum, F32, 1, 0, 1, {P2(33, 70, N, 1)}},
@@ -597,6 +626,9 @@ static const pcase cases[] = {
     {"bf16 add row", f_add, BF, 1, 0, 2, {P2(33, 70, N, 1), P1(70, N, 1)}},
     {"bf16 sub 0-D", f_sub, BF, 1, 0, 2, {P2(33, 70, N, 1), P0(N, 1)}},
     {"bf16 mul", f_mul, BF, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, N, 1)}},
+    {"bf16 ne 0-D", f_ne, BF, 0, 0, 2, {P2(33, 70, N, 0), P0(N, 0)}},
+    {"bf16 div", f_div, BF, 1, 0, 2, {P2(33, 70, N, 1), P2(33, 70, FILL_AWAY, 1)}},
+    {"bf16 pow", f_pow, BF, 1, 0, 2, {P2(33, 70, FILL_POS, 1), P2(33, 70, N, 1)}},
     {"bf16 mul [64,96] (16-byte packs)", f_mul, BF, 1, 0, 2, {P2(64, 96, N, 1), P2(64, 96, N, 1)}},
     {"bf16 sub [64,96] (16-byte packs)", f_sub, BF, 1, 0, 2, {P2(64, 96, N, 1), P2(64, 96, N, 1)}},
     {"bf16 scale", f_scale, BF, 1, 0, 1, {P1(5000, N, 1)}},
@@ -875,8 +907,10 @@ static void test_dropout_masks_identical(void) {
   gcap_tensor_free(xh), gcap_tensor_free(xc);
 }
 
-/* Optimizer steps (SGD with momentum and weight decay; Adam) on both. */
-static void optim_parity(int adam) {
+/* Optimizer steps (SGD with momentum and weight decay; Adam; AdamW) on
+** both, the learning rate changed between steps (set_lr), as a schedule. */
+static void optim_parity(int kind) {
+  static const char *const names[3] = {"SGD momentum", "Adam", "AdamW"};
   enum { NPAR = 1000, STEPS = 3 };
   static float d[NPAR], g[NPAR], ph[NPAR], pc[NPAR];
   const int64_t s[1] = {NPAR};
@@ -888,12 +922,16 @@ static void optim_parity(int adam) {
   T_REQUIRE(p[0] && p[1]);
   for (int b = 0; b < 2; b++) {
     T_CHECK_OK(es[b], gcap_tensor_set_requires_grad(p[b], 1));
-    if (adam)
+    if (kind == 1)
       T_CHECK_OK(es[b], gcap_optim_adam(es[b], 1, &p[b], 0.01, 0.9, 0.999, 1e-8, 0.01, &o[b]));
+    else if (kind == 2)
+      T_CHECK_OK(es[b], gcap_optim_adamw(es[b], 1, &p[b], 0.01, 0.9, 0.999, 1e-8, 0.1, &o[b]));
     else
       T_CHECK_OK(es[b], gcap_optim_sgd(es[b], 1, &p[b], 0.1, 0.9, 0.01, &o[b]));
   }
   for (int k = 0; k < STEPS; k++) {
+    for (int b = 0; b < 2 && k > 0; b++)
+      T_CHECK_OK(es[b], gcap_optim_set_lr(o[b], gcap_optim_lr(o[b]) * 0.5));
     for (int i = 0; i < NPAR; i++)
       g[i] = urand();
     for (int b = 0; b < 2; b++) {
@@ -905,7 +943,7 @@ static void optim_parity(int adam) {
     }
     if (t_read(p[0], ph, NPAR) && t_read(p[1], pc, NPAR)) {
       char what[48];
-      snprintf(what, sizeof what, "%s step %d", adam ? "Adam" : "SGD momentum", k + 1);
+      snprintf(what, sizeof what, "%s step %d", names[kind], k + 1);
       compare(what, "parameter", pc, ph, NPAR, F32_ATOL, F32_RTOL);
     }
   }
@@ -917,6 +955,9 @@ static void test_sgd_parity(void) {
 }
 static void test_adam_parity(void) {
   optim_parity(1);
+}
+static void test_adamw_parity(void) {
+  optim_parity(2);
 }
 
 int main(void) {
@@ -949,6 +990,7 @@ int main(void) {
   T_RUN(test_dropout_masks_identical);
   T_RUN(test_sgd_parity);
   T_RUN(test_adam_parity);
+  T_RUN(test_adamw_parity);
   gcap_engine_free(eh);
   gcap_engine_free(ec);
   return t_done();

@@ -72,13 +72,15 @@ static soak_mark soak_take(gcap_engine *e) {
 }
 
 /* Growth from a to b over n iterations: reserved bytes and objects not at
-** all, resident memory under max_per bytes per iteration beyond one step of
-** malloc's heap (glibc grows and trims its top by 128 KiB), which is not a
-** leak. */
-#define SOAK_HEAP_STEP (128.0 * 1024)
+** all, resident memory under max_per bytes per iteration beyond two steps of
+** malloc's heap, which are not a leak: glibc grows and trims its top by 128
+** KiB, and where its top sits when each end is read varies with the run (one
+** step beyond failed a run in three under load, with malloc's own count of
+** bytes in use flat: test_graph_registry_stays_small measures that exactly). */
+#define SOAK_HEAP_STEPS (2 * 128.0 * 1024)
 static void soak_check(const char *what, soak_mark a, soak_mark b, long n, double max_per) {
-  double per = (b.rss - a.rss - SOAK_HEAP_STEP) / (double)n;
-  printf("# %s: %ld iterations, resident %+.1f bytes each beyond one heap step, reserved %zu -> "
+  double per = (b.rss - a.rss - SOAK_HEAP_STEPS) / (double)n;
+  printf("# %s: %ld iterations, resident %+.1f bytes each beyond two heap steps, reserved %zu -> "
          "%zu, objects %lld "
          "-> %lld\n",
          what, n, per, a.reserved, b.reserved, (long long)a.objects, (long long)b.objects);

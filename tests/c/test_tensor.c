@@ -154,6 +154,48 @@ static void test_copy_zero_fill(void) {
   gcap_engine_free(e);
 }
 
+/* A tensor's raw bytes go to and from the device as they are: every bf16
+** pattern (NaN payloads, -0, subnormals) and f32 NaN payloads come back bit
+** for bit, a write is in place and counts as a write, and a copy within one
+** dtype keeps the bits too. */
+static void test_raw_bytes(void) {
+  gcap_engine *e = t_engine();
+  T_REQUIRE(e != NULL);
+  enum { N = 65536 };
+  static uint16_t bits[N], back[N];
+  const int64_t sn[1] = {N}, s2[1] = {2};
+  const uint32_t f32bits[2] = {0x7fc00123u, 0xff800001u}; /* NaNs with payloads */
+  uint32_t f32back[2];
+  gcap_tensor *b = NULL, *c = NULL, *f = NULL;
+  uintptr_t addr;
+  uint64_t v;
+  int i;
+  for (i = 0; i < N; i++)
+    bits[i] = (uint16_t)i;
+  T_CHECK_OK(e, gcap_tensor_empty(e, GCAP_BF16, 1, sn, &b));
+  addr = gcap_tensor_data_ptr(b);
+  v = gcap_tensor_version(b);
+  T_CHECK_OK(e, gcap_tensor_write_bytes(b, bits, sizeof bits));
+  T_CHECK(gcap_tensor_data_ptr(b) == addr && gcap_tensor_version(b) == v + 1);
+  T_CHECK_OK(e, gcap_tensor_read_bytes(b, back, sizeof back));
+  T_CHECK(memcmp(bits, back, sizeof bits) == 0);
+  T_CHECK_OK(e, gcap_tensor_empty(e, GCAP_BF16, 1, sn, &c));
+  T_CHECK_OK(e, gcap_copy_(c, b));
+  memset(back, 0, sizeof back);
+  T_CHECK_OK(e, gcap_tensor_read_bytes(c, back, sizeof back));
+  T_CHECK(memcmp(bits, back, sizeof bits) == 0);
+  T_CHECK_OK(e, gcap_tensor_empty(e, GCAP_F32, 1, s2, &f));
+  T_CHECK_OK(e, gcap_tensor_write_bytes(f, f32bits, sizeof f32bits));
+  T_CHECK_OK(e, gcap_tensor_read_bytes(f, f32back, sizeof f32back));
+  T_CHECK(memcmp(f32bits, f32back, sizeof f32bits) == 0);
+  T_CHECK_ST(e, gcap_tensor_write_bytes(f, f32bits, 4), GCAP_EINVAL); /* 8 bytes, not 4 */
+  T_CHECK(t_msg_has(e, "write_bytes: n is 4 bytes, but the tensor holds 8 (2 f32 elements)"));
+  T_CHECK_ST(e, gcap_tensor_read_bytes(b, back, 2), GCAP_EINVAL);
+  T_CHECK(t_msg_has(e, "read_bytes: n is 2 bytes, but the tensor holds 131072 (65536 bf16"));
+  gcap_tensor_free(b), gcap_tensor_free(c), gcap_tensor_free(f);
+  gcap_engine_free(e);
+}
+
 static void test_elementwise_values(void) {
   gcap_engine *e = t_engine();
   T_REQUIRE(e != NULL);
@@ -368,6 +410,7 @@ int main(void) {
   T_RUN(test_zero_size_tensors);
   T_RUN(test_view_clone_data_ptr);
   T_RUN(test_copy_zero_fill);
+  T_RUN(test_raw_bytes);
   T_RUN(test_elementwise_values);
   T_RUN(test_broadcast);
   T_RUN(test_sum_mean);

@@ -398,105 +398,13 @@ end
 -- ---------------------------------------------------------------------------
 -- JSON
 
--- The value of the JSON text s (RFC 8259, strictly: one value, whitespace
--- around it, no trailing commas, no comments); objects and arrays become
--- tables, null becomes H.null. Raises "json: <what> at byte <n>".
-H.null = setmetatable({}, {__name = "json null"})
+-- The value of the JSON text s, by the facade's strict reader
+-- (graphcap.json); null becomes H.null. Raises "json: <what> at byte <n>".
+local json = require "graphcap.json"
+H.null = json.null
 function H.json_decode (s)
-  local pos = 1
-  local function fail (what) error(string.format("json: %s at byte %d", what, pos), 0) end
-  local function ws () pos = s:find("[^ \t\r\n]", pos) or #s + 1 end
-  local function lit (word, v)
-    if s:sub(pos, pos + #word - 1) ~= word then fail("bad literal") end
-    pos = pos + #word
-    return v
-  end
-  local escapes = {['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n",
-                   r = "\r", t = "\t"}
-  local value
-  local function str ()
-    local out = {}
-    pos = pos + 1
-    while true do
-      local c = s:sub(pos, pos)
-      if c == "" then fail("unterminated string") end
-      if c == '"' then pos = pos + 1; return table.concat(out) end
-      if c:byte() < 32 then fail("control character in a string") end
-      if c == "\\" then
-        local e = s:sub(pos + 1, pos + 1)
-        if e == "u" then
-          local hex = s:match("^%x%x%x%x", pos + 2)
-          if not hex then fail("bad \\u escape") end
-          out[#out + 1] = utf8.char(tonumber(hex, 16))
-          pos = pos + 6
-        elseif escapes[e] then
-          out[#out + 1] = escapes[e]
-          pos = pos + 2
-        else
-          fail("bad escape")
-        end
-      else
-        out[#out + 1] = c
-        pos = pos + 1
-      end
-    end
-  end
-  local function num ()  -- -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][-+]?[0-9]+)?
-    local p = pos + (s:sub(pos, pos) == "-" and 1 or 0)
-    local int = s:match("^%d+", p)
-    if not int or #int > 1 and int:sub(1, 1) == "0" then fail("bad number") end
-    p = p + #int
-    for _, part in ipairs{{"^%.", "^%.%d+"}, {"^[eE]", "^[eE][-+]?%d+"}} do
-      if s:find(part[1], p) then
-        local m = s:match(part[2], p)
-        if not m then fail("bad number") end
-        p = p + #m
-      end
-    end
-    local v = tonumber(s:sub(pos, p - 1))
-    pos = p
-    return v
-  end
-  local function seq (close, item)
-    local t = {}
-    pos = pos + 1
-    ws()
-    if s:sub(pos, pos) == close then pos = pos + 1; return t end
-    while true do
-      item(t)
-      ws()
-      local c = s:sub(pos, pos)
-      pos = pos + 1
-      if c == close then return t end
-      if c ~= "," then pos = pos - 1; fail("expected ',' or '" .. close .. "'") end
-      ws()
-    end
-  end
-  function value ()
-    ws()
-    local c = s:sub(pos, pos)
-    if c == "{" then
-      return seq("}", function (t)
-        if s:sub(pos, pos) ~= '"' then fail("expected a string key") end
-        local k = str()
-        ws()
-        if s:sub(pos, pos) ~= ":" then fail("expected ':'") end
-        pos = pos + 1
-        t[k] = value()
-      end)
-    elseif c == "[" then
-      return seq("]", function (t) t[#t + 1] = value() end)
-    elseif c == '"' then return str()
-    elseif c == "t" then return lit("true", true)
-    elseif c == "f" then return lit("false", false)
-    elseif c == "n" then return lit("null", H.null)
-    elseif c:match("[-%d]") then return num()
-    end
-    fail(c == "" and "unexpected end" or "unexpected '" .. c .. "'")
-  end
-  local v = value()
-  ws()
-  if pos <= #s then fail("text after the value") end
+  local ok, v = pcall(json.decode, s)
+  if not ok then error("json: " .. v, 0) end
   return v
 end
 

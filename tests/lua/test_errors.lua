@@ -326,7 +326,7 @@ function TestBadInput:test_wrong_types ()
     function () return gc.ones{true} end,
     function () return gc.full({2}, "x") end,
     function () return gc.full({2}, {}) end,
-    function () return gc.rand(7) end,
+    function () return gc.rand(7, {7}) end,  -- sizes then a table of sizes
     function () return gc.tensor("str") end,
     function () return gc.tensor(true) end,
     function () return gc.tensor() end,

@@ -104,6 +104,29 @@ add_lib("gc.optim.", gc.optim)
 api[#api + 1] = {"gc.no_grad", function (f) return gc.no_grad(type(f) == "function" and f or value) end}
 table.sort(api, function (a, b) return a[1] < b[1] end)
 
+-- The factories also take their sizes as arguments (gc.zeros(2, 3)): fuzzed
+-- sizes such as 2^31 would make real tensors of gigabytes, which a machine
+-- may or may not hold (under ASan the allocator aborts). Such a call is not
+-- made; its error is counted as any other.
+local MAXFUZZ = 1 << 24
+local factories = {["gc.empty"] = true, ["gc.zeros"] = true, ["gc.ones"] = true,
+                   ["gc.rand"] = true, ["gc.randn"] = true}
+for _, e in ipairs(api) do
+  if factories[e[1]] then
+    local f = e[2]
+    e[2] = function (...)
+      local n = 1
+      for i = 1, select("#", ...) do
+        local v = select(i, ...)
+        if type(v) ~= "number" then break end
+        if v >= 0 and v == math.floor(v) then n = n * v end
+      end
+      if n > MAXFUZZ then error("fuzz: a tensor of " .. n .. " elements is not made") end
+      return f(...)
+    end
+  end
+end
+
 -- The methods of an object, by its metatable.
 local function methods_of (v)
   local mt = getmetatable(v)

@@ -4,7 +4,7 @@
 -- _num_layers_per_chunk and _reuse_graph_input_output_buffers. Each acts
 -- exactly as the name it stands for (bitwise equal training), giving both
 -- spellings is an error naming both, and the caller's option table is left
--- as it was.
+-- as it was. The modules' params_dtype is m:to(dtype) at construction.
 --   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_te_names.lua -o tap
 
 local lu = require "luaunit"
@@ -163,6 +163,47 @@ function TestTENames:test_unknown_underscore_option ()
     gc.make_graphed_callables(two_linears(), {{gc.zeros({4, 8})}, {gc.zeros({4, 16})}},
                               {_num_warmup_iters = 2})
   end, "unknown option '_num_warmup_iters'")
+end
+
+-- params_dtype (TE's option of its modules) makes the parameters in that
+-- dtype: the same values as the module made in f32 and converted with
+-- m:to, bitwise; the module then runs on inputs of that dtype.
+function TestTENames:test_params_dtype ()
+  local makers = {
+    Linear = function (o) return gc.nn.Linear(4, 6, o) end,
+    LayerNorm = function (o) return gc.nn.LayerNorm(4, o) end,
+    LayerNormLinear = function (o) return gc.nn.LayerNormLinear(4, 6, o) end,
+    LayerNormMLP = function (o) return gc.nn.LayerNormMLP(4, 8, o) end,
+    MultiheadAttention = function (o)
+      o.attention_dropout = 0
+      return gc.nn.MultiheadAttention(4, 2, o)
+    end,
+    TransformerLayer = function (o)
+      o.attention_dropout, o.hidden_dropout = 0, 0
+      return gc.nn.TransformerLayer(4, 8, 2, o)
+    end,
+  }
+  for name, make in pairs(makers) do
+    gc.manual_seed(21)
+    local a = make({params_dtype = "bf16"})
+    gc.manual_seed(21)
+    local b = make({}):to("bf16")
+    local pa, pb = a:parameters(), b:parameters()
+    lu.assertEquals(#pa, #pb, name)
+    for i = 1, #pa do
+      lu.assertEquals(pa[i]:dtype(), "bf16", name)
+      H.assert_bitwise(pa[i]:tolist(), pb[i]:tolist(), name .. " parameter " .. i)
+    end
+    local x = gc.randn({3, 1, 4}, "bf16")
+    local y = a(x)
+    lu.assertEquals(y:dtype(), "bf16", name)
+    H.assert_bitwise(y:tolist(), b(x):tolist(), name .. " output")
+    gc.manual_seed(21)
+    lu.assertEquals(make({params_dtype = "f32"}):parameters()[1]:dtype(), "f32", name)
+  end
+  local ok, err = pcall(gc.nn.LayerNormMLP, 4, 8, {params_dtype = "fp16"})
+  lu.assertFalse(ok)
+  lu.assertStrContains(err, "LayerNormMLP: params_dtype must be \"f32\" or \"bf16\", got \"fp16\"")
 end
 
 os.exit(lu.LuaUnit.run(), true) -- closing the state frees the engine: nothing is left for a leak check

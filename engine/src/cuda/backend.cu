@@ -7,6 +7,7 @@
 ** its pools can grow while a capture is open): a graph holding memory-alloc
 ** or memory-free nodes means a library allocated during capture, an error.
 */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -363,6 +364,27 @@ static int cu_attn_cudnn(void *bs, const gc_kargs *a, int backward, int capturin
   return cu_dnn_supported(&((cu_state *)bs)->dnn, a, backward, capturing, why, n);
 }
 
+/* gc_backend.fp8_supported: FP8 GEMMs need compute capability 8.9 (Ada) or
+** 9.0 and later (Hopper on). */
+static int cu_fp8_supported(void *bs, char *why, size_t n) {
+  cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, ((cu_state *)bs)->dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    snprintf(why, n, "the compute capability of device %d could not be read",
+             ((cu_state *)bs)->dev);
+    return 0;
+  }
+  if (p.major > 8 || (p.major == 8 && p.minor >= 9)) {
+    if (n > 0) why[0] = '\0';
+    return 1;
+  }
+  snprintf(why, n,
+           "Device compute capability 8.9 or higher required for FP8 execution: device %d (%s) "
+           "has %d.%d",
+           ((cu_state *)bs)->dev, p.name, p.major, p.minor);
+  return 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* NVTX ranges (the header-only NVTX 3 of the toolkit: it loads the tool that
 ** listens, if any, on first use). Opened only when a tool is attached:
@@ -417,6 +439,7 @@ static const gc_backend cu_backend = {
     cu_comm_free,     /* comm_free */
     cu_collective,    /* collective */
     cu_attn_cudnn,    /* attn_supported */
+    cu_fp8_supported, /* fp8_supported */
     cu_record_ext,    /* event_record_external */
     cu_ranges,        /* ranges */
     cu_range_push,    /* range_push */

@@ -218,6 +218,8 @@ gcap_status cu_loss(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
                     const gc_kargs *a); /* k_loss.cu */
 gcap_status cu_optim(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
                      const gc_kargs *a); /* k_optim.cu */
+gcap_status cu_arith(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                     const gc_kargs *a); /* k_arith.cu */
 gcap_status cu_shape(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
                      const gc_kargs *a); /* k_shape.cu */
 gcap_status cu_mask(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
@@ -226,6 +228,7 @@ gcap_status cu_embed(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
                      const gc_kargs *a); /* k_embed.cu */
 gcap_status cu_attn(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
                     const gc_kargs *a); /* k_attn.cu */
+gcap_status cu_fp8(gcap_engine *e, cu_state *st, cudaStream_t s, int k, const gc_kargs *a);
 
 /* The backend table's communicators and collectives (nccl.cu). */
 gcap_status cu_comm_id(gcap_engine *e, void *bs, unsigned char id[GC_COMM_ID_BYTES]);

@@ -1,6 +1,6 @@
 /*
-** k_elementwise.cu: fill, copy, add, sub, mul, scale (backend.h's GC_K_FILL
-** .. GC_K_SCALE; copy also converts f32 <-> bf16), and foreach_add, the
+** k_elementwise.cu: fill, copy, add, sub, mul, div, scale (backend.h's
+** GC_K_FILL .. GC_K_SCALE; copy also converts f32 <-> bf16), and foreach_add, the
 ** .grad accumulation of several tensors. Each element is one float
 ** operation with round-to-nearest intrinsics (__fadd_rn, ...), which the
 ** compiler never fuses into an FMA, so f32 results equal the host reference
@@ -36,6 +36,12 @@ template <typename I> static __global__ void k_copy(void *y, int ydt, const void
   CU_LOOP(I, i, n) cu_store(y, i, ydt, cu_load(x, i, xdt));
 }
 
+/* A copy within one dtype moves the bits as they are (a NaN keeps its
+** payload), as the host's does. */
+template <typename T, typename I> static __global__ void k_copy_bits(T *y, const T *x, I n) {
+  CU_LOOP(I, i, n) y[i] = x[i];
+}
+
 /* Index i of an operand of m elements broadcast over n (m = n, 1, or a row). */
 template <typename I> static __device__ __forceinline__ I cu_bidx(I i, I m, I n) {
   return m == n ? i : m == 1 ? 0 : i % m;
@@ -47,6 +53,8 @@ static __device__ __forceinline__ float cu_binop(int op, float u, float v) {
       return __fadd_rn(u, v);
     case GC_K_SUB:
       return __fsub_rn(u, v);
+    case GC_K_DIV:
+      return __fdiv_rn(u, v);
     default: /* GC_K_MUL */
       return __fmul_rn(u, v);
   }
@@ -151,7 +159,7 @@ static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a, int6
   I n = (I)a->n[0];
   unsigned g = cu_blocks(total);
   int64_t packs;
-  if ((k == GC_K_ADD || k == GC_K_SUB || k == GC_K_MUL) && a->n[1] == a->n[0] &&
+  if ((k == GC_K_ADD || k == GC_K_SUB || k == GC_K_MUL || k == GC_K_DIV) && a->n[1] == a->n[0] &&
       a->n[2] == a->n[0] && (packs = cu_packs(a->n[0], a->dt, a->p[0], a->p[1], a->p[2])) > 0) {
     k_binary_packed<<<cu_blocks(packs), CU_THREADS, 0, s>>>(
         k, (uint4 *)a->p[0], (const uint4 *)a->p[1], (const uint4 *)a->p[2], a->dt, packs);
@@ -173,11 +181,19 @@ static void cu_launch_elementwise(cudaStream_t s, int k, const gc_kargs *a, int6
       break;
     case GC_K_COPY:                  /* dt: the destination's dtype, n[1]: the source's */
       if (a->p[0] == a->p[1]) break; /* as the host: a copy onto itself is a no-op */
-      k_copy<I><<<g, CU_THREADS, 0, s>>>(a->p[0], a->dt, a->p[1], (int)a->n[1], n);
+      if (a->n[1] == a->dt && a->dt == GCAP_BF16)
+        k_copy_bits<uint16_t, I>
+            <<<g, CU_THREADS, 0, s>>>((uint16_t *)a->p[0], (const uint16_t *)a->p[1], n);
+      else if (a->n[1] == a->dt)
+        k_copy_bits<uint32_t, I>
+            <<<g, CU_THREADS, 0, s>>>((uint32_t *)a->p[0], (const uint32_t *)a->p[1], n);
+      else
+        k_copy<I><<<g, CU_THREADS, 0, s>>>(a->p[0], a->dt, a->p[1], (int)a->n[1], n);
       break;
     case GC_K_ADD:
     case GC_K_SUB:
     case GC_K_MUL:
+    case GC_K_DIV:
       k_binary<I>
           <<<g, CU_THREADS, 0, s>>>(k, a->p[0], a->p[1], (I)a->n[1], a->p[2], (I)a->n[2], a->dt, n);
       break;

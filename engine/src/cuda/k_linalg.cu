@@ -83,8 +83,9 @@ typedef struct cu_plan {
   int64_t m, n, k;
   int64_t batch, sa, sb; /* batched: count, and A's and B's strides (elements) */
   int ta, tb, dt;
-  int epi; /* CU_EPI_*: what rides on the GEMM */
-  int ok;  /* 0: the heuristic found nothing; plain cuBLAS (and kernels) are used */
+  int epi;        /* CU_EPI_*: what rides on the GEMM */
+  uint32_t align; /* the bytes every pointer of its launches is aligned to, up to 256 */
+  int ok;         /* 0: the heuristic found nothing; plain cuBLAS (and kernels) are used */
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t la, lb, lc;
   cublasLtMatmulAlgo_t algo;
@@ -119,11 +120,27 @@ static cublasStatus_t cu_layout_batch(cublasLtMatrixLayout_t l, int32_t count, i
                                           sizeof stride);
 }
 
+/* The alignment, up to 256 bytes, of every pointer of a GEMM's launch (C, A,
+** B, the bias or its grad, the pre-activation). cuBLASLt picks algorithms
+** for 256-byte aligned operands unless told less, and a view at an offset
+** (an entry t[i] of a tensor) can be less aligned than the allocator's
+** blocks. */
+static uint32_t cu_gemm_align(const gc_kargs *a) {
+  uintptr_t any = 256;
+  for (int i = 0; i < 6; i++)
+    any |= (uintptr_t)a->p[i];
+  return (uint32_t)(any & (~any + 1));
+}
+
 /* The plan of C^T (n x m) = op(B)^T op(A)^T in cuBLAS's column-major terms:
-** first operand B (n x k after opb), second A (k x m after opa). */
+** first operand B (n x k after opb), second A (k x m after opa). One per
+** shape and alignment: operands aligned less than 256 bytes get algorithms
+** that take them, or none (then cuBLAS's own GEMM runs, which takes any),
+** and an epilogue's vectors are not given to cuBLASLt below 16 bytes. */
 static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, int epi,
                                cu_plan **out) {
   int64_t m = a->n[0], n = a->n[1], k = a->n[2];
+  uint32_t align = cu_gemm_align(a);
   int64_t batch = a->n[5] > 1 ? a->n[5] : 1, sa = batch > 1 ? a->n[6] : 0,
           sb = batch > 1 ? a->n[7] : 0;
   int ta = a->n[3] != 0, tb = a->n[4] != 0, dt = a->dt;
@@ -139,7 +156,7 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, 
   for (i = 0; i < st->nplans; i++) {
     p = &st->plans[i];
     if (p->m == m && p->n == n && p->k == k && p->batch == batch && p->sa == sa && p->sb == sb &&
-        p->ta == ta && p->tb == tb && p->dt == dt && p->epi == epi) {
+        p->ta == ta && p->tb == tb && p->dt == dt && p->epi == epi && p->align == align) {
       *out = p;
       return GCAP_OK;
     }
@@ -154,6 +171,7 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, 
   p = &st->plans[st->nplans++];
   memset(p, 0, sizeof *p);
   p->m = m, p->n = n, p->k = k, p->ta = ta, p->tb = tb, p->dt = dt, p->epi = epi;
+  p->align = align;
   p->batch = batch, p->sa = sa, p->sb = sb;
   *out = p;
   CUBLAS_TRY(e, cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -186,7 +204,19 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, 
     CUBLAS_TRY(e, cu_layout_batch(p->lb, count, sa));
     CUBLAS_TRY(e, cu_layout_batch(p->lc, count, sc));
   }
+  if (align < 16 && epi != CU_EPI_NONE) return GCAP_OK; /* our kernels do the epilogue */
   CUBLAS_TRY(e, cublasLtMatmulPreferenceCreate(&pref));
+  if (align < 256) {
+    static const cublasLtMatmulPreferenceAttributes_t mins[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (i = 0; i < 4; i++)
+      if (cublasLtMatmulPreferenceSetAttribute(pref, mins[i], &align, sizeof align) !=
+          CUBLAS_STATUS_SUCCESS) {
+        cublasLtMatmulPreferenceDestroy(pref);
+        return GCAP_OK; /* no plan: cuBLAS's GEMM */
+      }
+  }
   if (cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                            sizeof ws) == CUBLAS_STATUS_SUCCESS &&
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,

@@ -131,6 +131,12 @@ fail:
   return st;
 }
 
+/* The all-reduce an FP8 autocast's amax_reduction_group takes its amaxes
+** max with (the engine's fp8_all_reduce while the runtime is initialised). */
+static gcap_status fp8_all_reduce(gcap_tensor *t, gcap_dist_group *g) {
+  return gcap_dist_all_reduce(t, GCAP_REDUCE_MAX, g);
+}
+
 gcap_status gcap_dist_init(gcap_engine *e) {
   gc_mpi *world = NULL;
   int *all = NULL, i;
@@ -158,6 +164,7 @@ gcap_status gcap_dist_init(gcap_engine *e) {
   gc_engine_ref(e);
   D.e = e;
   D.on = 1;
+  e->fp8_all_reduce = fp8_all_reduce;
   return GCAP_OK;
 fail:
   free(all);
@@ -187,6 +194,7 @@ gcap_status gcap_dist_finalize(void) {
   D.on = 0;
   D.done = 1;
   D.e = NULL;
+  e->fp8_all_reduce = NULL;
   gc_engine_unref(e);
   return GCAP_OK;
 }

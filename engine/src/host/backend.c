@@ -528,6 +528,13 @@ static int hb_attn_supported(void *bs, const gc_kargs *a, int backward, int capt
   return 0;
 }
 
+/* The host emulates FP8 exactly: it is the reference. */
+static int hb_fp8_supported(void *bs, char *why, size_t n) {
+  (void)bs;
+  if (n > 0) why[0] = '\0';
+  return 1;
+}
+
 /* In gc_backend's field order. No event_record_external (a replay runs at
 ** once, so event_record serves) and no ranges (the trace shows the spans). */
 static const gc_backend hb_backend = {
@@ -562,6 +569,7 @@ static const gc_backend hb_backend = {
     hb_comm_free,      /* comm_free */
     hb_collective,     /* collective */
     hb_attn_supported, /* attn_supported */
+    hb_fp8_supported,  /* fp8_supported */
     NULL,              /* event_record_external */
     NULL,              /* ranges */
     NULL,              /* range_push */

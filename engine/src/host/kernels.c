@@ -28,6 +28,10 @@ static void hk_copy(const gc_kargs *a) {
   int64_t n = a->n[0], i;
   int dt = a->dt, xdt = (int)a->n[1];
   if (y == x) return;
+  if (dt == xdt) { /* within one dtype the bits move as they are: a NaN keeps its payload */
+    memmove(y, x, (size_t)n * (dt == GCAP_BF16 ? 2 : 4));
+    return;
+  }
   for (i = 0; i < n; i++)
     gc_store(y, dt, i, gc_load(x, xdt, i));
 }
@@ -47,6 +51,7 @@ static void hk_copy(const gc_kargs *a) {
 HK_BINARY(hk_add, +)
 HK_BINARY(hk_sub, -)
 HK_BINARY(hk_mul, *)
+HK_BINARY(hk_div, /)
 
 static void hk_scale(const gc_kargs *a) {
   void *y = a->p[0];
@@ -443,51 +448,6 @@ static void hk_cross_entropy_bwd(const gc_kargs *a) {
       gc_store(dlogits, dt, r * cols + c,
                t < 0 ? NAN : (gc_load(probs, dt, r * cols + c) - (c == t ? 1.0f : 0.0f)) * g);
   }
-}
-
-static void hk_sgd(const gc_kargs *a) {
-  void *param = a->p[0], *buf = a->p[2];
-  const void *grad = a->p[1];
-  int64_t n = a->n[0], i;
-  float lr = a->f[0], momentum = a->f[1], wd = a->f[2];
-  int dt = a->dt;
-  for (i = 0; i < n; i++) {
-    float p = gc_load(param, dt, i), d = gc_load(grad, dt, i);
-    if (wd != 0.0f) d += wd * p;
-    if (buf) {
-      float b = momentum * gc_load(buf, dt, i) + d;
-      gc_store(buf, dt, i, b);
-      d = b;
-    }
-    gc_store(param, dt, i, p - lr * d);
-  }
-}
-
-/* PyTorch's Adam: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). */
-static void hk_adam(const gc_kargs *a) {
-  void *param = a->p[0], *exp_avg = a->p[2], *exp_avg_sq = a->p[3];
-  const void *grad = a->p[1];
-  const float *step = (const float *)a->p[4];
-  int64_t n = a->n[0], i;
-  float lr = a->f[0], beta1 = a->f[1], beta2 = a->f[2], eps = a->f[3], wd = a->f[4];
-  int dt = a->dt;
-  float t = step[0];
-  float bc1 = 1.0f - powf(beta1, t), bc2 = 1.0f - powf(beta2, t);
-  for (i = 0; i < n; i++) {
-    float p = gc_load(param, dt, i), g = gc_load(grad, dt, i);
-    float m, v;
-    if (wd != 0.0f) g += wd * p;
-    m = beta1 * gc_load(exp_avg, dt, i) + (1.0f - beta1) * g;
-    v = beta2 * gc_load(exp_avg_sq, dt, i) + (1.0f - beta2) * g * g;
-    gc_store(exp_avg, dt, i, m);
-    gc_store(exp_avg_sq, dt, i, v);
-    gc_store(param, dt, i, p - (lr / bc1) * m / (sqrtf(v) / sqrtf(bc2) + eps));
-  }
-}
-
-static void hk_counter_inc(const gc_kargs *a) {
-  float *count = (float *)a->p[0];
-  count[0] += 1.0f;
 }
 
 /* Pair j: y = p[2j], x = p[2j + 1], n[j] elements, n[GC_FOREACH_MAX + j]: add

@@ -48,8 +48,19 @@ extern "C" {
   X(SUB, sub, elementwise, 0x01)                                                                   \
   /* p[0][i] = p[1][i % n[1]] * p[2][i % n[2]] */                                                  \
   X(MUL, mul, elementwise, 0x01)                                                                   \
+  /* p[0][i] = p[1][i % n[1]] / p[2][i % n[2]] */                                                  \
+  X(DIV, div, elementwise, 0x01)                                                                   \
   /* p[0][i] = p[1][i] * f[0], i < n[0] */                                                         \
   X(SCALE, scale, elementwise, 0x01)                                                               \
+  /* p[0][i] = pow(p[1][i % n[1]], p[2][i % n[2]]), i < n[0] (in double, then rounded) */          \
+  X(POW, pow, arith, 0x01)                                                                         \
+  /* the grads of y = pow(a, b), i < n[0], from p[2] = dy (n[0] elements), a = p[3][i % n[3]],     \
+     b = p[4][i % n[4]]: p[0] (NULL: not wanted) = dy b pow(a, b - 1), 0 where b = 0; p[1]         \
+     (NULL: not wanted) = dy pow(a, b) log(a), 0 where a = 0 and b >= 0 (PyTorch's rules) */       \
+  X(POW_BWD, pow_bwd, arith, 0x03)                                                                 \
+  /* p[0][i] = p[1][i % n[1]] OP p[2][i % n[2]] ? 1 : 0, i < n[0]: OP the gcap_cmp n[4]; the       \
+     operands are of dtype n[3], the result f32 (dt) */                                            \
+  X(CMP, cmp, arith, 0x01)                                                                         \
   /* p[0][0] = f[0] * sum(p[1][0 .. n[0]))  (mean: f[0] = 1/n); p[2]: NULL, or f32 scratch of      \
      GC_SUM_CHUNKS(n[0]) floats for a backend that sums chunks of the elements, then the           \
      chunks */                                                                                     \
@@ -119,12 +130,14 @@ extern "C" {
   /* p[0] = dlogits = (probs - onehot(target)) * p[3][0] * f[0]; p[1] = probs, p[2] =              \
      targets, p[3] = upstream grad (one element); rows n[0], cols n[1] */                          \
   X(XENT_BWD, cross_entropy_bwd, loss, 0x01)                                                       \
-  /* param p[0] -= f[0] * d, d = grad p[1] (+ f[2] * param); with momentum (p[2] != NULL):         \
-     buf = f[1] * buf + d, d = buf; n[0] elements */                                               \
+  /* param p[0] -= lr * d, d = grad p[1] (+ f[2] * param), lr = p[3][0] (f32, one element, read    \
+     when the kernel runs); with momentum (p[2] != NULL): buf = f[1] * buf + d, d = buf; n[0]      \
+     elements */                                                                                   \
   X(SGD, sgd, optim, 0x05)                                                                         \
   /* p[0] param, p[1] grad, p[2] m, p[3] v, p[4] step count (f32, one element, already             \
-     incremented); lr f[0], beta1 f[1], beta2 f[2], eps f[3], weight decay f[4] (L2, added to      \
-     the grad); bias-corrected; n[0] elements */                                                   \
+     incremented), p[5] lr (f32, one element); beta1 f[1], beta2 f[2], eps f[3], weight decay      \
+     f[4]: n[1] = 0, L2 (added to the grad); 1, decoupled (AdamW: param *= 1 - lr * f[4]           \
+     first); bias-corrected; n[0] elements */                                                      \
   X(ADAM, adam, optim, 0x0d)                                                                       \
   /* p[0][0] += 1 (f32 counter) */                                                                 \
   X(COUNTER_INC, counter_inc, optim, 0x01)                                                         \
@@ -175,7 +188,34 @@ extern "C" {
      with n[j] > 0 elements (the used pairs come first), p[2j][i] = p[2j][i] + p[2j+1][i]          \
      when n[GC_FOREACH_MAX + j] = 1, or p[2j][i] = p[2j+1][i] (a copy, same dtype) when it is      \
      0; one pair's memory never overlaps another's, so the pairs may run in any order */           \
-  X(FOREACH_ADD, foreach_add, elementwise, 0x55)
+  X(FOREACH_ADD, foreach_add, elementwise, 0x55)                                                   \
+  /* -- FP8: n[1] the gcap_fp8_format; casts round to nearest even, saturate to the largest        \
+     finite value (infinities too) and keep NaN a NaN (0x7f); the amax of x is the largest |x|     \
+     (NaN elements left out, as fmaxf does) -- */                                                  \
+  /* p[0] = n[0] FP8 bytes, cast(x * scale) of x p[1] (dt); p[2]: the scale (f32, one              \
+     element), or with n[2] = 1 an amax (one element) from which the launch takes the scale:       \
+     fp8_max / amax, 1 where the amax is 0 or not finite, FLT_MAX where the quotient is            \
+     infinite (current scaling); p[3]: NULL, or one f32 that becomes max(itself, amax of x);       \
+     p[4]: NULL, or one f32 receiving 1 / scale; p[5]: NULL, or one f32 flag: nonzero, the         \
+     launch does nothing (a weight whose cached FP8 copy is kept) */                               \
+  X(FP8_QUANTIZE, fp8_quantize, fp8, 0x19)                                                         \
+  /* p[0][i] (dt) = the FP8 byte p[1][i] times p[2][0] (f32: the scale's inverse), i < n[0] */     \
+  X(FP8_DEQUANTIZE, fp8_dequantize, fp8, 0x01)                                                     \
+  /* p[0][0] (f32) = max(p[0][0], amax of x p[1] of n[0] elements) */                              \
+  X(FP8_AMAX, fp8_amax, fp8, 0x01)                                                                 \
+  /* delayed scaling's update of roles n[1] .. n[1] + n[2] - 1 of the state p[0] (f32,             \
+     GC_FP8_STATE_FLOATS(R = n[3] roles, L = n[0]): amax[R], scale[R], history[R][L], most         \
+     recent first); per role r: a = amax[r]; amax[r] = 0; when a != 0 the history shifts one       \
+     place and history[r][0] = a; then m = the fmaxf of history[r] (n[4] = 0, "max") or a          \
+     (n[4] = 1, "most_recent"), and scale[r] = f[r - n[1]] / m (f: fp8_max / 2^margin) where m     \
+     is finite and > 0, FLT_MAX where that is infinite; otherwise scale[r] stays */                \
+  X(FP8_UPDATE, fp8_update, fp8, 0x01)
+
+/* The largest finite value of FP8 format f (gcap_fp8_format), and the
+** floats of a delayed-scaling state of r roles with histories of l amaxes
+** (GC_K_FP8_UPDATE): amax[r], scale[r], history[r][l]. */
+#define GC_FP8_MAX(f) ((f) == GCAP_FP8_E5M2 ? 57344.0f : 448.0f)
+#define GC_FP8_STATE_FLOATS(r, l) ((r) * (2 + (l)))
 
 /* The flags of a mask read by softmax and masked_fill: bit d (d < 4) set when
 ** the mask has size 1 in dim d of the 4-D shape it is broadcast over. */
@@ -453,6 +493,10 @@ typedef struct gc_backend {
   int (*attn_supported)(void *bs, const gc_kargs *a, int backward, int capturing, char *why,
                         size_t n);
 
+  /* Whether the device has FP8 GEMMs (cuda: compute capability 8.9, or 9.0
+  ** and later; the host emulates FP8): 1, or 0 with why (a sentence naming
+  ** the device and its compute capability) into why[n]. */
+  int (*fp8_supported)(void *bs, char *why, size_t n);
   /* Record ev on the capturing stream s as a node of the graph, which then
   ** records ev at each replay (an external event: CUDA's
   ** cudaEventRecordExternal). NULL where a replay runs at once on the host:

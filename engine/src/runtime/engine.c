@@ -151,6 +151,13 @@ gcap_status gc_check_not_capturing(gcap_engine *e, const char *what) {
   return gc_capture_refuse(e, "%s is not allowed while a capture is open", what);
 }
 
+const gcap_graph *gc_graph_of(const gcap_engine *e, gc_gid id) {
+  int k;
+  for (k = 0; k < e->graphs_cap; k++)
+    if (e->graphs[k] != NULL && e->graphs[k]->id == id) return e->graphs[k];
+  return NULL;
+}
+
 gcap_status gc_check_open(gcap_engine *e, const char *what) {
   gc_clear(e);
   if (e->closed)
@@ -173,13 +180,6 @@ gcap_status gc_check_stream(gcap_engine *e, gcap_stream *s, const char *what) {
                              "waiting on an event recorded in the capture)",
                              what);
   return GCAP_OK;
-}
-
-const gcap_graph *gc_graph_of(const gcap_engine *e, gc_gid id) {
-  int k;
-  for (k = 0; k < e->graphs_cap; k++)
-    if (e->graphs[k] != NULL && e->graphs[k]->id == id) return e->graphs[k];
-  return NULL;
 }
 
 gcap_status gcap_synchronize(gcap_engine *e) {

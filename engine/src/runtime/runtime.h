@@ -347,8 +347,15 @@ struct gcap_engine {
   gc_oplabel op;                    /* the op running, for the host's dumps */
   gc_argnote argnotes[GC_ARGNOTES]; /* the tensors of the launch about to be recorded */
   int nargnotes;
-  uint32_t *badid; /* the bad-id flag, GC_BADID_WORDS, as the host reads it */
-  void *badid_dev; /* the same, as kernels write it */
+  uint32_t *badid;       /* the bad-id flag, GC_BADID_WORDS, as the host reads it */
+  void *badid_dev;       /* the same, as kernels write it */
+  gcap_fp8_autocast fp8; /* the FP8 autocast (train/fp8.c) */
+  /* the all-reduce (max) of an FP8 autocast's amax_reduction_group: set by
+  ** gcap_dist_init, so that the training layer reaches it without a link
+  ** to the distributed layer; NULL while that is not initialised */
+  gcap_status (*fp8_all_reduce)(gcap_tensor *t, gcap_dist_group *g);
+  gcap_tensor *fp8_skip; /* while make_graphed_callables with FP8 weight caching runs: the
+                            flag (one f32) its weights' quantizations read, else NULL */
 };
 
 /* The bad-id flag (badid.c): made with the engine, freed with it. */

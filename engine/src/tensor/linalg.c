@@ -380,6 +380,24 @@ gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tenso
   return linear_act(x, w, b, 0, out);
 }
 
+gcap_status gc_linear_gemm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor *pre,
+                           gcap_tensor **out) {
+  int64_t shape[GCAP_MAXDIM],
+      rows = x->shape[x->ndim - 1] > 0 ? x->numel / x->shape[x->ndim - 1] : 0;
+  memcpy(shape, x->shape, sizeof shape);
+  shape[x->ndim - 1] = w->shape[0];
+  *out = NULL;
+  return mm_ex(x, 0, w, 1, rows, w->shape[0], w->shape[1], 1.0f, 0.0f, b, NULL, pre, x->ndim, shape,
+               out);
+}
+
+gcap_status gc_linear_dgrad(gcap_tensor *g, gcap_tensor *w, int ndim, const int64_t *xshape,
+                            gcap_tensor **dx) {
+  int64_t out = w->shape[0], in = w->shape[1], rows = out > 0 ? g->numel / out : 0;
+  *dx = NULL;
+  return mm(g, 0, w, 0, rows, in, out, 1.0f, 0.0f, ndim, xshape, dx);
+}
+
 gcap_status gc_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out) {
   return linear_act(x, w, b, 1, out);
 }

@@ -153,14 +153,14 @@ static gcap_status bcast(gcap_tensor *a, gcap_tensor *b, const char *op, gcap_te
                  op, gc_shape_str(a, b1, sizeof b1), gc_shape_str(b, b2, sizeof b2));
 }
 
-/* out = x OP y, out-of-place, no recording. */
-gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out) {
+gcap_status gc_binary_as(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_dtype dt,
+                         int64_t arg, gcap_tensor **out) {
   gcap_tensor *big = NULL, *in[2];
   gc_kargs a;
   gcap_status st;
   *out = NULL;
   if ((st = same_engine(x, y, op)) != GCAP_OK || (st = bcast(x, y, op, &big)) != GCAP_OK) return st;
-  if ((st = gc_tensor_alloc(x->e, op, x->dt, big->ndim, big->shape, out)) != GCAP_OK) return st;
+  if ((st = gc_tensor_alloc(x->e, op, dt, big->ndim, big->shape, out)) != GCAP_OK) return st;
   memset(&a, 0, sizeof a);
   a.p[0] = gc_tensor_ptr(*out);
   a.p[1] = gc_tensor_ptr(x);
@@ -168,9 +168,15 @@ gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gca
   a.n[0] = (*out)->numel;
   a.n[1] = x->numel;
   a.n[2] = y->numel;
+  a.n[3] = x->dt; /* read by a comparison, with its code */
+  a.n[4] = arg;
   in[0] = x;
   in[1] = y;
   return gc_keep_or_free(out, gc_run(x->e, k, &a, in, 2, *out));
+}
+
+gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out) {
+  return gc_binary_as(x, y, k, op, x->dt, 0, out);
 }
 
 /* dst = dst OP y in place (y: same numel, one element, or a row). */
@@ -243,8 +249,7 @@ done:
   return gc_keep_or_free(out, st);
 }
 
-/* The grad g of a broadcast result, reduced to the shape t of an operand. */
-static gcap_status reduce_to(gcap_tensor *g, const gc_meta *t, gcap_tensor **out) {
+gcap_status gc_reduce_to(gcap_tensor *g, const gc_meta *t, gcap_tensor **out) {
   gcap_tensor *r = NULL;
   gcap_status st = GCAP_OK;
   if (g->numel == t->numel)
@@ -263,13 +268,13 @@ static gcap_status reduce_to(gcap_tensor *g, const gc_meta *t, gcap_tensor **out
 static gcap_status add_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_status st = GCAP_OK;
   gcap_tensor *neg = NULL;
-  if (gc_node_needs(n, 0)) st = reduce_to(g, &n->meta[0], &gin[0]);
+  if (gc_node_needs(n, 0)) st = gc_reduce_to(g, &n->meta[0], &gin[0]);
   if (st == GCAP_OK && gc_node_needs(n, 1)) {
     if (n->k[0] == GC_K_SUB) {
       if ((st = gc_unary(g, GC_K_SCALE, -1.0f, "neg", 0, &neg)) != GCAP_OK) return st;
       g = neg;
     }
-    st = reduce_to(g, &n->meta[1], &gin[1]);
+    st = gc_reduce_to(g, &n->meta[1], &gin[1]);
   }
   gcap_tensor_free(neg);
   return st;
@@ -283,7 +288,7 @@ static gcap_status mul_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
     gcap_tensor *p;
     if (!gc_node_needs(n, i)) continue;
     if ((st = gc_binary(g, n->saved[1 - i], GC_K_MUL, "mul backward", &p)) != GCAP_OK) break;
-    st = reduce_to(p, &n->meta[i], &gin[i]);
+    st = gc_reduce_to(p, &n->meta[i], &gin[i]);
     gcap_tensor_free(p);
   }
   return st;

@@ -1,22 +1,27 @@
 /*
-** optim.c: SGD and Adam. State (momentum buffers, moments, per-parameter step
-** counts, as in PyTorch) lives in device tensors allocated and zeroed when the
-** optimizer is made, and the update is one kernel per parameter, so a step
+** optim.c: SGD, Adam and AdamW. State (momentum buffers, moments,
+** per-parameter step counts, as in PyTorch, and the learning rate) lives in
+** device tensors allocated and zeroed when the optimizer is made, and the
+** update is one kernel per parameter that reads them when it runs, so a step
 ** captured even as the very first one replays exactly: each replay reads and
-** advances the same device state an eager step would.
+** advances the same device state an eager step would, and follows the
+** learning rate set since (PyTorch's capturable = True).
 */
 #include <stdlib.h>
 #include <string.h>
 
 #include "tensor.h"
 
+enum { SGD, ADAM, ADAMW };
+
 struct gcap_optim {
   gcap_engine *e;
-  int adam;
+  int kind; /* SGD, ADAM or ADAMW */
   int n;
   gcap_tensor **params;
   gcap_tensor **s1, **s2; /* momentum buffer / Adam m, v */
   gcap_tensor **step;     /* Adam: per-parameter step count (f32, one element) */
+  gcap_tensor *lr_t;      /* the learning rate the kernels read (f32, 0-D) */
   double lr, momentum, beta1, beta2, eps, weight_decay;
 };
 
@@ -38,12 +43,13 @@ static gcap_status zeros_like(gcap_tensor *p, gcap_tensor **out) {
 /* All state, zeroed now (outside any capture, normally), so that no captured
 ** step carries its own initialization. */
 static gcap_status optim_state(gcap_optim *o, gcap_optim **out) {
-  gcap_status st = GCAP_OK;
+  int adam = o->kind != SGD;
+  gcap_status st = gcap_tensor_full(o->e, GCAP_F32, 0, NULL, o->lr, &o->lr_t);
   int i;
   for (i = 0; i < o->n && st == GCAP_OK; i++) {
-    if (o->adam || o->momentum != 0.0) st = zeros_like(o->params[i], &o->s1[i]);
-    if (st == GCAP_OK && o->adam) st = zeros_like(o->params[i], &o->s2[i]);
-    if (st == GCAP_OK && o->adam) st = gcap_tensor_full(o->e, GCAP_F32, 0, NULL, 0.0, &o->step[i]);
+    if (adam || o->momentum != 0.0) st = zeros_like(o->params[i], &o->s1[i]);
+    if (st == GCAP_OK && adam) st = zeros_like(o->params[i], &o->s2[i]);
+    if (st == GCAP_OK && adam) st = gcap_tensor_full(o->e, GCAP_F32, 0, NULL, 0.0, &o->step[i]);
   }
   if (st != GCAP_OK) {
     gcap_optim_free(o);
@@ -53,13 +59,15 @@ static gcap_status optim_state(gcap_optim *o, gcap_optim **out) {
   return GCAP_OK;
 }
 
-/* SGD (h: lr, momentum, weight_decay) or Adam (h: lr, beta1, beta2, eps,
-** weight_decay) over params[n], into *out. */
-static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const *params,
+/* SGD (h: lr, momentum, weight_decay), Adam or AdamW (h: lr, beta1, beta2,
+** eps, weight_decay) over params[n], into *out. */
+static gcap_status optim_new(gcap_engine *e, int kind, int n, gcap_tensor *const *params,
                              const double *h, gcap_optim **out) {
   static const char *const sgd_names[3] = {"lr", "momentum", "weight_decay"};
   static const char *const adam_names[5] = {"lr", "beta1", "beta2", "eps", "weight_decay"};
-  const char *op = adam ? "Adam" : "SGD";
+  static const char *const ops[3] = {"SGD", "Adam", "AdamW"};
+  const char *op = ops[kind];
+  int adam = kind != SGD;
   gcap_optim *o;
   gcap_status st;
   int i;
@@ -96,7 +104,7 @@ static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const
     return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", op);
   }
   o->e = e;
-  o->adam = adam;
+  o->kind = kind;
   o->n = n;
   for (i = 0; i < n; i++)
     o->params[i] = gcap_tensor_retain(params[i]);
@@ -113,14 +121,38 @@ static gcap_status optim_new(gcap_engine *e, int adam, int n, gcap_tensor *const
 gcap_status gcap_optim_sgd(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
                            double momentum, double weight_decay, gcap_optim **out) {
   const double h[3] = {lr, momentum, weight_decay};
-  return optim_new(e, 0, n, params, h, out);
+  return optim_new(e, SGD, n, params, h, out);
 }
 
 gcap_status gcap_optim_adam(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
                             double beta1, double beta2, double eps, double weight_decay,
                             gcap_optim **out) {
   const double h[5] = {lr, beta1, beta2, eps, weight_decay};
-  return optim_new(e, 1, n, params, h, out);
+  return optim_new(e, ADAM, n, params, h, out);
+}
+
+gcap_status gcap_optim_adamw(gcap_engine *e, int n, gcap_tensor *const *params, double lr,
+                             double beta1, double beta2, double eps, double weight_decay,
+                             gcap_optim **out) {
+  const double h[5] = {lr, beta1, beta2, eps, weight_decay};
+  return optim_new(e, ADAMW, n, params, h, out);
+}
+
+gcap_status gcap_optim_set_lr(gcap_optim *o, double lr) {
+  static const char *const name[1] = {"lr"};
+  gcap_status st;
+  if (o == NULL) return GCAP_EINVAL;
+  gc_clear(o->e);
+  if ((st = hyper_check(o->e, "set_lr", 1, &lr, name, 0u, "need lr >= 0")) != GCAP_OK ||
+      (st = gc_check_not_capturing(o->e, "set_lr: setting the learning rate")) != GCAP_OK ||
+      (st = gcap_fill_(o->lr_t, lr)) != GCAP_OK)
+    return st;
+  o->lr = lr;
+  return GCAP_OK;
+}
+
+double gcap_optim_lr(const gcap_optim *o) {
+  return o != NULL ? o->lr : 0.0;
 }
 
 void gcap_optim_free(gcap_optim *o) {
@@ -134,6 +166,7 @@ void gcap_optim_free(gcap_optim *o) {
     gcap_tensor_free(o->s2[i]);
     gcap_tensor_free(o->step[i]);
   }
+  gcap_tensor_free(o->lr_t);
   free(o->params);
   free(o->s1);
   free(o->s2);
@@ -151,9 +184,9 @@ gcap_status gcap_optim_step(gcap_optim *o) {
   e = o->e;
   gc_clear(e);
   for (i = 0; i < o->n; i++) {
-    gcap_tensor *p = o->params[i], *in[4];
+    gcap_tensor *p = o->params[i], *in[5];
     if (p->grad == NULL) continue;
-    if (o->adam) { /* this parameter's step count, as PyTorch keeps one per parameter */
+    if (o->kind != SGD) { /* this parameter's step count, as PyTorch keeps one per parameter */
       memset(&a, 0, sizeof a);
       a.p[0] = gc_tensor_ptr(o->step[i]);
       if ((st = gc_run(e, GC_K_COUNTER_INC, &a, &o->step[i], 1, o->step[i])) != GCAP_OK) return st;
@@ -163,12 +196,14 @@ gcap_status gcap_optim_step(gcap_optim *o) {
     a.p[1] = gc_tensor_ptr(p->grad);
     a.p[2] = o->s1[i] ? gc_tensor_ptr(o->s1[i]) : NULL;
     a.n[0] = p->numel;
-    a.f[0] = (float)o->lr;
     in[0] = p->grad;
     in[1] = o->s1[i] ? o->s1[i] : p->grad;
-    if (o->adam) {
+    in[4] = o->lr_t;
+    if (o->kind != SGD) {
       a.p[3] = gc_tensor_ptr(o->s2[i]);
       a.p[4] = gc_tensor_ptr(o->step[i]);
+      a.p[5] = gc_tensor_ptr(o->lr_t);
+      a.n[1] = o->kind == ADAMW;
       a.f[1] = (float)o->beta1;
       a.f[2] = (float)o->beta2;
       a.f[3] = (float)o->eps;
@@ -177,12 +212,13 @@ gcap_status gcap_optim_step(gcap_optim *o) {
       in[3] = o->step[i];
       if ((st = gc_note_access(e, o->s2[i], 1)) != GCAP_OK) return st;
     } else {
+      a.p[3] = gc_tensor_ptr(o->lr_t);
       a.f[1] = (float)o->momentum;
       a.f[2] = (float)o->weight_decay;
       in[2] = in[3] = p->grad;
     }
     if (o->s1[i] && (st = gc_note_access(e, o->s1[i], 1)) != GCAP_OK) return st;
-    if ((st = gc_run(e, o->adam ? GC_K_ADAM : GC_K_SGD, &a, in, 4, p)) != GCAP_OK) return st;
+    if ((st = gc_run(e, o->kind != SGD ? GC_K_ADAM : GC_K_SGD, &a, in, 5, p)) != GCAP_OK) return st;
   }
   return GCAP_OK;
 }
@@ -195,5 +231,80 @@ gcap_status gcap_optim_zero_grad(gcap_optim *o, int set_to_none) {
   for (i = 0; i < o->n; i++) {
     if ((st = gc_zero_grad(o->params[i], set_to_none)) != GCAP_OK) return st;
   }
+  return GCAP_OK;
+}
+
+int gcap_optim_num_params(const gcap_optim *o) {
+  return o ? o->n : 0;
+}
+
+gcap_tensor *gcap_optim_param(const gcap_optim *o, int i) {
+  return o && i >= 0 && i < o->n ? o->params[i] : NULL;
+}
+
+gcap_tensor *gcap_optim_state(const gcap_optim *o, int i, int k, const char **name) {
+  static const char *const sgd_names[1] = {"momentum_buffer"};
+  static const char *const adam_names[3] = {"step", "exp_avg", "exp_avg_sq"};
+  gcap_tensor *t = NULL;
+  if (o == NULL || i < 0 || i >= o->n || k < 0) return NULL;
+  if (o->kind != SGD)
+    t = k == 0 ? o->step[i] : k == 1 ? o->s1[i] : k == 2 ? o->s2[i] : NULL;
+  else if (k == 0)
+    t = o->s1[i];
+  if (t != NULL && name != NULL) *name = o->kind != SGD ? adam_names[k] : sgd_names[k];
+  return t;
+}
+
+/* PyTorch's name of o's kind, for messages. */
+static const char *optim_name(const gcap_optim *o) {
+  return o->kind == SGD ? "SGD" : o->kind == ADAM ? "Adam" : "AdamW";
+}
+
+/* The hyperparameter `name` of o, or NULL when o has none of that name. */
+static double *hyper_of(gcap_optim *o, const char *name) {
+  if (strcmp(name, "lr") == 0) return &o->lr;
+  if (strcmp(name, "weight_decay") == 0) return &o->weight_decay;
+  if (o->kind == SGD) return strcmp(name, "momentum") == 0 ? &o->momentum : NULL;
+  if (strcmp(name, "beta1") == 0) return &o->beta1;
+  if (strcmp(name, "beta2") == 0) return &o->beta2;
+  return strcmp(name, "eps") == 0 ? &o->eps : NULL;
+}
+
+gcap_status gcap_optim_hyper(const gcap_optim *o, const char *name, double *v) {
+  const double *h;
+  if (o == NULL) return GCAP_EINVAL;
+  gc_clear(o->e);
+  if (name == NULL) return gc_null(o->e, "hyper", "name");
+  if (v == NULL) return gc_null(o->e, "hyper", "v");
+  if ((h = hyper_of((gcap_optim *)o, name)) == NULL)
+    return gc_fail(o->e, GCAP_EINVAL, "hyper: %s has no hyperparameter '%s'", optim_name(o), name);
+  *v = *h;
+  return GCAP_OK;
+}
+
+gcap_status gcap_optim_set_hyper(gcap_optim *o, const char *name, double v) {
+  const char *op;
+  double *h;
+  gcap_status st;
+  int i, beta;
+  if (o == NULL) return GCAP_EINVAL;
+  gc_clear(o->e);
+  op = optim_name(o);
+  if (name == NULL) return gc_null(o->e, "set_hyper", "name");
+  if (strcmp(name, "lr") == 0) return gcap_optim_set_lr(o, v); /* where the kernels read it */
+  if ((h = hyper_of(o, name)) == NULL)
+    return gc_fail(o->e, GCAP_EINVAL, "set_hyper: %s has no hyperparameter '%s'", op, name);
+  beta = h == &o->beta1 || h == &o->beta2;
+  if ((st = hyper_check(o->e, op, 1, &v, &name, beta ? 1u : 0u,
+                        beta ? "betas must be in [0, 1)" : "it must be >= 0")) != GCAP_OK)
+    return st;
+  /* SGD given momentum: its buffers, zeroed now (outside a capture) */
+  for (i = 0; h == &o->momentum && v != 0.0 && i < o->n; i++)
+    if (o->s1[i] == NULL &&
+        ((st = gc_check_not_capturing(o->e, "set_hyper: allocating SGD's momentum buffers")) !=
+             GCAP_OK ||
+         (st = zeros_like(o->params[i], &o->s1[i])) != GCAP_OK))
+      return st;
+  *h = v;
   return GCAP_OK;
 }

@@ -103,6 +103,7 @@ gcap_status gc_view_record(gcap_tensor *src, gcap_tensor *view) {
     return st;
   }
   n->k[0] = src->ndim;
+  n->is_view = 1;
   n->ud = shape;
   n->ud_free = free;
   return GCAP_OK;
@@ -190,7 +191,7 @@ gcap_status gcap_tensor_set_grad(gcap_tensor *t, gcap_tensor *grad) {
 /* Is t a view (through views only) of a leaf that requires grad? */
 static int view_of_leaf(const gcap_tensor *t) {
   const gc_node *n;
-  for (n = t->grad_fn; n != NULL && n->backward == view_backward; n = n->next[0])
+  for (n = t->grad_fn; n != NULL && n->is_view; n = n->next[0])
     if (n->leaf[0] != NULL) return 1;
   return 0;
 }

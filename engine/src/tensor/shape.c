@@ -1,7 +1,8 @@
 /*
 ** shape.c: permute and transpose, narrow, split and chunk, cat. Tensors have
 ** no strides: each op makes a contiguous copy (GC_K_PERMUTE, GC_K_NARROW) and
-** its backward the inverse copy. Dims count from 0; a negative dim counts
+** its backward the inverse copy. select, an entry of the first dim, is
+** contiguous: a view at an offset. Dims count from 0; a negative dim counts
 ** from the end (-1 is the last).
 */
 #include <stdio.h>
@@ -169,6 +170,50 @@ gcap_status gcap_narrow(gcap_tensor *t, int dim, int64_t start, int64_t length, 
   if ((st = gc_op_start_out("narrow", t, "t", NULL, out)) != GCAP_OK) return st;
   if ((st = gc_dim(t->e, "narrow", dim, t->ndim, &d)) != GCAP_OK) return st;
   return narrow(t, d, start, length, "narrow", out);
+}
+
+/* The grad of entry k[0] of dim 0: zeros with g in that entry. */
+static gcap_status select_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  const gc_meta *m = &n->meta[0];
+  gcap_tensor *entry;
+  gcap_status st;
+  gc_kargs a;
+  if ((st = gc_tensor_alloc(g->e, "select backward", g->dt, m->ndim, m->shape, &gin[0])) != GCAP_OK)
+    return st;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(gin[0]);
+  a.n[0] = gin[0]->numel;
+  if ((st = gc_run(g->e, GC_K_FILL, &a, NULL, 0, gin[0])) != GCAP_OK)
+    return gc_keep_or_free(&gin[0], st);
+  if ((entry = gc_tensor_slice(gin[0], n->k[0] * g->numel, g->ndim, g->shape)) == NULL)
+    return gc_keep_or_free(&gin[0],
+                           gc_fail(g->e, GCAP_ENOMEM, "select backward: out of host memory"));
+  st = gc_copy(entry, g);
+  gcap_tensor_free(entry);
+  return gc_keep_or_free(&gin[0], st);
+}
+
+gcap_status gcap_select(gcap_tensor *t, int64_t index, gcap_tensor **out) {
+  int64_t size, i;
+  gc_node *n;
+  gcap_status st;
+  if ((st = gc_op_start_out("select", t, "t", NULL, out)) != GCAP_OK) return st;
+  if (t->ndim == 0) return gc_fail(t->e, GCAP_EINVAL, "select: a 0-D tensor has no entries");
+  size = t->shape[0];
+  i = index < 0 ? index + size : index;
+  if (i < 0 || i >= size)
+    return gc_fail(t->e, GCAP_EINVAL,
+                   "select: index %lld is out of range for dim 0 of size %lld (%lld..%lld)",
+                   (long long)index, (long long)size, (long long)-size, (long long)(size - 1));
+  if ((*out = gc_tensor_slice(t, i * (t->numel / size), t->ndim - 1, t->shape + 1)) == NULL)
+    return gc_fail(t->e, GCAP_ENOMEM, "select: out of host memory");
+  (*out)->view = 1;
+  if (!gc_grad_needed(t->e, &t, 1)) return GCAP_OK;
+  if ((st = gc_record(*out, "select", select_backward, &t, 1, NULL, 0, &n)) != GCAP_OK)
+    return gc_keep_or_free(out, st);
+  n->k[0] = i;
+  n->is_view = 1;
+  return GCAP_OK;
 }
 
 /* The start of split or chunk (op) on t: room for cap pieces in outs, their

@@ -236,6 +236,18 @@ gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape) {
   return a;
 }
 
+gcap_tensor *gc_tensor_slice(gcap_tensor *t, int64_t first, int ndim, const int64_t *shape) {
+  int64_t numel = 1;
+  gcap_tensor *a;
+  int d;
+  for (d = 0; d < ndim; d++)
+    numel *= shape[d];
+  a = tensor_wrap(t->e, t->blk, t->off + (size_t)first * gc_dtype_size(t->dt), t->dt, ndim, shape,
+                  numel);
+  if (a != NULL) gc_blk_retain(t->blk);
+  return a;
+}
+
 gcap_engine *gcap_tensor_engine(const gcap_tensor *t) {
   return t ? t->e : NULL;
 }

@@ -36,6 +36,9 @@ struct gcap_tensor {
 gcap_status gc_tensor_convert(gcap_tensor *t, gcap_dtype dt);
 /* A new tensor struct over t's storage with another shape: no grad, no grad_fn. */
 gcap_tensor *gc_tensor_alias(gcap_tensor *t, int ndim, const int64_t *shape);
+/* The same over t's elements first .. first + numel(shape) - 1 (they must
+** be t's). */
+gcap_tensor *gc_tensor_slice(gcap_tensor *t, int64_t first, int ndim, const int64_t *shape);
 /* Drop a reference to node n; the last frees it, what it holds (saved
 ** tensors, leaves, its ud) and the nodes only it held, iteratively. */
 void gc_node_release(gc_node *n);
@@ -161,7 +164,8 @@ struct gc_node {
   gcap_dtype dt;
   float f[4]; /* op constants */
   int64_t k[4];
-  void *ud; /* op state (e.g. a view's shape; a linear node's wgrad sink) */
+  int is_view; /* a view's node (view, select): its output shares its input's storage */
+  void *ud;    /* op state (e.g. a view's shape; a linear node's wgrad sink) */
   void (*ud_free)(void *ud);
   gc_node *free_next; /* release worklist */
   uint64_t mark;      /* scheduling scratch */
@@ -232,7 +236,15 @@ gcap_status gc_karg_convert(gcap_engine *e, const char *kname, int i, gcap_kpara
 /* Non-recording building blocks shared by forward and backward code. */
 /* dst = src converted to dst's dtype (same numel; not recorded, not checked). */
 gcap_status gc_copy(gcap_tensor *dst, gcap_tensor *src);
+/* out = x OP y (kernel k; a 0-D or one-element operand, or a row, broadcasts), not recorded. */
 gcap_status gc_binary(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_tensor **out);
+/* The same with a result of dtype dt, the launch also carrying x's dtype
+** (n[3]) and arg (n[4]): a comparison's operands and code. */
+gcap_status gc_binary_as(gcap_tensor *x, gcap_tensor *y, int k, const char *op, gcap_dtype dt,
+                         int64_t arg, gcap_tensor **out);
+/* The grad g of a broadcast result, reduced to the shape t of an operand: g
+** itself, its sum, or the sums of its rows. */
+gcap_status gc_reduce_to(gcap_tensor *g, const gc_meta *t, gcap_tensor **out);
 gcap_status gc_binary_inplace(gcap_tensor *dst, gcap_tensor *y, int k, const char *op);
 gcap_status gc_unary(gcap_tensor *x, int k, float f, const char *op, int scalar_out,
                      gcap_tensor **out);
@@ -257,6 +269,13 @@ gcap_status gc_linear(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tenso
 /* gelu(linear(x, w, b)) in one GEMM (a Linear followed by a GELU): the same
 ** values as the two ops, one node, the pre-activation saved for backward. */
 gcap_status gc_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor **out);
+/* The GEMMs of a linear, not recorded: *out = x W^T + b with x [..., in]
+** (pre NULL), or its gelu with the pre-activation into pre (x's shape with
+** out as the last dim); *dx (ndim, xshape) = g W, g [..., out]. */
+gcap_status gc_linear_gemm(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_tensor *pre,
+                           gcap_tensor **out);
+gcap_status gc_linear_dgrad(gcap_tensor *g, gcap_tensor *w, int ndim, const int64_t *xshape,
+                            gcap_tensor **dx);
 /* The parameter grads of a linear of weight [out, in] from its output grad g
 ** and input x, for the ones asked for (gw, gb; NULL: not wanted, as gb for
 ** a linear without bias): the weight's added into main_grad when there is
@@ -266,6 +285,64 @@ gcap_status gc_linear_gelu(gcap_tensor *x, gcap_tensor *w, gcap_tensor *b, gcap_
 gcap_status gc_linear_param_grads(gcap_tensor *g, gcap_tensor *x, int64_t out, int64_t in,
                                   gcap_tensor *main_grad, gcap_tensor *db, gcap_tensor **gw,
                                   gcap_tensor **gb);
+
+/* ------------------------------------------------------------------------ */
+/* FP8 (fp8.c)                                                               */
+
+/* An FP8 copy of n elements: the bytes (in an f32 tensor of ceil(n / 4)
+** elements, never read as floats) and the inverse of the scale they were
+** made with (one f32), which dequantizing multiplies by. */
+typedef struct gc_fp8 {
+  gcap_tensor *data, *scale_inv;
+  int64_t n;
+  gcap_fp8_format format;
+} gc_fp8;
+
+gcap_status gc_fp8_alloc(gcap_engine *e, const char *op, int64_t n, gcap_fp8_format format,
+                         gc_fp8 *q);
+/* Drop q's tensors (NULL ones too); q is empty afterwards. */
+void gc_fp8_free(gc_fp8 *q);
+/* A 1-D f32 tensor over elements k .. k + n - 1 of t's storage (NULL: out
+** of host memory). */
+gcap_tensor *gc_elems(gcap_tensor *t, int64_t k, int64_t n);
+/* q = cast(x * scale) (GC_K_FP8_QUANTIZE), q->n = numel of x: scale one
+** element, an amax (current != 0) from which the kernel takes the scale;
+** amax (NULL: none) becomes max(amax, amax of x); skip (NULL: none) set
+** nonzero makes the launch do nothing. */
+gcap_status gc_fp8_quantize(gcap_tensor *x, gc_fp8 *q, gcap_tensor *scale, int current,
+                            gcap_tensor *amax, gcap_tensor *skip);
+/* *out (dt, shape) = q's values times its scale_inv. */
+gcap_status gc_fp8_dequantize(const gc_fp8 *q, gcap_dtype dt, int ndim, const int64_t *shape,
+                              gcap_tensor **out);
+/* amax (one f32) = max(amax, the largest |x|). */
+gcap_status gc_fp8_amax(gcap_tensor *x, gcap_tensor *amax);
+/* Delayed scaling's update (GC_K_FP8_UPDATE) of roles r0 .. r0 + count - 1
+** of state (roles roles, histories of len), scaled_max[count] each role's
+** fp8_max / 2^margin. */
+gcap_status gc_fp8_update(gcap_tensor *state, int roles, int len, int r0, int count,
+                          int most_recent, const float *scaled_max);
+
+/* A module's FP8 state (TransformerEngine's fp8_meta): per FP8 GEMM of the
+** module (at most GC_FP8_MAX_GEMMS), three roles (input, weight,
+** grad_output: role 3 g + k), their amaxes, scales and histories of len
+** amaxes in one f32 tensor laid out as GC_K_FP8_UPDATE reads it, made
+** outside any capture so that graphs may read and write it at every
+** replay; and per GEMM the FP8 copy of the weight cached for later
+** microbatches (weight caching), made on first need. Counted references:
+** the module holds one, and each FP8 node of its GEMMs one. */
+#define GC_FP8_MAX_GEMMS 2
+typedef struct gc_fp8_meta {
+  int refs;
+  int gemms, len;
+  gcap_tensor *state;
+  gc_fp8 wcache[GC_FP8_MAX_GEMMS];
+} gc_fp8_meta;
+
+/* A new state of `gemms` GEMMs with histories of len (scales 1, the rest
+** 0), uploaded on the current stream; who names the module in errors. */
+gcap_status gc_fp8_meta_new(gcap_engine *e, const char *who, int gemms, int len, gc_fp8_meta **out);
+gc_fp8_meta *gc_fp8_meta_retain(gc_fp8_meta *m);
+void gc_fp8_meta_release(gc_fp8_meta *m);
 
 /* ------------------------------------------------------------------------ */
 /* Masks (mask.c)                                                            */

@@ -1,7 +1,8 @@
 /*
 ** transfer.c: the host<->device transfers, which capture forbids: a tensor
-** from host floats, and a tensor read back into them. A bf16 tensor goes
-** through an f32 one, converted on the device.
+** from host floats, and a tensor read back into them (a bf16 tensor goes
+** through an f32 one, converted on the device); a tensor's raw bytes, read
+** or written in place, in the dtype it has.
 */
 #include "tensor.h"
 
@@ -68,4 +69,44 @@ gcap_status gcap_tensor_read(gcap_tensor *t, float *dst, size_t n) {
   st = e->be->download(e, e->bs, e->current->bs, dst, gc_tensor_ptr(t), n * sizeof(float));
   gcap_tensor_free(f);
   return st != GCAP_OK ? st : gc_badid_check(e); /* the work before it has run */
+}
+
+/* The start of a transfer of t's raw bytes: the capture rule, n the size of
+** its elements, p not NULL where there are some, and t's bytes noted as read
+** or written (a dead block refuses them; a write counts as one). */
+static gcap_status bytes_start(gcap_tensor *t, const char *op, const char *pname, const void *p,
+                               size_t n, int write) {
+  gcap_engine *e = t->e;
+  size_t size = (size_t)t->numel * gc_dtype_size(t->dt);
+  gcap_status st;
+  gc_clear(e);
+  if ((st = gc_check_not_capturing(
+           e, write ? "write_bytes: writing a tensor's bytes from the host (a synchronous upload)"
+                    : "read_bytes: reading a tensor's bytes back to the host")) != GCAP_OK)
+    return st;
+  if (n != size)
+    return gc_fail(e, GCAP_EINVAL,
+                   "%s: n is %zu bytes, but the tensor holds %zu (%lld %s elements)", op, n, size,
+                   (long long)t->numel, gc_dtype_name(t->dt));
+  if (n > 0 && p == NULL) return gc_null(e, op, pname);
+  return n > 0 ? gc_note_access(e, t, write) : GCAP_OK;
+}
+
+gcap_status gcap_tensor_read_bytes(gcap_tensor *t, void *dst, size_t n) {
+  gcap_engine *e;
+  gcap_status st;
+  if (t == NULL) return GCAP_EINVAL;
+  e = t->e;
+  if ((st = bytes_start(t, "read_bytes", "dst", dst, n, 0)) != GCAP_OK || n == 0) return st;
+  st = e->be->download(e, e->bs, e->current->bs, dst, gc_tensor_ptr(t), n);
+  return st != GCAP_OK ? st : gc_badid_check(e);
+}
+
+gcap_status gcap_tensor_write_bytes(gcap_tensor *t, const void *src, size_t n) {
+  gcap_engine *e;
+  gcap_status st;
+  if (t == NULL) return GCAP_EINVAL;
+  e = t->e;
+  if ((st = bytes_start(t, "write_bytes", "src", src, n, 1)) != GCAP_OK || n == 0) return st;
+  return e->be->upload(e, e->bs, e->current->bs, gc_tensor_ptr(t), src, n);
 }

@@ -95,12 +95,8 @@ static gcap_status one_input(gcap_module *m, int nin) {
 /* Linear m on x, followed by a gelu when `gelu`. */
 static gcap_status linear_run(gcap_module *m, gcap_tensor *x, int gelu, gcap_tensor **out) {
   gcap_tensor *b = m->params.n > 1 ? m->params.v[1].t : NULL;
-  gcap_status st =
-      gelu ? gc_linear_gelu(x, m->params.v[0].t, b, out) : gc_linear(x, m->params.v[0].t, b, out);
-  if (st != GCAP_OK) return st;
-  if (m->wgrad != NULL && (*out)->grad_fn != NULL) /* its parameter grads go to the sink */
-    gc_wgrad_sink_attach((*out)->grad_fn, m->wgrad);
-  return GCAP_OK;
+  /* in FP8 under an FP8 autocast; its parameter grads go to its sink */
+  return gc_fp8_linear(m, 0, x, m->params.v[0].t, b, gelu, m->wgrad, out);
 }
 
 static gcap_status linear_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
@@ -152,9 +148,11 @@ gcap_status gcap_nn_linear(gcap_engine *e, int64_t in, int64_t out, int bias, un
   bs[0] = out;
   bound = 1.0 / sqrt((double)in);
   if ((st = gcap_module_new(e, "Linear", linear_forward, NULL, NULL, m)) != GCAP_OK) return st;
+  gc_module_set_fp8_gemms(*m, 1);
   if ((flags & GCAP_LINEAR_FUSE_WGRAD) &&
       ((st = gcap_tensor_full(e, GCAP_F32, 2, ws, 0.0, &mg)) != GCAP_OK ||
-       (st = gcap_module_add_buffer(*m, "main_grad", mg)) != GCAP_OK))
+       (st = gcap_module_add_buffer(*m, "main_grad", mg)) != GCAP_OK ||
+       (st = gcap_module_set_buffer_persistent(*m, "main_grad", 0)) != GCAP_OK))
     goto fail;
   if ((flags & (GCAP_LINEAR_DELAY_WGRAD | GCAP_LINEAR_FUSE_WGRAD)) &&
       (st = gc_wgrad_sink_new(e, (flags & GCAP_LINEAR_DELAY_WGRAD) != 0, mg, &(*m)->wgrad)) !=

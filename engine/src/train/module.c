@@ -88,6 +88,7 @@ void gcap_module_free(gcap_module *m) {
     if (m->hooks[i].ud_free) m->hooks[i].ud_free(m->hooks[i].ud);
   free(m->hooks);
   gc_wgrad_sink_release(m->wgrad);
+  gc_fp8_meta_release(m->fp8);
   flat_free(&m->flat[0]);
   flat_free(&m->flat[1]);
   if (m->ud_free) m->ud_free(m->ud);
@@ -134,6 +135,7 @@ static gcap_status list_add(gcap_module *m, mod_list *l, const char *what, const
   l->v[l->n].name = copy;
   l->v[l->n].t = gcap_tensor_retain(t);
   l->v[l->n].m = gcap_module_retain(c);
+  l->v[l->n].transient = 0;
   l->n++;
   m->e->module_gen++; /* every module's flattened lists may have changed */
   return GCAP_OK;
@@ -168,6 +170,24 @@ gcap_status gcap_module_add_buffer(gcap_module *m, const char *name, gcap_tensor
     return gc_fail(m->e, GCAP_EINVAL, "%s: buffer '%s' belongs to another engine", m->type,
                    name ? name : "?");
   return list_add(m, &m->buffers, "buffer", name, t, NULL);
+}
+
+gcap_status gcap_module_set_buffer_persistent(gcap_module *m, const char *name, int persistent) {
+  int i;
+  if (m == NULL) return GCAP_EINVAL;
+  gc_clear(m->e);
+  if (name == NULL) return gc_null(m->e, "set_buffer_persistent", "name");
+  if ((i = list_find(&m->buffers, name)) < 0)
+    return gc_fail(m->e, GCAP_EINVAL, "set_buffer_persistent: %s has no buffer '%s'", m->type,
+                   name);
+  m->buffers.v[i].transient = !persistent;
+  return GCAP_OK;
+}
+
+int gcap_module_buffer_persistent(const gcap_module *m, const char *name) {
+  int i;
+  if (m == NULL || name == NULL || (i = list_find(&m->buffers, name)) < 0) return -1;
+  return !m->buffers.v[i].transient;
 }
 
 static int module_contains(const gcap_module *m, const gcap_module *c) {
@@ -442,4 +462,32 @@ void gc_module_where_enter(gcap_module *m, mod_where *w) {
 
 void gc_module_where_leave(gcap_module *m, const mod_where *w) {
   if (w->entered) m->e->op = w->was;
+}
+
+void gc_module_set_fp8_gemms(gcap_module *m, int n) {
+  m->fp8_gemms = n;
+}
+
+int gcap_module_fp8_gemms(const gcap_module *m) {
+  return m ? m->fp8_gemms : -1;
+}
+
+gc_fp8_meta **gc_module_fp8_slot(gcap_module *m) {
+  return &m->fp8;
+}
+
+gcap_status gcap_module_set_is_first_microbatch(gcap_module *m, int first) {
+  if (m == NULL) return GCAP_EINVAL;
+  m->first_mb = first ? 2 : 1;
+  return GCAP_OK;
+}
+
+int gc_module_take_first_microbatch(gcap_module *m) {
+  int f = m->first_mb - 1;
+  m->first_mb = 0;
+  return f;
+}
+
+int gcap_module_is_graphed(const gcap_module *m) {
+  return m != NULL && m->route[m->training != 0].fn != NULL;
 }

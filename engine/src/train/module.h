@@ -13,6 +13,7 @@ typedef struct mod_entry {
   char *name;
   gcap_tensor *t; /* parameters, buffers */
   gcap_module *m; /* children */
+  int transient;  /* a buffer left out of state dicts (PyTorch's persistent = False) */
 } mod_entry;
 
 typedef struct mod_list {
@@ -61,6 +62,9 @@ struct gcap_module {
   int aside;
   mod_route route[2]; /* by training flag: graphed in both modes, each call replays its own */
   mod_flat flat[2];   /* parameters, buffers: see flat_of */
+  int fp8_gemms;      /* the FP8 GEMMs it runs itself (gc_module_set_fp8_gemms) */
+  gc_fp8_meta *fp8;   /* their FP8 state, made at the first FP8 call, or NULL */
+  int first_mb;       /* is_first_microbatch for the next graphed call: 2 true, 1 false, 0 none */
 };
 
 /* While a capture is open, where a module's forward runs, for the labels of

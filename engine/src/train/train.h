@@ -48,6 +48,30 @@ gcap_status gc_module_start(gcap_engine *e, const char *type, gcap_module **m);
 ** made so far is freed and *m set to NULL. Returns st. */
 gcap_status gc_module_keep_or_free(gcap_module **m, gcap_status st);
 
+/* ------------------------------------------------------------------------ */
+/* FP8 (fp8.c, fp8_linear.c)                                                 */
+
+/* m runs n FP8 GEMMs of its own (its constructor says so), whose state is
+** *gc_module_fp8_slot(m) (NULL until its first FP8 call; the module holds
+** that reference). */
+void gc_module_set_fp8_gemms(gcap_module *m, int n);
+gc_fp8_meta **gc_module_fp8_slot(gcap_module *m);
+/* The is_first_microbatch the next graphed call of m was given (1 true, 0
+** false, -1 none), cleared. */
+int gc_module_take_first_microbatch(gcap_module *m);
+/* m's FP8 state for a call under autocast with recipe r: made (outside any
+** capture) at the first such call, made anew when r's amax_history_len
+** differs from the state's. */
+gcap_status gc_fp8_module_meta(gcap_module *m, const gcap_fp8_recipe *r, gc_fp8_meta **out);
+/* A check of recipe r, naming `where` and the field. */
+gcap_status gc_fp8_recipe_check(gcap_engine *e, const char *where, const gcap_fp8_recipe *r);
+/* linear(x, w, b) (gelu: gelu(linear(...)), one GEMM) as GEMM `gemm` of
+** module m: under an enabled FP8 autocast in FP8 with m's state, otherwise
+** gc_linear or gc_linear_gelu; its node sends its parameter grads to sink
+** (NULL: .grad) as a Linear's does. */
+gcap_status gc_fp8_linear(gcap_module *m, int gemm, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
+                          int gelu, gc_wgrad_sink *sink, gcap_tensor **out);
+
 /* A new f32 tensor of U(-bound, bound) from the engine's generator, made
 ** with recording off (a parameter's initial value). */
 gcap_status gc_uniform(gcap_engine *e, int ndim, const int64_t *shape, double bound,

@@ -118,11 +118,10 @@ static gcap_status lnl_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
   tf_mod *u = (tf_mod *)ud;
   gcap_tensor *ln;
   gcap_status st;
-  (void)m;
   *nout = 0;
   if ((st = tf_inputs(u, nin, 1, 1)) != GCAP_OK) return st;
   if ((st = gcap_layer_norm(in[0], u->p[TF_LNW], u->p[TF_LNB], u->eps, &ln)) != GCAP_OK) return st;
-  if ((st = gcap_linear(ln, u->p[TF_W1], u->p[TF_B1], &out[0])) != GCAP_OK) {
+  if ((st = gc_fp8_linear(m, 0, ln, u->p[TF_W1], u->p[TF_B1], 0, NULL, &out[0])) != GCAP_OK) {
     gcap_tensor_free(ln);
     return st;
   }
@@ -149,6 +148,7 @@ gcap_status gcap_nn_layer_norm_linear(gcap_engine *e, int64_t in, int64_t out, d
     return st;
   u->eps = eps;
   u->ret_ln = return_layernorm_output != 0;
+  gc_module_set_fp8_gemms(*m, 1);
   if ((st = tf_ln_params(e, *m, u, in)) != GCAP_OK ||
       (st = tf_linear_params(e, *m, u, TF_W1, "weight", "bias", in, out, bias)) != GCAP_OK)
     return gc_module_keep_or_free(m, st);
@@ -159,16 +159,20 @@ gcap_status gcap_nn_layer_norm_linear(gcap_engine *e, int64_t in, int64_t out, d
 /* LayerNormMLP                                                              */
 
 /* fc2(gelu(fc1(layer_norm(x)))) with the parameters p[TF_NP]; the fc1 and
-** gelu pair is one op (gcap_linear_gelu). */
-static gcap_status mlp_run(gcap_tensor *x, gcap_tensor *const *p, double eps, gcap_tensor **out) {
+** gelu pair is one op (gcap_linear_gelu); in FP8 as m's GEMMs 0 and 1 under
+** an FP8 autocast (m NULL: never, a checkpoint's recomputation). */
+static gcap_status mlp_run(gcap_module *m, gcap_tensor *x, gcap_tensor *const *p, double eps,
+                           gcap_tensor **out) {
   gcap_tensor *ln, *h;
   gcap_status st;
   *out = NULL;
   if ((st = gcap_layer_norm(x, p[TF_LNW], p[TF_LNB], eps, &ln)) != GCAP_OK) return st;
-  st = gcap_linear_gelu(ln, p[TF_W1], p[TF_B1], &h);
+  st = m ? gc_fp8_linear(m, 0, ln, p[TF_W1], p[TF_B1], 1, NULL, &h)
+         : gcap_linear_gelu(ln, p[TF_W1], p[TF_B1], &h);
   gcap_tensor_free(ln);
   if (st != GCAP_OK) return st;
-  st = gcap_linear(h, p[TF_W2], p[TF_B2], out);
+  st = m ? gc_fp8_linear(m, 1, h, p[TF_W2], p[TF_B2], 0, NULL, out)
+         : gcap_linear(h, p[TF_W2], p[TF_B2], out);
   gcap_tensor_free(h);
   return st;
 }
@@ -215,7 +219,7 @@ static gcap_status ckpt_backward(void *ud, int nsaved, gcap_tensor *const *saved
     st = leaf_of(c->p[i], 1, &leaf[1 + i]);
   if (st == GCAP_OK) {
     was = gcap_set_grad_enabled(e, 1);
-    if ((st = mlp_run(leaf[0], leaf + 1, c->eps, &y)) == GCAP_OK) st = gcap_backward(y, g, 0);
+    if ((st = mlp_run(NULL, leaf[0], leaf + 1, c->eps, &y)) == GCAP_OK) st = gcap_backward(y, g, 0);
     gcap_set_grad_enabled(e, was);
   }
   for (i = 0; i < nin; i++) {
@@ -235,7 +239,7 @@ static gcap_status mlp_checkpointed(tf_mod *u, gcap_tensor *x, gcap_tensor **out
   mlp_ckpt *c;
   gcap_status st;
   int i, was = gcap_set_grad_enabled(u->e, 0);
-  st = mlp_run(x, u->p, u->eps, &y);
+  st = mlp_run(NULL, x, u->p, u->eps, &y);
   gcap_set_grad_enabled(u->e, was);
   if (st != GCAP_OK) return st;
   if ((c = (mlp_ckpt *)gc_calloc(1, sizeof *c)) == NULL) {
@@ -258,9 +262,14 @@ static gcap_status mlp_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
                                gcap_tensor **out) {
   tf_mod *u = (tf_mod *)ud;
   gcap_status st;
-  (void)m;
   if ((st = tf_inputs(u, nin, 1, 1)) != GCAP_OK) return st;
-  return u->checkpoint ? mlp_checkpointed(u, in[0], out) : mlp_run(in[0], u->p, u->eps, out);
+  if (u->checkpoint && u->e->fp8.enabled)
+    return gc_fail(u->e, GCAP_EINVAL,
+                   "%s: checkpoint = true does not run under an FP8 autocast yet (its "
+                   "recomputation would take a second step of the FP8 state); build it with "
+                   "checkpoint = false",
+                   u->type);
+  return u->checkpoint ? mlp_checkpointed(u, in[0], out) : mlp_run(m, in[0], u->p, u->eps, out);
 }
 
 gcap_status gcap_nn_layer_norm_mlp(gcap_engine *e, int64_t hidden, int64_t ffn_hidden, double eps,
@@ -276,6 +285,7 @@ gcap_status gcap_nn_layer_norm_mlp(gcap_engine *e, int64_t hidden, int64_t ffn_h
     return st;
   u->eps = eps;
   u->checkpoint = checkpoint != 0;
+  gc_module_set_fp8_gemms(*m, 2);
   if ((st = tf_ln_params(e, *m, u, hidden)) != GCAP_OK ||
       (st = tf_linear_params(e, *m, u, TF_W1, "fc1_weight", "fc1_bias", hidden, ffn_hidden,
                              bias)) != GCAP_OK ||

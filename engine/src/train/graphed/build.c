@@ -264,9 +264,11 @@ static gcap_status make_graphed(gcap_engine *e, int ncallables, gcap_module *con
   b.args = args;
   st = gc_graphed_check(&b);
   if (st == GCAP_OK) st = aside(&b, &a);
+  if (st == GCAP_OK) st = gc_graphed_fp8_aside(&b); /* the FP8 options: fp8.c */
   if (st == GCAP_OK) st = build_entries(&b, &a.snap);
   if (st == GCAP_OK) st = gc_graphed_warmup(&b);
   if (st == GCAP_OK) st = gc_graphed_capture(&b);
+  st = gc_graphed_fp8_put_back(&b, st);
   return put_back(&b, &a, st, out);
 }
 

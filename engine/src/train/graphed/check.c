@@ -102,6 +102,7 @@ gcap_status gc_graphed_check(ge_build *b) {
   if ((st = check_inputs(e, b->ncallables, b->callables, b->nentries, b->nargs, b->args, o,
                          &b->training)) != GCAP_OK)
     return st;
+  if ((st = gc_graphed_fp8_check(b)) != GCAP_OK) return st; /* the FP8 options: fp8.c */
   return gc_schedule_build(e, o->order, o->order_len, o->num_layers_per_chunk, o->num_chunks,
                            b->ncallables, b->nentries, b->training, &b->sched);
 }

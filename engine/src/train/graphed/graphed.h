@@ -112,6 +112,8 @@ struct gcap_graphed {
   int reuse;        /* entries may share static inputs */
   int retain;       /* the captured backwards kept their saved tensors: a call may backward twice */
   gcap_event *sync; /* a replay on another stream: the streams' waits (side.c), or NULL */
+  gcap_tensor *fp8_skip; /* fp8_weight_caching: the flag its weights' quantizations read, set
+                            from each call's is_first_microbatch (fp8.c); else NULL */
 };
 
 /* The autograd node of a replayed forward: its backward is pending until it
@@ -179,8 +181,22 @@ typedef struct ge_build {
   int pass;     /* index of the pass being captured */
   int prev_bwd; /* reuse: last backward entry captured, and its order position */
   int prev_bwd_pos;
-  int last_l0; /* reuse: the l == 0 entry of the previous backward order value */
+  int last_l0;        /* reuse: the l == 0 entry of the previous backward order value */
+  struct ge_fp8 *fp8; /* the FP8 options' state while the call runs (fp8.c), or NULL */
 } ge_build;
+
+/* The FP8 options (fp8.c): their checks; before the warmup, the modules'
+** FP8 state set aside and the weight-caching flag made; after the capture,
+** the state put back (st: the call's status, returned unless it was OK and
+** this failed); callable c's forwards run between enter and exit under its
+** autocast; before a replay, the flag from is_first_microbatch (first: 1, 0,
+** or -1 when the call gave none). */
+gcap_status gc_graphed_fp8_check(ge_build *b);
+gcap_status gc_graphed_fp8_aside(ge_build *b);
+gcap_status gc_graphed_fp8_put_back(ge_build *b, gcap_status st);
+void gc_graphed_fp8_enter(ge_build *b, int callable, gcap_fp8_autocast *prev);
+void gc_graphed_fp8_exit(ge_build *b, const gcap_fp8_autocast *prev);
+gcap_status gc_graphed_fp8_first(gcap_graphed *G, int entry, int first);
 
 /* Everything static, before any work: the engine's state, the callables and
 ** their mode (b->training), the sample arguments, the options, the hook

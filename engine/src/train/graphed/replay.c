@@ -61,6 +61,7 @@ void gc_graphed_destroy(gcap_graphed *G) {
   for (i = 0; i < G->n; i++)
     entry_clear(&G->v[i]);
   free(G->v);
+  gcap_tensor_free(G->fp8_skip);
   gcap_pool_free(G->pool);
   gcap_event_free(G->sync);
   free(G);
@@ -403,9 +404,10 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, const gcap_replay_op
                                 gcap_tensor *const *in, int maxout, int *nout, gcap_tensor **out) {
   ge_entry *x;
   gcap_status st;
-  int k, was, replay;
+  int k, was, replay, first;
   if (nout != NULL) *nout = 0;
   if ((st = entry_ok(G, entry, "graphed call")) != GCAP_OK) return st;
+  first = gc_module_take_first_microbatch(G->v[entry].m); /* is_first_microbatch, or -1 */
   if (out == NULL) return gc_null(G->e, "graphed call", "out");
   if (nout == NULL) return gc_null(G->e, "graphed call", "nout");
   if (maxout < 0) return gc_bad_count(G->e, "graphed call", "maxout", maxout);
@@ -422,6 +424,7 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, const gcap_replay_op
                    entry + 1, x->callable + 1, gcap_module_type(x->m), x->out.n, maxout,
                    maxout == 1 ? " (gcap_graphed_call_n takes several)" : "");
   if (G->reuse && (st = check_shared_inputs(G, entry)) != GCAP_OK) return st;
+  if ((st = gc_graphed_fp8_first(G, entry, first)) != GCAP_OK) return st; /* fp8.c */
   was = gcap_set_grad_enabled(G->e, 0);
   for (k = 0; k < nin; k++) {
     if (gc_tensor_ptr(in[k]) != gc_tensor_ptr(x->args[k]) &&

@@ -15,10 +15,14 @@
 /* Entry x's forward itself, its outputs into o (cleared first). */
 gcap_status gc_graphed_forward(ge_build *b, ge_entry *x, ge_outs *o) {
   gcap_tensor *ys[GCAP_MAX_OUTPUTS];
+  gcap_fp8_autocast prev;
   gcap_status st;
   int n, k;
   gc_graphed_outs_clear(o);
-  if ((st = gc_module_forward(x->m, x->nargs, x->args, &n, ys)) != GCAP_OK) return st;
+  gc_graphed_fp8_enter(b, x->callable, &prev); /* the callable's FP8 autocast: fp8.c */
+  st = gc_module_forward(x->m, x->nargs, x->args, &n, ys);
+  gc_graphed_fp8_exit(b, &prev);
+  if (st != GCAP_OK) return st;
   if ((o->t = (gcap_tensor **)gc_calloc((size_t)n + 1, sizeof *o->t)) == NULL) {
     for (k = 0; k < n; k++)
       gcap_tensor_free(ys[k]);

@@ -1,5 +1,5 @@
 /*
-** attention.c: the host's fused attention, in the order of the composition
+** k_attn.c: the host's fused attention, in the order of the composition
 ** it replaces (matmul, softmax, dropout, matmul and their backward), so that
 ** f32 results equal the composition's bit for bit on this backend. Shapes:
 ** bh slices (batch x heads) of sq queries and sk keys, dh the head dim of q

@@ -1,0 +1,158 @@
+/*
+** k_fp8.cu: the FP8 kernels (backend.h's GC_K_FP8_*): quantize with a
+** scale (the amax of x noted in the same pass), dequantize, amax, and
+** delayed scaling's update. Casts are CUDA's saturating conversion
+** (__nv_cvt_float_to_fp8 with __NV_SATFINITE: round to nearest even; the
+** hardware's cvt on sm_89 and later, the same rounding in software before),
+** so the bytes equal the host's. x * scale and q * scale_inv are one
+** rounded product each (__fmul_rn). Large tensors go 16 bytes per load.
+** The amax is a block max, then one integer atomicMax per block on the
+** float's bits (non-negative floats order as their bits do): max is exact,
+** so the result does not depend on the order the blocks finish in.
+*/
+#include <cfloat>
+
+#include <cuda_fp8.h>
+
+#include "common.cuh"
+
+static __device__ __forceinline__ unsigned char cu_to_fp8(float v, int f) {
+  return (unsigned char)__nv_cvt_float_to_fp8(v, __NV_SATFINITE,
+                                              f == GCAP_FP8_E5M2 ? __NV_E5M2 : __NV_E4M3);
+}
+
+static __device__ __forceinline__ float cu_from_fp8(unsigned char q, int f) {
+  __half_raw h =
+      __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q, f == GCAP_FP8_E5M2 ? __NV_E5M2 : __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+/* The scale of a quantize: the value at p, or (current) the one its amax gives. */
+static __device__ __forceinline__ float cu_scale(const float *p, int current, int f) {
+  float amax = p[0];
+  if (!current) return amax;
+  if (!isfinite(amax) || amax == 0.0f) return 1.0f;
+  float s = __fdiv_rn(GC_FP8_MAX(f), amax);
+  return isinf(s) ? FLT_MAX : s;
+}
+
+/* One block's max of m into *amax (NULL: none). */
+static __device__ __forceinline__ void cu_amax_note(float m, float *amax) {
+  __shared__ float sh[CU_THREADS];
+  m = cu_block_reduce(m, sh, [](float a, float b) { return fmaxf(a, b); });
+  if (threadIdx.x == 0 && amax != NULL) atomicMax((int *)amax, __float_as_int(m));
+}
+
+/* Element i of x (dt) scaled and cast; its |x| joins m. */
+static __device__ __forceinline__ unsigned char cu_q1(const void *x, int64_t i, int dt, float s,
+                                                      int f, float *m) {
+  float v = cu_load(x, i, dt);
+  *m = fmaxf(*m, fabsf(v));
+  return cu_to_fp8(__fmul_rn(v, s), f);
+}
+
+static __global__ void k_fp8_quantize(gc_kargs a) {
+  unsigned char *q = (unsigned char *)a.p[0];
+  const float *skip = (const float *)a.p[5];
+  int f = (int)a.n[1], dt = a.dt;
+  if (skip != NULL && skip[0] != 0.0f) return;
+  float s = cu_scale((const float *)a.p[2], a.n[2] == 1, f), m = 0.0f;
+  int64_t n = a.n[0], per = dt == GCAP_BF16 ? 8 : 4;
+  int64_t packs = ((uintptr_t)a.p[1] % 16 == 0 && (uintptr_t)q % per == 0) ? n / per : 0;
+  CU_GRID_LOOP(i, packs) { /* 16 bytes of x in, 4 or 8 bytes out */
+    cu_pack u;
+    u.v = ((const uint4 *)a.p[1])[i];
+    unsigned char b[8];
+    for (int j = 0; j < per; j++) {
+      float v = dt == GCAP_BF16 ? __bfloat162float(((const __nv_bfloat16 *)u.h)[j]) : u.f[j];
+      m = fmaxf(m, fabsf(v));
+      b[j] = cu_to_fp8(__fmul_rn(v, s), f);
+    }
+    if (per == 8)
+      *(uint2 *)(q + i * 8) = *(const uint2 *)b;
+    else
+      *(unsigned *)(q + i * 4) = *(const unsigned *)b;
+  }
+  CU_GRID_LOOP(i, n - packs * per) {
+    int64_t k = packs * per + i;
+    q[k] = cu_q1(a.p[1], k, dt, s, f, &m);
+  }
+  cu_amax_note(m, (float *)a.p[3]);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && a.p[4] != NULL) *(float *)a.p[4] = __fdiv_rn(1.0f, s);
+}
+
+static __global__ void k_fp8_dequantize(gc_kargs a) {
+  const unsigned char *q = (const unsigned char *)a.p[1];
+  float si = ((const float *)a.p[2])[0];
+  int f = (int)a.n[1], dt = a.dt;
+  int64_t n = a.n[0], per = dt == GCAP_BF16 ? 8 : 4;
+  int64_t packs = ((uintptr_t)a.p[0] % 16 == 0 && (uintptr_t)q % per == 0) ? n / per : 0;
+  CU_GRID_LOOP(i, packs) {
+    cu_pack u;
+    unsigned char b[8];
+    if (per == 8)
+      *(uint2 *)b = *(const uint2 *)(q + i * 8);
+    else
+      *(unsigned *)b = *(const unsigned *)(q + i * 4);
+    for (int j = 0; j < per; j++) {
+      float v = __fmul_rn(cu_from_fp8(b[j], f), si);
+      if (dt == GCAP_BF16)
+        ((__nv_bfloat16 *)u.h)[j] = __float2bfloat16_rn(v);
+      else
+        u.f[j] = v;
+    }
+    ((uint4 *)a.p[0])[i] = u.v;
+  }
+  CU_GRID_LOOP(i, n - packs * per) {
+    int64_t k = packs * per + i;
+    cu_store(a.p[0], k, dt, __fmul_rn(cu_from_fp8(q[k], f), si));
+  }
+}
+
+static __global__ void k_fp8_amax(gc_kargs a) {
+  float m = 0.0f;
+  CU_GRID_LOOP(i, a.n[0]) m = fmaxf(m, fabsf(cu_load(a.p[1], i, a.dt)));
+  cu_amax_note(m, (float *)a.p[0]);
+}
+
+/* One thread per role: histories are short work (at most a few thousand
+** floats), and the shift must read each entry before it is overwritten. */
+static __global__ void k_fp8_update(gc_kargs a) {
+  int64_t r = a.n[1] + threadIdx.x, len = a.n[0], roles = a.n[3];
+  if (threadIdx.x >= a.n[2]) return;
+  float *state = (float *)a.p[0];
+  float *amax = &state[r], *scale = &state[roles + r], *hist = &state[2 * roles + r * len];
+  float last = *amax, m = 0.0f;
+  *amax = 0.0f;
+  if (last != 0.0f) {
+    for (int64_t j = len - 1; j > 0; j--)
+      hist[j] = hist[j - 1];
+    hist[0] = last;
+    for (int64_t j = 0; j < len; j++)
+      m = fmaxf(m, hist[j]);
+    if (a.n[4] == 1) m = last;
+  }
+  if (isfinite(m) && m > 0.0f) {
+    float s = __fdiv_rn(a.f[threadIdx.x], m);
+    *scale = isinf(s) ? FLT_MAX : s;
+  }
+}
+
+gcap_status cu_fp8(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
+  unsigned g = cu_blocks(a->n[0] / 4 > 0 ? a->n[0] / 4 : 1);
+  switch (k) {
+    case GC_K_FP8_QUANTIZE:
+      k_fp8_quantize<<<g, CU_THREADS, 0, s>>>(*a);
+      break;
+    case GC_K_FP8_DEQUANTIZE:
+      if (a->n[0] > 0) k_fp8_dequantize<<<g, CU_THREADS, 0, s>>>(*a);
+      break;
+    case GC_K_FP8_AMAX:
+      k_fp8_amax<<<g, CU_THREADS, 0, s>>>(*a);
+      break;
+    default: /* GC_K_FP8_UPDATE */
+      k_fp8_update<<<1, 32, 0, s>>>(*a);
+      break;
+  }
+  return GCAP_OK;
+}

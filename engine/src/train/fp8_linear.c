@@ -1,0 +1,304 @@
+/*
+** fp8_linear.c: the GEMMs of the FP8-capable modules (Linear,
+** LayerNormLinear, LayerNormMLP) under an FP8 autocast, as
+** TransformerEngine runs them: the input and the weight quantized to E4M3
+** with their roles' scales (their amaxes noted), the backward's grad to
+** E5M2 under HYBRID (E4M3 otherwise); with DelayedScaling each pass then
+** updates its roles (one kernel, after the amaxes' all-reduce over the
+** amax_reduction_group). This version runs the existing GEMMs on the
+** dequantized values (q times the inverse scale): the numerics of FP8
+** GEMMs with f32 accumulation, not yet their speed. The bias grad comes from
+** the unquantized grad, as TE's. The node saves the FP8 copies.
+*/
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "train.h"
+
+/* What an FP8 linear's backward needs of its forward. */
+typedef struct fp8_ctx {
+  gc_fp8_meta *meta; /* DelayedScaling: the module's state (a reference); else NULL */
+  int gemm, gelu;
+  gcap_fp8_recipe recipe;
+  gcap_dist_group *group;
+  gc_wgrad_sink *sink; /* a reference, or NULL */
+  char who[GC_NAMELEN];
+} fp8_ctx;
+
+static void ctx_free(void *ud) {
+  fp8_ctx *c = (fp8_ctx *)ud;
+  gc_fp8_meta_release(c->meta);
+  gc_wgrad_sink_release(c->sink);
+  free(c);
+}
+
+/* Role r (0 input, 1 weight, 2 grad_output) of c's GEMM: its format. */
+static gcap_fp8_format role_format(const fp8_ctx *c, int r) {
+  return r == 2 && c->recipe.fp8_format == GCAP_FP8_HYBRID ? GCAP_FP8_E5M2 : GCAP_FP8_E4M3;
+}
+
+/* TE's shapes of an FP8 GEMM operand: the product of the dims but the last
+** a multiple of 8, the last a multiple of 16. */
+static gcap_status check_dims(gcap_engine *e, const char *who, const char *what, gcap_tensor *t) {
+  int64_t last = t->ndim > 0 ? t->shape[t->ndim - 1] : 1, lead = last > 0 ? t->numel / last : 0;
+  char b[64];
+  if (t->ndim >= 1 && lead % 8 == 0 && last % 16 == 0) return GCAP_OK;
+  return gc_fail(e, GCAP_EINVAL,
+                 "%s: FP8 execution requires the product of all dimensions except the last to "
+                 "be divisible by 8 and the last dimension to be divisible by 16, but got %s "
+                 "with dims=%s (product of leading dims = %lld, last dim = %lld)",
+                 who, what, gc_shape_str(t, b, sizeof b), (long long)lead, (long long)last);
+}
+
+/* The all-reduce (max) of the amaxes `amax` over c's group. */
+static gcap_status reduce_amax(fp8_ctx *c, gcap_engine *e, gcap_tensor *amax) {
+  if (c->group == NULL) return GCAP_OK;
+  if (e->fp8_all_reduce == NULL)
+    return gc_fail(e, GCAP_ESTATE,
+                   "%s: the FP8 amax_reduction_group needs the distributed runtime, which is not "
+                   "initialised (any more)",
+                   c->who);
+  return e->fp8_all_reduce(amax, c->group);
+}
+
+/* DelayedScaling's pass end for roles r0 .. r0 + n - 1: their amaxes
+** reduced over the group, then the update kernel. */
+static gcap_status update_roles(fp8_ctx *c, int r0, int n) {
+  gc_fp8_meta *m = c->meta;
+  float scaled[3];
+  gcap_tensor *amax;
+  gcap_status st;
+  int j;
+  if (m == NULL) return GCAP_OK;
+  if ((amax = gc_elems(m->state, r0, n)) == NULL)
+    return gc_fail(m->state->e, GCAP_ENOMEM, "%s: out of host memory", c->who);
+  st = reduce_amax(c, m->state->e, amax);
+  gcap_tensor_free(amax);
+  for (j = 0; j < n; j++)
+    scaled[j] =
+        GC_FP8_MAX(role_format(c, r0 - 3 * c->gemm + j)) * powf(2.0f, -(float)c->recipe.margin);
+  if (st == GCAP_OK)
+    st = gc_fp8_update(m->state, 3 * m->gemms, m->len, r0, n,
+                       c->recipe.amax_compute_algo == GCAP_AMAX_MOST_RECENT, scaled);
+  return st;
+}
+
+/* q = x quantized as role r of c's GEMM (q allocated unless it holds data
+** already: a cached weight), skip the flag of a cached weight (NULL:
+** none). DelayedScaling: the role's scale, its amax noted; current
+** scaling: x's own amax first (reduced over the group). */
+static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip, gc_fp8 *q) {
+  gcap_engine *e = x->e;
+  int role = 3 * c->gemm + r;
+  gcap_tensor *scale = NULL, *amax = NULL;
+  int64_t one = 1;
+  gcap_status st = GCAP_OK;
+  if (q->data == NULL && (st = gc_fp8_alloc(e, c->who, x->numel, role_format(c, r), q)) != GCAP_OK)
+    return st;
+  if (c->meta != NULL) {
+    int roles = 3 * c->meta->gemms;
+    scale = gc_elems(c->meta->state, roles + role, 1);
+    amax = gc_elems(c->meta->state, role, 1);
+    if (scale == NULL || amax == NULL)
+      st = gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", c->who);
+    else
+      st = gc_fp8_quantize(x, q, scale, 0, amax, skip);
+  } else if ((st = gcap_tensor_full(e, GCAP_F32, 1, &one, 0.0, &amax)) == GCAP_OK &&
+             (st = gc_fp8_amax(x, amax)) == GCAP_OK && (st = reduce_amax(c, e, amax)) == GCAP_OK) {
+    st = gc_fp8_quantize(x, q, amax, 1, NULL, NULL);
+  }
+  gcap_tensor_free(scale);
+  gcap_tensor_free(amax);
+  return st;
+}
+
+/* The FP8 copy of a saved operand, as the node saved it. */
+static gc_fp8 saved_fp8(gc_node *n, int at, int64_t numel) {
+  gc_fp8 q;
+  q.data = n->saved[at];
+  q.scale_inv = n->saved[at + 1];
+  q.n = numel;
+  q.format = GCAP_FP8_E4M3;
+  return q;
+}
+
+/* Weight and bias grads from the dequantized grad gd (gb: the bias grad
+** of the unquantized grad, or NULL), to the sink or to gin. */
+static gcap_status param_grads(gc_node *n, fp8_ctx *c, gcap_tensor *gd, gcap_tensor *db,
+                               gcap_tensor **gin) {
+  const gc_meta *xm = &n->meta[0];
+  int64_t out = n->meta[1].shape[0], in = n->meta[1].shape[1];
+  int delayed = c->sink != NULL && c->sink->delay, want_w = delayed || gc_node_needs(n, 1);
+  gcap_tensor *xd = NULL;
+  gcap_status st = GCAP_OK;
+  if (want_w && n->saved[0] != NULL) {
+    gc_fp8 xq = saved_fp8(n, 0, xm->numel);
+    st = gc_fp8_dequantize(&xq, xm->dt, xm->ndim, xm->shape, &xd);
+  }
+  if (st == GCAP_OK && delayed)
+    st = gc_wgrad_defer(c->sink, gd, xd, db);
+  else if (st == GCAP_OK)
+    st = gc_linear_param_grads(gd, xd, out, in, c->sink != NULL ? c->sink->main_grad : NULL, db,
+                               gc_node_needs(n, 1) && xd != NULL ? &gin[1] : NULL,
+                               db != NULL && gc_node_needs(n, 2) ? &gin[2] : NULL);
+  gcap_tensor_free(xd);
+  return st;
+}
+
+/* saved: x's FP8 copy (data, scale_inv) when the weight needs a grad, w's
+** when x does, the pre-activation of a gelu. */
+static gcap_status fp8_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  fp8_ctx *c = (fp8_ctx *)n->ud;
+  int64_t out = n->meta[1].shape[0];
+  int bias = n->meta[2].numel > 0, delayed = c->sink != NULL && c->sink->delay;
+  gcap_tensor *dz = NULL, *db = NULL, *gd = NULL, *wd = NULL;
+  gc_fp8 gq;
+  gcap_status st = GCAP_OK;
+  int want_db = bias && (delayed || gc_node_needs(n, 2));
+  memset(&gq, 0, sizeof gq);
+  if (c->gelu) { /* dz = g gelu'(z), and the bias grad with it */
+    st = gc_gelu_backward(g, n->saved[4], out, &dz, want_db ? &db : NULL);
+    g = dz;
+  } else if (want_db) {
+    st = gc_sum_rows(g, out, &db);
+  }
+  if (st == GCAP_OK && (st = quantize(c, g, 2, NULL, &gq)) == GCAP_OK &&
+      (st = update_roles(c, 3 * c->gemm + 2, 1)) == GCAP_OK)
+    st = gc_fp8_dequantize(&gq, g->dt, g->ndim, g->shape, &gd);
+  if (st == GCAP_OK && gc_node_needs(n, 0)) {
+    gc_fp8 wq = saved_fp8(n, 2, n->meta[1].numel);
+    if ((st = gc_fp8_dequantize(&wq, n->meta[1].dt, 2, n->meta[1].shape, &wd)) == GCAP_OK)
+      st = gc_linear_dgrad(gd, wd, n->meta[0].ndim, n->meta[0].shape, &gin[0]);
+  }
+  if (st == GCAP_OK) st = param_grads(n, c, gd, db, gin);
+  gc_fp8_free(&gq);
+  gcap_tensor_free(dz);
+  gcap_tensor_free(db);
+  gcap_tensor_free(gd);
+  gcap_tensor_free(wd);
+  return st;
+}
+
+/* A context for GEMM `gemm` of m under e's autocast. */
+static gcap_status ctx_new(gcap_module *m, int gemm, int gelu, gc_wgrad_sink *sink, fp8_ctx **out) {
+  gcap_engine *e = gc_module_engine(m);
+  fp8_ctx *c = (fp8_ctx *)gc_calloc(1, sizeof *c);
+  gcap_status st;
+  *out = NULL;
+  if (c == NULL) return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", gcap_module_type(m));
+  c->gemm = gemm;
+  c->gelu = gelu;
+  c->recipe = e->fp8.recipe;
+  c->group = e->fp8.amax_reduction_group;
+  snprintf(c->who, sizeof c->who, "%s", gcap_module_type(m));
+  if (c->recipe.kind == GCAP_FP8_DELAYED_SCALING) {
+    gc_fp8_meta *meta;
+    if ((st = gc_fp8_module_meta(m, &c->recipe, &meta)) != GCAP_OK) {
+      free(c);
+      return st;
+    }
+    c->meta = gc_fp8_meta_retain(meta);
+  }
+  c->sink = sink ? gc_wgrad_sink_retain(sink) : NULL;
+  *out = c;
+  return GCAP_OK;
+}
+
+/* The weight's FP8 copy: the module's cached one while weight caching is
+** on (made outside capture, at the first call), else a new one. */
+static gcap_status weight_copy(fp8_ctx *c, gcap_tensor *w, gc_fp8 *wq, int *cached) {
+  gcap_engine *e = w->e;
+  gc_fp8 *cache;
+  *cached = e->fp8_skip != NULL && c->meta != NULL;
+  if (!*cached) return GCAP_OK;
+  cache = &c->meta->wcache[c->gemm];
+  if (cache->data == NULL || cache->n != w->numel) {
+    gcap_status st;
+    if (e->cap != NULL)
+      return gc_fail(e, GCAP_ECAPTURE,
+                     "%s: its cached FP8 weight is made at its first call, outside a capture",
+                     c->who);
+    gc_fp8_free(cache);
+    if ((st = gc_fp8_alloc(e, c->who, w->numel, GCAP_FP8_E4M3, cache)) != GCAP_OK) return st;
+  }
+  *wq = *cache;
+  return GCAP_OK;
+}
+
+/* The FP8 forward: both operands quantized, the roles updated, the GEMM on
+** the dequantized values, the node. */
+static gcap_status fp8_forward(fp8_ctx *c, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
+                               gcap_tensor **out) {
+  gcap_engine *e = x->e;
+  gcap_tensor *xd = NULL, *wd = NULL, *pre = NULL, *in[3], *save[5];
+  gc_fp8 xq, wq;
+  int cached = 0;
+  gcap_status st;
+  memset(&xq, 0, sizeof xq);
+  memset(&wq, 0, sizeof wq);
+  if ((st = weight_copy(c, w, &wq, &cached)) == GCAP_OK &&
+      (st = quantize(c, x, 0, NULL, &xq)) == GCAP_OK &&
+      (st = quantize(c, w, 1, cached ? e->fp8_skip : NULL, &wq)) == GCAP_OK &&
+      (st = update_roles(c, 3 * c->gemm, 2)) == GCAP_OK &&
+      (st = gc_fp8_dequantize(&xq, x->dt, x->ndim, x->shape, &xd)) == GCAP_OK &&
+      (st = gc_fp8_dequantize(&wq, w->dt, w->ndim, w->shape, &wd)) == GCAP_OK) {
+    if (c->gelu) {
+      int64_t shape[GCAP_MAXDIM];
+      memcpy(shape, x->shape, sizeof shape);
+      shape[x->ndim - 1] = w->shape[0];
+      st = gc_tensor_alloc(e, c->who, x->dt, x->ndim, shape, &pre);
+    }
+    if (st == GCAP_OK) st = gc_linear_gemm(xd, wd, b, pre, out);
+  }
+  in[0] = x, in[1] = w, in[2] = b;
+  if (st == GCAP_OK && gc_grad_needed(e, in, 3)) {
+    gc_node *n;
+    save[0] = w->requires_grad ? xq.data : NULL;
+    save[1] = w->requires_grad ? xq.scale_inv : NULL;
+    save[2] = x->requires_grad ? wq.data : NULL;
+    save[3] = x->requires_grad ? wq.scale_inv : NULL;
+    save[4] = pre;
+    st = gc_record(*out, c->gelu ? "fp8_linear_gelu" : "fp8_linear", fp8_backward, in, 3, save, 5,
+                   &n);
+    if (st == GCAP_OK) {
+      n->ud = c;
+      n->ud_free = ctx_free;
+      c = NULL;
+    } else {
+      gcap_tensor_free(*out);
+      *out = NULL;
+    }
+  }
+  if (c != NULL) ctx_free(c);
+  gc_fp8_free(&xq);
+  if (!cached) gc_fp8_free(&wq);
+  gcap_tensor_free(xd);
+  gcap_tensor_free(wd);
+  gcap_tensor_free(pre);
+  return st;
+}
+
+gcap_status gc_fp8_linear(gcap_module *m, int gemm, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
+                          int gelu, gc_wgrad_sink *sink, gcap_tensor **out) {
+  gcap_engine *e = gc_module_engine(m);
+  fp8_ctx *c;
+  gcap_status st;
+  *out = NULL;
+  if (!e->fp8.enabled) {
+    st = gelu ? gc_linear_gelu(x, w, b, out) : gc_linear(x, w, b, out);
+    if (st == GCAP_OK && sink != NULL && (*out)->grad_fn != NULL)
+      gc_wgrad_sink_attach((*out)->grad_fn, sink);
+    return st;
+  }
+  /* the linear's own checks first: operands, dtypes and shapes */
+  if (x == NULL || w == NULL || x->ndim < 1 || w->ndim != 2 || x->dt != w->dt ||
+      x->shape[x->ndim - 1] != w->shape[1] ||
+      (b != NULL && (b->dt != x->dt || b->ndim != 1 || b->shape[0] != w->shape[0])))
+    return gelu ? gc_linear_gelu(x, w, b, out) : gc_linear(x, w, b, out);
+  if ((st = check_dims(e, gcap_module_type(m), "input", x)) != GCAP_OK ||
+      (st = check_dims(e, gcap_module_type(m), "weight", w)) != GCAP_OK ||
+      (st = ctx_new(m, gemm, gelu, sink, &c)) != GCAP_OK)
+    return st;
+  return fp8_forward(c, x, w, b, out);
+}

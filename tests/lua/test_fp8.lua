@@ -1,0 +1,224 @@
+-- test_fp8.lua: the recipes, gc.fp8.autocast and the modules' FP8 state
+-- (docs/lua-api.md, "FP8"). Delayed scaling over several steps equals a
+-- plain-Lua reference of TransformerEngine's rule; an FP8 Linear equals the
+-- composition of gc.fp8.cast and the f32 linear bit for bit, forward and
+-- backward; current scaling takes each tensor's own amax; errors name the
+-- field, the module and the shape, and leave everything usable.
+--   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_fp8.lua -o tap
+
+local lu = require "luaunit"
+local gc = require "graphcap"
+local H = require "helpers"
+
+-- Tables of numbers (maps and sequences) equal key by key with ==.
+local function same (a, b, what)
+  if type(a) ~= "table" or type(b) ~= "table" then
+    lu.assertTrue(a == b, string.format("%s: %s ~= %s", what, tostring(a), tostring(b)))
+    return
+  end
+  for k, v in pairs(a) do same(v, b[k], what .. "." .. tostring(k)) end
+  for k in pairs(b) do lu.assertNotNil(a[k], what .. "." .. tostring(k) .. " missing") end
+end
+
+-- x rounded to the nearest float, as the device stores it.
+local function fround (x) return (string.unpack("f", string.pack("f", x))) end
+
+local function amax_of (t)
+  local m = 0
+  for _, v in ipairs(H.flat(t:tolist())) do if math.abs(v) > m then m = math.abs(v) end end
+  return m
+end
+
+-- TransformerEngine's delayed scaling, in plain Lua: one role's state.
+local function ref_role (len, algo, fp8_max, margin)
+  local r = {scale = 1.0, hist = {}}
+  for i = 1, len do r.hist[i] = 0 end
+  function r.step (amax)
+    if amax == 0 then return end -- nothing quantized: the role stays
+    table.insert(r.hist, 1, amax)
+    r.hist[len + 1] = nil
+    local m = amax
+    if algo == "max" then
+      m = 0
+      for _, a in ipairs(r.hist) do if a > m then m = a end end
+    end
+    if m > 0 and m < math.huge then
+      local s = fround(fround(fp8_max * 2.0 ^ -margin) / m)
+      r.scale = s == math.huge and 3.4028234663852886e38 or s
+    end
+  end
+  return r
+end
+
+local function assert_role (got, want, what)
+  lu.assertEquals(got.scale, want.scale, what .. ": scale")
+  H.assert_bitwise(got.amax_history, want.hist, what .. ": amax_history")
+end
+
+TestFp8Recipes = {}
+
+function TestFp8Recipes:test_defaults_and_names ()
+  local r = gc.fp8.DelayedScaling()
+  lu.assertEquals({r.fp8_format, r.margin, r.amax_history_len, r.amax_compute_algo},
+                  {"HYBRID", 0, 1024, "max"})
+  lu.assertTrue(gc.fp8.is_recipe(r))
+  lu.assertEquals(gc.fp8.Float8CurrentScaling().fp8_format, "HYBRID")
+  lu.assertEquals(gc.fp8.DelayedScaling{fp8_format = gc.fp8.Format.E4M3}.fp8_format, "E4M3")
+  local ok = gc.fp8.is_available()
+  lu.assertEquals(ok, true) -- the host emulates; the GPUs tested have FP8
+end
+
+function TestFp8Recipes:test_errors_name_the_field ()
+  local D = gc.fp8.DelayedScaling
+  H.assert_err(function () D{margin = 1 / 0} end, "DelayedScaling: margin must be a finite number")
+  H.assert_err(function () D{margin = 0 / 0} end, "margin must be a finite number")
+  H.assert_err(function () D{amax_history_len = 0} end, "amax_history_len must be >= 1, got 0")
+  H.assert_err(function () D{amax_compute_algo = "mean"} end,
+               "amax_compute_algo must be \"max\" or \"most_recent\", got \"mean\"")
+  H.assert_err(function () D{fp8_format = "E5M2"} end, "Pure E5M2 training is not supported")
+  H.assert_err(function () D{fp8_format = "E3M4"} end, "fp8_format must be \"HYBRID\" or")
+  H.assert_err(function () D{amax_history_length = 4} end, "unknown option 'amax_history_length'")
+  H.assert_err(function () gc.fp8.Float8CurrentScaling{margin = 1} end, "unknown option 'margin'")
+  local err = H.assert_err(function () gc.fp8.autocast({recipe = {fp8_format = "HYBRID"}},
+                                                       function () end) end,
+                           "fp8.autocast: recipe must be a recipe object")
+  lu.assertStrContains(err, "test_fp8.lua:")
+  H.assert_err(function () gc.fp8.autocast({recipe = D(), fp8_recipe = D()}, print) end,
+               "options 'recipe' and 'fp8_recipe' are one option")
+  H.assert_err(function () gc.fp8.autocast({enabled = 1}, print) end,
+               "enabled must be a boolean")
+end
+
+-- An FP8 Linear's forward and backward equal the composition of the casts
+-- with the role scales it had, step by step, and its state the reference.
+local function check_linear_steps (recipe, steps)
+  gc.manual_seed(3)
+  local lin = gc.nn.Linear(16, 32)
+  local len, algo = recipe.amax_history_len, recipe.amax_compute_algo
+  local grad_max = recipe.fp8_format == "HYBRID" and 57344 or 448
+  local ref = {input = ref_role(len, algo, 448, recipe.margin),
+               weight = ref_role(len, algo, 448, recipe.margin),
+               grad_output = ref_role(len, algo, grad_max, recipe.margin)}
+  local gfmt = recipe.fp8_format == "HYBRID" and "E5M2" or "E4M3"
+  for step = 1, steps do
+    local x = gc.randn({8, 16}) * gc.tensor(step * 1.5)
+    x.requires_grad = true
+    local g = gc.randn({8, 32}) * gc.tensor(0.25 * step)
+    lin:zero_grad()
+    local y = gc.fp8.autocast({recipe = recipe}, function () return lin(x) end)
+    y:backward(g)
+    -- the composition with the scales the reference held before this step
+    local xd = gc.fp8.cast(x:detach(), "E4M3", ref.input.scale)
+    local wd = gc.fp8.cast(lin.weight:detach(), "E4M3", ref.weight.scale)
+    local gd = gc.fp8.cast(g, gfmt, ref.grad_output.scale)
+    H.assert_bitwise(y:tolist(), gc.F.linear(xd, wd, lin.bias:detach()):tolist(), "y " .. step)
+    H.assert_bitwise(x.grad:tolist(), gc.matmul(gd, wd):tolist(), "dx " .. step)
+    H.assert_bitwise(lin.weight.grad:tolist(),
+                     gc.matmul(gd:transpose(1, 2), xd):tolist(), "dw " .. step)
+    ref.input.step(amax_of(x))
+    ref.weight.step(amax_of(lin.weight))
+    ref.grad_output.step(amax_of(g))
+    local st = lin:fp8_state()
+    for _, role in ipairs({"input", "weight", "grad_output"}) do
+      assert_role(st[role], ref[role], string.format("step %d %s", step, role))
+    end
+  end
+end
+
+function TestFp8Recipes:test_delayed_scaling_max ()
+  check_linear_steps(gc.fp8.DelayedScaling{amax_history_len = 3}, 5)
+end
+
+function TestFp8Recipes:test_delayed_scaling_most_recent_margin_e4m3 ()
+  check_linear_steps(gc.fp8.DelayedScaling{amax_history_len = 2, amax_compute_algo = "most_recent",
+                                           margin = 1, fp8_format = "E4M3"}, 4)
+end
+
+function TestFp8Recipes:test_current_scaling ()
+  gc.manual_seed(4)
+  local lin = gc.nn.Linear(16, 16, {bias = false})
+  local x = gc.randn({16, 16}) * gc.tensor(7)
+  local y = gc.fp8.autocast({recipe = gc.fp8.Float8CurrentScaling()}, function () return lin(x) end)
+  local function cur (t) return (gc.fp8.cast(t, "E4M3", fround(448 / fround(amax_of(t))))) end
+  H.assert_bitwise(y:tolist(), gc.F.linear(cur(x), cur(lin.weight:detach())):tolist(), "y")
+  lu.assertEquals(lin:fp8_state().input.scale, 1, "current scaling keeps no state")
+end
+
+function TestFp8Recipes:test_outside_autocast_no_fp8 ()
+  local lin = gc.nn.Linear(16, 16)
+  local x = gc.randn({8, 16})
+  lu.assertEquals(lin(x).grad_fn, "linear")
+  lu.assertEquals(gc.fp8.autocast(function () return lin(x) end).grad_fn, "fp8_linear")
+  lu.assertEquals(gc.fp8.autocast({enabled = false}, function () return lin(x) end).grad_fn,
+                  "linear")
+  -- nested: the inner one ends, the outer one holds again
+  gc.fp8.autocast(function ()
+    gc.fp8.autocast({enabled = false}, function () lu.assertEquals(lin(x).grad_fn, "linear") end)
+    lu.assertEquals(lin(x).grad_fn, "fp8_linear")
+  end)
+  lu.assertEquals(lin(x).grad_fn, "linear")
+  local st = lin:fp8_state()
+  lu.assertEquals(#st.input.amax_history, 1024, "the default history")
+end
+
+function TestFp8Recipes:test_shapes_errors_and_state_kept ()
+  local r = gc.fp8.DelayedScaling{amax_history_len = 2}
+  local lnl = gc.nn.LayerNormLinear(16, 16)
+  gc.fp8.autocast({recipe = r}, function () lnl(gc.randn({8, 16})) end)
+  local before = lnl:fp8_state()
+  local err = H.assert_err(function ()
+    gc.fp8.autocast({recipe = r}, function () return lnl(gc.randn({4, 16})) end)
+  end, "LayerNormLinear: FP8 execution requires the product of all dimensions except the last to "
+       .. "be divisible by 8 and the last dimension to be divisible by 16, but got input with "
+       .. "dims=[4, 16] (product of leading dims = 4, last dim = 16)")
+  lu.assertStrContains(err, "test_fp8.lua:")
+  H.assert_err(function ()
+    gc.fp8.autocast({recipe = r}, function () return gc.nn.Linear(16, 12)(gc.randn({8, 16})) end)
+  end, "Linear: FP8 execution requires", "got weight with dims=[12, 16]")
+  same(lnl:fp8_state(), before, "the state after the error")
+  lu.assertEquals(lnl(gc.randn({4, 16})):shape(), {4, 16}, "usable outside the autocast")
+  H.assert_err(function ()
+    gc.fp8.autocast({recipe = r}, function () error("inside") end)
+  end, "inside")
+  lu.assertEquals(lnl(gc.randn({8, 16})).grad_fn ~= "fp8_linear", true, "autocast ended")
+end
+
+function TestFp8Recipes:test_transformer_modules ()
+  local r = gc.fp8.DelayedScaling{amax_history_len = 4}
+  local mlp = gc.nn.LayerNormMLP(16, 32)
+  local layer = gc.nn.TransformerLayer(16, 32, 2, {hidden_dropout = 0, attention_dropout = 0})
+  local x = gc.randn({8, 2, 16}, {requires_grad = true})
+  gc.fp8.autocast({recipe = r}, function ()
+    mlp(x):sum():backward()
+    layer(x):sum():backward()
+  end)
+  local st = mlp:fp8_state()
+  lu.assertTrue(st.fc1.input.amax_history[1] > 0 and st.fc2.grad_output.amax_history[1] > 0)
+  lu.assertEquals(#st.fc2.weight.amax_history, 4)
+  lu.assertNil(layer:fp8_state(), "TransformerLayer's GEMMs are its children's")
+  local qkv = layer.self_attention.layernorm_qkv:fp8_state()
+  lu.assertTrue(qkv.input.scale ~= 1 and qkv.grad_output.amax_history[1] > 0, "qkv ran in FP8")
+  lu.assertTrue(layer.self_attention.proj:fp8_state().weight.amax_history[1] > 0)
+  lu.assertTrue(layer.layernorm_mlp:fp8_state().fc2.input.amax_history[1] > 0)
+  H.assert_err(function ()
+    gc.fp8.autocast(function () return gc.nn.LayerNormMLP(16, 32, {checkpoint = true})(x) end)
+  end, "LayerNormMLP: checkpoint = true does not run under an FP8 autocast")
+end
+
+function TestFp8Recipes:test_state_made_outside_capture ()
+  local lin = gc.nn.Linear(16, 16)
+  local x = gc.randn({8, 16})
+  local g = gc.Graph()
+  H.assert_err(function ()
+    g:capture(function () gc.fp8.autocast(function () lin(x) end) end)
+  end, "Linear: its FP8 state", "must not be inside a capture")
+  gc.fp8.autocast(function () lin(x) end) -- made here, then captured and replayed
+  local y
+  g:capture(function () y = gc.fp8.autocast(function () return lin(x) end) end)
+  local h0 = lin:fp8_state().input.amax_history[1]
+  g:replay()
+  lu.assertEquals(lin:fp8_state().input.amax_history[2], h0, "a replay is a step")
+  lu.assertEquals(y:shape(), {8, 16})
+end
+
+os.exit(lu.LuaUnit.run(), true)
