@@ -101,10 +101,58 @@ gcap_status gcap_synchronize(gcap_engine *e);
 /* 1 while a capture is open on this engine, 0 otherwise (e NULL too). */
 int gcap_is_capturing(const gcap_engine *e);
 
-/* Seed the engine's random generator (its seed and offset live in device
-** memory; the offset is reset to 0). Allowed outside capture only. e NULL:
-** GCAP_EINVAL. */
+/* 1 during a gcap_make_graphed_callables call on this engine, the whole of
+** it: checks, warmup, captures, and every hook and callable it runs
+** (TransformerEngine's is_graph_capturing); 0 otherwise (e NULL too). A
+** module may read it to take a graph-safe path also in the warmup, where
+** gcap_is_capturing is 0. */
+int gcap_is_graph_capturing(const gcap_engine *e);
+
+/* Seed the random generator in use (gcap_current_generator: the default one
+** unless another was set): its seed and offset live in device memory; the
+** offset is reset to 0. Allowed outside capture only. e NULL: GCAP_EINVAL. */
 gcap_status gcap_manual_seed(gcap_engine *e, uint64_t seed);
+
+/* Random generators. A generator is a state {seed, offset} in device
+** memory: ops that draw (dropout, rand, randn, attention's dropout) read the
+** state of the generator in use and advance its offset on the device, so a
+** graph that captured them draws fresh numbers at each replay and advances
+** that generator as eager work would (a graph holds the state's memory while
+** it lives, whatever happens to the generator object). An engine has a
+** default generator and any number of others, such as the tracked states of
+** Megatron's CudaRNGStatesTracker; gcap_make_graphed_callables saves and
+** restores every generator's state (its warmup draws nothing). */
+
+/* A new generator of state {seed, 0}. Refused while a capture is open (an
+** upload). e NULL: GCAP_EINVAL. */
+gcap_status gcap_generator_new(gcap_engine *e, uint64_t seed, gcap_generator **out);
+/* Another reference (NULL for NULL); release a reference held. NULL is fine.
+** The default generator is the engine's: free only references retained. */
+gcap_generator *gcap_generator_retain(gcap_generator *g);
+void gcap_generator_free(gcap_generator *g);
+/* The default generator, and the one in use; not new references (NULL for e
+** NULL). */
+gcap_generator *gcap_default_generator(gcap_engine *e);
+gcap_generator *gcap_current_generator(gcap_engine *e);
+/* Draw from g from now on (NULL: the default generator); the engine holds g
+** while it is in use. Allowed in a capture (it changes nothing on the
+** device): work captured afterwards draws from g at each replay. To draw
+** from g for a while (a tracker's fork), keep the generator in use before,
+** retained, and set it back after. g of another engine: GCAP_EINVAL. */
+gcap_status gcap_set_generator(gcap_engine *e, gcap_generator *g);
+/* g's state, read back (ordered after the current stream's work), or set
+** (later work on the current stream draws from it; graphs that draw from g
+** too). Refused while a capture is open (GCAP_ECAPTURE, capture
+** invalidated). g NULL: GCAP_EINVAL. */
+gcap_status gcap_generator_get_state(gcap_generator *g, uint64_t *seed, uint64_t *offset);
+gcap_status gcap_generator_set_state(gcap_generator *g, uint64_t seed, uint64_t offset);
+/* g's state copied on the device into a new 4-element f32 tensor (its 16
+** bytes; not numbers), and back from such a tensor into g: on the current
+** stream, allowed in a capture, so a checkpoint's recomputation in a graphed
+** backward draws what its forward drew. restore refuses a tensor of another
+** dtype or size. g NULL: GCAP_EINVAL. */
+gcap_status gcap_generator_save(gcap_generator *g, gcap_tensor **out);
+gcap_status gcap_generator_restore(gcap_generator *g, gcap_tensor *state);
 
 /* Memory statistics of a pool or of the engine's ordinary allocator. */
 typedef struct gcap_mem_stats {
@@ -127,7 +175,7 @@ gcap_status gcap_engine_reset_peak(gcap_engine *e);
 ** are not counted). */
 typedef struct gcap_engine_stats {
   int64_t objects;            /* live objects holding the engine: tensors, modules, graphs, pools,
-                                 streams, events, optimizers, graphed sets */
+                                 streams, events, generators, optimizers, graphed sets */
   int64_t blocks;             /* live allocator blocks, every pool */
   size_t in_use_bytes;        /* their bytes */
   size_t pool_reserved_bytes; /* device memory held by private pools */
@@ -159,6 +207,14 @@ gcap_status gcap_stream_synchronize(gcap_stream *s);
 
 /* A new event. e NULL: GCAP_EINVAL. */
 gcap_status gcap_event_new(gcap_engine *e, gcap_event **out);
+/* A new external event (PyTorch's Event(external=True)): recorded inside a
+** capture, it becomes a node of the graph, which records it at each replay,
+** so that work after a replay can wait on part of the graph's work (a
+** graphed call's cuda_graph_event). A capturing stream cannot wait on it
+** (fork and join streams with plain events). e NULL: GCAP_EINVAL. */
+gcap_status gcap_event_new_external(gcap_engine *e, gcap_event **out);
+/* The caller's reference; a graph that records the event keeps it until the
+** graph goes. NULL is fine. */
 void gcap_event_free(gcap_event *ev);
 /* Record ev at the current end of s (NULL: the current stream). ev and s
 ** NULL: GCAP_EINVAL. */
@@ -372,6 +428,30 @@ int gcap_graphed_num_outputs(const gcap_graphed *g, int entry);
 ** several is refused with GCAP_EINVAL). */
 gcap_status gcap_graphed_call_n(gcap_graphed *g, int entry, int nin, gcap_tensor *const *in,
                                 int maxout, int *nout, gcap_tensor **out);
+/* TransformerEngine's replay options of a graphed call, cuda_graph_stream
+** and cuda_graph_event. With a stream other than the current one, the
+** inputs are copied in on the current stream, the stream waits for the
+** current stream's work, the graph replays on it, and the current stream
+** then waits on the event (an external event that the graph records,
+** gcap_event_new_external, recorded by the callable at capture: work after
+** the call overlaps the graph's work after the event) or, without one, on
+** all the stream's work. The call's backward replays its graph the same
+** way, with the same stream and event (on the whole stream when the
+** backward graph does not record the event); the engine keeps both until
+** then. With no stream, or the current one, the graph replays on the
+** current stream. */
+typedef struct gcap_replay_opts {
+  gcap_stream *stream; /* NULL: the current stream */
+  gcap_event *event;   /* NULL: wait for all of stream's work */
+} gcap_replay_opts;
+/* gcap_graphed_call_n with replay options (opts NULL: none). The stream and
+** event must be this engine's, and an event external and recorded by the
+** entry's forward graph (GCAP_EINVAL names the option otherwise); options
+** for a call that runs eagerly (a module in another mode than at capture)
+** are GCAP_EINVAL. */
+gcap_status gcap_graphed_call_opts(gcap_graphed *g, int entry, const gcap_replay_opts *opts,
+                                   int nin, gcap_tensor *const *in, int maxout, int *nout,
+                                   gcap_tensor **out);
 /* Replay entry i's delayed-wgrad graph and accumulate into .grad (no-op
 ** when the entry has none). */
 gcap_status gcap_graphed_backward_dw(gcap_graphed *g, int entry);
@@ -395,9 +475,11 @@ gcap_status gcap_graphed_get_stats(gcap_graphed *g, int entry, gcap_graphed_stat
 /* Write the captured graph g as Graphviz DOT to the file `path` (replaced).
 ** cuda: CUDA's own description of the graph (cudaGraphDebugDotPrint, every
 ** node with its parameters); host: the recorded launches in order, each with
-** its kernel, sizes and constants and the memory it reads and writes (pool
-** blocks and offsets), edges in stream order plus the forks and joins of
-** streams. GCAP_ESTATE when g is not captured (never, reset, or capturing);
+** its kernel, the op that launched it and where (the module path of a
+** forward, "Sequential.0 (Linear)", or the node whose backward ran it), its
+** constants, and the memory it reads and writes (pool blocks and offsets)
+** with the shape and dtype of the tensor there, edges in stream order plus
+** the forks and joins of streams. GCAP_ESTATE when g is not captured (never, reset, or capturing);
 ** GCAP_EINVAL naming the path and the system's reason when it cannot be
 ** written. Render with `dot -Tsvg file.dot -o file.svg`. */
 gcap_status gcap_graph_debug_dump(gcap_graph *g, const char *path);
@@ -414,9 +496,11 @@ gcap_status gcap_graphed_debug_dump(gcap_graphed *g, int entry, const char *pref
 ** capture-time hook (named by its group, index and callable) and of the
 ** pre/post warmup hooks, graph replay, and graphed forward, backward and
 ** backward_dw call. Times are microseconds of a monotonic clock. Events are
-** written as they happen (constant memory). GCAP_ESTATE when a trace is
-** already open; GCAP_EINVAL naming the path and the reason when the file
-** cannot be written. e NULL: GCAP_EINVAL. */
+** written as they happen (constant memory). On cuda the same spans are also
+** NVTX ranges, trace or no trace, whenever a profiler listens (Nsight
+** Systems sets NVTX_INJECTION64_PATH); with none, no range is made.
+** GCAP_ESTATE when a trace is already open; GCAP_EINVAL naming the path and
+** the reason when the file cannot be written. e NULL: GCAP_EINVAL. */
 gcap_status gcap_trace_start(gcap_engine *e, const char *path);
 
 /* Finish the trace: close the JSON and the file. GCAP_OK when no trace is
@@ -868,6 +952,12 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
 ** forward hooks leave them, is GCAP_EINVAL. */
 gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, int maxout,
                                int *nout, gcap_tensor **out);
+/* gcap_module_call_n of a module graphed in place (make_graphed_callables
+** without an order) with the replay options of its graphed call
+** (gcap_replay_opts; NULL: none); options for a call that does not replay
+** (m not graphed in its mode) are GCAP_EINVAL. */
+gcap_status gcap_module_call_opts(gcap_module *m, const gcap_replay_opts *opts, int nin,
+                                  gcap_tensor *const *in, int maxout, int *nout, gcap_tensor **out);
 /* Clear (set_to_none) or zero the .grad of every parameter. */
 gcap_status gcap_module_zero_grad(gcap_module *m, int set_to_none);
 /* Compute the weight grads that delayed-wgrad Linears (in m or below) left

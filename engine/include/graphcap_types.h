@@ -58,6 +58,7 @@ typedef enum gcap_fp8_format { GCAP_FP8_E4M3 = 0, GCAP_FP8_E5M2 } gcap_fp8_forma
 typedef struct gcap_engine gcap_engine;         /* The engine */
 typedef struct gcap_stream gcap_stream;         /* Streams and events */
 typedef struct gcap_event gcap_event;           /* Streams and events */
+typedef struct gcap_generator gcap_generator;   /* Random generators */
 typedef struct gcap_pool gcap_pool;             /* Pools and graphs */
 typedef struct gcap_graph gcap_graph;           /* Pools and graphs */
 typedef struct gcap_graphed gcap_graphed;       /* make_graphed_callables */

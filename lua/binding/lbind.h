@@ -34,6 +34,7 @@
 #define ENGINE_MT "graphcap.Engine"
 #define KERNEL_MT "graphcap.Kernel"
 #define DISTGROUP_MT "graphcap.DistGroup"
+#define GENERATOR_MT "graphcap.Generator"
 
 #define ENGINE_KEY "graphcap.engine" /* registry slot of the engine box */
 #define ENGINEIDX lua_upvalueindex(1)
@@ -50,6 +51,7 @@ enum {
   EV_TENSORS,     /* weak map: tensor address -> a box of it (identity) */
   EV_PMARKS,      /* weak set of tensor boxes marked by nn.Parameter */
   EV_CLASSES,     /* type name -> class table of the built-in modules */
+  EV_GENERATORS,  /* weak map: generator address -> its Generator box */
   NEV
 };
 
@@ -150,6 +152,11 @@ typedef struct LGraphed {
   gcap_graphed *g;
   gcap_engine *e;
 } LGraphed;
+typedef struct LGenerator {
+  gcap_generator *g;
+  gcap_engine *e;
+  int own; /* holds a reference (every generator's box but the default one's) */
+} LGenerator;
 
 /*
 ** A class of boxes, its boilerplate driven by this descriptor: check
@@ -395,11 +402,22 @@ typedef struct LGroup {
 LUAI_DDEC(const LClass l_group_class);
 LUAI_DDEC(const luaL_Reg l_dist_funcs[]);
 
+/* lrandom.c: random generators */
+LUAI_DDEC(const LClass l_generator_class);
+LUAI_DDEC(const luaL_Reg l_random_funcs[]);
 /* lfp8.c */
 LUAI_DDEC(const luaL_Reg l_fp8_funcs[]);
 
 /* lgraphed.c */
 LUAI_DDEC(const LClass l_graphed_class);
+/* TransformerEngine's replay options of a graphed call in the keyword map
+** at kwi (0: none): cuda_graph_stream (a Stream) and cuda_graph_event (an
+** Event) into *o; 1 when the map holds either (errors start with who). */
+LUAI_FUNC int l_replayopts(lua_State *L, int kwi, gcap_replay_opts *o, const char *who);
+/* Is the key at i the name of one of them? Does the table at kwi hold them
+** and nothing else? */
+LUAI_FUNC int l_isreplaykey(lua_State *L, int i);
+LUAI_FUNC int l_onlyreplaykeys(lua_State *L, int kwi);
 LUAI_FUNC int l_pcaphook(lua_State *L);
 LUAI_DDEC(const luaL_Reg l_graphed_funcs[]);
 

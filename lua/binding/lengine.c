@@ -14,12 +14,19 @@
 
 static void l_engine_close(lua_State *L, void *box) {
   LEngine *p = (LEngine *)box;
-  /* boxes of the engine's own streams must not outlive them */
+  /* boxes of the engine's own streams and generator must not outlive them */
   lua_getiuservalue(L, 1, EV_STREAMS);
   lua_pushnil(L);
   while (lua_next(L, -2) != 0) {
     LStream *s = (LStream *)lua_touserdata(L, -1);
     if (!s->own) s->s = NULL;
+    lua_pop(L, 1);
+  }
+  lua_getiuservalue(L, 1, EV_GENERATORS);
+  lua_pushnil(L);
+  while (lua_next(L, -2) != 0) {
+    LGenerator *g = (LGenerator *)lua_touserdata(L, -1);
+    if (!g->own) g->g = NULL;
     lua_pop(L, 1);
   }
   gcap_engine_free(p->e); /* the core keeps it while objects live */
@@ -79,6 +86,8 @@ void l_pushengine(lua_State *L) {
   lua_setiuservalue(L, -2, EV_MODULES);
   l_weaktable(L, "v");
   lua_setiuservalue(L, -2, EV_TENSORS);
+  l_weaktable(L, "v");
+  lua_setiuservalue(L, -2, EV_GENERATORS);
   l_weaktable(L, "k");
   lua_setiuservalue(L, -2, EV_PMARKS);
   lua_newtable(L);
@@ -112,6 +121,11 @@ static int l_synchronize(lua_State *L) {
 
 static int l_is_capturing(lua_State *L) {
   lua_pushboolean(L, gcap_is_capturing(l_engine(L)));
+  return 1;
+}
+
+static int l_is_graph_capturing(lua_State *L) {
+  lua_pushboolean(L, gcap_is_graph_capturing(l_engine(L)));
   return 1;
 }
 
@@ -185,6 +199,7 @@ LUAI_DDEF const luaL_Reg l_engine_funcs[] = {{"device", l_device},
                                              {"cuda_available", l_cuda_available},
                                              {"synchronize", l_synchronize},
                                              {"is_capturing", l_is_capturing},
+                                             {"is_graph_capturing", l_is_graph_capturing},
                                              {"set_replay_check", l_set_replay_check},
                                              {"manual_seed", l_manual_seed},
                                              {"clock", l_clock},

@@ -446,8 +446,8 @@ int l_builtinkwargs(lua_State *L, int mi, int kwi, gcap_tensor **in, int nin, co
     lua_pop(L, 2);
   }
   lua_pushnil(L);
-  while (lua_next(L, kwi) != 0) { /* every key must be declared */
-    int known = 0;
+  while (lua_next(L, kwi) != 0) { /* every key must be declared (or be a replay option) */
+    int known = l_isreplaykey(L, -2);
     lua_pop(L, 1);
     for (i = 1; !known && i <= nk && lua_type(L, -1) == LUA_TSTRING; i++) {
       lua_rawgeti(L, -2, i);

@@ -16,19 +16,13 @@ static const luaL_Reg *const l_funcs[] = {
     l_graphed_funcs, l_error_funcs,  l_function_funcs, l_kernel_funcs, NULL};
 
 /* The classes of boxes, the engine's first */
-static const LClass *const l_classes[] = {&l_engine_class,
-                                          &l_tensor_class,
-                                          &l_stream_class,
-                                          &l_event_class,
-                                          &l_pool_class,
-                                          &l_graph_class,
-                                          &l_module_class,
-                                          &l_handle_class,
-                                          &l_optim_class,
-                                          &l_graphed_class,
-                                          &l_kernel_class,
-                                          &l_group_class,
-                                          NULL};
+static const LClass *const l_classes[] = {&l_engine_class,    &l_tensor_class,
+                                          &l_stream_class,    &l_event_class,
+                                          &l_pool_class,      &l_graph_class,
+                                          &l_module_class,    &l_handle_class,
+                                          &l_optim_class,     &l_graphed_class,
+                                          &l_kernel_class,    &l_group_class,
+                                          &l_generator_class, NULL};
 
 /* The class of the box at 1: upvalue 2 of its generic methods */
 #define l_class(L) ((const LClass *)lua_touserdata(L, lua_upvalueindex(2)))
@@ -163,6 +157,7 @@ LUAMOD_API int luaopen_graphcap_core(lua_State *L) {
   l_subtable(L, "_nn", l_nn_funcs, eng);
   l_subtable(L, "_optim", l_optim_funcs, eng);
   l_subtable(L, "_dist", l_dist_funcs, eng);
+  l_subtable(L, "_random", l_random_funcs, eng);
   l_subtable(L, "_fp8", l_fp8_funcs, eng);
   l_subtable(L, "_test", l_test_funcs, eng);
   lua_getiuservalue(L, eng, EV_CLASSES);

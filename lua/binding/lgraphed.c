@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "lbind.h"
 
@@ -81,8 +82,26 @@ static gcap_status l_progress_fn(void *ud, const char *phase, int done, int tota
 */
 #define PROGRESS_KEY "graphcap.progress"
 
+/* The line's state during one call: when it was last drawn, and what. */
+typedef struct LLine {
+  double drawn; /* seconds of the monotonic clock; 0: never */
+  const char *phase;
+} LLine;
+
+/* About ten updates a second: a graphing of thousands of passes would
+** otherwise spend its time writing to the terminal. The first and last
+** pass of each phase are always drawn. */
+#define PROGRESS_PERIOD 0.1
+
 static gcap_status l_progress_line(void *ud, const char *phase, int done, int total) {
-  (void)ud;
+  LLine *ln = (LLine *)ud;
+  struct timespec ts;
+  double now;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+  if (done != total && phase == ln->phase && now - ln->drawn < PROGRESS_PERIOD) return GCAP_OK;
+  ln->drawn = now;
+  ln->phase = phase;
   fprintf(stderr, "\rgraphcap: %s %d/%d", phase, done, total);
   if (done == total) fputs("\n", stderr);
   fflush(stderr);
@@ -118,8 +137,9 @@ static int l_optindex(lua_State *L, int t, const char *k) {
 }
 
 /* Set o's progress from the options at t: a function (its index in the
-** hooks, its LCapHook in *h), a boolean, or nil (the registry's default). */
-static void l_optprogress(lua_State *L, int t, gcap_graphed_opts *o, LCapHook *h) {
+** hooks, its LCapHook in *h), a boolean (the line, its state in *ln), or
+** nil (the registry's default). */
+static void l_optprogress(lua_State *L, int t, gcap_graphed_opts *o, LCapHook *h, LLine *ln) {
   int kind = lua_getfield(L, t, "progress");
   if (kind == LUA_TNIL) {
     lua_pop(L, 1);
@@ -129,8 +149,10 @@ static void l_optprogress(lua_State *L, int t, gcap_graphed_opts *o, LCapHook *h
     h->index = (int)lua_tointeger(L, -1);
     o->progress = l_progress_fn;
     o->progress_ud = h;
-  } else if (lua_toboolean(L, -1))
+  } else if (lua_toboolean(L, -1)) {
     o->progress = l_progress_line;
+    o->progress_ud = ln;
+  }
   lua_pop(L, 1);
 }
 
@@ -148,6 +170,7 @@ typedef struct LMake {
   void **uds;                /* [nhooks]: each its LCapHook in cap */
   LCapHook *cap;             /* [nhooks] */
   LCapHook other[3];         /* pre_warmup_hook, post_warmup_hook, progress */
+  LLine line;                /* the progress line's state */
   int oldkw;                 /* stack index: the modules' MV_KWARGS before the call */
   gcap_fp8_recipe recipe;    /* fp8_recipe, when given */
   gcap_graphed_opts o;
@@ -381,7 +404,7 @@ static void l_mkoptions(lua_State *L, LMake *mk) {
     o->post_warmup_hook = l_warmhook;
     o->post_warmup_ud = &mk->other[1];
   }
-  l_optprogress(L, 3, o, &mk->other[2]);
+  l_optprogress(L, 3, o, &mk->other[2], &mk->line);
 }
 
 /* The call itself, with the Graphed box (at box) as its frame's value and the
@@ -484,15 +507,63 @@ static int l_checkentry(lua_State *L, LGraphed *p, int i) {
   return (int)k - 1;
 }
 
+/* The names of TransformerEngine's replay options in a keyword map */
+static const char *const l_replaykeys[] = {"cuda_graph_stream", "cuda_graph_event"};
+
+int l_isreplaykey(lua_State *L, int i) {
+  return lua_type(L, i) == LUA_TSTRING && (strcmp(lua_tostring(L, i), l_replaykeys[0]) == 0 ||
+                                           strcmp(lua_tostring(L, i), l_replaykeys[1]) == 0);
+}
+
+int l_onlyreplaykeys(lua_State *L, int kwi) {
+  int any = 0;
+  if (lua_type(L, kwi) != LUA_TTABLE || luaL_testudata(L, kwi, TENSOR_MT)) return 0;
+  kwi = lua_absindex(L, kwi);
+  lua_pushnil(L);
+  while (lua_next(L, kwi) != 0) {
+    lua_pop(L, 1);
+    if (!l_isreplaykey(L, -1)) {
+      lua_pop(L, 1);
+      return 0;
+    }
+    any = 1;
+  }
+  return any;
+}
+
+int l_replayopts(lua_State *L, int kwi, gcap_replay_opts *o, const char *who) {
+  void *box[2];
+  int k;
+  memset(o, 0, sizeof *o);
+  if (kwi == 0 || lua_type(L, kwi) != LUA_TTABLE || luaL_testudata(L, kwi, TENSOR_MT)) return 0;
+  for (k = 0; k < 2; k++) {
+    const char *mt = k == 0 ? STREAM_MT : EVENT_MT;
+    lua_pushstring(L, l_replaykeys[k]);
+    box[k] = lua_rawget(L, kwi) == LUA_TNIL ? NULL : luaL_testudata(L, -1, mt);
+    if (!lua_isnil(L, -1) && (box[k] == NULL || (k == 0 ? ((LStream *)box[k])->s == NULL
+                                                        : ((LEvent *)box[k])->ev == NULL)))
+      return l_error(L, "%s: keyword argument '%s' must be a%s %s, got %s", who, l_replaykeys[k],
+                     k == 0 ? "" : "n", k == 0 ? "Stream" : "Event",
+                     box[k] ? (k == 0 ? "a closed stream" : "a closed event") : l_typename(L, -1));
+    lua_pop(L, 1);
+  }
+  o->stream = box[0] ? ((LStream *)box[0])->s : NULL;
+  o->event = box[1] ? ((LEvent *)box[1])->ev : NULL;
+  return box[0] != NULL || box[1] != NULL;
+}
+
 typedef struct LGraphedCall {
   int entry;
   int nout;
   gcap_tensor *out[GCAP_MAX_OUTPUTS];
+  gcap_replay_opts opts;
+  int hasopts;
 } LGraphedCall;
 
 static gcap_status l_callgraphed(const LRun *r, void *ud) {
   LGraphedCall *c = (LGraphedCall *)ud;
-  return gcap_graphed_call_n(r->g, c->entry, r->nin, r->in, GCAP_MAX_OUTPUTS, &c->nout, c->out);
+  return gcap_graphed_call_opts(r->g, c->entry, c->hasopts ? &c->opts : NULL, r->nin, r->in,
+                                GCAP_MAX_OUTPUTS, &c->nout, c->out);
 }
 
 /* G:call(entry, tensors...) -> the outputs, as the callable returned them
@@ -523,10 +594,12 @@ static int l_graphed_call(lua_State *L) {
                      i + 1);
     in[i] = t->t;
   }
-  if (kwi != 0 && lua_getiuservalue(L, mi, MV_KWARGS) != LUA_TTABLE) /* no kwargs to take */
+  if (kwi != 0 && lua_getiuservalue(L, mi, MV_KWARGS) != LUA_TTABLE &&
+      !l_onlyreplaykeys(L, kwi)) /* no kwargs to take */
     return l_error(L, "graphed call of entry %d: argument #%d must be a tensor, got table",
                    entry + 1, kwi - 2);
   if (kwi != 0) lua_pop(L, 1);
+  c.hasopts = l_replayopts(L, kwi, &c.opts, "graphed call");
   nin = l_flatkwargs(L, mi, kwi, in, nin, gcap_module_type(m));
   lua_createtable(L, 0, 0); /* an eager call (another mode) leaves its results here */
   c.entry = entry;

@@ -179,11 +179,14 @@ int l_pushargs(lua_State *L, const LCall *c, int nin, gcap_tensor *const *in) {
 typedef struct LOuts {
   int n;
   gcap_tensor *t[GCAP_MAX_OUTPUTS];
+  gcap_replay_opts opts; /* a graphed module's replay options */
+  int hasopts;
 } LOuts;
 
 static gcap_status l_callmodule(const LRun *r, void *ud) {
   LOuts *o = (LOuts *)ud;
-  return gcap_module_call_n(r->m, r->nin, r->in, GCAP_MAX_OUTPUTS, &o->n, o->t);
+  return gcap_module_call_opts(r->m, o->hasopts ? &o->opts : NULL, r->nin, r->in, GCAP_MAX_OUTPUTS,
+                               &o->n, o->t);
 }
 
 /* A graphed call's keyword is_first_microbatch (FP8 weight caching), in the
@@ -244,7 +247,8 @@ static int l_modcall(lua_State *L, int muted) {
     LTensor *t = (LTensor *)luaL_testudata(L, i, TENSOR_MT);
     if (t == NULL) {
       /* a Lua forward takes any value; the core, tensors and a keyword map, last */
-      if (!islua && !(i == nargs + 1 && lua_type(L, i) == LUA_TTABLE && l_takeskwargs(L, 1)))
+      if (!islua && !(i == nargs + 1 && lua_type(L, i) == LUA_TTABLE &&
+                      (l_takeskwargs(L, 1) || l_onlyreplaykeys(L, i))))
         return l_error(L, "%s: argument #%d must be a tensor, got %s", gcap_module_type(m), i - 1,
                        l_typename(L, i));
       continue;
@@ -254,6 +258,7 @@ static int l_modcall(lua_State *L, int muted) {
     in[nin++] = t->t;
     l_keeptensor(L, i); /* children and hooks see this same value */
   }
+  o.hasopts = l_replayopts(L, nargs > 0 ? nargs + 1 : 0, &o.opts, gcap_module_type(m));
   nin = l_flatkwargs(L, 1, nargs > 0 ? nargs + 1 : 0, in, nin, gcap_module_type(m));
   if (!islua) nin = l_builtinkwargs(L, 1, nargs > 0 ? nargs + 1 : 0, in, nin, gcap_module_type(m));
   lua_createtable(L, 0, 0); /* where its forward or hooks leave results other than one tensor */

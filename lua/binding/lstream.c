@@ -123,11 +123,13 @@ LUAI_DDEF const LClass l_stream_class = {"Stream",          STREAM_MT,       "st
                                          "closed",          l_stream_isopen, l_stream_close,
                                          l_stream_describe, l_stream_meta,   l_stream_methods};
 
+/* Event([external]): external, recorded in a capture, is a node of the graph */
 static int l_event_new(lua_State *L) {
   gcap_engine *e = l_engine(L);
+  int external = lua_toboolean(L, 1);
   LEvent *p = (LEvent *)l_newbox(L, sizeof *p, 1, EVENT_MT);
   p->e = e;
-  l_check(L, e, gcap_event_new(e, &p->ev), "Event");
+  l_check(L, e, external ? gcap_event_new_external(e, &p->ev) : gcap_event_new(e, &p->ev), "Event");
   return 1;
 }
 

@@ -32,6 +32,11 @@ local safetensors = require "graphcap.safetensors"
 -- safetensors files
 gc.save, gc.load = safetensors.save, safetensors.load
 gc.fp8 = require "graphcap.fp8"
+-- gc.random.RNGStatesTracker(), and the state of the generator in use
+gc.random = require "graphcap.random"
+gc.get_rng_state, gc.set_rng_state = gc.random.get_rng_state, gc.random.set_rng_state
+-- gc.checkpoint(fn, ...): activations recomputed in backward
+gc.checkpoint = require "graphcap.recompute"
 -- gc.trace.start(path), gc.trace.stop(): Chrome trace-event JSON of warmup,
 -- captures, capture-time hooks and replays (open it in Perfetto)
 gc.trace = {start = core.trace_start, stop = core.trace_stop}
@@ -184,6 +189,16 @@ function gc.enable_grad (fn, ...)
 end
 
 
+-- gc.Event([{external = false}]): an external event recorded inside a
+-- capture is a node of the graph, recorded at each replay (PyTorch's
+-- Event(external=True)), as a graphed call's cuda_graph_event is.
+local event_options = {external = true}
+function gc.Event (opts)
+  opts = options("Event", opts, event_options)
+  return core.Event(check("Event", "external", opts.external, "boolean", false))
+end
+
+
 -- gc.with_stream(s, fn, ...): run fn(...) with s as the current stream and
 -- return fn's results; the previous current stream comes back, also when
 -- fn raises.
@@ -231,7 +246,7 @@ end
 -- entered through C, so that a script's tail call into them keeps its frame
 -- and their errors name its line (util.entries).
 for _, t in ipairs({gc, gc.nn, gc.optim, gc.optim.lr_scheduler, gc.autograd, gc.pipeline, gc.ddp,
-                    gc.fsdp, gc.cuda, gc.dist, gc.fp8}) do
+                    gc.fsdp, gc.cuda, gc.dist, gc.fp8, gc.random}) do
   util.entries(t)
 end
 for _, mt in pairs(mts) do

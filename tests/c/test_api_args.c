@@ -41,6 +41,7 @@ static void test_engine(void) {
   NOENG(GCAP_EINVAL, gcap_manual_seed(NULL, 1));
   NOENG(GCAP_EINVAL, gcap_engine_reset_peak(NULL));
   T_CHECK(strcmp(gcap_engine_device(NULL), "") == 0 && gcap_is_capturing(NULL) == 0);
+  T_CHECK(gcap_is_graph_capturing(NULL) == 0 && gcap_is_graph_capturing(e) == 0);
   T_CHECK(strcmp(gcap_errmsg(NULL), gcap_last_open_error()) == 0);
   gcap_set_replay_check(NULL, 0); /* nothing to set */
   gcap_engine_free(NULL);
@@ -61,6 +62,7 @@ static void test_streams_events(void) {
   T_CHECK_OK(e2, gcap_event_new(e2, &ev2));
   BAD(e, GCAP_EINVAL, "out", gcap_stream_new(e, NULL));
   BAD(e, GCAP_EINVAL, "out", gcap_event_new(e, NULL));
+  BAD(e, GCAP_EINVAL, "out", gcap_event_new_external(e, NULL));
   BAD(e, GCAP_EINVAL, "out", gcap_stream_native(s, NULL));
   BAD(e, GCAP_EINVAL, "e", gcap_set_current_stream(NULL, s));
   FOREIGN(e, "s", gcap_set_current_stream(e, s2));
@@ -71,6 +73,7 @@ static void test_streams_events(void) {
   FOREIGN(e, "ev", gcap_stream_wait_event(s, ev2));
   NOENG(GCAP_EINVAL, gcap_stream_new(NULL, &so));
   NOENG(GCAP_EINVAL, gcap_event_new(NULL, &evo));
+  NOENG(GCAP_EINVAL, gcap_event_new_external(NULL, &evo));
   NOENG(GCAP_EINVAL, gcap_set_current_stream(NULL, NULL));
   NOENG(GCAP_EINVAL, gcap_stream_synchronize(NULL));
   NOENG(GCAP_EINVAL, gcap_stream_native(NULL, &native));
@@ -81,6 +84,41 @@ static void test_streams_events(void) {
   T_CHECK(gcap_default_stream(NULL) == NULL && gcap_capture_stream(NULL) == NULL);
   T_CHECK(gcap_current_stream(NULL) == NULL && gcap_current_stream(e) == gcap_default_stream(e));
   gcap_stream_free(s), gcap_stream_free(s2), gcap_event_free(ev), gcap_event_free(ev2);
+  gcap_engine_free(e), gcap_engine_free(e2);
+}
+
+/* Random generators: their own and another engine's. */
+static void test_generators(void) {
+  gcap_engine *e = t_engine(), *e2 = t_engine();
+  gcap_generator *g = NULL, *g2 = NULL, *go = BOGUS(gcap_generator);
+  gcap_tensor *t = BOGUS(gcap_tensor), *x = NULL;
+  const int64_t four[1] = {4};
+  uint64_t seed, off;
+  T_REQUIRE(e && e2);
+  T_CHECK_OK(e, gcap_generator_new(e, 1, &g));
+  T_CHECK_OK(e2, gcap_generator_new(e2, 1, &g2));
+  T_CHECK_OK(e2, gcap_tensor_full(e2, GCAP_F32, 1, four, 0.0, &x));
+  BAD(e, GCAP_EINVAL, "out", gcap_generator_new(e, 1, NULL));
+  BAD(e, GCAP_EINVAL, "e", gcap_set_generator(NULL, g));
+  FOREIGN(e, "g", gcap_set_generator(e, g2));
+  BAD(e, GCAP_EINVAL, "seed", gcap_generator_get_state(g, NULL, &off));
+  BAD(e, GCAP_EINVAL, "offset", gcap_generator_get_state(g, &seed, NULL));
+  BAD(e, GCAP_EINVAL, "out", gcap_generator_save(g, NULL));
+  BAD(e, GCAP_EINVAL, "state", gcap_generator_restore(g, NULL));
+  FOREIGN(e, "state", gcap_generator_restore(g, x));
+  BAD(e2, GCAP_EINVAL, "g", gcap_generator_restore(NULL, x));
+  NOENG(GCAP_EINVAL, gcap_generator_new(NULL, 1, &go));
+  NOENG(GCAP_EINVAL, gcap_set_generator(NULL, NULL));
+  NOENG(GCAP_EINVAL, gcap_generator_get_state(NULL, &seed, &off));
+  NOENG(GCAP_EINVAL, gcap_generator_set_state(NULL, 1, 2));
+  NOENG(GCAP_EINVAL, gcap_generator_save(NULL, &t));
+  NOENG(GCAP_EINVAL, gcap_generator_restore(NULL, NULL));
+  T_CHECK(go == NULL && t == NULL);
+  T_CHECK(gcap_default_generator(NULL) == NULL && gcap_current_generator(NULL) == NULL);
+  T_CHECK(gcap_generator_retain(NULL) == NULL && gcap_current_generator(e) != g);
+  gcap_generator_free(NULL);
+  gcap_tensor_free(x);
+  gcap_generator_free(g), gcap_generator_free(g2);
   gcap_engine_free(e), gcap_engine_free(e2);
 }
 
@@ -664,6 +702,7 @@ int main(void) {
   T_RUN(test_constants);
   T_RUN(test_engine);
   T_RUN(test_streams_events);
+  T_RUN(test_generators);
   T_RUN(test_pools_graphs);
   T_RUN(test_tensor_new);
   T_RUN(test_tensor_storage);

@@ -98,6 +98,7 @@ static void test_modules(void) {
   BAD(f.e, GCAP_EINVAL, "maxout", gcap_module_call_n(m, 1, in, -1, &n, outs));
   BAD(f.e, GCAP_EINVAL, "nout", gcap_module_call_n(m, 1, in, 2, NULL, outs));
   BAD(f.e, GCAP_EINVAL, "out", gcap_module_call_n(m, 1, in, 2, &n, NULL));
+  BAD(f.e, GCAP_EINVAL, "maxout", gcap_module_call_opts(m, NULL, 1, in, -1, &n, outs));
   in[0] = NULL;
   BAD(f.e, GCAP_EINVAL, "input #1", gcap_module_call(m, 1, in, &o));
   in[0] = f.y;
@@ -113,6 +114,7 @@ static void test_modules(void) {
   NOENG(GCAP_EINVAL, gcap_module_remove_hook(NULL, 1));
   NOENG(GCAP_EINVAL, gcap_module_call(NULL, 1, in, &o));
   NOENG(GCAP_EINVAL, gcap_module_call_n(NULL, 1, in, 2, &n, outs));
+  NOENG(GCAP_EINVAL, gcap_module_call_opts(NULL, NULL, 1, in, 2, &n, outs));
   NOENG(GCAP_EINVAL, gcap_module_zero_grad(NULL, 1));
   NOENG(GCAP_EINVAL, gcap_module_backward_dw(NULL));
   NOENG(GCAP_EINVAL, gcap_module_to(NULL, GCAP_F32));
@@ -279,6 +281,17 @@ static void graphed_entries(fx *f, gcap_graphed *G) {
   NOENG(GCAP_EINVAL, gcap_graphed_debug_dump(NULL, 0, "x"));
   NOENG(GCAP_EINVAL, gcap_graphed_get_stats(NULL, 0, &gs));
   T_CHECK(o == NULL);
+  { /* the replay options: this engine's stream and event */
+    gcap_stream *s2 = NULL;
+    gcap_replay_opts ro = {NULL, NULL};
+    T_CHECK_OK(f->e2, gcap_stream_new(f->e2, &s2));
+    ro.stream = s2;
+    in[0] = f->x;
+    FOREIGN(f->e, "cuda_graph_stream", gcap_graphed_call_opts(G, 0, &ro, 1, in, 2, &n, outs));
+    BAD(f->e, GCAP_EINVAL, "entry", gcap_graphed_call_opts(G, 9, &ro, 1, in, 2, &n, outs));
+    NOENG(GCAP_EINVAL, gcap_graphed_call_opts(NULL, 0, &ro, 1, in, 2, &n, outs));
+    gcap_stream_free(s2);
+  }
   /* the entry still replays */
   in[0] = f->x;
   T_CHECK_OK(f->e, gcap_graphed_call(G, 0, 1, in, &o));

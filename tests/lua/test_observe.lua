@@ -250,8 +250,33 @@ function TestDump:test_graph_dump ()
   lu.assertStrContains(text, "#0 matmul")
   lu.assertStrContains(text, "#1 relu")
   lu.assertStrContains(text, "#2 scale")
-  lu.assertStrContains(text, "writes p0: pool block")
-  lu.assertStrContains(text, "reads  p1: heap block")
+  lu.assertStrContains(text, "writes p0 [4, 8] f32: pool block")
+  lu.assertStrContains(text, "reads  p1 [4, 8] f32: heap block")
+  lu.assertStrContains(text, "reads  p2 [8, 8] f32: heap block")
+  lu.assertNotStrContains(text, "n: ")  -- the tensors' shapes say the sizes
+end
+
+-- A graphed module's nodes name the op, where it ran (the module path: a
+-- child by its name, the type beside it) and the tensors it reads and
+-- writes; a backward's nodes name the node whose backward ran them.
+function TestDump:test_labels_name_op_module_and_sizes ()
+  lu.skipIf(gc.device() ~= "host", "cuda dumps are CUDA's own format")
+  local seq = gc.nn.Sequential(gc.nn.Linear(4, 8), gc.nn.ReLU(), gc.nn.Linear(8, 2))
+  local g = gc.make_graphed_callables(seq, {gc.ones({3, 4}, {requires_grad = true})},
+                                      {num_warmup_iters = 1})
+  local prefix = tmpname()
+  local paths = g:debug_dump(prefix)
+  local fwd, bwd = H.slurp(paths[1]), H.slurp(paths[2])
+  for _, p in ipairs(paths) do os.remove(p) end
+  lu.assertStrContains(fwd, "#0 matmul\\nlinear in Sequential.0 (Linear)\\n")
+  lu.assertStrContains(fwd, "relu in Sequential.1 (ReLU)")
+  lu.assertStrContains(fwd, "linear in Sequential.2 (Linear)")
+  lu.assertStrContains(fwd, "reads  p1 [3, 4] f32: ")    -- the input
+  lu.assertStrContains(fwd, "reads  p2 [8, 4] f32: ")    -- the first weight
+  lu.assertStrContains(fwd, "writes p0 [3, 2] f32: ")    -- the output
+  lu.assertStrContains(bwd, "backward of linear in Sequential.2 (Linear)")
+  lu.assertStrContains(bwd, "backward of relu in Sequential.1 (ReLU)")
+  lu.assertStrContains(bwd, "writes p0 [8, 4] f32: ")    -- the first weight's grad
 end
 
 -- A stream forked into the capture and joined back: its node is marked, and
@@ -415,6 +440,28 @@ function TestProgress:test_true_prints_the_line ()
   local code2, err2 = run_script(PROGRESS_SCRIPT, true)
   lu.assertEquals(code2, 0)
   lu.assertEquals(err2, err)
+end
+
+-- progress = true draws about ten updates a second, the first and last pass
+-- of each phase always: a long graphing does not spend its time writing to
+-- the terminal.
+function TestProgress:test_line_is_throttled ()
+  local code, err = run_script([[
+local gc = require "graphcap"
+local mods, samples = {}, {}
+for i = 1, 80 do
+  mods[i] = gc.nn.Linear(4, 4)
+  samples[i] = {gc.ones({2, 4}, {requires_grad = true})}
+end
+gc.make_graphed_callables(mods, samples, {num_warmup_iters = 3, progress = true})
+]])
+  lu.assertEquals(code, 0, err)
+  lu.assertStrContains(err, "\rgraphcap: warmup 1/480")
+  lu.assertStrContains(err, "\rgraphcap: warmup 480/480\n")
+  lu.assertStrContains(err, "\rgraphcap: capture 1/160")
+  lu.assertStrContains(err, "\rgraphcap: capture 160/160\n")
+  local _, lines = err:gsub("\rgraphcap: ", "")
+  lu.assertTrue(lines < 60, lines .. " updates of 640 passes")
 end
 
 TestHeadlines = {}

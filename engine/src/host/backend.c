@@ -28,6 +28,7 @@ typedef struct hb_node {
   gc_kargs a;    /* a kernel's arguments */
   gc_coll *coll; /* a collective's descriptor (owned), or NULL */
   gc_custom *c;  /* a custom op: a copy owned by the record, its operands after it; or NULL */
+  gc_launch_info *info; /* a kernel's: what launched it, and its tensors (dumps); or NULL */
 } hb_node;
 
 #define HB_COLL (-1)   /* hb_node.k of a collective */
@@ -208,6 +209,7 @@ static gcap_status hb_record(gcap_engine *e, hb_stream *st, hb_node **nd) {
 static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_kargs *a) {
   hb_stream *st = (hb_stream *)s;
   hk_fn fn = hk_kernel(k);
+  gc_launch_info *info;
   hb_node *nd;
   gcap_status r;
   (void)bs;
@@ -216,9 +218,16 @@ static gcap_status hb_launch(gcap_engine *e, void *bs, void *s, int k, const gc_
     fn(a);
     return GCAP_OK;
   }
-  if ((r = hb_record(e, st, &nd)) != GCAP_OK) return r;
+  if ((info = (gc_launch_info *)gc_malloc(sizeof *info)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "host backend: out of memory recording a capture");
+  if ((r = hb_record(e, st, &nd)) != GCAP_OK) {
+    free(info);
+    return r;
+  }
   nd->k = k;
   nd->a = *a;
+  gc_launch_describe(e, a, info);
+  nd->info = info;
   return GCAP_OK;
 }
 
@@ -362,6 +371,7 @@ static void hb_graph_free(void *bs, void *graph, void *exec) {
   for (i = 0; i < rec->n; i++) {
     free(rec->v[i].coll);
     free(rec->v[i].c);
+    free(rec->v[i].info);
   }
   free(rec->v);
   free(rec->edges);
@@ -383,12 +393,13 @@ static void hb_dot_escape(FILE *f, const char *s) {
       fputc(*s, f);
 }
 
-/* One node: its kernel, its sizes and constants (up to the last non-zero),
-** and each pointer it reads or writes. */
-/* A pointer argument: whether it is read or written, and what it is. */
-static void hb_dot_ptr(gcap_engine *e, FILE *f, const char *name, int write, const void *p) {
+/* A pointer argument: whether it is read or written, the tensor it is
+** (its shape; "" or NULL when unknown), and what memory it is. */
+static void hb_dot_ptr(gcap_engine *e, FILE *f, const char *name, int write, const char *shape,
+                       const void *p) {
   char where[160];
-  fprintf(f, "%s %s: ", write ? "writes" : "reads ", name);
+  fprintf(f, "%s %s%s%s: ", write ? "writes" : "reads ", name, shape && *shape ? " " : "",
+          shape ? shape : "");
   hb_dot_escape(f, gc_describe_ptr(e, p, where, sizeof where));
   fputs("\\l", f);
 }
@@ -399,12 +410,52 @@ static void hb_dot_coll(gcap_engine *e, FILE *f, const gc_coll *c) {
     fprintf(f, "op: %s\\l", gc_red_name(c->red));
   fprintf(f, "count: %lld\\l", (long long)c->count);
   if (c->kind >= GC_COLL_BROADCAST) fprintf(f, "peer: %d\\l", c->peer);
-  if (c->kind != GC_COLL_RECV) hb_dot_ptr(e, f, "src", 0, c->src);
-  if (c->kind != GC_COLL_SEND && c->dst != c->src) hb_dot_ptr(e, f, "dst", 1, c->dst);
+  if (c->kind != GC_COLL_RECV) hb_dot_ptr(e, f, "src", 0, NULL, c->src);
+  if (c->kind != GC_COLL_SEND && c->dst != c->src) hb_dot_ptr(e, f, "dst", 1, NULL, c->dst);
 }
 
+/* A custom op's operands, each with its shape and dtype. */
+static void hb_dot_custom(gcap_engine *e, FILE *f, const gc_custom *c) {
+  int j, d;
+  for (j = 0; j < c->nin + c->nout; j++) {
+    const gcap_custom_arg *a = &c->arg[j];
+    char name[16], shape[64];
+    size_t len = 0;
+    int out = j >= c->nin;
+    snprintf(name, sizeof name, "%s%d", out ? "out" : "in", out ? j - c->nin : j);
+    len += (size_t)snprintf(shape, sizeof shape, "[");
+    for (d = 0; d < a->ndim && len < sizeof shape; d++)
+      len += (size_t)snprintf(shape + len, sizeof shape - len, "%s%lld", d ? ", " : "",
+                              (long long)a->shape[d]);
+    if (len < sizeof shape)
+      snprintf(shape + len, sizeof shape - len, "] %s", a->dtype == GCAP_BF16 ? "bf16" : "f32");
+    hb_dot_ptr(e, f, name, out, shape, a->data);
+  }
+}
+
+/* A kernel's constants (up to the last non-zero): its sizes only when no
+** pointer argument names a tensor (the tensors' shapes say them). */
+static void hb_dot_consts(FILE *f, const hb_node *nd) {
+  int j, last, named = 0;
+  for (j = 0; nd->info != NULL && j < GC_KPTRS; j++)
+    named |= nd->info->arg[j][0] != '\0';
+  for (last = GC_KINTS - 1; !named && last >= 0 && nd->a.n[last] == 0; last--)
+    ;
+  if (!named && last >= 0) fputs("n:", f);
+  for (j = 0; !named && j <= last; j++)
+    fprintf(f, " %lld%s", (long long)nd->a.n[j], j == last ? "\\l" : "");
+  for (last = GC_KFLOATS - 1; last >= 0 && nd->a.f[last] == 0.0f; last--)
+    ;
+  if (last >= 0) fputs("f:", f);
+  for (j = 0; j <= last; j++)
+    fprintf(f, " %g%s", (double)nd->a.f[j], j == last ? "\\l" : "");
+}
+
+/* One node: its kernel and what launched it where (the op, the module or
+** the node of a backward), its constants, and each pointer it reads or
+** writes with the tensor it is. */
 static void hb_dot_node(gcap_engine *e, FILE *f, int64_t i, const hb_node *nd) {
-  int j, last;
+  int j;
   fprintf(f, "  n%lld [label=\"#%lld ", (long long)i, (long long)i);
   if (nd->c) {
     fputs("custom ", f);
@@ -412,33 +463,25 @@ static void hb_dot_node(gcap_engine *e, FILE *f, int64_t i, const hb_node *nd) {
   } else
     fputs(nd->coll ? gc_coll_name(nd->coll->kind) : gc_kernel_name(nd->k), f);
   if (nd->stream > 0) fprintf(f, " (stream %d)", nd->stream);
-  fputs("\\n", f); /* the head line centred, the others left-aligned (\l ends each) */
+  fputs("\\n", f); /* the head lines centred, the others left-aligned (\l ends each) */
+  if (nd->info != NULL && nd->info->what[0] != '\0' &&
+      strcmp(nd->info->what, gc_kernel_name(nd->k)) != 0) { /* an op of another name */
+    hb_dot_escape(f, nd->info->what);
+    fputs("\\n", f);
+  }
   if (nd->coll) {
     hb_dot_coll(e, f, nd->coll);
     fputs("\", shape=hexagon];\n", f);
     return;
   }
-  for (j = 0; nd->c && j < nd->c->nin + nd->c->nout; j++) {
-    char name[16];
-    int out = j >= nd->c->nin;
-    snprintf(name, sizeof name, "%s%d", out ? "out" : "in", out ? j - nd->c->nin : j);
-    hb_dot_ptr(e, f, name, out, nd->c->arg[j].data);
-  }
-  for (last = GC_KINTS - 1; last >= 0 && nd->a.n[last] == 0; last--)
-    ;
-  if (last >= 0) fputs("n:", f);
-  for (j = 0; j <= last; j++)
-    fprintf(f, " %lld%s", (long long)nd->a.n[j], j == last ? "\\l" : "");
-  for (last = GC_KFLOATS - 1; last >= 0 && nd->a.f[last] == 0.0f; last--)
-    ;
-  if (last >= 0) fputs("f:", f);
-  for (j = 0; j <= last; j++)
-    fprintf(f, " %g%s", (double)nd->a.f[j], j == last ? "\\l" : "");
+  if (nd->c) hb_dot_custom(e, f, nd->c);
+  hb_dot_consts(f, nd);
   for (j = 0; j < GC_KPTRS; j++) {
     char name[16];
     if (nd->a.p[j] == NULL) continue;
     snprintf(name, sizeof name, "p%d", j);
-    hb_dot_ptr(e, f, name, hb_writes[nd->k] >> j & 1, nd->a.p[j]);
+    hb_dot_ptr(e, f, name, hb_writes[nd->k] >> j & 1, nd->info ? nd->info->arg[j] : NULL,
+               nd->a.p[j]);
   }
   fprintf(f, "\"%s];\n", nd->stream > 0 ? ", style=filled, fillcolor=lightyellow" : "");
 }
@@ -492,15 +535,46 @@ static int hb_fp8_supported(void *bs, char *why, size_t n) {
   return 1;
 }
 
+/* In gc_backend's field order. No event_record_external (a replay runs at
+** once, so event_record serves) and no ranges (the trace shows the spans). */
 static const gc_backend hb_backend = {
-    "host",           hb_init,         hb_shutdown,       hb_malloc,
-    hb_free,          hb_mapped_alloc, hb_free,           hb_stream_new,
-    hb_stream_free,   hb_sync,         hb_device_sync,    hb_event_new,
-    hb_event_free,    hb_event_record, hb_stream_wait,    hb_event_sync,
-    hb_copy,          hb_copy,         hb_launch,         hb_custom,
-    hb_capture_begin, hb_capture_end,  hb_instantiate,    hb_graph_launch,
-    hb_graph_free,    hb_debug_dump,   hb_comm_id,        hb_comm_new,
-    hb_comm_free,     hb_collective,   hb_attn_supported, hb_fp8_supported};
+    "host",            /* name */
+    hb_init,           /* init */
+    hb_shutdown,       /* shutdown */
+    hb_malloc,         /* malloc */
+    hb_free,           /* free */
+    hb_mapped_alloc,   /* mapped_alloc */
+    hb_free,           /* mapped_free */
+    hb_stream_new,     /* stream_new */
+    hb_stream_free,    /* stream_free */
+    hb_sync,           /* stream_sync */
+    hb_device_sync,    /* device_sync */
+    hb_event_new,      /* event_new */
+    hb_event_free,     /* event_free */
+    hb_event_record,   /* event_record */
+    hb_stream_wait,    /* stream_wait */
+    hb_event_sync,     /* event_sync */
+    hb_copy,           /* upload */
+    hb_copy,           /* download */
+    hb_launch,         /* launch */
+    hb_custom,         /* custom */
+    hb_capture_begin,  /* capture_begin */
+    hb_capture_end,    /* capture_end */
+    hb_instantiate,    /* instantiate */
+    hb_graph_launch,   /* graph_launch */
+    hb_graph_free,     /* graph_free */
+    hb_debug_dump,     /* debug_dump */
+    hb_comm_id,        /* comm_id */
+    hb_comm_new,       /* comm_new */
+    hb_comm_free,      /* comm_free */
+    hb_collective,     /* collective */
+    hb_attn_supported, /* attn_supported */
+    hb_fp8_supported,  /* fp8_supported */
+    NULL,              /* event_record_external */
+    NULL,              /* ranges */
+    NULL,              /* range_push */
+    NULL,              /* range_pop */
+};
 
 const gc_backend *gc_host_backend(void) {
   return &hb_backend;

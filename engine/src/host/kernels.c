@@ -107,6 +107,10 @@ static void hk_rng_advance(const gc_kargs *a) {
   state[1] += (uint64_t)n;
 }
 
+static void hk_rng_copy(const gc_kargs *a) {
+  memcpy(a->p[0], a->p[1], 2 * sizeof(uint64_t));
+}
+
 static void hk_expand(const gc_kargs *a) {
   void *y = a->p[0];
   const void *x = a->p[1];

@@ -70,6 +70,8 @@ extern "C" {
   X(RAND, rand, rand, 0x01)                                                                        \
   /* state p[0] = {seed, offset}: offset += n[0] */                                                \
   X(RNG_ADVANCE, rng_advance, rand, 0x01)                                                          \
+  /* state p[0] = state p[1]: a generator's {seed, offset} saved or restored */                    \
+  X(RNG_COPY, rng_copy, rand, 0x01)                                                                \
   /* -- autograd, layers and optimizers (row-major matrices, "rows x cols") -- */                  \
   /* p[0][i] = f[0] * p[1][i % n[1]], i < n[0] (grad of sum/mean/broadcast) */                     \
   X(EXPAND, expand, linalg, 0x01)                                                                  \
@@ -412,6 +414,16 @@ static inline const char *gc_red_name(int r) {
 ** "heap block ...", or "0x... (not engine memory)", into buf. */
 const char *gc_describe_ptr(gcap_engine *e, const void *p, char *buf, size_t n);
 
+/* What a launch being recorded is, for a dump: the op and where it runs
+** ("linear in Sequential.0 (Linear)", "backward of gelu in Sequential.1
+** (GELU)"; "" when unknown), and for each pointer argument the tensor it
+** is ("[4, 16] f32"; "" for memory that is no tensor's). */
+typedef struct gc_launch_info {
+  char what[160];
+  char arg[GC_KPTRS][40];
+} gc_launch_info;
+void gc_launch_describe(gcap_engine *e, const gc_kargs *a, gc_launch_info *out);
+
 /*
 ** The backend table. `bs` is the backend's state from init. Streams, events,
 ** graphs and execs are the backend's own opaque pointers. Every function that
@@ -503,6 +515,19 @@ typedef struct gc_backend {
   ** and later; the host emulates FP8): 1, or 0 with why (a sentence naming
   ** the device and its compute capability) into why[n]. */
   int (*fp8_supported)(void *bs, char *why, size_t n);
+  /* Record ev on the capturing stream s as a node of the graph, which then
+  ** records ev at each replay (an external event: CUDA's
+  ** cudaEventRecordExternal). NULL where a replay runs at once on the host:
+  ** there event_record serves, as the graph's work is done when the replay
+  ** returns. */
+  gcap_status (*event_record_external)(gcap_engine *e, void *bs, void *ev, void *s);
+  /* Ranges of a profiler's timeline (cuda: NVTX, shown by Nsight Systems):
+  ** ranges says once, at the engine's start, whether to open any (a tool
+  ** listens); push opens a range named `name` in the calling thread, pop
+  ** closes the innermost. NULL where the backend has none. */
+  int (*ranges)(void *bs);
+  void (*range_push)(void *bs, const char *name);
+  void (*range_pop)(void *bs);
 } gc_backend;
 
 /* Host memory for the core and the backends: malloc, calloc and realloc,

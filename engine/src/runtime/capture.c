@@ -303,7 +303,7 @@ gcap_status gcap_capture_begin(gcap_graph *g, gcap_pool *pool, gcap_stream *s) {
   cap->origin = s;
   cap->prev_current = e->current;
   cap->t0 = gc_now_ms();
-  cap->trace_t0 = gc_trace_clock(e);
+  gc_span_begin(e, &cap->span, "capture %s", g->name);
   e->cap = cap;
   e->cap_epoch++;
   e->current = s;
@@ -373,6 +373,8 @@ static void capture_abandon(gcap_graph *g) {
   gcap_engine *e = g->e;
   gc_capture *cap = e->cap;
   void *bgraph = NULL;
+  cap->span.t0 = 0.0; /* no trace event: its range alone ends */
+  gc_span_end(e, &cap->span, "capture", NULL);
   capture_detach(e, &bgraph);
   capture_discard(g, cap, bgraph);
 }
@@ -383,7 +385,8 @@ gcap_status gcap_capture_end(gcap_graph *g) {
   gcap_stream *s;
   gcap_status st;
   void *bgraph = NULL;
-  double t1, tr1;
+  gc_span sp;
+  double t1;
   if (g == NULL) return GCAP_EINVAL;
   e = g->e;
   gc_clear(e);
@@ -399,9 +402,7 @@ gcap_status gcap_capture_end(gcap_graph *g) {
                            "last work)");
   st = capture_detach(e, &bgraph);
   t1 = gc_now_ms();
-  gc_trace_span(e, cap->trace_t0, "capture", "capture %s%s", g->name,
-                cap->invalid || st != GCAP_OK ? " (failed)" : "");
-  tr1 = gc_trace_clock(e);
+  gc_span_end(e, &cap->span, "capture", cap->invalid || st != GCAP_OK ? " (failed)" : "");
   if (cap->invalid || st != GCAP_OK) {
     char why[GC_ERRLEN];
     snprintf(why, sizeof why, "%s", cap->invalid ? cap->why : e->err);
@@ -410,9 +411,10 @@ gcap_status gcap_capture_end(gcap_graph *g) {
   }
   g->bgraph = bgraph;
   g->stats.capture_ms = t1 - cap->t0;
+  gc_span_begin(e, &sp, "instantiate %s", g->name);
   st = e->be->instantiate(e, e->bs, g->bgraph, &g->bexec, &g->stats.nodes);
   g->stats.instantiate_ms = gc_now_ms() - t1;
-  gc_trace_span(e, tr1, "capture", "instantiate %s", g->name);
+  gc_span_end(e, &sp, "capture", NULL);
   g->stats.pool_bytes = g->pool->reserved;
   cap_free(cap, st != GCAP_OK);
   if (st != GCAP_OK) {
@@ -485,14 +487,11 @@ static gcap_status not_captured(gcap_graph *g, const char *op) {
                                                 : "never captured, or reset");
 }
 
-gcap_status gc_graph_replay(gcap_graph *g) {
+static gcap_status graph_replay(gcap_graph *g) {
   gcap_engine *e = g->e;
   gcap_stream *s;
   gcap_status st;
-  double t0;
   int i;
-  gc_clear(e);
-  t0 = gc_trace_clock(e);
   if (g->state != GC_GRAPH_READY) return not_captured(g, "replay");
   if ((st = gc_check_not_capturing(e, "graph replay")) != GCAP_OK) return st;
   s = e->current;
@@ -507,8 +506,18 @@ gcap_status gc_graph_replay(gcap_graph *g) {
   for (i = 0; i < g->writes.n; i++)
     gc_ivmap_set(&g->pool->writers, g->writes.v[i].lo, g->writes.v[i].hi, g->id);
   g->stats.replays++;
-  gc_trace_span(e, t0, "replay", "replay %s", g->name);
   return GCAP_OK;
+}
+
+gcap_status gc_graph_replay(gcap_graph *g) {
+  gcap_engine *e = g->e;
+  gcap_status st;
+  gc_span sp;
+  gc_clear(e);
+  gc_span_begin(e, &sp, "replay %s", g->name);
+  if ((st = graph_replay(g)) != GCAP_OK) sp.t0 = 0.0; /* traced when it ran */
+  gc_span_end(e, &sp, "replay", NULL);
+  return st;
 }
 
 gcap_status gcap_graph_replay(gcap_graph *g) {

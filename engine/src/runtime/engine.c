@@ -28,7 +28,7 @@ int gcap_cuda_available(void) {
 
 static gcap_status eng_seed(gcap_engine *e, uint64_t seed) {
   uint64_t st[2] = {seed, 0};
-  return e->be->upload(e, e->bs, e->default_stream->bs, e->rng->ptr, st, sizeof st);
+  return e->be->upload(e, e->bs, e->current->bs, e->rng->ptr, st, sizeof st);
 }
 
 gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
@@ -65,6 +65,7 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
   e->module_gen = 1;
   live_engines++;
   if ((st = be->init(e, &e->bs)) != GCAP_OK) goto fail;
+  e->ranges = be->ranges != NULL && be->ranges(e->bs);
   if ((e->heap = gc_pool_create(e, 1)) == NULL) {
     st = gc_fail(e, GCAP_ENOMEM, "gcap_engine_new: out of host memory");
     goto fail;
@@ -72,10 +73,10 @@ gcap_status gcap_engine_new(gcap_device dev, gcap_engine **out) {
   if ((st = gc_stream_create(e, 1, &e->default_stream)) != GCAP_OK) goto fail;
   if ((st = gc_stream_create(e, 1, &e->capture_stream)) != GCAP_OK) goto fail;
   e->current = e->default_stream;
-  if ((st = gc_pool_alloc(e->heap, e->default_stream, 2 * sizeof(uint64_t), "gcap_engine_new",
-                          &e->rng)) != GCAP_OK)
-    goto fail;
-  if ((st = eng_seed(e, 0)) != GCAP_OK || (st = gc_badid_init(e)) != GCAP_OK) goto fail;
+  if ((st = gc_generator_create(e, 0, "gcap_engine_new", &e->gen0)) != GCAP_OK) goto fail;
+  e->gen = gcap_generator_retain(e->gen0);
+  e->rng = e->gen->blk;
+  if ((st = gc_badid_init(e)) != GCAP_OK) goto fail;
   *out = e;
   return GCAP_OK;
 fail:
@@ -86,7 +87,7 @@ fail:
 }
 
 static void eng_destroy(gcap_engine *e) {
-  if (e->rng) gc_blk_release(e->rng);
+  if (e->gen0) gc_generator_destroy(e->gen0); /* the last one: the others held e */
   if (e->bs) gc_badid_free(e);
   e->default_stream = NULL; /* the memory goes too: no retagging of blocks */
   while (e->streams)
@@ -111,6 +112,7 @@ void gc_engine_unref(gcap_engine *e) {
 void gcap_engine_free(gcap_engine *e) {
   if (e == NULL || e->closed) return;
   gcap_trace_stop(e);
+  gcap_set_generator(e, NULL); /* a generator in use no longer holds e through it */
   e->closed = 1;
   gc_engine_unref(e);
 }
@@ -121,6 +123,10 @@ const char *gcap_engine_device(const gcap_engine *e) {
 
 int gcap_is_capturing(const gcap_engine *e) {
   return e != NULL && e->cap != NULL;
+}
+
+int gcap_is_graph_capturing(const gcap_engine *e) {
+  return e != NULL && e->graphing > 0;
 }
 
 void gcap_set_replay_check(gcap_engine *e, int on) {
@@ -221,8 +227,8 @@ gcap_status gcap_engine_get_stats(gcap_engine *e, gcap_engine_stats *out) {
     out->in_use_bytes += p->in_use;
     if (!p->is_heap) out->pool_reserved_bytes += p->reserved;
   }
-  out->blocks--; /* the engine's random state */
-  out->in_use_bytes -= e->rng->size;
+  out->blocks--; /* the default generator's state */
+  out->in_use_bytes -= e->gen0->blk->size;
   return GCAP_OK;
 }
 

@@ -120,6 +120,8 @@ struct gcap_stream {
   uint64_t joined_seq;          /* seq when another capture stream last waited for all its work */
   struct gcap_stream *absorber; /* that stream (joined when it is, or is the origin) */
   gcap_stream *prev, *next;     /* the engine's list of streams */
+  int holds;                    /* engine references (a graphed call's backward to come) */
+  int freed;                    /* gcap_stream_free ran while held: it goes with the last hold */
 };
 
 struct gcap_event {
@@ -128,10 +130,26 @@ struct gcap_event {
   gcap_stream *stream; /* where it was last recorded, NULL if never */
   uint64_t seq;        /* that stream's seq at the record */
   uint64_t epoch;      /* capture epoch of the record, 0 outside capture */
+  int external;        /* recorded in a capture, a node of the graph (recorded at each replay) */
+  int holds;           /* engine references (graphs that record it, a backward to come) */
+  int freed;           /* gcap_event_free ran while held: it goes with the last hold */
 };
 
 gcap_status gc_stream_create(gcap_engine *e, int owned, gcap_stream **out);
 void gc_stream_destroy(gcap_stream *s);
+/* References the engine keeps on a user's stream or event (a graphed call
+** keeps its cuda_graph_stream and cuda_graph_event for its backward): freed
+** by the user meanwhile, it goes when the last hold is dropped. The engine's
+** own streams need none. */
+void gc_stream_hold(gcap_stream *s);
+void gc_stream_drop(gcap_stream *s);
+void gc_event_hold(gcap_event *ev);
+void gc_event_drop(gcap_event *ev);
+/* Does graph g record the external event ev at each replay? */
+int gc_graph_records(const gcap_graph *g, const gcap_event *ev);
+/* Make `waiter` wait for the work queued on s so far, through ev (PyTorch's
+** wait_stream). */
+gcap_status gc_stream_wait_stream(gcap_stream *waiter, gcap_stream *s, gcap_event *ev);
 
 /* ------------------------------------------------------------------------ */
 /* Capture and graphs (capture.c)                                            */
@@ -172,6 +190,28 @@ struct gcap_graph {
   struct gcap_graph *next_dead;
 };
 
+/* A span named at its start: a trace event and a profiler range (NVTX on
+** cuda, so that Nsight Systems shows the trace's phases). gc_span_begin
+** costs a test and nothing more while neither is on; gc_span_end closes it
+** (the trace's name takes `suffix`, as " (failed)"). */
+typedef struct gc_span {
+  double t0;      /* the trace's start, 0: not traced */
+  int ranged;     /* a range was opened */
+  char name[112]; /* what it is named */
+} gc_span;
+void gc_span_open(gcap_engine *e, gc_span *s, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void gc_span_close(gcap_engine *e, gc_span *s, const char *cat, const char *suffix);
+#define gc_span_begin(e, s, ...)                                                                   \
+  ((e)->trace != NULL || (e)->ranges ? gc_span_open((e), (s), __VA_ARGS__)                         \
+                                     : (void)((s)->t0 = 0.0, (s)->ranged = 0))
+static inline void gc_span_end(gcap_engine *e, gc_span *s, const char *cat, const char *suffix) {
+  if (s->t0 != 0.0 || s->ranged) gc_span_close(e, s, cat, suffix);
+}
+
 typedef struct gc_capture {
   gcap_graph *g;
   gcap_pool *pool;
@@ -180,9 +220,9 @@ typedef struct gc_capture {
   int invalid;
   char why[GC_ERRLEN];
   double t0;
-  double trace_t0; /* gc_trace_clock at begin */
-  gc_ranges undo;  /* what the capture overwrote in the pool's capture-order map, in order,
-                      for a failure to put back */
+  gc_span span;   /* "capture <graph>", from begin to end */
+  gc_ranges undo; /* what the capture overwrote in the pool's capture-order map, in order,
+                     for a failure to put back */
 } gc_capture;
 
 /* Note that the launch about to happen reads (write = 0) or writes the
@@ -204,6 +244,67 @@ void gc_graph_destroy(gcap_graph *g);
 int gc_graph_touches(const gcap_graph *g, const gc_blk *b, uintptr_t lo, uintptr_t hi, int write);
 
 /* ------------------------------------------------------------------------ */
+/* Random generators (generator.c)                                           */
+
+/* A generator's state {seed, offset}, two u64 in device memory (a block of
+** the engine's heap) that kernels read and advance, so that a graph draws
+** from the state as it is at each replay. A graph that draws from it holds
+** the block (gc_note_range), so its replays outlive the generator object. */
+struct gcap_generator {
+  gcap_engine *e;
+  int refs;
+  gc_blk *blk;
+  gcap_generator *prev, *next; /* the engine's generators */
+};
+
+/* A new generator of state {seed, 0} (its block from the heap), linked into
+** the engine's list; refs 1. It holds no reference to the engine (the
+** default one is the engine's own). */
+gcap_status gc_generator_create(gcap_engine *e, uint64_t seed, const char *op,
+                                gcap_generator **out);
+/* Unlink g and release its block (graphs may still hold the block). */
+void gc_generator_destroy(gcap_generator *g);
+
+/* The state of every generator of an engine, and which one is in use: taken
+** at the start of work that must leave them as they were
+** (make_graphed_callables), put back at its end. */
+typedef struct gc_rng_snap {
+  int n;
+  gcap_generator **g; /* [n], each held */
+  uint64_t *state;    /* [2n] */
+  gcap_generator *current;
+} gc_rng_snap;
+gcap_status gc_rng_snap_take(gcap_engine *e, gc_rng_snap *s);
+/* Put the states and the generator in use back, and free s (also after a
+** failed take); the first failure is the result. */
+gcap_status gc_rng_snap_put(gcap_engine *e, gc_rng_snap *s);
+
+/* ------------------------------------------------------------------------ */
+/* What a launch is, for the host's dumps (label.c)                          */
+
+/* The op running: a public op (gc_op_start), or a node's backward, and where
+** it runs: the module path ("Sequential.0") and type ("Linear") of a forward,
+** or the "path (Type)" a node noted when it was recorded. */
+typedef struct gc_oplabel {
+  const char *name;
+  int backward; /* name is a node's: its backward runs (ops it calls keep the label) */
+  const char *where, *type;
+  const void *module; /* the module of where, whose children name the next level */
+} gc_oplabel;
+
+/* A tensor the launch about to happen reads or writes, noted while a
+** capture is open. */
+typedef struct gc_argnote {
+  const void *ptr;
+  int write, ndim, dt;
+  int64_t shape[GCAP_MAXDIM];
+} gc_argnote;
+#define GC_ARGNOTES 16
+/* A copy of "where (type)" of label l, for a node recorded there (NULL when
+** out of memory). */
+char *gc_where_str(const gc_oplabel *l);
+
+/* ------------------------------------------------------------------------ */
 /* The engine (engine.c)                                                     */
 
 struct gcap_engine {
@@ -223,9 +324,13 @@ struct gcap_engine {
   const char *note_what; /* the op whose accesses are being noted, for the replay check's
                             message (a kernel's name, or a name the open capture keeps) */
   int grad_enabled;
-  uint64_t module_gen; /* bumped whenever a module registers something */
-  uint64_t bw_mark;    /* backward pass counter (node marks) */
-  gc_blk *rng;         /* device u64[2] {seed, offset} */
+  uint64_t module_gen;  /* bumped whenever a module registers something */
+  uint64_t bw_mark;     /* backward pass counter (node marks) */
+  gc_blk *rng;          /* the state of the generator in use, gen->blk */
+  gcap_generator *gen0; /* the default generator (the engine's own) */
+  gcap_generator *gen;  /* the generator in use, held */
+  gcap_generator *gens; /* every live generator */
+  int graphing;         /* make_graphed_callables calls under way (is_graph_capturing) */
   gc_gid last_graph_id;
   gcap_graph **graphs; /* live graphs, by slot (names for messages); NULL: a free slot */
   int graphs_cap;
@@ -237,10 +342,14 @@ struct gcap_engine {
   gcap_pool *dead_pools;
   void **dead_ptrs;
   int ndead_ptrs, capdead_ptrs;
-  struct gc_trace *trace; /* the open trace (trace.c), or NULL */
-  uint32_t *badid;        /* the bad-id flag, GC_BADID_WORDS, as the host reads it */
-  void *badid_dev;        /* the same, as kernels write it */
-  gcap_fp8_autocast fp8;  /* the FP8 autocast (train/fp8.c) */
+  struct gc_trace *trace;           /* the open trace (trace.c), or NULL */
+  int ranges;                       /* the backend opens profiler ranges (NVTX on cuda) for spans */
+  gc_oplabel op;                    /* the op running, for the host's dumps */
+  gc_argnote argnotes[GC_ARGNOTES]; /* the tensors of the launch about to be recorded */
+  int nargnotes;
+  uint32_t *badid;       /* the bad-id flag, GC_BADID_WORDS, as the host reads it */
+  void *badid_dev;       /* the same, as kernels write it */
+  gcap_fp8_autocast fp8; /* the FP8 autocast (train/fp8.c) */
   /* the all-reduce (max) of an FP8 autocast's amax_reduction_group: set by
   ** gcap_dist_init, so that the training layer reaches it without a link
   ** to the distributed layer; NULL while that is not initialised */

@@ -52,19 +52,43 @@ gcap_status gcap_stream_new(gcap_engine *e, gcap_stream **out) {
   return st;
 }
 
-void gcap_stream_free(gcap_stream *s) {
-  gcap_engine *e;
-  if (s == NULL || s->owned_by_engine) return;
-  e = s->e;
-  if (e->current == s) e->current = e->default_stream;
-  if (e->cap && e->cap->prev_current == s) e->cap->prev_current = e->default_stream;
-  if (e->warm_prev == s) e->warm_prev = e->default_stream;
+/* The user's stream s goes: now, or when the open capture ends. */
+static void stream_release(gcap_stream *s) {
+  gcap_engine *e = s->e;
   if (e->cap != NULL) { /* no synchronizing in a capture: it goes when the capture ends */
     s->dead = 1;
     return;
   }
   gc_stream_destroy(s);
   gc_engine_unref(e);
+}
+
+void gcap_stream_free(gcap_stream *s) {
+  gcap_engine *e;
+  if (s == NULL || s->owned_by_engine || s->freed) return;
+  e = s->e;
+  if (e->current == s) e->current = e->default_stream;
+  if (e->cap && e->cap->prev_current == s) e->cap->prev_current = e->default_stream;
+  if (e->warm_prev == s) e->warm_prev = e->default_stream;
+  if (s->holds > 0) { /* the engine still uses it: it goes with the last hold */
+    s->freed = 1;
+    return;
+  }
+  stream_release(s);
+}
+
+void gc_stream_hold(gcap_stream *s) {
+  s->holds++;
+}
+
+void gc_stream_drop(gcap_stream *s) {
+  if (--s->holds == 0 && s->freed) stream_release(s);
+}
+
+gcap_status gc_stream_wait_stream(gcap_stream *waiter, gcap_stream *s, gcap_event *ev) {
+  gcap_status st;
+  if ((st = gcap_event_record(ev, s)) != GCAP_OK) return st;
+  return gcap_stream_wait_event(waiter, ev);
 }
 
 gcap_stream *gcap_default_stream(gcap_engine *e) {
@@ -127,13 +151,59 @@ gcap_status gcap_event_new(gcap_engine *e, gcap_event **out) {
   return GCAP_OK;
 }
 
-void gcap_event_free(gcap_event *ev) {
-  gcap_engine *e;
-  if (ev == NULL) return;
-  e = ev->e;
+gcap_status gcap_event_new_external(gcap_engine *e, gcap_event **out) {
+  gcap_status st = gcap_event_new(e, out);
+  if (st == GCAP_OK) (*out)->external = 1;
+  return st;
+}
+
+static void event_release(gcap_event *ev) {
+  gcap_engine *e = ev->e;
   e->be->event_free(e->bs, ev->bs);
   free(ev);
   gc_engine_unref(e);
+}
+
+void gcap_event_free(gcap_event *ev) {
+  if (ev == NULL || ev->freed) return;
+  if (ev->holds > 0) { /* a graph records it, or a backward will wait on it */
+    ev->freed = 1;
+    return;
+  }
+  event_release(ev);
+}
+
+void gc_event_hold(gcap_event *ev) {
+  ev->holds++;
+}
+
+void gc_event_drop(gcap_event *ev) {
+  if (--ev->holds == 0 && ev->freed) event_release(ev);
+}
+
+/* A graph that recorded an external event drops it when cleared. */
+static void event_unkeep(void *ev) {
+  gc_event_drop((gcap_event *)ev);
+}
+
+int gc_graph_records(const gcap_graph *g, const gcap_event *ev) {
+  int i;
+  for (i = 0; i < g->nkept; i++)
+    if (g->kept[i].obj == ev && g->kept[i].release == event_unkeep) return 1;
+  return 0;
+}
+
+/* An external event recorded in a capture: a node of the graph, which
+** holds the event while it lives (once, however often it records it). */
+static gcap_status record_external(gcap_engine *e, gcap_event *ev, gcap_stream *s) {
+  gcap_status st = e->be->event_record_external
+                       ? e->be->event_record_external(e, e->bs, ev->bs, s->bs)
+                       : e->be->event_record(e, e->bs, ev->bs, s->bs);
+  if (st != GCAP_OK) return st;
+  if (gc_graph_records(e->cap->g, ev)) return GCAP_OK;
+  if ((st = gc_graph_keep(e, ev, event_unkeep)) != GCAP_OK) return st;
+  gc_event_hold(ev);
+  return GCAP_OK;
 }
 
 gcap_status gcap_event_record(gcap_event *ev, gcap_stream *s) {
@@ -145,7 +215,11 @@ gcap_status gcap_event_record(gcap_event *ev, gcap_stream *s) {
   if (s == NULL) s = e->current;
   if (s->e != e) return gc_foreign(e, "event record", "the stream s");
   if ((st = gc_check_stream(e, s, "event record")) != GCAP_OK) return st;
-  if ((st = e->be->event_record(e, e->bs, ev->bs, s->bs)) != GCAP_OK) return st;
+  if (ev->external && s->in_capture)
+    st = record_external(e, ev, s);
+  else
+    st = e->be->event_record(e, e->bs, ev->bs, s->bs);
+  if (st != GCAP_OK) return st;
   ev->stream = s;
   ev->seq = s->seq;
   ev->epoch = s->in_capture ? e->cap_epoch : 0;
@@ -169,6 +243,10 @@ gcap_status gcap_stream_wait_event(gcap_stream *s, gcap_event *ev) {
   if (s->in_capture && !captured_ev)
     return gc_capture_refuse(e, "wait_event: a capturing stream cannot wait on an event recorded "
                                 "outside the capture (it would depend on uncaptured work)");
+  if (captured_ev && ev->external)
+    return gc_capture_refuse(e, "wait_event: an external event recorded in the capture is "
+                                "waited on after a replay, not inside the capture (fork and "
+                                "join streams with an event made without `external`)");
   if ((st = e->be->stream_wait(e, e->bs, s->bs, ev->bs)) != GCAP_OK) return st;
   if (captured_ev) {
     if (!s->in_capture) { /* fork s into the capture */

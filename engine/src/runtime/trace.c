@@ -8,6 +8,10 @@
 ** takes constant memory; gcap_trace_stop, or the engine's release, closes
 ** the array and the file. Nothing is traced, and nothing costs more than a
 ** NULL test, while no trace is open.
+**
+** Spans (gc_span_begin, gc_span_end) are also the backend's profiler ranges
+** (NVTX on cuda, opened only while a profiler listens), so that a timeline
+** of Nsight Systems shows the phases the trace shows.
 */
 #include <errno.h>
 #include <stdarg.h>
@@ -95,4 +99,19 @@ void gc_trace_span(gcap_engine *e, double t0, const char *cat, const char *fmt, 
   if (fprintf(t->f, "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":1}",
               cat, t0, t1 - t0, t->pid) < 0)
     t->failed = 1;
+}
+
+void gc_span_open(gcap_engine *e, gc_span *s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->name, sizeof s->name, fmt, ap);
+  va_end(ap);
+  s->t0 = gc_trace_clock(e);
+  s->ranged = e->ranges;
+  if (s->ranged) e->be->range_push(e->bs, s->name);
+}
+
+void gc_span_close(gcap_engine *e, gc_span *s, const char *cat, const char *suffix) {
+  if (s->ranged) e->be->range_pop(e->bs);
+  gc_trace_span(e, s->t0, cat, "%s%s", s->name, suffix ? suffix : "");
 }

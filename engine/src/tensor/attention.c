@@ -266,13 +266,9 @@ static gcap_status sdpa_fused(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
   if ((st = gc_note_access(e, stats, 1)) != GCAP_OK ||
       (st = gc_run(e, GC_K_ATTN, &a, in, o->attn_mask ? 4 : 3, *out)) != GCAP_OK)
     goto fail;
-  if (o->dropout_p > 0.0) { /* the draws of the weights' elements, as gcap_dropout's */
-    int64_t draws = a.n[0] * a.n[1] * a.n[2];
-    memset(&a, 0, sizeof a);
-    a.p[0] = e->rng->ptr;
-    a.n[0] = draws;
-    if ((st = gc_launch(e, GC_K_RNG_ADVANCE, &a)) != GCAP_OK) goto fail;
-  }
+  /* the draws of the weights' elements, as gcap_dropout's */
+  if (o->dropout_p > 0.0 && (st = gc_rng_advance(e, a.n[0] * a.n[1] * a.n[2])) != GCAP_OK)
+    goto fail;
   if (gc_grad_needed(e, in, 3)) {
     save[0] = q, save[1] = k, save[2] = v, save[3] = stats, save[4] = *out;
     save[5] = o->attn_mask;

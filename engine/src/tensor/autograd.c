@@ -354,8 +354,15 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
     /* no grad reached n (its consumers gave none to this input, as a graphed
     ** callable does for an input that needed none at capture): like
     ** PyTorch's undefined grad, n runs not and passes none on */
-    if (g != NULL && (st = bw_check_grad(n, g)) == GCAP_OK && (st = bw_check_saved(n)) == GCAP_OK)
+    if (g != NULL && (st = bw_check_grad(n, g)) == GCAP_OK && (st = bw_check_saved(n)) == GCAP_OK) {
+      gc_oplabel was = e->op; /* the host's dumps name its kernels after n */
+      e->op.name = n->name;
+      e->op.backward = 1;
+      e->op.where = n->where;
+      e->op.type = NULL;
       st = n->backward(n, g, gin);
+      e->op = was;
+    }
     gcap_tensor_free(g);
     st = bw_deliver(e, st, n, gin, &run, &ready, &leaves);
     if ((st2 = gc_acc_end(&run)) != GCAP_OK && st == GCAP_OK) st = st2;

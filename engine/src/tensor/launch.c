@@ -12,9 +12,22 @@
 static gcap_status launch(gcap_engine *e, int k, const gc_kargs *a) {
   gcap_stream *s = e->current;
   gcap_status st;
-  if ((st = e->be->launch(e, e->bs, s->bs, k, a)) != GCAP_OK) return st;
+  st = e->be->launch(e, e->bs, s->bs, k, a);
+  e->nargnotes = 0; /* the next launch notes its own */
+  if (st != GCAP_OK) return st;
   s->seq++;
   return GCAP_OK;
+}
+
+void gc_note_arg(gcap_engine *e, const gcap_tensor *t, int write) {
+  gc_argnote *a;
+  if (e->nargnotes == GC_ARGNOTES) return; /* labels only: the rest go unnamed */
+  a = &e->argnotes[e->nargnotes++];
+  a->ptr = gc_tensor_ptr(t);
+  a->write = write;
+  a->ndim = t->ndim;
+  a->dt = (int)t->dt;
+  memcpy(a->shape, t->shape, sizeof a->shape);
 }
 
 gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a) {
@@ -34,6 +47,19 @@ gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, i
   if (out && (st = gc_note_access(e, out, 1)) != GCAP_OK) return st;
   a->dt = (int)(out ? out->dt : in[0]->dt);
   return launch(e, k, a); /* checked above, before the notes */
+}
+
+gcap_status gc_rng_advance(gcap_engine *e, int64_t n) {
+  gc_blk *b = e->rng;
+  gc_kargs a;
+  gcap_status st;
+  if ((st = gc_check_stream(e, e->current, gc_kernel_name(GC_K_RNG_ADVANCE))) != GCAP_OK ||
+      (st = gc_note_range(e, b, (uintptr_t)b->ptr, (uintptr_t)b->ptr + b->size, 1)) != GCAP_OK)
+    return st;
+  memset(&a, 0, sizeof a);
+  a.p[0] = b->ptr;
+  a.n[0] = n;
+  return launch(e, GC_K_RNG_ADVANCE, &a);
 }
 
 gcap_status gc_foreach_add(gcap_engine *e, int n, gcap_tensor *const *dst, gcap_tensor *const *src,

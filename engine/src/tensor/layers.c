@@ -342,10 +342,7 @@ gcap_status gcap_dropout(gcap_tensor *x, double p, int training, gcap_tensor **o
   if ((st = gc_note_access(e, mask, 1)) != GCAP_OK ||
       (st = gc_run(e, GC_K_DROPOUT, &a, &x, 1, *out)) != GCAP_OK)
     goto fail;
-  memset(&a, 0, sizeof a);
-  a.p[0] = e->rng->ptr;
-  a.n[0] = x->numel;
-  if ((st = gc_launch(e, GC_K_RNG_ADVANCE, &a)) != GCAP_OK) goto fail;
+  if ((st = gc_rng_advance(e, x->numel)) != GCAP_OK) goto fail;
   if (gc_grad_needed(e, &x, 1) &&
       (st = gc_record(*out, "dropout", dropout_backward, &x, 1, &mask, 1, NULL)) != GCAP_OK)
     goto fail;

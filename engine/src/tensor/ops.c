@@ -441,11 +441,7 @@ gcap_status gcap_tensor_rand(gcap_engine *e, gcap_dtype dt, int ndim, const int6
   a.p[1] = e->rng->ptr;
   a.n[0] = (*out)->numel;
   a.n[1] = normal != 0;
-  if ((st = gc_run(e, GC_K_RAND, &a, NULL, 0, *out)) == GCAP_OK) {
-    memset(&a, 0, sizeof a);
-    a.p[0] = e->rng->ptr;
-    a.n[0] = (*out)->numel;
-    st = gc_launch(e, GC_K_RNG_ADVANCE, &a);
-  }
+  if ((st = gc_run(e, GC_K_RAND, &a, NULL, 0, *out)) == GCAP_OK)
+    st = gc_rng_advance(e, (*out)->numel);
   return gc_keep_or_free(out, st);
 }

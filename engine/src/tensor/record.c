@@ -68,6 +68,10 @@ gcap_status gc_record(gcap_tensor *out, const char *name, gc_backward_fn bw, gca
     n->saved_version[i] = save[i]->blk->version;
   }
   n->nsaved = nsave;
+  if (e->cap != NULL && e->op.where != NULL && (n->where = gc_where_str(&e->op)) == NULL) {
+    gc_node_release(n);
+    return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", name);
+  }
   n->ndim = out->ndim;
   memcpy(n->shape, out->shape, sizeof n->shape);
   n->dt = out->dt;

@@ -49,6 +49,8 @@ gcap_status gc_check_shape(gcap_engine *e, const char *op, int ndim, const int64
 gcap_status gc_op_start(const char *op, gcap_tensor *t, const char *name, const gcap_tensor *alt) {
   if (t == NULL) return alt ? gc_null(alt->e, op, name) : GCAP_EINVAL;
   gc_clear(t->e);
+  if (!t->e->op.backward) t->e->op.name = op; /* a node's backward keeps its own label */
+  t->e->nargnotes = 0;
   return GCAP_OK;
 }
 
@@ -178,6 +180,7 @@ void gc_node_release(gc_node *n) {
     gc_node_free_saved(x);
     gcap_tensor_free(x->acc);
     if (x->ud_free) x->ud_free(x->ud);
+    free(x->where);
     free(x);
   }
 }

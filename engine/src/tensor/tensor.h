@@ -95,15 +95,23 @@ static inline int gc_same_layout(const gcap_tensor *a, const gcap_tensor *b) {
 /* ------------------------------------------------------------------------ */
 /* The launch path (launch.c)                                                */
 
+/* While a capture is open, t's shape for the label of the launch about to
+** be recorded (runtime/label.c). */
+void gc_note_arg(gcap_engine *e, const gcap_tensor *t, int write);
 /* Note that the launch about to happen reads (write = 0) or writes t's
 ** elements (gc_note_range on t's bytes); inline: every launch notes its
 ** operands. */
 static inline gcap_status gc_note_access(gcap_engine *e, const gcap_tensor *t, int write) {
   uintptr_t lo = (uintptr_t)gc_tensor_ptr(t);
+  if (e->cap != NULL) gc_note_arg(e, t, write);
   return gc_note_range(e, t->blk, lo, lo + (uintptr_t)t->numel * gc_dtype_size(t->dt), write);
 }
 /* Launch kernel k on the current stream: capture checks, then the backend. */
 gcap_status gc_launch(gcap_engine *e, int k, const gc_kargs *a);
+/* The generator in use advances by n draws (after the kernel that drew them
+** from e->rng): noted as a write of its state, so that a graph capturing it
+** holds the state's memory and advances it at each replay. */
+gcap_status gc_rng_advance(gcap_engine *e, int64_t n);
 /* Note the reads of in[] and the write of out (may be NULL), set a->dt from
 ** out (or in[0]), then gc_launch. */
 gcap_status gc_run(gcap_engine *e, int k, gc_kargs *a, gcap_tensor *const *in, int nin,
@@ -163,6 +171,7 @@ struct gc_node {
   uint64_t mark;      /* scheduling scratch */
   int deps;
   gcap_tensor *acc;
+  char *where; /* recorded in a capture: where it was, "path (Type)" (the host's dumps) */
 };
 
 /* Should the op producing a tensor from these inputs record a node? */

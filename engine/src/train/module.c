@@ -442,6 +442,28 @@ gcap_status gcap_module_to(gcap_module *m, gcap_dtype dt) {
   return GCAP_OK;
 }
 
+void gc_module_where_enter(gcap_module *m, mod_where *w) {
+  gcap_engine *e = m->e;
+  const gcap_module *parent = (const gcap_module *)e->op.module;
+  const char *name = m->type;
+  int i;
+  w->was = e->op;
+  if (!(w->entered = e->cap != NULL)) return;
+  for (i = 0; parent != NULL && e->op.where != NULL && i < parent->children.n; i++)
+    if (parent->children.v[i].m == m) name = parent->children.v[i].name;
+  if (parent != NULL && e->op.where != NULL)
+    snprintf(w->path, sizeof w->path, "%s.%s", e->op.where, name);
+  else
+    snprintf(w->path, sizeof w->path, "%s", m->type);
+  e->op.where = w->path;
+  e->op.type = m->type;
+  e->op.module = m;
+}
+
+void gc_module_where_leave(gcap_module *m, const mod_where *w) {
+  if (w->entered) m->e->op = w->was;
+}
+
 void gc_module_set_fp8_gemms(gcap_module *m, int n) {
   m->fp8_gemms = n;
 }

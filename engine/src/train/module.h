@@ -67,6 +67,17 @@ struct gcap_module {
   int first_mb;       /* is_first_microbatch for the next graphed call: 2 true, 1 false, 0 none */
 };
 
+/* While a capture is open, where a module's forward runs, for the labels of
+** the host's dumps: "Sequential.0" (a child by its name in the module that
+** called it), type "Linear" (module.c). */
+typedef struct mod_where {
+  gc_oplabel was;
+  int entered;
+  char path[96];
+} mod_where;
+void gc_module_where_enter(gcap_module *m, mod_where *w);
+void gc_module_where_leave(gcap_module *m, const mod_where *w);
+
 /* Drop n references (NULL ones included), as a call's outputs are dropped
 ** (module_hooks.c). */
 void gc_outs_free(int n, gcap_tensor **t);

@@ -470,8 +470,8 @@ static gcap_status forward_failed(gcap_module *m, gcap_status st) {
   return st;
 }
 
-gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
-                              gcap_tensor **out) {
+static gcap_status module_forward(gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
+                                  gcap_tensor **out) {
   gcap_status st;
   *nout = 0;
   if (m->forward != NULL) {
@@ -493,6 +493,16 @@ gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, i
                    GCAP_MAX_OUTPUTS);
   }
   return GCAP_OK;
+}
+
+gcap_status gc_module_forward(gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
+                              gcap_tensor **out) {
+  mod_where w;
+  gcap_status st;
+  gc_module_where_enter(m, &w); /* the labels of what it launches in a capture */
+  st = module_forward(m, nin, in, nout, out);
+  gc_module_where_leave(m, &w);
+  return st;
 }
 
 /* The forward hooks of m on its outputs ys[0..*ny) (references, room for
@@ -523,15 +533,26 @@ static gcap_status run_forward_hooks(gcap_module *m, gcap_hook_args *a, hook_val
 
 /* The call between the hooks: the graphed replay of m's current mode, or
 ** its own forward. */
-static gcap_status route_or_forward(gcap_module *m, int nin, gcap_tensor *const *in, int *nout,
-                                    gcap_tensor **out) {
+static gcap_status route_or_forward(gcap_module *m, const gcap_replay_opts *o, int nin,
+                                    gcap_tensor *const *in, int *nout, gcap_tensor **out) {
   const mod_route *rt = &m->route[m->training != 0];
-  return rt->fn ? rt->fn(rt->ud, rt->entry, nin, in, nout, out)
-                : gc_module_forward(m, nin, in, nout, out);
+  if (rt->fn) return rt->fn(rt->ud, rt->entry, o, nin, in, nout, out);
+  if (o != NULL && (o->stream != NULL || o->event != NULL))
+    return gc_fail(m->e, GCAP_EINVAL,
+                   "%s: cuda_graph_stream and cuda_graph_event are options of a graphed call, and "
+                   "it is not graphed in %s mode (it runs its own forward)",
+                   m->type, m->training ? "training" : "eval");
+  return gc_module_forward(m, nin, in, nout, out);
 }
 
 gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, int maxout,
                                int *nout, gcap_tensor **out) {
+  return gcap_module_call_opts(m, NULL, nin, in, maxout, nout, out);
+}
+
+gcap_status gcap_module_call_opts(gcap_module *m, const gcap_replay_opts *opts, int nin,
+                                  gcap_tensor *const *in, int maxout, int *nout,
+                                  gcap_tensor **out) {
   gcap_tensor *small[8], **args = small, *ys[GCAP_MAX_OUTPUTS];
   hook_vals pre, post;
   hook_call *hc = NULL;
@@ -580,7 +601,7 @@ gcap_status gcap_module_call_n(gcap_module *m, int nin, gcap_tensor *const *in, 
     }
     if ((st = hook_track(hc, 0, nargs, args)) != GCAP_OK) goto done;
   }
-  st = route_or_forward(m, nargs, args, &ny, ys);
+  st = route_or_forward(m, opts, nargs, args, &ny, ys);
   if (st != GCAP_OK) goto done;
   if ((st = run_forward_hooks(m, &a, &post, maxout, &ny, ys)) != GCAP_OK) goto done;
   if (hc != NULL) {

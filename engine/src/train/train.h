@@ -23,10 +23,11 @@ gcap_status gc_module_check_graphable(gcap_module *m, const char *where);
 ** bring the user's back (0). */
 void gc_module_wgrad_aside(gcap_module *m, int aside);
 /* Where a routed module's calls go instead of its forward: graphing sets
-** it (a graphed replay of entry `entry` of the graphed object ud), so that
-** modules know a function and its state, not graphing. */
-typedef gcap_status (*gc_route_fn)(void *ud, int entry, int nin, gcap_tensor *const *in, int *nout,
-                                   gcap_tensor **out);
+** it (a graphed replay of entry `entry` of the graphed object ud, with the
+** call's replay options or NULL), so that modules know a function and its
+** state, not graphing. */
+typedef gcap_status (*gc_route_fn)(void *ud, int entry, const gcap_replay_opts *opts, int nin,
+                                   gcap_tensor *const *in, int *nout, gcap_tensor **out);
 /* Route m's calls in training mode (training = 1) or in eval mode (0) to
 ** fn(ud, entry, ...) (fn NULL: back to m's forward); the other mode's route
 ** stays, so that a module graphed in both modes replays the graph of its

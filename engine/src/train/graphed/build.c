@@ -76,7 +76,8 @@ static void snap_restore(grad_snap *s) {
 /* What a call sets aside, put back whatever happens. */
 typedef struct ge_aside {
   grad_snap snap;
-  uint64_t rng[2];     /* the generator's state */
+  gc_rng_snap rng; /* the generators' states, and the one in use */
+  int rng_taken;
   gc_seg *segs_before; /* the option pool's segments before the call */
 } ge_aside;
 
@@ -101,18 +102,18 @@ static gcap_status graphed_new(ge_build *b) {
   return GCAP_OK;
 }
 
-/* The object, then aside: the generator's state and the delayed-wgrad queues
-** of the Linears (the sinks start empty); the .grad values go aside as the
-** entries are made. */
+/* The object, then aside: the generators' states (every generator's, as TE
+** saves its tracked states too) and the delayed-wgrad queues of the Linears
+** (the sinks start empty); the .grad values go aside as the entries are
+** made. */
 static gcap_status aside(ge_build *b, ge_aside *a) {
   gcap_engine *e = b->e;
   gcap_status st;
   int i;
   a->segs_before = b->o->pool ? b->o->pool->segs : NULL;
   if ((st = graphed_new(b)) != GCAP_OK) return st;
-  if ((st = e->be->download(e, e->bs, e->current->bs, a->rng, e->rng->ptr, sizeof a->rng)) !=
-      GCAP_OK)
-    return st;
+  a->rng_taken = 1;
+  if ((st = gc_rng_snap_take(e, &a->rng)) != GCAP_OK) return st;
   for (i = 0; i < b->ncallables; i++)
     gc_module_wgrad_aside(b->callables[i], 1);
   return GCAP_OK;
@@ -222,8 +223,8 @@ static gcap_status put_back(ge_build *b, ge_aside *a, gcap_status st, gcap_graph
       gc_graphed_destroy(b->G);
       if (b->o->pool) gc_pool_trim_since(b->o->pool, a->segs_before);
     }
-    /* the generator as it was: warmup drew nothing */
-    rng = e->be->upload(e, e->bs, e->current->bs, e->rng->ptr, a->rng, sizeof a->rng);
+    /* the generators as they were: warmup drew nothing */
+    rng = a->rng_taken ? gc_rng_snap_put(e, &a->rng) : GCAP_OK;
     if (st != GCAP_OK)
       gc_fail(e, st, "%s", msg);
     else if ((st = rng) != GCAP_OK)
@@ -275,8 +276,13 @@ gcap_status gcap_make_graphed_callables(gcap_engine *e, int ncallables,
                                         gcap_module *const *callables, int nentries,
                                         const int *nargs, gcap_tensor *const *const *args,
                                         const gcap_graphed_opts *opts, gcap_graphed **out) {
-  double t0 = e ? gc_trace_clock(e) : 0.0;
-  gcap_status st = make_graphed(e, ncallables, callables, nentries, nargs, args, opts, out);
-  if (e) gc_trace_span(e, t0, "graphed", "make_graphed_callables%s", st ? " (failed)" : "");
+  gcap_status st;
+  gc_span sp;
+  if (e == NULL) return make_graphed(e, ncallables, callables, nentries, nargs, args, opts, out);
+  gc_span_begin(e, &sp, "make_graphed_callables");
+  e->graphing++; /* is_graph_capturing: the whole call, warmup and hooks included */
+  st = make_graphed(e, ncallables, callables, nentries, nargs, args, opts, out);
+  e->graphing--;
+  gc_span_end(e, &sp, "graphed", st ? " (failed)" : NULL);
   return st;
 }

@@ -10,6 +10,7 @@
 **   capture.c   the capture walk: each pass into its own graph of one pool
 **   reuse.c     static buffers shared between entries, and released once dead
 **   replay.c    the graphed object: calls, backward, backward_dw, reset, dump, stats
+**   side.c      a call's replay on the caller's stream, and its wait for the graph
 **   stale.c     what a replayed backward checks: that its call's state is still its own
 */
 #ifndef GC_GRAPHED_H
@@ -128,8 +129,9 @@ struct gcap_graphed {
   gcap_pool *pool;
   int training;
   int clone;
-  int reuse;  /* entries may share static inputs */
-  int retain; /* the captured backwards kept their saved tensors: a call may backward twice */
+  int reuse;        /* entries may share static inputs */
+  int retain;       /* the captured backwards kept their saved tensors: a call may backward twice */
+  gcap_event *sync; /* a replay on another stream: the streams' waits (side.c), or NULL */
   gcap_tensor *fp8_skip; /* fp8_weight_caching: the flag its weights' quantizations read, set
                             from each call's is_first_microbatch (fp8.c); else NULL */
 };
@@ -142,10 +144,11 @@ typedef struct ge_ref {
   gcap_graphed *G;
   int entry;
   int pending;
-  uint64_t call;     /* the entry's call this node is the backward of (ge_entry.calls) */
-  int backwards;     /* backward replays it made */
-  gcap_tensor **got; /* [out.n] grads arrived, or NULL (one grad output) */
-  uint64_t ver[];    /* [nreads] the versions of the entry's reads at the call */
+  uint64_t call;         /* the entry's call this node is the backward of (ge_entry.calls) */
+  int backwards;         /* backward replays it made */
+  gcap_tensor **got;     /* [out.n] grads arrived, or NULL (one grad output) */
+  gcap_replay_opts opts; /* the call's stream and event, held for its backward (side.c) */
+  uint64_t ver[];        /* [nreads] the versions of the entry's reads at the call */
 } ge_ref;
 
 /* Drop the tensors of o and make it empty (replay.c). */
@@ -154,8 +157,8 @@ void gc_graphed_outs_clear(ge_outs *o);
 void gc_graphed_destroy(gcap_graphed *G);
 /* The route a graphed module's calls take (gc_module_set_route): the replay
 ** of entry `entry` of the graphed object ud (replay.c). */
-gcap_status gc_graphed_route(void *ud, int entry, int nin, gcap_tensor *const *in, int *nout,
-                             gcap_tensor **out);
+gcap_status gc_graphed_route(void *ud, int entry, const gcap_replay_opts *opts, int nin,
+                             gcap_tensor *const *in, int *nout, gcap_tensor **out);
 
 /* The backward of r may replay: no later forward of the entry overwrote the
 ** activations its call left in the static buffers, a second backward of the
@@ -173,6 +176,18 @@ int gc_graphed_modes_match(const ge_entry *x);
 ** it was when graphed: its storage, dtype and shape; else an error naming
 ** it (stale.c). */
 gcap_status gc_graphed_check_homes(const gcap_graphed *G, int entry);
+
+/* A call's replay options (gcap_replay_opts; o NULL: none) for entry
+** `entry`: this engine's stream and event, an event external and recorded by
+** the forward graph, and a call that replays (`replay`); else an error
+** naming the option (side.c). */
+gcap_status gc_graphed_check_opts(gcap_graphed *G, int entry, const gcap_replay_opts *o,
+                                  int replay);
+/* Replay g as a call with options o does (o NULL: on the current stream),
+** and hold or drop o's stream and event for a backward to come (side.c). */
+gcap_status gc_graphed_replay_on(gcap_graphed *G, gcap_graph *g, const gcap_replay_opts *o);
+void gc_graphed_hold_opts(const gcap_replay_opts *o);
+void gc_graphed_drop_opts(const gcap_replay_opts *o);
 
 /* ------------------------------------------------------------------------ */
 /* Construction state                                                        */
@@ -301,11 +316,12 @@ static inline gcap_status ge_run_hooks(ge_build *b, int c, gcap_hook_kind group)
     }
   for (j = 0; j < h->n[group]; j++) {
     gcap_status st;
-    double t0 = gc_trace_clock(b->e);
+    gc_span sp;
+    gc_span_begin(b->e, &sp, "%s #%d of callable %d (%s)", gcap_hook_group_key(group), j + 1, c + 1,
+                  gcap_module_type(m));
     gc_clear(b->e);
     st = h->fn[group][j](h->ud[group] ? h->ud[group][j] : NULL, m);
-    gc_trace_span(b->e, t0, "hook", "%s #%d of callable %d (%s)", gcap_hook_group_key(group), j + 1,
-                  c + 1, gcap_module_type(m));
+    gc_span_end(b->e, &sp, "hook", NULL);
     if (st != GCAP_OK) {
       char where[GC_NAMELEN + 96];
       snprintf(where, sizeof where,

@@ -67,6 +67,7 @@ void gc_graphed_destroy(gcap_graphed *G) {
   free(G->v);
   gcap_tensor_free(G->fp8_skip);
   gcap_pool_free(G->pool);
+  gcap_event_free(G->sync);
   free(G);
   gc_engine_unref(e);
 }
@@ -103,6 +104,7 @@ static void ge_ref_free(void *ud) {
   for (k = 0; r->got && k < x->out.n; k++)
     gcap_tensor_free(r->got[k]);
   free(r->got);
+  gc_graphed_drop_opts(&r->opts);
   gcap_graphed_free(r->G);
   free(r);
 }
@@ -217,19 +219,22 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   ge_entry *x = &G->v[r->entry];
   gcap_tensor **old = NULL;
   gcap_status st;
-  double t0 = gc_trace_clock(G->e);
+  gc_span sp;
   if (x->reset) return reset_since(r);
   if (x->bwd == NULL)
     return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
                    r->entry + 1);
+  gc_span_begin(G->e, &sp, "graphed backward of entry %d", r->entry + 1);
   if ((st = gc_graphed_check_backward(r)) != GCAP_OK ||
       (st = grads_aside(G, x, n, &old)) != GCAP_OK || (st = grads_in(x, r, g)) != GCAP_OK ||
-      (st = gc_graph_replay(x->bwd)) != GCAP_OK) {
+      (st = gc_graphed_replay_on(G, x->bwd, &r->opts)) != GCAP_OK) {
     drop_aside(x, old);
+    sp.t0 = 0.0; /* traced when it ran */
+    gc_span_end(G->e, &sp, "replay", NULL);
     return st;
   }
   if (G->reuse) gc_graphed_replayed(G, x, GE_BWD);
-  gc_trace_span(G->e, t0, "replay", "graphed backward of entry %d", r->entry + 1);
+  gc_span_end(G->e, &sp, "replay", NULL);
   r->backwards++;
   if (r->pending) {
     r->pending = 0;
@@ -433,8 +438,8 @@ static gcap_status copy_in(gcap_graphed *G, ge_entry *x, int nin, gcap_tensor *c
   return st;
 }
 
-static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
-                                int maxout, int *nout, gcap_tensor **out) {
+static gcap_status graphed_call(gcap_graphed *G, int entry, const gcap_replay_opts *opts, int nin,
+                                gcap_tensor *const *in, int maxout, int *nout, gcap_tensor **out) {
   ge_entry *x;
   gcap_status st;
   int k, was, replay, first;
@@ -448,7 +453,9 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
   /* else eager, as in another mode: the module, or one of its submodules (a
   ** Dropout put in eval) */
   replay = gcap_module_training(x->m) == G->training && gc_graphed_modes_match(x);
-  if ((st = check_call_args(G, entry, nin, in, replay)) != GCAP_OK) return st;
+  if ((st = check_call_args(G, entry, nin, in, replay)) != GCAP_OK ||
+      (st = gc_graphed_check_opts(G, entry, opts, replay)) != GCAP_OK)
+    return st;
   if (!replay) return eager_call(G, x, nin, in, maxout, nout, out);
   if ((st = gc_badid_check(G->e)) != GCAP_OK || /* an earlier replay's, before copy-in */
       (st = gc_graphed_check_homes(G, entry)) != GCAP_OK)
@@ -464,7 +471,7 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
   st = copy_in(G, x, nin, in);
   gcap_set_grad_enabled(G->e, was);
   if (st != GCAP_OK) return st;
-  if ((st = gc_graph_replay(x->fwd)) != GCAP_OK) return st;
+  if ((st = gc_graphed_replay_on(G, x->fwd, opts)) != GCAP_OK) return st;
   x->calls++; /* the activations of earlier calls are gone */
   if (G->reuse) gc_graphed_replayed(G, x, GE_FWD);
   if ((st = gc_badid_check(G->e)) != GCAP_OK) return st; /* this call's, where it ran at once */
@@ -490,6 +497,10 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
       r->G = gcap_graphed_retain(G);
       r->entry = entry;
       r->call = x->calls;
+      if (opts != NULL) {
+        r->opts = *opts;
+        gc_graphed_hold_opts(&r->opts);
+      }
       gc_graphed_note_versions(x, r->ver);
       st = x->ngrad == 1 ? record_replay(G, x, nin, in, out[x->grad1], r)
                          : record_outputs(G, x, nin, in, out, r);
@@ -507,9 +518,18 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor
 
 gcap_status gcap_graphed_call_n(gcap_graphed *G, int entry, int nin, gcap_tensor *const *in,
                                 int maxout, int *nout, gcap_tensor **out) {
-  double t0 = G ? gc_trace_clock(G->e) : 0.0;
-  gcap_status st = graphed_call(G, entry, nin, in, maxout, nout, out);
-  if (G) gc_trace_span(G->e, t0, "replay", "graphed forward of entry %d", entry + 1);
+  return gcap_graphed_call_opts(G, entry, NULL, nin, in, maxout, nout, out);
+}
+
+gcap_status gcap_graphed_call_opts(gcap_graphed *G, int entry, const gcap_replay_opts *opts,
+                                   int nin, gcap_tensor *const *in, int maxout, int *nout,
+                                   gcap_tensor **out) {
+  gcap_status st;
+  gc_span sp;
+  if (G == NULL) return graphed_call(G, entry, opts, nin, in, maxout, nout, out);
+  gc_span_begin(G->e, &sp, "graphed forward of entry %d", entry + 1);
+  st = graphed_call(G, entry, opts, nin, in, maxout, nout, out);
+  gc_span_end(G->e, &sp, "replay", NULL);
   return st;
 }
 
@@ -530,9 +550,10 @@ gcap_status gcap_graphed_call(gcap_graphed *G, int entry, int nin, gcap_tensor *
 
 /* The route a graphed module's calls take (gc_module_set_route): the replay
 ** of entry `entry` of the graphed object ud. */
-gcap_status gc_graphed_route(void *ud, int entry, int nin, gcap_tensor *const *in, int *nout,
-                             gcap_tensor **out) {
-  return gcap_graphed_call_n((gcap_graphed *)ud, entry, nin, in, GCAP_MAX_OUTPUTS, nout, out);
+gcap_status gc_graphed_route(void *ud, int entry, const gcap_replay_opts *opts, int nin,
+                             gcap_tensor *const *in, int *nout, gcap_tensor **out) {
+  return gcap_graphed_call_opts((gcap_graphed *)ud, entry, opts, nin, in, GCAP_MAX_OUTPUTS, nout,
+                                out);
 }
 
 int gcap_graphed_num_outputs(const gcap_graphed *g, int entry) {
@@ -543,13 +564,17 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
   ge_entry *x;
   gc_acc_run run;
   gcap_status st, st2;
-  double t0;
+  gc_span sp;
   int k, was;
   if ((st = entry_ok(G, entry, "backward_dw")) != GCAP_OK) return st;
   x = &G->v[entry];
   if (x->dw == NULL) return GCAP_OK;
-  t0 = gc_trace_clock(G->e);
-  if ((st = gc_graph_replay(x->dw)) != GCAP_OK) return st;
+  gc_span_begin(G->e, &sp, "graphed backward_dw of entry %d", entry + 1);
+  if ((st = gc_graph_replay(x->dw)) != GCAP_OK) {
+    sp.t0 = 0.0; /* traced when it ran */
+    gc_span_end(G->e, &sp, "replay", NULL);
+    return st;
+  }
   if (G->reuse) gc_graphed_replayed(G, x, GE_DW);
   was = gcap_set_grad_enabled(G->e, 0);
   run.n = 0;
@@ -557,7 +582,7 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
     if (x->dw_grad[k]) st = gc_acc_grad_run(&run, x->params[k], x->dw_grad[k], 0);
   if ((st2 = gc_acc_end(&run)) != GCAP_OK && st == GCAP_OK) st = st2;
   gcap_set_grad_enabled(G->e, was);
-  gc_trace_span(G->e, t0, "replay", "graphed backward_dw of entry %d", entry + 1);
+  gc_span_end(G->e, &sp, "replay", NULL);
   return st;
 }
 

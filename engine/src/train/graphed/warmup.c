@@ -119,11 +119,11 @@ static gcap_status check_leaves(ge_build *b, int i, const ge_outs *o) {
 static gcap_status warm_fwd(ge_build *b, int i) {
   ge_entry *x = &b->G->v[i];
   gcap_status st;
-  double t0;
+  gc_span sp;
   if ((st = ge_run_hooks(b, x->callable, GCAP_HOOK_FORWARD_PRE)) != GCAP_OK) return st;
-  t0 = gc_trace_clock(b->e);
+  gc_span_begin(b->e, &sp, "warmup forward of entry %d", i + 1);
   st = gc_graphed_forward(b, x, &b->warm_out[i]);
-  gc_trace_span(b->e, t0, "warmup", "warmup forward of entry %d", i + 1);
+  gc_span_end(b->e, &sp, "warmup", NULL);
   if (st != GCAP_OK) return ge_where(b, st, i, "warmup forward");
   /* once, while the parameters are all there (before those that get no
   ** grad, such as a fused-wgrad weight, are pruned) */
@@ -208,7 +208,8 @@ static gcap_status warm_bwd(ge_build *b, int i, int it) {
   for (k = 0; k < o->n; k++)
     any |= o->t[k] != NULL && o->t[k]->requires_grad;
   if (any) {
-    double t0 = gc_trace_clock(b->e);
+    gc_span sp;
+    gc_span_begin(b->e, &sp, "warmup backward of entry %d", i + 1);
     if ((gout.t = (gcap_tensor **)gc_calloc((size_t)o->n, sizeof *gout.t)) == NULL)
       st = gc_fail(b->e, GCAP_ENOMEM, "make_graphed_callables: out of host memory");
     gout.n = gout.t ? o->n : 0;
@@ -216,7 +217,7 @@ static gcap_status warm_bwd(ge_build *b, int i, int it) {
       if (o->t[k] != NULL && o->t[k]->requires_grad) st = ge_zeros_like(o->t[k], &gout.t[k]);
     if (st == GCAP_OK) st = gc_graphed_backward(o, gout.t, 0);
     if (st == GCAP_OK && x->need_dw) st = gcap_module_backward_dw(x->m);
-    gc_trace_span(b->e, t0, "warmup", "warmup backward of entry %d", i + 1);
+    gc_span_end(b->e, &sp, "warmup", NULL);
     gc_graphed_outs_clear(&gout); /* consumed: gone before the hooks run */
     gc_graphed_outs_clear(o);
     if (st != GCAP_OK) {
@@ -236,12 +237,13 @@ done:
 
 /* The pre or post warmup hook, traced; its failure names it. */
 static gcap_status warm_hook(ge_build *b, const char *name, gcap_status (*fn)(void *), void *ud) {
-  double t0 = gc_trace_clock(b->e);
   gcap_status st;
   char where[64];
+  gc_span sp;
+  gc_span_begin(b->e, &sp, "%s", name);
   gc_clear(b->e);
   st = fn(ud);
-  gc_trace_span(b->e, t0, "hook", "%s", name);
+  gc_span_end(b->e, &sp, "hook", NULL);
   if (st == GCAP_OK) return GCAP_OK;
   snprintf(where, sizeof where, "%s failed", name);
   return ge_callback_failed(b->e, st, where);
@@ -257,7 +259,7 @@ gcap_status gc_graphed_warmup(ge_build *b) {
   gcap_stream *side = NULL;
   gcap_event *ready = NULL;
   gcap_status st;
-  double t0 = gc_trace_clock(b->e), ti;
+  gc_span sp, si;
   int it, i;
   b->total = b->sched.n * o->num_warmup_iters;
   if ((st = gcap_stream_new(b->e, &side)) != GCAP_OK) return st;
@@ -272,12 +274,13 @@ gcap_status gc_graphed_warmup(ge_build *b) {
   gcap_event_free(ready);
   b->e->warm_prev = b->e->current; /* a hook may free it: stream.c redirects this */
   b->e->current = side;
+  gc_span_begin(b->e, &sp, "warmup");
   b->phase = "warmup";
   if (o->pre_warmup_hook &&
       (st = warm_hook(b, "pre_warmup_hook", o->pre_warmup_hook, o->pre_warmup_ud)) != GCAP_OK)
     goto done;
   for (it = 0; it < o->num_warmup_iters && st == GCAP_OK; it++) {
-    ti = gc_trace_clock(b->e);
+    gc_span_begin(b->e, &si, "warmup iteration %d", it + 1);
     for (i = 0; i < b->sched.n && st == GCAP_OK; i++, st = ge_progress(b, st)) {
       gc_pass *p = &b->sched.v[i];
       if (p->kind == GC_PASS_FWD)
@@ -285,7 +288,7 @@ gcap_status gc_graphed_warmup(ge_build *b) {
       else if (p->kind == GC_PASS_BWD)
         st = warm_bwd(b, p->entry, it);
     }
-    gc_trace_span(b->e, ti, "warmup", "warmup iteration %d", it + 1);
+    gc_span_end(b->e, &si, "warmup", NULL);
   }
   if (st == GCAP_OK && o->post_warmup_hook)
     st = warm_hook(b, "post_warmup_hook", o->post_warmup_hook, o->post_warmup_ud);
@@ -294,6 +297,6 @@ done:
   b->e->current = b->e->warm_prev;
   b->e->warm_prev = NULL;
   gcap_stream_free(side);
-  gc_trace_span(b->e, t0, "warmup", "warmup");
+  gc_span_end(b->e, &sp, "warmup", NULL);
   return st;
 }
