@@ -104,14 +104,17 @@ fi
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+# Another apt (a boot-time upgrade, a second build running setup) may hold
+# dpkg's lock: wait for it rather than fail.
+lock=(-o DPkg::Lock::Timeout=300)
 install() {
   "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -q "${missing[@]}" >>"$log" 2>&1
+    apt-get "${lock[@]}" install -y -q "${missing[@]}" >>"$log" 2>&1
 }
 
 if install; then
   echo "setup: installed ${missing[*]}"
-elif "${as_root[@]}" apt-get update -q >>"$log" 2>&1 && install; then
+elif "${as_root[@]}" apt-get "${lock[@]}" update -q >>"$log" 2>&1 && install; then
   echo "setup: updated the package lists and installed ${missing[*]}"
 else
   tail -n 20 "$log" >&2
