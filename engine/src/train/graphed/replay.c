@@ -529,6 +529,8 @@ gcap_status gcap_graphed_call_opts(gcap_graphed *G, int entry, const gcap_replay
   if (G == NULL) return graphed_call(G, entry, opts, nin, in, maxout, nout, out);
   gc_span_begin(G->e, &sp, "graphed forward of entry %d", entry + 1);
   st = graphed_call(G, entry, opts, nin, in, maxout, nout, out);
+  if (entry >= 0 && entry < G->n && G->v[entry].m != NULL) /* this call's flag, also on failure */
+    (void)gc_module_take_first_microbatch(G->v[entry].m);
   gc_span_end(G->e, &sp, "replay", NULL);
   return st;
 }
