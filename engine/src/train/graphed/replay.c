@@ -591,6 +591,7 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
 gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
   ge_entry *x;
   gcap_status st;
+  int k;
   if ((st = entry_ok(G, entry, "reset")) != GCAP_OK) return st;
   x = &G->v[entry];
   if (G->e->cap != NULL)
@@ -607,7 +608,13 @@ gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
   drop_outs(x->nargs + x->nparams, x->grad_in);
   drop_outs(x->nparams, x->dw_grad);
   drop_outs(x->out.n, x->grad_out);
-  drop_outs(x->out.n, x->out.t);
+  /* an output reuse gave back (weak) holds no memory, and stays: the other
+  ** entries' replays still mark it dead for the views the user kept */
+  for (k = 0; k < x->out.n; k++)
+    if (x->out.t[k] != NULL && !x->out.t[k]->blk->weak) {
+      gcap_tensor_free(x->out.t[k]);
+      x->out.t[k] = NULL;
+    }
   x->reset = 1;
   return GCAP_OK;
 }
