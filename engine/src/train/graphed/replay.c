@@ -100,7 +100,7 @@ static void ge_ref_free(void *ud) {
   ge_ref *r = (ge_ref *)ud;
   ge_entry *x = &r->G->v[r->entry];
   int k;
-  if (r->pending) x->fwd_pending--;
+  if (r->pending && !x->reset) x->fwd_pending--; /* reset: its pending were let go */
   for (k = 0; r->got && k < x->out.n; k++)
     gcap_tensor_free(r->got[k]);
   free(r->got);
@@ -209,7 +209,13 @@ static gcap_status grads_out(gcap_graphed *G, ge_entry *x, gc_node *n, gcap_tens
 /* The backward of a replay whose entry was reset since: its graphs and
 ** static buffers are gone. */
 static gcap_status reset_since(const ge_ref *r) {
-  return gc_fail(r->G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
+  const ge_entry *x = &r->G->v[r->entry];
+  return gc_fail(r->G->e, GCAP_ESTATE,
+                 "graphed backward: entry %d was reset after call %llu (callable %d, %s), which "
+                 "took its backward graph and saved activations; run a call's backward before "
+                 "resetting its entry",
+                 r->entry + 1, (unsigned long long)r->call, x->callable + 1,
+                 gcap_module_type(x->m));
 }
 
 /* Backward of a replayed forward: grads in, backward graph, grads out. */
@@ -616,6 +622,9 @@ gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
       x->out.t[k] = NULL;
     }
   x->reset = 1;
+  /* its pending backwards can no longer run (reset_since): they no longer
+  ** hold back the entries that share its static inputs (reuse) */
+  x->fwd_pending = 0;
   return GCAP_OK;
 }
 
