@@ -72,4 +72,66 @@ function TestGraphedMix:test_reset_with_a_call_pending ()
   lu.assertNotNil(y1)
 end
 
+-- A delayed-wgrad Linear(8, 8) to run eagerly and its graphed twin.
+local function delayed (opts)
+  gc.manual_seed(1)
+  local a = gc.nn.Linear(8, 8, {delay_wgrad = true})
+  gc.manual_seed(1)
+  local b = gc.nn.Linear(8, 8, {delay_wgrad = true})
+  gc.make_graphed_callables(b, {gc.ones({4, 8}, {requires_grad = true})}, opts)
+  return a, b
+end
+
+-- regression: backward_dw replayed its graph with no wgrad due (before any backward, twice) or
+-- after a later call: grads twice eager's, or call 2's input times call 1's grad, silently
+function TestGraphedMix:test_backward_dw_as_eager_queue ()
+  for _, clone in ipairs({true, false}) do
+    local a, b = delayed({clone_param_grads_on_return = clone})
+    local x1, x2 = gc.randn({4, 8}), gc.randn({4, 8})
+    b:backward_dw() -- nothing due: nothing happens, as eagerly
+    a:backward_dw()
+    H.assert_same(grads(b:parameters()), grads(a:parameters()), "before any backward")
+    b(x1):sum():backward()
+    a(x1):sum():backward()
+    b:backward_dw()
+    b:backward_dw() -- drained: adds nothing
+    a:backward_dw()
+    a:backward_dw()
+    H.assert_same(grads(b:parameters()), grads(a:parameters()), "twice")
+    b(x1):sum():backward()
+    a(x1):sum():backward()
+    H.assert_err(function () return b(x2) end,
+                 "graphed call of entry 1 (callable 1, Linear): the delayed wgrad of call 2 has "
+                 .. "not run", "call backward_dw() of the entry before its next call")
+    b:backward_dw() -- usable after: the wgrad of call 2, then call 3
+    a:backward_dw()
+    b(x2):sum():backward()
+    a(x2):sum():backward()
+    b:backward_dw()
+    a:backward_dw()
+    H.assert_same(grads(b:parameters()), grads(a:parameters()), "after the refusal")
+  end
+end
+
+-- regression: a second backward of one call (retain_graph_in_backward) overwrote the grads the
+-- delayed wgrad of the first reads
+function TestGraphedMix:test_backward_twice_before_backward_dw ()
+  local a, b = delayed({retain_graph_in_backward = true})
+  local x = gc.randn({4, 8})
+  local y, ye = b(x), a(x)
+  y:sum():backward({retain_graph = true})
+  ye:sum():backward({retain_graph = true})
+  H.assert_err(function () (y * gc.tensor(2)):sum():backward() end,
+               "graphed backward of call 1 of entry 1 (callable 1, Linear): the delayed wgrad of "
+               .. "call 1's backward has not run", "call backward_dw() of the entry between")
+  b:backward_dw()
+  a:backward_dw()
+  H.assert_same(grads(b:parameters()), grads(a:parameters()), "the first backward's wgrad")
+  ;(y * gc.tensor(2)):sum():backward()
+  ;(ye * gc.tensor(2)):sum():backward()
+  b:backward_dw()
+  a:backward_dw()
+  H.assert_same(grads(b:parameters()), grads(a:parameters()), "then the second's")
+end
+
 os.exit(lu.LuaUnit.run(), true)

@@ -107,6 +107,9 @@ typedef struct ge_entry {
   int reset;
   int fwd_pending; /* replayed forwards whose backward is still to come */
   uint64_t calls;  /* forward replays so far: the number of the latest call */
+  uint64_t dw_due; /* the call whose backward replayed and whose delayed wgrad (backward_dw) is
+                      still to run, or 0: the wgrad graph reads that call's activations and
+                      grads, which its entry's next call or backward would overwrite */
   ge_read *reads;  /* what the backward graph reads (gc_graphed_note_reads) */
   int nreads;
   ge_home *homes; /* [nargs + nhomes] the static inputs, then every parameter of m (nhomes

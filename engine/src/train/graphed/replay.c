@@ -230,6 +230,13 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   if (x->bwd == NULL)
     return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
                    r->entry + 1);
+  if (x->dw_due != 0)
+    return gc_fail(G->e, GCAP_ESTATE,
+                   "graphed backward of call %llu of entry %d (callable %d, %s): the delayed wgrad "
+                   "of call %llu's backward has not run, and this backward would overwrite the "
+                   "grads it reads; call backward_dw() of the entry between two backwards",
+                   (unsigned long long)r->call, r->entry + 1, x->callable + 1,
+                   gcap_module_type(x->m), (unsigned long long)x->dw_due);
   gc_span_begin(G->e, &sp, "graphed backward of entry %d", r->entry + 1);
   if ((st = gc_graphed_check_backward(r)) != GCAP_OK ||
       (st = grads_aside(G, x, n, &old)) != GCAP_OK || (st = grads_in(x, r, g)) != GCAP_OK ||
@@ -242,6 +249,7 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   if (G->reuse) gc_graphed_replayed(G, x, GE_BWD);
   gc_span_end(G->e, &sp, "replay", NULL);
   r->backwards++;
+  if (x->dw != NULL) x->dw_due = r->call; /* backward_dw's, as a Linear's queue */
   if (r->pending) {
     r->pending = 0;
     x->fwd_pending--;
@@ -472,6 +480,13 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, const gcap_replay_op
                    entry + 1, x->callable + 1, gcap_module_type(x->m), x->out.n, maxout,
                    maxout == 1 ? " (gcap_graphed_call_n takes several)" : "");
   if (G->reuse && (st = check_shared_inputs(G, entry)) != GCAP_OK) return st;
+  if (x->dw_due != 0)
+    return gc_fail(G->e, GCAP_ESTATE,
+                   "graphed call of entry %d (callable %d, %s): the delayed wgrad of call %llu has "
+                   "not run, and its graph reads that call's activations, which this call would "
+                   "overwrite; call backward_dw() of the entry before its next call",
+                   entry + 1, x->callable + 1, gcap_module_type(x->m),
+                   (unsigned long long)x->dw_due);
   if ((st = gc_graphed_fp8_first(G, entry, first)) != GCAP_OK) return st; /* fp8.c */
   was = gcap_set_grad_enabled(G->e, 0);
   st = copy_in(G, x, nin, in);
@@ -576,7 +591,7 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
   int k, was;
   if ((st = entry_ok(G, entry, "backward_dw")) != GCAP_OK) return st;
   x = &G->v[entry];
-  if (x->dw == NULL) return GCAP_OK;
+  if (x->dw == NULL || x->dw_due == 0) return GCAP_OK; /* none due: as eager's empty queue */
   gc_span_begin(G->e, &sp, "graphed backward_dw of entry %d", entry + 1);
   if ((st = gc_graph_replay(x->dw)) != GCAP_OK) {
     sp.t0 = 0.0; /* traced when it ran */
@@ -584,6 +599,7 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
     return st;
   }
   if (G->reuse) gc_graphed_replayed(G, x, GE_DW);
+  x->dw_due = 0;
   was = gcap_set_grad_enabled(G->e, 0);
   run.n = 0;
   for (k = 0; k < x->nparams && st == GCAP_OK; k++)
@@ -622,6 +638,7 @@ gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
       x->out.t[k] = NULL;
     }
   x->reset = 1;
+  x->dw_due = 0;
   /* its pending backwards can no longer run (reset_since): they no longer
   ** hold back the entries that share its static inputs (reuse) */
   x->fwd_pending = 0;
