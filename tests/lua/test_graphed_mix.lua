@@ -134,4 +134,18 @@ function TestGraphedMix:test_backward_twice_before_backward_dw ()
   H.assert_same(grads(b:parameters()), grads(a:parameters()), "then the second's")
 end
 
+-- regression: with only a submodule switched, the error said the module itself was in eval mode
+function TestGraphedMix:test_stream_with_a_submodule_switched ()
+  local m = gc.nn.Sequential(gc.nn.Linear(8, 8), gc.nn.Dropout(0.5))
+  local E = gc.make_graphed_callables({m}, {{gc.ones({4, 8}, {requires_grad = true})}})
+  local s = gc.Stream()
+  m[2]:eval()
+  H.assert_err(function () return E[1](gc.ones({4, 8}), {cuda_graph_stream = s}) end,
+               "graphed call of entry 1 (callable 1, Sequential): cuda_graph_stream and "
+               .. "cuda_graph_event are options of a replay, but submodule '1' is in eval mode, "
+               .. "graphed in training mode (it runs eagerly)")
+  m[2]:train()
+  lu.assertEquals(E[1](gc.ones({4, 8}), {cuda_graph_stream = s}).grad_fn, "graphed")
+end
+
 os.exit(lu.LuaUnit.run(), true)

@@ -175,6 +175,9 @@ void gc_graphed_note_versions(const ge_entry *x, uint64_t *ver);
 /* Do m and its submodules have the training flags entry x was graphed
 ** with (stale.c)? */
 int gc_graphed_modes_match(const ge_entry *x);
+/* Which module of x's tree has another mode than graphed, and those modes,
+** in words, into buf (for a call that runs eagerly). */
+void gc_graphed_mode_change(const ge_entry *x, char *buf, size_t size);
 /* Each static input of entry x and each parameter of its module is where
 ** it was when graphed: its storage, dtype and shape; else an error naming
 ** it (stale.c). */
