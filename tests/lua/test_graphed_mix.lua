@@ -31,7 +31,7 @@ end
 
 TestGraphedMix = {tearDown = H.no_capture_left}
 
--- regression: with reuse, a replay of entry 2 after entry 1's reset marked entry 1's freed output (NULL) dead: a crash
+-- regression: with reuse, entry 2's replay after entry 1's reset marked its freed output dead: a crash
 function TestGraphedMix:test_reuse_then_reset_one_entry ()
   local a, b, G = reused()
   local x = gc.randn({4, 8}, {requires_grad = true})
@@ -51,7 +51,7 @@ function TestGraphedMix:test_reuse_then_reset_one_entry ()
   H.assert_err(function () return y1:tolist() end, "reading output #1 of graphed entry 1 refused")
 end
 
--- regression: a call pending at its entry's reset refused entry 2 (shared inputs) while alive, though its backward can never run
+-- regression: a call pending at entry 1's reset refused entry 2 (shared inputs) while it lived
 function TestGraphedMix:test_reset_with_a_call_pending ()
   local a, b, G = reused()
   local x = gc.randn({4, 8}, {requires_grad = true})
@@ -82,8 +82,7 @@ local function delayed (opts)
   return a, b
 end
 
--- regression: backward_dw replayed its graph with no wgrad due (before any backward, twice) or
--- after a later call: grads twice eager's, or call 2's input times call 1's grad, silently
+-- regression: backward_dw replayed with no wgrad due (2x eager's grads) or after a later call
 function TestGraphedMix:test_backward_dw_as_eager_queue ()
   for _, clone in ipairs({true, false}) do
     local a, b = delayed({clone_param_grads_on_return = clone})
@@ -113,8 +112,7 @@ function TestGraphedMix:test_backward_dw_as_eager_queue ()
   end
 end
 
--- regression: a second backward of one call (retain_graph_in_backward) overwrote the grads the
--- delayed wgrad of the first reads
+-- regression: a second backward of one call overwrote the grads the first's delayed wgrad reads
 function TestGraphedMix:test_backward_twice_before_backward_dw ()
   local a, b = delayed({retain_graph_in_backward = true})
   local x = gc.randn({4, 8})
@@ -134,7 +132,7 @@ function TestGraphedMix:test_backward_twice_before_backward_dw ()
   H.assert_same(grads(b:parameters()), grads(a:parameters()), "then the second's")
 end
 
--- regression: with only a submodule switched, the error said the module itself was in eval mode
+-- regression: with a submodule switched, the error said the module itself was in eval mode
 function TestGraphedMix:test_stream_with_a_submodule_switched ()
   local m = gc.nn.Sequential(gc.nn.Linear(8, 8), gc.nn.Dropout(0.5))
   local E = gc.make_graphed_callables({m}, {{gc.ones({4, 8}, {requires_grad = true})}})
