@@ -320,7 +320,7 @@ LUAI_DDEC(const luaL_Reg l_F_funcs[]);
 /* lmodule.c */
 LUAI_DDEC(const LClass l_module_class);
 LUAI_FUNC LModule *l_checkmodule(lua_State *L, int i);
-LUAI_FUNC int l_takefirstmb(lua_State *L, int i, gcap_module *m, int entry);
+LUAI_FUNC int l_takefirstmb(lua_State *L, int i, gcap_module *m, int entry, int *first);
 LUAI_FUNC LModule *l_newmodule(lua_State *L, int cls);
 LUAI_FUNC void l_keepmodule(lua_State *L);
 LUAI_FUNC int l_findmodule(lua_State *L, gcap_module *m);

@@ -575,9 +575,9 @@ static int l_graphed_call(lua_State *L) {
   gcap_module *m;
   LGraphedCall c;
   LRun r = {.call = l_callgraphed, .op = "graphed call"};
-  int kwi = 0;
+  int kwi = 0, first = -1;
   m = gcap_graphed_module(p->g, entry);
-  if (nin > 0) nin -= l_takefirstmb(L, nin + 2, m, entry);
+  if (nin > 0) nin -= l_takefirstmb(L, nin + 2, m, entry, &first);
   if (nin > 0 && lua_type(L, nin + 2) == LUA_TTABLE) kwi = 2 + nin--; /* a kwargs map, last */
   l_pushmodule(L, m); /* its MV_KWARGS say how a kwargs map flattens */
   mi = lua_gettop(L);
@@ -614,6 +614,7 @@ static int l_graphed_call(lua_State *L) {
   r.args = 3;
   r.nargs = nargs;
   r.results = lua_gettop(L);
+  if (first >= 0) gcap_module_set_is_first_microbatch(m, first);
   l_run(L, &r);
   if ((i = l_pushresults(L, r.results, c.nout, c.out, gcap_module_type(m))) >= 0) return i;
   return l_pushouts(L, mi, c.nout, c.out, "graphed call");

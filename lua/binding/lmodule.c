@@ -190,12 +190,15 @@ static gcap_status l_callmodule(const LRun *r, void *ud) {
 }
 
 /* A graphed call's keyword is_first_microbatch (FP8 weight caching), in the
-** keyword map at i (a table that is no tensor): taken out of it into m's
-** flag for its next graphed call (entry: the entry's number from 0 for
-** messages, -1 for a module's own call); the map goes when nothing else is
-** in it. Returns how many arguments went (0 or 1). */
-int l_takefirstmb(lua_State *L, int i, gcap_module *m, int entry) {
-  int first, n = 0;
+** keyword map at i (a table that is no tensor): taken out of it into *first
+** (1, 0; -1 when absent), which the caller gives m's flag just before the
+** call, so that an error in the arguments leaves no flag for the next call
+** (entry: the entry's number from 0 for messages, -1 for a module's own
+** call); the map goes when nothing else is in it. Returns how many
+** arguments went (0 or 1). */
+int l_takefirstmb(lua_State *L, int i, gcap_module *m, int entry, int *first) {
+  int n = 0;
+  *first = -1;
   if (lua_type(L, i) != LUA_TTABLE) return 0;
   if (lua_getfield(L, i, "is_first_microbatch") == LUA_TNIL) {
     lua_pop(L, 1);
@@ -208,7 +211,7 @@ int l_takefirstmb(lua_State *L, int i, gcap_module *m, int entry) {
     return l_error(L, "%s: is_first_microbatch must be a boolean, got %s", gcap_module_type(m),
                    l_typename(L, -1));
   }
-  first = lua_toboolean(L, -1);
+  *first = lua_toboolean(L, -1);
   lua_pop(L, 1);
   lua_newtable(L); /* the map without it */
   lua_pushnil(L);
@@ -222,7 +225,6 @@ int l_takefirstmb(lua_State *L, int i, gcap_module *m, int entry) {
     lua_rawset(L, -4);
     n++;
   }
-  gcap_module_set_is_first_microbatch(m, first);
   if (n > 0) {
     lua_replace(L, i);
     return 0;
@@ -237,8 +239,9 @@ static int l_modcall(lua_State *L, int muted) {
   LModule *p = l_checkmodule(L, 1);
   gcap_module *m = p->m;
   int islua = (gcap_module_userdata(m) == lua_touserdata(L, ENGINEIDX));
-  int i, nargs, nin = 0;
-  if (gcap_module_is_graphed(m) && lua_gettop(L) > 1) l_takefirstmb(L, lua_gettop(L), m, -1);
+  int i, nargs, nin = 0, first = -1;
+  if (gcap_module_is_graphed(m) && lua_gettop(L) > 1)
+    l_takefirstmb(L, lua_gettop(L), m, -1, &first);
   nargs = lua_gettop(L) - 1;
   gcap_tensor **in = l_inbuf(L, l_maxin(L, 1, nargs));
   LOuts o;
@@ -269,6 +272,7 @@ static int l_modcall(lua_State *L, int muted) {
   r.nin = nin;
   r.nargs = nargs;
   r.muted = muted;
+  if (first >= 0) gcap_module_set_is_first_microbatch(m, first);
   l_run(L, &r);
   if ((i = l_pushresults(L, r.results, o.n, o.t, gcap_module_type(m))) >= 0) return i;
   if (!islua && o.n == 1 && o.t[0] != NULL) { /* a built-in's one tensor: no structure */

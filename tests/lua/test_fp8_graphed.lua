@@ -122,6 +122,24 @@ function TestFp8Graphed:test_weight_caching ()
   lu.assertEquals(lin(x3, {is_first_microbatch = false}):shape(), {8, 16}, "usable after")
 end
 
+-- regression: a call that failed (its arguments, a hook) left its is_first_microbatch for the next
+function TestFp8Graphed:test_failed_call_leaves_no_flag ()
+  local lin = gc.nn.Linear(16, 16)
+  local x = gc.randn({8, 16})
+  local E = gc.make_graphed_callables({lin}, {{x}}, {fp8_enabled = true, fp8_recipe = R,
+                                                     fp8_weight_caching = true})
+  local need = "`is_first_microbatch` boolean kwarg must be provided"
+  H.assert_err(function () lin(x, "no", {is_first_microbatch = false}) end, "must be a tensor")
+  H.assert_err(function () lin(x) end, need)
+  H.assert_err(function () E[1](x, "no", {is_first_microbatch = true}) end, "must be a tensor")
+  H.assert_err(function () E[1](x) end, need)
+  local h = lin:register_forward_pre_hook(function () error("pre-hook fails") end)
+  H.assert_err(function () lin(x, {is_first_microbatch = false}) end, "pre-hook fails")
+  h:remove()
+  H.assert_err(function () lin(x) end, need)
+  lu.assertEquals(lin(x, {is_first_microbatch = true}):shape(), {8, 16}, "usable after")
+end
+
 function TestFp8Graphed:test_option_errors ()
   local m = model(3)
   local x = gc.randn({8, 16}, {requires_grad = true})

@@ -616,6 +616,7 @@ gcap_status gcap_module_call_opts(gcap_module *m, const gcap_replay_opts *opts, 
   *nout = ny;
   ny = 0;
 done:
+  (void)gc_module_take_first_microbatch(m); /* this call's, also where it failed before */
   gc_outs_free(ny, ys);
   gc_outs_free(nargs, args);
   if (hc) hook_call_release(hc);

@@ -107,6 +107,9 @@ typedef struct ge_entry {
   int reset;
   int fwd_pending; /* replayed forwards whose backward is still to come */
   uint64_t calls;  /* forward replays so far: the number of the latest call */
+  uint64_t dw_due; /* the call whose backward replayed and whose delayed wgrad (backward_dw) is
+                      still to run, or 0: the wgrad graph reads that call's activations and
+                      grads, which its entry's next call or backward would overwrite */
   ge_read *reads;  /* what the backward graph reads (gc_graphed_note_reads) */
   int nreads;
   ge_home *homes; /* [nargs + nhomes] the static inputs, then every parameter of m (nhomes
@@ -172,6 +175,9 @@ void gc_graphed_note_versions(const ge_entry *x, uint64_t *ver);
 /* Do m and its submodules have the training flags entry x was graphed
 ** with (stale.c)? */
 int gc_graphed_modes_match(const ge_entry *x);
+/* Which module of x's tree has another mode than graphed, and those modes,
+** in words, into buf (for a call that runs eagerly). */
+void gc_graphed_mode_change(const ge_entry *x, char *buf, size_t size);
 /* Each static input of entry x and each parameter of its module is where
 ** it was when graphed: its storage, dtype and shape; else an error naming
 ** it (stale.c). */

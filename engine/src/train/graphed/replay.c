@@ -100,7 +100,7 @@ static void ge_ref_free(void *ud) {
   ge_ref *r = (ge_ref *)ud;
   ge_entry *x = &r->G->v[r->entry];
   int k;
-  if (r->pending) x->fwd_pending--;
+  if (r->pending && !x->reset) x->fwd_pending--; /* reset: its pending were let go */
   for (k = 0; r->got && k < x->out.n; k++)
     gcap_tensor_free(r->got[k]);
   free(r->got);
@@ -209,7 +209,13 @@ static gcap_status grads_out(gcap_graphed *G, ge_entry *x, gc_node *n, gcap_tens
 /* The backward of a replay whose entry was reset since: its graphs and
 ** static buffers are gone. */
 static gcap_status reset_since(const ge_ref *r) {
-  return gc_fail(r->G->e, GCAP_ESTATE, "graphed backward: entry %d was reset", r->entry + 1);
+  const ge_entry *x = &r->G->v[r->entry];
+  return gc_fail(r->G->e, GCAP_ESTATE,
+                 "graphed backward: entry %d was reset after call %llu (callable %d, %s), which "
+                 "took its backward graph and saved activations; run a call's backward before "
+                 "resetting its entry",
+                 r->entry + 1, (unsigned long long)r->call, x->callable + 1,
+                 gcap_module_type(x->m));
 }
 
 /* Backward of a replayed forward: grads in, backward graph, grads out. */
@@ -224,6 +230,13 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   if (x->bwd == NULL)
     return gc_fail(G->e, GCAP_ESTATE, "graphed backward: entry %d has no backward graph",
                    r->entry + 1);
+  if (x->dw_due != 0)
+    return gc_fail(G->e, GCAP_ESTATE,
+                   "graphed backward of call %llu of entry %d (callable %d, %s): the delayed wgrad "
+                   "of call %llu's backward has not run, and this backward would overwrite the "
+                   "grads it reads; call backward_dw() of the entry between two backwards",
+                   (unsigned long long)r->call, r->entry + 1, x->callable + 1,
+                   gcap_module_type(x->m), (unsigned long long)x->dw_due);
   gc_span_begin(G->e, &sp, "graphed backward of entry %d", r->entry + 1);
   if ((st = gc_graphed_check_backward(r)) != GCAP_OK ||
       (st = grads_aside(G, x, n, &old)) != GCAP_OK || (st = grads_in(x, r, g)) != GCAP_OK ||
@@ -236,6 +249,7 @@ static gcap_status ge_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   if (G->reuse) gc_graphed_replayed(G, x, GE_BWD);
   gc_span_end(G->e, &sp, "replay", NULL);
   r->backwards++;
+  if (x->dw != NULL) x->dw_due = r->call; /* backward_dw's, as a Linear's queue */
   if (r->pending) {
     r->pending = 0;
     x->fwd_pending--;
@@ -466,6 +480,13 @@ static gcap_status graphed_call(gcap_graphed *G, int entry, const gcap_replay_op
                    entry + 1, x->callable + 1, gcap_module_type(x->m), x->out.n, maxout,
                    maxout == 1 ? " (gcap_graphed_call_n takes several)" : "");
   if (G->reuse && (st = check_shared_inputs(G, entry)) != GCAP_OK) return st;
+  if (x->dw_due != 0)
+    return gc_fail(G->e, GCAP_ESTATE,
+                   "graphed call of entry %d (callable %d, %s): the delayed wgrad of call %llu has "
+                   "not run, and its graph reads that call's activations, which this call would "
+                   "overwrite; call backward_dw() of the entry before its next call",
+                   entry + 1, x->callable + 1, gcap_module_type(x->m),
+                   (unsigned long long)x->dw_due);
   if ((st = gc_graphed_fp8_first(G, entry, first)) != GCAP_OK) return st; /* fp8.c */
   was = gcap_set_grad_enabled(G->e, 0);
   st = copy_in(G, x, nin, in);
@@ -529,6 +550,8 @@ gcap_status gcap_graphed_call_opts(gcap_graphed *G, int entry, const gcap_replay
   if (G == NULL) return graphed_call(G, entry, opts, nin, in, maxout, nout, out);
   gc_span_begin(G->e, &sp, "graphed forward of entry %d", entry + 1);
   st = graphed_call(G, entry, opts, nin, in, maxout, nout, out);
+  if (entry >= 0 && entry < G->n && G->v[entry].m != NULL) /* this call's flag, also on failure */
+    (void)gc_module_take_first_microbatch(G->v[entry].m);
   gc_span_end(G->e, &sp, "replay", NULL);
   return st;
 }
@@ -568,7 +591,7 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
   int k, was;
   if ((st = entry_ok(G, entry, "backward_dw")) != GCAP_OK) return st;
   x = &G->v[entry];
-  if (x->dw == NULL) return GCAP_OK;
+  if (x->dw == NULL || x->dw_due == 0) return GCAP_OK; /* none due: as eager's empty queue */
   gc_span_begin(G->e, &sp, "graphed backward_dw of entry %d", entry + 1);
   if ((st = gc_graph_replay(x->dw)) != GCAP_OK) {
     sp.t0 = 0.0; /* traced when it ran */
@@ -576,6 +599,7 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
     return st;
   }
   if (G->reuse) gc_graphed_replayed(G, x, GE_DW);
+  x->dw_due = 0;
   was = gcap_set_grad_enabled(G->e, 0);
   run.n = 0;
   for (k = 0; k < x->nparams && st == GCAP_OK; k++)
@@ -589,6 +613,7 @@ gcap_status gcap_graphed_backward_dw(gcap_graphed *G, int entry) {
 gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
   ge_entry *x;
   gcap_status st;
+  int k;
   if ((st = entry_ok(G, entry, "reset")) != GCAP_OK) return st;
   x = &G->v[entry];
   if (G->e->cap != NULL)
@@ -605,8 +630,18 @@ gcap_status gcap_graphed_reset(gcap_graphed *G, int entry) {
   drop_outs(x->nargs + x->nparams, x->grad_in);
   drop_outs(x->nparams, x->dw_grad);
   drop_outs(x->out.n, x->grad_out);
-  drop_outs(x->out.n, x->out.t);
+  /* an output reuse gave back (weak) holds no memory, and stays: the other
+  ** entries' replays still mark it dead for the views the user kept */
+  for (k = 0; k < x->out.n; k++)
+    if (x->out.t[k] != NULL && !x->out.t[k]->blk->weak) {
+      gcap_tensor_free(x->out.t[k]);
+      x->out.t[k] = NULL;
+    }
   x->reset = 1;
+  x->dw_due = 0;
+  /* its pending backwards can no longer run (reset_since): they no longer
+  ** hold back the entries that share its static inputs (reuse) */
+  x->fwd_pending = 0;
   return GCAP_OK;
 }
 

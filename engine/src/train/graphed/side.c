@@ -11,14 +11,15 @@
 gcap_status gc_graphed_check_opts(gcap_graphed *G, int entry, const gcap_replay_opts *o,
                                   int replay) {
   const ge_entry *x = &G->v[entry];
+  char why[GC_NAMELEN + 64];
   if (o == NULL || (o->stream == NULL && o->event == NULL)) return GCAP_OK;
-  if (!replay)
+  if (!replay) {
+    gc_graphed_mode_change(x, why, sizeof why);
     return gc_fail(G->e, GCAP_EINVAL,
                    "graphed call of entry %d (callable %d, %s): cuda_graph_stream and "
-                   "cuda_graph_event are options of a replay, but the module is in %s mode, "
-                   "graphed in %s mode (it runs eagerly)",
-                   entry + 1, x->callable + 1, gcap_module_type(x->m),
-                   G->training ? "eval" : "training", G->training ? "training" : "eval");
+                   "cuda_graph_event are options of a replay, but %s (it runs eagerly)",
+                   entry + 1, x->callable + 1, gcap_module_type(x->m), why);
+  }
   if (o->stream != NULL && o->stream->e != G->e)
     return gc_foreign(G->e, "graphed call", "cuda_graph_stream");
   if (o->event == NULL) return GCAP_OK;

@@ -171,6 +171,41 @@ gcap_status gc_graphed_note_homes(ge_build *b) {
   return GCAP_OK;
 }
 
+/* The first module of m's tree, depth first, whose flag differs from v's
+** (from *n on): 1 with its dotted name in path (room: size; "" for m
+** itself) and its flag as graphed in *was, else 0. */
+static int mode_differs(const gcap_module *m, const unsigned char *v, int nv, int *n, char *path,
+                        size_t size, int *was) {
+  size_t len = strlen(path);
+  int i;
+  if (*n >= nv) return 0;
+  if (v[*n] != (gcap_module_training(m) != 0)) {
+    *was = v[*n];
+    return 1;
+  }
+  (*n)++;
+  for (i = 0; i < gcap_module_num_children(m); i++) {
+    const char *name = NULL;
+    const gcap_module *c = gcap_module_child(m, i, &name);
+    snprintf(path + len, size - len, "%s%s", len ? "." : "", name ? name : "?");
+    if (mode_differs(c, v, nv, n, path, size, was)) return 1;
+    path[len] = '\0';
+  }
+  return 0;
+}
+
+void gc_graphed_mode_change(const ge_entry *x, char *buf, size_t size) {
+  char path[GC_NAMELEN] = "";
+  int n = 0, was = 0;
+  if (!mode_differs(x->m, x->modes, x->nmodes, &n, path, sizeof path, &was)) {
+    snprintf(buf, size, "its modules differ from those graphed");
+    return;
+  }
+  snprintf(buf, size, "%s%s%s is in %s mode, graphed in %s mode",
+           path[0] ? "submodule '" : "the module", path, path[0] ? "'" : "",
+           was ? "eval" : "training", was ? "training" : "eval");
+}
+
 int gc_graphed_modes_match(const ge_entry *x) {
   int n = 0;
   return same_modes(x->m, x->modes, x->nmodes, &n) && n == x->nmodes;
