@@ -104,6 +104,19 @@ add_lib("gc.optim.", gc.optim)
 api[#api + 1] = {"gc.no_grad", function (f) return gc.no_grad(type(f) == "function" and f or value) end}
 table.sort(api, function (a, b) return a[1] < b[1] end)
 
+-- gc.save writes where it is told, as a dump does: a path (a string, or a
+-- number Lua turns into one) goes to the scratch file, not into the working
+-- directory
+for _, e in ipairs(api) do
+  if e[1] == "gc.save" then
+    local save = e[2]
+    e[2] = function (path, ...)
+      if type(path) == "string" or type(path) == "number" then path = scratch end
+      return save(path, ...)
+    end
+  end
+end
+
 -- The factories also take their sizes as arguments (gc.zeros(2, 3)): fuzzed
 -- sizes such as 2^31 would make real tensors of gigabytes, which a machine
 -- may or may not hold (under ASan the allocator aborts). Such a call is not
