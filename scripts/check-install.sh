@@ -107,11 +107,11 @@ run_env=()
 # readme_cc I NAME SOURCE...: README's command I with SOURCE... for prog.c, the
 # program written to tmp/NAME.
 readme_cc() {
-  local cmd=${cc_cmds[$1]} out
-  out=$(printf '%q' "$tmp/$2")
+  local cmd=${cc_cmds[$1]} exe
+  exe=$(printf '%q' "$tmp/$2")
   shift 2
   cmd=${cmd/ prog.c / $(printf '%q ' "$@")}
-  cmd=${cmd/-o prog /-o $out }
+  cmd=${cmd/-o prog /-o $exe }
   bash -c "$cmd"
 }
 
