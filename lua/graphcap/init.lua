@@ -28,9 +28,9 @@ gc.dist = require "graphcap.dist"
 require "graphcap.tensor_str"  -- tostring(t): the values, as PyTorch prints them
 require "graphcap.checkpoint"  -- state_dict and load_state_dict of modules and optimizers
 local safetensors = require "graphcap.safetensors"
--- gc.save(path, tensors [, metadata]), gc.load(path) -> tensors, metadata:
--- safetensors files
-gc.save, gc.load = safetensors.save, safetensors.load
+-- gc.save(path, tensors [, metadata]), gc.load(path) -> tensors,
+-- gc.load_metadata(path) -> metadata: safetensors files
+gc.save, gc.load, gc.load_metadata = safetensors.save, safetensors.load, safetensors.load_metadata
 gc.fp8 = require "graphcap.fp8"
 -- gc.random.RNGStatesTracker(), and the state of the generator in use
 gc.random = require "graphcap.random"

@@ -145,9 +145,9 @@ function M.save (path, tensors, metadata)
 end
 
 -- The checked entry of tensor k of the header of file p (size: the data's
--- bytes): {name, dtype, shape, b, e}.
-local function entry (p, k, v, size)
-  local function bad (fmt, ...) raise("load: %s: tensor %s " .. fmt, q(p), q(k), ...) end
+-- bytes) for the function op: {name, dtype, shape, b, e}.
+local function entry (op, p, k, v, size)
+  local function bad (fmt, ...) raise(op .. ": %s: tensor %s " .. fmt, q(p), q(k), ...) end
   if type(v) ~= "table" or getmetatable(v) ~= json.object then
     bad("must be an object {dtype, shape, data_offsets}")
   end
@@ -193,60 +193,61 @@ local function entry (p, k, v, size)
   return {name = k, dtype = dt, shape = shape, b = b, e = e}
 end
 
--- gc.load(path) -> tensors (name -> tensor), metadata (string -> string,
--- or nil). Every check on the header, its JSON, dtypes, shapes and offsets
--- is made before any data is read.
-function M.load (path)
-  if type(path) ~= "string" then raise("load: path must be a string, got %s", type(path)) end
-  if core.is_capturing() then
-    raise("load: writing tensors from the host is not allowed while a capture is open")
+-- The file at path, for the function op: its tensors (name -> tensor) when
+-- with_data, else its metadata (string -> string, or nil). Every check on
+-- the header, its JSON, dtypes, shapes and offsets is made before any data
+-- is read.
+local function read (op, path, with_data)
+  if type(path) ~= "string" then raise(op .. ": path must be a string, got %s", type(path)) end
+  if with_data and core.is_capturing() then
+    raise(op .. ": writing tensors from the host is not allowed while a capture is open")
   end
   local f, err = io.open(path, "rb")
-  if not f then raise("load: cannot open %s: %s", q(path), err) end
-  local ok, a, b = pcall(function ()
+  if not f then raise(op .. ": cannot open %s: %s", q(path), err) end
+  local ok, a = pcall(function ()
     local size = f:seek("end")
     if not size or not f:seek("set", 0) then
-      raise("load: %s: cannot seek in it (not a regular file?)", q(path))
+      raise(op .. ": %s: cannot seek in it (not a regular file?)", q(path))
     end
     if size < 8 then
-      raise("load: %s is not a safetensors file: %d bytes, less than the 8 of the header length",
+      raise(op .. ": %s is not a safetensors file: %d bytes, less than the 8 of the header length",
             q(path), size)
     end
     local len, rerr = f:read(8)
     if len == nil or #len ~= 8 then
-      raise("load: %s: cannot read it: %s", q(path), tostring(rerr or "it ended"))
+      raise(op .. ": %s: cannot read it: %s", q(path), tostring(rerr or "it ended"))
     end
     local n = string.unpack("<i8", len)
     if n < 0 or n > MAX_HEADER then
-      raise("load: %s: header length %s is over the %d bytes safetensors allows (corrupt file?)",
+      raise(op .. ": %s: header length %s is over the %d bytes safetensors allows (corrupt file?)",
             q(path), n < 0 and "of 2^63 or more" or string.format("%d", n), MAX_HEADER)
     end
     if n > size - 8 then
-      raise("load: %s is truncated: its header length is %d bytes, but %d follow the length",
+      raise(op .. ": %s is truncated: its header length is %d bytes, but %d follow the length",
             q(path), n, size - 8)
     end
     local header = f:read(n) or ""
-    if #header ~= n then raise("load: %s: the file ended inside its header", q(path)) end
+    if #header ~= n then raise(op .. ": %s: the file ended inside its header", q(path)) end
     if header:sub(1, 1) ~= "{" then
-      raise("load: %s: the header does not start with '{' (not a safetensors file?)", q(path))
+      raise(op .. ": %s: the header does not start with '{' (not a safetensors file?)", q(path))
     end
     local jok, doc = pcall(json.decode, header)
-    if not jok then raise("load: %s: the header is not valid JSON: %s of the header", q(path), doc) end
+    if not jok then raise(op .. ": %s: the header is not valid JSON: %s of the header", q(path), doc) end
     local data = size - 8 - n
     local entries, meta = {}, nil
     for k, v in pairs(doc) do
       if k == "__metadata__" then
         if type(v) ~= "table" or getmetatable(v) ~= json.object then
-          raise("load: %s: __metadata__ must be an object of strings", q(path))
+          raise(op .. ": %s: __metadata__ must be an object of strings", q(path))
         end
         for mk, mv in pairs(v) do
           if type(mv) ~= "string" then
-            raise("load: %s: __metadata__ entry %s is not a string", q(path), q(mk))
+            raise(op .. ": %s: __metadata__ entry %s is not a string", q(path), q(mk))
           end
         end
         meta = v
       else
-        entries[#entries + 1] = entry(path, k, v, data)
+        entries[#entries + 1] = entry(op, path, k, v, data)
       end
     end
     -- The tensors cover the data exactly, in offset order.
@@ -258,18 +259,19 @@ function M.load (path)
     local at, prev = 0, nil
     for _, e in ipairs(entries) do
       if e.b < at then
-        raise("load: %s: tensors %s and %s overlap (data_offsets [%d, %d] and [%d, %d])", q(path),
+        raise(op .. ": %s: tensors %s and %s overlap (data_offsets [%d, %d] and [%d, %d])", q(path),
               q(prev.name), q(e.name), prev.b, prev.e, e.b, e.e)
       elseif e.b > at then
-        raise("load: %s: bytes %d to %d of the data belong to no tensor (before %s)", q(path),
+        raise(op .. ": %s: bytes %d to %d of the data belong to no tensor (before %s)", q(path),
               at, e.b, q(e.name))
       end
       at, prev = e.e, e
     end
     if at ~= data then
-      raise("load: %s: the tensors cover %d bytes of data, but the file holds %d after the header",
+      raise(op .. ": %s: the tensors cover %d bytes of data, but the file holds %d after the header",
             q(path), at, data)
     end
+    if not with_data then return meta and setmetatable(meta, nil) end
     local out = {}
     for _, e in ipairs(entries) do
       local s = ""
@@ -277,26 +279,33 @@ function M.load (path)
         f:seek("set", 8 + n + e.b)
         s = f:read(e.e - e.b)
         if s == nil or #s ~= e.e - e.b then
-          raise("load: %s: the file ended inside tensor %s (did it change?)", q(path), q(e.name))
+          raise(op .. ": %s: the file ended inside tensor %s (did it change?)", q(path), q(e.name))
         end
       end
       local tok, t = pcall(function ()  -- out of device memory, say
         local t = core.empty(e.shape, to_gc[e.dtype])
         return #s > 0 and t:_write_bytes(s) or t
       end)
-      if not tok then raise("load: %s: tensor %s: %s", q(path), q(e.name), bare(t)) end
+      if not tok then raise(op .. ": %s: tensor %s: %s", q(path), q(e.name), bare(t)) end
       out[e.name] = t
     end
-    return out, meta and setmetatable(meta, nil)
+    return out
   end)
   f:close()
   if not ok then
     if type(a) == "string" and a:sub(1, #core._where()) == core._where() then
       error(a, 0)  -- ours: it names the user's line already
     end
-    raise("load: %s: %s", q(path), tostring(a))
+    raise(op .. ": %s: %s", q(path), tostring(a))
   end
-  return a, b
+  return a
 end
+
+-- gc.load(path) -> the tensors (name -> tensor), as safetensors' load_file.
+function M.load (path) return read("load", path, true) end
+
+-- gc.load_metadata(path) -> the header's metadata (string -> string), or
+-- nil without one, as safe_open's metadata(); no tensor is read.
+function M.load_metadata (path) return read("load_metadata", path, false) end
 
 return M

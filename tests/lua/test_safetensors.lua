@@ -52,7 +52,8 @@ end
 local function load_bytes (s)
   local p = os.tmpname()
   write(p, s)
-  local t, meta = gc.load(p)
+  local t = gc.load(p)
+  local meta = gc.load_metadata(p)
   os.remove(p)
   return t, meta
 end
@@ -74,10 +75,10 @@ TestSafetensors = {tearDown = H.no_capture_left}
 -- its values, and the model saves back to the very same bytes.
 function TestSafetensors:test_fixture_sequential_f32 ()
   local path = FIXTURES .. "sequential_f32.safetensors"
-  local sd, meta = gc.load(path)
-  lu.assertEquals(meta, {format = "pt"})
+  lu.assertEquals(gc.load_metadata(path), {format = "pt"})
+  lu.assertEquals(select("#", gc.load(path)), 1) -- the tensors alone, as load_file gives them
   local m = gc.nn.Sequential(gc.nn.Linear(4, 3), gc.nn.GELU(), gc.nn.LayerNorm(3))
-  local r = m:load_state_dict(sd)
+  local r = m:load_state_dict(gc.load(path)) -- PyTorch's files have metadata: nothing else comes
   lu.assertEquals(r, {missing_keys = {}, unexpected_keys = {}})
   local w, b, lw, lb = {}, {}, {}, {}
   for i = 0, 2 do
@@ -96,8 +97,8 @@ end
 -- subnormals and NaN payloads included, goes file -> model -> file bit for bit.
 function TestSafetensors:test_fixture_te_bf16_bits ()
   local path = FIXTURES .. "layernorm_mlp_bf16.safetensors"
-  local sd, meta = gc.load(path)
-  lu.assertNil(meta)
+  local sd = gc.load(path)
+  lu.assertNil(gc.load_metadata(path))
   local m = gc.nn.LayerNormMLP(4, 8):to("bf16")
   m:load_state_dict(sd)
   local k = 0
@@ -130,7 +131,7 @@ function TestSafetensors:test_roundtrip_f32_bitwise ()
   local meta = {["k\"ey"] = "v\tal\1ue λ", format = "pt"}
   local p = os.tmpname()
   gc.save(p, ts, meta)
-  local back, m2 = gc.load(p)
+  local back, m2 = gc.load(p), gc.load_metadata(p)
   os.remove(p)
   lu.assertEquals(m2, meta)
   local n = 0
@@ -276,6 +277,14 @@ function TestSafetensors:test_load_refusals ()
   write(p, file_of("{}"))
   H.assert_err(function () g:capture(function () gc.load(p) end) end, HERE,
                "load: writing tensors from the host is not allowed while a capture is open")
+  -- load_metadata reads no tensor: a capture may be open; its refusals name it
+  write(p, file_of('{"__metadata__":{"format":"pt"}}'))
+  local meta
+  g:capture(function () meta = gc.load_metadata(p) end)
+  lu.assertEquals(meta, {format = "pt"})
+  write(p, "\1\0\0")
+  H.assert_err(function () gc.load_metadata(p) end, HERE,
+               "load_metadata: \"" .. p .. "\" is not a safetensors file: 3 bytes")
   os.remove(p)
 end
 
