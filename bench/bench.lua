@@ -3,11 +3,13 @@
 -- A stack of L x (Linear(H, H) + GELU), batch B, forward + backward of the
 -- sum; one JSON line per configuration with the same fields as that script,
 -- then the scaling runs (one JSON line each); `transformer` runs the
--- transformer section (bench/torch_transformer.py is PyTorch's side).
--- Usage: graphcap bench/bench.lua [configs|scaling|transformer|all]
+-- transformer section (bench/torch_transformer.py is PyTorch's side), with
+-- each attention implementation or only the one named after it.
+-- Usage: graphcap bench/bench.lua [configs|scaling|transformer [IMPL]|all]
 local gc = require "graphcap"
 
 local what = arg[1] or "all"
+local impls = arg[2] and {arg[2]} or {"auto", "composed", "fused"}
 
 local function json (t, order)
   local parts = {}
@@ -226,13 +228,13 @@ if what == "transformer" or what == "all" then
   -- each configuration with both attentions; few steps keep the section
   -- short (each time is the mean of `iters` steps after 10 untimed ones)
   local TF = "transformer %s: L=%d d=%d heads=%d S=%d B=%d, %d iters, bf16"
-  for _, impl in ipairs({"auto", "composed", "fused"}) do
+  for _, impl in ipairs(impls) do
     add(TF, bench_transformer, impl, 24, 256, 4, 128, 4, 100)  -- launch-bound
     add(TF, bench_transformer, impl, 12, 768, 12, 1024, 8, 20) -- compute-bound
   end
 end
 if #runs == 0 then
-  io.stderr:write("usage: graphcap bench/bench.lua [configs|scaling|transformer|all]\n")
+  io.stderr:write("usage: graphcap bench/bench.lua [configs|scaling|transformer [IMPL]|all]\n")
   os.exit(1)
 end
 

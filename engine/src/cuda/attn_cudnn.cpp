@@ -4,7 +4,10 @@
 ** and TransformerEngine run it on Hopper.
 **
 ** q, k, v, o and their grads are the engine's contiguous [BH, S, D], given
-** to cuDNN as [B, H, S, D] (B = BH / H) with those strides; the forward
+** to cuDNN as [B, H, S, D] (B = BH / H) with those strides; or, with
+** GC_ATTN_PACKED, read in place from the packed [S, B, H, 3D] projection
+** (and their grads written into one such tensor), o and do [S, B, H * D],
+** as TransformerEngine's sbhd layouts give them, with no copies. The forward
 ** writes each row's log-sum-exp (cuDNN's Stats, [B, H, Sq, 1] f32) after the
 ** head of the engine's stats, and the backward reads it back, computing dq,
 ** dk and dv in one call with cuDNN's deterministic algorithm: every run,
@@ -54,11 +57,11 @@ enum { U_Q = 1, U_K, U_V, U_O, U_STATS, U_DO, U_DQ, U_DK, U_DV };
 /* What a graph is built for. */
 struct dnn_key {
   int64_t b, h, sq, sk, d;
-  int causal, backward;
+  int causal, backward, packed;
   uint32_t scale; /* the float's bits */
   bool operator==(const dnn_key &o) const {
     return b == o.b && h == o.h && sq == o.sq && sk == o.sk && d == o.d && causal == o.causal &&
-           backward == o.backward && scale == o.scale;
+           backward == o.backward && packed == o.packed && scale == o.scale;
   }
 };
 
@@ -105,6 +108,7 @@ static dnn_key dnn_key_of(const gc_kargs *a, int backward) {
   k.b = a->n[0] / k.h, k.sq = a->n[1], k.sk = a->n[2], k.d = a->n[3];
   k.causal = (a->n[5] & GC_MASK_CAUSAL) != 0;
   k.backward = backward;
+  k.packed = (a->n[5] & GC_ATTN_PACKED) != 0;
   memcpy(&k.scale, &scale, sizeof k.scale);
   return k;
 }
@@ -125,6 +129,8 @@ static int dnn_declines(const gc_kargs *a, char *why, size_t n) {
     snprintf(why, n, DNN_TAKES "equal head dims, got D %lld and Dv %lld", d, dv);
   else if (d % 8 != 0 || d < 8 || d > 128)
     snprintf(why, n, DNN_TAKES "a head dim that is a multiple of 8 up to 128, got %lld", d);
+  else if ((a->n[5] & GC_ATTN_PACKED) && a->n[1] != a->n[2])
+    snprintf(why, n, DNN_TAKES "a packed qkv for self-attention only (Sq = Sk)");
   else if (a->n[0] < 1 || a->n[1] < 1 || a->n[2] < 1)
     snprintf(why, n, DNN_TAKES "non-empty q, k and v");
   else {
@@ -143,6 +149,18 @@ static fe::graph::Tensor_attributes &dnn_bhsd(fe::graph::Tensor_attributes &t, i
   return t.set_uid(uid).set_dim({b, h, s, d}).set_stride({h * s * d, s * d, d, 1});
 }
 
+/* t as tensor uid of [b, h, s, d] as key k lays out q, k, v and their
+** grads (ways = 3), or o and do (ways = 1): contiguous, or packed, each
+** (s, b, h) holding `ways` blocks of d side by side. */
+static fe::graph::Tensor_attributes &dnn_operand(fe::graph::Tensor_attributes &t, int64_t uid,
+                                                 const dnn_key &k, int64_t s, int ways) {
+  if (!k.packed) return dnn_bhsd(t, uid, k.b, k.h, s, k.d);
+  const int64_t row = ways * k.d;
+  return t.set_uid(uid)
+      .set_dim({k.b, k.h, s, k.d})
+      .set_stride({k.h * row, row, k.b * k.h * row, 1});
+}
+
 /* The graph of key k, not built yet. */
 static std::shared_ptr<fe::graph::Graph> dnn_graph(const dnn_key &k) {
   typedef fe::graph::Tensor_attributes T;
@@ -152,9 +170,9 @@ static std::shared_ptr<fe::graph::Graph> dnn_graph(const dnn_key &k) {
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = g->tensor(dnn_bhsd(T().set_name("q"), U_Q, k.b, k.h, k.sq, k.d));
-  auto kt = g->tensor(dnn_bhsd(T().set_name("k"), U_K, k.b, k.h, k.sk, k.d));
-  auto v = g->tensor(dnn_bhsd(T().set_name("v"), U_V, k.b, k.h, k.sk, k.d));
+  auto q = g->tensor(dnn_operand(T().set_name("q"), U_Q, k, k.sq, 3));
+  auto kt = g->tensor(dnn_operand(T().set_name("k"), U_K, k, k.sk, 3));
+  auto v = g->tensor(dnn_operand(T().set_name("v"), U_V, k, k.sk, 3));
   if (!k.backward) {
     auto opt = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true);
     opt.set_attn_scale(scale);
@@ -162,13 +180,13 @@ static std::shared_ptr<fe::graph::Graph> dnn_graph(const dnn_key &k) {
       opt.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
           .set_diagonal_band_right_bound(0);
     auto [o, stats] = g->sdpa(q, kt, v, opt);
-    dnn_bhsd(o->set_output(true), U_O, k.b, k.h, k.sq, k.d);
+    dnn_operand(o->set_output(true), U_O, k, k.sq, 1);
     dnn_bhsd(stats->set_output(true).set_data_type(fe::DataType_t::FLOAT), U_STATS, k.b, k.h, k.sq,
              1);
     return g;
   }
-  auto o = g->tensor(dnn_bhsd(T().set_name("o"), U_O, k.b, k.h, k.sq, k.d));
-  auto dO = g->tensor(dnn_bhsd(T().set_name("do"), U_DO, k.b, k.h, k.sq, k.d));
+  auto o = g->tensor(dnn_operand(T().set_name("o"), U_O, k, k.sq, 1));
+  auto dO = g->tensor(dnn_operand(T().set_name("do"), U_DO, k, k.sq, 1));
   auto stats = g->tensor(dnn_bhsd(T().set_name("stats").set_data_type(fe::DataType_t::FLOAT),
                                   U_STATS, k.b, k.h, k.sq, 1));
   auto opt = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward");
@@ -176,9 +194,9 @@ static std::shared_ptr<fe::graph::Graph> dnn_graph(const dnn_key &k) {
   if (k.causal)
     opt.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
   auto [dq, dk, dv] = g->sdpa_backward(q, kt, v, o, dO, stats, opt);
-  dnn_bhsd(dq->set_output(true), U_DQ, k.b, k.h, k.sq, k.d);
-  dnn_bhsd(dk->set_output(true), U_DK, k.b, k.h, k.sk, k.d);
-  dnn_bhsd(dv->set_output(true), U_DV, k.b, k.h, k.sk, k.d);
+  dnn_operand(dq->set_output(true), U_DQ, k, k.sq, 3);
+  dnn_operand(dk->set_output(true), U_DK, k, k.sk, 3);
+  dnn_operand(dv->set_output(true), U_DV, k, k.sk, 3);
   return g;
 }
 

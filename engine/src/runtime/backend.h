@@ -229,6 +229,12 @@ extern "C" {
 ** and v, the engine's allocations are, and the core copies a do that is not. */
 #define GC_ATTN_CUDNN 0x80
 #define GC_ATTN_CUDNN_ALIGN 16
+/* With GC_ATTN_CUDNN, self-attention over a packed projection (Sq = Sk = S,
+** D = Dv, no mask, n[0] = B * H): q p[1], k p[2] = q + D and v p[3] = q + 2D
+** are read in place from qkv [S, B, H, 3D] (each head's q, k and v side by
+** side), o and do are [S, B, H * D], and dq p[0], dk p[8] = dq + D and dv
+** p[9] = dq + 2D are written into one [S, B, H, 3D] tensor. */
+#define GC_ATTN_PACKED 0x100
 
 /* The floats before the rows of an attention's stats: the dropout's
 ** {seed, offset} (two u64). */

@@ -6,6 +6,8 @@
 */
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "tensor.h"
@@ -279,6 +281,96 @@ static gcap_status sdpa_fused(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
     node->f[1] = (float)o->dropout_p;
     node->k[0] = flags;
     node->k[1] = heads;
+  }
+  gcap_tensor_free(stats);
+  return GCAP_OK;
+fail:
+  gcap_tensor_free(stats);
+  return gc_keep_or_free(out, st);
+}
+
+/* GC_K_ATTN's arguments over the packed qkv [S, B, H, 3D] (GC_ATTN_PACKED),
+** q, k and v in place; o and stats (p[0], p[4]) left to the caller. */
+static void attn_packed_args(gc_kargs *a, gcap_tensor *qkv, float scale, int64_t flags) {
+  const int64_t s = qkv->shape[0], heads = qkv->shape[2], d = qkv->shape[3] / 3;
+  char *base = (char *)gc_tensor_ptr(qkv);
+  size_t step = (size_t)d * gc_dtype_size(qkv->dt);
+  memset(a, 0, sizeof *a);
+  a->n[0] = qkv->shape[1] * heads;
+  a->n[1] = a->n[2] = s;
+  a->n[3] = a->n[4] = d;
+  a->n[5] = flags | GC_ATTN_PACKED;
+  a->n[6] = heads;
+  a->f[0] = scale;
+  a->p[1] = base, a->p[2] = base + step, a->p[3] = base + 2 * step;
+  a->dt = (int)qkv->dt;
+}
+
+/* saved: qkv, the library's stats, o; f[0] = scale; k[0] = the flags. The
+** grad of qkv in one launch, dq, dk and dv written in place. */
+static gcap_status attn_packed_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
+  gcap_tensor *qkv = n->saved[0], *in[4], *gd = NULL;
+  gc_kargs a;
+  gcap_status st;
+  ptrdiff_t step;
+  char *base;
+  if ((st = gc_tensor_alloc(g->e, "scaled_dot_product_attention backward", qkv->dt, qkv->ndim,
+                            qkv->shape, &gin[0])) != GCAP_OK)
+    return st;
+  /* the library reads do aligned as the forward's operands: a view elsewhere is copied */
+  if ((uintptr_t)gc_tensor_ptr(g) % GC_ATTN_CUDNN_ALIGN != 0) {
+    if ((st = gcap_tensor_clone(g, &gd)) != GCAP_OK) return st;
+    g = gd;
+  }
+  attn_packed_args(&a, qkv, n->f[0], n->k[0]);
+  step = (char *)a.p[2] - (char *)a.p[1];
+  a.p[4] = a.p[3], a.p[3] = a.p[2], a.p[2] = a.p[1]; /* the backward's q, k, v */
+  a.p[1] = gc_tensor_ptr(g);
+  base = (char *)gc_tensor_ptr(gin[0]);
+  a.p[0] = base, a.p[8] = base + step, a.p[9] = base + 2 * step;
+  a.p[5] = gc_tensor_ptr(n->saved[1]);
+  a.p[7] = gc_tensor_ptr(n->saved[2]);
+  in[0] = g, in[1] = qkv, in[2] = n->saved[1], in[3] = n->saved[2];
+  st = gc_run(g->e, GC_K_ATTN_BWD_DQ, &a, in, 4, gin[0]);
+  gcap_tensor_free(gd);
+  return st;
+}
+
+gcap_status gc_sdpa_packed(gcap_tensor *qkv, const gcap_sdpa_opts *o, char *why, size_t nwhy,
+                           gcap_tensor **out) {
+  static const char op[] = "scaled_dot_product_attention";
+  gcap_engine *e = qkv->e;
+  int64_t shape[3], len, d = qkv->shape[3] / 3, flags = GC_ATTN_CUDNN;
+  double scale = o->scale != 0.0 ? o->scale : 1.0 / sqrt((double)d);
+  gcap_tensor *stats = NULL, *save[3];
+  gc_node *node;
+  gc_kargs a;
+  gcap_status st;
+  *out = NULL;
+  if (o->attn_mask != NULL || o->dropout_p > 0.0 ||
+      (o->impl != GCAP_SDPA_AUTO && o->impl != GCAP_SDPA_CUDNN)) {
+    snprintf(why, nwhy, "the packed path takes no mask, no dropout and attn_impl auto or cudnn");
+    return GCAP_OK;
+  }
+  if (o->is_causal) flags |= GC_MASK_CAUSAL;
+  attn_packed_args(&a, qkv, (float)scale, flags);
+  if (!e->be->attn_supported(e->bs, &a, gc_grad_needed(e, &qkv, 1), e->cap != NULL, why, nwhy))
+    return GCAP_OK;
+  shape[0] = qkv->shape[0], shape[1] = qkv->shape[1], shape[2] = qkv->shape[2] * d;
+  if ((st = gc_tensor_alloc(e, op, qkv->dt, 3, shape, out)) != GCAP_OK) return st;
+  len = GC_ATTN_HEAD + a.n[0] * a.n[1];
+  if ((st = gc_tensor_alloc(e, op, GCAP_F32, 1, &len, &stats)) != GCAP_OK) goto fail;
+  a.p[0] = gc_tensor_ptr(*out);
+  a.p[4] = gc_tensor_ptr(stats);
+  if ((st = gc_note_access(e, stats, 1)) != GCAP_OK ||
+      (st = gc_run(e, GC_K_ATTN, &a, &qkv, 1, *out)) != GCAP_OK)
+    goto fail;
+  if (gc_grad_needed(e, &qkv, 1)) {
+    save[0] = qkv, save[1] = stats, save[2] = *out;
+    if ((st = gc_record(*out, op, attn_packed_backward, &qkv, 1, save, 3, &node)) != GCAP_OK)
+      goto fail;
+    node->f[0] = (float)scale;
+    node->k[0] = flags;
   }
   gcap_tensor_free(stats);
   return GCAP_OK;

@@ -345,6 +345,19 @@ gc_fp8_meta *gc_fp8_meta_retain(gc_fp8_meta *m);
 void gc_fp8_meta_release(gc_fp8_meta *m);
 
 /* ------------------------------------------------------------------------ */
+/* Attention (attention.c)                                                   */
+
+/* Self-attention over the packed projection qkv [S, B, H, 3D] (each head's
+** q, k and v side by side) into *out [S, B, H * D], as the sdpa of q, k and v
+** split and permuted to [B, H, S, D] (o's is_causal, scale and impl), with
+** the backend's library reading them in place and writing their grads into
+** one tensor (GC_ATTN_PACKED): no copies. Where the library declines (or o
+** asks for a mask, dropout or an impl other than auto and cudnn), *out is
+** NULL, why[n] says why and the status is GCAP_OK: the caller splits. */
+gcap_status gc_sdpa_packed(gcap_tensor *qkv, const gcap_sdpa_opts *o, char *why, size_t n,
+                           gcap_tensor **out);
+
+/* ------------------------------------------------------------------------ */
 /* Masks (mask.c)                                                            */
 
 /* The GC_MASK_* broadcast and dtype flags of `mask` read over a tensor of

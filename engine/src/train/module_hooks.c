@@ -644,6 +644,10 @@ gcap_status gcap_module_call(gcap_module *m, int nin, gcap_tensor *const *in, gc
                  m->type, n, n == 1 ? " (absent)" : "");
 }
 
+int gc_module_plain(const gcap_module *m) {
+  return m->nhooks == 0 && m->route[0].fn == NULL && m->route[1].fn == NULL;
+}
+
 void gc_module_set_route(gcap_module *m, int training, gc_route_fn fn, void *ud, int entry) {
   mod_route *rt = &m->route[training != 0];
   rt->fn = fn;

@@ -37,6 +37,10 @@ void gc_module_set_route(gcap_module *m, int training, gc_route_fn fn, void *ud,
 ** if it still is (a later make_graphed_callables may have routed it
 ** elsewhere). */
 void gc_module_unroute(gcap_module *m, const void *ud, int entry);
+/* 1 when a call of m would run its own forward and nothing else: m has no
+** hooks and no graphed route. Its parent may then compute m's result
+** itself, from inputs in a layout m's arguments cannot carry. */
+int gc_module_plain(const gcap_module *m);
 
 /* The engine m belongs to. */
 gcap_engine *gc_module_engine(const gcap_module *m);

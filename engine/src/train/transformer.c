@@ -434,9 +434,28 @@ static gcap_status tf_child(gcap_module *m, tf_mod *u, int slot, const char *nam
   return st;
 }
 
+/* The core attention over the packed q4 [S, B, heads, 3 * channels]
+** without splitting it (gc_sdpa_packed), when a call of the core would run
+** its own forward and nothing else and the backend's library takes it;
+** *out NULL otherwise. */
+static gcap_status mha_packed(const tf_mod *u, gcap_tensor *q4, gcap_tensor **out) {
+  gcap_module *core = u->c[TF_CORE];
+  char why[GC_ERRLEN];
+  gcap_sdpa_opts o;
+  *out = NULL;
+  if (u->mask == GCAP_ATTN_ARBITRARY || !gc_module_plain(core)) return GCAP_OK;
+  memset(&o, 0, sizeof o);
+  o.is_causal = u->mask == GCAP_ATTN_CAUSAL;
+  o.dropout_p = gcap_module_training(core) ? u->p_attn : 0.0;
+  o.impl = u->impl;
+  return gc_sdpa_packed(q4, &o, why, sizeof why, out);
+}
+
 /* x [S, B, hidden] (and a mask) -> [S, B, hidden]: the qkv projection,
 ** its [S, B, heads, 3 * channels] split into q, k, v (each head's three
-** blocks side by side, TE's interleaved layout), attention, projection. */
+** blocks side by side, TE's interleaved layout), attention, projection;
+** the split skipped where the core attention reads the packed projection
+** in place (mha_packed). */
 static gcap_status mha_forward(void *ud, gcap_module *m, int nin, gcap_tensor *const *in,
                                gcap_tensor **out) {
   tf_mod *u = (tf_mod *)ud;
@@ -458,8 +477,9 @@ static gcap_status mha_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
     shape[3] = 3 * u->kv;
     st = gcap_tensor_view(qkv, 4, shape, &q4);
   }
-  if (st == GCAP_OK) st = gcap_split(q4, u->kv, 3, 3, part, &n);
-  if (st == GCAP_OK) {
+  if (st == GCAP_OK) st = mha_packed(u, q4, &a);
+  if (st == GCAP_OK && a == NULL) st = gcap_split(q4, u->kv, 3, 3, part, &n);
+  if (st == GCAP_OK && a == NULL) {
     part[3] = nin > 1 ? in[1] : NULL;
     st = gcap_module_call(u->c[TF_CORE], nin + 2, part, &a);
   }
@@ -510,6 +530,8 @@ gcap_status gcap_nn_multihead_attention(gcap_engine *e, int64_t hidden, int num_
   u->kv = hidden / num_heads;
   u->mask = o->attn_mask_type;
   u->mask_opt = "attn_mask_type";
+  u->p_attn = o->attention_dropout; /* the core's, for mha_packed */
+  u->impl = o->attn_impl;
   if (o->input_layernorm) {
     st = gcap_nn_layer_norm_linear(e, hidden, 3 * hidden, o->layernorm_epsilon, o->bias, 0, &c);
     st = tf_child(*m, u, TF_QKV, "layernorm_qkv", c, st);
