@@ -1070,6 +1070,18 @@ gcap_status gcap_nn_transformer_layer(gcap_engine *e, int64_t hidden, int64_t ff
                                       int num_heads, const gcap_transformer_opts *o,
                                       gcap_module **m);
 
+/* How an attention module (DotProductAttention, MultiheadAttention,
+** TransformerLayer) ran its last call. */
+typedef struct gcap_attn_stats {
+  const char *impl; /* "cudnn", "fused" or "composed" (static); NULL before a first call, and
+                       for modules that run no attention */
+  int packed;       /* 1: cuDNN read q, k and v in place from the qkv projection (no copies) */
+  char why[512];    /* why cuDNN did not run it, or why q, k and v were split; "" when neither */
+} gcap_attn_stats;
+
+/* Copy m's gcap_attn_stats into *out. GCAP_EINVAL for m or out NULL. */
+gcap_status gcap_module_attention_stats(const gcap_module *m, gcap_attn_stats *out);
+
 /* Embedding: a table `weight` [num_embeddings, embedding_dim] drawn from
 ** N(0, 1); a call takes ids of any shape (integers held as numbers, as
 ** cross_entropy's targets) and gives [..., embedding_dim]. */

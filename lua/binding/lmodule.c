@@ -549,6 +549,25 @@ static int l_has_delayed_wgrad(lua_State *L) {
   return 1;
 }
 
+/* m:attention_stats() -> {impl = "cudnn" | "fused" | "composed", packed =
+** bool, why = string or nil}, how attention module m ran its last call; nil
+** before one, and for modules that run no attention */
+static int l_attention_stats(lua_State *L) {
+  gcap_attn_stats s;
+  (void)gcap_module_attention_stats(l_checkmodule(L, 1)->m, &s);
+  if (s.impl == NULL) return 0;
+  lua_createtable(L, 0, 3);
+  lua_pushstring(L, s.impl);
+  lua_setfield(L, -2, "impl");
+  lua_pushboolean(L, s.packed);
+  lua_setfield(L, -2, "packed");
+  if (s.why[0] != '\0') {
+    lua_pushstring(L, s.why);
+    lua_setfield(L, -2, "why");
+  }
+  return 1;
+}
+
 static int l_module_type(lua_State *L) {
   lua_pushstring(L, gcap_module_type(l_checkmodule(L, 1)->m));
   return 1;
@@ -577,6 +596,7 @@ static const luaL_Reg l_module_methods[] = {
     {"register_full_backward_pre_hook", l_register_full_backward_pre_hook},
     {"register_full_backward_hook", l_register_full_backward_hook},
     {"type", l_module_type},
+    {"attention_stats", l_attention_stats},
     {NULL, NULL}};
 
 LUAI_DDEF const LClass l_module_class = {"Module",          MODULE_MT,       "module is closed",

@@ -148,6 +148,12 @@ static void test_cudnn_where_it_cannot_run(void) {
   in[0] = in[1] = in[2] = x;
   T_CHECK_ST(e, gcap_module_call(m, 3, in, &y), GCAP_EUNSUPPORTED);
   T_CHECK(y == NULL && t_msg_has(e, "impl 'cudnn' cannot run this call"));
+  { /* the refused call ran nothing: the module's stats say no call yet */
+    gcap_attn_stats s;
+    T_CHECK(gcap_module_attention_stats(NULL, &s) == GCAP_EINVAL &&
+            gcap_module_attention_stats(m, NULL) == GCAP_EINVAL);
+    T_CHECK(gcap_module_attention_stats(m, &s) == GCAP_OK && s.impl == NULL);
+  }
   gcap_module_free(m);
   gcap_tensor_free(x);
   gcap_tensor_free(q[0]);

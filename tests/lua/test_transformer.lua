@@ -192,6 +192,7 @@ function TestTransformer:test_packed_attention_equals_split ()
     gc.manual_seed(6)
     local x = gc.randn({S2, B2, HID2}, {dtype = "bf16", requires_grad = true})
     local w = gc.randn({S2, B2, HID2}, {dtype = "bf16"})
+    lu.assertNil(l:attention_stats()) -- no call yet
     local f = l
     if graphed then
       f = gc.make_graphed_callables(l, {gc.randn({S2, B2, HID2}, {dtype = "bf16",
@@ -202,16 +203,49 @@ function TestTransformer:test_packed_attention_equals_split ()
     loss:backward()
     local qkv = l.self_attention.layernorm_qkv
     return {y = y:tolist(), dx = x.grad:tolist(), dw = qkv.weight.grad:tolist(),
-            dln = qkv.layer_norm_weight.grad:tolist()}
+            dln = qkv.layer_norm_weight.grad:tolist(), stats = l:attention_stats()}
   end
   local packed, split = run(false), run(true)
+  if gc.device() == "cuda" then -- cuDNN: packed, unless a hook asks for q, k and v
+    lu.assertEquals(packed.stats, {impl = "cudnn", packed = true})
+    lu.assertEquals(split.stats, {impl = "cudnn", packed = false, why = "core_attention has hooks "
+                                  .. "or a graph of its own, so q, k and v are split for its call"})
+  else -- the host runs the composition, and says why
+    lu.assertEquals(packed.stats, {impl = "composed", packed = false, why = "the host backend "
+                                   .. "has no cuDNN (it runs the composition, the reference)"})
+  end
   for _, k in ipairs({"y", "dx", "dw", "dln"}) do
     H.assert_close(packed[k], split[k], 3e-2, 3e-2, k .. ": packed against split")
   end
   local g = run(false, true)
+  lu.assertEquals(g.stats, packed.stats) -- as it ran at capture
   for _, k in ipairs({"y", "dx", "dw", "dln"}) do
     H.assert_bitwise(g[k], packed[k], k .. ": graphed against eager")
   end
+end
+
+-- attention_stats says which implementation an attention module's last
+-- call ran, and why cuDNN did not; a failed call leaves them as they were.
+function TestTransformer:test_attention_stats ()
+  local q = gc.randn({S, B, HEADS, D})
+  for _, impl in ipairs({"composed", "fused"}) do
+    local a = gc.nn.DotProductAttention(HEADS, D, {attn_impl = impl})
+    lu.assertNil(a:attention_stats())
+    a(q, q, q)
+    lu.assertEquals(a:attention_stats(), {impl = impl, packed = false, why = "impl '" .. impl
+                                          .. "' asks for the " .. (impl == "fused" and
+                                          "own fused kernels" or "composition")})
+  end
+  local mha = gc.nn.MultiheadAttention(HID, HEADS, {attention_dropout = 0})
+  mha(gc.randn({S, B, HID}))
+  local st = mha:attention_stats() -- f32: cuDNN takes bf16 alone
+  lu.assertEquals({st.impl, st.packed}, {"composed", false})
+  lu.assertNil(gc.nn.Linear(2, 2):attention_stats())
+  local a = gc.nn.DotProductAttention(HEADS, D, {attn_impl = "fused"})
+  a(q, q, q)
+  local was = a:attention_stats()
+  lu.assertFalse(pcall(a, q, q, gc.randn({S, B, HEADS, D + 1})))
+  lu.assertEquals(a:attention_stats(), was)
 end
 
 -- Errors name the module and the thing, at the caller's line; the module

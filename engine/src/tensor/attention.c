@@ -381,13 +381,21 @@ fail:
 
 gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
                                               const gcap_sdpa_opts *opts, gcap_tensor **out) {
+  gcap_attn_stats ran;
+  return gc_sdpa(q, k, v, opts, &ran, out);
+}
+
+gcap_status gc_sdpa(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v, const gcap_sdpa_opts *opts,
+                    gcap_attn_stats *ran, gcap_tensor **out) {
   static const char op[] = "scaled_dot_product_attention";
   gcap_sdpa_opts o;
   double scale;
   int64_t d, dv, shape[GCAP_MAXDIM], flags = 0;
   int fusable;
-  char why[GC_ERRLEN];
+  char *why = ran->why;
+  const size_t nwhy = sizeof ran->why;
   gcap_status st;
+  memset(ran, 0, sizeof *ran);
   if ((st = gc_op_start_out(op, q, "q", k ? k : v, out)) != GCAP_OK ||
       (st = gc_operand(q->e, op, "k", k)) != GCAP_OK ||
       (st = gc_operand(q->e, op, "v", v)) != GCAP_OK)
@@ -420,21 +428,33 @@ gcap_status gcap_scaled_dot_product_attention(gcap_tensor *q, gcap_tensor *k, gc
   switch (o.impl) {
     case GCAP_SDPA_AUTO: /* cuDNN where it runs, the composition elsewhere (docs/lua-api.md) */
     case GCAP_SDPA_CUDNN:
-      if (sdpa_cudnn(q, k, v, &o, scale, flags, why, sizeof why))
-        return sdpa_fused(q, k, v, &o, scale, flags | GC_ATTN_CUDNN, out);
-      if (o.impl == GCAP_SDPA_CUDNN)
-        return gc_fail(q->e, GCAP_EUNSUPPORTED, "%s: impl 'cudnn' cannot run this call: %s", op,
-                       why);
-      return sdpa_composed(q, k, v, &o, scale, out);
+      if (sdpa_cudnn(q, k, v, &o, scale, flags, why, nwhy)) {
+        ran->impl = "cudnn";
+        st = sdpa_fused(q, k, v, &o, scale, flags | GC_ATTN_CUDNN, out);
+      } else if (o.impl == GCAP_SDPA_CUDNN) {
+        st = gc_fail(q->e, GCAP_EUNSUPPORTED, "%s: impl 'cudnn' cannot run this call: %s", op, why);
+      } else {
+        ran->impl = "composed";
+        st = sdpa_composed(q, k, v, &o, scale, out);
+      }
+      break;
     case GCAP_SDPA_COMPOSED:
-      return sdpa_composed(q, k, v, &o, scale, out);
+      ran->impl = "composed";
+      snprintf(why, nwhy, "impl 'composed' asks for the composition");
+      st = sdpa_composed(q, k, v, &o, scale, out);
+      break;
     case GCAP_SDPA_FUSED:
       if (!fusable)
         return gc_fail(q->e, GCAP_EINVAL,
                        "%s: the fused kernel takes head dims up to %d, got D %lld and Dv %lld", op,
                        GCAP_SDPA_FUSED_DMAX, (long long)d, (long long)dv);
-      return sdpa_fused(q, k, v, &o, scale, flags, out);
+      ran->impl = "fused";
+      snprintf(why, nwhy, "impl 'fused' asks for the own fused kernels");
+      st = sdpa_fused(q, k, v, &o, scale, flags, out);
+      break;
     default:
       return gc_fail(q->e, GCAP_EINVAL, "%s: unknown impl %d", op, (int)o.impl);
   }
+  if (st != GCAP_OK) ran->impl = NULL;
+  return st;
 }

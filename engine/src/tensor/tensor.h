@@ -347,6 +347,10 @@ void gc_fp8_meta_release(gc_fp8_meta *m);
 /* ------------------------------------------------------------------------ */
 /* Attention (attention.c)                                                   */
 
+/* gcap_scaled_dot_product_attention, noting in *ran the implementation that
+** ran it and why cuDNN did not (impl NULL when the call failed). */
+gcap_status gc_sdpa(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v, const gcap_sdpa_opts *opts,
+                    gcap_attn_stats *ran, gcap_tensor **out);
 /* Self-attention over the packed projection qkv [S, B, H, 3D] (each head's
 ** q, k and v side by side) into *out [S, B, H * D], as the sdpa of q, k and v
 ** split and permuted to [B, H, S, D] (o's is_causal, scale and impl), with

@@ -476,6 +476,16 @@ gc_fp8_meta **gc_module_fp8_slot(gcap_module *m) {
   return &m->fp8;
 }
 
+gcap_attn_stats *gc_module_attn_slot(gcap_module *m) {
+  return &m->attn;
+}
+
+gcap_status gcap_module_attention_stats(const gcap_module *m, gcap_attn_stats *out) {
+  if (m == NULL || out == NULL) return GCAP_EINVAL;
+  *out = m->attn;
+  return GCAP_OK;
+}
+
 gcap_status gcap_module_set_is_first_microbatch(gcap_module *m, int first) {
   if (m == NULL) return GCAP_EINVAL;
   m->first_mb = first ? 2 : 1;

@@ -60,11 +60,12 @@ struct gcap_module {
   gc_wgrad_sink *wgrad;    /* a Linear that delays or fuses wgrad: its sink, else NULL */
   gc_wgrad_queue wq_aside; /* the user's delayed wgrads while make_graphed_callables runs */
   int aside;
-  mod_route route[2]; /* by training flag: graphed in both modes, each call replays its own */
-  mod_flat flat[2];   /* parameters, buffers: see flat_of */
-  int fp8_gemms;      /* the FP8 GEMMs it runs itself (gc_module_set_fp8_gemms) */
-  gc_fp8_meta *fp8;   /* their FP8 state, made at the first FP8 call, or NULL */
-  int first_mb;       /* is_first_microbatch for the next graphed call: 2 true, 1 false, 0 none */
+  mod_route route[2];   /* by training flag: graphed in both modes, each call replays its own */
+  gcap_attn_stats attn; /* an attention module's last call (gc_module_attn_slot) */
+  mod_flat flat[2];     /* parameters, buffers: see flat_of */
+  int fp8_gemms;        /* the FP8 GEMMs it runs itself (gc_module_set_fp8_gemms) */
+  gc_fp8_meta *fp8;     /* their FP8 state, made at the first FP8 call, or NULL */
+  int first_mb;         /* is_first_microbatch for the next graphed call: 2 true, 1 false, 0 none */
 };
 
 /* While a capture is open, where a module's forward runs, for the labels of

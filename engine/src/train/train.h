@@ -60,6 +60,9 @@ gcap_status gc_module_keep_or_free(gcap_module **m, gcap_status st);
 ** that reference). */
 void gc_module_set_fp8_gemms(gcap_module *m, int n);
 gc_fp8_meta **gc_module_fp8_slot(gcap_module *m);
+/* Where an attention module notes how its last call ran
+** (gcap_module_attention_stats). */
+gcap_attn_stats *gc_module_attn_slot(gcap_module *m);
 /* The is_first_microbatch the next graphed call of m was given (1 true, 0
 ** false, -1 none), cleared. */
 int gc_module_take_first_microbatch(gcap_module *m);

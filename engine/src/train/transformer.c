@@ -6,6 +6,7 @@
 ** module itself (layer_norm_weight, fc1_weight, ...) and borrowed by its ud.
 */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -329,7 +330,8 @@ static gcap_status check_sbhd(const tf_mod *u, const char *what, gcap_tensor *t)
 ** boolean (nonzero: masked out) or causal as u's type says; dropout of the
 ** weights with u's p_attn in training. */
 static gcap_status tf_attention(const tf_mod *u, gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
-                                gcap_tensor *mask, int training, gcap_tensor **out) {
+                                gcap_tensor *mask, int training, gcap_attn_stats *ran,
+                                gcap_tensor **out) {
   gcap_sdpa_opts o;
   memset(&o, 0, sizeof o);
   o.attn_mask = mask;
@@ -337,7 +339,7 @@ static gcap_status tf_attention(const tf_mod *u, gcap_tensor *q, gcap_tensor *k,
   o.is_causal = u->mask == GCAP_ATTN_CAUSAL;
   o.dropout_p = training ? u->p_attn : 0.0;
   o.impl = u->impl;
-  return gcap_scaled_dot_product_attention(q, k, v, &o, out);
+  return gc_sdpa(q, k, v, &o, ran, out);
 }
 
 /* q, k, v [S, B, H, D] -> [S, B, H * D]: attention over [B, H, S, D]. */
@@ -347,6 +349,7 @@ static gcap_status dpa_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
   static const char *what[3] = {"q", "k", "v"};
   tf_mod *u = (tf_mod *)ud;
   gcap_tensor *t[3] = {NULL, NULL, NULL}, *o = NULL, *os = NULL;
+  gcap_attn_stats ran;
   gcap_status st;
   int i;
   if ((st = tf_mask_inputs(u, nin, 3, "q, k, v")) != GCAP_OK) return st;
@@ -355,7 +358,8 @@ static gcap_status dpa_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
   for (i = 0; st == GCAP_OK && i < 3; i++)
     st = gcap_permute(in[i], to_bhsd, &t[i]);
   if (st == GCAP_OK)
-    st = tf_attention(u, t[0], t[1], t[2], nin > 3 ? in[3] : NULL, gcap_module_training(m), &o);
+    st = tf_attention(u, t[0], t[1], t[2], nin > 3 ? in[3] : NULL, gcap_module_training(m), &ran,
+                      &o);
   if (st == GCAP_OK && (st = gcap_permute(o, to_sbhd, &os)) == GCAP_OK) {
     int64_t shape[3];
     shape[0] = gcap_tensor_shape(os)[0];
@@ -363,6 +367,7 @@ static gcap_status dpa_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
     shape[2] = u->heads * u->kv;
     st = gcap_tensor_view(os, 3, shape, out);
   }
+  if (st == GCAP_OK) *gc_module_attn_slot(m) = ran; /* a failed call leaves them as they were */
   for (i = 0; i < 3; i++)
     gcap_tensor_free(t[i]);
   gcap_tensor_free(o);
@@ -437,18 +442,43 @@ static gcap_status tf_child(gcap_module *m, tf_mod *u, int slot, const char *nam
 /* The core attention over the packed q4 [S, B, heads, 3 * channels]
 ** without splitting it (gc_sdpa_packed), when a call of the core would run
 ** its own forward and nothing else and the backend's library takes it;
-** *out NULL otherwise. */
-static gcap_status mha_packed(const tf_mod *u, gcap_tensor *q4, gcap_tensor **out) {
+** *out NULL otherwise, with why into ran. */
+static gcap_status mha_packed(const tf_mod *u, gcap_tensor *q4, gcap_attn_stats *ran,
+                              gcap_tensor **out) {
   gcap_module *core = u->c[TF_CORE];
-  char why[GC_ERRLEN];
   gcap_sdpa_opts o;
+  gcap_status st;
   *out = NULL;
-  if (u->mask == GCAP_ATTN_ARBITRARY || !gc_module_plain(core)) return GCAP_OK;
+  memset(ran, 0, sizeof *ran);
+  if (u->mask == GCAP_ATTN_ARBITRARY) {
+    snprintf(ran->why, sizeof ran->why,
+             "attn_mask_type 'arbitrary' takes a mask, so q, k and v "
+             "are split for core_attention");
+    return GCAP_OK;
+  }
+  if (!gc_module_plain(core)) {
+    snprintf(ran->why, sizeof ran->why,
+             "core_attention has hooks or a graph of its own, so q, k "
+             "and v are split for its call");
+    return GCAP_OK;
+  }
   memset(&o, 0, sizeof o);
   o.is_causal = u->mask == GCAP_ATTN_CAUSAL;
   o.dropout_p = gcap_module_training(core) ? u->p_attn : 0.0;
   o.impl = u->impl;
-  return gc_sdpa_packed(q4, &o, why, sizeof why, out);
+  st = gc_sdpa_packed(q4, &o, ran->why, sizeof ran->why, out);
+  if (st == GCAP_OK && *out != NULL) ran->impl = "cudnn", ran->packed = 1;
+  return st;
+}
+
+/* ran: how the split path's core attention ran, with why the packed path
+** was not taken where cuDNN ran it. */
+static void mha_split_ran(const tf_mod *u, gcap_attn_stats *ran) {
+  char packed_why[sizeof ran->why];
+  memcpy(packed_why, ran->why, sizeof packed_why);
+  *ran = *gc_module_attn_slot(u->c[TF_CORE]);
+  ran->packed = 0;
+  if (ran->why[0] == '\0') memcpy(ran->why, packed_why, sizeof ran->why);
 }
 
 /* x [S, B, hidden] (and a mask) -> [S, B, hidden]: the qkv projection,
@@ -460,9 +490,9 @@ static gcap_status mha_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
                                gcap_tensor **out) {
   tf_mod *u = (tf_mod *)ud;
   gcap_tensor *qkv = NULL, *q4 = NULL, *a = NULL, *part[4] = {NULL, NULL, NULL, NULL};
+  gcap_attn_stats ran;
   gcap_status st;
   int i, n = 0;
-  (void)m;
   if ((st = tf_mask_inputs(u, nin, 1, "x")) != GCAP_OK) return st;
   if (gcap_tensor_ndim(in[0]) != 3 || gcap_tensor_shape(in[0])[2] != u->heads * u->kv) {
     char b[64];
@@ -477,13 +507,15 @@ static gcap_status mha_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
     shape[3] = 3 * u->kv;
     st = gcap_tensor_view(qkv, 4, shape, &q4);
   }
-  if (st == GCAP_OK) st = mha_packed(u, q4, &a);
+  if (st == GCAP_OK) st = mha_packed(u, q4, &ran, &a);
   if (st == GCAP_OK && a == NULL) st = gcap_split(q4, u->kv, 3, 3, part, &n);
   if (st == GCAP_OK && a == NULL) {
     part[3] = nin > 1 ? in[1] : NULL;
     st = gcap_module_call(u->c[TF_CORE], nin + 2, part, &a);
+    if (st == GCAP_OK) mha_split_ran(u, &ran);
   }
   if (st == GCAP_OK) st = gcap_module_call(u->c[TF_PROJ], 1, &a, out);
+  if (st == GCAP_OK) *gc_module_attn_slot(m) = ran;
   for (i = 0; i < n; i++)
     gcap_tensor_free(part[i]);
   gcap_tensor_free(qkv);
@@ -575,6 +607,7 @@ static gcap_status tl_forward(void *ud, gcap_module *m, int nin, gcap_tensor *co
       (st = residual(a, u->p_hid, training, in[0], &h)) == GCAP_OK &&
       (st = gcap_module_call(u->c[TF_MLP], 1, &h, &f)) == GCAP_OK)
     st = residual(f, u->p_hid, training, h, out);
+  if (st == GCAP_OK) *gc_module_attn_slot(m) = *gc_module_attn_slot(u->c[TF_ATTN]);
   gcap_tensor_free(a);
   gcap_tensor_free(h);
   gcap_tensor_free(f);
