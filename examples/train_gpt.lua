@@ -8,9 +8,11 @@
 -- layers are graphed one by one (make_graphed_callables with
 -- capture_time_hooks); their losses and final parameters must be equal bit
 -- for bit. It prints the loss, checks the accuracy it states on fresh
--- strings, and writes an SVG of the loss curve.
+-- strings, says how the attention ran (on cuda in bf16: cuDNN, reading q,
+-- k and v in place), and writes an SVG of the loss curve.
 --
 --   build/graphcap examples/train_gpt.lua [small|full [SVG]]
+--   GPT_DTYPE=bf16 build/graphcap examples/train_gpt.lua small    (default f32)
 --
 -- "small" (the test setting, also GPT_SIZE=small) is 2 layers of width 32;
 -- "full" (the default) 4 layers of width 64. SVG: where the loss curve
@@ -24,6 +26,8 @@ local SIZES = {
 local size = arg[1] or os.getenv("GPT_SIZE") or "full"
 local C = SIZES[size] or error("size must be small or full, got " .. tostring(size))
 local svg_path = arg[2] or "train_gpt_loss.svg"
+local DT = os.getenv("GPT_DTYPE") or "f32"
+assert(DT == "f32" or DT == "bf16", "GPT_DTYPE must be f32 or bf16, got " .. DT)
 local V = 256          -- byte values
 local MIN_FIRST = 4    -- from this position on, every target is determined
 local LETTERS = "abcdefgh"
@@ -85,7 +89,7 @@ end
 
 local function model ()
   gc.manual_seed(1)
-  local m = GPT()
+  local m = GPT():to(DT)
   return m, gc.optim.Adam(m:parameters(), {lr = C.lr})
 end
 
@@ -98,7 +102,7 @@ local hook_calls = 0
 local hooks, samples = {}, {}
 for i = 1, C.layers do
   hooks[i] = {forward_pre_hooks = {function () hook_calls = hook_calls + 1 end}}
-  samples[i] = {gc.randn({C.S, C.B, C.d}, {requires_grad = true})}
+  samples[i] = {gc.randn({C.S, C.B, C.d}, {requires_grad = true, dtype = DT})}
 end
 gc.make_graphed_callables(graphed.layers, samples, {capture_time_hooks = hooks,
                                                     num_warmup_iters = 3})
@@ -107,7 +111,7 @@ assert(hooks_at_graphing == C.layers * (3 + 1), "capture-time hooks: " .. hooks_
 
 local function step (m, opt, ids, targets)
   opt:zero_grad()
-  local loss = gc.F.cross_entropy(m(ids), targets)
+  local loss = gc.F.cross_entropy(m(ids):float(), targets) -- the loss in f32, as TE users take it
   loss:backward()
   opt:step()
   return loss:item()
@@ -129,7 +133,14 @@ for i = 1, #pe do
   local a, b = pe[i]:reshape({pe[i]:numel()}):tolist(), pg[i]:reshape({pg[i]:numel()}):tolist()
   for j = 1, #a do assert(a[j] == b[j], ("parameter %d differs at %d"):format(i, j)) end
 end
-print(("eager and per-layer graphed training equal bit for bit over %d steps"):format(C.steps))
+print(("eager and per-layer graphed training equal bit for bit over %d steps (%s)"):format(
+  C.steps, DT))
+local st = graphed.layers[1]:attention_stats()
+print(("attention: %s%s%s"):format(st.impl, st.packed and ", q, k and v read in place" or "",
+                                   st.why and " (" .. st.why .. ")" or ""))
+if gc.device() == "cuda" and DT == "bf16" then
+  assert(st.impl == "cudnn" and st.packed, "cuDNN did not run the attention in place")
+end
 
 -- Accuracy on fresh strings, from the position where every target is
 -- determined on.

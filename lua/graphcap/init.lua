@@ -167,6 +167,20 @@ function Tensor.backward (self, grad, opts)
                                     opts.retain_graph, "boolean", false))
 end
 
+-- t:to(dtype), t:float(), t:bfloat16(): t itself when it has that dtype,
+-- else a converted copy whose grad flows back to t converted, as PyTorch's
+-- (logits:float() before a loss, say).
+function Tensor.to (self, dtype)
+  check_object("to", "t", self, "Tensor")
+  if dtype ~= "f32" and dtype ~= "bf16" then
+    raise("to: dtype must be \"f32\" or \"bf16\", got %s", dtype)
+  end
+  if self:dtype() == dtype then return self end
+  return core.empty(self:size(), dtype):copy_(self)
+end
+function Tensor.float (self) return Tensor.to(self, "f32") end
+function Tensor.bfloat16 (self) return Tensor.to(self, "bf16") end
+
 -- Run fn(...) with grad recording set to 'on' and return its results;
 -- the previous setting comes back, also when fn raises.
 local function with_grad (where, on, fn, ...)

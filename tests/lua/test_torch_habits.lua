@@ -45,6 +45,27 @@ function TestTorchHabits:test_shape_field_and_method ()
   lu.assertFalse(ok)
 end
 
+-- t:to(dtype), t:float(), t:bfloat16(): t itself in its own dtype, else a
+-- converted copy the grad flows back through, converted; a bad dtype names
+-- the method and the caller's line.
+function TestTorchHabits:test_to_float_bfloat16 ()
+  local x = gc.tensor({{1.00390625, -2}, {3, 1e-3}}, {requires_grad = true})
+  lu.assertTrue(rawequal(x:float(), x))
+  lu.assertTrue(rawequal(x:to("f32"), x))
+  local b = x:bfloat16()
+  lu.assertEquals(b:dtype(), "bf16")
+  lu.assertTrue(b.requires_grad)
+  lu.assertEquals(b:tolist(), {{1.0, -2}, {3, 0.00099945068359375}}) -- rounded to bf16
+  local back = b:float()
+  lu.assertEquals(back:dtype(), "f32")
+  local loss = (back * gc.tensor({{1, 2}, {3, 4}})):sum()
+  loss:backward()
+  lu.assertEquals(x.grad:tolist(), {{1, 2}, {3, 4}})
+  lu.assertEquals(x.grad:dtype(), "f32")
+  H.assert_err(function () return x:to("f16") end, HERE,
+               'to: dtype must be "f32" or "bf16", got f16')
+end
+
 function TestTorchHabits:test_size_dim_numel_len ()
   local t = gc.ones(2, 3, 5)
   lu.assertEquals(t:size(), {2, 3, 5})

@@ -450,8 +450,13 @@ gcap_status gcap_cross_entropy(gcap_tensor *logits, gcap_tensor *target, gcap_te
     char b1[64], b2[64];
     return gc_fail(e, GCAP_EINVAL,
                    "cross_entropy: expected logits [N, C] and target [N] (class indices) of one "
-                   "dtype; got %s and %s",
-                   gc_shape_str(logits, b1, sizeof b1), gc_shape_str(target, b2, sizeof b2));
+                   "dtype; got %s %s and %s %s%s",
+                   gc_dtype_name(logits->dt), gc_shape_str(logits, b1, sizeof b1),
+                   gc_dtype_name(target->dt), gc_shape_str(target, b2, sizeof b2),
+                   target->dt != logits->dt && logits->dt == GCAP_BF16
+                       ? " (bf16 holds integers exactly only up to 256: take the loss of the "
+                         "logits converted to f32, logits:float() in Lua)"
+                       : "");
   }
   if ((st = gc_check_ids(target, logits->shape[1], "cross_entropy", "the target of row",
                          "a class id")) != GCAP_OK)
