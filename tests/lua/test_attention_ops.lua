@@ -611,6 +611,56 @@ local function cudnn_missing ()
   end
 end
 
+-- cuDNN's dropout (bf16, training): a graphed step drops what the eager step
+-- drops, bit for bit, forward and grads; the generator moves on, so the next
+-- call drops others; about p of the weights are dropped and the kept ones
+-- scaled by 1 / (1 - p): with equal scores and v all ones, each output is
+-- the kept fraction of its row over (1 - p).
+function TestAttentionOps:test_sdpa_cudnn_dropout ()
+  lu.skipIf(gc.device() == "host", "cuDNN runs on the cuda backend only")
+  local missing = cudnn_missing()
+  lu.skipIf(missing ~= nil, tostring(missing))
+  local shape, p = {2, 4, 256, 64}, 0.25
+  local function f (q, k, v)
+    return gc.F.scaled_dot_product_attention(q, k, v, {dropout_p = p, impl = "cudnn"})
+  end
+  local function t (ph, grad)
+    return gc.tensor(H.nest(H.values(numel(shape), ph, 1.5), shape),
+                     {requires_grad = grad, dtype = "bf16"})
+  end
+  local G = gc.make_graphed_callables(f, {t(0.1, true), t(0.2, true), t(0.3, true)})
+  for step = 1, 2 do
+    local state = gc.get_rng_state()
+    local xe = {t(step, true), t(step + 0.4, true), t(step + 0.7, true)}
+    local ye = f(table.unpack(xe))
+    local after = gc.get_rng_state()
+    gc.set_rng_state(state)
+    local xg = {t(step, true), t(step + 0.4, true), t(step + 0.7, true)}
+    local yg = G(table.unpack(xg))
+    lu.assertEquals(gc.get_rng_state(), after)
+    H.assert_bitwise(H.flat(yg:tolist()), H.flat(ye:tolist()), "step " .. step .. ": output")
+    local r = t(0.9 + step, false)
+    ;(ye * r):sum():backward()
+    ;(yg * r):sum():backward()
+    for i = 1, 3 do
+      H.assert_bitwise(H.flat(xg[i].grad:tolist()), H.flat(xe[i].grad:tolist()),
+                       "step " .. step .. ": grad " .. i)
+    end
+  end
+  local z = gc.zeros(shape, {dtype = "bf16"})
+  local ones = gc.ones(shape, {dtype = "bf16"})
+  local a = H.flat(f(z, z, ones):tolist())
+  local b = H.flat(f(z, z, ones):tolist())
+  local sum, differ = 0, 0
+  for i = 1, #a do
+    sum = sum + a[i]
+    if a[i] ~= b[i] then differ = differ + 1 end
+  end
+  lu.assertTrue(differ > #a / 2, "two calls drop other weights: " .. differ .. " of " .. #a)
+  -- each output: kept / 256 / (1 - p); their mean is 1 within bf16 and sampling
+  lu.assertTrue(math.abs(sum / #a - 1) < 0.02, "mean output " .. sum / #a)
+end
+
 -- cuDNN's attention, graphed by make_graphed_callables, equals its eager
 -- calls bit for bit (outputs and grads, causal or not, on new inputs): its
 -- forward and its deterministic backward give the same bits every run.

@@ -22,6 +22,13 @@
 ** launches of one key on streams that run at once would share it, as the
 ** GEMMs share cuBLAS's.
 **
+** Dropout draws from cuDNN's Philox generator, seeded with the engine's
+** generator state {seed, offset} (copied into the head of the stats by the
+** forward, read there by the backward): a replay draws what the eager call
+** drew, and the engine's generator advances past it as after its own
+** dropout; the weights dropped are cuDNN's, not those of the engine's own
+** kernels (GC_K_DROPOUT's).
+**
 ** Built without the frontend's headers (no GC_WITH_CUDNN), it declines every
 ** call, saying so.
 */
@@ -52,16 +59,16 @@ void *cudnn_dlhandle = nullptr;
 }
 
 /* The tensors of the graphs, by uid. */
-enum { U_Q = 1, U_K, U_V, U_O, U_STATS, U_DO, U_DQ, U_DK, U_DV };
+enum { U_Q = 1, U_K, U_V, U_O, U_STATS, U_DO, U_DQ, U_DK, U_DV, U_SEED, U_OFFSET };
 
 /* What a graph is built for. */
 struct dnn_key {
   int64_t b, h, sq, sk, d;
   int causal, backward, packed;
-  uint32_t scale; /* the float's bits */
+  uint32_t scale, dropout; /* the floats' bits */
   bool operator==(const dnn_key &o) const {
     return b == o.b && h == o.h && sq == o.sq && sk == o.sk && d == o.d && causal == o.causal &&
-           backward == o.backward && packed == o.packed && scale == o.scale;
+           backward == o.backward && packed == o.packed && scale == o.scale && dropout == o.dropout;
   }
 };
 
@@ -110,6 +117,7 @@ static dnn_key dnn_key_of(const gc_kargs *a, int backward) {
   k.backward = backward;
   k.packed = (a->n[5] & GC_ATTN_PACKED) != 0;
   memcpy(&k.scale, &scale, sizeof k.scale);
+  memcpy(&k.dropout, &a->f[1], sizeof k.dropout);
   return k;
 }
 
@@ -121,8 +129,8 @@ static int dnn_declines(const gc_kargs *a, char *why, size_t n) {
   int i;
   if (a->dt != GCAP_BF16)
     snprintf(why, n, DNN_TAKES "bf16 tensors, got f32");
-  else if (a->f[1] > 0.0f || a->p[6] != NULL)
-    snprintf(why, n, DNN_TAKES "no dropout here, got dropout_p %g", (double)a->f[1]);
+  else if (a->f[1] > 0.0f && a->p[6] == NULL)
+    snprintf(why, n, DNN_TAKES "dropout with the generator's state");
   else if (a->p[5] != NULL)
     snprintf(why, n, DNN_TAKES "no attn_mask (causal or none)");
   else if (d != dv)
@@ -161,12 +169,25 @@ static fe::graph::Tensor_attributes &dnn_operand(fe::graph::Tensor_attributes &t
       .set_stride({k.h * row, row, k.b * k.h * row, 1});
 }
 
+/* The dropout's seed or offset: one int64 in device memory (the head of
+** the stats, where the forward copies the generator's state). */
+static std::shared_ptr<fe::graph::Tensor_attributes> dnn_rng(fe::graph::Graph &g, const char *name,
+                                                             int64_t uid) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim({1, 1, 1, 1})
+                      .set_stride({1, 1, 1, 1})
+                      .set_data_type(fe::DataType_t::INT64));
+}
+
 /* The graph of key k, not built yet. */
 static std::shared_ptr<fe::graph::Graph> dnn_graph(const dnn_key &k) {
   typedef fe::graph::Tensor_attributes T;
   auto g = std::make_shared<fe::graph::Graph>();
-  float scale;
+  float scale, p;
   memcpy(&scale, &k.scale, sizeof scale);
+  memcpy(&p, &k.dropout, sizeof p);
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -176,6 +197,7 @@ static std::shared_ptr<fe::graph::Graph> dnn_graph(const dnn_key &k) {
   if (!k.backward) {
     auto opt = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true);
     opt.set_attn_scale(scale);
+    if (p > 0.0f) opt.set_dropout(p, dnn_rng(*g, "seed", U_SEED), dnn_rng(*g, "offset", U_OFFSET));
     if (k.causal) /* key j > query i masked out */
       opt.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
           .set_diagonal_band_right_bound(0);
@@ -191,6 +213,7 @@ static std::shared_ptr<fe::graph::Graph> dnn_graph(const dnn_key &k) {
                                   U_STATS, k.b, k.h, k.sq, 1));
   auto opt = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward");
   opt.set_attn_scale(scale).set_deterministic_algorithm(true);
+  if (p > 0.0f) opt.set_dropout(p, dnn_rng(*g, "seed", U_SEED), dnn_rng(*g, "offset", U_OFFSET));
   if (k.causal)
     opt.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
   auto [dq, dk, dv] = g->sdpa_backward(q, kt, v, o, dO, stats, opt);
@@ -277,17 +300,26 @@ int cu_dnn_supported(cu_dnn **d, const gc_kargs *a, int backward, int capturing,
   return ok;
 }
 
-/* The pointers of a launch, by uid. */
+/* The pointers of a launch, by uid; with dropout, its seed and offset from
+** the head of the stats. */
 static std::unordered_map<int64_t, void *> dnn_pack(int k, const gc_kargs *a) {
-  if (k == GC_K_ATTN)
-    return {{U_O, a->p[0]},
-            {U_Q, a->p[1]},
-            {U_K, a->p[2]},
-            {U_V, a->p[3]},
-            {U_STATS, (float *)a->p[4] + GC_ATTN_HEAD}};
-  return {{U_DQ, a->p[0]}, {U_DO, a->p[1]}, {U_Q, a->p[2]},
-          {U_K, a->p[3]},  {U_V, a->p[4]},  {U_STATS, (float *)a->p[5] + GC_ATTN_HEAD},
-          {U_O, a->p[7]},  {U_DK, a->p[8]}, {U_DV, a->p[9]}};
+  std::unordered_map<int64_t, void *> m;
+  uint64_t *head;
+  if (k == GC_K_ATTN) {
+    m = {{U_O, a->p[0]},
+         {U_Q, a->p[1]},
+         {U_K, a->p[2]},
+         {U_V, a->p[3]},
+         {U_STATS, (float *)a->p[4] + GC_ATTN_HEAD}};
+    head = (uint64_t *)a->p[4];
+  } else {
+    m = {{U_DQ, a->p[0]}, {U_DO, a->p[1]}, {U_Q, a->p[2]},
+         {U_K, a->p[3]},  {U_V, a->p[4]},  {U_STATS, (float *)a->p[5] + GC_ATTN_HEAD},
+         {U_O, a->p[7]},  {U_DK, a->p[8]}, {U_DV, a->p[9]}};
+    head = (uint64_t *)a->p[5];
+  }
+  if (a->f[1] > 0.0f) m[U_SEED] = head, m[U_OFFSET] = head + 1;
+  return m;
 }
 
 gcap_status cu_dnn_run(gcap_engine *e, cu_dnn *d, cudaStream_t s, int k, const gc_kargs *a) {
@@ -304,6 +336,13 @@ gcap_status cu_dnn_run(gcap_engine *e, cu_dnn *d, cudaStream_t s, int k, const g
       return gc_fail(e, GCAP_EDEVICE, "cuda: %s: cudnnSetStream: %s", name,
                      fe::detail::get_error_string(cs));
     std::unordered_map<int64_t, void *> pack = dnn_pack(k, a);
+    /* the forward keeps the generator's {seed, offset} in the head of the
+    ** stats, for itself and for the backward */
+    if (k == GC_K_ATTN && a->f[1] > 0.0f &&
+        cudaMemcpyAsync(a->p[4], a->p[6], 2 * sizeof(uint64_t), cudaMemcpyDeviceToDevice, s) !=
+            cudaSuccess)
+      return gc_fail(e, GCAP_EDEVICE, "cuda: %s: the copy of the dropout's state failed: %s", name,
+                     cudaGetErrorString(cudaGetLastError()));
     fe::error_t st = p->g->execute(d->h, pack, p->ws);
     if (st.is_bad())
       return gc_fail(e, GCAP_EDEVICE, "cuda: %s: cuDNN's execute failed: %s", name,

@@ -19,7 +19,7 @@ typedef struct cu_dnn cu_dnn;
 
 /* gc_backend.attn_supported of the cuda backend. *d is the state, made on
 ** the first call that needs it (NULL before). The arguments it takes:
-** bf16, no dropout, no mask (causal or none), D = Dv a multiple of 8 up
+** bf16, dropout with the generator's state, no mask (causal or none), D = Dv a multiple of 8 up
 ** to 128, q, k, v non-empty and GC_ATTN_CUDNN_ALIGN-byte aligned, and
 ** libcudnn.so.9 loaded (once a process); then cuDNN must build the forward
 ** graph of these sizes, causality and scale (and, with backward, the

@@ -168,9 +168,10 @@ extern "C" {
      dropout's {seed, offset} as the forward read them), then per row of BH * Sq its max z,        \
      its sum of exp(z - max), and the backward's D = sum_j dP P. With GC_ATTN_CUDNN in n[5]        \
      (only where the backend's attn_supported said yes for these arguments): the backend's         \
-     library runs all three (cuda: cuDNN's fused SDPA), and stats holds the head (unused),         \
-     then per row of BH * Sq its log-sum-exp max + log(sum) of z (cuDNN's Stats [B, H, Sq, 1]      \
-     of f32, B = BH / H), nothing more -- */                                                       \
+     library runs all three (cuda: cuDNN's fused SDPA, whose dropout draws from its own Philox     \
+     generator seeded with that {seed, offset}: other elements than GC_K_DROPOUT's), and stats     \
+     holds the head, then per row of BH * Sq its log-sum-exp max + log(sum) of z (cuDNN's Stats    \
+     [B, H, Sq, 1] of f32, B = BH / H), nothing more -- */                                         \
   /* forward: p[0] = o [BH, Sq, Dv] = dropout(softmax(z)) v, dropping element (bh, i, j)           \
      as GC_K_DROPOUT drops element (bh * Sq + i) * Sk + j of the weights; p[4] = stats             \
      (written: head, max, sum), p[5] = mask or NULL, p[6] = rng state {seed, offset} (NULL:        \

@@ -291,7 +291,7 @@ fail:
 
 /* GC_K_ATTN's arguments over the packed qkv [S, B, H, 3D] (GC_ATTN_PACKED),
 ** q, k and v in place; o and stats (p[0], p[4]) left to the caller. */
-static void attn_packed_args(gc_kargs *a, gcap_tensor *qkv, float scale, int64_t flags) {
+static void attn_packed_args(gc_kargs *a, gcap_tensor *qkv, float scale, float p, int64_t flags) {
   const int64_t s = qkv->shape[0], heads = qkv->shape[2], d = qkv->shape[3] / 3;
   char *base = (char *)gc_tensor_ptr(qkv);
   size_t step = (size_t)d * gc_dtype_size(qkv->dt);
@@ -302,11 +302,12 @@ static void attn_packed_args(gc_kargs *a, gcap_tensor *qkv, float scale, int64_t
   a->n[5] = flags | GC_ATTN_PACKED;
   a->n[6] = heads;
   a->f[0] = scale;
+  a->f[1] = p;
   a->p[1] = base, a->p[2] = base + step, a->p[3] = base + 2 * step;
   a->dt = (int)qkv->dt;
 }
 
-/* saved: qkv, the library's stats, o; f[0] = scale; k[0] = the flags. The
+/* saved: qkv, the library's stats, o; f[0] = scale, f[1] = dropout p; k[0] = the flags. The
 ** grad of qkv in one launch, dq, dk and dv written in place. */
 static gcap_status attn_packed_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   gcap_tensor *qkv = n->saved[0], *in[4], *gd = NULL;
@@ -322,7 +323,7 @@ static gcap_status attn_packed_backward(gc_node *n, gcap_tensor *g, gcap_tensor 
     if ((st = gcap_tensor_clone(g, &gd)) != GCAP_OK) return st;
     g = gd;
   }
-  attn_packed_args(&a, qkv, n->f[0], n->k[0]);
+  attn_packed_args(&a, qkv, n->f[0], n->f[1], n->k[0]);
   step = (char *)a.p[2] - (char *)a.p[1];
   a.p[4] = a.p[3], a.p[3] = a.p[2], a.p[2] = a.p[1]; /* the backward's q, k, v */
   a.p[1] = gc_tensor_ptr(g);
@@ -347,13 +348,13 @@ gcap_status gc_sdpa_packed(gcap_tensor *qkv, const gcap_sdpa_opts *o, char *why,
   gc_kargs a;
   gcap_status st;
   *out = NULL;
-  if (o->attn_mask != NULL || o->dropout_p > 0.0 ||
-      (o->impl != GCAP_SDPA_AUTO && o->impl != GCAP_SDPA_CUDNN)) {
-    snprintf(why, nwhy, "the packed path takes no mask, no dropout and attn_impl auto or cudnn");
+  if (o->attn_mask != NULL || (o->impl != GCAP_SDPA_AUTO && o->impl != GCAP_SDPA_CUDNN)) {
+    snprintf(why, nwhy, "the packed path takes no mask and attn_impl auto or cudnn");
     return GCAP_OK;
   }
   if (o->is_causal) flags |= GC_MASK_CAUSAL;
-  attn_packed_args(&a, qkv, (float)scale, flags);
+  attn_packed_args(&a, qkv, (float)scale, (float)o->dropout_p, flags);
+  a.p[6] = o->dropout_p > 0.0 ? e->rng->ptr : NULL;
   if (!e->be->attn_supported(e->bs, &a, gc_grad_needed(e, &qkv, 1), e->cap != NULL, why, nwhy))
     return GCAP_OK;
   shape[0] = qkv->shape[0], shape[1] = qkv->shape[1], shape[2] = qkv->shape[2] * d;
@@ -365,11 +366,15 @@ gcap_status gc_sdpa_packed(gcap_tensor *qkv, const gcap_sdpa_opts *o, char *why,
   if ((st = gc_note_access(e, stats, 1)) != GCAP_OK ||
       (st = gc_run(e, GC_K_ATTN, &a, &qkv, 1, *out)) != GCAP_OK)
     goto fail;
+  /* the generator moves on as after the own kernels' dropout */
+  if (o->dropout_p > 0.0 && (st = gc_rng_advance(e, a.n[0] * a.n[1] * a.n[2])) != GCAP_OK)
+    goto fail;
   if (gc_grad_needed(e, &qkv, 1)) {
     save[0] = qkv, save[1] = stats, save[2] = *out;
     if ((st = gc_record(*out, op, attn_packed_backward, &qkv, 1, save, 3, &node)) != GCAP_OK)
       goto fail;
     node->f[0] = (float)scale;
+    node->f[1] = (float)o->dropout_p;
     node->k[0] = flags;
   }
   gcap_tensor_free(stats);
