@@ -9,9 +9,12 @@
 -- capture_time_hooks); their losses and final parameters must be equal bit
 -- for bit. It prints the loss, checks the accuracy it states on fresh
 -- strings, says how the attention ran (on cuda in bf16: cuDNN, reading q,
--- k and v in place), and writes an SVG of the loss curve.
+-- k and v in place), and writes an SVG of the loss curve. With "fp8" a
+-- second pair trains beside the first, the layers' GEMMs in FP8
+-- (DelayedScaling; eager under gc.fp8.autocast, graphed with fp8_enabled),
+-- its loss printed next to the first pair's.
 --
---   build/graphcap examples/train_gpt.lua [small|full [SVG]]
+--   build/graphcap examples/train_gpt.lua [small|full] [fp8] [SVG]
 --   GPT_DTYPE=bf16 build/graphcap examples/train_gpt.lua small    (default f32)
 --
 -- "small" (the test setting, also GPT_SIZE=small) is 2 layers of width 32;
@@ -23,11 +26,22 @@ local SIZES = {
   small = {layers = 2, d = 32, heads = 2, S = 16, B = 16, steps = 200, lr = 3e-3, accuracy = 0.9},
   full = {layers = 4, d = 64, heads = 4, S = 32, B = 32, steps = 250, lr = 2e-3, accuracy = 0.98},
 }
-local size = arg[1] or os.getenv("GPT_SIZE") or "full"
+local size, with_fp8, svg_path = os.getenv("GPT_SIZE") or "full", false, "train_gpt_loss.svg"
+for i, a in ipairs(arg) do
+  if SIZES[a] then
+    size = a
+  elseif a == "fp8" then
+    with_fp8 = true
+  elseif i == #arg and a:match("%.svg$") then
+    svg_path = a
+  else
+    error("expected small, full, fp8 or an SVG path (the last argument), got " .. a)
+  end
+end
 local C = SIZES[size] or error("size must be small or full, got " .. tostring(size))
-local svg_path = arg[2] or "train_gpt_loss.svg"
 local DT = os.getenv("GPT_DTYPE") or "f32"
 assert(DT == "f32" or DT == "bf16", "GPT_DTYPE must be f32 or bf16, got " .. DT)
+local RECIPE = gc.fp8.DelayedScaling{amax_history_len = 16}
 local V = 256          -- byte values
 local MIN_FIRST = 4    -- from this position on, every target is determined
 local LETTERS = "abcdefgh"
@@ -66,7 +80,9 @@ local function positions (S, B)
 end
 
 local GPT = gc.nn.Module("GPT")
-function GPT:init ()
+-- fp8: the layers run under an FP8 autocast (the graphed copy's graphs
+-- were captured under one instead)
+function GPT:init (fp8)
   self.tok = gc.nn.Embedding(V, C.d)
   self.pos = gc.nn.Embedding(C.S, C.d)
   self.layers = {}
@@ -79,35 +95,26 @@ function GPT:init ()
   self.ln_f = gc.nn.LayerNorm(C.d)
   self.head = gc.nn.Linear(C.d, V)
   self.posids = positions(C.S, C.B)
+  self.fp8 = fp8
 end
 -- ids [S, B] -> logits [S * B, V]
 function GPT:forward (ids)
   local h = self.tok(ids) + self.pos(self.posids)
-  for _, l in ipairs(self.layers) do h = l(h) end
+  for _, l in ipairs(self.layers) do
+    if self.fp8 then
+      h = gc.fp8.autocast({recipe = RECIPE}, function () return l(h) end)
+    else
+      h = l(h)
+    end
+  end
   return self.head(self.ln_f(h)):reshape({C.S * C.B, V})
 end
 
-local function model ()
+local function model (fp8)
   gc.manual_seed(1)
-  local m = GPT():to(DT)
+  local m = GPT(fp8):to(DT)
   return m, gc.optim.Adam(m:parameters(), {lr = C.lr})
 end
-
-local eager, eager_opt = model()
-local graphed, graphed_opt = model()
-
--- Per-layer graphs of the second copy, with a capture-time hook on each
--- layer (counted: it must run at warmup and capture, never on replay).
-local hook_calls = 0
-local hooks, samples = {}, {}
-for i = 1, C.layers do
-  hooks[i] = {forward_pre_hooks = {function () hook_calls = hook_calls + 1 end}}
-  samples[i] = {gc.randn({C.S, C.B, C.d}, {requires_grad = true, dtype = DT})}
-end
-gc.make_graphed_callables(graphed.layers, samples, {capture_time_hooks = hooks,
-                                                    num_warmup_iters = 3})
-local hooks_at_graphing = hook_calls
-assert(hooks_at_graphing == C.layers * (3 + 1), "capture-time hooks: " .. hooks_at_graphing)
 
 local function step (m, opt, ids, targets)
   opt:zero_grad()
@@ -117,24 +124,54 @@ local function step (m, opt, ids, targets)
   return loss:item()
 end
 
-math.randomseed(7)
-local losses = {}
+-- One pair trained side by side on the same batches (the same generator
+-- seed each time): an eager copy and one whose layers are graphed one by
+-- one, with a capture-time hook on each layer (counted: it must run at
+-- warmup and capture, never on replay); fp8: the layers' GEMMs in FP8.
+-- Returns the losses and the graphed copy, after checking that both copies
+-- ended equal bit for bit.
+local function train (fp8)
+  local eager, eager_opt = model(fp8)
+  local graphed, graphed_opt = model(false)
+  local hook_calls = 0
+  local hooks, samples = {}, {}
+  for i = 1, C.layers do
+    hooks[i] = {forward_pre_hooks = {function () hook_calls = hook_calls + 1 end}}
+    samples[i] = {gc.randn({C.S, C.B, C.d}, {requires_grad = true, dtype = DT})}
+  end
+  gc.make_graphed_callables(graphed.layers, samples, {capture_time_hooks = hooks,
+                                                      num_warmup_iters = 3, fp8_enabled = fp8,
+                                                      fp8_recipe = fp8 and RECIPE or nil})
+  local hooks_at_graphing = hook_calls
+  assert(hooks_at_graphing == C.layers * (3 + 1), "capture-time hooks: " .. hooks_at_graphing)
+  math.randomseed(7)
+  local losses = {}
+  for s = 1, C.steps do
+    local ids, targets = batch(C.S, C.B)
+    local le = step(eager, eager_opt, ids, targets)
+    local lg = step(graphed, graphed_opt, ids, targets)
+    assert(le == lg, ("step %d: eager loss %.9g, graphed %.9g"):format(s, le, lg))
+    losses[s] = lg
+  end
+  assert(hook_calls == hooks_at_graphing, "a capture-time hook ran at replay")
+  local pe, pg = eager:parameters(), graphed:parameters()
+  for i = 1, #pe do
+    local a, b = pe[i]:reshape({pe[i]:numel()}):tolist(), pg[i]:reshape({pg[i]:numel()}):tolist()
+    for j = 1, #a do assert(a[j] == b[j], ("parameter %d differs at %d"):format(i, j)) end
+  end
+  return losses, graphed
+end
+
+local losses, graphed = train(false)
+local losses8 = with_fp8 and train(true)
 for s = 1, C.steps do
-  local ids, targets = batch(C.S, C.B)
-  local le = step(eager, eager_opt, ids, targets)
-  local lg = step(graphed, graphed_opt, ids, targets)
-  assert(le == lg, ("step %d: eager loss %.9g, graphed %.9g"):format(s, le, lg))
-  losses[s] = lg
-  if s == 1 or s % 50 == 0 or s == C.steps then print(("step %4d  loss %.4f"):format(s, lg)) end
+  if s == 1 or s % 50 == 0 or s == C.steps then
+    print(("step %4d  loss %.4f (%s)%s"):format(s, losses[s], DT, losses8 and
+          ("  %.4f (fp8)"):format(losses8[s]) or ""))
+  end
 end
-assert(hook_calls == hooks_at_graphing, "a capture-time hook ran at replay")
-local pe, pg = eager:parameters(), graphed:parameters()
-for i = 1, #pe do
-  local a, b = pe[i]:reshape({pe[i]:numel()}):tolist(), pg[i]:reshape({pg[i]:numel()}):tolist()
-  for j = 1, #a do assert(a[j] == b[j], ("parameter %d differs at %d"):format(i, j)) end
-end
-print(("eager and per-layer graphed training equal bit for bit over %d steps (%s)"):format(
-  C.steps, DT))
+print(("eager and per-layer graphed training equal bit for bit over %d steps (%s%s)"):format(
+  C.steps, DT, losses8 and ", and with FP8 GEMMs" or ""))
 local st = graphed.layers[1]:attention_stats()
 print(("attention: %s%s%s"):format(st.impl, st.packed and ", q, k and v read in place" or "",
                                    st.why and " (" .. st.why .. ")" or ""))

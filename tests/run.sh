@@ -9,8 +9,8 @@
 # BUILD_DIR/embed_custom when they were built (one test each, passed when it
 # exits 0); and tests/readme.sh, which runs every lua and c block of
 # README.md and the blocks of docs/*.md marked runnable, and
-# examples/train_gpt.lua in its small setting (one test, passed when it exits
-# 0; on cuda a second in bf16; neither with TEST_ONLY=c). With the host
+# examples/train_gpt.lua in its small setting with its FP8 pair (one test,
+# passed when it exits 0; on cuda a second in bf16; neither with TEST_ONLY=c). With the host
 # backend, when the program was built with MPI and mpirun is found, each tests/dist/test_*.lua also runs
 # under `mpirun -np 2` and `mpirun -np 4 --oversubscribe` (as root with
 # --allow-run-as-root), rank 0 printing the results (not with TEST_ONLY=c).
@@ -228,7 +228,7 @@ for be in "$@"; do
   if [ "$only" != c ]; then
     run_suite "$be" README.md tap tests/readme.sh "$build"
     run_suite "$be" train_gpt.lua single "$build/graphcap" --device "$be" examples/train_gpt.lua \
-      small "$tmp/train_gpt_loss.svg"
+      small fp8 "$tmp/train_gpt_loss.svg"
     # on cuda also in bf16, where cuDNN runs the attention (the example checks it does)
     if [ "$be" = cuda ]; then
       run_suite "$be" train_gpt.lua-bf16 single env GPT_DTYPE=bf16 "$build/graphcap" --device "$be" \
