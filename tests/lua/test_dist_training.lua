@@ -1,5 +1,5 @@
 -- test_dist_training.lua: training across ranks (docs/distributed.md,
--- "Training across ranks"), on 1, 2 and 4 ranks: examples/ddp.lua,
+-- "Training across ranks"), on 1, 2 and 4 ranks: examples/ddp.lua, ddp_whole.lua,
 -- examples/fsdp.lua, examples/pipeline_parallel.lua and build/embed_dist
 -- (each checks graphed = eager bit for bit and N ranks = one process on the
 -- global batch within its stated tolerance; fsdp also its bytes per rank)
@@ -80,6 +80,12 @@ for _, n in ipairs{1, 2, 4} do
     local out, ok = script(n, "examples/ddp.lua")
     expect(out, ok, 1, "graphed parameters equal the eager ones bit for bit",
            ("ddp: %d ranks vs one process on the global batch"):format(n),
+           "within 1e-6 + 1e-5|ref|")
+  end
+  TestDistTraining["test_ddp_whole_" .. n] = function ()
+    local out, ok = script(n, "examples/ddp_whole.lua")
+    expect(out, ok, 1, "replayed parameters equal the eager DDP ones bit for bit",
+           ("ddp_whole: %d ranks vs one process on the global batch"):format(n),
            "within 1e-6 + 1e-5|ref|")
   end
   TestDistTraining["test_fsdp_" .. n] = function ()
