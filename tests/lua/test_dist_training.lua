@@ -88,6 +88,31 @@ for _, n in ipairs{1, 2, 4} do
            ("ddp_whole: %d ranks vs one process on the global batch"):format(n),
            "within 1e-6 + 1e-5|ref|")
   end
+  -- the benchmark, tiny: a line per config, each data-parallel and sharded
+  -- one with the baseline of its mode and an efficiency
+  TestDistTraining["test_bench_dist_" .. n] = function ()
+    local out, ok = launch(n, {PROG, "--device", gc.device(), ROOT .. "bench/bench_dist.lua",
+                               "2", "16", "4", "2"})
+    lu.assertTrue(ok, "exited non-zero:\n" .. out)
+    local want = {local_eager = "local_eager", ["local"] = "local", local_whole = "local_whole",
+                  dp_eager = "local_eager", dp_graphed = "local", dp_outside = "local",
+                  dp_whole = "local_whole", fsdp_eager = "local_eager", fsdp_graphed = "local",
+                  pp_eager = false, pp_graphed = false}
+    local seen = 0
+    for line in out:gmatch("[^\n]+") do
+      local j = line:sub(1, 1) == "{" and H.json_decode(line)
+      if j then
+        lu.assertNotNil(want[j.config], "config " .. tostring(j.config))
+        lu.assertEquals(j.world_size, n)
+        lu.assertTrue(j.step_us > 0, line)
+        -- JSON's null decodes to a sentinel table
+        lu.assertEquals(type(j.baseline) == "string" and j.baseline, want[j.config], line)
+        lu.assertEquals(type(j.efficiency) == "number", want[j.config] ~= false, line)
+        seen = seen + 1
+      end
+    end
+    lu.assertEquals(seen, 11, out)
+  end
   TestDistTraining["test_fsdp_" .. n] = function ()
     local out, ok = script(n, "examples/fsdp.lua")
     expect(out, ok, 1, "graphed shards equal the eager ones bit for bit", "within 1e-5 + 1e-4|ref|")
