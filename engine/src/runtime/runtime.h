@@ -354,8 +354,12 @@ struct gcap_engine {
   ** gcap_dist_init, so that the training layer reaches it without a link
   ** to the distributed layer; NULL while that is not initialised */
   gcap_status (*fp8_all_reduce)(gcap_tensor *t, gcap_dist_group *g);
-  gcap_tensor *fp8_skip; /* while make_graphed_callables with FP8 weight caching runs: the
-                            flag (one f32) its weights' quantizations read, else NULL */
+  gcap_tensor *fp8_skip;   /* while make_graphed_callables with FP8 weight caching runs: the
+                              flag (one f32) its weights' quantizations read, else NULL */
+  gcap_tensor *fp8_frozen; /* while a checkpoint recomputes an FP8 forward: the scales of the
+                              module's roles as that forward read them (DelayedScaling), which
+                              its quantizations take, noting no amax and updating no role;
+                              else NULL */
 };
 
 /* The bad-id flag (badid.c): made with the engine, freed with it. */

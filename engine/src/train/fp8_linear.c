@@ -86,8 +86,10 @@ static gcap_status update_roles(fp8_ctx *c, int r0, int n) {
 
 /* q = x quantized as role r of c's GEMM (q allocated unless it holds data
 ** already: a cached weight), skip the flag of a cached weight (NULL:
-** none). DelayedScaling: the role's scale, its amax noted; current
-** scaling: x's own amax first (reduced over the group). */
+** none). DelayedScaling: the role's scale, its amax noted (in a
+** checkpoint's recomputed forward, e->fp8_frozen's scale of an input or
+** weight role, no amax noted); current scaling: x's own amax first
+** (reduced over the group). */
 static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip, gc_fp8 *q) {
   gcap_engine *e = x->e;
   int role = 3 * c->gemm + r;
@@ -96,7 +98,12 @@ static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip
   gcap_status st = GCAP_OK;
   if (q->data == NULL && (st = gc_fp8_alloc(e, c->who, x->numel, role_format(c, r), q)) != GCAP_OK)
     return st;
-  if (c->meta != NULL) {
+  if (c->meta != NULL && e->fp8_frozen != NULL && r != 2) {
+    if ((scale = gc_elems(e->fp8_frozen, role, 1)) == NULL)
+      st = gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", c->who);
+    else
+      st = gc_fp8_quantize(x, q, scale, 0, NULL, skip);
+  } else if (c->meta != NULL) {
     int roles = 3 * c->meta->gemms;
     scale = gc_elems(c->meta->state, roles + role, 1);
     amax = gc_elems(c->meta->state, role, 1);
@@ -210,7 +217,7 @@ static gcap_status ctx_new(gcap_module *m, int gemm, int gelu, gc_wgrad_sink *si
 static gcap_status weight_copy(fp8_ctx *c, gcap_tensor *w, gc_fp8 *wq, int *cached) {
   gcap_engine *e = w->e;
   gc_fp8 *cache;
-  *cached = e->fp8_skip != NULL && c->meta != NULL;
+  *cached = e->fp8_skip != NULL && c->meta != NULL && e->fp8_frozen == NULL;
   if (!*cached) return GCAP_OK;
   cache = &c->meta->wcache[c->gemm];
   if (cache->data == NULL || cache->n != w->numel) {
@@ -240,7 +247,7 @@ static gcap_status fp8_forward(fp8_ctx *c, gcap_tensor *x, gcap_tensor *w, gcap_
   if ((st = weight_copy(c, w, &wq, &cached)) == GCAP_OK &&
       (st = quantize(c, x, 0, NULL, &xq)) == GCAP_OK &&
       (st = quantize(c, w, 1, cached ? e->fp8_skip : NULL, &wq)) == GCAP_OK &&
-      (st = update_roles(c, 3 * c->gemm, 2)) == GCAP_OK &&
+      (e->fp8_frozen != NULL || (st = update_roles(c, 3 * c->gemm, 2)) == GCAP_OK) &&
       (st = gc_fp8_dequantize(&xq, x->dt, x->ndim, x->shape, &xd)) == GCAP_OK &&
       (st = gc_fp8_dequantize(&wq, w->dt, w->ndim, w->shape, &wd)) == GCAP_OK) {
     if (c->gelu) {

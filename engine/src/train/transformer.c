@@ -179,11 +179,16 @@ static gcap_status mlp_run(gcap_module *m, gcap_tensor *x, gcap_tensor *const *p
 }
 
 /* A checkpointed call's node: the parameters it ran with (held) and
-** whether x needed a grad; x itself is its saved tensor. */
+** whether x needed a grad; x itself is its saved tensor. Run under an FP8
+** autocast: the module (held), that autocast, and with DelayedScaling the
+** scales of its roles as the forward read them (a copy). */
 typedef struct mlp_ckpt {
   gcap_tensor *p[TF_NP];
   double eps;
   int xgrad;
+  gcap_module *m;
+  gcap_fp8_autocast fp8;
+  gcap_tensor *scales;
 } mlp_ckpt;
 
 static void ckpt_free(void *ud) {
@@ -191,7 +196,28 @@ static void ckpt_free(void *ud) {
   int i;
   for (i = 0; i < TF_NP; i++)
     gcap_tensor_free(c->p[i]);
+  gcap_module_free(c->m);
+  gcap_tensor_free(c->scales);
   free(c);
+}
+
+/* The recomputed forward of checkpoint c on the leaves: under the FP8
+** autocast the forward ran in, its quantizations taking the scales that
+** forward read and updating no role (their amaxes were noted then), so
+** that it gives the forward's values; the backward of what it records
+** quantizes the grads as a forward not checkpointed would. */
+static gcap_status ckpt_recompute(mlp_ckpt *c, gcap_tensor *const *leaf, gcap_tensor **y) {
+  gcap_engine *e = gcap_tensor_engine(leaf[0]);
+  gcap_fp8_autocast prev;
+  gcap_tensor *frozen = e->fp8_frozen;
+  gcap_status st;
+  if (c->m == NULL) return mlp_run(NULL, leaf[0], leaf + 1, c->eps, y);
+  if ((st = gcap_fp8_set_autocast(e, &c->fp8, &prev)) != GCAP_OK) return st;
+  e->fp8_frozen = c->scales;
+  st = mlp_run(c->m, leaf[0], leaf + 1, c->eps, y);
+  e->fp8_frozen = frozen;
+  gcap_fp8_set_autocast(e, &prev, NULL);
+  return st;
 }
 
 /* A leaf sharing t's storage that requires grad when `grad`. */
@@ -220,7 +246,7 @@ static gcap_status ckpt_backward(void *ud, int nsaved, gcap_tensor *const *saved
     st = leaf_of(c->p[i], 1, &leaf[1 + i]);
   if (st == GCAP_OK) {
     was = gcap_set_grad_enabled(e, 1);
-    if ((st = mlp_run(NULL, leaf[0], leaf + 1, c->eps, &y)) == GCAP_OK) st = gcap_backward(y, g, 0);
+    if ((st = ckpt_recompute(c, leaf, &y)) == GCAP_OK) st = gcap_backward(y, g, 0);
     gcap_set_grad_enabled(e, was);
   }
   for (i = 0; i < nin; i++) {
@@ -233,19 +259,57 @@ static gcap_status ckpt_backward(void *ud, int nsaved, gcap_tensor *const *saved
   return st;
 }
 
-/* The checkpointed forward: run without recording, then record one node
-** whose inputs are x and the parameters, saving x alone. */
-static gcap_status mlp_checkpointed(tf_mod *u, gcap_tensor *x, gcap_tensor **out) {
-  gcap_tensor *y, *in[1 + TF_NP];
+/* The scales of m's FP8 roles as they stand (DelayedScaling's: a copy of
+** that part of its state, made before the forward updates them), or NULL
+** for current scaling. */
+static gcap_status fp8_scales(gcap_module *m, gcap_tensor **out) {
+  gcap_engine *e = gc_module_engine(m);
+  gc_fp8_meta *meta;
+  gcap_tensor *part;
+  gcap_status st;
+  *out = NULL;
+  if (e->fp8.recipe.kind != GCAP_FP8_DELAYED_SCALING) return GCAP_OK;
+  if ((st = gc_fp8_module_meta(m, &e->fp8.recipe, &meta)) != GCAP_OK) return st;
+  if ((part = gc_elems(meta->state, 3 * meta->gemms, 3 * meta->gemms)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", gcap_module_type(m));
+  st = gcap_tensor_clone(part, out);
+  gcap_tensor_free(part);
+  return st;
+}
+
+/* The checkpointed forward: run without recording (under an FP8 autocast
+** in FP8, its roles' scales kept first), then record one node whose inputs
+** are x and the parameters, saving x alone. */
+static gcap_status mlp_checkpointed(tf_mod *u, gcap_module *m, gcap_tensor *x, gcap_tensor **out) {
+  gcap_tensor *y, *in[1 + TF_NP], *scales = NULL;
   mlp_ckpt *c;
   gcap_status st;
-  int i, was = gcap_set_grad_enabled(u->e, 0);
-  st = mlp_run(NULL, x, u->p, u->eps, &y);
+  int i, fp8 = u->e->fp8.enabled, was;
+  /* a cached weight may change before the recomputation: it would not see it */
+  if (fp8 && u->e->fp8_skip != NULL)
+    return gc_fail(u->e, GCAP_EINVAL,
+                   "%s: checkpoint = true does not run with fp8_weight_caching (the recomputation "
+                   "in backward would quantize the weight anew, not use the cached copy the "
+                   "forward used); graph it without fp8_weight_caching, or build it with "
+                   "checkpoint = false",
+                   u->type);
+  if (fp8 && (st = fp8_scales(m, &scales)) != GCAP_OK) return st;
+  was = gcap_set_grad_enabled(u->e, 0);
+  st = mlp_run(fp8 ? m : NULL, x, u->p, u->eps, &y);
   gcap_set_grad_enabled(u->e, was);
-  if (st != GCAP_OK) return st;
+  if (st != GCAP_OK) {
+    gcap_tensor_free(scales);
+    return st;
+  }
   if ((c = (mlp_ckpt *)gc_calloc(1, sizeof *c)) == NULL) {
     gcap_tensor_free(y);
+    gcap_tensor_free(scales);
     return gc_fail(u->e, GCAP_ENOMEM, "%s: out of host memory", u->type);
+  }
+  if (fp8) {
+    c->m = gcap_module_retain(m);
+    c->fp8 = u->e->fp8;
+    c->scales = scales;
   }
   c->eps = u->eps;
   c->xgrad = gcap_tensor_requires_grad(x);
@@ -264,13 +328,7 @@ static gcap_status mlp_forward(void *ud, gcap_module *m, int nin, gcap_tensor *c
   tf_mod *u = (tf_mod *)ud;
   gcap_status st;
   if ((st = tf_inputs(u, nin, 1, 1)) != GCAP_OK) return st;
-  if (u->checkpoint && u->e->fp8.enabled)
-    return gc_fail(u->e, GCAP_EINVAL,
-                   "%s: checkpoint = true does not run under an FP8 autocast yet (its "
-                   "recomputation would take a second step of the FP8 state); build it with "
-                   "checkpoint = false",
-                   u->type);
-  return u->checkpoint ? mlp_checkpointed(u, in[0], out) : mlp_run(m, in[0], u->p, u->eps, out);
+  return u->checkpoint ? mlp_checkpointed(u, m, in[0], out) : mlp_run(m, in[0], u->p, u->eps, out);
 }
 
 gcap_status gcap_nn_layer_norm_mlp(gcap_engine *e, int64_t hidden, int64_t ffn_hidden, double eps,
