@@ -253,6 +253,15 @@ function TestFp8Recipes:test_layernorm_mlp_checkpoint ()
     gc.make_graphed_callables(mlp(), {gc.randn({8, 16})}, {fp8_enabled = true, fp8_recipe = R,
                                                           fp8_weight_caching = true})
   end, "LayerNormMLP: checkpoint = true does not run with fp8_weight_caching")
+  -- a call under a recipe of another history length makes a new state: the
+  -- earlier checkpoint cannot repeat its forward, and says so
+  local m, x = mlp(), gc.randn({8, 16}, {requires_grad = true})
+  local y1 = gc.fp8.autocast({recipe = R}, function () return m(x) end)
+  local y2 = gc.fp8.autocast({recipe = gc.fp8.DelayedScaling{amax_history_len = 5}},
+                             function () return m(x) end)
+  y2:sum():backward()
+  H.assert_err(function () y1:sum():backward() end,
+               "the checkpointed 'LayerNormMLP' has another FP8 state than its forward updated")
 end
 
 function TestFp8Recipes:test_state_made_outside_capture ()

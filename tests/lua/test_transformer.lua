@@ -107,6 +107,23 @@ end
 -- A checkpointed LayerNormMLP's graphed backward recomputes the MLP: it
 -- holds more kernels than the plain one's, and its grads are equal to the
 -- eager checkpointed ones (test_te_matrix.lua trains them).
+-- A checkpointed LayerNormMLP whose parameter was written in place after its
+-- forward refuses its backward as PyTorch refuses a saved tensor's, naming
+-- the parameter (its recomputation would read the new values); the module
+-- not checkpointed refuses too.
+function TestTransformer:test_checkpoint_parameter_written_after_forward ()
+  for _, ckpt in ipairs({true, false}) do
+    local m = gc.nn.LayerNormMLP(HID, 32, {checkpoint = ckpt})
+    local x = gc.randn({S, B, HID}, {requires_grad = true})
+    local y = m(x)
+    gc.no_grad(function () m.fc1_weight:copy_(m.fc1_weight * gc.tensor(2)) end)
+    local err = H.assert_err(function () y:sum():backward() end,
+                             "one of the variables needed for gradient computation has been "
+                             .. "modified by an inplace operation")
+    if ckpt then lu.assertStrContains(err, "parameter fc1_weight of the checkpointed") end
+  end
+end
+
 function TestTransformer:test_checkpoint_recomputes_in_graph ()
   local function bwd_nodes (ckpt)
     gc.manual_seed(1)

@@ -16,7 +16,7 @@
 ** The frontend opens libcudnn itself (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING)
 ** once libcudnn.so.9 is loaded here, so the library does not link it: where
 ** it is missing, attn_supported says so. A graph is built per key (sizes,
-** causality, scale, direction) on its first call outside a capture, with
+** causality, scale, dropout, layout, direction) on its first call outside a capture, with
 ** its own workspace, and kept until the backend shuts down: a captured
 ** graph replays cuDNN's kernels on that workspace, which never moves. Two
 ** launches of one key on streams that run at once would share it, as the
@@ -338,11 +338,15 @@ gcap_status cu_dnn_run(gcap_engine *e, cu_dnn *d, cudaStream_t s, int k, const g
     std::unordered_map<int64_t, void *> pack = dnn_pack(k, a);
     /* the forward keeps the generator's {seed, offset} in the head of the
     ** stats, for itself and for the backward */
-    if (k == GC_K_ATTN && a->f[1] > 0.0f &&
-        cudaMemcpyAsync(a->p[4], a->p[6], 2 * sizeof(uint64_t), cudaMemcpyDeviceToDevice, s) !=
-            cudaSuccess)
-      return gc_fail(e, GCAP_EDEVICE, "cuda: %s: the copy of the dropout's state failed: %s", name,
-                     cudaGetErrorString(cudaGetLastError()));
+    if (k == GC_K_ATTN && a->f[1] > 0.0f) {
+      cudaError_t ce =
+          cudaMemcpyAsync(a->p[4], a->p[6], 2 * sizeof(uint64_t), cudaMemcpyDeviceToDevice, s);
+      if (ce != cudaSuccess) {
+        (void)cudaGetLastError();
+        return gc_fail(e, GCAP_EDEVICE, "cuda: %s: the copy of the dropout's state failed: %s",
+                       name, cudaGetErrorString(ce));
+      }
+    }
     fe::error_t st = p->g->execute(d->h, pack, p->ws);
     if (st.is_bad())
       return gc_fail(e, GCAP_EDEVICE, "cuda: %s: cuDNN's execute failed: %s", name,

@@ -22,7 +22,7 @@ typedef struct cu_dnn cu_dnn;
 ** bf16, dropout with the generator's state, no mask (causal or none), D = Dv a multiple of 8 up
 ** to 128, q, k, v non-empty and GC_ATTN_CUDNN_ALIGN-byte aligned, and
 ** libcudnn.so.9 loaded (once a process); then cuDNN must build the forward
-** graph of these sizes, causality and scale (and, with backward, the
+** graph of these sizes, causality, scale, dropout and layout (and, with backward, the
 ** deterministic backward's). Graphs and their workspaces are built on the
 ** first call of a key outside a capture and kept until cu_dnn_free; under a
 ** capture nothing is built (nor allocated), and a key not built yet is

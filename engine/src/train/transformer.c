@@ -184,10 +184,12 @@ static gcap_status mlp_run(gcap_module *m, gcap_tensor *x, gcap_tensor *const *p
 ** scales of its roles as the forward read them (a copy). */
 typedef struct mlp_ckpt {
   gcap_tensor *p[TF_NP];
+  uint64_t version[TF_NP]; /* the parameters' storage versions the forward read */
   double eps;
   int xgrad;
   gcap_module *m;
   gcap_fp8_autocast fp8;
+  gc_fp8_meta *meta; /* the FP8 state the forward updated (held), DelayedScaling's */
   gcap_tensor *scales;
 } mlp_ckpt;
 
@@ -197,8 +199,38 @@ static void ckpt_free(void *ud) {
   for (i = 0; i < TF_NP; i++)
     gcap_tensor_free(c->p[i]);
   gcap_module_free(c->m);
+  gc_fp8_meta_release(c->meta);
   gcap_tensor_free(c->scales);
   free(c);
+}
+
+/* The names of LayerNormMLP's parameters, by slot. */
+static const char *const mlp_param_names[TF_NP] = {
+    "layer_norm_weight", "layer_norm_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"};
+
+/* Before recomputing: the parameters as the forward read them (PyTorch's
+** check of saved tensors), and under FP8 the module's state the one the
+** forward updated. */
+static gcap_status ckpt_check(const mlp_ckpt *c) {
+  int i;
+  for (i = 0; i < TF_NP; i++) {
+    const gcap_tensor *t = c->p[i];
+    char b[64];
+    if (t == NULL || t->blk->version == c->version[i]) continue;
+    return gc_fail(t->e, GCAP_ESTATE,
+                   "backward: one of the variables needed for gradient computation has been "
+                   "modified by an inplace operation: the %s %s parameter %s of the checkpointed "
+                   "'LayerNormMLP' is at version %llu; expected version %llu instead",
+                   gc_shape_str(t, b, sizeof b), gc_dtype_name(t->dt), mlp_param_names[i],
+                   (unsigned long long)t->blk->version, (unsigned long long)c->version[i]);
+  }
+  if (c->meta != NULL && *gc_module_fp8_slot(c->m) != c->meta)
+    return gc_fail(gc_module_engine(c->m), GCAP_ESTATE,
+                   "backward: the checkpointed 'LayerNormMLP' has another FP8 state than its "
+                   "forward updated (a call under a recipe of another amax_history_len made a "
+                   "new one): its recomputation cannot repeat that forward; run the backward "
+                   "before calling it under another recipe");
+  return GCAP_OK;
 }
 
 /* The recomputed forward of checkpoint c on the leaves: under the FP8
@@ -241,6 +273,7 @@ static gcap_status ckpt_backward(void *ud, int nsaved, gcap_tensor *const *saved
   gcap_status st;
   int i, was;
   (void)nsaved;
+  if ((st = ckpt_check(c)) != GCAP_OK) return st;
   st = leaf_of(saved[0], c->xgrad, &leaf[0]);
   for (i = 0; st == GCAP_OK && i < TF_NP; i++)
     st = leaf_of(c->p[i], 1, &leaf[1 + i]);
@@ -310,6 +343,7 @@ static gcap_status mlp_checkpointed(tf_mod *u, gcap_module *m, gcap_tensor *x, g
     c->m = gcap_module_retain(m);
     c->fp8 = u->e->fp8;
     c->scales = scales;
+    if (scales != NULL) c->meta = gc_fp8_meta_retain(*gc_module_fp8_slot(m));
   }
   c->eps = u->eps;
   c->xgrad = gcap_tensor_requires_grad(x);
@@ -317,6 +351,7 @@ static gcap_status mlp_checkpointed(tf_mod *u, gcap_module *m, gcap_tensor *x, g
   for (i = 0; i < TF_NP; i++) {
     in[1 + i] = u->p[i];
     c->p[i] = u->p[i] ? gcap_tensor_retain(u->p[i]) : NULL;
+    c->version[i] = u->p[i] ? u->p[i]->blk->version : 0;
   }
   st = gcap_autograd_record(u->type, y, 1 + TF_NP, in, 1, &x, ckpt_backward, c, ckpt_free, out);
   gcap_tensor_free(y);
@@ -525,7 +560,10 @@ static gcap_status mha_packed(const tf_mod *u, gcap_tensor *q4, gcap_attn_stats 
   o.dropout_p = gcap_module_training(core) ? u->p_attn : 0.0;
   o.impl = u->impl;
   st = gc_sdpa_packed(q4, &o, ran->why, sizeof ran->why, out);
-  if (st == GCAP_OK && *out != NULL) ran->impl = "cudnn", ran->packed = 1;
+  if (st == GCAP_OK && *out != NULL) { /* the core's attention ran, here */
+    ran->impl = "cudnn", ran->packed = 1;
+    *gc_module_attn_slot(core) = *ran;
+  }
   return st;
 }
 
