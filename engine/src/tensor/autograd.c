@@ -12,6 +12,7 @@
 ** its allocations follow the usual rule (in the capture's pool when
 ** capturing).
 */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -217,16 +218,23 @@ static gcap_status bw_check_saved(gc_node *n) {
   int i;
   for (i = 0; i < n->nsaved; i++) {
     const gcap_tensor *t = n->saved[i];
-    char b[64];
+    char what[GC_NAMELEN + 48];
     if (t == NULL || t->blk->version == n->saved_version[i]) continue;
-    return gc_fail(t->e, GCAP_ESTATE,
-                   "backward: one of the variables needed for gradient computation has been "
-                   "modified by an inplace operation: the %s %s tensor saved by '%s' (#%d) is at "
-                   "version %llu; expected version %llu instead",
-                   gc_shape_str(t, b, sizeof b), gc_dtype_name(t->dt), n->name, i + 1,
-                   (unsigned long long)t->blk->version, (unsigned long long)n->saved_version[i]);
+    snprintf(what, sizeof what, "tensor saved by '%s' (#%d)", n->name, i + 1);
+    return gc_fail_written(t, "backward", what, t->blk->version, n->saved_version[i]);
   }
   return GCAP_OK;
+}
+
+gcap_status gc_fail_written(const gcap_tensor *t, const char *where, const char *what, uint64_t now,
+                            uint64_t want) {
+  char b[64];
+  return gc_fail(t->e, GCAP_ESTATE,
+                 "%s: one of the variables needed for gradient computation has been modified by "
+                 "an inplace operation: the %s %s %s is at version %llu; expected version %llu "
+                 "instead",
+                 where, gc_shape_str(t, b, sizeof b), gc_dtype_name(t->dt), what,
+                 (unsigned long long)now, (unsigned long long)want);
 }
 
 /* A leaf of the pass, as PyTorch's AccumulateGrad node: its grads are

@@ -426,6 +426,11 @@ void gc_wgrad_sink_attach(gc_node *n, gc_wgrad_sink *s);
 /* Backpropagate from n tensors at once (each requires grad), grad[i] the
 ** grad of t[i], each node running once with the sum of what reached it. */
 gcap_status gc_backward_many(int n, gcap_tensor *const *t, gcap_tensor *const *grad, int retain);
+/* PyTorch's error, from `where`, for a tensor a backward needs that was
+** written since it was kept: t, named "the <shape> <dtype> <what>", now at
+** version `now`, kept at `want`. */
+gcap_status gc_fail_written(const gcap_tensor *t, const char *where, const char *what, uint64_t now,
+                            uint64_t want);
 /* Called from the backward of a consumer of n during a backward pass: has
 ** no grad reached n yet in this pass? */
 int gc_node_first_delivery(const gc_node *n);

@@ -215,14 +215,11 @@ static gcap_status ckpt_check(const mlp_ckpt *c) {
   int i;
   for (i = 0; i < TF_NP; i++) {
     const gcap_tensor *t = c->p[i];
-    char b[64];
+    char what[96];
     if (t == NULL || t->blk->version == c->version[i]) continue;
-    return gc_fail(t->e, GCAP_ESTATE,
-                   "backward: one of the variables needed for gradient computation has been "
-                   "modified by an inplace operation: the %s %s parameter %s of the checkpointed "
-                   "'LayerNormMLP' is at version %llu; expected version %llu instead",
-                   gc_shape_str(t, b, sizeof b), gc_dtype_name(t->dt), mlp_param_names[i],
-                   (unsigned long long)t->blk->version, (unsigned long long)c->version[i]);
+    snprintf(what, sizeof what, "parameter %s of the checkpointed 'LayerNormMLP'",
+             mlp_param_names[i]);
+    return gc_fail_written(t, "backward", what, t->blk->version, c->version[i]);
   }
   if (c->meta != NULL && *gc_module_fp8_slot(c->m) != c->meta)
     return gc_fail(gc_module_engine(c->m), GCAP_ESTATE,

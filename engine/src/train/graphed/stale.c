@@ -81,14 +81,10 @@ static gcap_status version_check(const ge_ref *r, const char *where) {
   for (k = 0; k < x->nreads; k++) {
     const gcap_tensor *t = read_tensor(x, k);
     uint64_t v = read_version(x, k);
-    char b[64];
+    char what[GC_NAMELEN + 64];
     if (v == r->ver[k]) continue;
-    return gc_fail(t->e, GCAP_ESTATE,
-                   "%s: one of the variables needed for gradient computation has been modified by "
-                   "an inplace operation: the %s %s tensor it read as %s is at version %llu; "
-                   "expected version %llu instead",
-                   where, gc_shape_str(t, b, sizeof b), gc_dtype_name(t->dt), x->reads[k].what,
-                   (unsigned long long)v, (unsigned long long)r->ver[k]);
+    snprintf(what, sizeof what, "tensor it read as %s", x->reads[k].what);
+    return gc_fail_written(t, where, what, v, r->ver[k]);
   }
   return GCAP_OK;
 }
