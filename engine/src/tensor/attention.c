@@ -239,12 +239,32 @@ static int sdpa_cudnn(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v, const gcap
   return e->be->attn_supported(e->bs, &a, gc_grad_needed(e, in, 3), e->cap != NULL, why, n);
 }
 
+/* GC_K_ATTN with arguments a (all but o and stats) over in[0..nin) into
+** out: its stats made into *stats, the head then per_row floats a row, and
+** the generator moved on past a dropout's draws of the weights' elements
+** (as gcap_dropout's). */
+static gcap_status attn_launch(gc_kargs *a, gcap_tensor *const *in, int nin, int per_row,
+                               gcap_tensor *out, gcap_tensor **stats) {
+  gcap_engine *e = out->e;
+  int64_t len = GC_ATTN_HEAD + per_row * a->n[0] * a->n[1];
+  gcap_status st;
+  if ((st = gc_tensor_alloc(e, "scaled_dot_product_attention", GCAP_F32, 1, &len, stats)) !=
+      GCAP_OK)
+    return st;
+  a->p[0] = gc_tensor_ptr(out);
+  a->p[4] = gc_tensor_ptr(*stats);
+  if ((st = gc_note_access(e, *stats, 1)) != GCAP_OK ||
+      (st = gc_run(e, GC_K_ATTN, a, in, nin, out)) != GCAP_OK)
+    return st;
+  return a->f[1] > 0.0f ? gc_rng_advance(e, a->n[0] * a->n[1] * a->n[2]) : GCAP_OK;
+}
+
 /* flags: the mask's, with causal (and GC_ATTN_CUDNN). */
 static gcap_status sdpa_fused(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
                               const gcap_sdpa_opts *o, double scale, int64_t flags,
                               gcap_tensor **out) {
   int n = q->ndim;
-  int64_t shape[GCAP_MAXDIM], len, heads;
+  int64_t shape[GCAP_MAXDIM], heads;
   gcap_tensor *stats = NULL, *in[4], *save[6];
   gcap_engine *e = q->e;
   gc_node *node;
@@ -256,20 +276,11 @@ static gcap_status sdpa_fused(gcap_tensor *q, gcap_tensor *k, gcap_tensor *v,
     return st;
   attn_fwd_args(&a, q, k, v, o, scale, flags);
   heads = a.n[6];
-  /* the head, then two floats a row: max and sum (the backward adds D in its
-  ** own copy); the library's one, its log-sum-exp */
-  len = GC_ATTN_HEAD + (flags & GC_ATTN_CUDNN ? 1 : 2) * a.n[0] * a.n[1];
-  if ((st = gc_tensor_alloc(e, "scaled_dot_product_attention", GCAP_F32, 1, &len, &stats)) !=
-      GCAP_OK)
-    goto fail;
-  a.p[0] = gc_tensor_ptr(*out);
-  a.p[4] = gc_tensor_ptr(stats);
   in[0] = q, in[1] = k, in[2] = v, in[3] = o->attn_mask;
-  if ((st = gc_note_access(e, stats, 1)) != GCAP_OK ||
-      (st = gc_run(e, GC_K_ATTN, &a, in, o->attn_mask ? 4 : 3, *out)) != GCAP_OK)
-    goto fail;
-  /* the draws of the weights' elements, as gcap_dropout's */
-  if (o->dropout_p > 0.0 && (st = gc_rng_advance(e, a.n[0] * a.n[1] * a.n[2])) != GCAP_OK)
+  /* two floats a row: max and sum (the backward adds D in its own copy); the
+  ** library's one, its log-sum-exp */
+  if ((st = attn_launch(&a, in, o->attn_mask ? 4 : 3, flags & GC_ATTN_CUDNN ? 1 : 2, *out,
+                        &stats)) != GCAP_OK)
     goto fail;
   if (gc_grad_needed(e, in, 3)) {
     save[0] = q, save[1] = k, save[2] = v, save[3] = stats, save[4] = *out;
@@ -341,7 +352,7 @@ gcap_status gc_sdpa_packed(gcap_tensor *qkv, const gcap_sdpa_opts *o, char *why,
                            gcap_tensor **out) {
   static const char op[] = "scaled_dot_product_attention";
   gcap_engine *e = qkv->e;
-  int64_t shape[3], len, d = qkv->shape[3] / 3, flags = GC_ATTN_CUDNN;
+  int64_t shape[3], d = qkv->shape[3] / 3, flags = GC_ATTN_CUDNN;
   double scale = o->scale != 0.0 ? o->scale : 1.0 / sqrt((double)d);
   gcap_tensor *stats = NULL, *save[3];
   gc_node *node;
@@ -359,16 +370,7 @@ gcap_status gc_sdpa_packed(gcap_tensor *qkv, const gcap_sdpa_opts *o, char *why,
     return GCAP_OK;
   shape[0] = qkv->shape[0], shape[1] = qkv->shape[1], shape[2] = qkv->shape[2] * d;
   if ((st = gc_tensor_alloc(e, op, qkv->dt, 3, shape, out)) != GCAP_OK) return st;
-  len = GC_ATTN_HEAD + a.n[0] * a.n[1];
-  if ((st = gc_tensor_alloc(e, op, GCAP_F32, 1, &len, &stats)) != GCAP_OK) goto fail;
-  a.p[0] = gc_tensor_ptr(*out);
-  a.p[4] = gc_tensor_ptr(stats);
-  if ((st = gc_note_access(e, stats, 1)) != GCAP_OK ||
-      (st = gc_run(e, GC_K_ATTN, &a, &qkv, 1, *out)) != GCAP_OK)
-    goto fail;
-  /* the generator moves on as after the own kernels' dropout */
-  if (o->dropout_p > 0.0 && (st = gc_rng_advance(e, a.n[0] * a.n[1] * a.n[2])) != GCAP_OK)
-    goto fail;
+  if ((st = attn_launch(&a, &qkv, 1, 1, *out, &stats)) != GCAP_OK) goto fail;
   if (gc_grad_needed(e, &qkv, 1)) {
     save[0] = qkv, save[1] = stats, save[2] = *out;
     if ((st = gc_record(*out, op, attn_packed_backward, &qkv, 1, save, 3, &node)) != GCAP_OK)
