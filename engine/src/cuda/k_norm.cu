@@ -20,11 +20,12 @@
 ** k_layernorm_bwd_regs); longer rows take the block-per-row kernels.
 **
 ** The parameter gradients are sums over rows in two stages (chunks of rows,
-** then the chunks in order; k_layernorm_bwd_params): no atomics, an order
-** fixed by the shape, so the same bits on every run, within float tolerance
-** of the host's running sums. Per-element arithmetic uses round-to-nearest
-** intrinsics in the host's order, so no FMA contraction adds a difference of
-** its own.
+** then the chunks by a fixed tree; k_layernorm_bwd_params_regs where rows
+** are whole 16-byte packs, k_layernorm_bwd_params otherwise): no atomics,
+** an order fixed by the shape, so the same bits on every run, within float
+** tolerance of the host's running sums. Per-element arithmetic uses
+** round-to-nearest intrinsics in the host's order, so no FMA contraction
+** adds a difference of its own.
 */
 #include <math.h>
 
@@ -96,7 +97,7 @@ static __global__ void k_layernorm_bwd(void *dx, const void *dy, const void *x, 
 ** y adds the rows lo + y, lo + y + CU_LNP_Y, ... in order, then the warps'
 ** sums are added in warp order through shared memory, into part (dw's
 ** partials, then db's: chunks x cols each) or, with one chunk, into the
-** outputs. cu_join_chunks adds the chunks in order. The order depends on rows
+** outputs. cu_join_chunks adds the chunks in a fixed order. The order depends on rows
 ** and cols alone: the same bits on every run. */
 #define CU_LNP_X 32
 #define CU_LNP_Y 8
@@ -156,6 +157,106 @@ static __global__ void __launch_bounds__(CU_LNP_X *CU_LNP_Y)
     cu_store(out, c, dt, s);
   else
     part[((int64_t)which * chunks + blockIdx.y) * cols + c] = s;
+}
+
+/* The parameter grads where a row is whole aligned 16-byte packs of up to 8
+** a lane (cu_ln_fast's layout): a block of CU_LNPR_W warps takes chunk
+** blockIdx.x of the rows, warp w adding rows lo + w, lo + w + CU_LNPR_W, ...
+** in order, lane t its columns cu_sm_col(i, t); then the warps' sums are
+** added in warp order through shared memory, dw's and then db's, into the
+** outputs (one chunk) or part, as k_layernorm_bwd_params. A warp reads whole
+** rows in 16-byte loads, and GC_LN_PARAMS_CHUNKS gives enough blocks to keep
+** the memory busy: the narrow column tiles above reach a fraction of it. */
+#define CU_LNPR_W 4
+
+template <typename T, int N>
+static __device__ __forceinline__ void cu_lnpr_join(T *out, float *part, float (*sh)[32 * N],
+                                                    const float *v, int64_t slot, int cols,
+                                                    int chunks) {
+  const int t = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
+  __syncthreads(); /* the last join has read sh */
+#pragma unroll
+  for (int i = 0; i < N; i++)
+    sh[w][cu_sm_col<T, 32>(i, t)] = v[i];
+  __syncthreads();
+  for (int c = (int)threadIdx.x; c < cols; c += 32 * CU_LNPR_W) {
+    float s = sh[0][c];
+#pragma unroll
+    for (int j = 1; j < CU_LNPR_W; j++)
+      s = __fadd_rn(s, sh[j][c]);
+    if (chunks == 1)
+      out[c] = cu_sm_elt<T>::put(s);
+    else
+      part[slot * cols + c] = s;
+  }
+}
+
+template <typename T, int K>
+static __global__ void __launch_bounds__(32 * CU_LNPR_W)
+    k_layernorm_bwd_params_regs(T *dw, T *db, float *part, const T *dy, const T *x,
+                                const float *mean_in, const float *rstd_in, int64_t rows, int cols,
+                                int chunks) {
+  constexpr int N = K * 16 / (int)sizeof(T);
+  __shared__ float sh[CU_LNPR_W][32 * N];
+  const int t = (int)threadIdx.x % 32;
+  const int64_t lo = rows * blockIdx.x / chunks, hi = rows * (blockIdx.x + 1) / chunks;
+  float sw[N], sb[N];
+#pragma unroll
+  for (int i = 0; i < N; i++)
+    sw[i] = sb[i] = 0.0f;
+  for (int64_t r = lo + (int)threadIdx.x / 32; r < hi; r += CU_LNPR_W) {
+    const float mean = mean_in[r], rstd = rstd_in[r];
+    float xh[N], g[N];
+    cu_sm_load<T, 32, K>(xh, x + r * cols, cols, t, true);
+    cu_sm_load<T, 32, K>(g, dy + r * cols, cols, t, true);
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+      xh[i] = __fmul_rn(__fsub_rn(xh[i], mean), rstd);
+      sw[i] = __fadd_rn(sw[i], __fmul_rn(g[i], xh[i]));
+      sb[i] = __fadd_rn(sb[i], g[i]);
+    }
+  }
+  if (dw) cu_lnpr_join<T, N>(dw, part, sh, sw, blockIdx.x, cols, chunks);
+  if (db) cu_lnpr_join<T, N>(db, part, sh, sb, (int64_t)chunks + blockIdx.x, cols, chunks);
+}
+
+template <typename T, int K>
+static void cu_lnpr_launch(cudaStream_t s, const gc_kargs *a, int chunks) {
+  k_layernorm_bwd_params_regs<T, K><<<chunks, 32 * CU_LNPR_W, 0, s>>>(
+      (T *)a->p[0], (T *)a->p[1], (float *)a->p[6], (const T *)a->p[2], (const T *)a->p[3],
+      (const float *)a->p[4], (const float *)a->p[5], a->n[0], (int)a->n[1], chunks);
+}
+
+/* k_layernorm_bwd_params_regs where the rows are whole aligned packs of up
+** to 8 a lane; false otherwise. */
+template <typename T> static bool cu_lnpr_fast(cudaStream_t s, const gc_kargs *a, int chunks) {
+  constexpr int P = 16 / sizeof(T);
+  const int64_t cols = a->n[1], per = (cols + 32 * P - 1) / (32 * P);
+  if (a->n[0] <= 0 || cu_packs(cols, a->dt, a->p[2], a->p[3], NULL) == 0) return false;
+  switch (per) {
+    case 1:
+      cu_lnpr_launch<T, 1>(s, a, chunks);
+      return true;
+    case 2:
+      cu_lnpr_launch<T, 2>(s, a, chunks);
+      return true;
+    case 3:
+      cu_lnpr_launch<T, 3>(s, a, chunks);
+      return true;
+    case 4:
+      cu_lnpr_launch<T, 4>(s, a, chunks);
+      return true;
+    case 5:
+    case 6:
+      cu_lnpr_launch<T, 6>(s, a, chunks);
+      return true;
+    case 7:
+    case 8:
+      cu_lnpr_launch<T, 8>(s, a, chunks);
+      return true;
+    default:
+      return false;
+  }
 }
 
 /* What the softmax's input z needs of row r, worked out once per row: the
@@ -443,16 +544,19 @@ template <typename T> static bool cu_sm_fast(cudaStream_t s, int k, const gc_kar
 }
 
 /* GC_K_LAYERNORM_BWD_PARAMS: dw and db (either may be NULL) in
-** GC_COLSUM_CHUNKS(rows) chunks, joined from the scratch p[6]. */
+** GC_LN_PARAMS_CHUNKS(rows) chunks, joined from the scratch p[6]. */
 static void cu_ln_params(cudaStream_t s, const gc_kargs *a) {
   const int64_t rows = a->n[0] > 0 ? a->n[0] : 0, cols = a->n[1];
-  const int chunks = a->p[6] ? GC_COLSUM_CHUNKS(rows) : 1;
+  const int chunks = a->p[6] ? GC_LN_PARAMS_CHUNKS(rows) : 1;
   float *part = (float *)a->p[6];
   if (!a->p[0] && !a->p[1]) return;
-  dim3 grid((unsigned)((cols + CU_LNP_COLS - 1) / CU_LNP_COLS), (unsigned)chunks);
-  k_layernorm_bwd_params<<<grid, dim3(CU_LNP_X, CU_LNP_Y), 0, s>>>(
-      a->p[0], a->p[1], part, a->p[2], a->p[3], (const float *)a->p[4], (const float *)a->p[5],
-      a->dt, rows, cols, chunks);
+  if (!(a->dt == GCAP_BF16 ? cu_lnpr_fast<__nv_bfloat16>(s, a, chunks)
+                           : cu_lnpr_fast<float>(s, a, chunks))) {
+    dim3 grid((unsigned)((cols + CU_LNP_COLS - 1) / CU_LNP_COLS), (unsigned)chunks);
+    k_layernorm_bwd_params<<<grid, dim3(CU_LNP_X, CU_LNP_Y), 0, s>>>(
+        a->p[0], a->p[1], part, a->p[2], a->p[3], (const float *)a->p[4], (const float *)a->p[5],
+        a->dt, rows, cols, chunks);
+  }
   if (chunks == 1) return;
   if (a->p[0]) cu_join_chunks(s, a->p[0], part, a->dt, cols, chunks);
   if (a->p[1]) cu_join_chunks(s, a->p[1], part + (int64_t)chunks * cols, a->dt, cols, chunks);

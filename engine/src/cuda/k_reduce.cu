@@ -44,19 +44,40 @@ static __global__ void k_sum_chunks(float *part, const void *x, int dt, int64_t 
 }
 
 /* The second stage of the column sums in chunks (sum_rows, gelu_bwd's bias
-** grad, layer_norm's parameter grads): each column's chunks added in order. */
-static __global__ void k_sum_rows_join(void *y, const float *part, int dt, int64_t cols,
-                                       int chunks) {
-  CU_GRID_LOOP(j, cols) {
+** grad, layer_norm's parameter grads). A block of CU_JOIN_COLS columns by
+** CU_JOIN_LANES lanes: lane l adds chunks l, l + CU_JOIN_LANES, ... of its
+** column in order, then a fixed tree adds the lanes; an order fixed by
+** chunks alone, and a column's hundreds of chunks read by many threads. */
+#define CU_JOIN_COLS 32
+#define CU_JOIN_LANES 32
+
+static __global__ void __launch_bounds__(CU_JOIN_COLS *CU_JOIN_LANES)
+    k_sum_rows_join(void *y, const float *part, int dt, int64_t cols, int chunks) {
+  __shared__ float sh[CU_JOIN_LANES][CU_JOIN_COLS + 1];
+  const int tx = (int)threadIdx.x, ty = (int)threadIdx.y;
+  for (int64_t j0 = (int64_t)blockIdx.x * CU_JOIN_COLS; j0 < cols;
+       j0 += (int64_t)gridDim.x * CU_JOIN_COLS) {
+    const int64_t j = j0 + tx;
     float s = 0.0f;
-    for (int c = 0; c < chunks; c++)
-      s = __fadd_rn(s, part[c * cols + j]);
-    cu_store(y, j, dt, s);
+    if (j < cols)
+#pragma unroll 4
+      for (int c = ty; c < chunks; c += CU_JOIN_LANES)
+        s = __fadd_rn(s, part[c * cols + j]);
+    __syncthreads(); /* the last tile's tree has read sh */
+    sh[ty][tx] = s;
+    for (int w = CU_JOIN_LANES / 2; w > 0; w /= 2) {
+      __syncthreads();
+      if (ty < w) sh[ty][tx] = __fadd_rn(sh[ty][tx], sh[ty + w][tx]);
+    }
+    if (ty == 0 && j < cols) cu_store(y, j, dt, sh[0][tx]);
   }
 }
 
 void cu_join_chunks(cudaStream_t s, void *y, const float *part, int dt, int64_t cols, int chunks) {
-  k_sum_rows_join<<<cu_blocks(cols), CU_THREADS, 0, s>>>(y, part, dt, cols, chunks);
+  const int64_t tiles = (cols + CU_JOIN_COLS - 1) / CU_JOIN_COLS;
+  const unsigned g = (unsigned)(tiles < CU_MAX_BLOCKS ? tiles : CU_MAX_BLOCKS);
+  if (g > 0)
+    k_sum_rows_join<<<g, dim3(CU_JOIN_COLS, CU_JOIN_LANES), 0, s>>>(y, part, dt, cols, chunks);
 }
 
 gcap_status cu_reduce(gcap_engine *, cu_state *, cudaStream_t s, int, const gc_kargs *a) {

@@ -109,7 +109,7 @@ extern "C" {
   X(LAYERNORM_BWD, layer_norm_bwd, norm, 0x01)                                                     \
   /* p[0] = dweight, p[1] = dbias (either may be NULL), p[2] = dy, p[3] = x, p[4] = mean,          \
      p[5] = rstd; rows n[0], cols n[1]; p[6]: NULL, or f32 scratch of 2 *                          \
-     GC_COLSUM_CHUNKS(n[0]) * n[1] floats for a backend that sums chunks of rows */                \
+     GC_LN_PARAMS_CHUNKS(n[0]) * n[1] floats for a backend that sums chunks of rows */             \
   X(LAYERNORM_BWD_PARAMS, layer_norm_bwd_params, norm, 0x43)                                       \
   /* softmax over the last dim of z = f[0] * x (+ mask): p[0] = y, p[1] = x; rows n[0], cols       \
      n[1]; p[2]: NULL, or a mask broadcast over x seen as 4-D [rows / (n[3] n[4]), n[3], n[4],     \
@@ -291,9 +291,13 @@ typedef enum gc_kernel { GC_KERNELS(GC_K_ID) GC_K_COUNT } gc_kernel;
 #define GC_SUM_ROWS_CHUNKS(rows) ((rows) >= 1024 ? 64 : 1)
 
 /* How many chunks of rows the column sums that do not keep the host's row
-** order (layer_norm's parameter grads, gelu_bwd's bias grad) may use their
-** scratch for (1: none): about 32 rows a chunk, at most 64 chunks. */
+** order (gelu_bwd's bias grad) may use their scratch for (1: none): about 32
+** rows a chunk, at most 64 chunks. */
 #define GC_COLSUM_CHUNKS(rows) ((rows) >= 2048 ? 64 : (rows) >= 64 ? (rows) / 32 : 1)
+
+/* The same for layer_norm's parameter grads, whose chunks read whole rows:
+** about 16 rows a chunk, at most 512 chunks, enough blocks to fill a GPU. */
+#define GC_LN_PARAMS_CHUNKS(rows) ((rows) >= 8192 ? 512 : (rows) >= 64 ? (rows) / 16 : 1)
 
 /* Element i of storage p of dtype dt as a float, and v stored there: f32, or
 ** bf16 as the upper half of an f32, rounded to nearest even (NaN stays a

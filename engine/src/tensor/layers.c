@@ -120,7 +120,7 @@ static gcap_status ln_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   }
   if ((w && gc_node_needs(n, 1)) || (b && gc_node_needs(n, 2))) {
     gcap_tensor *dw = NULL, *db = NULL, *scratch = NULL;
-    int64_t chunks = GC_COLSUM_CHUNKS(rows);
+    int64_t chunks = GC_LN_PARAMS_CHUNKS(rows);
     if (w && gc_node_needs(n, 1) &&
         (st = gc_tensor_alloc(g->e, "layer_norm backward", w->dt, 1, w->shape, &dw)) != GCAP_OK)
       return st;
