@@ -82,18 +82,6 @@ function TestFp8Recipes:test_errors_name_the_field ()
                "enabled must be a boolean")
 end
 
--- The host's FP8 GEMM is the f32 GEMM of the dequantized values: bit for
--- bit. cuda's is cuBLASLt's FP8 GEMM (products of the FP8 values, scaled
--- after; the forward with fast accumulation): within 1e-3 + 1e-3 |ref| of the
--- f32 GEMM of the dequantized values.
-local function check_fp8 (got, want, what)
-  if gc.device() == "host" then
-    H.assert_bitwise(got, want, what)
-  else
-    H.assert_close(got, want, 1e-3, 1e-3, what)
-  end
-end
-
 -- An FP8 Linear's forward and backward equal the composition of the casts
 -- with the role scales it had, step by step, and its state the reference.
 -- An output size that is no multiple of 16 pads the dgrad's operands.
@@ -122,9 +110,9 @@ local function check_linear_steps (recipe, steps, out)
     xd.requires_grad, wd.requires_grad = true, true
     local yr = gc.F.linear(xd, wd, lin.bias:detach())
     yr:backward(gd)
-    check_fp8(y:tolist(), yr:tolist(), "y " .. step)
-    check_fp8(x.grad:tolist(), xd.grad:tolist(), "dx " .. step)
-    check_fp8(lin.weight.grad:tolist(), wd.grad:tolist(), "dw " .. step)
+    H.assert_fp8_gemm(y:tolist(), yr:tolist(), "y " .. step)
+    H.assert_fp8_gemm(x.grad:tolist(), xd.grad:tolist(), "dx " .. step)
+    H.assert_fp8_gemm(lin.weight.grad:tolist(), wd.grad:tolist(), "dw " .. step)
     ref.input.step(amax_of(x))
     ref.weight.step(amax_of(lin.weight))
     ref.grad_output.step(amax_of(g))
@@ -154,7 +142,7 @@ function TestFp8Recipes:test_current_scaling ()
   local x = gc.randn({16, 16}) * gc.tensor(7)
   local y = gc.fp8.autocast({recipe = gc.fp8.Float8CurrentScaling()}, function () return lin(x) end)
   local function cur (t) return (gc.fp8.cast(t, "E4M3", fround(448 / fround(amax_of(t))))) end
-  check_fp8(y:tolist(), gc.F.linear(cur(x), cur(lin.weight:detach())):tolist(), "y")
+  H.assert_fp8_gemm(y:tolist(), gc.F.linear(cur(x), cur(lin.weight:detach())):tolist(), "y")
   lu.assertEquals(lin:fp8_state().input.scale, 1, "current scaling keeps no state")
 end
 
