@@ -71,6 +71,15 @@ function H.assert_close (got, want, atol, rtol, what)
 end
 
 -- Element by element with ==: bitwise for the finite values compared here.
+-- An FP8 GEMM's result against the GEMM of the dequantized values: bit for
+-- bit on the host (that is its GEMM); within 1e-3 + 1e-3 |ref| on cuda,
+-- whose cuBLASLt FP8 GEMM sums the FP8 products in its own order (the
+-- forward with fast accumulation).
+function H.assert_fp8_gemm (got, want, what)
+  if gc.device() == "host" then return H.assert_bitwise(got, want, what) end
+  return H.assert_close(got, want, 1e-3, 1e-3, what)
+end
+
 function H.assert_bitwise (got, want, what)
   got, want = flat(got), flat(want)
   lu.assertEquals(#got, #want, what .. ": length")
