@@ -84,35 +84,40 @@ end
 
 -- An FP8 Linear's forward and backward equal the composition of the casts
 -- with the role scales it had, step by step, and its state the reference.
--- An output size that is no multiple of 16 pads the dgrad's operands.
-local function check_linear_steps (recipe, steps, out)
+-- An output size that is no multiple of 16 pads the dgrad's operands. A
+-- bf16 Linear (dt "bf16") equals the composition in f32 rounded to bf16
+-- once: an FP8 GEMM multiplies the FP8 values as they are, rounding no
+-- operand to the output's dtype.
+local function check_linear_steps (recipe, steps, out, dt)
   gc.manual_seed(3)
-  local lin = gc.nn.Linear(16, out or 32)
+  dt = dt or "f32"
+  local lin = gc.nn.Linear(16, out or 32):to(dt)
   local len, algo = recipe.amax_history_len, recipe.amax_compute_algo
   local grad_max = recipe.fp8_format == "HYBRID" and 57344 or 448
   local ref = {input = ref_role(len, algo, 448, recipe.margin),
                weight = ref_role(len, algo, 448, recipe.margin),
                grad_output = ref_role(len, algo, grad_max, recipe.margin)}
   local gfmt = recipe.fp8_format == "HYBRID" and "E5M2" or "E4M3"
+  local function want (t) return t:to(dt):tolist() end
   for step = 1, steps do
-    local x = gc.randn({8, 16}) * gc.tensor(step * 1.5)
+    local x = (gc.randn({8, 16}) * gc.tensor(step * 1.5)):to(dt)
     x.requires_grad = true
-    local g = gc.randn({8, out or 32}) * gc.tensor(0.25 * step)
+    local g = (gc.randn({8, out or 32}) * gc.tensor(0.25 * step)):to(dt)
     lin:zero_grad()
     local y = gc.fp8.autocast({recipe = recipe}, function () return lin(x) end)
     y:backward(g)
-    -- the composition with the scales the reference held before this step,
-    -- through F.linear's GEMMs (a matmul of a transposed copy may take
+    -- the composition in f32 with the scales the reference held before this
+    -- step, through F.linear's GEMMs (a matmul of a transposed copy may take
     -- another GEMM kernel, summing in another order on cuda)
-    local xd = gc.fp8.cast(x:detach(), "E4M3", ref.input.scale)
-    local wd = gc.fp8.cast(lin.weight:detach(), "E4M3", ref.weight.scale)
-    local gd = gc.fp8.cast(g, gfmt, ref.grad_output.scale)
+    local xd = gc.fp8.cast(x:detach():float(), "E4M3", ref.input.scale)
+    local wd = gc.fp8.cast(lin.weight:detach():float(), "E4M3", ref.weight.scale)
+    local gd = gc.fp8.cast(g:float(), gfmt, ref.grad_output.scale)
     xd.requires_grad, wd.requires_grad = true, true
-    local yr = gc.F.linear(xd, wd, lin.bias:detach())
+    local yr = gc.F.linear(xd, wd, lin.bias:detach():float())
     yr:backward(gd)
-    H.assert_fp8_gemm(y:tolist(), yr:tolist(), "y " .. step)
-    H.assert_fp8_gemm(x.grad:tolist(), xd.grad:tolist(), "dx " .. step)
-    H.assert_fp8_gemm(lin.weight.grad:tolist(), wd.grad:tolist(), "dw " .. step)
+    H.assert_fp8_gemm(y:tolist(), want(yr), "y " .. step, dt)
+    H.assert_fp8_gemm(x.grad:tolist(), want(xd.grad), "dx " .. step, dt)
+    H.assert_fp8_gemm(lin.weight.grad:tolist(), want(wd.grad), "dw " .. step, dt)
     ref.input.step(amax_of(x))
     ref.weight.step(amax_of(lin.weight))
     ref.grad_output.step(amax_of(g))
@@ -134,6 +139,11 @@ end
 
 function TestFp8Recipes:test_delayed_scaling_padded_dgrad ()
   check_linear_steps(gc.fp8.DelayedScaling{amax_history_len = 2}, 3, 24)
+end
+
+function TestFp8Recipes:test_delayed_scaling_bf16 ()
+  check_linear_steps(gc.fp8.DelayedScaling{amax_history_len = 3}, 4, nil, "bf16")
+  check_linear_steps(gc.fp8.DelayedScaling{amax_history_len = 2}, 3, 24, "bf16")
 end
 
 function TestFp8Recipes:test_current_scaling ()

@@ -186,16 +186,20 @@ static void matmul_one(const gc_kargs *a) {
   }
 }
 
-/* C = A B^T of FP8 operands: each byte dequantized to dt through its
-** operand's table (the values GC_K_FP8_DEQUANTIZE gives), then matmul's sums
-** in matmul's order, so the result equals dequantize-then-matmul bit for
-** bit. The zeros that pad rows beyond k are not read. */
+/* C = A B^T of FP8 operands: each byte dequantized to a float through its
+** operand's table (the values GC_K_FP8_DEQUANTIZE gives in f32), then
+** matmul's sums in matmul's order, C stored once in dt: the result equals
+** the f32 matmul of the dequantized f32 operands, rounded to dt, bit for
+** bit. As in an FP8 GEMM (cuBLASLt's), no operand is rounded to a bf16 C's
+** dtype before the products: that rounding, up to 2^-9 of each operand,
+** would move a sum that cancels far beyond the one rounding of its result.
+** The zeros that pad rows beyond k are not read. */
 void hk_fp8_gemm(const gc_kargs *a) {
   const unsigned char *A = (const unsigned char *)a->p[1], *B = (const unsigned char *)a->p[2];
   int64_t m = a->n[0], n = a->n[1], k = a->n[2], ld = a->n[3], i, j, l;
   float ta[256], tb[256];
-  hk_fp8_table((int)a->n[5], ((const float *)a->p[6])[0], a->dt, ta);
-  hk_fp8_table((int)a->n[6], ((const float *)a->p[7])[0], a->dt, tb);
+  hk_fp8_table((int)a->n[5], ((const float *)a->p[6])[0], ta);
+  hk_fp8_table((int)a->n[6], ((const float *)a->p[7])[0], tb);
   for (i = 0; i < m; i++)
     for (j = 0; j < n; j++) {
       float s = 0.0f;

@@ -31,9 +31,9 @@ void hk_fp8_update(const gc_kargs *a);
 void hk_fp8_transpose(const gc_kargs *a);
 /* The FP8 GEMM (kernels.c, beside the matmul it shares its sums with). */
 void hk_fp8_gemm(const gc_kargs *a);
-/* t[b] = FP8 byte b of format f dequantized with scale_inv and stored as
-** dt (GC_K_FP8_DEQUANTIZE's value), read back as a float. */
-void hk_fp8_table(int f, float scale_inv, int dt, float t[256]);
+/* t[b] = FP8 byte b of format f dequantized with scale_inv, as a float
+** (GC_K_FP8_DEQUANTIZE's value into an f32 tensor). */
+void hk_fp8_table(int f, float scale_inv, float t[256]);
 
 /* The reference kernel for id k (NULL when k is out of range). */
 hk_fn hk_kernel(int k);
