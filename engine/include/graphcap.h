@@ -1496,8 +1496,8 @@ int gcap_fp8_is_available(gcap_engine *e, char *why, size_t n);
 ** backward runs with what its forward ran with. With amax_reduction_group,
 ** each update first takes the max of the amaxes over the group's ranks
 ** (an all-reduce on the device), so that every rank holds the same scales.
-** This version quantizes and dequantizes around the existing GEMMs, on both
-** backends: the host's results are the reference's numerics. */
+** The GEMMs are FP8 GEMMs: cuBLASLt's on cuda, the f32 GEMM of the
+** dequantized values on the host (the reference). */
 typedef struct gcap_fp8_autocast {
   int enabled;
   gcap_fp8_recipe recipe;

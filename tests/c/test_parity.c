@@ -74,6 +74,12 @@ static void fill(const pin *p, float *d, int64_t n) {
   }
 }
 
+/* |got - ref| <= atol + rtol*|ref|, and that bound (lim). */
+static int within(float got, float ref, double atol, double rtol, double *lim) {
+  *lim = atol + rtol * fabs((double)ref);
+  return fabs((double)got - (double)ref) <= *lim;
+}
+
 /* Compare n values of `got` (cuda) with `ref` (host); report the first
 ** mismatch and the count. Returns 1 when all are within tolerance. */
 static int compare(const char *what, const char *part, const float *got, const float *ref,
@@ -81,8 +87,8 @@ static int compare(const char *what, const char *part, const float *got, const f
   int64_t bad = 0, first = -1;
   double worst = 0.0;
   for (int64_t i = 0; i < n; i++) {
-    double d = fabs((double)got[i] - (double)ref[i]), lim = atol + rtol * fabs((double)ref[i]);
-    if (!(d <= lim)) {
+    double lim, d = fabs((double)got[i] - (double)ref[i]);
+    if (!within(got[i], ref[i], atol, rtol, &lim)) {
       if (first < 0) first = i;
       bad++;
     }
@@ -970,6 +976,211 @@ static void test_adamw_parity(void) {
   optim_parity(2);
 }
 
+/* FP8 modules under a DelayedScaling autocast (history 4), cuda's
+** cuBLASLt FP8 GEMMs against the host's f32 GEMMs of the dequantized
+** values: the same parameters (bytes copied from the host's), inputs and
+** output weights on both; `steps` steps of forward and backward, each step's
+** output, input grad and parameter grads compared, then the modules' FP8
+** state. A Linear's quantized operands are the same bytes on both (the grad
+** is the fixed weights r), and both multiply the FP8 values unrounded, so
+** only the accumulation order differs: FP8_F32 1e-3 + 1e-3|ref|, FP8_BF16
+** 2e-2 + 2e-2|ref|. In a LayerNormMLP fc2's input and fc1's grad come from
+** cuda's own results, and an element that lands on the other side of an
+** FP8 rounding boundary moves by one FP8 step (1/8 in E4M3, 1/4 in E5M2):
+** 0.1 + 0.05|ref|, one step. */
+typedef struct fp8_case {
+  const char *name;
+  int mlp; /* 0: Linear(in, out); 1: LayerNormMLP(in, out) */
+  gcap_dtype dt;
+  int64_t rows, in, out;
+  int steps;
+  double atol, rtol;
+} fp8_case;
+
+static const fp8_case fp8_cases[] = {
+    {"f32 Linear [32, 64] -> 48", 0, GCAP_F32, 32, 64, 48, 3, 1e-3, 1e-3},
+    {"bf16 Linear [32, 64] -> 48", 0, GCAP_BF16, 32, 64, 48, 3, 2e-2, 2e-2},
+    {"f32 Linear [24, 32] -> 40 (padded operands)", 0, GCAP_F32, 24, 32, 40, 3, 1e-3, 1e-3},
+    {"bf16 LayerNormMLP [64, 64] -> 128", 1, GCAP_BF16, 64, 64, 128, 1, 0.1, 0.05},
+};
+
+#define FP8_HIST 4 /* the recipe's amax_history_len */
+
+/* compare() of an FP8 case; where it fails, the first few elements out of
+** tolerance: index, the parameter it lies in (m: the parameter grads, the
+** parameters concatenated; NULL: none), cuda's value and the host's. */
+static void fp8_compare(const char *what, const char *part, const float *got, const float *ref,
+                        int64_t n, const fp8_case *c, const gcap_module *m) {
+  int shown = 0;
+  double lim;
+  if (compare(what, part, got, ref, n, c->atol, c->rtol)) return;
+  for (int64_t i = 0; i < n && shown < 5; i++) {
+    char where[96] = "";
+    if (within(got[i], ref[i], c->atol, c->rtol, &lim)) continue;
+    for (int p = 0, at = (int)i; m != NULL && p < gcap_module_num_parameters(m); p++) {
+      char name[64];
+      gcap_tensor *t = gcap_module_parameter(m, p, name, sizeof name);
+      int k = (int)gcap_tensor_numel(t), cols = (int)gcap_tensor_shape(t)[gcap_tensor_ndim(t) - 1];
+      if (at >= k) {
+        at -= k;
+        continue;
+      }
+      if (gcap_tensor_ndim(t) == 2)
+        snprintf(where, sizeof where, " (%s[%d, %d])", name, at / cols, at % cols);
+      else
+        snprintf(where, sizeof where, " (%s[%d])", name, at);
+      break;
+    }
+    printf("#     %s element %lld%s: cuda %.9g, host %.9g\n", part, (long long)i, where,
+           (double)got[i], (double)ref[i]);
+    shown++;
+  }
+}
+
+/* After a step, each FP8 role's scale and amax history on cuda against the
+** host's. A role whose tensor is the same bytes on both (a Linear's input,
+** weight and grad, which is r; LayerNormMLP's weights and fc2's grad) must
+** equal bit for bit: its amaxes are exact maxima and its scales one
+** division of them, so a difference is in the casts or the scaling, never
+** in the GEMMs. LayerNormMLP's other roles quantize each backend's own
+** results (the layer norm, the gelu, fc2's dgrad): within the case's
+** tolerance. */
+static void fp8_state_parity(const char *what, gcap_module *const *m, const fp8_case *c) {
+  static const char *const roles[3] = {"input", "weight", "grad_output"};
+  for (int g = 0; g < gcap_module_fp8_gemms(m[0]); g++)
+    for (int r = 0; r < 3; r++) {
+      float s[2], h[2][FP8_HIST] = {{0}};
+      int len[2], same = !c->mlp || r == 1 || (g == 1 && r == 2), ok;
+      double lim;
+      for (int b = 0; b < 2; b++)
+        if (gcap_module_fp8_state(m[b], g, r, FP8_HIST, &s[b], h[b], &len[b]) != GCAP_OK) {
+          T_FAILF("fp8 state", "%s: %s", what, gcap_errmsg(b ? ec : eh));
+          return;
+        }
+      ok = len[0] == len[1];
+      if (same)
+        ok = ok && memcmp(&s[0], &s[1], sizeof s[0]) == 0 && memcmp(h[0], h[1], sizeof h[0]) == 0;
+      for (int j = 0; !same && j < FP8_HIST; j++)
+        ok = ok && within(s[1], s[0], c->atol, c->rtol, &lim) &&
+             within(h[1][j], h[0][j], c->atol, c->rtol, &lim);
+      if (!ok)
+        T_FAILF(same ? "cuda's FP8 state == host's, bit for bit" : "cuda's FP8 state ~ host's",
+                "%s: GEMM %d %s: scale cuda %a host %a; amax history (length %d, %d) cuda "
+                "{%a, %a, %a, %a} host {%a, %a, %a, %a}",
+                what, g, roles[r], (double)s[1], (double)s[0], len[1], len[0], (double)h[1][0],
+                (double)h[1][1], (double)h[1][2], (double)h[1][3], (double)h[0][0], (double)h[0][1],
+                (double)h[0][2], (double)h[0][3]);
+    }
+}
+
+/* One step on e: y = m(x), loss sum(y * r), backward; y, x's grad and the
+** parameters' grads (concatenated) into out (numel each, NULL: skipped). */
+static int fp8_step(gcap_engine *e, gcap_module *m, const fp8_case *c, const float *xd,
+                    const float *rd, float *y, float *gx, float *gp) {
+  const int64_t xs[2] = {c->rows, c->in};
+  gcap_tensor *x = NULL, *out = NULL, *r = NULL, *p = NULL, *l = NULL;
+  gcap_fp8_autocast a, prev;
+  int ok = 0, np = gcap_module_num_parameters(m);
+  memset(&a, 0, sizeof a);
+  a.enabled = 1;
+  gcap_fp8_recipe_init(&a.recipe, GCAP_FP8_DELAYED_SCALING);
+  a.recipe.amax_history_len = FP8_HIST;
+  if (gcap_tensor_from_f32(e, c->dt, 2, xs, xd, &x) != GCAP_OK ||
+      gcap_tensor_set_requires_grad(x, 1) != GCAP_OK ||
+      gcap_fp8_set_autocast(e, &a, &prev) != GCAP_OK)
+    goto done;
+  if (gcap_module_call(m, 1, &x, &out) != GCAP_OK) {
+    gcap_fp8_set_autocast(e, &prev, NULL);
+    goto done;
+  }
+  gcap_fp8_set_autocast(e, &prev, NULL);
+  if (gcap_tensor_from_f32(e, c->dt, gcap_tensor_ndim(out), gcap_tensor_shape(out), rd, &r) !=
+          GCAP_OK ||
+      gcap_mul(out, r, &p) != GCAP_OK || gcap_sum(p, &l) != GCAP_OK ||
+      gcap_backward(l, NULL, 0) != GCAP_OK || !t_read(out, y, (size_t)gcap_tensor_numel(out)) ||
+      !t_read(gcap_tensor_grad(x), gx, (size_t)(c->rows * c->in)))
+    goto done;
+  for (int i = 0; i < np; i++) {
+    gcap_tensor *w = gcap_module_parameter(m, i, NULL, 0), *g = gcap_tensor_grad(w);
+    int64_t n = gcap_tensor_numel(w);
+    if (g == NULL || !t_read(g, gp, (size_t)n) || gcap_tensor_set_grad(w, NULL) != GCAP_OK)
+      goto done;
+    gp += n;
+  }
+  ok = 1;
+done:
+  if (!ok) T_FAILF("run", "%s on %s: %s", c->name, gcap_engine_device(e), gcap_errmsg(e));
+  gcap_tensor_free(x), gcap_tensor_free(out), gcap_tensor_free(r), gcap_tensor_free(p);
+  gcap_tensor_free(l);
+  return ok;
+}
+
+static void fp8_parity(const fp8_case *c) {
+  gcap_module *m[2] = {NULL, NULL};
+  gcap_engine *es[2] = {eh, ec};
+  int64_t nx = c->rows * c->in, ny = c->rows * (c->mlp ? c->in : c->out), npar = 0;
+  float *xd = NULL, *rd = NULL, *buf[2][3] = {{NULL}};
+  for (int b = 0; b < 2; b++) {
+    gcap_status st = c->mlp ? gcap_nn_layer_norm_mlp(es[b], c->in, c->out, 1e-5, 1, 0, &m[b])
+                            : gcap_nn_linear(es[b], c->in, c->out, 1, 0, &m[b]);
+    if (st != GCAP_OK) {
+      T_FAILF("make the module", "%s on %s: %s", c->name, gcap_engine_device(es[b]),
+              gcap_errmsg(es[b]));
+      goto done;
+    }
+  }
+  for (int i = 0; i < gcap_module_num_parameters(m[0]); i++) { /* the host's values on cuda */
+    gcap_tensor *w = gcap_module_parameter(m[0], i, NULL, 0);
+    size_t n = (size_t)gcap_tensor_numel(w) * 4;
+    void *bytes = malloc(n);
+    int ok = bytes && gcap_tensor_read_bytes(w, bytes, n) == GCAP_OK &&
+             gcap_tensor_write_bytes(gcap_module_parameter(m[1], i, NULL, 0), bytes, n) == GCAP_OK;
+    free(bytes);
+    if (!ok) {
+      T_FAILF("copy the parameters", "%s: %s", c->name, gcap_errmsg(ec));
+      goto done;
+    }
+    npar += gcap_tensor_numel(w);
+  }
+  for (int b = 0; b < 2; b++)
+    if (gcap_module_to(m[b], c->dt) != GCAP_OK) {
+      T_FAILF("module_to", "%s: %s", c->name, gcap_errmsg(es[b]));
+      goto done;
+    }
+  xd = malloc((size_t)nx * sizeof *xd), rd = malloc((size_t)ny * sizeof *rd);
+  for (int b = 0; b < 2; b++) {
+    buf[b][0] = malloc((size_t)ny * sizeof(float));
+    buf[b][1] = malloc((size_t)nx * sizeof(float));
+    buf[b][2] = malloc((size_t)npar * sizeof(float));
+  }
+  for (int k = 0; k < c->steps; k++) {
+    char what[160];
+    for (int64_t i = 0; i < nx; i++)
+      xd[i] = 2.0f * (float)(k + 1) * urand();
+    for (int64_t i = 0; i < ny; i++)
+      rd[i] = urand();
+    for (int b = 0; b < 2; b++)
+      if (!fp8_step(es[b], m[b], c, xd, rd, buf[b][0], buf[b][1], buf[b][2])) goto done;
+    snprintf(what, sizeof what, "fp8 %s step %d", c->name, k + 1);
+    fp8_compare(what, "output", buf[1][0], buf[0][0], ny, c, NULL);
+    fp8_compare(what, "input grad", buf[1][1], buf[0][1], nx, c, NULL);
+    fp8_compare(what, "parameter grads", buf[1][2], buf[0][2], npar, c, m[0]);
+    fp8_state_parity(what, m, c);
+  }
+done:
+  free(xd), free(rd);
+  for (int b = 0; b < 2; b++) {
+    for (int j = 0; j < 3; j++)
+      free(buf[b][j]);
+    gcap_module_free(m[b]);
+  }
+}
+
+static void test_fp8_parity(void) {
+  for (size_t i = 0; i < sizeof fp8_cases / sizeof fp8_cases[0]; i++)
+    fp8_parity(&fp8_cases[i]);
+}
+
 int main(void) {
   const char *missing;
   verbose = getenv("GRAPHCAP_PARITY_VERBOSE") != NULL;
@@ -997,6 +1208,13 @@ int main(void) {
     t_skip("test_cudnn_attention_parity", missing);
   else
     T_RUN(test_cudnn_attention_parity);
+  {
+    char why[256];
+    if (!gcap_fp8_is_available(ec, why, sizeof why))
+      t_skip("test_fp8_parity", why);
+    else
+      T_RUN(test_fp8_parity);
+  }
   T_RUN(test_dropout_masks_identical);
   T_RUN(test_sgd_parity);
   T_RUN(test_adam_parity);

@@ -71,6 +71,18 @@ function H.assert_close (got, want, atol, rtol, what)
 end
 
 -- Element by element with ==: bitwise for the finite values compared here.
+-- An FP8 GEMM's result against the f32 GEMM of the dequantized values
+-- (rounded to the result's dtype dt, "f32" by default): bit for bit on the
+-- host (that is its GEMM); within 1e-3 + 1e-3 |ref| on cuda, whose cuBLASLt
+-- FP8 GEMM sums the FP8 products in its own order (the forward with fast
+-- accumulation); 1e-2 + 1e-2 |ref| for bf16, where that order may round a
+-- sum to the bf16 next to the reference's.
+function H.assert_fp8_gemm (got, want, what, dt)
+  if gc.device() == "host" then return H.assert_bitwise(got, want, what) end
+  local tol = dt == "bf16" and 1e-2 or 1e-3 -- bf16: one rounding of the result apart
+  return H.assert_close(got, want, tol, tol, what)
+end
+
 function H.assert_bitwise (got, want, what)
   got, want = flat(got), flat(want)
   lu.assertEquals(#got, #want, what .. ": length")

@@ -19,6 +19,7 @@ static void cu_shutdown(void *bs) {
   cu_state *st = (cu_state *)bs;
   if (!st) return;
   cu_plans_free(st);
+  cu_fp8_plans_free(st);
   cu_dnn_free(st->dnn);
   if (st->lt) cublasLtDestroy(st->lt);
   if (st->blas) cublasDestroy(st->blas);

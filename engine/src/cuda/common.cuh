@@ -179,11 +179,14 @@ typedef struct cu_state {
   cudaStream_t blas_stream; /* the stream the cuBLAS handle is pointed at */
   struct cu_plan *plans;    /* GEMMs planned so far (k_linalg.cu) */
   int nplans, capplans;
+  struct cu_fp8_plan *fp8plans; /* FP8 GEMMs planned so far (k_fp8_gemm.cu) */
+  int nfp8plans, capfp8plans;
   cu_dnn *dnn; /* cuDNN's attention (attn_cudnn.cpp): NULL until first asked for */
 } cu_state;
 
-/* Free the GEMM plans (k_linalg.cu). */
+/* Free the GEMM plans (k_linalg.cu) and the FP8 GEMM plans (k_fp8_gemm.cu). */
 void cu_plans_free(cu_state *st);
+void cu_fp8_plans_free(cu_state *st);
 
 /* Point the cuBLAS handle at stream s, when it is not already. cublasSetStream
 ** resets the handle's workspace (cuBLAS would then allocate during capture and
@@ -228,7 +231,10 @@ gcap_status cu_embed(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
                      const gc_kargs *a); /* k_embed.cu */
 gcap_status cu_attn(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
                     const gc_kargs *a); /* k_attn.cu */
-gcap_status cu_fp8(gcap_engine *e, cu_state *st, cudaStream_t s, int k, const gc_kargs *a);
+gcap_status cu_fp8(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                   const gc_kargs *a); /* k_fp8.cu */
+gcap_status cu_fp8_gemm(gcap_engine *e, cu_state *st, cudaStream_t s, int k,
+                        const gc_kargs *a); /* k_fp8_gemm.cu */
 
 /* The backend table's communicators and collectives (nccl.cu). */
 gcap_status cu_comm_id(gcap_engine *e, void *bs, unsigned char id[GC_COMM_ID_BYTES]);

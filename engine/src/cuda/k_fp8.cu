@@ -1,7 +1,8 @@
 /*
-** k_fp8.cu: the FP8 kernels (backend.h's GC_K_FP8_*): quantize with a
-** scale (the amax of x noted in the same pass), dequantize, amax, and
-** delayed scaling's update. Casts are CUDA's saturating conversion
+** k_fp8.cu: the FP8 kernels (backend.h's GC_K_FP8_*, the GEMM aside in
+** k_fp8_gemm.cu): quantize with a scale (the amax of x noted in the same
+** pass), dequantize, amax, delayed scaling's update, and the transposes and
+** padded copies that lay out the FP8 GEMM's operands. Casts are CUDA's saturating conversion
 ** (__nv_cvt_float_to_fp8 with __NV_SATFINITE: round to nearest even; the
 ** hardware's cvt on sm_89 and later, the same rounding in software before),
 ** so the bytes equal the host's. x * scale and q * scale_inv are one
@@ -138,6 +139,34 @@ static __global__ void k_fp8_update(gc_kargs a) {
   }
 }
 
+/* FP8 bytes [rows x cols] transposed into [cols x ld], zeros after each
+** row's rows bytes: 32 x 32 tiles through shared memory, so that reads and
+** writes both go along rows. blockIdx.x walks the output's columns (the
+** input's rows, padding included), blockIdx.y its rows. */
+static __global__ void k_fp8_transpose(unsigned char *y, const unsigned char *q, int64_t rows,
+                                       int64_t cols, int64_t ld) {
+  __shared__ unsigned char t[32][33];
+  int64_t r0 = (int64_t)blockIdx.x * 32, c0 = (int64_t)blockIdx.y * 32;
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    int64_t r = r0 + i, c = c0 + threadIdx.x;
+    t[i][threadIdx.x] = r < rows && c < cols ? q[r * cols + c] : 0;
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (c < cols && r < ld) y[c * ld + r] = t[threadIdx.x][i];
+  }
+}
+
+/* The rows of q [rows x cols] into y [rows x ld], zeros after each. */
+static __global__ void k_fp8_pad(unsigned char *y, const unsigned char *q, int64_t rows,
+                                 int64_t cols, int64_t ld) {
+  CU_GRID_LOOP(i, rows * ld) {
+    int64_t r = i / ld, c = i % ld;
+    y[i] = c < cols ? q[r * cols + c] : 0;
+  }
+}
+
 gcap_status cu_fp8(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
   unsigned g = cu_blocks(a->n[0] / 4 > 0 ? a->n[0] / 4 : 1);
   switch (k) {
@@ -150,6 +179,19 @@ gcap_status cu_fp8(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_ka
     case GC_K_FP8_AMAX:
       k_fp8_amax<<<g, CU_THREADS, 0, s>>>(*a);
       break;
+    case GC_K_FP8_TRANSPOSE: {
+      int64_t rows = a->n[0], cols = a->n[1], ld = a->n[2];
+      if (rows <= 0 || cols <= 0) break;
+      if (a->n[3] == 1) {
+        dim3 grid((unsigned)((ld + 31) / 32), (unsigned)((cols + 31) / 32)), block(32, 8);
+        k_fp8_transpose<<<grid, block, 0, s>>>((unsigned char *)a->p[0],
+                                               (const unsigned char *)a->p[1], rows, cols, ld);
+      } else {
+        k_fp8_pad<<<cu_blocks(rows * ld), CU_THREADS, 0, s>>>(
+            (unsigned char *)a->p[0], (const unsigned char *)a->p[1], rows, cols, ld);
+      }
+      break;
+    }
     default: /* GC_K_FP8_UPDATE */
       k_fp8_update<<<1, 32, 0, s>>>(*a);
       break;

@@ -132,3 +132,27 @@ void hk_fp8_update(const gc_kargs *a) {
     }
   }
 }
+
+void hk_fp8_transpose(const gc_kargs *a) {
+  unsigned char *y = (unsigned char *)a->p[0];
+  const unsigned char *q = (const unsigned char *)a->p[1];
+  int64_t rows = a->n[0], cols = a->n[1], ld = a->n[2], i, j;
+  if (a->n[3] == 1) { /* y [cols x ld] = q^T, then zeros */
+    for (j = 0; j < cols; j++) {
+      for (i = 0; i < rows; i++)
+        y[j * ld + i] = q[i * cols + j];
+      memset(y + j * ld + rows, 0, (size_t)(ld - rows));
+    }
+    return;
+  }
+  for (i = 0; i < rows; i++) { /* y [rows x ld] = q's rows, then zeros */
+    memcpy(y + i * ld, q + i * cols, (size_t)cols);
+    memset(y + i * ld + cols, 0, (size_t)(ld - cols));
+  }
+}
+
+void hk_fp8_table(int f, float scale_inv, float t[256]) {
+  int b;
+  for (b = 0; b < 256; b++)
+    t[b] = fp8_to_float((unsigned char)b, f) * scale_inv;
+}

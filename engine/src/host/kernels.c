@@ -143,15 +143,31 @@ static float gelu(float x) {
   return 0.5f * x * (1.0f + t);
 }
 
+/* Element (i, j) of a product's C from its sum s over k: times alpha, plus
+** beta C, the bias, the gelu (GC_K_MATMUL's and GC_K_FP8_GEMM's order). */
+static void matmul_store(const gc_kargs *a, int64_t i, int64_t j, float s) {
+  void *C = a->p[0], *pre = a->p[5];
+  const void *bias = a->p[3];
+  int64_t n = a->n[1];
+  int dt = a->dt;
+  s *= a->f[0];
+  if (a->f[1] != 0.0f) s += a->f[1] * gc_load(C, dt, i * n + j);
+  if (bias) s += gc_load(bias, dt, j);
+  if (pre) { /* the pre-activation as stored, then its gelu */
+    gc_store(pre, dt, i * n + j, s);
+    s = gelu(gc_load(pre, dt, i * n + j));
+  }
+  gc_store(C, dt, i * n + j, s);
+}
+
 /* One product C[m x n] = alpha op(A) op(B) + beta C, the sum over k in
 ** ascending order (the optional bias, bias grad and gelu as the catalogue
 ** says). */
 static void matmul_one(const gc_kargs *a) {
-  void *C = a->p[0], *dbias = a->p[4], *pre = a->p[5];
-  const void *A = a->p[1], *B = a->p[2], *bias = a->p[3];
+  void *dbias = a->p[4];
+  const void *A = a->p[1], *B = a->p[2];
   int64_t m = a->n[0], n = a->n[1], k = a->n[2], i, j, l;
   int ta = a->n[3] != 0, tb = a->n[4] != 0, dt = a->dt;
-  float alpha = a->f[0], beta = a->f[1];
   for (i = 0; i < m; i++)
     for (j = 0; j < n; j++) {
       float s = 0.0f;
@@ -160,14 +176,7 @@ static void matmul_one(const gc_kargs *a) {
         float y = gc_load(B, dt, tb ? j * k + l : l * n + j);
         s += x * y;
       }
-      s *= alpha;
-      if (beta != 0.0f) s += beta * gc_load(C, dt, i * n + j);
-      if (bias) s += gc_load(bias, dt, j);
-      if (pre) { /* the pre-activation as stored, then its gelu */
-        gc_store(pre, dt, i * n + j, s);
-        s = gelu(gc_load(pre, dt, i * n + j));
-      }
-      gc_store(C, dt, i * n + j, s);
+      matmul_store(a, i, j, s);
     }
   for (i = 0; dbias && i < m; i++) { /* bias grad: the rows of op(A) summed over k */
     float s = 0.0f;
@@ -175,6 +184,29 @@ static void matmul_one(const gc_kargs *a) {
       s += gc_load(A, dt, ta ? l * m + i : i * k + l);
     gc_store(dbias, dt, i, s);
   }
+}
+
+/* C = A B^T of FP8 operands: each byte dequantized to a float through its
+** operand's table (the values GC_K_FP8_DEQUANTIZE gives in f32), then
+** matmul's sums in matmul's order, C stored once in dt: the result equals
+** the f32 matmul of the dequantized f32 operands, rounded to dt, bit for
+** bit. As in an FP8 GEMM (cuBLASLt's), no operand is rounded to a bf16 C's
+** dtype before the products: that rounding, up to 2^-9 of each operand,
+** would move a sum that cancels far beyond the one rounding of its result.
+** The zeros that pad rows beyond k are not read. */
+void hk_fp8_gemm(const gc_kargs *a) {
+  const unsigned char *A = (const unsigned char *)a->p[1], *B = (const unsigned char *)a->p[2];
+  int64_t m = a->n[0], n = a->n[1], k = a->n[2], ld = a->n[3], i, j, l;
+  float ta[256], tb[256];
+  hk_fp8_table((int)a->n[5], ((const float *)a->p[6])[0], ta);
+  hk_fp8_table((int)a->n[6], ((const float *)a->p[7])[0], tb);
+  for (i = 0; i < m; i++)
+    for (j = 0; j < n; j++) {
+      float s = 0.0f;
+      for (l = 0; l < k; l++)
+        s += ta[A[i * ld + l]] * tb[B[j * ld + l]];
+      matmul_store(a, i, j, s);
+    }
 }
 
 /* Batched: one product after the other, at their strides. */

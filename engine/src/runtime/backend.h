@@ -210,7 +210,23 @@ extern "C" {
      place and history[r][0] = a; then m = the fmaxf of history[r] (n[4] = 0, "max") or a          \
      (n[4] = 1, "most_recent"), and scale[r] = f[r - n[1]] / m (f: fp8_max / 2^margin) where m     \
      is finite and > 0, FLT_MAX where that is infinite; otherwise scale[r] stays */                \
-  X(FP8_UPDATE, fp8_update, fp8, 0x01)
+  X(FP8_UPDATE, fp8_update, fp8, 0x01)                                                             \
+  /* the bytes of an FP8 copy laid out for FP8_GEMM: n[3] = 1, p[0] [n[1] rows x n[2] bytes] =     \
+     p[1] [n[0] rows x n[1] cols] transposed (n[2] >= n[0]); n[3] = 0, p[0] [n[0] rows x n[2]      \
+     bytes] = p[1]'s rows (n[2] >= n[1]); the bytes of each row of p[0] beyond the copied ones     \
+     are 0 */                                                                                      \
+  X(FP8_TRANSPOSE, fp8_transpose, fp8, 0x01)                                                       \
+  /* C p[0] [m = n[0] x n = n[1]] (dt) = f[0] A B^T + f[1] C (+ bias): A [m x k] and B [n x k],    \
+     k = n[2], the FP8 bytes p[1] and p[2] of formats n[5] and n[6], rows n[3] bytes apart         \
+     (n[3] >= k, the bytes from k to n[3] of each row 0, in both), each element its byte times     \
+     its operand's scale inverse (p[6] for A, p[7] for B: one f32 each); p[3]: NULL, or a bias     \
+     row of n (dt, with f[1] = 0); p[5]: NULL, or the pre-activation as GC_K_MATMUL's (C its       \
+     gelu_tanh); n[4] = 1: the backend may accumulate with less than f32 precision                 \
+     (cuBLASLt's fast accumulation, TransformerEngine's forward GEMM). The host dequantizes        \
+     each operand to dt (GC_K_FP8_DEQUANTIZE's values) and sums as GC_K_MATMUL does; cuda runs     \
+     cuBLASLt's FP8 GEMM with the scale inverses as its A and B scale pointers and f32             \
+     accumulation, over n[3] (a multiple of 16 there), within tolerance of the host */             \
+  X(FP8_GEMM, fp8_gemm, fp8_gemm, 0x21)
 
 /* The largest finite value of FP8 format f (gcap_fp8_format), and the
 ** floats of a delayed-scaling state of r roles with histories of l amaxes

@@ -2,7 +2,8 @@
 ** fp8.c: the FP8 ops over the catalogue's GC_K_FP8_* kernels: FP8 copies of
 ** tensors (bytes, and the inverse of the scale they were made with),
 ** quantize, dequantize, amax, delayed scaling's update of a state tensor,
-** and the public round trip gcap_fp8_cast. None is recorded by autograd;
+** the layouts and the GEMM of FP8 operands, and the public round trip
+** gcap_fp8_cast. None is recorded by autograd;
 ** the FP8 linear (train/fp8_linear.c) builds its node over them.
 */
 #include <math.h>
@@ -112,6 +113,68 @@ gcap_status gc_fp8_update(gcap_tensor *state, int roles, int len, int r0, int co
   for (j = 0; j < count && j < GC_KFLOATS; j++)
     a.f[j] = scaled_max[j];
   return gc_run(state->e, GC_K_FP8_UPDATE, &a, &state, 1, state);
+}
+
+gcap_status gc_fp8_layout(const gc_fp8 *q, int64_t rows, int64_t cols, int transpose, gc_fp8 *out) {
+  gcap_engine *e = q->data->e;
+  int64_t ld = GC_FP8_LD(transpose ? rows : cols), words;
+  gcap_tensor *in[1];
+  gc_kargs a;
+  gcap_status st;
+  memset(out, 0, sizeof *out);
+  out->n = (transpose ? cols : rows) * ld;
+  out->format = q->format;
+  words = (out->n + 3) / 4;
+  if ((st = gc_tensor_alloc(e, "fp8 transpose", GCAP_F32, 1, &words, &out->data)) != GCAP_OK)
+    return st;
+  out->scale_inv = gcap_tensor_retain(q->scale_inv);
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(out->data);
+  a.p[1] = gc_tensor_ptr(q->data);
+  a.n[0] = rows;
+  a.n[1] = cols;
+  a.n[2] = ld;
+  a.n[3] = transpose != 0;
+  in[0] = q->data;
+  if ((st = gc_run(e, GC_K_FP8_TRANSPOSE, &a, in, 1, out->data)) != GCAP_OK) gc_fp8_free(out);
+  return st;
+}
+
+gcap_status gc_fp8_gemm(const gc_fp8 *A, const gc_fp8 *B, int64_t m, int64_t n, int64_t k,
+                        int64_t ld, float beta, gcap_tensor *bias, gcap_tensor *pre, int fast,
+                        gcap_dtype dt, int ndim, const int64_t *shape, gcap_tensor **c) {
+  gcap_engine *e = A->data->e;
+  gcap_tensor *in[6];
+  gc_kargs a;
+  gcap_status st = GCAP_OK;
+  int fresh = *c == NULL, nin = 0;
+  if (fresh && (st = gc_tensor_alloc(e, "fp8 gemm", dt, ndim, shape, c)) != GCAP_OK) return st;
+  memset(&a, 0, sizeof a);
+  a.p[0] = gc_tensor_ptr(*c);
+  a.p[1] = gc_tensor_ptr(A->data);
+  a.p[2] = gc_tensor_ptr(B->data);
+  a.p[3] = bias ? gc_tensor_ptr(bias) : NULL;
+  a.p[5] = pre ? gc_tensor_ptr(pre) : NULL;
+  a.p[6] = gc_tensor_ptr(A->scale_inv);
+  a.p[7] = gc_tensor_ptr(B->scale_inv);
+  a.n[0] = m;
+  a.n[1] = n;
+  a.n[2] = k;
+  a.n[3] = ld;
+  a.n[4] = fast != 0;
+  a.n[5] = A->format;
+  a.n[6] = B->format;
+  a.f[0] = 1.0f;
+  a.f[1] = beta;
+  in[nin++] = A->data;
+  in[nin++] = B->data;
+  in[nin++] = A->scale_inv;
+  in[nin++] = B->scale_inv;
+  if (bias) in[nin++] = bias;
+  if (beta != 0.0f && !fresh) in[nin++] = *c; /* C is read too */
+  if (pre) st = gc_note_access(e, pre, 1);
+  if (st == GCAP_OK) st = gc_run(e, GC_K_FP8_GEMM, &a, in, nin, *c);
+  return fresh ? gc_keep_or_free(c, st) : st;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -316,6 +316,22 @@ gcap_status gc_fp8_dequantize(const gc_fp8 *q, gcap_dtype dt, int ndim, const in
                               gcap_tensor **out);
 /* amax (one f32) = max(amax, the largest |x|). */
 gcap_status gc_fp8_amax(gcap_tensor *x, gcap_tensor *amax);
+/* The row length, in bytes, of an FP8 GEMM operand whose rows hold k
+** values: k rounded up to 16 (the zeros after k pad it), as cuBLASLt's FP8
+** GEMMs take their operands. */
+#define GC_FP8_LD(k) (((k) + 15) / 16 * 16)
+/* *out = q's bytes, seen as [rows x cols], laid out as an FP8 GEMM operand
+** (GC_K_FP8_TRANSPOSE): transposed ([cols x GC_FP8_LD(rows)]) when
+** `transpose`, else the rows padded ([rows x GC_FP8_LD(cols)]); out shares
+** q's scale_inv. */
+gcap_status gc_fp8_layout(const gc_fp8 *q, int64_t rows, int64_t cols, int transpose, gc_fp8 *out);
+/* C [m x n] = A B^T (+ beta C, + bias; the gelu with its pre-activation
+** into pre) of the FP8 operands A [m x k] and B [n x k], rows ld bytes
+** apart (GC_K_FP8_GEMM); C allocated as dt (ndim, shape) when *c is NULL;
+** fast: the backend may accumulate with less precision (the forward's). */
+gcap_status gc_fp8_gemm(const gc_fp8 *A, const gc_fp8 *B, int64_t m, int64_t n, int64_t k,
+                        int64_t ld, float beta, gcap_tensor *bias, gcap_tensor *pre, int fast,
+                        gcap_dtype dt, int ndim, const int64_t *shape, gcap_tensor **c);
 /* Delayed scaling's update (GC_K_FP8_UPDATE) of roles r0 .. r0 + count - 1
 ** of state (roles roles, histories of len), scaled_max[count] each role's
 ** fp8_max / 2^margin. */

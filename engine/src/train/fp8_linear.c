@@ -5,10 +5,14 @@
 ** with their roles' scales (their amaxes noted), the backward's grad to
 ** E5M2 under HYBRID (E4M3 otherwise); with DelayedScaling each pass then
 ** updates its roles (one kernel, after the amaxes' all-reduce over the
-** amax_reduction_group). This version runs the existing GEMMs on the
-** dequantized values (q times the inverse scale): the numerics of FP8
-** GEMMs with f32 accumulation, not yet their speed. The bias grad comes from
-** the unquantized grad, as TE's. The node saves the FP8 copies.
+** amax_reduction_group). The GEMMs are FP8 GEMMs (GC_K_FP8_GEMM: cuBLASLt's
+** on cuda; on the host the f32 GEMM of the dequantized values, the
+** reference) over operands laid out as they take them, each row holding the
+** summed dim, as TE's: the forward's x and w as quantized; the dgrad's
+** grad as quantized (padded) and w transposed; the wgrad's grad and x
+** transposed. The bias grad comes from the unquantized grad, as TE's. The
+** node saves the FP8 copies. A delayed wgrad (backward_dw) runs the GEMM of
+** the dequantized grad and input.
 */
 #include <math.h>
 #include <stdio.h>
@@ -130,26 +134,71 @@ static gc_fp8 saved_fp8(gc_node *n, int at, int64_t numel) {
   return q;
 }
 
-/* Weight and bias grads from the dequantized grad gd (gb: the bias grad
-** of the unquantized grad, or NULL), to the sink or to gin. */
-static gcap_status param_grads(gc_node *n, fp8_ctx *c, gcap_tensor *gd, gcap_tensor *db,
-                               gcap_tensor **gin) {
+/* dx = g W: the grad gq [rows x out] (its rows padded when out is no
+** multiple of 16) times W [out x in] transposed to [in x out]. */
+static gcap_status dgrad(gc_node *n, const gc_fp8 *gq, gcap_tensor **dx) {
   const gc_meta *xm = &n->meta[0];
-  int64_t out = n->meta[1].shape[0], in = n->meta[1].shape[1];
-  int delayed = c->sink != NULL && c->sink->delay, want_w = delayed || gc_node_needs(n, 1);
-  gcap_tensor *xd = NULL;
-  gcap_status st = GCAP_OK;
-  if (want_w && n->saved[0] != NULL) {
-    gc_fp8 xq = saved_fp8(n, 0, xm->numel);
-    st = gc_fp8_dequantize(&xq, xm->dt, xm->ndim, xm->shape, &xd);
+  int64_t out = n->meta[1].shape[0], in = n->meta[1].shape[1], rows = gq->n / out;
+  gc_fp8 wq = saved_fp8(n, 2, n->meta[1].numel), wt, gp;
+  gcap_status st;
+  memset(&gp, 0, sizeof gp);
+  if ((st = gc_fp8_layout(&wq, out, in, 1, &wt)) != GCAP_OK) return st;
+  if (GC_FP8_LD(out) != out) st = gc_fp8_layout(gq, rows, out, 0, &gp);
+  if (st == GCAP_OK)
+    st = gc_fp8_gemm(gp.data ? &gp : gq, &wt, rows, in, out, GC_FP8_LD(out), 0.0f, NULL, NULL, 0,
+                     xm->dt, xm->ndim, xm->shape, dx);
+  gc_fp8_free(&wt);
+  gc_fp8_free(&gp);
+  return st;
+}
+
+/* The weight grad g^T x: both transposed to [out x rows] and [in x rows],
+** into main_grad (added, beta = 1) when there is one, else into *gw. */
+static gcap_status wgrad(gc_node *n, fp8_ctx *c, const gc_fp8 *gq, gcap_tensor **gw) {
+  const gc_meta *xm = &n->meta[0];
+  int64_t out = n->meta[1].shape[0], in = n->meta[1].shape[1], rows = xm->numel / in;
+  gcap_tensor *main_grad = c->sink != NULL ? c->sink->main_grad : NULL;
+  gc_fp8 xq = saved_fp8(n, 0, xm->numel), gt, xt;
+  gcap_status st;
+  memset(&xt, 0, sizeof xt);
+  if (main_grad != NULL && main_grad->dt != xm->dt)
+    return gc_fail(gq->data->e, GCAP_EINVAL, "Linear backward: main_grad is %s, the grads are %s",
+                   gc_dtype_name(main_grad->dt), gc_dtype_name(xm->dt));
+  if ((st = gc_fp8_layout(gq, rows, out, 1, &gt)) != GCAP_OK) return st;
+  if ((st = gc_fp8_layout(&xq, rows, in, 1, &xt)) == GCAP_OK) {
+    if (main_grad != NULL)
+      st = gc_fp8_gemm(&gt, &xt, out, in, rows, GC_FP8_LD(rows), 1.0f, NULL, NULL, 0, xm->dt, 2,
+                       main_grad->shape, &main_grad);
+    else
+      st = gc_fp8_gemm(&gt, &xt, out, in, rows, GC_FP8_LD(rows), 0.0f, NULL, NULL, 0, xm->dt, 2,
+                       n->meta[1].shape, gw);
   }
-  if (st == GCAP_OK && delayed)
-    st = gc_wgrad_defer(c->sink, gd, xd, db);
-  else if (st == GCAP_OK)
-    st = gc_linear_param_grads(gd, xd, out, in, c->sink != NULL ? c->sink->main_grad : NULL, db,
-                               gc_node_needs(n, 1) && xd != NULL ? &gin[1] : NULL,
-                               db != NULL && gc_node_needs(n, 2) ? &gin[2] : NULL);
-  gcap_tensor_free(xd);
+  gc_fp8_free(&gt);
+  gc_fp8_free(&xt);
+  return st;
+}
+
+/* Weight and bias grads from the quantized grad gq of g (db: the bias grad
+** of the unquantized grad, or NULL), to the sink or to gin. A delayed
+** wgrad queues the dequantized grad and input for backward_dw. */
+static gcap_status param_grads(gc_node *n, fp8_ctx *c, const gc_fp8 *gq, gcap_tensor *g,
+                               gcap_tensor *db, gcap_tensor **gin) {
+  const gc_meta *xm = &n->meta[0];
+  gcap_tensor *xd = NULL, *gd = NULL;
+  gcap_status st = GCAP_OK;
+  if (c->sink != NULL && c->sink->delay) {
+    if (n->saved[0] != NULL) {
+      gc_fp8 xq = saved_fp8(n, 0, xm->numel);
+      st = gc_fp8_dequantize(&xq, xm->dt, xm->ndim, xm->shape, &xd);
+    }
+    if (st == GCAP_OK) st = gc_fp8_dequantize(gq, g->dt, g->ndim, g->shape, &gd);
+    if (st == GCAP_OK) st = gc_wgrad_defer(c->sink, gd, xd, db);
+    gcap_tensor_free(xd);
+    gcap_tensor_free(gd);
+    return st;
+  }
+  if (gc_node_needs(n, 1) && n->saved[0] != NULL) st = wgrad(n, c, gq, &gin[1]);
+  if (st == GCAP_OK && db != NULL && gc_node_needs(n, 2)) gin[2] = gcap_tensor_retain(db);
   return st;
 }
 
@@ -159,7 +208,7 @@ static gcap_status fp8_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   fp8_ctx *c = (fp8_ctx *)n->ud;
   int64_t out = n->meta[1].shape[0];
   int bias = n->meta[2].numel > 0, delayed = c->sink != NULL && c->sink->delay;
-  gcap_tensor *dz = NULL, *db = NULL, *gd = NULL, *wd = NULL;
+  gcap_tensor *dz = NULL, *db = NULL;
   gc_fp8 gq;
   gcap_status st = GCAP_OK;
   int want_db = bias && (delayed || gc_node_needs(n, 2));
@@ -170,20 +219,13 @@ static gcap_status fp8_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   } else if (want_db) {
     st = gc_sum_rows(g, out, &db);
   }
-  if (st == GCAP_OK && (st = quantize(c, g, 2, NULL, &gq)) == GCAP_OK &&
-      (st = update_roles(c, 3 * c->gemm + 2, 1)) == GCAP_OK)
-    st = gc_fp8_dequantize(&gq, g->dt, g->ndim, g->shape, &gd);
-  if (st == GCAP_OK && gc_node_needs(n, 0)) {
-    gc_fp8 wq = saved_fp8(n, 2, n->meta[1].numel);
-    if ((st = gc_fp8_dequantize(&wq, n->meta[1].dt, 2, n->meta[1].shape, &wd)) == GCAP_OK)
-      st = gc_linear_dgrad(gd, wd, n->meta[0].ndim, n->meta[0].shape, &gin[0]);
-  }
-  if (st == GCAP_OK) st = param_grads(n, c, gd, db, gin);
+  if (st == GCAP_OK && (st = quantize(c, g, 2, NULL, &gq)) == GCAP_OK)
+    st = update_roles(c, 3 * c->gemm + 2, 1);
+  if (st == GCAP_OK && gc_node_needs(n, 0)) st = dgrad(n, &gq, &gin[0]);
+  if (st == GCAP_OK) st = param_grads(n, c, &gq, g, db, gin);
   gc_fp8_free(&gq);
   gcap_tensor_free(dz);
   gcap_tensor_free(db);
-  gcap_tensor_free(gd);
-  gcap_tensor_free(wd);
   return st;
 }
 
@@ -233,30 +275,28 @@ static gcap_status weight_copy(fp8_ctx *c, gcap_tensor *w, gc_fp8 *wq, int *cach
   return GCAP_OK;
 }
 
-/* The FP8 forward: both operands quantized, the roles updated, the GEMM on
-** the dequantized values, the node. */
+/* The FP8 forward: both operands quantized, the roles updated, the FP8
+** GEMM y = x W^T (+ b, the gelu), the node. */
 static gcap_status fp8_forward(fp8_ctx *c, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
                                gcap_tensor **out) {
   gcap_engine *e = x->e;
-  gcap_tensor *xd = NULL, *wd = NULL, *pre = NULL, *in[3], *save[5];
+  gcap_tensor *pre = NULL, *in[3], *save[5];
+  int64_t shape[GCAP_MAXDIM], k = w->shape[1];
   gc_fp8 xq, wq;
   int cached = 0;
   gcap_status st;
   memset(&xq, 0, sizeof xq);
   memset(&wq, 0, sizeof wq);
+  memcpy(shape, x->shape, sizeof shape);
+  shape[x->ndim - 1] = w->shape[0];
   if ((st = weight_copy(c, w, &wq, &cached)) == GCAP_OK &&
       (st = quantize(c, x, 0, NULL, &xq)) == GCAP_OK &&
       (st = quantize(c, w, 1, cached ? e->fp8_skip : NULL, &wq)) == GCAP_OK &&
-      (e->fp8_frozen != NULL || (st = update_roles(c, 3 * c->gemm, 2)) == GCAP_OK) &&
-      (st = gc_fp8_dequantize(&xq, x->dt, x->ndim, x->shape, &xd)) == GCAP_OK &&
-      (st = gc_fp8_dequantize(&wq, w->dt, w->ndim, w->shape, &wd)) == GCAP_OK) {
-    if (c->gelu) {
-      int64_t shape[GCAP_MAXDIM];
-      memcpy(shape, x->shape, sizeof shape);
-      shape[x->ndim - 1] = w->shape[0];
-      st = gc_tensor_alloc(e, c->who, x->dt, x->ndim, shape, &pre);
-    }
-    if (st == GCAP_OK) st = gc_linear_gemm(xd, wd, b, pre, out);
+      (e->fp8_frozen != NULL || (st = update_roles(c, 3 * c->gemm, 2)) == GCAP_OK)) {
+    if (c->gelu) st = gc_tensor_alloc(e, c->who, x->dt, x->ndim, shape, &pre);
+    if (st == GCAP_OK) /* k is a multiple of 16 (check_dims): the rows need no padding */
+      st = gc_fp8_gemm(&xq, &wq, x->numel / k, w->shape[0], k, k, 0.0f, b, pre, 1, x->dt, x->ndim,
+                       shape, out);
   }
   in[0] = x, in[1] = w, in[2] = b;
   if (st == GCAP_OK && gc_grad_needed(e, in, 3)) {
@@ -280,8 +320,6 @@ static gcap_status fp8_forward(fp8_ctx *c, gcap_tensor *x, gcap_tensor *w, gcap_
   if (c != NULL) ctx_free(c);
   gc_fp8_free(&xq);
   if (!cached) gc_fp8_free(&wq);
-  gcap_tensor_free(xd);
-  gcap_tensor_free(wd);
   gcap_tensor_free(pre);
   return st;
 }
