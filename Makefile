@@ -321,12 +321,14 @@ soak: all
 lint:
 	@scripts/lint.sh
 
-# The scaling runs in a process of its own, as PyTorch's torch_scaling.py does.
+# bench.lua's sections (those `all` runs, in its order), each in a process of its own, as
+# PyTorch's scripts run; on a GPU without FP8 the fp8 section says so and prints no line.
 ifeq ($(filter cuda,$(BACKENDS)),cuda)
 bench: all
 	$(B)/graphcap --device cuda bench/bench.lua configs
 	$(B)/graphcap --device cuda bench/bench.lua scaling
 	$(B)/graphcap --device cuda bench/bench.lua transformer
+	$(B)/graphcap --device cuda bench/bench.lua fp8
 	@$(MAKE) --no-print-directory bench-torch
 else
 bench:
@@ -339,7 +341,7 @@ endif
 bench-torch:
 	@if python3 -c 'import torch' 2>/dev/null; then \
 	  python3 bench/torch_graphed.py && python3 bench/torch_scaling.py && \
-	  python3 bench/torch_transformer.py; \
+	  python3 bench/torch_transformer.py && python3 bench/torch_fp8.py; \
 	else echo "bench: python3 has no torch; PyTorch's side (bench/torch_*.py) not run" >&2; fi
 
 # Install: the headers, the static and the shared library, graphcap.pc (which links the shared

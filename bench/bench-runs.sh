@@ -5,9 +5,9 @@
 #   bench/bench-runs.sh [RUNS [OUT_DIR]]      defaults: 3, build/bench
 #
 # Run i writes OUT_DIR/graphcap-i.jsonl (bench/bench.lua configs, then
-# scaling, then transformer, each in a process of its own) and
+# scaling, then transformer, then fp8, each in a process of its own) and
 # OUT_DIR/torch-i.jsonl (bench/torch_graphed.py, bench/torch_scaling.py,
-# bench/torch_transformer.py); the two sides of a
+# bench/torch_transformer.py, bench/torch_fp8.py); the two sides of a
 # run follow each other, so that their ratio compares one state of the
 # machine. Then OUT_DIR/report.md and OUT_DIR/ratios.svg are written from
 # all runs (by build/graphcap, which is a Lua interpreter: the GPU machine
@@ -26,12 +26,18 @@ gfiles=() tfiles=()
 for i in $(seq 1 "$runs"); do
   echo "bench-runs: run $i of $runs" >&2
   g=$dir/graphcap-$i.jsonl t=$dir/torch-$i.jsonl
-  build/graphcap --device cuda bench/bench.lua configs >"$g"
-  build/graphcap --device cuda bench/bench.lua scaling >>"$g"
-  build/graphcap --device cuda bench/bench.lua transformer >>"$g"
-  python3 bench/torch_graphed.py >"$t"
-  python3 bench/torch_scaling.py >>"$t"
-  python3 bench/torch_transformer.py >>"$t"
+  {
+    build/graphcap --device cuda bench/bench.lua configs
+    build/graphcap --device cuda bench/bench.lua scaling
+    build/graphcap --device cuda bench/bench.lua transformer
+    build/graphcap --device cuda bench/bench.lua fp8
+  } >"$g"
+  {
+    python3 bench/torch_graphed.py
+    python3 bench/torch_scaling.py
+    python3 bench/torch_transformer.py
+    python3 bench/torch_fp8.py
+  } >"$t"
   gfiles+=("$g")
   tfiles+=("$t")
 done

@@ -4,12 +4,21 @@
 -- sum; one JSON line per configuration with the same fields as that script,
 -- then the scaling runs (one JSON line each); `transformer` runs the
 -- transformer section (bench/torch_transformer.py is PyTorch's side), with
--- each attention implementation or only the one named after it.
--- Usage: graphcap bench/bench.lua [configs|scaling|transformer [IMPL]|all]
+-- each attention implementation or only the one named after it; `fp8` runs
+-- the FP8 section (bench/torch_fp8.py is PyTorch's side), `fp8 tiny` the
+-- same at sizes the host backend runs in seconds.
+-- Usage: graphcap bench/bench.lua [configs|scaling|transformer [IMPL]|fp8 [tiny]|all]
 local gc = require "graphcap"
 
+local USAGE = "usage: graphcap bench/bench.lua "
+              .. "[configs|scaling|transformer [IMPL]|fp8 [tiny]|all]\n"
 local what = arg[1] or "all"
-local impls = arg[2] and {arg[2]} or {"auto", "composed", "fused"}
+local impls = what == "transformer" and arg[2] and {arg[2]} or {"auto", "composed", "fused"}
+local tiny = what == "fp8" and arg[2] == "tiny"
+if what == "fp8" and arg[2] and not tiny then
+  io.stderr:write(USAGE)
+  os.exit(1)
+end
 
 local function json (t, order)
   local parts = {}
@@ -48,6 +57,36 @@ end
 
 local function mib (bytes) return bytes / 2 ^ 20 end
 
+-- The FP8 section runs each measurement in bf16 (fp8 false) and under an
+-- FP8 autocast with a recipe of these names (TransformerEngine's, with
+-- their defaults): fp8 is false or one of the names. Other sections pass
+-- nil: their lines stay as they were.
+local RECIPES = {"DelayedScaling", "Float8CurrentScaling"}
+local function recipe_of (fp8) return fp8 and gc.fp8[fp8]{} or nil end
+
+-- fn, or fn under an FP8 autocast of the recipe object r.
+local function fp8_wrap (fn, r)
+  if not r then return fn end
+  return function () return gc.fp8.autocast({recipe = r}, fn) end
+end
+
+-- Prints a line: "model" first (when not nil), then the pairs of `fields`
+-- in order ({"L", L, "H", H, ...}); when fp8 is not nil (the FP8 section),
+-- "fp8" (true or false) and "recipe" ("none" in bf16) after "dtype".
+local function emit (model, fp8, fields)
+  local t, order = {}, {}
+  local function put (k, v) t[k], order[#order + 1] = v, k end
+  if model then put("model", model) end
+  for i = 1, #fields, 2 do
+    put(fields[i], fields[i + 1])
+    if fields[i] == "dtype" and fp8 ~= nil then
+      put("fp8", fp8 ~= false)
+      put("recipe", fp8 or "none")
+    end
+  end
+  json(t, order)
+end
+
 -- One sample input of [B, H] per callable.
 local function samples (n, B, H, dt)
   local sample = {}
@@ -55,56 +94,75 @@ local function samples (n, B, H, dt)
   return sample
 end
 
--- make_graphed_callables of mods in a pool of their own, timed to
--- completion: the graphed callables, seconds, bytes the pool reserves.
-local function graph_timed (mods, sample)
+-- make_graphed_callables of mods in a pool of their own (captured under an
+-- FP8 autocast of recipe r, if given), timed to completion: the graphed
+-- callables, seconds, bytes the pool reserves.
+local function graph_timed (mods, sample, r)
   local pool = gc.graph_pool_handle()
   gc.synchronize()
   local t0 = gc.clock()
-  local graphed = gc.make_graphed_callables(mods, sample, {pool = pool})
+  local graphed = gc.make_graphed_callables(mods, sample, {pool = pool, fp8_enabled = r ~= nil,
+                                                           fp8_recipe = r})
   gc.synchronize()
   return graphed, gc.clock() - t0, pool:stats().reserved_bytes
 end
 
--- us per step of `layers` on x, after 10 untimed steps.
-local function step_us (layers, x, iters)
-  local function run () step(layers, x) end
-  for _ = 1, 10 do run() end
-  return time_us(run, iters)
+-- us per call of fn, after 10 untimed calls.
+local function warm_us (fn, iters)
+  for _ = 1, 10 do fn() end
+  return time_us(fn, iters)
+end
+
+-- us per step of `layers` on x (under an FP8 autocast of recipe r, if
+-- given), after 10 untimed steps.
+local function step_us (layers, x, iters, r)
+  return warm_us(fp8_wrap(function () step(layers, x) end, r), iters)
+end
+
+-- fn captured as one graph, warmed up by 3 calls on a side stream first (an
+-- FP8 autocast makes its modules' state there), `before` run between the
+-- two: the mean time of one replay after 10 untimed ones, and the bytes the
+-- graph's pool reserves.
+local function graph_us (fn, iters, before)
+  local s = gc.Stream()
+  gc.with_stream(s, function () for _ = 1, 3 do fn() end end)
+  gc.synchronize()
+  if before then before() end
+  local g = gc.Graph()
+  g:capture(fn)
+  local us = warm_us(function () g:replay() end, iters)
+  return us, g:pool():stats().reserved_bytes
 end
 
 -- The mean time of one replay of the whole step on mods captured as one
--- graph, warmed up on a side stream first.
-local function whole_graph_us (mods, x, iters)
-  local s = gc.Stream()
-  gc.with_stream(s, function () for _ = 1, 3 do step(mods, x) end end)
-  gc.synchronize()
-  for _, m in ipairs(mods) do m:zero_grad() end
-  x.grad = nil
-  local g = gc.Graph()
-  g:capture(function () step(mods, x) end)
-  for _ = 1, 10 do g:replay() end
-  return time_us(function () g:replay() end, iters)
+-- graph (under an FP8 autocast of recipe r, if given), and the graph's
+-- pool bytes.
+local function whole_graph_us (mods, x, iters, r)
+  return graph_us(fp8_wrap(function () step(mods, x) end, r), iters, function ()
+    for _, m in ipairs(mods) do m:zero_grad() end
+    x.grad = nil
+  end)
 end
 
-local function bench (L, H, B, iters, dt)
+-- fp8: nil (the configs section), or as RECIPES says (the FP8 section).
+local function bench (L, H, B, iters, dt, fp8)
+  local r = recipe_of(fp8)
   gc.manual_seed(0)
   local x = gc.randn({B, H}, {requires_grad = true, dtype = dt})
   local layers = stack(L, H, dt)
-  local eager_us = step_us(layers, x, iters)
+  local eager_us = step_us(layers, x, iters, r)
 
   -- one graphed callable per layer, all in one pool
-  local graphed, capture_s, graph_mem = graph_timed(layers, samples(L, B, H, dt))
+  local graphed, capture_s, graph_mem = graph_timed(layers, samples(L, B, H, dt), r)
   local graphed_us = step_us(graphed, x, iters)
 
   -- the whole step as one graph, on fresh modules
-  local whole_us = whole_graph_us(stack(L, H, dt), x, iters)
+  local whole_us = whole_graph_us(stack(L, H, dt), x, iters, r)
 
-  json({L = L, H = H, B = B, dtype = dt == "bf16" and "bfloat16" or "float32", eager_us = eager_us,
-        graphed_per_layer_us = graphed_us, whole_graph_us = whole_us,
-        capture_s = capture_s, graph_mem_mib = mib(graph_mem), graphcap = gc.version()},
-       {"L", "H", "B", "dtype", "eager_us", "graphed_per_layer_us", "whole_graph_us",
-        "capture_s", "graph_mem_mib", "graphcap"})
+  emit(fp8 ~= nil and "mlp" or nil, fp8,
+       {"L", L, "H", H, "B", B, "dtype", dt == "bf16" and "bfloat16" or "float32",
+        "eager_us", eager_us, "graphed_per_layer_us", graphed_us, "whole_graph_us", whole_us,
+        "capture_s", capture_s, "graph_mem_mib", mib(graph_mem), "graphcap", gc.version()})
 end
 
 -- Scaling: N callables of Linear(64, 64) + GELU, batch 8 (host cost dominates).
@@ -178,22 +236,41 @@ local function tstack (L, d, heads, impl)
   return mods
 end
 
-local function bench_transformer (impl, L, d, heads, S, B, iters)
+-- fp8: nil (the transformer section), or as RECIPES says (the FP8 section:
+-- the layers' linears run FP8, the attention bf16, as TransformerEngine's).
+local function bench_transformer (impl, L, d, heads, S, B, iters, fp8)
+  local r = recipe_of(fp8)
   gc.manual_seed(0)
   local x = gc.randn({S, B, d}, {requires_grad = true, dtype = "bf16"})
-  local eager_us = step_us(tstack(L, d, heads, impl), x, iters)
+  local eager_us = step_us(tstack(L, d, heads, impl), x, iters, r)
   local sample = {}
   for i = 1, L do sample[i] = {gc.randn({S, B, d}, {requires_grad = true, dtype = "bf16"})} end
   local layers = tstack(L, d, heads, impl)
-  local graphed, capture_s, graph_mem = graph_timed(layers, sample)
+  local graphed, capture_s, graph_mem = graph_timed(layers, sample, r)
   local graphed_us = step_us(graphed, x, iters)
-  local whole_us = whole_graph_us(tstack(L, d, heads, impl), x, iters)
-  json({model = "transformer", L = L, d = d, heads = heads, S = S, B = B, dtype = "bfloat16",
-        attn_impl = impl, eager_us = eager_us, graphed_per_layer_us = graphed_us,
-        whole_graph_us = whole_us, capture_s = capture_s, graph_mem_mib = mib(graph_mem),
-        graphcap = gc.version()},
-       {"model", "L", "d", "heads", "S", "B", "dtype", "attn_impl", "eager_us",
-        "graphed_per_layer_us", "whole_graph_us", "capture_s", "graph_mem_mib", "graphcap"})
+  local whole_us = whole_graph_us(tstack(L, d, heads, impl), x, iters, r)
+  emit("transformer", fp8,
+       {"L", L, "d", d, "heads", heads, "S", S, "B", B, "dtype", "bfloat16", "attn_impl", impl,
+        "eager_us", eager_us, "graphed_per_layer_us", graphed_us, "whole_graph_us", whole_us,
+        "capture_s", capture_s, "graph_mem_mib", mib(graph_mem), "graphcap", gc.version()})
+end
+
+-- The FP8 section's GEMM, [M, K] x [K, N]: Linear(K, N, bias = false) in
+-- bf16 on x [M, K], forward only, nothing recorded for autograd; eager, and
+-- one call captured as a graph, whose replays carry no launch cost.
+-- tflops: 2 M N K over the time of a replay. fp8 as RECIPES says.
+local function bench_gemm (M, N, K, iters, fp8)
+  local r = recipe_of(fp8)
+  gc.manual_seed(0)
+  local lin = gc.nn.Linear(K, N, {bias = false}):to("bf16")
+  local x = gc.randn({M, K}, {dtype = "bf16"})
+  local fwd = fp8_wrap(function () return lin(x) end, r)
+  local function call () return gc.no_grad(fwd) end
+  local eager_us = warm_us(call, iters)
+  local whole_us, graph_mem = graph_us(call, iters)
+  emit("gemm", fp8, {"M", M, "N", N, "K", K, "dtype", "bfloat16", "eager_us", eager_us,
+                     "whole_graph_us", whole_us, "tflops", 2 * M * N * K / whole_us * 1e-6,
+                     "graph_mem_mib", mib(graph_mem), "graphcap", gc.version()})
 end
 
 -- The runs, in order: a label (a format of the arguments), the function,
@@ -233,8 +310,38 @@ if what == "transformer" or what == "all" then
     add(TF, bench_transformer, impl, 12, 768, 12, 1024, 8, 20) -- compute-bound
   end
 end
-if #runs == 0 then
-  io.stderr:write("usage: graphcap bench/bench.lua [configs|scaling|transformer [IMPL]|all]\n")
+-- The FP8 section: the GEMM, the MLP of `configs` at its large size and the
+-- compute-bound transformer, each in bf16 and then under each recipe (its
+-- line says which), so that ratios come from the lines of one run. `fp8
+-- tiny`: the same at sizes the host backend runs in seconds. Skipped where
+-- FP8 is not available (a GPU before compute capability 8.9).
+local fp8_skipped = false
+if what == "fp8" or what == "all" then
+  local ok, why = gc.fp8.is_available()
+  local n, gemm_iters = 8192, 50
+  local mlp = {8, 4096, 4096, 100}        -- L, H, B, iters
+  local tf = {12, 768, 12, 1024, 8, 20}   -- L, d, heads, S, B, iters
+  if tiny then n, gemm_iters, mlp, tf = 64, 3, {2, 64, 32, 3}, {2, 64, 2, 16, 2, 3} end
+  local modes = {false, table.unpack(RECIPES)}
+  if not ok then
+    fp8_skipped = true
+    io.stderr:write("bench: fp8 section skipped: " .. tostring(why) .. "\n")
+    modes = {}
+  end
+  for _, fp8 in ipairs(modes) do
+    add("fp8 section, gemm %dx%dx%d, %d iters, fp8 %s", bench_gemm, n, n, n, gemm_iters, fp8)
+  end
+  for _, fp8 in ipairs(modes) do
+    add("fp8 section, mlp L=%d H=%d B=%d, %d iters, %s, fp8 %s", bench, mlp[1], mlp[2], mlp[3],
+        mlp[4], "bf16", fp8)
+  end
+  for _, fp8 in ipairs(modes) do
+    add("fp8 section, transformer %s: L=%d d=%d heads=%d S=%d B=%d, %d iters, fp8 %s",
+        bench_transformer, "auto", tf[1], tf[2], tf[3], tf[4], tf[5], tf[6], fp8)
+  end
+end
+if #runs == 0 and not fp8_skipped then
+  io.stderr:write(USAGE)
   os.exit(1)
 end
 

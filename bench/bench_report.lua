@@ -1,7 +1,7 @@
 -- bench_report.lua: the tables and the SVG chart of bench/RESULTS.md, from
 -- the JSON lines of one or more runs of each side: bench/bench.lua
 -- (graphcap) and bench/torch_graphed.py + bench/torch_scaling.py +
--- bench/torch_transformer.py (PyTorch).
+-- bench/torch_transformer.py + bench/torch_fp8.py (PyTorch).
 --
 --   lua5.4 bench/bench_report.lua [--svg chart.svg] --graphcap G1 [G2 ...] --torch T1 [T2 ...]
 --   lua5.4 bench/bench_report.lua G.jsonl T.jsonl [chart.svg]       (one run each)
@@ -62,10 +62,22 @@ local function transformer_key (r)
                        r.heads, r.S, r.B)
 end
 
--- The key of a record: configurations, scaling runs, microbatch runs and
--- fused-wgrad lines each have their own; graphcap's transformer lines one
--- per attn_impl (older runs have none).
+-- The key of a line of the FP8 section (it has "fp8"): the model, its sizes
+-- and the recipe ("none": bf16); the same on both sides (the attn_impl of
+-- graphcap's transformer lines is left out).
+local function fp8_key (r)
+  local what
+  if r.model == "gemm" then what = string.format("gemm %dx%dx%d", r.M, r.N, r.K)
+  elseif r.model == "transformer" then what = transformer_key(r)
+  else what = "mlp " .. config_key(r) end
+  return string.format("fp8 section: %s, recipe %s", what, r.recipe)
+end
+
+-- The key of a record: configurations, scaling runs, microbatch runs,
+-- fused-wgrad lines and the FP8 section's lines each have their own;
+-- graphcap's transformer lines one per attn_impl (older runs have none).
 local function key (r)
+  if r.fp8 then return fp8_key(r) end
   if r.model == "transformer" then
     local k = transformer_key(r)
     return r.attn_impl and k .. ", attn " .. r.attn_impl or k
@@ -122,10 +134,10 @@ local function values (runs, k, f)
 end
 
 -- PyTorch's key for graphcap's key k: a transformer line's without the
--- attn_impl, any other's the same.
+-- attn_impl (the FP8 section's have none), any other's the same.
 local function torch_key (k)
   local r = G[1].by[k]
-  return r and r.model == "transformer" and transformer_key(r) or k
+  return r and r.model == "transformer" and not r.fp8 and transformer_key(r) or k
 end
 
 -- Ratio of field gf (graphcap) to field tf (PyTorch) of key k: the median
@@ -218,7 +230,7 @@ local function transformer_target (field, r)
 end
 local tf = {}
 for _, k in ipairs(G[1].order) do
-  if G[1].by[k].model == "transformer" then tf[#tf + 1] = k end
+  if G[1].by[k].model == "transformer" and not G[1].by[k].fp8 then tf[#tf + 1] = k end
 end
 if #tf > 0 then
   emit("")
@@ -230,6 +242,35 @@ if #tf > 0 then
       local x = ratio(k, f)
       cells[#cells + 1] = cell(x)
       bar(k .. ": " .. f, x, transformer_target(f, G[1].by[k]))
+    end
+    emit("| " .. k .. " | " .. table.concat(cells, " | ") .. " |")
+  end
+end
+
+-- The FP8 section: each line against PyTorch's of the same key (graphcap's
+-- first, then PyTorch's that graphcap has not, as its "prequantized" GEMM),
+-- and on each side the whole graph against that side's bf16 line of the
+-- same model and sizes (recipe none): what FP8 gives there.
+local f8, seen = {}, {}
+for _, side in ipairs({G, T}) do
+  for _, k in ipairs(side[1] and side[1].order or {}) do
+    if side[1].by[k].fp8 and not seen[k] then f8[#f8 + 1], seen[k] = k, true end
+  end
+end
+if #f8 > 0 then
+  local f8fields = {"eager_us", "whole_graph_us", "graph_mem_mib"}
+  emit("")
+  emit("| fp8 section | " .. table.concat(f8fields, " | ")
+       .. " | whole graph / bf16's, graphcap | whole graph / bf16's, PyTorch |")
+  emit("|---|" .. string.rep("---|", #f8fields + 2))
+  for _, k in ipairs(f8) do
+    local cells = {}
+    for _, f in ipairs(f8fields) do cells[#cells + 1] = cell(ratio(k, f)) end
+    local bf16 = (k:gsub(", recipe [%w_]+$", ", recipe none"))
+    for _, side in ipairs({G, T}) do
+      local a = median(values(side, k, "whole_graph_us"))
+      local b = median(values(side, bf16, "whole_graph_us"))
+      cells[#cells + 1] = a and b and string.format("%.3g / %.3g = **%.2f**", a, b, a / b) or "-"
     end
     emit("| " .. k .. " | " .. table.concat(cells, " | ") .. " |")
   end

@@ -1,6 +1,6 @@
 """Helpers shared by the PyTorch side of `make bench` (torch_graphed.py,
-torch_scaling.py): the model, timing, the JSON lines, and the bytes a graph
-pool holds.
+torch_scaling.py, torch_transformer.py, torch_fp8.py): the model, timing,
+capture, the JSON lines, and the bytes a graph pool holds.
 
 Memory is measured as graphcap measures its own: the bytes reserved by the
 private pool the graphs were captured into. PyTorch's caching allocator
@@ -18,11 +18,13 @@ import sys
 import time
 
 
-def stack(torch, L, H, dtype=None):
-    """L blocks of Linear(H, H) then GELU on the GPU, in dtype."""
+def stack(torch, L, H, dtype=None, linear=None):
+    """L blocks of Linear(H, H) then GELU on the GPU, in dtype; `linear`: a
+    class to use for torch.nn.Linear (torch_fp8.py's FP8 one)."""
+    linear = linear or torch.nn.Linear
     mods = []
     for _ in range(L):
-        m = torch.nn.Sequential(torch.nn.Linear(H, H), torch.nn.GELU()).cuda()
+        m = torch.nn.Sequential(linear(H, H), torch.nn.GELU()).cuda()
         mods.append(m.to(dtype) if dtype is not None else m)
     return mods
 
@@ -44,6 +46,48 @@ def time_us(torch, fn, iters):
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 1e6 / iters
+
+
+def event_us(torch, fn, iters):
+    """Microseconds per call of fn over iters calls, between two CUDA events
+    recorded on the current stream before the first and after the last."""
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+def capture(torch, fn, before=None, pool=None):
+    """fn captured as one CUDA graph (into the private pool `pool`, if
+    given), warmed up by 3 calls on a side stream first, before() run
+    between the two, as graphcap's g:capture in bench/bench.lua is."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    if before is not None:
+        before()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def whole_step_graph(torch, layers, x, pool=None):
+    """The step of `layers` on x captured as one CUDA graph, the grads
+    cleared after the warmup (so that the graph's backward makes them)."""
+    def clear_grads():
+        for m in layers:
+            m.zero_grad(set_to_none=True)
+        x.grad = None
+    return capture(torch, lambda: step(layers, x), clear_grads, pool)
 
 
 def timed_graphing(torch, callables, samples):
@@ -78,6 +122,22 @@ def dtype_name(dtype):
 def emit(record):
     """One JSON line on stdout, now."""
     print(json.dumps(record), flush=True)
+
+
+def with_fp8(record, fp8, model=None):
+    """record as the FP8 section's lines have it: with fp8 None (another
+    section) unchanged; else "model" first (when given), then "fp8" (true or
+    false) and "recipe" (fp8's name, "none" without FP8) after "dtype", as
+    in bench/bench.lua's lines."""
+    if fp8 is None:
+        return record
+    out = {} if model is None else {"model": model}
+    for k, v in record.items():
+        out[k] = v
+        if k == "dtype":
+            out["fp8"] = fp8 is not False
+            out["recipe"] = fp8 or "none"
+    return out
 
 
 def import_torch(script):

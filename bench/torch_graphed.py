@@ -18,27 +18,9 @@ ITERS = 300
 UNTIMED = 10
 
 
-def whole_step_graph(torch, L, H, B, dtype, x):
-    """The step of L fresh layers on x captured as one CUDA graph, warmed
-    up on a side stream first, as graphcap's g:capture of the step is."""
-    layers = tc.stack(torch, L, H, dtype)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            tc.step(layers, x)
-    torch.cuda.current_stream().wait_stream(side)
-    for m in layers:
-        m.zero_grad(set_to_none=True)
-    x.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tc.step(layers, x)
-    torch.cuda.synchronize()
-    return graph
-
-
-def run(torch, L, H, B, dtype):
+def run(torch, L, H, B, dtype, linear=None, fp8=None):
+    """One configuration's line. linear: the Linear class (torch_fp8.py's
+    FP8 one); fp8: None, or (the FP8 section) False or the recipe's name."""
     torch.manual_seed(0)
     x = torch.randn(B, H, device="cuda", dtype=dtype, requires_grad=True)
 
@@ -47,7 +29,7 @@ def run(torch, L, H, B, dtype):
             tc.step(mods, x)
         return tc.time_us(torch, lambda: tc.step(mods, x), ITERS)
 
-    layers = tc.stack(torch, L, H, dtype)
+    layers = tc.stack(torch, L, H, dtype, linear)
     eager_us = timed_steps(layers)
 
     samples = tuple((torch.randn(B, H, device="cuda", dtype=dtype, requires_grad=True),)
@@ -56,15 +38,18 @@ def run(torch, L, H, B, dtype):
     graph_mib = tc.pools_mib(torch, [pool])
     graphed_us = timed_steps(graphed)
 
-    graph = whole_step_graph(torch, L, H, B, dtype, x)
+    # the whole step as one graph, on fresh layers
+    graph = tc.whole_step_graph(torch, tc.stack(torch, L, H, dtype, linear), x)
     for _ in range(UNTIMED):
         graph.replay()
     whole_us = tc.time_us(torch, graph.replay, ITERS)
 
-    tc.emit({"L": L, "H": H, "B": B, "dtype": tc.dtype_name(dtype),
-             "eager_us": round(eager_us, 1), "graphed_per_layer_us": round(graphed_us, 1),
-             "whole_graph_us": round(whole_us, 1), "capture_s": round(capture_s, 4),
-             "graph_mem_mib": round(graph_mib, 2), "torch": torch.__version__})
+    tc.emit(tc.with_fp8({"L": L, "H": H, "B": B, "dtype": tc.dtype_name(dtype),
+                         "eager_us": round(eager_us, 1),
+                         "graphed_per_layer_us": round(graphed_us, 1),
+                         "whole_graph_us": round(whole_us, 1), "capture_s": round(capture_s, 4),
+                         "graph_mem_mib": round(graph_mib, 2), "torch": torch.__version__},
+                        fp8, "mlp"))
 
 
 def main():

@@ -24,8 +24,11 @@ ITERS = {256: 200, 768: 30}
 UNTIMED = 10
 
 
-def layer_class(torch):
+def layer_class(torch, linear=None):
+    """The layer, its linears of class `linear` (torch.nn.Linear; torch_fp8.py
+    passes its FP8 one)."""
     F = torch.nn.functional
+    Linear = linear or torch.nn.Linear
 
     class Layer(torch.nn.Module):
         """One pre-LN transformer layer on x [S, B, d], causal."""
@@ -34,11 +37,11 @@ def layer_class(torch):
             super().__init__()
             self.heads = heads
             self.ln1 = torch.nn.LayerNorm(d, eps=1e-5)
-            self.qkv = torch.nn.Linear(d, 3 * d)
-            self.proj = torch.nn.Linear(d, d)
+            self.qkv = Linear(d, 3 * d)
+            self.proj = Linear(d, d)
             self.ln2 = torch.nn.LayerNorm(d, eps=1e-5)
-            self.fc1 = torch.nn.Linear(d, 4 * d)
-            self.fc2 = torch.nn.Linear(4 * d, d)
+            self.fc1 = Linear(d, 4 * d)
+            self.fc2 = Linear(4 * d, d)
 
         def forward(self, x):
             S, B, d = x.shape
@@ -51,32 +54,16 @@ def layer_class(torch):
     return Layer
 
 
-def stack(torch, L, d, heads):
-    Layer = layer_class(torch)
+def stack(torch, L, d, heads, linear=None):
+    Layer = layer_class(torch, linear)
     return [Layer(d, heads).cuda().to(torch.bfloat16) for _ in range(L)]
 
 
-def whole_step_graph(torch, layers, x):
-    """The step on x captured as one CUDA graph, warmed up on a side stream."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            tc.step(layers, x)
-    torch.cuda.current_stream().wait_stream(side)
-    for m in layers:
-        m.zero_grad(set_to_none=True)
-    x.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tc.step(layers, x)
-    torch.cuda.synchronize()
-    return graph
-
-
-def run(torch, L, d, heads, S, B):
+def run(torch, L, d, heads, S, B, linear=None, fp8=None):
+    """One configuration's line. linear: the Linear class (torch_fp8.py's
+    FP8 one); fp8: None, or (the FP8 section) False or the recipe's name."""
     torch.manual_seed(0)
-    iters = ITERS[d]
+    iters = ITERS.get(d, ITERS[768])
     x = torch.randn(S, B, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
     def timed_steps(mods):
@@ -84,25 +71,26 @@ def run(torch, L, d, heads, S, B):
             tc.step(mods, x)
         return tc.time_us(torch, lambda: tc.step(mods, x), iters)
 
-    eager_us = timed_steps(stack(torch, L, d, heads))
+    eager_us = timed_steps(stack(torch, L, d, heads, linear))
 
-    layers = stack(torch, L, d, heads)
+    layers = stack(torch, L, d, heads, linear)
     samples = tuple((torch.randn(S, B, d, device="cuda", dtype=torch.bfloat16,
                                  requires_grad=True),) for _ in range(L))
     graphed, capture_s, pool = tc.timed_graphing(torch, tuple(layers), samples)
     graph_mib = tc.pools_mib(torch, [pool])
     graphed_us = timed_steps(graphed)
 
-    graph = whole_step_graph(torch, stack(torch, L, d, heads), x)
+    graph = tc.whole_step_graph(torch, stack(torch, L, d, heads, linear), x)
     for _ in range(UNTIMED):
         graph.replay()
     whole_us = tc.time_us(torch, graph.replay, iters)
 
-    tc.emit({"model": "transformer", "L": L, "d": d, "heads": heads, "S": S, "B": B,
-             "dtype": "bfloat16", "eager_us": round(eager_us, 1),
-             "graphed_per_layer_us": round(graphed_us, 1), "whole_graph_us": round(whole_us, 1),
-             "capture_s": round(capture_s, 4), "graph_mem_mib": round(graph_mib, 2),
-             "torch": torch.__version__})
+    tc.emit(tc.with_fp8({"model": "transformer", "L": L, "d": d, "heads": heads, "S": S,
+                         "B": B, "dtype": "bfloat16", "eager_us": round(eager_us, 1),
+                         "graphed_per_layer_us": round(graphed_us, 1),
+                         "whole_graph_us": round(whole_us, 1), "capture_s": round(capture_s, 4),
+                         "graph_mem_mib": round(graph_mib, 2), "torch": torch.__version__},
+                        fp8))
 
 
 def main():
