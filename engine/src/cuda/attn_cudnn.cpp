@@ -85,7 +85,9 @@ struct cu_dnn {
   std::vector<dnn_plan> plans;
 };
 
-/* libcudnn, loaded once a process: NULL, or why it cannot be used. */
+/* libcudnn, loaded once a process: NULL, or why it cannot be used (said
+** once on stderr too, as the reason "auto" runs the composition; each
+** module's attention_stats keeps it). */
 static const char *dnn_load(void) {
   static std::once_flag once;
   static std::string err;
@@ -94,15 +96,20 @@ static const char *dnn_load(void) {
     if (lib == nullptr) {
       const char *m = dlerror();
       err = std::string("libcudnn.so.9 could not be loaded (") + (m ? m : "no reason given") + ")";
-      return;
+    } else {
+      fe::cudnn_dlhandle = lib;
+      try {
+        size_t v = fe::detail::get_backend_version();
+        if (v < 90000 || v >= 100000) err = "libcudnn.so.9 says it is version " + std::to_string(v);
+      } catch (const std::exception &x) {
+        err = std::string("libcudnn.so.9: ") + x.what();
+      }
     }
-    fe::cudnn_dlhandle = lib;
-    try {
-      size_t v = fe::detail::get_backend_version();
-      if (v < 90000 || v >= 100000) err = "libcudnn.so.9 says it is version " + std::to_string(v);
-    } catch (const std::exception &x) {
-      err = std::string("libcudnn.so.9: ") + x.what();
-    }
+    if (!err.empty())
+      fprintf(stderr,
+              "graphcap: cuDNN's fused attention is not available: %s; attn_impl \"auto\" runs "
+              "the composition, \"cudnn\" is an error\n",
+              err.c_str());
   });
   return err.empty() ? nullptr : err.c_str();
 }
