@@ -83,6 +83,20 @@ static gcap_status cu_init(gcap_engine *e, void **bs) {
 /* cudaMalloc runs at once, outside any graph; the relaxed mode lets it run
 ** while this thread has a capture open. Out of memory is GCAP_ENOMEM, so
 ** that the engine's allocator can release cached blocks and retry. */
+void *cu_push(void **v, int *n, int *cap, size_t sz) {
+  char *p;
+  if (*n == *cap) {
+    int c = *cap ? 2 * *cap : 16;
+    void *w = realloc(*v, (size_t)c * sz);
+    if (w == NULL) return NULL;
+    *v = w;
+    *cap = c;
+  }
+  p = (char *)*v + (size_t)(*n)++ * sz;
+  memset(p, 0, sz);
+  return p;
+}
+
 static gcap_status cu_malloc(gcap_engine *e, void *, size_t n, void **p) {
   cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
   *p = NULL;

@@ -203,6 +203,11 @@ static inline gcap_status cu_blas_stream(gcap_engine *e, cu_state *st, cudaStrea
 ** column sums, added in order), stored as dt (k_reduce.cu). */
 void cu_join_chunks(cudaStream_t s, void *y, const float *part, int dt, int64_t cols, int chunks);
 
+/* A new zeroed element of sz bytes at the end of the array *v of *n (its
+** room *cap doubled when full): the plan caches' growth. NULL: out of host
+** memory, with nothing changed. backend.cu. */
+void *cu_push(void **v, int *n, int *cap, size_t sz);
+
 /* Kernel families, one file each. A launcher enqueues kernel k (one of its
 ** family) on s; backend.cu checks cudaGetLastError after it. */
 gcap_status cu_elementwise(gcap_engine *e, cu_state *st, cudaStream_t s, int k,

@@ -86,15 +86,8 @@ static gcap_status f8_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, 
       return GCAP_OK;
     }
   }
-  if (st->nfp8plans == st->capfp8plans) {
-    int cap = st->capfp8plans ? 2 * st->capfp8plans : 16;
-    cu_fp8_plan *v = (cu_fp8_plan *)realloc(st->fp8plans, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "cuda: out of host memory");
-    st->fp8plans = v;
-    st->capfp8plans = cap;
-  }
-  p = &st->fp8plans[st->nfp8plans++];
-  memset(p, 0, sizeof *p);
+  p = (cu_fp8_plan *)cu_push((void **)&st->fp8plans, &st->nfp8plans, &st->capfp8plans, sizeof *p);
+  if (p == NULL) return gc_fail(e, GCAP_ENOMEM, "cuda: out of host memory");
   p->m = m, p->n = n, p->ld = ld, p->fa = fa, p->fb = fb, p->dt = dt, p->epi = epi;
   p->fast = fast, p->align = align;
   *out = p;

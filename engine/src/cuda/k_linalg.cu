@@ -161,15 +161,8 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, 
       return GCAP_OK;
     }
   }
-  if (st->nplans == st->capplans) {
-    int cap = st->capplans ? 2 * st->capplans : 16;
-    cu_plan *v = (cu_plan *)realloc(st->plans, (size_t)cap * sizeof *v);
-    if (v == NULL) return gc_fail(e, GCAP_ENOMEM, "cuda: out of host memory");
-    st->plans = v;
-    st->capplans = cap;
-  }
-  p = &st->plans[st->nplans++];
-  memset(p, 0, sizeof *p);
+  p = (cu_plan *)cu_push((void **)&st->plans, &st->nplans, &st->capplans, sizeof *p);
+  if (p == NULL) return gc_fail(e, GCAP_ENOMEM, "cuda: out of host memory");
   p->m = m, p->n = n, p->k = k, p->ta = ta, p->tb = tb, p->dt = dt, p->epi = epi;
   p->align = align;
   p->batch = batch, p->sa = sa, p->sb = sb;
