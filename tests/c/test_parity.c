@@ -441,6 +441,29 @@ static const pcase cases[] = {
      0,
      3,
      {P2(8, 2048, N, 1), P1(2048, N, 1), P1(2048, N, 1)}},
+    /* the parameter grads in several chunks of rows held 8, 6 and (rows not
+    ** whole packs) 4 packs a lane */
+    {"bf16 layer_norm [300,2048]",
+     f_ln_wb,
+     BF,
+     1,
+     0,
+     3,
+     {P2(300, 2048, N, 1), P1(2048, N, 1), P1(2048, N, 1)}},
+    {"bf16 layer_norm [200,1280]",
+     f_ln_wb,
+     BF,
+     1,
+     0,
+     3,
+     {P2(200, 1280, N, 1), P1(1280, N, 1), P1(1280, N, 1)}},
+    {"bf16 layer_norm [130,775]",
+     f_ln_wb,
+     BF,
+     1,
+     0,
+     3,
+     {P2(130, 775, N, 1), P1(775, N, 1), P1(775, N, 1)}},
     {"bf16 layer_norm [4,3000]",
      f_ln_wb,
      BF,
@@ -1080,9 +1103,12 @@ static void fp8_state_parity(const char *what, gcap_module *const *m, const fp8_
 ** boundary may round to the neighbouring value on one side only. A flip
 ** moves one term of a weight grad's sum by one FP8 step of an operand: at
 ** most |v| / 8 in E4M3 and |v| / 4 in E5M2, so at most amax(input) *
-** amax(grad) / 8 for fc2 (its grad is r, the same bytes on both) and 3/8 of
-** it for fc1 (a flip in each operand); two flips a sum are allowed. The
-** amaxes are the host's latest, from its FP8 state. */
+** amax(grad) / 8 for fc2 (its grad is r, the same bytes on both) and 13/32
+** of it for fc1 (a flip in each operand: 1/8 + 1/4 + 1/32); two flips a
+** sum are allowed. The amaxes are the host's latest, from its FP8 state.
+** Flips are rare, so each weight grad as a whole is also within 2% of the
+** host's (the L2 norm of the difference): a bug in the module's wiring
+** that moves many elements by less than the flip room still fails. */
 static void fp8_mlp_param_grads(const char *what, const float *got, const float *ref,
                                 const fp8_case *c, gcap_module *m) {
   float amax[2][2]; /* [GEMM][input, grad] */
@@ -1101,12 +1127,26 @@ static void fp8_mlp_param_grads(const char *what, const float *got, const float 
     gcap_tensor *t = gcap_module_parameter(m, i, name, sizeof name);
     int n = (int)gcap_tensor_numel(t);
     fp8_case tol = *c;
+    int weight = strcmp(name, "fc1_weight") == 0 || strcmp(name, "fc2_weight") == 0;
     if (strcmp(name, "fc1_weight") == 0)
-      tol.atol += 2.0 * 3.0 / 8.0 * (double)amax[0][0] * (double)amax[0][1];
+      tol.atol += 2.0 * 13.0 / 32.0 * (double)amax[0][0] * (double)amax[0][1];
     else if (strcmp(name, "fc2_weight") == 0)
       tol.atol += 2.0 / 8.0 * (double)amax[1][0] * (double)amax[1][1];
     snprintf(part, sizeof part, "%s grad", name);
     fp8_compare(what, part, got + at, ref + at, n, &tol, NULL);
+    if (weight) {
+      double d2 = 0.0, r2 = 0.0;
+      for (int j = 0; j < n; j++) {
+        double d = (double)got[at + j] - (double)ref[at + j];
+        d2 += d * d;
+        r2 += (double)ref[at + j] * (double)ref[at + j];
+      }
+      if (!(d2 <= 0.02 * 0.02 * r2))
+        T_FAILF("cuda's weight grad ~ host's as a whole",
+                "%s: %s: |cuda - host| = %.4g, 2%% of "
+                "|host| = %.4g (L2 norms)",
+                what, part, sqrt(d2), 0.02 * sqrt(r2));
+    }
     at += n;
   }
 }

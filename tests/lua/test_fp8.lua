@@ -173,6 +173,23 @@ function TestFp8Recipes:test_outside_autocast_no_fp8 ()
   lu.assertEquals(#st.input.amax_history, 1024, "the default history")
 end
 
+-- An empty batch (0 rows: a multiple of 8) runs its GEMMs over no rows:
+-- the weight grad is zeros, the bias grad zeros, as the linear outside FP8.
+function TestFp8Recipes:test_empty_batch ()
+  local recipes = {gc.fp8.DelayedScaling{amax_history_len = 2}, gc.fp8.Float8CurrentScaling{}}
+  for _, recipe in ipairs(recipes) do
+    local lin = gc.nn.Linear(16, 32)
+    local x = gc.zeros({0, 16}, {requires_grad = true})
+    local y = gc.fp8.autocast({recipe = recipe}, function () return lin(x) end)
+    lu.assertEquals(y:shape(), {0, 32})
+    lu.assertEquals(y.grad_fn, "fp8_linear")
+    y:sum():backward()
+    H.assert_bitwise(lin.weight.grad:tolist(), gc.zeros({32, 16}):tolist(), "weight grad")
+    H.assert_bitwise(lin.bias.grad:tolist(), gc.zeros({32}):tolist(), "bias grad")
+    lu.assertEquals(x.grad:shape(), {0, 16})
+  end
+end
+
 function TestFp8Recipes:test_shapes_errors_and_state_kept ()
   local r = gc.fp8.DelayedScaling{amax_history_len = 2}
   local lnl = gc.nn.LayerNormLinear(16, 16)

@@ -80,9 +80,6 @@ static gcap_status cu_init(gcap_engine *e, void **bs) {
 /* ------------------------------------------------------------------------ */
 /* Memory                                                                    */
 
-/* cudaMalloc runs at once, outside any graph; the relaxed mode lets it run
-** while this thread has a capture open. Out of memory is GCAP_ENOMEM, so
-** that the engine's allocator can release cached blocks and retry. */
 void *cu_push(void **v, int *n, int *cap, size_t sz) {
   char *p;
   if (*n == *cap) {
@@ -97,6 +94,9 @@ void *cu_push(void **v, int *n, int *cap, size_t sz) {
   return p;
 }
 
+/* cudaMalloc runs at once, outside any graph; the relaxed mode lets it run
+** while this thread has a capture open. Out of memory is GCAP_ENOMEM, so
+** that the engine's allocator can release cached blocks and retry. */
 static gcap_status cu_malloc(gcap_engine *e, void *, size_t n, void **p) {
   cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
   *p = NULL;

@@ -200,8 +200,15 @@ static inline gcap_status cu_blas_stream(gcap_engine *e, cu_state *st, cudaStrea
 }
 
 /* y[j] = part[0][j] + part[1][j] + ... (chunks rows of cols f32 partial
-** column sums, added in order), stored as dt (k_reduce.cu). */
+** column sums, added in an order fixed by chunks), stored as dt
+** (k_reduce.cu). */
 void cu_join_chunks(cudaStream_t s, void *y, const float *part, int dt, int64_t cols, int chunks);
+
+/* c [n / cols rows x cols] = alpha * (a sum of no products) + beta * c
+** (beta 0: c not read) + the bias row (NULL: none): a GEMM whose inner dim
+** is 0, as the host computes it (k_linalg.cu). */
+void cu_matmul_k0(cudaStream_t s, void *c, const void *bias, int dt, int64_t n, int64_t cols,
+                  float alpha, float beta);
 
 /* A new zeroed element of sz bytes at the end of the array *v of *n (its
 ** room *cap doubled when full): the plan caches' growth. NULL: out of host

@@ -179,12 +179,28 @@ static gcap_status f8_fail(gcap_engine *e, const gc_kargs *a, const char *why) {
                  a->dt == GCAP_BF16 ? "bf16" : "f32", why);
 }
 
+/* C = gelu(pre), pre written by the GEMM with its bias. */
+static gcap_status f8_gelu(gcap_engine *e, cu_state *st, cudaStream_t s, const gc_kargs *a) {
+  gc_kargs act;
+  memset(&act, 0, sizeof act);
+  act.p[0] = a->p[0];
+  act.p[1] = a->p[5];
+  act.n[0] = a->n[0] * a->n[1];
+  act.dt = a->dt;
+  return cu_activation(e, st, s, GC_K_GELU, &act);
+}
+
 gcap_status cu_fp8_gemm(gcap_engine *e, cu_state *st, cudaStream_t s, int, const gc_kargs *a) {
   int64_t m = a->n[0], n = a->n[1], ld = a->n[3];
   void *bias = a->p[3], *pre = a->p[5];
   cu_fp8_plan *p = NULL;
   gcap_status r;
   if (m <= 0 || n <= 0) return GCAP_OK;
+  if (a->n[2] <= 0) { /* no products (the wgrad of an empty batch): as the host */
+    cu_matmul_k0(s, pre != NULL ? pre : a->p[0], bias, a->dt, m * n, n, a->f[0],
+                 pre != NULL ? 0.0f : a->f[1]);
+    return pre != NULL ? f8_gelu(e, st, s, a) : GCAP_OK;
+  }
   if (m > INT_MAX || n > INT_MAX || ld > INT_MAX || ld % 16 != 0 || ld < a->n[2])
     return f8_fail(e, a, ": its rows must be a multiple of 16 bytes, its dims in int range");
   /* The epilogue first: cuBLASLt's FP8 GEMMs with an f32 output take a
@@ -208,11 +224,5 @@ gcap_status cu_fp8_gemm(gcap_engine *e, cu_state *st, cudaStream_t s, int, const
     beta = 1.0f;
   }
   if ((r = f8_run(e, st, s, p, a, dst, beta, NULL, NULL)) != GCAP_OK || pre == NULL) return r;
-  gc_kargs act;
-  memset(&act, 0, sizeof act);
-  act.p[0] = a->p[0];
-  act.p[1] = pre;
-  act.n[0] = m * n;
-  act.dt = a->dt;
-  return cu_activation(e, st, s, GC_K_GELU, &act);
+  return f8_gelu(e, st, s, a);
 }

@@ -45,7 +45,7 @@ static __global__ void k_sum_rows(void *y, const void *x, int dt, int64_t rows, 
 }
 
 /* Many rows: chunk c (blockIdx.y) of the rows summed per column into
-** part[c][j], then the chunks added in order: parallel, and still the same
+** part[c][j], then the chunks joined in a fixed order: parallel, and the same
 ** result whatever the timing. */
 static __global__ void k_sum_rows_part(float *part, const void *x, int dt, int64_t rows,
                                        int64_t cols, int chunks) {
@@ -69,6 +69,11 @@ static __global__ void k_matmul_k0(void *c, const void *bias, int dt, int64_t n,
     if (bias != NULL) s = __fadd_rn(s, cu_load(bias, i % cols, dt));
     cu_store(c, i, dt, s);
   }
+}
+
+void cu_matmul_k0(cudaStream_t s, void *c, const void *bias, int dt, int64_t n, int64_t cols,
+                  float alpha, float beta) {
+  k_matmul_k0<<<cu_blocks(n), CU_THREADS, 0, s>>>(c, bias, dt, n, cols, alpha, beta);
 }
 
 /*
@@ -284,8 +289,7 @@ static gcap_status cu_matmul(gcap_engine *e, cu_state *st, cudaStream_t s, const
   if (m == 0 || n == 0) return GCAP_OK;
   if (a->p[5] != NULL) return cu_matmul_gelu(e, st, s, a);
   if (k == 0) { /* batches lie one after the other in C: one launch over them all */
-    k_matmul_k0<<<cu_blocks(batch * m * n), CU_THREADS, 0, s>>>(a->p[0], a->p[3], a->dt,
-                                                                batch * m * n, n, alpha, beta);
+    cu_matmul_k0(s, a->p[0], a->p[3], a->dt, batch * m * n, n, alpha, beta);
     if (a->p[4] != NULL) { /* the bias grad: sums over no rows */
       gc_kargs zero;
       memset(&zero, 0, sizeof zero);

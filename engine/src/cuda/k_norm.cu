@@ -21,7 +21,7 @@
 **
 ** The parameter gradients are sums over rows in two stages (chunks of rows,
 ** then the chunks by a fixed tree; k_layernorm_bwd_params_regs where rows
-** are whole 16-byte packs, k_layernorm_bwd_params otherwise): no atomics,
+** are up to 8 16-byte packs a lane, k_layernorm_bwd_params otherwise): no atomics,
 ** an order fixed by the shape, so the same bits on every run, within float
 ** tolerance of the host's running sums. Per-element arithmetic uses
 ** round-to-nearest intrinsics in the host's order, so no FMA contraction
@@ -159,8 +159,8 @@ static __global__ void __launch_bounds__(CU_LNP_X *CU_LNP_Y)
     part[((int64_t)which * chunks + blockIdx.y) * cols + c] = s;
 }
 
-/* The parameter grads where a row is whole aligned 16-byte packs of up to 8
-** a lane (cu_ln_fast's layout): a block of CU_LNPR_W warps takes chunk
+/* The parameter grads where a row is up to 8 16-byte packs a lane
+** (cu_ln_fast's layout): a block of CU_LNPR_W warps takes chunk
 ** blockIdx.x of the rows, warp w adding rows lo + w, lo + w + CU_LNPR_W, ...
 ** in order, lane t its columns cu_sm_col(i, t); then the warps' sums are
 ** added in warp order through shared memory, dw's and then db's, into the
@@ -195,8 +195,8 @@ template <typename T, int K>
 static __global__ void __launch_bounds__(32 * CU_LNPR_W)
     k_layernorm_bwd_params_regs(T *dw, T *db, float *part, const T *dy, const T *x,
                                 const float *mean_in, const float *rstd_in, int64_t rows, int cols,
-                                int chunks) {
-  constexpr int N = K * 16 / (int)sizeof(T);
+                                int chunks, bool vec) {
+  constexpr int P = 16 / (int)sizeof(T), N = K * P;
   __shared__ float sh[CU_LNPR_W][32 * N];
   const int t = (int)threadIdx.x % 32;
   const int64_t lo = rows * blockIdx.x / chunks, hi = rows * (blockIdx.x + 1) / chunks;
@@ -206,14 +206,20 @@ static __global__ void __launch_bounds__(32 * CU_LNPR_W)
     sw[i] = sb[i] = 0.0f;
   for (int64_t r = lo + (int)threadIdx.x / 32; r < hi; r += CU_LNPR_W) {
     const float mean = mean_in[r], rstd = rstd_in[r];
-    float xh[N], g[N];
-    cu_sm_load<T, 32, K>(xh, x + r * cols, cols, t, true);
-    cu_sm_load<T, 32, K>(g, dy + r * cols, cols, t, true);
+    /* a pack at a time (pack k of lane t: cu_sm_col's columns), so that
+    ** only the sums stay whole in registers */
 #pragma unroll
-    for (int i = 0; i < N; i++) {
-      xh[i] = __fmul_rn(__fsub_rn(xh[i], mean), rstd);
-      sw[i] = __fadd_rn(sw[i], __fmul_rn(g[i], xh[i]));
-      sb[i] = __fadd_rn(sb[i], g[i]);
+    for (int k = 0; k < K; k++) {
+      const int64_t o = r * cols + k * 32 * P;
+      float xh[P], g[P];
+      cu_sm_load<T, 32, 1>(xh, x + o, cols - k * 32 * P, t, vec);
+      cu_sm_load<T, 32, 1>(g, dy + o, cols - k * 32 * P, t, vec);
+#pragma unroll
+      for (int j = 0; j < P; j++) {
+        const float v = __fmul_rn(__fsub_rn(xh[j], mean), rstd);
+        sw[k * P + j] = __fadd_rn(sw[k * P + j], __fmul_rn(g[j], v));
+        sb[k * P + j] = __fadd_rn(sb[k * P + j], g[j]);
+      }
     }
   }
   if (dw) cu_lnpr_join<T, N>(dw, part, sh, sw, blockIdx.x, cols, chunks);
@@ -221,38 +227,40 @@ static __global__ void __launch_bounds__(32 * CU_LNPR_W)
 }
 
 template <typename T, int K>
-static void cu_lnpr_launch(cudaStream_t s, const gc_kargs *a, int chunks) {
+static void cu_lnpr_launch(cudaStream_t s, const gc_kargs *a, int chunks, bool vec) {
   k_layernorm_bwd_params_regs<T, K><<<chunks, 32 * CU_LNPR_W, 0, s>>>(
       (T *)a->p[0], (T *)a->p[1], (float *)a->p[6], (const T *)a->p[2], (const T *)a->p[3],
-      (const float *)a->p[4], (const float *)a->p[5], a->n[0], (int)a->n[1], chunks);
+      (const float *)a->p[4], (const float *)a->p[5], a->n[0], (int)a->n[1], chunks, vec);
 }
 
-/* k_layernorm_bwd_params_regs where the rows are whole aligned packs of up
-** to 8 a lane; false otherwise. */
+/* k_layernorm_bwd_params_regs where the rows are up to 8 packs a lane,
+** chosen on the shape alone (whole aligned packs only pick the loads, as in
+** cu_ln_fast: the bits do not depend on the addresses); false otherwise. */
 template <typename T> static bool cu_lnpr_fast(cudaStream_t s, const gc_kargs *a, int chunks) {
   constexpr int P = 16 / sizeof(T);
   const int64_t cols = a->n[1], per = (cols + 32 * P - 1) / (32 * P);
-  if (a->n[0] <= 0 || cu_packs(cols, a->dt, a->p[2], a->p[3], NULL) == 0) return false;
+  const bool vec = cu_packs(cols, a->dt, a->p[2], a->p[3], NULL) != 0;
+  if (a->n[0] <= 0) return false;
   switch (per) {
     case 1:
-      cu_lnpr_launch<T, 1>(s, a, chunks);
+      cu_lnpr_launch<T, 1>(s, a, chunks, vec);
       return true;
     case 2:
-      cu_lnpr_launch<T, 2>(s, a, chunks);
+      cu_lnpr_launch<T, 2>(s, a, chunks, vec);
       return true;
     case 3:
-      cu_lnpr_launch<T, 3>(s, a, chunks);
+      cu_lnpr_launch<T, 3>(s, a, chunks, vec);
       return true;
     case 4:
-      cu_lnpr_launch<T, 4>(s, a, chunks);
+      cu_lnpr_launch<T, 4>(s, a, chunks, vec);
       return true;
     case 5:
     case 6:
-      cu_lnpr_launch<T, 6>(s, a, chunks);
+      cu_lnpr_launch<T, 6>(s, a, chunks, vec);
       return true;
     case 7:
     case 8:
-      cu_lnpr_launch<T, 8>(s, a, chunks);
+      cu_lnpr_launch<T, 8>(s, a, chunks, vec);
       return true;
     default:
       return false;
@@ -544,14 +552,18 @@ template <typename T> static bool cu_sm_fast(cudaStream_t s, int k, const gc_kar
 }
 
 /* GC_K_LAYERNORM_BWD_PARAMS: dw and db (either may be NULL) in
-** GC_LN_PARAMS_CHUNKS(rows) chunks, joined from the scratch p[6]. */
+** GC_LN_PARAMS_CHUNKS(rows) chunks (the column tiles: GC_COLSUM_CHUNKS,
+** no more), joined from the scratch p[6]. */
 static void cu_ln_params(cudaStream_t s, const gc_kargs *a) {
   const int64_t rows = a->n[0] > 0 ? a->n[0] : 0, cols = a->n[1];
-  const int chunks = a->p[6] ? GC_LN_PARAMS_CHUNKS(rows) : 1;
   float *part = (float *)a->p[6];
+  int chunks = part ? GC_LN_PARAMS_CHUNKS(rows) : 1;
   if (!a->p[0] && !a->p[1]) return;
   if (!(a->dt == GCAP_BF16 ? cu_lnpr_fast<__nv_bfloat16>(s, a, chunks)
                            : cu_lnpr_fast<float>(s, a, chunks))) {
+    /* the column tiles take fewer chunks (each reads a narrow strip of many
+    ** rows), in the same scratch */
+    chunks = part ? GC_COLSUM_CHUNKS(rows) : 1;
     dim3 grid((unsigned)((cols + CU_LNP_COLS - 1) / CU_LNP_COLS), (unsigned)chunks);
     k_layernorm_bwd_params<<<grid, dim3(CU_LNP_X, CU_LNP_Y), 0, s>>>(
         a->p[0], a->p[1], part, a->p[2], a->p[3], (const float *)a->p[4], (const float *)a->p[5],

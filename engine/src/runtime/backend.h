@@ -77,7 +77,7 @@ extern "C" {
   X(EXPAND, expand, linalg, 0x01)                                                                  \
   /* p[0][j] = sum_i p[1][i*n[1] + j], i < n[0], j < n[1] (grad of a bias row); p[2]: NULL,        \
      or f32 scratch of GC_SUM_ROWS_CHUNKS(n[0]) * n[1] floats for a backend that sums chunks       \
-     of rows, then the chunks in order */                                                          \
+     of rows, then the chunks in a fixed order */                                                  \
   X(SUM_ROWS, sum_rows, linalg, 0x05)                                                              \
   /* C = f[0] * op(A) op(B) + f[1] * C (+ bias); p[0] = C [n[0] x n[1]], p[1] = A, p[2] = B,       \
      n[2] = k; n[3] = 1: op(A) = A^T (A stored k x m), n[4] = 1: op(B) = B^T (B stored n x         \
