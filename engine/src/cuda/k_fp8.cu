@@ -116,25 +116,39 @@ static __global__ void k_fp8_amax(gc_kargs a) {
   cu_amax_note(m, (float *)a.p[0]);
 }
 
-/* One thread per role: histories are short work (at most a few thousand
-** floats), and the shift must read each entry before it is overwritten. */
-static __global__ void k_fp8_update(gc_kargs a) {
-  int64_t r = a.n[1] + threadIdx.x, len = a.n[0], roles = a.n[3];
-  if (threadIdx.x >= a.n[2]) return;
+/* A block of CU_ROW_THREADS threads per role (role n[1] + blockIdx.x): the
+** history shifts one place in chunks of a block's threads from its end
+** (a chunk is read whole before it is written, and reads only entries below
+** those that the chunks after it wrote), then its max is a block reduction
+** (a max is exact: any order gives the host's bits). One thread walking a
+** history of 1024 amaxes paid a memory round trip an entry, a quarter of a
+** millisecond each update. */
+static __global__ void __launch_bounds__(CU_ROW_THREADS) k_fp8_update(gc_kargs a) {
+  __shared__ float sh[CU_ROW_THREADS];
+  const int64_t r = a.n[1] + blockIdx.x, len = a.n[0], roles = a.n[3];
   float *state = (float *)a.p[0];
   float *amax = &state[r], *scale = &state[roles + r], *hist = &state[2 * roles + r * len];
-  float last = *amax, m = 0.0f;
-  *amax = 0.0f;
-  if (last != 0.0f) {
-    for (int64_t j = len - 1; j > 0; j--)
-      hist[j] = hist[j - 1];
-    hist[0] = last;
-    for (int64_t j = 0; j < len; j++)
+  const float last = *amax;
+  float m = 0.0f;
+  if (last != 0.0f) { /* the same on every thread: the barriers below are the block's */
+    for (int64_t hi = len; hi > 1; hi -= CU_ROW_THREADS) {
+      const int64_t j = hi - 1 - threadIdx.x; /* this thread writes entry j */
+      const float v = j >= 1 ? hist[j - 1] : 0.0f;
+      __syncthreads();
+      if (j >= 1) hist[j] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) hist[0] = last;
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < len; j += CU_ROW_THREADS)
       m = fmaxf(m, hist[j]);
-    if (a.n[4] == 1) m = last;
   }
+  m = cu_block_max(m, sh);
+  if (threadIdx.x != 0) return;
+  *amax = 0.0f;
+  if (last != 0.0f && a.n[4] == 1) m = last;
   if (isfinite(m) && m > 0.0f) {
-    float s = __fdiv_rn(a.f[threadIdx.x], m);
+    float s = __fdiv_rn(a.f[blockIdx.x], m);
     *scale = isinf(s) ? FLT_MAX : s;
   }
 }
@@ -193,7 +207,7 @@ gcap_status cu_fp8(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_ka
       break;
     }
     default: /* GC_K_FP8_UPDATE */
-      k_fp8_update<<<1, 32, 0, s>>>(*a);
+      if (a->n[2] > 0) k_fp8_update<<<(unsigned)a->n[2], CU_ROW_THREADS, 0, s>>>(*a);
       break;
   }
   return GCAP_OK;
