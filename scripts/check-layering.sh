@@ -116,7 +116,7 @@ while IFS= read -r entry; do
 done < <(list_includes)
 
 # ---------------------------------------------------------------------------
-# The Lua binding (lua/binding/, docs/ARCHITECTURE.md "The binding"):
+# The Lua binding (lua/binding/, docs/internals.md "The binding"):
 #   only the call-path file, lcall.c, calls lua_pcall (every engine call that
 #   may run Lua goes through its l_run, every callback through l_callback);
 #   a binding file includes only its private header lbind.h, graphcap.h, Lua's
