@@ -210,6 +210,18 @@ void cu_join_chunks(cudaStream_t s, void *y, const float *part, int dt, int64_t 
 void cu_matmul_k0(cudaStream_t s, void *c, const void *bias, int dt, int64_t n, int64_t cols,
                   float alpha, float beta);
 
+/* The alignment, up to 256 bytes, of every pointer of a GEMM's launch (its
+** p[0] .. p[5]); and the algorithm cuBLASLt's heuristic puts first for op
+** over la, lb and lc (C and D) with operands aligned to align bytes,
+** CU_WORKSPACE of workspace and reductions that do not depend on timing:
+** *ok 1 and *algo, or *ok 0 where it has none or refuses the preference
+** (the caller runs its fallback). k_linalg.cu. */
+uint32_t cu_gemm_align(const gc_kargs *a);
+gcap_status cu_lt_pick(gcap_engine *e, cu_state *st, cublasLtMatmulDesc_t op,
+                       cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                       cublasLtMatrixLayout_t lc, uint32_t align, cublasLtMatmulAlgo_t *algo,
+                       int *ok);
+
 /* A new zeroed element of sz bytes at the end of the array *v of *n (its
 ** room *cap doubled when full): the plan caches' growth. NULL: out of host
 ** memory, with nothing changed. backend.cu. */

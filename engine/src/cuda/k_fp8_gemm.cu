@@ -52,31 +52,16 @@ static cudaDataType_t f8_type(int64_t f) {
   return f == GCAP_FP8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
 }
 
-/* The alignment, up to 256 bytes, of the launch's pointers (C, A, B, the
-** bias, the pre-activation). */
-static uint32_t f8_align(const gc_kargs *a) {
-  uintptr_t any = 256;
-  for (int i = 0; i < 6; i++)
-    any |= (uintptr_t)a->p[i];
-  return (uint32_t)(any & (~any + 1));
-}
-
 /* The plan of a's shape with epilogue epi: found in the cache or built
 ** (p->ok says whether the heuristic found an algorithm). */
 static gcap_status f8_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, int epi,
                                cu_fp8_plan **out) {
   int64_t m = a->n[0], n = a->n[1], ld = a->n[3];
   int fa = (int)a->n[5], fb = (int)a->n[6], dt = a->dt, fast = a->n[4] == 1;
-  uint32_t align = f8_align(a);
+  uint32_t align = cu_gemm_align(a);
   cudaDataType_t t = dt == GCAP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
   cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
-  cublasLtMatmulPreference_t pref = NULL;
-  cublasLtMatmulHeuristicResult_t res;
-  uint64_t ws = CU_WORKSPACE;
-  uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
-                     CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
   int8_t fa8 = (int8_t)fast;
-  int found = 0;
   cu_fp8_plan *p;
   for (int i = 0; i < st->nfp8plans; i++) {
     p = &st->fp8plans[i];
@@ -117,30 +102,7 @@ static gcap_status f8_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, 
   CUBLAS_TRY(e, cublasLtMatrixLayoutCreate(&p->la, f8_type(fb), ld, n, ld));
   CUBLAS_TRY(e, cublasLtMatrixLayoutCreate(&p->lb, f8_type(fa), ld, m, ld));
   CUBLAS_TRY(e, cublasLtMatrixLayoutCreate(&p->lc, t, n, m, n));
-  CUBLAS_TRY(e, cublasLtMatmulPreferenceCreate(&pref));
-  if (align < 256) {
-    static const cublasLtMatmulPreferenceAttributes_t mins[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; i++)
-      if (cublasLtMatmulPreferenceSetAttribute(pref, mins[i], &align, sizeof align) !=
-          CUBLAS_STATUS_SUCCESS) {
-        cublasLtMatmulPreferenceDestroy(pref);
-        return GCAP_OK;
-      }
-  }
-  if (cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                           sizeof ws) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                           &schemes, sizeof schemes) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulAlgoGetHeuristic(st->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res,
-                                     &found) == CUBLAS_STATUS_SUCCESS &&
-      found > 0) {
-    p->algo = res.algo;
-    p->ok = 1;
-  }
-  cublasLtMatmulPreferenceDestroy(pref);
-  return GCAP_OK;
+  return cu_lt_pick(e, st, p->op, p->la, p->lb, p->lc, align, &p->algo, &p->ok);
 }
 
 /* Run plan p into C (dst, beta) with a's operands; vec: the bias, aux: the
@@ -214,7 +176,7 @@ gcap_status cu_fp8_gemm(gcap_engine *e, cu_state *st, cudaStream_t s, int, const
   }
   if ((r = f8_plan_for(e, st, a, F8_EPI_NONE, &p)) != GCAP_OK) return r;
   if (!p->ok)
-    return f8_fail(e, a, f8_align(a) < 16 ? ": its operands are not 16-byte aligned" : "");
+    return f8_fail(e, a, cu_gemm_align(a) < 16 ? ": its operands are not 16-byte aligned" : "");
   if (bias == NULL && pre == NULL) return f8_run(e, st, s, p, a, a->p[0], a->f[1], NULL, NULL);
   /* the target (C, or the pre-activation) = the bias rows, then += A B^T */
   void *dst = pre != NULL ? pre : a->p[0];

@@ -130,7 +130,7 @@ static cublasStatus_t cu_layout_batch(cublasLtMatrixLayout_t l, int32_t count, i
 ** for 256-byte aligned operands unless told less, and a view at an offset
 ** (an entry t[i] of a tensor) can be less aligned than the allocator's
 ** blocks. */
-static uint32_t cu_gemm_align(const gc_kargs *a) {
+uint32_t cu_gemm_align(const gc_kargs *a) {
   uintptr_t any = 256;
   for (int i = 0; i < 6; i++)
     any |= (uintptr_t)a->p[i];
@@ -151,14 +151,8 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, 
   int ta = a->n[3] != 0, tb = a->n[4] != 0, dt = a->dt;
   cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   cudaDataType_t t = dt == GCAP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  cublasLtMatmulPreference_t pref = NULL;
-  cublasLtMatmulHeuristicResult_t res;
-  uint64_t ws = CU_WORKSPACE;
-  uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
-                     CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-  int i, found = 0;
   cu_plan *p;
-  for (i = 0; i < st->nplans; i++) {
+  for (int i = 0; i < st->nplans; i++) {
     p = &st->plans[i];
     if (p->m == m && p->n == n && p->k == k && p->batch == batch && p->sa == sa && p->sb == sb &&
         p->ta == ta && p->tb == tb && p->dt == dt && p->epi == epi && p->align == align) {
@@ -203,27 +197,39 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, 
     CUBLAS_TRY(e, cu_layout_batch(p->lc, count, sc));
   }
   if (align < 16 && epi != CU_EPI_NONE) return GCAP_OK; /* our kernels do the epilogue */
+  return cu_lt_pick(e, st, p->op, p->la, p->lb, p->lc, align, &p->algo, &p->ok);
+}
+
+gcap_status cu_lt_pick(gcap_engine *e, cu_state *st, cublasLtMatmulDesc_t op,
+                       cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                       cublasLtMatrixLayout_t lc, uint32_t align, cublasLtMatmulAlgo_t *algo,
+                       int *ok) {
+  static const cublasLtMatmulPreferenceAttributes_t mins[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  cublasLtMatmulPreference_t pref = NULL;
+  cublasLtMatmulHeuristicResult_t res;
+  uint64_t ws = CU_WORKSPACE;
+  uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
+                     CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+  int found = 0, i;
+  *ok = 0;
   CUBLAS_TRY(e, cublasLtMatmulPreferenceCreate(&pref));
-  if (align < 256) {
-    static const cublasLtMatmulPreferenceAttributes_t mins[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (i = 0; i < 4; i++)
-      if (cublasLtMatmulPreferenceSetAttribute(pref, mins[i], &align, sizeof align) !=
-          CUBLAS_STATUS_SUCCESS) {
-        cublasLtMatmulPreferenceDestroy(pref);
-        return GCAP_OK; /* no plan: cuBLAS's GEMM */
-      }
-  }
+  for (i = 0; align < 256 && i < 4; i++)
+    if (cublasLtMatmulPreferenceSetAttribute(pref, mins[i], &align, sizeof align) !=
+        CUBLAS_STATUS_SUCCESS) {
+      cublasLtMatmulPreferenceDestroy(pref);
+      return GCAP_OK; /* no plan */
+    }
   if (cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                            sizeof ws) == CUBLAS_STATUS_SUCCESS &&
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                            &schemes, sizeof schemes) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulAlgoGetHeuristic(st->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res,
-                                     &found) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, 1, &res, &found) ==
+          CUBLAS_STATUS_SUCCESS &&
       found > 0) {
-    p->algo = res.algo;
-    p->ok = 1;
+    *algo = res.algo;
+    *ok = 1;
   }
   cublasLtMatmulPreferenceDestroy(pref);
   return GCAP_OK;
