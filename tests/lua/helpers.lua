@@ -83,6 +83,22 @@ function H.assert_fp8_gemm (got, want, what, dt)
   return H.assert_close(got, want, tol, tol, what)
 end
 
+-- One FP8 step of module eager (under gc.fp8.autocast with recipe R) and of
+-- its graphed copy on the same input x and output grad g, grads zeroed
+-- first: their outputs and input grads equal bit for bit (what names the
+-- step). The callers compare what else their step leaves.
+function H.fp8_step_pair (eager, graphed, R, x, g, what)
+  local xe, xg = x:clone():requires_grad_(true), x:clone():requires_grad_(true)
+  eager:zero_grad()
+  graphed:zero_grad()
+  local ye = gc.fp8.autocast({recipe = R}, function () return eager(xe) end)
+  local yg = graphed(xg)
+  ye:backward(g)
+  yg:backward(g)
+  H.assert_bitwise(yg:tolist(), ye:tolist(), what .. ": y")
+  H.assert_bitwise(xg.grad:tolist(), xe.grad:tolist(), what .. ": dx")
+end
+
 function H.assert_bitwise (got, want, what)
   got, want = flat(got), flat(want)
   lu.assertEquals(#got, #want, what .. ": length")

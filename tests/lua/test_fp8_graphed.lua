@@ -39,17 +39,7 @@ function TestFp8Graphed:test_graphed_equals_eager ()
   for step = 1, 4 do
     gc.manual_seed(100 + step)
     local x = gc.randn({8, 16}) * gc.tensor(step)
-    local g = gc.randn({8, 16})
-    local xe, xg = x:clone(), x:clone()
-    xe.requires_grad, xg.requires_grad = true, true
-    eager:zero_grad()
-    graphed:zero_grad()
-    local ye = gc.fp8.autocast({recipe = R}, function () return eager(xe) end)
-    local yg = graphed(xg)
-    ye:backward(g)
-    yg:backward(g)
-    H.assert_bitwise(yg:tolist(), ye:tolist(), "y " .. step)
-    H.assert_bitwise(xg.grad:tolist(), xe.grad:tolist(), "dx " .. step)
+    H.fp8_step_pair(eager, graphed, R, x, gc.randn({8, 16}), "step " .. step)
     same(grads(graphed), grads(eager), "param grads " .. step)
     same(states(graphed), states(eager), "fp8_state " .. step)
   end

@@ -159,6 +159,40 @@ static __global__ void __launch_bounds__(CU_LNP_X *CU_LNP_Y)
     part[((int64_t)which * chunks + blockIdx.y) * cols + c] = s;
 }
 
+/* launch(K) (a std::integral_constant) for LayerNorm's register layout: a
+** warp a row, K of the packs 1, 2, 3, 4, 6 or 8 a lane that hold cols
+** columns with the fewest idle; false when cols is 0 or longer than 8
+** packs a lane (2048 bf16 or 1024 f32). */
+template <typename T, typename L> static inline bool cu_ln_pick(int64_t cols, L &&launch) {
+  using std::integral_constant;
+  constexpr int P = 16 / sizeof(T);
+  const int64_t per = (cols + 32 * P - 1) / (32 * P);
+  switch (cols > 0 ? per : 0) {
+    case 1:
+      launch(integral_constant<int, 1>());
+      return true;
+    case 2:
+      launch(integral_constant<int, 2>());
+      return true;
+    case 3:
+      launch(integral_constant<int, 3>());
+      return true;
+    case 4:
+      launch(integral_constant<int, 4>());
+      return true;
+    case 5:
+    case 6:
+      launch(integral_constant<int, 6>());
+      return true;
+    case 7:
+    case 8:
+      launch(integral_constant<int, 8>());
+      return true;
+    default:
+      return false;
+  }
+}
+
 /* The parameter grads where a row is up to 8 16-byte packs a lane
 ** (cu_ln_fast's layout): a block of CU_LNPR_W warps takes chunk
 ** blockIdx.x of the rows, warp w adding rows lo + w, lo + w + CU_LNPR_W, ...
@@ -237,34 +271,10 @@ static void cu_lnpr_launch(cudaStream_t s, const gc_kargs *a, int chunks, bool v
 ** chosen on the shape alone (whole aligned packs only pick the loads, as in
 ** cu_ln_fast: the bits do not depend on the addresses); false otherwise. */
 template <typename T> static bool cu_lnpr_fast(cudaStream_t s, const gc_kargs *a, int chunks) {
-  constexpr int P = 16 / sizeof(T);
-  const int64_t cols = a->n[1], per = (cols + 32 * P - 1) / (32 * P);
-  const bool vec = cu_packs(cols, a->dt, a->p[2], a->p[3], NULL) != 0;
-  if (a->n[0] <= 0) return false;
-  switch (per) {
-    case 1:
-      cu_lnpr_launch<T, 1>(s, a, chunks, vec);
-      return true;
-    case 2:
-      cu_lnpr_launch<T, 2>(s, a, chunks, vec);
-      return true;
-    case 3:
-      cu_lnpr_launch<T, 3>(s, a, chunks, vec);
-      return true;
-    case 4:
-      cu_lnpr_launch<T, 4>(s, a, chunks, vec);
-      return true;
-    case 5:
-    case 6:
-      cu_lnpr_launch<T, 6>(s, a, chunks, vec);
-      return true;
-    case 7:
-    case 8:
-      cu_lnpr_launch<T, 8>(s, a, chunks, vec);
-      return true;
-    default:
-      return false;
-  }
+  const bool vec = cu_packs(a->n[1], a->dt, a->p[2], a->p[3], NULL) != 0;
+  return a->n[0] > 0 && cu_ln_pick<T>(a->n[1], [&](auto kp) {
+           cu_lnpr_launch<T, decltype(kp)::value>(s, a, chunks, vec);
+         });
 }
 
 /* What the softmax's input z needs of row r, worked out once per row: the
@@ -496,32 +506,7 @@ template <typename T, int K> static void cu_ln_launch(cudaStream_t s, int k, con
 /* The register kernel with the fewest packs a lane that hold the row; false
 ** when cols is 0 or longer than 8 packs a lane (2048 bf16 or 1024 f32). */
 template <typename T> static bool cu_ln_fast(cudaStream_t s, int k, const gc_kargs *a) {
-  constexpr int P = 16 / sizeof(T);
-  const int64_t cols = a->n[1], per = (cols + 32 * P - 1) / (32 * P);
-  switch (cols > 0 ? per : 0) {
-    case 1:
-      cu_ln_launch<T, 1>(s, k, a);
-      return true;
-    case 2:
-      cu_ln_launch<T, 2>(s, k, a);
-      return true;
-    case 3:
-      cu_ln_launch<T, 3>(s, k, a);
-      return true;
-    case 4:
-      cu_ln_launch<T, 4>(s, k, a);
-      return true;
-    case 5:
-    case 6:
-      cu_ln_launch<T, 6>(s, k, a);
-      return true;
-    case 7:
-    case 8:
-      cu_ln_launch<T, 8>(s, k, a);
-      return true;
-    default:
-      return false;
-  }
+  return cu_ln_pick<T>(a->n[1], [&](auto kp) { cu_ln_launch<T, decltype(kp)::value>(s, k, a); });
 }
 
 /* Launch GC_K_SOFTMAX or GC_K_SOFTMAX_BWD with rows held in registers. */
