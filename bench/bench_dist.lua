@@ -1,8 +1,8 @@
 -- bench_dist.lua: step times of distributed training, one JSON line per
 -- configuration (printed by rank 0):
---   mpirun -np N build/graphcap [--device cuda] bench/bench_dist.lua [L H B ITERS]
--- (alone it runs at world size 1). A stack of L x (Linear(H, H) + GELU),
--- batch B per rank, forward + backward of the mean square + SGD step:
+--   mpirun -np N build/graphcap [--device cuda] bench/bench_dist.lua [L H B ITERS [DTYPE]]
+-- (alone it runs at world size 1). A stack of L x (Linear(H, H) + GELU) in
+-- DTYPE (f32, the default, or bf16), batch B per rank, forward + backward of the mean square + SGD step:
 --   local_eager / local / local_whole   no distribution, eagerly, each layer
 --                graphed, the whole step in one gc.Graph (the baselines)
 --   dp_eager     gc.ddp, eagerly
@@ -24,11 +24,13 @@ gc.dist.init()
 local rank, N = gc.dist.rank(), gc.dist.world_size()
 local L, H, B, ITERS = tonumber(arg[1] or 4), tonumber(arg[2] or 256), tonumber(arg[3] or 32),
                        tonumber(arg[4] or 20)
+local DT = arg[5] or "f32"
+assert(DT == "f32" or DT == "bf16", "bench_dist: DTYPE is f32 or bf16")
 
 local function stack (n)
   gc.manual_seed(1)
   local ms = {}
-  for i = 1, n do ms[i] = gc.nn.Sequential(gc.nn.Linear(H, H), gc.nn.GELU()) end
+  for i = 1, n do ms[i] = gc.nn.Sequential(gc.nn.Linear(H, H), gc.nn.GELU()):to(DT) end
   return ms
 end
 local function params (ms)
@@ -38,11 +40,11 @@ local function params (ms)
 end
 local function samples (n, first_grad)
   local s = {}
-  for i = 1, n do s[i] = {gc.zeros({B, H}, {requires_grad = i > 1 or first_grad})} end
+  for i = 1, n do s[i] = {gc.zeros({B, H}, {dtype = DT, requires_grad = i > 1 or first_grad})} end
   return s
 end
 
-local x, y = gc.randn({B, H}), gc.randn({B, H})
+local x, y = gc.randn({B, H}, {dtype = DT}), gc.randn({B, H}, {dtype = DT})
 
 -- microseconds per call of step, after 3 untimed calls; the same on all ranks
 local function time_us (step)
@@ -87,9 +89,9 @@ local base = {}
 local function report (name, us, baseline)
   if baseline and base[baseline] == nil then base[baseline] = us end
   if rank == 0 then
-    print(('{"config": "%s", "world_size": %d, "device": "%s", "L": %d, "H": %d, "B": %d, '
-           .. '"step_us": %.1f, "baseline": %s, "efficiency": %s}'):format(name, N, gc.device(),
-           L, H, B, us, baseline and ('"' .. baseline .. '"') or "null",
+    print(('{"config": "%s", "world_size": %d, "device": "%s", "dtype": "%s", "L": %d, "H": %d, '
+           .. '"B": %d, "step_us": %.1f, "baseline": %s, "efficiency": %s}'):format(name, N,
+           gc.device(), DT, L, H, B, us, baseline and ('"' .. baseline .. '"') or "null",
            baseline and ("%.3f"):format(base[baseline] / us) or "null"))
     io.stdout:flush()
   end
@@ -144,7 +146,7 @@ do
     local opt = gc.optim.SGD(params(cs), {lr = 1e-3})
     return function ()
       opt:zero_grad()
-      gc.pipeline.run{stages = N, stage = rank, microbatches = M, chunks = V, call = call,
+      gc.pipeline.run{stages = N, stage = rank, microbatches = M, chunks = V, call = call, dtype = DT,
                       input = function () return x end, shape = {B, H},
                       loss = function (_, h) return gc.F.mse_loss(h, y) end}
       opt:step()
@@ -155,7 +157,8 @@ do
   local gs, sample = stack(V), {}
   for c = 1, V do
     for b = 1, M do
-      sample[gc.pipeline.entry(c, b, M)] = {gc.zeros({B, H}, {requires_grad = rank + c > 1})}
+      sample[gc.pipeline.entry(c, b, M)] = {gc.zeros({B, H}, {dtype = DT,
+                                                               requires_grad = rank + c > 1})}
     end
   end
   local entries = gc.make_graphed_callables(gs, sample, {order = order})

@@ -112,7 +112,7 @@ function FSDP:reduce_grads (i)
     local g = p.grad
     if g ~= nil then
       local s = u.shards[k]
-      local part, whole = gc.empty(s:shape()), u.padded(k, g)
+      local part, whole = gc.empty(s:shape(), {dtype = s:dtype()}), u.padded(k, g)
       dist.reduce_scatter(part, whole, opts)
       if whole ~= g then whole:close() end
       if s.grad then
@@ -247,7 +247,7 @@ util.entries(FSDP)
 local function pad (gc, t, n, m)
   local v = t:view({n})
   if m == n then return v end
-  return gc.cat({v, gc.zeros({m - n})})
+  return gc.cat({v, gc.zeros({m - n}, {dtype = t:dtype()})})
 end
 
 -- fsdp.shard(modules [, {group = world}]) -> F: F.modules (the modules),
@@ -260,7 +260,7 @@ function fsdp.shard (modules, opts)
   if type(modules) ~= "table" or #modules == 0 then
     raise("fsdp.shard: expected a non-empty sequence of modules, got %s", type(modules))
   end
-  local owner = {}  -- parameter -> {module index, name}: each is sharded once
+  local owner, dtype = {}, nil  -- parameter -> {module index, name}: each is sharded once
   for i, m in ipairs(modules) do  -- all checked before any parameter changes
     if not nn.is_module(m) then raise("fsdp.shard: entry %d is not a module", i) end
     for _, np in ipairs(m:named_parameters()) do
@@ -270,9 +270,11 @@ function fsdp.shard (modules, opts)
               .. "%d; a parameter can be in one unit only", np[1], i, tostring(m), o[2], o[1])
       end
       owner[np[2]] = {i, np[1]}
-      if np[2]:dtype() ~= "f32" then
-        raise("fsdp.shard: parameter '%s' of module %d (%s) is %s; only f32 is sharded",
-              np[1], i, tostring(m), np[2]:dtype())
+      dtype = dtype or np[2]:dtype()
+      if np[2]:dtype() ~= dtype then  -- the units share one arena of one dtype
+        raise("fsdp.shard: parameter '%s' of module %d (%s) is %s, the parameters before it %s; "
+              .. "the units' parameters must have one dtype (convert with m:to)",
+              np[1], i, tostring(m), np[2]:dtype(), dtype)
       end
     end
   end
@@ -288,7 +290,7 @@ function fsdp.shard (modules, opts)
     end
     layout[i], size = offs, math.max(size, at)
   end
-  F._arena = size > 0 and gc.empty({size}) or nil
+  F._arena = size > 0 and gc.empty({size}, {dtype = dtype}) or nil
   for i, m in ipairs(modules) do
     local u = {params = m:parameters(), shards = {}, full = {}, sizes = {}, clean = true}
     for k, p in ipairs(u.params) do
@@ -297,12 +299,12 @@ function fsdp.shard (modules, opts)
       u.sizes[k] = padded
       gc.no_grad(function ()
         dist.broadcast(p, root, {group = group})
-        local s = gc.empty({padded // N})
+        local s = gc.empty({padded // N}, {dtype = dtype})
         -- this rank's chunk: every rank holds the same p, so max is exact
         dist.reduce_scatter(s, pad(gc, p, n, padded), {op = "max", group = group})
         u.shards[k] = s:requires_grad_(true)
       end)
-      u.full[k] = gc.empty({padded}):set_(F._arena, layout[i][k])
+      u.full[k] = gc.empty({padded}, {dtype = dtype}):set_(F._arena, layout[i][k])
       p:set_(F._arena, layout[i][k])  -- its own storage is freed
     end
     u.padded = function (k, g) return pad(gc, g, g:numel(), u.sizes[k]) end

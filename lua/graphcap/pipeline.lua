@@ -19,7 +19,7 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 core._facade()
 
-local ipairs, math, require, type = ipairs, math, require, type
+local ipairs, math, require, tostring, type = ipairs, math, require, tostring, type
 _ENV = nil
 
 local raise, options = util.raise, util.options
@@ -238,12 +238,13 @@ end
 
 local run_options = {stages = true, stage = true, microbatches = true, chunks = true,
                      group_size = true, interleaved = true, call = true, input = true,
-                     loss = true, shape = true, group = true}
+                     loss = true, shape = true, dtype = true, group = true}
 
 -- pipeline.run{stages = P, stage = r, microbatches = M [, chunks = 1]
 --   [, group_size] [, interleaved], call = function (chunk, microbatch, x) -> y,
 --   input = function (b) -> x, loss = function (b, y) -> 0-D tensor,
---   shape = activation shape [, group = the pipeline's gc.dist group]}
+--   shape = activation shape [, dtype = "f32" | "bf16" (the activations', f32)]
+--   [, group = the pipeline's gc.dist group]}
 --   -> the losses by microbatch (on the stage of the last virtual stage)
 -- One training step of stage r in the order pipeline.order gives for these
 -- options (graph the chunks with that order): each chunk's forward and
@@ -274,6 +275,11 @@ function pipeline.run (opts)
   end
   if type(shape) ~= "table" then
     raise("pipeline.run: shape (the activations' shape) must be a sequence, got %s", type(shape))
+  end
+  local dtype = opts.dtype or "f32"
+  if dtype ~= "f32" and dtype ~= "bf16" then
+    raise("pipeline.run: dtype (the activations' dtype) must be \"f32\" or \"bf16\", got %s",
+          tostring(dtype))
   end
   local gc = require "graphcap"
   local group = opts.group
@@ -319,7 +325,7 @@ function pipeline.run (opts)
         gc.dist.send(outbox[t.key], peer, o)
         outbox[t.key] = nil
       else
-        local buf = gc.empty(shape)
+        local buf = gc.empty(shape, {dtype = dtype})
         gc.dist.recv(buf, peer, o)
         inbox[t.key] = buf
       end
@@ -333,6 +339,12 @@ function pipeline.run (opts)
     if w % P == r then
       here[key] = t:detach()
       return
+    end
+    if t:dtype() ~= dtype then  -- the peer receives into a buffer of dtype
+      raise("pipeline.run: the %s of virtual stage %d (microbatch %d) to send is %s, but the "
+            .. "activations' dtype is %s (set the option dtype)",
+            channel == "act" and "activation" or "input grad", channel == "act" and w - 1 or w + 1,
+            b, t:dtype(), dtype)
     end
     outbox[key] = t
     while mine[at] and mine[at].from == r and outbox[mine[at].key] ~= nil do upto(at) end

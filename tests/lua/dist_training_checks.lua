@@ -12,14 +12,15 @@
 --   averaged after backward_dw, eager and graphed alike; ranks that use
 --   different parameters average every one some rank used.
 --   FSDP: a shard's grad is its chunk of the DDP grad (bit for bit: both
---   average in rank order); the full grads are dropped; un-shard after a
---   step gathers every rank's updated shard; a rank holds its shards and
+--   average in rank order); the full grads are dropped; bf16 shards too;
+--   un-shard after a step gathers every rank's updated shard; a rank holds its shards and
 --   one unit's full parameters; sizes not a multiple of N are padded; a
 --   backward whose saved parameters changed fails; a module called directly
 --   is refused unless its unit is gathered; an error for a group
 --   without this rank.
 --   Pipeline: 64 KB activations (sends that wait for their receive) run to
---   the end; on 4 ranks, two pipelines of a 2 x 2 grid train alike.
+--   the end; bf16 activations (option dtype) give one process's losses; on
+--   4 ranks, two pipelines of a 2 x 2 grid train alike.
 local gc = require "graphcap"
 
 gc.dist.init()
@@ -295,6 +296,42 @@ end
 for k, p in ipairs(params(F.modules)) do check(p.grad == nil, "fsdp full grad %d kept", k) end
 ok("fsdp shard grads are this rank's chunks of the averaged grads; full grads dropped")
 
+-- FSDP in bf16 (its arena, shards and padding in the parameters' dtype):
+-- the shard grads are chunks of bf16 DDP's, within bf16's rounding (the
+-- pair runs apart under FSDP's hooks, so GELU's input is rounded to bf16
+-- there); a unit mixing dtypes is refused.
+do
+  local function bf16_layers ()
+    local ls = layers()
+    for _, l in ipairs(ls) do l:to("bf16") end
+    return ls
+  end
+  local x, y = mine(0, rank):to("bf16"), mine(1, rank):to("bf16")
+  local D = gc.ddp.wrap(bf16_layers())
+  backward(D, x, y)
+  local Fb = gc.fsdp.shard(bf16_layers())
+  backward(Fb.units, x, y)
+  Fb:finish_grads()
+  local sh = Fb:parameters()
+  for k, p in ipairs(params(D)) do
+    check(sh[k]:dtype() == "bf16" and sh[k].grad:dtype() == "bf16", "bf16 fsdp shard %d dtype", k)
+    local g, n = flat(p.grad), p:numel() // N
+    local got = flat(sh[k].grad)
+    for i = 1, n do
+      local ref = g[rank * n + i]
+      check(math.abs(got[i] - ref) <= 1e-3 + 2e-2 * math.abs(ref),
+            "bf16 fsdp shard grad %d[%d]: %.9g, want DDP's %.9g", k, i, got[i], ref)
+    end
+  end
+  local mixed = layers()
+  mixed[2]:to("bf16")
+  local okm, err = pcall(gc.fsdp.shard, mixed)
+  check(not okm and tostring(err):find("fsdp.shard: parameter 'weight' of module 2 (Linear) is "
+                                       .. "bf16, the parameters before it f32", 1, true),
+        "fsdp with mixed dtypes: %s", tostring(err))
+end
+ok("fsdp in bf16: shard grads are chunks of DDP's; mixed dtypes refused")
+
 -- a step changes the shards; the next forward gathers them all
 local opt = gc.optim.SGD(shards, {lr = 0.5})
 opt:step()
@@ -324,6 +361,40 @@ local function pipeline_step (P, stage, group)
 end
 pipeline_step(N, rank)
 ok("pipeline of 64 KB activations ran")
+
+-- A bf16 pipeline (option dtype): the last stage's losses are those of the
+-- same layers run in one process, bit for bit; without the option a send
+-- is refused, naming the dtype to set.
+do
+  local B, H, M = 16, 32, math.max(2, N)  -- interleaving needs M >= stages
+  gc.manual_seed(9)
+  local cs = {gc.nn.Linear(H, H):to("bf16"), gc.nn.Linear(H, H):to("bf16")}
+  local x, y = gc.randn({B, H}, {dtype = "bf16"}), gc.randn({B, H}, {dtype = "bf16"})
+  local function run (dtype)
+    return gc.pipeline.run{stages = N, stage = rank, microbatches = M, chunks = 2, dtype = dtype,
+                           call = function (c, _, h) return cs[c](h) end,
+                           input = function () return x end, shape = {B, H},
+                           loss = function (_, h) return gc.F.mse_loss(h, y) end}
+  end
+  local losses = run("bf16")
+  if rank == N - 1 then
+    local ref = gc.no_grad(function ()
+      local h = x
+      for c = 1, 2 do for _ = 1, N do h = cs[c](h) end end
+      return gc.F.mse_loss(h, y):item()
+    end)
+    for b = 1, M do check(losses[b]:item() == ref, "bf16 pipeline loss %d: %.9g, want %.9g", b,
+                          losses[b]:item(), ref) end
+  end
+  if N > 1 and rank == 0 then
+    local okr, err = pcall(run, nil)
+    check(not okr and tostring(err):find("pipeline.run: the activation of virtual stage 0 "
+                                         .. "(microbatch 1) to send is bf16, but the activations' "
+                                         .. "dtype is f32 (set the option dtype)", 1, true),
+          "bf16 activations without dtype: %s", tostring(err))
+  end
+  ok("bf16 pipeline with option dtype equals one process")
+end
 if N == 4 then
   local pp = {gc.dist.new_group({0, 1}), gc.dist.new_group({2, 3})}
   local dp = {gc.dist.new_group({0, 2}), gc.dist.new_group({1, 3})}

@@ -135,6 +135,8 @@ function TestDistArgs.test_pipeline_run_arguments ()
   fails(function () run(opts{loss = function () return 1 end}) end,
         "pipeline.run: loss(b, y)'s result must be a Tensor, got number")
   fails(function () run(opts{shape = 3}) end, "pipeline.run: shape (the activations' shape)")
+  fails(function () run(opts{dtype = "f16"}) end,
+        "pipeline.run: dtype (the activations' dtype) must be \"f32\" or \"bf16\", got f16")
   local losses = run(opts{})
   H.assert_same({losses[1]:item(), losses[2]:item()}, {4, 4}, "losses")
   if not gc.dist.is_available() then return end

@@ -127,11 +127,12 @@ for _, n in ipairs{1, 2, 4} do
     expect(out, ok, 1, "ok ddp eager grads", "ok ddp buckets", "ok ddp graphed",
            "ok ddp accumulated backwards", "ok ddp delayed wgrads",
            "ok ddp ranks using different parameters",
-           "ok fsdp shard grads",
+           "ok fsdp shard grads", "ok fsdp in bf16",
            "ok fsdp un-shard", "ok fsdp holds its shards and one unit's full parameters",
            "ok fsdp pads parameters", "ok fsdp microbatches in flight",
            "ok fsdp backward after its shards changed", "ok fsdp modules called directly")
-    expect(out, ok, 1, "ok pipeline of 64 KB activations ran")
+    expect(out, ok, 1, "ok pipeline of 64 KB activations ran",
+           "ok bf16 pipeline with option dtype equals one process")
     if n > 1 then expect(out, ok, 1, "ok fsdp and ddp errors") end
     if n == 4 then expect(out, ok, 1, "ok pipelines as groups of a 2 x 2 grid") end
   end
