@@ -10,10 +10,13 @@
 --   dp_outside   the plain layers graphed, the grads all-reduced after backward
 --   dp_whole     gc.ddp, the whole step (all-reduces and SGD too) in one gc.Graph
 --   fsdp_eager / fsdp_graphed   gc.fsdp (graphed with its capture-time hooks)
+--   pp_local_eager / pp_local   the pipeline's 2 chunks and 4 microbatches on one rank
+--                without gc.pipeline (each microbatch through both, then its
+--                backward), eagerly and each chunk graphed (the baselines)
 --   pp_eager / pp_graphed       2 chunks a stage, interleaved 1F1B, 4 microbatches
--- efficiency = the baseline of the same mode / config step time, for the
--- data-parallel and sharded configs (1: the communication is hidden, at a
--- fixed batch per rank); "baseline" names it.
+-- efficiency = the baseline of the same mode / config step time (1: the
+-- communication is hidden, at a fixed batch per rank; for the pipeline, at
+-- fixed chunks per rank); "baseline" names it.
 local gc = require "graphcap"
 
 if not gc.dist.is_available() then  -- a build without MPI
@@ -152,8 +155,29 @@ do
       opt:step()
     end
   end
+  -- the same chunks and microbatches without the pipeline (each microbatch
+  -- through the V chunks, then its backward): the baselines at one stage
+  local function local_step (cs, call)
+    local opt = gc.optim.SGD(params(cs), {lr = 1e-3})
+    return function ()
+      opt:zero_grad()
+      for b = 1, M do
+        local h = x
+        for c = 1, V do h = call(c, b, h) end
+        gc.F.mse_loss(h, y):backward()
+      end
+      opt:step()
+    end
+  end
+  local ls = stack(V)
+  report("pp_local_eager", time_us(local_step(ls, function (c, _, h) return ls[c](h) end)),
+         "pp_local_eager")
+  local lg = stack(V)
+  local lgraphed = gc.make_graphed_callables(lg, samples(V))
+  report("pp_local", time_us(local_step(lg, function (c, _, h) return lgraphed[c](h) end)),
+         "pp_local")
   local cs = stack(V)
-  report("pp_eager", time_us(pp(cs, function (c, _, h) return cs[c](h) end)))
+  report("pp_eager", time_us(pp(cs, function (c, _, h) return cs[c](h) end)), "pp_local_eager")
   local gs, sample = stack(V), {}
   for c = 1, V do
     for b = 1, M do
@@ -164,6 +188,6 @@ do
   local entries = gc.make_graphed_callables(gs, sample, {order = order})
   report("pp_graphed", time_us(pp(gs, function (c, b, h)
     return entries[gc.pipeline.entry(c, b, M)](h)
-  end)))
+  end)), "pp_local")
 end
 gc.dist.finalize()

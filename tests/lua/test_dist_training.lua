@@ -88,8 +88,8 @@ for _, n in ipairs{1, 2, 4} do
            ("ddp_whole: %d ranks vs one process on the global batch"):format(n),
            "within 1e-6 + 1e-5|ref|")
   end
-  -- the benchmark, tiny: a line per config, each data-parallel and sharded
-  -- one with the baseline of its mode and an efficiency
+  -- the benchmark, tiny: a line per config, each with the baseline of its
+  -- mode and an efficiency
   TestDistTraining["test_bench_dist_" .. n] = function ()
     local out, ok = launch(n, {PROG, "--device", gc.device(), ROOT .. "bench/bench_dist.lua",
                                "2", "16", "4", "2"})
@@ -97,7 +97,8 @@ for _, n in ipairs{1, 2, 4} do
     local want = {local_eager = "local_eager", ["local"] = "local", local_whole = "local_whole",
                   dp_eager = "local_eager", dp_graphed = "local", dp_outside = "local",
                   dp_whole = "local_whole", fsdp_eager = "local_eager", fsdp_graphed = "local",
-                  pp_eager = false, pp_graphed = false}
+                  pp_local_eager = "pp_local_eager", pp_local = "pp_local",
+                  pp_eager = "pp_local_eager", pp_graphed = "pp_local"}
     local seen = 0
     for line in out:gmatch("[^\n]+") do
       local j = line:sub(1, 1) == "{" and H.json_decode(line)
@@ -106,12 +107,13 @@ for _, n in ipairs{1, 2, 4} do
         lu.assertEquals(j.world_size, n)
         lu.assertTrue(j.step_us > 0, line)
         -- JSON's null decodes to a sentinel table
-        lu.assertEquals(type(j.baseline) == "string" and j.baseline, want[j.config], line)
-        lu.assertEquals(type(j.efficiency) == "number", want[j.config] ~= false, line)
+        lu.assertEquals(j.baseline, want[j.config], line)
+        lu.assertEquals(j.dtype, "f32", line)
+        lu.assertTrue(type(j.efficiency) == "number" and j.efficiency > 0, line)
         seen = seen + 1
       end
     end
-    lu.assertEquals(seen, 11, out)
+    lu.assertEquals(seen, 13, out)
   end
   TestDistTraining["test_fsdp_" .. n] = function ()
     local out, ok = script(n, "examples/fsdp.lua")
