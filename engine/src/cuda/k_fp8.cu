@@ -37,6 +37,11 @@ static __device__ __forceinline__ float cu_scale(const float *p, int current, in
   return isinf(s) ? FLT_MAX : s;
 }
 
+/* Element j of a 16-byte pack of dt (8 bf16 or 4 f32). */
+static __device__ __forceinline__ float cu_pack_at(const cu_pack &u, int j, int dt) {
+  return dt == GCAP_BF16 ? __bfloat162float(((const __nv_bfloat16 *)u.h)[j]) : u.f[j];
+}
+
 /* One block's max of m into *amax (NULL: none). */
 static __device__ __forceinline__ void cu_amax_note(float m, float *amax) {
   __shared__ float sh[CU_THREADS];
@@ -65,7 +70,7 @@ static __global__ void k_fp8_quantize(gc_kargs a) {
     u.v = ((const uint4 *)a.p[1])[i];
     unsigned char b[8];
     for (int j = 0; j < per; j++) {
-      float v = dt == GCAP_BF16 ? __bfloat162float(((const __nv_bfloat16 *)u.h)[j]) : u.f[j];
+      float v = cu_pack_at(u, j, dt);
       m = fmaxf(m, fabsf(v));
       b[j] = cu_to_fp8(__fmul_rn(v, s), f);
     }
@@ -111,8 +116,17 @@ static __global__ void k_fp8_dequantize(gc_kargs a) {
 }
 
 static __global__ void k_fp8_amax(gc_kargs a) {
+  const int dt = a.dt;
+  const int64_t n = a.n[0], per = dt == GCAP_BF16 ? 8 : 4;
+  const int64_t packs = (uintptr_t)a.p[1] % 16 == 0 ? n / per : 0;
   float m = 0.0f;
-  CU_GRID_LOOP(i, a.n[0]) m = fmaxf(m, fabsf(cu_load(a.p[1], i, a.dt)));
+  CU_GRID_LOOP(i, packs) { /* 16 bytes a load */
+    cu_pack u;
+    u.v = ((const uint4 *)a.p[1])[i];
+    for (int j = 0; j < per; j++)
+      m = fmaxf(m, fabsf(cu_pack_at(u, j, dt)));
+  }
+  CU_GRID_LOOP(i, n - packs * per) m = fmaxf(m, fabsf(cu_load(a.p[1], packs * per + i, dt)));
   cu_amax_note(m, (float *)a.p[0]);
 }
 
