@@ -305,4 +305,66 @@ function TestFp8Recipes:test_state_made_outside_capture ()
   lu.assertEquals(y:shape(), {8, 16})
 end
 
+-- A delayed-wgrad FP8 Linear (delay_wgrad): backward_dw runs the wgrad's
+-- FP8 GEMM on the operands the backward queued, so the weight and bias
+-- grads equal the immediate Linear's bit for bit, over two backwards
+-- queued before one backward_dw (each recipe, f32 and bf16, the padded
+-- dgrad's width too); fused into main_grad alike; a weight frozen at the
+-- forward gets nothing, its bias its grad.
+local function delayed_pair (dt, out, opts)
+  local function make (delay)
+    gc.manual_seed(21)
+    local o = {delay_wgrad = delay}
+    for k, v in pairs(opts or {}) do o[k] = v end
+    return gc.nn.Linear(16, out, o):to(dt)
+  end
+  return make(false), make(true)
+end
+
+local function run_backwards (lin, recipe, dt, out)
+  gc.manual_seed(22)
+  for step = 1, 2 do
+    local x = (gc.randn({8, 16}) * gc.tensor(step)):to(dt)
+    local g = (gc.randn({8, out}) * gc.tensor(0.5 * step)):to(dt)
+    gc.fp8.autocast({recipe = recipe}, function () return lin(x) end):backward(g)
+  end
+end
+
+function TestFp8Recipes:test_delayed_wgrad_equals_immediate ()
+  for _, recipe in ipairs({gc.fp8.DelayedScaling{amax_history_len = 3},
+                           gc.fp8.Float8CurrentScaling()}) do
+    for _, case in ipairs({{"f32", 32}, {"bf16", 32}, {"bf16", 24}}) do
+      local dt, out = case[1], case[2]
+      local what = ("%s %s out %d"):format(recipe.name or tostring(recipe), dt, out)
+      local now, later = delayed_pair(dt, out)
+      run_backwards(now, recipe, dt, out)
+      run_backwards(later, recipe, dt, out)
+      lu.assertNil(later.weight.grad, what .. ": weight grad before backward_dw")
+      later:backward_dw()
+      H.assert_same(later.weight.grad:tolist(), now.weight.grad:tolist(), what .. " weight grad")
+      H.assert_same(later.bias.grad:tolist(), now.bias.grad:tolist(), what .. " bias grad")
+      later:backward_dw()  -- the queue is empty: nothing changes
+      H.assert_same(later.weight.grad:tolist(), now.weight.grad:tolist(), what .. " again")
+    end
+  end
+end
+
+function TestFp8Recipes:test_delayed_wgrad_fused_and_frozen ()
+  local recipe = gc.fp8.DelayedScaling{amax_history_len = 2}
+  local now, later = delayed_pair("bf16", 32, {fuse_wgrad_accumulation = true})
+  now:zero_grad()
+  later:zero_grad()
+  run_backwards(now, recipe, "bf16", 32)
+  run_backwards(later, recipe, "bf16", 32)
+  later:backward_dw()
+  H.assert_same(later.main_grad:tolist(), now.main_grad:tolist(), "main_grad")
+  local ref, frozen = delayed_pair("f32", 32)
+  ref.weight.requires_grad, frozen.weight.requires_grad = false, false
+  run_backwards(ref, recipe, "f32", 32)
+  run_backwards(frozen, recipe, "f32", 32)
+  frozen:backward_dw()
+  lu.assertNil(frozen.weight.grad, "a frozen weight gets no grad")
+  H.assert_same(frozen.bias.grad:tolist(), ref.bias.grad:tolist(), "the frozen weight's bias grad")
+end
+
 os.exit(lu.LuaUnit.run(), true)

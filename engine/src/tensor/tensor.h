@@ -407,10 +407,18 @@ gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_
 ** parameter grads instead of .grad. The Linear module (train/builtin.c) owns
 ** it, attaches it to the nodes it records (their ud) and drains its queue in
 ** backward_dw; the op fills it: the weight grad added into main_grad (fused
-** wgrad), or (g, x, bias grad) queued (delayed wgrad). Counted references:
-** a node keeps its sink after the module is gone. */
+** wgrad), or the wgrad's operands queued (delayed wgrad). Counted
+** references: a node keeps its sink after the module is gone. */
+typedef struct gc_wgrad_item {
+  gcap_tensor *g, *x; /* the grad and the input (NULL: the weight is frozen); NULL under FP8 */
+  gcap_tensor *gb;    /* the bias grad when already computed, or NULL */
+  gc_fp8 gt, xt;      /* FP8 (gt.data set): the quantized grad and input, transposed */
+  int64_t rows;       /* FP8: the rows the wgrad GEMM sums over */
+  gcap_dtype dt;      /* FP8: the weight grad's dtype */
+} gc_wgrad_item;
+
 typedef struct gc_wgrad_queue {
-  gcap_tensor **v; /* (g, x, bias grad or NULL) triples, oldest first */
+  gc_wgrad_item *v; /* oldest first */
   int n, cap;
 } gc_wgrad_queue;
 
@@ -428,11 +436,19 @@ gcap_status gc_wgrad_sink_new(gcap_engine *e, int delay, gcap_tensor *main_grad,
 gc_wgrad_sink *gc_wgrad_sink_retain(gc_wgrad_sink *s);
 /* Drop a reference (NULL: nothing); the last frees the queue and main_grad's reference. */
 void gc_wgrad_sink_release(gc_wgrad_sink *s);
-/* Free the triples of q and its array; q is empty afterwards. */
+/* Free the items of q and its array; q is empty afterwards. */
 void gc_wgrad_queue_free(gc_wgrad_queue *q);
+/* Drop item 0 of q (its references), the others moving up. */
+void gc_wgrad_queue_pop(gc_wgrad_queue *q);
 /* Queue (g, x) for a later backward_dw of s's Linear, with its bias grad
 ** when already computed (gb; NULL: backward_dw does it). */
 gcap_status gc_wgrad_defer(gc_wgrad_sink *s, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb);
+/* The same for an FP8 linear: its wgrad GEMM's operands, the quantized grad
+** and input transposed (gt, xt: [out x ld], [in x ld], summing rows; xt
+** empty when the weight is frozen), the grad's dtype dt. The queue takes
+** gt's and xt's references (they are empty afterwards), also on failure. */
+gcap_status gc_wgrad_defer_fp8(gc_wgrad_sink *s, gc_fp8 *gt, gc_fp8 *xt, int64_t rows,
+                               gcap_dtype dt, gcap_tensor *gb);
 /* Make s linear node n's sink: n's ud, with a reference that n's release drops. */
 void gc_wgrad_sink_attach(gc_node *n, gc_wgrad_sink *s);
 

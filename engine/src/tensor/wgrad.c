@@ -6,6 +6,7 @@
 ** module that made it.
 */
 #include <stdlib.h>
+#include <string.h>
 
 #include "tensor.h"
 
@@ -26,13 +27,27 @@ gc_wgrad_sink *gc_wgrad_sink_retain(gc_wgrad_sink *s) {
   return s;
 }
 
+static void item_free(gc_wgrad_item *it) {
+  gcap_tensor_free(it->g);
+  gcap_tensor_free(it->x);
+  gcap_tensor_free(it->gb);
+  gc_fp8_free(&it->gt);
+  gc_fp8_free(&it->xt);
+}
+
 void gc_wgrad_queue_free(gc_wgrad_queue *q) {
   int i;
   for (i = 0; i < q->n; i++)
-    gcap_tensor_free(q->v[i]);
+    item_free(&q->v[i]);
   free(q->v);
   q->v = NULL;
   q->n = q->cap = 0;
+}
+
+void gc_wgrad_queue_pop(gc_wgrad_queue *q) {
+  item_free(&q->v[0]);
+  memmove(q->v, q->v + 1, (size_t)(q->n - 1) * sizeof *q->v);
+  q->n--;
 }
 
 void gc_wgrad_sink_release(gc_wgrad_sink *s) {
@@ -42,13 +57,39 @@ void gc_wgrad_sink_release(gc_wgrad_sink *s) {
   free(s);
 }
 
-gcap_status gc_wgrad_defer(gc_wgrad_sink *s, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb) {
+/* A new item at the end of s's queue, zeroed, or NULL (out of memory). */
+static gc_wgrad_item *push(gc_wgrad_sink *s) {
   gc_wgrad_queue *q = &s->q;
-  if (!gc_growvector(q->v, q->cap, q->n + 3, 8))
-    return gc_fail(g->e, GCAP_ENOMEM, "Linear: out of host memory");
-  q->v[q->n++] = gcap_tensor_retain(g);
-  q->v[q->n++] = gcap_tensor_retain(x);
-  q->v[q->n++] = gcap_tensor_retain(gb);
+  if (!gc_growvector(q->v, q->cap, q->n + 1, 8)) return NULL;
+  memset(&q->v[q->n], 0, sizeof q->v[q->n]);
+  return &q->v[q->n++];
+}
+
+gcap_status gc_wgrad_defer(gc_wgrad_sink *s, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb) {
+  gc_wgrad_item *it = push(s);
+  if (it == NULL) return gc_fail(g->e, GCAP_ENOMEM, "Linear: out of host memory");
+  it->g = gcap_tensor_retain(g);
+  it->x = gcap_tensor_retain(x);
+  it->gb = gcap_tensor_retain(gb);
+  return GCAP_OK;
+}
+
+gcap_status gc_wgrad_defer_fp8(gc_wgrad_sink *s, gc_fp8 *gt, gc_fp8 *xt, int64_t rows,
+                               gcap_dtype dt, gcap_tensor *gb) {
+  gc_wgrad_item *it = push(s);
+  if (it == NULL) {
+    gcap_engine *e = gt->data->e;
+    gc_fp8_free(gt);
+    gc_fp8_free(xt);
+    return gc_fail(e, GCAP_ENOMEM, "Linear: out of host memory");
+  }
+  it->gt = *gt;
+  it->xt = *xt;
+  it->rows = rows;
+  it->dt = dt;
+  it->gb = gcap_tensor_retain(gb);
+  memset(gt, 0, sizeof *gt);
+  memset(xt, 0, sizeof *xt);
   return GCAP_OK;
 }
 

@@ -18,29 +18,33 @@ static int linear_delays(const gcap_module *m) {
   return m->wgrad != NULL && m->wgrad->delay;
 }
 
-/* The delayed wgrads of m's sink, oldest first. */
+/* The delayed wgrads of m's sink, oldest first: an FP8 linear's from its
+** FP8 GEMM's operands, the others from the grad and input. */
 static gcap_status linear_dw(gcap_module *m) {
   gcap_tensor *w = m->params.v[0].t, *b = m->params.n > 1 ? m->params.v[1].t : NULL;
+  gcap_tensor *main_grad = m->wgrad->main_grad;
   gcap_status st = GCAP_OK;
   int was = gcap_set_grad_enabled(m->e, 0);
   gc_wgrad_queue *q = &m->wgrad->q;
   while (st == GCAP_OK && q->n > 0) {
-    gcap_tensor *g = q->v[0], *x = q->v[1], *done_gb = q->v[2], *gw = NULL, *gb = NULL;
-    /* frozen parameters get nothing, as in the ordinary backward; x was
-    ** not kept when the weight was frozen at the forward */
-    st = gc_linear_param_grads(g, x, w->shape[0], w->shape[1], m->wgrad->main_grad, done_gb,
-                               w->requires_grad && x != NULL ? &gw : NULL,
-                               b != NULL && b->requires_grad ? &gb : NULL);
+    gc_wgrad_item *it = &q->v[0];
+    gcap_tensor *gw = NULL, *gb = NULL, **want_gb = b != NULL && b->requires_grad ? &gb : NULL;
+    /* frozen parameters get nothing, as in the ordinary backward; the input
+    ** was not kept when the weight was frozen at the forward */
+    if (it->gt.data != NULL) {
+      if (w->requires_grad && it->xt.data != NULL)
+        st = gc_fp8_wgrad(&it->gt, &it->xt, w->shape[0], w->shape[1], it->rows, it->dt, main_grad,
+                          &gw);
+      if (want_gb != NULL) gb = gcap_tensor_retain(it->gb);
+    } else {
+      st = gc_linear_param_grads(it->g, it->x, w->shape[0], w->shape[1], main_grad, it->gb,
+                                 w->requires_grad && it->x != NULL ? &gw : NULL, want_gb);
+    }
     if (st == GCAP_OK && gw != NULL) st = gc_acc_grad(w, gw, 1);
     if (st == GCAP_OK && gb != NULL) st = gc_acc_grad(b, gb, 1);
     gcap_tensor_free(gw);
     gcap_tensor_free(gb);
-    if (st != GCAP_OK) break;
-    gcap_tensor_free(g);
-    gcap_tensor_free(x);
-    gcap_tensor_free(done_gb);
-    memmove(q->v, q->v + 3, (size_t)(q->n - 3) * sizeof *q->v);
-    q->n -= 3;
+    if (st == GCAP_OK) gc_wgrad_queue_pop(q);
   }
   gcap_set_grad_enabled(m->e, was);
   return st;

@@ -11,8 +11,8 @@
 ** summed dim, as TE's: the forward's x and w as quantized; the dgrad's
 ** grad as quantized (padded) and w transposed; the wgrad's grad and x
 ** transposed. The bias grad comes from the unquantized grad, as TE's. The
-** node saves the FP8 copies. A delayed wgrad (backward_dw) runs the GEMM of
-** the dequantized grad and input.
+** node saves the FP8 copies. A delayed wgrad queues the wgrad GEMM's FP8
+** operands, and backward_dw runs that GEMM: the grads of the immediate one.
 */
 #include <math.h>
 #include <stdio.h>
@@ -152,52 +152,51 @@ static gcap_status dgrad(gc_node *n, const gc_fp8 *gq, gcap_tensor **dx) {
   return st;
 }
 
-/* The weight grad g^T x: both transposed to [out x rows] and [in x rows],
-** into main_grad (added, beta = 1) when there is one, else into *gw. */
-static gcap_status wgrad(gc_node *n, fp8_ctx *c, const gc_fp8 *gq, gcap_tensor **gw) {
+gcap_status gc_fp8_wgrad(const gc_fp8 *gt, const gc_fp8 *xt, int64_t out, int64_t in, int64_t rows,
+                         gcap_dtype dt, gcap_tensor *main_grad, gcap_tensor **gw) {
+  int64_t shape[2];
+  if (main_grad != NULL && main_grad->dt != dt)
+    return gc_fail(gt->data->e, GCAP_EINVAL, "Linear backward: main_grad is %s, the grads are %s",
+                   gc_dtype_name(main_grad->dt), gc_dtype_name(dt));
+  if (main_grad != NULL)
+    return gc_fp8_gemm(gt, xt, out, in, rows, GC_FP8_LD(rows), 1.0f, NULL, NULL, 0, dt, 2,
+                       main_grad->shape, &main_grad);
+  shape[0] = out;
+  shape[1] = in;
+  return gc_fp8_gemm(gt, xt, out, in, rows, GC_FP8_LD(rows), 0.0f, NULL, NULL, 0, dt, 2, shape, gw);
+}
+
+/* The weight grad's operands: the grad gq [rows x out] and, when saved, the
+** input [rows x in], transposed (xt stays empty when the input was not saved). */
+static gcap_status wgrad_operands(gc_node *n, const gc_fp8 *gq, gc_fp8 *gt, gc_fp8 *xt) {
   const gc_meta *xm = &n->meta[0];
   int64_t out = n->meta[1].shape[0], in = n->meta[1].shape[1], rows = xm->numel / in;
-  gcap_tensor *main_grad = c->sink != NULL ? c->sink->main_grad : NULL;
-  gc_fp8 xq = saved_fp8(n, 0, xm->numel), gt, xt;
   gcap_status st;
-  memset(&xt, 0, sizeof xt);
-  if (main_grad != NULL && main_grad->dt != xm->dt)
-    return gc_fail(gq->data->e, GCAP_EINVAL, "Linear backward: main_grad is %s, the grads are %s",
-                   gc_dtype_name(main_grad->dt), gc_dtype_name(xm->dt));
-  if ((st = gc_fp8_layout(gq, rows, out, 1, &gt)) != GCAP_OK) return st;
-  if ((st = gc_fp8_layout(&xq, rows, in, 1, &xt)) == GCAP_OK) {
-    if (main_grad != NULL)
-      st = gc_fp8_gemm(&gt, &xt, out, in, rows, GC_FP8_LD(rows), 1.0f, NULL, NULL, 0, xm->dt, 2,
-                       main_grad->shape, &main_grad);
-    else
-      st = gc_fp8_gemm(&gt, &xt, out, in, rows, GC_FP8_LD(rows), 0.0f, NULL, NULL, 0, xm->dt, 2,
-                       n->meta[1].shape, gw);
-  }
-  gc_fp8_free(&gt);
-  gc_fp8_free(&xt);
+  memset(xt, 0, sizeof *xt);
+  if ((st = gc_fp8_layout(gq, rows, out, 1, gt)) != GCAP_OK || n->saved[0] == NULL) return st;
+  gc_fp8 xq = saved_fp8(n, 0, xm->numel);
+  if ((st = gc_fp8_layout(&xq, rows, in, 1, xt)) != GCAP_OK) gc_fp8_free(gt);
   return st;
 }
 
-/* Weight and bias grads from the quantized grad gq of g (db: the bias grad
-** of the unquantized grad, or NULL), to the sink or to gin. A delayed
-** wgrad queues the dequantized grad and input for backward_dw. */
-static gcap_status param_grads(gc_node *n, fp8_ctx *c, const gc_fp8 *gq, gcap_tensor *g,
-                               gcap_tensor *db, gcap_tensor **gin) {
+/* Weight and bias grads from the quantized grad gq (db: the bias grad of
+** the unquantized grad, or NULL), to the sink or to gin. A delayed wgrad
+** queues the GEMM's operands for backward_dw, which runs the same GEMM. */
+static gcap_status param_grads(gc_node *n, fp8_ctx *c, const gc_fp8 *gq, gcap_tensor *db,
+                               gcap_tensor **gin) {
   const gc_meta *xm = &n->meta[0];
-  gcap_tensor *xd = NULL, *gd = NULL;
+  int64_t out = n->meta[1].shape[0], in = n->meta[1].shape[1], rows = xm->numel / in;
+  int delayed = c->sink != NULL && c->sink->delay;
+  gc_fp8 gt, xt;
   gcap_status st = GCAP_OK;
-  if (c->sink != NULL && c->sink->delay) {
-    if (n->saved[0] != NULL) {
-      gc_fp8 xq = saved_fp8(n, 0, xm->numel);
-      st = gc_fp8_dequantize(&xq, xm->dt, xm->ndim, xm->shape, &xd);
-    }
-    if (st == GCAP_OK) st = gc_fp8_dequantize(gq, g->dt, g->ndim, g->shape, &gd);
-    if (st == GCAP_OK) st = gc_wgrad_defer(c->sink, gd, xd, db);
-    gcap_tensor_free(xd);
-    gcap_tensor_free(gd);
-    return st;
+  if (delayed || (gc_node_needs(n, 1) && n->saved[0] != NULL)) {
+    if ((st = wgrad_operands(n, gq, &gt, &xt)) != GCAP_OK) return st;
+    if (delayed) return gc_wgrad_defer_fp8(c->sink, &gt, &xt, rows, xm->dt, db);
+    st =
+        gc_fp8_wgrad(&gt, &xt, out, in, rows, xm->dt, c->sink ? c->sink->main_grad : NULL, &gin[1]);
+    gc_fp8_free(&gt);
+    gc_fp8_free(&xt);
   }
-  if (gc_node_needs(n, 1) && n->saved[0] != NULL) st = wgrad(n, c, gq, &gin[1]);
   if (st == GCAP_OK && db != NULL && gc_node_needs(n, 2)) gin[2] = gcap_tensor_retain(db);
   return st;
 }
@@ -222,7 +221,7 @@ static gcap_status fp8_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   if (st == GCAP_OK && (st = quantize(c, g, 2, NULL, &gq)) == GCAP_OK)
     st = update_roles(c, 3 * c->gemm + 2, 1);
   if (st == GCAP_OK && gc_node_needs(n, 0)) st = dgrad(n, &gq, &gin[0]);
-  if (st == GCAP_OK) st = param_grads(n, c, &gq, g, db, gin);
+  if (st == GCAP_OK) st = param_grads(n, c, &gq, db, gin);
   gc_fp8_free(&gq);
   gcap_tensor_free(dz);
   gcap_tensor_free(db);

@@ -78,6 +78,12 @@ gcap_status gc_fp8_recipe_check(gcap_engine *e, const char *where, const gcap_fp
 ** (NULL: .grad) as a Linear's does. */
 gcap_status gc_fp8_linear(gcap_module *m, int gemm, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
                           int gelu, gc_wgrad_sink *sink, gcap_tensor **out);
+/* An FP8 linear's weight grad [out x in] from its FP8 GEMM's operands, the
+** quantized grad and input transposed (gt, xt), summing rows: added into
+** main_grad when not NULL (which must be of the grads' dtype dt), else
+** into a new *gw. The immediate backward and backward_dw share it. */
+gcap_status gc_fp8_wgrad(const gc_fp8 *gt, const gc_fp8 *xt, int64_t out, int64_t in, int64_t rows,
+                         gcap_dtype dt, gcap_tensor *main_grad, gcap_tensor **gw);
 
 /* A new f32 tensor of U(-bound, bound) from the engine's generator, made
 ** with recording off (a parameter's initial value). */
