@@ -2,7 +2,7 @@
 -- "FP8"): graphed = eager bit for bit over several steps with
 -- DelayedScaling, the FP8 state equal after them, also with an order;
 -- graphing leaves the state as it was; weight caching across microbatches
--- with is_first_microbatch; the options' errors.
+-- with is_first_microbatch; delayed wgrads; the options' errors.
 --   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_fp8_graphed.lua -o tap
 
 local lu = require "luaunit"
@@ -147,6 +147,29 @@ function TestFp8Graphed:test_option_errors ()
   lu.assertEquals(m(x):shape(), {8, 16}, "usable after the errors")
   H.assert_err(function () m(x, {is_first_microbatch = true}) end,
                "must be a tensor, got table")
+end
+
+-- A delayed-wgrad FP8 Linear graphed (its wgrad GEMM in the backward_dw
+-- graph, on the FP8 operands its backward graph queued) gives the eager
+-- one's grads bit for bit, step after step.
+function TestFp8Graphed:test_delayed_wgrad ()
+  local function lin ()
+    gc.manual_seed(9)
+    return gc.nn.Linear(16, 32, {delay_wgrad = true})
+  end
+  local eager, graphed = lin(), lin()
+  local G = gc.make_graphed_callables(graphed, {gc.randn({8, 16}, {requires_grad = true})},
+                                      {fp8_enabled = true, fp8_recipe = R})
+  for step = 1, 3 do
+    gc.manual_seed(200 + step)
+    local x, g = gc.randn({8, 16}) * gc.tensor(step), gc.randn({8, 32})
+    H.fp8_step_pair(eager, G, R, x, g, "step " .. step)
+    lu.assertNil(graphed.weight.grad, "weight grad before backward_dw")
+    eager:backward_dw()
+    G:backward_dw()
+    same(grads(graphed), grads(eager), "param grads " .. step)
+    same(graphed:fp8_state(), eager:fp8_state(), "fp8_state " .. step)
+  end
 end
 
 os.exit(lu.LuaUnit.run(), true)
