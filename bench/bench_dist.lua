@@ -85,9 +85,8 @@ local function whole_us (step)
   return time_us(function () g:replay() end)
 end
 
--- one JSON line; the efficiency against the baseline of the same mode, for
--- the configs that train the same model on the same batch (not the
--- pipeline's): a baseline config (its name in `baseline`) records itself
+-- one JSON line; the efficiency against the baseline of the same mode: a
+-- baseline config (its name in `baseline`) records itself
 local base = {}
 local function report (name, us, baseline)
   if baseline and base[baseline] == nil then base[baseline] = us end

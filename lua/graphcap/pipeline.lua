@@ -336,6 +336,11 @@ function pipeline.run (opts)
   -- as the order lets them (the transfers before them done)
   local function put (channel, t, w, b)
     local key = channel .. w .. ":" .. b
+    if t == nil then  -- only a grad can be missing: call's results are checked
+      raise("pipeline.run: virtual stage %d (chunk %d, microbatch %d) has no input grad for "
+            .. "virtual stage %d: its input got none in backward (does call(chunk, microbatch, "
+            .. "x) compute its result from x?)", w + 1, (w + 1) // P + 1, b, w)
+    end
     if w % P == r then
       here[key] = t:detach()
       return

@@ -135,6 +135,12 @@ function TestDistArgs.test_pipeline_run_arguments ()
   fails(function () run(opts{loss = function () return 1 end}) end,
         "pipeline.run: loss(b, y)'s result must be a Tensor, got number")
   fails(function () run(opts{shape = 3}) end, "pipeline.run: shape (the activations' shape)")
+  -- a chunk whose result does not come from its input sends back no grad
+  local bias = gc.ones({2}, {requires_grad = true})
+  fails(function ()
+    run(opts{chunks = 2, call = function (c, _, x) return c == 2 and x:detach() + bias or x * 2 end})
+  end, "pipeline.run: virtual stage 1 (chunk 2, microbatch 1) has no input grad for virtual stage "
+       .. "0: its input got none in backward")
   fails(function () run(opts{dtype = "f16"}) end,
         "pipeline.run: dtype (the activations' dtype) must be \"f32\" or \"bf16\", got f16")
   local losses = run(opts{})

@@ -5,8 +5,8 @@
 -- memory as they were, and then succeeds without injection. The walk ends
 -- when the call makes fewer than N allocations. Cases: make_graphed_callables
 -- on a Lua module and a built-in (plain, with order, with hooks, reusing
--- buffers, with pre/post warmup hooks) then a graphed step, and an eager
--- training step with Adam.
+-- buffers, with pre/post warmup hooks) then a graphed step, an eager
+-- training step with Adam, and backward_dw called again after a failure.
 --   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_faults.lua -o tap
 
 local lu = require "luaunit"
@@ -145,6 +145,46 @@ function TestFaults:test_training_step ()
   end
   local function undo () opt:zero_grad() end
   lu.assertTrue(walk("training step", params, nil, call, undo) > 0)
+end
+
+-- backward_dw failing at each allocation, then called again: the grads are
+-- a clean call's (a weight grad applied before the failure is not applied
+-- twice), for delayed-wgrad Linears plain and in FP8, with and without
+-- fuse_wgrad_accumulation.
+function TestFaults:test_backward_dw_again ()
+  local R = gc.fp8.DelayedScaling{amax_history_len = 2}
+  for _, fp8 in ipairs({false, true}) do
+    for _, fuse in ipairs({false, true}) do
+      local function grads (m)
+        return {(fuse and m.main_grad or m.weight.grad):tolist(), m.bias.grad:tolist()}
+      end
+      for n = 1, 1000 do
+        local x, g = gc.randn({8, 16}), gc.randn({8, 32})
+        local ms = {}
+        for i = 1, 2 do
+          gc.manual_seed(3)
+          ms[i] = gc.nn.Linear(16, 32, {delay_wgrad = true, fuse_wgrad_accumulation = fuse})
+          ms[i]:zero_grad()
+          local y = fp8 and gc.fp8.autocast({recipe = R}, function () return ms[i](x) end)
+                    or ms[i](x)
+          y:backward(g)
+        end
+        ms[2]:backward_dw()
+        gc._test.fail_alloc(n)
+        local ok = pcall(ms[1].backward_dw, ms[1])
+        local hit = gc._test.fail_alloc(0)
+        local what = ("fp8 %s, fused %s, N=%d"):format(fp8, fuse, n)
+        if not hit then
+          lu.assertTrue(ok, what)
+          H.assert_same(grads(ms[1]), grads(ms[2]), what)
+          injected_total = injected_total + n - 1
+          break
+        end
+        ms[1]:backward_dw()
+        H.assert_same(grads(ms[1]), grads(ms[2]), what .. ", called again")
+      end
+    end
+  end
 end
 
 function TestFaults:test_zz_report ()

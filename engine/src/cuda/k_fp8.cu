@@ -42,11 +42,23 @@ static __device__ __forceinline__ float cu_pack_at(const cu_pack &u, int j, int 
   return dt == GCAP_BF16 ? __bfloat162float(((const __nv_bfloat16 *)u.h)[j]) : u.f[j];
 }
 
-/* One block's max of m into *amax (NULL: none). */
+/* One block's max of m into *amax (NULL: none): each warp's by shuffles,
+** then the block's 8 by thread 0, one atomic a block. The amax kernels run
+** at most CU_FP8_BLOCKS blocks, each looping over its share: a block a few
+** KB of data paid a tree of barriers and an atomic on the one amax word,
+** which serialised thousands of them. */
+#define CU_FP8_BLOCKS 1024
 static __device__ __forceinline__ void cu_amax_note(float m, float *amax) {
-  __shared__ float sh[CU_THREADS];
-  m = cu_block_reduce(m, sh, [](float a, float b) { return fmaxf(a, b); });
-  if (threadIdx.x == 0 && amax != NULL) atomicMax((int *)amax, __float_as_int(m));
+  __shared__ float sh[CU_THREADS / 32];
+  if (amax == NULL) return; /* the same on every thread of the block */
+  for (int o = 16; o > 0; o /= 2)
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x % 32 == 0) sh[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < CU_THREADS / 32; w++)
+    m = fmaxf(m, sh[w]);
+  atomicMax((int *)amax, __float_as_int(m));
 }
 
 /* Element i of x (dt) scaled and cast; its |x| joins m. */
@@ -226,15 +238,16 @@ static __global__ void k_fp8_pad(unsigned char *y, const unsigned char *q, int64
 
 gcap_status cu_fp8(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
   unsigned g = cu_blocks(a->n[0] / 4 > 0 ? a->n[0] / 4 : 1);
+  unsigned ga = g < CU_FP8_BLOCKS ? g : CU_FP8_BLOCKS; /* the kernels that note an amax */
   switch (k) {
     case GC_K_FP8_QUANTIZE:
-      k_fp8_quantize<<<g, CU_THREADS, 0, s>>>(*a);
+      k_fp8_quantize<<<ga, CU_THREADS, 0, s>>>(*a);
       break;
     case GC_K_FP8_DEQUANTIZE:
       if (a->n[0] > 0) k_fp8_dequantize<<<g, CU_THREADS, 0, s>>>(*a);
       break;
     case GC_K_FP8_AMAX:
-      k_fp8_amax<<<g, CU_THREADS, 0, s>>>(*a);
+      k_fp8_amax<<<ga, CU_THREADS, 0, s>>>(*a);
       break;
     case GC_K_FP8_TRANSPOSE: {
       int64_t rows = a->n[0], cols = a->n[1], ld = a->n[2];

@@ -412,9 +412,11 @@ gcap_status gc_gelu_backward(gcap_tensor *g, gcap_tensor *x, int64_t cols, gcap_
 typedef struct gc_wgrad_item {
   gcap_tensor *g, *x; /* the grad and the input (NULL: the weight is frozen); NULL under FP8 */
   gcap_tensor *gb;    /* the bias grad when already computed, or NULL */
-  gc_fp8 gt, xt;      /* FP8 (gt.data set): the quantized grad and input, transposed */
+  int fp8;            /* an FP8 linear's: gt and xt instead of g and x */
+  gc_fp8 gt, xt;      /* FP8: the quantized grad and input, transposed (empty: frozen weight) */
   int64_t rows;       /* FP8: the rows the wgrad GEMM sums over */
   gcap_dtype dt;      /* FP8: the weight grad's dtype */
+  int w_done;         /* the weight grad is applied (a backward_dw failed after it) */
 } gc_wgrad_item;
 
 typedef struct gc_wgrad_queue {
@@ -443,12 +445,13 @@ void gc_wgrad_queue_pop(gc_wgrad_queue *q);
 /* Queue (g, x) for a later backward_dw of s's Linear, with its bias grad
 ** when already computed (gb; NULL: backward_dw does it). */
 gcap_status gc_wgrad_defer(gc_wgrad_sink *s, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb);
-/* The same for an FP8 linear: its wgrad GEMM's operands, the quantized grad
-** and input transposed (gt, xt: [out x ld], [in x ld], summing rows; xt
-** empty when the weight is frozen), the grad's dtype dt. The queue takes
-** gt's and xt's references (they are empty afterwards), also on failure. */
-gcap_status gc_wgrad_defer_fp8(gc_wgrad_sink *s, gc_fp8 *gt, gc_fp8 *xt, int64_t rows,
-                               gcap_dtype dt, gcap_tensor *gb);
+/* The same for an FP8 linear of e: its wgrad GEMM's operands, the quantized
+** grad and input transposed (gt, xt: [out x ld], [in x ld], summing rows;
+** both empty when the weight is frozen), the grad's dtype dt. The queue
+** takes gt's and xt's references (they are empty afterwards), also on
+** failure. */
+gcap_status gc_wgrad_defer_fp8(gc_wgrad_sink *s, gcap_engine *e, gc_fp8 *gt, gc_fp8 *xt,
+                               int64_t rows, gcap_dtype dt, gcap_tensor *gb);
 /* Make s linear node n's sink: n's ud, with a reference that n's release drops. */
 void gc_wgrad_sink_attach(gc_node *n, gc_wgrad_sink *s);
 

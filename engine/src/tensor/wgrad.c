@@ -74,15 +74,15 @@ gcap_status gc_wgrad_defer(gc_wgrad_sink *s, gcap_tensor *g, gcap_tensor *x, gca
   return GCAP_OK;
 }
 
-gcap_status gc_wgrad_defer_fp8(gc_wgrad_sink *s, gc_fp8 *gt, gc_fp8 *xt, int64_t rows,
-                               gcap_dtype dt, gcap_tensor *gb) {
+gcap_status gc_wgrad_defer_fp8(gc_wgrad_sink *s, gcap_engine *e, gc_fp8 *gt, gc_fp8 *xt,
+                               int64_t rows, gcap_dtype dt, gcap_tensor *gb) {
   gc_wgrad_item *it = push(s);
   if (it == NULL) {
-    gcap_engine *e = gt->data->e;
     gc_fp8_free(gt);
     gc_fp8_free(xt);
     return gc_fail(e, GCAP_ENOMEM, "Linear: out of host memory");
   }
+  it->fp8 = 1;
   it->gt = *gt;
   it->xt = *xt;
   it->rows = rows;

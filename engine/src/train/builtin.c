@@ -19,7 +19,9 @@ static int linear_delays(const gcap_module *m) {
 }
 
 /* The delayed wgrads of m's sink, oldest first: an FP8 linear's from its
-** FP8 GEMM's operands, the others from the grad and input. */
+** FP8 GEMM's operands, the others from the grad and input. An item leaves
+** the queue once both grads are applied; one whose bias grad failed after
+** its weight grad was applied keeps only the bias grad to do. */
 static gcap_status linear_dw(gcap_module *m) {
   gcap_tensor *w = m->params.v[0].t, *b = m->params.n > 1 ? m->params.v[1].t : NULL;
   gcap_tensor *main_grad = m->wgrad->main_grad;
@@ -31,16 +33,26 @@ static gcap_status linear_dw(gcap_module *m) {
     gcap_tensor *gw = NULL, *gb = NULL, **want_gb = b != NULL && b->requires_grad ? &gb : NULL;
     /* frozen parameters get nothing, as in the ordinary backward; the input
     ** was not kept when the weight was frozen at the forward */
-    if (it->gt.data != NULL) {
-      if (w->requires_grad && it->xt.data != NULL)
+    int want_w = w->requires_grad && !it->w_done && (it->fp8 ? it->xt.data : it->x) != NULL;
+    if (it->fp8) {
+      if (want_w)
         st = gc_fp8_wgrad(&it->gt, &it->xt, w->shape[0], w->shape[1], it->rows, it->dt, main_grad,
                           &gw);
       if (want_gb != NULL) gb = gcap_tensor_retain(it->gb);
-    } else {
-      st = gc_linear_param_grads(it->g, it->x, w->shape[0], w->shape[1], main_grad, it->gb,
-                                 w->requires_grad && it->x != NULL ? &gw : NULL, want_gb);
+    } else if (main_grad != NULL) { /* fused: the weight's lands at once, so apart */
+      if (want_w)
+        st = gc_linear_param_grads(it->g, it->x, w->shape[0], w->shape[1], main_grad, NULL, &gw,
+                                   NULL);
+      if (st == GCAP_OK && want_w) it->w_done = 1;
+      if (st == GCAP_OK && want_gb != NULL)
+        st = gc_linear_param_grads(it->g, it->x, w->shape[0], w->shape[1], NULL, it->gb, NULL,
+                                   want_gb);
+    } else { /* both from one GEMM */
+      st = gc_linear_param_grads(it->g, it->x, w->shape[0], w->shape[1], NULL, it->gb,
+                                 want_w ? &gw : NULL, want_gb);
     }
     if (st == GCAP_OK && gw != NULL) st = gc_acc_grad(w, gw, 1);
+    if (st == GCAP_OK && want_w) it->w_done = 1;
     if (st == GCAP_OK && gb != NULL) st = gc_acc_grad(b, gb, 1);
     gcap_tensor_free(gw);
     gcap_tensor_free(gb);

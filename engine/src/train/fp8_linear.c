@@ -166,32 +166,38 @@ gcap_status gc_fp8_wgrad(const gc_fp8 *gt, const gc_fp8 *xt, int64_t out, int64_
   return gc_fp8_gemm(gt, xt, out, in, rows, GC_FP8_LD(rows), 0.0f, NULL, NULL, 0, dt, 2, shape, gw);
 }
 
-/* The weight grad's operands: the grad gq [rows x out] and, when saved, the
-** input [rows x in], transposed (xt stays empty when the input was not saved). */
+/* The weight grad's operands: the grad gq [rows x out] and the saved
+** input [rows x in], transposed. */
 static gcap_status wgrad_operands(gc_node *n, const gc_fp8 *gq, gc_fp8 *gt, gc_fp8 *xt) {
   const gc_meta *xm = &n->meta[0];
   int64_t out = n->meta[1].shape[0], in = n->meta[1].shape[1], rows = xm->numel / in;
+  gc_fp8 xq = saved_fp8(n, 0, xm->numel);
   gcap_status st;
   memset(xt, 0, sizeof *xt);
-  if ((st = gc_fp8_layout(gq, rows, out, 1, gt)) != GCAP_OK || n->saved[0] == NULL) return st;
-  gc_fp8 xq = saved_fp8(n, 0, xm->numel);
-  if ((st = gc_fp8_layout(&xq, rows, in, 1, xt)) != GCAP_OK) gc_fp8_free(gt);
+  if ((st = gc_fp8_layout(gq, rows, out, 1, gt)) == GCAP_OK &&
+      (st = gc_fp8_layout(&xq, rows, in, 1, xt)) != GCAP_OK)
+    gc_fp8_free(gt);
   return st;
 }
 
 /* Weight and bias grads from the quantized grad gq (db: the bias grad of
 ** the unquantized grad, or NULL), to the sink or to gin. A delayed wgrad
-** queues the GEMM's operands for backward_dw, which runs the same GEMM. */
+** queues the GEMM's operands (none when the weight is frozen: the input was
+** not saved) for backward_dw, which runs the same GEMM. */
 static gcap_status param_grads(gc_node *n, fp8_ctx *c, const gc_fp8 *gq, gcap_tensor *db,
                                gcap_tensor **gin) {
   const gc_meta *xm = &n->meta[0];
   int64_t out = n->meta[1].shape[0], in = n->meta[1].shape[1], rows = xm->numel / in;
-  int delayed = c->sink != NULL && c->sink->delay;
   gc_fp8 gt, xt;
   gcap_status st = GCAP_OK;
-  if (delayed || (gc_node_needs(n, 1) && n->saved[0] != NULL)) {
+  memset(&gt, 0, sizeof gt);
+  memset(&xt, 0, sizeof xt);
+  if (c->sink != NULL && c->sink->delay) {
+    if (n->saved[0] != NULL && (st = wgrad_operands(n, gq, &gt, &xt)) != GCAP_OK) return st;
+    return gc_wgrad_defer_fp8(c->sink, gq->data->e, &gt, &xt, rows, xm->dt, db);
+  }
+  if (gc_node_needs(n, 1) && n->saved[0] != NULL) {
     if ((st = wgrad_operands(n, gq, &gt, &xt)) != GCAP_OK) return st;
-    if (delayed) return gc_wgrad_defer_fp8(c->sink, &gt, &xt, rows, xm->dt, db);
     st =
         gc_fp8_wgrad(&gt, &xt, out, in, rows, xm->dt, c->sink ? c->sink->main_grad : NULL, &gin[1]);
     gc_fp8_free(&gt);
