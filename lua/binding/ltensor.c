@@ -331,7 +331,9 @@ static int l_set_(lua_State *L) {
   return 1;
 }
 
-/* t:_set_version(v): see gcap_tensor_set_version */
+/* core._set_version(t, v): see gcap_tensor_set_version. Internal, for
+** gc.fsdp's gather of the very values a backward saved; not a method, so
+** that no script hides a real write with it. */
 static int l_set_version(lua_State *L) {
   gcap_tensor *t = l_checktensor(L, 1);
   lua_Integer v = luaL_checkinteger(L, 2);
@@ -625,7 +627,6 @@ static const luaL_Reg l_tensor_methods[] = {{"size", l_size},
                                             {"permute", l_permute},
                                             {"copy_", l_copy_},
                                             {"set_", l_set_},
-                                            {"_set_version", l_set_version},
                                             {"tobytes", l_tobytes},
                                             {"_write_bytes", l_write_bytes},
                                             {"zero_", l_zero_},
@@ -657,4 +658,5 @@ LUAI_DDEF const LClass l_tensor_class = {"Tensor",          TENSOR_MT,       "te
 /* functions of the module */
 LUAI_DDEF const luaL_Reg l_tensor_funcs[] = {
     {"tensor", l_tensor}, {"empty", l_empty}, {"zeros", l_zeros}, {"ones", l_ones},
-    {"full", l_full},     {"rand", l_rand},   {"randn", l_randn}, {NULL, NULL}};
+    {"full", l_full},     {"rand", l_rand},   {"randn", l_randn}, {"_set_version", l_set_version},
+    {NULL, NULL}};

@@ -92,10 +92,10 @@ function FSDP:unshard (i)
     for k in ipairs(u.params) do dist.all_gather(u.full[k], u.shards[k], opts) end
   end)
   if kept and u.clean then
-    arena:_set_version(u.version)  -- the values its saved tensors hold
+    core._set_version(arena, u.version)  -- the values its saved tensors hold
   else
     self._clock = (self._clock > arena._version and self._clock or arena._version) + FRESH
-    arena:_set_version(self._clock)
+    core._set_version(arena, self._clock)
     u.version, u.seen = self._clock, {}
     for k, s in ipairs(u.shards) do u.seen[k] = s._version end
   end
