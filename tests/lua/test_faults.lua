@@ -6,7 +6,8 @@
 -- when the call makes fewer than N allocations. Cases: make_graphed_callables
 -- on a Lua module and a built-in (plain, with order, with hooks, reusing
 -- buffers, with pre/post warmup hooks) then a graphed step, an eager
--- training step with Adam, and backward_dw called again after a failure.
+-- training step with Adam, backward_dw called again after a failure, and a
+-- backward of delayed wgrads run again after a failure.
 --   LUA_PATH='tests/lua/?.lua;;' build/graphcap tests/lua/test_faults.lua -o tap
 
 local lu = require "luaunit"
@@ -182,6 +183,48 @@ function TestFaults:test_backward_dw_again ()
         end
         ms[1]:backward_dw()
         H.assert_same(grads(ms[1]), grads(ms[2]), what .. ", called again")
+      end
+    end
+  end
+end
+
+-- A backward of delayed-wgrad Linears failing at each allocation, then run
+-- again: the failed one's queued wgrad is taken back, so backward_dw gives a
+-- clean run's grads (plain, and FP8 under current scaling: DelayedScaling's
+-- update of the grad's scale is not taken back).
+function TestFaults:test_backward_again_queues_once ()
+  local recipe = gc.fp8.Float8CurrentScaling()
+  for _, fp8 in ipairs({false, true}) do
+    local function step (m, x, g, once)
+      local y = fp8 and gc.fp8.autocast({recipe = recipe}, function () return m(x) end) or m(x)
+      return once(y, g)
+    end
+    local function grads (m, x) return {m.weight.grad:tolist(), m.bias.grad:tolist(), x.grad:tolist()} end
+    for n = 1, 1000 do
+      local ms, xs = {}, {}
+      gc.manual_seed(6)
+      local x0, g = gc.randn({8, 16}), gc.randn({8, 32})
+      for i = 1, 2 do
+        gc.manual_seed(3)
+        ms[i] = gc.nn.Linear(16, 32, {delay_wgrad = true})
+        xs[i] = x0:clone():requires_grad_(true)
+      end
+      step(ms[2], xs[2], g, function (y) y:backward(g) end)
+      ms[2]:backward_dw()
+      local what = ("fp8 %s, N=%d"):format(fp8, n)
+      local hit = step(ms[1], xs[1], g, function (y)
+        gc._test.fail_alloc(n)
+        local ok = pcall(y.backward, y, g, {retain_graph = true})
+        local h = gc._test.fail_alloc(0)
+        lu.assertTrue(ok or h, what)
+        if h and not ok then y:backward(g) end
+        return h
+      end)
+      ms[1]:backward_dw()
+      H.assert_same(grads(ms[1], xs[1]), grads(ms[2], xs[2]), what)
+      if not hit then
+        injected_total = injected_total + n - 1
+        break
       end
     end
   end

@@ -97,6 +97,7 @@ static void eng_destroy(gcap_engine *e) {
   free(e->graphs);
   free(e->free_slots);
   free(e->dead_ptrs);
+  free(e->undo);
   free(e);
   live_engines--;
 }

@@ -304,6 +304,14 @@ typedef struct gc_argnote {
 ** out of memory). */
 char *gc_where_str(const gc_oplabel *l);
 
+/* A step a backward took beyond its grads (a delayed wgrad queued): fn(ud,
+** 1) takes it back when the backward fails, fn(ud, 0) keeps it; either
+** way ud is released. */
+typedef struct gc_undo {
+  void (*fn)(void *ud, int undo);
+  void *ud;
+} gc_undo;
+
 /* ------------------------------------------------------------------------ */
 /* The engine (engine.c)                                                     */
 
@@ -326,6 +334,9 @@ struct gcap_engine {
   int grad_enabled;
   uint64_t module_gen;  /* bumped whenever a module registers something */
   uint64_t bw_mark;     /* backward pass counter (node marks) */
+  int bw_depth;         /* backwards running (a recompute's runs inside a node's) */
+  struct gc_undo *undo; /* what they did beyond grads, to take back if one fails (autograd.c) */
+  int nundo, capundo;
   gc_blk *rng;          /* the state of the generator in use, gen->blk */
   gcap_generator *gen0; /* the default generator (the engine's own) */
   gcap_generator *gen;  /* the generator in use, held */

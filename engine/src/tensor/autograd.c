@@ -332,6 +332,29 @@ static gcap_status bw_deliver(gcap_engine *e, gcap_status st, gc_node *n, gcap_t
   return st;
 }
 
+gcap_status gc_backward_undo(gcap_engine *e, void (*fn)(void *ud, int undo), void *ud) {
+  if (e->bw_depth == 0) {
+    fn(ud, 0);
+    return GCAP_OK;
+  }
+  if (!gc_growvector(e->undo, e->capundo, e->nundo + 1, 8))
+    return gc_fail(e, GCAP_ENOMEM, "backward: out of host memory");
+  e->undo[e->nundo].fn = fn;
+  e->undo[e->nundo++].ud = ud;
+  return GCAP_OK;
+}
+
+/* The end of a backward whose undo notes start at `from`: failed, they are
+** taken back, newest first; succeeded, the outermost backward keeps them
+** (an inner one leaves them to it, which may still fail). */
+static void bw_settle(gcap_engine *e, int from, gcap_status st) {
+  if (st == GCAP_OK && e->bw_depth > 0) return;
+  while (e->nundo > from) {
+    gc_undo *u = &e->undo[--e->nundo];
+    u->fn(u->ud, st != GCAP_OK);
+  }
+}
+
 static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int retain) {
   bw_stack all = {NULL, 0, 0}, ready = {NULL, 0, 0};
   gc_acc_run run; /* leaf grads, accumulated in as few launches as may be */
@@ -339,8 +362,9 @@ static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int 
   bw_leaves leaves = {few, 0};
   uint64_t mark = ++e->bw_mark;
   gcap_status st, st2;
-  int i;
+  int i, undo_from = e->nundo;
   run.n = 0;
+  e->bw_depth++;
   if ((st = bw_collect(e, root, mark, &all)) != GCAP_OK ||
       (st = bw_leaves_of(e, &all, few, &leaves)) != GCAP_OK)
     goto done;
@@ -394,6 +418,8 @@ done:
   if (leaves.v != few) free(leaves.v);
   free(all.v);
   free(ready.v);
+  e->bw_depth--;
+  bw_settle(e, undo_from, st);
   return st;
 }
 

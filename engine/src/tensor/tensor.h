@@ -466,6 +466,11 @@ gcap_status gc_backward_many(int n, gcap_tensor *const *t, gcap_tensor *const *g
 ** version `now`, kept at `want`. */
 gcap_status gc_fail_written(const gcap_tensor *t, const char *where, const char *what, uint64_t now,
                             uint64_t want);
+/* Note a step the running backward took beyond its grads (see gc_undo):
+** taken back with fn(ud, 1) if that backward (or one it runs inside) fails,
+** kept with fn(ud, 0) when the outermost one succeeds; outside a backward,
+** kept at once. Out of memory: ENOMEM and nothing noted (fn not called). */
+gcap_status gc_backward_undo(gcap_engine *e, void (*fn)(void *ud, int undo), void *ud);
 /* Called from the backward of a consumer of n during a backward pass: has
 ** no grad reached n yet in this pass? */
 int gc_node_first_delivery(const gc_node *n);

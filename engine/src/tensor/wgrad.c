@@ -57,16 +57,30 @@ void gc_wgrad_sink_release(gc_wgrad_sink *s) {
   free(s);
 }
 
-/* A new item at the end of s's queue, zeroed, or NULL (out of memory). */
-static gc_wgrad_item *push(gc_wgrad_sink *s) {
+/* The undo of a queued item (gc_backward_undo): a failed backward takes its
+** item back, the newest of its sink's queue, so that running it again
+** does not queue it twice. */
+static void unqueue(void *ud, int undo) {
+  gc_wgrad_sink *s = (gc_wgrad_sink *)ud;
+  if (undo && s->q.n > 0) item_free(&s->q.v[--s->q.n]);
+  gc_wgrad_sink_release(s);
+}
+
+/* A new item at the end of s's queue, zeroed, noted for the running
+** backward to take back if it fails, or NULL (out of memory). */
+static gc_wgrad_item *push(gcap_engine *e, gc_wgrad_sink *s) {
   gc_wgrad_queue *q = &s->q;
   if (!gc_growvector(q->v, q->cap, q->n + 1, 8)) return NULL;
+  if (gc_backward_undo(e, unqueue, gc_wgrad_sink_retain(s)) != GCAP_OK) {
+    gc_wgrad_sink_release(s); /* the reference the note would have held */
+    return NULL;
+  }
   memset(&q->v[q->n], 0, sizeof q->v[q->n]);
   return &q->v[q->n++];
 }
 
 gcap_status gc_wgrad_defer(gc_wgrad_sink *s, gcap_tensor *g, gcap_tensor *x, gcap_tensor *gb) {
-  gc_wgrad_item *it = push(s);
+  gc_wgrad_item *it = push(g->e, s);
   if (it == NULL) return gc_fail(g->e, GCAP_ENOMEM, "Linear: out of host memory");
   it->g = gcap_tensor_retain(g);
   it->x = gcap_tensor_retain(x);
@@ -76,7 +90,7 @@ gcap_status gc_wgrad_defer(gc_wgrad_sink *s, gcap_tensor *g, gcap_tensor *x, gca
 
 gcap_status gc_wgrad_defer_fp8(gc_wgrad_sink *s, gcap_engine *e, gc_fp8 *gt, gc_fp8 *xt,
                                int64_t rows, gcap_dtype dt, gcap_tensor *gb) {
-  gc_wgrad_item *it = push(s);
+  gc_wgrad_item *it = push(e, s);
   if (it == NULL) {
     gc_fp8_free(gt);
     gc_fp8_free(xt);
