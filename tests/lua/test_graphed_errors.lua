@@ -713,6 +713,27 @@ function TestGraphedErrors:test_delayed_wgrad_usable_after_failed_call ()
   end
 end
 
+-- A callable with delayed wgrads still queued from an eager backward is
+-- refused (graphed, its backward_dw would replay graphs and never compute
+-- them), naming the callable and what to call; the queue is kept, and after
+-- backward_dw the call goes through.
+function TestGraphedErrors:test_pending_delayed_wgrad_refused ()
+  gc.manual_seed(5)
+  local m = gc.nn.Sequential(gc.nn.Linear(8, 8, {delay_wgrad = true}), gc.nn.GELU())
+  m(gc.full({4, 8}, 0.5)):sum():backward()
+  m(gc.full({4, 8}, 0.25)):sum():backward()
+  local ok, err = pcall(gc.make_graphed_callables, m, {gc.randn({4, 8}, {requires_grad = true})})
+  lu.assertFalse(ok)
+  lu.assertStrContains(err, "make_graphed_callables: callable 1 (Sequential) has 2 delayed weight "
+                       .. "grads queued by an earlier backward: call its backward_dw() first")
+  local w = m:parameters()[1]
+  lu.assertNil(w.grad)
+  m:backward_dw()
+  lu.assertNotNil(w.grad, "the queue was kept")
+  local G = gc.make_graphed_callables(m, {gc.randn({4, 8}, {requires_grad = true})})
+  lu.assertNotNil(G)
+end
+
 -- Fails before any work (a bad order).
 function TestGraphedErrors:test_rollback_after_order_error ()
   local mods = dropout_models(2)

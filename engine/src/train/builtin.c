@@ -91,6 +91,13 @@ gcap_status gcap_module_backward_dw(gcap_module *m) {
   return GCAP_OK;
 }
 
+int gc_module_pending_wgrads(const gcap_module *m) {
+  int j, n = linear_delays(m) ? m->wgrad->q.n : 0;
+  for (j = 0; j < m->children.n; j++)
+    n += gc_module_pending_wgrads(m->children.v[j].m);
+  return n;
+}
+
 int gcap_module_has_delayed_wgrad(const gcap_module *m) {
   int j;
   if (m == NULL) return 0;

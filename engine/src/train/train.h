@@ -22,6 +22,8 @@ gcap_status gc_module_check_graphable(gcap_module *m, const char *where);
 ** length of a make_graphed_callables, or drop what the call left in them and
 ** bring the user's back (0). */
 void gc_module_wgrad_aside(gcap_module *m, int aside);
+/* The delayed wgrads queued in m and below, waiting for backward_dw. */
+int gc_module_pending_wgrads(const gcap_module *m);
 /* Where a routed module's calls go instead of its forward: graphing sets
 ** it (a graphed replay of entry `entry` of the graphed object ud, with the
 ** call's replay options or NULL), so that modules know a function and its

@@ -49,6 +49,14 @@ static gcap_status check_inputs(gcap_engine *e, int ncallables, gcap_module *con
                      callables[c] ? "belongs to another engine" : "is NULL");
     if ((st = gc_module_check_graphable(callables[c], "make_graphed_callables")) != GCAP_OK)
       return st;
+    /* graphed, backward_dw replays graphs: what an eager backward queued
+    ** would never be computed */
+    if ((k = gc_module_pending_wgrads(callables[c])) > 0)
+      return gc_fail(e, GCAP_ESTATE,
+                     "make_graphed_callables: callable %d (%s) has %d delayed weight grad%s "
+                     "queued by an earlier backward: call its backward_dw() first (graphed, "
+                     "backward_dw replays the graphs and would never compute them)",
+                     c + 1, gcap_module_type(callables[c]), k, k == 1 ? "" : "s");
     if (gcap_module_training(callables[c]) != gcap_module_training(callables[0]))
       return gc_fail(e, GCAP_EINVAL,
                      "make_graphed_callables: modules must be all in training or all in eval "
