@@ -961,7 +961,10 @@ gcap_status gcap_module_call_opts(gcap_module *m, const gcap_replay_opts *opts, 
 /* Clear (set_to_none) or zero the .grad of every parameter. */
 gcap_status gcap_module_zero_grad(gcap_module *m, int set_to_none);
 /* Compute the weight grads that delayed-wgrad Linears (in m or below) left
-** pending, oldest first, accumulating into .grad. */
+** pending, oldest first, accumulating into .grad (main_grad when fused).
+** On failure what was applied stays applied and the rest stays pending, so
+** a second call gives a clean call's grads; a failed gcap_backward takes
+** back what it queued. */
 gcap_status gcap_module_backward_dw(gcap_module *m);
 /* Convert every parameter (and its .grad) and buffer of m and its children to
 ** dtype dt in place (the tensors stay the same objects). Outside capture. */
