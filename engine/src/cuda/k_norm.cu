@@ -160,37 +160,16 @@ static __global__ void __launch_bounds__(CU_LNP_X *CU_LNP_Y)
 }
 
 /* launch(K) (a std::integral_constant) for LayerNorm's register layout: a
-** warp a row, K of the packs 1, 2, 3, 4, 6 or 8 a lane that hold cols
-** columns with the fewest idle; false when cols is 0 or longer than 8
-** packs a lane (2048 bf16 or 1024 f32). */
+** warp a row, K the first of the packs 1, 2, 3, 4, 6 or 8 a lane that holds
+** cols columns (5 and 7 round up: fewer kernels to build); false when cols
+** is 0 or longer than 8 packs a lane (2048 bf16 or 1024 f32). */
+template <int... Ks, typename L> static inline bool cu_ln_first(int64_t per, L &&launch) {
+  return per > 0 && ((per <= Ks && (launch(std::integral_constant<int, Ks>()), true)) || ...);
+}
+
 template <typename T, typename L> static inline bool cu_ln_pick(int64_t cols, L &&launch) {
-  using std::integral_constant;
   constexpr int P = 16 / sizeof(T);
-  const int64_t per = (cols + 32 * P - 1) / (32 * P);
-  switch (cols > 0 ? per : 0) {
-    case 1:
-      launch(integral_constant<int, 1>());
-      return true;
-    case 2:
-      launch(integral_constant<int, 2>());
-      return true;
-    case 3:
-      launch(integral_constant<int, 3>());
-      return true;
-    case 4:
-      launch(integral_constant<int, 4>());
-      return true;
-    case 5:
-    case 6:
-      launch(integral_constant<int, 6>());
-      return true;
-    case 7:
-    case 8:
-      launch(integral_constant<int, 8>());
-      return true;
-    default:
-      return false;
-  }
+  return cu_ln_first<1, 2, 3, 4, 6, 8>((cols + 32 * P - 1) / (32 * P), launch);
 }
 
 /* The parameter grads where a row is up to 8 16-byte packs a lane
