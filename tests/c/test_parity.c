@@ -1026,6 +1026,8 @@ static const fp8_case fp8_cases[] = {
     {"f32 Linear [24, 32] -> 40 (padded operands)", 0, GCAP_F32, 24, 32, 40, 3, 1e-3, 1e-3},
     /* transposes over several 64-byte tiles, the last ones partial */
     {"f32 Linear [200, 144] -> 88 (tiled transposes)", 0, GCAP_F32, 200, 144, 88, 2, 1e-3, 1e-3},
+    {"bf16 Linear [200, 144] -> 88 (tiled cast-transposes)", 0, GCAP_BF16, 200, 144, 88, 2, 2e-2,
+     2e-2},
     {"bf16 LayerNormMLP [64, 64] -> 128", 1, GCAP_BF16, 64, 64, 128, 1, 0.1, 0.05},
 };
 

@@ -99,6 +99,64 @@ static __global__ void k_fp8_quantize(gc_kargs a) {
   if (blockIdx.x == 0 && threadIdx.x == 0 && a.p[4] != NULL) *(float *)a.p[4] = __fdiv_rn(1.0f, s);
 }
 
+/* Quantize and transpose in one read of x (GC_K_FP8_QUANTIZE with p[6]),
+** TransformerEngine's cast-transpose: a block takes 64 x 64 tiles of x
+** [rows x cols] in turn, 16 bytes a load, writes their FP8 bytes in place
+** and keeps them in shared memory, then writes the tile's columns as rows
+** of t [cols x ld] a word at a time (the zeros of the padding, rows to
+** ld, from tiles past x's rows). The shared rows are 65 bytes apart, so
+** that a warp reading down a column meets distinct banks. Wants cols a
+** multiple of the pack (8 bf16, 4 f32), x 16-byte and q, t 4-byte aligned,
+** ld a multiple of 4. */
+#define CU_CT 64
+static __global__ void __launch_bounds__(CU_THREADS) k_fp8_cast_transpose(gc_kargs a) {
+  __shared__ unsigned char tile[CU_CT][CU_CT + 1];
+  unsigned char *q = (unsigned char *)a.p[0], *t = (unsigned char *)a.p[6];
+  const float *skip = (const float *)a.p[5];
+  const int f = (int)a.n[1], dt = a.dt, per = dt == GCAP_BF16 ? 8 : 4;
+  const int64_t rows = a.n[3], cols = a.n[4], ld = a.n[5];
+  const int64_t rtiles = (ld + CU_CT - 1) / CU_CT, ctiles = (cols + CU_CT - 1) / CU_CT;
+  if (skip != NULL && skip[0] != 0.0f) return;
+  const float s = cu_scale((const float *)a.p[2], a.n[2] == 1, f);
+  float m = 0.0f;
+  for (int64_t k = blockIdx.x; k < rtiles * ctiles; k += gridDim.x) {
+    const int64_t r0 = k / ctiles * CU_CT, c0 = k % ctiles * CU_CT;
+    for (int u = threadIdx.x; u < CU_CT * CU_CT / per; u += CU_THREADS) {
+      const int i = u / (CU_CT / per), cj = u % (CU_CT / per) * per;
+      const int64_t r = r0 + i, c = c0 + cj;
+      unsigned char b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (r < rows && c < cols) {
+        cu_pack v;
+        v.v = *(const uint4 *)((const char *)a.p[1] + (r * cols + c) * (dt == GCAP_BF16 ? 2 : 4));
+        for (int j = 0; j < per; j++) {
+          const float x = cu_pack_at(v, j, dt);
+          m = fmaxf(m, fabsf(x));
+          b[j] = cu_to_fp8(__fmul_rn(x, s), f);
+        }
+        if (per == 8)
+          *(uint2 *)(q + r * cols + c) = *(const uint2 *)b;
+        else
+          *(unsigned *)(q + r * cols + c) = *(const unsigned *)b;
+      }
+      for (int j = 0; j < per; j++)
+        tile[i][cj + j] = b[j];
+    }
+    __syncthreads();
+    for (int u = threadIdx.x; u < CU_CT * CU_CT / 4; u += CU_THREADS) {
+      const int oc = u / (CU_CT / 4), ow = u % (CU_CT / 4);
+      const int64_t c = c0 + oc, r = r0 + 4 * ow;
+      if (c >= cols || r >= ld) continue;
+      unsigned w = 0;
+      for (int j = 0; j < 4; j++)
+        w |= (unsigned)tile[4 * ow + j][oc] << (8 * j);
+      *(unsigned *)(t + c * ld + r) = w;
+    }
+    __syncthreads();
+  }
+  cu_amax_note(m, (float *)a.p[3]);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && a.p[4] != NULL) *(float *)a.p[4] = __fdiv_rn(1.0f, s);
+}
+
 static __global__ void k_fp8_dequantize(gc_kargs a) {
   const unsigned char *q = (const unsigned char *)a.p[1];
   float si = ((const float *)a.p[2])[0];
@@ -236,37 +294,57 @@ static __global__ void k_fp8_pad(unsigned char *y, const unsigned char *q, int64
   }
 }
 
+/* GC_K_FP8_TRANSPOSE: the word kernel where the layout allows it. */
+static void cu_fp8_layout(cudaStream_t s, const gc_kargs *a) {
+  int64_t rows = a->n[0], cols = a->n[1], ld = a->n[2];
+  if (rows <= 0 || cols <= 0) return;
+  if (a->n[3] == 1 && cols % 4 == 0 && ld % 4 == 0 && (uintptr_t)a->p[0] % 4 == 0 &&
+      (uintptr_t)a->p[1] % 4 == 0) {
+    dim3 grid((unsigned)((ld + CU_T8 - 1) / CU_T8), (unsigned)((cols + CU_T8 - 1) / CU_T8));
+    k_fp8_transpose_words<<<grid, CU_THREADS, 0, s>>>(
+        (unsigned char *)a->p[0], (const unsigned char *)a->p[1], rows, cols, ld);
+  } else if (a->n[3] == 1) {
+    dim3 grid((unsigned)((ld + 31) / 32), (unsigned)((cols + 31) / 32)), block(32, 8);
+    k_fp8_transpose<<<grid, block, 0, s>>>((unsigned char *)a->p[0], (const unsigned char *)a->p[1],
+                                           rows, cols, ld);
+  } else {
+    k_fp8_pad<<<cu_blocks(rows * ld), CU_THREADS, 0, s>>>(
+        (unsigned char *)a->p[0], (const unsigned char *)a->p[1], rows, cols, ld);
+  }
+}
+
 gcap_status cu_fp8(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
   unsigned g = cu_blocks(a->n[0] / 4 > 0 ? a->n[0] / 4 : 1);
   unsigned ga = g < CU_FP8_BLOCKS ? g : CU_FP8_BLOCKS; /* the kernels that note an amax */
   switch (k) {
-    case GC_K_FP8_QUANTIZE:
-      k_fp8_quantize<<<ga, CU_THREADS, 0, s>>>(*a);
+    case GC_K_FP8_QUANTIZE: {
+      int64_t rows = a->n[3], cols = a->n[4], ld = a->n[5], per = a->dt == GCAP_BF16 ? 8 : 4;
+      if (a->p[6] == NULL || rows <= 0 || cols <= 0) {
+        k_fp8_quantize<<<ga, CU_THREADS, 0, s>>>(*a);
+      } else if (cols % per == 0 && ld % 4 == 0 && (uintptr_t)a->p[1] % 16 == 0 &&
+                 (uintptr_t)a->p[0] % 4 == 0 && (uintptr_t)a->p[6] % 4 == 0) {
+        int64_t tiles = (ld + CU_CT - 1) / CU_CT * ((cols + CU_CT - 1) / CU_CT);
+        unsigned gt = (unsigned)(tiles < CU_FP8_BLOCKS ? tiles : CU_FP8_BLOCKS);
+        k_fp8_cast_transpose<<<gt, CU_THREADS, 0, s>>>(*a);
+      } else { /* the cast, then its bytes transposed */
+        gc_kargs tr;
+        memset(&tr, 0, sizeof tr);
+        tr.p[0] = a->p[6], tr.p[1] = a->p[0];
+        tr.n[0] = rows, tr.n[1] = cols, tr.n[2] = ld, tr.n[3] = 1;
+        k_fp8_quantize<<<ga, CU_THREADS, 0, s>>>(*a);
+        cu_fp8_layout(s, &tr);
+      }
       break;
+    }
     case GC_K_FP8_DEQUANTIZE:
       if (a->n[0] > 0) k_fp8_dequantize<<<g, CU_THREADS, 0, s>>>(*a);
       break;
     case GC_K_FP8_AMAX:
       k_fp8_amax<<<ga, CU_THREADS, 0, s>>>(*a);
       break;
-    case GC_K_FP8_TRANSPOSE: {
-      int64_t rows = a->n[0], cols = a->n[1], ld = a->n[2];
-      if (rows <= 0 || cols <= 0) break;
-      if (a->n[3] == 1 && cols % 4 == 0 && ld % 4 == 0 && (uintptr_t)a->p[0] % 4 == 0 &&
-          (uintptr_t)a->p[1] % 4 == 0) {
-        dim3 grid((unsigned)((ld + CU_T8 - 1) / CU_T8), (unsigned)((cols + CU_T8 - 1) / CU_T8));
-        k_fp8_transpose_words<<<grid, CU_THREADS, 0, s>>>(
-            (unsigned char *)a->p[0], (const unsigned char *)a->p[1], rows, cols, ld);
-      } else if (a->n[3] == 1) {
-        dim3 grid((unsigned)((ld + 31) / 32), (unsigned)((cols + 31) / 32)), block(32, 8);
-        k_fp8_transpose<<<grid, block, 0, s>>>((unsigned char *)a->p[0],
-                                               (const unsigned char *)a->p[1], rows, cols, ld);
-      } else {
-        k_fp8_pad<<<cu_blocks(rows * ld), CU_THREADS, 0, s>>>(
-            (unsigned char *)a->p[0], (const unsigned char *)a->p[1], rows, cols, ld);
-      }
+    case GC_K_FP8_TRANSPOSE:
+      cu_fp8_layout(s, a);
       break;
-    }
     default: /* GC_K_FP8_UPDATE */
       if (a->n[2] > 0) k_fp8_update<<<(unsigned)a->n[2], CU_ROW_THREADS, 0, s>>>(*a);
       break;

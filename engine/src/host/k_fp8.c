@@ -80,6 +80,17 @@ static float scale_from_amax(float amax, int f) {
   return isinf(s) ? FLT_MAX : s;
 }
 
+/* y [cols x ld] = q [rows x cols] transposed, zeros after each row's rows bytes. */
+static void transpose_bytes(unsigned char *y, const unsigned char *q, int64_t rows, int64_t cols,
+                            int64_t ld) {
+  int64_t i, j;
+  for (j = 0; j < cols; j++) {
+    for (i = 0; i < rows; i++)
+      y[j * ld + i] = q[i * cols + j];
+    memset(y + j * ld + rows, 0, (size_t)(ld - rows));
+  }
+}
+
 void hk_fp8_quantize(const gc_kargs *a) {
   unsigned char *q = (unsigned char *)a->p[0];
   const void *x = a->p[1];
@@ -93,6 +104,7 @@ void hk_fp8_quantize(const gc_kargs *a) {
     q[i] = fp8_from_float(gc_load(x, dt, i) * scale, f);
   if (amax != NULL) *amax = fmaxf(*amax, amax_of(x, dt, n));
   if (scale_inv != NULL) *scale_inv = 1.0f / scale;
+  if (a->p[6] != NULL) transpose_bytes((unsigned char *)a->p[6], q, a->n[3], a->n[4], a->n[5]);
 }
 
 void hk_fp8_dequantize(const gc_kargs *a) {
@@ -136,13 +148,9 @@ void hk_fp8_update(const gc_kargs *a) {
 void hk_fp8_transpose(const gc_kargs *a) {
   unsigned char *y = (unsigned char *)a->p[0];
   const unsigned char *q = (const unsigned char *)a->p[1];
-  int64_t rows = a->n[0], cols = a->n[1], ld = a->n[2], i, j;
-  if (a->n[3] == 1) { /* y [cols x ld] = q^T, then zeros */
-    for (j = 0; j < cols; j++) {
-      for (i = 0; i < rows; i++)
-        y[j * ld + i] = q[i * cols + j];
-      memset(y + j * ld + rows, 0, (size_t)(ld - rows));
-    }
+  int64_t rows = a->n[0], cols = a->n[1], ld = a->n[2], i;
+  if (a->n[3] == 1) {
+    transpose_bytes(y, q, rows, cols, ld);
     return;
   }
   for (i = 0; i < rows; i++) { /* y [rows x ld] = q's rows, then zeros */

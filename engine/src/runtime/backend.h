@@ -198,8 +198,9 @@ extern "C" {
      fp8_max / amax, 1 where the amax is 0 or not finite, FLT_MAX where the quotient is            \
      infinite (current scaling); p[3]: NULL, or one f32 that becomes max(itself, amax of x);       \
      p[4]: NULL, or one f32 receiving 1 / scale; p[5]: NULL, or one f32 flag: nonzero, the         \
-     launch does nothing (a weight whose cached FP8 copy is kept) */                               \
-  X(FP8_QUANTIZE, fp8_quantize, fp8, 0x19)                                                         \
+     launch does nothing (a weight whose cached FP8 copy is kept); p[6]: NULL, or the bytes of     \
+     p[0] read as [n[3] rows x n[4] cols], transposed as FP8_TRANSPOSE's n[3] = 1 with ld n[5] */  \
+  X(FP8_QUANTIZE, fp8_quantize, fp8, 0x59)                                                         \
   /* p[0][i] (dt) = the FP8 byte p[1][i] times p[2][0] (f32: the scale's inverse), i < n[0] */     \
   X(FP8_DEQUANTIZE, fp8_dequantize, fp8, 0x01)                                                     \
   /* p[0][0] (f32) = max(p[0][0], amax of x p[1] of n[0] elements) */                              \

@@ -39,13 +39,31 @@ gcap_tensor *gc_elems(gcap_tensor *t, int64_t k, int64_t n) {
   return a;
 }
 
+gcap_status gc_fp8_transposed(gcap_engine *e, const gc_fp8 *q, int64_t rows, int64_t cols,
+                              gc_fp8 *t) {
+  int64_t n = cols * GC_FP8_LD(rows), words = (n + 3) / 4;
+  gcap_status st;
+  if (t->data == NULL) {
+    if ((st = gc_tensor_alloc(e, "fp8 transpose", GCAP_F32, 1, &words, &t->data)) != GCAP_OK)
+      return st;
+    t->n = n;
+  }
+  t->format = q->format;
+  if (t->scale_inv != q->scale_inv) {
+    gcap_tensor_free(t->scale_inv);
+    t->scale_inv = gcap_tensor_retain(q->scale_inv);
+  }
+  return GCAP_OK;
+}
+
 gcap_status gc_fp8_quantize(gcap_tensor *x, gc_fp8 *q, gcap_tensor *scale, int current,
-                            gcap_tensor *amax, gcap_tensor *skip) {
+                            gcap_tensor *amax, gcap_tensor *skip, gc_fp8 *t, int64_t cols) {
   gcap_engine *e = x->e;
   gcap_tensor *in[3];
   gc_kargs a;
   gcap_status st;
   int nin = 0;
+  if (t != NULL && (st = gc_fp8_transposed(e, q, x->numel / cols, cols, t)) != GCAP_OK) return st;
   memset(&a, 0, sizeof a);
   a.p[0] = gc_tensor_ptr(q->data);
   a.p[1] = gc_tensor_ptr(x);
@@ -56,10 +74,17 @@ gcap_status gc_fp8_quantize(gcap_tensor *x, gc_fp8 *q, gcap_tensor *scale, int c
   a.n[0] = x->numel;
   a.n[1] = q->format;
   a.n[2] = current != 0;
+  if (t != NULL) {
+    a.p[6] = gc_tensor_ptr(t->data);
+    a.n[3] = x->numel / cols;
+    a.n[4] = cols;
+    a.n[5] = GC_FP8_LD(a.n[3]);
+  }
   in[nin++] = x;
   in[nin++] = scale;
   if (skip) in[nin++] = skip;
   if ((st = gc_note_access(e, q->data, 1)) != GCAP_OK ||
+      (t != NULL && (st = gc_note_access(e, t->data, 1)) != GCAP_OK) ||
       (st = gc_note_access(e, q->scale_inv, 1)) != GCAP_OK ||
       (amax && (st = gc_note_access(e, amax, 0)) != GCAP_OK) ||
       (amax && (st = gc_note_access(e, amax, 1)) != GCAP_OK))
@@ -215,8 +240,10 @@ void gc_fp8_meta_release(gc_fp8_meta *m) {
   int g;
   if (m == NULL || --m->refs > 0) return;
   gcap_tensor_free(m->state);
-  for (g = 0; g < GC_FP8_MAX_GEMMS; g++)
+  for (g = 0; g < GC_FP8_MAX_GEMMS; g++) {
     gc_fp8_free(&m->wcache[g]);
+    gc_fp8_free(&m->wcache_t[g]);
+  }
   free(m);
 }
 
@@ -241,7 +268,7 @@ gcap_status gcap_fp8_cast(gcap_tensor *x, gcap_fp8_format format, double scale, 
   if ((st = gcap_tensor_full(x->e, GCAP_F32, 0, NULL, scale, &s)) == GCAP_OK &&
       (st = gcap_tensor_full(x->e, GCAP_F32, 0, NULL, 0.0, &m)) == GCAP_OK &&
       (st = gc_fp8_alloc(x->e, op, x->numel, format, &q)) == GCAP_OK &&
-      (st = gc_fp8_quantize(x, &q, s, 0, m, NULL)) == GCAP_OK)
+      (st = gc_fp8_quantize(x, &q, s, 0, m, NULL, NULL, 0)) == GCAP_OK)
     st = gc_fp8_dequantize(&q, x->dt, x->ndim, x->shape, out);
   gc_fp8_free(&q);
   gcap_tensor_free(s);

@@ -305,12 +305,20 @@ void gc_fp8_free(gc_fp8 *q);
 /* A 1-D f32 tensor over elements k .. k + n - 1 of t's storage (NULL: out
 ** of host memory). */
 gcap_tensor *gc_elems(gcap_tensor *t, int64_t k, int64_t n);
+/* t's bytes for the transpose of q's as [rows x cols] ([cols x
+** GC_FP8_LD(rows)]), allocated unless t holds them already; t shares q's
+** scale_inv. */
+gcap_status gc_fp8_transposed(gcap_engine *e, const gc_fp8 *q, int64_t rows, int64_t cols,
+                              gc_fp8 *t);
 /* q = cast(x * scale) (GC_K_FP8_QUANTIZE), q->n = numel of x: scale one
 ** element, an amax (current != 0) from which the kernel takes the scale;
 ** amax (NULL: none) becomes max(amax, amax of x); skip (NULL: none) set
-** nonzero makes the launch do nothing. */
+** nonzero makes the launch do nothing. t (NULL: none) receives, from the
+** same launch, q's bytes seen as [numel / cols x cols] transposed as
+** gc_fp8_layout makes them (allocated unless t->data is set: a cached copy),
+** sharing q's scale_inv. */
 gcap_status gc_fp8_quantize(gcap_tensor *x, gc_fp8 *q, gcap_tensor *scale, int current,
-                            gcap_tensor *amax, gcap_tensor *skip);
+                            gcap_tensor *amax, gcap_tensor *skip, gc_fp8 *t, int64_t cols);
 /* *out (dt, shape) = q's values times its scale_inv. */
 gcap_status gc_fp8_dequantize(const gc_fp8 *q, gcap_dtype dt, int ndim, const int64_t *shape,
                               gcap_tensor **out);
@@ -344,14 +352,15 @@ gcap_status gc_fp8_update(gcap_tensor *state, int roles, int len, int r0, int co
 ** amaxes in one f32 tensor laid out as GC_K_FP8_UPDATE reads it, made
 ** outside any capture so that graphs may read and write it at every
 ** replay; and per GEMM the FP8 copy of the weight cached for later
-** microbatches (weight caching), made on first need. Counted references:
+** microbatches (weight caching) and its transpose (the dgrad's operand),
+** made on first need. Counted references:
 ** the module holds one, and each FP8 node of its GEMMs one. */
 #define GC_FP8_MAX_GEMMS 2
 typedef struct gc_fp8_meta {
   int refs;
   int gemms, len;
   gcap_tensor *state;
-  gc_fp8 wcache[GC_FP8_MAX_GEMMS];
+  gc_fp8 wcache[GC_FP8_MAX_GEMMS], wcache_t[GC_FP8_MAX_GEMMS];
 } gc_fp8_meta;
 
 /* A new state of `gemms` GEMMs with histories of len (scales 1, the rest

@@ -10,8 +10,10 @@
 ** reference) over operands laid out as they take them, each row holding the
 ** summed dim, as TE's: the forward's x and w as quantized; the dgrad's
 ** grad as quantized (padded) and w transposed; the wgrad's grad and x
-** transposed. The bias grad comes from the unquantized grad, as TE's. The
-** node saves the FP8 copies. A delayed wgrad queues the wgrad GEMM's FP8
+** transposed. Each transpose comes from its operand's quantize launch (TE's
+** cast-transpose), and the node saves the transposes the backward reads.
+** The bias grad comes from the unquantized grad, as TE's. A delayed wgrad queues the wgrad GEMM's
+*FP8
 ** operands, and backward_dw runs that GEMM: the grads of the immediate one.
 */
 #include <math.h>
@@ -90,11 +92,13 @@ static gcap_status update_roles(fp8_ctx *c, int r0, int n) {
 
 /* q = x quantized as role r of c's GEMM (q allocated unless it holds data
 ** already: a cached weight), skip the flag of a cached weight (NULL:
-** none). DelayedScaling: the role's scale, its amax noted (in a
+** none), t (NULL: none) its transpose as [numel / cols x cols]. DelayedScaling: the role's scale,
+*its amax noted (in a
 ** checkpoint's recomputed forward, e->fp8_frozen's scale of an input or
 ** weight role, no amax noted); current scaling: x's own amax first
 ** (reduced over the group). */
-static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip, gc_fp8 *q) {
+static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip, gc_fp8 *q,
+                            gc_fp8 *t, int64_t cols) {
   gcap_engine *e = x->e;
   int role = 3 * c->gemm + r;
   gcap_tensor *scale = NULL, *amax = NULL;
@@ -106,7 +110,7 @@ static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip
     if ((scale = gc_elems(e->fp8_frozen, role, 1)) == NULL)
       st = gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", c->who);
     else
-      st = gc_fp8_quantize(x, q, scale, 0, NULL, skip);
+      st = gc_fp8_quantize(x, q, scale, 0, NULL, skip, t, cols);
   } else if (c->meta != NULL) {
     int roles = 3 * c->meta->gemms;
     scale = gc_elems(c->meta->state, roles + role, 1);
@@ -114,35 +118,35 @@ static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip
     if (scale == NULL || amax == NULL)
       st = gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", c->who);
     else
-      st = gc_fp8_quantize(x, q, scale, 0, amax, skip);
+      st = gc_fp8_quantize(x, q, scale, 0, amax, skip, t, cols);
   } else if ((st = gcap_tensor_full(e, GCAP_F32, 1, &one, 0.0, &amax)) == GCAP_OK &&
              (st = gc_fp8_amax(x, amax)) == GCAP_OK && (st = reduce_amax(c, e, amax)) == GCAP_OK) {
-    st = gc_fp8_quantize(x, q, amax, 1, NULL, NULL);
+    st = gc_fp8_quantize(x, q, amax, 1, NULL, NULL, t, cols);
   }
   gcap_tensor_free(scale);
   gcap_tensor_free(amax);
   return st;
 }
 
-/* The FP8 copy of a saved operand, as the node saved it. */
-static gc_fp8 saved_fp8(gc_node *n, int at, int64_t numel) {
+/* The transposed FP8 copy [cols x GC_FP8_LD(rows)] of a saved operand, as
+** the node saved it (a reference of its own). */
+static gc_fp8 saved_fp8(gc_node *n, int at, int64_t rows, int64_t cols) {
   gc_fp8 q;
-  q.data = n->saved[at];
-  q.scale_inv = n->saved[at + 1];
-  q.n = numel;
+  q.data = gcap_tensor_retain(n->saved[at]);
+  q.scale_inv = gcap_tensor_retain(n->saved[at + 1]);
+  q.n = cols * GC_FP8_LD(rows);
   q.format = GCAP_FP8_E4M3;
   return q;
 }
 
 /* dx = g W: the grad gq [rows x out] (its rows padded when out is no
-** multiple of 16) times W [out x in] transposed to [in x out]. */
+** multiple of 16) times W [out x in], saved transposed to [in x out]. */
 static gcap_status dgrad(gc_node *n, const gc_fp8 *gq, gcap_tensor **dx) {
   const gc_meta *xm = &n->meta[0];
   int64_t out = n->meta[1].shape[0], in = n->meta[1].shape[1], rows = gq->n / out;
-  gc_fp8 wq = saved_fp8(n, 2, n->meta[1].numel), wt, gp;
-  gcap_status st;
+  gc_fp8 wt = saved_fp8(n, 2, out, in), gp;
+  gcap_status st = GCAP_OK;
   memset(&gp, 0, sizeof gp);
-  if ((st = gc_fp8_layout(&wq, out, in, 1, &wt)) != GCAP_OK) return st;
   if (GC_FP8_LD(out) != out) st = gc_fp8_layout(gq, rows, out, 0, &gp);
   if (st == GCAP_OK)
     st = gc_fp8_gemm(gp.data ? &gp : gq, &wt, rows, in, out, GC_FP8_LD(out), 0.0f, NULL, NULL, 0,
@@ -166,69 +170,55 @@ gcap_status gc_fp8_wgrad(const gc_fp8 *gt, const gc_fp8 *xt, int64_t out, int64_
   return gc_fp8_gemm(gt, xt, out, in, rows, GC_FP8_LD(rows), 0.0f, NULL, NULL, 0, dt, 2, shape, gw);
 }
 
-/* The weight grad's operands: the grad gq [rows x out] and the saved
-** input [rows x in], transposed. */
-static gcap_status wgrad_operands(gc_node *n, const gc_fp8 *gq, gc_fp8 *gt, gc_fp8 *xt) {
-  const gc_meta *xm = &n->meta[0];
-  int64_t out = n->meta[1].shape[0], in = n->meta[1].shape[1], rows = xm->numel / in;
-  gc_fp8 xq = saved_fp8(n, 0, xm->numel);
-  gcap_status st;
-  memset(xt, 0, sizeof *xt);
-  if ((st = gc_fp8_layout(gq, rows, out, 1, gt)) == GCAP_OK &&
-      (st = gc_fp8_layout(&xq, rows, in, 1, xt)) != GCAP_OK)
-    gc_fp8_free(gt);
-  return st;
-}
-
-/* Weight and bias grads from the quantized grad gq (db: the bias grad of
-** the unquantized grad, or NULL), to the sink or to gin. A delayed wgrad
-** queues the GEMM's operands (none when the weight is frozen: the input was
-** not saved) for backward_dw, which runs the same GEMM. */
-static gcap_status param_grads(gc_node *n, fp8_ctx *c, const gc_fp8 *gq, gcap_tensor *db,
+/* Weight and bias grads from gt, the quantized grad transposed (empty when
+** the weight takes no grad), and db, the bias grad of the unquantized grad
+** (or NULL), to the sink or to gin. A delayed wgrad queues the GEMM's
+** operands (none when the weight is frozen: the input was not saved) for
+** backward_dw, which runs the same GEMM; the queue takes gt. */
+static gcap_status param_grads(gcap_engine *e, gc_node *n, fp8_ctx *c, gc_fp8 *gt, gcap_tensor *db,
                                gcap_tensor **gin) {
   const gc_meta *xm = &n->meta[0];
   int64_t out = n->meta[1].shape[0], in = n->meta[1].shape[1], rows = xm->numel / in;
-  gc_fp8 gt, xt;
+  gc_fp8 xt;
   gcap_status st = GCAP_OK;
-  memset(&gt, 0, sizeof gt);
   memset(&xt, 0, sizeof xt);
-  if (c->sink != NULL && c->sink->delay) {
-    if (n->saved[0] != NULL && (st = wgrad_operands(n, gq, &gt, &xt)) != GCAP_OK) return st;
-    return gc_wgrad_defer_fp8(c->sink, gq->data->e, &gt, &xt, rows, xm->dt, db);
-  }
-  if (gc_node_needs(n, 1) && n->saved[0] != NULL) {
-    if ((st = wgrad_operands(n, gq, &gt, &xt)) != GCAP_OK) return st;
-    st =
-        gc_fp8_wgrad(&gt, &xt, out, in, rows, xm->dt, c->sink ? c->sink->main_grad : NULL, &gin[1]);
-    gc_fp8_free(&gt);
-    gc_fp8_free(&xt);
-  }
+  if (n->saved[0] != NULL) xt = saved_fp8(n, 0, rows, in);
+  if (c->sink != NULL && c->sink->delay)
+    return gc_wgrad_defer_fp8(c->sink, e, gt, &xt, rows, xm->dt, db);
+  if (gc_node_needs(n, 1) && n->saved[0] != NULL)
+    st = gc_fp8_wgrad(gt, &xt, out, in, rows, xm->dt, c->sink ? c->sink->main_grad : NULL, &gin[1]);
+  gc_fp8_free(&xt);
   if (st == GCAP_OK && db != NULL && gc_node_needs(n, 2)) gin[2] = gcap_tensor_retain(db);
   return st;
 }
 
-/* saved: x's FP8 copy (data, scale_inv) when the weight needs a grad, w's
-** when x does, the pre-activation of a gelu. */
+/* saved: x's FP8 copy transposed (data, scale_inv) when the weight needs a
+** grad, w's when x does, the pre-activation of a gelu. The grad is
+** quantized with its transpose when the weight's grad is wanted. */
 static gcap_status fp8_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   fp8_ctx *c = (fp8_ctx *)n->ud;
+  gcap_engine *e = g->e;
   int64_t out = n->meta[1].shape[0];
   int bias = n->meta[2].numel > 0, delayed = c->sink != NULL && c->sink->delay;
+  int wgrad = n->saved[0] != NULL && (delayed || gc_node_needs(n, 1));
   gcap_tensor *dz = NULL, *db = NULL;
-  gc_fp8 gq;
+  gc_fp8 gq, gt;
   gcap_status st = GCAP_OK;
   int want_db = bias && (delayed || gc_node_needs(n, 2));
   memset(&gq, 0, sizeof gq);
+  memset(&gt, 0, sizeof gt);
   if (c->gelu) { /* dz = g gelu'(z), and the bias grad with it */
     st = gc_gelu_backward(g, n->saved[4], out, &dz, want_db ? &db : NULL);
     g = dz;
   } else if (want_db) {
     st = gc_sum_rows(g, out, &db);
   }
-  if (st == GCAP_OK && (st = quantize(c, g, 2, NULL, &gq)) == GCAP_OK)
+  if (st == GCAP_OK && (st = quantize(c, g, 2, NULL, &gq, wgrad ? &gt : NULL, out)) == GCAP_OK)
     st = update_roles(c, 3 * c->gemm + 2, 1);
   if (st == GCAP_OK && gc_node_needs(n, 0)) st = dgrad(n, &gq, &gin[0]);
-  if (st == GCAP_OK) st = param_grads(n, c, &gq, db, gin);
+  if (st == GCAP_OK) st = param_grads(e, n, c, &gt, db, gin);
   gc_fp8_free(&gq);
+  gc_fp8_free(&gt);
   gcap_tensor_free(dz);
   gcap_tensor_free(db);
   return st;
@@ -259,57 +249,70 @@ static gcap_status ctx_new(gcap_module *m, int gemm, int gelu, gc_wgrad_sink *si
   return GCAP_OK;
 }
 
-/* The weight's FP8 copy: the module's cached one while weight caching is
-** on (made outside capture, at the first call), else a new one. */
-static gcap_status weight_copy(fp8_ctx *c, gcap_tensor *w, gc_fp8 *wq, int *cached) {
+/* The weight's FP8 copy and its transpose: the module's cached ones while
+** weight caching is on (made outside capture, at the first call), else
+** new ones. */
+static gcap_status weight_copy(fp8_ctx *c, gcap_tensor *w, gc_fp8 *wq, gc_fp8 *wt, int *cached) {
   gcap_engine *e = w->e;
-  gc_fp8 *cache;
+  gc_fp8 *cache, *cache_t;
+  gcap_status st;
   *cached = e->fp8_skip != NULL && c->meta != NULL && e->fp8_frozen == NULL;
   if (!*cached) return GCAP_OK;
   cache = &c->meta->wcache[c->gemm];
-  if (cache->data == NULL || cache->n != w->numel) {
-    gcap_status st;
+  cache_t = &c->meta->wcache_t[c->gemm];
+  if (cache->data == NULL || cache->n != w->numel || cache_t->data == NULL) {
     if (e->cap != NULL)
       return gc_fail(e, GCAP_ECAPTURE,
                      "%s: its cached FP8 weight is made at its first call, outside a capture",
                      c->who);
     gc_fp8_free(cache);
-    if ((st = gc_fp8_alloc(e, c->who, w->numel, GCAP_FP8_E4M3, cache)) != GCAP_OK) return st;
+    gc_fp8_free(cache_t);
+    if ((st = gc_fp8_alloc(e, c->who, w->numel, GCAP_FP8_E4M3, cache)) != GCAP_OK ||
+        (st = gc_fp8_transposed(e, cache, w->shape[0], w->shape[1], cache_t)) != GCAP_OK) {
+      gc_fp8_free(cache);
+      return st;
+    }
   }
   *wq = *cache;
+  *wt = *cache_t;
   return GCAP_OK;
 }
 
-/* The FP8 forward: both operands quantized, the roles updated, the FP8
-** GEMM y = x W^T (+ b, the gelu), the node. */
+/* The FP8 forward: both operands quantized (with the transposes the
+** backward reads), the roles updated, the FP8 GEMM y = x W^T (+ b, the
+** gelu), the node. */
 static gcap_status fp8_forward(fp8_ctx *c, gcap_tensor *x, gcap_tensor *w, gcap_tensor *b,
                                gcap_tensor **out) {
   gcap_engine *e = x->e;
   gcap_tensor *pre = NULL, *in[3], *save[5];
   int64_t shape[GCAP_MAXDIM], k = w->shape[1];
-  gc_fp8 xq, wq;
-  int cached = 0;
+  gc_fp8 xq, wq, xt, wt;
+  int cached = 0, grad;
   gcap_status st;
   memset(&xq, 0, sizeof xq);
   memset(&wq, 0, sizeof wq);
+  memset(&xt, 0, sizeof xt);
+  memset(&wt, 0, sizeof wt);
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = w->shape[0];
-  if ((st = weight_copy(c, w, &wq, &cached)) == GCAP_OK &&
-      (st = quantize(c, x, 0, NULL, &xq)) == GCAP_OK &&
-      (st = quantize(c, w, 1, cached ? e->fp8_skip : NULL, &wq)) == GCAP_OK &&
+  in[0] = x, in[1] = w, in[2] = b;
+  grad = gc_grad_needed(e, in, 3);
+  if ((st = weight_copy(c, w, &wq, &wt, &cached)) == GCAP_OK &&
+      (st = quantize(c, x, 0, NULL, &xq, grad && w->requires_grad ? &xt : NULL, k)) == GCAP_OK &&
+      (st = quantize(c, w, 1, cached ? e->fp8_skip : NULL, &wq,
+                     cached || (grad && x->requires_grad) ? &wt : NULL, k)) == GCAP_OK &&
       (e->fp8_frozen != NULL || (st = update_roles(c, 3 * c->gemm, 2)) == GCAP_OK)) {
     if (c->gelu) st = gc_tensor_alloc(e, c->who, x->dt, x->ndim, shape, &pre);
     if (st == GCAP_OK) /* k is a multiple of 16 (check_dims): the rows need no padding */
       st = gc_fp8_gemm(&xq, &wq, x->numel / k, w->shape[0], k, k, 0.0f, b, pre, 1, x->dt, x->ndim,
                        shape, out);
   }
-  in[0] = x, in[1] = w, in[2] = b;
-  if (st == GCAP_OK && gc_grad_needed(e, in, 3)) {
+  if (st == GCAP_OK && grad) {
     gc_node *n;
-    save[0] = w->requires_grad ? xq.data : NULL;
-    save[1] = w->requires_grad ? xq.scale_inv : NULL;
-    save[2] = x->requires_grad ? wq.data : NULL;
-    save[3] = x->requires_grad ? wq.scale_inv : NULL;
+    save[0] = w->requires_grad ? xt.data : NULL;
+    save[1] = w->requires_grad ? xt.scale_inv : NULL;
+    save[2] = x->requires_grad ? wt.data : NULL;
+    save[3] = x->requires_grad ? wt.scale_inv : NULL;
     save[4] = pre;
     st = gc_record(*out, c->gelu ? "fp8_linear_gelu" : "fp8_linear", fp8_backward, in, 3, save, 5,
                    &n);
@@ -324,7 +327,11 @@ static gcap_status fp8_forward(fp8_ctx *c, gcap_tensor *x, gcap_tensor *w, gcap_
   }
   if (c != NULL) ctx_free(c);
   gc_fp8_free(&xq);
-  if (!cached) gc_fp8_free(&wq);
+  gc_fp8_free(&xt);
+  if (!cached) {
+    gc_fp8_free(&wq);
+    gc_fp8_free(&wt);
+  }
   gcap_tensor_free(pre);
   return st;
 }
