@@ -106,7 +106,7 @@ static __global__ void k_fp8_quantize(gc_kargs a) {
 ** of t [cols x ld] a word at a time (the zeros of the padding, rows to
 ** ld, from tiles past x's rows). The shared rows are 65 bytes apart, so
 ** that a warp reading down a column meets distinct banks. Wants cols a
-** multiple of the pack (8 bf16, 4 f32), x 16-byte and q, t 4-byte aligned,
+** multiple of the pack (8 bf16, 4 f32), x 16-byte, q 8-byte and t 4-byte aligned,
 ** ld a multiple of 4. */
 #define CU_CT 64
 static __global__ void __launch_bounds__(CU_THREADS) k_fp8_cast_transpose(gc_kargs a) {
@@ -322,7 +322,7 @@ gcap_status cu_fp8(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_ka
       if (a->p[6] == NULL || rows <= 0 || cols <= 0) {
         k_fp8_quantize<<<ga, CU_THREADS, 0, s>>>(*a);
       } else if (cols % per == 0 && ld % 4 == 0 && (uintptr_t)a->p[1] % 16 == 0 &&
-                 (uintptr_t)a->p[0] % 4 == 0 && (uintptr_t)a->p[6] % 4 == 0) {
+                 (uintptr_t)a->p[0] % 8 == 0 && (uintptr_t)a->p[6] % 4 == 0) {
         int64_t tiles = (ld + CU_CT - 1) / CU_CT * ((cols + CU_CT - 1) / CU_CT);
         unsigned gt = (unsigned)(tiles < CU_FP8_BLOCKS ? tiles : CU_FP8_BLOCKS);
         k_fp8_cast_transpose<<<gt, CU_THREADS, 0, s>>>(*a);
