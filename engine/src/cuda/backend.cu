@@ -80,6 +80,14 @@ static gcap_status cu_init(gcap_engine *e, void **bs) {
 /* ------------------------------------------------------------------------ */
 /* Memory                                                                    */
 
+void cu_lt_release(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                   cublasLtMatrixLayout_t lc) {
+  if (op) cublasLtMatmulDescDestroy(op);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (lc) cublasLtMatrixLayoutDestroy(lc);
+}
+
 void *cu_push(void **v, int *n, int *cap, size_t sz) {
   char *p;
   if (*n == *cap) {

@@ -226,6 +226,9 @@ gcap_status cu_lt_pick(gcap_engine *e, cu_state *st, cublasLtMatmulDesc_t op,
 ** room *cap doubled when full): the plan caches' growth. NULL: out of host
 ** memory, with nothing changed. backend.cu. */
 void *cu_push(void **v, int *n, int *cap, size_t sz);
+/* Destroy a cuBLASLt plan's descriptors (NULL ones skipped). backend.cu. */
+void cu_lt_release(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                   cublasLtMatrixLayout_t lc);
 
 /* Kernel families, one file each. A launcher enqueues kernel k (one of its
 ** family) on s; backend.cu checks cudaGetLastError after it. */

@@ -38,10 +38,7 @@ typedef struct cu_fp8_plan {
 void cu_fp8_plans_free(cu_state *st) {
   for (int i = 0; i < st->nfp8plans; i++) {
     cu_fp8_plan *p = &st->fp8plans[i];
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    cu_lt_release(p->op, p->la, p->lb, p->lc);
   }
   free(st->fp8plans);
   st->fp8plans = NULL;
@@ -54,15 +51,15 @@ static cudaDataType_t f8_type(int64_t f) {
 
 /* The plan of a's shape with epilogue epi: found in the cache or built
 ** (p->ok says whether the heuristic found an algorithm). */
+static gcap_status f8_plan_build(gcap_engine *e, cu_state *st, cu_fp8_plan *p);
+
 static gcap_status f8_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, int epi,
                                cu_fp8_plan **out) {
   int64_t m = a->n[0], n = a->n[1], ld = a->n[3];
   int fa = (int)a->n[5], fb = (int)a->n[6], dt = a->dt, fast = a->n[4] == 1;
   uint32_t align = cu_gemm_align(a);
-  cudaDataType_t t = dt == GCAP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
-  int8_t fa8 = (int8_t)fast;
   cu_fp8_plan *p;
+  gcap_status r;
   for (int i = 0; i < st->nfp8plans; i++) {
     p = &st->fp8plans[i];
     if (p->m == m && p->n == n && p->ld == ld && p->fa == fa && p->fb == fb && p->dt == dt &&
@@ -76,7 +73,22 @@ static gcap_status f8_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, 
   p->m = m, p->n = n, p->ld = ld, p->fa = fa, p->fb = fb, p->dt = dt, p->epi = epi;
   p->fast = fast, p->align = align;
   *out = p;
-  if (align < 16) return GCAP_OK; /* FP8 operands want 16 bytes: no plan */
+  if (align < 16) return GCAP_OK;                 /* FP8 operands want 16 bytes: no plan */
+  if ((r = f8_plan_build(e, st, p)) != GCAP_OK) { /* no half-made plan is kept */
+    cu_lt_release(p->op, p->la, p->lb, p->lc);
+    st->nfp8plans--;
+    *out = NULL;
+  }
+  return r;
+}
+
+/* The descriptors of plan p (its shape set) and its algorithm. */
+static gcap_status f8_plan_build(gcap_engine *e, cu_state *st, cu_fp8_plan *p) {
+  int64_t m = p->m, n = p->n, ld = p->ld;
+  int fa = p->fa, fb = p->fb, epi = p->epi;
+  cudaDataType_t t = p->dt == GCAP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
+  int8_t fa8 = (int8_t)p->fast;
   CUBLAS_TRY(e, cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   CUBLAS_TRY(e,
              cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt));
@@ -102,7 +114,7 @@ static gcap_status f8_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, 
   CUBLAS_TRY(e, cublasLtMatrixLayoutCreate(&p->la, f8_type(fb), ld, n, ld));
   CUBLAS_TRY(e, cublasLtMatrixLayoutCreate(&p->lb, f8_type(fa), ld, m, ld));
   CUBLAS_TRY(e, cublasLtMatrixLayoutCreate(&p->lc, t, n, m, n));
-  return cu_lt_pick(e, st, p->op, p->la, p->lb, p->lc, align, &p->algo, &p->ok);
+  return cu_lt_pick(e, st, p->op, p->la, p->lb, p->lc, p->align, &p->algo, &p->ok);
 }
 
 /* Run plan p into C (dst, beta) with a's operands; vec: the bias, aux: the

@@ -100,10 +100,7 @@ void cu_plans_free(cu_state *st) {
   int i;
   for (i = 0; i < st->nplans; i++) {
     cu_plan *p = &st->plans[i];
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    cu_lt_release(p->op, p->la, p->lb, p->lc);
   }
   free(st->plans);
   st->plans = NULL;
@@ -142,8 +139,12 @@ uint32_t cu_gemm_align(const gc_kargs *a) {
 ** shape and alignment: operands aligned less than 256 bytes get algorithms
 ** that take them, or none (then cuBLAS's own GEMM runs, which takes any),
 ** and an epilogue's vectors are not given to cuBLASLt below 16 bytes. */
+static gcap_status cu_plan_build(gcap_engine *e, cu_state *st, cu_plan *p, cudaDataType_t t,
+                                 cublasOperation_t opa, cublasOperation_t opb);
+
 static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, int epi,
                                cu_plan **out) {
+  gcap_status r;
   int64_t m = a->n[0], n = a->n[1], k = a->n[2];
   uint32_t align = cu_gemm_align(a);
   int64_t batch = a->n[5] > 1 ? a->n[5] : 1, sa = batch > 1 ? a->n[6] : 0,
@@ -166,6 +167,20 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, 
   p->align = align;
   p->batch = batch, p->sa = sa, p->sb = sb;
   *out = p;
+  if ((r = cu_plan_build(e, st, p, t, opa, opb)) != GCAP_OK) { /* no half-made plan is kept */
+    cu_lt_release(p->op, p->la, p->lb, p->lc);
+    st->nplans--;
+    *out = NULL;
+  }
+  return r;
+}
+
+/* The descriptors of plan p (its shape set) and its algorithm. */
+static gcap_status cu_plan_build(gcap_engine *e, cu_state *st, cu_plan *p, cudaDataType_t t,
+                                 cublasOperation_t opa, cublasOperation_t opb) {
+  int64_t m = p->m, n = p->n, k = p->k, batch = p->batch;
+  int ta = p->ta, tb = p->tb, epi = p->epi;
+  uint32_t align = p->align;
   CUBLAS_TRY(e, cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   if (epi != CU_EPI_NONE) {
     static const cublasLtEpilogue_t eps[] = {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS,
@@ -192,8 +207,8 @@ static gcap_status cu_plan_for(gcap_engine *e, cu_state *st, const gc_kargs *a, 
   if (batch > 1) { /* strided batches: B is cuBLAS's first operand, A its second */
     int32_t count = (int32_t)batch;
     int64_t sc = m * n;
-    CUBLAS_TRY(e, cu_layout_batch(p->la, count, sb));
-    CUBLAS_TRY(e, cu_layout_batch(p->lb, count, sa));
+    CUBLAS_TRY(e, cu_layout_batch(p->la, count, p->sb));
+    CUBLAS_TRY(e, cu_layout_batch(p->lb, count, p->sa));
     CUBLAS_TRY(e, cu_layout_batch(p->lc, count, sc));
   }
   if (align < 16 && epi != CU_EPI_NONE) return GCAP_OK; /* our kernels do the epilogue */
