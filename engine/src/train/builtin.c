@@ -21,7 +21,8 @@ static int linear_delays(const gcap_module *m) {
 /* The delayed wgrads of m's sink, oldest first: an FP8 linear's from its
 ** FP8 GEMM's operands, the others from the grad and input. An item leaves
 ** the queue once both grads are applied; one whose bias grad failed after
-** its weight grad was applied keeps only the bias grad to do. */
+** its weight grad was applied keeps only the bias grad to do, and the bias
+** grad itself once it was computed. */
 static gcap_status linear_dw(gcap_module *m) {
   gcap_tensor *w = m->params.v[0].t, *b = m->params.n > 1 ? m->params.v[1].t : NULL;
   gcap_tensor *main_grad = m->wgrad->main_grad;
@@ -54,6 +55,11 @@ static gcap_status linear_dw(gcap_module *m) {
     if (st == GCAP_OK && gw != NULL) st = gc_acc_grad(w, gw, 1);
     if (st == GCAP_OK && want_w) it->w_done = 1;
     if (st == GCAP_OK && gb != NULL) st = gc_acc_grad(b, gb, 1);
+    /* the weight's applied and the bias's not: the retry applies these bits,
+    ** where computing it alone would take another kernel (cuda sums the
+    ** rows apart from the GEMM's epilogue: other bits) */
+    if (st != GCAP_OK && it->w_done && gb != NULL && it->gb == NULL)
+      it->gb = gcap_tensor_retain(gb);
     gcap_tensor_free(gw);
     gcap_tensor_free(gb);
     if (st == GCAP_OK) gc_wgrad_queue_pop(q);
