@@ -37,9 +37,28 @@ static __device__ __forceinline__ float cu_scale(const float *p, int current, in
   return isinf(s) ? FLT_MAX : s;
 }
 
-/* Element j of a 16-byte pack of dt (8 bf16 or 4 f32). */
-static __device__ __forceinline__ float cu_pack_at(const cu_pack &u, int j, int dt) {
-  return dt == GCAP_BF16 ? __bfloat162float(((const __nv_bfloat16 *)u.h)[j]) : u.f[j];
+/* The kernels over 16-byte packs are templates on PER, the elements of a
+** pack (8 bf16, 4 f32), so that their loops over a pack unroll and the pack
+** and its FP8 bytes stay in registers (a run-time width put both in local
+** memory). PER_DT: the dtype of a width; element j of a pack. */
+#define PER_DT(per) ((per) == 8 ? GCAP_BF16 : GCAP_F32)
+template <int PER> static __device__ __forceinline__ float cu_pack_at(const cu_pack &u, int j) {
+  return PER == 8 ? __bfloat162float(((const __nv_bfloat16 *)u.h)[j]) : u.f[j];
+}
+
+/* A pack of x scaled and cast to FP8 format f, its bytes in order from the
+** low one; its largest |x| joins m. */
+template <int PER>
+static __device__ __forceinline__ uint64_t cu_cast_pack(const cu_pack &u, float s, int f,
+                                                        float *m) {
+  uint64_t w = 0;
+#pragma unroll
+  for (int j = 0; j < PER; j++) {
+    const float v = cu_pack_at<PER>(u, j);
+    *m = fmaxf(*m, fabsf(v));
+    w |= (uint64_t)cu_to_fp8(__fmul_rn(v, s), f) << (8 * j);
+  }
+  return w;
 }
 
 /* One block's max of m into *amax (NULL: none): each warp's by shuffles,
@@ -69,31 +88,26 @@ static __device__ __forceinline__ unsigned char cu_q1(const void *x, int64_t i, 
   return cu_to_fp8(__fmul_rn(v, s), f);
 }
 
-static __global__ void k_fp8_quantize(gc_kargs a) {
+template <int PER> static __global__ void k_fp8_quantize(gc_kargs a) {
   unsigned char *q = (unsigned char *)a.p[0];
   const float *skip = (const float *)a.p[5];
-  int f = (int)a.n[1], dt = a.dt;
+  const int f = (int)a.n[1];
   if (skip != NULL && skip[0] != 0.0f) return;
   float s = cu_scale((const float *)a.p[2], a.n[2] == 1, f), m = 0.0f;
-  int64_t n = a.n[0], per = dt == GCAP_BF16 ? 8 : 4;
-  int64_t packs = ((uintptr_t)a.p[1] % 16 == 0 && (uintptr_t)q % per == 0) ? n / per : 0;
+  int64_t n = a.n[0];
+  int64_t packs = ((uintptr_t)a.p[1] % 16 == 0 && (uintptr_t)q % PER == 0) ? n / PER : 0;
   CU_GRID_LOOP(i, packs) { /* 16 bytes of x in, 4 or 8 bytes out */
     cu_pack u;
     u.v = ((const uint4 *)a.p[1])[i];
-    unsigned char b[8];
-    for (int j = 0; j < per; j++) {
-      float v = cu_pack_at(u, j, dt);
-      m = fmaxf(m, fabsf(v));
-      b[j] = cu_to_fp8(__fmul_rn(v, s), f);
-    }
-    if (per == 8)
-      *(uint2 *)(q + i * 8) = *(const uint2 *)b;
+    const uint64_t w = cu_cast_pack<PER>(u, s, f, &m);
+    if (PER == 8)
+      *(uint2 *)(q + i * 8) = make_uint2((unsigned)w, (unsigned)(w >> 32));
     else
-      *(unsigned *)(q + i * 4) = *(const unsigned *)b;
+      *(unsigned *)(q + i * 4) = (unsigned)w;
   }
-  CU_GRID_LOOP(i, n - packs * per) {
-    int64_t k = packs * per + i;
-    q[k] = cu_q1(a.p[1], k, dt, s, f, &m);
+  CU_GRID_LOOP(i, n - packs * PER) {
+    int64_t k = packs * PER + i;
+    q[k] = cu_q1(a.p[1], k, PER_DT(PER), s, f, &m);
   }
   cu_amax_note(m, (float *)a.p[3]);
   if (blockIdx.x == 0 && threadIdx.x == 0 && a.p[4] != NULL) *(float *)a.p[4] = __fdiv_rn(1.0f, s);
@@ -105,41 +119,42 @@ static __global__ void k_fp8_quantize(gc_kargs a) {
 ** and keeps them in shared memory, then writes the tile's columns as rows
 ** of t [cols x ld] a word at a time (the zeros of the padding, rows to
 ** ld, from tiles past x's rows). The shared rows are 65 bytes apart, so
-** that a warp reading down a column meets distinct banks. Wants cols a
-** multiple of the pack (8 bf16, 4 f32), x 16-byte, q 8-byte and t 4-byte aligned,
-** ld a multiple of 4. */
+** that a warp reading down a column meets distinct banks. Consecutive
+** tiles go down x's rows, so that the blocks running at once write t's
+** rows side by side: across x's columns, their writes were ld bytes apart,
+** a power of two, and queued on a few memory channels. Wants cols a
+** multiple of PER, x 16-byte, q 8-byte and t 4-byte aligned, ld a multiple
+** of 4. */
 #define CU_CT 64
+template <int PER>
 static __global__ void __launch_bounds__(CU_THREADS) k_fp8_cast_transpose(gc_kargs a) {
   __shared__ unsigned char tile[CU_CT][CU_CT + 1];
   unsigned char *q = (unsigned char *)a.p[0], *t = (unsigned char *)a.p[6];
   const float *skip = (const float *)a.p[5];
-  const int f = (int)a.n[1], dt = a.dt, per = dt == GCAP_BF16 ? 8 : 4;
+  const int f = (int)a.n[1];
   const int64_t rows = a.n[3], cols = a.n[4], ld = a.n[5];
   const int64_t rtiles = (ld + CU_CT - 1) / CU_CT, ctiles = (cols + CU_CT - 1) / CU_CT;
   if (skip != NULL && skip[0] != 0.0f) return;
   const float s = cu_scale((const float *)a.p[2], a.n[2] == 1, f);
   float m = 0.0f;
   for (int64_t k = blockIdx.x; k < rtiles * ctiles; k += gridDim.x) {
-    const int64_t r0 = k / ctiles * CU_CT, c0 = k % ctiles * CU_CT;
-    for (int u = threadIdx.x; u < CU_CT * CU_CT / per; u += CU_THREADS) {
-      const int i = u / (CU_CT / per), cj = u % (CU_CT / per) * per;
+    const int64_t r0 = k % rtiles * CU_CT, c0 = k / rtiles * CU_CT;
+    for (int u = threadIdx.x; u < CU_CT * CU_CT / PER; u += CU_THREADS) {
+      const int i = u / (CU_CT / PER), cj = u % (CU_CT / PER) * PER;
       const int64_t r = r0 + i, c = c0 + cj;
-      unsigned char b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      uint64_t w = 0;
       if (r < rows && c < cols) {
         cu_pack v;
-        v.v = *(const uint4 *)((const char *)a.p[1] + (r * cols + c) * (dt == GCAP_BF16 ? 2 : 4));
-        for (int j = 0; j < per; j++) {
-          const float x = cu_pack_at(v, j, dt);
-          m = fmaxf(m, fabsf(x));
-          b[j] = cu_to_fp8(__fmul_rn(x, s), f);
-        }
-        if (per == 8)
-          *(uint2 *)(q + r * cols + c) = *(const uint2 *)b;
+        v.v = *(const uint4 *)((const char *)a.p[1] + (r * cols + c) * (16 / PER));
+        w = cu_cast_pack<PER>(v, s, f, &m);
+        if (PER == 8)
+          *(uint2 *)(q + r * cols + c) = make_uint2((unsigned)w, (unsigned)(w >> 32));
         else
-          *(unsigned *)(q + r * cols + c) = *(const unsigned *)b;
+          *(unsigned *)(q + r * cols + c) = (unsigned)w;
       }
-      for (int j = 0; j < per; j++)
-        tile[i][cj + j] = b[j];
+#pragma unroll
+      for (int j = 0; j < PER; j++)
+        tile[i][cj + j] = (unsigned char)(w >> (8 * j));
     }
     __syncthreads();
     for (int u = threadIdx.x; u < CU_CT * CU_CT / 4; u += CU_THREADS) {
@@ -157,46 +172,51 @@ static __global__ void __launch_bounds__(CU_THREADS) k_fp8_cast_transpose(gc_kar
   if (blockIdx.x == 0 && threadIdx.x == 0 && a.p[4] != NULL) *(float *)a.p[4] = __fdiv_rn(1.0f, s);
 }
 
-static __global__ void k_fp8_dequantize(gc_kargs a) {
+template <int PER> static __global__ void k_fp8_dequantize(gc_kargs a) {
   const unsigned char *q = (const unsigned char *)a.p[1];
-  float si = ((const float *)a.p[2])[0];
-  int f = (int)a.n[1], dt = a.dt;
-  int64_t n = a.n[0], per = dt == GCAP_BF16 ? 8 : 4;
-  int64_t packs = ((uintptr_t)a.p[0] % 16 == 0 && (uintptr_t)q % per == 0) ? n / per : 0;
+  const float si = ((const float *)a.p[2])[0];
+  const int f = (int)a.n[1];
+  const int64_t n = a.n[0];
+  const int64_t packs = ((uintptr_t)a.p[0] % 16 == 0 && (uintptr_t)q % PER == 0) ? n / PER : 0;
   CU_GRID_LOOP(i, packs) {
     cu_pack u;
-    unsigned char b[8];
-    if (per == 8)
-      *(uint2 *)b = *(const uint2 *)(q + i * 8);
-    else
-      *(unsigned *)b = *(const unsigned *)(q + i * 4);
-    for (int j = 0; j < per; j++) {
-      float v = __fmul_rn(cu_from_fp8(b[j], f), si);
-      if (dt == GCAP_BF16)
+    uint64_t w;
+    if (PER == 8) {
+      const uint2 b = *(const uint2 *)(q + i * 8);
+      w = (uint64_t)b.x | (uint64_t)b.y << 32;
+    } else {
+      w = *(const unsigned *)(q + i * 4);
+    }
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+      const float v = __fmul_rn(cu_from_fp8((unsigned char)(w >> (8 * j)), f), si);
+      if (PER == 8)
         ((__nv_bfloat16 *)u.h)[j] = __float2bfloat16_rn(v);
       else
         u.f[j] = v;
     }
     ((uint4 *)a.p[0])[i] = u.v;
   }
-  CU_GRID_LOOP(i, n - packs * per) {
-    int64_t k = packs * per + i;
-    cu_store(a.p[0], k, dt, __fmul_rn(cu_from_fp8(q[k], f), si));
+  CU_GRID_LOOP(i, n - packs * PER) {
+    int64_t k = packs * PER + i;
+    cu_store(a.p[0], k, PER_DT(PER), __fmul_rn(cu_from_fp8(q[k], f), si));
   }
 }
 
-static __global__ void k_fp8_amax(gc_kargs a) {
-  const int dt = a.dt;
-  const int64_t n = a.n[0], per = dt == GCAP_BF16 ? 8 : 4;
-  const int64_t packs = (uintptr_t)a.p[1] % 16 == 0 ? n / per : 0;
+template <int PER> static __global__ void k_fp8_amax(gc_kargs a) {
+  const int64_t n = a.n[0];
+  const int64_t packs = (uintptr_t)a.p[1] % 16 == 0 ? n / PER : 0;
   float m = 0.0f;
   CU_GRID_LOOP(i, packs) { /* 16 bytes a load */
     cu_pack u;
     u.v = ((const uint4 *)a.p[1])[i];
-    for (int j = 0; j < per; j++)
-      m = fmaxf(m, fabsf(cu_pack_at(u, j, dt)));
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+      m = fmaxf(m, fabsf(cu_pack_at<PER>(u, j)));
   }
-  CU_GRID_LOOP(i, n - packs * per) m = fmaxf(m, fabsf(cu_load(a.p[1], packs * per + i, dt)));
+  CU_GRID_LOOP(i, n - packs * PER) {
+    m = fmaxf(m, fabsf(cu_load(a.p[1], packs * PER + i, PER_DT(PER))));
+  }
   cu_amax_note(m, (float *)a.p[0]);
 }
 
@@ -316,31 +336,34 @@ static void cu_fp8_layout(cudaStream_t s, const gc_kargs *a) {
 gcap_status cu_fp8(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_kargs *a) {
   unsigned g = cu_blocks(a->n[0] / 4 > 0 ? a->n[0] / 4 : 1);
   unsigned ga = g < CU_FP8_BLOCKS ? g : CU_FP8_BLOCKS; /* the kernels that note an amax */
+  const bool bf = a->dt == GCAP_BF16;
+  void (*quantize)(gc_kargs) = bf ? k_fp8_quantize<8> : k_fp8_quantize<4>;
   switch (k) {
     case GC_K_FP8_QUANTIZE: {
-      int64_t rows = a->n[3], cols = a->n[4], ld = a->n[5], per = a->dt == GCAP_BF16 ? 8 : 4;
+      int64_t rows = a->n[3], cols = a->n[4], ld = a->n[5], per = bf ? 8 : 4;
       if (a->p[6] == NULL || rows <= 0 || cols <= 0) {
-        k_fp8_quantize<<<ga, CU_THREADS, 0, s>>>(*a);
+        quantize<<<ga, CU_THREADS, 0, s>>>(*a);
       } else if (cols % per == 0 && ld % 4 == 0 && (uintptr_t)a->p[1] % 16 == 0 &&
                  (uintptr_t)a->p[0] % 8 == 0 && (uintptr_t)a->p[6] % 4 == 0) {
         int64_t tiles = (ld + CU_CT - 1) / CU_CT * ((cols + CU_CT - 1) / CU_CT);
         unsigned gt = (unsigned)(tiles < CU_FP8_BLOCKS ? tiles : CU_FP8_BLOCKS);
-        k_fp8_cast_transpose<<<gt, CU_THREADS, 0, s>>>(*a);
+        (bf ? k_fp8_cast_transpose<8> : k_fp8_cast_transpose<4>)<<<gt, CU_THREADS, 0, s>>>(*a);
       } else { /* the cast, then its bytes transposed */
         gc_kargs tr;
         memset(&tr, 0, sizeof tr);
         tr.p[0] = a->p[6], tr.p[1] = a->p[0];
         tr.n[0] = rows, tr.n[1] = cols, tr.n[2] = ld, tr.n[3] = 1;
-        k_fp8_quantize<<<ga, CU_THREADS, 0, s>>>(*a);
+        quantize<<<ga, CU_THREADS, 0, s>>>(*a);
         cu_fp8_layout(s, &tr);
       }
       break;
     }
     case GC_K_FP8_DEQUANTIZE:
-      if (a->n[0] > 0) k_fp8_dequantize<<<g, CU_THREADS, 0, s>>>(*a);
+      if (a->n[0] > 0)
+        (bf ? k_fp8_dequantize<8> : k_fp8_dequantize<4>)<<<g, CU_THREADS, 0, s>>>(*a);
       break;
     case GC_K_FP8_AMAX:
-      k_fp8_amax<<<ga, CU_THREADS, 0, s>>>(*a);
+      (bf ? k_fp8_amax<8> : k_fp8_amax<4>)<<<ga, CU_THREADS, 0, s>>>(*a);
       break;
     case GC_K_FP8_TRANSPOSE:
       cu_fp8_layout(s, a);
