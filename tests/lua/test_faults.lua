@@ -190,16 +190,20 @@ end
 
 -- A backward of delayed-wgrad Linears failing at each allocation, then run
 -- again: the failed one's queued wgrad is taken back, so backward_dw gives a
--- clean run's grads (plain, and FP8 under current scaling: DelayedScaling's
--- update of the grad's scale is not taken back).
+-- clean run's grads (plain, and FP8 under both recipes); under
+-- DelayedScaling the grad's amax and scale update are taken back too, so
+-- the FP8 state after the retry is the clean run's.
 function TestFaults:test_backward_again_queues_once ()
-  local recipe = gc.fp8.Float8CurrentScaling()
-  for _, fp8 in ipairs({false, true}) do
+  local recipes = {false, gc.fp8.Float8CurrentScaling(), gc.fp8.DelayedScaling{amax_history_len = 4}}
+  for _, recipe in ipairs(recipes) do
     local function step (m, x, g, once)
-      local y = fp8 and gc.fp8.autocast({recipe = recipe}, function () return m(x) end) or m(x)
+      local y = recipe and gc.fp8.autocast({recipe = recipe}, function () return m(x) end) or m(x)
       return once(y, g)
     end
-    local function grads (m, x) return {m.weight.grad:tolist(), m.bias.grad:tolist(), x.grad:tolist()} end
+    local function grads (m, x)
+      return {m.weight.grad:tolist(), m.bias.grad:tolist(), x.grad:tolist(),
+              recipe and m:fp8_state() or {}}
+    end
     for n = 1, 1000 do
       local ms, xs = {}, {}
       gc.manual_seed(6)
@@ -209,9 +213,13 @@ function TestFaults:test_backward_again_queues_once ()
         ms[i] = gc.nn.Linear(16, 32, {delay_wgrad = true})
         xs[i] = x0:clone():requires_grad_(true)
       end
-      step(ms[2], xs[2], g, function (y) y:backward(g) end)
-      ms[2]:backward_dw()
-      local what = ("fp8 %s, N=%d"):format(fp8, n)
+      for _ = 1, 2 do -- a second step: the first's scales are in use
+        step(ms[2], xs[2], g, function (y) y:backward(g) end)
+        ms[2]:backward_dw()
+      end
+      step(ms[1], xs[1], g, function (y) y:backward(g) end)
+      ms[1]:backward_dw()
+      local what = ("recipe %s, N=%d"):format(recipe, n)
       local hit = step(ms[1], xs[1], g, function (y)
         gc._test.fail_alloc(n)
         local ok = pcall(y.backward, y, g, {retain_graph = true})

@@ -192,6 +192,42 @@ static gcap_status param_grads(gcap_engine *e, gc_node *n, fp8_ctx *c, gc_fp8 *g
   return st;
 }
 
+/* A backward's DelayedScaling state as it was before the node's grad was
+** quantized (its amax noted) and its role updated: put back if that
+** backward fails (gc_backward_undo), so that running it again updates the
+** role once, as a clean run does. */
+typedef struct state_undo {
+  gc_fp8_meta *meta;
+  gcap_tensor *was;
+} state_undo;
+
+static void state_put_back(void *ud, int undo) {
+  state_undo *u = (state_undo *)ud;
+  if (undo) (void)gc_copy(u->meta->state, u->was); /* bytes into a live tensor: no allocation */
+  gcap_tensor_free(u->was);
+  gc_fp8_meta_release(u->meta);
+  free(u);
+}
+
+/* Keep c's state for its backward's undo (eagerly: a capture runs nothing,
+** and outside a backward there is nothing to undo). */
+static gcap_status keep_state(fp8_ctx *c, gcap_engine *e) {
+  state_undo *u;
+  gcap_status st;
+  if (c->meta == NULL || e->cap != NULL || e->bw_depth == 0) return GCAP_OK;
+  if ((u = (state_undo *)gc_calloc(1, sizeof *u)) == NULL)
+    return gc_fail(e, GCAP_ENOMEM, "%s backward: out of host memory", c->who);
+  if ((st = gc_tensor_alloc(e, c->who, GCAP_F32, 1, &c->meta->state->numel, &u->was)) != GCAP_OK ||
+      (st = gc_copy(u->was, c->meta->state)) != GCAP_OK) {
+    gcap_tensor_free(u->was);
+    free(u);
+    return st;
+  }
+  u->meta = gc_fp8_meta_retain(c->meta);
+  if ((st = gc_backward_undo(e, state_put_back, u)) != GCAP_OK) state_put_back(u, 0);
+  return st;
+}
+
 /* saved: x's FP8 copy transposed (data, scale_inv) when the weight needs a
 ** grad, w's when x does, the pre-activation of a gelu. The grad is
 ** quantized with its transpose when the weight's grad is wanted. */
@@ -213,6 +249,7 @@ static gcap_status fp8_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   } else if (want_db) {
     st = gc_sum_rows(g, out, &db);
   }
+  if (st == GCAP_OK) st = keep_state(c, e);
   if (st == GCAP_OK && (st = quantize(c, g, 2, NULL, &gq, wgrad ? &gt : NULL, out)) == GCAP_OK)
     st = update_roles(c, 3 * c->gemm + 2, 1);
   if (st == GCAP_OK && gc_node_needs(n, 0)) st = dgrad(n, &gq, &gin[0]);
