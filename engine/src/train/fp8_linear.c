@@ -12,9 +12,9 @@
 ** grad as quantized (padded) and w transposed; the wgrad's grad and x
 ** transposed. Each transpose comes from its operand's quantize launch (TE's
 ** cast-transpose), and the node saves the transposes the backward reads.
-** The bias grad comes from the unquantized grad, as TE's. A delayed wgrad queues the wgrad GEMM's
-*FP8
-** operands, and backward_dw runs that GEMM: the grads of the immediate one.
+** The bias grad comes from the unquantized grad, as TE's. A delayed wgrad
+** queues the wgrad GEMM's FP8 operands, and backward_dw runs that GEMM: the
+** grads of the immediate one.
 */
 #include <math.h>
 #include <stdio.h>
@@ -92,11 +92,11 @@ static gcap_status update_roles(fp8_ctx *c, int r0, int n) {
 
 /* q = x quantized as role r of c's GEMM (q allocated unless it holds data
 ** already: a cached weight), skip the flag of a cached weight (NULL:
-** none), t (NULL: none) its transpose as [numel / cols x cols]. DelayedScaling: the role's scale,
-*its amax noted (in a
-** checkpoint's recomputed forward, e->fp8_frozen's scale of an input or
-** weight role, no amax noted); current scaling: x's own amax first
-** (reduced over the group). */
+** none), t (NULL: none) its transpose as [numel / cols x cols].
+** DelayedScaling: the role's scale, its amax noted (in a checkpoint's
+** recomputed forward, e->fp8_frozen's scale of an input or weight role, no
+** amax noted); current scaling: x's own amax first (reduced over the
+** group). */
 static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip, gc_fp8 *q,
                             gc_fp8 *t, int64_t cols) {
   gcap_engine *e = x->e;
