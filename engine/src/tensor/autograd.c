@@ -345,14 +345,19 @@ gcap_status gc_backward_undo(gcap_engine *e, void (*fn)(void *ud, int undo), voi
 }
 
 /* The end of a backward whose undo notes start at `from`: failed, they are
-** taken back, newest first; succeeded, the outermost backward keeps them
-** (an inner one leaves them to it, which may still fail). */
+** taken back, newest first, and the message stays the failure's (an undo
+** whose copy fails, after a sticky device error, must not replace it);
+** succeeded, the outermost backward keeps them (an inner one leaves them to
+** it, which may still fail). */
 static void bw_settle(gcap_engine *e, int from, gcap_status st) {
+  char why[GC_ERRLEN];
   if (st == GCAP_OK && e->bw_depth > 0) return;
+  if (st != GCAP_OK) memcpy(why, e->err, sizeof why);
   while (e->nundo > from) {
     gc_undo *u = &e->undo[--e->nundo];
     u->fn(u->ud, st != GCAP_OK);
   }
+  if (st != GCAP_OK) memcpy(e->err, why, sizeof why);
 }
 
 static gcap_status bw_run(gcap_engine *e, gc_node *root, gcap_tensor *grad, int retain) {
