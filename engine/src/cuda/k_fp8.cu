@@ -1,8 +1,9 @@
 /*
 ** k_fp8.cu: the FP8 kernels (backend.h's GC_K_FP8_*, the GEMM aside in
 ** k_fp8_gemm.cu): quantize with a scale (the amax of x noted in the same
-** pass), dequantize, amax, delayed scaling's update, and the transposes and
-** padded copies that lay out the FP8 GEMM's operands. Casts are CUDA's saturating conversion
+** pass, and with it the transpose an FP8 GEMM operand needs), dequantize,
+** amax, delayed scaling's update, and the padded copy of an operand's rows.
+** Casts are CUDA's saturating conversion
 ** (__nv_cvt_float_to_fp8 with __NV_SATFINITE: round to nearest even; the
 ** hardware's cvt on sm_89 and later, the same rounding in software before),
 ** so the bytes equal the host's. x * scale and q * scale_inv are one
@@ -61,6 +62,15 @@ static __device__ __forceinline__ uint64_t cu_cast_pack(const cu_pack &u, float 
   return w;
 }
 
+/* The PER bytes of a cast pack (cu_cast_pack) to q, one store. */
+template <int PER>
+static __device__ __forceinline__ void cu_put_pack(unsigned char *q, uint64_t w) {
+  if (PER == 8)
+    *(uint2 *)q = make_uint2((unsigned)w, (unsigned)(w >> 32));
+  else
+    *(unsigned *)q = (unsigned)w;
+}
+
 /* One block's max of m into *amax (NULL: none): each warp's by shuffles,
 ** then the block's 8 by thread 0, one atomic a block. The amax kernels run
 ** at most CU_FP8_BLOCKS blocks, each looping over its share: a block a few
@@ -99,11 +109,7 @@ template <int PER> static __global__ void k_fp8_quantize(gc_kargs a) {
   CU_GRID_LOOP(i, packs) { /* 16 bytes of x in, 4 or 8 bytes out */
     cu_pack u;
     u.v = ((const uint4 *)a.p[1])[i];
-    const uint64_t w = cu_cast_pack<PER>(u, s, f, &m);
-    if (PER == 8)
-      *(uint2 *)(q + i * 8) = make_uint2((unsigned)w, (unsigned)(w >> 32));
-    else
-      *(unsigned *)(q + i * 4) = (unsigned)w;
+    cu_put_pack<PER>(q + i * PER, cu_cast_pack<PER>(u, s, f, &m));
   }
   CU_GRID_LOOP(i, n - packs * PER) {
     int64_t k = packs * PER + i;
@@ -147,10 +153,7 @@ static __global__ void __launch_bounds__(CU_THREADS) k_fp8_cast_transpose(gc_kar
         cu_pack v;
         v.v = *(const uint4 *)((const char *)a.p[1] + (r * cols + c) * (16 / PER));
         w = cu_cast_pack<PER>(v, s, f, &m);
-        if (PER == 8)
-          *(uint2 *)(q + r * cols + c) = make_uint2((unsigned)w, (unsigned)(w >> 32));
-        else
-          *(unsigned *)(q + r * cols + c) = (unsigned)w;
+        cu_put_pack<PER>(q + r * cols + c, w);
       }
 #pragma unroll
       for (int j = 0; j < PER; j++)
@@ -314,22 +317,17 @@ static __global__ void k_fp8_pad(unsigned char *y, const unsigned char *q, int64
   }
 }
 
-/* GC_K_FP8_TRANSPOSE: the word kernel where the layout allows it. */
-static void cu_fp8_layout(cudaStream_t s, const gc_kargs *a) {
-  int64_t rows = a->n[0], cols = a->n[1], ld = a->n[2];
-  if (rows <= 0 || cols <= 0) return;
-  if (a->n[3] == 1 && cols % 4 == 0 && ld % 4 == 0 && (uintptr_t)a->p[0] % 4 == 0 &&
-      (uintptr_t)a->p[1] % 4 == 0) {
+/* y [cols x ld] = the bytes q [rows x cols] transposed, zeros after each
+** row's rows bytes: the word kernel where the layout allows it. The
+** quantize's transpose where the cast-transpose cannot take the layout. */
+static void cu_fp8_transpose(cudaStream_t s, unsigned char *y, const unsigned char *q, int64_t rows,
+                             int64_t cols, int64_t ld) {
+  if (cols % 4 == 0 && ld % 4 == 0 && (uintptr_t)y % 4 == 0 && (uintptr_t)q % 4 == 0) {
     dim3 grid((unsigned)((ld + CU_T8 - 1) / CU_T8), (unsigned)((cols + CU_T8 - 1) / CU_T8));
-    k_fp8_transpose_words<<<grid, CU_THREADS, 0, s>>>(
-        (unsigned char *)a->p[0], (const unsigned char *)a->p[1], rows, cols, ld);
-  } else if (a->n[3] == 1) {
-    dim3 grid((unsigned)((ld + 31) / 32), (unsigned)((cols + 31) / 32)), block(32, 8);
-    k_fp8_transpose<<<grid, block, 0, s>>>((unsigned char *)a->p[0], (const unsigned char *)a->p[1],
-                                           rows, cols, ld);
+    k_fp8_transpose_words<<<grid, CU_THREADS, 0, s>>>(y, q, rows, cols, ld);
   } else {
-    k_fp8_pad<<<cu_blocks(rows * ld), CU_THREADS, 0, s>>>(
-        (unsigned char *)a->p[0], (const unsigned char *)a->p[1], rows, cols, ld);
+    dim3 grid((unsigned)((ld + 31) / 32), (unsigned)((cols + 31) / 32)), block(32, 8);
+    k_fp8_transpose<<<grid, block, 0, s>>>(y, q, rows, cols, ld);
   }
 }
 
@@ -349,12 +347,9 @@ gcap_status cu_fp8(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_ka
         unsigned gt = (unsigned)(tiles < CU_FP8_BLOCKS ? tiles : CU_FP8_BLOCKS);
         (bf ? k_fp8_cast_transpose<8> : k_fp8_cast_transpose<4>)<<<gt, CU_THREADS, 0, s>>>(*a);
       } else { /* the cast, then its bytes transposed */
-        gc_kargs tr;
-        memset(&tr, 0, sizeof tr);
-        tr.p[0] = a->p[6], tr.p[1] = a->p[0];
-        tr.n[0] = rows, tr.n[1] = cols, tr.n[2] = ld, tr.n[3] = 1;
         quantize<<<ga, CU_THREADS, 0, s>>>(*a);
-        cu_fp8_layout(s, &tr);
+        cu_fp8_transpose(s, (unsigned char *)a->p[6], (const unsigned char *)a->p[0], rows, cols,
+                         ld);
       }
       break;
     }
@@ -365,8 +360,10 @@ gcap_status cu_fp8(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_ka
     case GC_K_FP8_AMAX:
       (bf ? k_fp8_amax<8> : k_fp8_amax<4>)<<<ga, CU_THREADS, 0, s>>>(*a);
       break;
-    case GC_K_FP8_TRANSPOSE:
-      cu_fp8_layout(s, a);
+    case GC_K_FP8_PAD:
+      if (a->n[0] > 0 && a->n[2] > 0)
+        k_fp8_pad<<<cu_blocks(a->n[0] * a->n[2]), CU_THREADS, 0, s>>>(
+            (unsigned char *)a->p[0], (const unsigned char *)a->p[1], a->n[0], a->n[1], a->n[2]);
       break;
     default: /* GC_K_FP8_UPDATE */
       if (a->n[2] > 0) k_fp8_update<<<(unsigned)a->n[2], CU_ROW_THREADS, 0, s>>>(*a);

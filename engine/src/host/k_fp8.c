@@ -145,14 +145,10 @@ void hk_fp8_update(const gc_kargs *a) {
   }
 }
 
-void hk_fp8_transpose(const gc_kargs *a) {
+void hk_fp8_pad(const gc_kargs *a) {
   unsigned char *y = (unsigned char *)a->p[0];
   const unsigned char *q = (const unsigned char *)a->p[1];
   int64_t rows = a->n[0], cols = a->n[1], ld = a->n[2], i;
-  if (a->n[3] == 1) {
-    transpose_bytes(y, q, rows, cols, ld);
-    return;
-  }
   for (i = 0; i < rows; i++) { /* y [rows x ld] = q's rows, then zeros */
     memcpy(y + i * ld, q + i * cols, (size_t)cols);
     memset(y + i * ld + cols, 0, (size_t)(ld - cols));

@@ -28,7 +28,7 @@ void hk_fp8_quantize(const gc_kargs *a);
 void hk_fp8_dequantize(const gc_kargs *a);
 void hk_fp8_amax(const gc_kargs *a);
 void hk_fp8_update(const gc_kargs *a);
-void hk_fp8_transpose(const gc_kargs *a);
+void hk_fp8_pad(const gc_kargs *a);
 /* The FP8 GEMM (kernels.c, beside the matmul it shares its sums with). */
 void hk_fp8_gemm(const gc_kargs *a);
 /* t[b] = FP8 byte b of format f dequantized with scale_inv, as a float

@@ -198,8 +198,9 @@ extern "C" {
      fp8_max / amax, 1 where the amax is 0 or not finite, FLT_MAX where the quotient is            \
      infinite (current scaling); p[3]: NULL, or one f32 that becomes max(itself, amax of x);       \
      p[4]: NULL, or one f32 receiving 1 / scale; p[5]: NULL, or one f32 flag: nonzero, the         \
-     launch does nothing (a weight whose cached FP8 copy is kept); p[6]: NULL, or the bytes of     \
-     p[0] read as [n[3] rows x n[4] cols], transposed as FP8_TRANSPOSE's n[3] = 1 with ld n[5] */  \
+     launch does nothing (a weight whose cached FP8 copy is kept); p[6]: NULL, or [n[4] rows x     \
+     n[5] bytes] = the bytes of p[0] read as [n[3] rows x n[4] cols], transposed (n[5] >= n[3]),   \
+     zeros after each row's n[3] bytes: an FP8_GEMM operand summing over the n[3] rows */          \
   X(FP8_QUANTIZE, fp8_quantize, fp8, 0x59)                                                         \
   /* p[0][i] (dt) = the FP8 byte p[1][i] times p[2][0] (f32: the scale's inverse), i < n[0] */     \
   X(FP8_DEQUANTIZE, fp8_dequantize, fp8, 0x01)                                                     \
@@ -212,11 +213,9 @@ extern "C" {
      (n[4] = 1, "most_recent"), and scale[r] = f[r - n[1]] / m (f: fp8_max / 2^margin) where m     \
      is finite and > 0, FLT_MAX where that is infinite; otherwise scale[r] stays */                \
   X(FP8_UPDATE, fp8_update, fp8, 0x01)                                                             \
-  /* the bytes of an FP8 copy laid out for FP8_GEMM: n[3] = 1, p[0] [n[1] rows x n[2] bytes] =     \
-     p[1] [n[0] rows x n[1] cols] transposed (n[2] >= n[0]); n[3] = 0, p[0] [n[0] rows x n[2]      \
-     bytes] = p[1]'s rows (n[2] >= n[1]); the bytes of each row of p[0] beyond the copied ones     \
-     are 0 */                                                                                      \
-  X(FP8_TRANSPOSE, fp8_transpose, fp8, 0x01)                                                       \
+  /* the bytes of an FP8 copy laid out for FP8_GEMM: p[0] [n[0] rows x n[2] bytes] = p[1]          \
+     [n[0] rows x n[1] cols], zeros after each row's n[1] bytes (n[2] >= n[1]) */                  \
+  X(FP8_PAD, fp8_pad, fp8, 0x01)                                                                   \
   /* C p[0] [m = n[0] x n = n[1]] (dt) = f[0] A B^T + f[1] C (+ bias): A [m x k] and B [n x k],    \
      k = n[2], the FP8 bytes p[1] and p[2] of formats n[5] and n[6], rows n[3] bytes apart         \
      (n[3] >= k, the bytes from k to n[3] of each row 0, in both), each element its byte times     \

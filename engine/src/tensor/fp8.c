@@ -140,18 +140,17 @@ gcap_status gc_fp8_update(gcap_tensor *state, int roles, int len, int r0, int co
   return gc_run(state->e, GC_K_FP8_UPDATE, &a, &state, 1, state);
 }
 
-gcap_status gc_fp8_layout(const gc_fp8 *q, int64_t rows, int64_t cols, int transpose, gc_fp8 *out) {
+gcap_status gc_fp8_pad(const gc_fp8 *q, int64_t rows, int64_t cols, gc_fp8 *out) {
   gcap_engine *e = q->data->e;
-  int64_t ld = GC_FP8_LD(transpose ? rows : cols), words;
+  int64_t ld = GC_FP8_LD(cols), words;
   gcap_tensor *in[1];
   gc_kargs a;
   gcap_status st;
   memset(out, 0, sizeof *out);
-  out->n = (transpose ? cols : rows) * ld;
+  out->n = rows * ld;
   out->format = q->format;
   words = (out->n + 3) / 4;
-  if ((st = gc_tensor_alloc(e, "fp8 transpose", GCAP_F32, 1, &words, &out->data)) != GCAP_OK)
-    return st;
+  if ((st = gc_tensor_alloc(e, "fp8 pad", GCAP_F32, 1, &words, &out->data)) != GCAP_OK) return st;
   out->scale_inv = gcap_tensor_retain(q->scale_inv);
   memset(&a, 0, sizeof a);
   a.p[0] = gc_tensor_ptr(out->data);
@@ -159,9 +158,8 @@ gcap_status gc_fp8_layout(const gc_fp8 *q, int64_t rows, int64_t cols, int trans
   a.n[0] = rows;
   a.n[1] = cols;
   a.n[2] = ld;
-  a.n[3] = transpose != 0;
   in[0] = q->data;
-  if ((st = gc_run(e, GC_K_FP8_TRANSPOSE, &a, in, 1, out->data)) != GCAP_OK) gc_fp8_free(out);
+  if ((st = gc_run(e, GC_K_FP8_PAD, &a, in, 1, out->data)) != GCAP_OK) gc_fp8_free(out);
   return st;
 }
 

@@ -314,8 +314,9 @@ gcap_status gc_fp8_transposed(gcap_engine *e, const gc_fp8 *q, int64_t rows, int
 ** element, an amax (current != 0) from which the kernel takes the scale;
 ** amax (NULL: none) becomes max(amax, amax of x); skip (NULL: none) set
 ** nonzero makes the launch do nothing. t (NULL: none) receives, from the
-** same launch, q's bytes seen as [numel / cols x cols] transposed as
-** gc_fp8_layout makes them (allocated unless t->data is set: a cached copy),
+** same launch, q's bytes seen as [numel / cols x cols] transposed into
+** [cols x GC_FP8_LD(numel / cols)], each row zero-padded (allocated unless t->data is set: a cached
+*copy),
 ** sharing q's scale_inv. */
 gcap_status gc_fp8_quantize(gcap_tensor *x, gc_fp8 *q, gcap_tensor *scale, int current,
                             gcap_tensor *amax, gcap_tensor *skip, gc_fp8 *t, int64_t cols);
@@ -328,11 +329,10 @@ gcap_status gc_fp8_amax(gcap_tensor *x, gcap_tensor *amax);
 ** values: k rounded up to 16 (the zeros after k pad it), as cuBLASLt's FP8
 ** GEMMs take their operands. */
 #define GC_FP8_LD(k) (((k) + 15) / 16 * 16)
-/* *out = q's bytes, seen as [rows x cols], laid out as an FP8 GEMM operand
-** (GC_K_FP8_TRANSPOSE): transposed ([cols x GC_FP8_LD(rows)]) when
-** `transpose`, else the rows padded ([rows x GC_FP8_LD(cols)]); out shares
-** q's scale_inv. */
-gcap_status gc_fp8_layout(const gc_fp8 *q, int64_t rows, int64_t cols, int transpose, gc_fp8 *out);
+/* *out = q's bytes, seen as [rows x cols], with their rows padded as an FP8
+** GEMM operand's ([rows x GC_FP8_LD(cols)], GC_K_FP8_PAD); out shares q's
+** scale_inv. (Transposed operands come from gc_fp8_quantize.) */
+gcap_status gc_fp8_pad(const gc_fp8 *q, int64_t rows, int64_t cols, gc_fp8 *out);
 /* C [m x n] = A B^T (+ beta C, + bias; the gelu with its pre-activation
 ** into pre) of the FP8 operands A [m x k] and B [n x k], rows ld bytes
 ** apart (GC_K_FP8_GEMM); C allocated as dt (ndim, shape) when *c is NULL;

@@ -147,7 +147,7 @@ static gcap_status dgrad(gc_node *n, const gc_fp8 *gq, gcap_tensor **dx) {
   gc_fp8 wt = saved_fp8(n, 2, out, in), gp;
   gcap_status st = GCAP_OK;
   memset(&gp, 0, sizeof gp);
-  if (GC_FP8_LD(out) != out) st = gc_fp8_layout(gq, rows, out, 0, &gp);
+  if (GC_FP8_LD(out) != out) st = gc_fp8_pad(gq, rows, out, &gp);
   if (st == GCAP_OK)
     st = gc_fp8_gemm(gp.data ? &gp : gq, &wt, rows, in, out, GC_FP8_LD(out), 0.0f, NULL, NULL, 0,
                      xm->dt, xm->ndim, xm->shape, dx);
