@@ -57,7 +57,7 @@ local MAX_JOIN = 64  -- the most tensors gc.cat joins
 local function buckets_of (ps, cap)
   local out, cur, bytes = {}, {}, 0
   for k, p in ipairs(ps) do
-    local b = (p:dtype() == "bf16" and 2 or 4) * p:numel()
+    local b = util.nbytes(p)
     if #cur > 0 and (bytes + b > cap or #cur == MAX_JOIN or p:dtype() ~= ps[cur[1]]:dtype()) then
       out[#out + 1], cur, bytes = cur, {}, 0
     end

@@ -225,17 +225,15 @@ end
 -- the bytes of the shards and their grads on this rank, of the arena (the
 -- full parameters of one unit at a time), and of the whole model's
 -- parameters
-local function bytes (t) return (t:dtype() == "bf16" and 2 or 4) * t:numel() end
-
 function FSDP:memory ()
   local r = {shard_bytes = 0, shard_grad_bytes = 0, model_bytes = 0,
-             full_bytes = self._arena and bytes(self._arena) or 0}
+             full_bytes = self._arena and util.nbytes(self._arena) or 0}
   for _, u in ipairs(self._u) do
     for k, p in ipairs(u.params) do
       local s = u.shards[k]
-      r.shard_bytes = r.shard_bytes + bytes(s)
-      if s.grad then r.shard_grad_bytes = r.shard_grad_bytes + bytes(s.grad) end
-      r.model_bytes = r.model_bytes + bytes(p)
+      r.shard_bytes = r.shard_bytes + util.nbytes(s)
+      if s.grad then r.shard_grad_bytes = r.shard_grad_bytes + util.nbytes(s.grad) end
+      r.model_bytes = r.model_bytes + util.nbytes(p)
     end
   end
   return r

@@ -139,7 +139,7 @@ function gc.frombytes (s, shape, opts)
   local dt, rg = tensor_opts("frombytes", opts)
   if type(s) ~= "string" then raise("frombytes: s must be a string, got %s", type(s)) end
   local t = core.empty(shape, dt)
-  local n = t:numel() * (t:dtype() == "bf16" and 2 or 4)
+  local n = util.nbytes(t)
   if #s ~= n then
     raise("frombytes: %d bytes, but a tensor of %d %s elements holds %d", #s, t:numel(),
           t:dtype(), n)

@@ -98,6 +98,9 @@ function util.check_tensor (where, what, v)
   return v
 end
 
+-- The bytes of t's elements (4 an element in f32, 2 in bf16).
+function util.nbytes (t) return (t:dtype() == "bf16" and 2 or 4) * t:numel() end
+
 -- zero_grad([{set_to_none = true}]) over a C zero_grad(self, set_to_none),
 -- for modules and optimizers alike (its argument errors name zero_grad).
 local zero_grad_options = {set_to_none = true}
