@@ -204,6 +204,12 @@ static inline gcap_status cu_blas_stream(gcap_engine *e, cu_state *st, cudaStrea
 ** (k_reduce.cu). */
 void cu_join_chunks(cudaStream_t s, void *y, const float *part, int dt, int64_t cols, int chunks);
 
+/* y (cols, dt) = the columns of x [rows x cols] (dt) summed: with part (a
+** scratch of chunks * cols floats, chunks > 1), in chunks of rows joined in
+** a fixed order; else one thread a column over all rows (k_linalg.cu). */
+void cu_sum_rows(cudaStream_t s, void *y, const void *x, int dt, int64_t rows, int64_t cols,
+                 float *part, int chunks);
+
 /* c [n / cols rows x cols] = alpha * (a sum of no products) + beta * c
 ** (beta 0: c not read) + the bias row (NULL: none): a GEMM whose inner dim
 ** is 0, as the host computes it (k_linalg.cu). */

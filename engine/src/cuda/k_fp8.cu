@@ -1,7 +1,8 @@
 /*
 ** k_fp8.cu: the FP8 kernels (backend.h's GC_K_FP8_*, the GEMM aside in
 ** k_fp8_gemm.cu): quantize with a scale (the amax of x noted in the same
-** pass, and with it the transpose an FP8 GEMM operand needs), dequantize,
+** pass, and with it the transpose an FP8 GEMM operand needs and the column
+** sums of a grad's bias grad), dequantize,
 ** amax, delayed scaling's update, and the padded copy of an operand's rows.
 ** Casts are CUDA's saturating conversion
 ** (__nv_cvt_float_to_fp8 with __NV_SATFINITE: round to nearest even; the
@@ -130,13 +131,22 @@ template <int PER> static __global__ void k_fp8_quantize(gc_kargs a) {
 ** rows side by side: across x's columns, their writes were ld bytes apart,
 ** a power of two, and queued on a few memory channels. Wants cols a
 ** multiple of PER, x 16-byte, q 8-byte and t 4-byte aligned, ld a multiple
-** of 4. */
-#define CU_CT 64
+** of 4.
+** With p[8], the tile's column sums of x too (TE's cast_transpose_dbias):
+** a thread's packs all lie in one column slot, so it sums its rows of the
+** tile in order, then the slot's lanes are added in order and the tile's
+** partial sums go to part[row tile][column], which cu_join_chunks adds in
+** a fixed order: the same bits every run. */
+#define CU_CT GC_FP8_TILE
 template <int PER>
 static __global__ void __launch_bounds__(CU_THREADS) k_fp8_cast_transpose(gc_kargs a) {
+  constexpr int SLOTS = CU_CT / PER, LANES = CU_THREADS / SLOTS; /* packs a row; rows a pass */
+  static_assert(CU_THREADS % SLOTS == 0, "a thread keeps one column slot");
   __shared__ unsigned char tile[CU_CT][CU_CT + 1];
+  __shared__ float lane_sums[LANES][CU_CT + 1];
   unsigned char *q = (unsigned char *)a.p[0], *t = (unsigned char *)a.p[6];
   const float *skip = (const float *)a.p[5];
+  float *part = (float *)a.p[8];
   const int f = (int)a.n[1];
   const int64_t rows = a.n[3], cols = a.n[4], ld = a.n[5];
   const int64_t rtiles = (ld + CU_CT - 1) / CU_CT, ctiles = (cols + CU_CT - 1) / CU_CT;
@@ -145,8 +155,12 @@ static __global__ void __launch_bounds__(CU_THREADS) k_fp8_cast_transpose(gc_kar
   float m = 0.0f;
   for (int64_t k = blockIdx.x; k < rtiles * ctiles; k += gridDim.x) {
     const int64_t r0 = k % rtiles * CU_CT, c0 = k / rtiles * CU_CT;
+    float sum[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+      sum[j] = 0.0f;
     for (int u = threadIdx.x; u < CU_CT * CU_CT / PER; u += CU_THREADS) {
-      const int i = u / (CU_CT / PER), cj = u % (CU_CT / PER) * PER;
+      const int i = u / SLOTS, cj = u % SLOTS * PER;
       const int64_t r = r0 + i, c = c0 + cj;
       uint64_t w = 0;
       if (r < rows && c < cols) {
@@ -154,12 +168,26 @@ static __global__ void __launch_bounds__(CU_THREADS) k_fp8_cast_transpose(gc_kar
         v.v = *(const uint4 *)((const char *)a.p[1] + (r * cols + c) * (16 / PER));
         w = cu_cast_pack<PER>(v, s, f, &m);
         cu_put_pack<PER>(q + r * cols + c, w);
+        if (part != NULL)
+#pragma unroll
+          for (int j = 0; j < PER; j++)
+            sum[j] = __fadd_rn(sum[j], cu_pack_at<PER>(v, j));
       }
 #pragma unroll
       for (int j = 0; j < PER; j++)
         tile[i][cj + j] = (unsigned char)(w >> (8 * j));
     }
+    if (part != NULL)
+#pragma unroll
+      for (int j = 0; j < PER; j++)
+        lane_sums[threadIdx.x / SLOTS][threadIdx.x % SLOTS * PER + j] = sum[j];
     __syncthreads();
+    if (part != NULL && threadIdx.x < CU_CT && c0 + threadIdx.x < cols) {
+      float c_sum = 0.0f;
+      for (int l = 0; l < LANES; l++)
+        c_sum = __fadd_rn(c_sum, lane_sums[l][threadIdx.x]);
+      part[k % rtiles * cols + c0 + threadIdx.x] = c_sum;
+    }
     for (int u = threadIdx.x; u < CU_CT * CU_CT / 4; u += CU_THREADS) {
       const int oc = u / (CU_CT / 4), ow = u % (CU_CT / 4);
       const int64_t c = c0 + oc, r = r0 + 4 * ow;
@@ -346,11 +374,19 @@ gcap_status cu_fp8(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_ka
         int64_t tiles = (ld + CU_CT - 1) / CU_CT * ((cols + CU_CT - 1) / CU_CT);
         unsigned gt = (unsigned)(tiles < CU_FP8_BLOCKS ? tiles : CU_FP8_BLOCKS);
         (bf ? k_fp8_cast_transpose<8> : k_fp8_cast_transpose<4>)<<<gt, CU_THREADS, 0, s>>>(*a);
+        if (a->p[7] != NULL && a->p[8] != NULL) { /* the tiles' column sums joined */
+          cu_join_chunks(s, a->p[7], (const float *)a->p[8], a->dt, cols,
+                         (int)GC_FP8_DBIAS_CHUNKS(ld));
+          break;
+        }
       } else { /* the cast, then its bytes transposed */
         quantize<<<ga, CU_THREADS, 0, s>>>(*a);
         cu_fp8_transpose(s, (unsigned char *)a->p[6], (const unsigned char *)a->p[0], rows, cols,
                          ld);
       }
+      if (a->p[6] != NULL && a->p[7] != NULL) /* column sums the cast did not make */
+        cu_sum_rows(s, a->p[7], a->p[1], a->dt, rows, cols, (float *)a->p[8],
+                    (int)GC_FP8_DBIAS_CHUNKS(ld));
       break;
     }
     case GC_K_FP8_DEQUANTIZE:

@@ -58,6 +58,18 @@ static __global__ void k_sum_rows_part(float *part, const void *x, int dt, int64
   }
 }
 
+void cu_sum_rows(cudaStream_t s, void *y, const void *x, int dt, int64_t rows, int64_t cols,
+                 float *part, int chunks) {
+  if (cols <= 0) return;
+  if (chunks > 1 && part != NULL) {
+    dim3 grid(cu_blocks(cols), (unsigned)chunks);
+    k_sum_rows_part<<<grid, CU_THREADS, 0, s>>>(part, x, dt, rows, cols, chunks);
+    cu_join_chunks(s, y, part, dt, cols, chunks);
+    return;
+  }
+  k_sum_rows<<<cu_blocks(cols), CU_THREADS, 0, s>>>(y, x, dt, rows, cols);
+}
+
 /* matmul with k = 0: C = alpha * 0 + beta * C (+ bias row of n), as the host
 ** computes it (C is not read when beta = 0). cuBLAS is not asked, as it
 ** wants ld >= 1. */
@@ -403,17 +415,9 @@ gcap_status cu_linalg(gcap_engine *e, cu_state *st, cudaStream_t s, int k, const
       return GCAP_OK;
     }
     case GC_K_SUM_ROWS: {
-      int64_t rows = a->n[0] > 0 ? a->n[0] : 0, cols = a->n[1];
-      if (cols <= 0) return GCAP_OK;
-      int chunks = GC_SUM_ROWS_CHUNKS(rows);
-      if (chunks > 1 && a->p[2] != NULL) {
-        dim3 grid(cu_blocks(cols), (unsigned)chunks);
-        k_sum_rows_part<<<grid, CU_THREADS, 0, s>>>((float *)a->p[2], a->p[1], a->dt, rows, cols,
-                                                    chunks);
-        cu_join_chunks(s, a->p[0], (const float *)a->p[2], a->dt, cols, chunks);
-        return GCAP_OK;
-      }
-      k_sum_rows<<<cu_blocks(cols), CU_THREADS, 0, s>>>(a->p[0], a->p[1], a->dt, rows, cols);
+      int64_t rows = a->n[0] > 0 ? a->n[0] : 0;
+      cu_sum_rows(s, a->p[0], a->p[1], a->dt, rows, a->n[1], (float *)a->p[2],
+                  GC_SUM_ROWS_CHUNKS(rows));
       return GCAP_OK;
     }
     default: /* GC_K_MATMUL */

@@ -122,7 +122,7 @@ static void hk_expand(const gc_kargs *a) {
 }
 
 /* (The scratch of p[2] is for backends that sum chunks in parallel.) */
-static void hk_sum_rows(const gc_kargs *a) {
+void hk_sum_rows(const gc_kargs *a) {
   void *y = a->p[0];
   const void *x = a->p[1];
   int64_t rows = a->n[0], cols = a->n[1], i, j;

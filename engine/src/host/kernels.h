@@ -25,6 +25,7 @@ void hk_attn_bwd_dkv(const gc_kargs *a);
 /* The FP8 kernels: casts, amax, delayed scaling's update, the layouts of
 ** the FP8 GEMM's operands (k_fp8.c). */
 void hk_fp8_quantize(const gc_kargs *a);
+void hk_sum_rows(const gc_kargs *a); /* kernels.c's, also the quantize's column sums */
 void hk_fp8_dequantize(const gc_kargs *a);
 void hk_fp8_amax(const gc_kargs *a);
 void hk_fp8_update(const gc_kargs *a);

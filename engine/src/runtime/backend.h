@@ -200,8 +200,11 @@ extern "C" {
      p[4]: NULL, or one f32 receiving 1 / scale; p[5]: NULL, or one f32 flag: nonzero, the         \
      launch does nothing (a weight whose cached FP8 copy is kept); p[6]: NULL, or [n[4] rows x     \
      n[5] bytes] = the bytes of p[0] read as [n[3] rows x n[4] cols], transposed (n[5] >= n[3]),   \
-     zeros after each row's n[3] bytes: an FP8_GEMM operand summing over the n[3] rows */          \
-  X(FP8_QUANTIZE, fp8_quantize, fp8, 0x59)                                                         \
+     zeros after each row's n[3] bytes: an FP8_GEMM operand summing over the n[3] rows; with       \
+     p[6], p[7]: NULL, or n[4] sums (dt) = the columns of x read as [n[3] x n[4]] summed (a        \
+     grad's bias grad, TransformerEngine's cast_transpose_dbias), p[8] then NULL or the scratch    \
+     of GC_FP8_DBIAS_CHUNKS(n[5]) * n[4] f32 partial sums for backends that sum in parallel */     \
+  X(FP8_QUANTIZE, fp8_quantize, fp8, 0x1d9)                                                        \
   /* p[0][i] (dt) = the FP8 byte p[1][i] times p[2][0] (f32: the scale's inverse), i < n[0] */     \
   X(FP8_DEQUANTIZE, fp8_dequantize, fp8, 0x01)                                                     \
   /* p[0][0] (f32) = max(p[0][0], amax of x p[1] of n[0] elements) */                              \
@@ -233,6 +236,12 @@ extern "C" {
 ** (GC_K_FP8_UPDATE): amax[r], scale[r], history[r][l]. */
 #define GC_FP8_MAX(f) ((f) == GCAP_FP8_E5M2 ? 57344.0f : 448.0f)
 #define GC_FP8_STATE_FLOATS(r, l) ((r) * (2 + (l)))
+
+/* The chunks of rows of a quantize's column sums (GC_K_FP8_QUANTIZE's p[8]),
+** ld its transpose's rows padded: one per GC_FP8_TILE rows, the tiles of
+** cuda's cast-transpose. */
+#define GC_FP8_TILE 64
+#define GC_FP8_DBIAS_CHUNKS(ld) (((ld) + GC_FP8_TILE - 1) / GC_FP8_TILE)
 
 /* The flags of a mask read by softmax and masked_fill: bit d (d < 4) set when
 ** the mask has size 1 in dim d of the 4-D shape it is broadcast over. */

@@ -57,14 +57,24 @@ gcap_status gc_fp8_transposed(gcap_engine *e, const gc_fp8 *q, int64_t rows, int
 }
 
 gcap_status gc_fp8_quantize(gcap_tensor *x, gc_fp8 *q, gcap_tensor *scale, int current,
-                            gcap_tensor *amax, gcap_tensor *skip, gc_fp8 *t, int64_t cols) {
+                            gcap_tensor *amax, gcap_tensor *skip, gc_fp8 *t, int64_t cols,
+                            gcap_tensor **dbias) {
   gcap_engine *e = x->e;
-  gcap_tensor *in[3];
+  gcap_tensor *in[3], *scratch = NULL;
   gc_kargs a;
   gcap_status st;
   int nin = 0;
+  if (dbias != NULL) *dbias = NULL;
   if (t != NULL && (st = gc_fp8_transposed(e, q, x->numel / cols, cols, t)) != GCAP_OK) return st;
   memset(&a, 0, sizeof a);
+  if (t != NULL && dbias != NULL) {
+    int64_t chunks = GC_FP8_DBIAS_CHUNKS(GC_FP8_LD(x->numel / cols));
+    if ((st = gc_tensor_alloc(e, "fp8 quantize", x->dt, 1, &cols, dbias)) != GCAP_OK ||
+        (st = gc_note_access(e, *dbias, 1)) != GCAP_OK ||
+        (st = gc_scratch(e, "fp8 quantize", chunks * cols, &scratch, &a.p[8])) != GCAP_OK)
+      return gc_keep_or_free(dbias, st);
+    a.p[7] = gc_tensor_ptr(*dbias);
+  }
   a.p[0] = gc_tensor_ptr(q->data);
   a.p[1] = gc_tensor_ptr(x);
   a.p[2] = gc_tensor_ptr(scale);
@@ -88,8 +98,11 @@ gcap_status gc_fp8_quantize(gcap_tensor *x, gc_fp8 *q, gcap_tensor *scale, int c
       (st = gc_note_access(e, q->scale_inv, 1)) != GCAP_OK ||
       (amax && (st = gc_note_access(e, amax, 0)) != GCAP_OK) ||
       (amax && (st = gc_note_access(e, amax, 1)) != GCAP_OK))
-    return st;
-  return gc_run(e, GC_K_FP8_QUANTIZE, &a, in, nin, NULL);
+    goto done;
+  st = gc_run(e, GC_K_FP8_QUANTIZE, &a, in, nin, NULL);
+done:
+  gcap_tensor_free(scratch);
+  return dbias != NULL ? gc_keep_or_free(dbias, st) : st;
 }
 
 gcap_status gc_fp8_dequantize(const gc_fp8 *q, gcap_dtype dt, int ndim, const int64_t *shape,
@@ -266,7 +279,7 @@ gcap_status gcap_fp8_cast(gcap_tensor *x, gcap_fp8_format format, double scale, 
   if ((st = gcap_tensor_full(x->e, GCAP_F32, 0, NULL, scale, &s)) == GCAP_OK &&
       (st = gcap_tensor_full(x->e, GCAP_F32, 0, NULL, 0.0, &m)) == GCAP_OK &&
       (st = gc_fp8_alloc(x->e, op, x->numel, format, &q)) == GCAP_OK &&
-      (st = gc_fp8_quantize(x, &q, s, 0, m, NULL, NULL, 0)) == GCAP_OK)
+      (st = gc_fp8_quantize(x, &q, s, 0, m, NULL, NULL, 0, NULL)) == GCAP_OK)
     st = gc_fp8_dequantize(&q, x->dt, x->ndim, x->shape, out);
   gc_fp8_free(&q);
   gcap_tensor_free(s);

@@ -12,7 +12,8 @@
 ** grad as quantized (padded) and w transposed; the wgrad's grad and x
 ** transposed. Each transpose comes from its operand's quantize launch (TE's
 ** cast-transpose), and the node saves the transposes the backward reads.
-** The bias grad comes from the unquantized grad, as TE's. A delayed wgrad
+** The bias grad comes from the unquantized grad, as TE's: summed by the
+** grad's cast-transpose (TE's cast_transpose_dbias). A delayed wgrad
 ** queues the wgrad GEMM's FP8 operands, and backward_dw runs that GEMM: the
 ** grads of the immediate one.
 */
@@ -92,13 +93,14 @@ static gcap_status update_roles(fp8_ctx *c, int r0, int n) {
 
 /* q = x quantized as role r of c's GEMM (q allocated unless it holds data
 ** already: a cached weight), skip the flag of a cached weight (NULL:
-** none), t (NULL: none) its transpose as [numel / cols x cols].
+** none), t (NULL: none) its transpose as [numel / cols x cols], and with
+** t, *db (db NULL: not wanted) x's column sums from the same launch.
 ** DelayedScaling: the role's scale, its amax noted (in a checkpoint's
 ** recomputed forward, e->fp8_frozen's scale of an input or weight role, no
 ** amax noted); current scaling: x's own amax first (reduced over the
 ** group). */
 static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip, gc_fp8 *q,
-                            gc_fp8 *t, int64_t cols) {
+                            gc_fp8 *t, int64_t cols, gcap_tensor **db) {
   gcap_engine *e = x->e;
   int role = 3 * c->gemm + r;
   gcap_tensor *scale = NULL, *amax = NULL;
@@ -110,7 +112,7 @@ static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip
     if ((scale = gc_elems(e->fp8_frozen, role, 1)) == NULL)
       st = gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", c->who);
     else
-      st = gc_fp8_quantize(x, q, scale, 0, NULL, skip, t, cols);
+      st = gc_fp8_quantize(x, q, scale, 0, NULL, skip, t, cols, db);
   } else if (c->meta != NULL) {
     int roles = 3 * c->meta->gemms;
     scale = gc_elems(c->meta->state, roles + role, 1);
@@ -118,10 +120,10 @@ static gcap_status quantize(fp8_ctx *c, gcap_tensor *x, int r, gcap_tensor *skip
     if (scale == NULL || amax == NULL)
       st = gc_fail(e, GCAP_ENOMEM, "%s: out of host memory", c->who);
     else
-      st = gc_fp8_quantize(x, q, scale, 0, amax, skip, t, cols);
+      st = gc_fp8_quantize(x, q, scale, 0, amax, skip, t, cols, db);
   } else if ((st = gcap_tensor_full(e, GCAP_F32, 1, &one, 0.0, &amax)) == GCAP_OK &&
              (st = gc_fp8_amax(x, amax)) == GCAP_OK && (st = reduce_amax(c, e, amax)) == GCAP_OK) {
-    st = gc_fp8_quantize(x, q, amax, 1, NULL, NULL, t, cols);
+    st = gc_fp8_quantize(x, q, amax, 1, NULL, NULL, t, cols, db);
   }
   gcap_tensor_free(scale);
   gcap_tensor_free(amax);
@@ -246,11 +248,12 @@ static gcap_status fp8_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   if (c->gelu) { /* dz = g gelu'(z), and the bias grad with it */
     st = gc_gelu_backward(g, n->saved[4], out, &dz, want_db ? &db : NULL);
     g = dz;
-  } else if (want_db) {
+  } else if (want_db && !wgrad) { /* with the transpose, the cast sums the columns */
     st = gc_sum_rows(g, out, &db);
   }
   if (st == GCAP_OK) st = keep_state(c, e);
-  if (st == GCAP_OK && (st = quantize(c, g, 2, NULL, &gq, wgrad ? &gt : NULL, out)) == GCAP_OK)
+  if (st == GCAP_OK && (st = quantize(c, g, 2, NULL, &gq, wgrad ? &gt : NULL, out,
+                                      want_db && db == NULL ? &db : NULL)) == GCAP_OK)
     st = update_roles(c, 3 * c->gemm + 2, 1);
   if (st == GCAP_OK && gc_node_needs(n, 0)) st = dgrad(n, &gq, &gin[0]);
   if (st == GCAP_OK) st = param_grads(e, n, c, &gt, db, gin);
@@ -335,9 +338,10 @@ static gcap_status fp8_forward(fp8_ctx *c, gcap_tensor *x, gcap_tensor *w, gcap_
   in[0] = x, in[1] = w, in[2] = b;
   grad = gc_grad_needed(e, in, 3);
   if ((st = weight_copy(c, w, &wq, &wt, &cached)) == GCAP_OK &&
-      (st = quantize(c, x, 0, NULL, &xq, grad && w->requires_grad ? &xt : NULL, k)) == GCAP_OK &&
+      (st = quantize(c, x, 0, NULL, &xq, grad && w->requires_grad ? &xt : NULL, k, NULL)) ==
+          GCAP_OK &&
       (st = quantize(c, w, 1, cached ? e->fp8_skip : NULL, &wq,
-                     cached || (grad && x->requires_grad) ? &wt : NULL, k)) == GCAP_OK &&
+                     cached || (grad && x->requires_grad) ? &wt : NULL, k, NULL)) == GCAP_OK &&
       (e->fp8_frozen != NULL || (st = update_roles(c, 3 * c->gemm, 2)) == GCAP_OK)) {
     if (c->gelu) st = gc_tensor_alloc(e, c->who, x->dt, x->ndim, shape, &pre);
     if (st == GCAP_OK) /* k is a multiple of 16 (check_dims): the rows need no padding */
