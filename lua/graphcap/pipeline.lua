@@ -19,7 +19,8 @@ local core = require "graphcap.core"
 local util = require "graphcap.util"
 core._facade()
 
-local ipairs, math, require, tostring, type = ipairs, math, require, tostring, type
+local ipairs, math, require, table, tostring, type =
+      ipairs, math, require, table, tostring, type
 _ENV = nil
 
 local raise, options = util.raise, util.options
@@ -236,6 +237,38 @@ local function transfers (P, V, orders)
   return out
 end
 
+-- The plans of pipeline.run by schedule (at most MAX_PLANS, then begun
+-- again): a training step reruns one schedule, whose orders and transfers
+-- cost more host time than a small stage's graph replays.
+local MAX_PLANS, plans, nplans = 64, {}, 0
+
+-- Stage r's plan of the schedule sched (pipeline.order's options but the
+-- stage): its steps and its transfers in the common order ({channel, from,
+-- to, key}, read only), and the index of each transfer by key.
+local function plan_of (sched, r)
+  local id = table.concat({tostring(sched.stages), tostring(sched.microbatches),
+                           tostring(sched.chunks or 1), tostring(sched.group_size),
+                           tostring(sched.interleaved), tostring(r)}, " ")
+  local plan = plans[id]
+  if plan then return plan end
+  local orders = {}
+  for q = 0, sched.stages - 1 do
+    sched.stage = q
+    orders[q] = pipeline.order(sched)
+  end
+  local mine, index = {}, {}
+  for _, t in ipairs(transfers(sched.stages, sched.chunks or 1, orders)) do
+    if t.from == r or t.to == r then
+      mine[#mine + 1] = t
+      index[t.key] = #mine
+    end
+  end
+  plan = {steps = pipeline.steps(orders[r]), mine = mine, index = index}
+  if nplans == MAX_PLANS then plans, nplans = {}, 0 end
+  plans[id], nplans = plan, nplans + 1
+  return plan
+end
+
 local run_options = {stages = true, stage = true, microbatches = true, chunks = true,
                      group_size = true, interleaved = true, call = true, input = true,
                      loss = true, shape = true, dtype = true, group = true}
@@ -268,7 +301,7 @@ function pipeline.run (opts)
   end
   local sched = {stages = opts.stages, microbatches = opts.microbatches, chunks = opts.chunks,
                  group_size = opts.group_size, interleaved = opts.interleaved}
-  local P, r, orders = count("pipeline.run", "stages", opts.stages), opts.stage, {}
+  local P, r = count("pipeline.run", "stages", opts.stages), opts.stage
   if math.type(r) ~= "integer" or r < 0 or r >= P then
     raise("pipeline.run: stage must be an integer in 0..%d (stages - 1), got %s", P - 1,
           math.type(r) and r or type(r))
@@ -296,21 +329,11 @@ function pipeline.run (opts)
             .. "its rank in the group, or in the world without one)", r, me)
     end
   end
-  for q = 0, P - 1 do
-    sched.stage = q
-    orders[q] = pipeline.order(sched)
-  end
-  local V, S = opts.chunks or 1, P * (opts.chunks or 1)
+  local S = P * (opts.chunks or 1)
+  local plan = plan_of(sched, r)
+  local mine, index, at = plan.mine, plan.index, 1
   local function tensor (what, v) return util.check_tensor("pipeline.run", what, v) end
-  -- this stage's transfers, in the common order; outgoing data waits in
-  -- outbox, incoming in inbox, until their turn
-  local mine, at, index = {}, 1, {}
-  for _, t in ipairs(transfers(P, V, orders)) do
-    if t.from == r or t.to == r then
-      mine[#mine + 1] = t
-      index[t.key] = #mine
-    end
-  end
+  -- outgoing data waits in outbox, incoming in inbox, until their turn
   local outbox, inbox, here = {}, {}, {}
   local function upto (k)
     while at <= k do
@@ -364,7 +387,7 @@ function pipeline.run (opts)
     return t
   end
   local xs, ys, losses = {}, {}, {}
-  for _, s in ipairs(pipeline.steps(orders[r])) do
+  for _, s in ipairs(plan.steps) do
     local c, b = s.chunk, s.microbatch
     local v, key = (c - 1) * P + r, c .. ":" .. b
     if s.kind == "forward" then
