@@ -69,20 +69,18 @@ end
 
 -- All-reduce (average) the grads of a bucket (indices of ps) over the
 -- group: the grads of the parameters that have one on some rank (used[k])
--- joined into one flat tensor, zeros where this rank has none, one call,
--- copied back. A parameter that gets its grad so (none here, one on another
--- rank) keeps it, unless it needs none here.
+-- joined into one flat tensor, zeros where this rank has none, one call;
+-- each grad is then its piece of the flat tensor (one copy: the piece
+-- becomes the grad, where copying it back into the old grad took two). A
+-- parameter that gets its grad so (none here, one on another rank) keeps
+-- it, unless it needs none here.
 local function sync_bucket (gc, ps, bucket, used, opts)
-  local gs, new = {}, {}
+  local gs, ks = {}, {}
   for _, k in ipairs(bucket) do
     if used[k] then
       local p = ps[k]
-      local g = p.grad
-      if g == nil then
-        g = gc.zeros(p:shape(), {dtype = p:dtype()})
-        new[#new + 1] = {p, g}
-      end
-      gs[#gs + 1] = g:view({g:numel()})
+      local g = p.grad or gc.zeros(p:shape(), {dtype = p:dtype()})
+      gs[#gs + 1], ks[#gs + 1] = g:view({g:numel()}), k
     end
   end
   if #gs == 1 then
@@ -90,13 +88,14 @@ local function sync_bucket (gc, ps, bucket, used, opts)
   elseif #gs > 1 then
     local flat, at = gc.cat(gs), 1
     gc.dist.all_reduce(flat, opts)
-    for _, g in ipairs(gs) do
-      g:copy_(gc.narrow(flat, 1, at, g:numel()))
+    for j, g in ipairs(gs) do
+      gs[j] = gc.narrow(flat, 1, at, g:numel())
       at = at + g:numel()
     end
   end
-  for _, pg in ipairs(new) do
-    if pg[1].requires_grad then pg[1].grad = pg[2] end
+  for j, k in ipairs(ks) do
+    local p = ps[k]
+    if p.grad ~= nil or p.requires_grad then p.grad = gs[j]:view(p:shape()) end
   end
 end
 
