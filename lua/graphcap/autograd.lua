@@ -123,15 +123,18 @@ function autograd.Function (name)
   return fn
 end
 
--- The identity nodes of autograd.on_backward, one Function per name.
-local callbacks = {}
+-- The names on_backward took (each checked once, as a Function's).
+local node_names = {}
+local NO_GRADS = {}  -- the backward of a node whose x needs no grad (never written)
 
 -- autograd.on_backward(name, x, fn [, anchor]) -> y, x's values as a node
 -- named 'name': when backward reaches it (after the backward of everything
 -- computed from y), it runs fn() and passes y's grad on to x. anchor, a
 -- tensor that requires grad (a parameter), makes the node record when x
 -- needs no grad; it gets no grad from it. (gc.ddp and gc.fsdp run their
--- collectives so, after a module's backward.)
+-- collectives so, after a module's backward, at every call: the node is
+-- recorded directly, without a Function's forward and its checks, which
+-- cost several times a kernel launch on the host.)
 function autograd.on_backward (name, x, fn, anchor)
   if type(name) ~= "string" then
     raise("on_backward: name (argument #1) must be a string, got %s", typename(name))
@@ -146,24 +149,29 @@ function autograd.on_backward (name, x, fn, anchor)
   if anchor ~= nil and getmetatable(anchor) ~= TENSOR then
     raise("on_backward: anchor (argument #4) must be a Tensor or nil, got %s", typename(anchor))
   end
-  local f = callbacks[name]
-  if f == nil then
-    f = autograd.Function(name)
-    function f.forward (ctx, t, _, cb)
-      ctx.cb = cb
-      return t:detach()
+  if not node_names[name] then
+    if #name < 1 or #name > 63 or name:find("\0", 1, true) then -- it is its node's grad_fn
+      raise("on_backward: name must be 1 to 63 bytes without a zero byte, got %d bytes", #name)
     end
-    function f.backward (ctx, g)
-      ctx.cb()
-      return ctx.needs_input_grad[1] and g or nil, nil, nil
-    end
-    callbacks[name] = f
+    node_names[name] = true
   end
+  local y = x:detach()
+  if not core.is_grad_enabled() then return y end
+  local gx = x.requires_grad
   -- the anchor only makes the node record: an edge into the anchor itself
   -- would hold its .grad back until this node ran (a leaf's grads go into
   -- .grad once all its edges ran, as in PyTorch), after fn() read it
-  if anchor ~= nil and anchor.requires_grad then anchor = core._anchor(anchor) end
-  return f.apply(x, anchor, fn)
+  if anchor ~= nil and anchor.requires_grad then
+    anchor = core._anchor(anchor)
+  elseif not gx then
+    return y
+  else
+    anchor = nil
+  end
+  return core._fn_record(name, y, 2, {x, anchor}, NO_GRADS, function (g)
+    fn()
+    return gx and {g} or NO_GRADS
+  end)
 end
 
 return autograd

@@ -73,4 +73,22 @@ function TestOnBackward:test_graphed ()
   lu.assertEquals(graphed.l.weight.grad:tolist()[1][1], 2 * plain.weight.grad:tolist()[1][1])
 end
 
+-- The node is named as given (its grad_fn); a name a node cannot take and
+-- an error raised by the function are errors of the call, the latter from
+-- backward as it was raised; the next backward runs normally.
+function TestOnBackward:test_name_and_errors ()
+  local x = x0:clone():requires_grad_(true)
+  lu.assertEquals(gc.autograd.on_backward("Named", x, print).grad_fn, "Named")
+  H.assert_err(function () gc.autograd.on_backward(("n"):rep(64), x, print) end,
+               "on_backward: name must be 1 to 63 bytes without a zero byte, got 64 bytes")
+  local fail = true
+  local y = gc.autograd.on_backward("Probe", x, function ()
+    if fail then error("probe failed", 0) end
+  end)
+  H.assert_err(function () y:sum():backward({retain_graph = true}) end, "probe failed")
+  fail = false
+  y:sum():backward()
+  H.assert_bitwise(x.grad:tolist(), gc.ones({2, 3}):tolist(), "the grad after the retry")
+end
+
 os.exit(lu.LuaUnit.run(), true)
