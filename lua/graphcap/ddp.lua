@@ -93,9 +93,11 @@ local function sync_bucket (gc, ps, bucket, used, opts)
       at = at + g:numel()
     end
   end
-  for j, k in ipairs(ks) do
+  for j, k in ipairs(ks) do  -- (a bucket of one reduced its grad in place: it stays)
     local p = ps[k]
-    if p.grad ~= nil or p.requires_grad then p.grad = gs[j]:view(p:shape()) end
+    if (#gs > 1 and p.grad ~= nil) or (p.grad == nil and p.requires_grad) then
+      p.grad = gs[j]:view(p:shape())
+    end
   end
 end
 
