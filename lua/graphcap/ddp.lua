@@ -12,7 +12,8 @@
 -- still run their backward. A bucket is a run of the module's parameters of
 -- at most bucket_cap_mb MB (default 25, as torch's DDP; a larger parameter
 -- is a bucket alone; 0: one bucket per parameter): its grads are joined into
--- one flat tensor, all-reduced (average) with one call, and copied back.
+-- one flat tensor, all-reduced (average) with one call, each grad then its
+-- piece of it (a bucket of one grad is reduced in place).
 -- The average is elementwise, so the grads are bit for bit those of one
 -- all-reduce per parameter. A node on each output sets the grads already
 -- there aside before the module's backward; after the sync they get the
