@@ -384,7 +384,7 @@ gcap_status cu_fp8(gcap_engine *, cu_state *, cudaStream_t s, int k, const gc_ka
         cu_fp8_transpose(s, (unsigned char *)a->p[6], (const unsigned char *)a->p[0], rows, cols,
                          ld);
       }
-      if (a->p[6] != NULL && a->p[7] != NULL) /* column sums the cast did not make */
+      if (a->p[7] != NULL) /* column sums the cast did not make */
         cu_sum_rows(s, a->p[7], a->p[1], a->dt, rows, cols, (float *)a->p[8],
                     (int)GC_FP8_DBIAS_CHUNKS(ld));
       break;

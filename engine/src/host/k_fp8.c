@@ -105,7 +105,7 @@ void hk_fp8_quantize(const gc_kargs *a) {
   if (amax != NULL) *amax = fmaxf(*amax, amax_of(x, dt, n));
   if (scale_inv != NULL) *scale_inv = 1.0f / scale;
   if (a->p[6] != NULL) transpose_bytes((unsigned char *)a->p[6], q, a->n[3], a->n[4], a->n[5]);
-  if (a->p[6] != NULL && a->p[7] != NULL) { /* the column sums, in sum_rows's order */
+  if (a->p[7] != NULL) { /* the column sums, in sum_rows's order */
     gc_kargs s;
     memset(&s, 0, sizeof s);
     s.p[0] = a->p[7];

@@ -200,10 +200,11 @@ extern "C" {
      p[4]: NULL, or one f32 receiving 1 / scale; p[5]: NULL, or one f32 flag: nonzero, the         \
      launch does nothing (a weight whose cached FP8 copy is kept); p[6]: NULL, or [n[4] rows x     \
      n[5] bytes] = the bytes of p[0] read as [n[3] rows x n[4] cols], transposed (n[5] >= n[3]),   \
-     zeros after each row's n[3] bytes: an FP8_GEMM operand summing over the n[3] rows; with       \
-     p[6], p[7]: NULL, or n[4] sums (dt) = the columns of x read as [n[3] x n[4]] summed (a        \
-     grad's bias grad, TransformerEngine's cast_transpose_dbias), p[8] then NULL or the scratch    \
-     of GC_FP8_DBIAS_CHUNKS(n[5]) * n[4] f32 partial sums for backends that sum in parallel */     \
+     zeros after each row's n[3] bytes: an FP8_GEMM operand summing over the n[3] rows;            \
+     p[7]: NULL, or n[4] sums (dt) = the columns of x read as [n[3] x n[4]] summed (a grad's       \
+     bias grad, TransformerEngine's cast_transpose_dbias), p[8] then NULL or the scratch of        \
+     GC_FP8_DBIAS_CHUNKS(n[5]) * n[4] f32 partial sums for backends that sum in parallel; n[3]     \
+     .. n[5] are set when p[6] or p[7] is */                                                       \
   X(FP8_QUANTIZE, fp8_quantize, fp8, 0x1d9)                                                        \
   /* p[0][i] (dt) = the FP8 byte p[1][i] times p[2][0] (f32: the scale's inverse), i < n[0] */     \
   X(FP8_DEQUANTIZE, fp8_dequantize, fp8, 0x01)                                                     \

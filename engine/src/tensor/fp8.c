@@ -67,7 +67,7 @@ gcap_status gc_fp8_quantize(gcap_tensor *x, gc_fp8 *q, gcap_tensor *scale, int c
   if (dbias != NULL) *dbias = NULL;
   if (t != NULL && (st = gc_fp8_transposed(e, q, x->numel / cols, cols, t)) != GCAP_OK) return st;
   memset(&a, 0, sizeof a);
-  if (t != NULL && dbias != NULL) {
+  if (dbias != NULL) {
     int64_t chunks = GC_FP8_DBIAS_CHUNKS(GC_FP8_LD(x->numel / cols));
     if ((st = gc_tensor_alloc(e, "fp8 quantize", x->dt, 1, &cols, dbias)) != GCAP_OK ||
         (st = gc_note_access(e, *dbias, 1)) != GCAP_OK ||
@@ -84,8 +84,8 @@ gcap_status gc_fp8_quantize(gcap_tensor *x, gc_fp8 *q, gcap_tensor *scale, int c
   a.n[0] = x->numel;
   a.n[1] = q->format;
   a.n[2] = current != 0;
-  if (t != NULL) {
-    a.p[6] = gc_tensor_ptr(t->data);
+  if (t != NULL) a.p[6] = gc_tensor_ptr(t->data);
+  if (t != NULL || dbias != NULL) {
     a.n[3] = x->numel / cols;
     a.n[4] = cols;
     a.n[5] = GC_FP8_LD(a.n[3]);

@@ -316,9 +316,9 @@ gcap_status gc_fp8_transposed(gcap_engine *e, const gc_fp8 *q, int64_t rows, int
 ** nonzero makes the launch do nothing. t (NULL: none) receives, from the
 ** same launch, q's bytes seen as [numel / cols x cols] transposed into
 ** [cols x GC_FP8_LD(numel / cols)], each row zero-padded (allocated unless
-** t->data is set: a cached copy), sharing q's scale_inv. With t, *dbias
-** (dbias NULL: not wanted) becomes a new [cols] tensor of x's dtype, x's
-** columns summed (a grad's bias grad), from the same launch. */
+** t->data is set: a cached copy), sharing q's scale_inv. *dbias (dbias
+** NULL: not wanted) becomes a new [cols] tensor of x's dtype, x's columns
+** summed (a grad's bias grad), from the same launch. */
 gcap_status gc_fp8_quantize(gcap_tensor *x, gc_fp8 *q, gcap_tensor *scale, int current,
                             gcap_tensor *amax, gcap_tensor *skip, gc_fp8 *t, int64_t cols,
                             gcap_tensor **dbias);

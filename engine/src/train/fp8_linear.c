@@ -93,8 +93,8 @@ static gcap_status update_roles(fp8_ctx *c, int r0, int n) {
 
 /* q = x quantized as role r of c's GEMM (q allocated unless it holds data
 ** already: a cached weight), skip the flag of a cached weight (NULL:
-** none), t (NULL: none) its transpose as [numel / cols x cols], and with
-** t, *db (db NULL: not wanted) x's column sums from the same launch.
+** none), t (NULL: none) its transpose as [numel / cols x cols], *db (db
+** NULL: not wanted) x's column sums from the same launch.
 ** DelayedScaling: the role's scale, its amax noted (in a checkpoint's
 ** recomputed forward, e->fp8_frozen's scale of an input or weight role, no
 ** amax noted); current scaling: x's own amax first (reduced over the
@@ -248,12 +248,10 @@ static gcap_status fp8_backward(gc_node *n, gcap_tensor *g, gcap_tensor **gin) {
   if (c->gelu) { /* dz = g gelu'(z), and the bias grad with it */
     st = gc_gelu_backward(g, n->saved[4], out, &dz, want_db ? &db : NULL);
     g = dz;
-  } else if (want_db && !wgrad) { /* with the transpose, the cast sums the columns */
-    st = gc_sum_rows(g, out, &db);
   }
   if (st == GCAP_OK) st = keep_state(c, e);
   if (st == GCAP_OK && (st = quantize(c, g, 2, NULL, &gq, wgrad ? &gt : NULL, out,
-                                      want_db && db == NULL ? &db : NULL)) == GCAP_OK)
+                                      want_db && !c->gelu ? &db : NULL)) == GCAP_OK)
     st = update_roles(c, 3 * c->gemm + 2, 1);
   if (st == GCAP_OK && gc_node_needs(n, 0)) st = dgrad(n, &gq, &gin[0]);
   if (st == GCAP_OK) st = param_grads(e, n, c, &gt, db, gin);
